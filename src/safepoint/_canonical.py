@@ -1,0 +1,87 @@
+"""Canonical JSON (RFC 8785), input hashes and content digests.
+
+Everything the ledger compares byte for byte goes through here: step input hashes, payload
+digests, artifact addresses. RFC 8785 gives one serialization per JSON value, so the same
+inputs hash the same on every machine and every Python version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+import rfc8785
+
+from .errors import NotJSON
+
+JSON = Any  # a JSON value: dict[str, JSON] | list[JSON] | str | int | float | bool | None
+
+# rfc8785 refuses integers outside IEEE-754's exact range, as I-JSON requires.
+_MAX_SAFE_INT = 2**53 - 1
+
+
+def find_non_json(value: Any, *, allow_tuples: bool = False, path: str = "$") -> tuple[str, str] | None:
+    """Return (path, type name) of the first part of ``value`` that is not JSON, or None.
+
+    Results must round-trip exactly, so tuples are refused there (they would come back as
+    lists); inputs only need a stable hash, so call arguments may be tuples.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int):
+        return None if abs(value) <= _MAX_SAFE_INT else (path, "integer beyond 2**53")
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"non-finite float {value!r}")
+    if isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
+        for index, item in enumerate(value):
+            found = find_non_json(item, allow_tuples=allow_tuples, path=f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (f"{path} key {key!r}", type(key).__name__)
+            found = find_non_json(item, allow_tuples=allow_tuples, path=f"{path}.{key}")
+            if found:
+                return found
+        return None
+    return (path, type(value).__name__)
+
+
+def require_json(value: Any, what: str, step_id: str | None = None, *,
+                 allow_tuples: bool = False) -> None:
+    """Raise ``NotJSON`` naming the step and the offending part unless ``value`` is JSON."""
+    found = find_non_json(value, allow_tuples=allow_tuples)
+    if found:
+        raise NotJSON(what, found[0], found[1], step_id)
+
+
+def canonical(value: JSON) -> bytes:
+    """The RFC 8785 serialization of a JSON value (tuples serialize as arrays)."""
+    return rfc8785.dumps(value)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def input_hash(value: JSON) -> str:
+    """sha256 of the canonical JSON of a step's inputs."""
+    return sha256_hex(canonical(value))
+
+
+def digest(data: bytes) -> str:
+    """The content address of an artifact: ``sha256:<hex>``."""
+    return "sha256:" + sha256_hex(data)
+
+
+def dumps(value: JSON) -> str:
+    """Compact JSON text for storage (not canonical: cheaper, and only hashed values need it)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads(text: str | bytes) -> JSON:
+    return json.loads(text)

@@ -1,0 +1,166 @@
+"""Effects: how a change in another system is described, and the dispatch rules as pure functions.
+
+The rules here decide; they never do I/O. ``_run.py`` carries them out against the store and
+the effect owner. Reading order: ``Effect`` (what users declare), then ``next_action`` (what
+durable evidence allows) and ``after_reconcile`` (what the owner's answer allows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from ._canonical import JSON, sha256_hex
+from .types import EffectState
+
+
+@dataclass(frozen=True, slots=True)
+class EffectKey:
+    """The idempotency key of one operation, handed to ``execute`` and ``reconcile``.
+
+    ``str(key)`` is the key to send to the owner (e.g. an ``Idempotency-Key`` header). ``fence``
+    is the dispatching worker's fence token, for owners that refuse stale writers.
+    """
+
+    key: str
+    operation_id: str
+    run_id: str
+    fence: int
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """Reconcile's answer: the owner has the operation; ``receipt`` is what execute would return."""
+
+    receipt: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class NotApplied:
+    """Reconcile's answer: the owner authoritatively has no such operation."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """Reconcile's answer: the owner cannot tell (yet). The run blocks rather than guess."""
+
+    reason: str = "the effect owner could not say"
+
+
+Reconciled = Applied | NotApplied | Unknown
+
+
+class NotSent(Exception):  # noqa: N818 - a statement of fact raised by user code
+    """Raise from ``execute`` only when the request provably never left (connection refused).
+
+    It is the one failure that releases an operation to be dispatched again directly; any other
+    exception makes the outcome ``unknown`` and sends it to reconciliation.
+    """
+
+
+class Rejected(Exception):  # noqa: N818
+    """Raise from ``execute`` when the owner definitively refused: nothing was applied."""
+
+    def __init__(self, evidence: JSON) -> None:
+        super().__init__(str(evidence))
+        self.evidence = evidence
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A change in another system, made at most once per operation id.
+
+    ``execute(payload, key) -> receipt`` performs it, passing ``str(key)`` to the owner as the
+    idempotency key. ``reconcile(key) -> Applied | NotApplied | Unknown`` asks the owner what
+    happened to that key; without it, an uncertain outcome always blocks the run.
+    ``dedup_retention`` is how long the owner remembers a key: a re-dispatch after ``NotApplied``
+    is only allowed inside it (set it a little shorter than the owner's documented window).
+    ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks.
+
+    >>> charges = Effect("charge", execute=lambda payload, key: {"id": "ch_1"})
+    """
+
+    name: str
+    execute: Callable[[JSON, EffectKey], JSON | Awaitable[JSON]]
+    reconcile: Callable[[EffectKey], Reconciled | Awaitable[Reconciled]] | None = None
+    verify: Callable[[JSON], bool | Awaitable[bool]] | None = None
+    dedup_retention: timedelta | None = None
+    max_dispatches: int = 3
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ValueError("an Effect needs a non-empty name")
+        if self.max_dispatches < 1:
+            raise ValueError("max_dispatches must be at least 1")
+
+
+def mint_effect_key(run_id: str, operation_id: str) -> str:
+    """Derive an operation's idempotency key. Called once, at prepare; the key is then stored
+    and only ever read back — never minted again for the same operation."""
+    return "sp_" + sha256_hex(f"{run_id}\x00{operation_id}".encode())[:40]
+
+
+class Action(StrEnum):
+    DISPATCH = "dispatch"
+    RECONCILE = "reconcile"
+    RECORD_APPLIED = "record_applied"
+    VERIFY = "verify"
+    ACCEPT = "accept"
+    REPLAY = "replay"
+    REPLAY_REJECTION = "replay_rejection"
+    BLOCK = "block"
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    action: Action
+    reason: str = ""
+
+
+def next_action(state: EffectState, *, can_reconcile: bool, can_verify: bool) -> Next:
+    """What the durable state of an operation allows next (DESIGN §3, "on resume")."""
+    if state is EffectState.PREPARED:
+        return Next(Action.DISPATCH)
+    if state in (EffectState.DISPATCHING, EffectState.UNKNOWN):
+        if can_reconcile:
+            return Next(Action.RECONCILE)
+        return Next(Action.BLOCK, "the dispatch may have happened and the effect has no"
+                                  " reconcile function to ask its owner")
+    if state is EffectState.APPLIED:
+        return Next(Action.VERIFY) if can_verify else Next(Action.ACCEPT)
+    if state is EffectState.ACCEPTED:
+        return Next(Action.REPLAY)
+    return Next(Action.REPLAY_REJECTION)
+
+
+def after_reconcile(answer: Any, *, now: int, first_dispatched_at: int | None,
+                    dedup_retention: timedelta | None, dispatch_count: int,
+                    max_dispatches: int) -> Next:
+    """What the owner's answer allows. Never a fresh key; re-dispatch only under the old one,
+    only after an authoritative ``NotApplied``, and only while the owner still remembers it."""
+    if isinstance(answer, Applied):
+        return Next(Action.RECORD_APPLIED)
+    if isinstance(answer, Unknown):
+        return Next(Action.BLOCK, f"reconcile could not settle it: {answer.reason}")
+    if not isinstance(answer, NotApplied):
+        return Next(Action.BLOCK, f"reconcile returned {type(answer).__name__}, not"
+                                  " Applied, NotApplied or Unknown")
+    if dedup_retention is None:
+        return Next(Action.BLOCK, "the owner reports it not applied, but the effect declares no"
+                                  " dedup_retention, so a re-dispatch could apply it twice if"
+                                  " that report lags")
+    retention_ms = int(dedup_retention.total_seconds() * 1000)
+    if first_dispatched_at is not None and now - first_dispatched_at >= retention_ms:
+        return Next(Action.BLOCK, f"the owner reports it not applied, but the first dispatch was"
+                                  f" {(now - first_dispatched_at) / 1000:.0f}s ago, past the"
+                                  f" owner's dedup retention of {dedup_retention}: the key may be"
+                                  " forgotten, so a re-dispatch is not safe")
+    if dispatch_count >= max_dispatches:
+        return Next(Action.BLOCK, f"dispatched {dispatch_count} times without an outcome")
+    return Next(Action.DISPATCH)

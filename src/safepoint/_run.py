@@ -1,0 +1,570 @@
+"""``Run`` and ``AsyncRun``: the step methods a workflow calls, and replay.
+
+Every step method is written once, as a generator (a "flow") that holds all the logic and never
+performs I/O itself: it yields ``Io`` requests (a store call) and ``Call`` requests (user code:
+a step function, an effect's execute / reconcile / verify). Two small drivers carry requests
+out — ``_drive`` for plain ``def`` workflows, ``_adrive`` for ``async def`` ones, which awaits
+user coroutines. So the sync and async shells cannot drift apart.
+
+Replay: the workflow function runs again from its start on every resume; each step call first
+looks in the ledger (loaded in one batch at claim time) and returns the recorded result without
+calling anything when the step's kind, name and input hash match.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import uuid as uuidlib
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
+from ._crashpoints import crashpoint
+from ._effects import (
+    Action,
+    Effect,
+    EffectKey,
+    NotSent,
+    Rejected,
+    Unknown,
+    after_reconcile,
+    mint_effect_key,
+    next_action,
+)
+from ._recovery import build_record
+from .errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    EffectRejected,
+    InvalidDecision,
+    NeedsReconciliation,
+    ReplayMismatch,
+    RunBlocked,
+    StaleCheckpoint,
+    VerificationFailed,
+)
+from .types import (
+    Claim,
+    EffectState,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+)
+
+if TYPE_CHECKING:
+    from .storage.base import Store
+
+# Parameters of a model call that vary between identical requests and must not move its hash.
+_UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
+_NOT_SENT_BACKOFF_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Io:
+    """A store call requested by a flow."""
+
+    method: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call of user code requested by a flow; its result may be awaitable in async runs."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    seconds: float
+
+
+Flow = Generator[Io | Call | Sleep, Any, Any]
+
+
+def _callable_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _error_evidence(exc: BaseException) -> dict[str, str]:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+
+
+class RunCore:
+    """The state one worker holds while it executes a run it has claimed."""
+
+    def __init__(self, store: Store, claim: Claim, run: RunRecord,
+                 steps: dict[str, StepRecord], operations: dict[str, OperationRecord]) -> None:
+        self.store = store
+        self.claim = claim
+        self.run = run
+        self.steps = steps
+        self.operations = operations
+        self.occurrences: dict[str, int] = {}
+        self.halted: BaseException | None = None
+
+    # -- shared pieces -------------------------------------------------------------------------
+
+    def occurrence(self, step_id: str) -> str:
+        """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …"""
+        if not isinstance(step_id, str) or not step_id:
+            raise TypeError("a step id is a non-empty string, e.g. 'plan.3.fetch_invoice'")
+        count = self.occurrences.get(step_id, 0) + 1
+        self.occurrences[step_id] = count
+        return step_id if count == 1 else f"{step_id}#{count}"
+
+    def check_halt(self) -> None:
+        if self.halted is not None:
+            raise self.halted
+
+    def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
+              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
+        """Record the block with its recovery record, halt this run object, raise ``error``."""
+        record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
+                              op=op, evidence=evidence)
+        yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
+        error.record = record
+        self.halted = error
+        raise error
+
+    def check_replay(self, sid: str, kind: StepKind, name: str, hashed: str) -> StepRecord | None:
+        """The recorded step at ``sid`` if it answers this very call; raise if it answers another."""
+        recorded = self.steps.get(sid)
+        if recorded is None:
+            return None
+        if recorded.kind is not kind or recorded.name != name:
+            raise ReplayMismatch(
+                self.run.run_id, sid,
+                f"recorded as {recorded.kind.value} {recorded.name!r}, now called as"
+                f" {kind.value} {name!r}")
+        if recorded.input_hash != hashed:
+            raise StaleCheckpoint(self.run.run_id, sid,
+                                  f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…")
+        return recorded
+
+    # -- flows ---------------------------------------------------------------------------------
+
+    def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
+                  max_age: timedelta | None = None, model_id: str | None = None,
+                  prompt_hash: str | None = None) -> Flow:
+        """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
+        self.check_halt()
+        sid = self.occurrence(step_id)
+        name = name or _callable_name(fn)
+        require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
+        hashed = input_hash(hashed_inputs)
+        try:
+            recorded = self.check_replay(sid, kind, name, hashed)
+        except StaleCheckpoint as stale:
+            phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
+            yield from self.block(stale, phase=phase, step_id=sid)
+            raise  # unreachable: block raises
+        attempt = 1
+        observed_at = None
+        if recorded is not None:
+            if max_age is None or recorded.observed_at is None:
+                return recorded.result
+            now = yield Io("now")
+            if now - recorded.observed_at <= max_age.total_seconds() * 1000:
+                return recorded.result
+            attempt = recorded.attempt + 1  # the observation expired: read again
+        if kind is StepKind.READ:
+            observed_at = yield Io("now")
+        value = yield Call(fn, args, kwargs)
+        require_json(value, "result", sid)
+        next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
+        step = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
+                          input_hash=hashed, result=value, next_step_id=next_step_id,
+                          attempt=attempt, model_id=model_id, prompt_hash=prompt_hash,
+                          observed_at=observed_at)
+        crashpoint("step.before_record", sid)
+        yield Io("record_step", (self.claim, step))
+        self.steps[sid] = step
+        crashpoint("step.after_record", sid)
+        return value
+
+    def effect_flow(self, step_id: str, effect: Effect, payload: JSON,
+                    operation_id: str | None) -> Flow:
+        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands."""
+        self.check_halt()
+        sid = self.occurrence(step_id)
+        require_json(payload, "payload", sid)
+        payload_bytes = canonical(payload)
+        payload_ref = digest(payload_bytes)
+        op_id = operation_id or sid
+        hashed = input_hash({"effect": effect.name, "operation_id": op_id,
+                             "payload": payload_ref})
+        try:
+            recorded = self.check_replay(sid, StepKind.EFFECT, effect.name, hashed)
+        except StaleCheckpoint as stale:
+            phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
+            yield from self.block(stale, phase=phase, step_id=sid,
+                                  op=self.operations.get(op_id))
+            raise
+        if recorded is not None:
+            return recorded.result
+
+        op = self.operations.get(op_id)
+        if op is None:
+            crashpoint("effect.before_prepare", sid)
+            op = OperationRecord(
+                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
+                state=EffectState.PREPARED, payload_ref=payload_ref,
+                effect_key=mint_effect_key(self.run.run_id, op_id))
+            yield Io("prepare_effect", (self.claim, op, payload_bytes))
+            self.operations[op_id] = op
+            crashpoint("effect.after_prepared", sid)
+        else:
+            payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
+
+        while True:
+            step = self._accepted_step(sid, effect, op, hashed)
+            decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
+                                  can_verify=effect.verify is not None)
+            if decided.action is Action.DISPATCH:
+                op = yield from self._dispatch(sid, effect, op, payload, step)
+            elif decided.action is Action.RECONCILE:
+                op = yield from self._reconcile(sid, effect, op, payload, step)
+            elif decided.action is Action.VERIFY:
+                op = yield from self._verify(sid, effect, op, step)
+            elif decided.action is Action.ACCEPT:
+                op = yield from self._record(op, EffectState.ACCEPTED, receipt=op.receipt,
+                                             step=step)
+            elif decided.action is Action.REPLAY:
+                return op.receipt
+            elif decided.action is Action.REPLAY_REJECTION:
+                raise EffectRejected(self.run.run_id, sid, op_id, op.error)
+            else:
+                yield from self.block(
+                    NeedsReconciliation(self.run.run_id, sid, op_id, decided.reason),
+                    phase="reconcile_effect", op=op)
+
+    def _accepted_step(self, sid: str, effect: Effect, op: OperationRecord,
+                       hashed: str) -> StepRecord:
+        return StepRecord(run_id=self.run.run_id, step_id=sid, kind=StepKind.EFFECT,
+                          name=effect.name, input_hash=hashed, result=op.receipt,
+                          operation_id=op.operation_id)
+
+    def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
+                          payload_ref: str) -> Flow:
+        """The payload as it was prepared: a replacement worker never regenerates it."""
+        if op.effect != effect.name or op.step_id != sid:
+            yield from self.block(
+                ReplayMismatch(self.run.run_id, sid,
+                               f"operation {op.operation_id!r} was prepared by step"
+                               f" {op.step_id!r} for effect {op.effect!r}"),
+                phase="replay_mismatch", op=op)
+        if op.payload_ref != payload_ref:
+            yield from self.block(
+                StaleCheckpoint(self.run.run_id, sid,
+                                f"the payload of {op.operation_id!r} changed since it was"
+                                " prepared; it is never resent under the old key"),
+                phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
+        try:
+            stored = yield Io("get_artifact", (op.payload_ref,))
+        except (ArtifactMissing, ArtifactCorrupt) as exc:
+            yield from self.block(
+                NeedsReconciliation(self.run.run_id, sid, op.operation_id, exc.message),
+                phase="unreadable_record", op=op, evidence=_error_evidence(exc))
+        return loads(stored)
+
+    def _record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
+                error: JSON = None, step: StepRecord | None = None) -> Flow:
+        kept_receipt = receipt if receipt is not None else op.receipt
+        if step is not None:
+            step = replace(step, result=kept_receipt)
+        yield Io("record_outcome", (self.claim, op.operation_id, state),
+                 {"receipt": receipt, "error": error, "step": step})
+        op = replace(op, state=state, receipt=kept_receipt, error=error)
+        self.operations[op.operation_id] = op
+        if step is not None:
+            self.steps[step.step_id] = step
+        return op
+
+    def _key(self, op: OperationRecord) -> EffectKey:
+        return EffectKey(op.effect_key, op.operation_id, self.run.run_id, self.claim.fence)
+
+    def _dispatch(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                  step: StepRecord) -> Flow:
+        """prepared → dispatching → call → applied / accepted / rejected / unknown."""
+        op = yield Io("mark_dispatching", (self.claim, op.operation_id))
+        self.operations[op.operation_id] = op
+        crashpoint("effect.after_dispatching", sid)
+        try:
+            receipt = yield Call(effect.execute, (payload, self._key(op)))
+        except NotSent as exc:
+            # Provably never left: back to prepared, so the loop may dispatch again.
+            op = yield from self._record(op, EffectState.PREPARED, error=_error_evidence(exc))
+            if op.dispatch_count >= effect.max_dispatches:
+                raise
+            yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
+            return op
+        except Rejected as exc:
+            yield from self._record(op, EffectState.REJECTED, error=exc.evidence)
+            raise EffectRejected(self.run.run_id, sid, op.operation_id, exc.evidence) from exc
+        except Exception as exc:
+            # Timeout, dropped connection, anything: the outcome is unknown; reconcile decides.
+            return (yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc)))
+        crashpoint("effect.after_receiver_commit", sid)
+        try:
+            require_json(receipt, "receipt", sid)
+        except Exception as exc:
+            yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
+            raise
+        return (yield from self._applied(sid, effect, op, receipt, step))
+
+    def _applied(self, sid: str, effect: Effect, op: OperationRecord, receipt: JSON,
+                 step: StepRecord) -> Flow:
+        if effect.verify is None:  # nothing to verify: applied and accepted are one commit
+            op = yield from self._record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
+            crashpoint("effect.after_outcome", sid)
+            crashpoint("effect.after_accept", sid)
+        else:
+            op = yield from self._record(op, EffectState.APPLIED, receipt=receipt)
+            crashpoint("effect.after_outcome", sid)
+        return op
+
+    def _reconcile(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                   step: StepRecord) -> Flow:
+        assert effect.reconcile is not None
+        try:
+            answer = yield Call(effect.reconcile, (self._key(op),))
+        except Exception as exc:
+            answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
+        now = yield Io("now")
+        decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
+                                  dedup_retention=effect.dedup_retention,
+                                  dispatch_count=op.dispatch_count,
+                                  max_dispatches=effect.max_dispatches)
+        if decided.action is Action.RECORD_APPLIED:
+            require_json(answer.receipt, "reconciled receipt", sid)
+            return (yield from self._applied(sid, effect, op, answer.receipt, step))
+        if decided.action is Action.DISPATCH:
+            return (yield from self._dispatch(sid, effect, op, payload, step))
+        yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
+                                                  decided.reason),
+                              phase="reconcile_effect", op=op,
+                              evidence={"last_error": op.error} if op.error else None)
+        raise AssertionError("unreachable")
+
+    def _verify(self, sid: str, effect: Effect, op: OperationRecord, step: StepRecord) -> Flow:
+        assert effect.verify is not None
+        try:
+            ok = yield Call(effect.verify, (op.receipt,))
+            reason = "the verifier returned a false value"
+        except Exception as exc:
+            ok, reason = False, f"the verifier raised {type(exc).__name__}: {exc}"
+        if not ok:
+            yield from self.block(
+                VerificationFailed(self.run.run_id, sid, op.operation_id, reason),
+                phase="verify_effect", op=op)
+        op = yield from self._record(op, EffectState.ACCEPTED, step=step)
+        crashpoint("effect.after_accept", sid)
+        return op
+
+
+def _next_step_id(sid: str, value: JSON) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("next_step_id"), str):
+        return str(value["next_step_id"])
+    raise InvalidDecision(sid, f"a {type(value).__name__}")
+
+
+def _drive(core: RunCore, flow: Flow) -> Any:
+    """Carry out a flow's requests synchronously."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            request = flow.throw(error) if error is not None else flow.send(send)
+        except StopIteration as stop:
+            return stop.value
+        send, error = None, None
+        try:
+            if isinstance(request, Io):
+                send = getattr(core.store, request.method)(*request.args, **request.kwargs)
+            elif isinstance(request, Call):
+                send = request.fn(*request.args, **request.kwargs)
+                if inspect.isawaitable(send):
+                    if inspect.iscoroutine(send):
+                        send.close()
+                    raise TypeError(f"{_callable_name(request.fn)} is async: call it from an"
+                                    " async def workflow (AsyncRun), or pass a plain function")
+            else:
+                import time
+
+                time.sleep(request.seconds)
+        except BaseException as exc:  # handed to the flow, which decides what it means
+            error = exc
+
+
+async def _adrive(core: RunCore, flow: Flow) -> Any:
+    """Carry out a flow's requests in an event loop, awaiting user coroutines."""
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            request = flow.throw(error) if error is not None else flow.send(send)
+        except StopIteration as stop:
+            return stop.value
+        send, error = None, None
+        try:
+            if isinstance(request, Io):
+                send = getattr(core.store, request.method)(*request.args, **request.kwargs)
+            elif isinstance(request, Call):
+                send = request.fn(*request.args, **request.kwargs)
+                if inspect.isawaitable(send):
+                    send = await send
+            else:
+                await asyncio.sleep(request.seconds)
+        except BaseException as exc:
+            error = exc
+
+
+def _model_inputs(model: str, messages: JSON, tools: JSON,
+                  params: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """(hashed inputs, prompt hash, call kwargs) of a model step."""
+    hashed_params = {k: v for k, v in params.items() if k not in _UNHASHED_MODEL_PARAMS}
+    call = {"model": model, "messages": messages, **params}
+    if tools is not None:
+        call["tools"] = tools
+    hashed = {"model": model, "messages": messages, "tools": tools, "params": hashed_params}
+    require_json(messages, "messages", allow_tuples=True)
+    return hashed, input_hash({"messages": messages}), call
+
+
+def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
+    if max_age is None or isinstance(max_age, timedelta):
+        return max_age
+    return timedelta(seconds=max_age)
+
+
+def _value_flows(core: RunCore) -> dict[str, Callable[[str], Flow]]:
+    def value(kind: str, make: Callable[[], JSON]) -> Callable[[str], Flow]:
+        return lambda step_id: core.step_flow(StepKind.VALUE, step_id, make, (), {},
+                                              hashed_inputs={}, name=kind)
+    return {
+        "now": value("now", lambda: datetime.now(UTC).isoformat()),
+        "random": value("random", lambda: int.from_bytes(os.urandom(7)) / 2**56),
+        "uuid": value("uuid", lambda: str(uuidlib.uuid4())),
+    }
+
+
+class _RunBase:
+    def __init__(self, core: RunCore) -> None:
+        self._core = core
+        self._values = _value_flows(core)
+
+    @property
+    def run_id(self) -> str:
+        return self._core.run.run_id
+
+    @property
+    def fence(self) -> int:
+        """This worker's fence token for the run (grows with every takeover)."""
+        return self._core.claim.fence
+
+
+class Run(_RunBase):
+    """What a plain ``def`` workflow receives. Every method records or replays one step.
+
+    >>> @workflow("greet")
+    ... def greet(run: Run, name: str) -> str:
+    ...     return run.pure("format", lambda n: f"hello {n}", name)
+    """
+
+    def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """A deterministic computation; recorded so a resume need not recompute it."""
+        return _drive(self._core, self._core.step_flow(
+            StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+
+    def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+             max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
+        """An observation of the world; replayed until ``max_age`` says it expired."""
+        return _drive(self._core, self._core.step_flow(
+            StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
+            max_age=_as_max_age(max_age)))
+
+    def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str, messages: JSON,
+              tools: JSON = None, **params: Any) -> Any:
+        """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated."""
+        hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
+        return _drive(self._core, self._core.step_flow(
+            StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
+            prompt_hash=prompt_hash))
+
+    def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """The planner's choice: ``fn`` returns the next step id (or a dict with
+        ``next_step_id``); the choice is replayed, never asked again."""
+        return _drive(self._core, self._core.step_flow(
+            StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+
+    def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
+               operation_id: str | None = None) -> Any:
+        """A change in another system, dispatched at most once; returns the owner's receipt."""
+        return _drive(self._core, self._core.effect_flow(step_id, effect, payload, operation_id))
+
+    def now(self, step_id: str = "now") -> datetime:
+        """The current time, recorded: a resume sees the same instant."""
+        return datetime.fromisoformat(_drive(self._core, self._values["now"](step_id)))
+
+    def random(self, step_id: str = "random") -> float:
+        """A random float in [0, 1), recorded."""
+        return float(_drive(self._core, self._values["random"](step_id)))
+
+    def uuid(self, step_id: str = "uuid") -> str:
+        """A random UUID string, recorded."""
+        return str(_drive(self._core, self._values["uuid"](step_id)))
+
+
+class AsyncRun(_RunBase):
+    """What an ``async def`` workflow receives: the methods of ``Run``, awaited."""
+
+    async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+                   **kwargs: Any) -> Any:
+        return await _adrive(self._core, self._core.step_flow(
+            StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+
+    async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+                   max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
+        return await _adrive(self._core, self._core.step_flow(
+            StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
+            max_age=_as_max_age(max_age)))
+
+    async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
+                    messages: JSON, tools: JSON = None, **params: Any) -> Any:
+        hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
+        return await _adrive(self._core, self._core.step_flow(
+            StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
+            prompt_hash=prompt_hash))
+
+    async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+                     **kwargs: Any) -> Any:
+        return await _adrive(self._core, self._core.step_flow(
+            StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+
+    async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
+                     operation_id: str | None = None) -> Any:
+        return await _adrive(self._core,
+                             self._core.effect_flow(step_id, effect, payload, operation_id))
+
+    def now(self, step_id: str = "now") -> datetime:
+        # Recording a value calls no user coroutine, so the sync driver serves both shells.
+        return datetime.fromisoformat(_drive(self._core, self._values["now"](step_id)))
+
+    def random(self, step_id: str = "random") -> float:
+        return float(_drive(self._core, self._values["random"](step_id)))
+
+    def uuid(self, step_id: str = "uuid") -> str:
+        return str(_drive(self._core, self._values["uuid"](step_id)))

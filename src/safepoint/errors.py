@@ -1,0 +1,290 @@
+"""Every exception safepoint raises, in one place.
+
+Errors name a condition, not a failure ("StaleCheckpoint", not "StaleCheckpointError"), carry
+structured fields (``run_id``, ``step_id``, ``operation_id``, ``fence``) instead of data to parse
+out of a message, and say what to do in their message.
+
+The tree::
+
+    Exception
+    └── SafepointError                  anything safepoint raises on purpose
+        ├── UsageError                  the caller asked for something impossible; nothing was written
+        │   ├── RunNotFound
+        │   ├── RunConflict             a run id reused with other inputs or another workflow
+        │   ├── WorkflowNotFound        the run's workflow is not imported in this process
+        │   ├── NotJSON                 a step result, input or payload is not a JSON value
+        │   ├── InvalidDecision         a decide() step returned no next step id
+        │   └── InvalidStoreURL
+        ├── RunOwned                    another live worker holds the run's lease
+        ├── RunFailed                   the run ended with an error; resuming replays that ending
+        ├── EffectRejected              the effect owner refused the operation (a definite "no")
+        ├── StoreError                  the ledger itself is unusable
+        │   ├── SchemaTooNew            the database was migrated by a newer safepoint
+        │   ├── MigrationMismatch       an applied migration differs from the shipped one
+        │   ├── CorruptRecord           a ledger row cannot be read
+        │   ├── ArtifactMissing
+        │   └── ArtifactCorrupt         an artifact's bytes no longer match their digest
+        └── RunBlocked                  the run stopped visibly and carries a recovery record
+            ├── NeedsReconciliation     an effect's outcome is uncertain and cannot be settled
+            ├── VerificationFailed      an applied effect failed its verifier
+            ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
+            │   └── ReplayMismatch      the step at this id has another kind or name
+            └── IncompatibleWorkflow    the run was recorded by another workflow version
+
+    BaseException
+    └── LostOwnership                   this worker's fence is stale: it must stop at once
+
+``LostOwnership`` derives from ``BaseException`` so that ``except Exception`` in agent code cannot
+swallow it. The ``RunBlocked`` family is ordinary: once a run blocks, the run object refuses every
+further step and the run cannot complete, so swallowing the exception gains nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SafepointError(Exception):
+    """Base class of every error safepoint raises on purpose."""
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class UsageError(SafepointError):
+    """The caller asked for something that cannot be done; nothing was written."""
+
+
+class RunNotFound(UsageError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(
+            f"no run {run_id!r} in this store; list runs with `safepoint runs`"
+            " or check the store URL (SAFEPOINT_URL)",
+            run_id=run_id,
+        )
+
+
+class RunConflict(UsageError):
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"run {run_id!r} already exists {reason}; a run id names one piece of work:"
+            " choose another run id, or resume the existing run",
+            run_id=run_id,
+            reason=reason,
+        )
+
+
+class WorkflowNotFound(UsageError):
+    def __init__(self, name: str, run_id: str | None = None) -> None:
+        super().__init__(
+            f"workflow {name!r} is not registered in this process; import the module that"
+            " defines it (CLI: --import your.module) before resuming",
+            workflow=name,
+            run_id=run_id,
+        )
+
+
+class NotJSON(UsageError):
+    def __init__(self, what: str, path: str, type_name: str, step_id: str | None = None) -> None:
+        where = f" of step {step_id!r}" if step_id else ""
+        super().__init__(
+            f"{what}{where} is not a JSON value: {path} is a {type_name}; return dicts with"
+            " string keys, lists, strings, finite numbers, booleans or None"
+            " (for example convert with .model_dump() or .isoformat())",
+            what=what,
+            path=path,
+            type_name=type_name,
+            step_id=step_id,
+        )
+
+
+class InvalidDecision(UsageError):
+    def __init__(self, step_id: str, got: str) -> None:
+        super().__init__(
+            f"decision step {step_id!r} returned {got}; a decision returns the next step id"
+            " (a string) or a dict with a string 'next_step_id'",
+            step_id=step_id,
+        )
+
+
+class InvalidStoreURL(UsageError):
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(
+            f"cannot open store {url!r}: {reason}; use sqlite:///path/to/file.db,"
+            " a plain file path, or memory: for tests",
+            url=url,
+        )
+
+
+class RunOwned(SafepointError):
+    def __init__(self, run_id: str, owner: str, lease_expires_at: int) -> None:
+        super().__init__(
+            f"run {run_id!r} is held by worker {owner!r} until its lease expires"
+            f" (epoch ms {lease_expires_at}); stop that worker or resume after the lease",
+            run_id=run_id,
+            owner=owner,
+            lease_expires_at=lease_expires_at,
+        )
+
+
+class RunFailed(SafepointError):
+    def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
+        super().__init__(
+            f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
+            " and resuming replays it; start a new run id to try again",
+            run_id=run_id,
+            error_type=error_type,
+            error_message=error_message,
+        )
+
+
+class EffectRejected(SafepointError):
+    """The effect owner refused the operation; it did not happen and will not be retried."""
+
+    def __init__(self, run_id: str, step_id: str, operation_id: str, evidence: Any) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) was rejected by its owner: {evidence}",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            evidence=evidence,
+        )
+
+
+class StoreError(SafepointError):
+    """The ledger cannot be used as it is. Nothing recorded has been changed."""
+
+
+class SchemaTooNew(StoreError):
+    def __init__(self, found: int, known: int) -> None:
+        super().__init__(
+            f"the store's schema is at version {found} but this safepoint knows only up to"
+            f" {known}; upgrade safepoint (the data is untouched)",
+            found=found,
+            known=known,
+        )
+
+
+class MigrationMismatch(StoreError):
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"migration {version} recorded in the store differs from the one shipped with this"
+            " safepoint; the store was migrated by a different build — use that build",
+            version=version,
+        )
+
+
+class CorruptRecord(StoreError):
+    def __init__(self, table: str, key: str, reason: str) -> None:
+        super().__init__(
+            f"unreadable ledger row in {table} ({key}): {reason}; the row is kept as it is —"
+            " restore it from a backup or resolve the run by hand",
+            table=table,
+            key=key,
+            reason=reason,
+        )
+
+
+class ArtifactMissing(StoreError):
+    def __init__(self, digest: str) -> None:
+        super().__init__(
+            f"artifact {digest} is missing from the store; restore it from a backup",
+            digest=digest,
+        )
+
+
+class ArtifactCorrupt(StoreError):
+    def __init__(self, digest: str, actual: str) -> None:
+        super().__init__(
+            f"artifact {digest} does not match its digest (its bytes hash to {actual}); it was"
+            " altered after it was written — restore it from a backup",
+            digest=digest,
+            actual=actual,
+        )
+
+
+class RunBlocked(SafepointError):
+    """The run stopped visibly; ``record`` is its recovery record (a JSON-ready dict)."""
+
+    def __init__(self, message: str, *, run_id: str, record: dict[str, Any] | None = None,
+                 **fields: Any) -> None:
+        super().__init__(message, run_id=run_id, record=record, **fields)
+
+
+class NeedsReconciliation(RunBlocked):
+    def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) may have happened and could not be"
+            f" settled: {reason}; check the effect owner, then resolve the run"
+            f" (see `safepoint record {run_id}`)",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class VerificationFailed(RunBlocked):
+    def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) was applied but its verifier did not"
+            f" accept it: {reason}; it will not be dispatched again — inspect it and resolve"
+            " the run by hand",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class StaleCheckpoint(RunBlocked):
+    def __init__(self, run_id: str, step_id: str, reason: str,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"step {step_id!r} was recorded for other inputs ({reason}); the stored answer is to"
+            " another question — the run is blocked under the 'refuse' policy: revert the"
+            " change, or start a new run",
+            run_id=run_id,
+            step_id=step_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class ReplayMismatch(StaleCheckpoint):
+    """The step recorded at this id has another kind or name: the code path changed."""
+
+
+class IncompatibleWorkflow(RunBlocked):
+    def __init__(self, run_id: str, recorded: str, current: str,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"run {run_id!r} was recorded by workflow {recorded} but this process has"
+            f" {current}; deploy the recorded version to finish it, or start a new run",
+            run_id=run_id,
+            recorded=recorded,
+            current=current,
+            record=record,
+        )
+
+
+class LostOwnership(BaseException):  # noqa: N818 - a condition, named like the others
+    """This worker's fence token is stale: another worker owns the run. Stop at once.
+
+    Derived from ``BaseException`` so that agent code's ``except Exception`` cannot swallow it.
+    """
+
+    def __init__(self, run_id: str, fence: int) -> None:
+        super().__init__(
+            f"worker lost ownership of run {run_id!r} (its fence {fence} is stale); another"
+            " worker took the run over — this worker must stop without writing or dispatching"
+        )
+        self.run_id = run_id
+        self.fence = fence

@@ -1,0 +1,51 @@
+"""Ledger stores. ``open_store`` picks one from a URL; the conformance suite defines correctness."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import InvalidStoreURL
+from ..types import Durability
+from .base import Store
+from .sqlite import SqliteStore
+
+DEFAULT_URL = "sqlite:///safepoint.db"
+
+__all__ = ["DEFAULT_URL", "SqliteStore", "Store", "open_store"]
+
+
+def open_store(url: str | None = None, *, durability: Durability | str | None = None) -> Store:
+    """Open (and migrate) the ledger at ``url``.
+
+    ``url`` defaults to ``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory.
+    Accepted forms: ``sqlite:///relative.db``, ``sqlite:////absolute.db``, a plain file path, and
+    ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
+    ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
+    ``power_loss``.
+
+    >>> store = open_store("memory:")
+    """
+    url = url or os.environ.get("SAFEPOINT_URL") or DEFAULT_URL
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    chosen = durability or (query.get("durability") or [Durability.PROCESS_CRASH])[0]
+    try:
+        level = Durability(chosen)
+    except ValueError:
+        raise InvalidStoreURL(url, f"unknown durability {chosen!r}; use "
+                              + " or ".join(d.value for d in Durability)) from None
+    if url == "memory:":
+        return SqliteStore(":memory:", durability=level)
+    if parts.scheme in ("postgres", "postgresql"):
+        raise InvalidStoreURL(url, "the PostgreSQL store is not available in this release")
+    if parts.scheme == "sqlite":
+        if parts.netloc:
+            raise InvalidStoreURL(url, "an SQLite URL has no host: write sqlite:///file.db")
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise InvalidStoreURL(url, "no file name")
+        return SqliteStore(path, durability=level)
+    if parts.scheme and len(parts.scheme) > 1:  # one letter would be a Windows drive
+        raise InvalidStoreURL(url, f"unknown scheme {parts.scheme!r}")
+    return SqliteStore(url.split("?", 1)[0], durability=level)

@@ -1,0 +1,127 @@
+"""The store contract: what any ledger backend must do, and the helpers every backend shares.
+
+A store is correct when it passes the conformance suite in ``safepoint.testing.conformance``;
+this protocol only names the operations. Each method is one atomic operation; every method that
+takes a ``Claim`` is a worker write and must check the claim's fence *in the same transaction as
+the write*, raising ``LostOwnership`` when the fence is stale or the run is no longer running.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Protocol
+
+from ..types import (
+    JSON,
+    Claim,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+)
+
+# JSON values larger than this are stored as artifacts and referenced by digest, so that hot
+# rows stay small and repeated content is stored once.
+INLINE_LIMIT = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    run_id: str
+    workflow: str
+    workflow_version: str
+    input_hash: str
+    inputs: JSON
+    owner: str
+    lease_ms: int
+
+
+class Store(Protocol):
+    url: str
+
+    def now(self) -> int:
+        """The store's clock, epoch milliseconds: the one "now" of leases and observations."""
+        ...
+
+    def close(self) -> None: ...
+
+    # runs
+    def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
+        """Insert the run claimed by its starter, or return the existing run and no claim."""
+        ...
+
+    def get_run(self, run_id: str) -> RunRecord: ...
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]: ...
+
+    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                  dead_owner: str | None = None) -> Claim | None:
+        """Compare-and-set ownership; None when another worker got there first."""
+        ...
+
+    def load_ledger(self, run_id: str) -> Ledger:
+        """The run with all its steps and operations, in one batch."""
+        ...
+
+    def events(self, run_id: str) -> list[EventRecord]: ...
+
+    # worker writes, each conditioned on the claim's fence
+    def record_step(self, claim: Claim, step: StepRecord) -> None: ...
+
+    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        """Prepared intent: payload artifact, operation id and effect key, in one commit."""
+        ...
+
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        """Commit "dispatch may have happened"; returns the operation as it now stands."""
+        ...
+
+    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                       receipt: JSON = None, error: JSON = None,
+                       step: StepRecord | None = None) -> None:
+        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
+        ...
+
+    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
+                   error: dict[str, Any] | None = None,
+                   recovery_record: dict[str, Any] | None = None) -> None:
+        """Complete, fail or block the run and release ownership."""
+        ...
+
+    def release_run(self, claim: Claim) -> None: ...
+
+    # artifacts
+    def get_artifact(self, digest: str) -> bytes:
+        """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
+        ...
+
+
+def load_queries(dialect: str) -> dict[str, str]:
+    """Parse ``sql/<dialect>/queries.sql`` into {name: statement}."""
+    text = resources.files(__package__).joinpath("sql", dialect, "queries.sql").read_text("utf-8")
+    queries: dict[str, str] = {}
+    for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:]:
+        name, _, body = block.partition("\n")
+        lines = [line for line in body.splitlines() if not line.startswith("--")]
+        queries[name.strip()] = "\n".join(lines).strip().rstrip(";")
+    return queries
+
+
+def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
+    """Shipped migrations as (version, file name, SQL text), in order."""
+    folder = resources.files(__package__).joinpath("sql", dialect, "migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = re.fullmatch(r"(\d{4})_[a-z0-9_]+\.sql", entry.name)
+        if match:
+            found.append((int(match.group(1)), entry.name, entry.read_text("utf-8")))
+    found.sort()
+    versions = [version for version, _, _ in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations of {dialect} are not numbered 1..n: {versions}")
+    return found

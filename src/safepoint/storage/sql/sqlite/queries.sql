@@ -1,0 +1,129 @@
+-- Named queries of the SQLite store. Each starts with `-- name: <name>` and a one-line purpose.
+-- Parameters are named (:run_id); nothing is ever formatted into the SQL text.
+-- Every write a worker makes goes through `fence_check` in the same BEGIN IMMEDIATE
+-- transaction: SQLite serialises writers, so the check and the write cannot interleave with
+-- another worker's claim.
+
+-- name: insert_run
+-- Create a run already claimed by its starter; does nothing if the run id exists.
+INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
+                            inputs_ref, state_revision, owner, lease_expires_at, fence,
+                            resume_count, event_count, created_at, updated_at)
+VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
+        :owner, :lease_expires_at, :fence, 0, 1, :now, :now)
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: get_run
+-- One run by id.
+SELECT * FROM safepoint_runs WHERE run_id = :run_id;
+
+-- name: list_runs
+-- Most recently changed runs first, optionally of one status.
+SELECT * FROM safepoint_runs
+WHERE (:status IS NULL OR status = :status)
+ORDER BY updated_at DESC, run_id
+LIMIT :limit;
+
+-- name: claim_run
+-- Compare-and-set on state_revision: take a run whose lease expired, that has no owner, or
+-- whose owner is known to be dead; bump the fence and the resume count.
+UPDATE safepoint_runs
+SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
+    fence = fence + 1, state_revision = state_revision + 1,
+    resume_count = resume_count + :count_resume, event_count = event_count + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND state_revision = :expected_revision
+  AND status IN ('pending', 'running', 'blocked')
+  AND (owner IS NULL OR lease_expires_at <= :now OR owner = :dead_owner)
+RETURNING fence, state_revision, lease_expires_at;
+
+-- name: fence_check
+-- The guard of every worker write: matches only while this worker's fence is current and the
+-- run is running; renews the lease and bumps the revision as it goes.
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
+    event_count = event_count + :events, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+
+-- name: finish_run
+-- End the run (completed, failed or blocked) and release ownership. A recovery record gets
+-- the revision this very statement creates.
+UPDATE safepoint_runs
+SET status = :status, result = :result, result_ref = :result_ref, error = :error,
+    recovery_record = CASE WHEN :recovery_record IS NULL THEN NULL
+                      ELSE json_set(:recovery_record, '$.state_revision', state_revision + 1)
+                      END,
+    owner = NULL, lease_expires_at = NULL,
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+
+-- name: release_run
+-- Give up ownership without changing the status (a graceful stop); only the holder can.
+UPDATE safepoint_runs
+SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+
+-- name: upsert_step
+-- Record a step; a re-read of an expired observation replaces the row and keeps its seq.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result, result_ref,
+                             next_step_id, attempt, model_id, prompt_hash, observed_at,
+                             operation_id, fence, recorded_at)
+VALUES (:run_id, :step_id,
+        (SELECT COALESCE(MAX(seq), 0) + 1 FROM safepoint_steps WHERE run_id = :run_id),
+        :kind, :name, :input_hash, :result, :result_ref, :next_step_id, :attempt, :model_id,
+        :prompt_hash, :observed_at, :operation_id, :fence, :now)
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    input_hash = excluded.input_hash, result = excluded.result,
+    result_ref = excluded.result_ref, next_step_id = excluded.next_step_id,
+    attempt = excluded.attempt, observed_at = excluded.observed_at,
+    fence = excluded.fence, recorded_at = excluded.recorded_at;
+
+-- name: steps_of_run
+-- Every recorded step of a run, in the order they were first recorded.
+SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
+
+-- name: insert_operation
+-- Prepared intent: payload reference, operation id and effect key become durable together.
+INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
+                                  effect_key, fence, prepared_at, updated_at)
+VALUES (:run_id, :operation_id, :step_id, :effect, 'prepared', :payload_ref, :effect_key,
+        :fence, :now, :now);
+
+-- name: mark_dispatching
+-- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
+UPDATE safepoint_operations
+SET state = 'dispatching', dispatch_count = dispatch_count + 1,
+    first_dispatched_at = COALESCE(first_dispatched_at, :now), fence = :fence, updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id
+  AND state IN ('prepared', 'dispatching', 'unknown')
+RETURNING *;
+
+-- name: record_outcome
+-- The evidence of one dispatch: applied (receipt), rejected or unknown (error), or accepted.
+UPDATE safepoint_operations
+SET state = :state, receipt = COALESCE(:receipt, receipt), error = :error, fence = :fence,
+    updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id;
+
+-- name: operations_of_run
+-- Every effect operation of a run.
+SELECT * FROM safepoint_operations WHERE run_id = :run_id ORDER BY prepared_at, operation_id;
+
+-- name: insert_event
+-- Append one transition to the run's history.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+VALUES (:run_id, :now, :kind, :step_id, :operation_id, :fence, :worker, :detail);
+
+-- name: events_of_run
+-- A run's history, oldest first.
+SELECT * FROM safepoint_events WHERE run_id = :run_id ORDER BY event_id;
+
+-- name: insert_artifact
+-- Content-addressed: the same bytes are stored once.
+INSERT INTO safepoint_artifacts (digest, size, content, created_at)
+VALUES (:digest, :size, :content, :now)
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: get_artifact
+-- The bytes stored under a digest (checked against it by the caller).
+SELECT content FROM safepoint_artifacts WHERE digest = :digest;

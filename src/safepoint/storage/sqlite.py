@@ -1,0 +1,448 @@
+"""The embedded store: one SQLite file in WAL mode, shared safely by many processes.
+
+Concurrency rules (each learned from a double execution somewhere else):
+- one connection per thread (and per process: a forked child opens its own);
+- every write is one ``BEGIN IMMEDIATE`` transaction, so writers queue on SQLite's lock instead
+  of failing half-way, with a busy timeout long enough to ride out other writers;
+- every worker write starts with ``fence_check``, in the same transaction as the write.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._canonical import digest as content_digest
+from .._canonical import dumps, loads, sha256_hex
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    CorruptRecord,
+    LostOwnership,
+    MigrationMismatch,
+    RunNotFound,
+    SchemaTooNew,
+    StoreError,
+)
+from ..types import (
+    JSON,
+    Claim,
+    Durability,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+)
+from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
+
+_Q = load_queries("sqlite")
+_BUSY_TIMEOUT_S = 30.0
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SqliteStore:
+    """The ledger in one SQLite file (or in memory, for fast unit tests)."""
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 durability: Durability = Durability.PROCESS_CRASH,
+                 clock: Callable[[], int] = _wall_clock_ms,
+                 inline_limit: int = INLINE_LIMIT) -> None:
+        self.durability = Durability(durability)
+        self._clock = clock
+        self._inline_limit = inline_limit
+        self._local = threading.local()
+        self._keeper: sqlite3.Connection | None = None
+        if str(path) == ":memory:":
+            # A named shared-cache database lives while one connection to it is open.
+            self._target = f"file:safepoint-{uuid.uuid4().hex}?mode=memory&cache=shared"
+            self._uri = True
+            self.url = "memory:"
+            self._keeper = self._connect()
+        else:
+            self._target = str(Path(path).absolute())
+            self._uri = False
+            self.url = f"sqlite:///{self._target}"
+        self._migrate()
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(self._target, timeout=_BUSY_TIMEOUT_S, uri=self._uri,
+                                   isolation_level=None, check_same_thread=True)
+            conn.row_factory = sqlite3.Row
+            if not self._uri:
+                conn.execute("PRAGMA journal_mode=WAL")
+            full = self.durability is Durability.POWER_LOSS
+            conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
+            conn.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"cannot open SQLite store {self._target}: {exc}; check the path and that it"
+                " is a safepoint database", path=self._target) from exc
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():
+            conn = self._connect()
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local = threading.local()
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write transaction; driver errors become StoreError with the cause kept."""
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write to the store: {exc}") from exc
+        try:
+            yield conn
+        except BaseException as exc:
+            conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"write to the store failed: {exc}") from exc
+            raise
+        conn.execute("COMMIT")
+
+    def _read(self, query: str, params: dict[str, Any]) -> list[sqlite3.Row]:
+        try:
+            return self._conn().execute(_Q[query], params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store: {exc}") from exc
+
+    def now(self) -> int:
+        return self._clock()
+
+    # -- migrations ----------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        shipped = load_migrations("sqlite")
+        conn = self._conn()
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS safepoint_schema_version ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,"
+            " applied_at INTEGER NOT NULL)")
+        if self._check_applied(conn, shipped) == len(shipped):
+            return
+        with self._write() as conn:  # re-check under the write lock: another process may race us
+            applied = self._check_applied(conn, shipped)
+            for version, name, sql in shipped[applied:]:
+                for statement in _split_statements(sql):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, ?)",
+                    (version, name, sha256_hex(sql.encode()), self.now()))
+
+    @staticmethod
+    def _check_applied(conn: sqlite3.Connection, shipped: list[tuple[int, str, str]]) -> int:
+        rows = conn.execute(
+            "SELECT version, checksum FROM safepoint_schema_version ORDER BY version").fetchall()
+        if rows and rows[-1][0] > len(shipped):
+            raise SchemaTooNew(rows[-1][0], len(shipped))
+        for version, checksum in rows:
+            if checksum != sha256_hex(shipped[version - 1][2].encode()):
+                raise MigrationMismatch(version)
+        return len(rows)
+
+    def schema_version(self) -> int:
+        row = self._conn().execute("SELECT MAX(version) FROM safepoint_schema_version").fetchone()
+        return int(row[0] or 0)
+
+    # -- values and artifacts ------------------------------------------------------------------
+
+    def _put_value(self, conn: sqlite3.Connection, value: JSON, now: int) -> tuple[str | None, str | None]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+        text = dumps(value)
+        if len(text) <= self._inline_limit:
+            return text, None
+        return None, self._put_artifact(conn, text.encode(), now)
+
+    def _put_artifact(self, conn: sqlite3.Connection, data: bytes, now: int) -> str:
+        ref = content_digest(data)
+        conn.execute(_Q["insert_artifact"],
+                     {"digest": ref, "size": len(data), "content": data, "now": now})
+        return ref
+
+    def get_artifact(self, digest: str) -> bytes:
+        rows = self._read("get_artifact", {"digest": digest})
+        if not rows:
+            raise ArtifactMissing(digest)
+        data = bytes(rows[0]["content"])
+        actual = content_digest(data)
+        if actual != digest:
+            raise ArtifactCorrupt(digest, actual)
+        return data
+
+    def _get_value(self, text: str | None, ref: str | None, table: str, key: str) -> JSON:
+        if ref is not None:
+            text = self.get_artifact(ref).decode()
+        if text is None:
+            return None
+        try:
+            return loads(text)
+        except ValueError as exc:
+            raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
+        now = self.now()
+        lease = now + new.lease_ms
+        with self._write() as conn:
+            inputs, inputs_ref = self._put_value(conn, new.inputs, now)
+            cursor = conn.execute(_Q["insert_run"], {
+                "run_id": new.run_id, "workflow": new.workflow,
+                "workflow_version": new.workflow_version, "status": RunStatus.RUNNING.value,
+                "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
+                "owner": new.owner, "lease_expires_at": lease, "fence": 1, "now": now})
+            created = cursor.rowcount == 1
+            if created:
+                self._event(conn, new.run_id, now, "run.started", fence=1, worker=new.owner,
+                            detail={"workflow": new.workflow, "version": new.workflow_version})
+        run = self.get_run(new.run_id)
+        claim = Claim(new.run_id, new.owner, 1, run.state_revision, lease, new.lease_ms)
+        return run, claim if created else None
+
+    def get_run(self, run_id: str) -> RunRecord:
+        rows = self._read("get_run", {"run_id": run_id})
+        if not rows:
+            raise RunNotFound(run_id)
+        return self._run_record(rows[0])
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        rows = self._read("list_runs", {"status": status.value if status else None,
+                                        "limit": limit})
+        return [self._run_record(row) for row in rows]
+
+    def _run_record(self, row: sqlite3.Row) -> RunRecord:
+        key = f"run_id={row['run_id']}"
+        get = lambda column: self._get_value(row[column], None, "safepoint_runs", key)  # noqa: E731
+        try:
+            status = RunStatus(row["status"])
+        except ValueError as exc:
+            raise CorruptRecord("safepoint_runs", key, f"unknown status {row['status']!r}") from exc
+        return RunRecord(
+            run_id=row["run_id"], workflow=row["workflow"],
+            workflow_version=row["workflow_version"], status=status,
+            input_hash=row["input_hash"],
+            inputs=self._get_value(row["inputs"], row["inputs_ref"], "safepoint_runs", key),
+            state_revision=row["state_revision"], owner=row["owner"],
+            lease_expires_at=row["lease_expires_at"], fence=row["fence"],
+            resume_count=row["resume_count"], event_count=row["event_count"],
+            result=self._get_value(row["result"], row["result_ref"], "safepoint_runs", key),
+            error=get("error"), recovery_record=get("recovery_record"),
+            created_at=row["created_at"], updated_at=row["updated_at"])
+
+    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                  dead_owner: str | None = None) -> Claim | None:
+        now = self.now()
+        with self._write() as conn:
+            row = conn.execute(_Q["claim_run"], {
+                "run_id": run_id, "expected_revision": expected_revision, "owner": owner,
+                "lease_expires_at": now + lease_ms, "count_resume": 1, "now": now,
+                "dead_owner": dead_owner}).fetchone()
+            if row is None:
+                return None
+            self._event(conn, run_id, now, "run.claimed", fence=row["fence"], worker=owner,
+                        detail={"took_over_from": dead_owner} if dead_owner else None)
+        return Claim(run_id, owner, row["fence"], row["state_revision"],
+                     row["lease_expires_at"], lease_ms)
+
+    def load_ledger(self, run_id: str) -> Ledger:
+        run = self.get_run(run_id)
+        steps = {}
+        for row in self._read("steps_of_run", {"run_id": run_id}):
+            key = f"run_id={run_id} step_id={row['step_id']}"
+            try:
+                kind = StepKind(row["kind"])
+            except ValueError as exc:
+                raise CorruptRecord("safepoint_steps", key, f"unknown kind {row['kind']!r}") from exc
+            steps[row["step_id"]] = StepRecord(
+                run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
+                input_hash=row["input_hash"],
+                result=self._get_value(row["result"], row["result_ref"], "safepoint_steps", key),
+                seq=row["seq"], next_step_id=row["next_step_id"], attempt=row["attempt"],
+                model_id=row["model_id"], prompt_hash=row["prompt_hash"],
+                observed_at=row["observed_at"], operation_id=row["operation_id"],
+                fence=row["fence"], recorded_at=row["recorded_at"])
+        operations = {}
+        for row in self._read("operations_of_run", {"run_id": run_id}):
+            operations[row["operation_id"]] = self._operation_record(row)
+        return Ledger(run, steps, operations)
+
+    def _operation_record(self, row: sqlite3.Row) -> OperationRecord:
+        key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
+        try:
+            state = EffectState(row["state"])
+        except ValueError as exc:
+            raise CorruptRecord("safepoint_operations", key,
+                                f"unknown state {row['state']!r}") from exc
+        return OperationRecord(
+            run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
+            effect=row["effect"], state=state, payload_ref=row["payload_ref"],
+            effect_key=row["effect_key"], dispatch_count=row["dispatch_count"],
+            first_dispatched_at=row["first_dispatched_at"],
+            receipt=self._get_value(row["receipt"], None, "safepoint_operations", key),
+            error=self._get_value(row["error"], None, "safepoint_operations", key),
+            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"])
+
+    def events(self, run_id: str) -> list[EventRecord]:
+        return [
+            EventRecord(event_id=row["event_id"], run_id=row["run_id"], at=row["at"],
+                        kind=row["kind"], step_id=row["step_id"],
+                        operation_id=row["operation_id"], fence=row["fence"],
+                        worker=row["worker"],
+                        detail=self._get_value(row["detail"], None, "safepoint_events",
+                                               f"event_id={row['event_id']}"))
+            for row in self._read("events_of_run", {"run_id": run_id})]
+
+    # -- worker writes -------------------------------------------------------------------------
+
+    def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int) -> None:
+        cursor = conn.execute(_Q["fence_check"], {
+            "run_id": claim.run_id, "fence": claim.fence, "lease_expires_at": now + claim.lease_ms,
+            "events": events, "now": now})
+        if cursor.rowcount != 1:
+            raise LostOwnership(claim.run_id, claim.fence)
+
+    def _event(self, conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
+               step_id: str | None = None, operation_id: str | None = None,
+               fence: int | None = None, worker: str | None = None,
+               detail: JSON = None) -> None:
+        conn.execute(_Q["insert_event"], {
+            "run_id": run_id, "now": now, "kind": kind, "step_id": step_id,
+            "operation_id": operation_id, "fence": fence, "worker": worker,
+            "detail": None if detail is None else dumps(detail)})
+
+    def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord,
+                     now: int) -> None:
+        result, result_ref = self._put_value(conn, step.result, now)
+        conn.execute(_Q["upsert_step"], {
+            "run_id": claim.run_id, "step_id": step.step_id, "kind": step.kind.value,
+            "name": step.name, "input_hash": step.input_hash, "result": result,
+            "result_ref": result_ref, "next_step_id": step.next_step_id,
+            "attempt": step.attempt, "model_id": step.model_id,
+            "prompt_hash": step.prompt_hash, "observed_at": step.observed_at,
+            "operation_id": step.operation_id, "fence": claim.fence, "now": now})
+
+    def record_step(self, claim: Claim, step: StepRecord) -> None:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=0)
+            self._upsert_step(conn, claim, step, now)
+
+    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=1)
+            ref = self._put_artifact(conn, payload, now)
+            if ref != op.payload_ref:
+                raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+            conn.execute(_Q["insert_operation"], {
+                "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
+                "effect": op.effect, "payload_ref": op.payload_ref,
+                "effect_key": op.effect_key, "fence": claim.fence, "now": now})
+            self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
+                        operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
+                        detail={"effect": op.effect, "payload_ref": op.payload_ref})
+
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=1)
+            row = conn.execute(_Q["mark_dispatching"], {
+                "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
+                "now": now}).fetchone()
+            if row is None:
+                raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                                 run_id=claim.run_id, operation_id=operation_id)
+            op = self._operation_record(row)
+            self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
+                        operation_id=operation_id, fence=claim.fence, worker=claim.owner,
+                        detail={"dispatch": op.dispatch_count})
+        return op
+
+    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                       receipt: JSON = None, error: JSON = None,
+                       step: StepRecord | None = None) -> None:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=1)
+            cursor = conn.execute(_Q["record_outcome"], {
+                "run_id": claim.run_id, "operation_id": operation_id, "state": state.value,
+                "receipt": None if receipt is None else dumps(receipt),
+                "error": None if error is None else dumps(error), "fence": claim.fence,
+                "now": now})
+            if cursor.rowcount != 1:
+                raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
+                                 run_id=claim.run_id, operation_id=operation_id)
+            if step is not None:
+                self._upsert_step(conn, claim, step, now)
+            self._event(conn, claim.run_id, now, f"effect.{state.value}",
+                        step_id=step.step_id if step else None, operation_id=operation_id,
+                        fence=claim.fence, worker=claim.owner,
+                        detail={"error": error} if error is not None else None)
+
+    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
+                   error: dict[str, Any] | None = None,
+                   recovery_record: dict[str, Any] | None = None) -> None:
+        now = self.now()
+        with self._write() as conn:
+            result_text, result_ref = self._put_value(conn, result, now)
+            cursor = conn.execute(_Q["finish_run"], {
+                "run_id": claim.run_id, "fence": claim.fence, "status": status.value,
+                "result": result_text, "result_ref": result_ref,
+                "error": None if error is None else dumps(error),
+                "recovery_record": None if recovery_record is None else dumps(recovery_record),
+                "now": now})
+            if cursor.rowcount != 1:
+                raise LostOwnership(claim.run_id, claim.fence)
+            self._event(conn, claim.run_id, now, f"run.{status.value}", fence=claim.fence,
+                        worker=claim.owner,
+                        detail=error or ({"phase": recovery_record.get("phase")}
+                                         if recovery_record else None))
+
+    def release_run(self, claim: Claim) -> None:
+        with self._write() as conn:
+            conn.execute(_Q["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
+                                             "now": self.now()})
+
+
+def _split_statements(script: str) -> list[str]:
+    """Split a migration into statements without breaking ones that contain semicolons."""
+    statements, pending = [], ""
+    for line in script.splitlines(keepends=True):
+        if not pending and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        pending += line
+        if sqlite3.complete_statement(pending):
+            statements.append(pending.strip())
+            pending = ""
+    if pending.strip():
+        statements.append(pending.strip())
+    return statements

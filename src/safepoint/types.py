@@ -1,0 +1,139 @@
+"""Public enums and frozen records: the ledger's vocabulary as Python values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+JSON = Any
+
+
+class Durability(StrEnum):
+    """What a committed step survives. Stated, never implied."""
+
+    PROCESS_CRASH = "process_crash"  # default: survives the process dying (SQLite WAL, NORMAL)
+    POWER_LOSS = "power_loss"        # also survives the machine losing power (fsync every commit)
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"        # created, not yet claimed by a worker
+    RUNNING = "running"        # owned (or last owned) by a worker that is making progress
+    COMPLETED = "completed"    # the workflow returned; the result is recorded
+    FAILED = "failed"          # the workflow raised; the error is recorded
+    BLOCKED = "blocked"        # stopped visibly for a person; see the recovery record
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class StepKind(StrEnum):
+    PURE = "pure"              # recomputable; recorded as an optimisation
+    READ = "read"              # an observation; replayed until max_age says it expired
+    MODEL = "model"            # a model response; replayed, never re-generated
+    DECISION = "decision"      # the planner's choice of the next step; replayed
+    EFFECT = "effect"          # a change in another system; replayed or reconciled
+    VALUE = "value"            # a recorded now(), random() or uuid()
+
+
+class EffectState(StrEnum):
+    PREPARED = "prepared"          # payload, operation id and effect key are durable
+    DISPATCHING = "dispatching"    # "dispatch may have happened"
+    APPLIED = "applied"            # the owner's receipt is recorded
+    REJECTED = "rejected"          # the owner refused; it did not happen
+    UNKNOWN = "unknown"            # the call failed without proof either way
+    ACCEPTED = "accepted"          # verified (or no verifier); the run moves on
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    workflow: str
+    workflow_version: str
+    status: RunStatus
+    input_hash: str
+    inputs: JSON
+    state_revision: int
+    owner: str | None
+    lease_expires_at: int | None
+    fence: int
+    resume_count: int
+    event_count: int
+    result: JSON
+    error: dict[str, Any] | None
+    recovery_record: dict[str, Any] | None
+    created_at: int
+    updated_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    run_id: str
+    step_id: str
+    kind: StepKind
+    name: str
+    input_hash: str
+    result: JSON
+    seq: int = 0
+    next_step_id: str | None = None
+    attempt: int = 1
+    model_id: str | None = None
+    prompt_hash: str | None = None
+    observed_at: int | None = None
+    operation_id: str | None = None
+    fence: int = 0
+    recorded_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRecord:
+    run_id: str
+    operation_id: str
+    step_id: str
+    effect: str
+    state: EffectState
+    payload_ref: str
+    effect_key: str
+    dispatch_count: int = 0
+    first_dispatched_at: int | None = None
+    receipt: JSON = None
+    error: JSON = None
+    fence: int = 0
+    prepared_at: int = 0
+    updated_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    event_id: int
+    run_id: str
+    at: int
+    kind: str
+    step_id: str | None
+    operation_id: str | None
+    fence: int | None
+    worker: str | None
+    detail: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Everything recorded for one run, loaded in one batch when a worker takes it over."""
+
+    run: RunRecord
+    steps: dict[str, StepRecord] = field(default_factory=dict)
+    operations: dict[str, OperationRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Proof that this worker owns a run: the fence every later write must name."""
+
+    run_id: str
+    owner: str
+    fence: int
+    state_revision: int
+    lease_expires_at: int
+    lease_ms: int
