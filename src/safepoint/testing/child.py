@@ -1,0 +1,49 @@
+"""Run one workflow step of a kill test in this process: ``python -m safepoint.testing.child``.
+
+Starts (or resumes) a run and prints one JSON line describing how it ended, so the harness in
+another process can compare outcomes. Crash points are armed through the environment
+(``SAFEPOINT_CRASH_AT``), so this process may die by SIGKILL anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+
+from .. import errors
+from .._workflow import Workflow, resume, start
+from ..storage import open_store
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m safepoint.testing.child")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--workflow", required=True, help="module:attribute of a @workflow")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--args", default="[]", help="JSON list of workflow arguments")
+    parser.add_argument("--resume", action="store_true")
+    opts = parser.parse_args(argv)
+    module, _, attr = opts.workflow.partition(":")
+    wf = getattr(importlib.import_module(module), attr)
+    if not isinstance(wf, Workflow):
+        parser.error(f"{opts.workflow} is not a @workflow")
+    store = open_store(opts.store)
+    try:
+        if opts.resume:
+            result = resume(store, opts.run_id)
+        else:
+            result = start(store, wf, *json.loads(opts.args), run_id=opts.run_id)
+        outcome = {"status": "completed", "result": result}
+    except errors.RunBlocked as exc:
+        outcome = {"status": "blocked", "error": type(exc).__name__, "message": exc.message,
+                   "record": exc.record}
+    except errors.SafepointError as exc:
+        outcome = {"status": "error", "error": type(exc).__name__, "message": exc.message}
+    print(json.dumps(outcome), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

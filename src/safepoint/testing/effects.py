@@ -1,0 +1,59 @@
+"""Effects that act on the local effect-owner service: the shape a real integration takes.
+
+Each maps the owner's answers onto the dispatch protocol: refused connection → ``NotSent``
+(provably never left), a 4xx → ``Rejected``, anything else (a dropped connection, a timeout)
+propagates and makes the outcome unknown. ``reconcile`` looks the operation up by its
+idempotency key — through the search index, which may lag, so a "not found" is only trusted
+inside the owner's key retention.
+
+The owner's URL is read from ``$SAFEPOINT_OWNER_URL`` at call time, so workflows that use these
+effects can run in any process the kill harness starts.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+from .._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
+from .owner import OwnerClient, OwnerError, OwnerRejected, OwnerUnavailable
+
+OWNER_URL_ENV = "SAFEPOINT_OWNER_URL"
+
+
+def owner_client() -> OwnerClient:
+    url = os.environ.get(OWNER_URL_ENV)
+    if not url:
+        raise RuntimeError(f"set {OWNER_URL_ENV} to the effect owner's URL"
+                           " (OwnerService().url)")
+    return OwnerClient(url)
+
+
+def owner_effect(resource: str, *, name: str | None = None,
+                 dedup_retention: timedelta | None = timedelta(hours=23),
+                 verify: bool = False, reconcile: bool = True, fenced: bool = False) -> Effect:
+    """An effect that creates one object of ``resource`` at the local owner."""
+
+    def execute(payload: Any, key: EffectKey) -> Any:
+        try:
+            return owner_client().create(resource, payload, idempotency_key=str(key),
+                                         fence=key.fence if fenced else None)
+        except OwnerUnavailable as exc:
+            raise NotSent(str(exc)) from exc
+        except OwnerRejected as exc:
+            raise Rejected({"status": exc.status, "body": exc.body}) from exc
+
+    def find(key: EffectKey) -> Applied | NotApplied | Unknown:
+        try:
+            found = owner_client().find_by_key(resource, str(key))
+        except OwnerError as exc:
+            return Unknown(f"lookup failed: {exc}")
+        return Applied(found) if found is not None else NotApplied()
+
+    def exists(receipt: Any) -> bool:
+        return owner_client().get(resource, receipt["id"]) is not None
+
+    return Effect(name or f"owner.{resource}", execute=execute,
+                  reconcile=find if reconcile else None, verify=exists if verify else None,
+                  dedup_retention=dedup_retention)

@@ -1,0 +1,91 @@
+"""Workflows the tests run in child processes (importable as ``flows``).
+
+Step ids are prefixed by their kind so a crash point can target one kind:
+``step.after_record:model`` kills right after the model step is recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import safepoint as sp
+from safepoint.testing.effects import owner_effect
+
+charges = owner_effect("charges")
+tickets = owner_effect("tickets", verify=True)
+notifications = owner_effect("notifications", reconcile=False, dedup_retention=None)
+
+
+def fetch_case(case_id: str) -> dict[str, Any]:
+    return {"case": case_id, "customer": "cus_42", "amount": 1250}
+
+
+def scripted_model(*, model: str, messages: list[dict[str, str]], temperature: float = 0) -> Any:
+    return {"text": f"refund case {messages[-1]['content']}", "model": model,
+            "usage": {"input_tokens": 12, "output_tokens": 5}}
+
+
+def doubled(case: dict[str, Any]) -> int:
+    return int(case["amount"]) * 2
+
+
+def route(draft: dict[str, Any]) -> str:
+    return "refund" if "refund" in draft["text"] else "reply"
+
+
+@sp.workflow("every-kind", version="1")
+def every_kind(run: sp.Run, case_id: str) -> dict[str, Any]:
+    case = run.read("read.case", fetch_case, case_id)
+    draft = run.model("model.draft", scripted_model, model="scripted-1",
+                      messages=[{"role": "user", "content": case_id}], temperature=0)
+    amount = run.pure("pure.amount", doubled, case)
+    chosen = run.decide("decision.route", route, draft)
+    stamp = run.now("value.now")
+    nonce = run.uuid("value.uuid")
+    charge = run.effect("effect.charge", charges, operation_id=f"charge:{case_id}",
+                        payload={"amount": amount, "customer": case["customer"], "nonce": nonce})
+    ticket = run.effect("effect.ticket", tickets,
+                        payload={"charge": charge["id"], "at": stamp.isoformat()})
+    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
+
+
+@sp.workflow("every-kind-async", version="1")
+async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
+    case = await run.read("read.case", fetch_case, case_id)
+    draft = await run.model("model.draft", scripted_model, model="scripted-1",
+                            messages=[{"role": "user", "content": case_id}], temperature=0)
+    amount = await run.pure("pure.amount", doubled, case)
+    chosen = await run.decide("decision.route", route, draft)
+    stamp = run.now("value.now")
+    nonce = run.uuid("value.uuid")
+    charge = await run.effect("effect.charge", charges, operation_id=f"charge:{case_id}",
+                              payload={"amount": amount, "customer": case["customer"],
+                                       "nonce": nonce})
+    ticket = await run.effect("effect.ticket", tickets,
+                              payload={"charge": charge["id"], "at": stamp.isoformat()})
+    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
+
+
+@sp.workflow("lines", version="1")
+def lines(run: sp.Run, count: int) -> list[str]:
+    """The same step id in a loop: occurrences effect.line, effect.line#2, …"""
+    ids = []
+    for index in range(count):
+        receipt = run.effect("effect.line", charges, payload={"line": index})
+        ids.append(receipt["id"])
+    return ids
+
+
+@sp.workflow("notify", version="1")
+def notify(run: sp.Run, who: str) -> str:
+    """An effect whose owner has no read path: an uncertain dispatch can only block."""
+    receipt = run.effect("effect.notify", notifications, payload={"to": who})
+    return str(receipt["id"])
+
+
+@sp.workflow("many-steps", version="1")
+def many_steps(run: sp.Run, count: int) -> int:
+    total = 0
+    for index in range(count):
+        total = run.pure("add", lambda a, b: a + b, total, index)
+    return total

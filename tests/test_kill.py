@@ -1,0 +1,110 @@
+"""The kill matrix: every crash point, for every step kind, in real processes killed by SIGKILL.
+
+Each trial resumes the killed run in a fresh process and checks both assertions of the kill
+test against an uninterrupted reference run: equal results, and equal effect counts as counted
+by the effect owner (so 0 duplicates).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from safepoint.testing.kill import KillHarness
+from safepoint.testing.owner import OwnerService
+
+pytestmark = pytest.mark.kill
+
+TESTS = str(Path(__file__).parent)
+
+# (crash spec, what it interrupts). Step ids in flows.every_kind start with their kind.
+STEP_KINDS = ("read", "model", "pure", "decision", "value")
+MATRIX = [
+    "run.after_start",
+    *[f"{point}:{kind}" for point in ("step.before_record", "step.after_record")
+      for kind in STEP_KINDS],
+    *[f"{point}:effect.{step}" for point in (
+        "effect.before_prepare", "effect.after_prepared", "effect.after_dispatching",
+        "effect.after_receiver_commit", "effect.after_outcome", "effect.after_accept")
+      for step in ("charge", "ticket")],
+    "run.before_complete",
+]
+
+
+@pytest.fixture(scope="module")
+def kill_owner() -> OwnerService:
+    with OwnerService() as service:
+        yield service
+
+
+@pytest.fixture(scope="module", params=["flows:every_kind", "flows:every_kind_async"])
+def harness(request: pytest.FixtureRequest, kill_owner: OwnerService,
+            tmp_path_factory: pytest.TempPathFactory) -> KillHarness:
+    return KillHarness(request.param, ["case-8472"], owner=kill_owner,
+                       workdir=tmp_path_factory.mktemp("kill"), pythonpath=[TESTS])
+
+
+def test_matrix_covers_every_crash_point() -> None:
+    from safepoint._crashpoints import POINTS
+
+    assert {spec.split(":")[0] for spec in MATRIX} == set(POINTS)
+
+
+@pytest.mark.parametrize("crash_at", MATRIX)
+def test_kill_at_crash_point(harness: KillHarness, crash_at: str) -> None:
+    report = harness.trial(crash_at=crash_at)
+    assert report.killed, f"the crash point {crash_at} was never reached"
+    assert report.resumes >= 1
+    report.check()
+
+
+def test_reference_run_applies_two_effects(harness: KillHarness) -> None:
+    reference, applied = harness.reference()
+    assert reference["status"] == "completed"
+    assert applied == 2
+
+
+def test_kill_at_random_moments(harness: KillHarness, kill_owner: OwnerService) -> None:
+    """SIGKILL from outside at random instants, with a slow owner to widen the windows."""
+    rng = random.Random(8472)
+    kill_owner.client.set_faults(delay=0.05)
+    try:
+        reports = [harness.trial(kill_after=rng.uniform(0.05, 0.6)) for _ in range(6)]
+    finally:
+        kill_owner.client.set_faults(delay=0)
+    for report in reports:
+        report.check()
+    assert any(report.killed for report in reports)
+
+
+def test_kill_in_a_loop_of_effects(kill_owner: OwnerService, tmp_path: Path) -> None:
+    """The second occurrence of a repeated step id (effect.line#2) killed mid-dispatch."""
+    harness = KillHarness("flows:lines", [3], owner=kill_owner, workdir=tmp_path,
+                          pythonpath=[TESTS])
+    for spec in ("effect.after_dispatching@2", "effect.after_receiver_commit@3"):
+        report = harness.trial(crash_at=spec)
+        assert report.killed
+        report.check()
+    assert harness.reference()[0]["result"] == ["ch_1", "ch_2", "ch_3"]
+
+
+@pytest.mark.parametrize("crash_at", ["effect.after_dispatching",
+                                      "effect.after_receiver_commit"])
+def test_no_read_path_blocks_visibly(kill_owner: OwnerService, tmp_path: Path,
+                                     crash_at: str) -> None:
+    """An owner with no read path cannot be reconciled: the run blocks, never re-sends."""
+    harness = KillHarness("flows:notify", ["ops@example.com"], owner=kill_owner,
+                          workdir=tmp_path, pythonpath=[TESTS])
+    report = harness.trial(crash_at=crash_at)
+    assert report.killed
+    assert report.final is not None
+    assert report.final["status"] == "blocked"
+    assert report.final["error"] == "NeedsReconciliation"
+    record = report.final["record"]
+    assert record["phase"] == "reconcile_effect"
+    assert record["effect_status"] == "dispatching"
+    assert record["effect_key"].startswith("sp_")
+    expected = 1 if crash_at == "effect.after_receiver_commit" else 0
+    assert (report.applied, report.duplicates) == (expected, 0)
