@@ -47,7 +47,7 @@ def owner_env(owner: OwnerService, monkeypatch: pytest.MonkeyPatch) -> OwnerServ
 @pytest.fixture
 def crash_at() -> Iterator[object]:
     """Arm an in-process crash point that raises SimulatedCrash instead of killing pytest."""
-    def arm(spec: str) -> None:
+    def arm(spec: str | None) -> None:
         _crashpoints.arm(spec, mode="raise")
     yield arm
     _crashpoints.arm(None)

@@ -91,6 +91,7 @@ __all__ = [
     "UsageError",
     "VerificationFailed",
     "Workflow",
+    "WorkflowNotFound",
     "open_store",
     "resume",
     "resume_async",

@@ -1,0 +1,388 @@
+"""The ``safepoint`` command: list runs, read a run's ledger, resume it, print its recovery record.
+
+Every command opens the store named by ``--store`` (default ``$SAFEPOINT_URL``, else
+``safepoint.db`` in the working directory). An error safepoint raises on purpose is printed as one
+line, ``error: <message>``, with exit code 1 — its message already says what to do, so a
+traceback would only bury it. ``resume`` exits 3 when the run is blocked, so a script can tell
+"a person must decide" from "something is broken".
+
+The renderers (``timeline_table``, ``events_table``, ``print_table``) are shared with the demo.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from . import __version__
+from ._workflow import resume as resume_run
+from .errors import LostOwnership, RunBlocked, SafepointError
+from .storage import open_store
+from .storage.base import Store
+from .types import EffectState, EventRecord, Ledger, RunRecord, RunStatus, StepKind
+
+EXIT_ERROR = 1
+EXIT_BLOCKED = 3
+
+_PREVIEW_WIDTH = 48
+_UNBOUNDED_WIDTH = 10_000
+
+RUN_STYLES: dict[RunStatus, str] = {
+    RunStatus.PENDING: "blue",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.BLOCKED: "bold red",
+    RunStatus.CANCELLED: "dim",
+}
+
+EFFECT_STYLES: dict[EffectState, str] = {
+    EffectState.PREPARED: "blue",
+    EffectState.DISPATCHING: "bold yellow",  # "may have happened": the state to notice
+    EffectState.APPLIED: "yellow",
+    EffectState.REJECTED: "red",
+    EffectState.UNKNOWN: "bold red",
+    EffectState.ACCEPTED: "green",
+}
+
+
+# -- rendering -----------------------------------------------------------------------------------
+
+
+def preview(value: Any, width: int = _PREVIEW_WIDTH) -> str:
+    """A value as compact one-line JSON, cut to ``width`` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def clock(ms: int, *, millis: bool = False) -> str:
+    """Epoch milliseconds as local wall-clock time."""
+    moment = datetime.fromtimestamp(ms / 1000).astimezone()
+    if millis:
+        return moment.strftime("%H:%M:%S.%f")[:-3]
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(ms: int, now_ms: int) -> str:
+    """How long before ``now_ms`` the moment ``ms`` was, as a person would say it."""
+    seconds = max(0, (now_ms - ms) // 1000)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            if unit == "d" and seconds >= 7 * 86_400:
+                return clock(ms)[:10]
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a table one line per row.
+
+    On a terminal the table fits the window: the columns marked squeezable are cut with … first.
+    Into a pipe or a file it keeps its natural width instead, so that `safepoint show RUN | grep`
+    finds whole effect keys and step ids rather than fragments.
+    """
+    if console.is_terminal:
+        console.print(table)
+        return
+    unbounded = console.options.update_width(_UNBOUNDED_WIDTH)
+    needed = console.measure(table, options=unbounded).maximum
+    # Console.print(width=) can only narrow the output, so widen the console for this table.
+    saved = console.width
+    console.width = max(saved, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
+
+
+def _table(*columns: str, squeeze: tuple[str, ...] = ()) -> Table:
+    """A borderless table; only the ``squeeze`` columns give up width on a narrow terminal."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for name in columns:
+        # rich narrows only wrappable columns before cutting every column evenly; cells are
+        # never wrapped anyway (see _row), so "wrappable" here just means "may be narrowed".
+        table.add_column(name, no_wrap=name not in squeeze, overflow="ellipsis")
+    return table
+
+
+def _row(table: Table, *cells: str | Text) -> None:
+    """Add a row whose cells never wrap: one line per row, cut with … when squeezed."""
+    texts = []
+    for cell in cells:
+        text = Text(cell) if isinstance(cell, str) else cell.copy()
+        text.no_wrap, text.overflow = True, "ellipsis"
+        texts.append(text)
+    table.add_row(*texts)
+
+
+def timeline_table(ledger: Ledger) -> Table:
+    """One row per recorded step in ``seq`` order, then every operation still in flight.
+
+    An effect's step row is written only when the effect is accepted, so an operation that is
+    prepared, dispatching, unknown, applied or rejected has no step yet: it is listed after the
+    steps, because that is exactly what a person resolving a blocked run needs to see.
+    """
+    table = _table("#", "kind", "step", "result", "operation", "effect", "effect key",
+                   squeeze=("result", "effect key"))
+    shown: set[str] = set()
+    for step in sorted(ledger.steps.values(), key=lambda s: s.seq):
+        operation = effect = key = Text("")
+        if step.kind is StepKind.EFFECT and step.operation_id:
+            shown.add(step.operation_id)
+            op = ledger.operations.get(step.operation_id)
+            operation = Text(step.operation_id)
+            if op is not None:
+                effect = Text(op.state.value, style=EFFECT_STYLES[op.state])
+                key = Text(op.effect_key, style="dim")
+        result = preview(step.result)
+        if step.kind is StepKind.DECISION and step.next_step_id:
+            result = f"→ {step.next_step_id}"
+        _row(table, str(step.seq), step.kind.value, step.step_id, result, operation, effect, key)
+    for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):
+        if op.operation_id in shown:
+            continue
+        evidence = op.error if op.state is EffectState.REJECTED else "(no outcome recorded)"
+        _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
+             op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
+             Text(op.effect_key, style="dim"))
+    return table
+
+
+def events_table(events: Iterable[EventRecord]) -> Table:
+    """What happened to a run, when, by which worker under which fence."""
+    table = _table("at", "event", "step", "operation", "worker", "fence", "detail",
+                   squeeze=("worker", "detail"))
+    for event in events:
+        _row(table, clock(event.at, millis=True), event.kind, event.step_id or "",
+             event.operation_id or "", event.worker or "",
+             "" if event.fence is None else str(event.fence),
+             "" if event.detail is None else preview(event.detail))
+    return table
+
+
+def _header(run: RunRecord) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("run", run.run_id)
+    grid.add_row("status", Text(run.status.value, style=RUN_STYLES[run.status]))
+    grid.add_row("workflow", f"{run.workflow}@{run.workflow_version}")
+    grid.add_row("inputs", preview(run.inputs, 200))
+    if run.status is RunStatus.COMPLETED:
+        grid.add_row("result", preview(run.result, 200))
+    if run.error:
+        grid.add_row("error", Text(f"{run.error.get('type', 'error')}:"
+                                   f" {run.error.get('message', '')}", style="red"))
+    grid.add_row("resumes", str(run.resume_count))
+    grid.add_row("fence", str(run.fence))
+    grid.add_row("revision", str(run.state_revision))
+    grid.add_row("created", clock(run.created_at))
+    grid.add_row("updated", clock(run.updated_at))
+    return grid
+
+
+def _print_blocked(console: Console, run: RunRecord) -> None:
+    record = run.recovery_record or {}
+    console.rule(Text(f"blocked: {record.get('phase', '?')}", style="bold red"), align="left")
+    # Prose is soft-wrapped (never split into new lines) so it reads whole in a pipe too.
+    console.print(Text(str(record.get("reason", "no reason recorded")), style="bold"),
+                  soft_wrap=True)
+    if record.get("operation_id"):
+        console.print(f"operation {record['operation_id']} ({record.get('effect')},"
+                      f" {record.get('effect_status')}) effect key {record.get('effect_key')}",
+                      soft_wrap=True, highlight=False)
+    console.print("next actions:", style="bold")
+    for action in record.get("next_actions", []):
+        console.print(f"  • {action}", soft_wrap=True, highlight=False)
+    console.print(f"full recovery record: safepoint record {run.run_id}", highlight=False)
+
+
+def print_run(console: Console, store: Store, run_id: str) -> None:
+    """The run header, its step timeline and its events: the body of `safepoint show`."""
+    ledger = store.load_ledger(run_id)
+    console.print(_header(ledger.run))
+    if ledger.run.status is RunStatus.BLOCKED:
+        console.print()
+        _print_blocked(console, ledger.run)
+    console.print()
+    console.rule("steps", align="left")
+    print_table(console, timeline_table(ledger))
+    console.print()
+    console.rule("events", align="left")
+    print_table(console, events_table(store.events(run_id)))
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+class _SafepointGroup(click.Group):
+    """Prints safepoint's own errors as one line on stderr instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SafepointError as exc:
+            _fail(ctx, exc.message)
+        except LostOwnership as exc:  # a BaseException: another worker took the run over
+            _fail(ctx, str(exc))
+
+
+def _fail(ctx: click.Context, message: str, code: int = EXIT_ERROR) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(code)
+
+
+def _store(ctx: click.Context) -> Store:
+    """The store named by --store, opened (and so migrated) once, closed with the command."""
+    store = open_store(ctx.obj)
+    ctx.call_on_close(store.close)
+    return store
+
+
+def _stdout() -> Console:
+    # Built per command, not at import: the stream may be swapped (tests, redirection).
+    return Console(highlight=False)
+
+
+@click.group(cls=_SafepointGroup)
+@click.option("--store", "store_url", envvar="SAFEPOINT_URL", show_envvar=True,
+              metavar="URL",
+              help="The ledger: sqlite:///file.db or a file path."
+                   "  [default: safepoint.db in the working directory]")
+@click.version_option(__version__, prog_name="safepoint")
+@click.pass_context
+def cli(ctx: click.Context, store_url: str | None) -> None:
+    """safepoint: a ledger for agent runs; resume after any crash without repeating effects."""
+    ctx.obj = store_url
+
+
+@cli.command()
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]),
+              help="Only runs with this status.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="At most this many runs, most recently changed first.")
+@click.pass_context
+def runs(ctx: click.Context, status: str | None, limit: int) -> None:
+    """List runs, most recently changed first (blocked runs show their phase)."""
+    store = _store(ctx)
+    found = store.list_runs(RunStatus(status) if status else None, limit)
+    console = _stdout()
+    if not found:
+        console.print(f"no {status + ' ' if status else ''}runs in {store.url}")
+        return
+    now = store.now()
+    table = _table("run", "workflow", "status", "resumes", "fence", "updated", "phase",
+                   squeeze=("workflow", "phase"))
+    for run in found:
+        phase = (run.recovery_record or {}).get("phase", "") \
+            if run.status is RunStatus.BLOCKED else ""
+        _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
+             Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
+             str(run.fence), ago(run.updated_at, now), Text(str(phase), style="red"))
+    print_table(console, table)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.pass_context
+def show(ctx: click.Context, run_id: str) -> None:
+    """Show RUN: its header, step timeline (with effect states and keys) and events."""
+    print_run(_stdout(), _store(ctx), run_id)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE first so its @workflow registrations exist (repeatable).")
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
+    """Resume RUN from its ledger and print its result as JSON.
+
+    Exit code 0 when the run completed, 3 when it is blocked and needs a person
+    (see `safepoint record RUN`), 1 on any other error.
+    """
+    _import_modules(modules)
+    store = _store(ctx)
+    try:
+        result = resume_run(store, run_id)
+    except RunBlocked as exc:
+        click.echo(f"run {run_id!r} is blocked: {exc.message}", err=True)
+        click.echo(f"see `safepoint record {run_id}`", err=True)
+        ctx.exit(EXIT_BLOCKED)
+    click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+
+
+def _import_modules(modules: tuple[str, ...]) -> None:
+    if not modules:
+        return
+    # A console script does not put the working directory on sys.path (`python -m` does), yet
+    # workflows usually live in the project the person is standing in.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # Only the named module being absent is a usage error; a missing import *inside*
+            # the user's module is their bug, and its traceback is the useful answer.
+            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+                raise
+            raise click.BadParameter(f"no module named {name!r} (run from the project"
+                                     " directory or set PYTHONPATH)",
+                                     param_hint="--import") from exc
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.pass_context
+def record(ctx: click.Context, run_id: str) -> None:
+    """Print the recovery record of a blocked RUN as JSON."""
+    run = _store(ctx).get_run(run_id)
+    if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
+        _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
+                   " only a blocked run has a recovery record")
+    click.echo(json.dumps(run.recovery_record, indent=2, ensure_ascii=False))
+
+
+@cli.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Apply pending schema migrations to the store and print its schema version."""
+    store = _store(ctx)  # opening a store migrates it
+    # schema_version() is on every shipped store but not yet on the Store protocol.
+    version = store.schema_version()  # type: ignore[attr-defined, unused-ignore]
+    click.echo(f"schema version {version} ({store.url})")
+
+
+@cli.command()
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the demo's ledger here (default: a temporary directory).")
+@click.option("--keep", is_flag=True, help="Keep the temporary directory and print its path.")
+@click.pass_context
+def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:
+    """Kill a support agent mid-refund, resume it, and count the effects at their owner.
+
+    Starts a local effect owner, runs a scripted agent over three tickets in a child process,
+    SIGKILLs it just after the owner committed a refund (before the ledger heard back), resumes
+    it in a fresh process and prints the ledger and the owner's count of effects and duplicates.
+    """
+    from .demo import run_demo
+
+    ctx.exit(run_demo(workdir=workdir, keep=keep, console=_stdout()))
+
+
+def main() -> None:
+    """Entry point of the `safepoint` console script."""
+    cli(prog_name="safepoint")

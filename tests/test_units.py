@@ -1,0 +1,127 @@
+"""Fast unit tests of the pure parts: hashing, the effect rules, crash points, the public API."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import safepoint as sp
+from safepoint import _crashpoints
+from safepoint._canonical import canonical, digest, find_non_json, input_hash
+from safepoint._effects import Action, after_reconcile, mint_effect_key, next_action
+from safepoint.types import EffectState
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+def test_rfc8785_canonical_form() -> None:
+    # key order by UTF-16 code units, no whitespace, shortest float form
+    assert canonical({"b": 1, "a": [1.0, 1e21, "é"]}) == b'{"a":[1,1e+21,"\xc3\xa9"],"b":1}'
+    assert input_hash({"x": 1}) == input_hash({"x": 1.0})
+    assert digest(b"abc").startswith("sha256:ba7816bf")
+
+
+@given(json_values)
+def test_hash_ignores_key_order(value: object) -> None:
+    if isinstance(value, dict):
+        reordered = dict(reversed(list(value.items())))
+        assert input_hash(value) == input_hash(reordered)
+    assert find_non_json(value) is None
+
+
+@pytest.mark.parametrize(("value", "found"), [
+    ({"a": {1, 2}}, ("$.a", "set")),
+    ([1, (2, 3)], ("$[1]", "tuple")),
+    ({1: "x"}, ("$ key 1", "int")),
+    (float("nan"), ("$", "non-finite float nan")),
+    (2**60, ("$", "integer beyond 2**53")),
+    (b"bytes", ("$", "bytes")),
+])
+def test_non_json_is_located(value: object, found: tuple[str, str]) -> None:
+    assert find_non_json(value) == found
+
+
+def test_tuples_are_fine_as_inputs() -> None:
+    assert find_non_json([1, (2, 3)], allow_tuples=True) is None
+
+
+# DESIGN §3, "on resume", one row each.
+@pytest.mark.parametrize(("state", "reconcile", "verify", "action"), [
+    (EffectState.PREPARED, True, False, Action.DISPATCH),
+    (EffectState.DISPATCHING, True, False, Action.RECONCILE),
+    (EffectState.UNKNOWN, True, False, Action.RECONCILE),
+    (EffectState.DISPATCHING, False, False, Action.BLOCK),
+    (EffectState.UNKNOWN, False, False, Action.BLOCK),
+    (EffectState.APPLIED, True, True, Action.VERIFY),
+    (EffectState.APPLIED, True, False, Action.ACCEPT),
+    (EffectState.ACCEPTED, True, True, Action.REPLAY),
+    (EffectState.REJECTED, True, True, Action.REPLAY_REJECTION),
+])
+def test_next_action_by_evidence(state: EffectState, reconcile: bool, verify: bool,
+                                 action: Action) -> None:
+    assert next_action(state, can_reconcile=reconcile, can_verify=verify).action is action
+
+
+HOUR = timedelta(hours=1)
+
+
+@pytest.mark.parametrize(("answer", "retention", "age_ms", "count", "action"), [
+    (sp.Applied({"id": 1}), None, 0, 1, Action.RECORD_APPLIED),
+    (sp.Unknown("index down"), HOUR, 0, 1, Action.BLOCK),
+    (sp.NotApplied(), HOUR, 1000, 1, Action.DISPATCH),
+    (sp.NotApplied(), None, 1000, 1, Action.BLOCK),              # no dedup promise
+    (sp.NotApplied(), HOUR, 3_600_000, 1, Action.BLOCK),         # past retention
+    (sp.NotApplied(), HOUR, 1000, 3, Action.BLOCK),              # dispatch budget spent
+    ("something else", HOUR, 0, 1, Action.BLOCK),
+])
+def test_after_reconcile(answer: object, retention: timedelta | None, age_ms: int, count: int,
+                         action: Action) -> None:
+    decided = after_reconcile(answer, now=10_000_000, first_dispatched_at=10_000_000 - age_ms,
+                              dedup_retention=retention, dispatch_count=count, max_dispatches=3)
+    assert decided.action is action
+    if action is Action.BLOCK:
+        assert decided.reason
+
+
+def test_effect_keys_are_stable_and_distinct() -> None:
+    assert mint_effect_key("r", "op") == mint_effect_key("r", "op")
+    assert mint_effect_key("r", "op") != mint_effect_key("r", "op2")
+    assert mint_effect_key("r", "op") != mint_effect_key("r2", "op")
+
+
+def test_crash_points_are_free_and_precise() -> None:
+    _crashpoints.arm(None)
+    _crashpoints.crashpoint("effect.after_dispatching", "x")  # disarmed: nothing happens
+    _crashpoints.arm("effect.after_dispatching:pay@2", mode="raise")
+    try:
+        _crashpoints.crashpoint("effect.after_dispatching", "ship")
+        _crashpoints.crashpoint("effect.after_dispatching", "pay")
+        with pytest.raises(_crashpoints.SimulatedCrash):
+            _crashpoints.crashpoint("effect.after_dispatching", "pay#2")
+    finally:
+        _crashpoints.arm(None)
+    with pytest.raises(ValueError, match="unknown crash point"):
+        _crashpoints.arm("effect.nowhere")
+
+
+def test_public_surface_is_sorted_and_complete() -> None:
+    assert sp.__all__ == sorted(sp.__all__)
+    assert all(hasattr(sp, name) for name in sp.__all__)
+    public = {name for name in vars(sp) if not name.startswith("_")}
+    modules = {"errors", "types", "storage", "testing"}
+    assert public - modules - {"annotations"} <= set(sp.__all__)
+
+
+def test_errors_carry_fields_and_advice() -> None:
+    error = sp.NeedsReconciliation("r", "s", "op", "owner down")
+    assert (error.run_id, error.step_id, error.operation_id) == ("r", "s", "op")
+    assert "resolve" in str(error)
+    assert issubclass(sp.LostOwnership, BaseException)
+    assert not issubclass(sp.LostOwnership, Exception)
