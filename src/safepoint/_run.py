@@ -110,6 +110,7 @@ class RunCore:
         self.steps = steps
         self.operations = operations
         self.occurrences: dict[str, int] = {}
+        self.last_seq = max((step.seq for step in steps.values()), default=0)
         self.halted: BaseException | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
@@ -121,6 +122,13 @@ class RunCore:
         count = self.occurrences.get(step_id, 0) + 1
         self.occurrences[step_id] = count
         return step_id if count == 1 else f"{step_id}#{count}"
+
+    def next_seq(self, sid: str) -> int:
+        """The ledger order of a newly recorded step (a re-recorded step keeps its place)."""
+        if sid in self.steps:
+            return self.steps[sid].seq
+        self.last_seq += 1
+        return self.last_seq
 
     def check_halt(self) -> None:
         if self.halted is not None:
@@ -184,7 +192,8 @@ class RunCore:
         require_json(value, "result", sid)
         next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
         step = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
-                          input_hash=hashed, result=value, next_step_id=next_step_id,
+                          input_hash=hashed, result=value, seq=self.next_seq(sid),
+                          next_step_id=next_step_id,
                           attempt=attempt, model_id=model_id, prompt_hash=prompt_hash,
                           observed_at=observed_at)
         crashpoint("step.before_record", sid)
@@ -227,8 +236,8 @@ class RunCore:
         else:
             payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
 
+        step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
         while True:
-            step = self._accepted_step(sid, effect, op, hashed)
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
                                   can_verify=effect.verify is not None)
             if decided.action is Action.DISPATCH:
@@ -253,7 +262,7 @@ class RunCore:
                        hashed: str) -> StepRecord:
         return StepRecord(run_id=self.run.run_id, step_id=sid, kind=StepKind.EFFECT,
                           name=effect.name, input_hash=hashed, result=op.receipt,
-                          operation_id=op.operation_id)
+                          seq=self.next_seq(sid), operation_id=op.operation_id)
 
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
                           payload_ref: str) -> Flow:

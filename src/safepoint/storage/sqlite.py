@@ -343,7 +343,8 @@ class SqliteStore:
                      now: int) -> None:
         result, result_ref = self._put_value(conn, step.result, now)
         conn.execute(_Q["upsert_step"], {
-            "run_id": claim.run_id, "step_id": step.step_id, "kind": step.kind.value,
+            "run_id": claim.run_id, "step_id": step.step_id, "seq": step.seq,
+            "kind": step.kind.value,
             "name": step.name, "input_hash": step.input_hash, "result": result,
             "result_ref": result_ref, "next_step_id": step.next_step_id,
             "attempt": step.attempt, "model_id": step.model_id,

@@ -64,13 +64,12 @@ SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1, 
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: upsert_step
--- Record a step; a re-read of an expired observation replaces the row and keeps its seq.
+-- Record a step; a re-read of an expired observation replaces the row and keeps its seq
+-- (the worker numbers steps: it alone writes them while its fence holds).
 INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result, result_ref,
                              next_step_id, attempt, model_id, prompt_hash, observed_at,
                              operation_id, fence, recorded_at)
-VALUES (:run_id, :step_id,
-        (SELECT COALESCE(MAX(seq), 0) + 1 FROM safepoint_steps WHERE run_id = :run_id),
-        :kind, :name, :input_hash, :result, :result_ref, :next_step_id, :attempt, :model_id,
+VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, :result, :result_ref, :next_step_id, :attempt, :model_id,
         :prompt_hash, :observed_at, :operation_id, :fence, :now)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     input_hash = excluded.input_hash, result = excluded.result,
