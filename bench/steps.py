@@ -11,6 +11,7 @@ Medians of --repeat repetitions; ratios are computed within this run, never acro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sqlite3
 import statistics
@@ -65,10 +66,8 @@ def once(workdir: Path, count: int, durability: sp.Durability) -> dict[str, floa
     store = sp.open_store(f"sqlite:///{workdir / f'{tag}.db'}", durability=durability)
     started = time.perf_counter()
     _crashpoints.arm("run.before_complete", mode="raise")
-    try:
+    with contextlib.suppress(_crashpoints.SimulatedCrash):
         sp.start(store, many_steps, count, run_id="r", lease_ms=0)
-    except _crashpoints.SimulatedCrash:
-        pass
     recorded = count / (time.perf_counter() - started)
     _crashpoints.arm(None)
     started = time.perf_counter()

@@ -270,7 +270,7 @@ def test_ago_says_how_long_ago_as_a_person_would(seconds: int, said: str) -> Non
     assert ago(now - seconds * 1000, now) == said
 
 
-def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
+def demo_process(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
     return subprocess.run([sys.executable, "-m", "safepoint", "demo", *args], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
@@ -278,7 +278,7 @@ def run_demo(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.kill
 def test_demo_kills_the_agent_and_no_effect_is_repeated() -> None:
-    done = run_demo()
+    done = demo_process()
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "effects applied: 5, duplicates: 0"
@@ -288,7 +288,7 @@ def test_demo_kills_the_agent_and_no_effect_is_repeated() -> None:
 
 @pytest.mark.kill
 def test_demo_ledger_shows_a_dead_worker_taken_over_and_one_dispatch(tmp_path: Path) -> None:
-    done = run_demo("--workdir", str(tmp_path))
+    done = demo_process("--workdir", str(tmp_path))
     assert done.returncode == 0, done.stdout + done.stderr
     [db] = tmp_path.glob("demo-*.db")
     store = sp.open_store(f"sqlite:///{db}")
@@ -302,10 +302,10 @@ def test_demo_ledger_shows_a_dead_worker_taken_over_and_one_dispatch(tmp_path: P
     claims = [e for e in events if e.kind == "run.claimed"]
     # The resumer took the run from an owner that no longer existed: the first process died.
     assert len(claims) == 1
-    assert claims[0].detail["took_over_from"] == run_ids_worker(events)
+    assert claims[0].detail["took_over_from"] == starting_worker(events)
     assert (refund.state, refund.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
 
 
-def run_ids_worker(events: list[sp.EventRecord]) -> str | None:
+def starting_worker(events: list[sp.EventRecord]) -> str | None:
     """The worker that started the run."""
     return next(e.worker for e in events if e.kind == "run.started")

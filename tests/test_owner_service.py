@@ -124,7 +124,8 @@ def test_drop_after_commit_loses_response_but_applies(client: OwnerClient) -> No
     assert info.value.__cause__ is not None
     assert client.stats()["applied"] == 1
     found = client.find_by_key("charges", "lost-1")
-    assert found is not None and found["amount"] == 900
+    assert found is not None
+    assert found["amount"] == 900
     # The fault is used up: a retry with the same key replays the object.
     assert client.create("charges", {"amount": 900}, idempotency_key="lost-1") == found
     assert client.stats()["applied"] == 1
@@ -178,7 +179,8 @@ def test_notifications_have_no_read_path(client: OwnerClient) -> None:
     assert stats["duplicates"] == 1
     with pytest.raises(OwnerRejected) as info:
         client.find_by_key("notifications", "n-1")
-    assert info.value.status == 404 and info.value.error_type == "no_read_path"
+    assert info.value.status == 404
+    assert info.value.error_type == "no_read_path"
     with pytest.raises(OwnerRejected) as info:
         client.get("notifications", a["id"])
     assert info.value.error_type == "no_read_path"
@@ -188,7 +190,8 @@ def test_stale_fence_is_refused(client: OwnerClient) -> None:
     client.create("charges", {"amount": 1}, fence=5, fence_resource="lease-a")
     with pytest.raises(OwnerRejected) as info:
         client.create("charges", {"amount": 2}, fence=3, fence_resource="lease-a")
-    assert info.value.status == 409 and info.value.error_type == "stale_fence"
+    assert info.value.status == 409
+    assert info.value.error_type == "stale_fence"
     assert client.stats()["applied"] == 1
     client.create("charges", {"amount": 3}, fence=5, fence_resource="lease-a")  # equal is fine
     client.create("charges", {"amount": 4}, fence=1, fence_resource="lease-b")  # other lease
@@ -227,9 +230,12 @@ def test_reset_clears_everything(client: OwnerClient) -> None:
     client.create("charges", {"amount": 1})
     client.set_faults(delay=0.01, index_lag=5, fail_before_commit=2, drop_after_commit=3)
     client.reset()
-    assert client.faults() == {"drop_after_commit": 0, "fail_before_commit": 0, "delay": 0.0, "index_lag": 0.0}
+    assert client.faults() == {"drop_after_commit": 0, "fail_before_commit": 0, "delay": 0.0,
+                               "index_lag": 0.0}
     stats = client.stats()
-    assert stats["applied"] == 0 and stats["duplicates"] == 0 and stats["highest_fence"] == {}
+    assert stats["applied"] == 0
+    assert stats["duplicates"] == 0
+    assert stats["highest_fence"] == {}
     assert all(n == 0 for n in stats["by_resource"].values())
     assert client.get("charges", old["id"]) is None
     # The key is forgotten: other params no longer conflict; counters restart.

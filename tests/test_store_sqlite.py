@@ -103,7 +103,8 @@ def test_large_results_are_verified_artifacts(file_store: sp.Store, crash_at: An
     path = file_store.url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as conn:
         row = conn.execute("SELECT result, result_ref FROM safepoint_steps").fetchone()
-        assert row[0] is None and row[1].startswith("sha256:")
+        assert row[0] is None
+        assert row[1].startswith("sha256:")
         # tamper with the stored bytes
         conn.execute("UPDATE safepoint_artifacts SET content = ? WHERE digest = ?",
                      (b'{"text":"y"}', row[1]))

@@ -34,7 +34,7 @@ POINTS: tuple[str, ...] = (
 )
 
 
-class SimulatedCrash(BaseException):  # noqa: N818 - it is an event, not an error condition
+class SimulatedCrash(BaseException):
     """Raised at an armed crash point when SAFEPOINT_CRASH_MODE=raise."""
 
     def __init__(self, point: str, step_id: str | None) -> None:

@@ -56,7 +56,7 @@ class Unknown:
 Reconciled = Applied | NotApplied | Unknown
 
 
-class NotSent(Exception):  # noqa: N818 - a statement of fact raised by user code
+class NotSent(Exception):
     """Raise from ``execute`` only when the request provably never left (connection refused).
 
     It is the one failure that releases an operation to be dispatched again directly; any other
@@ -64,7 +64,7 @@ class NotSent(Exception):  # noqa: N818 - a statement of fact raised by user cod
     """
 
 
-class Rejected(Exception):  # noqa: N818
+class Rejected(Exception):
     """Raise from ``execute`` when the owner definitively refused: nothing was applied."""
 
     def __init__(self, evidence: JSON) -> None:

@@ -232,7 +232,7 @@ class _SafepointGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except SafepointError as exc:
+        except KeyError as exc:
             _fail(ctx, exc.message)
         except LostOwnership as exc:  # a BaseException: another worker took the run over
             _fail(ctx, str(exc))

@@ -209,6 +209,9 @@ class ArtifactCorrupt(StoreError):
 class RunBlocked(SafepointError):
     """The run stopped visibly; ``record`` is its recovery record (a JSON-ready dict)."""
 
+    run_id: str
+    record: dict[str, Any] | None
+
     def __init__(self, message: str, *, run_id: str, record: dict[str, Any] | None = None,
                  **fields: Any) -> None:
         super().__init__(message, run_id=run_id, record=record, **fields)
@@ -275,7 +278,7 @@ class IncompatibleWorkflow(RunBlocked):
         )
 
 
-class LostOwnership(BaseException):  # noqa: N818 - a condition, named like the others
+class LostOwnership(BaseException):
     """This worker's fence token is stale: another worker owns the run. Stop at once.
 
     Derived from ``BaseException`` so that agent code's ``except Exception`` cannot swallow it.

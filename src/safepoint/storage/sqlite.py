@@ -241,7 +241,10 @@ class SqliteStore:
 
     def _run_record(self, row: sqlite3.Row) -> RunRecord:
         key = f"run_id={row['run_id']}"
-        get = lambda column: self._get_value(row[column], None, "safepoint_runs", key)  # noqa: E731
+
+        def get(column: str) -> Any:
+            return self._get_value(row[column], None, "safepoint_runs", key)
+
         try:
             status = RunStatus(row["status"])
         except ValueError as exc:

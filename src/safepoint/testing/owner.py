@@ -287,7 +287,7 @@ class _OwnerHTTPServer(ThreadingHTTPServer):
 class _OwnerHandler(BaseHTTPRequestHandler):
     server: _OwnerHTTPServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass  # tests run many requests; per-request logging is noise
 
     def _send(self, reply: _Reply) -> None:
@@ -311,7 +311,7 @@ class _OwnerHandler(BaseHTTPRequestHandler):
         # close() with a reset, which would blur "dropped after commit".
         return self.rfile.read(length) if length > 0 else b""
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         state = self.server.state
         segments, query = self._segments()
         if segments == ["health"]:
@@ -330,7 +330,7 @@ class _OwnerHandler(BaseHTTPRequestHandler):
             return self._send(state.get(segments[0], segments[1]))
         return self._send(_Reply(404, _error("not_found", f"no route for GET {self.path}")))
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:
         state = self.server.state
         segments, _ = self._segments()
         body = self._read_body()
@@ -589,7 +589,7 @@ class OwnerService:
                    "--index-lag", repr(float(self.index_lag))]
         # stderr goes to a file, not a pipe: nobody drains it while the
         # service runs, and it is only read to explain a failed start.
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.returncode = None
         self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=self._stderr, env=env, text=True)
