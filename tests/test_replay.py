@@ -317,8 +317,9 @@ def test_async_function_in_sync_workflow_is_a_clear_error(memory_store: sp.Store
     def flow(run: sp.Run) -> Any:
         return run.read("fetch", fetch)
 
-    with pytest.raises(sp.RunFailed, match="async"):
+    with pytest.raises(sp.UsageError, match="async"):
         sp.start(memory_store, flow, run_id="r")
+    assert memory_store.load_ledger("r").steps == {}
 
 
 def test_effect_key_is_minted_once(memory_store: sp.Store, crash_at: Any) -> None:

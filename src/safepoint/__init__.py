@@ -14,6 +14,7 @@ from .errors import (
     EffectRejected,
     IncompatibleWorkflow,
     InvalidDecision,
+    InvalidStepId,
     InvalidStoreURL,
     LostOwnership,
     MigrationMismatch,
@@ -28,6 +29,7 @@ from .errors import (
     SafepointError,
     SchemaTooNew,
     StaleCheckpoint,
+    StepFailed,
     StoreError,
     UsageError,
     VerificationFailed,
@@ -44,6 +46,7 @@ from .types import (
     RunStatus,
     StepKind,
     StepRecord,
+    StepStatus,
 )
 
 __version__ = "0.1.0"
@@ -62,6 +65,7 @@ __all__ = [
     "EventRecord",
     "IncompatibleWorkflow",
     "InvalidDecision",
+    "InvalidStepId",
     "InvalidStoreURL",
     "LostOwnership",
     "MigrationMismatch",
@@ -83,8 +87,10 @@ __all__ = [
     "SafepointError",
     "SchemaTooNew",
     "StaleCheckpoint",
+    "StepFailed",
     "StepKind",
     "StepRecord",
+    "StepStatus",
     "Store",
     "StoreError",
     "Unknown",

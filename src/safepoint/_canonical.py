@@ -28,7 +28,13 @@ def find_non_json(value: Any, *, allow_tuples: bool = False, path: str = "$") ->
     Results must round-trip exactly, so tuples are refused there (they would come back as
     lists); inputs only need a stable hash, so call arguments may be tuples.
     """
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return (path, "string with a lone surrogate")
         return None
     if isinstance(value, int):
         return None if abs(value) <= _MAX_SAFE_INT else (path, "integer beyond 2**53")

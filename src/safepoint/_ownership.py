@@ -10,15 +10,33 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
 
-from .errors import RunOwned
-from .types import RunRecord
+from .errors import LostOwnership, RunOwned
+from .types import Claim, RunRecord
+
+if TYPE_CHECKING:
+    from .storage.base import Store
 
 DEFAULT_LEASE_MS = 30_000
 
 _HOST = socket.gethostname()
+
+
+def _pid_namespace() -> str:
+    """Two containers may share a host name and both run pid 1: the pid namespace tells them
+    apart, so a pid is only ever checked inside the namespace it belongs to."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "-"
+
+
+_PIDNS = _pid_namespace()
 _token = uuid.uuid4().hex[:8]
 
 
@@ -31,8 +49,8 @@ os.register_at_fork(after_in_child=_new_token)
 
 
 def worker_id() -> str:
-    """This process's identity as an owner: ``host:pid:token`` (the token survives no fork)."""
-    return f"{_HOST}:{os.getpid()}:{_token}"
+    """This process's identity as an owner: ``host:pidns:pid:token`` (no fork keeps the token)."""
+    return f"{_HOST}:{_PIDNS}:{os.getpid()}:{_token}"
 
 
 def owner_is_gone(owner: str) -> bool:
@@ -41,9 +59,11 @@ def owner_is_gone(owner: str) -> bool:
     Anything uncertain (another host, a live pid that may be reused) answers False, which only
     means waiting for the lease — the safe direction.
     """
-    host, _, rest = owner.partition(":")
-    pid_text, _, token = rest.partition(":")
-    if host != _HOST or not pid_text.isdigit():
+    parts = owner.split(":")
+    if len(parts) != 4:
+        return False
+    host, pidns, pid_text, token = parts
+    if host != _HOST or pidns != _PIDNS or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():
@@ -73,3 +93,40 @@ def plan_claim(run: RunRecord, now: int, *, owner_gone: bool) -> ClaimPlan:
     if owner_gone:
         return ClaimPlan(dead_owner=run.owner)
     raise RunOwned(run.run_id, run.owner, run.lease_expires_at)
+
+
+class Heartbeat:
+    """Keeps a claim's lease alive while the worker is busy in a long step (a slow model call),
+    so nobody takes the run over from a live worker. A renewal refused by the fence means the
+    run was taken over anyway; the worker's next write then raises ``LostOwnership``."""
+
+    def __init__(self, store: Store, claim: Claim) -> None:
+        self._store = store
+        self._claim = claim
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost = False
+
+    def __enter__(self) -> Heartbeat:
+        if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
+            self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        interval = self._claim.lease_ms / 3000
+        while not self._stop.wait(interval):
+            try:
+                self._store.renew_lease(self._claim)
+            except LostOwnership:
+                self.lost = True
+                return
+            except Exception:
+                continue
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()

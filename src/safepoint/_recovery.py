@@ -41,6 +41,9 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
                  op: OperationRecord | None = None,
                  evidence: dict[str, Any] | None = None) -> dict[str, Any]:
     """The recovery record of DESIGN §4 as a JSON-ready dict."""
+    evidence = dict(evidence or {})
+    if op is not None and op.error is not None:
+        evidence.setdefault("last_error", op.error)
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "task_id": run.run_id,
@@ -62,6 +65,6 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
         "authorization_ref": None,
         "limits_ref": None,
         "evidence_refs": [f"operation:{op.run_id}/{op.operation_id}"] if op else [],
-        "evidence": evidence or {},
+        "evidence": evidence,
         "next_actions": _NEXT_ACTIONS.get(phase, []),
     }

@@ -23,11 +23,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
-from ._crashpoints import crashpoint
+from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import (
     Action,
     Effect,
     EffectKey,
+    Next,
     NotSent,
     Rejected,
     Unknown,
@@ -41,10 +42,14 @@ from .errors import (
     ArtifactMissing,
     EffectRejected,
     InvalidDecision,
+    InvalidStepId,
+    LostOwnership,
     NeedsReconciliation,
     ReplayMismatch,
     RunBlocked,
     StaleCheckpoint,
+    StepFailed,
+    UsageError,
     VerificationFailed,
 )
 from .types import (
@@ -55,6 +60,7 @@ from .types import (
     RunStatus,
     StepKind,
     StepRecord,
+    StepStatus,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +69,7 @@ if TYPE_CHECKING:
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 _NOT_SENT_BACKOFF_S = 0.05
+_SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +110,28 @@ class RunCore:
     """The state one worker holds while it executes a run it has claimed."""
 
     def __init__(self, store: Store, claim: Claim, run: RunRecord,
-                 steps: dict[str, StepRecord], operations: dict[str, OperationRecord]) -> None:
+                 steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
+                 is_async: bool) -> None:
         self.store = store
+        self.is_async = is_async
         self.claim = claim
         self.run = run
         self.steps = steps
         self.operations = operations
         self.occurrences: dict[str, int] = {}
         self.last_seq = max((step.seq for step in steps.values()), default=0)
+        # Where the ledger stood when this worker took over: an observation recorded last,
+        # with no effect left open after it, may still be refreshed (see ``may_reread``).
+        self.seq_at_load = self.last_seq
+        self.open_at_load = any(op.state not in _SETTLED for op in operations.values())
         self.halted: BaseException | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
 
     def occurrence(self, step_id: str) -> str:
         """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …"""
-        if not isinstance(step_id, str) or not step_id:
-            raise TypeError("a step id is a non-empty string, e.g. 'plan.3.fetch_invoice'")
+        if not isinstance(step_id, str) or not step_id or "#" in step_id:
+            raise InvalidStepId(step_id)
         count = self.occurrences.get(step_id, 0) + 1
         self.occurrences[step_id] = count
         return step_id if count == 1 else f"{step_id}#{count}"
@@ -134,14 +147,33 @@ class RunCore:
         if self.halted is not None:
             raise self.halted
 
-    def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
-        """Record the block with its recovery record, halt this run object, raise ``error``."""
+    def uncertain_operations(self) -> list[OperationRecord]:
+        """Operations whose outcome is not settled: the run may neither fail nor complete."""
+        return [op for op in self.operations.values()
+                if op.state in (EffectState.DISPATCHING, EffectState.UNKNOWN,
+                                EffectState.APPLIED)]
+
+    def may_reread(self, recorded: StepRecord) -> bool:
+        """An expired observation is refreshed only while nothing was built on it: it is the
+        last recorded step and no effect is open. Once later steps used it, it is history
+        (re-reading would make every later step answer another question)."""
+        return recorded.seq == self.seq_at_load and not self.open_at_load
+
+    def record_block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
+                     op: OperationRecord | None = None,
+                     evidence: dict[str, Any] | None = None) -> Flow:
+        """Record the block with its recovery record and halt this run object."""
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
                               op=op, evidence=evidence)
         yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
         error.record = record
         self.halted = error
+
+    def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
+              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
+        """``record_block``, then raise ``error``."""
+        yield from self.record_block(error, phase=phase, step_id=step_id, op=op,
+                                     evidence=evidence)
         raise error
 
     def check_replay(self, sid: str, kind: StepKind, name: str, hashed: str) -> StepRecord | None:
@@ -169,6 +201,9 @@ class RunCore:
         self.check_halt()
         sid = self.occurrence(step_id)
         name = name or _callable_name(fn)
+        if not self.is_async and _is_async_callable(fn):
+            raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
+                             " def workflow (AsyncRun), or pass a plain function", step_id=sid)
         require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
         hashed = input_hash(hashed_inputs)
         try:
@@ -180,7 +215,11 @@ class RunCore:
         attempt = 1
         observed_at = None
         if recorded is not None:
-            if max_age is None or recorded.observed_at is None:
+            if recorded.status is StepStatus.FAILED:
+                error = recorded.error or {}
+                raise StepFailed(self.run.run_id, sid, str(error.get("type")),
+                                 str(error.get("message")))
+            if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 return recorded.result
             now = yield Io("now")
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
@@ -188,14 +227,22 @@ class RunCore:
             attempt = recorded.attempt + 1  # the observation expired: read again
         if kind is StepKind.READ:
             observed_at = yield Io("now")
-        value = yield Call(fn, args, kwargs)
-        require_json(value, "result", sid)
-        next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
-        step = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
-                          input_hash=hashed, result=value, seq=self.next_seq(sid),
-                          next_step_id=next_step_id,
+        base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
+                          input_hash=hashed, result=None, seq=self.next_seq(sid),
                           attempt=attempt, model_id=model_id, prompt_hash=prompt_hash,
                           observed_at=observed_at)
+        try:
+            value = yield Call(fn, args, kwargs)
+        except Exception as exc:
+            # Recorded, so that a resume takes the path this run took: the same StepFailed
+            # is raised again instead of asking again.
+            failed = replace(base, status=StepStatus.FAILED, error=_error_evidence(exc))
+            yield Io("record_step", (self.claim, failed))
+            self.steps[sid] = failed
+            raise StepFailed(self.run.run_id, sid, type(exc).__name__, str(exc)[:2000]) from exc
+        require_json(value, "result", sid)
+        next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
+        step = replace(base, result=value, next_step_id=next_step_id)
         crashpoint("step.before_record", sid)
         yield Io("record_step", (self.claim, step))
         self.steps[sid] = step
@@ -207,9 +254,13 @@ class RunCore:
         """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands."""
         self.check_halt()
         sid = self.occurrence(step_id)
+        if not self.is_async:
+            _refuse_async_callables(effect)
         require_json(payload, "payload", sid)
         payload_bytes = canonical(payload)
         payload_ref = digest(payload_bytes)
+        # Every dispatch, first or after a crash, sends the payload exactly as stored.
+        payload = loads(payload_bytes)
         op_id = operation_id or sid
         hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                              "payload": payload_ref})
@@ -305,14 +356,22 @@ class RunCore:
 
     def _dispatch(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
                   step: StepRecord) -> Flow:
-        """prepared → dispatching → call → applied / accepted / rejected / unknown."""
+        """prepared → dispatching → call → applied / accepted / rejected / unknown.
+
+        From the moment "dispatching" is committed until an outcome is, every way out leaves
+        the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
+        """
         op = yield Io("mark_dispatching", (self.claim, op.operation_id))
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:
             receipt = yield Call(effect.execute, (payload, self._key(op)))
+            require_json(receipt, "receipt", sid)
         except NotSent as exc:
-            # Provably never left: back to prepared, so the loop may dispatch again.
+            if op.dispatch_count > 1:
+                # This attempt never left, but an earlier one may have: still uncertain.
+                return (yield from self._record(op, EffectState.UNKNOWN,
+                                                error=_error_evidence(exc)))
             op = yield from self._record(op, EffectState.PREPARED, error=_error_evidence(exc))
             if op.dispatch_count >= effect.max_dispatches:
                 raise
@@ -322,15 +381,23 @@ class RunCore:
             yield from self._record(op, EffectState.REJECTED, error=exc.evidence)
             raise EffectRejected(self.run.run_id, sid, op.operation_id, exc.evidence) from exc
         except Exception as exc:
-            # Timeout, dropped connection, anything: the outcome is unknown; reconcile decides.
+            # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
             return (yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc)))
-        crashpoint("effect.after_receiver_commit", sid)
-        try:
-            require_json(receipt, "receipt", sid)
-        except Exception as exc:
-            yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
+        except BaseException as exc:
+            # Cancelled or interrupted mid-call: leave the evidence, block, let the signal go on.
+            yield from self._interrupted(sid, op, exc)
             raise
+        crashpoint("effect.after_receiver_commit", sid)
         return (yield from self._applied(sid, effect, op, receipt, step))
+
+    def _interrupted(self, sid: str, op: OperationRecord, exc: BaseException) -> Flow:
+        if isinstance(exc, (LostOwnership, SimulatedCrash)):
+            return  # this worker may not write anything more
+        op = yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
+        yield from self.record_block(
+            NeedsReconciliation(self.run.run_id, sid, op.operation_id,
+                                f"the call was interrupted ({type(exc).__name__})"),
+            phase="reconcile_effect", op=op)
 
     def _applied(self, sid: str, effect: Effect, op: OperationRecord, receipt: JSON,
                  step: StepRecord) -> Flow:
@@ -356,14 +423,17 @@ class RunCore:
                                   dispatch_count=op.dispatch_count,
                                   max_dispatches=effect.max_dispatches)
         if decided.action is Action.RECORD_APPLIED:
-            require_json(answer.receipt, "reconciled receipt", sid)
-            return (yield from self._applied(sid, effect, op, answer.receipt, step))
+            try:
+                require_json(answer.receipt, "reconciled receipt", sid)
+            except UsageError as exc:
+                decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
+            else:
+                return (yield from self._applied(sid, effect, op, answer.receipt, step))
         if decided.action is Action.DISPATCH:
             return (yield from self._dispatch(sid, effect, op, payload, step))
         yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
                                                   decided.reason),
-                              phase="reconcile_effect", op=op,
-                              evidence={"last_error": op.error} if op.error else None)
+                              phase="reconcile_effect", op=op)
         raise AssertionError("unreachable")
 
     def _verify(self, sid: str, effect: Effect, op: OperationRecord, step: StepRecord) -> Flow:
@@ -380,6 +450,20 @@ class RunCore:
         op = yield from self._record(op, EffectState.ACCEPTED, step=step)
         crashpoint("effect.after_accept", sid)
         return op
+
+
+def _is_async_callable(fn: object) -> bool:
+    call = type(fn).__call__ if callable(fn) else None  # an object with an async __call__
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _refuse_async_callables(effect: Effect) -> None:
+    """Before anything is prepared: an async function cannot be awaited by a plain workflow,
+    and finding out during dispatch would look like an uncertain outcome."""
+    for role in ("execute", "reconcile", "verify"):
+        if _is_async_callable(getattr(effect, role)):
+            raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
+                             " async def workflow (AsyncRun)", effect=effect.name)
 
 
 def _next_step_id(sid: str, value: JSON) -> str:

@@ -18,15 +18,16 @@ from typing import Any
 
 from ._canonical import input_hash, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
-from ._ownership import DEFAULT_LEASE_MS, owner_is_gone, plan_claim, worker_id
+from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
-from ._run import AsyncRun, Run, RunCore
+from ._run import AsyncRun, Run, RunCore, _drive
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     CorruptRecord,
     IncompatibleWorkflow,
     LostOwnership,
+    NeedsReconciliation,
     RunConflict,
     RunFailed,
     RunOwned,
@@ -204,13 +205,14 @@ def _block_unreadable(store: Store, claim: Claim, run: RunRecord, exc: StoreErro
 def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
              steps: dict[str, Any], operations: dict[str, Any]) -> Any:
     """Run the workflow function against the ledger and record how it ended."""
-    core = RunCore(store, claim, run, steps, operations)
+    core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async)
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     try:
-        if wf.is_async:
-            result = _run_coroutine(wf.fn(AsyncRun(core), *args, **kwargs))
-        else:
-            result = wf.fn(Run(core), *args, **kwargs)
+        with Heartbeat(store, claim):
+            if wf.is_async:
+                result = _run_coroutine(wf.fn(AsyncRun(core), *args, **kwargs))
+            else:
+                result = wf.fn(Run(core), *args, **kwargs)
     except (LostOwnership, SimulatedCrash):
         raise  # this worker must stop; the ledger already says everything it may say
     except (KeyboardInterrupt, SystemExit):
@@ -223,6 +225,7 @@ def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
             if core.halted is exc:
                 raise
             raise core.halted from exc  # agent code swallowed the block and failed otherwise
+        _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}", exc)
         error = {"type": type(exc).__name__, "message": str(exc)[:4000]}
         store.finish_run(claim, RunStatus.FAILED, error=error)
         if isinstance(exc, SafepointError):
@@ -230,6 +233,7 @@ def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
     if core.halted is not None:
         raise core.halted  # agent code swallowed the block; the run must not complete
+    _block_if_uncertain(core, "the workflow returned", None)
     try:
         require_json(result, "workflow result")
     except UsageError as exc:
@@ -239,6 +243,19 @@ def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
     crashpoint("run.before_complete")
     store.finish_run(claim, RunStatus.COMPLETED, result=result)
     return result
+
+
+def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> None:
+    """A run ends only with every effect settled: one left uncertain (agent code caught the
+    error of an interrupted dispatch and carried on) blocks the run instead."""
+    uncertain = core.uncertain_operations()
+    if not uncertain:
+        return
+    op = uncertain[0]
+    error = NeedsReconciliation(core.run.run_id, op.step_id, op.operation_id,
+                                f"{how} while this effect was still {op.state.value}")
+    _drive(core, core.record_block(error, phase="reconcile_effect", op=op))
+    raise error from cause
 
 
 def _run_coroutine(coro: Any) -> Any:

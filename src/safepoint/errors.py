@@ -14,9 +14,11 @@ The tree::
         │   ├── WorkflowNotFound        the run's workflow is not imported in this process
         │   ├── NotJSON                 a step result, input or payload is not a JSON value
         │   ├── InvalidDecision         a decide() step returned no next step id
+        │   ├── InvalidStepId
         │   └── InvalidStoreURL
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
+        ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
         ├── StoreError                  the ledger itself is unusable
         │   ├── SchemaTooNew            the database was migrated by a newer safepoint
@@ -110,6 +112,15 @@ class InvalidDecision(UsageError):
         )
 
 
+class InvalidStepId(UsageError):
+    def __init__(self, step_id: object) -> None:
+        super().__init__(
+            f"invalid step id {step_id!r}: a step id is a non-empty string without '#'"
+            " (safepoint appends '#2', '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
+            step_id=step_id,
+        )
+
+
 class InvalidStoreURL(UsageError):
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
@@ -136,6 +147,29 @@ class RunFailed(SafepointError):
             f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
             " and resuming replays it; start a new run id to try again",
             run_id=run_id,
+            error_type=error_type,
+            error_message=error_message,
+        )
+
+
+class StepFailed(SafepointError):
+    """A step's function raised. The failure is recorded, so a resume raises it again here
+    instead of asking again: the run takes the same path it took the first time.
+
+    On the first run ``__cause__`` is the original exception; on replay only ``error_type`` and
+    ``error_message`` remain. Branch on those, not on the original class.
+    """
+
+    run_id: str
+    step_id: str
+    error_type: str
+    error_message: str
+
+    def __init__(self, run_id: str, step_id: str, error_type: str, error_message: str) -> None:
+        super().__init__(
+            f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}",
+            run_id=run_id,
+            step_id=step_id,
             error_type=error_type,
             error_message=error_message,
         )

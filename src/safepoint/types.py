@@ -38,6 +38,11 @@ class StepKind(StrEnum):
     VALUE = "value"            # a recorded now(), random() or uuid()
 
 
+class StepStatus(StrEnum):
+    COMPLETED = "completed"    # the step returned; its result is recorded
+    FAILED = "failed"          # the step raised; its error is recorded and raised on replay
+
+
 class EffectState(StrEnum):
     PREPARED = "prepared"          # payload, operation id and effect key are durable
     DISPATCHING = "dispatching"    # "dispatch may have happened"
@@ -77,6 +82,8 @@ class StepRecord:
     input_hash: str
     result: JSON
     seq: int = 0
+    status: StepStatus = StepStatus.COMPLETED
+    error: dict[str, Any] | None = None
     next_step_id: str | None = None
     attempt: int = 1
     model_id: str | None = None

@@ -71,6 +71,10 @@ class Store(Protocol):
     def events(self, run_id: str) -> list[EventRecord]: ...
 
     # worker writes, each conditioned on the claim's fence
+    def renew_lease(self, claim: Claim) -> None:
+        """The heartbeat: extend the lease; ``LostOwnership`` once the fence is stale."""
+        ...
+
     def record_step(self, claim: Claim, step: StepRecord) -> None: ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:

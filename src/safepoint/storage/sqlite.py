@@ -43,6 +43,7 @@ from ..types import (
     RunStatus,
     StepKind,
     StepRecord,
+    StepStatus,
 )
 from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
 
@@ -122,12 +123,13 @@ class SqliteStore:
             raise StoreError(f"cannot write to the store: {exc}") from exc
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException as exc:
-            conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
+            if conn.in_transaction:  # SQLite may already have rolled back on its own
+                conn.execute("ROLLBACK")
+            if isinstance(exc, (sqlite3.Error, UnicodeError)):
                 raise StoreError(f"write to the store failed: {exc}") from exc
             raise
-        conn.execute("COMMIT")
 
     def _read(self, query: str, params: dict[str, Any]) -> list[sqlite3.Row]:
         try:
@@ -282,14 +284,17 @@ class SqliteStore:
         for row in self._read("steps_of_run", {"run_id": run_id}):
             key = f"run_id={run_id} step_id={row['step_id']}"
             try:
-                kind = StepKind(row["kind"])
+                kind, status = StepKind(row["kind"]), StepStatus(row["status"])
             except ValueError as exc:
-                raise CorruptRecord("safepoint_steps", key, f"unknown kind {row['kind']!r}") from exc
+                raise CorruptRecord("safepoint_steps", key,
+                                    f"unknown kind or status in {tuple(row)[:8]}") from exc
             steps[row["step_id"]] = StepRecord(
                 run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
                 input_hash=row["input_hash"],
                 result=self._get_value(row["result"], row["result_ref"], "safepoint_steps", key),
-                seq=row["seq"], next_step_id=row["next_step_id"], attempt=row["attempt"],
+                seq=row["seq"], status=status,
+                error=self._get_value(row["error"], None, "safepoint_steps", key),
+                next_step_id=row["next_step_id"], attempt=row["attempt"],
                 model_id=row["model_id"], prompt_hash=row["prompt_hash"],
                 observed_at=row["observed_at"], operation_id=row["operation_id"],
                 fence=row["fence"], recorded_at=row["recorded_at"])
@@ -347,9 +352,9 @@ class SqliteStore:
         result, result_ref = self._put_value(conn, step.result, now)
         conn.execute(_Q["upsert_step"], {
             "run_id": claim.run_id, "step_id": step.step_id, "seq": step.seq,
-            "kind": step.kind.value,
-            "name": step.name, "input_hash": step.input_hash, "result": result,
-            "result_ref": result_ref, "next_step_id": step.next_step_id,
+            "kind": step.kind.value, "name": step.name, "input_hash": step.input_hash,
+            "status": step.status.value, "result": result, "result_ref": result_ref,
+            "error": None if step.error is None else dumps(step.error), "next_step_id": step.next_step_id,
             "attempt": step.attempt, "model_id": step.model_id,
             "prompt_hash": step.prompt_hash, "observed_at": step.observed_at,
             "operation_id": step.operation_id, "fence": claim.fence, "now": now})
@@ -359,6 +364,14 @@ class SqliteStore:
         with self._write() as conn:
             self._fence_check(conn, claim, now, events=0)
             self._upsert_step(conn, claim, step, now)
+
+    def renew_lease(self, claim: Claim) -> None:
+        with self._write() as conn:
+            cursor = conn.execute(_Q["renew_lease"], {
+                "run_id": claim.run_id, "fence": claim.fence,
+                "lease_expires_at": self.now() + claim.lease_ms})
+            if cursor.rowcount != 1:
+                raise LostOwnership(claim.run_id, claim.fence)
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         now = self.now()

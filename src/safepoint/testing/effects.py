@@ -1,8 +1,9 @@
 """Effects that act on the local effect-owner service: the shape a real integration takes.
 
 Each maps the owner's answers onto the dispatch protocol: refused connection → ``NotSent``
-(provably never left), a 4xx → ``Rejected``, anything else (a dropped connection, a timeout)
-propagates and makes the outcome unknown. ``reconcile`` looks the operation up by its
+(provably never left), a 4xx → ``Rejected`` — except a key-reuse conflict, which proves the key
+was used — and anything else (a dropped connection, a timeout) propagates and makes the outcome
+unknown. ``reconcile`` looks the operation up by its
 idempotency key — through the search index, which may lag, so a "not found" is only trusted
 inside the owner's key retention.
 
@@ -42,6 +43,10 @@ def owner_effect(resource: str, *, name: str | None = None,
         except OwnerUnavailable as exc:
             raise NotSent(str(exc)) from exc
         except OwnerRejected as exc:
+            if exc.error_type == "idempotency_error":
+                # The key is already known with other parameters: proof that *something* was
+                # applied under it, not a refusal. Leave the outcome unknown: reconcile decides.
+                raise
             raise Rejected({"status": exc.status, "body": exc.body}) from exc
 
     def find(key: EffectKey) -> Applied | NotApplied | Unknown:

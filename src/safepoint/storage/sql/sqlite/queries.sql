@@ -66,16 +66,25 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 -- name: upsert_step
 -- Record a step; a re-read of an expired observation replaces the row and keeps its seq
 -- (the worker numbers steps: it alone writes them while its fence holds).
-INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result, result_ref,
-                             next_step_id, attempt, model_id, prompt_hash, observed_at,
-                             operation_id, fence, recorded_at)
-VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, :result, :result_ref, :next_step_id, :attempt, :model_id,
-        :prompt_hash, :observed_at, :operation_id, :fence, :now)
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at)
+VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, :status, :result, :result_ref,
+        :error, :next_step_id, :attempt, :model_id, :prompt_hash, :observed_at, :operation_id,
+        :fence, :now)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
-    input_hash = excluded.input_hash, result = excluded.result,
-    result_ref = excluded.result_ref, next_step_id = excluded.next_step_id,
-    attempt = excluded.attempt, observed_at = excluded.observed_at,
-    fence = excluded.fence, recorded_at = excluded.recorded_at;
+    input_hash = excluded.input_hash, status = excluded.status, result = excluded.result,
+    result_ref = excluded.result_ref, error = excluded.error,
+    next_step_id = excluded.next_step_id, attempt = excluded.attempt,
+    observed_at = excluded.observed_at, fence = excluded.fence,
+    recorded_at = excluded.recorded_at;
+
+-- name: renew_lease
+-- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
+-- the state revision stays.
+UPDATE safepoint_runs
+SET lease_expires_at = :lease_expires_at
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: steps_of_run
 -- Every recorded step of a run, in the order they were first recorded.

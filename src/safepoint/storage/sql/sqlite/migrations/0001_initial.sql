@@ -48,9 +48,11 @@ CREATE TABLE safepoint_steps (
                   CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value')),
     name          TEXT    NOT NULL,
     input_hash    TEXT    NOT NULL,
-    status        TEXT    NOT NULL DEFAULT 'completed',
+    status        TEXT    NOT NULL DEFAULT 'completed'
+                  CHECK (status IN ('completed', 'failed')),
     result        TEXT,
     result_ref    TEXT,
+    error         TEXT,                     -- a failed step: its error type and message
     next_step_id  TEXT,                     -- decision steps: the planner's choice
     attempt       INTEGER NOT NULL DEFAULT 1,
     model_id      TEXT,                     -- model steps
