@@ -45,8 +45,9 @@ unreachable = sp.Effect("cli-test.unreachable", execute=lose_connection)
 
 @sp.workflow("cli-test-greet", version="2")
 def greet(run: sp.Run, name: str) -> dict[str, str]:
-    person = run.read("fetch", lookup, name)
-    text = run.pure("format", compose, person)
+    # Step ids out of alphabetical order, so the timeline's order can only come from seq.
+    person = run.read("lookup", lookup, name)
+    text = run.pure("compose", compose, person)
     receipt = run.effect("send", mail, payload={"to": name, "text": text},
                          operation_id=f"mail:{name}")
     return {"text": text, "mail": receipt["id"]}
@@ -56,6 +57,15 @@ def greet(run: sp.Run, name: str) -> dict[str, str]:
 def stuck(run: sp.Run, name: str) -> Any:
     run.read("fetch", lookup, name)
     return run.effect("send", unreachable, payload={"to": name}, operation_id=f"call:{name}")
+
+
+def no_such_customer(name: str) -> dict[str, str]:
+    raise LookupError(f"no customer named {name}")
+
+
+@sp.workflow("cli-test-failing")
+def failing(run: sp.Run, name: str) -> Any:
+    return run.read("lookup", no_such_customer, name)
 
 
 @pytest.fixture
@@ -130,7 +140,7 @@ def test_show_prints_the_header_the_steps_in_order_and_the_events(
     assert '{"text":"hello ada","mail":"mail-ada"}' in line_of(out, "result")
     steps = section(out, "steps", "events")[1:]  # below the header
     assert [row.split()[:3] for row in steps] == [
-        ["1", "read", "fetch"], ["2", "pure", "format"], ["3", "effect", "send"]]
+        ["1", "read", "lookup"], ["2", "pure", "compose"], ["3", "effect", "send"]]
     key = two_runs.load_ledger("done").operations["mail:ada"].effect_key
     assert steps[2].split()[-3:] == ["mail:ada", "accepted", key]
     events = [row.split()[1] for row in section(out, "events")[1:]]
@@ -153,6 +163,17 @@ def test_show_puts_a_blocked_runs_reason_and_next_actions_before_its_steps(
     in_flight = section(out, "steps", "events")[-1].split()
     assert in_flight[:3] == ["…", "effect", "send"]
     assert in_flight[-3:-1] == ["call:bob", "unknown"]
+
+
+def test_show_gives_a_failed_steps_error_in_place_of_its_result(
+        ledger: sp.Store, url: str) -> None:
+    with pytest.raises(sp.SafepointError):
+        sp.start(ledger, failing, "zed", run_id="failed")
+    out = invoke(url, "show", "failed").stdout
+    assert line_of(out, "status").split() == ["status", "failed"]
+    [row] = section(out, "steps", "events")[1:]
+    assert row.split()[:3] == ["1", "read", "lookup"]
+    assert "✗ LookupError: no customer named zed" in row
 
 
 def test_record_prints_the_recovery_record_as_json(two_runs: sp.Store, url: str) -> None:

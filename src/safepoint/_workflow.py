@@ -122,6 +122,8 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
     worker raises ``RunOwned``.
     """
     run = store.get_run(run_id)
+    if run.status.terminal:
+        return _ended(run)  # needs no workflow code: the ending is recorded
     wf = _registry.get(run.workflow)
     if wf is None:
         raise WorkflowNotFound(run.workflow, run_id)

@@ -30,7 +30,15 @@ from ._workflow import resume as resume_run
 from .errors import LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
 from .storage.base import Store
-from .types import EffectState, EventRecord, Ledger, RunRecord, RunStatus, StepKind
+from .types import (
+    EffectState,
+    EventRecord,
+    Ledger,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepStatus,
+)
 
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
@@ -145,8 +153,13 @@ def timeline_table(ledger: Ledger) -> Table:
             if op is not None:
                 effect = Text(op.state.value, style=EFFECT_STYLES[op.state])
                 key = Text(op.effect_key, style="dim")
-        result = preview(step.result)
-        if step.kind is StepKind.DECISION and step.next_step_id:
+        result: str | Text = preview(step.result)
+        if step.status is StepStatus.FAILED:
+            # A failed step is recorded and raised again on replay: show why, not a null result.
+            error = step.error or {}
+            result = Text(f"✗ {error.get('type', 'error')}: {error.get('message', '')}",
+                          style="red")
+        elif step.kind is StepKind.DECISION and step.next_step_id:
             result = f"→ {step.next_step_id}"
         _row(table, str(step.seq), step.kind.value, step.step_id, result, operation, effect, key)
     for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):
@@ -232,15 +245,15 @@ class _SafepointGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except KeyError as exc:
+        except SafepointError as exc:
             _fail(ctx, exc.message)
         except LostOwnership as exc:  # a BaseException: another worker took the run over
             _fail(ctx, str(exc))
 
 
-def _fail(ctx: click.Context, message: str, code: int = EXIT_ERROR) -> NoReturn:
+def _fail(ctx: click.Context, message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
-    ctx.exit(code)
+    ctx.exit(EXIT_ERROR)
 
 
 def _store(ctx: click.Context) -> Store:
@@ -274,7 +287,11 @@ def cli(ctx: click.Context, store_url: str | None) -> None:
               help="At most this many runs, most recently changed first.")
 @click.pass_context
 def runs(ctx: click.Context, status: str | None, limit: int) -> None:
-    """List runs, most recently changed first (blocked runs show their phase)."""
+    """List runs, most recently changed first.
+
+    Columns: run id, workflow@version, status, resume count, fence, when it last changed, and
+    for a blocked run the phase of its recovery record.
+    """
     store = _store(ctx)
     found = store.list_runs(RunStatus(status) if status else None, limit)
     console = _stdout()
@@ -285,11 +302,11 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     table = _table("run", "workflow", "status", "resumes", "fence", "updated", "phase",
                    squeeze=("workflow", "phase"))
     for run in found:
-        phase = (run.recovery_record or {}).get("phase", "") \
-            if run.status is RunStatus.BLOCKED else ""
+        blocked = run.status is RunStatus.BLOCKED
+        phase = str((run.recovery_record or {}).get("phase", "")) if blocked else ""
         _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
              Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
-             str(run.fence), ago(run.updated_at, now), Text(str(phase), style="red"))
+             str(run.fence), ago(run.updated_at, now), Text(phase, style="red"))
     print_table(console, table)
 
 
@@ -297,7 +314,12 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
 @click.argument("run_id", metavar="RUN")
 @click.pass_context
 def show(ctx: click.Context, run_id: str) -> None:
-    """Show RUN: its header, step timeline (with effect states and keys) and events."""
+    """Show a run's header, step timeline and events.
+
+    Steps are listed in the order they were recorded; effect steps carry their operation id,
+    effect state and effect key (the idempotency key to look up at the effect's owner).
+    A blocked run shows its recovery record's reason and next actions first.
+    """
     print_run(_stdout(), _store(ctx), run_id)
 
 
@@ -307,7 +329,7 @@ def show(ctx: click.Context, run_id: str) -> None:
               help="Import MODULE first so its @workflow registrations exist (repeatable).")
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
-    """Resume RUN from its ledger and print its result as JSON.
+    """Resume a run from its ledger; print its result as JSON.
 
     Exit code 0 when the run completed, 3 when it is blocked and needs a person
     (see `safepoint record RUN`), 1 on any other error.
@@ -348,7 +370,10 @@ def _import_modules(modules: tuple[str, ...]) -> None:
 @click.argument("run_id", metavar="RUN")
 @click.pass_context
 def record(ctx: click.Context, run_id: str) -> None:
-    """Print the recovery record of a blocked RUN as JSON."""
+    """Print a blocked run's recovery record as JSON.
+
+    Exit code 1 (with a note on stderr) when RUN is not blocked.
+    """
     run = _store(ctx).get_run(run_id)
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
@@ -359,10 +384,14 @@ def record(ctx: click.Context, run_id: str) -> None:
 @cli.command()
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
-    """Apply pending schema migrations to the store and print its schema version."""
+    """Migrate the store and print its schema version.
+
+    Opening a store applies any pending numbered migration, so this is also what every other
+    command does first; run it on its own before a deploy to migrate ahead of the workers.
+    """
     store = _store(ctx)  # opening a store migrates it
     # schema_version() is on every shipped store but not yet on the Store protocol.
-    version = store.schema_version()  # type: ignore[attr-defined, unused-ignore]
+    version = store.schema_version()
     click.echo(f"schema version {version} ({store.url})")
 
 
@@ -372,7 +401,7 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--keep", is_flag=True, help="Keep the temporary directory and print its path.")
 @click.pass_context
 def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:
-    """Kill a support agent mid-refund, resume it, and count the effects at their owner.
+    """Kill an agent mid-refund, resume it, count the effects.
 
     Starts a local effect owner, runs a scripted agent over three tickets in a child process,
     SIGKILLs it just after the owner committed a refund (before the ledger heard back), resumes

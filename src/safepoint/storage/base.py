@@ -50,6 +50,10 @@ class Store(Protocol):
 
     def close(self) -> None: ...
 
+    def schema_version(self) -> int:
+        """The highest migration applied to this store."""
+        ...
+
     # runs
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         """Insert the run claimed by its starter, or return the existing run and no claim."""
