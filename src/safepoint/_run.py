@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import time
 import uuid as uuidlib
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field, replace
@@ -233,6 +234,8 @@ class RunCore:
                           observed_at=observed_at)
         try:
             value = yield Call(fn, args, kwargs)
+        except UsageError:
+            raise  # a mistake in how the step is called, not an outcome to record
         except Exception as exc:
             # Recorded, so that a resume takes the path this run took: the same StepFailed
             # is raised again instead of asking again.
@@ -474,17 +477,24 @@ def _next_step_id(sid: str, value: JSON) -> str:
     raise InvalidDecision(sid, f"a {type(value).__name__}")
 
 
+def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, Any]:
+    """Resume a flow with the last request's result (or error): (finished, request or value)."""
+    try:
+        return False, (flow.throw(error) if error is not None else flow.send(send))
+    except StopIteration as stop:
+        return True, stop.value
+
+
 def _drive(core: RunCore, flow: Flow) -> Any:
     """Carry out a flow's requests synchronously."""
     send: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            request = flow.throw(error) if error is not None else flow.send(send)
-        except StopIteration as stop:
-            return stop.value
+        finished, request = _advance(flow, send, error)
+        if finished:
+            return request
         send, error = None, None
-        try:
+        try:  # any error is handed to the flow, which decides what it means
             if isinstance(request, Io):
                 send = getattr(core.store, request.method)(*request.args, **request.kwargs)
             elif isinstance(request, Call):
@@ -492,13 +502,11 @@ def _drive(core: RunCore, flow: Flow) -> Any:
                 if inspect.isawaitable(send):
                     if inspect.iscoroutine(send):
                         send.close()
-                    raise TypeError(f"{_callable_name(request.fn)} is async: call it from an"
-                                    " async def workflow (AsyncRun), or pass a plain function")
+                    raise UsageError(f"{_callable_name(request.fn)} returned an awaitable: call"
+                                     " it from an async def workflow (AsyncRun)")
             else:
-                import time
-
                 time.sleep(request.seconds)
-        except BaseException as exc:  # handed to the flow, which decides what it means
+        except BaseException as exc:
             error = exc
 
 
@@ -507,10 +515,9 @@ async def _adrive(core: RunCore, flow: Flow) -> Any:
     send: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            request = flow.throw(error) if error is not None else flow.send(send)
-        except StopIteration as stop:
-            return stop.value
+        finished, request = _advance(flow, send, error)
+        if finished:
+            return request
         send, error = None, None
         try:
             if isinstance(request, Io):
