@@ -6,7 +6,8 @@ underscore is private.
 
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._run import AsyncRun, Run
-from ._workflow import Workflow, resume, resume_async, start, start_async, workflow
+from ._worker import Worker
+from ._workflow import Workflow, resume, resume_async, start, start_async, submit, workflow
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -96,6 +97,7 @@ __all__ = [
     "Unknown",
     "UsageError",
     "VerificationFailed",
+    "Worker",
     "Workflow",
     "WorkflowNotFound",
     "open_store",
@@ -103,5 +105,6 @@ __all__ = [
     "resume_async",
     "start",
     "start_async",
+    "submit",
     "workflow",
 ]

@@ -82,6 +82,10 @@ def registered(name: str) -> Workflow | None:
     return _registry.get(name)
 
 
+def registered_names() -> list[str]:
+    return sorted(_registry)
+
+
 def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     inputs = {"args": list(args), "kwargs": kwargs}
     require_json(inputs, "workflow inputs", allow_tuples=True)
@@ -105,13 +109,35 @@ def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
                  owner=worker_id(), lease_ms=lease_ms)
     run, claim = store.create_run(new)
     if claim is None:
-        if run.workflow != wf.name:
-            raise RunConflict(run.run_id, f"for workflow {run.workflow!r}")
-        if run.input_hash != new.input_hash:
-            raise RunConflict(run.run_id, "with other inputs")
+        _check_same_run(run, new)
         return _attach(store, wf, run, lease_ms, attach_timeout)
     crashpoint("run.after_start")
     return _execute(store, wf, claim, run, {}, {})
+
+
+def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
+           **kwargs: Any) -> str:
+    """Enqueue a run of ``wf`` for any worker (``safepoint worker``) to execute; return its id.
+
+    Submitting a run id that exists never creates a second run: with the same workflow and
+    inputs it returns the id; otherwise it raises ``RunConflict``.
+    """
+    if not isinstance(wf, Workflow):
+        raise UsageError("submit() takes a function decorated with @safepoint.workflow(...)")
+    inputs = _run_inputs(args, kwargs)
+    new = NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
+                 workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
+                 owner=None, lease_ms=0)
+    run, _ = store.create_run(new)
+    _check_same_run(run, new)
+    return run.run_id
+
+
+def _check_same_run(run: RunRecord, new: NewRun) -> None:
+    if run.workflow != new.workflow:
+        raise RunConflict(run.run_id, f"for workflow {run.workflow!r}")
+    if run.input_hash != new.input_hash:
+        raise RunConflict(run.run_id, "with other inputs")
 
 
 def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
@@ -181,6 +207,12 @@ def _resume(store: Store, wf: Workflow, run: RunRecord, lease_ms: int) -> Any:
             return _ended(run)
     if claim is None:
         raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
+    return run_claimed(store, wf, claim, run)
+
+
+def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
+    """Carry on a run this worker has just claimed: load its ledger in one batch, check that
+    this code may continue it, and execute."""
     try:
         ledger = store.load_ledger(run.run_id)
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:

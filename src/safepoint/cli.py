@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from ._worker import Worker
 from ._workflow import resume as resume_run
 from .errors import LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
@@ -367,6 +369,32 @@ def _import_modules(modules: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@click.option("--import", "modules", multiple=True, required=True, metavar="MODULE",
+              help="Import MODULE so its @workflow registrations exist (repeatable).")
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Runs executed at once by this process.")
+@click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              help="Seconds a claim holds without a heartbeat before others may take over.")
+@click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable.")
+@click.pass_context
+def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease: float,
+           until_idle: bool) -> None:
+    """Claim and execute runnable runs until stopped.
+
+    Runnable: submitted runs, and runs whose worker's lease expired (it died). Start one per
+    machine against one store; SIGTERM drains (finishes the runs in progress, claims no more).
+    """
+    _import_modules(modules)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    store = _store(ctx)
+    found = Worker(store, concurrency=concurrency, lease_ms=int(lease * 1000))
+    click.echo(f"worker {found.owner} on {store.url}, concurrency {concurrency}", err=True)
+    stats = found.run(until_idle=until_idle)
+    click.echo(f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
+               f" blocked {stats.blocked}, failed {stats.failed}, lost {stats.lost}", err=True)
+
+
+@cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.pass_context
 def record(ctx: click.Context, run_id: str) -> None:
@@ -390,7 +418,6 @@ def migrate(ctx: click.Context) -> None:
     command does first; run it on its own before a deploy to migrate ahead of the workers.
     """
     store = _store(ctx)  # opening a store migrates it
-    # schema_version() is on every shipped store but not yet on the Store protocol.
     version = store.schema_version()
     click.echo(f"schema version {version} ({store.url})")
 

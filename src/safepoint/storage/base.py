@@ -37,7 +37,7 @@ class NewRun:
     workflow_version: str
     input_hash: str
     inputs: JSON
-    owner: str
+    owner: str | None   # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
 
 
@@ -56,7 +56,8 @@ class Store(Protocol):
 
     # runs
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
-        """Insert the run claimed by its starter, or return the existing run and no claim."""
+        """Insert the run — claimed by its starter when ``new.owner`` is set, else pending — or
+        return the existing run. The claim is returned only for a run this call created."""
         ...
 
     def get_run(self, run_id: str) -> RunRecord: ...
@@ -66,6 +67,15 @@ class Store(Protocol):
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
         """Compare-and-set ownership; None when another worker got there first."""
+        ...
+
+    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
+        """Claim one runnable run of these workflows — pending, or running with an expired
+        lease — oldest first, skipping runs another worker is claiming right now."""
+        ...
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early once the store may have new work."""
         ...
 
     def load_ledger(self, run_id: str) -> Ledger:

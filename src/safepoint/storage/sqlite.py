@@ -49,6 +49,7 @@ from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
 
 _Q = load_queries("sqlite")
 _BUSY_TIMEOUT_S = 30.0
+_WAKE_POLL_S = 0.005
 
 
 def _wall_clock_ms() -> int:
@@ -214,21 +215,26 @@ class SqliteStore:
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         now = self.now()
-        lease = now + new.lease_ms
+        claimed = new.owner is not None
+        lease = now + new.lease_ms if claimed else None
+        fence = 1 if claimed else 0
         with self._write() as conn:
             inputs, inputs_ref = self._put_value(conn, new.inputs, now)
             cursor = conn.execute(_Q["insert_run"], {
                 "run_id": new.run_id, "workflow": new.workflow,
-                "workflow_version": new.workflow_version, "status": RunStatus.RUNNING.value,
+                "workflow_version": new.workflow_version,
+                "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
                 "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
-                "owner": new.owner, "lease_expires_at": lease, "fence": 1, "now": now})
+                "owner": new.owner, "lease_expires_at": lease, "fence": fence, "now": now})
             created = cursor.rowcount == 1
             if created:
-                self._event(conn, new.run_id, now, "run.started", fence=1, worker=new.owner,
+                self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
+                            fence=fence, worker=new.owner,
                             detail={"workflow": new.workflow, "version": new.workflow_version})
         run = self.get_run(new.run_id)
-        claim = Claim(new.run_id, new.owner, 1, run.state_revision, lease, new.lease_ms)
-        return run, claim if created else None
+        if not (created and new.owner and lease):
+            return run, None
+        return run, Claim(new.run_id, new.owner, fence, run.state_revision, lease, new.lease_ms)
 
     def get_run(self, run_id: str) -> RunRecord:
         rows = self._read("get_run", {"run_id": run_id})
@@ -277,6 +283,34 @@ class SqliteStore:
                         detail={"took_over_from": dead_owner} if dead_owner else None)
         return Claim(run_id, owner, row["fence"], row["state_revision"],
                      row["lease_expires_at"], lease_ms)
+
+    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
+        now = self.now()
+        with self._write() as conn:
+            row = conn.execute(_Q["next_runnable"], {"now": now,
+                                                     "workflows": dumps(workflows)}).fetchone()
+            if row is None:
+                return None
+            taken = conn.execute(_Q["claim_run"], {
+                "run_id": row["run_id"], "expected_revision": row["state_revision"],
+                "owner": owner, "lease_expires_at": now + lease_ms,
+                "count_resume": int(row["status"] == RunStatus.RUNNING.value), "now": now,
+                "dead_owner": None}).fetchone()
+            self._event(conn, row["run_id"], now, "run.claimed", fence=taken["fence"],
+                        worker=owner)
+        return Claim(row["run_id"], owner, taken["fence"], taken["state_revision"],
+                     taken["lease_expires_at"], lease_ms)
+
+    def wait_for_work(self, timeout: float) -> None:
+        """SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another
+        connection commits: a cheap in-memory check, polled often, wakes workers promptly."""
+        conn = self._conn()
+        seen = conn.execute("PRAGMA data_version").fetchone()[0]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(_WAKE_POLL_S)
+            if conn.execute("PRAGMA data_version").fetchone()[0] != seen:
+                return
 
     def load_ledger(self, run_id: str) -> Ledger:
         run = self.get_run(run_id)

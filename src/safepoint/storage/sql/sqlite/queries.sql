@@ -5,13 +5,23 @@
 -- another worker's claim.
 
 -- name: insert_run
--- Create a run already claimed by its starter; does nothing if the run id exists.
+-- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0);
+-- does nothing if the run id exists.
 INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                             inputs_ref, state_revision, owner, lease_expires_at, fence,
                             resume_count, event_count, created_at, updated_at)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
         :owner, :lease_expires_at, :fence, 0, 1, :now, :now)
 ON CONFLICT (run_id) DO NOTHING;
+
+-- name: next_runnable
+-- The oldest run a worker may take: pending, or abandoned by a worker whose lease expired.
+-- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
+SELECT run_id, state_revision, status FROM safepoint_runs
+WHERE (status = 'pending' OR (status = 'running' AND lease_expires_at <= :now))
+  AND workflow IN (SELECT value FROM json_each(:workflows))
+ORDER BY created_at, run_id
+LIMIT 1;
 
 -- name: get_run
 -- One run by id.
