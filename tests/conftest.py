@@ -51,3 +51,9 @@ def crash_at() -> Iterator[object]:
         _crashpoints.arm(spec, mode="raise")
     yield arm
     _crashpoints.arm(None)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """A fresh store for tests that run on every store (SQLite file here)."""
+    return f"sqlite:///{tmp_path / 'ledger.db'}"

@@ -89,3 +89,20 @@ def many_steps(run: sp.Run, count: int) -> int:
     for index in range(count):
         total = run.pure("add", lambda a, b: a + b, total, index)
     return total
+
+
+fenced_charges = owner_effect("charges", fenced=True)
+
+
+def slow_draft(*, model: str, messages: list[dict[str, str]]) -> Any:
+    return {"text": "drafted", "model": model}
+
+
+@sp.workflow("fenced", version="1")
+def fenced(run: sp.Run, case_id: str) -> dict[str, Any]:
+    """A step, then a fenced effect: the owner refuses a dispatch under a superseded fence."""
+    draft = run.model("model.draft", slow_draft, model="scripted-1",
+                      messages=[{"role": "user", "content": case_id}])
+    charge = run.effect("effect.charge", fenced_charges, operation_id=f"charge:{case_id}",
+                        payload={"case": case_id, "amount": 100})
+    return {"draft": draft["text"], "charge": charge["id"]}

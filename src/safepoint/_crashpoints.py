@@ -8,7 +8,8 @@ A kill test arms one point through the environment of the process it starts::
 
 and the process kills itself with SIGKILL exactly there: no ``finally``, no ``atexit``, no
 flush — the same as a machine losing the process. ``SAFEPOINT_CRASH_MODE=raise`` raises
-``SimulatedCrash`` (a ``BaseException``) instead, for fast in-process unit tests.
+``SimulatedCrash`` (a ``BaseException``) instead, for fast in-process unit tests;
+``SAFEPOINT_CRASH_MODE=stop`` freezes the process with SIGSTOP (a zombie-to-be).
 
 Disarmed, ``crashpoint`` is a single comparison with ``None``.
 """
@@ -84,6 +85,11 @@ def _hit(armed: _Armed, point: str, step_id: str | None) -> None:
         return
     if armed.mode == "raise":
         raise SimulatedCrash(point, step_id)
+    if armed.mode == "stop":
+        # Freeze the whole process here (heartbeat included), as a long GC pause or a stopped
+        # VM would: the zombie-worker tests resume it with SIGCONT after its lease expired.
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 

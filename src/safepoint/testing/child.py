@@ -13,6 +13,7 @@ import json
 import sys
 
 from .. import errors
+from .._ownership import DEFAULT_LEASE_MS
 from .._workflow import Workflow, resume, start
 from ..storage import open_store
 
@@ -24,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--args", default="[]", help="JSON list of workflow arguments")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--lease-ms", type=int, default=DEFAULT_LEASE_MS)
     opts = parser.parse_args(argv)
     module, _, attr = opts.workflow.partition(":")
     wf = getattr(importlib.import_module(module), attr)
@@ -32,15 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     store = open_store(opts.store)
     try:
         if opts.resume:
-            result = resume(store, opts.run_id)
+            result = resume(store, opts.run_id, lease_ms=opts.lease_ms)
         else:
-            result = start(store, wf, *json.loads(opts.args), run_id=opts.run_id)
+            result = start(store, wf, *json.loads(opts.args), run_id=opts.run_id,
+                           lease_ms=opts.lease_ms)
         outcome = {"status": "completed", "result": result}
     except errors.RunBlocked as exc:
         outcome = {"status": "blocked", "error": type(exc).__name__, "message": exc.message,
                    "record": exc.record}
     except errors.SafepointError as exc:
         outcome = {"status": "error", "error": type(exc).__name__, "message": exc.message}
+    except errors.LostOwnership as exc:
+        outcome = {"status": "lost", "error": "LostOwnership", "fence": exc.fence}
     print(json.dumps(outcome), flush=True)
     return 0
 

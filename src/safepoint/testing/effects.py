@@ -38,8 +38,11 @@ def owner_effect(resource: str, *, name: str | None = None,
 
     def execute(payload: Any, key: EffectKey) -> Any:
         try:
-            return owner_client().create(resource, payload, idempotency_key=str(key),
-                                         fence=key.fence if fenced else None)
+            # Fence tokens grow per run, so the owner compares them per run and resource.
+            return owner_client().create(
+                resource, payload, idempotency_key=str(key),
+                fence=key.fence if fenced else None,
+                fence_resource=f"{resource}:{key.run_id}" if fenced else None)
         except OwnerUnavailable as exc:
             raise NotSent(str(exc)) from exc
         except OwnerRejected as exc:

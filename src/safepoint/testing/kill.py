@@ -44,14 +44,14 @@ class ChildOutcome:
         return self.returncode == -signal.SIGKILL
 
 
-def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any] = (),
-              resume: bool = False, crash_at: str | None = None, kill_after: float | None = None,
-              owner_url: str | None = None, pythonpath: Sequence[str] = (),
-              timeout: float = 60.0) -> ChildOutcome:
-    """Start or resume ``run_id`` in a new Python process; optionally kill it.
+def spawn_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any] = (),
+                resume: bool = False, crash_at: str | None = None, crash_mode: str = "kill",
+                owner_url: str | None = None, pythonpath: Sequence[str] = (),
+                lease_ms: int | None = None) -> subprocess.Popen[str]:
+    """Start (or resume) ``run_id`` in a new Python process and return it, running.
 
-    ``crash_at`` arms a crash point (the child SIGKILLs itself exactly there); ``kill_after``
-    sends SIGKILL from here after that many seconds, at whatever the child is doing.
+    ``crash_at`` arms a crash point; ``crash_mode`` is ``kill`` (the child SIGKILLs itself
+    there), ``stop`` (it freezes with SIGSTOP: a zombie-to-be) or ``raise``.
     """
     env = {k: v for k, v in os.environ.items()
            if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
@@ -59,14 +59,31 @@ def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any]
         [_PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     if crash_at:
         env["SAFEPOINT_CRASH_AT"] = crash_at
+        env["SAFEPOINT_CRASH_MODE"] = crash_mode
     if owner_url:
         env[OWNER_URL_ENV] = owner_url
     command = [sys.executable, "-m", "safepoint.testing.child", "--store", store_url,
                "--workflow", workflow, "--run-id", run_id, "--args", json.dumps(list(args))]
     if resume:
         command.append("--resume")
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+    if lease_ms is not None:
+        command += ["--lease-ms", str(lease_ms)]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any] = (),
+              resume: bool = False, crash_at: str | None = None, kill_after: float | None = None,
+              owner_url: str | None = None, pythonpath: Sequence[str] = (),
+              timeout: float = 60.0) -> ChildOutcome:
+    """Start or resume ``run_id`` in a new Python process, wait for it; optionally kill it.
+
+    ``crash_at`` arms a crash point (the child SIGKILLs itself exactly there); ``kill_after``
+    sends SIGKILL from here after that many seconds, at whatever the child is doing.
+    """
+    process = spawn_child(workflow, store_url=store_url, run_id=run_id, args=args,
+                          resume=resume, crash_at=crash_at, owner_url=owner_url,
+                          pythonpath=pythonpath)
     if kill_after is not None:
         deadline = time.monotonic() + kill_after
         while process.poll() is None and time.monotonic() < deadline:
@@ -79,8 +96,12 @@ def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any]
         process.kill()
         stdout, stderr = process.communicate()
         raise AssertionError(f"child did not finish in {timeout}s: {stderr[-2000:]}") from None
+    return child_outcome(process.returncode, stdout, stderr)
+
+
+def child_outcome(returncode: int, stdout: str, stderr: str) -> ChildOutcome:
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    return ChildOutcome(process.returncode, json.loads(lines[-1]) if lines else None, stderr)
+    return ChildOutcome(returncode, json.loads(lines[-1]) if lines else None, stderr)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,7 @@ class _OwnerState:
         self._fingerprints: set[tuple[str, str]] = set()
         self._duplicates = 0
         self._fences: dict[str, int] = {}
+        self._stale_refused = 0
         self._faults = _Faults(index_lag=self._configured_index_lag)
 
     def reset(self) -> None:
@@ -168,6 +169,7 @@ class _OwnerState:
                 "by_resource": by_resource,
                 "duplicates": self._duplicates,
                 "highest_fence": dict(self._fences),
+                "stale_fence_refused": self._stale_refused,
             }
 
     def get(self, resource: str, object_id: str) -> _Reply:
@@ -216,6 +218,7 @@ class _OwnerState:
                 highest = self._fences.get(fence[0])
                 if highest is not None and fence[1] < highest:
                     # A newer holder of the lease has written: this writer is a zombie.
+                    self._stale_refused += 1
                     return _Reply(409, _error("stale_fence", f"token {fence[1]} < highest {highest}"))
 
             now = time.monotonic()
