@@ -1,0 +1,101 @@
+"""The random-kill soak: worker processes SIGKILLed at random while they work through runs with
+effects, and restarted. Nothing may be done twice, nothing accepted may be lost, and every run
+ends completed or visibly blocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import safepoint as sp
+from safepoint.testing.owner import OwnerService
+
+pytestmark = [pytest.mark.kill, pytest.mark.slow]
+
+TESTS = str(Path(__file__).parent)
+WORKERS, RUNS, KILLS = 4, 200, 100
+
+
+def _worker(url: str, owner: OwnerService) -> subprocess.Popen[str]:
+    env = {**os.environ, "SAFEPOINT_OWNER_URL": owner.url,
+           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, "-m", "safepoint", "--store", url, "worker", "--import", "flows",
+         "--lease", "1", "--concurrency", "2"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+
+
+def soak(url: str, owner: OwnerService, *, seed: int = 8472,
+         midway: Callable[[], None] | None = None) -> dict[str, int]:
+    """Run the soak; ``midway`` is called once, after half the kills (a database restart)."""
+    import flows
+
+    rng = random.Random(seed)
+    store = sp.open_store(url)
+    prefix = f"soak-{time.monotonic_ns()}"
+    ids = [f"{prefix}-{i}" for i in range(RUNS)]
+    owner.client.set_faults(delay=0.03)
+    for run_id in ids:
+        sp.submit(store, flows.every_kind, run_id, run_id=run_id)
+    workers = [_worker(url, owner) for _ in range(WORKERS)]
+    kills = 0
+    deadline = time.monotonic() + 240
+    try:
+        while kills < KILLS and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.03, 0.12))
+            index = rng.randrange(WORKERS)
+            if workers[index].poll() is None:
+                workers[index].send_signal(signal.SIGKILL)
+                workers[index].wait()
+                kills += 1
+            workers[index] = _worker(url, owner)
+            if midway is not None and kills == KILLS // 2:
+                midway()
+                midway = None
+        owner.client.set_faults(delay=0)
+        while time.monotonic() < deadline:
+            if all(store.get_run(run_id).status.terminal
+                   or store.get_run(run_id).status is sp.RunStatus.BLOCKED for run_id in ids):
+                break
+            time.sleep(0.25)
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    runs = [store.get_run(run_id) for run_id in ids]
+    completed = [run for run in runs if run.status is sp.RunStatus.COMPLETED]
+    blocked = [run for run in runs if run.status is sp.RunStatus.BLOCKED]
+    lost = 0
+    for run in completed:  # an accepted result must be what the owner holds
+        ledger = store.load_ledger(run.run_id)
+        charge = owner.client.get("charges", run.result["charge"])
+        op = ledger.operations[f"charge:{run.run_id}"]
+        if charge is None or charge["idempotency_key"] != op.effect_key:
+            lost += 1
+    stats = owner.client.stats()
+    figures = {"runs": RUNS, "kills": kills, "completed": len(completed),
+               "blocked": len(blocked), "unfinished": RUNS - len(completed) - len(blocked),
+               "applied": stats["applied"], "duplicates": stats["duplicates"], "lost": lost,
+               "resumes": sum(run.resume_count for run in runs)}
+    print("soak figures:", json.dumps(figures))
+    return figures
+
+
+def test_random_kill_soak(store_url: str, owner_env: OwnerService) -> None:
+    figures = soak(store_url, owner_env)
+    assert figures["kills"] >= KILLS
+    assert figures["unfinished"] == 0
+    assert figures["duplicates"] == 0
+    assert figures["lost"] == 0
+    if figures["blocked"] == 0:  # every run charged once and ticketed once
+        assert figures["applied"] == 2 * RUNS
+    assert figures["resumes"] > 0  # the kills really interrupted runs
