@@ -143,7 +143,11 @@ class KillHarness:
     """Kill trials of one workflow with fixed arguments against one effect owner."""
 
     def __init__(self, workflow: str, args: Sequence[Any], *, owner: OwnerService,
-                 workdir: Path, pythonpath: Sequence[str] = (), timeout: float = 60.0) -> None:
+                 workdir: Path, pythonpath: Sequence[str] = (), timeout: float = 60.0,
+                 store_url: str | None = None) -> None:
+        """``store_url``: one store for every trial (each trial uses its own run ids); by
+        default each trial gets a fresh SQLite file in ``workdir``."""
+        self.store_url = store_url
         self.workflow = workflow
         self.args = list(args)
         self.owner = owner
@@ -158,13 +162,15 @@ class KillHarness:
                          timeout=self.timeout, **options)
 
     def _fresh_store(self) -> str:
+        if self.store_url is not None:
+            return self.store_url
         return f"sqlite:///{self.workdir / f'kill-{uuid.uuid4().hex[:12]}.db'}"
 
     def reference(self) -> tuple[dict[str, Any], int]:
         """The outcome and effect count of an uninterrupted run (computed once)."""
         if self._reference is None:
             self.owner.client.reset()
-            ended = self._child(self._fresh_store(), "reference")
+            ended = self._child(self._fresh_store(), f"reference-{uuid.uuid4().hex[:12]}")
             if ended.outcome is None:
                 raise AssertionError(f"the reference run crashed: {ended.stderr[-3000:]}")
             self._reference = (ended.outcome, int(self.owner.client.stats()["applied"]))
@@ -175,7 +181,7 @@ class KillHarness:
         """Kill one run (at a crash point or after a delay), resume until it ends, compare."""
         reference, reference_applied = self.reference()
         self.owner.client.reset()
-        store_url, run_id = self._fresh_store(), "trial"
+        store_url, run_id = self._fresh_store(), f"trial-{uuid.uuid4().hex[:12]}"
         first = self._child(store_url, run_id, crash_at=crash_at, kill_after=kill_after)
         stderr = [first.stderr] if first.stderr else []
         final, resumes = first.outcome, 0
