@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 
-import safepoint as sp
-from safepoint import _crashpoints
-from safepoint.testing.owner import OwnerService
+# The conformance suite's asserts live in the package: have pytest rewrite them so a failure
+# shows both sides.
+pytest.register_assert_rewrite("safepoint.testing.conformance")
+
+import safepoint as sp  # noqa: E402
+from safepoint import _crashpoints  # noqa: E402
+from safepoint.testing.owner import OwnerService  # noqa: E402
 
 TESTS = str(Path(__file__).parent)
 if TESTS not in sys.path:

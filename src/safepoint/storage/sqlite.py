@@ -68,12 +68,16 @@ class SqliteStore:
         self._inline_limit = inline_limit
         self._local = threading.local()
         self._keeper: sqlite3.Connection | None = None
+        # A shared-cache in-memory database answers a second writer with SQLITE_LOCKED, which
+        # no busy timeout waits out: in memory, the store's own lock takes turns instead.
+        self._turns: threading.RLock | None = None
         if str(path) == ":memory:":
             # A named shared-cache database lives while one connection to it is open.
             self._target = f"file:safepoint-{uuid.uuid4().hex}?mode=memory&cache=shared"
             self._uri = True
             self.url = "memory:"
             self._keeper = self._connect()
+            self._turns = threading.RLock()
         else:
             self._target = str(Path(path).absolute())
             self._uri = False
@@ -115,7 +119,19 @@ class SqliteStore:
             self._keeper = None
 
     @contextmanager
+    def _turn(self) -> Iterator[None]:
+        if self._turns is None:
+            yield
+            return
+        with self._turns:
+            yield
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._turn():
+            yield from self._transaction()
+
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write transaction; driver errors become StoreError with the cause kept."""
         conn = self._conn()
         try:
@@ -134,7 +150,8 @@ class SqliteStore:
 
     def _read(self, query: str, params: dict[str, Any]) -> list[sqlite3.Row]:
         try:
-            return self._conn().execute(_Q[query], params).fetchall()
+            with self._turn():
+                return self._conn().execute(_Q[query], params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the store: {exc}") from exc
 

@@ -83,6 +83,8 @@ VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, :status, :result, :r
         :error, :next_step_id, :attempt, :model_id, :prompt_hash, :observed_at, :operation_id,
         :fence, :now)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, model_id = excluded.model_id,
+    prompt_hash = excluded.prompt_hash, operation_id = excluded.operation_id,
     input_hash = excluded.input_hash, status = excluded.status, result = excluded.result,
     result_ref = excluded.result_ref, error = excluded.error,
     next_step_id = excluded.next_step_id, attempt = excluded.attempt,

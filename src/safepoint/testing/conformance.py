@@ -1,0 +1,770 @@
+"""The store conformance suite: the one definition of a correct ledger store.
+
+``safepoint.storage.base.Store`` only names the operations; this suite says what they must do.
+Every store — SQLite on a file, SQLite in memory, PostgreSQL, yours — runs the same tests, and a
+store is correct when it passes them (the suite, not inheritance, defines a correct store).
+
+Adopting it takes one subclass in a pytest test file::
+
+    from safepoint.storage import Store, open_store
+    from safepoint.testing.conformance import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        def make_store(self) -> Store:
+            return open_store(f"sqlite:///{self.tmp_path / 'ledger.db'}")
+
+``make_store`` returns an open, migrated store. It is called several times in one test (the
+concurrency tests give every thread its own store object) and may return the same database —
+or even the same object — each time. ``self.tmp_path`` is pytest's per-test directory. Every
+store it returns is passed to ``close_store`` when the test ends; override that when the
+subclass shares one store object across tests.
+
+The suite runs against a shared database too (one PostgreSQL database for all tests): every test
+uses its own uuid-suffixed run ids and workflow names and never assumes the store is empty.
+Time is real — a store's "now" may come from the database clock — so tests that need a lease to
+expire use tiny leases and short sleeps; the whole suite takes a few seconds per store.
+
+Requires pytest (a dev dependency of safepoint, not a runtime one). The asserts live in this
+module, not in a test file, so for readable failures add to your ``conftest.py``::
+
+    pytest.register_assert_rewrite("safepoint.testing.conformance")
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from .._canonical import canonical, digest, dumps
+from ..errors import ArtifactMissing, LostOwnership, RunNotFound, StoreError
+from ..storage.base import INLINE_LIMIT, NewRun, Store
+from ..types import (
+    JSON,
+    Claim,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepStatus,
+)
+
+__all__ = ["StoreConformance"]
+
+T = TypeVar("T")
+
+LONG_LEASE_MS = 60_000   # a lease that outlives any test
+SHORT_LEASE_MS = 40      # a lease that a test lets expire ...
+EXPIRY_WAIT_S = 0.1      # ... by sleeping this long
+LARGE = "é" + "x" * INLINE_LIMIT   # any value holding this is larger than INLINE_LIMIT
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def expire() -> None:
+    """Sleep past every SHORT_LEASE_MS lease granted so far."""
+    time.sleep(EXPIRY_WAIT_S)
+
+
+def make_step(run_id: str, step_id: str, seq: int, **fields: Any) -> StepRecord:
+    fields.setdefault("kind", StepKind.PURE)
+    fields.setdefault("name", f"fn.{step_id}")
+    fields.setdefault("input_hash", f"hash-{step_id}")
+    fields.setdefault("result", {"step": step_id})
+    return StepRecord(run_id=run_id, step_id=step_id, seq=seq, **fields)
+
+
+def make_operation(run_id: str, operation_id: str, payload: JSON = None) -> tuple[OperationRecord, bytes]:
+    data = canonical(payload if payload is not None else {"op": operation_id, "amount": 5})
+    op = OperationRecord(run_id=run_id, operation_id=operation_id, step_id=f"step.{operation_id}",
+                         effect="ticket.create", state=EffectState.PREPARED,
+                         payload_ref=digest(data), effect_key=f"key-{_uid()}")
+    return op, data
+
+
+def in_threads(*calls: Callable[[], T]) -> list[T]:
+    """Run each call on its own thread, released together by a barrier; re-raise any error."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def body(index: int, call: Callable[[], T]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[index] = call()
+        except BaseException as exc:  # LostOwnership included: the test must see it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    if errors:
+        raise errors[0]
+    return results
+
+
+class StoreConformance(abc.ABC):
+    """Subclass in a test module and implement ``make_store``; pytest collects the tests."""
+
+    tmp_path: Path
+    workflow: str
+
+    @abc.abstractmethod
+    def make_store(self) -> Store:
+        """An open, migrated store; may return the same database (or object) every time."""
+
+    def close_store(self, store: Store) -> None:
+        """Called once per distinct store object ``make_store`` returned, after each test."""
+        store.close()
+
+    @pytest.fixture(autouse=True)
+    def _conformance_setup(self, tmp_path: Path) -> Iterator[None]:
+        self.tmp_path = tmp_path
+        self.workflow = f"conformance-{_uid()}"
+        self._opened: list[Store] = []
+        yield
+        closed: set[int] = set()
+        for store in reversed(self._opened):
+            if id(store) not in closed:
+                closed.add(id(store))
+                self.close_store(store)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def store(self) -> Store:
+        store = self.make_store()
+        self._opened.append(store)
+        return store
+
+    def new_run(self, store: Store, *, owner: str | None = "worker-a",
+                lease_ms: int = LONG_LEASE_MS, inputs: JSON = None, workflow: str | None = None,
+                run_id: str | None = None) -> tuple[RunRecord, Claim | None]:
+        new = NewRun(run_id=run_id or f"run-{_uid()}", workflow=workflow or self.workflow,
+                     workflow_version="v1", input_hash=f"inputs-{_uid()}",
+                     inputs={"args": [1], "kwargs": {}} if inputs is None else inputs,
+                     owner=owner, lease_ms=lease_ms)
+        return store.create_run(new)
+
+    def start(self, store: Store, *, owner: str = "worker-a", lease_ms: int = LONG_LEASE_MS,
+              **kw: Any) -> tuple[RunRecord, Claim]:
+        run, claim = self.new_run(store, owner=owner, lease_ms=lease_ms, **kw)
+        assert claim is not None
+        return run, claim
+
+    def submit(self, store: Store, **kw: Any) -> RunRecord:
+        run, claim = self.new_run(store, owner=None, **kw)
+        assert claim is None
+        return run
+
+    def take_over(self, store: Store, run_id: str, owner: str = "worker-b") -> Claim:
+        """Claim a run whose short lease has expired, as another worker."""
+        expire()
+        claim = store.claim_run(run_id, store.get_run(run_id).state_revision, owner, LONG_LEASE_MS)
+        assert claim is not None
+        return claim
+
+    @staticmethod
+    def snapshot(store: Store, run_id: str) -> tuple[Ledger, list[EventRecord]]:
+        return store.load_ledger(run_id), store.events(run_id)
+
+    # -- creating and reading runs -------------------------------------------------------------
+
+    def test_create_run_claimed_by_its_starter(self) -> None:
+        store = self.store()
+        t0 = store.now()
+        run, claim = self.start(store, owner="worker-a", inputs={"case": "8472"})
+        t1 = store.now()
+        assert (run.status, run.owner, run.fence, run.resume_count) == (
+            RunStatus.RUNNING, "worker-a", 1, 0)
+        assert (run.workflow, run.workflow_version, run.inputs) == (self.workflow, "v1",
+                                                                    {"case": "8472"})
+        assert run.lease_expires_at is not None
+        assert t0 + LONG_LEASE_MS <= run.lease_expires_at <= t1 + LONG_LEASE_MS
+        assert t0 <= run.created_at <= t1
+        assert (run.result, run.error, run.recovery_record) == (None, None, None)
+        assert claim == Claim(run.run_id, "worker-a", 1, run.state_revision,
+                              run.lease_expires_at, LONG_LEASE_MS)
+        assert store.get_run(run.run_id) == run
+        [event] = store.events(run.run_id)
+        assert (event.kind, event.fence, event.worker) == ("run.started", 1, "worker-a")
+
+    def test_create_run_without_owner_is_pending(self) -> None:
+        store = self.store()
+        run, claim = self.new_run(store, owner=None)
+        assert claim is None
+        assert (run.status, run.owner, run.lease_expires_at, run.fence, run.resume_count) == (
+            RunStatus.PENDING, None, None, 0, 0)
+        assert store.get_run(run.run_id) == run
+
+    def test_creating_an_existing_run_returns_it_unchanged_without_a_claim(self) -> None:
+        store = self.store()
+        for owner in ("worker-a", None):
+            first, _ = self.new_run(store, owner=owner, inputs={"n": 1})
+            before = self.snapshot(store, first.run_id)
+            again, claim = self.new_run(store, owner="worker-b", inputs={"n": 2},
+                                        workflow=f"{self.workflow}-other", run_id=first.run_id)
+            assert claim is None
+            assert again == first
+            assert self.snapshot(store, first.run_id) == before
+
+    def test_inputs_round_trip_and_large_inputs_are_artifacts(self) -> None:
+        store = self.store()
+        small = {"text": "naïve ✓", "n": [1, 2.5, None, True], "nested": {"k": {}}}
+        run, _ = self.start(store, inputs=small)
+        assert store.get_run(run.run_id).inputs == small
+        large = {"doc": LARGE, "n": 1}
+        run, _ = self.start(store, inputs=large)
+        assert run.inputs == large
+        assert store.load_ledger(run.run_id).run.inputs == large
+        # A large value is stored once, as the artifact of its stored JSON text (UTF-8).
+        text = dumps(large).encode()
+        assert store.get_artifact(digest(text)) == text
+
+    def test_unknown_run_is_run_not_found(self) -> None:
+        store = self.store()
+        missing = f"missing-{_uid()}"
+        with pytest.raises(RunNotFound) as error:
+            store.get_run(missing)
+        assert error.value.run_id == missing  # type: ignore[attr-defined]
+        with pytest.raises(RunNotFound):
+            store.load_ledger(missing)
+
+    def test_list_runs_filters_by_status_newest_first_within_limit(self) -> None:
+        store = self.store()
+        _, claim = self.start(store)
+        store.finish_run(claim, RunStatus.COMPLETED, result=1)
+        running, _ = self.start(store)
+        older = self.submit(store)
+        time.sleep(0.005)
+        newer = self.submit(store)
+        pending = store.list_runs(RunStatus.PENDING, limit=50)
+        assert {r.status for r in pending} == {RunStatus.PENDING}
+        ids = [r.run_id for r in pending]
+        assert ids.index(newer.run_id) < ids.index(older.run_id)  # most recently changed first
+        assert claim.run_id in {r.run_id for r in store.list_runs(RunStatus.COMPLETED, 50)}
+        assert running.run_id in {r.run_id for r in store.list_runs(RunStatus.RUNNING, 50)}
+        assert running.run_id not in ids
+        assert len(store.list_runs(limit=2)) == 2
+        assert len(store.list_runs(RunStatus.PENDING, limit=1)) == 1
+
+    # -- claiming ------------------------------------------------------------------------------
+
+    def test_claim_run_is_a_compare_and_set_on_the_revision(self) -> None:
+        store = self.store()
+        run = self.submit(store)
+        for stale in (run.state_revision - 1, run.state_revision + 1):
+            assert store.claim_run(run.run_id, stale, "worker-b", LONG_LEASE_MS) is None
+        assert store.get_run(run.run_id) == run
+        claim = store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS)
+        assert claim is not None
+        assert (claim.fence, claim.owner) == (1, "worker-b")
+        assert store.claim_run(run.run_id, run.state_revision, "worker-c", LONG_LEASE_MS) is None
+
+    def test_an_expired_lease_is_taken_over_with_a_new_fence(self) -> None:
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        store.record_step(old, make_step(run.run_id, "s1", 1))  # a write moves the revision
+        moved = store.get_run(run.run_id)
+        expire()
+        assert store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS) is None
+        t0 = store.now()
+        claim = store.claim_run(run.run_id, moved.state_revision, "worker-b", LONG_LEASE_MS)
+        t1 = store.now()
+        assert claim is not None
+        now = store.get_run(run.run_id)
+        assert (claim.owner, claim.fence, claim.lease_ms) == ("worker-b", old.fence + 1,
+                                                              LONG_LEASE_MS)
+        assert (now.status, now.owner, now.fence, now.resume_count) == (
+            RunStatus.RUNNING, "worker-b", 2, 1)
+        assert now.state_revision > moved.state_revision
+        assert (claim.state_revision, claim.lease_expires_at) == (now.state_revision,
+                                                                  now.lease_expires_at)
+        assert t0 + LONG_LEASE_MS <= claim.lease_expires_at <= t1 + LONG_LEASE_MS
+        event = store.events(run.run_id)[-1]
+        assert (event.kind, event.fence, event.worker) == ("run.claimed", 2, "worker-b")
+
+    def test_a_live_lease_is_taken_only_from_a_named_dead_owner(self) -> None:
+        store = self.store()
+        run, _ = self.start(store, owner="worker-a")
+        for dead_owner in (None, "worker-x"):
+            assert store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS,
+                                   dead_owner=dead_owner) is None
+        assert store.get_run(run.run_id) == run
+        claim = store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS,
+                                dead_owner="worker-a")
+        assert claim is not None
+        assert (claim.fence, store.get_run(run.run_id).owner) == (2, "worker-b")
+        assert store.events(run.run_id)[-1].kind == "run.claimed"
+
+    @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED])
+    def test_an_ended_run_cannot_be_claimed(self, status: RunStatus) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.finish_run(claim, status, result=1 if status is RunStatus.COMPLETED else None,
+                         error={"type": "E", "message": "m"} if status is RunStatus.FAILED else None)
+        ended = store.get_run(run.run_id)
+        assert store.claim_run(run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS) is None
+        assert store.claim_run(run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS,
+                               dead_owner="worker-a") is None
+        assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
+        assert store.get_run(run.run_id) == ended
+
+    def test_concurrent_claimers_of_one_revision_have_exactly_one_winner(self) -> None:
+        stores = [self.store(), self.store()]
+        runs = [self.submit(stores[0]) for _ in range(10)]
+        runs += [self.start(stores[0], lease_ms=SHORT_LEASE_MS)[0] for _ in range(10)]
+        expire()
+        for run in runs:
+            claims = in_threads(*[
+                (lambda s=s, w=f"worker-{i}", r=run: s.claim_run(r.run_id, r.state_revision, w,
+                                                                 LONG_LEASE_MS))
+                for i, s in enumerate(stores)])
+            winners = [c for c in claims if c is not None]
+            assert len(winners) == 1, f"{len(winners)} winners for {run.run_id}"
+            now = stores[0].get_run(run.run_id)
+            assert (now.owner, now.fence) == (winners[0].owner, run.fence + 1)
+
+    def test_claim_next_takes_runnable_runs_of_its_workflows_oldest_first(self) -> None:
+        store = self.store()
+        other = f"{self.workflow}-other"
+
+        def pause() -> None:
+            time.sleep(0.005)  # distinct creation times, even on a millisecond clock
+
+        # run ids sort against creation order, so an id order would be caught
+        abandoned, _ = self.start(store, lease_ms=SHORT_LEASE_MS, run_id=f"z-{_uid()}")
+        pause()
+        pending = self.submit(store, run_id=f"y-{_uid()}")
+        pause()
+        live, _ = self.start(store)
+        ended: list[str] = []
+        for status in (RunStatus.BLOCKED, RunStatus.COMPLETED, RunStatus.FAILED):
+            _, claim = self.start(store)
+            store.finish_run(claim, status, recovery_record={"phase": "x"}
+                             if status is RunStatus.BLOCKED else None)
+            ended.append(claim.run_id)
+        pause()
+        newest = self.submit(store, run_id=f"a-{_uid()}")
+        elsewhere = self.submit(store, workflow=other)
+        expire()
+        assert store.claim_next("worker-b", LONG_LEASE_MS, []) is None
+        taken: list[Claim] = []
+        while (got := store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])) is not None:
+            taken.append(got)
+            assert len(taken) <= 3, "claim_next handed out a run it must not"
+        assert [c.run_id for c in taken] == [abandoned.run_id, pending.run_id, newest.run_id]
+        assert [c.fence for c in taken] == [2, 1, 1]
+        for claim in taken:
+            run = store.get_run(claim.run_id)
+            assert (run.status, run.owner, run.fence) == (RunStatus.RUNNING, "worker-b",
+                                                          claim.fence)
+            assert (claim.owner, claim.state_revision) == ("worker-b", run.state_revision)
+            assert store.events(claim.run_id)[-1].kind == "run.claimed"
+        # resume_count counts takeovers only: a pending run's first claim is not a resume
+        assert [store.get_run(c.run_id).resume_count for c in taken] == [1, 0, 0]
+        assert store.get_run(live.run_id).owner == "worker-a"
+        assert [store.get_run(r).owner for r in ended] == [None, None, None]
+        assert store.get_run(elsewhere.run_id).status is RunStatus.PENDING
+        got = store.claim_next("worker-c", LONG_LEASE_MS, [other, self.workflow])
+        assert got is not None
+        assert got.run_id == elsewhere.run_id
+
+    def test_concurrent_claim_next_never_hands_out_a_run_twice(self) -> None:
+        stores = [self.store() for _ in range(4)]
+        mine = {self.submit(stores[0]).run_id for _ in range(24)}
+
+        def drain(store: Store, owner: str) -> list[str]:
+            got = []
+            while (claim := store.claim_next(owner, LONG_LEASE_MS, [self.workflow])) is not None:
+                got.append(claim.run_id)
+            return got
+
+        taken = in_threads(*[(lambda s=s, w=f"worker-{i}": drain(s, w))
+                             for i, s in enumerate(stores)])
+        flat = [run_id for got in taken for run_id in got]
+        assert len(flat) == len(set(flat)), "a run was claimed twice"
+        assert set(flat) == mine
+        assert {stores[0].get_run(r).fence for r in mine} == {1}
+
+    # -- fencing -------------------------------------------------------------------------------
+
+    def _stale_writes(self, store: Store, claim: Claim, op_id: str) -> dict[str, Callable[[], Any]]:
+        run_id = claim.run_id
+        new_op, payload = make_operation(run_id, f"op-{_uid()}")
+        return {
+            "record_step (new)": lambda: store.record_step(claim, make_step(run_id, "s2", 2)),
+            "record_step (re-record)": lambda: store.record_step(
+                claim, make_step(run_id, "s1", 1, result="stale")),
+            "prepare_effect": lambda: store.prepare_effect(claim, new_op, payload),
+            "mark_dispatching": lambda: store.mark_dispatching(claim, op_id),
+            "record_outcome": lambda: store.record_outcome(
+                claim, op_id, EffectState.ACCEPTED, receipt={"id": 1},
+                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id)),
+            "finish_run": lambda: store.finish_run(claim, RunStatus.COMPLETED, result="stale"),
+            "renew_lease": lambda: store.renew_lease(claim),
+        }
+
+    def _assert_stale_claim_writes_nothing(self, store: Store, claim: Claim, op_id: str) -> None:
+        before = self.snapshot(store, claim.run_id)
+        for name, write in self._stale_writes(store, claim, op_id).items():
+            with pytest.raises(LostOwnership) as lost:
+                write()
+            assert (lost.value.run_id, lost.value.fence) == (claim.run_id, claim.fence), name
+            assert self.snapshot(store, claim.run_id) == before, f"stale {name} wrote"
+
+    def test_a_stale_claim_writes_nothing_after_a_takeover(self) -> None:
+        assert not issubclass(LostOwnership, Exception)  # agent code cannot swallow it
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        store.record_step(old, make_step(run.run_id, "s1", 1))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(old, op, payload)
+        new = self.take_over(store, run.run_id)
+        assert new.fence == old.fence + 1
+        self._assert_stale_claim_writes_nothing(store, old, op.operation_id)
+        store.record_step(new, make_step(run.run_id, "s2", 2))  # the new owner carries on
+        assert store.load_ledger(run.run_id).steps["s2"].fence == new.fence
+
+    @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BLOCKED])
+    def test_an_ended_run_refuses_every_worker_write(self, status: RunStatus) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.finish_run(claim, status, recovery_record={"phase": "x"}
+                         if status is RunStatus.BLOCKED else None)
+        self._assert_stale_claim_writes_nothing(store, claim, op.operation_id)
+
+    def test_release_run_gives_the_run_up_and_a_stale_release_does_nothing(self) -> None:
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        new = self.take_over(store, run.run_id)
+        before = self.snapshot(store, run.run_id)
+        with contextlib.suppress(LostOwnership):
+            store.release_run(old)  # may raise LostOwnership; must not write
+        assert self.snapshot(store, run.run_id) == before
+        store.release_run(new)
+        released = store.get_run(run.run_id)
+        assert (released.status, released.owner) == (RunStatus.RUNNING, None)
+        claim = store.claim_run(run.run_id, released.state_revision, "worker-c", LONG_LEASE_MS)
+        assert claim is not None  # no lease left to wait for
+        assert claim.fence == new.fence + 1
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def test_record_step_round_trips_every_field_in_seq_order(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        rid = run.run_id
+        steps = [
+            make_step(rid, "z.read", 1, kind=StepKind.READ, result=[{"row": 1}],
+                      observed_at=store.now() - 5, attempt=3),
+            make_step(rid, "y.model", 2, kind=StepKind.MODEL, result={"text": "hi ✓"},
+                      model_id="model-1", prompt_hash="prompt-abc"),
+            make_step(rid, "x.decide", 3, kind=StepKind.DECISION, result="x.next",
+                      next_step_id="x.next"),
+            make_step(rid, "w.effect", 4, kind=StepKind.EFFECT, result={"id": "T-1"},
+                      operation_id="ticket:1"),
+            make_step(rid, "v.value", 5, kind=StepKind.VALUE, result=1712000000123),
+            make_step(rid, "u.pure", 6, result=None),
+            make_step(rid, "t.failed", 7, status=StepStatus.FAILED, result=None,
+                      error={"type": "KeyError", "message": "'x'"}),
+            make_step(rid, "s.large", 8, result={"blob": LARGE}),
+        ]
+        t0 = store.now()
+        for step in steps:
+            store.record_step(claim, step)
+        t1 = store.now()
+        ledger = store.load_ledger(rid)
+        assert list(ledger.steps) == [s.step_id for s in steps]
+        for step in steps:
+            loaded = ledger.steps[step.step_id]
+            assert t0 <= loaded.recorded_at <= t1
+            assert loaded == replace(step, fence=claim.fence, recorded_at=loaded.recorded_at)
+        text = dumps({"blob": LARGE}).encode()
+        assert store.get_artifact(digest(text)) == text
+
+    def test_a_re_recorded_step_replaces_its_row_and_keeps_its_seq(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "read", 1, kind=StepKind.READ,
+                                           observed_at=1, result="old"))
+        store.record_step(claim, make_step(run.run_id, "after", 2))
+        again = make_step(run.run_id, "read", 9, kind=StepKind.READ, input_hash="hash-2",
+                          observed_at=2, attempt=2, result={"blob": LARGE})
+        store.record_step(claim, again)
+        ledger = store.load_ledger(run.run_id)
+        loaded = ledger.steps["read"]
+        assert loaded == replace(again, seq=1, fence=claim.fence, recorded_at=loaded.recorded_at)
+        assert list(ledger.steps) == ["read", "after"]
+        failed = replace(again, status=StepStatus.FAILED, result=None, error={"type": "E"},
+                         next_step_id=None)
+        store.record_step(claim, failed)
+        loaded = store.load_ledger(run.run_id).steps["read"]
+        assert loaded == replace(failed, seq=1, fence=claim.fence, recorded_at=loaded.recorded_at)
+
+    def test_a_re_recorded_step_replaces_every_recorded_field(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "s", 1, kind=StepKind.MODEL,
+                                           model_id="model-1", prompt_hash="p-1"))
+        again = make_step(run.run_id, "s", 1, kind=StepKind.DECISION, name="fn.other",
+                          model_id="model-2", prompt_hash="p-2", next_step_id="n",
+                          operation_id="op-2", result="n")
+        store.record_step(claim, again)
+        loaded = store.load_ledger(run.run_id).steps["s"]
+        assert loaded == replace(again, fence=claim.fence, recorded_at=loaded.recorded_at)
+
+    # -- effects -------------------------------------------------------------------------------
+
+    def test_prepare_effect_stores_the_payload_and_a_prepared_operation(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"ticket:create:{_uid()}", {"to": "ana", "n": 1})
+        t0 = store.now()
+        store.prepare_effect(claim, op, payload)
+        t1 = store.now()
+        stored = store.load_ledger(run.run_id).operations[op.operation_id]
+        assert t0 <= stored.prepared_at <= t1
+        assert stored == replace(op, fence=claim.fence, prepared_at=stored.prepared_at,
+                                 updated_at=stored.updated_at)
+        assert (stored.state, stored.dispatch_count, stored.first_dispatched_at) == (
+            EffectState.PREPARED, 0, None)
+        assert store.get_artifact(op.payload_ref) == payload
+        raw = b"\x00\xff not utf-8 \xfe"
+        op2 = replace(op, operation_id=f"raw-{_uid()}", payload_ref=digest(raw))
+        store.prepare_effect(claim, op2, raw)
+        assert store.get_artifact(digest(raw)) == raw
+
+    def test_prepare_effect_refuses_a_payload_that_does_not_match_its_digest(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, _ = make_operation(run.run_id, f"op-{_uid()}")
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises((ValueError, StoreError)):
+            store.prepare_effect(claim, op, b'{"other":"bytes"}')
+        assert self.snapshot(store, run.run_id) == before
+
+    def test_mark_dispatching_counts_dispatches_and_keeps_the_first_time(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        t0 = store.now()
+        first = store.mark_dispatching(claim, op.operation_id)
+        t1 = store.now()
+        assert (first.state, first.dispatch_count, first.fence) == (
+            EffectState.DISPATCHING, 1, claim.fence)
+        assert first.first_dispatched_at is not None
+        assert t0 <= first.first_dispatched_at <= t1
+        assert store.load_ledger(run.run_id).operations[op.operation_id] == first
+        # unknown → dispatching, prepared (NotSent) → dispatching, dispatching → dispatching
+        for count, before in enumerate((EffectState.UNKNOWN, EffectState.PREPARED, None), 2):
+            time.sleep(0.005)
+            if before is not None:
+                store.record_outcome(claim, op.operation_id, before, error={"type": "Timeout"})
+            again = store.mark_dispatching(claim, op.operation_id)
+            assert (again.state, again.dispatch_count) == (EffectState.DISPATCHING, count)
+            assert again.first_dispatched_at == first.first_dispatched_at
+            assert (again.effect_key, again.payload_ref) == (op.effect_key, op.payload_ref)
+            assert store.load_ledger(run.run_id).operations[op.operation_id] == again
+
+    @pytest.mark.parametrize("settled", [EffectState.ACCEPTED, EffectState.REJECTED,
+                                         EffectState.APPLIED])
+    def test_a_settled_operation_is_never_dispatched_again(self, settled: EffectState) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        evidence = {"status": 402, "reason": "card declined"}
+        store.record_outcome(claim, op.operation_id, settled, receipt={"id": 1}, error=evidence)
+        before = self.snapshot(store, run.run_id)
+        stored = before[0].operations[op.operation_id]
+        assert (stored.state, stored.receipt, stored.error) == (settled, {"id": 1}, evidence)
+        with pytest.raises(StoreError):
+            store.mark_dispatching(claim, op.operation_id)
+        with pytest.raises(StoreError):
+            store.mark_dispatching(claim, f"no-such-op-{_uid()}")
+        assert self.snapshot(store, run.run_id) == before
+
+    def test_record_outcome_writes_the_operation_and_its_step_in_one_commit(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.APPLIED, receipt={"id": "T-9"})
+        applied = store.load_ledger(run.run_id).operations[op.operation_id]
+        assert (applied.state, applied.receipt, applied.error) == (EffectState.APPLIED,
+                                                                   {"id": "T-9"}, None)
+        step = make_step(run.run_id, op.step_id, 1, kind=StepKind.EFFECT, name=op.effect,
+                         result={"id": "T-9"}, operation_id=op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": "T-9"},
+                             step=step)
+        ledger = store.load_ledger(run.run_id)
+        accepted = ledger.operations[op.operation_id]
+        assert (accepted.state, accepted.receipt, accepted.dispatch_count) == (
+            EffectState.ACCEPTED, {"id": "T-9"}, 1)
+        loaded = ledger.steps[op.step_id]
+        assert loaded == replace(step, fence=claim.fence, recorded_at=loaded.recorded_at)
+        # atomic: an outcome for an operation that does not exist writes no step either
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(StoreError):
+            store.record_outcome(claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED,
+                                 step=make_step(run.run_id, "orphan", 2))
+        assert self.snapshot(store, run.run_id) == before
+
+    def test_effect_transitions_are_events_with_fence_and_worker(self) -> None:
+        store = self.store()
+        run, old = self.start(store, owner="worker-a", lease_ms=SHORT_LEASE_MS)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(old, op, payload)
+        store.mark_dispatching(old, op.operation_id)
+        store.record_outcome(old, op.operation_id, EffectState.UNKNOWN, error={"type": "Timeout"})
+        claim = self.take_over(store, run.run_id, owner="worker-b")
+        store.mark_dispatching(claim, op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
+        got = [(e.kind, e.operation_id, e.fence, e.worker) for e in store.events(run.run_id)
+               if e.kind.startswith("effect.")]
+        assert got == [("effect.prepared", op.operation_id, 1, "worker-a"),
+                       ("effect.dispatching", op.operation_id, 1, "worker-a"),
+                       ("effect.unknown", op.operation_id, 1, "worker-a"),
+                       ("effect.dispatching", op.operation_id, 2, "worker-b"),
+                       ("effect.accepted", op.operation_id, 2, "worker-b")]
+
+    # -- ending a run --------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("result", [{"ticket": "T-1", "ok": True}, {"blob": LARGE}])
+    def test_finish_run_completed_records_the_result(self, result: JSON) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.finish_run(claim, RunStatus.COMPLETED, result=result)
+        done = store.get_run(run.run_id)
+        assert (done.status, done.result, done.error, done.owner) == (
+            RunStatus.COMPLETED, result, None, None)
+        assert done.state_revision > claim.state_revision
+        event = store.events(run.run_id)[-1]
+        assert (event.kind, event.fence, event.worker) == ("run.completed", 1, "worker-a")
+
+    def test_finish_run_failed_records_the_error(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        error = {"type": "ValueError", "message": "bad case id ✗"}
+        store.finish_run(claim, RunStatus.FAILED, error=error)
+        failed = store.get_run(run.run_id)
+        assert (failed.status, failed.error, failed.result, failed.owner) == (
+            RunStatus.FAILED, error, None, None)
+        assert store.events(run.run_id)[-1].kind == "run.failed"
+
+    def test_finish_run_blocked_stamps_the_new_revision_into_the_recovery_record(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        record = {"schema_version": 1, "phase": "reconcile_effect", "state_revision": 0,
+                  "operation_id": "op-1", "evidence_refs": []}
+        store.finish_run(claim, RunStatus.BLOCKED, recovery_record=record)
+        blocked = store.get_run(run.run_id)
+        assert (blocked.status, blocked.owner) == (RunStatus.BLOCKED, None)
+        assert blocked.recovery_record == {**record, "state_revision": blocked.state_revision}
+        assert blocked.state_revision > claim.state_revision
+        assert store.events(run.run_id)[-1].kind == "run.blocked"
+
+    def test_renew_lease_extends_the_lease_without_moving_the_revision(self) -> None:
+        store = self.store()
+        run, claim = self.start(store, lease_ms=2_000)
+        time.sleep(0.02)
+        t0 = store.now()
+        store.renew_lease(claim)
+        renewed = store.get_run(run.run_id)
+        assert (renewed.lease_expires_at or 0) >= t0 + 2_000 > (run.lease_expires_at or 0)
+        assert renewed.state_revision == run.state_revision
+        assert len(store.events(run.run_id)) == 1  # a heartbeat is not history
+
+    # -- artifacts, clock, wake-ups, history ---------------------------------------------------
+
+    def test_an_unknown_artifact_is_missing(self) -> None:
+        store = self.store()
+        unknown = digest(f"never stored {uuid.uuid4()}".encode())
+        with pytest.raises(ArtifactMissing) as error:
+            store.get_artifact(unknown)
+        assert error.value.digest == unknown  # type: ignore[attr-defined]
+
+    def test_now_is_epoch_milliseconds_and_does_not_go_back(self) -> None:
+        store, other = self.store(), self.store()
+        first = store.now()
+        assert isinstance(first, int)
+        assert abs(first - time.time() * 1000) < 60_000
+        readings = [store.now() for _ in range(50)]
+        assert readings == sorted(readings)
+        assert readings[0] >= first
+        time.sleep(0.02)
+        assert store.now() >= first + 15
+        assert abs(other.now() - store.now()) < 1_000
+        assert store.schema_version() >= 1
+
+    def test_wait_for_work_wakes_when_another_store_submits_a_run(self) -> None:
+        waiter, submitter = self.store(), self.store()
+        woke: list[float] = []
+
+        def wait() -> None:
+            waiter.wait_for_work(0.01)  # start listening; settle anything queued before
+            started = time.monotonic()
+            waiter.wait_for_work(5.0)
+            woke.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.2)
+        self.submit(submitter)
+        thread.join(timeout=10)
+        assert woke, "wait_for_work did not return"
+        assert woke[0] < 2.0, f"woke after {woke[0]:.2f}s, not on the new run"
+
+    def test_wait_for_work_waits_out_its_timeout_when_nothing_happens(self) -> None:
+        store = self.store()
+        store.wait_for_work(0.05)  # settle anything queued before this test
+        started = time.monotonic()
+        store.wait_for_work(0.3)
+        elapsed = time.monotonic() - started
+        assert 0.25 <= elapsed < 1.5
+
+    def test_events_are_append_only_ordered_and_counted(self) -> None:
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(old, op, payload)
+        early = store.events(run.run_id)
+        claim = self.take_over(store, run.run_id)
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        store.mark_dispatching(claim, op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
+        store.finish_run(claim, RunStatus.COMPLETED, result=None)
+        events = store.events(run.run_id)
+        assert events[:len(early)] == early
+        assert [e.kind for e in events] == ["run.started", "effect.prepared", "run.claimed",
+                                            "effect.dispatching", "effect.accepted",
+                                            "run.completed"]
+        assert {e.run_id for e in events} == {run.run_id}
+        ids = [e.event_id for e in events]
+        assert ids == sorted(set(ids))
+        times = [e.at for e in events]
+        assert times == sorted(times)
+        assert store.get_run(run.run_id).event_count == len(events)
