@@ -15,12 +15,14 @@ The tree::
         │   ├── NotJSON                 a step result, input or payload is not a JSON value
         │   ├── InvalidDecision         a decide() step returned no next step id
         │   ├── InvalidStepId
-        │   └── InvalidStoreURL
+        │   ├── InvalidStoreURL
+        │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
         ├── StoreError                  the ledger itself is unusable
+        │   ├── StoreUnavailable        the database cannot be reached (yet): retry later
         │   ├── SchemaTooNew            the database was migrated by a newer safepoint
         │   ├── MigrationMismatch       an applied migration differs from the shipped one
         │   ├── CorruptRecord           a ledger row cannot be read
@@ -124,9 +126,19 @@ class InvalidStepId(UsageError):
 class InvalidStoreURL(UsageError):
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
-            f"cannot open store {url!r}: {reason}; use sqlite:///path/to/file.db,"
-            " a plain file path, or memory: for tests",
+            f"cannot open store {url!r}: {reason}; use sqlite:///path/to/file.db, a plain"
+            " file path, postgresql://user@host/db[?schema=name], or memory: for tests",
             url=url,
+        )
+
+
+class MissingExtra(UsageError):
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"the {extra} store needs the {module!r} package, which is not installed:"
+            f" pip install 'safepoint[{extra}]'",
+            extra=extra,
+            module=module,
         )
 
 
@@ -190,6 +202,10 @@ class EffectRejected(SafepointError):
 
 class StoreError(SafepointError):
     """The ledger cannot be used as it is. Nothing recorded has been changed."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached; nothing was written. Workers wait and retry."""
 
 
 class SchemaTooNew(StoreError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import InvalidStoreURL
+from ..errors import InvalidStoreURL, MissingExtra
 from ..types import Durability
 from .base import Store
 from .sqlite import SqliteStore
@@ -19,8 +19,9 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     """Open (and migrate) the ledger at ``url``.
 
     ``url`` defaults to ``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory.
-    Accepted forms: ``sqlite:///relative.db``, ``sqlite:////absolute.db``, a plain file path, and
-    ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
+    Accepted forms: ``sqlite:///relative.db``, ``sqlite:////absolute.db``, a plain file path,
+    ``postgresql://user@host/db`` (optionally ``?schema=name``; needs the ``postgres`` extra),
+    and ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
     ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
     ``power_loss``.
 
@@ -38,7 +39,11 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     if url == "memory:":
         return SqliteStore(":memory:", durability=level)
     if parts.scheme in ("postgres", "postgresql"):
-        raise InvalidStoreURL(url, "the PostgreSQL store is not available in this release")
+        try:  # lazily: `import safepoint` never needs psycopg
+            from .postgres import PostgresStore
+        except ImportError as exc:
+            raise MissingExtra("postgres", exc.name or "psycopg") from exc
+        return PostgresStore(url, durability=level)
     if parts.scheme == "sqlite":
         if parts.netloc:
             raise InvalidStoreURL(url, "an SQLite URL has no host: write sqlite:///file.db")

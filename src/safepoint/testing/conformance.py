@@ -340,6 +340,15 @@ class StoreConformance(abc.ABC):
             now = stores[0].get_run(run.run_id)
             assert (now.owner, now.fence) == (winners[0].owner, run.fence + 1)
 
+    def test_a_released_run_is_runnable_again(self) -> None:
+        """A worker stopped on purpose releases its run: any worker may take it at once."""
+        store = self.store()
+        run, claim = self.start(store, lease_ms=LONG_LEASE_MS)
+        store.release_run(claim)
+        taken = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
+        assert taken is not None
+        assert (taken.run_id, taken.fence) == (run.run_id, claim.fence + 1)
+
     def test_claim_next_takes_runnable_runs_of_its_workflows_oldest_first(self) -> None:
         store = self.store()
         other = f"{self.workflow}-other"

@@ -1,0 +1,354 @@
+-- Named queries of the PostgreSQL store. Each starts with `-- name: <name>` and a one-line
+-- purpose. Parameters are named (%(run_id)s) and bound by the driver; nothing is ever
+-- formatted into the SQL text.
+--
+-- Each worker write is ONE statement: its first CTE (`owned`) is the fence — an UPDATE of the
+-- runs row that matches only while the worker's fence is current and the run is running — and
+-- every other write in the statement reads from it, so a stale worker's statement writes
+-- nothing and returns no row (the store raises LostOwnership). The UPDATE also takes the runs
+-- row lock: a claim racing the write waits for it, or the write waits for the claim and then
+-- finds the fence moved. `clock` reads the database clock once per statement, so a run's
+-- updated_at, lease and event time agree.
+
+-- name: now
+-- The database clock in epoch milliseconds.
+SELECT safepoint_now_ms() AS now;
+
+-- name: schema_version
+-- The highest migration applied.
+SELECT COALESCE(MAX(version), 0) AS version FROM safepoint_schema_version;
+
+-- name: power_loss_durability
+-- durability=power_loss, on every connection whatever the server's default: a commit returns
+-- only once its WAL is flushed. Only remote_apply is stricter, and is left as it is.
+SELECT set_config('synchronous_commit', 'on', false)
+WHERE current_setting('synchronous_commit') <> 'remote_apply';
+
+-- name: migration_lock
+-- Serialise concurrent openers: held until the migrating transaction ends.
+SELECT pg_advisory_xact_lock(hashtextextended('safepoint.migrate', 0));
+
+-- name: create_version_table
+-- The ledger of applied migrations (in the first schema of the search path).
+CREATE TABLE IF NOT EXISTS safepoint_schema_version (
+    version     INTEGER PRIMARY KEY,
+    name        TEXT    NOT NULL,
+    checksum    TEXT    NOT NULL,
+    applied_at  BIGINT  NOT NULL
+);
+
+-- name: version_table_exists
+-- Whether this schema has been migrated at all.
+SELECT to_regclass('safepoint_schema_version') IS NOT NULL AS found;
+
+-- name: applied_migrations
+-- Every applied migration with the checksum of its SQL text.
+SELECT version, checksum FROM safepoint_schema_version ORDER BY version;
+
+-- name: record_migration
+-- Remember one applied migration, in the transaction that applied it.
+INSERT INTO safepoint_schema_version (version, name, checksum, applied_at)
+VALUES (%(version)s, %(name)s, %(checksum)s, safepoint_now_ms());
+
+-- name: insert_run
+-- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0),
+-- with its first event; returns nothing if the run id exists.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+created AS (
+    INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
+                                inputs_ref, state_revision, owner, lease_expires_at, fence,
+                                resume_count, event_count, created_at, updated_at)
+    SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
+           CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
+           %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
+           CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE clock.now + %(lease_ms)s END,
+           CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,
+           0, 1, clock.now, clock.now
+    FROM clock
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING *
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, created_at,
+           CASE WHEN owner IS NULL THEN 'run.submitted' ELSE 'run.started' END,
+           fence, owner, %(detail)s
+    FROM created
+)
+SELECT * FROM created;
+
+-- name: notify_work
+-- Wake idle workers (LISTEN safepoint_work); delivered only when the transaction commits.
+SELECT pg_notify('safepoint_work', %(workflow)s);
+
+-- name: get_run
+-- One run by id.
+SELECT * FROM safepoint_runs WHERE run_id = %(run_id)s;
+
+-- name: list_runs
+-- Most recently changed runs first, optionally of one status.
+SELECT * FROM safepoint_runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY updated_at DESC, run_id
+LIMIT %(limit)s;
+
+-- name: claim_run
+-- Compare-and-set on state_revision: take a run whose lease expired on the database clock, that
+-- has no owner, or whose owner is known to be dead; bump the fence and the resume count.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+claimed AS (
+    UPDATE safepoint_runs
+    SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
+        fence = fence + 1, state_revision = state_revision + 1,
+        resume_count = resume_count + 1, event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
+      AND status IN ('pending', 'running', 'blocked')
+      AND (owner IS NULL OR lease_expires_at <= clock.now OR owner = %(dead_owner)s)
+    RETURNING run_id, fence, state_revision, lease_expires_at, updated_at
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, updated_at, 'run.claimed', fence, %(owner)s, %(detail)s FROM claimed
+)
+SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
+
+-- name: claim_next
+-- Take the oldest runnable run of these workflows — pending, released, or left by a worker whose
+-- lease expired — skipping rows another worker is claiming right now (SKIP LOCKED). Only a
+-- takeover of a running run counts as a resume.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+candidate AS (
+    SELECT run_id FROM safepoint_runs
+    WHERE (status = 'pending'
+           OR (status = 'running'
+               AND (lease_expires_at IS NULL OR lease_expires_at <= (SELECT now FROM clock))))
+      AND workflow = ANY(%(workflows)s)
+    ORDER BY created_at, run_id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE safepoint_runs AS r
+    SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
+        fence = r.fence + 1, state_revision = r.state_revision + 1,
+        resume_count = r.resume_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+        event_count = r.event_count + 1, updated_at = clock.now
+    FROM candidate, clock
+    WHERE r.run_id = candidate.run_id
+    RETURNING r.run_id, r.fence, r.state_revision, r.lease_expires_at, r.updated_at
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker)
+    SELECT run_id, updated_at, 'run.claimed', fence, %(owner)s FROM claimed
+)
+SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
+
+-- name: renew_lease
+-- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
+-- the state revision stays.
+UPDATE safepoint_runs
+SET lease_expires_at = safepoint_now_ms() + %(lease_ms)s
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+RETURNING lease_expires_at;
+
+-- name: record_step
+-- Fence, renew the lease and record a step; recording a step id again (a re-read of an expired
+-- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
+-- steps: it alone writes them while its fence holds).
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+step AS (
+    INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                                 result_ref, error, next_step_id, attempt, model_id,
+                                 prompt_hash, observed_at, operation_id, fence, recorded_at)
+    SELECT run_id, %(step_id)s, %(seq)s::integer, %(kind)s, %(name)s, %(input_hash)s,
+           %(step_status)s, %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
+           %(attempt)s::integer, %(model_id)s, %(prompt_hash)s, %(observed_at)s::bigint,
+           %(step_operation_id)s, %(fence)s::bigint, now
+    FROM owned
+    ON CONFLICT (run_id, step_id) DO UPDATE SET
+        kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
+        status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
+        error = excluded.error, next_step_id = excluded.next_step_id,
+        attempt = excluded.attempt, model_id = excluded.model_id,
+        prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
+        operation_id = excluded.operation_id, fence = excluded.fence,
+        recorded_at = excluded.recorded_at
+)
+SELECT now FROM owned;
+
+-- name: prepare_effect
+-- Fence and commit prepared intent: payload reference, operation id and effect key become
+-- durable together, with their event. (The payload artifact is inserted just before, in the
+-- same transaction.)
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+operation AS (
+    INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
+                                      effect_key, fence, prepared_at, updated_at)
+    SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, 'prepared', %(payload_ref)s,
+           %(effect_key)s, %(fence)s::bigint, now, now
+    FROM owned
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, now, 'effect.prepared', %(step_id)s, %(operation_id)s, %(fence)s,
+           %(worker)s, %(detail)s
+    FROM owned
+)
+SELECT now FROM owned;
+
+-- name: mark_dispatching
+-- "Dispatch may have happened", committed before the call in the statement that checks the
+-- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. No
+-- operation row (`operation_id` NULL) means the operation is not in a dispatchable state.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+operation AS (
+    UPDATE safepoint_operations AS o
+    SET state = 'dispatching', dispatch_count = o.dispatch_count + 1,
+        first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now), fence = %(fence)s,
+        updated_at = owned.now
+    FROM owned
+    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+      AND o.state IN ('prepared', 'dispatching', 'unknown')
+    RETURNING o.*
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, updated_at, 'effect.dispatching', step_id, operation_id, %(fence)s,
+           %(worker)s, json_build_object('dispatch', dispatch_count)::text
+    FROM operation
+)
+SELECT operation.* FROM owned LEFT JOIN operation ON true;
+
+-- name: record_outcome
+-- Fence and record the evidence of one dispatch: applied (receipt), rejected or unknown
+-- (error), or accepted — with acceptance, the effect's step row too (step_id not NULL). No
+-- operation row (`found` NULL) means the run has no such operation.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+operation AS (
+    UPDATE safepoint_operations AS o
+    SET state = %(state)s, receipt = COALESCE(%(receipt)s::text, o.receipt), error = %(error)s,
+        fence = %(fence)s, updated_at = owned.now
+    FROM owned
+    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+    RETURNING o.run_id, owned.now
+),
+step AS (
+    INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                                 result_ref, error, next_step_id, attempt, model_id,
+                                 prompt_hash, observed_at, operation_id, fence, recorded_at)
+    SELECT run_id, %(step_id)s, %(seq)s::integer, %(kind)s, %(name)s, %(input_hash)s,
+           %(step_status)s, %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
+           %(attempt)s::integer, %(model_id)s, %(prompt_hash)s, %(observed_at)s::bigint,
+           %(step_operation_id)s, %(fence)s::bigint, now
+    FROM operation
+    WHERE %(step_id)s::text IS NOT NULL
+    ON CONFLICT (run_id, step_id) DO UPDATE SET
+        kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
+        status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
+        error = excluded.error, next_step_id = excluded.next_step_id,
+        attempt = excluded.attempt, model_id = excluded.model_id,
+        prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
+        operation_id = excluded.operation_id, fence = excluded.fence,
+        recorded_at = excluded.recorded_at
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, now, %(event_kind)s, %(step_id)s, %(operation_id)s, %(fence)s,
+           %(worker)s, %(detail)s
+    FROM operation
+)
+SELECT owned.now, operation.run_id AS found FROM owned LEFT JOIN operation ON true;
+
+-- name: finish_run
+-- End the run (completed, failed or blocked), release ownership and log it. A recovery record
+-- gets the revision this very statement creates, spliced in as text so the stored record is
+-- exactly the JSON the worker wrote (the worker leaves state_revision out of it).
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+finished AS (
+    UPDATE safepoint_runs
+    SET status = %(status)s, result = %(result)s, result_ref = %(result_ref)s,
+        error = %(error)s,
+        recovery_record = CASE
+            WHEN %(recovery_record)s::text IS NULL THEN NULL
+            WHEN %(recovery_record)s::text = '{}'
+                THEN '{"state_revision":' || (state_revision + 1) || '}'
+            ELSE '{"state_revision":' || (state_revision + 1) || ','
+                 || substr(%(recovery_record)s::text, 2)
+            END,
+        owner = NULL, lease_expires_at = NULL,
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, now, %(event_kind)s, %(fence)s, %(worker)s, %(detail)s FROM finished
+)
+SELECT now FROM finished;
+
+-- name: release_run
+-- Give up ownership without changing the status (a graceful stop); only the holder can. The
+-- run becomes claimable at once (claim_next takes running runs without a lease).
+UPDATE safepoint_runs
+SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+    updated_at = safepoint_now_ms()
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+RETURNING workflow;
+
+-- name: steps_of_run
+-- Every recorded step of a run, in the order they were first recorded.
+SELECT * FROM safepoint_steps WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: operations_of_run
+-- Every effect operation of a run.
+SELECT * FROM safepoint_operations WHERE run_id = %(run_id)s
+ORDER BY prepared_at, operation_id;
+
+-- name: events_of_run
+-- A run's history, oldest first.
+SELECT * FROM safepoint_events WHERE run_id = %(run_id)s ORDER BY event_id;
+
+-- name: insert_artifact
+-- Content-addressed: the same bytes are stored once.
+INSERT INTO safepoint_artifacts (digest, size, content, created_at)
+VALUES (%(digest)s, %(size)s, %(content)s, safepoint_now_ms())
+ON CONFLICT (digest) DO NOTHING;
+
+-- name: get_artifact
+-- The bytes stored under a digest (checked against it by the caller).
+SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s;
