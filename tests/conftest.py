@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -57,7 +60,48 @@ def crash_at() -> Iterator[object]:
     _crashpoints.arm(None)
 
 
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    """A fresh store for tests that run on every store (SQLite file here)."""
-    return f"sqlite:///{tmp_path / 'ledger.db'}"
+SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES",
+                        "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def with_database(url: str, dbname: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test session's own, dropped at the end. Skipped (with the
+    reason printed) when no server answers — except under CI, where that is a failure."""
+    try:
+        import psycopg
+        from psycopg import sql
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip("psycopg is not installed: pip install 'safepoint[postgres]'")
+    try:
+        admin = psycopg.connect(SERVER, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        reason = f"PostgreSQL is unreachable at {SERVER} ({' '.join(str(exc).split())})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI is set, so this is a failure, not a skip")
+        print(f"\nskipping the PostgreSQL tests: {reason}")
+        pytest.skip(reason)
+    name = f"safepoint_test_{uuid.uuid4().hex}"
+    with admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(SERVER, name)
+    finally:
+        # a fresh connection: a test may have restarted the server under the first one
+        with psycopg.connect(SERVER, autocommit=True, connect_timeout=10) as admin:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store, once per kind: the tests that take it run on every store."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    base = request.getfixturevalue("pg_url")
+    return f"{base}?schema=t_{uuid.uuid4().hex[:12]}"

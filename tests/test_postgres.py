@@ -32,6 +32,7 @@ except ImportError:  # the extra is not installed
                 allow_module_level=True)
 
 import safepoint as sp
+from conftest import with_database
 from safepoint._canonical import digest
 from safepoint.storage import Store
 from safepoint.storage.base import NewRun, load_migrations
@@ -40,36 +41,11 @@ from safepoint.testing.conformance import StoreConformance
 from safepoint.testing.owner import OwnerService
 from safepoint.types import Claim, RunStatus, StepKind, StepRecord
 
-SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 CLOCK_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now"
-
-
-def _with_database(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
 
 
 def _uid() -> str:
     return uuid.uuid4().hex[:10]
-
-
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A database of its own for this test session, dropped at the end."""
-    try:
-        admin = psycopg.connect(SERVER, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        reason = f"PostgreSQL is unreachable at {SERVER} ({' '.join(str(exc).split())})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{reason}; CI is set, so this is a failure, not a skip")
-        print(f"\nskipping the PostgreSQL tests: {reason}")
-        pytest.skip(reason)
-    name = f"safepoint_test_{uuid.uuid4().hex}"
-    with admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        try:
-            yield _with_database(SERVER, name)
-        finally:
-            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture
@@ -238,7 +214,7 @@ def test_an_unreachable_server_is_a_clear_store_error_at_once() -> None:
 
 def test_a_missing_database_says_so(pg_url: str) -> None:
     with pytest.raises(sp.StoreError) as error:
-        PostgresStore(_with_database(pg_url, f"safepoint_missing_{_uid()}"))
+        PostgresStore(with_database(pg_url, f"safepoint_missing_{_uid()}"))
     assert "does not exist" in str(error.value)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,3 +100,33 @@ def test_random_kill_soak(store_url: str, owner_env: OwnerService) -> None:
     if figures["blocked"] == 0:  # every run charged once and ticketed once
         assert figures["applied"] == 2 * RUNS
     assert figures["resumes"] > 0  # the kills really interrupted runs
+
+
+def _restart_postgres() -> None:
+    versions = sorted(os.listdir("/etc/postgresql"))
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main",
+                    "restart"], check=True, timeout=120, capture_output=True)
+
+
+def test_soak_survives_a_database_restart(pg_url: str, owner_env: OwnerService) -> None:
+    """The PostgreSQL server restarts in the middle of the soak: workers reconnect, nothing is
+    lost, nothing is done twice."""
+    if shutil.which("pg_ctlcluster") is None or not os.path.isdir("/etc/postgresql"):
+        if os.environ.get("CI"):
+            pytest.fail("pg_ctlcluster is needed to restart the server under CI")
+        pytest.skip("no pg_ctlcluster here to restart the PostgreSQL server")
+    import psycopg
+
+    def started() -> object:
+        with psycopg.connect(pg_url, connect_timeout=10) as conn:
+            return conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+
+    url = f"{pg_url}?schema=t_{time.monotonic_ns()}"
+    before = started()
+    figures = soak(url, owner_env, midway=_restart_postgres)
+    assert started() != before  # the server really restarted under the workers
+    assert figures["kills"] >= KILLS
+    assert figures["unfinished"] == 0
+    assert (figures["duplicates"], figures["lost"]) == (0, 0)
+    if figures["blocked"] == 0:
+        assert figures["applied"] == 2 * RUNS

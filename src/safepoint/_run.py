@@ -50,6 +50,7 @@ from .errors import (
     RunBlocked,
     StaleCheckpoint,
     StepFailed,
+    StoreError,
     UsageError,
     VerificationFailed,
 )
@@ -485,6 +486,16 @@ def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, 
         return True, stop.value
 
 
+def _halt_on_store_error(core: RunCore, request: Io | Call | Sleep,
+                         exc: BaseException) -> BaseException:
+    """A ledger write that failed (the database went away) stops the run here: agent code that
+    catches everything must not carry on with a step the ledger never heard of. The run stays
+    as the store last saw it, for this or another worker to resume."""
+    if isinstance(request, Io) and isinstance(exc, StoreError):
+        core.halted = exc
+    return exc
+
+
 def _drive(core: RunCore, flow: Flow) -> Any:
     """Carry out a flow's requests synchronously."""
     send: Any = None
@@ -507,7 +518,7 @@ def _drive(core: RunCore, flow: Flow) -> Any:
             else:
                 time.sleep(request.seconds)
         except BaseException as exc:
-            error = exc
+            error = _halt_on_store_error(core, request, exc)
 
 
 async def _adrive(core: RunCore, flow: Flow) -> Any:
@@ -529,7 +540,7 @@ async def _adrive(core: RunCore, flow: Flow) -> Any:
             else:
                 await asyncio.sleep(request.seconds)
         except BaseException as exc:
-            error = exc
+            error = _halt_on_store_error(core, request, exc)
 
 
 def _model_inputs(model: str, messages: JSON, tools: JSON,

@@ -259,6 +259,8 @@ def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
             if core.halted is exc:
                 raise
             raise core.halted from exc  # agent code swallowed the block and failed otherwise
+        if isinstance(exc, StoreError):
+            raise  # the ledger is unreachable, not the run broken: it stays resumable
         _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}", exc)
         error = {"type": type(exc).__name__, "message": str(exc)[:4000]}
         store.finish_run(claim, RunStatus.FAILED, error=error)
