@@ -8,6 +8,7 @@ by the effect owner (so 0 duplicates).
 from __future__ import annotations
 
 import random
+import uuid
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,19 @@ def kill_owner() -> OwnerService:
         yield service
 
 
-@pytest.fixture(scope="module", params=["flows:every_kind", "flows:every_kind_async"])
+@pytest.fixture(scope="module", params=[("flows:every_kind", "sqlite"),
+                                        ("flows:every_kind_async", "sqlite"),
+                                        ("flows:every_kind", "postgres")],
+                ids=["sync-sqlite", "async-sqlite", "sync-postgres"])
 def harness(request: pytest.FixtureRequest, kill_owner: OwnerService,
             tmp_path_factory: pytest.TempPathFactory) -> KillHarness:
-    return KillHarness(request.param, ["case-8472"], owner=kill_owner,
-                       workdir=tmp_path_factory.mktemp("kill"), pythonpath=[TESTS])
+    workflow, store = request.param
+    url = None  # SQLite: a fresh file per trial
+    if store == "postgres":
+        url = f"{request.getfixturevalue('pg_url')}?schema=kill_{uuid.uuid4().hex[:12]}"
+    return KillHarness(workflow, ["case-8472"], owner=kill_owner,
+                       workdir=tmp_path_factory.mktemp("kill"), pythonpath=[TESTS],
+                       store_url=url)
 
 
 def test_matrix_covers_every_crash_point() -> None:
