@@ -63,13 +63,16 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     interrupted = [run.run_id for run in store.list_runs(limit=100)
                    if run.status is sp.RunStatus.RUNNING]
     assert len(interrupted) == 1  # killed mid-run, holding exactly one
-    survivor = _worker_process(url, owner_env, "--concurrency", "2", "--until-idle")
+    # not --until-idle: the killed worker's run becomes runnable only when its lease expires,
+    # and nothing announces that; so wait for every run to end, then drain the survivor
+    survivor = _worker_process(url, owner_env, "--concurrency", "2")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         runs = store.list_runs(limit=100)
         if all(run.status.terminal for run in runs):
             break
         time.sleep(0.2)
+    survivor.send_signal(signal.SIGTERM)
     survivor.wait(timeout=60)
     owner_env.client.set_faults(delay=0)
     runs = store.list_runs(limit=100)

@@ -92,7 +92,7 @@ class SqliteStore:
                                    isolation_level=None, check_same_thread=True)
             conn.row_factory = sqlite3.Row
             if not self._uri:
-                conn.execute("PRAGMA journal_mode=WAL")
+                _enable_wal(conn)
             full = self.durability is Durability.POWER_LOSS
             conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -514,3 +514,21 @@ def _split_statements(script: str) -> list[str]:
     if pending.strip():
         statements.append(pending.strip())
     return statements
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch a file to WAL (it stays so). The switch needs the file to itself, and SQLite
+    answers "locked" without consulting the busy timeout when two processes create the same
+    new file at once: so look first, and retry the switch for as long as a write would wait."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
