@@ -56,8 +56,8 @@ async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
                             messages=[{"role": "user", "content": case_id}], temperature=0)
     amount = await run.pure("pure.amount", doubled, case)
     chosen = await run.decide("decision.route", route, draft)
-    stamp = run.now("value.now")
-    nonce = run.uuid("value.uuid")
+    stamp = await run.now("value.now")
+    nonce = await run.uuid("value.uuid")
     charge = await run.effect("effect.charge", charges, operation_id=f"charge:{case_id}",
                               payload={"amount": amount, "customer": case["customer"],
                                        "nonce": nonce})

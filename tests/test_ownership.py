@@ -36,7 +36,7 @@ for line in sys.stdin:
     print("ready", flush=True)
     sys.stdin.readline()
     try:
-        _workflow._resume(store, flows.fenced, run, 30_000)
+        _workflow.resume_record(store, run, 30_000)
         outcome = "returned"  # executed it, or found it finished by the other one
     except sp.RunOwned:
         outcome = "owned"

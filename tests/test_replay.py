@@ -302,7 +302,7 @@ def test_async_workflow(memory_store: sp.Store) -> None:
     async def flow(run: sp.AsyncRun, x: int) -> dict[str, Any]:
         value = await run.read("fetch", fetch, x)
         receipt = await run.effect("fx", effect, payload={"v": value})
-        return {"value": value, "receipt": receipt, "at": run.now().isoformat()}
+        return {"value": value, "receipt": receipt, "at": (await run.now()).isoformat()}
 
     result = sp.start(memory_store, flow, 1, run_id="r")
     assert result["value"] == 2

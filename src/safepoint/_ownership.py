@@ -8,19 +8,18 @@ machine that no longer exists — a SIGKILLed worker need not be waited out.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import socket
 import threading
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .errors import LostOwnership, RunOwned
 from .types import Claim, RunRecord
-
-if TYPE_CHECKING:
-    from .storage.base import Store
 
 DEFAULT_LEASE_MS = 30_000
 
@@ -100,14 +99,18 @@ class Heartbeat:
     so nobody takes the run over from a live worker. A renewal refused by the fence means the
     run was taken over anyway; the worker's next write then raises ``LostOwnership``."""
 
-    def __init__(self, store: Store, claim: Claim) -> None:
+    def __init__(self, store: Any, claim: Claim) -> None:
         self._store = store
         self._claim = claim
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = False
 
     def __enter__(self) -> Heartbeat:
+        if inspect.iscoroutinefunction(self._store.renew_lease):
+            # An async store lives on the caller's event loop: the beat is handed to it.
+            self._loop = asyncio.get_running_loop()
         if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
             self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat",
                                             daemon=True)
@@ -118,7 +121,11 @@ class Heartbeat:
         interval = self._claim.lease_ms / 3000
         while not self._stop.wait(interval):
             try:
-                self._store.renew_lease(self._claim)
+                if self._loop is None:
+                    self._store.renew_lease(self._claim)
+                else:
+                    asyncio.run_coroutine_threadsafe(self._store.renew_lease(self._claim),
+                                                     self._loop).result(timeout=interval * 2)
             except LostOwnership:
                 self.lost = True
                 return

@@ -3,8 +3,8 @@
 Every step method is written once, as a generator (a "flow") that holds all the logic and never
 performs I/O itself: it yields ``Io`` requests (a store call) and ``Call`` requests (user code:
 a step function, an effect's execute / reconcile / verify). Two small drivers carry requests
-out — ``_drive`` for plain ``def`` workflows, ``_adrive`` for ``async def`` ones, which awaits
-user coroutines. So the sync and async shells cannot drift apart.
+out — ``drive`` for plain ``def`` workflows, ``adrive`` for ``async def`` ones (see ``_flow``).
+So the sync and async shells cannot drift apart.
 
 Replay: the workflow function runs again from its start on every resume; each step call first
 looks in the ledger (loaded in one batch at claim time) and returns the recorded result without
@@ -13,13 +13,11 @@ calling anything when the step's kind, name and input hash match.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
-import time
 import uuid as uuidlib
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +35,7 @@ from ._effects import (
     mint_effect_key,
     next_action,
 )
+from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
 from ._recovery import build_record
 from .errors import (
     ArtifactCorrupt,
@@ -50,7 +49,6 @@ from .errors import (
     RunBlocked,
     StaleCheckpoint,
     StepFailed,
-    StoreError,
     UsageError,
     VerificationFailed,
 )
@@ -66,42 +64,12 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .storage.base import Store
+    from .storage.base import AsyncStore, Store
 
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 _NOT_SENT_BACKOFF_S = 0.05
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
-
-
-@dataclass(frozen=True, slots=True)
-class Io:
-    """A store call requested by a flow."""
-
-    method: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A call of user code requested by a flow; its result may be awaitable in async runs."""
-
-    fn: Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Sleep:
-    seconds: float
-
-
-Flow = Generator[Io | Call | Sleep, Any, Any]
-
-
-def _callable_name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
@@ -111,7 +79,7 @@ def _error_evidence(exc: BaseException) -> dict[str, str]:
 class RunCore:
     """The state one worker holds while it executes a run it has claimed."""
 
-    def __init__(self, store: Store, claim: Claim, run: RunRecord,
+    def __init__(self, store: Store | AsyncStore, claim: Claim, run: RunRecord,
                  steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
                  is_async: bool) -> None:
         self.store = store
@@ -202,7 +170,7 @@ class RunCore:
         """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
         self.check_halt()
         sid = self.occurrence(step_id)
-        name = name or _callable_name(fn)
+        name = name or callable_name(fn)
         if not self.is_async and _is_async_callable(fn):
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
                              " def workflow (AsyncRun), or pass a plain function", step_id=sid)
@@ -478,71 +446,6 @@ def _next_step_id(sid: str, value: JSON) -> str:
     raise InvalidDecision(sid, f"a {type(value).__name__}")
 
 
-def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, Any]:
-    """Resume a flow with the last request's result (or error): (finished, request or value)."""
-    try:
-        return False, (flow.throw(error) if error is not None else flow.send(send))
-    except StopIteration as stop:
-        return True, stop.value
-
-
-def _halt_on_store_error(core: RunCore, request: Io | Call | Sleep,
-                         exc: BaseException) -> BaseException:
-    """A ledger write that failed (the database went away) stops the run here: agent code that
-    catches everything must not carry on with a step the ledger never heard of. The run stays
-    as the store last saw it, for this or another worker to resume."""
-    if isinstance(request, Io) and isinstance(exc, StoreError):
-        core.halted = exc
-    return exc
-
-
-def _drive(core: RunCore, flow: Flow) -> Any:
-    """Carry out a flow's requests synchronously."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        finished, request = _advance(flow, send, error)
-        if finished:
-            return request
-        send, error = None, None
-        try:  # any error is handed to the flow, which decides what it means
-            if isinstance(request, Io):
-                send = getattr(core.store, request.method)(*request.args, **request.kwargs)
-            elif isinstance(request, Call):
-                send = request.fn(*request.args, **request.kwargs)
-                if inspect.isawaitable(send):
-                    if inspect.iscoroutine(send):
-                        send.close()
-                    raise UsageError(f"{_callable_name(request.fn)} returned an awaitable: call"
-                                     " it from an async def workflow (AsyncRun)")
-            else:
-                time.sleep(request.seconds)
-        except BaseException as exc:
-            error = _halt_on_store_error(core, request, exc)
-
-
-async def _adrive(core: RunCore, flow: Flow) -> Any:
-    """Carry out a flow's requests in an event loop, awaiting user coroutines."""
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        finished, request = _advance(flow, send, error)
-        if finished:
-            return request
-        send, error = None, None
-        try:
-            if isinstance(request, Io):
-                send = getattr(core.store, request.method)(*request.args, **request.kwargs)
-            elif isinstance(request, Call):
-                send = request.fn(*request.args, **request.kwargs)
-                if inspect.isawaitable(send):
-                    send = await send
-            else:
-                await asyncio.sleep(request.seconds)
-        except BaseException as exc:
-            error = _halt_on_store_error(core, request, exc)
-
-
 def _model_inputs(model: str, messages: JSON, tools: JSON,
                   params: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(hashed inputs, prompt hash, call kwargs) of a model step."""
@@ -586,6 +489,12 @@ class _RunBase:
         """This worker's fence token for the run (grows with every takeover)."""
         return self._core.claim.fence
 
+    def _sync(self, flow: Flow) -> Any:
+        return drive(self._core.store, flow, self._core)
+
+    async def _async(self, flow: Flow) -> Any:
+        return await adrive(self._core.store, flow, self._core)
+
 
 class Run(_RunBase):
     """What a plain ``def`` workflow receives. Every method records or replays one step.
@@ -597,13 +506,13 @@ class Run(_RunBase):
 
     def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """A deterministic computation; recorded so a resume need not recompute it."""
-        return _drive(self._core, self._core.step_flow(
+        return self._sync(self._core.step_flow(
             StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
              max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
         """An observation of the world; replayed until ``max_age`` says it expired."""
-        return _drive(self._core, self._core.step_flow(
+        return self._sync(self._core.step_flow(
             StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
             max_age=_as_max_age(max_age)))
 
@@ -611,32 +520,32 @@ class Run(_RunBase):
               tools: JSON = None, **params: Any) -> Any:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated."""
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
-        return _drive(self._core, self._core.step_flow(
+        return self._sync(self._core.step_flow(
             StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
             prompt_hash=prompt_hash))
 
     def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
         ``next_step_id``); the choice is replayed, never asked again."""
-        return _drive(self._core, self._core.step_flow(
+        return self._sync(self._core.step_flow(
             StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
                operation_id: str | None = None) -> Any:
         """A change in another system, dispatched at most once; returns the owner's receipt."""
-        return _drive(self._core, self._core.effect_flow(step_id, effect, payload, operation_id))
+        return self._sync(self._core.effect_flow(step_id, effect, payload, operation_id))
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
-        return datetime.fromisoformat(_drive(self._core, self._values["now"](step_id)))
+        return datetime.fromisoformat(self._sync(self._values["now"](step_id)))
 
     def random(self, step_id: str = "random") -> float:
         """A random float in [0, 1), recorded."""
-        return float(_drive(self._core, self._values["random"](step_id)))
+        return float(self._sync(self._values["random"](step_id)))
 
     def uuid(self, step_id: str = "uuid") -> str:
         """A random UUID string, recorded."""
-        return str(_drive(self._core, self._values["uuid"](step_id)))
+        return str(self._sync(self._values["uuid"](step_id)))
 
 
 class AsyncRun(_RunBase):
@@ -644,38 +553,37 @@ class AsyncRun(_RunBase):
 
     async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    **kwargs: Any) -> Any:
-        return await _adrive(self._core, self._core.step_flow(
+        return await self._async(self._core.step_flow(
             StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
-        return await _adrive(self._core, self._core.step_flow(
+        return await self._async(self._core.step_flow(
             StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
             max_age=_as_max_age(max_age)))
 
     async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
                     messages: JSON, tools: JSON = None, **params: Any) -> Any:
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
-        return await _adrive(self._core, self._core.step_flow(
+        return await self._async(self._core.step_flow(
             StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
             prompt_hash=prompt_hash))
 
     async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                      **kwargs: Any) -> Any:
-        return await _adrive(self._core, self._core.step_flow(
+        return await self._async(self._core.step_flow(
             StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
                      operation_id: str | None = None) -> Any:
-        return await _adrive(self._core,
-                             self._core.effect_flow(step_id, effect, payload, operation_id))
+        return await self._async(self._core.effect_flow(step_id, effect, payload, operation_id))
 
-    def now(self, step_id: str = "now") -> datetime:
-        # Recording a value calls no user coroutine, so the sync driver serves both shells.
-        return datetime.fromisoformat(_drive(self._core, self._values["now"](step_id)))
+    # Recording a value is a ledger write, which an async store can only do awaited.
+    async def now(self, step_id: str = "now") -> datetime:
+        return datetime.fromisoformat(await self._async(self._values["now"](step_id)))
 
-    def random(self, step_id: str = "random") -> float:
-        return float(_drive(self._core, self._values["random"](step_id)))
+    async def random(self, step_id: str = "random") -> float:
+        return float(await self._async(self._values["random"](step_id)))
 
-    def uuid(self, step_id: str = "uuid") -> str:
-        return str(_drive(self._core, self._values["uuid"](step_id)))
+    async def uuid(self, step_id: str = "uuid") -> str:
+        return str(await self._async(self._values["uuid"](step_id)))

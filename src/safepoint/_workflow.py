@@ -1,9 +1,10 @@
 """Workflows: the ``@workflow`` registry, ``start`` and ``resume``.
 
 ``start`` creates a run (or finds the one with this run id) and executes it; ``resume`` takes
-over an existing run from wherever its ledger stands. Both end in ``_execute``, which runs the
-workflow function from its start against the ledger — replay makes that cheap — and records
-how it ended: completed, failed, or blocked.
+over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which runs
+the workflow function from its start against the ledger — replay makes that cheap — and
+records how it ended: completed, failed, or blocked. Like the steps, these are flows (see
+``_flow``), carried out synchronously or in the caller's event loop by the same code.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._canonical import input_hash, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
+from ._flow import Call, Flow, Io, Sleep, adrive, drive
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
-from ._run import AsyncRun, Run, RunCore, _drive
+from ._run import AsyncRun, Run, RunCore
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -38,6 +40,9 @@ from .errors import (
 )
 from .storage.base import NewRun, Store
 from .types import Claim, RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from .storage.base import AsyncStore
 
 _ATTACH_POLL_MAX_S = 1.0
 
@@ -92,6 +97,16 @@ def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     return inputs
 
 
+def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str | None,
+             owner: str | None, lease_ms: int) -> NewRun:
+    if not isinstance(wf, Workflow):
+        raise UsageError("pass a function decorated with @safepoint.workflow(...)")
+    inputs = _run_inputs(args, kwargs)
+    return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
+                  workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
+                  owner=owner, lease_ms=lease_ms)
+
+
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
           lease_ms: int = DEFAULT_LEASE_MS, attach_timeout: float = 300.0,
           **kwargs: Any) -> Any:
@@ -100,19 +115,19 @@ def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     Starting a run id that exists never creates a second run: with the same workflow and inputs
     it attaches (returns the recorded result, resumes a run whose worker died, or waits up to
     ``attach_timeout`` seconds for a live worker); otherwise it raises ``RunConflict``.
+    An ``async def`` workflow runs in an event loop of its own (use ``start_async`` inside one).
     """
-    if not isinstance(wf, Workflow):
-        raise UsageError("start() takes a function decorated with @safepoint.workflow(...)")
-    inputs = _run_inputs(args, kwargs)
-    new = NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
-                 workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                 owner=worker_id(), lease_ms=lease_ms)
-    run, claim = store.create_run(new)
-    if claim is None:
-        _check_same_run(run, new)
-        return _attach(store, wf, run, lease_ms, attach_timeout)
-    crashpoint("run.after_start")
-    return _execute(store, wf, claim, run, {}, {})
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms)
+    return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
+
+
+async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
+                      run_id: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
+                      attach_timeout: float = 300.0, **kwargs: Any) -> Any:
+    """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
+    an async store (``open_async_store``) is awaited, never blocking it."""
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms)
+    return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
 
 
 def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
@@ -122,13 +137,92 @@ def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     Submitting a run id that exists never creates a second run: with the same workflow and
     inputs it returns the id; otherwise it raises ``RunConflict``.
     """
-    if not isinstance(wf, Workflow):
-        raise UsageError("submit() takes a function decorated with @safepoint.workflow(...)")
-    inputs = _run_inputs(args, kwargs)
-    new = NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
-                 workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                 owner=None, lease_ms=0)
-    run, _ = store.create_run(new)
+    return str(drive(store, _submit_flow(_new_run(wf, args, kwargs, run_id, None, 0))))
+
+
+async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
+                       run_id: str | None = None, **kwargs: Any) -> str:
+    """``submit`` from async code."""
+    return str(await adrive(store, _submit_flow(_new_run(wf, args, kwargs, run_id, None, 0))))
+
+
+def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """Take over ``run_id`` and carry it on from its ledger; return its result.
+
+    A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
+    run is tried again (the block is re-established if its cause remains); a run held by a live
+    worker raises ``RunOwned``.
+    """
+    return resume_record(store, store.get_run(run_id), lease_ms)
+
+
+def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """``resume`` from a run record read earlier: the claim compares against *its* revision,
+    so two resumers holding the same record race on one compare-and-set."""
+    if run.status.terminal:
+        return _ended(run)  # needs no workflow code: the ending is recorded
+    wf = _workflow_of(run)
+    return _carry_out(store, wf, _resume_flow(store, wf, run, lease_ms))
+
+
+async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
+                       lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """``resume`` in the caller's event loop."""
+    run = await adrive(store, _get_run_flow(run_id))
+    if run.status.terminal:
+        return _ended(run)
+    wf = _workflow_of(run)
+    return await _carry_out_async(store, wf, _resume_flow(store, wf, run, lease_ms))
+
+
+def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
+    """Carry on a run this worker has just claimed (a worker's entry point)."""
+    return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
+
+
+# -- carrying flows out --------------------------------------------------------------------------
+
+
+def _workflow_of(run: RunRecord) -> Workflow:
+    wf = _registry.get(run.workflow)
+    if wf is None:
+        raise WorkflowNotFound(run.workflow, run.run_id)
+    return wf
+
+
+def _carry_out(store: Store, wf: Workflow, flow: Flow) -> Any:
+    """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
+    if not wf.is_async:
+        return drive(store, flow)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(adrive(store, flow))
+    flow.close()
+    raise UsageError("an async workflow was started from inside a running event loop; use"
+                     " `await safepoint.start_async(...)` / `resume_async(...)` there")
+
+
+async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow) -> Any:
+    if wf.is_async:
+        return await adrive(store, flow)
+    if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
+        flow.close()
+        raise UsageError("a plain def workflow cannot use an async store; make the workflow"
+                         " async def, or use a sync store")
+    # A plain workflow blocks while it runs: give it a thread, keep the loop free.
+    return await asyncio.to_thread(drive, store, flow)
+
+
+# -- the flows ------------------------------------------------------------------------------------
+
+
+def _get_run_flow(run_id: str) -> Flow:
+    return (yield Io("get_run", (run_id,)))
+
+
+def _submit_flow(new: NewRun) -> Flow:
+    run, _ = yield Io("create_run", (new,))
     _check_same_run(run, new)
     return run.run_id
 
@@ -140,33 +234,13 @@ def _check_same_run(run: RunRecord, new: NewRun) -> None:
         raise RunConflict(run.run_id, "with other inputs")
 
 
-def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """Take over ``run_id`` and carry it on from its ledger; return its result.
-
-    A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
-    run is tried again (the block is re-established if its cause remains); a run held by a live
-    worker raises ``RunOwned``.
-    """
-    run = store.get_run(run_id)
-    if run.status.terminal:
-        return _ended(run)  # needs no workflow code: the ending is recorded
-    wf = _registry.get(run.workflow)
-    if wf is None:
-        raise WorkflowNotFound(run.workflow, run_id)
-    return _resume(store, wf, run, lease_ms)
-
-
-async def start_async(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
-                      lease_ms: int = DEFAULT_LEASE_MS, **kwargs: Any) -> Any:
-    """``start`` from inside a running event loop (runs the workflow in a worker thread)."""
-    return await asyncio.to_thread(start, store, wf, *args, run_id=run_id, lease_ms=lease_ms,
-                                   **kwargs)
-
-
-async def resume_async(store: Store, run_id: str, /, *,
-                       lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """``resume`` from inside a running event loop."""
-    return await asyncio.to_thread(resume, store, run_id, lease_ms=lease_ms)
+def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow:
+    run, claim = yield Io("create_run", (new,))
+    if claim is None:
+        _check_same_run(run, new)
+        return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout))
+    crashpoint("run.after_start")
+    return (yield from _execute_flow(store, wf, claim, run, {}, {}))
 
 
 def _ended(run: RunRecord) -> Any:
@@ -177,82 +251,79 @@ def _ended(run: RunRecord) -> Any:
     raise RunFailed(run.run_id, str(error.get("type", "error")), str(error.get("message", "")))
 
 
-def _attach(store: Store, wf: Workflow, run: RunRecord, lease_ms: int, timeout: float) -> Any:
+def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
+                 timeout: float) -> Flow:
+    """Wait for a live worker to finish the run (or die, and then take it over)."""
     deadline = time.monotonic() + timeout
     pause = 0.02
     while True:
         try:
-            return _resume(store, wf, run, lease_ms)
+            return (yield from _resume_flow(store, wf, run, lease_ms))
         except RunOwned:
             if time.monotonic() >= deadline:
                 raise
-        time.sleep(pause)
+        yield Sleep(pause)
         pause = min(pause * 2, _ATTACH_POLL_MAX_S)
-        run = store.get_run(run.run_id)
+        run = yield Io("get_run", (run.run_id,))
 
 
-def _resume(store: Store, wf: Workflow, run: RunRecord, lease_ms: int) -> Any:
+def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow:
     if run.status.terminal:
         return _ended(run)
     claim = None
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
-        plan = plan_claim(run, store.now(),
-                          owner_gone=run.owner is not None and owner_is_gone(run.owner))
-        claim = store.claim_run(run.run_id, run.state_revision, worker_id(), lease_ms,
-                                dead_owner=plan.dead_owner)
+        now = yield Io("now")
+        plan = plan_claim(run, now, owner_gone=run.owner is not None and owner_is_gone(run.owner))
+        claim = yield Io("claim_run", (run.run_id, run.state_revision, worker_id(), lease_ms),
+                         {"dead_owner": plan.dead_owner})
         if claim is not None:
             break
-        run = store.get_run(run.run_id)
+        run = yield Io("get_run", (run.run_id,))
         if run.status.terminal:
             return _ended(run)
     if claim is None:
         raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
-    return run_claimed(store, wf, claim, run)
+    return (yield from _claimed_flow(store, wf, claim, run))
 
 
-def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
-    """Carry on a run this worker has just claimed: load its ledger in one batch, check that
-    this code may continue it, and execute."""
+def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
+    """Load the claimed run's ledger in one batch, check that this code may continue it, and
+    execute."""
     try:
-        ledger = store.load_ledger(run.run_id)
+        ledger = yield Io("load_ledger", (run.run_id,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
-        _block_unreadable(store, claim, run, exc)
+        record = build_record(run, phase="unreadable_record", reason=exc.message,
+                              evidence={"type": type(exc).__name__, **{
+                                  k: str(v) for k, v in vars(exc).items() if k != "message"}})
+        yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
         raise
     run = ledger.run
     if run.workflow_version != wf.version:
         error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
                                      f"{wf.name}@{wf.version}")
         record = build_record(run, phase="incompatible_workflow", reason=error.message)
-        store.finish_run(claim, RunStatus.BLOCKED, recovery_record=record)
+        yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
         error.record = record
         raise error
-    return _execute(store, wf, claim, run, dict(ledger.steps), dict(ledger.operations))
+    return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
+                                     dict(ledger.operations)))
 
 
-def _block_unreadable(store: Store, claim: Claim, run: RunRecord, exc: StoreError) -> None:
-    record = build_record(run, phase="unreadable_record", reason=exc.message,
-                          evidence={"type": type(exc).__name__, **{
-                              k: str(v) for k, v in vars(exc).items() if k != "message"}})
-    store.finish_run(claim, RunStatus.BLOCKED, recovery_record=record)
-
-
-def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
-             steps: dict[str, Any], operations: dict[str, Any]) -> Any:
+def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                  steps: dict[str, Any], operations: dict[str, Any]) -> Flow:
     """Run the workflow function against the ledger and record how it ended."""
     core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async)
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
+    handle = AsyncRun(core) if wf.is_async else Run(core)
     try:
         with Heartbeat(store, claim):
-            if wf.is_async:
-                result = _run_coroutine(wf.fn(AsyncRun(core), *args, **kwargs))
-            else:
-                result = wf.fn(Run(core), *args, **kwargs)
+            result = yield Call(wf.fn, (handle, *args), kwargs)
     except (LostOwnership, SimulatedCrash):
         raise  # this worker must stop; the ledger already says everything it may say
     except (KeyboardInterrupt, SystemExit):
         # The process is stopping, not the run: release it so another worker need not wait.
         if core.halted is None:
-            store.release_run(claim)
+            yield Io("release_run", (claim,))
         raise
     except BaseException as exc:
         if core.halted is not None:
@@ -261,27 +332,28 @@ def _execute(store: Store, wf: Workflow, claim: Claim, run: RunRecord,
             raise core.halted from exc  # agent code swallowed the block and failed otherwise
         if isinstance(exc, StoreError):
             raise  # the ledger is unreachable, not the run broken: it stays resumable
-        _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}", exc)
+        yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
+                                       exc)
         error = {"type": type(exc).__name__, "message": str(exc)[:4000]}
-        store.finish_run(claim, RunStatus.FAILED, error=error)
+        yield Io("finish_run", (claim, RunStatus.FAILED), {"error": error})
         if isinstance(exc, SafepointError):
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
     if core.halted is not None:
         raise core.halted  # agent code swallowed the block; the run must not complete
-    _block_if_uncertain(core, "the workflow returned", None)
+    yield from _block_if_uncertain(core, "the workflow returned", None)
     try:
         require_json(result, "workflow result")
     except UsageError as exc:
-        store.finish_run(claim, RunStatus.FAILED,
-                         error={"type": type(exc).__name__, "message": exc.message})
+        yield Io("finish_run", (claim, RunStatus.FAILED),
+                 {"error": {"type": type(exc).__name__, "message": exc.message}})
         raise
     crashpoint("run.before_complete")
-    store.finish_run(claim, RunStatus.COMPLETED, result=result)
+    yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
     return result
 
 
-def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> None:
+def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow:
     """A run ends only with every effect settled: one left uncertain (agent code caught the
     error of an interrupted dispatch and carried on) blocks the run instead."""
     uncertain = core.uncertain_operations()
@@ -290,15 +362,5 @@ def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) ->
     op = uncertain[0]
     error = NeedsReconciliation(core.run.run_id, op.step_id, op.operation_id,
                                 f"{how} while this effect was still {op.state.value}")
-    _drive(core, core.record_block(error, phase="reconcile_effect", op=op))
+    yield from core.record_block(error, phase="reconcile_effect", op=op)
     raise error from cause
-
-
-def _run_coroutine(coro: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise UsageError("an async workflow was started from inside a running event loop; use"
-                     " `await safepoint.start_async(...)` / `resume_async(...)` there")
