@@ -342,3 +342,42 @@ def test_effect_key_is_minted_once(memory_store: sp.Store, crash_at: Any) -> Non
     assert len(set(keys)) == 1
     op = memory_store.load_ledger("r").operations["fx"]
     assert op.effect_key == keys[0]
+
+
+def test_start_async_runs_on_the_callers_loop(memory_store: sp.Store, crash_at: Any) -> None:
+    """An async workflow started with start_async shares the caller's event loop, so it can use
+    what the caller made there (a session, a queue); a resume does the same."""
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        seen: list[bool] = []
+
+        async def fetch() -> int:
+            seen.append(asyncio.get_running_loop() is loop)
+            return 7
+
+        @sp.workflow("same-loop")
+        async def flow(run: sp.AsyncRun) -> int:
+            value = int(await run.read("fetch", fetch))
+            await run.now()
+            return value
+
+        crash_at("run.before_complete")
+        with pytest.raises(SimulatedCrash):
+            await sp.start_async(memory_store, flow, run_id="r", lease_ms=0)
+        crash_at(None)
+        result = await sp.resume_async(memory_store, "r")
+        assert await sp.submit_async(memory_store, flow, run_id="q") == "q"
+        return result, seen
+
+    result, seen = asyncio.run(main())
+    assert result == 7
+    assert seen == [True]  # read once, on the caller's loop; replayed on resume
+
+
+def test_a_plain_workflow_from_async_code_runs_in_a_thread(memory_store: sp.Store) -> None:
+    @sp.workflow("plain-from-async")
+    def flow(run: sp.Run) -> int:
+        return int(run.pure("p", lambda: 5))
+
+    assert asyncio.run(sp.start_async(memory_store, flow, run_id="r")) == 5

@@ -7,7 +7,16 @@ underscore is private.
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._run import AsyncRun, Run
 from ._worker import Worker
-from ._workflow import Workflow, resume, resume_async, start, start_async, submit, workflow
+from ._workflow import (
+    Workflow,
+    resume,
+    resume_async,
+    start,
+    start_async,
+    submit,
+    submit_async,
+    workflow,
+)
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -110,5 +119,6 @@ __all__ = [
     "start",
     "start_async",
     "submit",
+    "submit_async",
     "workflow",
 ]
