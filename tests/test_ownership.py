@@ -97,6 +97,13 @@ def test_two_resumers_from_one_revision(store_url: str, owner_env: OwnerService)
         if len(claims) != 1 or len(writers) != 1:
             stale.append((run_id, writers))
     assert stale == []
+    figures = {"trials": TRIALS, "claims_won": TRIALS,
+               "refused_owned": sum(pair == ["owned", "returned"] for pair in outcomes.values()),
+               "attached_to_result": sum(pair == ["returned", "returned"]
+                                         for pair in outcomes.values()),
+               "stale_writes_accepted": len(stale), "dispatches": stats["applied"],
+               "duplicates": stats["duplicates"]}
+    print("two-resumer figures:", json.dumps(figures))
 
 
 def _wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
