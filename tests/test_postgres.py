@@ -9,6 +9,7 @@ unreachable the tests are skipped with the reason — except under CI (``$CI`` s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -36,8 +37,10 @@ from conftest import with_database
 from safepoint._canonical import digest
 from safepoint.storage import Store
 from safepoint.storage.base import NewRun, load_migrations
+from safepoint.storage.open_async import open_async_store
 from safepoint.storage.postgres import PostgresStore
-from safepoint.testing.conformance import StoreConformance
+from safepoint.storage.postgres_async import AsyncPostgresStore
+from safepoint.testing.conformance import StoreConformance, SyncOverAsync
 from safepoint.testing.owner import OwnerService
 from safepoint.types import Claim, RunStatus, StepKind, StepRecord
 
@@ -661,3 +664,196 @@ class TestPostgresConformance(StoreConformance):
 
     def make_store(self) -> Store:
         return PostgresStore(self.pg_url)
+
+
+class TestAsyncPostgresConformance(StoreConformance):
+    """The same suite against AsyncPostgresStore, its coroutines run on a private loop."""
+
+    @pytest.fixture(autouse=True)
+    def _database(self, pg_url: str) -> None:
+        self.pg_url = pg_url
+
+    def make_store(self) -> Store:
+        return SyncOverAsync(lambda: AsyncPostgresStore.open(self.pg_url))
+
+
+# -- the async store, natively ------------------------------------------------------------------
+
+
+def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: str) -> None:
+    async def body() -> None:
+        async with AsyncPostgresStore(pg_url) as store, AsyncPostgresStore(pg_url) as other:
+            workflow = f"wf-{_uid()}"
+            mine = {(await store.create_run(_new_run(f"r-{_uid()}", None, workflow)))[0].run_id
+                    for _ in range(40)}
+
+            async def drain(s: AsyncPostgresStore, owner: str) -> list[str]:
+                got = []
+                while (claim := await s.claim_next(owner, 60_000, [workflow])) is not None:
+                    got.append(claim.run_id)
+                return got
+
+            # four tasks on one pool, two on another, all on this one loop
+            taken = await asyncio.gather(*(drain(s, f"w{i}") for i, s in
+                                           enumerate([store] * 4 + [other] * 2)))
+            flat = [run_id for got in taken for run_id in got]
+            assert sorted(flat) == sorted(mine)
+            assert sum(1 for got in taken if got) >= 2  # they did run side by side
+
+    asyncio.run(body())
+
+
+def test_async_wait_for_work_wakes_every_waiter_on_a_submit_from_another_store(
+        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    submitter = opened(pg_url)  # a sync store in another "process", as it were
+
+    async def body() -> None:
+        async with AsyncPostgresStore(pg_url) as waiter:
+            await waiter.wait_for_work(0.01)  # LISTEN; drop old news
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            waits = [asyncio.create_task(waiter.wait_for_work(10)) for _ in range(3)]
+            await asyncio.sleep(0.1)
+            assert not any(w.done() for w in waits)
+            submitted = loop.time()
+            await asyncio.to_thread(submitter.create_run, _new_run(f"r-{_uid()}", None))
+            await asyncio.wait_for(asyncio.gather(*waits), 5)
+            assert loop.time() - submitted < 1.0
+            # the loop stayed free while they waited: this task ran its sleep on time
+            assert submitted - started < 0.5
+            # ... and a wait with no news waits out its timeout
+            quiet = loop.time()
+            await waiter.wait_for_work(0.3)
+            assert loop.time() - quiet >= 0.25
+
+    asyncio.run(body())
+
+
+def test_async_wait_for_work_wakes_on_a_release_by_an_async_store(pg_url: str) -> None:
+    async def body() -> None:
+        async with AsyncPostgresStore(pg_url) as waiter, AsyncPostgresStore(pg_url) as holder:
+            _, claim = await holder.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+            assert claim is not None
+            await waiter.wait_for_work(0.01)
+            wait = asyncio.create_task(waiter.wait_for_work(10))
+            await asyncio.sleep(0.05)
+            await holder.release_run(claim)
+            started = asyncio.get_running_loop().time()
+            await asyncio.wait_for(wait, 5)
+            assert asyncio.get_running_loop().time() - started < 1.0
+
+    asyncio.run(body())
+
+
+def test_an_async_worker_loses_ownership_after_a_takeover(pg_url: str) -> None:
+    async def body() -> None:
+        async with AsyncPostgresStore(pg_url) as old_store, \
+                AsyncPostgresStore(pg_url) as new_store:
+            run, old = await old_store.create_run(_new_run(f"r-{_uid()}", "worker-a",
+                                                           lease_ms=50))
+            assert old is not None
+            await old_store.record_step(old, _step(run.run_id, "s1"))
+            await asyncio.sleep(0.1)  # the lease is over
+            moved = await new_store.get_run(run.run_id)
+            new = await new_store.claim_run(run.run_id, moved.state_revision, "worker-b",
+                                            60_000)
+            assert new is not None
+            assert new.fence == old.fence + 1
+            for write in (old_store.record_step(old, _step(run.run_id, "late")),
+                          old_store.renew_lease(old),
+                          old_store.finish_run(old, RunStatus.COMPLETED, result=1)):
+                with pytest.raises(sp.LostOwnership) as lost:
+                    await write
+                assert (lost.value.run_id, lost.value.fence) == (run.run_id, old.fence)
+            ledger = await new_store.load_ledger(run.run_id)
+            assert "late" not in ledger.steps
+            assert (ledger.run.owner, ledger.run.status) == ("worker-b", RunStatus.RUNNING)
+            await new_store.record_step(new, _step(run.run_id, "s2"))  # the new owner goes on
+
+    asyncio.run(body())
+
+
+def test_async_driver_errors_become_store_errors_with_the_cause_kept(pg_url: str) -> None:
+    async def body() -> None:
+        async with AsyncPostgresStore(pg_url) as store:
+            run, claim = await store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+            assert claim is not None
+            payload = b"{}"
+            op = sp.OperationRecord(run_id=run.run_id, operation_id="op", step_id="s",
+                                    effect="e", state=sp.EffectState.PREPARED,
+                                    payload_ref=digest(payload), effect_key="k")
+            await store.prepare_effect(claim, op, payload)
+            before = await store.get_run(run.run_id)
+            with pytest.raises(sp.StoreError) as error:
+                await store.prepare_effect(claim, op, payload)
+            assert isinstance(error.value.__cause__, psycopg.errors.UniqueViolation)
+            assert await store.get_run(run.run_id) == before
+
+    asyncio.run(body())
+
+
+def test_async_store_migrates_a_new_schema_and_refuses_a_newer_one(
+        schema_url: str, admin: psycopg.Connection[Any]) -> None:
+    async def body() -> None:
+        store = await AsyncPostgresStore.open(schema_url)
+        assert await store.schema_version() == len(load_migrations("postgres"))
+        await store.close()
+        table = sql.SQL("{}.safepoint_schema_version").format(
+            sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
+        admin.execute(sql.SQL("INSERT INTO {} VALUES (99, '0099_x.sql', 'c', 0)").format(table))
+        with pytest.raises(sp.SchemaTooNew):
+            await AsyncPostgresStore.open(schema_url)
+
+    asyncio.run(body())
+
+
+def test_async_store_opening_errors(pg_url: str) -> None:
+    async def body() -> None:
+        with pytest.raises(sp.StoreUnavailable) as error:
+            await AsyncPostgresStore.open("postgresql://postgres:hunter2@127.0.0.1:1/x")
+        assert "hunter2" not in str(error.value)
+        assert isinstance(error.value.__cause__, psycopg.OperationalError)
+        with pytest.raises(sp.InvalidStoreURL):
+            AsyncPostgresStore(f"{pg_url}?durability=never")
+        with pytest.raises(sp.UsageError):
+            await AsyncPostgresStore(pg_url).get_run("never-opened")
+        with pytest.raises(sp.InvalidStoreURL) as invalid:
+            await open_async_store("sqlite:///ledger.db")
+        assert "open_store" in str(invalid.value)
+        store = await open_async_store(_param(pg_url, durability="power_loss"))
+        try:
+            assert isinstance(store, AsyncPostgresStore)
+            assert store.durability is sp.Durability.POWER_LOSS
+        finally:
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_async_connections_killed_by_the_server_are_replaced(
+        pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore],
+        caplog: pytest.LogCaptureFixture) -> None:
+    app = f"sp-async-victim-{_uid()}"
+    submitter = opened(pg_url)
+
+    async def body() -> None:
+        async with AsyncPostgresStore(_param(pg_url, application_name=app)) as store:
+            run, _ = await store.create_run(_new_run(f"r-{_uid()}", None))
+            await store.wait_for_work(0.01)  # open the listener too
+            killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM"
+                                   " pg_stat_activity WHERE application_name = %s",
+                                   (app,)).fetchone()
+            assert killed is not None
+            assert killed[0] >= 2
+            assert await store.get_run(run.run_id) == run  # the pool's check caught it
+            await asyncio.sleep(0.1)  # the reader notices its connection is gone
+            assert "stopped listening for work" in caplog.text
+            await store.wait_for_work(0.2)  # reconnects; any news of the kill settles here
+            wait = asyncio.create_task(store.wait_for_work(10))
+            await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
+            await asyncio.to_thread(submitter.create_run, _new_run(f"r-{_uid()}", None))
+            await asyncio.wait_for(wait, 5)
+            assert asyncio.get_running_loop().time() - started < 1.0
+
+    asyncio.run(body())

@@ -48,7 +48,8 @@ from .errors import (
     WorkflowNotFound,
 )
 from .storage import open_store
-from .storage.base import Store
+from .storage.base import AsyncStore, Store
+from .storage.open_async import open_async_store
 from .types import (
     Durability,
     EffectState,
@@ -68,6 +69,7 @@ __all__ = [
     "ArtifactCorrupt",
     "ArtifactMissing",
     "AsyncRun",
+    "AsyncStore",
     "CorruptRecord",
     "Durability",
     "Effect",
@@ -113,6 +115,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowNotFound",
+    "open_async_store",
     "open_store",
     "resume",
     "resume_async",

@@ -119,6 +119,91 @@ class Store(Protocol):
         ...
 
 
+class AsyncStore(Protocol):
+    """``Store`` for asyncio: the same operations, with the same meaning, as coroutines.
+
+    The conformance suite runs against an async store through
+    ``safepoint.testing.conformance.SyncOverAsync``. Open one with ``open_async_store``
+    (``safepoint.storage.open_async``); close it with ``await store.close()``.
+    """
+
+    url: str
+
+    async def now(self) -> int:
+        """The store's clock, epoch milliseconds: the one "now" of leases and observations."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def schema_version(self) -> int:
+        """The highest migration applied to this store."""
+        ...
+
+    # runs
+    async def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
+        """See ``Store.create_run``."""
+        ...
+
+    async def get_run(self, run_id: str) -> RunRecord: ...
+
+    async def list_runs(self, status: RunStatus | None = None,
+                        limit: int = 100) -> list[RunRecord]: ...
+
+    async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                        dead_owner: str | None = None) -> Claim | None:
+        """Compare-and-set ownership; None when another worker got there first."""
+        ...
+
+    async def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
+        """See ``Store.claim_next``."""
+        ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds, returning early once the store may have new work;
+        never blocks the event loop."""
+        ...
+
+    async def load_ledger(self, run_id: str) -> Ledger:
+        """The run with all its steps and operations, in one batch."""
+        ...
+
+    async def events(self, run_id: str) -> list[EventRecord]: ...
+
+    # worker writes, each conditioned on the claim's fence
+    async def renew_lease(self, claim: Claim) -> None:
+        """The heartbeat: extend the lease; ``LostOwnership`` once the fence is stale."""
+        ...
+
+    async def record_step(self, claim: Claim, step: StepRecord) -> None: ...
+
+    async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        """Prepared intent: payload artifact, operation id and effect key, in one commit."""
+        ...
+
+    async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        """Commit "dispatch may have happened"; returns the operation as it now stands."""
+        ...
+
+    async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                             receipt: JSON = None, error: JSON = None,
+                             step: StepRecord | None = None) -> None:
+        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
+        ...
+
+    async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
+                         error: dict[str, Any] | None = None,
+                         recovery_record: dict[str, Any] | None = None) -> None:
+        """Complete, fail or block the run and release ownership."""
+        ...
+
+    async def release_run(self, claim: Claim) -> None: ...
+
+    # artifacts
+    async def get_artifact(self, digest: str) -> bytes:
+        """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
+        ...
+
+
 def load_queries(dialect: str) -> dict[str, str]:
     """Parse ``sql/<dialect>/queries.sql`` into {name: statement}."""
     text = resources.files(__package__).joinpath("sql", dialect, "queries.sql").read_text("utf-8")

@@ -24,6 +24,13 @@ uses its own uuid-suffixed run ids and workflow names and never assumes the stor
 Time is real — a store's "now" may come from the database clock — so tests that need a lease to
 expire use tiny leases and short sleeps; the whole suite takes a few seconds per store.
 
+An asyncio store (``safepoint.storage.base.AsyncStore``) runs the same suite through
+``SyncOverAsync``, which runs its coroutines on an event loop of its own::
+
+    class TestMyAsyncStore(StoreConformance):
+        def make_store(self) -> Store:
+            return SyncOverAsync(lambda: MyAsyncStore.open(URL))
+
 Requires pytest (a dev dependency of safepoint, not a runtime one). The asserts live in this
 module, not in a test file, so for readable failures add to your ``conftest.py``::
 
@@ -60,8 +67,9 @@ from ..types import (
     StepRecord,
     StepStatus,
 )
+from .sync_over_async import SyncOverAsync
 
-__all__ = ["StoreConformance"]
+__all__ = ["StoreConformance", "SyncOverAsync"]
 
 T = TypeVar("T")
 

@@ -1,0 +1,507 @@
+"""The PostgreSQL store's logic, written once for the sync and the async store.
+
+What each store operation does — which named queries (``sql/postgres/queries.sql``), with which
+parameters, how rows become records, when to raise ``LostOwnership`` or ``StoreError`` — is a
+*plan*: a generator method of ``PostgresLedger`` that yields ``Stmt`` objects and is sent back
+each statement's rows. A plan performs no I/O, so it cannot block or await; an executor carries
+it out in one transaction:
+
+- ``PostgresStore`` (``postgres.py``): a ``psycopg_pool.ConnectionPool`` connection,
+  ``with conn.transaction()``, and ``run_plan`` below;
+- ``AsyncPostgresStore`` (``postgres_async.py``): an ``AsyncConnectionPool`` connection,
+  ``async with conn.transaction()``, and ``run_plan_async``.
+
+Both translate driver errors with ``PostgresLedger.failure`` (the original kept as
+``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
+This is the store-level twin of ``safepoint._flow``, where the run logic is written once the
+same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import PoolTimeout
+
+from .._canonical import digest as content_digest
+from .._canonical import dumps, loads, sha256_hex
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    CorruptRecord,
+    InvalidStoreURL,
+    LostOwnership,
+    MigrationMismatch,
+    RunNotFound,
+    SafepointError,
+    SchemaTooNew,
+    StoreError,
+    StoreUnavailable,
+)
+from ..types import (
+    JSON,
+    Claim,
+    Durability,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepStatus,
+)
+from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
+
+_Q = load_queries("postgres")
+_OUR_PARAMETERS = ("schema", "durability")
+LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
+# What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
+# (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
+DRIVER_ERRORS = (PoolTimeout, psycopg.Error, UnicodeError)
+
+log = logging.getLogger("safepoint.store")
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """One statement a plan asks its executor to run; the executor sends back its rows
+    (an empty list for a statement that returns none)."""
+
+    text: str | sql.Composed
+    params: Mapping[str, Any] | None = None
+
+
+# A plan yields statements, is sent each one's rows, and returns the operation's value.
+Plan: TypeAlias = Generator[Stmt, list[Row], T]
+
+
+def _q(query: str, /, **params: Any) -> Stmt:
+    return Stmt(_Q[query], params)
+
+
+def run_plan(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
+    """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+    try:
+        stmt = next(plan)
+        while True:
+            cur = conn.execute(stmt.text, stmt.params)
+            stmt = plan.send(cur.fetchall() if cur.description is not None else [])
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+class PostgresLedger:
+    """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
+    operation (see the module docstring). Holds no connection."""
+
+    def __init__(self, url: str, *, durability: Durability | str | None = None,
+                 inline_limit: int = INLINE_LIMIT, connect_timeout: float = 5.0) -> None:
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        ours = {name: query.pop(name) for name in _OUR_PARAMETERS if name in query}
+        self.url = redacted(url)
+        chosen = durability or ours.get("durability") or Durability.PROCESS_CRASH
+        try:
+            self.durability = Durability(chosen)
+        except ValueError:
+            raise InvalidStoreURL(self.url, f"unknown durability {chosen!r}; use "
+                                  + " or ".join(d.value for d in Durability)) from None
+        self.schema = ours.get("schema") or None
+        if "schema" in ours and not self.schema:
+            raise InvalidStoreURL(self.url, "schema= needs a schema name")
+        libpq_url = urlunsplit(parts._replace(query=urlencode(query)))
+        try:
+            given = conninfo_to_dict(libpq_url)
+        except psycopg.ProgrammingError as exc:
+            raise InvalidStoreURL(self.url, reason(exc)) from exc
+        defaults: dict[str, str | int] = {"connect_timeout": max(1, round(connect_timeout)),
+                                          "application_name": "safepoint"}
+        self.conninfo = make_conninfo(libpq_url, **{
+            key: value for key, value in defaults.items() if key not in given})
+        self.inline_limit = inline_limit
+        self.pid = os.getpid()
+
+    # -- the executors' shared plumbing --------------------------------------------------------
+
+    def check_process(self) -> None:
+        if os.getpid() != self.pid:
+            raise StoreError("this PostgreSQL store was opened in a parent process; open a new"
+                             " store in the child (connections cannot cross a fork)")
+
+    def failure(self, exc: BaseException, pool_timeout: float, pool_size: int) -> StoreError:
+        """The StoreError for a driver error raised while running a plan (raise it ``from``
+        the original, which is kept as ``__cause__``)."""
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailable(
+                f"no usable connection to the store at {self.url} within {pool_timeout:g}s"
+                f" ({reason(exc)}): the server is down or unreachable, or every one of the"
+                f" {pool_size} pooled connections stayed busy; try again once it is back (or"
+                " open the store with more connections)", url=self.url)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreUnavailable(
+                f"the connection to the store at {self.url} broke during the operation"
+                f" ({reason(exc)}); it may or may not have committed — try again once the"
+                " server is reachable (the ledger tells which)", url=self.url)
+        return StoreError(f"the store refused the operation: {reason(exc)}", url=self.url)
+
+    def connect_failure(self, exc: psycopg.Error) -> SafepointError:
+        """The error for a connection outside the pool that could not be opened."""
+        if isinstance(exc, psycopg.OperationalError):
+            return unreachable(self.url, exc)
+        return InvalidStoreURL(self.url, reason(exc))
+
+    def setup_failure(self, exc: psycopg.Error) -> StoreError:
+        return StoreError(f"cannot prepare a connection to {self.url}: {reason(exc)}",
+                          url=self.url)
+
+    def migration_failure(self, exc: psycopg.Error) -> StoreError:
+        return StoreError(
+            f"cannot migrate the store at {self.url}: {reason(exc)}; check that the schema"
+            " exists (or name it with ?schema=, which is created for you) and that this user"
+            " may create tables in it, or run `safepoint migrate` as a user who can",
+            url=self.url)
+
+    # -- connections and migrations ------------------------------------------------------------
+
+    def configure(self) -> Plan[None]:
+        """Per-connection settings: the schema, and the stated durability. (The executor
+        commits them unless the connection is in autocommit.)"""
+        if self.schema:
+            yield Stmt(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if self.durability is Durability.POWER_LOSS:
+            yield _q("power_loss_durability")
+
+    def prepare(self) -> Plan[None]:
+        """On open, in one transaction on a connection of its own: migrate, and warn when the
+        server cannot keep the stated durability."""
+        shipped = load_migrations("postgres")
+        # The common case — up to date — takes no lock and runs no DDL. Otherwise queue on the
+        # advisory lock and look again: in READ COMMITTED each statement sees what concurrent
+        # openers committed while this one waited.
+        if (yield from self._applied(shipped)) < len(shipped):
+            yield _q("migration_lock")
+            if self.schema:
+                yield Stmt(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(self.schema)))
+            yield _q("create_version_table")
+            applied = yield from self._applied(shipped)
+            for version, name, text in shipped[applied:]:
+                yield Stmt(text)
+                yield _q("record_migration", version=version, name=name,
+                         checksum=sha256_hex(text.encode()))
+        if self.durability is Durability.POWER_LOSS:
+            fsync = yield Stmt("SHOW fsync")
+            if fsync and fsync[0]["fsync"] != "on":
+                log.warning("durability=power_loss asked, but the server runs with"
+                            " fsync=off: commits will not survive a power loss")
+
+    @staticmethod
+    def _applied(shipped: list[tuple[int, str, str]]) -> Plan[int]:
+        found = yield _q("version_table_exists")
+        if not (found and found[0]["found"]):
+            return 0
+        rows = yield _q("applied_migrations")
+        if rows and rows[-1]["version"] > len(shipped):
+            raise SchemaTooNew(rows[-1]["version"], len(shipped))
+        for row in rows:
+            if row["checksum"] != sha256_hex(shipped[row["version"] - 1][2].encode()):
+                raise MigrationMismatch(row["version"])
+        return len(rows)
+
+    def schema_version(self) -> Plan[int]:
+        rows = yield _q("schema_version")
+        return int(rows[0]["version"])
+
+    def now(self) -> Plan[int]:
+        rows = yield _q("now")
+        return int(rows[0]["now"])
+
+    # -- values and artifacts ------------------------------------------------------------------
+
+    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+        text = dumps(value)
+        if len(text) <= self.inline_limit:
+            return text, None
+        return None, (yield from self._put_artifact(text.encode()))
+
+    @staticmethod
+    def _put_artifact(data: bytes) -> Plan[str]:
+        ref = content_digest(data)
+        yield _q("insert_artifact", digest=ref, size=len(data), content=data)
+        return ref
+
+    def get_artifact(self, digest: str) -> Plan[bytes]:
+        rows = yield _q("get_artifact", digest=digest)
+        if not rows:
+            raise ArtifactMissing(digest)
+        data = bytes(rows[0]["content"])
+        actual = content_digest(data)
+        if actual != digest:
+            raise ArtifactCorrupt(digest, actual)
+        return data
+
+    def _value(self, text: str | None, ref: str | None, table: str, key: str) -> Plan[JSON]:
+        """A stored JSON value; an artifact is read in the same transaction (the same snapshot
+        in ``load_ledger``)."""
+        data = (yield from self.get_artifact(ref)) if ref is not None else None
+        try:
+            if data is not None:
+                text = data.decode()
+            return None if text is None else loads(text)
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def create_run(self, new: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
+        inputs, inputs_ref = yield from self._put_value(new.inputs)
+        created = yield _q(
+            "insert_run", run_id=new.run_id, workflow=new.workflow,
+            workflow_version=new.workflow_version, input_hash=new.input_hash, inputs=inputs,
+            inputs_ref=inputs_ref, owner=new.owner, lease_ms=new.lease_ms,
+            detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
+        if created:
+            row = created[0]
+            if new.owner is None:
+                yield _q("notify_work", workflow=new.workflow)
+        else:
+            row = yield from self._run_row(new.run_id)
+        run = yield from self._run_record(row)
+        if not created or new.owner is None:
+            return run, None
+        return run, Claim(run.run_id, new.owner, run.fence, run.state_revision,
+                          int(row["lease_expires_at"]), new.lease_ms)
+
+    @staticmethod
+    def _run_row(run_id: str) -> Plan[Row]:
+        rows = yield _q("get_run", run_id=run_id)
+        if not rows:
+            raise RunNotFound(run_id)
+        return rows[0]
+
+    def get_run(self, run_id: str) -> Plan[RunRecord]:
+        return (yield from self._run_record((yield from self._run_row(run_id))))
+
+    def list_runs(self, status: RunStatus | None, limit: int) -> Plan[list[RunRecord]]:
+        runs = []
+        for row in (yield _q("list_runs", status=status.value if status else None, limit=limit)):
+            runs.append((yield from self._run_record(row)))
+        return runs
+
+    def _run_record(self, row: Row) -> Plan[RunRecord]:
+        key = f"run_id={row['run_id']}"
+        try:
+            status = RunStatus(row["status"])
+        except ValueError as exc:
+            raise CorruptRecord("safepoint_runs", key, f"unknown status {row['status']!r}") from exc
+        table = "safepoint_runs"
+        return RunRecord(
+            run_id=row["run_id"], workflow=row["workflow"],
+            workflow_version=row["workflow_version"], status=status,
+            input_hash=row["input_hash"],
+            inputs=(yield from self._value(row["inputs"], row["inputs_ref"], table, key)),
+            state_revision=row["state_revision"], owner=row["owner"],
+            lease_expires_at=row["lease_expires_at"], fence=row["fence"],
+            resume_count=row["resume_count"], event_count=row["event_count"],
+            result=(yield from self._value(row["result"], row["result_ref"], table, key)),
+            error=(yield from self._value(row["error"], None, table, key)),
+            recovery_record=(yield from self._value(row["recovery_record"], None, table, key)),
+            created_at=row["created_at"], updated_at=row["updated_at"])
+
+    @staticmethod
+    def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                  dead_owner: str | None) -> Plan[Claim | None]:
+        rows = yield _q("claim_run", run_id=run_id, expected_revision=expected_revision,
+                        owner=owner, lease_ms=lease_ms, dead_owner=dead_owner,
+                        detail=dumps({"took_over_from": dead_owner}) if dead_owner else None)
+        return _claim(rows[0], owner, lease_ms) if rows else None
+
+    @staticmethod
+    def claim_next(owner: str, lease_ms: int, workflows: list[str]) -> Plan[Claim | None]:
+        rows = yield _q("claim_next", owner=owner, lease_ms=lease_ms, workflows=list(workflows))
+        return _claim(rows[0], owner, lease_ms) if rows else None
+
+    def load_ledger(self, run_id: str) -> Plan[Ledger]:
+        # one snapshot of the run, its steps, operations and artifacts
+        yield Stmt("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        run_rows = yield _q("get_run", run_id=run_id)
+        step_rows = yield _q("steps_of_run", run_id=run_id)
+        op_rows = yield _q("operations_of_run", run_id=run_id)
+        if not run_rows:
+            raise RunNotFound(run_id)
+        run = yield from self._run_record(run_rows[0])
+        steps = {}
+        for row in step_rows:
+            key = f"run_id={run_id} step_id={row['step_id']}"
+            try:
+                kind, status = StepKind(row["kind"]), StepStatus(row["status"])
+            except ValueError as exc:
+                raise CorruptRecord("safepoint_steps", key,
+                                    f"unknown kind or status {row['kind']!r}/{row['status']!r}"
+                                    ) from exc
+            steps[row["step_id"]] = StepRecord(
+                run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
+                input_hash=row["input_hash"],
+                result=(yield from self._value(row["result"], row["result_ref"],
+                                               "safepoint_steps", key)),
+                seq=row["seq"], status=status,
+                error=(yield from self._value(row["error"], None, "safepoint_steps", key)),
+                next_step_id=row["next_step_id"], attempt=row["attempt"],
+                model_id=row["model_id"], prompt_hash=row["prompt_hash"],
+                observed_at=row["observed_at"], operation_id=row["operation_id"],
+                fence=row["fence"], recorded_at=row["recorded_at"])
+        operations = {}
+        for row in op_rows:
+            operations[row["operation_id"]] = yield from self._operation_record(row)
+        return Ledger(run, steps, operations)
+
+    def _operation_record(self, row: Row) -> Plan[OperationRecord]:
+        key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
+        try:
+            state = EffectState(row["state"])
+        except ValueError as exc:
+            raise CorruptRecord("safepoint_operations", key,
+                                f"unknown state {row['state']!r}") from exc
+        return OperationRecord(
+            run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
+            effect=row["effect"], state=state, payload_ref=row["payload_ref"],
+            effect_key=row["effect_key"], dispatch_count=row["dispatch_count"],
+            first_dispatched_at=row["first_dispatched_at"],
+            receipt=(yield from self._value(row["receipt"], None, "safepoint_operations", key)),
+            error=(yield from self._value(row["error"], None, "safepoint_operations", key)),
+            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"])
+
+    def events(self, run_id: str) -> Plan[list[EventRecord]]:
+        events = []
+        for row in (yield _q("events_of_run", run_id=run_id)):
+            detail = yield from self._value(row["detail"], None, "safepoint_events",
+                                            f"event_id={row['event_id']}")
+            events.append(EventRecord(
+                event_id=row["event_id"], run_id=row["run_id"], at=row["at"], kind=row["kind"],
+                step_id=row["step_id"], operation_id=row["operation_id"], fence=row["fence"],
+                worker=row["worker"], detail=detail))
+        return events
+
+    # -- worker writes: one statement each, fenced (see queries.sql) ---------------------------
+
+    def _step_params(self, step: StepRecord | None) -> Plan[dict[str, Any]]:
+        if step is None:
+            return dict.fromkeys(_STEP_PARAMS)
+        result, result_ref = yield from self._put_value(step.result)
+        return {
+            "step_id": step.step_id, "seq": step.seq, "kind": step.kind.value, "name": step.name,
+            "input_hash": step.input_hash, "step_status": step.status.value, "result": result,
+            "result_ref": result_ref,
+            "step_error": None if step.error is None else dumps(step.error),
+            "next_step_id": step.next_step_id, "attempt": step.attempt,
+            "model_id": step.model_id, "prompt_hash": step.prompt_hash,
+            "observed_at": step.observed_at, "step_operation_id": step.operation_id}
+
+    @staticmethod
+    def _fenced(claim: Claim, query: str, /, **params: Any) -> Plan[Row]:
+        """Run a fenced statement: its one row, or LostOwnership when the fence matched nothing."""
+        rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
+                        worker=claim.owner, **params)
+        if not rows:
+            raise LostOwnership(claim.run_id, claim.fence)
+        return rows[0]
+
+    def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
+        yield from self._fenced(claim, "record_step", **(yield from self._step_params(step)))
+
+    def renew_lease(self, claim: Claim) -> Plan[None]:
+        yield from self._fenced(claim, "renew_lease")
+
+    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> Plan[None]:
+        ref = yield from self._put_artifact(payload)
+        yield from self._fenced(
+            claim, "prepare_effect", operation_id=op.operation_id, step_id=op.step_id,
+            effect=op.effect, payload_ref=op.payload_ref, effect_key=op.effect_key,
+            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}))
+        if ref != op.payload_ref:
+            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[OperationRecord]:
+        row = yield from self._fenced(claim, "mark_dispatching", operation_id=operation_id)
+        if row["operation_id"] is None:
+            raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                             run_id=claim.run_id, operation_id=operation_id)
+        return (yield from self._operation_record(row))
+
+    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                       receipt: JSON, error: JSON, step: StepRecord | None) -> Plan[None]:
+        row = yield from self._fenced(
+            claim, "record_outcome", **(yield from self._step_params(step)),
+            operation_id=operation_id, state=state.value,
+            receipt=None if receipt is None else dumps(receipt),
+            error=None if error is None else dumps(error), event_kind=f"effect.{state.value}",
+            detail=dumps({"error": error}) if error is not None else None)
+        if row["found"] is None:
+            raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
+                             run_id=claim.run_id, operation_id=operation_id)
+
+    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON,
+                   error: dict[str, Any] | None,
+                   recovery_record: dict[str, Any] | None) -> Plan[None]:
+        record = None
+        if recovery_record is not None:  # the statement puts in the revision it creates
+            record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
+        detail = error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
+        result_text, result_ref = yield from self._put_value(result)
+        yield from self._fenced(
+            claim, "finish_run", status=status.value, result=result_text, result_ref=result_ref,
+            error=None if error is None else dumps(error), recovery_record=record,
+            event_kind=f"run.{status.value}", detail=None if detail is None else dumps(detail))
+
+    @staticmethod
+    def release_run(claim: Claim) -> Plan[None]:
+        rows = yield _q("release_run", run_id=claim.run_id, fence=claim.fence)
+        if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
+            yield _q("notify_work", workflow=rows[0]["workflow"])
+
+
+_STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",
+                "result_ref", "step_error", "next_step_id", "attempt", "model_id",
+                "prompt_hash", "observed_at", "step_operation_id")
+
+
+def _claim(row: Row, owner: str, lease_ms: int) -> Claim:
+    return Claim(row["run_id"], owner, row["fence"], row["state_revision"],
+                 row["lease_expires_at"], lease_ms)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and ``store.url``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def reason(exc: BaseException) -> str:
+    """A driver message on one line (libpq's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def unreachable(url: str, exc: BaseException) -> StoreError:
+    why = reason(exc)
+    return StoreUnavailable(
+        f"cannot reach the PostgreSQL store at {url}: {why}; check that the server is"
+        " running and that the URL (SAFEPOINT_URL) names the right host, port, database and"
+        " user", url=url, reason=why)

@@ -1,0 +1,286 @@
+"""The shared store for asyncio: PostgreSQL through psycopg's ``AsyncConnectionPool``.
+
+Same database, same statements, same semantics as ``PostgresStore``: every operation runs the
+plan ``_postgres.PostgresLedger`` has for it (see that module), here on an async connection in
+an async transaction. Only the plumbing is this module's own: opening, the executor, and
+waiting for work.
+
+Pools must be opened inside a running event loop, so the store is opened by a coroutine::
+
+    store = await AsyncPostgresStore.open("postgresql://worker@db.internal/app")
+    ...
+    await store.close()
+
+or ``async with AsyncPostgresStore(url) as store: ...`` (``__aenter__`` opens it).
+
+Migrations run on open, asynchronously, on a short-lived connection of their own, with the same
+plan as the sync store (advisory lock included): a process that opens several stores, or
+several processes opening at once, queue on that lock — awaiting it keeps the event loop free,
+where a sync connection would stall every other task for as long as the queue takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..errors import StoreError, UsageError
+from ..types import (
+    JSON,
+    Claim,
+    Durability,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+)
+from ._postgres import DRIVER_ERRORS, LISTEN, Plan, PostgresLedger, Row, log, unreachable
+from .base import INLINE_LIMIT, NewRun
+
+__all__ = ["AsyncPostgresStore"]
+
+T = TypeVar("T")
+AsyncConn = psycopg.AsyncConnection[DictRow]
+
+
+async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
+    """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+    try:
+        stmt = next(plan)
+        while True:
+            cur = await conn.execute(stmt.text, stmt.params)
+            rows: list[Row] = await cur.fetchall() if cur.description is not None else []
+            stmt = plan.send(rows)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+class AsyncPostgresStore:
+    """The ledger in a PostgreSQL database, for asyncio programs (``AsyncStore``).
+
+    >>> store = await AsyncPostgresStore.open("postgresql://worker@db/app")  # doctest: +SKIP
+    >>> claim = await store.claim_next("worker-1", 30_000, ["triage"])  # doctest: +SKIP
+    """
+
+    def __init__(self, url: str, *, durability: Durability | str | None = None,
+                 inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
+                 connect_timeout: float = 5.0, pool_timeout: float = 10.0) -> None:
+        """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
+        ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
+        self._ledger = PostgresLedger(url, durability=durability, inline_limit=inline_limit,
+                                      connect_timeout=connect_timeout)
+        self.url, self.durability = self._ledger.url, self._ledger.durability
+        self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+            self._ledger.conninfo, connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={"row_factory": dict_row}, min_size=1, max_size=max_connections,
+            open=False, configure=self._configure, check=AsyncConnectionPool.check_connection,
+            timeout=pool_timeout, name=f"safepoint-async:{self.url}")
+        self._opened = False
+        # Waiting for work: one LISTEN connection per store, read by a background task that
+        # sets ``_news``; every waiter wakes on it, and news that came while nobody waited
+        # wakes the next wait at once (as a thread's listener does in the sync store).
+        self._news = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self._listen_lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, url: str, *, durability: Durability | str | None = None,
+                   inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
+                   connect_timeout: float = 5.0,
+                   pool_timeout: float = 10.0) -> AsyncPostgresStore:
+        """Open (and migrate) the store at ``url``; call it inside the event loop that will
+        use the store."""
+        store = cls(url, durability=durability, inline_limit=inline_limit,
+                    max_connections=max_connections, connect_timeout=connect_timeout,
+                    pool_timeout=pool_timeout)
+        await store.open_pool()
+        return store
+
+    async def open_pool(self) -> None:
+        """Connect, migrate, and open the pool (once; later calls do nothing)."""
+        if self._opened:
+            return
+        conn = await self._connect()  # fails fast, with libpq's reason, when unreachable
+        try:
+            async with conn.transaction():
+                await run_plan_async(conn, self._ledger.prepare())
+        except psycopg.Error as exc:
+            raise self._ledger.migration_failure(exc) from exc
+        finally:
+            await conn.close()
+        try:
+            await self._pool.open(wait=True, timeout=self._pool.timeout)
+        except PoolTimeout as exc:
+            await self._pool.close()  # stop its background attempts to connect
+            raise unreachable(self.url, exc) from exc
+        self._opened = True
+
+    async def __aenter__(self) -> AsyncPostgresStore:
+        await self.open_pool()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- the executor: connections and transactions --------------------------------------------
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await run_plan_async(conn, self._ledger.configure())
+        if not conn.autocommit:
+            await conn.commit()
+
+    async def _connect(self, *, autocommit: bool = False) -> AsyncConn:
+        """A connection outside the pool: for migrating, and for listening."""
+        try:
+            conn = await psycopg.AsyncConnection[DictRow].connect(
+                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row)
+        except psycopg.Error as exc:
+            raise self._ledger.connect_failure(exc) from exc
+        try:
+            await self._configure(conn)
+        except psycopg.Error as exc:
+            await conn.close()
+            raise self._ledger.setup_failure(exc) from exc
+        return conn
+
+    async def _run(self, plan: Plan[T]) -> T:
+        """One plan, one transaction on a pooled connection."""
+        if not self._opened:
+            plan.close()
+            raise UsageError("this AsyncPostgresStore is not open: use"
+                             " `await AsyncPostgresStore.open(url)` or `async with`")
+        self._ledger.check_process()
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                return await run_plan_async(conn, plan)
+        except DRIVER_ERRORS as exc:
+            raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
+
+    async def close(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.wait({reader})  # it closes its connection as it ends
+        await self._pool.close()
+        self._opened = False
+
+    # -- the operations: each runs its plan ----------------------------------------------------
+
+    async def now(self) -> int:
+        """The database clock, epoch milliseconds: the one "now" of every worker."""
+        return await self._run(self._ledger.now())
+
+    async def schema_version(self) -> int:
+        return await self._run(self._ledger.schema_version())
+
+    async def get_artifact(self, digest: str) -> bytes:
+        return await self._run(self._ledger.get_artifact(digest))
+
+    async def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
+        return await self._run(self._ledger.create_run(new))
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        return await self._run(self._ledger.get_run(run_id))
+
+    async def list_runs(self, status: RunStatus | None = None,
+                        limit: int = 100) -> list[RunRecord]:
+        return await self._run(self._ledger.list_runs(status, limit))
+
+    async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                        dead_owner: str | None = None) -> Claim | None:
+        return await self._run(self._ledger.claim_run(run_id, expected_revision, owner,
+                                                      lease_ms, dead_owner))
+
+    async def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
+        return await self._run(self._ledger.claim_next(owner, lease_ms, workflows))
+
+    async def load_ledger(self, run_id: str) -> Ledger:
+        return await self._run(self._ledger.load_ledger(run_id))
+
+    async def events(self, run_id: str) -> list[EventRecord]:
+        return await self._run(self._ledger.events(run_id))
+
+    async def renew_lease(self, claim: Claim) -> None:
+        await self._run(self._ledger.renew_lease(claim))
+
+    async def record_step(self, claim: Claim, step: StepRecord) -> None:
+        await self._run(self._ledger.record_step(claim, step))
+
+    async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        await self._run(self._ledger.prepare_effect(claim, op, payload))
+
+    async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        return await self._run(self._ledger.mark_dispatching(claim, operation_id))
+
+    async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                             receipt: JSON = None, error: JSON = None,
+                             step: StepRecord | None = None) -> None:
+        await self._run(self._ledger.record_outcome(claim, operation_id, state,
+                                                    receipt=receipt, error=error, step=step))
+
+    async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
+                         error: dict[str, Any] | None = None,
+                         recovery_record: dict[str, Any] | None = None) -> None:
+        await self._run(self._ledger.finish_run(claim, status, result=result, error=error,
+                                                recovery_record=recovery_record))
+
+    async def release_run(self, claim: Claim) -> None:
+        await self._run(self._ledger.release_run(claim))
+
+    # -- waiting for work ----------------------------------------------------------------------
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released) or
+        ``timeout`` seconds, without blocking the loop. Any number of tasks may wait at once;
+        a burst of news is one wake-up. Never raises: when the server cannot be reached the
+        time is slept, the next call reconnects, and the caller's next claim reports a server
+        that stays away."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            await self._listen()
+        except (psycopg.Error, StoreError) as exc:
+            log.warning("cannot listen for work on %s: %s", self.url, exc)
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            return
+        if not self._news.is_set():
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._news.wait()
+            except TimeoutError:
+                pass
+        self._news.clear()
+
+    async def _listen(self) -> None:
+        """Start the reader task unless it runs; LISTEN has been executed when this returns,
+        so any notification committed afterwards wakes the caller's wait."""
+        async with self._listen_lock:  # two first waiters must not open two listeners
+            if self._reader is not None and not self._reader.done():
+                return
+            conn = await self._connect(autocommit=True)
+            try:
+                await conn.execute(LISTEN)
+            except BaseException:
+                await conn.close()
+                raise
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read_notifications(conn), name=f"safepoint-listen:{self.url}")
+
+    async def _read_notifications(self, conn: AsyncConn) -> None:
+        try:
+            async for _ in conn.notifies():
+                self._news.set()
+        except Exception as exc:  # a dead listener is dropped; the next wait reconnects
+            log.warning("stopped listening for work on %s: %s", self.url, exc)
+        finally:
+            await conn.close()

@@ -1,0 +1,132 @@
+"""``SyncOverAsync``: an asyncio store presented as a sync ``Store``, so that the one
+conformance suite (``safepoint.testing.conformance``, which re-exports this class) runs
+unchanged against async stores too."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+from ..storage.base import AsyncStore, NewRun
+from ..types import (
+    JSON,
+    Claim,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+)
+
+__all__ = ["SyncOverAsync"]
+
+T = TypeVar("T")
+
+
+class SyncOverAsync:
+    """An ``AsyncStore`` presented as a sync ``Store``: each call runs the store's coroutine on a
+    private event loop in a background thread and blocks until it is done.
+
+    Calls from several threads at once run as concurrent tasks on that one loop — which is how
+    an async store is used — so the suite's concurrency tests exercise the async store's own
+    concurrency. ``store_factory`` returns the awaitable that opens the store (it is awaited on
+    the private loop, where the store's pool must live)::
+
+        store = SyncOverAsync(lambda: AsyncPostgresStore.open(url))
+    """
+
+    def __init__(self, store_factory: Callable[[], Awaitable[AsyncStore]]) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name="safepoint-sync-over-async")
+        self._thread.start()
+
+        async def open_() -> AsyncStore:
+            return await store_factory()
+
+        try:
+            self.store = self._call(open_())
+        except BaseException:
+            self._stop()
+            raise
+        self.url = self.store.url
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def close(self) -> None:
+        try:
+            self._call(self.store.close())
+        finally:
+            self._stop()
+
+    def now(self) -> int:
+        return self._call(self.store.now())
+
+    def schema_version(self) -> int:
+        return self._call(self.store.schema_version())
+
+    def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
+        return self._call(self.store.create_run(new))
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self._call(self.store.get_run(run_id))
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        return self._call(self.store.list_runs(status, limit))
+
+    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
+                  dead_owner: str | None = None) -> Claim | None:
+        return self._call(self.store.claim_run(run_id, expected_revision, owner, lease_ms,
+                                               dead_owner))
+
+    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
+        return self._call(self.store.claim_next(owner, lease_ms, workflows))
+
+    def wait_for_work(self, timeout: float) -> None:
+        self._call(self.store.wait_for_work(timeout))
+
+    def load_ledger(self, run_id: str) -> Ledger:
+        return self._call(self.store.load_ledger(run_id))
+
+    def events(self, run_id: str) -> list[EventRecord]:
+        return self._call(self.store.events(run_id))
+
+    def renew_lease(self, claim: Claim) -> None:
+        self._call(self.store.renew_lease(claim))
+
+    def record_step(self, claim: Claim, step: StepRecord) -> None:
+        self._call(self.store.record_step(claim, step))
+
+    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        self._call(self.store.prepare_effect(claim, op, payload))
+
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        return self._call(self.store.mark_dispatching(claim, operation_id))
+
+    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
+                       receipt: JSON = None, error: JSON = None,
+                       step: StepRecord | None = None) -> None:
+        self._call(self.store.record_outcome(claim, operation_id, state, receipt=receipt,
+                                             error=error, step=step))
+
+    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
+                   error: dict[str, Any] | None = None,
+                   recovery_record: dict[str, Any] | None = None) -> None:
+        self._call(self.store.finish_run(claim, status, result=result, error=error,
+                                         recovery_record=recovery_record))
+
+    def release_run(self, claim: Claim) -> None:
+        self._call(self.store.release_run(claim))
+
+    def get_artifact(self, digest: str) -> bytes:
+        return self._call(self.store.get_artifact(digest))

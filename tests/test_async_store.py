@@ -1,0 +1,55 @@
+"""An async workflow on the async PostgreSQL store, killed mid-effect and resumed, end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+
+import safepoint as sp
+from safepoint._crashpoints import SimulatedCrash
+from safepoint.testing.owner import OwnerService
+
+
+def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerService,
+                                             crash_at: Any) -> None:
+    import flows
+
+    url = f"{pg_url}?schema=a_{uuid.uuid4().hex[:12]}"
+
+    async def main() -> tuple[Any, sp.RunRecord]:
+        store = await sp.open_async_store(url)
+        try:
+            crash_at("effect.after_receiver_commit:effect.charge")
+            with pytest.raises(SimulatedCrash):  # the owner committed; the ledger never heard
+                await sp.start_async(store, flows.every_kind_async, "c-1", run_id="r",
+                                     lease_ms=0)
+            crash_at(None)
+            result = await sp.resume_async(store, "r")
+            return result, await store.get_run("r")
+        finally:
+            await store.close()
+
+    result, run = asyncio.run(main())
+    assert result == {"charge": "ch_1", "ticket": "tk_1", "route": "refund", "amount": 2500}
+    assert (run.status, run.fence) == (sp.RunStatus.COMPLETED, 2)
+    stats = owner_env.client.stats()
+    assert (stats["applied"], stats["duplicates"]) == (2, 0)
+
+
+def test_a_plain_workflow_cannot_use_an_async_store(pg_url: str) -> None:
+    @sp.workflow("plain-on-async")
+    def flow(run: sp.Run) -> int:
+        return 1
+
+    async def main() -> None:
+        store = await sp.open_async_store(f"{pg_url}?schema=b_{uuid.uuid4().hex[:12]}")
+        try:
+            with pytest.raises(sp.UsageError, match="async store"):
+                await sp.start_async(store, flow, run_id="r")
+        finally:
+            await store.close()
+
+    asyncio.run(main())
