@@ -85,12 +85,42 @@ def test_an_interrupted_async_call_blocks_and_a_retry_cannot_mint_a_key(
         except TimeoutError:
             return await run.effect("charge", effect, payload={"a": 1})  # the agent retries
 
-    with pytest.raises(sp.NeedsReconciliation):
-        sp.start(memory_store, flow, run_id="r")
+    with pytest.raises(sp.NeedsReconciliation, match="interrupted"):
+        sp.start(memory_store, flow, run_id="r")  # the retry is refused, no new key minted
     assert len(keys) == 1
     ledger = memory_store.load_ledger("r")
     assert [op.state for op in ledger.operations.values()] == [sp.EffectState.UNKNOWN]
-    assert ledger.run.status is sp.RunStatus.BLOCKED
+    # released, not blocked: the next worker reconciles (here: no reconcile, so it blocks)
+    assert (ledger.run.status, ledger.run.owner) == (sp.RunStatus.RUNNING, None)
+    with pytest.raises(sp.NeedsReconciliation, match="no reconcile"):
+        sp.resume(memory_store, "r")
+    assert len(keys) == 1
+    assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED
+
+
+def test_a_cancelled_async_run_is_released_not_failed(memory_store: sp.Store) -> None:
+    """asyncio.timeout around a whole run (or Ctrl-C under asyncio.run) cancels the task: the
+    cancellation goes on, and the run is given back for the next worker — never FAILED."""
+    started = asyncio.Event()
+
+    async def slow() -> int:
+        started.set()
+        await asyncio.sleep(5)
+        return 1
+
+    @sp.workflow("cancelled")
+    async def flow(run: sp.AsyncRun) -> Any:
+        return await run.read("slow", slow)
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await sp.start_async(memory_store, flow, run_id="r")
+
+    asyncio.run(main())
+    assert started.is_set()
+    run = memory_store.get_run("r")
+    assert (run.status, run.owner, run.error) == (sp.RunStatus.RUNNING, None, None)
 
 
 def test_not_sent_after_an_uncertain_attempt_stays_uncertain(tmp_path: Path) -> None:

@@ -34,6 +34,10 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
     "unreadable_record": [
         "restore the named row or artifact from a backup, then resume",
     ],
+    "store_refused": [
+        "read the store's refusal in the evidence; fix the data or code that caused it,"
+        " then resume",
+    ],
 }
 
 

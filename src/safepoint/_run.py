@@ -95,12 +95,13 @@ class RunCore:
         self.seq_at_load = self.last_seq
         self.open_at_load = any(op.state not in _SETTLED for op in operations.values())
         self.halted: BaseException | None = None
+        self.release_on_halt = False  # halted by an interrupt: give the run back, don't block
 
     # -- shared pieces -------------------------------------------------------------------------
 
     def occurrence(self, step_id: str) -> str:
         """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …"""
-        if not isinstance(step_id, str) or not step_id or "#" in step_id:
+        if not isinstance(step_id, str) or not step_id or "#" in step_id or "\x00" in step_id:
             raise InvalidStepId(step_id)
         count = self.occurrences.get(step_id, 0) + 1
         self.occurrences[step_id] = count
@@ -234,6 +235,9 @@ class RunCore:
         # Every dispatch, first or after a crash, sends the payload exactly as stored.
         payload = loads(payload_bytes)
         op_id = operation_id or sid
+        if not isinstance(op_id, str) or "\x00" in op_id:
+            raise UsageError(f"invalid operation id {op_id!r}: a string without NUL",
+                             step_id=sid)
         hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                              "payload": payload_ref})
         try:
@@ -356,20 +360,24 @@ class RunCore:
             # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
             return (yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc)))
         except BaseException as exc:
-            # Cancelled or interrupted mid-call: leave the evidence, block, let the signal go on.
             yield from self._interrupted(sid, op, exc)
             raise
         crashpoint("effect.after_receiver_commit", sid)
         return (yield from self._applied(sid, effect, op, receipt, step))
 
     def _interrupted(self, sid: str, op: OperationRecord, exc: BaseException) -> Flow:
+        """Cancelled or interrupted mid-call: leave the evidence (the outcome is unknown, so
+        the next worker reconciles it) and stop this run object; the interrupt goes on."""
         if isinstance(exc, (LostOwnership, SimulatedCrash)):
+            self.halted = exc
             return  # this worker may not write anything more
-        op = yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
-        yield from self.record_block(
-            NeedsReconciliation(self.run.run_id, sid, op.operation_id,
-                                f"the call was interrupted ({type(exc).__name__})"),
-            phase="reconcile_effect", op=op)
+        # Agent code that swallows the interrupt gets this from its next step; the run is then
+        # released, not blocked: the next worker's reconcile may well settle it on its own.
+        self.halted = NeedsReconciliation(
+            self.run.run_id, sid, op.operation_id,
+            f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it")
+        self.release_on_halt = True
+        yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
 
     def _applied(self, sid: str, effect: Effect, op: OperationRecord, receipt: JSON,
                  step: StepRecord) -> Flow:

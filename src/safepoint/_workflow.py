@@ -10,6 +10,7 @@ records how it ended: completed, failed, or blocked. Like the steps, these are f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
 import uuid
@@ -35,6 +36,7 @@ from .errors import (
     RunOwned,
     SafepointError,
     StoreError,
+    StoreUnavailable,
     UsageError,
     WorkflowNotFound,
 )
@@ -320,18 +322,22 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
             result = yield Call(wf.fn, (handle, *args), kwargs)
     except (LostOwnership, SimulatedCrash):
         raise  # this worker must stop; the ledger already says everything it may say
-    except (KeyboardInterrupt, SystemExit):
-        # The process is stopping, not the run: release it so another worker need not wait.
-        if core.halted is None:
-            yield Io("release_run", (claim,))
+    except _STOPPING:
+        yield from _release(claim)  # the process or task is stopping, not the run
         raise
     except BaseException as exc:
+        if core.release_on_halt:
+            yield from _release(claim)  # an interrupted effect: the next worker reconciles it
+            if core.halted is exc:
+                raise
+            raise core.halted from exc  # type: ignore[misc]
         if core.halted is not None:
             if core.halted is exc:
                 raise
             raise core.halted from exc  # agent code swallowed the block and failed otherwise
         if isinstance(exc, StoreError):
-            raise  # the ledger is unreachable, not the run broken: it stays resumable
+            yield from _store_refused(core, exc)
+            raise
         yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
                                        exc)
         error = {"type": type(exc).__name__, "message": str(exc)[:4000]}
@@ -340,7 +346,9 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
     if core.halted is not None:
-        raise core.halted  # agent code swallowed the block; the run must not complete
+        if core.release_on_halt:
+            yield from _release(claim)
+        raise core.halted  # agent code swallowed it; the run must not complete
     yield from _block_if_uncertain(core, "the workflow returned", None)
     try:
         require_json(result, "workflow result")
@@ -351,6 +359,29 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     crashpoint("run.before_complete")
     yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
     return result
+
+
+# Signals that stop this process or task, not the run: it is released for the next worker.
+_STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
+
+
+def _release(claim: Claim) -> Flow:
+    """Best effort: a release that cannot be written only means waiting out the lease."""
+    with contextlib.suppress(StoreError, LostOwnership):
+        yield Io("release_run", (claim,))
+
+
+def _store_refused(core: RunCore, exc: StoreError) -> Flow:
+    """An unreachable database is transient: the run stays as it is, resumable. A store that
+    answers but refuses the write (bad data, a constraint) would refuse it again on every
+    resume, so the run blocks for a person instead of retrying forever."""
+    if isinstance(exc, StoreUnavailable):
+        return
+    record = build_record(core.run, phase="store_refused", reason=exc.message,
+                          evidence={"type": type(exc).__name__,
+                                    "cause": repr(exc.__cause__)[:2000]})
+    with contextlib.suppress(StoreError, LostOwnership):
+        yield Io("finish_run", (core.claim, RunStatus.BLOCKED), {"recovery_record": record})
 
 
 def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow:

@@ -117,7 +117,7 @@ class InvalidDecision(UsageError):
 class InvalidStepId(UsageError):
     def __init__(self, step_id: object) -> None:
         super().__init__(
-            f"invalid step id {step_id!r}: a step id is a non-empty string without '#'"
+            f"invalid step id {step_id!r}: a step id is a non-empty string without '#' or NUL"
             " (safepoint appends '#2', '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
             step_id=step_id,
         )
