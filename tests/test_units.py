@@ -126,3 +126,17 @@ def test_errors_carry_fields_and_advice() -> None:
     assert "resolve" in str(error)
     assert issubclass(sp.LostOwnership, BaseException)
     assert not issubclass(sp.LostOwnership, Exception)
+
+
+def test_only_a_process_of_this_very_boot_can_be_declared_dead() -> None:
+    from safepoint import _ownership
+
+    me = _ownership.worker_id()
+    host, boot, pidns, _, _ = me.split(":")
+    assert not _ownership.owner_is_gone(me)  # this process: alive
+    gone = f"{host}:{boot}:{pidns}:999999999:feedbeef"
+    assert _ownership.owner_is_gone(gone)  # no such pid on this boot
+    # the same host name and pid namespace inode on another machine (another boot): unknowable
+    assert not _ownership.owner_is_gone(f"{host}:0123456789ab:{pidns}:999999999:feedbeef")
+    assert not _ownership.owner_is_gone(f"other-host:{boot}:{pidns}:999999999:feedbeef")
+    assert not _ownership.owner_is_gone("not-an-owner-id")

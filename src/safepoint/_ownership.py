@@ -36,6 +36,19 @@ def _pid_namespace() -> str:
 
 
 _PIDNS = _pid_namespace()
+
+
+def _boot_id() -> str:
+    """Names this machine's current boot. Host names repeat (cloned VMs, "localhost") and the
+    root pid namespace has the same inode on every Linux host; the boot id does not."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as source:
+            return source.read().strip().replace("-", "")[:12]
+    except OSError:
+        return "-"
+
+
+_BOOT = _boot_id()
 _token = uuid.uuid4().hex[:8]
 
 
@@ -48,8 +61,9 @@ os.register_at_fork(after_in_child=_new_token)
 
 
 def worker_id() -> str:
-    """This process's identity as an owner: ``host:pidns:pid:token`` (no fork keeps the token)."""
-    return f"{_HOST}:{_PIDNS}:{os.getpid()}:{_token}"
+    """This process's identity as an owner: ``host:boot:pidns:pid:token`` (no fork keeps the
+    token)."""
+    return f"{_HOST}:{_BOOT}:{_PIDNS}:{os.getpid()}:{_token}"
 
 
 def owner_is_gone(owner: str) -> bool:
@@ -59,10 +73,10 @@ def owner_is_gone(owner: str) -> bool:
     means waiting for the lease — the safe direction.
     """
     parts = owner.split(":")
-    if len(parts) != 4:
+    if len(parts) != 5 or "-" in (_BOOT, _PIDNS):  # without both, "this machine" is unknowable
         return False
-    host, pidns, pid_text, token = parts
-    if host != _HOST or pidns != _PIDNS or not pid_text.isdigit():
+    host, boot, pidns, pid_text, token = parts
+    if (host, boot, pidns) != (_HOST, _BOOT, _PIDNS) or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ._ownership import DEFAULT_LEASE_MS, worker_id
-from ._workflow import registered, registered_names, run_claimed
+from ._workflow import registered, registered_versions, run_claimed
 from .errors import LostOwnership, RunBlocked, SafepointError, StoreError
 from .types import Claim
 
@@ -72,7 +72,8 @@ class Worker:
     def run(self, *, until_idle: bool = False, handle_signals: bool = True) -> WorkerStats:
         """Work until ``stop()`` (or SIGTERM); with ``until_idle``, also stop once nothing is
         runnable. Returns what this worker did."""
-        names = self.workflows or registered_names()
+        # name@version: in a rolling deploy, old workers leave new versions' runs alone
+        names = self.workflows or registered_versions()
         if not names:
             raise SafepointError("no workflows registered: import the modules that define them"
                                  " (CLI: --import your.module)")

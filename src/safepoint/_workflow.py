@@ -89,8 +89,9 @@ def registered(name: str) -> Workflow | None:
     return _registry.get(name)
 
 
-def registered_names() -> list[str]:
-    return sorted(_registry)
+def registered_versions() -> list[str]:
+    """``name@version`` of every registered workflow: what this process's code can continue."""
+    return sorted(f"{wf.name}@{wf.version}" for wf in _registry.values())
 
 
 def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

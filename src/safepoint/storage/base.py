@@ -70,8 +70,10 @@ class Store(Protocol):
         ...
 
     def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
-        """Claim one runnable run of these workflows — pending, or running with an expired
-        lease — oldest first, skipping runs another worker is claiming right now."""
+        """Claim one runnable run of these workflows — pending, released, or running with an
+        expired lease — oldest first, skipping runs another worker is claiming right now.
+        ``workflows`` names ``"name"`` (any version) or ``"name@version"`` (that version only:
+        a worker takes only runs its code can continue)."""
         ...
 
     def wait_for_work(self, timeout: float) -> None:

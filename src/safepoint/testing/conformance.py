@@ -402,6 +402,15 @@ class StoreConformance(abc.ABC):
         assert got is not None
         assert got.run_id == elsewhere.run_id
 
+    def test_claim_next_by_version_leaves_other_versions_alone(self) -> None:
+        """In a rolling deploy an old worker must not take (and then block) a newer run."""
+        store = self.store()
+        pending = self.submit(store)  # recorded as version v1
+        assert store.claim_next("worker-old", LONG_LEASE_MS, [f"{self.workflow}@v0"]) is None
+        got = store.claim_next("worker-new", LONG_LEASE_MS, [f"{self.workflow}@v1"])
+        assert got is not None
+        assert got.run_id == pending.run_id
+
     def test_concurrent_claim_next_never_hands_out_a_run_twice(self) -> None:
         stores = [self.store() for _ in range(4)]
         mine = {self.submit(stores[0]).run_id for _ in range(24)}

@@ -114,7 +114,8 @@ event AS (
 SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
 
 -- name: claim_next
--- Take the oldest runnable run of these workflows — pending, released, or left by a worker whose
+-- Take the oldest runnable run of these workflows ("name", any version, or "name@version") —
+-- pending, released, or left by a worker whose
 -- lease expired — skipping rows another worker is claiming right now (SKIP LOCKED). Only a
 -- takeover of a running run counts as a resume.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
@@ -123,7 +124,8 @@ candidate AS (
     WHERE (status = 'pending'
            OR (status = 'running'
                AND (lease_expires_at IS NULL OR lease_expires_at <= (SELECT now FROM clock))))
-      AND workflow = ANY(%(workflows)s)
+      AND (workflow = ANY(%(workflows)s)
+           OR workflow || '@' || workflow_version = ANY(%(workflows)s))
     ORDER BY created_at, run_id
     LIMIT 1
     FOR UPDATE SKIP LOCKED

@@ -15,13 +15,14 @@ VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :i
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
--- The oldest run a worker may take: pending, released, or abandoned by a worker whose lease
+-- The oldest run of these workflows ("name", any version, or "name@version") a worker may take: pending, released, or abandoned by a worker whose lease
 -- expired.
 -- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
 SELECT run_id, state_revision, status FROM safepoint_runs
 WHERE (status = 'pending'
        OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= :now)))
-  AND workflow IN (SELECT value FROM json_each(:workflows))
+  AND (workflow IN (SELECT value FROM json_each(:workflows))
+       OR workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows)))
 ORDER BY created_at, run_id
 LIMIT 1;
 
