@@ -53,3 +53,50 @@ def test_a_plain_workflow_cannot_use_an_async_store(pg_url: str) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_blocking_step_on_the_loop_keeps_its_lease(pg_url: str) -> None:
+    """A plain (sync) SDK call inside an async workflow blocks the event loop for longer than
+    the lease; the heartbeat renews without the loop, so a second resumer finds the run held
+    and the model is asked once."""
+    import threading
+    import time
+
+    url = f"{pg_url}?schema=c_{uuid.uuid4().hex[:12]}"
+    calls: list[str] = []
+
+    def blocking_model(**kwargs: Any) -> str:
+        calls.append(threading.current_thread().name)
+        time.sleep(2.0)
+        return "answer"
+
+    @sp.workflow("blocking-model")
+    async def flow(run: sp.AsyncRun) -> str:
+        return str(await run.model("draft", blocking_model, model="m", messages=[]))
+
+    second: dict[str, Any] = {}
+
+    def resume_meanwhile() -> None:
+        time.sleep(1.3)  # past the 600 ms lease, had nobody renewed it
+        store = sp.open_store(url)
+        try:
+            second["result"] = sp.resume(store, "r", lease_ms=600)
+        except sp.RunOwned as exc:
+            second["owned"] = exc.owner
+        finally:
+            store.close()
+
+    async def main() -> Any:
+        store = await sp.open_async_store(url)
+        try:
+            thread = threading.Thread(target=resume_meanwhile)
+            thread.start()
+            result = await sp.start_async(store, flow, run_id="r", lease_ms=600)
+            thread.join()
+            return result
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == "answer"
+    assert calls == ["MainThread"]
+    assert "owned" in second, second

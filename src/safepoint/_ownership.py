@@ -8,12 +8,12 @@ machine that no longer exists — a SIGKILLed worker need not be waited out.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -114,17 +114,20 @@ class Heartbeat:
     run was taken over anyway; the worker's next write then raises ``LostOwnership``."""
 
     def __init__(self, store: Any, claim: Claim) -> None:
-        self._store = store
         self._claim = claim
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.lost = False
+        # The beat must not depend on the event loop: a loop busy in a blocking call would let
+        # the lease lapse under a live worker. An async store offers a blocking renewal on a
+        # connection of its own for this.
+        renew = getattr(store, "renew_lease_blocking", None) or store.renew_lease
+        if inspect.iscoroutinefunction(renew):
+            raise TypeError(f"{type(store).__name__} has no blocking renew_lease_blocking()"
+                            " for the heartbeat")
+        self._renew: Callable[[Claim], None] = renew
 
     def __enter__(self) -> Heartbeat:
-        if inspect.iscoroutinefunction(self._store.renew_lease):
-            # An async store lives on the caller's event loop: the beat is handed to it.
-            self._loop = asyncio.get_running_loop()
         if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
             self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat",
                                             daemon=True)
@@ -135,11 +138,7 @@ class Heartbeat:
         interval = self._claim.lease_ms / 3000
         while not self._stop.wait(interval):
             try:
-                if self._loop is None:
-                    self._store.renew_lease(self._claim)
-                else:
-                    asyncio.run_coroutine_threadsafe(self._store.renew_lease(self._claim),
-                                                     self._loop).result(timeout=interval * 2)
+                self._renew(self._claim)
             except LostOwnership:
                 self.lost = True
                 return

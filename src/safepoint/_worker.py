@@ -14,6 +14,7 @@ every dispatch is fenced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -39,6 +40,7 @@ class WorkerStats:
     failed: int = 0
     blocked: int = 0
     lost: int = 0
+    interrupted: int = 0  # the store failed mid-run; the run was given back
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -110,7 +112,11 @@ class Worker:
             if claim is None:
                 if until_idle:
                     return
-                self.store.wait_for_work(self.rescan)
+                try:
+                    self.store.wait_for_work(self.rescan)
+                except Exception as exc:  # a slot must never die quietly: look again later
+                    log.warning("waiting for work failed: %s", exc)
+                    self._draining.wait(self.rescan)
                 continue
             self.stats.count("claimed")
             self._execute(claim)
@@ -122,6 +128,7 @@ class Worker:
             wf = registered(run.workflow)
             if wf is None:  # claim_next only offers registered workflows; a race with unload
                 log.error("run %s: workflow %s is not registered here", run_id, run.workflow)
+                self.store.release_run(claim)
                 return
             run_claimed(self.store, wf, claim, run)
             self.stats.count("completed")
@@ -131,6 +138,14 @@ class Worker:
         except RunBlocked as exc:
             self.stats.count("blocked")
             log.warning("run %s blocked: %s", run_id, exc.message)
+        except StoreError as exc:
+            # The run itself did not fail: give it back (best effort) so that another worker
+            # need not wait out the lease once the store answers again.
+            self.stats.count("interrupted")
+            log.warning("run %s: the store failed (%s); released for another attempt",
+                        run_id, exc.message)
+            with contextlib.suppress(StoreError, LostOwnership):
+                self.store.release_run(claim)
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

@@ -137,6 +137,11 @@ class AsyncStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def renew_lease_blocking(self, claim: Claim) -> None:
+        """The heartbeat's renewal, from a thread, without the event loop (a loop stuck in a
+        blocking call must not let a live worker's lease lapse). ``LostOwnership`` when stale."""
+        ...
+
     async def schema_version(self) -> int:
         """The highest migration applied to this store."""
         ...

@@ -81,6 +81,7 @@ class PostgresStore:
         try:
             self._pool.open(wait=True, timeout=pool_timeout)
         except PoolTimeout as exc:
+            self._pool.close()  # stop its background attempts to connect
             raise unreachable(self.url, exc) from exc
 
     # -- the executor: connections and transactions --------------------------------------------

@@ -22,6 +22,7 @@ where a sync connection would stall every other task for as long as the queue ta
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -42,7 +43,16 @@ from ..types import (
     RunStatus,
     StepRecord,
 )
-from ._postgres import DRIVER_ERRORS, LISTEN, Plan, PostgresLedger, Row, log, unreachable
+from ._postgres import (
+    DRIVER_ERRORS,
+    LISTEN,
+    Plan,
+    PostgresLedger,
+    Row,
+    log,
+    run_plan,
+    unreachable,
+)
 from .base import INLINE_LIMIT, NewRun
 
 __all__ = ["AsyncPostgresStore"]
@@ -85,6 +95,8 @@ class AsyncPostgresStore:
             open=False, configure=self._configure, check=AsyncConnectionPool.check_connection,
             timeout=pool_timeout, name=f"safepoint-async:{self.url}")
         self._opened = False
+        self._beat_conn: psycopg.Connection[DictRow] | None = None
+        self._beat_lock = threading.Lock()
         # Waiting for work: one LISTEN connection per store, read by a background task that
         # sets ``_news``; every waiter wakes on it, and news that came while nobody waited
         # wakes the next wait at once (as a thread's listener does in the sync store).
@@ -166,7 +178,31 @@ class AsyncPostgresStore:
         except DRIVER_ERRORS as exc:
             raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
 
+    def renew_lease_blocking(self, claim: Claim) -> None:
+        """The heartbeat's renewal, on a connection of its own and without the event loop:
+        a loop busy in a long blocking call (a sync SDK) must not let the lease lapse, and a
+        loop-bound renewal queued behind it would fire late, after the run moved on."""
+        with self._beat_lock:
+            try:
+                if self._beat_conn is None or self._beat_conn.closed:
+                    self._beat_conn = psycopg.Connection[DictRow].connect(
+                        self._ledger.conninfo, row_factory=dict_row)
+                    run_plan(self._beat_conn, self._ledger.configure())
+                    self._beat_conn.commit()
+                with self._beat_conn.transaction():
+                    run_plan(self._beat_conn, self._ledger.renew_lease(claim))
+            except DRIVER_ERRORS as exc:
+                if self._beat_conn is not None:
+                    self._beat_conn.close()
+                    self._beat_conn = None
+                raise self._ledger.failure(exc, self._pool.timeout,
+                                           self._pool.max_size) from exc
+
     async def close(self) -> None:
+        with self._beat_lock:
+            if self._beat_conn is not None:
+                self._beat_conn.close()
+                self._beat_conn = None
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
