@@ -100,7 +100,8 @@ claimed AS (
     UPDATE safepoint_runs
     SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
         fence = fence + 1, state_revision = state_revision + 1,
-        resume_count = resume_count + 1, event_count = event_count + 1, updated_at = clock.now
+        resume_count = resume_count + CASE WHEN status = 'pending' THEN 0 ELSE 1 END,
+        event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
       AND status IN ('pending', 'running', 'blocked')

@@ -43,7 +43,8 @@ LIMIT :limit;
 UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
-    resume_count = resume_count + :count_resume, event_count = event_count + 1,
+    resume_count = resume_count + CASE WHEN status = 'pending' THEN 0 ELSE :count_resume END,
+    event_count = event_count + 1,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
   AND status IN ('pending', 'running', 'blocked')
