@@ -6,6 +6,7 @@ underscore is private.
 
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._run import AsyncRun, Run
+from ._secrets import Secret
 from ._worker import Worker
 from ._workflow import (
     Workflow,
@@ -39,6 +40,7 @@ from .errors import (
     RunOwned,
     SafepointError,
     SchemaTooNew,
+    SecretRefused,
     StaleCheckpoint,
     StepFailed,
     StoreError,
@@ -101,6 +103,8 @@ __all__ = [
     "RunStatus",
     "SafepointError",
     "SchemaTooNew",
+    "Secret",
+    "SecretRefused",
     "StaleCheckpoint",
     "StepFailed",
     "StepKind",

@@ -37,6 +37,7 @@ from ._effects import (
 )
 from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
 from ._recovery import build_record
+from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -73,7 +74,7 @@ _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    return {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
 
 
 class RunCore:
@@ -175,6 +176,7 @@ class RunCore:
         if not self.is_async and _is_async_callable(fn):
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
                              " def workflow (AsyncRun), or pass a plain function", step_id=sid)
+        hashed_inputs = mask_secrets(hashed_inputs)  # a Secret is passed on, never hashed
         require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
         hashed = input_hash(hashed_inputs)
         try:
@@ -212,8 +214,10 @@ class RunCore:
             failed = replace(base, status=StepStatus.FAILED, error=_error_evidence(exc))
             yield Io("record_step", (self.claim, failed))
             self.steps[sid] = failed
-            raise StepFailed(self.run.run_id, sid, type(exc).__name__, str(exc)[:2000]) from exc
+            raise StepFailed(self.run.run_id, sid, type(exc).__name__,
+                             failed.error["message"]) from exc  # type: ignore[index]
         require_json(value, "result", sid)
+        refuse_secrets(value, "the result", sid)
         next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
         step = replace(base, result=value, next_step_id=next_step_id)
         crashpoint("step.before_record", sid)
@@ -230,6 +234,7 @@ class RunCore:
         if not self.is_async:
             _refuse_async_callables(effect)
         require_json(payload, "payload", sid)
+        refuse_secrets(payload, "the payload", sid)
         payload_bytes = canonical(payload)
         payload_ref = digest(payload_bytes)
         # Every dispatch, first or after a crash, sends the payload exactly as stored.
@@ -343,6 +348,7 @@ class RunCore:
         try:
             receipt = yield Call(effect.execute, (payload, self._key(op)))
             require_json(receipt, "receipt", sid)
+            refuse_secrets(receipt, "the receipt", sid)
         except NotSent as exc:
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
@@ -354,7 +360,7 @@ class RunCore:
             yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
             return op
         except Rejected as exc:
-            yield from self._record(op, EffectState.REJECTED, error=exc.evidence)
+            yield from self._record(op, EffectState.REJECTED, error=redact_json(exc.evidence))
             raise EffectRejected(self.run.run_id, sid, op.operation_id, exc.evidence) from exc
         except Exception as exc:
             # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
@@ -405,6 +411,7 @@ class RunCore:
         if decided.action is Action.RECORD_APPLIED:
             try:
                 require_json(answer.receipt, "reconciled receipt", sid)
+                refuse_secrets(answer.receipt, "the reconciled receipt", sid)
             except UsageError as exc:
                 decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
             else:

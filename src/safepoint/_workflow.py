@@ -24,6 +24,7 @@ from ._flow import Call, Flow, Io, Sleep, adrive, drive
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
 from ._run import AsyncRun, Run, RunCore
+from ._secrets import redact, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -97,6 +98,7 @@ def registered_versions() -> list[str]:
 def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     inputs = {"args": list(args), "kwargs": kwargs}
     require_json(inputs, "workflow inputs", allow_tuples=True)
+    refuse_secrets(inputs, "the workflow inputs")
     return inputs
 
 
@@ -341,7 +343,7 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
             raise
         yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
                                        exc)
-        error = {"type": type(exc).__name__, "message": str(exc)[:4000]}
+        error = {"type": type(exc).__name__, "message": redact(str(exc))[:4000]}
         yield Io("finish_run", (claim, RunStatus.FAILED), {"error": error})
         if isinstance(exc, SafepointError):
             raise
@@ -353,6 +355,7 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     yield from _block_if_uncertain(core, "the workflow returned", None)
     try:
         require_json(result, "workflow result")
+        refuse_secrets(result, "the workflow result")
     except UsageError as exc:
         yield Io("finish_run", (claim, RunStatus.FAILED),
                  {"error": {"type": type(exc).__name__, "message": exc.message}})

@@ -13,6 +13,7 @@ The tree::
         │   ├── RunConflict             a run id reused with other inputs or another workflow
         │   ├── WorkflowNotFound        the run's workflow is not imported in this process
         │   ├── NotJSON                 a step result, input or payload is not a JSON value
+        │   ├── SecretRefused           a value to be recorded looks like a credential
         │   ├── InvalidDecision         a decide() step returned no next step id
         │   ├── InvalidStepId
         │   ├── InvalidStoreURL
@@ -101,6 +102,20 @@ class NotJSON(UsageError):
             what=what,
             path=path,
             type_name=type_name,
+            step_id=step_id,
+        )
+
+
+class SecretRefused(UsageError):
+    def __init__(self, what: str, path: str, why: str, step_id: str | None = None) -> None:
+        where = f" of step {step_id!r}" if step_id else ""
+        super().__init__(
+            f"{what}{where} was not recorded: {path} looks like a credential ({why});"
+            " credentials never enter the ledger — pass them to steps as safepoint.Secret(...),"
+            " or let the effect obtain them at dispatch through its own path",
+            what=what,
+            path=path,
+            why=why,
             step_id=step_id,
         )
 
