@@ -381,3 +381,43 @@ def test_a_plain_workflow_from_async_code_runs_in_a_thread(memory_store: sp.Stor
         return int(run.pure("p", lambda: 5))
 
     assert asyncio.run(sp.start_async(memory_store, flow, run_id="r")) == 5
+
+
+def test_the_resume_budget_fails_a_run_loudly(memory_store: sp.Store, crash_at: Any) -> None:
+    """A run whose worker dies every time is not re-claimed forever."""
+
+    @sp.workflow("always-dies", resume_budget=2)
+    def flow(run: sp.Run) -> int:
+        return int(run.pure("p", lambda: 1))
+
+    crash_at("run.before_complete")
+    with pytest.raises(SimulatedCrash):
+        sp.start(memory_store, flow, run_id="r", lease_ms=0)
+    for _ in range(2):  # two takeovers are within the budget
+        crash_at("run.before_complete")
+        with pytest.raises(SimulatedCrash):
+            sp.resume(memory_store, "r", lease_ms=0)
+    crash_at(None)
+    with pytest.raises(sp.BudgetExhausted) as exhausted:
+        sp.resume(memory_store, "r")
+    assert (exhausted.value.budget, exhausted.value.resumes) == (2, 3)
+    run = memory_store.get_run("r")
+    assert (run.status, run.resume_budget) == (sp.RunStatus.FAILED, 2)
+    assert run.error["type"] == "BudgetExhausted"
+
+
+def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store,
+                                                        crash_at: Any) -> None:
+    effect = sp.Effect("fx", execute=lambda payload, key: {"ok": True})
+
+    @sp.workflow("dies-mid-effect", resume_budget=0)
+    def flow(run: sp.Run) -> Any:
+        return run.effect("fx", effect, payload={})
+
+    crash_at("effect.after_dispatching")
+    with pytest.raises(SimulatedCrash):
+        sp.start(memory_store, flow, run_id="r", lease_ms=0)
+    crash_at(None)
+    with pytest.raises(sp.NeedsReconciliation, match="resume budget"):
+        sp.resume(memory_store, "r")
+    assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED

@@ -231,3 +231,24 @@ def test_two_processes_resuming_one_run(tmp_path: Path, owner_env: Any) -> None:
     assert (stats["applied"], stats["duplicates"]) == (2, 0)
     store = sp.open_store(url)
     assert store.get_run("contended").status is sp.RunStatus.COMPLETED
+
+
+def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) -> None:
+    """A ledger written at schema 1 (before the resume budget) opens at the current schema."""
+    from safepoint._canonical import sha256_hex
+
+    path = tmp_path / "old.db"
+    version, name, sql = load_migrations("sqlite")[0]
+    with sqlite3.connect(path) as conn:
+        conn.executescript(sql)
+        conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+                     " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+        conn.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+                     (version, name, sha256_hex(sql.encode())))
+        conn.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+                     " input_hash, inputs, created_at, updated_at) VALUES"
+                     " ('old', 'wf', '1', 'completed', 'h', '{\"args\":[],\"kwargs\":{}}', 0, 0)")
+    store = sp.open_store(str(path))
+    assert store.schema_version() == len(load_migrations("sqlite")) >= 2
+    old = store.get_run("old")
+    assert (old.status, old.resume_budget) == (sp.RunStatus.COMPLETED, None)

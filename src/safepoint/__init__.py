@@ -21,6 +21,7 @@ from ._workflow import (
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    BudgetExhausted,
     CorruptRecord,
     EffectRejected,
     IncompatibleWorkflow,
@@ -72,6 +73,7 @@ __all__ = [
     "ArtifactMissing",
     "AsyncRun",
     "AsyncStore",
+    "BudgetExhausted",
     "CorruptRecord",
     "Durability",
     "Effect",

@@ -28,6 +28,7 @@ from ._secrets import redact, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    BudgetExhausted,
     CorruptRecord,
     IncompatibleWorkflow,
     LostOwnership,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from .storage.base import AsyncStore
 
 _ATTACH_POLL_MAX_S = 1.0
+DEFAULT_RESUME_BUDGET = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class Workflow:
     name: str
     version: str
     fn: Callable[..., Any]
+    resume_budget: int | None = DEFAULT_RESUME_BUDGET
 
     @property
     def is_async(self) -> bool:
@@ -66,11 +69,14 @@ class Workflow:
 _registry: dict[str, Workflow] = {}
 
 
-def workflow(name: str, *, version: str = "1") -> Callable[[Callable[..., Any]], Workflow]:
+def workflow(name: str, *, version: str = "1",
+             resume_budget: int | None = None) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
     The version is yours to bump: a run recorded by one version is only continued by the same
     version (nothing is inferred from source code, so a deploy strands nothing by itself).
+    ``resume_budget`` is how often one run may be taken over (its worker died or stopped) before
+    it fails loudly with ``BudgetExhausted`` (default 20; it is recorded with each run).
 
     >>> @workflow("support-follow-up", version="v3")
     ... def follow_up(run: Run, case_id: str) -> dict: ...
@@ -78,8 +84,12 @@ def workflow(name: str, *, version: str = "1") -> Callable[[Callable[..., Any]],
     if not name or not isinstance(name, str):
         raise UsageError("a workflow needs a non-empty name")
 
+    if resume_budget is not None and resume_budget < 0:
+        raise UsageError("resume_budget is a count of takeovers: 0 or more")
+
     def register(fn: Callable[..., Any]) -> Workflow:
-        registered = Workflow(name, str(version), fn)
+        registered = Workflow(name, str(version), fn,
+                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget)
         _registry[name] = registered
         return registered
 
@@ -109,7 +119,7 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
     inputs = _run_inputs(args, kwargs)
     return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
                   workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                  owner=owner, lease_ms=lease_ms)
+                  owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget)
 
 
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
@@ -303,6 +313,8 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
         yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
         raise
     run = ledger.run
+    if run.resume_budget is not None and run.resume_count > run.resume_budget:
+        yield from _budget_exhausted(store, wf, claim, run, ledger)
     if run.workflow_version != wf.version:
         error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
                                      f"{wf.name}@{wf.version}")
@@ -386,6 +398,21 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow:
                                     "cause": repr(exc.__cause__)[:2000]})
     with contextlib.suppress(StoreError, LostOwnership):
         yield Io("finish_run", (core.claim, RunStatus.BLOCKED), {"recovery_record": record})
+
+
+def _budget_exhausted(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                      ledger: Any) -> Flow:
+    """Fail the run loudly — unless an effect of it is uncertain: that still needs settling, so
+    the run blocks for a person instead of being forgotten."""
+    assert run.resume_budget is not None
+    error = BudgetExhausted(run.run_id, run.resume_budget, run.resume_count)
+    core = RunCore(store, claim, run, dict(ledger.steps), dict(ledger.operations),
+                   is_async=wf.is_async)
+    yield from _block_if_uncertain(core, f"the resume budget ({run.resume_budget}) ran out",
+                                   error)
+    yield Io("finish_run", (claim, RunStatus.FAILED),
+             {"error": {"type": "BudgetExhausted", "message": error.message}})
+    raise error
 
 
 def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow:

@@ -20,6 +20,7 @@ The tree::
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
+        ├── BudgetExhausted             the run was resumed more often than its budget allows
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
         ├── StoreError                  the ledger itself is unusable
@@ -176,6 +177,21 @@ class RunFailed(SafepointError):
             run_id=run_id,
             error_type=error_type,
             error_message=error_message,
+        )
+
+
+class BudgetExhausted(SafepointError):
+    """A run was taken over more often than its resume budget allows: something kills its
+    workers each time (a crash, an out-of-memory step). It fails loudly instead of looping."""
+
+    def __init__(self, run_id: str, budget: int, resumes: int) -> None:
+        super().__init__(
+            f"run {run_id!r} was resumed {resumes} times, past its resume budget of {budget};"
+            " it is failed rather than retried forever — find what stops its workers (see"
+            f" `safepoint show {run_id}`), then start a new run",
+            run_id=run_id,
+            budget=budget,
+            resumes=resumes,
         )
 
 

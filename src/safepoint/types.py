@@ -71,6 +71,7 @@ class RunRecord:
     recovery_record: dict[str, Any] | None
     created_at: int
     updated_at: int
+    resume_budget: int | None = None  # takeovers allowed before the run fails loudly
 
 
 @dataclass(frozen=True, slots=True)

@@ -274,6 +274,7 @@ class PostgresLedger:
             "insert_run", run_id=new.run_id, workflow=new.workflow,
             workflow_version=new.workflow_version, input_hash=new.input_hash, inputs=inputs,
             inputs_ref=inputs_ref, owner=new.owner, lease_ms=new.lease_ms,
+            resume_budget=new.resume_budget,
             detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
         if created:
             row = created[0]
@@ -321,7 +322,8 @@ class PostgresLedger:
             result=(yield from self._value(row["result"], row["result_ref"], table, key)),
             error=(yield from self._value(row["error"], None, table, key)),
             recovery_record=(yield from self._value(row["recovery_record"], None, table, key)),
-            created_at=row["created_at"], updated_at=row["updated_at"])
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            resume_budget=row["resume_budget"])
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,

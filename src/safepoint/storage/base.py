@@ -39,6 +39,7 @@ class NewRun:
     inputs: JSON
     owner: str | None   # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
+    resume_budget: int | None = None  # takeovers allowed before BudgetExhausted; None: no limit
 
 
 class Store(Protocol):

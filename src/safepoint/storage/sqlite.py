@@ -242,7 +242,8 @@ class SqliteStore:
                 "workflow_version": new.workflow_version,
                 "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
                 "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
-                "owner": new.owner, "lease_expires_at": lease, "fence": fence, "now": now})
+                "owner": new.owner, "lease_expires_at": lease, "fence": fence,
+                "resume_budget": new.resume_budget, "now": now})
             created = cursor.rowcount == 1
             if created:
                 self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
@@ -284,7 +285,8 @@ class SqliteStore:
             resume_count=row["resume_count"], event_count=row["event_count"],
             result=self._get_value(row["result"], row["result_ref"], "safepoint_runs", key),
             error=get("error"), recovery_record=get("recovery_record"),
-            created_at=row["created_at"], updated_at=row["updated_at"])
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            resume_budget=row["resume_budget"])
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:

@@ -402,6 +402,19 @@ class StoreConformance(abc.ABC):
         assert got is not None
         assert got.run_id == elsewhere.run_id
 
+    def test_the_resume_budget_is_recorded_with_the_run(self) -> None:
+        store = self.store()
+        run, _ = store.create_run(NewRun(
+            run_id=f"budget-{_uid()}", workflow=self.workflow, workflow_version="v1",
+            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0,
+            resume_budget=3))
+        assert run.resume_budget == 3
+        assert store.get_run(run.run_id).resume_budget == 3
+        unlimited, _ = store.create_run(NewRun(
+            run_id=f"budget-{_uid()}", workflow=self.workflow, workflow_version="v1",
+            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0))
+        assert unlimited.resume_budget is None
+
     def test_claim_next_by_version_leaves_other_versions_alone(self) -> None:
         """In a rolling deploy an old worker must not take (and then block) a newer run."""
         store = self.store()

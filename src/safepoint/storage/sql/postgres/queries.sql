@@ -57,13 +57,14 @@ WITH clock AS (SELECT safepoint_now_ms() AS now),
 created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                                 inputs_ref, state_revision, owner, lease_expires_at, fence,
-                                resume_count, event_count, created_at, updated_at)
+                                resume_count, event_count, resume_budget, created_at,
+                                updated_at)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
            CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE clock.now + %(lease_ms)s END,
            CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,
-           0, 1, clock.now, clock.now
+           0, 1, %(resume_budget)s, clock.now, clock.now
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *

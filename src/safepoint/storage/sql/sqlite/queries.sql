@@ -9,9 +9,9 @@
 -- does nothing if the run id exists.
 INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                             inputs_ref, state_revision, owner, lease_expires_at, fence,
-                            resume_count, event_count, created_at, updated_at)
+                            resume_count, event_count, resume_budget, created_at, updated_at)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
-        :owner, :lease_expires_at, :fence, 0, 1, :now, :now)
+        :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
