@@ -5,6 +5,7 @@ underscore is private.
 """
 
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
+from ._recovery import resolve
 from ._run import AsyncRun, Run
 from ._secrets import Secret
 from ._worker import Worker
@@ -34,6 +35,7 @@ from .errors import (
     NeedsReconciliation,
     NotJSON,
     ReplayMismatch,
+    ResolutionRefused,
     RunBlocked,
     RunConflict,
     RunFailed,
@@ -58,6 +60,8 @@ from .types import (
     EffectState,
     EventRecord,
     OperationRecord,
+    Resolution,
+    ResolutionAction,
     RunRecord,
     RunStatus,
     StepKind,
@@ -95,6 +99,9 @@ __all__ = [
     "OperationRecord",
     "Rejected",
     "ReplayMismatch",
+    "Resolution",
+    "ResolutionAction",
+    "ResolutionRefused",
     "Run",
     "RunBlocked",
     "RunConflict",
@@ -123,6 +130,7 @@ __all__ = [
     "WorkflowNotFound",
     "open_async_store",
     "open_store",
+    "resolve",
     "resume",
     "resume_async",
     "start",

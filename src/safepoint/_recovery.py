@@ -7,9 +7,16 @@ the statement that blocks the run, so it always names the revision the block cre
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from .types import OperationRecord, RunRecord
+from ._canonical import require_json
+from ._secrets import refuse_secrets
+from .errors import ResolutionRefused, UsageError
+from .types import OperationRecord, Resolution, ResolutionAction, RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from .storage.base import Store
 
 RECORD_SCHEMA_VERSION = 1
 
@@ -17,16 +24,25 @@ RECORD_SCHEMA_VERSION = 1
 _NEXT_ACTIONS: dict[str, list[str]] = {
     "reconcile_effect": [
         "look the operation up at its owner by effect_key",
-        "if it happened: resolve the run as applied, with the owner's receipt as evidence",
-        "if it did not: resolve the run as not applied; it is then dispatched with the same key",
-        "or resume later, when the owner can answer",
+        "if it happened: safepoint resolve RUN --applied --receipt '<the owner's object>'"
+        " --revision <state_revision> --by <you> --evidence '<how you know>'",
+        "if it did not: safepoint resolve RUN --not-applied --revision <state_revision>"
+        " --by <you> (it is then dispatched again, under the same key)",
+        "or resume later, when the owner can answer; or give up: safepoint resolve RUN"
+        " --abandon --revision <state_revision> --by <you>",
     ],
     "verify_effect": [
-        "inspect the receipt at the owner; resolve as applied if it is right, or abandon",
+        "inspect the receipt at the owner; if it is right: safepoint resolve RUN --applied"
+        " --receipt '<the owner's object>' --revision <state_revision> --by <you>",
+        "otherwise: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
     ],
     "stale_checkpoint": [
         "revert the code or input change that moved this step's inputs, then resume",
-        "or start a new run for the new inputs",
+        "or start a new run for the new inputs (and abandon this one)",
+    ],
+    "replay_mismatch": [
+        "the code now takes another path at this step: deploy the code that recorded the run,"
+        " then resume; or abandon it and start a new run",
     ],
     "incompatible_workflow": [
         "deploy the recorded workflow version to finish this run, or start a new run",
@@ -72,3 +88,59 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
         "evidence": evidence,
         "next_actions": _NEXT_ACTIONS.get(phase, []),
     }
+
+
+def refusal(run: RunRecord, expected_revision: int, resolution: Resolution) -> str:
+    """Why a resolution could not be applied to ``run`` as it now stands."""
+    if run.status is not RunStatus.BLOCKED:
+        return f"the run is {run.status.value}, not blocked"
+    if run.state_revision != expected_revision:
+        return (f"the run moved on: it is at revision {run.state_revision}, the record you"
+                f" resolved was at revision {expected_revision}")
+    return (f"operation {resolution.operation_id!r} is not uncertain (dispatching, unknown or"
+            " applied) in this run")
+
+
+def resolve(store: Store, run_id: str, action: ResolutionAction | str, *, revision: int,
+            by: str, operation_id: str | None = None, receipt: Any = None,
+            evidence: str | None = None) -> RunRecord:
+    """Apply a person's decision to a blocked run and return the run as it now stands.
+
+    ``applied``: the operation happened; ``receipt`` is what its owner holds, and the run
+    carries on from it. ``not_applied``: it did not; the run dispatches it again under the same
+    key. ``abandon``: the run ends, cancelled. ``revision`` is the state revision of the
+    recovery record the decision was made on: if the run moved since, the decision is refused.
+    Repeating a resolution that was applied is harmless: it returns the run unchanged.
+    """
+    chosen = ResolutionAction(action)
+    if not by or not isinstance(by, str):
+        raise UsageError("say who resolves the run: by='name'")
+    if chosen is ResolutionAction.APPLIED:
+        if receipt is None:
+            raise UsageError("marking an operation applied needs its receipt as evidence: the"
+                             " object the owner holds (e.g. the charge it returns by key)")
+        require_json(receipt, "the receipt")
+        refuse_secrets(receipt, "the receipt")
+    if evidence is not None:
+        refuse_secrets(evidence, "the evidence")
+    decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt,
+                          evidence=evidence)
+    if operation_id is None and chosen is not ResolutionAction.ABANDON:
+        decision = _with_named_operation(store, run_id, revision, decision)
+    return store.resolve(run_id, revision, decision)
+
+
+def _with_named_operation(store: Store, run_id: str, revision: int,
+                          decision: Resolution) -> Resolution:
+    """The operation the recovery record names — or, once resolved, the one the last
+    resolution named (so that repeating it stays harmless)."""
+    run = store.get_run(run_id)
+    operation_id = (run.recovery_record or {}).get("operation_id")
+    if operation_id is None:
+        resolved = [e for e in store.events(run_id) if e.kind == "run.resolved"]
+        operation_id = resolved[-1].operation_id if resolved else None
+    if operation_id is None:
+        reason = ("its recovery record names no operation; name one"
+                  if run.status is RunStatus.BLOCKED else refusal(run, revision, decision))
+        raise ResolutionRefused(run_id, reason)
+    return replace(decision, operation_id=operation_id)

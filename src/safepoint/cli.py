@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from ._recovery import resolve as resolve_run_decision
 from ._worker import Worker
 from ._workflow import resume as resume_run
 from .errors import LostOwnership, RunBlocked, SafepointError
@@ -407,6 +408,41 @@ def record(ctx: click.Context, run_id: str) -> None:
         _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
                    " only a blocked run has a recovery record")
     click.echo(json.dumps(run.recovery_record, indent=2, ensure_ascii=False))
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--applied", "action", flag_value="applied",
+              help="The operation happened: give its receipt with --receipt.")
+@click.option("--not-applied", "action", flag_value="not_applied",
+              help="It did not happen: dispatch it again, under the same key.")
+@click.option("--abandon", "action", flag_value="abandon", help="Give the run up (cancelled).")
+@click.option("--revision", type=int, required=True,
+              help="The state_revision of the recovery record you decided on.")
+@click.option("--by", required=True, help="Who decides (recorded).")
+@click.option("--receipt", metavar="JSON", help="With --applied: the object the owner holds.")
+@click.option("--evidence", help="Why this is known: a link, a ticket, a sentence (recorded).")
+@click.option("--operation", "operation_id", metavar="OP",
+              help="The operation (default: the one the recovery record names).")
+@click.pass_context
+def resolve(ctx: click.Context, run_id: str, action: str | None, revision: int, by: str,
+            receipt: str | None, evidence: str | None, operation_id: str | None) -> None:
+    """Settle a blocked run: --applied, --not-applied or --abandon.
+
+    The decision is checked against --revision (a run that moved since is refused), recorded in
+    the run's history with --by and --evidence, and harmless to repeat. An applied or
+    not-applied run is released: resume it, or let a worker take it.
+    """
+    if action is None:
+        _fail(ctx, "say what happened: --applied, --not-applied or --abandon")
+    try:
+        parsed = json.loads(receipt) if receipt is not None else None
+    except ValueError as exc:
+        _fail(ctx, f"--receipt is not JSON: {exc}")
+    run = resolve_run_decision(_store(ctx), run_id, action, revision=revision, by=by,
+                               operation_id=operation_id, receipt=parsed, evidence=evidence)
+    click.echo(f"run {run_id!r} resolved ({action}): now {run.status.value},"
+               f" revision {run.state_revision}")
 
 
 @cli.command()

@@ -16,6 +16,7 @@ The tree::
         │   ├── SecretRefused           a value to be recorded looks like a credential
         │   ├── InvalidDecision         a decide() step returned no next step id
         │   ├── InvalidStepId
+        │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -136,6 +137,16 @@ class InvalidStepId(UsageError):
             f"invalid step id {step_id!r}: a step id is a non-empty string without '#' or NUL"
             " (safepoint appends '#2', '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
             step_id=step_id,
+        )
+
+
+class ResolutionRefused(UsageError):
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"resolution of run {run_id!r} refused: {reason}; look at the run again with"
+            f" `safepoint record {run_id}` and resolve what it says now",
+            run_id=run_id,
+            reason=reason,
         )
 
 

@@ -126,6 +126,27 @@ class EventRecord:
     detail: JSON
 
 
+class ResolutionAction(StrEnum):
+    APPLIED = "applied"          # the operation happened: its receipt is the evidence
+    NOT_APPLIED = "not_applied"  # it did not: dispatch it again, under the same key
+    ABANDON = "abandon"          # give the run up: it ends cancelled
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A person's decision about a blocked run, recorded as evidence in its history."""
+
+    action: ResolutionAction
+    by: str
+    operation_id: str | None = None
+    receipt: JSON = None          # ``applied``: what the owner holds
+    evidence: str | None = None   # a link, a ticket, a sentence: why this is known
+
+    def detail(self) -> dict[str, Any]:
+        return {"action": self.action.value, "operation_id": self.operation_id,
+                "by": self.by, "receipt": self.receipt, "evidence": self.evidence}
+
+
 @dataclass(frozen=True, slots=True)
 class Ledger:
     """Everything recorded for one run, loaded in one batch when a worker takes it over."""

@@ -33,6 +33,7 @@ from psycopg_pool import PoolTimeout
 
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
+from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -40,6 +41,7 @@ from ..errors import (
     InvalidStoreURL,
     LostOwnership,
     MigrationMismatch,
+    ResolutionRefused,
     RunNotFound,
     SafepointError,
     SchemaTooNew,
@@ -54,6 +56,8 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
+    ResolutionAction,
     RunRecord,
     RunStatus,
     StepKind,
@@ -469,6 +473,32 @@ class PostgresLedger:
             claim, "finish_run", status=status.value, result=result_text, result_ref=result_ref,
             error=None if error is None else dumps(error), recovery_record=record,
             event_kind=f"run.{status.value}", detail=None if detail is None else dumps(detail))
+
+    def resolve(self, run_id: str, expected_revision: int,
+                resolution: Resolution) -> Plan[RunRecord]:
+        detail = dumps(resolution.detail())
+        common = {"run_id": run_id, "expected_revision": expected_revision,
+                  "operation_id": resolution.operation_id, "by": resolution.by,
+                  "detail": detail}
+        if resolution.action is ResolutionAction.ABANDON:
+            because = f": {resolution.evidence}" if resolution.evidence else ""
+            rows = yield _q("resolve_abandon", **common, error=dumps(
+                {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}))
+        else:
+            rows = yield _q("resolve_operation", **common, to_state=(
+                EffectState.ACCEPTED if resolution.action is ResolutionAction.APPLIED
+                else EffectState.PREPARED).value,
+                receipt=None if resolution.receipt is None else dumps(resolution.receipt))
+            if rows:  # released: wake a waiting worker
+                yield _q("notify_work", workflow=rows[0]["workflow"])
+        run = yield from self.get_run(run_id)
+        if not rows:
+            last = yield _q("last_event", run_id=run_id)
+            repeated = (bool(last) and last[0]["kind"] == "run.resolved"
+                        and loads(last[0]["detail"]) == resolution.detail())
+            if not repeated:  # the same decision twice is harmless; anything else is refused
+                raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution))
+        return run
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:

@@ -20,6 +20,7 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -116,6 +117,16 @@ class Store(Protocol):
 
     def release_run(self, claim: Claim) -> None: ...
 
+    # a person's decision about a blocked run
+    def resolve(self, run_id: str, expected_revision: int,
+                resolution: Resolution) -> RunRecord:
+        """Settle a blocked run in one atomic step, compare-and-set on ``expected_revision``:
+        ``applied`` accepts the operation with the receipt and releases the run, ``not_applied``
+        puts it back to prepared and releases the run, ``abandon`` cancels the run; a
+        ``run.resolved`` event records who decided and why. The same resolution repeated is a
+        no-op; anything that no longer fits raises ``ResolutionRefused``."""
+        ...
+
     # artifacts
     def get_artifact(self, digest: str) -> bytes:
         """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
@@ -205,6 +216,11 @@ class AsyncStore(Protocol):
         ...
 
     async def release_run(self, claim: Claim) -> None: ...
+
+    async def resolve(self, run_id: str, expected_revision: int,
+                      resolution: Resolution) -> RunRecord:
+        """See ``Store.resolve``."""
+        ...
 
     # artifacts
     async def get_artifact(self, digest: str) -> bytes:

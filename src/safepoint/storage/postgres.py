@@ -39,6 +39,7 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -180,6 +181,10 @@ class PostgresStore:
                    recovery_record: dict[str, Any] | None = None) -> None:
         self._run(self._ledger.finish_run(claim, status, result=result, error=error,
                                           recovery_record=recovery_record))
+
+    def resolve(self, run_id: str, expected_revision: int,
+                resolution: Resolution) -> RunRecord:
+        return self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))

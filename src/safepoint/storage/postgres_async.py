@@ -39,6 +39,7 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -269,6 +270,10 @@ class AsyncPostgresStore:
                          recovery_record: dict[str, Any] | None = None) -> None:
         await self._run(self._ledger.finish_run(claim, status, result=result, error=error,
                                                 recovery_record=recovery_record))
+
+    async def resolve(self, run_id: str, expected_revision: int,
+                      resolution: Resolution) -> RunRecord:
+        return await self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))

@@ -21,12 +21,14 @@ from typing import Any
 
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
+from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     CorruptRecord,
     LostOwnership,
     MigrationMismatch,
+    ResolutionRefused,
     RunNotFound,
     SchemaTooNew,
     StoreError,
@@ -39,6 +41,8 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
+    ResolutionAction,
     RunRecord,
     RunStatus,
     StepKind,
@@ -497,6 +501,38 @@ class SqliteStore:
                         detail=error or ({"phase": recovery_record.get("phase")}
                                          if recovery_record else None))
 
+    def resolve(self, run_id: str, expected_revision: int,
+                resolution: Resolution) -> RunRecord:
+        now = self.now()
+        abandon = resolution.action is ResolutionAction.ABANDON
+        try:
+            with self._write() as conn:
+                if conn.execute(_Q["resolve_run"], {
+                        "run_id": run_id, "expected_revision": expected_revision, "now": now,
+                        "status": (RunStatus.CANCELLED if abandon else RunStatus.RUNNING).value,
+                        "error": dumps(_abandoned(resolution)) if abandon else None,
+                        }).rowcount != 1:
+                    raise _NotApplicable
+                if not abandon and conn.execute(_Q["resolve_operation"], {
+                        "run_id": run_id, "operation_id": resolution.operation_id, "now": now,
+                        "to_state": (EffectState.ACCEPTED if resolution.action
+                                     is ResolutionAction.APPLIED else EffectState.PREPARED).value,
+                        "receipt": None if resolution.receipt is None
+                        else dumps(resolution.receipt)}).rowcount != 1:
+                    raise _NotApplicable  # rolls the run's update back with it
+                self._event(conn, run_id, now, "run.resolved",
+                            operation_id=resolution.operation_id, worker=resolution.by,
+                            detail=resolution.detail())
+        except _NotApplicable:
+            last = self._read("last_event", {"run_id": run_id})
+            repeated = (bool(last) and last[0]["kind"] == "run.resolved"
+                        and loads(last[0]["detail"]) == resolution.detail())
+            if not repeated:  # the same decision twice is harmless; anything else is refused
+                run = self.get_run(run_id)
+                raise ResolutionRefused(
+                    run_id, refusal(run, expected_revision, resolution)) from None
+        return self.get_run(run_id)
+
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
             conn.execute(_Q["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
@@ -516,6 +552,15 @@ def _split_statements(script: str) -> list[str]:
     if pending.strip():
         statements.append(pending.strip())
     return statements
+
+
+class _NotApplicable(Exception):
+    pass
+
+
+def _abandoned(resolution: Resolution) -> dict[str, Any]:
+    because = f": {resolution.evidence}" if resolution.evidence else ""
+    return {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:

@@ -52,7 +52,13 @@ from typing import Any, TypeVar
 import pytest
 
 from .._canonical import canonical, digest, dumps
-from ..errors import ArtifactMissing, LostOwnership, RunNotFound, StoreError
+from ..errors import (
+    ArtifactMissing,
+    LostOwnership,
+    ResolutionRefused,
+    RunNotFound,
+    StoreError,
+)
 from ..storage.base import INLINE_LIMIT, NewRun, Store
 from ..types import (
     JSON,
@@ -61,6 +67,8 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
+    ResolutionAction,
     RunRecord,
     RunStatus,
     StepKind,
@@ -401,6 +409,62 @@ class StoreConformance(abc.ABC):
         got = store.claim_next("worker-c", LONG_LEASE_MS, [other, self.workflow])
         assert got is not None
         assert got.run_id == elsewhere.run_id
+
+    def _blocked_mid_dispatch(self, store: Store) -> tuple[RunRecord, str]:
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        store.finish_run(claim, RunStatus.BLOCKED, recovery_record={"phase": "reconcile_effect"})
+        return store.get_run(run.run_id), op.operation_id
+
+    def test_resolving_applied_accepts_the_operation_and_releases_the_run(self) -> None:
+        store = self.store()
+        run, op_id = self._blocked_mid_dispatch(store)
+        decision = Resolution(ResolutionAction.APPLIED, by="ana", operation_id=op_id,
+                              receipt={"id": "tk_9"}, evidence="owner log")
+        resolved = store.resolve(run.run_id, run.state_revision, decision)
+        assert (resolved.status, resolved.owner, resolved.recovery_record) == (
+            RunStatus.RUNNING, None, None)
+        assert resolved.state_revision == run.state_revision + 1
+        op = store.load_ledger(run.run_id).operations[op_id]
+        assert (op.state, op.receipt) == (EffectState.ACCEPTED, {"id": "tk_9"})
+        event = store.events(run.run_id)[-1]
+        assert (event.kind, event.worker, event.operation_id) == ("run.resolved", "ana", op_id)
+        assert event.detail == decision.detail()
+        again = store.resolve(run.run_id, run.state_revision, decision)  # harmless repeat
+        assert again.state_revision == resolved.state_revision
+        with pytest.raises(ResolutionRefused):  # another decision on the old revision
+            store.resolve(run.run_id, run.state_revision,
+                          replace(decision, action=ResolutionAction.NOT_APPLIED))
+        taken = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
+        assert taken is not None
+        assert taken.run_id == run.run_id  # released: any worker may carry it on
+
+    def test_resolving_not_applied_prepares_the_operation_afresh(self) -> None:
+        store = self.store()
+        run, op_id = self._blocked_mid_dispatch(store)
+        store.resolve(run.run_id, run.state_revision,
+                      Resolution(ResolutionAction.NOT_APPLIED, by="bo", operation_id=op_id))
+        op = store.load_ledger(run.run_id).operations[op_id]
+        assert (op.state, op.first_dispatched_at, op.dispatch_count) == (
+            EffectState.PREPARED, None, 1)
+
+    def test_abandoning_cancels_and_a_stale_or_wrong_decision_changes_nothing(self) -> None:
+        store = self.store()
+        run, op_id = self._blocked_mid_dispatch(store)
+        with pytest.raises(ResolutionRefused):  # an operation that is not uncertain
+            store.resolve(run.run_id, run.state_revision, Resolution(
+                ResolutionAction.APPLIED, by="cy", operation_id="no-such-op", receipt={}))
+        with pytest.raises(ResolutionRefused):  # a revision the run has left
+            store.resolve(run.run_id, run.state_revision - 1,
+                          Resolution(ResolutionAction.ABANDON, by="cy"))
+        assert store.get_run(run.run_id).state_revision == run.state_revision
+        assert store.load_ledger(run.run_id).operations[op_id].state is EffectState.DISPATCHING
+        ended = store.resolve(run.run_id, run.state_revision,
+                              Resolution(ResolutionAction.ABANDON, by="cy", evidence="withdrawn"))
+        assert ended.status is RunStatus.CANCELLED
+        assert ended.error == {"type": "Abandoned", "message": "abandoned by cy: withdrawn"}
 
     def test_the_resume_budget_is_recorded_with_the_run(self) -> None:
         store = self.store()

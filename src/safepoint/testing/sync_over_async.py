@@ -17,6 +17,7 @@ from ..types import (
     EventRecord,
     Ledger,
     OperationRecord,
+    Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -124,6 +125,10 @@ class SyncOverAsync:
                    recovery_record: dict[str, Any] | None = None) -> None:
         self._call(self.store.finish_run(claim, status, result=result, error=error,
                                          recovery_record=recovery_record))
+
+    def resolve(self, run_id: str, expected_revision: int,
+                resolution: Resolution) -> RunRecord:
+        return self._call(self.store.resolve(run_id, expected_revision, resolution))
 
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))

@@ -78,6 +78,65 @@ event AS (
 )
 SELECT * FROM created;
 
+-- name: resolve_operation
+-- A person settled an uncertain operation of a blocked run, in one statement: the run leaves
+-- "blocked" (compare-and-set on the revision they looked at) and is released for any worker;
+-- the operation moves to accepted (with the receipt they found) or back to prepared (it never
+-- happened: dispatch again, a fresh retention window); the decision is appended as an event.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL,
+        lease_expires_at = NULL, state_revision = state_revision + 1,
+        event_count = event_count + 1, updated_at = (SELECT now FROM clock)
+    WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
+      AND EXISTS (SELECT 1 FROM safepoint_operations
+                  WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
+                    AND state IN ('dispatching', 'unknown', 'applied'))
+    RETURNING run_id, workflow
+),
+op AS (
+    UPDATE safepoint_operations
+    SET state = %(to_state)s, receipt = COALESCE(%(receipt)s, receipt), error = NULL,
+        first_dispatched_at = CASE WHEN %(to_state)s = 'prepared' THEN NULL
+                                   ELSE first_dispatched_at END,
+        updated_at = (SELECT now FROM clock)
+    WHERE run_id = (SELECT run_id FROM run) AND operation_id = %(operation_id)s
+    RETURNING operation_id
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, operation_id, worker, detail)
+    SELECT run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
+           %(detail)s
+    FROM run
+)
+SELECT workflow FROM run;
+
+-- name: resolve_abandon
+-- A person gave a blocked run up: it ends cancelled (compare-and-set on the revision they
+-- looked at), with the decision appended as an event.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = 'cancelled', error = %(error)s, recovery_record = NULL, owner = NULL,
+        lease_expires_at = NULL, state_revision = state_revision + 1,
+        event_count = event_count + 1, updated_at = (SELECT now FROM clock)
+    WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
+    RETURNING run_id
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, operation_id, worker, detail)
+    SELECT run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
+           %(detail)s
+    FROM run
+)
+SELECT run_id FROM run;
+
+-- name: last_event
+-- The newest event of a run (a repeated resolution finds its own there).
+SELECT kind, detail FROM safepoint_events WHERE run_id = %(run_id)s
+ORDER BY event_id DESC LIMIT 1;
+
 -- name: notify_work
 -- Wake idle workers (LISTEN safepoint_work); delivered only when the transaction commits.
 SELECT pg_notify('safepoint_work', %(workflow)s);

@@ -26,6 +26,30 @@ WHERE (status = 'pending'
 ORDER BY created_at, run_id
 LIMIT 1;
 
+-- name: resolve_operation
+-- A person settled an uncertain operation: it moves to accepted (with the receipt they found)
+-- or back to prepared (it never happened: dispatch again, a fresh retention window).
+UPDATE safepoint_operations
+SET state = :to_state, receipt = COALESCE(:receipt, receipt), error = NULL,
+    first_dispatched_at = CASE WHEN :to_state = 'prepared' THEN NULL ELSE first_dispatched_at END,
+    updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id
+  AND state IN ('dispatching', 'unknown', 'applied');
+
+-- name: resolve_run
+-- The resolved run leaves "blocked": released for any worker (running, no owner), or ended
+-- (cancelled, when abandoned). Compare-and-set on the revision the person looked at.
+UPDATE safepoint_runs
+SET status = :status, error = :error, recovery_record = NULL, owner = NULL,
+    lease_expires_at = NULL, state_revision = state_revision + 1,
+    event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND state_revision = :expected_revision AND status = 'blocked';
+
+-- name: last_event
+-- The newest event of a run (a repeated resolution finds its own there).
+SELECT kind, detail FROM safepoint_events WHERE run_id = :run_id
+ORDER BY event_id DESC LIMIT 1;
+
 -- name: get_run
 -- One run by id.
 SELECT * FROM safepoint_runs WHERE run_id = :run_id;
