@@ -81,7 +81,7 @@ def test_abandon_ends_the_run_cancelled(memory_store: sp.Store, owner_env: Owner
     ended = memory_store.get_run("r")
     assert ended.status is sp.RunStatus.CANCELLED
     assert ended.error == {"type": "Abandoned", "message": "abandoned by cy: customer withdrew"}
-    with pytest.raises(sp.RunFailed):
+    with pytest.raises(sp.RunCancelled):
         sp.resume(memory_store, "r")
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import LostOwnership, StoreError, UsageError
+from .errors import Cancelled, LostOwnership, StoreError, UsageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
     """A ledger write that failed (the database went away), or a fence found stale, stops the
     run here: agent code that catches everything must not carry on with a step the ledger never
     heard of. The run stays as the store last saw it, for this or another worker to resume."""
-    if halt is not None and (isinstance(exc, LostOwnership)
+    if halt is not None and (isinstance(exc, (LostOwnership, Cancelled))
                              or (isinstance(request, Io) and isinstance(exc, StoreError))):
         halt.halted = exc  # a stale worker, too, must not run one more step function
     return exc

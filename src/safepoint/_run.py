@@ -41,6 +41,7 @@ from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    Cancelled,
     EffectRejected,
     InvalidDecision,
     InvalidStepId,
@@ -97,6 +98,8 @@ class RunCore:
         self.open_at_load = any(op.state not in _SETTLED for op in operations.values())
         self.halted: BaseException | None = None
         self.release_on_halt = False  # halted by an interrupt: give the run back, don't block
+        # Asked to stop: replay and settle what is in flight, start nothing new.
+        self.cancelling = run.cancel_requested_at is not None
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -198,6 +201,8 @@ class RunCore:
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
                 return recorded.result
             attempt = recorded.attempt + 1  # the observation expired: read again
+        if self.cancelling:
+            raise Cancelled(self.run.run_id)  # before calling anything new
         if kind is StepKind.READ:
             observed_at = yield Io("now")
         base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
@@ -257,6 +262,8 @@ class RunCore:
 
         op = self.operations.get(op_id)
         if op is None:
+            if self.cancelling:
+                raise Cancelled(self.run.run_id)
             crashpoint("effect.before_prepare", sid)
             op = OperationRecord(
                 run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
@@ -342,6 +349,8 @@ class RunCore:
         From the moment "dispatching" is committed until an outcome is, every way out leaves
         the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
         """
+        if self.cancelling:
+            raise Cancelled(self.run.run_id)  # the store would refuse it too
         op = yield Io("mark_dispatching", (self.claim, op.operation_id))
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
@@ -417,6 +426,11 @@ class RunCore:
             else:
                 return (yield from self._applied(sid, effect, op, answer.receipt, step))
         if decided.action is Action.DISPATCH:
+            if self.cancelling:
+                # The owner says it never happened, and nothing new may start: it stays
+                # prepared, never dispatched again, and the run ends cancelled.
+                yield from self._record(op, EffectState.PREPARED)
+                raise Cancelled(self.run.run_id)
             return (yield from self._dispatch(sid, effect, op, payload, step))
         yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
                                                   decided.reason),

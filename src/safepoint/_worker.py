@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ._ownership import DEFAULT_LEASE_MS, worker_id
 from ._workflow import registered, registered_versions, run_claimed
-from .errors import LostOwnership, RunBlocked, SafepointError, StoreError
+from .errors import LostOwnership, RunBlocked, RunCancelled, SafepointError, StoreError
 from .types import Claim
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ class WorkerStats:
     blocked: int = 0
     lost: int = 0
     interrupted: int = 0  # the store failed mid-run; the run was given back
+    cancelled: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -146,6 +147,8 @@ class Worker:
                         run_id, exc.message)
             with contextlib.suppress(StoreError, LostOwnership):
                 self.store.release_run(claim)
+        except RunCancelled:
+            self.stats.count("cancelled")
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

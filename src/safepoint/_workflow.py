@@ -29,10 +29,12 @@ from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     BudgetExhausted,
+    Cancelled,
     CorruptRecord,
     IncompatibleWorkflow,
     LostOwnership,
     NeedsReconciliation,
+    RunCancelled,
     RunConflict,
     RunFailed,
     RunOwned,
@@ -190,6 +192,28 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
     return await _carry_out_async(store, wf, _resume_flow(store, wf, run, lease_ms))
 
 
+def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) -> RunRecord:
+    """Ask a run to stop, for good, and return it as it now stands.
+
+    A pending or blocked run ends cancelled at once. A running one is marked: its worker starts
+    nothing new (no step, no dispatch) and ends it cancelled — an effect already in flight is
+    recorded or reconciled first, never forgotten. No resume revives a cancelled run. An ended
+    run is left as it is.
+    """
+    if not by or not isinstance(by, str):
+        raise UsageError("say who cancels the run: by='name'")
+    return store.request_cancel(run_id, by, reason)
+
+
+async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
+                       reason: str | None = None) -> RunRecord:
+    """``cancel`` from async code."""
+    if not by or not isinstance(by, str):
+        raise UsageError("say who cancels the run: by='name'")
+    found = store.request_cancel(run_id, by, reason)
+    return await found if inspect.isawaitable(found) else found
+
+
 def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
     """Carry on a run this worker has just claimed (a worker's entry point)."""
     return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
@@ -263,6 +287,8 @@ def _ended(run: RunRecord) -> Any:
     if run.status is RunStatus.COMPLETED:
         return run.result
     error = run.error or {}
+    if run.status is RunStatus.CANCELLED:
+        raise RunCancelled(run.run_id, str(error.get("message", "cancelled")))
     raise RunFailed(run.run_id, str(error.get("type", "error")), str(error.get("message", "")))
 
 
@@ -337,10 +363,14 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
             result = yield Call(wf.fn, (handle, *args), kwargs)
     except (LostOwnership, SimulatedCrash):
         raise  # this worker must stop; the ledger already says everything it may say
+    except Cancelled as exc:
+        return (yield from _end_cancelled(core, exc))
     except _STOPPING:
         yield from _release(claim)  # the process or task is stopping, not the run
         raise
     except BaseException as exc:
+        if isinstance(core.halted, Cancelled):  # agent code swallowed it, then failed
+            return (yield from _end_cancelled(core, core.halted))
         if core.release_on_halt:
             yield from _release(claim)  # an interrupted effect: the next worker reconciles it
             if core.halted is exc:
@@ -360,6 +390,8 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         if isinstance(exc, SafepointError):
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
+    if isinstance(core.halted, Cancelled):
+        return (yield from _end_cancelled(core, core.halted))
     if core.halted is not None:
         if core.release_on_halt:
             yield from _release(claim)
@@ -375,6 +407,17 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     crashpoint("run.before_complete")
     yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
     return result
+
+
+def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
+    """The run was asked to stop and nothing new was started: it ends cancelled — unless an
+    effect of it is still uncertain, which a person must settle first (it blocks)."""
+    yield from _block_if_uncertain(core, "the run was cancelled", signal)
+    run = yield Io("get_run", (core.run.run_id,))
+    error = run.error if run.error and run.error.get("type") == "Cancelled" else {
+        "type": "Cancelled", "message": "cancelled"}
+    yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
+    raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
 
 
 # Signals that stop this process or task, not the run: it is released for the next worker.

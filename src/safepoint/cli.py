@@ -29,6 +29,7 @@ from rich.text import Text
 from . import __version__
 from ._recovery import resolve as resolve_run_decision
 from ._worker import Worker
+from ._workflow import cancel as cancel_run
 from ._workflow import resume as resume_run
 from .errors import LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
@@ -443,6 +444,23 @@ def resolve(ctx: click.Context, run_id: str, action: str | None, revision: int, 
                                operation_id=operation_id, receipt=parsed, evidence=evidence)
     click.echo(f"run {run_id!r} resolved ({action}): now {run.status.value},"
                f" revision {run.state_revision}")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.option("--by", required=True, help="Who cancels (recorded).")
+@click.option("--reason", help="Why (recorded).")
+@click.pass_context
+def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None:
+    """Cancel a run, for good.
+
+    A pending or blocked run ends at once; a running one stops before its next step or dispatch
+    (an effect in flight is settled first). No resume revives a cancelled run.
+    """
+    run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
+    state = ("cancel requested: its worker stops before its next step or dispatch"
+             if run.status is RunStatus.RUNNING else f"now {run.status.value}")
+    click.echo(f"run {run_id!r}: {state}")
 
 
 @cli.command()

@@ -22,6 +22,7 @@ The tree::
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
         ├── BudgetExhausted             the run was resumed more often than its budget allows
+        ├── RunCancelled                the run was cancelled; it never runs again
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
         ├── StoreError                  the ledger itself is unusable
@@ -39,7 +40,8 @@ The tree::
             └── IncompatibleWorkflow    the run was recorded by another workflow version
 
     BaseException
-    └── LostOwnership                   this worker's fence is stale: it must stop at once
+    ├── LostOwnership                   this worker's fence is stale: it must stop at once
+    └── Cancelled                       the run was asked to stop: start nothing new
 
 ``LostOwnership`` derives from ``BaseException`` so that ``except Exception`` in agent code cannot
 swallow it. The ``RunBlocked`` family is ordinary: once a run blocks, the run object refuses every
@@ -204,6 +206,15 @@ class BudgetExhausted(SafepointError):
             budget=budget,
             resumes=resumes,
         )
+
+
+class RunCancelled(SafepointError):
+    """The run was cancelled (or abandoned): it ends here, and no resume revives it."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
+                         " resumed into activity — start a new run", run_id=run_id,
+                         reason=reason)
 
 
 class StepFailed(SafepointError):
@@ -383,3 +394,12 @@ class LostOwnership(BaseException):
         )
         self.run_id = run_id
         self.fence = fence
+
+
+class Cancelled(BaseException):
+    """The run was asked to stop: this worker may settle what is in flight but starts nothing
+    new. A ``BaseException``, so that agent code's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was asked to stop; nothing new is started")
+        self.run_id = run_id

@@ -72,6 +72,7 @@ class RunRecord:
     created_at: int
     updated_at: int
     resume_budget: int | None = None  # takeovers allowed before the run fails loudly
+    cancel_requested_at: int | None = None  # asked to stop: settle what is in flight, no more
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    Cancelled,
     CorruptRecord,
     InvalidStoreURL,
     LostOwnership,
@@ -327,7 +328,8 @@ class PostgresLedger:
             error=(yield from self._value(row["error"], None, table, key)),
             recovery_record=(yield from self._value(row["recovery_record"], None, table, key)),
             created_at=row["created_at"], updated_at=row["updated_at"],
-            resume_budget=row["resume_budget"])
+            resume_budget=row["resume_budget"],
+            cancel_requested_at=row["cancel_requested_at"])
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -420,12 +422,24 @@ class PostgresLedger:
 
     @staticmethod
     def _fenced(claim: Claim, query: str, /, **params: Any) -> Plan[Row]:
-        """Run a fenced statement: its one row, or LostOwnership when the fence matched nothing."""
+        """Run a fenced statement: its one row; when the fence matched nothing, ``Cancelled``
+        if the run was asked to stop (the fence still holds), else ``LostOwnership``."""
         rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
                         worker=claim.owner, **params)
         if not rows:
+            state = yield _q("fence_state", run_id=claim.run_id)
+            if (state and state[0]["fence"] == claim.fence and state[0]["status"] == "running"
+                    and state[0]["cancel_requested_at"] is not None):
+                raise Cancelled(claim.run_id)
             raise LostOwnership(claim.run_id, claim.fence)
         return rows[0]
+
+    def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
+        message = f"cancelled by {by}" + (f": {reason}" if reason else "")
+        yield _q("request_cancel", run_id=run_id, by=by,
+                 detail=dumps({"by": by, "reason": reason}),
+                 error=dumps({"type": "Cancelled", "message": message}))
+        return (yield from self.get_run(run_id))
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
         yield from self._fenced(claim, "record_step", **(yield from self._step_params(step)))

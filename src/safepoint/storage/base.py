@@ -117,6 +117,13 @@ class Store(Protocol):
 
     def release_run(self, claim: Claim) -> None: ...
 
+    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
+        """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
+        marked, and from then on every write that starts something new (``record_step``,
+        ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled`` while outcomes and the
+        ending may still be recorded. An ended run is left as it is."""
+        ...
+
     # a person's decision about a blocked run
     def resolve(self, run_id: str, expected_revision: int,
                 resolution: Resolution) -> RunRecord:
@@ -220,6 +227,11 @@ class AsyncStore(Protocol):
     async def resolve(self, run_id: str, expected_revision: int,
                       resolution: Resolution) -> RunRecord:
         """See ``Store.resolve``."""
+        ...
+
+    async def request_cancel(self, run_id: str, by: str,
+                             reason: str | None = None) -> RunRecord:
+        """See ``Store.request_cancel``."""
         ...
 
     # artifacts

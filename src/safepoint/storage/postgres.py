@@ -186,6 +186,9 @@ class PostgresStore:
                 resolution: Resolution) -> RunRecord:
         return self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
+    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
+        return self._run(self._ledger.request_cancel(run_id, by, reason))
+
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))
 

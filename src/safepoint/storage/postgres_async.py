@@ -275,6 +275,10 @@ class AsyncPostgresStore:
                       resolution: Resolution) -> RunRecord:
         return await self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
+    async def request_cancel(self, run_id: str, by: str,
+                             reason: str | None = None) -> RunRecord:
+        return await self._run(self._ledger.request_cancel(run_id, by, reason))
+
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))
 

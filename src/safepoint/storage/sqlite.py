@@ -25,6 +25,7 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    Cancelled,
     CorruptRecord,
     LostOwnership,
     MigrationMismatch,
@@ -290,7 +291,8 @@ class SqliteStore:
             result=self._get_value(row["result"], row["result_ref"], "safepoint_runs", key),
             error=get("error"), recovery_record=get("recovery_record"),
             created_at=row["created_at"], updated_at=row["updated_at"],
-            resume_budget=row["resume_budget"])
+            resume_budget=row["resume_budget"],
+            cancel_requested_at=row["cancel_requested_at"])
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -388,12 +390,14 @@ class SqliteStore:
 
     # -- worker writes -------------------------------------------------------------------------
 
-    def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int) -> None:
-        cursor = conn.execute(_Q["fence_check"], {
+    def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int,
+                     *, new_work: bool = False) -> None:
+        cursor = conn.execute(_Q["fence_check_new_work" if new_work else "fence_check"], {
             "run_id": claim.run_id, "fence": claim.fence, "lease_expires_at": now + claim.lease_ms,
             "events": events, "now": now})
         if cursor.rowcount != 1:
-            raise LostOwnership(claim.run_id, claim.fence)
+            state = conn.execute(_Q["fence_state"], {"run_id": claim.run_id}).fetchone()
+            raise _refused_write(claim, state)
 
     def _event(self, conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
                step_id: str | None = None, operation_id: str | None = None,
@@ -419,7 +423,7 @@ class SqliteStore:
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=0)
+            self._fence_check(conn, claim, now, events=0, new_work=True)
             self._upsert_step(conn, claim, step, now)
 
     def renew_lease(self, claim: Claim) -> None:
@@ -433,7 +437,7 @@ class SqliteStore:
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1)
+            self._fence_check(conn, claim, now, events=1, new_work=True)
             ref = self._put_artifact(conn, payload, now)
             if ref != op.payload_ref:
                 raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
@@ -448,7 +452,7 @@ class SqliteStore:
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1)
+            self._fence_check(conn, claim, now, events=1, new_work=True)
             row = conn.execute(_Q["mark_dispatching"], {
                 "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
                 "now": now}).fetchone()
@@ -533,6 +537,19 @@ class SqliteStore:
                     run_id, refusal(run, expected_revision, resolution)) from None
         return self.get_run(run_id)
 
+    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
+        now = self.now()
+        detail = {"by": by, "reason": reason}
+        with self._write() as conn:
+            row = conn.execute(_Q["request_cancel"], {
+                "run_id": run_id, "now": now,
+                "error": dumps({"type": "Cancelled", "message": _cancel_message(by, reason)})
+            }).fetchone()
+            if row is not None:
+                self._event(conn, run_id, now, "run.cancelled" if row["status"] == "cancelled"
+                            else "run.cancel_requested", worker=by, detail=detail)
+        return self.get_run(run_id)
+
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
             conn.execute(_Q["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
@@ -552,6 +569,19 @@ def _split_statements(script: str) -> list[str]:
     if pending.strip():
         statements.append(pending.strip())
     return statements
+
+
+def _refused_write(claim: Claim, state: sqlite3.Row | None) -> BaseException:
+    """A worker write matched nothing: a cancel request (its fence still holds), or a stale
+    fence."""
+    if (state is not None and state["fence"] == claim.fence and state["status"] == "running"
+            and state["cancel_requested_at"] is not None):
+        return Cancelled(claim.run_id)
+    return LostOwnership(claim.run_id, claim.fence)
+
+
+def _cancel_message(by: str, reason: str | None) -> str:
+    return f"cancelled by {by}" + (f": {reason}" if reason else "")
 
 
 class _NotApplicable(Exception):

@@ -54,6 +54,7 @@ import pytest
 from .._canonical import canonical, digest, dumps
 from ..errors import (
     ArtifactMissing,
+    Cancelled,
     LostOwnership,
     ResolutionRefused,
     RunNotFound,
@@ -465,6 +466,34 @@ class StoreConformance(abc.ABC):
                               Resolution(ResolutionAction.ABANDON, by="cy", evidence="withdrawn"))
         assert ended.status is RunStatus.CANCELLED
         assert ended.error == {"type": "Abandoned", "message": "abandoned by cy: withdrawn"}
+
+    def test_a_cancel_request_stops_new_work_but_not_the_settling_of_old(self) -> None:
+        store = self.store()
+        pending = self.submit(store)
+        assert store.request_cancel(pending.run_id, "ops").status is RunStatus.CANCELLED
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        marked = store.request_cancel(run.run_id, "ops", "withdrawn")
+        assert (marked.status, marked.owner) == (RunStatus.RUNNING, "worker-a")
+        assert marked.cancel_requested_at is not None
+        assert store.events(run.run_id)[-1].kind == "run.cancel_requested"
+        with pytest.raises(Cancelled):
+            store.record_step(claim, make_step(run.run_id, "new", 1))
+        second, data = make_operation(run.run_id, f"op-{_uid()}")
+        with pytest.raises(Cancelled):
+            store.prepare_effect(claim, second, data)
+        # what was in flight may still be settled, and the run ended
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
+        store.finish_run(claim, RunStatus.CANCELLED, error={"type": "Cancelled"})
+        ended = store.get_run(run.run_id)
+        assert ended.status is RunStatus.CANCELLED
+        assert store.request_cancel(run.run_id, "ops").state_revision == ended.state_revision
+        ledger = store.load_ledger(run.run_id)
+        assert ledger.operations[op.operation_id].state is EffectState.ACCEPTED
+        assert "new" not in ledger.steps
+        assert second.operation_id not in ledger.operations
 
     def test_the_resume_budget_is_recorded_with_the_run(self) -> None:
         store = self.store()

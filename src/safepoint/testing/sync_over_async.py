@@ -130,6 +130,9 @@ class SyncOverAsync:
                 resolution: Resolution) -> RunRecord:
         return self._call(self.store.resolve(run_id, expected_revision, resolution))
 
+    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
+        return self._call(self.store.request_cancel(run_id, by, reason))
+
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))
 

@@ -141,6 +141,35 @@ ORDER BY event_id DESC LIMIT 1;
 -- Wake idle workers (LISTEN safepoint_work); delivered only when the transaction commits.
 SELECT pg_notify('safepoint_work', %(workflow)s);
 
+-- name: fence_state
+-- Why a fenced statement matched nothing: a stale fence, or a cancel request.
+SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = %(run_id)s;
+
+-- name: request_cancel
+-- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
+-- one is marked, and its worker stops before its next step or dispatch. An ended run is left as
+-- it is. The request is appended as an event.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = CASE WHEN status IN ('pending', 'blocked') THEN 'cancelled' ELSE status END,
+        error = CASE WHEN status IN ('pending', 'blocked') THEN %(error)s ELSE error END,
+        owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
+        cancel_requested_at = COALESCE(cancel_requested_at, (SELECT now FROM clock)),
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = (SELECT now FROM clock)
+    WHERE run_id = %(run_id)s AND status IN ('pending', 'blocked', 'running')
+    RETURNING run_id, status
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
+    SELECT run_id, (SELECT now FROM clock),
+           CASE WHEN status = 'cancelled' THEN 'run.cancelled' ELSE 'run.cancel_requested' END,
+           %(by)s, %(detail)s
+    FROM run
+)
+SELECT status FROM run;
+
 -- name: get_run
 -- One run by id.
 SELECT * FROM safepoint_runs WHERE run_id = %(run_id)s;
@@ -226,6 +255,7 @@ owned AS (
         updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
     RETURNING run_id, updated_at AS now
 ),
 step AS (
@@ -259,6 +289,7 @@ owned AS (
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
     RETURNING run_id, updated_at AS now
 ),
 operation AS (
@@ -287,6 +318,7 @@ owned AS (
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
     RETURNING run_id, updated_at AS now
 ),
 operation AS (

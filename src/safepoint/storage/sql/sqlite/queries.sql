@@ -83,6 +83,31 @@ SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
     event_count = event_count + :events, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
+-- name: fence_check_new_work
+-- The guard of a write that starts something new (a step, a prepared or dispatched effect):
+-- as fence_check, and refused once a cancel is asked for.
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
+    event_count = event_count + :events, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+  AND cancel_requested_at IS NULL;
+
+-- name: fence_state
+-- Why a fenced statement matched nothing: a stale fence, or a cancel request.
+SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = :run_id;
+
+-- name: request_cancel
+-- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
+-- one is marked, and its worker stops before its next step or dispatch. An ended run is left.
+UPDATE safepoint_runs
+SET status = CASE WHEN status IN ('pending', 'blocked') THEN 'cancelled' ELSE status END,
+    error = CASE WHEN status IN ('pending', 'blocked') THEN :error ELSE error END,
+    owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
+    cancel_requested_at = COALESCE(cancel_requested_at, :now),
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND status IN ('pending', 'blocked', 'running')
+RETURNING status;
+
 -- name: finish_run
 -- End the run (completed, failed or blocked) and release ownership. A recovery record gets
 -- the revision this very statement creates.
