@@ -115,3 +115,17 @@ def test_resolve_from_the_command_line(file_store: sp.Store, owner_env: OwnerSer
     assert done.exit_code == 0, done.output
     assert "now running" in done.output
     assert file_store.get_run("r").status is sp.RunStatus.RUNNING
+
+
+def test_recovery_records_match_the_published_schema(memory_store: sp.Store,
+                                                     owner_env: OwnerService) -> None:
+    import jsonschema
+
+    from safepoint._recovery import record_schema
+
+    run = _blocked_notify(memory_store, owner_env, "record-schema")
+    schema = record_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.validate(run.recovery_record, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the schema can say no
+        jsonschema.validate({**run.recovery_record, "phase": "improvised"}, schema)

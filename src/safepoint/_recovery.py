@@ -7,6 +7,7 @@ the statement that blocks the run, so it always names the revision the block cre
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,16 @@ if TYPE_CHECKING:
     from .storage.base import Store
 
 RECORD_SCHEMA_VERSION = 1
+
+
+def record_schema() -> dict[str, Any]:
+    """The published JSON Schema of recovery records (``safepoint/schemas/``), for tools that
+    read them."""
+    from importlib import resources
+
+    text = resources.files("safepoint").joinpath("schemas", "recovery-record.schema.json")
+    loaded: dict[str, Any] = json.loads(text.read_text("utf-8"))
+    return loaded
 
 # What a person can do about each phase; shown by the CLI beside the record.
 _NEXT_ACTIONS: dict[str, list[str]] = {
