@@ -224,7 +224,7 @@ def test_resume_of_a_completed_run_prints_its_result_as_json(
 
 def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(
         two_runs: sp.Store, url: str) -> None:
-    before = two_runs.get_run("stuck").resume_count
+    before = two_runs.get_run("stuck")
     result = invoke(url, "resume", "stuck")
     assert result.exit_code == 3
     assert result.stdout == ""
@@ -232,7 +232,11 @@ def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(
     assert "see `safepoint record stuck`" in result.stderr
     after = two_runs.get_run("stuck")
     assert after.status is sp.RunStatus.BLOCKED
-    assert after.resume_count == before + 1  # it really tried again
+    # it really tried again (a claim moved the run on) — without spending resume budget: a
+    # blocked run has no worker to take over from
+    assert after.state_revision > before.state_revision
+    assert after.fence == before.fence + 1
+    assert after.resume_count == before.resume_count
 
 
 RESUMABLE = '''

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
-from ._secrets import refuse_secrets
+from ._secrets import redact, redact_json, refuse_secrets
 from .errors import ResolutionRefused, UsageError
 from .types import OperationRecord, Resolution, ResolutionAction, RunRecord, RunStatus
 
@@ -75,6 +75,8 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
     evidence = dict(evidence or {})
     if op is not None and op.error is not None:
         evidence.setdefault("last_error", op.error)
+    # Reasons quote what reconcile and verifiers said, which may quote credentials.
+    reason, evidence = redact(reason), redact_json(evidence)
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "task_id": run.run_id,
@@ -132,8 +134,9 @@ def resolve(store: Store, run_id: str, action: ResolutionAction | str, *, revisi
                              " object the owner holds (e.g. the charge it returns by key)")
         require_json(receipt, "the receipt")
         refuse_secrets(receipt, "the receipt")
-    if evidence is not None:
-        refuse_secrets(evidence, "the evidence")
+    elif receipt is not None:
+        raise UsageError("only an operation marked applied takes a receipt")
+    refuse_secrets([by, evidence], "the resolution")
     decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt,
                           evidence=evidence)
     if operation_id is None and chosen is not ResolutionAction.ABANDON:

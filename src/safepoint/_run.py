@@ -118,6 +118,12 @@ class RunCore:
         self.last_seq += 1
         return self.last_seq
 
+    def cancelled(self) -> Cancelled:
+        """The stop signal, kept: agent code that swallows it still cannot carry on."""
+        signal = Cancelled(self.run.run_id)
+        self.halted = signal
+        return signal
+
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
@@ -202,7 +208,7 @@ class RunCore:
                 return recorded.result
             attempt = recorded.attempt + 1  # the observation expired: read again
         if self.cancelling:
-            raise Cancelled(self.run.run_id)  # before calling anything new
+            raise self.cancelled()  # before calling anything new
         if kind is StepKind.READ:
             observed_at = yield Io("now")
         base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
@@ -263,7 +269,7 @@ class RunCore:
         op = self.operations.get(op_id)
         if op is None:
             if self.cancelling:
-                raise Cancelled(self.run.run_id)
+                raise self.cancelled()
             crashpoint("effect.before_prepare", sid)
             op = OperationRecord(
                 run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
@@ -350,14 +356,16 @@ class RunCore:
         the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
         """
         if self.cancelling:
-            raise Cancelled(self.run.run_id)  # the store would refuse it too
+            raise self.cancelled()  # the store would refuse it too
         op = yield Io("mark_dispatching", (self.claim, op.operation_id))
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:
             receipt = yield Call(effect.execute, (payload, self._key(op)))
             require_json(receipt, "receipt", sid)
-            refuse_secrets(receipt, "the receipt", sid)
+            # A receipt is the owner's word that it happened: keep it, with any credential in
+            # it (a client_secret, say) masked, rather than lose the outcome.
+            receipt = redact_json(receipt)
         except NotSent as exc:
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
@@ -420,17 +428,17 @@ class RunCore:
         if decided.action is Action.RECORD_APPLIED:
             try:
                 require_json(answer.receipt, "reconciled receipt", sid)
-                refuse_secrets(answer.receipt, "the reconciled receipt", sid)
             except UsageError as exc:
                 decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
             else:
-                return (yield from self._applied(sid, effect, op, answer.receipt, step))
+                return (yield from self._applied(sid, effect, op, redact_json(answer.receipt),
+                                                 step))
         if decided.action is Action.DISPATCH:
             if self.cancelling:
                 # The owner says it never happened, and nothing new may start: it stays
                 # prepared, never dispatched again, and the run ends cancelled.
                 yield from self._record(op, EffectState.PREPARED)
-                raise Cancelled(self.run.run_id)
+                raise self.cancelled()
             return (yield from self._dispatch(sid, effect, op, payload, step))
         yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
                                                   decided.reason),

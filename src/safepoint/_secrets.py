@@ -21,15 +21,16 @@ from .errors import SecretRefused
 
 # Key names, lower-cased with "_", "-" and "." removed, that hold credentials; exact names,
 # and endings (so "stripe_api_key" and "db_password" count, but "input_tokens" does not).
+# A bare "token" is left out on purpose: model outputs (logprobs) and paging cursors use it.
 _SECRET_KEYS = frozenset({
-    "password", "passwd", "passphrase", "secret", "token", "apikey", "apisecret",
+    "password", "passwd", "passphrase", "secret", "apikey", "apisecret", "apitoken",
     "accesstoken", "refreshtoken", "authtoken", "idtoken", "sessiontoken", "bearertoken",
     "privatekey", "secretkey", "accesskey", "clientsecret", "authorization", "credentials",
-    "cookie",
 })
-_SECRET_KEY_ENDINGS = ("password", "passwd", "apikey", "apisecret", "secretkey", "privatekey",
-                       "clientsecret", "accesstoken", "refreshtoken", "authtoken",
-                       "sessiontoken")
+_SECRET_KEY_ENDINGS = ("password", "passwd", "apikey", "apisecret", "apitoken", "secretkey",
+                       "secretaccesskey", "privatekey", "clientsecret", "accesstoken",
+                       "refreshtoken", "authtoken", "sessiontoken", "privatetoken", "bottoken",
+                       "hftoken", "webhooksecret", "signingsecret")
 
 _TOKEN_FORMATS: tuple[tuple[str, str], ...] = (
     ("an Anthropic API key", r"sk-ant-[A-Za-z0-9_-]{20,}"),
@@ -37,15 +38,19 @@ _TOKEN_FORMATS: tuple[tuple[str, str], ...] = (
     ("a Stripe secret key", r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"),
     ("a GitHub token", r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"),
     ("a Slack token", r"xox[abposr]-[A-Za-z0-9-]{10,}"),
-    ("an AWS access key id", r"(?:AKIA|ASIA)[0-9A-Z]{16}"),
+    ("an AWS access key id", r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"),
     ("a Google API key", r"AIza[0-9A-Za-z_-]{35}"),
     ("a JSON Web Token", r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
     ("a bearer credential", r"(?i:bearer)\s+[A-Za-z0-9._~+/-]{20,}=*"),
+    ("a basic credential", r"(?i:basic)\s+[A-Za-z0-9+/]{12,}=*"),
+    ("a password in a URL", r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]{3,}@"),
+    ("a Hugging Face token", r"hf_[A-Za-z0-9]{30,}"),
     ("a private key", r"-----BEGIN [A-Z ]*PRIVATE KEY-----"),
 )
 _TOKENS = re.compile("|".join(f"(?P<t{index}>(?<![A-Za-z0-9]){pattern})"
                               for index, (_, pattern) in enumerate(_TOKEN_FORMATS)))
 _MIN_KEYED_LENGTH = 8  # shorter values under a secret-sounding key are placeholders, not keys
+REDACTED = "[redacted]"
 
 
 class Secret:
@@ -112,7 +117,8 @@ def find_secret(value: Any, path: str = "$") -> tuple[str, str] | None:
         for key, item in value.items():
             where = f"{path}.{key}"
             if (isinstance(key, str) and _secret_key(key) and isinstance(item, str)
-                    and len(item) >= _MIN_KEYED_LENGTH and item.strip("*x") != ""):
+                    and len(item) >= _MIN_KEYED_LENGTH and item.strip("*x") != ""
+                    and item != REDACTED):
                 return where, f"the key {key!r} names a credential"
             found = find_secret(item, where)
             if found:
@@ -134,15 +140,18 @@ def refuse_secrets(value: Any, what: str, step_id: str | None = None) -> None:
 
 def redact(text: str) -> str:
     """``text`` with every well-known token format replaced: for error messages we must keep."""
-    return _TOKENS.sub("[redacted]", text)
+    return _TOKENS.sub(REDACTED, text)
 
 
 def redact_json(value: Any) -> Any:
-    """A JSON value with every well-known token format redacted from its strings."""
+    """A JSON value with every well-known token format redacted from its strings, and every
+    string under a credential-sounding key replaced: for evidence and receipts we must keep."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {key: redact_json(item) for key, item in value.items()}
+        return {key: REDACTED if (isinstance(key, str) and _secret_key(key)
+                                      and isinstance(item, str) and item)
+                else redact_json(item) for key, item in value.items()}
     if isinstance(value, list):
         return [redact_json(item) for item in value]
     return value

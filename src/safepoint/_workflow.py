@@ -45,7 +45,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .storage.base import NewRun, Store
-from .types import Claim, RunRecord, RunStatus
+from .types import Claim, EffectState, RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from .storage.base import AsyncStore
@@ -202,6 +202,7 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     """
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
+    refuse_secrets([by, reason], "the cancellation")
     return store.request_cancel(run_id, by, reason)
 
 
@@ -210,6 +211,7 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
     """``cancel`` from async code."""
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
+    refuse_secrets([by, reason], "the cancellation")
     found = store.request_cancel(run_id, by, reason)
     return await found if inspect.isawaitable(found) else found
 
@@ -413,9 +415,12 @@ def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
     """The run was asked to stop and nothing new was started: it ends cancelled — unless an
     effect of it is still uncertain, which a person must settle first (it blocks)."""
     yield from _block_if_uncertain(core, "the run was cancelled", signal)
-    run = yield Io("get_run", (core.run.run_id,))
-    error = run.error if run.error and run.error.get("type") == "Cancelled" else {
-        "type": "Cancelled", "message": "cancelled"}
+    asked = [e for e in (yield Io("events", (core.run.run_id,)))
+             if e.kind == "run.cancel_requested"]
+    detail = asked[-1].detail if asked else {}
+    message = f"cancelled by {detail.get('by', '?')}" + (
+        f": {detail['reason']}" if detail.get("reason") else "")
+    error = {"type": "Cancelled", "message": message}
     yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
     raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
 
@@ -467,5 +472,7 @@ def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) ->
     op = uncertain[0]
     error = NeedsReconciliation(core.run.run_id, op.step_id, op.operation_id,
                                 f"{how} while this effect was still {op.state.value}")
-    yield from core.record_block(error, phase="reconcile_effect", op=op)
+    # applied: the owner's receipt is there, only acceptance is missing — never "not applied"
+    phase = "verify_effect" if op.state is EffectState.APPLIED else "reconcile_effect"
+    yield from core.record_block(error, phase=phase, op=op)
     raise error from cause

@@ -92,12 +92,16 @@ run AS (
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
       AND EXISTS (SELECT 1 FROM safepoint_operations
                   WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
-                    AND state IN ('dispatching', 'unknown', 'applied'))
+                    -- an applied operation has the owner's receipt: never "not applied"
+                    AND (state IN ('dispatching', 'unknown')
+                         OR (state = 'applied' AND %(to_state)s = 'accepted')))
     RETURNING run_id, workflow
 ),
 op AS (
     UPDATE safepoint_operations
-    SET state = %(to_state)s, receipt = COALESCE(%(receipt)s, receipt), error = NULL,
+    SET state = %(to_state)s, error = NULL,
+        receipt = CASE WHEN %(to_state)s = 'prepared' THEN NULL
+                       ELSE COALESCE(%(receipt)s, receipt) END,
         first_dispatched_at = CASE WHEN %(to_state)s = 'prepared' THEN NULL
                                    ELSE first_dispatched_at END,
         updated_at = (SELECT now FROM clock)
@@ -152,7 +156,13 @@ SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = %(r
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
-    SET status = CASE WHEN status IN ('pending', 'blocked') THEN 'cancelled' ELSE status END,
+    -- a blocked run whose effect is still uncertain stays blocked, marked: a person settles
+    -- the effect first (resolve), never a cancel that would forget it
+    SET status = CASE WHEN status = 'pending' OR (status = 'blocked' AND NOT EXISTS (
+                     SELECT 1 FROM safepoint_operations o
+                     WHERE o.run_id = safepoint_runs.run_id
+                       AND o.state IN ('dispatching', 'unknown', 'applied')))
+                 THEN 'cancelled' ELSE status END,
         error = CASE WHEN status IN ('pending', 'blocked') THEN %(error)s ELSE error END,
         owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
         cancel_requested_at = COALESCE(cancel_requested_at, (SELECT now FROM clock)),
@@ -189,7 +199,8 @@ claimed AS (
     UPDATE safepoint_runs
     SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
         fence = fence + 1, state_revision = state_revision + 1,
-        resume_count = resume_count + CASE WHEN status = 'pending' THEN 0 ELSE 1 END,
+        resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
+                                           THEN 1 ELSE 0 END,
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
@@ -224,7 +235,8 @@ claimed AS (
     UPDATE safepoint_runs AS r
     SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
         fence = r.fence + 1, state_revision = r.state_revision + 1,
-        resume_count = r.resume_count + CASE WHEN r.status = 'running' THEN 1 ELSE 0 END,
+        resume_count = r.resume_count + CASE WHEN r.status = 'running' AND r.owner IS NOT NULL
+                                             THEN 1 ELSE 0 END,
         event_count = r.event_count + 1, updated_at = clock.now
     FROM candidate, clock
     WHERE r.run_id = candidate.run_id

@@ -29,12 +29,15 @@ LIMIT 1;
 -- name: resolve_operation
 -- A person settled an uncertain operation: it moves to accepted (with the receipt they found)
 -- or back to prepared (it never happened: dispatch again, a fresh retention window).
+-- Only an uncertain operation (dispatching, unknown) can be "not applied": an applied one has
+-- the owner's receipt, and sending it again would apply it twice.
 UPDATE safepoint_operations
-SET state = :to_state, receipt = COALESCE(:receipt, receipt), error = NULL,
+SET state = :to_state, error = NULL,
+    receipt = CASE WHEN :to_state = 'prepared' THEN NULL ELSE COALESCE(:receipt, receipt) END,
     first_dispatched_at = CASE WHEN :to_state = 'prepared' THEN NULL ELSE first_dispatched_at END,
     updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id
-  AND state IN ('dispatching', 'unknown', 'applied');
+  AND (state IN ('dispatching', 'unknown') OR (state = 'applied' AND :to_state = 'accepted'));
 
 -- name: resolve_run
 -- The resolved run leaves "blocked": released for any worker (running, no owner), or ended
@@ -67,7 +70,8 @@ LIMIT :limit;
 UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
-    resume_count = resume_count + CASE WHEN status = 'pending' THEN 0 ELSE :count_resume END,
+    resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
+                                       THEN :count_resume ELSE 0 END,
     event_count = event_count + 1,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
@@ -99,8 +103,13 @@ SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = :ru
 -- name: request_cancel
 -- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
 -- one is marked, and its worker stops before its next step or dispatch. An ended run is left.
+-- A blocked run whose effect is still uncertain stays blocked, marked: a person settles the
+-- effect first (resolve), never a cancel that would forget it.
 UPDATE safepoint_runs
-SET status = CASE WHEN status IN ('pending', 'blocked') THEN 'cancelled' ELSE status END,
+SET status = CASE WHEN status = 'pending' OR (status = 'blocked' AND NOT EXISTS (
+                 SELECT 1 FROM safepoint_operations o WHERE o.run_id = safepoint_runs.run_id
+                   AND o.state IN ('dispatching', 'unknown', 'applied')))
+             THEN 'cancelled' ELSE status END,
     error = CASE WHEN status IN ('pending', 'blocked') THEN :error ELSE error END,
     owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
     cancel_requested_at = COALESCE(cancel_requested_at, :now),
