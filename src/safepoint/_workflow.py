@@ -44,7 +44,7 @@ from .errors import (
     UsageError,
     WorkflowNotFound,
 )
-from .storage.base import NewRun, Store
+from .storage.base import NewRun, Store, cancelled_error
 from .types import Claim, EffectState, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -418,9 +418,7 @@ def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
     asked = [e for e in (yield Io("events", (core.run.run_id,)))
              if e.kind == "run.cancel_requested"]
     detail = asked[-1].detail if asked else {}
-    message = f"cancelled by {detail.get('by', '?')}" + (
-        f": {detail['reason']}" if detail.get("reason") else "")
-    error = {"type": "Cancelled", "message": message}
+    error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
     yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
     raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
 

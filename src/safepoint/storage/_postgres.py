@@ -37,10 +37,8 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
-    Cancelled,
     CorruptRecord,
     InvalidStoreURL,
-    LostOwnership,
     MigrationMismatch,
     ResolutionRefused,
     RunNotFound,
@@ -65,7 +63,15 @@ from ..types import (
     StepRecord,
     StepStatus,
 )
-from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
+from .base import (
+    INLINE_LIMIT,
+    NewRun,
+    abandoned_error,
+    cancelled_error,
+    load_migrations,
+    load_queries,
+    refused_write,
+)
 
 _Q = load_queries("postgres")
 _OUR_PARAMETERS = ("schema", "durability")
@@ -428,17 +434,15 @@ class PostgresLedger:
                         worker=claim.owner, **params)
         if not rows:
             state = yield _q("fence_state", run_id=claim.run_id)
-            if (state and state[0]["fence"] == claim.fence and state[0]["status"] == "running"
-                    and state[0]["cancel_requested_at"] is not None):
-                raise Cancelled(claim.run_id)
-            raise LostOwnership(claim.run_id, claim.fence)
+            row = state[0] if state else {}
+            raise refused_write(claim, row.get("fence"), row.get("status"),
+                                row.get("cancel_requested_at"))
         return rows[0]
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
-        message = f"cancelled by {by}" + (f": {reason}" if reason else "")
         yield _q("request_cancel", run_id=run_id, by=by,
                  detail=dumps({"by": by, "reason": reason}),
-                 error=dumps({"type": "Cancelled", "message": message}))
+                 error=dumps(cancelled_error(by, reason)))
         return (yield from self.get_run(run_id))
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
@@ -495,9 +499,8 @@ class PostgresLedger:
                   "operation_id": resolution.operation_id, "by": resolution.by,
                   "detail": detail}
         if resolution.action is ResolutionAction.ABANDON:
-            because = f": {resolution.evidence}" if resolution.evidence else ""
-            rows = yield _q("resolve_abandon", **common, error=dumps(
-                {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}))
+            rows = yield _q("resolve_abandon", **common,
+                            error=dumps(abandoned_error(resolution)))
         else:
             rows = yield _q("resolve_operation", **common, to_state=(
                 EffectState.ACCEPTED if resolution.action is ResolutionAction.APPLIED

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
+from ..errors import Cancelled, LostOwnership
 from ..types import (
     JSON,
     Claim,
@@ -238,6 +239,30 @@ class AsyncStore(Protocol):
     async def get_artifact(self, digest: str) -> bytes:
         """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
         ...
+
+
+# -- decisions every store makes the same way (I/O-free) ----------------------------------------
+
+
+def refused_write(claim: Claim, fence: int | None, status: str | None,
+                  cancel_requested_at: int | None) -> BaseException:
+    """Why a fenced worker write matched nothing, from the run's row as it now stands: a cancel
+    request while this worker's fence still holds (``Cancelled``), or a stale fence."""
+    if fence == claim.fence and status == "running" and cancel_requested_at is not None:
+        return Cancelled(claim.run_id)
+    return LostOwnership(claim.run_id, claim.fence)
+
+
+def cancelled_error(by: str, reason: str | None) -> dict[str, str]:
+    """The error a cancelled run ends with."""
+    return {"type": "Cancelled", "message": f"cancelled by {by}" + (f": {reason}" if reason
+                                                                     else "")}
+
+
+def abandoned_error(resolution: Resolution) -> dict[str, str]:
+    """The error a run ends with when a person abandons it."""
+    because = f": {resolution.evidence}" if resolution.evidence else ""
+    return {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}
 
 
 def load_queries(dialect: str) -> dict[str, str]:

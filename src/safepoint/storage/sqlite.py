@@ -25,7 +25,6 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
-    Cancelled,
     CorruptRecord,
     LostOwnership,
     MigrationMismatch,
@@ -50,7 +49,15 @@ from ..types import (
     StepRecord,
     StepStatus,
 )
-from .base import INLINE_LIMIT, NewRun, load_migrations, load_queries
+from .base import (
+    INLINE_LIMIT,
+    NewRun,
+    abandoned_error,
+    cancelled_error,
+    load_migrations,
+    load_queries,
+    refused_write,
+)
 
 _Q = load_queries("sqlite")
 _BUSY_TIMEOUT_S = 30.0
@@ -300,7 +307,7 @@ class SqliteStore:
         with self._write() as conn:
             row = conn.execute(_Q["claim_run"], {
                 "run_id": run_id, "expected_revision": expected_revision, "owner": owner,
-                "lease_expires_at": now + lease_ms, "count_resume": 1, "now": now,
+                "lease_expires_at": now + lease_ms, "now": now,
                 "dead_owner": dead_owner}).fetchone()
             if row is None:
                 return None
@@ -319,7 +326,7 @@ class SqliteStore:
             taken = conn.execute(_Q["claim_run"], {
                 "run_id": row["run_id"], "expected_revision": row["state_revision"],
                 "owner": owner, "lease_expires_at": now + lease_ms,
-                "count_resume": int(row["status"] == RunStatus.RUNNING.value), "now": now,
+                "now": now,
                 "dead_owner": None}).fetchone()
             self._event(conn, row["run_id"], now, "run.claimed", fence=taken["fence"],
                         worker=owner)
@@ -397,7 +404,7 @@ class SqliteStore:
             "events": events, "now": now})
         if cursor.rowcount != 1:
             state = conn.execute(_Q["fence_state"], {"run_id": claim.run_id}).fetchone()
-            raise _refused_write(claim, state)
+            raise refused_write(claim, *(tuple(state) if state else (None, None, None)))
 
     def _event(self, conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
                step_id: str | None = None, operation_id: str | None = None,
@@ -514,7 +521,7 @@ class SqliteStore:
                 if conn.execute(_Q["resolve_run"], {
                         "run_id": run_id, "expected_revision": expected_revision, "now": now,
                         "status": (RunStatus.CANCELLED if abandon else RunStatus.RUNNING).value,
-                        "error": dumps(_abandoned(resolution)) if abandon else None,
+                        "error": dumps(abandoned_error(resolution)) if abandon else None,
                         }).rowcount != 1:
                     raise _NotApplicable
                 if not abandon and conn.execute(_Q["resolve_operation"], {
@@ -543,7 +550,7 @@ class SqliteStore:
         with self._write() as conn:
             row = conn.execute(_Q["request_cancel"], {
                 "run_id": run_id, "now": now,
-                "error": dumps({"type": "Cancelled", "message": _cancel_message(by, reason)})
+                "error": dumps(cancelled_error(by, reason))
             }).fetchone()
             if row is not None:
                 self._event(conn, run_id, now, "run.cancelled" if row["status"] == "cancelled"
@@ -571,26 +578,8 @@ def _split_statements(script: str) -> list[str]:
     return statements
 
 
-def _refused_write(claim: Claim, state: sqlite3.Row | None) -> BaseException:
-    """A worker write matched nothing: a cancel request (its fence still holds), or a stale
-    fence."""
-    if (state is not None and state["fence"] == claim.fence and state["status"] == "running"
-            and state["cancel_requested_at"] is not None):
-        return Cancelled(claim.run_id)
-    return LostOwnership(claim.run_id, claim.fence)
-
-
-def _cancel_message(by: str, reason: str | None) -> str:
-    return f"cancelled by {by}" + (f": {reason}" if reason else "")
-
-
 class _NotApplicable(Exception):
     pass
-
-
-def _abandoned(resolution: Resolution) -> dict[str, Any]:
-    because = f": {resolution.evidence}" if resolution.evidence else ""
-    return {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:

@@ -15,8 +15,8 @@ VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :i
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
--- The oldest run of these workflows ("name", any version, or "name@version") a worker may take: pending, released, or abandoned by a worker whose lease
--- expired.
+-- The oldest run of these workflows ("name", any version, or "name@version") a worker may
+-- take: pending, released, or abandoned by a worker whose lease expired.
 -- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
 SELECT run_id, state_revision, status FROM safepoint_runs
 WHERE (status = 'pending'
@@ -71,7 +71,7 @@ UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
     resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
-                                       THEN :count_resume ELSE 0 END,
+                                       THEN 1 ELSE 0 END,  -- only a takeover is a resume
     event_count = event_count + 1,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
