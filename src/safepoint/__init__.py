@@ -4,6 +4,7 @@ The public surface is exactly ``__all__``; everything in a module whose name sta
 underscore is private.
 """
 
+from ._compat import Compatibility
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._recovery import resolve
 from ._run import AsyncRun, Run
@@ -83,6 +84,7 @@ __all__ = [
     "AsyncStore",
     "BudgetExhausted",
     "Cancelled",
+    "Compatibility",
     "CorruptRecord",
     "Durability",
     "Effect",

@@ -49,6 +49,8 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
     ],
     "stale_checkpoint": [
         "revert the code or input change that moved this step's inputs, then resume",
+        "or register the workflow with compatibility='replan' and resume: this step and the"
+        " observations after it are asked again, the effects already done are kept",
         "or start a new run for the new inputs (and abandon this one)",
     ],
     "replay_mismatch": [
@@ -56,7 +58,10 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         " then resume; or abandon it and start a new run",
     ],
     "incompatible_workflow": [
-        "deploy the recorded workflow version to finish this run, or start a new run",
+        "deploy the code that recorded this run (see the changes in the evidence), then resume",
+        "or register the workflow with compatibility='replan' and resume: the stale steps are"
+        " abandoned, the effects already done are kept",
+        "or give it up: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
     ],
     "unreadable_record": [
         "restore the named row or artifact from a backup, then resume",

@@ -54,6 +54,7 @@ from .errors import (
     UsageError,
     VerificationFailed,
 )
+from .storage.base import Replan
 from .types import (
     Claim,
     EffectState,
@@ -83,9 +84,10 @@ class RunCore:
 
     def __init__(self, store: Store | AsyncStore, claim: Claim, run: RunRecord,
                  steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
-                 is_async: bool) -> None:
+                 is_async: bool, replans: bool = False) -> None:
         self.store = store
         self.is_async = is_async
+        self.replans = replans  # compatibility policy "replan": stale steps are asked again
         self.claim = claim
         self.run = run
         self.steps = steps
@@ -172,6 +174,37 @@ class RunCore:
                                   f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…")
         return recorded
 
+    def replay_lookup(self, sid: str, kind: StepKind, name: str, hashed: str,
+                      op: OperationRecord | None = None) -> Flow:
+        """The recorded step that answers this call, or None. A recorded step that answers
+        another question blocks the run (``refuse``) or is abandoned with the stale tail after
+        it (``replan``)."""
+        try:
+            return self.check_replay(sid, kind, name, hashed)
+        except StaleCheckpoint as stale:
+            if not self.replans:
+                phase = ("replay_mismatch" if isinstance(stale, ReplayMismatch)
+                         else "stale_checkpoint")
+                yield from self.block(stale, phase=phase, step_id=sid, op=op)
+            yield from self.abandon_tail(sid, stale)
+            return None
+
+    def abandon_tail(self, sid: str, stale: StaleCheckpoint) -> Flow:
+        """Re-plan from the step at ``sid``: it, and every observation and decision recorded
+        after it, answered other questions than the ones now asked. They move into the history
+        (``step.abandoned`` events) and are asked again as the workflow reaches them; effect
+        steps after it and every operation stay, so nothing done is done twice."""
+        if self.cancelling:
+            raise self.cancelled()  # re-planning is new work
+        # Only what was recorded before this worker took over can be stale: a step this
+        # execution recorded (with a later seq) already answers the new question.
+        start, through = self.steps[sid].seq, self.seq_at_load
+        yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
+                                               through_seq=through)))
+        for key, step in list(self.steps.items()):
+            if start <= step.seq <= through and (step.kind is not StepKind.EFFECT or key == sid):
+                del self.steps[key]
+
     # -- flows ---------------------------------------------------------------------------------
 
     def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -188,12 +221,7 @@ class RunCore:
         hashed_inputs = mask_secrets(hashed_inputs)  # a Secret is passed on, never hashed
         require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
         hashed = input_hash(hashed_inputs)
-        try:
-            recorded = self.check_replay(sid, kind, name, hashed)
-        except StaleCheckpoint as stale:
-            phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
-            yield from self.block(stale, phase=phase, step_id=sid)
-            raise  # unreachable: block raises
+        recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         attempt = 1
         observed_at = None
         if recorded is not None:
@@ -256,13 +284,8 @@ class RunCore:
                              step_id=sid)
         hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                              "payload": payload_ref})
-        try:
-            recorded = self.check_replay(sid, StepKind.EFFECT, effect.name, hashed)
-        except StaleCheckpoint as stale:
-            phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
-            yield from self.block(stale, phase=phase, step_id=sid,
-                                  op=self.operations.get(op_id))
-            raise
+        recorded = yield from self.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
+                                                 self.operations.get(op_id))
         if recorded is not None:
             return recorded.result
 
@@ -279,12 +302,17 @@ class RunCore:
             self.operations[op_id] = op
             crashpoint("effect.after_prepared", sid)
         else:
-            payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
+            op, sendable = yield from self._prepared_payload(sid, effect, op, payload_ref,
+                                                             payload_bytes)
+            payload = sendable
 
         step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
         while True:
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
                                   can_verify=effect.verify is not None)
+            if decided.action is Action.DISPATCH and payload is None:
+                yield from self.block(_changed_payload(self.run.run_id, sid, op),
+                                      phase="reconcile_effect", op=op)
             if decided.action is Action.DISPATCH:
                 op = yield from self._dispatch(sid, effect, op, payload, step)
             elif decided.action is Action.RECONCILE:
@@ -295,6 +323,11 @@ class RunCore:
                 op = yield from self._record(op, EffectState.ACCEPTED, receipt=op.receipt,
                                              step=step)
             elif decided.action is Action.REPLAY:
+                if self.replans and sid not in self.steps and not self.cancelling:
+                    # kept from before a re-plan: the step now points at it, so later replays
+                    # find it directly
+                    yield Io("record_step", (self.claim, step))
+                    self.steps[sid] = step
                 return op.receipt
             elif decided.action is Action.REPLAY_REJECTION:
                 raise EffectRejected(self.run.run_id, sid, op_id, op.error)
@@ -310,27 +343,41 @@ class RunCore:
                           seq=self.next_seq(sid), operation_id=op.operation_id)
 
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
-                          payload_ref: str) -> Flow:
-        """The payload as it was prepared: a replacement worker never regenerates it."""
-        if op.effect != effect.name or op.step_id != sid:
+                          payload_ref: str, payload_bytes: bytes) -> Flow:
+        """The operation and the payload it may be sent with: the payload as it was prepared (a
+        replacement worker never regenerates it). Under ``replan`` a changed payload is prepared
+        anew while it was never sent; once it may have been, it is never sent again (None): its
+        outcome is reconciled, a receipt is replayed, and a dispatch would block."""
+        if op.effect != effect.name or (op.step_id != sid and not self.replans):
             yield from self.block(
                 ReplayMismatch(self.run.run_id, sid,
                                f"operation {op.operation_id!r} was prepared by step"
                                f" {op.step_id!r} for effect {op.effect!r}"),
                 phase="replay_mismatch", op=op)
         if op.payload_ref != payload_ref:
-            yield from self.block(
-                StaleCheckpoint(self.run.run_id, sid,
-                                f"the payload of {op.operation_id!r} changed since it was"
-                                " prepared; it is never resent under the old key"),
-                phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
+            if not self.replans:
+                yield from self.block(
+                    StaleCheckpoint(self.run.run_id, sid,
+                                    f"the payload of {op.operation_id!r} changed since it was"
+                                    " prepared; it is never resent under the old key"),
+                    phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
+            if op.state is not EffectState.PREPARED:
+                return op, None
+            if self.cancelling:
+                raise self.cancelled()
+            yield Io("replan", (self.claim, Replan(
+                reason="the payload changed before it was ever sent: prepared anew",
+                operation_id=op.operation_id, payload_ref=payload_ref), payload_bytes))
+            op = replace(op, payload_ref=payload_ref)
+            self.operations[op.operation_id] = op
+            return op, loads(payload_bytes)
         try:
             stored = yield Io("get_artifact", (op.payload_ref,))
         except (ArtifactMissing, ArtifactCorrupt) as exc:
             yield from self.block(
                 NeedsReconciliation(self.run.run_id, sid, op.operation_id, exc.message),
                 phase="unreadable_record", op=op, evidence=_error_evidence(exc))
-        return loads(stored)
+        return op, loads(stored)
 
     def _record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
                 error: JSON = None, step: StepRecord | None = None) -> Flow:
@@ -439,6 +486,9 @@ class RunCore:
                 # prepared, never dispatched again, and the run ends cancelled.
                 yield from self._record(op, EffectState.PREPARED)
                 raise self.cancelled()
+            if payload is None:
+                yield from self.block(_changed_payload(self.run.run_id, sid, op),
+                                      phase="reconcile_effect", op=op)
             return (yield from self._dispatch(sid, effect, op, payload, step))
         yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
                                                   decided.reason),
@@ -459,6 +509,14 @@ class RunCore:
         op = yield from self._record(op, EffectState.ACCEPTED, step=step)
         crashpoint("effect.after_accept", sid)
         return op
+
+
+def _changed_payload(run_id: str, sid: str, op: OperationRecord) -> NeedsReconciliation:
+    return NeedsReconciliation(
+        run_id, sid, op.operation_id,
+        "the re-planned workflow asks for another payload than the one that may already have"
+        " been sent under this key, and the owner says it did not happen: it is never resent"
+        " under the old key; settle it (resolve --not-applied prepares it anew) or abandon")
 
 
 def _is_async_callable(fn: object) -> bool:

@@ -15,10 +15,11 @@ import inspect
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import input_hash, require_json
+from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._flow import Call, Flow, Io, Sleep, adrive, drive
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
@@ -44,7 +45,7 @@ from .errors import (
     UsageError,
     WorkflowNotFound,
 )
-from .storage.base import NewRun, Store, cancelled_error
+from .storage.base import NewRun, Replan, Store, cancelled_error
 from .types import Claim, EffectState, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -62,6 +63,13 @@ class Workflow:
     version: str
     fn: Callable[..., Any]
     resume_budget: int | None = DEFAULT_RESUME_BUDGET
+    compatibility: Compatibility = Compatibility.REFUSE
+    manifest: dict[str, Any] = field(default_factory=manifest_of)
+
+    @property
+    def fingerprint(self) -> str:
+        """The digest of the tool schemas, model ids and prompt hashes this code declares."""
+        return fingerprint(self.manifest)
 
     @property
     def is_async(self) -> bool:
@@ -71,12 +79,21 @@ class Workflow:
 _registry: dict[str, Workflow] = {}
 
 
-def workflow(name: str, *, version: str = "1",
-             resume_budget: int | None = None) -> Callable[[Callable[..., Any]], Workflow]:
+def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
+             compatibility: Compatibility | str = Compatibility.REFUSE, tools: Any = None,
+             models: list[str] | None = None,
+             prompts: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
-    The version is yours to bump: a run recorded by one version is only continued by the same
-    version (nothing is inferred from source code, so a deploy strands nothing by itself).
+    The version is yours to bump: nothing is inferred from source code, so a deploy strands
+    nothing by itself. Declare what the workflow's model steps depend on — the ``tools`` schemas
+    offered to the model, the ``models`` called, the ``prompts`` (name → text) — and each run
+    records their fingerprint. A run recorded by another version or fingerprint, or whose
+    recorded step answers another question than the one now asked, is handled by
+    ``compatibility``: ``"refuse"`` (default) blocks it with the recovery record; ``"replan"``
+    abandons the stale tail of recorded observations and decisions (kept in the history),
+    carries on from the last step still valid, and keeps the effect ledger: an operation that
+    already happened returns its receipt instead of being dispatched again.
     ``resume_budget`` is how often one run may be taken over (its worker died or stopped) before
     it fails loudly with ``BudgetExhausted`` (default 20; it is recorded with each run).
 
@@ -88,10 +105,16 @@ def workflow(name: str, *, version: str = "1",
 
     if resume_budget is not None and resume_budget < 0:
         raise UsageError("resume_budget is a count of takeovers: 0 or more")
+    try:
+        policy = Compatibility(compatibility)
+    except ValueError:
+        raise UsageError(f"compatibility={compatibility!r}: use 'refuse' or 'replan'") from None
+    manifest = manifest_of(tools, models, prompts)
 
     def register(fn: Callable[..., Any]) -> Workflow:
         registered = Workflow(name, str(version), fn,
-                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget)
+                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
+                              policy, manifest)
         _registry[name] = registered
         return registered
 
@@ -103,8 +126,10 @@ def registered(name: str) -> Workflow | None:
 
 
 def registered_versions() -> list[str]:
-    """``name@version`` of every registered workflow: what this process's code can continue."""
-    return sorted(f"{wf.name}@{wf.version}" for wf in _registry.values())
+    """What this process's code can continue: ``name@version`` of each registered workflow, or
+    just ``name`` (any version) for one whose compatibility policy is ``replan``."""
+    return sorted(wf.name if wf.compatibility is Compatibility.REPLAN else f"{wf.name}@{wf.version}"
+                  for wf in _registry.values())
 
 
 def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +146,8 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
     inputs = _run_inputs(args, kwargs)
     return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
                   workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                  owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget)
+                  owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget,
+                  workflow_fingerprint=wf.fingerprint, workflow_manifest=wf.manifest)
 
 
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
@@ -330,34 +356,64 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
 
 
 def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
-    """Load the claimed run's ledger in one batch, check that this code may continue it, and
-    execute."""
+    """The resume procedure, once this worker owns the run: load the ledger in one batch and
+    check that every record and artifact the run needs is there and intact; check that this
+    code may continue it (version and fingerprint, by the compatibility policy); check its
+    limits; then execute — replay classifies each recorded step and operation by DESIGN §3 as
+    the workflow reaches it. Anything that cannot go on blocks with the recovery record."""
+    ledger = yield from _load_intact(claim, run)
+    run = yield from _check_compatible(wf, claim, ledger.run)
+    if run.resume_budget is not None and run.resume_count > run.resume_budget:
+        yield from _budget_exhausted(store, wf, claim, run, ledger)
+    return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
+                                     dict(ledger.operations)))
+
+
+def _load_intact(claim: Claim, run: RunRecord) -> Flow:
+    """The ledger, with the payload of every operation that may still be sent read back and
+    checked against its digest — before anything is replayed, not when the run reaches it."""
     try:
         ledger = yield Io("load_ledger", (run.run_id,))
+        for op in ledger.operations.values():
+            if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
+                yield Io("get_artifact", (op.payload_ref,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
         record = build_record(run, phase="unreadable_record", reason=exc.message,
                               evidence={"type": type(exc).__name__, **{
                                   k: str(v) for k, v in vars(exc).items() if k != "message"}})
         yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
         raise
-    run = ledger.run
-    if run.resume_budget is not None and run.resume_count > run.resume_budget:
-        yield from _budget_exhausted(store, wf, claim, run, ledger)
-    if run.workflow_version != wf.version:
-        error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
-                                     f"{wf.name}@{wf.version}")
-        record = build_record(run, phase="incompatible_workflow", reason=error.message)
-        yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
-        error.record = record
-        raise error
-    return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
-                                     dict(ledger.operations)))
+    return ledger
+
+
+def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
+    """The run as this code continues it: unchanged, re-planned under this code's version and
+    fingerprint (``replan``), or blocked with what changed (``refuse``)."""
+    differences = changes(run.workflow_version, run.workflow_manifest, run.workflow_fingerprint,
+                          wf.version, wf.manifest, wf.fingerprint)
+    if not differences:
+        return run
+    if wf.compatibility is Compatibility.REPLAN:
+        yield Io("replan", (claim, Replan(
+            reason="the workflow changed: " + "; ".join(differences),
+            workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
+            workflow_manifest=wf.manifest)))
+        return replace(run, workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
+                       workflow_manifest=wf.manifest)
+    error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
+                                 f"{wf.name}@{wf.version}", changes=differences)
+    record = build_record(run, phase="incompatible_workflow", reason=error.message,
+                          evidence={"changes": differences})
+    yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
+    error.record = record
+    raise error
 
 
 def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                   steps: dict[str, Any], operations: dict[str, Any]) -> Flow:
     """Run the workflow function against the ledger and record how it ended."""
-    core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async)
+    core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async,
+                   replans=wf.compatibility is Compatibility.REPLAN)
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:

@@ -37,7 +37,7 @@ The tree::
             ├── VerificationFailed      an applied effect failed its verifier
             ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
             │   └── ReplayMismatch      the step at this id has another kind or name
-            └── IncompatibleWorkflow    the run was recorded by another workflow version
+            └── IncompatibleWorkflow    the run was recorded by another version or fingerprint
 
     BaseException
     ├── LostOwnership                   this worker's fence is stale: it must stop at once
@@ -370,13 +370,17 @@ class ReplayMismatch(StaleCheckpoint):
 
 class IncompatibleWorkflow(RunBlocked):
     def __init__(self, run_id: str, recorded: str, current: str,
-                 record: dict[str, Any] | None = None) -> None:
+                 record: dict[str, Any] | None = None, changes: list[str] | None = None) -> None:
+        changes = list(changes or [f"{recorded} became {current}"])
         super().__init__(
-            f"run {run_id!r} was recorded by workflow {recorded} but this process has"
-            f" {current}; deploy the recorded version to finish it, or start a new run",
+            f"run {run_id!r} was recorded by other code than this process has ({recorded} →"
+            f" {current}: {'; '.join(changes)}); deploy the recorded code to finish it, register"
+            " the workflow with compatibility='replan' to carry it on under this code, or start"
+            " a new run",
             run_id=run_id,
             recorded=recorded,
             current=current,
+            changes=changes,
             record=record,
         )
 

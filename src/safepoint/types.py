@@ -73,6 +73,8 @@ class RunRecord:
     updated_at: int
     resume_budget: int | None = None  # takeovers allowed before the run fails loudly
     cancel_requested_at: int | None = None  # asked to stop: settle what is in flight, no more
+    workflow_fingerprint: str | None = None  # tool schemas, model ids, prompt hashes (None: older)
+    workflow_manifest: dict[str, Any] | None = None  # those parts as digests, to say what changed
 
 
 @dataclass(frozen=True, slots=True)

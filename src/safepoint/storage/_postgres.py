@@ -66,6 +66,7 @@ from ..types import (
 from .base import (
     INLINE_LIMIT,
     NewRun,
+    Replan,
     abandoned_error,
     cancelled_error,
     load_migrations,
@@ -285,7 +286,8 @@ class PostgresLedger:
             "insert_run", run_id=new.run_id, workflow=new.workflow,
             workflow_version=new.workflow_version, input_hash=new.input_hash, inputs=inputs,
             inputs_ref=inputs_ref, owner=new.owner, lease_ms=new.lease_ms,
-            resume_budget=new.resume_budget,
+            resume_budget=new.resume_budget, workflow_fingerprint=new.workflow_fingerprint,
+            workflow_manifest=_json_or_none(new.workflow_manifest),
             detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
         if created:
             row = created[0]
@@ -335,7 +337,9 @@ class PostgresLedger:
             recovery_record=(yield from self._value(row["recovery_record"], None, table, key)),
             created_at=row["created_at"], updated_at=row["updated_at"],
             resume_budget=row["resume_budget"],
-            cancel_requested_at=row["cancel_requested_at"])
+            cancel_requested_at=row["cancel_requested_at"],
+            workflow_fingerprint=row["workflow_fingerprint"],
+            workflow_manifest=(yield from self._value(row["workflow_manifest"], None, table, key)))
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -517,6 +521,27 @@ class PostgresLedger:
                 raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution))
         return run
 
+    def replan(self, claim: Claim, change: Replan, payload: bytes | None) -> Plan[None]:
+        yield from self._fenced(
+            claim, "replan", workflow_version=change.workflow_version,
+            workflow_fingerprint=change.workflow_fingerprint,
+            workflow_manifest=_json_or_none(change.workflow_manifest),
+            step_id=change.step_id, operation_id=change.operation_id,
+            detail=dumps(change.detail()))
+        if change.step_id is not None:
+            yield _q("abandon_steps", run_id=claim.run_id, step_id=change.step_id,
+                     through_seq=change.through_seq, fence=claim.fence, worker=claim.owner,
+                     reason=change.reason)
+        if change.operation_id is not None:
+            if payload is None or (yield from self._put_artifact(payload)) != change.payload_ref:
+                raise ValueError(f"payload digest {change.payload_ref} does not match its bytes")
+            rows = yield _q("reprepare_operation", run_id=claim.run_id, fence=claim.fence,
+                            operation_id=change.operation_id, payload_ref=change.payload_ref)
+            if not rows:
+                raise StoreError(f"operation {change.operation_id!r} is no longer prepared: its"
+                                 " payload cannot change", run_id=claim.run_id,
+                                 operation_id=change.operation_id)
+
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:
         rows = yield _q("release_run", run_id=claim.run_id, fence=claim.fence)
@@ -527,6 +552,10 @@ class PostgresLedger:
 _STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",
                 "result_ref", "step_error", "next_step_id", "attempt", "model_id",
                 "prompt_hash", "observed_at", "step_operation_id")
+
+
+def _json_or_none(value: JSON) -> str | None:
+    return None if value is None else dumps(value)
 
 
 def _claim(row: Row, owner: str, lease_ms: int) -> Claim:

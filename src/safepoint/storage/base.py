@@ -42,6 +42,37 @@ class NewRun:
     owner: str | None   # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
     resume_budget: int | None = None  # takeovers allowed before BudgetExhausted; None: no limit
+    workflow_fingerprint: str | None = None
+    workflow_manifest: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replan:
+    """One re-planning step of a run under the ``replan`` policy, committed with one event.
+
+    Any of: continue under this code's version and fingerprint; abandon the stale tail of
+    recorded steps — the step at ``step_id`` and every pure, read, model, decision or value step
+    recorded after it, up to ``through_seq`` (each moves into the history as a
+    ``step.abandoned`` event; effect steps and every operation stay); or prepare a
+    never-dispatched operation anew with a changed payload (``payload_ref``, whose bytes are
+    passed beside).
+    """
+
+    reason: str
+    workflow_version: str | None = None
+    workflow_fingerprint: str | None = None
+    workflow_manifest: dict[str, Any] | None = None
+    step_id: str | None = None        # abandon from this step's seq on …
+    through_seq: int | None = None    # … to this seq (what was recorded before the re-plan)
+    operation_id: str | None = None   # prepare this operation anew …
+    payload_ref: str | None = None    # … with this payload
+
+    def detail(self) -> dict[str, Any]:
+        return {key: value for key, value in (
+            ("reason", self.reason), ("workflow_version", self.workflow_version),
+            ("workflow_fingerprint", self.workflow_fingerprint),
+            ("abandoned_from", self.step_id), ("operation_id", self.operation_id),
+            ("payload_ref", self.payload_ref)) if value is not None}
 
 
 class Store(Protocol):
@@ -117,6 +148,12 @@ class Store(Protocol):
         ...
 
     def release_run(self, claim: Claim) -> None: ...
+
+    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+        """Commit one re-planning step (see ``Replan``) with its ``run.replanned`` event. A new
+        payload (``payload`` bytes) replaces an operation's only while it is ``prepared``
+        (never sent); otherwise ``StoreError`` and nothing changes."""
+        ...
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
@@ -224,6 +261,8 @@ class AsyncStore(Protocol):
         ...
 
     async def release_run(self, claim: Claim) -> None: ...
+
+    async def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None: ...
 
     async def resolve(self, run_id: str, expected_revision: int,
                       resolution: Resolution) -> RunRecord:

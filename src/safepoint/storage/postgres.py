@@ -45,7 +45,7 @@ from ..types import (
     StepRecord,
 )
 from ._postgres import DRIVER_ERRORS, LISTEN, Plan, PostgresLedger, log, run_plan, unreachable
-from .base import INLINE_LIMIT, NewRun
+from .base import INLINE_LIMIT, NewRun, Replan
 
 __all__ = ["PostgresStore"]
 
@@ -188,6 +188,9 @@ class PostgresStore:
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         return self._run(self._ledger.request_cancel(run_id, by, reason))
+
+    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+        self._run(self._ledger.replan(claim, change, payload))
 
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))

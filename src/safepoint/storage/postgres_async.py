@@ -54,7 +54,7 @@ from ._postgres import (
     run_plan,
     unreachable,
 )
-from .base import INLINE_LIMIT, NewRun
+from .base import INLINE_LIMIT, NewRun, Replan
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -278,6 +278,9 @@ class AsyncPostgresStore:
     async def request_cancel(self, run_id: str, by: str,
                              reason: str | None = None) -> RunRecord:
         return await self._run(self._ledger.request_cancel(run_id, by, reason))
+
+    async def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+        await self._run(self._ledger.replan(claim, change, payload))
 
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))

@@ -52,6 +52,7 @@ from ..types import (
 from .base import (
     INLINE_LIMIT,
     NewRun,
+    Replan,
     abandoned_error,
     cancelled_error,
     load_migrations,
@@ -255,7 +256,9 @@ class SqliteStore:
                 "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
                 "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
                 "owner": new.owner, "lease_expires_at": lease, "fence": fence,
-                "resume_budget": new.resume_budget, "now": now})
+                "resume_budget": new.resume_budget, "now": now,
+                "workflow_fingerprint": new.workflow_fingerprint,
+                "workflow_manifest": _json_or_none(new.workflow_manifest)})
             created = cursor.rowcount == 1
             if created:
                 self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
@@ -299,7 +302,9 @@ class SqliteStore:
             error=get("error"), recovery_record=get("recovery_record"),
             created_at=row["created_at"], updated_at=row["updated_at"],
             resume_budget=row["resume_budget"],
-            cancel_requested_at=row["cancel_requested_at"])
+            cancel_requested_at=row["cancel_requested_at"],
+            workflow_fingerprint=row["workflow_fingerprint"],
+            workflow_manifest=get("workflow_manifest"))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -557,10 +562,45 @@ class SqliteStore:
                             else "run.cancel_requested", worker=by, detail=detail)
         return self.get_run(run_id)
 
+    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+        now = self.now()
+        common = {"run_id": claim.run_id, "fence": claim.fence, "now": now}
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=1, new_work=True)
+            self._event(conn, claim.run_id, now, "run.replanned", step_id=change.step_id,
+                        operation_id=change.operation_id, fence=claim.fence,
+                        worker=claim.owner, detail=change.detail())
+            if change.workflow_version is not None:
+                conn.execute(_Q["adopt_workflow"], {
+                    **common, "workflow_version": change.workflow_version,
+                    "workflow_fingerprint": change.workflow_fingerprint,
+                    "workflow_manifest": _json_or_none(change.workflow_manifest)})
+            if change.step_id is not None:
+                params = {**common, "step_id": change.step_id, "worker": claim.owner,
+                          "through_seq": change.through_seq, "reason": change.reason}
+                moved = conn.execute(_Q["abandon_steps"], params).rowcount
+                conn.execute(_Q["delete_abandoned_steps"], params)
+                conn.execute(_Q["count_events"], {"run_id": claim.run_id, "events": moved})
+            if change.operation_id is not None:
+                if payload is None or self._put_artifact(conn, payload, now) != change.payload_ref:
+                    raise ValueError(f"payload digest {change.payload_ref} does not match its"
+                                     " bytes")
+                cursor = conn.execute(_Q["reprepare_operation"], {
+                    **common, "operation_id": change.operation_id,
+                    "payload_ref": change.payload_ref})
+                if cursor.rowcount != 1:
+                    raise StoreError(f"operation {change.operation_id!r} is no longer prepared:"
+                                     " its payload cannot change", run_id=claim.run_id,
+                                     operation_id=change.operation_id)
+
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
             conn.execute(_Q["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
                                              "now": self.now()})
+
+
+def _json_or_none(value: JSON) -> str | None:
+    return None if value is None else dumps(value)
 
 
 def _split_statements(script: str) -> list[str]:

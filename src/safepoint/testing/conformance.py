@@ -60,7 +60,7 @@ from ..errors import (
     RunNotFound,
     StoreError,
 )
-from ..storage.base import INLINE_LIMIT, NewRun, Store
+from ..storage.base import INLINE_LIMIT, NewRun, Replan, Store
 from ..types import (
     JSON,
     Claim,
@@ -507,6 +507,81 @@ class StoreConformance(abc.ABC):
             run_id=f"budget-{_uid()}", workflow=self.workflow, workflow_version="v1",
             input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0))
         assert unlimited.resume_budget is None
+
+    def test_the_workflow_fingerprint_and_manifest_are_recorded_with_the_run(self) -> None:
+        store = self.store()
+        manifest = {"tools": {"lookup": "sha256:ab"}, "models": ["m-1"], "prompts": {}}
+        run, _ = store.create_run(NewRun(
+            run_id=f"fp-{_uid()}", workflow=self.workflow, workflow_version="v1",
+            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0,
+            workflow_fingerprint="sha256:f1", workflow_manifest=manifest))
+        again = store.get_run(run.run_id)
+        assert (again.workflow_fingerprint, again.workflow_manifest) == ("sha256:f1", manifest)
+        older = self.submit(store)  # a run recorded without one
+        assert (older.workflow_fingerprint, older.workflow_manifest) == (None, None)
+
+    def test_replan_adopts_the_new_code_and_records_what_it_replaced(self) -> None:
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        manifest = {"tools": {}, "models": ["m-2"], "prompts": {}}
+        store.replan(old, Replan(reason="the workflow changed", workflow_version="v2",
+                                 workflow_fingerprint="sha256:f2", workflow_manifest=manifest))
+        now = store.get_run(run.run_id)
+        assert (now.workflow_version, now.workflow_fingerprint, now.workflow_manifest) == (
+            "v2", "sha256:f2", manifest)
+        assert now.state_revision > run.state_revision
+        event = store.events(run.run_id)[-1]
+        assert (event.kind, event.fence, event.worker) == ("run.replanned", old.fence, "worker-a")
+        assert event.detail["workflow_version"] == "v2"
+        assert now.event_count == len(store.events(run.run_id))
+        self.take_over(store, run.run_id)
+        with pytest.raises(LostOwnership):  # a stale worker cannot re-plan
+            store.replan(old, Replan(reason="stale", workflow_version="v3"))
+        assert store.get_run(run.run_id).workflow_version == "v2"
+
+    def test_replan_moves_the_stale_tail_into_the_history_and_keeps_effects(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "kept", 1))
+        store.record_step(claim, make_step(run.run_id, "stale", 2, kind=StepKind.READ,
+                                           result={"seen": 1}, observed_at=5))
+        store.record_step(claim, make_step(run.run_id, "paid", 3, kind=StepKind.EFFECT,
+                                           operation_id="op-1"))
+        store.record_step(claim, make_step(run.run_id, "route", 4, kind=StepKind.DECISION,
+                                           result="next", next_step_id="next"))
+        store.record_step(claim, make_step(run.run_id, "fresh", 5))
+        store.replan(claim, Replan(reason="inputs moved", step_id="stale", through_seq=4))
+        ledger = store.load_ledger(run.run_id)
+        assert sorted(ledger.steps) == ["fresh", "kept", "paid"]
+        abandoned = [e for e in store.events(run.run_id) if e.kind == "step.abandoned"]
+        assert [e.step_id for e in abandoned] == ["stale", "route"]
+        assert (abandoned[0].detail["result"], abandoned[0].detail["seq"]) == ({"seen": 1}, 2)
+        assert (abandoned[1].detail["kind"], abandoned[1].detail["result"]) == ("decision", "next")
+        assert abandoned[1].detail["reason"] == "inputs moved"
+        kinds = [e.kind for e in store.events(run.run_id)]
+        assert kinds[-3:] == ["run.replanned", "step.abandoned", "step.abandoned"]
+        assert store.get_run(run.run_id).event_count == len(store.events(run.run_id))
+
+    def test_replan_prepares_anew_only_an_operation_never_sent(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        changed = canonical({"op": op.operation_id, "amount": 6})
+        store.replan(claim, Replan(reason="payload changed", operation_id=op.operation_id,
+                                   payload_ref=digest(changed)), changed)
+        stored = store.load_ledger(run.run_id).operations[op.operation_id]
+        assert (stored.payload_ref, stored.effect_key) == (digest(changed), op.effect_key)
+        assert store.get_artifact(stored.payload_ref) == changed
+        with pytest.raises(ValueError, match="does not match"):
+            store.replan(claim, Replan(reason="lie", operation_id=op.operation_id,
+                                       payload_ref=digest(payload)), changed)
+        store.mark_dispatching(claim, op.operation_id)
+        with pytest.raises(StoreError, match="no longer prepared"):
+            store.replan(claim, Replan(reason="too late", operation_id=op.operation_id,
+                                       payload_ref=digest(payload)), payload)
+        assert store.load_ledger(run.run_id).operations[op.operation_id].payload_ref == digest(
+            changed)
 
     def test_claim_next_by_version_leaves_other_versions_alone(self) -> None:
         """In a rolling deploy an old worker must not take (and then block) a newer run."""

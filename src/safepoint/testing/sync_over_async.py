@@ -9,7 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..storage.base import AsyncStore, NewRun
+from ..storage.base import AsyncStore, NewRun, Replan
 from ..types import (
     JSON,
     Claim,
@@ -132,6 +132,9 @@ class SyncOverAsync:
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         return self._call(self.store.request_cancel(run_id, by, reason))
+
+    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+        self._call(self.store.replan(claim, change, payload))
 
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))

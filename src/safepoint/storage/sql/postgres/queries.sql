@@ -58,13 +58,14 @@ created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                                 inputs_ref, state_revision, owner, lease_expires_at, fence,
                                 resume_count, event_count, resume_budget, created_at,
-                                updated_at)
+                                updated_at, workflow_fingerprint, workflow_manifest)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
            CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE clock.now + %(lease_ms)s END,
            CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,
-           0, 1, %(resume_budget)s, clock.now, clock.now
+           0, 1, %(resume_budget)s, clock.now, clock.now, %(workflow_fingerprint)s,
+           %(workflow_manifest)s
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *
@@ -459,3 +460,67 @@ ON CONFLICT (digest) DO NOTHING;
 -- name: get_artifact
 -- The bytes stored under a digest (checked against it by the caller).
 SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s;
+
+-- name: replan
+-- Re-plan, fenced: renew the lease, take this code's version and fingerprint when given (the
+-- old ones stay in the event), and append the run.replanned event.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1, updated_at = clock.now,
+        workflow_version = COALESCE(%(workflow_version)s, workflow_version),
+        workflow_fingerprint = CASE WHEN %(workflow_version)s::text IS NULL
+                               THEN workflow_fingerprint ELSE %(workflow_fingerprint)s END,
+        workflow_manifest = CASE WHEN %(workflow_version)s::text IS NULL
+                            THEN workflow_manifest ELSE %(workflow_manifest)s END
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
+    RETURNING run_id, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, now, 'run.replanned', %(step_id)s, %(operation_id)s, %(fence)s, %(worker)s,
+           %(detail)s
+    FROM owned
+)
+SELECT now FROM owned;
+
+-- name: abandon_steps
+-- Re-plan: the stale tail — the step at step_id and every non-effect step recorded after it,
+-- up to through_seq — moves into the history, one step.abandoned event each, with what it had
+-- recorded. Runs after the fenced `replan` statement, in its transaction (which holds the run
+-- row's lock).
+WITH stale AS (
+    DELETE FROM safepoint_steps
+    WHERE run_id = %(run_id)s
+      AND seq >= (SELECT seq FROM safepoint_steps
+                  WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
+      AND seq <= %(through_seq)s AND (kind <> 'effect' OR step_id = %(step_id)s)
+    RETURNING *
+),
+moved AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, safepoint_now_ms(), 'step.abandoned', step_id, operation_id, %(fence)s,
+           %(worker)s,
+           jsonb_build_object('kind', kind, 'name', name, 'seq', seq, 'input_hash', input_hash,
+                              'status', status, 'result', result::jsonb,
+                              'result_ref', result_ref, 'error', error::jsonb,
+                              'next_step_id', next_step_id, 'attempt', attempt,
+                              'recorded_at', recorded_at, 'recorded_fence', fence,
+                              'reason', %(reason)s::text)::text
+    FROM (SELECT * FROM stale ORDER BY seq) ordered
+    RETURNING 1
+)
+UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM moved)
+WHERE run_id = %(run_id)s
+RETURNING event_count;
+
+-- name: reprepare_operation
+-- Re-plan: a never-sent operation is prepared anew with a changed payload (same key: the owner
+-- never saw it). Returns nothing once the operation may have been dispatched.
+UPDATE safepoint_operations
+SET payload_ref = %(payload_ref)s, fence = %(fence)s, updated_at = safepoint_now_ms()
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND state = 'prepared'
+RETURNING operation_id;

@@ -9,9 +9,11 @@
 -- does nothing if the run id exists.
 INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                             inputs_ref, state_revision, owner, lease_expires_at, fence,
-                            resume_count, event_count, resume_budget, created_at, updated_at)
+                            resume_count, event_count, resume_budget, created_at, updated_at,
+                            workflow_fingerprint, workflow_manifest)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
-        :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now)
+        :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now,
+        :workflow_fingerprint, :workflow_manifest)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
@@ -209,3 +211,45 @@ ON CONFLICT (digest) DO NOTHING;
 -- name: get_artifact
 -- The bytes stored under a digest (checked against it by the caller).
 SELECT content FROM safepoint_artifacts WHERE digest = :digest;
+
+-- name: adopt_workflow
+-- Re-plan: the run goes on under this code's version and fingerprint (the old ones stay in the
+-- run.replanned event). Runs after fence_check in the same transaction.
+UPDATE safepoint_runs
+SET workflow_version = :workflow_version, workflow_fingerprint = :workflow_fingerprint,
+    workflow_manifest = :workflow_manifest
+WHERE run_id = :run_id AND fence = :fence;
+
+-- name: abandon_steps
+-- Re-plan: the stale tail — the step at :step_id and every non-effect step recorded after it,
+-- up to :through_seq — moves into the history, one step.abandoned event each, with what it had
+-- recorded.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+SELECT run_id, :now, 'step.abandoned', step_id, operation_id, :fence, :worker,
+       json_object('kind', kind, 'name', name, 'seq', seq, 'input_hash', input_hash,
+                   'status', status, 'result', json(result), 'result_ref', result_ref,
+                   'error', json(error), 'next_step_id', next_step_id, 'attempt', attempt,
+                   'recorded_at', recorded_at, 'recorded_fence', fence, 'reason', :reason)
+FROM safepoint_steps
+WHERE run_id = :run_id
+  AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
+  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
+ORDER BY seq;
+
+-- name: delete_abandoned_steps
+-- The rows abandon_steps just moved into the history.
+DELETE FROM safepoint_steps
+WHERE run_id = :run_id
+  AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
+  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id);
+
+-- name: count_events
+-- Events appended in this transaction beyond the one fence_check counted.
+UPDATE safepoint_runs SET event_count = event_count + :events WHERE run_id = :run_id;
+
+-- name: reprepare_operation
+-- Re-plan: a never-sent operation is prepared anew with a changed payload (same key: the owner
+-- never saw it). Matches nothing once the operation may have been dispatched.
+UPDATE safepoint_operations
+SET payload_ref = :payload_ref, fence = :fence, updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id AND state = 'prepared';
