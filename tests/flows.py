@@ -106,3 +106,39 @@ def fenced(run: sp.Run, case_id: str) -> dict[str, Any]:
     charge = run.effect("effect.charge", fenced_charges, operation_id=f"charge:{case_id}",
                         payload={"case": case_id, "amount": 100})
     return {"draft": draft["text"], "charge": charge["id"]}
+
+
+REGIONS = ("eu", "us", "ap")
+
+
+def quote(region: str) -> dict[str, Any]:
+    return {"region": region, "price": 100 + len(region)}
+
+
+@sp.workflow("fan-out", version="1")
+def fan_out(run: sp.Run, order: str) -> dict[str, Any]:
+    """Three branches at once, each a read then an effect: a partial batch after a crash."""
+    def branch(region: str) -> Any:
+        def body(b: sp.Run) -> str:
+            price = b.read("read.quote", quote, region)
+            receipt = b.effect("effect.book", charges, payload={"order": order, **price},
+                               operation_id=f"book:{order}:{region}")
+            return str(receipt["id"])
+        return body
+
+    booked = run.parallel("fan", {region: branch(region) for region in REGIONS})
+    return {"booked": sorted(booked.values())}
+
+
+@sp.workflow("fan-out-async", version="1")
+async def fan_out_async(run: sp.AsyncRun, order: str) -> dict[str, Any]:
+    def branch(region: str) -> Any:
+        async def body(b: sp.AsyncRun) -> str:
+            price = await b.read("read.quote", quote, region)
+            receipt = await b.effect("effect.book", charges, payload={"order": order, **price},
+                                     operation_id=f"book:{order}:{region}")
+            return str(receipt["id"])
+        return body
+
+    booked = await run.gather("fan", {region: branch(region) for region in REGIONS})
+    return {"booked": sorted(booked.values())}

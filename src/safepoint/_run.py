@@ -13,10 +13,13 @@ calling anything when the step's kind, name and input hash match.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
+import threading
 import uuid as uuidlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -94,6 +97,7 @@ class RunCore:
         self.operations = operations
         self.occurrences: dict[str, int] = {}
         self.last_seq = max((step.seq for step in steps.values()), default=0)
+        self.seq_lock = threading.Lock()
         # Where the ledger stood when this worker took over: an observation recorded last,
         # with no effect left open after it, may still be refreshed (see ``may_reread``).
         self.seq_at_load = self.last_seq
@@ -105,20 +109,24 @@ class RunCore:
 
     # -- shared pieces -------------------------------------------------------------------------
 
-    def occurrence(self, step_id: str) -> str:
-        """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …"""
+    def occurrence(self, step_id: str, prefix: str = "") -> str:
+        """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …; inside
+        a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
+        own ids, so the ids do not depend on how the branches interleave."""
         if not isinstance(step_id, str) or not step_id or "#" in step_id or "\x00" in step_id:
             raise InvalidStepId(step_id)
-        count = self.occurrences.get(step_id, 0) + 1
-        self.occurrences[step_id] = count
-        return step_id if count == 1 else f"{step_id}#{count}"
+        scoped = prefix + step_id
+        count = self.occurrences.get(scoped, 0) + 1
+        self.occurrences[scoped] = count
+        return scoped if count == 1 else f"{scoped}#{count}"
 
     def next_seq(self, sid: str) -> int:
         """The ledger order of a newly recorded step (a re-recorded step keeps its place)."""
         if sid in self.steps:
             return self.steps[sid].seq
-        self.last_seq += 1
-        return self.last_seq
+        with self.seq_lock:  # fan-out branches record from several threads
+            self.last_seq += 1
+            return self.last_seq
 
     def cancelled(self) -> Cancelled:
         """The stop signal, kept: agent code that swallows it still cannot carry on."""
@@ -210,10 +218,10 @@ class RunCore:
     def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
                   max_age: timedelta | None = None, model_id: str | None = None,
-                  prompt_hash: str | None = None) -> Flow:
+                  prompt_hash: str | None = None, prefix: str = "") -> Flow:
         """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
         self.check_halt()
-        sid = self.occurrence(step_id)
+        sid = self.occurrence(step_id, prefix)
         name = name or callable_name(fn)
         if not self.is_async and _is_async_callable(fn):
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
@@ -266,10 +274,10 @@ class RunCore:
         return value
 
     def effect_flow(self, step_id: str, effect: Effect, payload: JSON,
-                    operation_id: str | None) -> Flow:
+                    operation_id: str | None, prefix: str = "") -> Flow:
         """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands."""
         self.check_halt()
-        sid = self.occurrence(step_id)
+        sid = self.occurrence(step_id, prefix)
         if not self.is_async:
             _refuse_async_callables(effect)
         require_json(payload, "payload", sid)
@@ -559,21 +567,51 @@ def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
     return timedelta(seconds=max_age)
 
 
-def _value_flows(core: RunCore) -> dict[str, Callable[[str], Flow]]:
-    def value(kind: str, make: Callable[[], JSON]) -> Callable[[str], Flow]:
-        return lambda step_id: core.step_flow(StepKind.VALUE, step_id, make, (), {},
-                                              hashed_inputs={}, name=kind)
-    return {
-        "now": value("now", lambda: datetime.now(UTC).isoformat()),
-        "random": value("random", lambda: int.from_bytes(os.urandom(7)) / 2**56),
-        "uuid": value("uuid", lambda: str(uuidlib.uuid4())),
-    }
+_VALUES: dict[str, Callable[[], JSON]] = {
+    "now": lambda: datetime.now(UTC).isoformat(),
+    "random": lambda: int.from_bytes(os.urandom(7)) / 2**56,
+    "uuid": lambda: str(uuidlib.uuid4()),
+}
+
+# Branches run on threads in a plain workflow: enough for I/O-bound steps, bounded so that a
+# fan-out over a long list does not open a connection per item.
+_DEFAULT_PARALLEL_THREADS = 8
+
+
+def _branches(group: str, branches: Any) -> list[tuple[str, Callable[[Any], Any]]]:
+    """(name, function) of each branch: a mapping name → function, or a list (named 0, 1, …)."""
+    if isinstance(branches, Mapping):
+        named = [(name, fn) for name, fn in branches.items()]
+    elif isinstance(branches, Sequence) and not isinstance(branches, str):
+        named = [(str(index), fn) for index, fn in enumerate(branches)]
+    else:
+        raise UsageError(f"fan-out {group!r} takes a mapping name → function or a list of"
+                         " functions, each called with the branch's run")
+    for name, fn in named:
+        if not isinstance(name, str) or not name or any(c in name for c in "/#\x00"):
+            raise UsageError(f"branch name {name!r} of {group!r}: a non-empty string without"
+                             " '/', '#' or NUL (it becomes part of every step id in the branch)")
+        if not callable(fn):
+            raise UsageError(f"branch {name!r} of {group!r} is not callable")
+    return named
+
+
+def _outcome(named: list[tuple[str, Any]], results: list[Any],
+             errors: list[BaseException | None], as_mapping: bool) -> Any:
+    """The branches' results in their order — or the first branch's error, in branch order, so
+    which error a fan-out raises does not depend on timing."""
+    for error in errors:
+        if error is not None:
+            raise error
+    if as_mapping:
+        return {name: result for (name, _), result in zip(named, results, strict=True)}
+    return results
 
 
 class _RunBase:
-    def __init__(self, core: RunCore) -> None:
+    def __init__(self, core: RunCore, prefix: str = "") -> None:
         self._core = core
-        self._values = _value_flows(core)
+        self._prefix = prefix  # inside a fan-out branch: "group.branch/"
 
     @property
     def run_id(self) -> str:
@@ -590,6 +628,37 @@ class _RunBase:
     async def _async(self, flow: Flow) -> Any:
         return await adrive(self._core.store, flow, self._core)
 
+    # The flows of each step method, shared by Run and AsyncRun.
+
+    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any], **options: Any) -> Flow:
+        options.setdefault("hashed_inputs", [args, kwargs])
+        return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix,
+                                    **options)
+
+    def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
+               tools: JSON, params: dict[str, Any]) -> Flow:
+        hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
+        return self._step(StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed,
+                          model_id=model, prompt_hash=prompt_hash)
+
+    def _effect(self, step_id: str, effect: Effect, payload: JSON,
+                operation_id: str | None) -> Flow:
+        return self._core.effect_flow(step_id, effect, payload, operation_id, self._prefix)
+
+    def _value(self, kind: str, step_id: str) -> Flow:
+        return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
+                          name=kind)
+
+    def _group(self, step_id: str, branches: Any) -> tuple[list[tuple[str, Any]], list[str]]:
+        """The branches of a fan-out and the step-id prefix of each: ``group.name/``."""
+        self._core.check_halt()
+        group = self._core.occurrence(step_id, self._prefix)
+        named = _branches(group, branches)
+        if len({name for name, _ in named}) != len(named):
+            raise UsageError(f"fan-out {group!r} names a branch twice")
+        return named, [f"{group}.{name}/" for name, _ in named]
+
 
 class Run(_RunBase):
     """What a plain ``def`` workflow receives. Every method records or replays one step.
@@ -601,46 +670,70 @@ class Run(_RunBase):
 
     def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """A deterministic computation; recorded so a resume need not recompute it."""
-        return self._sync(self._core.step_flow(
-            StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+        return self._sync(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
     def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
              max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
         """An observation of the world; replayed until ``max_age`` says it expired."""
-        return self._sync(self._core.step_flow(
-            StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
-            max_age=_as_max_age(max_age)))
+        return self._sync(self._step(StepKind.READ, step_id, fn, args, kwargs,
+                                     max_age=_as_max_age(max_age)))
 
     def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str, messages: JSON,
               tools: JSON = None, **params: Any) -> Any:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated."""
-        hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
-        return self._sync(self._core.step_flow(
-            StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
-            prompt_hash=prompt_hash))
+        return self._sync(self._model(step_id, fn, model, messages, tools, params))
 
     def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
         ``next_step_id``); the choice is replayed, never asked again."""
-        return self._sync(self._core.step_flow(
-            StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+        return self._sync(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
     def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
                operation_id: str | None = None) -> Any:
         """A change in another system, dispatched at most once; returns the owner's receipt."""
-        return self._sync(self._core.effect_flow(step_id, effect, payload, operation_id))
+        return self._sync(self._effect(step_id, effect, payload, operation_id))
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
-        return datetime.fromisoformat(self._sync(self._values["now"](step_id)))
+        return datetime.fromisoformat(self._sync(self._value("now", step_id)))
 
     def random(self, step_id: str = "random") -> float:
         """A random float in [0, 1), recorded."""
-        return float(self._sync(self._values["random"](step_id)))
+        return float(self._sync(self._value("random", step_id)))
 
     def uuid(self, step_id: str = "uuid") -> str:
         """A random UUID string, recorded."""
-        return str(self._sync(self._values["uuid"](step_id)))
+        return str(self._sync(self._value("uuid", step_id)))
+
+    def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], Any]]
+                 | Sequence[Callable[[Run], Any]], /, *,
+                 max_threads: int = _DEFAULT_PARALLEL_THREADS) -> Any:
+        """Fan out: call each branch with a run of its own, at once, and return their results
+        (a dict for a mapping of branches, a list for a list).
+
+        Every step id in a branch is prefixed with the branch (``fetch.eu/price``), so the ids
+        are stable however the branches interleave. After a crash the finished branches replay
+        from the ledger and only the unfinished ones do anything; each branch's effects are
+        recovered operation by operation. The first error, in branch order, is raised once
+        every branch has stopped.
+
+        >>> prices = run.parallel("fetch", {r: lambda b, r=r: b.read("price", get, r)
+        ...                                 for r in ("eu", "us")})
+        """
+        named, prefixes = self._group(step_id, branches)
+        if max_threads < 1:
+            raise UsageError("max_threads must be 1 or more")
+        results: list[Any] = [None] * len(named)
+        errors: list[BaseException | None] = [None] * len(named)
+        with ThreadPoolExecutor(max_workers=min(max_threads, len(named) or 1),
+                                thread_name_prefix=f"safepoint-{step_id}") as pool:
+            futures = [pool.submit(fn, Run(self._core, prefix))
+                       for (_, fn), prefix in zip(named, prefixes, strict=True)]
+            for index, future in enumerate(futures):
+                errors[index] = future.exception()  # waits; BaseExceptions included
+                if errors[index] is None:
+                    results[index] = future.result()
+        return _outcome(named, results, errors, isinstance(branches, Mapping))
 
 
 class AsyncRun(_RunBase):
@@ -648,37 +741,43 @@ class AsyncRun(_RunBase):
 
     async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    **kwargs: Any) -> Any:
-        return await self._async(self._core.step_flow(
-            StepKind.PURE, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+        return await self._async(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
     async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
-        return await self._async(self._core.step_flow(
-            StepKind.READ, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs],
-            max_age=_as_max_age(max_age)))
+        return await self._async(self._step(StepKind.READ, step_id, fn, args, kwargs,
+                                            max_age=_as_max_age(max_age)))
 
     async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
                     messages: JSON, tools: JSON = None, **params: Any) -> Any:
-        hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
-        return await self._async(self._core.step_flow(
-            StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed, model_id=model,
-            prompt_hash=prompt_hash))
+        return await self._async(self._model(step_id, fn, model, messages, tools, params))
 
     async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                      **kwargs: Any) -> Any:
-        return await self._async(self._core.step_flow(
-            StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
+        return await self._async(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
     async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
                      operation_id: str | None = None) -> Any:
-        return await self._async(self._core.effect_flow(step_id, effect, payload, operation_id))
+        return await self._async(self._effect(step_id, effect, payload, operation_id))
 
     # Recording a value is a ledger write, which an async store can only do awaited.
     async def now(self, step_id: str = "now") -> datetime:
-        return datetime.fromisoformat(await self._async(self._values["now"](step_id)))
+        return datetime.fromisoformat(await self._async(self._value("now", step_id)))
 
     async def random(self, step_id: str = "random") -> float:
-        return float(await self._async(self._values["random"](step_id)))
+        return float(await self._async(self._value("random", step_id)))
 
     async def uuid(self, step_id: str = "uuid") -> str:
-        return str(await self._async(self._values["uuid"](step_id)))
+        return str(await self._async(self._value("uuid", step_id)))
+
+    async def gather(self, step_id: str, branches: Mapping[str, Callable[[AsyncRun], Any]]
+                     | Sequence[Callable[[AsyncRun], Any]], /) -> Any:
+        """``Run.parallel`` for async workflows: each branch is a coroutine function called
+        with a run of its own, all awaited together on this event loop."""
+        named, prefixes = self._group(step_id, branches)
+        settled = await asyncio.gather(
+            *(fn(AsyncRun(self._core, prefix))
+              for (_, fn), prefix in zip(named, prefixes, strict=True)),
+            return_exceptions=True)
+        errors = [r if isinstance(r, BaseException) else None for r in settled]
+        return _outcome(named, list(settled), errors, isinstance(branches, Mapping))
