@@ -157,8 +157,11 @@ def test_show_puts_a_blocked_runs_reason_and_next_actions_before_its_steps(
     steps_at = out.index("steps ─")
     assert out.index("blocked: reconcile_effect") < steps_at
     assert out.index(record["reason"]) < steps_at
-    for action in record["next_actions"]:
-        assert out.index(action) < steps_at
+    revision = str(record["state_revision"])
+    for action in record["next_actions"]:  # as commands to copy: this run, this revision
+        filled = action.replace("RUN", "stuck").replace("<state_revision>", revision)
+        assert out.index(filled) < steps_at
+    assert f"safepoint resolve stuck --abandon --revision {revision} --by <you>" in out
     # The uncertain operation has no step row yet: it is listed as in flight, state unknown.
     in_flight = section(out, "steps", "events")[-1].split()
     assert in_flight[:3] == ["…", "effect", "send"]

@@ -15,6 +15,7 @@ import importlib
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Iterable
 from datetime import datetime
@@ -221,8 +222,16 @@ def _print_blocked(console: Console, run: RunRecord) -> None:
                       soft_wrap=True, highlight=False)
     console.print("next actions:", style="bold")
     for action in record.get("next_actions", []):
-        console.print(f"  • {action}", soft_wrap=True, highlight=False)
+        console.print(f"  • {_filled_in(action, run.run_id, record)}", soft_wrap=True,
+                      highlight=False)
     console.print(f"full recovery record: safepoint record {run.run_id}", highlight=False)
+
+
+def _filled_in(action: str, run_id: str, record: dict[str, Any]) -> str:
+    """A next action as a command to copy: this run's id and the revision the block made."""
+    action = action.replace("safepoint resolve RUN ", f"safepoint resolve {shlex.quote(run_id)} ")
+    revision = record.get("state_revision")
+    return action if revision is None else action.replace("<state_revision>", str(revision))
 
 
 def print_run(console: Console, store: Store, run_id: str) -> None:
