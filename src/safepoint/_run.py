@@ -252,11 +252,11 @@ class RunCore:
         while True:
             base = replace(base, attempt=attempt)
             if pending is not None:
-                yield from self._wait_for_retry(pending)
                 if attempt - round_start > policy.attempts:
                     # The code now allows fewer attempts than were made: no further call.
                     yield from self._fail_step(base, pending.error, attempt - 1 - round_start,
                                                None)
+                yield from self._wait_for_retry(pending)
             now = None
             if kind is StepKind.READ or (self.run.deadline_at is not None
                                          and kind in (StepKind.MODEL, StepKind.DECISION)):
