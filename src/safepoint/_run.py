@@ -250,7 +250,8 @@ class RunCore:
         sid, kind = base.step_id, base.kind
         attempt, pending = next_attempt(round_start, self.attempts.get(sid, []))
         while True:
-            base = replace(base, attempt=attempt)
+            if base.attempt != attempt:
+                base = replace(base, attempt=attempt)
             if pending is not None:
                 if attempt - round_start > policy.attempts:
                     # The code now allows fewer attempts than were made: no further call.
