@@ -669,6 +669,18 @@ def test_the_next_attempt_counts_on_from_the_ledger() -> None:
     assert _limits.next_attempt(2, tried(1, 3)) == (4, tried(3)[0])
 
 
+def test_a_runs_default_attempts_keep_their_recorded_numbers_and_the_codes_errors() -> None:
+    recorded = sp.Retry(attempts=4, backoff=2)
+    in_code = sp.Retry(attempts=9, backoff=0, retry_on=(TimeoutError,))
+    chosen = _limits.run_default(recorded, in_code)
+    assert chosen is not None
+    assert (chosen.attempts, chosen.backoff, chosen.retry_on) == (4, 2, (TimeoutError,))
+    assert _limits.run_default(None, in_code) is None  # a run recorded without one has none
+    assert _limits.step_policy(sp.StepKind.PURE, in_code, recorded) == _limits.ONCE
+    assert _limits.step_policy(sp.StepKind.READ, None, recorded) is recorded
+    assert _limits.step_policy(sp.StepKind.MODEL, in_code, recorded) is in_code
+
+
 def test_a_budget_is_spent_once_what_was_spent_reaches_it() -> None:
     base = sp.RunRecord("r", "w", "1", sp.RunStatus.RUNNING, "h", None, 1, None, None, 1, 0,
                         0, None, None, None, 0, 0)
