@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .errors import Cancelled, LostOwnership, StoreError, UsageError
+from .errors import Cancelled, DeadlineExceeded, LostOwnership, StoreError, UsageError
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,8 +71,9 @@ def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, 
 def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | None) -> BaseException:
     """A ledger write that failed (the database went away), or a fence found stale, stops the
     run here: agent code that catches everything must not carry on with a step the ledger never
-    heard of. The run stays as the store last saw it, for this or another worker to resume."""
-    if halt is not None and (isinstance(exc, (LostOwnership, Cancelled))
+    heard of. The run stays as the store last saw it, for this or another worker to resume.
+    A store that refuses new work (a cancel asked for, the deadline passed) stops it too."""
+    if halt is not None and (isinstance(exc, (LostOwnership, Cancelled, DeadlineExceeded))
                              or (isinstance(request, Io) and isinstance(exc, StoreError))):
         halt.halted = exc  # a stale worker, too, must not run one more step function
     return exc

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
+from ._limits import limits_ref
 from ._secrets import redact, redact_json, refuse_secrets
 from .errors import ResolutionRefused, UsageError
 from .types import OperationRecord, Resolution, ResolutionAction, RunRecord, RunStatus
@@ -101,7 +102,7 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
         "receipt_ref": (f"operation:{op.run_id}/{op.operation_id}/receipt"
                         if op and op.receipt is not None else None),
         "authorization_ref": None,
-        "limits_ref": None,
+        "limits_ref": limits_ref(run),
         "evidence_refs": [f"operation:{op.run_id}/{op.operation_id}"] if op else [],
         "evidence": evidence,
         "next_actions": _NEXT_ACTIONS.get(phase, []),

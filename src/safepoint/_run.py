@@ -39,15 +39,29 @@ from ._effects import (
     next_action,
 )
 from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
+from ._limits import (
+    UsageFn,
+    after_failure,
+    as_retry,
+    checked_usage,
+    next_attempt,
+    past_deadline,
+    reported_tokens,
+    spent_budget,
+    step_policy,
+)
 from ._recovery import build_record
 from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    BudgetExhausted,
     Cancelled,
+    DeadlineExceeded,
     EffectRejected,
     InvalidDecision,
     InvalidStepId,
+    LimitReached,
     LostOwnership,
     NeedsReconciliation,
     ReplayMismatch,
@@ -59,9 +73,11 @@ from .errors import (
 )
 from .storage.base import Replan
 from .types import (
+    AttemptRecord,
     Claim,
     EffectState,
     OperationRecord,
+    Retry,
     RunRecord,
     RunStatus,
     StepKind,
@@ -87,7 +103,9 @@ class RunCore:
 
     def __init__(self, store: Store | AsyncStore, claim: Claim, run: RunRecord,
                  steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
-                 is_async: bool, replans: bool = False) -> None:
+                 is_async: bool, replans: bool = False,
+                 attempts: dict[str, list[AttemptRecord]] | None = None,
+                 default_retry: Retry | None = None) -> None:
         self.store = store
         self.is_async = is_async
         self.replans = replans  # compatibility policy "replan": stale steps are asked again
@@ -106,6 +124,10 @@ class RunCore:
         self.release_on_halt = False  # halted by an interrupt: give the run back, don't block
         # Asked to stop: replay and settle what is in flight, start nothing new.
         self.cancelling = run.cancel_requested_at is not None
+        # Failed attempts of read and model steps (the count goes on after a restart), and the
+        # attempts a read or model step gets when it names none.
+        self.attempts = {sid: list(tried) for sid, tried in (attempts or {}).items()}
+        self.default_retry = default_retry if default_retry is not None else run.step_attempts
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -137,6 +159,12 @@ class RunCore:
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
+
+    def limit_reached(self, error: LimitReached) -> LimitReached:
+        """A limit of the run was reached: kept, like a cancel, so that agent code swallowing
+        it cannot carry on; the run is then ended (failed, or blocked) by ``_execute_flow``."""
+        self.halted = error
+        return error
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
@@ -218,7 +246,8 @@ class RunCore:
     def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
                   kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
                   max_age: timedelta | None = None, model_id: str | None = None,
-                  prompt_hash: str | None = None, prefix: str = "") -> Flow:
+                  prompt_hash: str | None = None, retry: Retry | None = None,
+                  usage: UsageFn | None = None, prefix: str = "") -> Flow:
         """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
         self.check_halt()
         sid = self.occurrence(step_id, prefix)
@@ -230,46 +259,137 @@ class RunCore:
         require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
         hashed = input_hash(hashed_inputs)
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
-        attempt = 1
-        observed_at = None
+        round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
                 error = recorded.error or {}
                 raise StepFailed(self.run.run_id, sid, str(error.get("type")),
-                                 str(error.get("message")))
+                                 str(error.get("message")), int(error.get("attempts", 1)))
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 return recorded.result
             now = yield Io("now")
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
                 return recorded.result
-            attempt = recorded.attempt + 1  # the observation expired: read again
+            round_start = recorded.attempt  # the observation expired: read again
         if self.cancelling:
             raise self.cancelled()  # before calling anything new
-        if kind is StepKind.READ:
-            observed_at = yield Io("now")
         base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
                           input_hash=hashed, result=None, seq=self.next_seq(sid),
-                          attempt=attempt, model_id=model_id, prompt_hash=prompt_hash,
-                          observed_at=observed_at)
-        try:
-            value = yield Call(fn, args, kwargs)
-        except UsageError:
-            raise  # a mistake in how the step is called, not an outcome to record
-        except Exception as exc:
-            # Recorded, so that a resume takes the path this run took: the same StepFailed
-            # is raised again instead of asking again.
-            failed = replace(base, status=StepStatus.FAILED, error=_error_evidence(exc))
-            yield Io("record_step", (self.claim, failed))
-            self.steps[sid] = failed
-            raise StepFailed(self.run.run_id, sid, type(exc).__name__,
-                             failed.error["message"]) from exc  # type: ignore[index]
+                          model_id=model_id, prompt_hash=prompt_hash)
+        return (yield from self._call_step(base, fn, args, kwargs, round_start,
+                                           step_policy(kind, retry, self.default_retry), usage))
+
+    def _call_step(self, base: StepRecord, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any], round_start: int, policy: Retry,
+                   usage: UsageFn | None) -> Flow:
+        """Call a step's function — again after a failed attempt, as ``policy`` allows, each
+        failure recorded before its back-off — and record the result or the failure."""
+        sid, kind = base.step_id, base.kind
+        attempt, pending = next_attempt(round_start, self.attempts.get(sid, []))
+        while True:
+            if base.attempt != attempt:
+                base = replace(base, attempt=attempt)
+            if pending is not None:
+                if attempt - round_start > policy.attempts:
+                    # The code now allows fewer attempts than were made: no further call.
+                    yield from self._fail_step(base, pending.error, attempt - 1 - round_start,
+                                               None)
+                yield from self._wait_for_retry(pending)
+            now = None
+            if kind is StepKind.READ or (self.run.deadline_at is not None
+                                         and kind in (StepKind.MODEL, StepKind.DECISION)):
+                now = yield Io("now")
+                if past_deadline(self.run, now):
+                    raise self.limit_reached(DeadlineExceeded(
+                        self.run.run_id, self.run.deadline_at or 0, sid))
+            if kind is StepKind.MODEL:
+                spent = spent_budget(self.run)
+                if spent is not None:
+                    which, limit, amount = spent
+                    raise self.limit_reached(BudgetExhausted(self.run.run_id, limit,
+                                                             kind=which, spent=amount))
+            if kind is StepKind.READ:
+                base = replace(base, observed_at=now)
+            try:
+                value = yield Call(fn, args, kwargs)
+            except UsageError:
+                raise  # a mistake in how the step is called, not an outcome to record
+            except Exception as exc:
+                now = yield Io("now")
+                decided = after_failure(policy, exc, failed_in_round=attempt - round_start,
+                                        now=now, deadline_at=self.run.deadline_at,
+                                        seed=f"{self.run.run_id}/{sid}/{attempt}")
+                if decided.retry_at is None:
+                    # Recorded, so that a resume takes the path this run took: the same
+                    # StepFailed is raised again instead of asking again.
+                    yield from self._fail_step(base, _error_evidence(exc),
+                                               attempt - round_start, decided.why, exc)
+                    raise  # unreachable: _fail_step raises
+                pending = AttemptRecord(
+                    run_id=self.run.run_id, step_id=sid, attempt=attempt, kind=kind,
+                    name=base.name, input_hash=base.input_hash, error=_error_evidence(exc),
+                    retry_at=decided.retry_at)
+                # Durable before the wait: a restart continues the count and waits the rest.
+                yield Io("record_attempt", (self.claim, pending))
+                self.attempts.setdefault(sid, []).append(pending)
+                attempt += 1
+                continue
+            return (yield from self._record_result(base, value, usage))
+
+    def _wait_for_retry(self, pending: AttemptRecord) -> Flow:
+        """Wait out what remains of a failed attempt's back-off (on the store's clock); a
+        cancel asked for meanwhile stops the run before the next attempt."""
+        now = yield Io("now")
+        if pending.retry_at <= now:
+            return
+        yield Sleep((pending.retry_at - now) / 1000)
+        fresh = yield Io("get_run", (self.run.run_id,))
+        if fresh.fence != self.claim.fence or fresh.status is not RunStatus.RUNNING:
+            self.halted = LostOwnership(self.run.run_id, self.claim.fence)
+            raise self.halted
+        if fresh.cancel_requested_at is not None:
+            self.cancelling = True
+            raise self.cancelled()
+
+    def _fail_step(self, base: StepRecord, error: dict[str, str], attempts: int,
+                   why: str | None, cause: BaseException | None = None) -> Flow:
+        """Record the step failed (its last error, how many attempts, why no more) and raise
+        ``StepFailed``; a resume raises the same from the ledger."""
+        evidence: dict[str, Any] = dict(error)
+        if attempts > 1:
+            evidence["attempts"] = attempts
+        if why:
+            evidence["gave_up"] = why
+        failed = replace(base, status=StepStatus.FAILED, error=evidence)
+        yield Io("record_step", (self.claim, failed))
+        self.steps[base.step_id] = failed
+        raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
+                         attempts) from cause
+
+    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow:
+        sid = base.step_id
         require_json(value, "result", sid)
         refuse_secrets(value, "the result", sid)
-        next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
-        step = replace(base, result=value, next_step_id=next_step_id)
+        tokens = cost = None
+        if base.kind is StepKind.MODEL:
+            if usage is not None:
+                try:
+                    reported = yield Call(usage, (value,))
+                except Exception as exc:
+                    raise UsageError(f"the usage= function of step {sid!r} raised"
+                                     f" {type(exc).__name__}: {redact(str(exc))}",
+                                     step_id=sid) from exc
+                tokens, cost = checked_usage(reported, sid)
+            if tokens is None:
+                tokens = reported_tokens(value)
+        next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
+        step = replace(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
         yield Io("record_step", (self.claim, step))
         self.steps[sid] = step
+        if tokens or cost:  # the store added the same to the run's totals, in that commit
+            self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
+                               cost_spent=self.run.cost_spent + (cost or 0.0))
         crashpoint("step.after_record", sid)
         return value
 
@@ -412,7 +532,14 @@ class RunCore:
         """
         if self.cancelling:
             raise self.cancelled()  # the store would refuse it too
-        op = yield Io("mark_dispatching", (self.claim, op.operation_id))
+        try:
+            op = yield Io("mark_dispatching", (self.claim, op.operation_id))
+        except DeadlineExceeded:
+            if op.state is not EffectState.PREPARED:
+                # Reconciled as never applied, and past the deadline nothing is sent again:
+                # it stays prepared, not uncertain (as after a cancel).
+                yield from self._record(op, EffectState.PREPARED)
+            raise
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:
@@ -637,10 +764,12 @@ class _RunBase:
                                     **options)
 
     def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
-               tools: JSON, params: dict[str, Any]) -> Flow:
+               tools: JSON, params: dict[str, Any], retry: Retry | int | None,
+               usage: UsageFn | None) -> Flow:
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         return self._step(StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed,
-                          model_id=model, prompt_hash=prompt_hash)
+                          model_id=model, prompt_hash=prompt_hash,
+                          retry=as_retry(retry, "retry"), usage=usage)
 
     def _effect(self, step_id: str, effect: Effect, payload: JSON,
                 operation_id: str | None) -> Flow:
@@ -673,15 +802,25 @@ class Run(_RunBase):
         return self._sync(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
     def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
-             max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
-        """An observation of the world; replayed until ``max_age`` says it expired."""
+             max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+             **kwargs: Any) -> Any:
+        """An observation of the world; replayed until ``max_age`` says it expired.
+
+        ``retry`` (a ``Retry``, or a number of attempts) overrides the run's ``step_attempts``:
+        a failed attempt is recorded, then tried again after its back-off."""
         return self._sync(self._step(StepKind.READ, step_id, fn, args, kwargs,
-                                     max_age=_as_max_age(max_age)))
+                                     max_age=_as_max_age(max_age),
+                                     retry=as_retry(retry, "retry")))
 
     def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str, messages: JSON,
-              tools: JSON = None, **params: Any) -> Any:
-        """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated."""
-        return self._sync(self._model(step_id, fn, model, messages, tools, params))
+              tools: JSON = None, retry: Retry | int | None = None,
+              usage: UsageFn | None = None, **params: Any) -> Any:
+        """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated.
+
+        The tokens it used are recorded (read from a ``usage`` field of the response, or from
+        ``usage(response) -> {"tokens": int, "cost": float}``) and count against the run's
+        budget. ``retry`` as for ``read``."""
+        return self._sync(self._model(step_id, fn, model, messages, tools, params, retry, usage))
 
     def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
@@ -744,13 +883,17 @@ class AsyncRun(_RunBase):
         return await self._async(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
     async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
-                   max_age: timedelta | float | None = None, **kwargs: Any) -> Any:
+                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+                   **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.READ, step_id, fn, args, kwargs,
-                                            max_age=_as_max_age(max_age)))
+                                            max_age=_as_max_age(max_age),
+                                            retry=as_retry(retry, "retry")))
 
     async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
-                    messages: JSON, tools: JSON = None, **params: Any) -> Any:
-        return await self._async(self._model(step_id, fn, model, messages, tools, params))
+                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
+                    usage: UsageFn | None = None, **params: Any) -> Any:
+        return await self._async(self._model(step_id, fn, model, messages, tools, params,
+                                             retry, usage))
 
     async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                      **kwargs: Any) -> Any:

@@ -16,12 +16,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._flow import Call, Flow, Io, Sleep, adrive, drive
+from ._limits import as_retry, deadline_of, merged_budget, past_deadline, run_default
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
 from ._run import AsyncRun, Run, RunCore
@@ -32,7 +34,9 @@ from .errors import (
     BudgetExhausted,
     Cancelled,
     CorruptRecord,
+    DeadlineExceeded,
     IncompatibleWorkflow,
+    LimitReached,
     LostOwnership,
     NeedsReconciliation,
     RunCancelled,
@@ -46,7 +50,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .storage.base import NewRun, Replan, Store, cancelled_error
-from .types import Claim, EffectState, RunRecord, RunStatus
+from .types import Budget, Claim, EffectState, Ledger, Retry, RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from .storage.base import AsyncStore
@@ -65,6 +69,9 @@ class Workflow:
     resume_budget: int | None = DEFAULT_RESUME_BUDGET
     compatibility: Compatibility = Compatibility.REFUSE
     manifest: dict[str, Any] = field(default_factory=manifest_of)
+    step_attempts: Retry | None = None  # default attempts of its read and model steps
+    budget: Budget | None = None        # model tokens / cost a run may spend
+    deadline: timedelta | None = None   # how long after its creation a run may start new work
 
     @property
     def fingerprint(self) -> str:
@@ -81,8 +88,9 @@ _registry: dict[str, Workflow] = {}
 
 def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
              compatibility: Compatibility | str = Compatibility.REFUSE, tools: Any = None,
-             models: list[str] | None = None,
-             prompts: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Workflow]:
+             models: list[str] | None = None, prompts: dict[str, str] | None = None,
+             step_attempts: Retry | int | None = None, budget: Budget | None = None,
+             deadline: timedelta | None = None) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
     The version is yours to bump: nothing is inferred from source code, so a deploy strands
@@ -97,6 +105,13 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     ``resume_budget`` is how often one run may be taken over (its worker died or stopped) before
     it fails loudly with ``BudgetExhausted`` (default 20; it is recorded with each run).
 
+    Limits recorded with each run, which no restart resets: ``step_attempts`` (a ``Retry`` or a
+    number) is how often a read or model step is attempted when it names no ``retry=`` of its
+    own (default 1: no retry); ``budget`` (``Budget(tokens=…, cost=…)``) is what its model calls
+    may spend; ``deadline`` (a ``timedelta`` from the run's creation) is when it stops starting
+    new work and fails with ``DeadlineExceeded``. ``start`` and ``submit`` may set the last two
+    per run.
+
     >>> @workflow("support-follow-up", version="v3")
     ... def follow_up(run: Run, case_id: str) -> dict: ...
     """
@@ -110,11 +125,19 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     except ValueError:
         raise UsageError(f"compatibility={compatibility!r}: use 'refuse' or 'replan'") from None
     manifest = manifest_of(tools, models, prompts)
+    attempts = as_retry(step_attempts, "step_attempts")
+    if budget is not None and not isinstance(budget, Budget):
+        raise UsageError(f"budget={budget!r}: pass safepoint.Budget(tokens=..., cost=...)")
+    if deadline is not None and not isinstance(deadline, timedelta):
+        raise UsageError(f"deadline={deadline!r}: a workflow's deadline is a timedelta, counted"
+                         " from each run's creation")
+    deadline_of(deadline)  # validated here, not at the first start
 
     def register(fn: Callable[..., Any]) -> Workflow:
         registered = Workflow(name, str(version), fn,
                               DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
-                              policy, manifest)
+                              compatibility=policy, manifest=manifest,
+                              step_attempts=attempts, budget=budget, deadline=deadline)
         _registry[name] = registered
         return registered
 
@@ -139,54 +162,69 @@ def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
     return inputs
 
 
+Deadline = timedelta | datetime | None
+
+
 def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str | None,
-             owner: str | None, lease_ms: int) -> NewRun:
+             owner: str | None, lease_ms: int, budget: Budget | None = None,
+             deadline: Deadline = None) -> NewRun:
     if not isinstance(wf, Workflow):
         raise UsageError("pass a function decorated with @safepoint.workflow(...)")
     inputs = _run_inputs(args, kwargs)
+    spend = merged_budget(wf.budget, budget)
+    deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
     return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
                   workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
                   owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget,
-                  workflow_fingerprint=wf.fingerprint, workflow_manifest=wf.manifest)
+                  workflow_fingerprint=wf.fingerprint, workflow_manifest=wf.manifest,
+                  deadline_at=deadline_at, deadline_ms=deadline_ms, token_budget=spend.tokens,
+                  cost_budget=spend.cost, step_attempts=wf.step_attempts)
 
 
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
           lease_ms: int = DEFAULT_LEASE_MS, attach_timeout: float = 300.0,
-          **kwargs: Any) -> Any:
+          budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> Any:
     """Start a run of ``wf`` and execute it here; return its result.
 
     Starting a run id that exists never creates a second run: with the same workflow and inputs
     it attaches (returns the recorded result, resumes a run whose worker died, or waits up to
     ``attach_timeout`` seconds for a live worker); otherwise it raises ``RunConflict``.
     An ``async def`` workflow runs in an event loop of its own (use ``start_async`` inside one).
+    ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
+    or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
     """
-    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms)
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
 
 
 async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
                       run_id: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
-                      attach_timeout: float = 300.0, **kwargs: Any) -> Any:
+                      attach_timeout: float = 300.0, budget: Budget | None = None,
+                      deadline: Deadline = None, **kwargs: Any) -> Any:
     """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
     an async store (``open_async_store``) is awaited, never blocking it."""
-    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms)
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
 
 
 def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
-           **kwargs: Any) -> str:
+           budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> str:
     """Enqueue a run of ``wf`` for any worker (``safepoint worker``) to execute; return its id.
 
     Submitting a run id that exists never creates a second run: with the same workflow and
-    inputs it returns the id; otherwise it raises ``RunConflict``.
+    inputs it returns the id; otherwise it raises ``RunConflict``. ``budget`` and ``deadline``
+    as for ``start`` (a relative deadline counts from now, not from when a worker claims it).
     """
-    return str(drive(store, _submit_flow(_new_run(wf, args, kwargs, run_id, None, 0))))
+    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
+    return str(drive(store, _submit_flow(new)))
 
 
 async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
-                       run_id: str | None = None, **kwargs: Any) -> str:
+                       run_id: str | None = None, budget: Budget | None = None,
+                       deadline: Deadline = None, **kwargs: Any) -> str:
     """``submit`` from async code."""
-    return str(await adrive(store, _submit_flow(_new_run(wf, args, kwargs, run_id, None, 0))))
+    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
+    return str(await adrive(store, _submit_flow(new)))
 
 
 def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
@@ -359,14 +397,27 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     """The resume procedure, once this worker owns the run: load the ledger in one batch and
     check that every record and artifact the run needs is there and intact; check that this
     code may continue it (version and fingerprint, by the compatibility policy); check its
-    limits; then execute — replay classifies each recorded step and operation by DESIGN §3 as
-    the workflow reaches it. Anything that cannot go on blocks with the recovery record."""
+    limits (resume budget, deadline); then execute — replay classifies each recorded step and
+    operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
+    the recovery record."""
     ledger = yield from _load_intact(claim, run)
     run = yield from _check_compatible(wf, claim, ledger.run)
+    ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
-        yield from _budget_exhausted(store, wf, claim, run, ledger)
+        yield from _limit_at_claim(
+            store, wf, claim, ledger,
+            BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
+            f"the resume budget ({run.resume_budget}) ran out")
+    if run.deadline_at is not None and past_deadline(run, (yield Io("now"))):
+        core = _core(store, wf, claim, ledger)
+        if not core.uncertain_operations():
+            yield from _limit_at_claim(store, wf, claim, ledger,
+                                       DeadlineExceeded(run.run_id, run.deadline_at),
+                                       "the deadline passed")
+        # else: replay and settle the uncertain effect; the store refuses anything new, and
+        # the run then ends failed (or blocked, if the effect stays uncertain)
     return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
-                                     dict(ledger.operations)))
+                                     dict(ledger.operations), ledger.attempts))
 
 
 def _load_intact(claim: Claim, run: RunRecord) -> Flow:
@@ -409,11 +460,18 @@ def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
     raise error
 
 
+def _core(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> RunCore:
+    return RunCore(store, claim, ledger.run, dict(ledger.steps), dict(ledger.operations),
+                   is_async=wf.is_async, replans=wf.compatibility is Compatibility.REPLAN,
+                   attempts=ledger.attempts,
+                   default_retry=run_default(ledger.run.step_attempts, wf.step_attempts))
+
+
 def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
-                  steps: dict[str, Any], operations: dict[str, Any]) -> Flow:
+                  steps: dict[str, Any], operations: dict[str, Any],
+                  attempts: dict[str, Any] | None = None) -> Flow:
     """Run the workflow function against the ledger and record how it ended."""
-    core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async,
-                   replans=wf.compatibility is Compatibility.REPLAN)
+    core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:
@@ -427,8 +485,7 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         yield from _release(claim)  # the process or task is stopping, not the run
         raise
     except BaseException as exc:
-        if isinstance(core.halted, Cancelled):  # agent code swallowed it, then failed
-            return (yield from _end_cancelled(core, core.halted))
+        yield from _end_if_stopped(core)  # agent code swallowed the signal, then failed
         if core.release_on_halt:
             yield from _release(claim)  # an interrupted effect: the next worker reconciles it
             if core.halted is exc:
@@ -448,8 +505,7 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         if isinstance(exc, SafepointError):
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
-    if isinstance(core.halted, Cancelled):
-        return (yield from _end_cancelled(core, core.halted))
+    yield from _end_if_stopped(core)  # agent code swallowed the signal and returned
     if core.halted is not None:
         if core.release_on_halt:
             yield from _release(claim)
@@ -465,6 +521,14 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     crashpoint("run.before_complete")
     yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
     return result
+
+
+def _end_if_stopped(core: RunCore) -> Flow:
+    """End the run when it was cancelled or reached a limit (these raise); else nothing."""
+    if isinstance(core.halted, Cancelled):
+        yield from _end_cancelled(core, core.halted)
+    if isinstance(core.halted, LimitReached):
+        yield from _end_for_limit(core, core.halted)
 
 
 def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
@@ -502,18 +566,25 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow:
         yield Io("finish_run", (core.claim, RunStatus.BLOCKED), {"recovery_record": record})
 
 
-def _budget_exhausted(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
-                      ledger: Any) -> Flow:
-    """Fail the run loudly — unless an effect of it is uncertain: that still needs settling, so
-    the run blocks for a person instead of being forgotten."""
-    assert run.resume_budget is not None
-    error = BudgetExhausted(run.run_id, run.resume_budget, run.resume_count)
-    core = RunCore(store, claim, run, dict(ledger.steps), dict(ledger.operations),
-                   is_async=wf.is_async)
-    yield from _block_if_uncertain(core, f"the resume budget ({run.resume_budget}) ran out",
-                                   error)
+def _limit_at_claim(store: Any, wf: Workflow, claim: Claim, ledger: Ledger,
+                    error: LimitReached, how: str) -> Flow:
+    """A limit found spent when the run is taken over: fail the run loudly — unless an effect of
+    it is uncertain: that still needs settling, so the run blocks for a person instead of being
+    forgotten."""
+    core = _core(store, wf, claim, ledger)
+    yield from _block_if_uncertain(core, how, error)
     yield Io("finish_run", (claim, RunStatus.FAILED),
-             {"error": {"type": "BudgetExhausted", "message": error.message}})
+             {"error": {"type": type(error).__name__, "message": error.message}})
+    raise error
+
+
+def _end_for_limit(core: RunCore, error: LimitReached) -> Flow:
+    """A limit was reached while the run executed (a budget spent, the deadline passed): nothing
+    new was started after it. The run ends failed — or blocks, while an effect is uncertain."""
+    yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})",
+                                   error)
+    yield Io("finish_run", (core.claim, RunStatus.FAILED),
+             {"error": {"type": type(error).__name__, "message": error.message}})
     raise error
 
 

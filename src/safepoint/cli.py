@@ -174,7 +174,21 @@ def timeline_table(ledger: Ledger) -> Table:
         _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
              op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
              Text(op.effect_key, style="dim"))
+    _retry_rows(table, ledger)
     return table
+
+
+def _retry_rows(table: Table, ledger: Ledger) -> None:
+    """A step waiting to be tried again has no step row yet: show its last failed attempt."""
+    for step_id, tried in sorted(ledger.attempts.items()):
+        last, step = tried[-1], ledger.steps.get(step_id)
+        if step is not None and step.attempt > last.attempt:
+            continue  # it was recorded after this attempt: its row above says how it ended
+        error = last.error
+        _row(table, "…", last.kind.value, step_id,
+             Text(f"⟳ attempt {last.attempt} failed ({error.get('type', 'error')}:"
+                  f" {error.get('message', '')}); next at {clock(last.retry_at, millis=True)}",
+                  style="yellow"), "", "", "")
 
 
 def events_table(events: Iterable[EventRecord]) -> Table:
@@ -202,12 +216,28 @@ def _header(run: RunRecord) -> Table:
     if run.error:
         grid.add_row("error", Text(f"{run.error.get('type', 'error')}:"
                                    f" {run.error.get('message', '')}", style="red"))
-    grid.add_row("resumes", str(run.resume_count))
+    grid.add_row("resumes", str(run.resume_count) + (f" of {run.resume_budget}"
+                                                     if run.resume_budget is not None else ""))
+    _limit_rows(grid, run)
     grid.add_row("fence", str(run.fence))
     grid.add_row("revision", str(run.state_revision))
     grid.add_row("created", clock(run.created_at))
     grid.add_row("updated", clock(run.updated_at))
     return grid
+
+
+def _limit_rows(grid: Table, run: RunRecord) -> None:
+    """The run's own limits, with what it spent against each."""
+    if run.deadline_at is not None:
+        grid.add_row("deadline", clock(run.deadline_at))
+    if run.token_budget is not None or run.tokens_spent:
+        limit = "" if run.token_budget is None else f" of {run.token_budget}"
+        grid.add_row("tokens", f"{run.tokens_spent}{limit} spent")
+    if run.cost_budget is not None or run.cost_spent:
+        limit = "" if run.cost_budget is None else f" of {run.cost_budget:g}"
+        grid.add_row("cost", f"{run.cost_spent:g}{limit} spent")
+    if run.step_attempts is not None:
+        grid.add_row("step attempts", str(run.step_attempts.attempts))
 
 
 def _print_blocked(console: Console, run: RunRecord) -> None:

@@ -21,7 +21,9 @@ The tree::
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
-        ├── BudgetExhausted             the run was resumed more often than its budget allows
+        ├── LimitReached                the run reached a limit of its own; it ends failed
+        │   ├── BudgetExhausted         resumes, model tokens or model cost ran out
+        │   └── DeadlineExceeded        the run's deadline passed: nothing new is started
         ├── RunCancelled                the run was cancelled; it never runs again
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
@@ -50,6 +52,7 @@ further step and the run cannot complete, so swallowing the exception gains noth
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 
@@ -193,18 +196,59 @@ class RunFailed(SafepointError):
         )
 
 
-class BudgetExhausted(SafepointError):
-    """A run was taken over more often than its resume budget allows: something kills its
-    workers each time (a crash, an out-of-memory step). It fails loudly instead of looping."""
+class LimitReached(SafepointError):
+    """The run reached one of its limits (a budget, its deadline). The limit is recorded with
+    the run, so no restart lifts it: the run ends failed — or blocks, when one of its effects
+    is still uncertain and a person must settle it first."""
 
-    def __init__(self, run_id: str, budget: int, resumes: int) -> None:
+    run_id: str
+
+
+class BudgetExhausted(LimitReached):
+    """A run spent one of its budgets: ``kind`` says which (``resumes``: taken over more often
+    than its resume budget allows — something kills its workers each time; ``tokens`` or
+    ``cost``: its model calls spent what it may spend). ``limit`` (also ``budget``) and
+    ``spent`` say how far; ``resumes`` is the resume count for the resume budget."""
+
+    kind: str
+    budget: float
+    limit: float
+    spent: float
+    resumes: int | None
+
+    def __init__(self, run_id: str, budget: float, resumes: int | None = None, *,
+                 kind: str = "resumes", spent: float | None = None) -> None:
+        if kind == "resumes":
+            spent = resumes if spent is None else spent
+            message = (f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
+                       f" {budget}; it is failed rather than retried forever — find what stops"
+                       f" its workers (see `safepoint show {run_id}`), then start a new run")
+        else:
+            message = (f"run {run_id!r} spent {spent:g} {kind} of its {kind} budget of"
+                       f" {budget:g}; no further model call is made — start a new run with a"
+                       " larger budget if the work must go on")
+        super().__init__(message, run_id=run_id, budget=budget, resumes=resumes, kind=kind,
+                         limit=budget, spent=spent)
+
+
+class DeadlineExceeded(LimitReached):
+    """The run's deadline passed (``deadline_at``, epoch ms on the store's clock): no new step
+    and no new dispatch is started. Steps already recorded still replay, and an effect in
+    flight is still settled."""
+
+    deadline_at: int
+    step_id: str | None
+
+    def __init__(self, run_id: str, deadline_at: int, step_id: str | None = None) -> None:
+        when = datetime.fromtimestamp(deadline_at / 1000, UTC).isoformat(timespec="milliseconds")
+        where = f" at step {step_id!r}" if step_id else ""
         super().__init__(
-            f"run {run_id!r} was resumed {resumes} times, past its resume budget of {budget};"
-            " it is failed rather than retried forever — find what stops its workers (see"
-            f" `safepoint show {run_id}`), then start a new run",
+            f"run {run_id!r} passed its deadline ({when}){where}; nothing new is started after"
+            " a deadline — start a new run with a later deadline if the work must still be"
+            " done",
             run_id=run_id,
-            budget=budget,
-            resumes=resumes,
+            deadline_at=deadline_at,
+            step_id=step_id,
         )
 
 
@@ -229,14 +273,18 @@ class StepFailed(SafepointError):
     step_id: str
     error_type: str
     error_message: str
+    attempts: int
 
-    def __init__(self, run_id: str, step_id: str, error_type: str, error_message: str) -> None:
+    def __init__(self, run_id: str, step_id: str, error_type: str, error_message: str,
+                 attempts: int = 1) -> None:
+        tries = f" (the last of {attempts} attempts)" if attempts > 1 else ""
         super().__init__(
-            f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}",
+            f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}{tries}",
             run_id=run_id,
             step_id=step_id,
             error_type=error_type,
             error_message=error_message,
+            attempts=attempts,
         )
 
 

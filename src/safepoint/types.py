@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from .errors import UsageError
 
 JSON = Any
 
@@ -75,6 +78,12 @@ class RunRecord:
     cancel_requested_at: int | None = None  # asked to stop: settle what is in flight, no more
     workflow_fingerprint: str | None = None  # tool schemas, model ids, prompt hashes (None: older)
     workflow_manifest: dict[str, Any] | None = None  # those parts as digests, to say what changed
+    deadline_at: int | None = None  # epoch ms (store clock): nothing new is started after it
+    token_budget: int | None = None  # model tokens the run may spend (None: no limit)
+    cost_budget: float | None = None  # model cost the run may spend, in your unit
+    tokens_spent: int = 0  # recorded by model steps; never reset by a restart
+    cost_spent: float = 0.0
+    step_attempts: Retry | None = None  # the run's default attempts for read and model steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,25 @@ class StepRecord:
     prompt_hash: str | None = None
     observed_at: int | None = None
     operation_id: str | None = None
+    fence: int = 0
+    recorded_at: int = 0
+    tokens: int | None = None  # model steps: the usage the call reported
+    cost: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """A failed attempt of a read or model step that will be tried again: recorded before the
+    back-off, so that a restart neither forgets the attempts made nor the wait still due."""
+
+    run_id: str
+    step_id: str
+    attempt: int            # counts every call of the step's function, re-reads included
+    kind: StepKind
+    name: str
+    input_hash: str
+    error: dict[str, Any]   # the failure's type and message
+    retry_at: int           # epoch ms (store clock): the next attempt starts no earlier
     fence: int = 0
     recorded_at: int = 0
 
@@ -157,6 +185,8 @@ class Ledger:
     run: RunRecord
     steps: dict[str, StepRecord] = field(default_factory=dict)
     operations: dict[str, OperationRecord] = field(default_factory=dict)
+    # failed attempts by step id, oldest first (kept after the step succeeds: its history)
+    attempts: dict[str, list[AttemptRecord]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,3 +199,90 @@ class Claim:
     state_revision: int
     lease_expires_at: int
     lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How often a read or model step is attempted, and how long to wait between attempts.
+
+    ``attempts`` counts every call (3: the first and two retries). The wait after the n-th
+    failed attempt is ``backoff * multiplier ** (n - 1)`` seconds, at most ``max_backoff``,
+    shortened by up to ``jitter`` (a fraction, 0 to 1) — an amount derived from the run and
+    step ids, so it is the same on every worker. Only exceptions of the ``retry_on`` types are
+    tried again; any other failure is recorded at once. Every failed attempt is recorded before
+    the wait, so a restart continues the count (it is never reset) and waits out what remains.
+
+    >>> run.read("quote", fetch_quote, "EURUSD", retry=Retry(attempts=5, backoff=1.0))
+    """
+
+    attempts: int = 3
+    backoff: float = 0.5
+    multiplier: float = 2.0
+    max_backoff: float = 30.0
+    jitter: float = 0.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) \
+                or self.attempts < 1:
+            raise UsageError(f"Retry(attempts={self.attempts!r}): attempts counts every call,"
+                             " the first included: an int of 1 or more")
+        for name in ("backoff", "multiplier", "max_backoff", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise UsageError(f"Retry({name}={value!r}): a finite number of 0 or more"
+                                 " (seconds for backoff and max_backoff)")
+        if self.multiplier < 1:
+            raise UsageError(f"Retry(multiplier={self.multiplier!r}): 1 or more (1 waits the"
+                             " same each time)")
+        if self.jitter > 1:
+            raise UsageError(f"Retry(jitter={self.jitter!r}): a fraction from 0 to 1")
+        retry_on = self.retry_on
+        if isinstance(retry_on, type):
+            retry_on = (retry_on,)
+            object.__setattr__(self, "retry_on", retry_on)
+        if not isinstance(retry_on, tuple) or not retry_on or not all(
+                isinstance(t, type) and issubclass(t, Exception) for t in retry_on):
+            raise UsageError(f"Retry(retry_on={self.retry_on!r}): exception classes derived"
+                             " from Exception, e.g. (TimeoutError, ConnectionError)")
+
+    def as_json(self) -> dict[str, Any]:
+        """The numbers of the policy, as recorded with a run (``retry_on`` is code: not kept)."""
+        return {"attempts": self.attempts, "backoff": self.backoff,
+                "multiplier": self.multiplier, "max_backoff": self.max_backoff,
+                "jitter": self.jitter}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any],
+                  retry_on: tuple[type[BaseException], ...] = (Exception,)) -> Retry:
+        return cls(attempts=int(value["attempts"]), backoff=float(value["backoff"]),
+                   multiplier=float(value["multiplier"]),
+                   max_backoff=float(value["max_backoff"]),
+                   jitter=float(value.get("jitter", 0.0)), retry_on=retry_on)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """What a run may spend on model calls: ``tokens`` (as the calls report them) and ``cost``
+    (in whatever unit your ``usage=`` function reports). ``None`` is no limit.
+
+    Spending is recorded with each model step, so a restart never resets it. Before each new
+    model call the run checks what it has spent; once a limit is reached the run fails with
+    ``BudgetExhausted`` (a call already running is never cut short, so one call may overshoot).
+
+    >>> @workflow("triage", budget=Budget(tokens=200_000, cost=2.50))
+    """
+
+    tokens: int | None = None
+    cost: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None and (isinstance(self.tokens, bool)
+                                        or not isinstance(self.tokens, int) or self.tokens < 0):
+            raise UsageError(f"Budget(tokens={self.tokens!r}): an int of 0 or more, or None")
+        if self.cost is not None and (isinstance(self.cost, bool)
+                                      or not isinstance(self.cost, (int, float))
+                                      or not math.isfinite(self.cost) or self.cost < 0):
+            raise UsageError(f"Budget(cost={self.cost!r}): a finite number of 0 or more, or"
+                             " None")

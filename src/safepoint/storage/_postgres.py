@@ -49,6 +49,7 @@ from ..errors import (
 )
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     Durability,
     EffectState,
@@ -72,6 +73,8 @@ from .base import (
     load_migrations,
     load_queries,
     refused_write,
+    retry_json,
+    retry_of,
 )
 
 _Q = load_queries("postgres")
@@ -287,7 +290,9 @@ class PostgresLedger:
             workflow_version=new.workflow_version, input_hash=new.input_hash, inputs=inputs,
             inputs_ref=inputs_ref, owner=new.owner, lease_ms=new.lease_ms,
             resume_budget=new.resume_budget, workflow_fingerprint=new.workflow_fingerprint,
-            workflow_manifest=_json_or_none(new.workflow_manifest),
+            workflow_manifest=_json_or_none(new.workflow_manifest), deadline_at=new.deadline_at,
+            deadline_ms=new.deadline_ms, token_budget=new.token_budget,
+            cost_budget=new.cost_budget, step_attempts=retry_json(new.step_attempts),
             detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
         if created:
             row = created[0]
@@ -339,7 +344,10 @@ class PostgresLedger:
             resume_budget=row["resume_budget"],
             cancel_requested_at=row["cancel_requested_at"],
             workflow_fingerprint=row["workflow_fingerprint"],
-            workflow_manifest=(yield from self._value(row["workflow_manifest"], None, table, key)))
+            workflow_manifest=(yield from self._value(row["workflow_manifest"], None, table, key)),
+            deadline_at=row["deadline_at"], token_budget=row["token_budget"],
+            cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
+            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key))
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -360,6 +368,7 @@ class PostgresLedger:
         run_rows = yield _q("get_run", run_id=run_id)
         step_rows = yield _q("steps_of_run", run_id=run_id)
         op_rows = yield _q("operations_of_run", run_id=run_id)
+        attempt_rows = yield _q("attempts_of_run", run_id=run_id)
         if not run_rows:
             raise RunNotFound(run_id)
         run = yield from self._run_record(run_rows[0])
@@ -382,11 +391,25 @@ class PostgresLedger:
                 next_step_id=row["next_step_id"], attempt=row["attempt"],
                 model_id=row["model_id"], prompt_hash=row["prompt_hash"],
                 observed_at=row["observed_at"], operation_id=row["operation_id"],
-                fence=row["fence"], recorded_at=row["recorded_at"])
+                fence=row["fence"], recorded_at=row["recorded_at"], tokens=row["tokens"],
+                cost=row["cost"])
         operations = {}
         for row in op_rows:
             operations[row["operation_id"]] = yield from self._operation_record(row)
-        return Ledger(run, steps, operations)
+        attempts: dict[str, list[AttemptRecord]] = {}
+        for row in attempt_rows:
+            key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
+            try:
+                kind = StepKind(row["kind"])
+            except ValueError as exc:
+                raise CorruptRecord("safepoint_attempts", key,
+                                    f"unknown kind {row['kind']!r}") from exc
+            attempts.setdefault(row["step_id"], []).append(AttemptRecord(
+                run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
+                name=row["name"], input_hash=row["input_hash"],
+                error=(yield from self._value(row["error"], None, "safepoint_attempts", key)),
+                retry_at=row["retry_at"], fence=row["fence"], recorded_at=row["recorded_at"]))
+        return Ledger(run, steps, operations, attempts)
 
     def _operation_record(self, row: Row) -> Plan[OperationRecord]:
         key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
@@ -428,7 +451,8 @@ class PostgresLedger:
             "step_error": None if step.error is None else dumps(step.error),
             "next_step_id": step.next_step_id, "attempt": step.attempt,
             "model_id": step.model_id, "prompt_hash": step.prompt_hash,
-            "observed_at": step.observed_at, "step_operation_id": step.operation_id}
+            "observed_at": step.observed_at, "step_operation_id": step.operation_id,
+            "tokens": step.tokens, "cost": step.cost}
 
     @staticmethod
     def _fenced(claim: Claim, query: str, /, **params: Any) -> Plan[Row]:
@@ -440,7 +464,8 @@ class PostgresLedger:
             state = yield _q("fence_state", run_id=claim.run_id)
             row = state[0] if state else {}
             raise refused_write(claim, row.get("fence"), row.get("status"),
-                                row.get("cancel_requested_at"))
+                                row.get("cancel_requested_at"), row.get("deadline_at"),
+                                row.get("now"))
         return rows[0]
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
@@ -451,6 +476,12 @@ class PostgresLedger:
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
         yield from self._fenced(claim, "record_step", **(yield from self._step_params(step)))
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:
+        yield from self._fenced(
+            claim, "record_attempt", step_id=attempt.step_id, attempt=attempt.attempt,
+            kind=attempt.kind.value, name=attempt.name, input_hash=attempt.input_hash,
+            error=dumps(attempt.error), retry_at=attempt.retry_at)
 
     def renew_lease(self, claim: Claim) -> Plan[None]:
         yield from self._fenced(claim, "renew_lease")
@@ -551,7 +582,7 @@ class PostgresLedger:
 
 _STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",
                 "result_ref", "step_error", "next_step_id", "attempt", "model_id",
-                "prompt_hash", "observed_at", "step_operation_id")
+                "prompt_hash", "observed_at", "step_operation_id", "tokens", "cost")
 
 
 def _json_or_none(value: JSON) -> str | None:

@@ -13,15 +13,18 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from ..errors import Cancelled, LostOwnership
+from .._canonical import dumps, loads
+from ..errors import Cancelled, CorruptRecord, DeadlineExceeded, LostOwnership, UsageError
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     EffectState,
     EventRecord,
     Ledger,
     OperationRecord,
     Resolution,
+    Retry,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -42,6 +45,11 @@ class NewRun:
     owner: str | None   # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
     resume_budget: int | None = None  # takeovers allowed before BudgetExhausted; None: no limit
+    deadline_at: int | None = None   # epoch ms; or, when None,
+    deadline_ms: int | None = None   # ms after the run's creation on the store's clock
+    token_budget: int | None = None
+    cost_budget: float | None = None
+    step_attempts: Retry | None = None
     workflow_fingerprint: str | None = None
     workflow_manifest: dict[str, Any] | None = None
 
@@ -125,7 +133,15 @@ class Store(Protocol):
         """The heartbeat: extend the lease; ``LostOwnership`` once the fence is stale."""
         ...
 
-    def record_step(self, claim: Claim, step: StepRecord) -> None: ...
+    def record_step(self, claim: Claim, step: StepRecord) -> None:
+        """Record (or re-record) a step; its ``tokens`` and ``cost`` are added to the run's
+        spent totals in the same commit."""
+        ...
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        """Record a failed attempt of a step that will be tried again (new work: refused once
+        a cancel is asked for or the deadline passed)."""
+        ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         """Prepared intent: payload artifact, operation id and effect key, in one commit."""
@@ -158,8 +174,9 @@ class Store(Protocol):
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
         marked, and from then on every write that starts something new (``record_step``,
-        ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled`` while outcomes and the
-        ending may still be recorded. An ended run is left as it is."""
+        ``record_attempt``, ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled``
+        while outcomes and the ending may still be recorded. An ended run is left as it is.
+        Past a run's ``deadline_at`` the same writes raise ``DeadlineExceeded``."""
         ...
 
     # a person's decision about a blocked run
@@ -238,7 +255,13 @@ class AsyncStore(Protocol):
         """The heartbeat: extend the lease; ``LostOwnership`` once the fence is stale."""
         ...
 
-    async def record_step(self, claim: Claim, step: StepRecord) -> None: ...
+    async def record_step(self, claim: Claim, step: StepRecord) -> None:
+        """See ``Store.record_step``."""
+        ...
+
+    async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        """See ``Store.record_attempt``."""
+        ...
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         """Prepared intent: payload artifact, operation id and effect key, in one commit."""
@@ -284,12 +307,33 @@ class AsyncStore(Protocol):
 
 
 def refused_write(claim: Claim, fence: int | None, status: str | None,
-                  cancel_requested_at: int | None) -> BaseException:
+                  cancel_requested_at: int | None, deadline_at: int | None = None,
+                  now: int | None = None) -> BaseException:
     """Why a fenced worker write matched nothing, from the run's row as it now stands: a cancel
-    request while this worker's fence still holds (``Cancelled``), or a stale fence."""
-    if fence == claim.fence and status == "running" and cancel_requested_at is not None:
-        return Cancelled(claim.run_id)
+    request while this worker's fence still holds (``Cancelled``), its deadline passed
+    (``DeadlineExceeded``), or a stale fence."""
+    if fence == claim.fence and status == "running":
+        if cancel_requested_at is not None:
+            return Cancelled(claim.run_id)
+        if deadline_at is not None and now is not None and now >= deadline_at:
+            return DeadlineExceeded(claim.run_id, deadline_at)
     return LostOwnership(claim.run_id, claim.fence)
+
+
+def retry_json(policy: Retry | None) -> str | None:
+    """A run's default step attempts as stored (JSON text), or None."""
+    return None if policy is None else dumps(policy.as_json())
+
+
+def retry_of(text: str | None, key: str) -> Retry | None:
+    """A run's default step attempts from its stored JSON text."""
+    if text is None:
+        return None
+    try:
+        return Retry.from_json(loads(text))
+    except (ValueError, KeyError, TypeError, UsageError) as exc:
+        raise CorruptRecord("safepoint_runs", key,
+                            f"unreadable step_attempts {text[:200]!r}") from exc
 
 
 def cancelled_error(by: str, reason: str | None) -> dict[str, str]:

@@ -33,6 +33,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import StoreError
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     Durability,
     EffectState,
@@ -163,6 +164,9 @@ class PostgresStore:
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         self._run(self._ledger.record_step(claim, step))
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        self._run(self._ledger.record_attempt(claim, attempt))
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._run(self._ledger.prepare_effect(claim, op, payload))

@@ -33,6 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import StoreError, UsageError
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     Durability,
     EffectState,
@@ -252,6 +253,9 @@ class AsyncPostgresStore:
 
     async def record_step(self, claim: Claim, step: StepRecord) -> None:
         await self._run(self._ledger.record_step(claim, step))
+
+    async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        await self._run(self._ledger.record_attempt(claim, attempt))
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         await self._run(self._ledger.prepare_effect(claim, op, payload))

@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     Durability,
     EffectState,
@@ -58,6 +59,8 @@ from .base import (
     load_migrations,
     load_queries,
     refused_write,
+    retry_json,
+    retry_of,
 )
 
 _Q = load_queries("sqlite")
@@ -258,7 +261,10 @@ class SqliteStore:
                 "owner": new.owner, "lease_expires_at": lease, "fence": fence,
                 "resume_budget": new.resume_budget, "now": now,
                 "workflow_fingerprint": new.workflow_fingerprint,
-                "workflow_manifest": _json_or_none(new.workflow_manifest)})
+                "workflow_manifest": _json_or_none(new.workflow_manifest),
+                "deadline_at": new.deadline_at, "deadline_ms": new.deadline_ms,
+                "token_budget": new.token_budget, "cost_budget": new.cost_budget,
+                "step_attempts": retry_json(new.step_attempts)})
             created = cursor.rowcount == 1
             if created:
                 self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
@@ -304,7 +310,10 @@ class SqliteStore:
             resume_budget=row["resume_budget"],
             cancel_requested_at=row["cancel_requested_at"],
             workflow_fingerprint=row["workflow_fingerprint"],
-            workflow_manifest=get("workflow_manifest"))
+            workflow_manifest=get("workflow_manifest"),
+            deadline_at=row["deadline_at"], token_budget=row["token_budget"],
+            cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
+            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -368,11 +377,25 @@ class SqliteStore:
                 next_step_id=row["next_step_id"], attempt=row["attempt"],
                 model_id=row["model_id"], prompt_hash=row["prompt_hash"],
                 observed_at=row["observed_at"], operation_id=row["operation_id"],
-                fence=row["fence"], recorded_at=row["recorded_at"])
+                fence=row["fence"], recorded_at=row["recorded_at"], tokens=row["tokens"],
+                cost=row["cost"])
         operations = {}
         for row in self._read("operations_of_run", {"run_id": run_id}):
             operations[row["operation_id"]] = self._operation_record(row)
-        return Ledger(run, steps, operations)
+        attempts: dict[str, list[AttemptRecord]] = {}
+        for row in self._read("attempts_of_run", {"run_id": run_id}):
+            key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
+            try:
+                kind = StepKind(row["kind"])
+            except ValueError as exc:
+                raise CorruptRecord("safepoint_attempts", key,
+                                    f"unknown kind {row['kind']!r}") from exc
+            attempts.setdefault(row["step_id"], []).append(AttemptRecord(
+                run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
+                name=row["name"], input_hash=row["input_hash"],
+                error=self._get_value(row["error"], None, "safepoint_attempts", key),
+                retry_at=row["retry_at"], fence=row["fence"], recorded_at=row["recorded_at"]))
+        return Ledger(run, steps, operations, attempts)
 
     def _operation_record(self, row: sqlite3.Row) -> OperationRecord:
         key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
@@ -409,7 +432,9 @@ class SqliteStore:
             "events": events, "now": now})
         if cursor.rowcount != 1:
             state = conn.execute(_Q["fence_state"], {"run_id": claim.run_id}).fetchone()
-            raise refused_write(claim, *(tuple(state) if state else (None, None, None)))
+            fence, status, cancel_requested_at, deadline_at = (
+                tuple(state) if state else (None, None, None, None))
+            raise refused_write(claim, fence, status, cancel_requested_at, deadline_at, now)
 
     def _event(self, conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
                step_id: str | None = None, operation_id: str | None = None,
@@ -430,13 +455,27 @@ class SqliteStore:
             "error": None if step.error is None else dumps(step.error), "next_step_id": step.next_step_id,
             "attempt": step.attempt, "model_id": step.model_id,
             "prompt_hash": step.prompt_hash, "observed_at": step.observed_at,
-            "operation_id": step.operation_id, "fence": claim.fence, "now": now})
+            "operation_id": step.operation_id, "fence": claim.fence, "now": now,
+            "tokens": step.tokens, "cost": step.cost})
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()
         with self._write() as conn:
             self._fence_check(conn, claim, now, events=0, new_work=True)
             self._upsert_step(conn, claim, step, now)
+            if step.tokens or step.cost:
+                conn.execute(_Q["add_usage"], {"run_id": claim.run_id, "tokens": step.tokens,
+                                               "cost": step.cost})
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=0, new_work=True)
+            conn.execute(_Q["insert_attempt"], {
+                "run_id": claim.run_id, "step_id": attempt.step_id, "attempt": attempt.attempt,
+                "kind": attempt.kind.value, "name": attempt.name,
+                "input_hash": attempt.input_hash, "error": dumps(attempt.error),
+                "retry_at": attempt.retry_at, "fence": claim.fence, "now": now})
 
     def renew_lease(self, claim: Claim) -> None:
         with self._write() as conn:

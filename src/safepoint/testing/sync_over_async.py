@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from ..storage.base import AsyncStore, NewRun, Replan
 from ..types import (
     JSON,
+    AttemptRecord,
     Claim,
     EffectState,
     EventRecord,
@@ -107,6 +108,9 @@ class SyncOverAsync:
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         self._call(self.store.record_step(claim, step))
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
+        self._call(self.store.record_attempt(claim, attempt))
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._call(self.store.prepare_effect(claim, op, payload))

@@ -52,20 +52,24 @@ VALUES (%(version)s, %(name)s, %(checksum)s, safepoint_now_ms());
 
 -- name: insert_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0),
--- with its first event; returns nothing if the run id exists.
+-- with its first event; returns nothing if the run id exists. A relative deadline counts from
+-- its creation.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                                 inputs_ref, state_revision, owner, lease_expires_at, fence,
                                 resume_count, event_count, resume_budget, created_at,
-                                updated_at, workflow_fingerprint, workflow_manifest)
+                                updated_at, workflow_fingerprint, workflow_manifest,
+                                deadline_at, token_budget, cost_budget, step_attempts)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
            CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE clock.now + %(lease_ms)s END,
            CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,
            0, 1, %(resume_budget)s, clock.now, clock.now, %(workflow_fingerprint)s,
-           %(workflow_manifest)s
+           %(workflow_manifest)s,
+           COALESCE(%(deadline_at)s::bigint, clock.now + %(deadline_ms)s::bigint),
+           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *
@@ -147,8 +151,9 @@ ORDER BY event_id DESC LIMIT 1;
 SELECT pg_notify('safepoint_work', %(workflow)s);
 
 -- name: fence_state
--- Why a fenced statement matched nothing: a stale fence, or a cancel request.
-SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = %(run_id)s;
+-- Why a fenced statement matched nothing: a stale fence, a cancel request, or the deadline.
+SELECT fence, status, cancel_requested_at, deadline_at, safepoint_now_ms() AS now
+FROM safepoint_runs WHERE run_id = %(run_id)s;
 
 -- name: request_cancel
 -- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
@@ -260,25 +265,31 @@ RETURNING lease_expires_at;
 -- name: record_step
 -- Fence, renew the lease and record a step; recording a step id again (a re-read of an expired
 -- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
--- steps: it alone writes them while its fence holds).
+-- steps: it alone writes them while its fence holds). What a model step spent is added to the
+-- run's totals in the same statement: a restart never resets them.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        updated_at = clock.now
+        updated_at = clock.now,
+        tokens_spent = tokens_spent + COALESCE(%(tokens)s::bigint, 0),
+        cost_spent = cost_spent + COALESCE(%(cost)s::double precision, 0)
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
+      -- new work: none once a cancel is asked for, none past the deadline
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
     RETURNING run_id, updated_at AS now
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
                                  result_ref, error, next_step_id, attempt, model_id,
-                                 prompt_hash, observed_at, operation_id, fence, recorded_at)
+                                 prompt_hash, observed_at, operation_id, fence, recorded_at,
+                                 tokens, cost)
     SELECT run_id, %(step_id)s, %(seq)s::integer, %(kind)s, %(name)s, %(input_hash)s,
            %(step_status)s, %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
            %(attempt)s::integer, %(model_id)s, %(prompt_hash)s, %(observed_at)s::bigint,
-           %(step_operation_id)s, %(fence)s::bigint, now
+           %(step_operation_id)s, %(fence)s::bigint, now, %(tokens)s::bigint,
+           %(cost)s::double precision
     FROM owned
     ON CONFLICT (run_id, step_id) DO UPDATE SET
         kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
@@ -287,7 +298,7 @@ step AS (
         attempt = excluded.attempt, model_id = excluded.model_id,
         prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
         operation_id = excluded.operation_id, fence = excluded.fence,
-        recorded_at = excluded.recorded_at
+        recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost
 )
 SELECT now FROM owned;
 
@@ -302,7 +313,8 @@ owned AS (
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
+      -- new work: none once a cancel is asked for, none past the deadline
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
     RETURNING run_id, updated_at AS now
 ),
 operation AS (
@@ -331,7 +343,8 @@ owned AS (
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
+      -- new work: none once a cancel is asked for, none past the deadline
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
     RETURNING run_id, updated_at AS now
 ),
 operation AS (
@@ -463,7 +476,8 @@ SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s;
 
 -- name: replan
 -- Re-plan, fenced: renew the lease, take this code's version and fingerprint when given (the
--- old ones stay in the event), and append the run.replanned event.
+-- old ones stay in the event), and append the run.replanned event. Re-planning is new work:
+-- refused once a cancel is asked for or the deadline passed.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
@@ -476,7 +490,7 @@ owned AS (
                             THEN workflow_manifest ELSE %(workflow_manifest)s END
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-      AND cancel_requested_at IS NULL  -- new work: none once a cancel is asked for
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
     RETURNING run_id, updated_at AS now
 ),
 event AS (
@@ -524,3 +538,29 @@ UPDATE safepoint_operations
 SET payload_ref = %(payload_ref)s, fence = %(fence)s, updated_at = safepoint_now_ms()
 WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND state = 'prepared'
 RETURNING operation_id;
+
+-- name: record_attempt
+-- Fence and record a failed attempt that will be tried again, durable before the back-off.
+-- A retry is new work: refused once a cancel is asked for or the deadline passed.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+    RETURNING run_id, updated_at AS now
+),
+attempt AS (
+    INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
+                                    retry_at, fence, recorded_at)
+    SELECT run_id, %(step_id)s, %(attempt)s::integer, %(kind)s, %(name)s, %(input_hash)s,
+           %(error)s, %(retry_at)s::bigint, %(fence)s::bigint, now
+    FROM owned
+)
+SELECT now FROM owned;
+
+-- name: attempts_of_run
+-- Every failed attempt of a run's steps, by step and attempt.
+SELECT * FROM safepoint_attempts WHERE run_id = %(run_id)s ORDER BY step_id, attempt;

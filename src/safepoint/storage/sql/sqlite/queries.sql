@@ -6,14 +6,17 @@
 
 -- name: insert_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0);
--- does nothing if the run id exists.
+-- does nothing if the run id exists. A relative deadline counts from its creation.
 INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                             inputs_ref, state_revision, owner, lease_expires_at, fence,
                             resume_count, event_count, resume_budget, created_at, updated_at,
-                            workflow_fingerprint, workflow_manifest)
+                            workflow_fingerprint, workflow_manifest, deadline_at, token_budget,
+                            cost_budget, step_attempts)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
         :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now,
-        :workflow_fingerprint, :workflow_manifest)
+        :workflow_fingerprint, :workflow_manifest,
+        COALESCE(:deadline_at, :now + :deadline_ms), :token_budget, :cost_budget,
+        :step_attempts)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
@@ -90,17 +93,18 @@ SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: fence_check_new_work
--- The guard of a write that starts something new (a step, a prepared or dispatched effect):
--- as fence_check, and refused once a cancel is asked for.
+-- The guard of a write that starts something new (a step, a retry, a prepared or dispatched
+-- effect): as fence_check, and refused once a cancel is asked for or the deadline passed.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
     event_count = event_count + :events, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
-  AND cancel_requested_at IS NULL;
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now);
 
 -- name: fence_state
--- Why a fenced statement matched nothing: a stale fence, or a cancel request.
-SELECT fence, status, cancel_requested_at FROM safepoint_runs WHERE run_id = :run_id;
+-- Why a fenced statement matched nothing: a stale fence, a cancel request, or the deadline.
+SELECT fence, status, cancel_requested_at, deadline_at FROM safepoint_runs
+WHERE run_id = :run_id;
 
 -- name: request_cancel
 -- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
@@ -142,10 +146,10 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 -- (the worker numbers steps: it alone writes them while its fence holds).
 INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
                              result_ref, error, next_step_id, attempt, model_id, prompt_hash,
-                             observed_at, operation_id, fence, recorded_at)
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
 VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, :status, :result, :result_ref,
         :error, :next_step_id, :attempt, :model_id, :prompt_hash, :observed_at, :operation_id,
-        :fence, :now)
+        :fence, :now, :tokens, :cost)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     kind = excluded.kind, name = excluded.name, model_id = excluded.model_id,
     prompt_hash = excluded.prompt_hash, operation_id = excluded.operation_id,
@@ -153,7 +157,7 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     result_ref = excluded.result_ref, error = excluded.error,
     next_step_id = excluded.next_step_id, attempt = excluded.attempt,
     observed_at = excluded.observed_at, fence = excluded.fence,
-    recorded_at = excluded.recorded_at;
+    recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost;
 
 -- name: renew_lease
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
@@ -253,3 +257,23 @@ UPDATE safepoint_runs SET event_count = event_count + :events WHERE run_id = :ru
 UPDATE safepoint_operations
 SET payload_ref = :payload_ref, fence = :fence, updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id AND state = 'prepared';
+
+-- name: add_usage
+-- What a model step spent, added to the run's totals in the commit that records the step
+-- (after its fence_check): a restart never resets them, and what was spent stays spent.
+UPDATE safepoint_runs
+SET tokens_spent = tokens_spent + COALESCE(:tokens, 0),
+    cost_spent = cost_spent + COALESCE(:cost, 0)
+WHERE run_id = :run_id;
+
+-- name: insert_attempt
+-- A failed attempt that will be tried again, durable before the back-off (after the
+-- fence_check_new_work of its transaction).
+INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
+                                retry_at, fence, recorded_at)
+VALUES (:run_id, :step_id, :attempt, :kind, :name, :input_hash, :error, :retry_at, :fence,
+        :now);
+
+-- name: attempts_of_run
+-- Every failed attempt of a run's steps, by step and attempt.
+SELECT * FROM safepoint_attempts WHERE run_id = :run_id ORDER BY step_id, attempt;
