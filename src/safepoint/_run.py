@@ -13,7 +13,6 @@ calling anything when the step's kind, name and input hash match.
 
 from __future__ import annotations
 
-import inspect
 import os
 import uuid as uuidlib
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._approvals import awaiting, may_reprepare
 from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import (
@@ -35,10 +35,12 @@ from ._effects import (
     mint_effect_key,
     next_action,
 )
-from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
+from ._flow import Call, CallTimedOut, Flow, Io, Sleep, adrive, callable_name, drive
+from ._flow import is_async_callable as _is_async_callable
 from ._recovery import build_record
 from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
+    ApprovalInvalid,
     ArtifactCorrupt,
     ArtifactMissing,
     Cancelled,
@@ -55,6 +57,7 @@ from .errors import (
     VerificationFailed,
 )
 from .types import (
+    ApprovalRecord,
     Claim,
     EffectState,
     OperationRecord,
@@ -72,6 +75,9 @@ if TYPE_CHECKING:
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 _NOT_SENT_BACKOFF_S = 0.05
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
+# The gate and the dispatch are two commits: an approval can lapse between them (it expires),
+# and then the gate is asked again — a bounded number of times.
+_GATE_ATTEMPTS = 3
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
@@ -100,6 +106,7 @@ class RunCore:
         self.release_on_halt = False  # halted by an interrupt: give the run back, don't block
         # Asked to stop: replay and settle what is in flight, start nothing new.
         self.cancelling = run.cancel_requested_at is not None
+        self.approvals: dict[str, ApprovalRecord] = {}  # operation id → what authorized it
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -144,8 +151,15 @@ class RunCore:
                      op: OperationRecord | None = None,
                      evidence: dict[str, Any] | None = None) -> Flow:
         """Record the block with its recovery record and halt this run object."""
+        authorization = None
+        if op is not None and op.approval_id is not None:  # the record names what authorized it
+            authorization = self.approvals.get(op.operation_id)
+            if authorization is None or authorization.approval_id != op.approval_id:
+                given = yield Io("approvals", (self.run.run_id,))
+                authorization = next((a for a in given if a.approval_id == op.approval_id),
+                                     None)
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
-                              op=op, evidence=evidence)
+                              op=op, evidence=evidence, authorization=authorization)
         yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
         error.record = record
         self.halted = error
@@ -238,8 +252,9 @@ class RunCore:
         return value
 
     def effect_flow(self, step_id: str, effect: Effect, payload: JSON,
-                    operation_id: str | None) -> Flow:
-        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands."""
+                    operation_id: str | None, approval: bool = False) -> Flow:
+        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
+        With ``approval``, no dispatch without a person's valid approval (see ``_authorize``)."""
         self.check_halt()
         sid = self.occurrence(step_id)
         if not self.is_async:
@@ -266,21 +281,8 @@ class RunCore:
         if recorded is not None:
             return recorded.result
 
-        op = self.operations.get(op_id)
-        if op is None:
-            if self.cancelling:
-                raise self.cancelled()
-            crashpoint("effect.before_prepare", sid)
-            op = OperationRecord(
-                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-                state=EffectState.PREPARED, payload_ref=payload_ref,
-                effect_key=mint_effect_key(self.run.run_id, op_id))
-            yield Io("prepare_effect", (self.claim, op, payload_bytes))
-            self.operations[op_id] = op
-            crashpoint("effect.after_prepared", sid)
-        else:
-            payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
-
+        op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
+                                                approval)
         step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
         while True:
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
@@ -308,6 +310,86 @@ class RunCore:
         return StepRecord(run_id=self.run.run_id, step_id=sid, kind=StepKind.EFFECT,
                           name=effect.name, input_hash=hashed, result=op.receipt,
                           seq=self.next_seq(sid), operation_id=op.operation_id)
+
+    def _prepared(self, sid: str, effect: Effect, op_id: str, payload: JSON,
+                  payload_bytes: bytes, approval: bool) -> Flow:
+        """The operation, prepared now or as the ledger has it, and the payload it carries."""
+        payload_ref = digest(payload_bytes)
+        op = self.operations.get(op_id)
+        if op is None:
+            if self.cancelling:
+                raise self.cancelled()
+            crashpoint("effect.before_prepare", sid)
+            # Read now too, so that an approval given before the run reaches its gate (it
+            # crashed in between) is bound to the target's state it will find there.
+            target = (yield from self._target_digest(sid, effect, payload)) if approval else None
+            op = OperationRecord(
+                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
+                state=EffectState.PREPARED, payload_ref=payload_ref,
+                effect_key=mint_effect_key(self.run.run_id, op_id),
+                approval_required=approval, target_digest=target)
+            yield Io("prepare_effect", (self.claim, op, payload_bytes))
+            self.operations[op_id] = op
+            crashpoint("effect.after_prepared", sid)
+        else:
+            if op.payload_ref != payload_ref and may_reprepare(op):
+                op = yield from self._reprepare(sid, effect, op, payload, payload_bytes,
+                                                payload_ref)
+            payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
+        if approval and not op.approval_required:
+            op = replace(op, approval_required=True)  # the gate records it in the store too
+        return op, payload
+
+    def _reprepare(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                   payload_bytes: bytes, payload_ref: str) -> Flow:
+        """The payload of an effect that waits for approval changed before it ever left: it is
+        prepared anew, under the same key (never sent), and must be approved anew."""
+        if self.cancelling:
+            raise self.cancelled()
+        target = yield from self._target_digest(sid, effect, payload)
+        op = replace(op, payload_ref=payload_ref, target_digest=target)
+        yield Io("reprepare_effect", (self.claim, op, payload_bytes))
+        self.operations[op.operation_id] = op
+        return op
+
+    def _target_digest(self, sid: str, effect: Effect, payload: JSON) -> Flow:
+        """The digest of the effect's target's state as it reads now (None without one)."""
+        if effect.target_state is None:
+            return None
+        state = yield Call(effect.target_state, (loads(canonical(payload)),))
+        require_json(state, "target state", sid)
+        return digest(canonical(state))
+
+    def _authorize(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON) -> Flow:
+        """The gate between prepared and dispatching: the store returns an approval of this
+        payload on the target as it now reads — or, atomically, makes the run wait."""
+        target = yield from self._target_digest(sid, effect, payload)
+        gate = yield Io("await_approval", (self.claim, op.operation_id, target))
+        if gate.approval is None:
+            error = awaiting(self.run.run_id, gate.waiting_for)
+            self.halted = error  # the run is released: this run object does nothing more
+            raise error
+        op = replace(op, approval_required=True, target_digest=target)
+        self.operations[op.operation_id] = op
+        self.approvals[op.operation_id] = gate.approval
+        return op
+
+    def _mark_dispatching(self, sid: str, effect: Effect, op: OperationRecord,
+                          payload: JSON) -> Flow:
+        """Commit "dispatching" — through the approval gate first when the effect needs one.
+        The store checks the approval again in the dispatch's own transaction."""
+        for attempt in range(1, _GATE_ATTEMPTS + 1):
+            if op.approval_required:
+                op = yield from self._authorize(sid, effect, op, payload)
+            try:
+                return (yield Io("mark_dispatching", (self.claim, op.operation_id)))
+            except ApprovalInvalid:
+                if attempt == _GATE_ATTEMPTS:
+                    raise
+                # It lapsed between the gate and the dispatch (or the ledger asks for an
+                # approval this code did not): ask the gate, which now makes the run wait.
+                op = replace(op, approval_required=True)
+        raise AssertionError("unreachable")
 
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
                           payload_ref: str) -> Flow:
@@ -357,7 +439,7 @@ class RunCore:
         """
         if self.cancelling:
             raise self.cancelled()  # the store would refuse it too
-        op = yield Io("mark_dispatching", (self.claim, op.operation_id))
+        op = yield from self._mark_dispatching(sid, effect, op, payload)
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:
@@ -448,8 +530,11 @@ class RunCore:
     def _verify(self, sid: str, effect: Effect, op: OperationRecord, step: StepRecord) -> Flow:
         assert effect.verify is not None
         try:
-            ok = yield Call(effect.verify, (op.receipt,))
+            ok = yield Call(effect.verify, (op.receipt,), timeout=effect.verify_timeout_s)
             reason = "the verifier returned a false value"
+        except CallTimedOut:
+            ok, reason = False, (f"the verifier did not answer within"
+                                 f" {effect.verify_timeout_s:g}s")
         except Exception as exc:
             ok, reason = False, f"the verifier raised {type(exc).__name__}: {exc}"
         if not ok:
@@ -461,15 +546,10 @@ class RunCore:
         return op
 
 
-def _is_async_callable(fn: object) -> bool:
-    call = type(fn).__call__ if callable(fn) else None  # an object with an async __call__
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
 def _refuse_async_callables(effect: Effect) -> None:
     """Before anything is prepared: an async function cannot be awaited by a plain workflow,
     and finding out during dispatch would look like an uncertain outcome."""
-    for role in ("execute", "reconcile", "verify"):
+    for role in ("execute", "reconcile", "verify", "target_state"):
         if _is_async_callable(getattr(effect, role)):
             raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
                              " async def workflow (AsyncRun)", effect=effect.name)
@@ -568,9 +648,14 @@ class Run(_RunBase):
             StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-               operation_id: str | None = None) -> Any:
-        """A change in another system, dispatched at most once; returns the owner's receipt."""
-        return self._sync(self._core.effect_flow(step_id, effect, payload, operation_id))
+               operation_id: str | None = None, approval: bool = False) -> Any:
+        """A change in another system, dispatched at most once; returns the owner's receipt.
+
+        With ``approval=True`` it is prepared, then dispatched only under a person's approval
+        of this very payload (and target state, see ``Effect.target_state``): without one the
+        run waits (``AwaitingApproval``) until ``safepoint.approve`` releases it."""
+        return self._sync(self._core.effect_flow(step_id, effect, payload, operation_id,
+                                                 approval))
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
@@ -612,8 +697,9 @@ class AsyncRun(_RunBase):
             StepKind.DECISION, step_id, fn, args, kwargs, hashed_inputs=[args, kwargs]))
 
     async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-                     operation_id: str | None = None) -> Any:
-        return await self._async(self._core.effect_flow(step_id, effect, payload, operation_id))
+                     operation_id: str | None = None, approval: bool = False) -> Any:
+        return await self._async(self._core.effect_flow(step_id, effect, payload, operation_id,
+                                                        approval))
 
     # Recording a value is a ledger write, which an async store can only do awaited.
     async def now(self, step_id: str = "now") -> datetime:

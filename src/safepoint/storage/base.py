@@ -16,6 +16,9 @@ from typing import Any, Protocol
 from ..errors import Cancelled, LostOwnership
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     Claim,
     EffectState,
     EventRecord,
@@ -101,7 +104,10 @@ class Store(Protocol):
         ...
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        """Commit "dispatch may have happened"; returns the operation as it now stands."""
+        """Commit "dispatch may have happened"; returns the operation as it now stands. An
+        operation that needs approval is dispatched only under an approval that authorizes it
+        (checked in the same transaction, on the store's clock; its id is kept as the
+        operation's ``approval_id``); ``ApprovalInvalid`` otherwise, and nothing is written."""
         ...
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
@@ -122,7 +128,37 @@ class Store(Protocol):
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
         marked, and from then on every write that starts something new (``record_step``,
         ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled`` while outcomes and the
-        ending may still be recorded. An ended run is left as it is."""
+        ending may still be recorded. A waiting run ends cancelled at once — unless an effect of
+        it is uncertain: then it becomes pending, for a worker to settle that effect (it starts
+        nothing new). An ended run is left as it is."""
+        ...
+
+    # approvals (see safepoint._approvals)
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        """Replace the payload (and target digest) of an operation that needs approval and was
+        never dispatched (prepared, dispatch count 0): its key never left, and no approval of
+        the old payload authorizes the new one. ``StoreError`` for any other operation."""
+        ...
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        """The approval gate, in one atomic step: mark the operation as needing approval and
+        record ``target_digest`` as its target's state; then return the newest approval that
+        authorizes it (same payload and target digests, not expired on the store's clock) — or,
+        with none, make the run ``waiting`` (owner released, ``waiting_for`` recorded, a
+        ``run.waiting`` event) and return no approval."""
+        ...
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        """Record a person's approval of the effect step ``step_id`` prepared, bound to its
+        payload digest and recorded target digest (see ``_approvals.plan_approval``), with an
+        ``effect.approved`` event; a run waiting for that effect becomes pending. Serialised
+        with ``await_approval`` on the run, so an approval is never lost to a run about to wait.
+        ``ApprovalRefused`` when it does not fit the run."""
+        ...
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        """Every approval given in the run, oldest first."""
         ...
 
     # a person's decision about a blocked run
@@ -233,6 +269,26 @@ class AsyncStore(Protocol):
     async def request_cancel(self, run_id: str, by: str,
                              reason: str | None = None) -> RunRecord:
         """See ``Store.request_cancel``."""
+        ...
+
+    # approvals
+    async def reprepare_effect(self, claim: Claim, op: OperationRecord,
+                               payload: bytes) -> None:
+        """See ``Store.reprepare_effect``."""
+        ...
+
+    async def await_approval(self, claim: Claim, operation_id: str,
+                             target_digest: str | None) -> ApprovalGate:
+        """See ``Store.await_approval``."""
+        ...
+
+    async def approve(self, run_id: str, step_id: str,
+                      request: ApprovalRequest) -> ApprovalRecord:
+        """See ``Store.approve``."""
+        ...
+
+    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        """See ``Store.approvals``."""
         ...
 
     # artifacts

@@ -12,6 +12,9 @@ from typing import Any, TypeVar
 from ..storage.base import AsyncStore, NewRun
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     Claim,
     EffectState,
     EventRecord,
@@ -135,6 +138,19 @@ class SyncOverAsync:
 
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))
+
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        self._call(self.store.reprepare_effect(claim, op, payload))
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        return self._call(self.store.await_approval(claim, operation_id, target_digest))
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        return self._call(self.store.approve(run_id, step_id, request))
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return self._call(self.store.approvals(run_id))
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
