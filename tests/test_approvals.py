@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._canonical import canonical, digest
+from safepoint._canonical import canonical, digest, sha256_hex
 from safepoint._crashpoints import SimulatedCrash
 from safepoint.cli import cli
+from safepoint.storage.base import load_migrations
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
 
@@ -232,7 +235,7 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
 
     def execute(payload: Any, key: sp.EffectKey) -> Any:
         calls.append("execute")
-        time.sleep(0.3)  # long enough for the approval to lapse
+        time.sleep(1.5)  # long enough for the approval to lapse
         raise TimeoutError("no answer from the owner")
 
     effect = sp.Effect("refund", execute=execute,
@@ -241,7 +244,7 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
     flow = _refund_flow("approval-redispatch", effect)
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
-    sp.approve(memory_store, "r", "refund", by="ana", expires=timedelta(milliseconds=150))
+    sp.approve(memory_store, "r", "refund", by="ana", expires=timedelta(seconds=1))
     with pytest.raises(sp.ApprovalInvalid, match="expired"):
         sp.resume(memory_store, "r")
     # sent once; the owner says it never arrived, but the approval lapsed: no second send
@@ -343,6 +346,9 @@ def test_approve_show_and_runs_from_the_command_line(file_store: sp.Store,
     assert '"amount": 40' in shown.output  # the person sees what they approve
     assert digest_ in shown.output
     assert f"safepoint approve r refund --by <you> --payload-digest {digest_}" in shown.output
+    recorded = runner.invoke(cli, ["--store", url, "record", "r"], env=env)
+    assert recorded.exit_code == 1
+    assert "waits for approval of step 'refund'" in recorded.output
     resumed = runner.invoke(cli, ["--store", url, "resume", "r"], env=env)
     assert resumed.exit_code == 4, resumed.output
     assert "waits for approval" in resumed.output
@@ -378,14 +384,14 @@ def test_a_verifier_that_times_out_blocks_and_a_resume_never_dispatches_again(
         answer.wait(10)  # hangs until the test lets it answer
         return owner_env.client.get("tickets", receipt["id"]) is not None
 
-    effect = replace(owner_effect("tickets"), verify=slow_to_verify, verify_timeout=0.3)
+    effect = replace(owner_effect("tickets"), verify=slow_to_verify, verify_timeout=1.0)
 
     @sp.workflow("verify-timeout")
     def flow(run: sp.Run) -> Any:
         return run.effect("ticket", effect, payload={"title": "refund"})["id"]
 
     started = time.monotonic()
-    with pytest.raises(sp.VerificationFailed, match=r"did not answer within 0\.3s"):
+    with pytest.raises(sp.VerificationFailed, match=r"did not answer within 1s"):
         sp.start(store, flow, run_id="r")
     assert time.monotonic() - started < 5  # abandoned at the timeout, not waited out
     record = store.get_run("r").recovery_record
@@ -418,7 +424,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
 
     refunds = owner_effect("refunds")
     first = replace(refunds, verify=async_verifier, verify_timeout=timedelta(seconds=0.2))
-    second = replace(refunds, name="owner.refunds.2", verify=sync_verifier, verify_timeout=0.2)
+    second = replace(refunds, name="owner.refunds.2", verify=sync_verifier, verify_timeout=0.5)
 
     @sp.workflow("approval-async")
     async def flow(run: sp.AsyncRun) -> Any:
@@ -450,7 +456,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
                 return [a["id"], b["id"]]
 
             started = time.monotonic()
-            with pytest.raises(sp.VerificationFailed, match=r"within 0\.2s"):
+            with pytest.raises(sp.VerificationFailed, match=r"within 0\.5s"):
                 await sp.resume_async(store, "r")
             assert time.monotonic() - started < 5
             assert _applied(owner_env) == 2
@@ -468,3 +474,36 @@ def test_an_effect_with_a_verify_timeout_that_is_not_positive_is_refused() -> No
         sp.Effect("e", execute=lambda p, k: {}, verify_timeout=0)
     assert sp.Effect("e", execute=lambda p, k: {},
                      verify_timeout=timedelta(seconds=2)).verify_timeout_s == 2.0
+
+
+def test_an_existing_sqlite_ledger_is_migrated_to_hold_waiting_runs(tmp_path: Path) -> None:
+    """SQLite cannot alter a CHECK constraint: the approvals migration widens the allowed run
+    statuses in place. Rows survive, the file stays sound, and a connection opened before the
+    migration sees the new definition too."""
+    path = tmp_path / "old.db"
+    shipped = load_migrations("sqlite")
+    before = [m for m in shipped if m[1] < next(n for _, n, _ in shipped if "approvals" in n)]
+    old = sqlite3.connect(path, isolation_level=None)
+    old.execute("PRAGMA journal_mode=WAL")
+    old.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+    for version, name, text in before:
+        old.executescript(text)
+        old.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+                    (version, name, sha256_hex(text.encode())))
+    old.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+                " input_hash, created_at, updated_at) VALUES ('kept', 'w', '1', 'pending',"
+                " 'h', 0, 0)")
+    with pytest.raises(sqlite3.IntegrityError):
+        old.execute("UPDATE safepoint_runs SET status = 'waiting'")
+    store = sp.open_store(f"sqlite:///{path}")
+    assert store.schema_version() == len(shipped)
+    assert store.get_run("kept").status is sp.RunStatus.PENDING
+    old.execute("UPDATE safepoint_runs SET status = 'waiting'")  # the old connection, too
+    assert store.get_run("kept").status is sp.RunStatus.WAITING
+    with pytest.raises(sqlite3.IntegrityError):  # the constraint is still there
+        old.execute("UPDATE safepoint_runs SET status = 'paused'")
+    assert old.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    assert old.execute("PRAGMA foreign_key_check").fetchall() == []
+    old.close()
+    store.close()

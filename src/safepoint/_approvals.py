@@ -45,15 +45,14 @@ def at(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
-def _latest(approvals: list[ApprovalRecord]) -> ApprovalRecord:
-    return max(approvals, key=lambda a: (a.approved_at, a.approval_id))
+# ``approvals`` below are one operation's, in the order they were given (as stores list them).
 
 
 def authorizing(approvals: list[ApprovalRecord], *, payload_digest: str,
                 target_digest: str | None, now: int) -> ApprovalRecord | None:
     """The newest approval that authorizes dispatching this payload on this target now."""
     valid = [a for a in approvals if a.authorizes(payload_digest, target_digest, now)]
-    return _latest(valid) if valid else None
+    return valid[-1] if valid else None
 
 
 def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
@@ -61,7 +60,7 @@ def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
     """Why no approval authorizes the dispatch, and whether one had been given (invalidated)."""
     if not approvals:
         return "it needs a person's approval before it is dispatched", False
-    latest = _latest(approvals)
+    latest = approvals[-1]
     who = latest.approved_by
     if latest.payload_digest != payload_digest:
         return (f"the payload changed since {who} approved it ({latest.payload_digest[:19]}…"

@@ -175,6 +175,8 @@ def timeline_table(ledger: Ledger) -> Table:
         if op.operation_id in shown:
             continue
         evidence = op.error if op.state is EffectState.REJECTED else "(no outcome recorded)"
+        if op.state is EffectState.PREPARED and op.approval_required and op.dispatch_count == 0:
+            evidence = "(not dispatched: needs approval)"
         _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
              op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
              Text(op.effect_key, style="dim"))
@@ -462,6 +464,9 @@ def record(ctx: click.Context, run_id: str) -> None:
     Exit code 1 (with a note on stderr) when RUN is not blocked.
     """
     run = _store(ctx).get_run(run_id)
+    if run.status is RunStatus.WAITING:
+        _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
+                   f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
                    " only a blocked run has a recovery record")

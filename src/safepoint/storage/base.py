@@ -158,7 +158,7 @@ class Store(Protocol):
         ...
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        """Every approval given in the run, oldest first."""
+        """Every approval given in the run, in the order they were given."""
         ...
 
     # a person's decision about a blocked run

@@ -492,14 +492,14 @@ WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING run_id, updated_at AS now;
 
 -- name: approvals_of_operation
--- Every approval given for one operation, oldest first.
+-- Every approval given for one operation, in the order they were given.
 SELECT * FROM safepoint_approvals
 WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
-ORDER BY approved_at, approval_id;
+ORDER BY seq;
 
 -- name: approvals_of_run
--- Every approval given in a run, oldest first.
-SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY approved_at, approval_id;
+-- Every approval given in a run, in the order they were given.
+SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: wait_for_approval
 -- No approval authorizes the dispatch: the run waits, released, with what it waits for, and

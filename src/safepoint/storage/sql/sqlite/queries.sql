@@ -226,13 +226,14 @@ WHERE run_id = :run_id AND operation_id = :operation_id
 RETURNING *;
 
 -- name: approvals_of_operation
--- Every approval given for one operation, oldest first.
+-- Every approval given for one operation, in the order they were given (rowid: SQLite
+-- serialises writers, so insertion order is commit order).
 SELECT * FROM safepoint_approvals WHERE run_id = :run_id AND operation_id = :operation_id
-ORDER BY approved_at, approval_id;
+ORDER BY rowid;
 
 -- name: approvals_of_run
--- Every approval given in a run, oldest first.
-SELECT * FROM safepoint_approvals WHERE run_id = :run_id ORDER BY approved_at, approval_id;
+-- Every approval given in a run, in the order they were given.
+SELECT * FROM safepoint_approvals WHERE run_id = :run_id ORDER BY rowid;
 
 -- name: wait_for_approval
 -- No approval authorizes the dispatch: the run waits, released, with what it waits for.

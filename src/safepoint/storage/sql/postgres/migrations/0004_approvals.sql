@@ -30,6 +30,8 @@ CREATE TABLE safepoint_approvals (
     evidence        TEXT,
     approved_at     BIGINT  NOT NULL,
     expires_at      BIGINT,             -- NULL: does not expire
+    -- the order approvals were given in (a run's approvals are serialised on its row lock)
+    seq             BIGINT  GENERATED ALWAYS AS IDENTITY,
     FOREIGN KEY (run_id, operation_id) REFERENCES safepoint_operations (run_id, operation_id)
 );
 
