@@ -260,6 +260,21 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
     assert memory_store.get_run("r").status is sp.RunStatus.CANCELLED
 
 
+def test_a_target_state_that_cannot_be_read_sends_nothing(memory_store: sp.Store) -> None:
+    sent: list[Any] = []
+
+    def balance(payload: Any) -> Any:
+        raise ConnectionError("the ledger service is down")
+
+    effect = sp.Effect("refund", execute=lambda p, k: sent.append(p) or {"id": "re_1", **p},
+                       target_state=balance)
+    flow = _refund_flow("approval-target-unreadable", effect)
+    with pytest.raises(sp.RunFailed, match="ConnectionError"):
+        sp.start(memory_store, flow, run_id="r")
+    assert sent == []
+    assert memory_store.load_ledger("r").operations == {}  # not even prepared
+
+
 def test_approving_a_step_that_has_not_prepared_its_effect_is_refused(
         memory_store: sp.Store) -> None:
     @sp.workflow("approval-early")

@@ -83,9 +83,11 @@ class Effect:
     is only allowed inside it (set it a little shorter than the owner's documented window).
     ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks, and so
     does a verifier that has not answered within ``verify_timeout`` (a timedelta or seconds) —
-    never another dispatch. ``target_state(payload) -> JSON`` optionally reads the current state
-    of what the effect changes (the balance a refund comes out of): an approval of the effect is
-    bound to its digest too, so a change of that state since the approval withdraws it.
+    never another dispatch (with a timeout, a plain verifier runs on a thread of its own, left
+    behind if it hangs; an async one is cancelled). ``target_state(payload) -> JSON`` optionally
+    reads the current state of what the effect changes (the balance a refund comes out of): an
+    approval of the effect is bound to its digest too, so a change of that state since the
+    approval withdraws it. An error it raises comes out of ``run.effect``; nothing is sent.
 
     >>> charges = Effect("charge", execute=lambda payload, key: {"id": "ch_1"})
     """
