@@ -208,9 +208,8 @@ def test_replan_prepares_a_never_sent_effect_anew_with_its_changed_payload(
     assert after.effect_key == before.effect_key  # the owner never saw the key: it is kept
     assert after.payload_ref != before.payload_ref
     assert owner_env.client.stats()["applied"] == 1
-    reprepared = [e for e in _events(store, "run.replanned") if e.operation_id == "charge:1"]
-    assert len(reprepared) == 1
-    assert "prepared anew" in reprepared[0].detail["reason"]
+    revised = [e for e in _events(store, "effect.prepared") if e.detail.get("revised")]
+    assert [e.operation_id for e in revised] == ["charge:1"]
 
 
 def test_replan_never_resends_a_changed_payload_that_may_have_been_sent(

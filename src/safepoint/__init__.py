@@ -4,6 +4,7 @@ The public surface is exactly ``__all__``; everything in a module whose name sta
 underscore is private.
 """
 
+from ._approvals import approve, approve_async
 from ._compat import Compatibility
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._recovery import resolve
@@ -23,8 +24,11 @@ from ._workflow import (
     workflow,
 )
 from .errors import (
+    ApprovalInvalid,
+    ApprovalRefused,
     ArtifactCorrupt,
     ArtifactMissing,
+    AwaitingApproval,
     BudgetExhausted,
     Cancelled,
     CorruptRecord,
@@ -63,6 +67,7 @@ from .storage import open_store
 from .storage.base import AsyncStore, Store
 from .storage.open_async import open_async_store
 from .types import (
+    ApprovalRecord,
     AttemptRecord,
     Budget,
     Durability,
@@ -83,11 +88,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Applied",
+    "ApprovalInvalid",
+    "ApprovalRecord",
+    "ApprovalRefused",
     "ArtifactCorrupt",
     "ArtifactMissing",
     "AsyncRun",
     "AsyncStore",
     "AttemptRecord",
+    "AwaitingApproval",
     "Budget",
     "BudgetExhausted",
     "Cancelled",
@@ -146,6 +155,8 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowNotFound",
+    "approve",
+    "approve_async",
     "cancel",
     "cancel_async",
     "open_async_store",

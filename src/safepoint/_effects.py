@@ -81,7 +81,13 @@ class Effect:
     happened to that key; without it, an uncertain outcome always blocks the run.
     ``dedup_retention`` is how long the owner remembers a key: a re-dispatch after ``NotApplied``
     is only allowed inside it (set it a little shorter than the owner's documented window).
-    ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks.
+    ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks, and so
+    does a verifier that has not answered within ``verify_timeout`` (a timedelta or seconds) —
+    never another dispatch (with a timeout, a plain verifier runs on a thread of its own, left
+    behind if it hangs; an async one is cancelled). ``target_state(payload) -> JSON`` optionally
+    reads the current state of what the effect changes (the balance a refund comes out of): an
+    approval of the effect is bound to its digest too, so a change of that state since the
+    approval withdraws it. An error it raises comes out of ``run.effect``; nothing is sent.
 
     >>> charges = Effect("charge", execute=lambda payload, key: {"id": "ch_1"})
     """
@@ -92,12 +98,30 @@ class Effect:
     verify: Callable[[JSON], bool | Awaitable[bool]] | None = None
     dedup_retention: timedelta | None = None
     max_dispatches: int = 3
+    target_state: Callable[[JSON], JSON | Awaitable[JSON]] | None = None
+    verify_timeout: timedelta | float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise ValueError("an Effect needs a non-empty name")
         if self.max_dispatches < 1:
             raise ValueError("max_dispatches must be at least 1")
+        if self.verify_timeout is not None and seconds(self.verify_timeout) <= 0:
+            raise ValueError("verify_timeout must be a positive duration")
+
+    @property
+    def verify_timeout_s(self) -> float | None:
+        """``verify_timeout`` in seconds (None: the verifier may take as long as it takes)."""
+        return None if self.verify_timeout is None else seconds(self.verify_timeout)
+
+
+def seconds(duration: timedelta | float) -> float:
+    """A duration given as a timedelta or a number of seconds, in seconds."""
+    if isinstance(duration, timedelta):
+        return duration.total_seconds()
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        raise TypeError(f"a duration is a timedelta or a number of seconds, not {duration!r}")
+    return float(duration)
 
 
 def mint_effect_key(run_id: str, operation_id: str) -> str:

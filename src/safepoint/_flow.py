@@ -10,12 +10,19 @@ execute / reconcile / verify, the workflow itself) and ``Sleep``. Two drivers ca
   the methods of an async store alike.
 
 So sync and async can never drift apart: there is one body of logic and two small loops.
+
+A ``Call`` may carry a ``timeout``: user code that has not returned by then is abandoned and the
+flow gets ``CallTimedOut``. Plain code then runs on a daemon thread of its own (Python cannot
+stop a thread, so it is left to finish or hang without holding anything up, process exit
+included); a coroutine is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -35,11 +42,17 @@ class Io:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """A call of user code requested by a flow; its result may be awaitable in async runs."""
+    """A call of user code requested by a flow; its result may be awaitable in async runs.
+    With ``timeout`` (seconds), code still running by then is abandoned: ``CallTimedOut``."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+
+
+class CallTimedOut(TimeoutError):
+    """User code did not return within the time its flow gave it; it was abandoned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +71,89 @@ class Haltable(Protocol):
 
 def callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def is_async_callable(fn: object) -> bool:
+    """An ``async def`` function, or an object with an async ``__call__``."""
+    call = type(fn).__call__ if callable(fn) else None
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _timed_out(request: Call) -> CallTimedOut:
+    return CallTimedOut(f"{callable_name(request.fn)} did not return within"
+                        f" {request.timeout:g}s")
+
+
+def _on_daemon_thread(request: Call,
+                      done: Callable[[Any, BaseException | None], None]) -> None:
+    """Run a call on a daemon thread of its own and hand its outcome to ``done`` (from that
+    thread). A call that hangs keeps only its own thread, and never holds up process exit."""
+    def body() -> None:
+        try:
+            value = request.fn(*request.args, **request.kwargs)
+        except BaseException as exc:
+            done(None, exc)
+        else:
+            done(value, None)
+
+    threading.Thread(target=body, name=f"safepoint-call-{callable_name(request.fn)}",
+                     daemon=True).start()
+
+
+def _call_timed(request: Call) -> Any:
+    """A call with a timeout, from sync code."""
+    outcome: list[tuple[Any, BaseException | None]] = []
+    finished = threading.Event()
+
+    def done(value: Any, error: BaseException | None) -> None:
+        outcome.append((value, error))
+        finished.set()
+
+    _on_daemon_thread(request, done)
+    assert request.timeout is not None
+    if not finished.wait(request.timeout):
+        raise _timed_out(request)
+    value, error = outcome[0]
+    if error is not None:
+        raise error
+    return value
+
+
+async def _acall_timed(request: Call) -> Any:
+    """A call with a timeout, in an event loop: a coroutine is cancelled at the timeout; plain
+    code runs on a daemon thread, so that it can neither block the loop nor outlive the wait."""
+    assert request.timeout is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.timeout
+    if is_async_callable(request.fn):
+        pending = request.fn(*request.args, **request.kwargs)
+    else:
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # abandoned at the timeout
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def done(value: Any, error: BaseException | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop may be closed by now
+                loop.call_soon_threadsafe(settle, value, error)
+
+        _on_daemon_thread(request, done)
+        pending = future
+    try:
+        async with asyncio.timeout_at(deadline) as scope:
+            value = await pending
+            if inspect.isawaitable(value):  # plain code that returned a coroutine
+                value = await value
+            return value
+    except TimeoutError:
+        if scope.expired():
+            raise _timed_out(request) from None
+        raise  # the call's own TimeoutError
 
 
 def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, Any]:
@@ -96,7 +192,8 @@ def drive(store: Any, flow: Flow, halt: Haltable | None = None) -> Any:
                     raise UsageError("this store is async: use it from async code"
                                      " (start_async / resume_async, async def workflows)")
             elif isinstance(request, Call):
-                send = request.fn(*request.args, **request.kwargs)
+                send = (request.fn(*request.args, **request.kwargs) if request.timeout is None
+                        else _call_timed(request))
                 if inspect.isawaitable(send):
                     _discard(send)
                     raise UsageError(f"{callable_name(request.fn)} returned an awaitable: call"
@@ -120,7 +217,8 @@ async def adrive(store: Any, flow: Flow, halt: Haltable | None = None) -> Any:
             if isinstance(request, Io):
                 send = getattr(store, request.method)(*request.args, **request.kwargs)
             elif isinstance(request, Call):
-                send = request.fn(*request.args, **request.kwargs)
+                send = (request.fn(*request.args, **request.kwargs) if request.timeout is None
+                        else _acall_timed(request))
             else:
                 send = asyncio.sleep(request.seconds)
             if inspect.isawaitable(send):

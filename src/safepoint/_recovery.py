@@ -15,7 +15,14 @@ from ._canonical import require_json
 from ._limits import limits_ref
 from ._secrets import redact, redact_json, refuse_secrets
 from .errors import ResolutionRefused, UsageError
-from .types import OperationRecord, Resolution, ResolutionAction, RunRecord, RunStatus
+from .types import (
+    ApprovalRecord,
+    OperationRecord,
+    Resolution,
+    ResolutionAction,
+    RunRecord,
+    RunStatus,
+)
 
 if TYPE_CHECKING:
     from .storage.base import Store
@@ -76,11 +83,23 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
 
 def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None = None,
                  op: OperationRecord | None = None,
-                 evidence: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The recovery record of DESIGN §4 as a JSON-ready dict."""
+                 evidence: dict[str, Any] | None = None,
+                 authorization: ApprovalRecord | None = None) -> dict[str, Any]:
+    """The recovery record of DESIGN §4 as a JSON-ready dict. ``authorization`` is the approval
+    under which ``op`` was dispatched (``op.approval_id``), named by ``authorization_ref``."""
     evidence = dict(evidence or {})
     if op is not None and op.error is not None:
         evidence.setdefault("last_error", op.error)
+    authorization_ref = None
+    if op is not None and op.approval_id is not None:
+        authorization_ref = f"approval:{op.run_id}/{op.operation_id}/{op.approval_id}"
+        if authorization is not None:
+            evidence.setdefault("authorization", {
+                "approval_id": authorization.approval_id, "by": authorization.approved_by,
+                "payload_digest": authorization.payload_digest,
+                "target_digest": authorization.target_digest,
+                "approved_at": authorization.approved_at,
+                "expires_at": authorization.expires_at})
     # Reasons quote what reconcile and verifiers said, which may quote credentials.
     reason, evidence = redact(reason), redact_json(evidence)
     return {
@@ -101,9 +120,10 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
         "first_dispatched_at": op.first_dispatched_at if op else None,
         "receipt_ref": (f"operation:{op.run_id}/{op.operation_id}/receipt"
                         if op and op.receipt is not None else None),
-        "authorization_ref": None,
+        "authorization_ref": authorization_ref,
         "limits_ref": limits_ref(run),
-        "evidence_refs": [f"operation:{op.run_id}/{op.operation_id}"] if op else [],
+        "evidence_refs": ([f"operation:{op.run_id}/{op.operation_id}"] if op else [])
+        + ([authorization_ref] if authorization_ref else []),
         "evidence": evidence,
         "next_actions": _NEXT_ACTIONS.get(phase, []),
     }

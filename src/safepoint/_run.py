@@ -14,7 +14,6 @@ calling anything when the step's kind, name and input hash match.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import threading
 import uuid as uuidlib
@@ -24,6 +23,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._approvals import awaiting, may_reprepare
 from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import (
@@ -38,7 +38,8 @@ from ._effects import (
     mint_effect_key,
     next_action,
 )
-from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
+from ._flow import Call, CallTimedOut, Flow, Io, Sleep, adrive, callable_name, drive
+from ._flow import is_async_callable as _is_async_callable
 from ._limits import (
     UsageFn,
     after_failure,
@@ -53,6 +54,7 @@ from ._limits import (
 from ._recovery import build_record
 from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
+    ApprovalInvalid,
     ArtifactCorrupt,
     ArtifactMissing,
     BudgetExhausted,
@@ -73,6 +75,7 @@ from .errors import (
 )
 from .storage.base import Replan
 from .types import (
+    ApprovalRecord,
     AttemptRecord,
     Claim,
     EffectState,
@@ -92,6 +95,9 @@ if TYPE_CHECKING:
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 _NOT_SENT_BACKOFF_S = 0.05
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
+# The gate and the dispatch are two commits: an approval can lapse between them (it expires),
+# and then the gate is asked again — a bounded number of times.
+_GATE_ATTEMPTS = 3
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
@@ -128,6 +134,7 @@ class RunCore:
         # attempts a read or model step gets when it names none.
         self.attempts = {sid: list(tried) for sid, tried in (attempts or {}).items()}
         self.default_retry = default_retry if default_retry is not None else run.step_attempts
+        self.approvals: dict[str, ApprovalRecord] = {}  # operation id → what authorized it
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -182,8 +189,15 @@ class RunCore:
                      op: OperationRecord | None = None,
                      evidence: dict[str, Any] | None = None) -> Flow:
         """Record the block with its recovery record and halt this run object."""
+        authorization = None
+        if op is not None and op.approval_id is not None:  # the record names what authorized it
+            authorization = self.approvals.get(op.operation_id)
+            if authorization is None or authorization.approval_id != op.approval_id:
+                given = yield Io("approvals", (self.run.run_id,))
+                authorization = next((a for a in given if a.approval_id == op.approval_id),
+                                     None)
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
-                              op=op, evidence=evidence)
+                              op=op, evidence=evidence, authorization=authorization)
         yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
         error.record = record
         self.halted = error
@@ -394,8 +408,10 @@ class RunCore:
         return value
 
     def effect_flow(self, step_id: str, effect: Effect, payload: JSON,
-                    operation_id: str | None, prefix: str = "") -> Flow:
-        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands."""
+                    operation_id: str | None, approval: bool = False,
+                    prefix: str = "") -> Flow:
+        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
+        With ``approval``, no dispatch without a person's valid approval (see ``_authorize``)."""
         self.check_halt()
         sid = self.occurrence(step_id, prefix)
         if not self.is_async:
@@ -417,23 +433,8 @@ class RunCore:
         if recorded is not None:
             return recorded.result
 
-        op = self.operations.get(op_id)
-        if op is None:
-            if self.cancelling:
-                raise self.cancelled()
-            crashpoint("effect.before_prepare", sid)
-            op = OperationRecord(
-                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-                state=EffectState.PREPARED, payload_ref=payload_ref,
-                effect_key=mint_effect_key(self.run.run_id, op_id))
-            yield Io("prepare_effect", (self.claim, op, payload_bytes))
-            self.operations[op_id] = op
-            crashpoint("effect.after_prepared", sid)
-        else:
-            op, sendable = yield from self._prepared_payload(sid, effect, op, payload_ref,
-                                                             payload_bytes)
-            payload = sendable
-
+        op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
+                                                approval)
         step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
         while True:
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
@@ -470,12 +471,93 @@ class RunCore:
                           name=effect.name, input_hash=hashed, result=op.receipt,
                           seq=self.next_seq(sid), operation_id=op.operation_id)
 
+    def _prepared(self, sid: str, effect: Effect, op_id: str, payload: JSON,
+                  payload_bytes: bytes, approval: bool) -> Flow:
+        """The operation, prepared now or as the ledger has it, and the payload it carries."""
+        payload_ref = digest(payload_bytes)
+        op = self.operations.get(op_id)
+        if op is None:
+            if self.cancelling:
+                raise self.cancelled()
+            crashpoint("effect.before_prepare", sid)
+            # Read now too, so that an approval given before the run reaches its gate (it
+            # crashed in between) is bound to the target's state it will find there.
+            target = (yield from self._target_digest(sid, effect, payload)) if approval else None
+            op = OperationRecord(
+                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
+                state=EffectState.PREPARED, payload_ref=payload_ref,
+                effect_key=mint_effect_key(self.run.run_id, op_id),
+                approval_required=approval, target_digest=target)
+            yield Io("prepare_effect", (self.claim, op, payload_bytes))
+            self.operations[op_id] = op
+            crashpoint("effect.after_prepared", sid)
+        else:
+            if op.payload_ref != payload_ref and may_reprepare(op, replans=self.replans):
+                op = yield from self._reprepare(sid, effect, op, payload, payload_bytes,
+                                                payload_ref)
+            op, payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
+        if approval and not op.approval_required:
+            op = replace(op, approval_required=True)  # the gate records it in the store too
+        return op, payload
+
+    def _reprepare(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                   payload_bytes: bytes, payload_ref: str) -> Flow:
+        """The payload changed before it ever left — of an effect that waits for approval, or
+        under ``replan``: it is prepared anew, under the same key (never sent), and must be
+        approved anew where it needs approval."""
+        if self.cancelling:
+            raise self.cancelled()
+        target = yield from self._target_digest(sid, effect, payload)
+        op = replace(op, payload_ref=payload_ref, target_digest=target)
+        yield Io("reprepare_effect", (self.claim, op, payload_bytes))
+        self.operations[op.operation_id] = op
+        return op
+
+    def _target_digest(self, sid: str, effect: Effect, payload: JSON) -> Flow:
+        """The digest of the effect's target's state as it reads now (None without one)."""
+        if effect.target_state is None:
+            return None
+        state = yield Call(effect.target_state, (loads(canonical(payload)),))
+        require_json(state, "target state", sid)
+        return digest(canonical(state))
+
+    def _authorize(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON) -> Flow:
+        """The gate between prepared and dispatching: the store returns an approval of this
+        payload on the target as it now reads — or, atomically, makes the run wait."""
+        target = yield from self._target_digest(sid, effect, payload)
+        gate = yield Io("await_approval", (self.claim, op.operation_id, target))
+        if gate.approval is None:
+            error = awaiting(self.run.run_id, gate.waiting_for)
+            self.halted = error  # the run is released: this run object does nothing more
+            raise error
+        op = replace(op, approval_required=True, target_digest=target)
+        self.operations[op.operation_id] = op
+        self.approvals[op.operation_id] = gate.approval
+        return op
+
+    def _mark_dispatching(self, sid: str, effect: Effect, op: OperationRecord,
+                          payload: JSON) -> Flow:
+        """Commit "dispatching" — through the approval gate first when the effect needs one.
+        The store checks the approval again in the dispatch's own transaction."""
+        for attempt in range(1, _GATE_ATTEMPTS + 1):
+            if op.approval_required:
+                op = yield from self._authorize(sid, effect, op, payload)
+            try:
+                return (yield Io("mark_dispatching", (self.claim, op.operation_id)))
+            except ApprovalInvalid:
+                if attempt == _GATE_ATTEMPTS:
+                    raise
+                # It lapsed between the gate and the dispatch (or the ledger asks for an
+                # approval this code did not): ask the gate, which now makes the run wait.
+                op = replace(op, approval_required=True)
+        raise AssertionError("unreachable")
+
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
-                          payload_ref: str, payload_bytes: bytes) -> Flow:
+                          payload_ref: str) -> Flow:
         """The operation and the payload it may be sent with: the payload as it was prepared (a
-        replacement worker never regenerates it). Under ``replan`` a changed payload is prepared
-        anew while it was never sent; once it may have been, it is never sent again (None): its
-        outcome is reconciled, a receipt is replayed, and a dispatch would block."""
+        replacement worker never regenerates it). Under ``replan`` a payload changed after it
+        may have been sent is never sent again (None): its outcome is reconciled, a receipt is
+        replayed, and a dispatch would block."""
         if op.effect != effect.name or (op.step_id != sid and not self.replans):
             yield from self.block(
                 ReplayMismatch(self.run.run_id, sid,
@@ -489,16 +571,7 @@ class RunCore:
                                     f"the payload of {op.operation_id!r} changed since it was"
                                     " prepared; it is never resent under the old key"),
                     phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
-            if op.state is not EffectState.PREPARED:
-                return op, None
-            if self.cancelling:
-                raise self.cancelled()
-            yield Io("replan", (self.claim, Replan(
-                reason="the payload changed before it was ever sent: prepared anew",
-                operation_id=op.operation_id, payload_ref=payload_ref), payload_bytes))
-            op = replace(op, payload_ref=payload_ref)
-            self.operations[op.operation_id] = op
-            return op, loads(payload_bytes)
+            return op, None  # may have been sent (a never-sent one was prepared anew)
         try:
             stored = yield Io("get_artifact", (op.payload_ref,))
         except (ArtifactMissing, ArtifactCorrupt) as exc:
@@ -533,7 +606,7 @@ class RunCore:
         if self.cancelling:
             raise self.cancelled()  # the store would refuse it too
         try:
-            op = yield Io("mark_dispatching", (self.claim, op.operation_id))
+            op = yield from self._mark_dispatching(sid, effect, op, payload)
         except DeadlineExceeded:
             if op.state is not EffectState.PREPARED:
                 # Reconciled as never applied, and past the deadline nothing is sent again:
@@ -633,8 +706,11 @@ class RunCore:
     def _verify(self, sid: str, effect: Effect, op: OperationRecord, step: StepRecord) -> Flow:
         assert effect.verify is not None
         try:
-            ok = yield Call(effect.verify, (op.receipt,))
+            ok = yield Call(effect.verify, (op.receipt,), timeout=effect.verify_timeout_s)
             reason = "the verifier returned a false value"
+        except CallTimedOut:
+            ok, reason = False, (f"the verifier did not answer within"
+                                 f" {effect.verify_timeout_s:g}s")
         except Exception as exc:
             ok, reason = False, f"the verifier raised {type(exc).__name__}: {exc}"
         if not ok:
@@ -654,15 +730,10 @@ def _changed_payload(run_id: str, sid: str, op: OperationRecord) -> NeedsReconci
         " under the old key; settle it (resolve --not-applied prepares it anew) or abandon")
 
 
-def _is_async_callable(fn: object) -> bool:
-    call = type(fn).__call__ if callable(fn) else None  # an object with an async __call__
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
 def _refuse_async_callables(effect: Effect) -> None:
     """Before anything is prepared: an async function cannot be awaited by a plain workflow,
     and finding out during dispatch would look like an uncertain outcome."""
-    for role in ("execute", "reconcile", "verify"):
+    for role in ("execute", "reconcile", "verify", "target_state"):
         if _is_async_callable(getattr(effect, role)):
             raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
                              " async def workflow (AsyncRun)", effect=effect.name)
@@ -771,9 +842,10 @@ class _RunBase:
                           model_id=model, prompt_hash=prompt_hash,
                           retry=as_retry(retry, "retry"), usage=usage)
 
-    def _effect(self, step_id: str, effect: Effect, payload: JSON,
-                operation_id: str | None) -> Flow:
-        return self._core.effect_flow(step_id, effect, payload, operation_id, self._prefix)
+    def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,
+                approval: bool) -> Flow:
+        return self._core.effect_flow(step_id, effect, payload, operation_id, approval,
+                                      self._prefix)
 
     def _value(self, kind: str, step_id: str) -> Flow:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
@@ -828,9 +900,13 @@ class Run(_RunBase):
         return self._sync(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
     def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-               operation_id: str | None = None) -> Any:
-        """A change in another system, dispatched at most once; returns the owner's receipt."""
-        return self._sync(self._effect(step_id, effect, payload, operation_id))
+               operation_id: str | None = None, approval: bool = False) -> Any:
+        """A change in another system, dispatched at most once; returns the owner's receipt.
+
+        With ``approval=True`` it is prepared, then dispatched only under a person's approval
+        of this very payload (and target state, see ``Effect.target_state``): without one the
+        run waits (``AwaitingApproval``) until ``safepoint.approve`` releases it."""
+        return self._sync(self._effect(step_id, effect, payload, operation_id, approval))
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
@@ -900,8 +976,9 @@ class AsyncRun(_RunBase):
         return await self._async(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
     async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-                     operation_id: str | None = None) -> Any:
-        return await self._async(self._effect(step_id, effect, payload, operation_id))
+                     operation_id: str | None = None, approval: bool = False) -> Any:
+        return await self._async(self._effect(step_id, effect, payload, operation_id,
+                                              approval))
 
     # Recording a value is a ledger write, which an async store can only do awaited.
     async def now(self, step_id: str = "now") -> datetime:

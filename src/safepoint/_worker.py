@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 
 from ._ownership import DEFAULT_LEASE_MS, worker_id
 from ._workflow import registered, registered_versions, run_claimed
-from .errors import LostOwnership, RunBlocked, RunCancelled, SafepointError, StoreError
+from .errors import (
+    AwaitingApproval,
+    LostOwnership,
+    RunBlocked,
+    RunCancelled,
+    SafepointError,
+    StoreError,
+)
 from .types import Claim
 
 if TYPE_CHECKING:
@@ -42,6 +49,7 @@ class WorkerStats:
     lost: int = 0
     interrupted: int = 0  # the store failed mid-run; the run was given back
     cancelled: int = 0
+    waiting: int = 0  # paused for a person's approval of an effect; released, not failed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -149,6 +157,9 @@ class Worker:
                 self.store.release_run(claim)
         except RunCancelled:
             self.stats.count("cancelled")
+        except AwaitingApproval as exc:
+            self.stats.count("waiting")
+            log.info("run %s waits for approval: %s", run_id, exc.reason)
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

@@ -231,8 +231,9 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
     """Take over ``run_id`` and carry it on from its ledger; return its result.
 
     A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
-    run is tried again (the block is re-established if its cause remains); a run held by a live
-    worker raises ``RunOwned``.
+    run is tried again (the block is re-established if its cause remains); a waiting run looks
+    at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
+    approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
     """
     return resume_record(store, store.get_run(run_id), lease_ms)
 
@@ -259,10 +260,10 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
 def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) -> RunRecord:
     """Ask a run to stop, for good, and return it as it now stands.
 
-    A pending or blocked run ends cancelled at once. A running one is marked: its worker starts
-    nothing new (no step, no dispatch) and ends it cancelled — an effect already in flight is
-    recorded or reconciled first, never forgotten. No resume revives a cancelled run. An ended
-    run is left as it is.
+    A pending, waiting or blocked run ends cancelled at once. A running one is marked: its worker
+    starts nothing new (no step, no dispatch) and ends it cancelled — an effect already in
+    flight is recorded or reconciled first, never forgotten. No resume revives a cancelled run.
+    An ended run is left as it is.
     """
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")

@@ -3,8 +3,8 @@
 Every command opens the store named by ``--store`` (default ``$SAFEPOINT_URL``, else
 ``safepoint.db`` in the working directory). An error safepoint raises on purpose is printed as one
 line, ``error: <message>``, with exit code 1 — its message already says what to do, so a
-traceback would only bury it. ``resume`` exits 3 when the run is blocked, so a script can tell
-"a person must decide" from "something is broken".
+traceback would only bury it. ``resume`` exits 3 when the run is blocked and 4 when it waits for
+an approval, so a script can tell "a person must decide" from "something is broken".
 
 The renderers (``timeline_table``, ``events_table``, ``print_table``) are shared with the demo.
 """
@@ -15,10 +15,11 @@ import importlib
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -28,11 +29,13 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
+from ._approvals import approve as approve_step
+from ._approvals import at as utc_instant
 from ._recovery import resolve as resolve_run_decision
 from ._worker import Worker
 from ._workflow import cancel as cancel_run
 from ._workflow import resume as resume_run
-from .errors import LostOwnership, RunBlocked, SafepointError
+from .errors import AwaitingApproval, LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
 from .storage.base import Store
 from .types import (
@@ -47,6 +50,7 @@ from .types import (
 
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
+EXIT_WAITING = 4
 
 _PREVIEW_WIDTH = 48
 _UNBOUNDED_WIDTH = 10_000
@@ -58,6 +62,7 @@ RUN_STYLES: dict[RunStatus, str] = {
     RunStatus.FAILED: "red",
     RunStatus.BLOCKED: "bold red",
     RunStatus.CANCELLED: "dim",
+    RunStatus.WAITING: "bold magenta",  # a person's approval is awaited
 }
 
 EFFECT_STYLES: dict[EffectState, str] = {
@@ -171,6 +176,8 @@ def timeline_table(ledger: Ledger) -> Table:
         if op.operation_id in shown:
             continue
         evidence = op.error if op.state is EffectState.REJECTED else "(no outcome recorded)"
+        if op.state is EffectState.PREPARED and op.approval_required and op.dispatch_count == 0:
+            evidence = "(not dispatched: needs approval)"
         _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
              op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
              Text(op.effect_key, style="dim"))
@@ -262,6 +269,43 @@ def _filled_in(action: str, run_id: str, record: dict[str, Any]) -> str:
     action = action.replace("safepoint resolve RUN ", f"safepoint resolve {shlex.quote(run_id)} ")
     revision = record.get("state_revision")
     return action if revision is None else action.replace("<state_revision>", str(revision))
+def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
+    """What a waiting run waits for: the exact payload a person is asked to approve, its
+    digest, the approvals given so far, and the command that approves it."""
+    waiting = run.waiting_for or {}
+    console.rule(Text("waiting for approval", style="bold magenta"), align="left")
+    console.print(Text(str(waiting.get("reason", "")), style="bold"), soft_wrap=True)
+    step = str(waiting.get("step_id"))
+    console.print(f"step {step}, operation {waiting.get('operation_id')}"
+                  f" ({waiting.get('effect')})", soft_wrap=True, highlight=False)
+    digest = str(waiting.get("payload_digest"))
+    console.print(f"payload {digest}:", highlight=False)
+    try:
+        payload = json.loads(store.get_artifact(digest))
+        console.print(json.dumps(payload, indent=2, ensure_ascii=False), soft_wrap=True,
+                      highlight=False, markup=False)
+    except SafepointError as exc:  # the person must see it: say plainly that it is missing
+        console.print(Text(f"(the payload cannot be read: {exc.message})", style="red"),
+                      soft_wrap=True)
+    target = waiting.get("target_digest")
+    console.print(f"target state {target or '(the effect reads none)'}", highlight=False)
+    given = [a for a in store.approvals(run.run_id)
+             if a.operation_id == waiting.get("operation_id")]
+    for approval in given:
+        expiry = ("no expiry" if approval.expires_at is None
+                  else f"expires {utc_instant(approval.expires_at)}")
+        console.print(f"  approved by {approval.approved_by} at"
+                      f" {utc_instant(approval.approved_at)}, {expiry}, for payload"
+                      f" {approval.payload_digest[:19]}… target"
+                      f" {(approval.target_digest or 'none')[:19]}", soft_wrap=True,
+                      highlight=False)
+    console.print("approve it:", style="bold")
+    console.print(f"  safepoint approve {run.run_id} {step} --by <you> --payload-digest"
+                  f" {digest} [--expires 2h] [--evidence '<why>']", soft_wrap=True,
+                  highlight=False, markup=False)
+    console.print("  then a worker carries it on, or: safepoint resume"
+                  f" {run.run_id} --import <module>", soft_wrap=True, highlight=False,
+                  markup=False)
 
 
 def print_run(console: Console, store: Store, run_id: str) -> None:
@@ -271,6 +315,9 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     if ledger.run.status is RunStatus.BLOCKED:
         console.print()
         _print_blocked(console, ledger.run)
+    if ledger.run.status is RunStatus.WAITING:
+        console.print()
+        _print_waiting(console, store, ledger.run)
     console.print()
     console.rule("steps", align="left")
     print_table(console, timeline_table(ledger))
@@ -333,7 +380,8 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     """List runs, most recently changed first.
 
     Columns: run id, workflow@version, status, resume count, fence, when it last changed, and
-    for a blocked run the phase of its recovery record.
+    for a blocked run the phase of its recovery record (for a waiting run: the step whose
+    approval it waits for).
     """
     store = _store(ctx)
     found = store.list_runs(RunStatus(status) if status else None, limit)
@@ -345,11 +393,15 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     table = _table("run", "workflow", "status", "resumes", "fence", "updated", "phase",
                    squeeze=("workflow", "phase"))
     for run in found:
-        blocked = run.status is RunStatus.BLOCKED
-        phase = str((run.recovery_record or {}).get("phase", "")) if blocked else ""
+        phase = Text("")
+        if run.status is RunStatus.BLOCKED:
+            phase = Text(str((run.recovery_record or {}).get("phase", "")), style="red")
+        elif run.status is RunStatus.WAITING:
+            phase = Text(f"approval of {(run.waiting_for or {}).get('step_id')}",
+                         style="magenta")
         _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
              Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
-             str(run.fence), ago(run.updated_at, now), Text(phase, style="red"))
+             str(run.fence), ago(run.updated_at, now), phase)
     print_table(console, table)
 
 
@@ -375,7 +427,8 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     """Resume a run from its ledger; print its result as JSON.
 
     Exit code 0 when the run completed, 3 when it is blocked and needs a person
-    (see `safepoint record RUN`), 1 on any other error.
+    (see `safepoint record RUN`), 4 when it waits for a person's approval of an effect
+    (see `safepoint show RUN`), 1 on any other error.
     """
     _import_modules(modules)
     store = _store(ctx)
@@ -385,6 +438,9 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
         click.echo(f"run {run_id!r} is blocked: {exc.message}", err=True)
         click.echo(f"see `safepoint record {run_id}`", err=True)
         ctx.exit(EXIT_BLOCKED)
+    except AwaitingApproval as exc:
+        click.echo(exc.message, err=True)
+        ctx.exit(EXIT_WAITING)
     click.echo(json.dumps(result, indent=2, ensure_ascii=False))
 
 
@@ -432,7 +488,8 @@ def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease
     click.echo(f"worker {found.owner} on {store.url}, concurrency {concurrency}", err=True)
     stats = found.run(until_idle=until_idle)
     click.echo(f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
-               f" blocked {stats.blocked}, failed {stats.failed}, lost {stats.lost}", err=True)
+               f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
+               f" lost {stats.lost}", err=True)
 
 
 @cli.command()
@@ -444,6 +501,9 @@ def record(ctx: click.Context, run_id: str) -> None:
     Exit code 1 (with a note on stderr) when RUN is not blocked.
     """
     run = _store(ctx).get_run(run_id)
+    if run.status is RunStatus.WAITING:
+        _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
+                   f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
                    " only a blocked run has a recovery record")
@@ -485,6 +545,58 @@ def resolve(ctx: click.Context, run_id: str, action: str | None, revision: int, 
                f" revision {run.state_revision}")
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+
+def parse_expiry(text: str) -> timedelta | datetime:
+    """``--expires``: a duration (``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``) or an ISO 8601
+    instant with its time zone (``2030-01-31T17:00:00+01:00``)."""
+    parts = _DURATION.findall(text)
+    if parts and "".join(f"{n}{u}" for n, u in parts) == text:
+        return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise click.BadParameter(f"{text!r} is neither a duration (90s, 15m, 2h, 1d, 1h30m)"
+                                 " nor an ISO 8601 instant with a time zone",
+                                 param_hint="--expires")
+    return moment
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@click.argument("step_id", metavar="STEP")
+@click.option("--by", required=True, help="Who approves (recorded).")
+@click.option("--expires", metavar="WHEN",
+              help="How long the approval holds (90s, 15m, 2h, 1d) or until when (ISO 8601"
+                   " with a time zone).  [default: no expiry]")
+@click.option("--evidence", help="Why: a ticket, a link, a sentence (recorded).")
+@click.option("--payload-digest", metavar="DIGEST",
+              help="Approve only if the effect still carries this payload (as `safepoint show"
+                   " RUN` prints it).")
+@click.pass_context
+def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str | None,
+            evidence: str | None, payload_digest: str | None) -> None:
+    """Approve the effect STEP of RUN prepared, so that it may be dispatched.
+
+    The approval is bound to the payload it carries and to the state its target was seen in
+    when the run started waiting; a change of either, or the expiry, withdraws it. A run
+    waiting for it becomes runnable again: a worker takes it, or resume it.
+    """
+    store = _store(ctx)
+    approval = approve_step(store, run_id, step_id, by=by, evidence=evidence,
+                            expires=parse_expiry(expires) if expires else None,
+                            payload_digest=payload_digest)
+    expiry = ("no expiry" if approval.expires_at is None
+              else f"until {utc_instant(approval.expires_at)}")
+    click.echo(f"approved {approval.operation_id!r} (step {approval.step_id!r}) of run"
+               f" {run_id!r} by {approval.approved_by}, {expiry}: payload"
+               f" {approval.payload_digest}; run now {store.get_run(run_id).status.value}")
+
+
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--by", required=True, help="Who cancels (recorded).")
@@ -493,8 +605,8 @@ def resolve(ctx: click.Context, run_id: str, action: str | None, revision: int, 
 def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None:
     """Cancel a run, for good.
 
-    A pending or blocked run ends at once; a running one stops before its next step or dispatch
-    (an effect in flight is settled first). No resume revives a cancelled run.
+    A pending, waiting or blocked run ends at once; a running one stops before its next step or
+    dispatch (an effect in flight is settled first). No resume revives a cancelled run.
     """
     run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
     state = ("cancel requested: its worker stops before its next step or dispatch"

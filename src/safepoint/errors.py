@@ -17,6 +17,7 @@ The tree::
         │   ├── InvalidDecision         a decide() step returned no next step id
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
+        │   ├── ApprovalRefused         an approval that does not fit the run as it now stands
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -27,6 +28,8 @@ The tree::
         ├── RunCancelled                the run was cancelled; it never runs again
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
+        ├── AwaitingApproval            the run waits for a person to approve an effect (a pause)
+        │   └── ApprovalInvalid         an approval was given but no longer authorizes the dispatch
         ├── StoreError                  the ledger itself is unusable
         │   ├── StoreUnavailable        the database cannot be reached (yet): retry later
         │   ├── SchemaTooNew            the database was migrated by a newer safepoint
@@ -46,8 +49,12 @@ The tree::
     └── Cancelled                       the run was asked to stop: start nothing new
 
 ``LostOwnership`` derives from ``BaseException`` so that ``except Exception`` in agent code cannot
-swallow it. The ``RunBlocked`` family is ordinary: once a run blocks, the run object refuses every
-further step and the run cannot complete, so swallowing the exception gains nothing.
+swallow it. ``AwaitingApproval`` is not a ``RunBlocked``: nothing went wrong and there is no
+recovery record; the run is paused (status ``waiting``) until a person approves, and any worker
+carries it on after that. Like a block, it halts the run object: agent code that swallows it
+gets it again from its next step. The ``RunBlocked`` family is ordinary: once a run blocks, the
+run object refuses every further step and the run cannot complete, so swallowing the exception
+gains nothing.
 """
 
 from __future__ import annotations
@@ -151,6 +158,16 @@ class ResolutionRefused(UsageError):
             f"resolution of run {run_id!r} refused: {reason}; look at the run again with"
             f" `safepoint record {run_id}` and resolve what it says now",
             run_id=run_id,
+            reason=reason,
+        )
+
+
+class ApprovalRefused(UsageError):
+    def __init__(self, run_id: str, step_id: str, reason: str) -> None:
+        super().__init__(
+            f"approval of step {step_id!r} of run {run_id!r} refused: {reason}",
+            run_id=run_id,
+            step_id=step_id,
             reason=reason,
         )
 
@@ -299,6 +316,39 @@ class EffectRejected(SafepointError):
             operation_id=operation_id,
             evidence=evidence,
         )
+
+
+class AwaitingApproval(SafepointError):
+    """The run waits (status ``waiting``) for a person to approve an effect before it is
+    dispatched: an expected pause, not a failure. ``payload_digest`` and ``target_digest`` are
+    what an approval must be bound to; ``reason`` says why no approval authorizes it yet."""
+
+    run_id: str
+    step_id: str
+    operation_id: str
+    payload_digest: str
+    target_digest: str | None
+    reason: str
+
+    def __init__(self, run_id: str, step_id: str, operation_id: str, payload_digest: str,
+                 target_digest: str | None, reason: str) -> None:
+        super().__init__(
+            f"run {run_id!r} waits for approval of effect {operation_id!r} (step {step_id!r},"
+            f" payload {payload_digest}): {reason}; see what it would send with"
+            f" `safepoint show {run_id}`, approve it with `safepoint approve {run_id}"
+            f" {step_id} --by NAME`, then resume it (or let a worker take it)",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            payload_digest=payload_digest,
+            target_digest=target_digest,
+            reason=reason,
+        )
+
+
+class ApprovalInvalid(AwaitingApproval):
+    """An approval was given, but it no longer authorizes the dispatch: the payload or the
+    target's state changed since, or it expired. Nothing was dispatched; the run waits again."""
 
 
 class StoreError(SafepointError):

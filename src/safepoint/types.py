@@ -26,6 +26,7 @@ class RunStatus(StrEnum):
     FAILED = "failed"          # the workflow raised; the error is recorded
     BLOCKED = "blocked"        # stopped visibly for a person; see the recovery record
     CANCELLED = "cancelled"
+    WAITING = "waiting"        # paused until a person approves an effect; see ``waiting_for``
 
     @property
     def terminal(self) -> bool:
@@ -84,6 +85,9 @@ class RunRecord:
     tokens_spent: int = 0  # recorded by model steps; never reset by a restart
     cost_spent: float = 0.0
     step_attempts: Retry | None = None  # the run's default attempts for read and model steps
+    # A waiting run: the effect it waits to have approved (operation_id, step_id, effect,
+    # payload_digest, target_digest, reason, invalidated, since).
+    waiting_for: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +146,9 @@ class OperationRecord:
     fence: int = 0
     prepared_at: int = 0
     updated_at: int = 0
+    approval_required: bool = False  # dispatched only under a valid approval (see ``approve``)
+    target_digest: str | None = None  # digest of the target's state as last read at the gate
+    approval_id: str | None = None    # the approval that authorized the latest dispatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +183,51 @@ class Resolution:
     def detail(self) -> dict[str, Any]:
         return {"action": self.action.value, "operation_id": self.operation_id,
                 "by": self.by, "receipt": self.receipt, "evidence": self.evidence}
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRecord:
+    """A person's approval of one prepared effect, bound to what they approved: the payload's
+    digest and the digest of the target's state (None for an effect that reads no target
+    state). It authorizes a dispatch while both still match and it has not expired (on the
+    store's clock)."""
+
+    approval_id: str
+    run_id: str
+    operation_id: str
+    step_id: str
+    payload_digest: str
+    target_digest: str | None
+    approved_by: str
+    approved_at: int
+    expires_at: int | None = None  # epoch ms; None: does not expire
+    evidence: str | None = None
+
+    def authorizes(self, payload_digest: str, target_digest: str | None, now: int) -> bool:
+        """Whether this approval still authorizes a dispatch of that payload on that target."""
+        return (self.payload_digest == payload_digest and self.target_digest == target_digest
+                and (self.expires_at is None or now < self.expires_at))
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """A person's approval as asked for (``approve``); the store binds it to the operation."""
+
+    approval_id: str               # minted by the caller, kept only if a new approval is recorded
+    by: str
+    evidence: str | None = None
+    ttl_ms: int | None = None      # expires this long after it is given, on the store's clock
+    expires_at: int | None = None  # or at this instant (epoch ms); neither: does not expire
+    payload_digest: str | None = None  # only if the operation still carries this payload
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalGate:
+    """The approval gate's answer (``Store.await_approval``): the approval that authorizes the
+    dispatch, or None — and then the run now waits, for what ``waiting_for`` says."""
+
+    approval: ApprovalRecord | None
+    waiting_for: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

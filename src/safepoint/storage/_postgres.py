@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -31,6 +31,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
+from .._approvals import approval_detail as approved_detail
+from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
 from .._recovery import refusal
@@ -49,6 +51,9 @@ from ..errors import (
 )
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     Durability,
@@ -347,7 +352,8 @@ class PostgresLedger:
             workflow_manifest=(yield from self._value(row["workflow_manifest"], None, table, key)),
             deadline_at=row["deadline_at"], token_budget=row["token_budget"],
             cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
-            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key))
+            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
+            waiting_for=(yield from self._value(row["waiting_for"], None, table, key)))
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -425,7 +431,9 @@ class PostgresLedger:
             first_dispatched_at=row["first_dispatched_at"],
             receipt=(yield from self._value(row["receipt"], None, "safepoint_operations", key)),
             error=(yield from self._value(row["error"], None, "safepoint_operations", key)),
-            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"])
+            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"],
+            approval_required=bool(row["approval_required"]),
+            target_digest=row["target_digest"], approval_id=row["approval_id"])
 
     def events(self, run_id: str) -> Plan[list[EventRecord]]:
         events = []
@@ -469,9 +477,11 @@ class PostgresLedger:
         return rows[0]
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
-        yield _q("request_cancel", run_id=run_id, by=by,
-                 detail=dumps({"by": by, "reason": reason}),
-                 error=dumps(cancelled_error(by, reason)))
+        rows = yield _q("request_cancel", run_id=run_id, by=by,
+                        detail=dumps({"by": by, "reason": reason}),
+                        error=dumps(cancelled_error(by, reason)))
+        if rows and rows[0]["status"] == RunStatus.PENDING.value:  # to settle: wake a worker
+            yield _q("notify_work", workflow=rows[0]["workflow"])
         return (yield from self.get_run(run_id))
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
@@ -494,13 +504,26 @@ class PostgresLedger:
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}))
         if ref != op.payload_ref:
             raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        if op.approval_required:
+            yield _q("require_approval", run_id=claim.run_id, operation_id=op.operation_id,
+                     target_digest=op.target_digest)
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[OperationRecord]:
         row = yield from self._fenced(claim, "mark_dispatching", operation_id=operation_id)
         if row["operation_id"] is None:
             raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                              run_id=claim.run_id, operation_id=operation_id)
-        return (yield from self._operation_record(row))
+        op = yield from self._operation_record(row)
+        if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
+            approvals = yield from self._approvals_of(claim.run_id, operation_id)
+            approval = authorizing(approvals, payload_digest=op.payload_ref,
+                                   target_digest=op.target_digest, now=op.updated_at)
+            if approval is None:
+                raise refused_dispatch(op, approvals, op.updated_at)
+            yield _q("dispatch_approved", run_id=claim.run_id, operation_id=operation_id,
+                     approval_id=approval.approval_id)
+            op = replace(op, approval_id=approval.approval_id)
+        return op
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON, error: JSON, step: StepRecord | None) -> Plan[None]:
@@ -552,32 +575,103 @@ class PostgresLedger:
                 raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution))
         return run
 
-    def replan(self, claim: Claim, change: Replan, payload: bytes | None) -> Plan[None]:
+    def replan(self, claim: Claim, change: Replan) -> Plan[None]:
         yield from self._fenced(
             claim, "replan", workflow_version=change.workflow_version,
             workflow_fingerprint=change.workflow_fingerprint,
             workflow_manifest=_json_or_none(change.workflow_manifest),
-            step_id=change.step_id, operation_id=change.operation_id,
+            step_id=change.step_id, operation_id=None,
             detail=dumps(change.detail()))
         if change.step_id is not None:
             yield _q("abandon_steps", run_id=claim.run_id, step_id=change.step_id,
                      through_seq=change.through_seq, fence=claim.fence, worker=claim.owner,
                      reason=change.reason)
-        if change.operation_id is not None:
-            if payload is None or (yield from self._put_artifact(payload)) != change.payload_ref:
-                raise ValueError(f"payload digest {change.payload_ref} does not match its bytes")
-            rows = yield _q("reprepare_operation", run_id=claim.run_id, fence=claim.fence,
-                            operation_id=change.operation_id, payload_ref=change.payload_ref)
-            if not rows:
-                raise StoreError(f"operation {change.operation_id!r} is no longer prepared: its"
-                                 " payload cannot change", run_id=claim.run_id,
-                                 operation_id=change.operation_id)
+
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:
         rows = yield _q("release_run", run_id=claim.run_id, fence=claim.fence)
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
             yield _q("notify_work", workflow=rows[0]["workflow"])
+
+    # -- approvals (the decisions are in safepoint._approvals) ---------------------------------
+
+    @staticmethod
+    def _approval_record(row: Row) -> ApprovalRecord:
+        return ApprovalRecord(
+            approval_id=row["approval_id"], run_id=row["run_id"],
+            operation_id=row["operation_id"], step_id=row["step_id"],
+            payload_digest=row["payload_digest"], target_digest=row["target_digest"],
+            approved_by=row["approved_by"], approved_at=row["approved_at"],
+            expires_at=row["expires_at"], evidence=row["evidence"])
+
+    def _approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
+        rows = yield _q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
+        return [self._approval_record(row) for row in rows]
+
+    def approvals(self, run_id: str) -> Plan[list[ApprovalRecord]]:
+        rows = yield _q("approvals_of_run", run_id=run_id)
+        return [self._approval_record(row) for row in rows]
+
+    def reprepare_effect(self, claim: Claim, op: OperationRecord,
+                         payload: bytes) -> Plan[None]:
+        if (yield from self._put_artifact(payload)) != op.payload_ref:
+            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        row = yield from self._fenced(
+            claim, "reprepare_effect", operation_id=op.operation_id, step_id=op.step_id,
+            payload_ref=op.payload_ref, target_digest=op.target_digest,
+            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref, "revised": True}))
+        if row["operation_id"] is None:
+            raise StoreError(f"operation {op.operation_id!r} is no longer prepared: its payload"
+                             " cannot change (it may have been sent)",
+                             run_id=claim.run_id, operation_id=op.operation_id)
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> Plan[ApprovalGate]:
+        # The fence takes the runs row lock first: an approval being given now either
+        # committed before (and is read below) or waits for this transaction to end.
+        owned = yield from self._fenced(claim, "fence_new_work")
+        rows = yield _q("require_approval", run_id=claim.run_id, operation_id=operation_id,
+                        target_digest=target_digest)
+        if not rows:
+            raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                             run_id=claim.run_id, operation_id=operation_id)
+        op = yield from self._operation_record(rows[0])
+        approvals = yield from self._approvals_of(claim.run_id, operation_id)
+        now = int(owned["now"])
+        approval = authorizing(approvals, payload_digest=op.payload_ref,
+                               target_digest=target_digest, now=now)
+        if approval is not None:
+            return ApprovalGate(approval)
+        waiting = waiting_record(op, target_digest=target_digest, approvals=approvals, now=now)
+        yield from self._fenced(claim, "wait_for_approval", waiting_for=dumps(waiting),
+                                step_id=op.step_id, operation_id=operation_id)
+        return ApprovalGate(None, waiting)
+
+    def approve(self, run_id: str, step_id: str,
+                request: ApprovalRequest) -> Plan[ApprovalRecord]:
+        locked = yield _q("lock_run", run_id=run_id)  # serialised with the gate on this row
+        if not locked:
+            raise RunNotFound(run_id)
+        run = yield from self._run_record(locked[0])
+        now = yield from self.now()
+        found = yield _q("operation_of_step", run_id=run_id, step_id=step_id)
+        op = (yield from self._operation_record(found[0])) if found else None
+        approvals = (yield from self._approvals_of(run_id, op.operation_id)) if op else []
+        new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
+        if new is not None:
+            yield _q("insert_approval", approval_id=new.approval_id, run_id=run_id,
+                     operation_id=new.operation_id, step_id=new.step_id,
+                     payload_digest=new.payload_digest, target_digest=new.target_digest,
+                     approved_by=new.approved_by, evidence=new.evidence,
+                     approved_at=new.approved_at, expires_at=new.expires_at)
+        if new is not None or release:
+            yield _q("approve_run", run_id=run_id, release=release, step_id=approval.step_id,
+                     operation_id=approval.operation_id, by=approval.approved_by,
+                     detail=dumps(approved_detail(approval, released=release)))
+            if release:  # claimable again: wake a waiting worker
+                yield _q("notify_work", workflow=run.workflow)
+        return approval
 
 
 _STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",

@@ -17,6 +17,9 @@ from .._canonical import dumps, loads
 from ..errors import Cancelled, CorruptRecord, DeadlineExceeded, LostOwnership, UsageError
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     EffectState,
@@ -58,12 +61,11 @@ class NewRun:
 class Replan:
     """One re-planning step of a run under the ``replan`` policy, committed with one event.
 
-    Any of: continue under this code's version and fingerprint; abandon the stale tail of
-    recorded steps — the step at ``step_id`` and every pure, read, model, decision or value step
-    recorded after it, up to ``through_seq`` (each moves into the history as a
-    ``step.abandoned`` event; effect steps and every operation stay); or prepare a
-    never-dispatched operation anew with a changed payload (``payload_ref``, whose bytes are
-    passed beside).
+    Either or both: continue under this code's version and fingerprint; abandon the stale tail
+    of recorded steps — the step at ``step_id`` and every pure, read, model, decision or value
+    step recorded after it, up to ``through_seq`` (each moves into the history as a
+    ``step.abandoned`` event; effect steps and every operation stay). (A never-sent operation
+    whose payload changed is prepared anew by ``reprepare_effect``.)
     """
 
     reason: str
@@ -72,15 +74,12 @@ class Replan:
     workflow_manifest: dict[str, Any] | None = None
     step_id: str | None = None        # abandon from this step's seq on …
     through_seq: int | None = None    # … to this seq (what was recorded before the re-plan)
-    operation_id: str | None = None   # prepare this operation anew …
-    payload_ref: str | None = None    # … with this payload
 
     def detail(self) -> dict[str, Any]:
         return {key: value for key, value in (
             ("reason", self.reason), ("workflow_version", self.workflow_version),
             ("workflow_fingerprint", self.workflow_fingerprint),
-            ("abandoned_from", self.step_id), ("operation_id", self.operation_id),
-            ("payload_ref", self.payload_ref)) if value is not None}
+            ("abandoned_from", self.step_id)) if value is not None}
 
 
 class Store(Protocol):
@@ -148,7 +147,10 @@ class Store(Protocol):
         ...
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        """Commit "dispatch may have happened"; returns the operation as it now stands."""
+        """Commit "dispatch may have happened"; returns the operation as it now stands. An
+        operation that needs approval is dispatched only under an approval that authorizes it
+        (checked in the same transaction, on the store's clock; its id is kept as the
+        operation's ``approval_id``); ``ApprovalInvalid`` otherwise, and nothing is written."""
         ...
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
@@ -165,18 +167,46 @@ class Store(Protocol):
 
     def release_run(self, claim: Claim) -> None: ...
 
-    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
-        """Commit one re-planning step (see ``Replan``) with its ``run.replanned`` event. A new
-        payload (``payload`` bytes) replaces an operation's only while it is ``prepared``
-        (never sent); otherwise ``StoreError`` and nothing changes."""
+    def replan(self, claim: Claim, change: Replan) -> None:
+        """Commit one re-planning step (see ``Replan``) with its ``run.replanned`` event."""
         ...
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
         marked, and from then on every write that starts something new (``record_step``,
         ``record_attempt``, ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled``
-        while outcomes and the ending may still be recorded. An ended run is left as it is.
-        Past a run's ``deadline_at`` the same writes raise ``DeadlineExceeded``."""
+        while outcomes and the ending may still be recorded. A waiting run ends cancelled at
+        once — unless an effect of it is uncertain: then it becomes pending, for a worker to
+        settle that effect (it starts nothing new). An ended run is left as it is. Past a run's
+        ``deadline_at`` the same writes raise ``DeadlineExceeded``."""
+        ...
+
+    # approvals (see safepoint._approvals)
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        """Replace the payload (and target digest) of an operation that needs approval and was
+        never dispatched (prepared, dispatch count 0): its key never left, and no approval of
+        the old payload authorizes the new one. ``StoreError`` for any other operation."""
+        ...
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        """The approval gate, in one atomic step: mark the operation as needing approval and
+        record ``target_digest`` as its target's state; then return the newest approval that
+        authorizes it (same payload and target digests, not expired on the store's clock) — or,
+        with none, make the run ``waiting`` (owner released, ``waiting_for`` recorded, a
+        ``run.waiting`` event) and return no approval."""
+        ...
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        """Record a person's approval of the effect step ``step_id`` prepared, bound to its
+        payload digest and recorded target digest (see ``_approvals.plan_approval``), with an
+        ``effect.approved`` event; a run waiting for that effect becomes pending. Serialised
+        with ``await_approval`` on the run, so an approval is never lost to a run about to wait.
+        ``ApprovalRefused`` when it does not fit the run."""
+        ...
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        """Every approval given in the run, in the order they were given."""
         ...
 
     # a person's decision about a blocked run
@@ -285,7 +315,7 @@ class AsyncStore(Protocol):
 
     async def release_run(self, claim: Claim) -> None: ...
 
-    async def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None: ...
+    async def replan(self, claim: Claim, change: Replan) -> None: ...
 
     async def resolve(self, run_id: str, expected_revision: int,
                       resolution: Resolution) -> RunRecord:
@@ -295,6 +325,26 @@ class AsyncStore(Protocol):
     async def request_cancel(self, run_id: str, by: str,
                              reason: str | None = None) -> RunRecord:
         """See ``Store.request_cancel``."""
+        ...
+
+    # approvals
+    async def reprepare_effect(self, claim: Claim, op: OperationRecord,
+                               payload: bytes) -> None:
+        """See ``Store.reprepare_effect``."""
+        ...
+
+    async def await_approval(self, claim: Claim, operation_id: str,
+                             target_digest: str | None) -> ApprovalGate:
+        """See ``Store.await_approval``."""
+        ...
+
+    async def approve(self, run_id: str, step_id: str,
+                      request: ApprovalRequest) -> ApprovalRecord:
+        """See ``Store.approve``."""
+        ...
+
+    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        """See ``Store.approvals``."""
         ...
 
     # artifacts

@@ -33,6 +33,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from ..errors import StoreError
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     Durability,
@@ -193,11 +196,24 @@ class PostgresStore:
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         return self._run(self._ledger.request_cancel(run_id, by, reason))
 
-    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
-        self._run(self._ledger.replan(claim, change, payload))
+    def replan(self, claim: Claim, change: Replan) -> None:
+        self._run(self._ledger.replan(claim, change))
 
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))
+
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        self._run(self._ledger.reprepare_effect(claim, op, payload))
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        return self._run(self._ledger.await_approval(claim, operation_id, target_digest))
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        return self._run(self._ledger.approve(run_id, step_id, request))
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return self._run(self._ledger.approvals(run_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

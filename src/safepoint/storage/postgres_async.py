@@ -33,6 +33,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..errors import StoreError, UsageError
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     Durability,
@@ -283,11 +286,26 @@ class AsyncPostgresStore:
                              reason: str | None = None) -> RunRecord:
         return await self._run(self._ledger.request_cancel(run_id, by, reason))
 
-    async def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
-        await self._run(self._ledger.replan(claim, change, payload))
+    async def replan(self, claim: Claim, change: Replan) -> None:
+        await self._run(self._ledger.replan(claim, change))
 
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))
+
+    async def reprepare_effect(self, claim: Claim, op: OperationRecord,
+                               payload: bytes) -> None:
+        await self._run(self._ledger.reprepare_effect(claim, op, payload))
+
+    async def await_approval(self, claim: Claim, operation_id: str,
+                             target_digest: str | None) -> ApprovalGate:
+        return await self._run(self._ledger.await_approval(claim, operation_id, target_digest))
+
+    async def approve(self, run_id: str, step_id: str,
+                      request: ApprovalRequest) -> ApprovalRecord:
+        return await self._run(self._ledger.approve(run_id, step_id, request))
+
+    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return await self._run(self._ledger.approvals(run_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

@@ -16,9 +16,12 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._approvals import approval_detail as approved_detail
+from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
 from .._recovery import refusal
@@ -35,6 +38,9 @@ from ..errors import (
 )
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     Durability,
@@ -313,7 +319,8 @@ class SqliteStore:
             workflow_manifest=get("workflow_manifest"),
             deadline_at=row["deadline_at"], token_budget=row["token_budget"],
             cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
-            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key))
+            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
+            waiting_for=get("waiting_for"))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -411,7 +418,9 @@ class SqliteStore:
             first_dispatched_at=row["first_dispatched_at"],
             receipt=self._get_value(row["receipt"], None, "safepoint_operations", key),
             error=self._get_value(row["error"], None, "safepoint_operations", key),
-            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"])
+            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"],
+            approval_required=bool(row["approval_required"]),
+            target_digest=row["target_digest"], approval_id=row["approval_id"])
 
     def events(self, run_id: str) -> list[EventRecord]:
         return [
@@ -496,6 +505,10 @@ class SqliteStore:
                 "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
                 "effect": op.effect, "payload_ref": op.payload_ref,
                 "effect_key": op.effect_key, "fence": claim.fence, "now": now})
+            if op.approval_required:
+                conn.execute(_Q["require_approval"], {
+                    "run_id": claim.run_id, "operation_id": op.operation_id,
+                    "target_digest": op.target_digest, "now": now})
             self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
                         operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
                         detail={"effect": op.effect, "payload_ref": op.payload_ref})
@@ -511,6 +524,16 @@ class SqliteStore:
                 raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                                  run_id=claim.run_id, operation_id=operation_id)
             op = self._operation_record(row)
+            if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
+                approvals = self._approvals_of(conn, claim.run_id, operation_id)
+                approval = authorizing(approvals, payload_digest=op.payload_ref,
+                                       target_digest=op.target_digest, now=now)
+                if approval is None:
+                    raise refused_dispatch(op, approvals, now)
+                conn.execute(_Q["dispatch_approved"], {
+                    "run_id": claim.run_id, "operation_id": operation_id,
+                    "approval_id": approval.approval_id})
+                op = replace(op, approval_id=approval.approval_id)
             self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
                         operation_id=operation_id, fence=claim.fence, worker=claim.owner,
                         detail={"dispatch": op.dispatch_count})
@@ -601,14 +624,13 @@ class SqliteStore:
                             else "run.cancel_requested", worker=by, detail=detail)
         return self.get_run(run_id)
 
-    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
+    def replan(self, claim: Claim, change: Replan) -> None:
         now = self.now()
         common = {"run_id": claim.run_id, "fence": claim.fence, "now": now}
         with self._write() as conn:
             self._fence_check(conn, claim, now, events=1, new_work=True)
             self._event(conn, claim.run_id, now, "run.replanned", step_id=change.step_id,
-                        operation_id=change.operation_id, fence=claim.fence,
-                        worker=claim.owner, detail=change.detail())
+                        fence=claim.fence, worker=claim.owner, detail=change.detail())
             if change.workflow_version is not None:
                 conn.execute(_Q["adopt_workflow"], {
                     **common, "workflow_version": change.workflow_version,
@@ -620,22 +642,105 @@ class SqliteStore:
                 moved = conn.execute(_Q["abandon_steps"], params).rowcount
                 conn.execute(_Q["delete_abandoned_steps"], params)
                 conn.execute(_Q["count_events"], {"run_id": claim.run_id, "events": moved})
-            if change.operation_id is not None:
-                if payload is None or self._put_artifact(conn, payload, now) != change.payload_ref:
-                    raise ValueError(f"payload digest {change.payload_ref} does not match its"
-                                     " bytes")
-                cursor = conn.execute(_Q["reprepare_operation"], {
-                    **common, "operation_id": change.operation_id,
-                    "payload_ref": change.payload_ref})
-                if cursor.rowcount != 1:
-                    raise StoreError(f"operation {change.operation_id!r} is no longer prepared:"
-                                     " its payload cannot change", run_id=claim.run_id,
-                                     operation_id=change.operation_id)
+
 
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
             conn.execute(_Q["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
                                              "now": self.now()})
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _approval_record(row: sqlite3.Row) -> ApprovalRecord:
+        return ApprovalRecord(
+            approval_id=row["approval_id"], run_id=row["run_id"],
+            operation_id=row["operation_id"], step_id=row["step_id"],
+            payload_digest=row["payload_digest"], target_digest=row["target_digest"],
+            approved_by=row["approved_by"], approved_at=row["approved_at"],
+            expires_at=row["expires_at"], evidence=row["evidence"])
+
+    def _approvals_of(self, conn: sqlite3.Connection, run_id: str,
+                      operation_id: str) -> list[ApprovalRecord]:
+        rows = conn.execute(_Q["approvals_of_operation"],
+                            {"run_id": run_id, "operation_id": operation_id}).fetchall()
+        return [self._approval_record(row) for row in rows]
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return [self._approval_record(row)
+                for row in self._read("approvals_of_run", {"run_id": run_id})]
+
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=1, new_work=True)
+            if self._put_artifact(conn, payload, now) != op.payload_ref:
+                raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+            if conn.execute(_Q["reprepare_operation"], {
+                    "run_id": claim.run_id, "operation_id": op.operation_id,
+                    "payload_ref": op.payload_ref, "target_digest": op.target_digest,
+                    "fence": claim.fence, "now": now}).rowcount != 1:
+                raise StoreError(f"operation {op.operation_id!r} is no longer prepared: its"
+                                 " payload cannot change (it may have been sent)",
+                                 run_id=claim.run_id, operation_id=op.operation_id)
+            self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
+                        operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
+                        detail={"effect": op.effect, "payload_ref": op.payload_ref,
+                                "revised": True})
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        now = self.now()
+        with self._write() as conn:
+            self._fence_check(conn, claim, now, events=0, new_work=True)
+            row = conn.execute(_Q["require_approval"], {
+                "run_id": claim.run_id, "operation_id": operation_id,
+                "target_digest": target_digest, "now": now}).fetchone()
+            if row is None:
+                raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                                 run_id=claim.run_id, operation_id=operation_id)
+            op = self._operation_record(row)
+            approvals = self._approvals_of(conn, claim.run_id, operation_id)
+            approval = authorizing(approvals, payload_digest=op.payload_ref,
+                                   target_digest=target_digest, now=now)
+            if approval is not None:
+                return ApprovalGate(approval)
+            waiting = waiting_record(op, target_digest=target_digest, approvals=approvals,
+                                     now=now)
+            conn.execute(_Q["wait_for_approval"], {
+                "run_id": claim.run_id, "fence": claim.fence, "waiting_for": dumps(waiting),
+                "now": now})
+            self._event(conn, claim.run_id, now, "run.waiting", step_id=op.step_id,
+                        operation_id=operation_id, fence=claim.fence, worker=claim.owner,
+                        detail=waiting)
+        return ApprovalGate(None, waiting)
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        now = self.now()
+        with self._write() as conn:  # BEGIN IMMEDIATE: serialised with await_approval
+            rows = conn.execute(_Q["get_run"], {"run_id": run_id}).fetchall()
+            if not rows:
+                raise RunNotFound(run_id)
+            run = self._run_record(rows[0])
+            found = conn.execute(_Q["operation_of_step"],
+                                 {"run_id": run_id, "step_id": step_id}).fetchone()
+            op = self._operation_record(found) if found is not None else None
+            approvals = self._approvals_of(conn, run_id, op.operation_id) if op else []
+            new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
+            if new is not None:
+                conn.execute(_Q["insert_approval"], {
+                    "approval_id": new.approval_id, "run_id": run_id,
+                    "operation_id": new.operation_id, "step_id": new.step_id,
+                    "payload_digest": new.payload_digest, "target_digest": new.target_digest,
+                    "approved_by": new.approved_by, "evidence": new.evidence,
+                    "approved_at": new.approved_at, "expires_at": new.expires_at})
+            if new is not None or release:
+                conn.execute(_Q["approve_run"], {"run_id": run_id, "release": release,
+                                                 "now": now})
+                self._event(conn, run_id, now, "effect.approved", step_id=approval.step_id,
+                            operation_id=approval.operation_id, worker=approval.approved_by,
+                            detail=approved_detail(approval, released=release))
+        return approval
 
 
 def _json_or_none(value: JSON) -> str | None:

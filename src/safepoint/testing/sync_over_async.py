@@ -12,6 +12,9 @@ from typing import Any, TypeVar
 from ..storage.base import AsyncStore, NewRun, Replan
 from ..types import (
     JSON,
+    ApprovalGate,
+    ApprovalRecord,
+    ApprovalRequest,
     AttemptRecord,
     Claim,
     EffectState,
@@ -137,11 +140,24 @@ class SyncOverAsync:
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         return self._call(self.store.request_cancel(run_id, by, reason))
 
-    def replan(self, claim: Claim, change: Replan, payload: bytes | None = None) -> None:
-        self._call(self.store.replan(claim, change, payload))
+    def replan(self, claim: Claim, change: Replan) -> None:
+        self._call(self.store.replan(claim, change))
 
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))
+
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        self._call(self.store.reprepare_effect(claim, op, payload))
+
+    def await_approval(self, claim: Claim, operation_id: str,
+                       target_digest: str | None) -> ApprovalGate:
+        return self._call(self.store.await_approval(claim, operation_id, target_digest))
+
+    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
+        return self._call(self.store.approve(run_id, step_id, request))
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        return self._call(self.store.approvals(run_id))
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))

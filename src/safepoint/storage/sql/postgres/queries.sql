@@ -156,26 +156,31 @@ SELECT fence, status, cancel_requested_at, deadline_at, safepoint_now_ms() AS no
 FROM safepoint_runs WHERE run_id = %(run_id)s;
 
 -- name: request_cancel
--- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
--- one is marked, and its worker stops before its next step or dispatch. An ended run is left as
--- it is. The request is appended as an event.
+-- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
+-- running one is marked, and its worker stops before its next step or dispatch. An ended run is
+-- left as it is. The request is appended as an event.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     -- a blocked run whose effect is still uncertain stays blocked, marked: a person settles
-    -- the effect first (resolve), never a cancel that would forget it
-    SET status = CASE WHEN status = 'pending' OR (status = 'blocked' AND NOT EXISTS (
+    -- the effect first (resolve), never a cancel that would forget it; a waiting one (its
+    -- approval lapsed before a re-dispatch) becomes pending, marked: a worker settles the
+    -- effect with its owner and ends the run, dispatching nothing
+    SET status = CASE WHEN status = 'pending' OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
                      SELECT 1 FROM safepoint_operations o
                      WHERE o.run_id = safepoint_runs.run_id
                        AND o.state IN ('dispatching', 'unknown', 'applied')))
-                 THEN 'cancelled' ELSE status END,
-        error = CASE WHEN status IN ('pending', 'blocked') THEN %(error)s ELSE error END,
+                 THEN 'cancelled'
+                 WHEN status = 'waiting' THEN 'pending'
+                 ELSE status END,
+        error = CASE WHEN status IN ('pending', 'blocked', 'waiting') THEN %(error)s ELSE error END,
         owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
+        waiting_for = NULL,
         cancel_requested_at = COALESCE(cancel_requested_at, (SELECT now FROM clock)),
         state_revision = state_revision + 1, event_count = event_count + 1,
         updated_at = (SELECT now FROM clock)
-    WHERE run_id = %(run_id)s AND status IN ('pending', 'blocked', 'running')
-    RETURNING run_id, status
+    WHERE run_id = %(run_id)s AND status IN ('pending', 'blocked', 'running', 'waiting')
+    RETURNING run_id, status, workflow
 ),
 event AS (
     INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
@@ -184,7 +189,7 @@ event AS (
            %(by)s, %(detail)s
     FROM run
 )
-SELECT status FROM run;
+SELECT status, workflow FROM run;
 
 -- name: get_run
 -- One run by id.
@@ -200,6 +205,8 @@ LIMIT %(limit)s;
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired on the database clock, that
 -- has no owner, or whose owner is known to be dead; bump the fence and the resume count.
+-- A waiting run is claimed only by name (a resume looks at its approval gate again), never by
+-- claim_next.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 claimed AS (
     UPDATE safepoint_runs
@@ -207,10 +214,10 @@ claimed AS (
         fence = fence + 1, state_revision = state_revision + 1,
         resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
                                            THEN 1 ELSE 0 END,
-        event_count = event_count + 1, updated_at = clock.now
+        event_count = event_count + 1, waiting_for = NULL, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
-      AND status IN ('pending', 'running', 'blocked')
+      AND status IN ('pending', 'running', 'blocked', 'waiting')
       AND (owner IS NULL OR lease_expires_at <= clock.now OR owner = %(dead_owner)s)
     RETURNING run_id, fence, state_revision, lease_expires_at, updated_at
 ),
@@ -531,13 +538,6 @@ UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM move
 WHERE run_id = %(run_id)s
 RETURNING event_count;
 
--- name: reprepare_operation
--- Re-plan: a never-sent operation is prepared anew with a changed payload (same key: the owner
--- never saw it). Returns nothing once the operation may have been dispatched.
-UPDATE safepoint_operations
-SET payload_ref = %(payload_ref)s, fence = %(fence)s, updated_at = safepoint_now_ms()
-WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND state = 'prepared'
-RETURNING operation_id;
 
 -- name: record_attempt
 -- Fence and record a failed attempt that will be tried again, durable before the back-off.
@@ -564,3 +564,132 @@ SELECT now FROM owned;
 -- name: attempts_of_run
 -- Every failed attempt of a run's steps, by step and attempt.
 SELECT * FROM safepoint_attempts WHERE run_id = %(run_id)s ORDER BY step_id, attempt;
+
+-- name: require_approval
+-- The approval gate (or prepare): the operation is dispatched only under an approval, and its
+-- target's state was last seen as target_digest. Only an operation still to be dispatched.
+-- (Run after a fenced statement of the same transaction, which holds the runs row lock.)
+UPDATE safepoint_operations
+SET approval_required = true, target_digest = %(target_digest)s,
+    updated_at = safepoint_now_ms()
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
+  AND state IN ('prepared', 'dispatching', 'unknown')
+RETURNING *;
+
+-- name: fence_new_work
+-- The fence alone, for a write that starts something new and decides in several statements
+-- (the approval gate): takes the runs row lock for the rest of the transaction, so an approval
+-- given meanwhile queues behind it, or is seen by the statements that follow.
+WITH clock AS (SELECT safepoint_now_ms() AS now)
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+    updated_at = clock.now
+FROM clock
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+RETURNING run_id, updated_at AS now;
+
+-- name: approvals_of_operation
+-- Every approval given for one operation, in the order they were given.
+SELECT * FROM safepoint_approvals
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
+ORDER BY seq;
+
+-- name: approvals_of_run
+-- Every approval given in a run, in the order they were given.
+SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: wait_for_approval
+-- No approval authorizes the dispatch: the run waits, released, with what it waits for, and
+-- the event says so.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+waiting AS (
+    UPDATE safepoint_runs
+    SET status = 'waiting', owner = NULL, lease_expires_at = NULL,
+        waiting_for = %(waiting_for)s, state_revision = state_revision + 1,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, now, 'run.waiting', %(step_id)s, %(operation_id)s, %(fence)s, %(worker)s,
+           %(waiting_for)s
+    FROM waiting
+)
+SELECT now FROM waiting;
+
+-- name: dispatch_approved
+-- Keep the approval that authorized this dispatch on the operation.
+UPDATE safepoint_operations SET approval_id = %(approval_id)s
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
+
+-- name: lock_run
+-- One run, its row locked until the transaction ends: approvals queue behind the gate.
+SELECT * FROM safepoint_runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: operation_of_step
+-- The operation an effect step prepared.
+SELECT * FROM safepoint_operations WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: insert_approval
+-- A person's approval, bound to the payload and target digests it was given for.
+INSERT INTO safepoint_approvals (approval_id, run_id, operation_id, step_id, payload_digest,
+                                 target_digest, approved_by, evidence, approved_at, expires_at)
+VALUES (%(approval_id)s, %(run_id)s, %(operation_id)s, %(step_id)s, %(payload_digest)s,
+        %(target_digest)s, %(approved_by)s, %(evidence)s, %(approved_at)s, %(expires_at)s);
+
+-- name: approve_run
+-- An approval moves the run's revision and is appended as an event; a run waiting for that
+-- very operation is released: pending, so a worker (or a resume) carries it on.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = CASE WHEN %(release)s THEN 'pending' ELSE status END,
+        waiting_for = CASE WHEN %(release)s THEN NULL ELSE waiting_for END,
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s
+    RETURNING run_id, workflow, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, worker, detail)
+    SELECT run_id, now, 'effect.approved', %(step_id)s, %(operation_id)s, %(by)s, %(detail)s
+    FROM run
+)
+SELECT workflow FROM run;
+
+-- name: reprepare_effect
+-- Fence, then give an operation that never left (prepared) a new payload: same key (never
+-- sent), new payload and target digests — to be approved anew where it needs approval (a
+-- changed payload, or a re-plan). No operation row
+-- (`operation_id` NULL) means it cannot take one. (The payload artifact is inserted just
+-- before, in the same transaction.)
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+    RETURNING run_id, updated_at AS now
+),
+operation AS (
+    UPDATE safepoint_operations AS o
+    SET payload_ref = %(payload_ref)s, target_digest = %(target_digest)s, fence = %(fence)s,
+        updated_at = owned.now
+    FROM owned
+    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+      AND o.state = 'prepared'
+    RETURNING o.run_id, o.operation_id, owned.now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+    SELECT run_id, now, 'effect.prepared', %(step_id)s, operation_id, %(fence)s, %(worker)s,
+           %(detail)s
+    FROM operation
+)
+SELECT operation.operation_id FROM owned LEFT JOIN operation ON true;

@@ -71,16 +71,17 @@ LIMIT :limit;
 
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired, that has no owner, or
--- whose owner is known to be dead; bump the fence and the resume count.
+-- whose owner is known to be dead; bump the fence and the resume count. A waiting run is
+-- claimed only by name (a resume looks at its approval gate again), never by claim_next.
 UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
     resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
                                        THEN 1 ELSE 0 END,  -- only a takeover is a resume
-    event_count = event_count + 1,
+    event_count = event_count + 1, waiting_for = NULL,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
-  AND status IN ('pending', 'running', 'blocked')
+  AND status IN ('pending', 'running', 'blocked', 'waiting')
   AND (owner IS NULL OR lease_expires_at <= :now OR owner = :dead_owner)
 RETURNING fence, state_revision, lease_expires_at;
 
@@ -107,20 +108,25 @@ SELECT fence, status, cancel_requested_at, deadline_at FROM safepoint_runs
 WHERE run_id = :run_id;
 
 -- name: request_cancel
--- Ask a run to stop. A run nobody holds (pending, blocked) ends cancelled at once; a running
--- one is marked, and its worker stops before its next step or dispatch. An ended run is left.
--- A blocked run whose effect is still uncertain stays blocked, marked: a person settles the
--- effect first (resolve), never a cancel that would forget it.
+-- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
+-- running one is marked, and its worker stops before its next step or dispatch. An ended run is
+-- left. A blocked run whose effect is still uncertain stays blocked, marked: a person settles the
+-- effect first (resolve), never a cancel that would forget it. A waiting run whose effect is
+-- uncertain (approval lapsed before a re-dispatch) becomes pending, marked: a worker settles
+-- the effect with its owner and ends the run, dispatching nothing.
 UPDATE safepoint_runs
-SET status = CASE WHEN status = 'pending' OR (status = 'blocked' AND NOT EXISTS (
+SET status = CASE WHEN status = 'pending' OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
                  SELECT 1 FROM safepoint_operations o WHERE o.run_id = safepoint_runs.run_id
                    AND o.state IN ('dispatching', 'unknown', 'applied')))
-             THEN 'cancelled' ELSE status END,
-    error = CASE WHEN status IN ('pending', 'blocked') THEN :error ELSE error END,
+             THEN 'cancelled'
+             WHEN status = 'waiting' THEN 'pending'
+             ELSE status END,
+    error = CASE WHEN status IN ('pending', 'blocked', 'waiting') THEN :error ELSE error END,
     owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
+    waiting_for = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, :now),
     state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
-WHERE run_id = :run_id AND status IN ('pending', 'blocked', 'running')
+WHERE run_id = :run_id AND status IN ('pending', 'blocked', 'running', 'waiting')
 RETURNING status;
 
 -- name: finish_run
@@ -251,12 +257,6 @@ WHERE run_id = :run_id
 -- Events appended in this transaction beyond the one fence_check counted.
 UPDATE safepoint_runs SET event_count = event_count + :events WHERE run_id = :run_id;
 
--- name: reprepare_operation
--- Re-plan: a never-sent operation is prepared anew with a changed payload (same key: the owner
--- never saw it). Matches nothing once the operation may have been dispatched.
-UPDATE safepoint_operations
-SET payload_ref = :payload_ref, fence = :fence, updated_at = :now
-WHERE run_id = :run_id AND operation_id = :operation_id AND state = 'prepared';
 
 -- name: add_usage
 -- What a model step spent, added to the run's totals in the commit that records the step
@@ -277,3 +277,63 @@ VALUES (:run_id, :step_id, :attempt, :kind, :name, :input_hash, :error, :retry_a
 -- name: attempts_of_run
 -- Every failed attempt of a run's steps, by step and attempt.
 SELECT * FROM safepoint_attempts WHERE run_id = :run_id ORDER BY step_id, attempt;
+
+-- name: require_approval
+-- The approval gate (or prepare): the operation is dispatched only under an approval, and its
+-- target's state was last seen as target_digest. Only an operation still to be dispatched.
+UPDATE safepoint_operations
+SET approval_required = 1, target_digest = :target_digest, updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id
+  AND state IN ('prepared', 'dispatching', 'unknown')
+RETURNING *;
+
+-- name: approvals_of_operation
+-- Every approval given for one operation, in the order they were given (rowid: SQLite
+-- serialises writers, so insertion order is commit order).
+SELECT * FROM safepoint_approvals WHERE run_id = :run_id AND operation_id = :operation_id
+ORDER BY rowid;
+
+-- name: approvals_of_run
+-- Every approval given in a run, in the order they were given.
+SELECT * FROM safepoint_approvals WHERE run_id = :run_id ORDER BY rowid;
+
+-- name: wait_for_approval
+-- No approval authorizes the dispatch: the run waits, released, with what it waits for.
+UPDATE safepoint_runs
+SET status = 'waiting', owner = NULL, lease_expires_at = NULL, waiting_for = :waiting_for,
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+
+-- name: dispatch_approved
+-- Keep the approval that authorized this dispatch on the operation.
+UPDATE safepoint_operations SET approval_id = :approval_id
+WHERE run_id = :run_id AND operation_id = :operation_id;
+
+-- name: operation_of_step
+-- The operation an effect step prepared.
+SELECT * FROM safepoint_operations WHERE run_id = :run_id AND step_id = :step_id;
+
+-- name: insert_approval
+-- A person's approval, bound to the payload and target digests it was given for.
+INSERT INTO safepoint_approvals (approval_id, run_id, operation_id, step_id, payload_digest,
+                                 target_digest, approved_by, evidence, approved_at, expires_at)
+VALUES (:approval_id, :run_id, :operation_id, :step_id, :payload_digest, :target_digest,
+        :approved_by, :evidence, :approved_at, :expires_at);
+
+-- name: approve_run
+-- An approval moves the run's revision; a run waiting for that very operation is released:
+-- pending, so a worker (or a resume) carries it on.
+UPDATE safepoint_runs
+SET status = CASE WHEN :release THEN 'pending' ELSE status END,
+    waiting_for = CASE WHEN :release THEN NULL ELSE waiting_for END,
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id;
+
+-- name: reprepare_operation
+-- A new payload for an operation that never left (prepared: nothing was ever sent, or what was
+-- tried provably never left): same key, new payload and target digests — to be approved anew
+-- where it needs approval. Matches nothing once the operation may have been dispatched.
+UPDATE safepoint_operations
+SET payload_ref = :payload_ref, target_digest = :target_digest, fence = :fence,
+    updated_at = :now
+WHERE run_id = :run_id AND operation_id = :operation_id AND state = 'prepared';

@@ -1,0 +1,217 @@
+"""Approvals: a person authorizes one prepared effect, bound to exactly what they approved.
+
+An effect run with ``approval=True`` is prepared (its payload durable and digested) and then
+stops at the gate between prepared and dispatching until a person approves it. An approval is
+bound to the payload's digest and to the digest of the target's state (what the effect's
+``target_state`` read when the run asked; None for an effect without one), and may expire. It
+authorizes a dispatch only while both digests still match and it has not expired on the
+store's clock; otherwise the run waits again (``ApprovalInvalid``).
+
+The decisions are the small I/O-free functions below, shared by every store: the store makes
+them inside the transaction that checks the fence (``await_approval``, ``mark_dispatching``) or
+that records the approval (``approve``), so no approval can slip between a look and a write.
+``approve`` / ``approve_async`` are the public entry points.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ._secrets import refuse_secrets
+from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
+from .types import (
+    ApprovalRecord,
+    ApprovalRequest,
+    EffectState,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+)
+
+if TYPE_CHECKING:
+    from .storage.base import AsyncStore, Store
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+# An approval authorizes a dispatch still to come, or a re-dispatch of an uncertain one.
+_APPROVABLE = (EffectState.PREPARED, EffectState.DISPATCHING, EffectState.UNKNOWN)
+
+
+def at(ms: int) -> str:
+    """Epoch milliseconds as an ISO 8601 UTC instant, for messages."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+# ``approvals`` below are one operation's, in the order they were given (as stores list them).
+
+
+def authorizing(approvals: list[ApprovalRecord], *, payload_digest: str,
+                target_digest: str | None, now: int) -> ApprovalRecord | None:
+    """The newest approval that authorizes dispatching this payload on this target now."""
+    valid = [a for a in approvals if a.authorizes(payload_digest, target_digest, now)]
+    return valid[-1] if valid else None
+
+
+def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
+                 target_digest: str | None, now: int) -> tuple[str, bool]:
+    """Why no approval authorizes the dispatch, and whether one had been given (invalidated)."""
+    if not approvals:
+        return "it needs a person's approval before it is dispatched", False
+    latest = approvals[-1]
+    who = latest.approved_by
+    if latest.payload_digest != payload_digest:
+        return (f"the payload changed since {who} approved it ({latest.payload_digest[:19]}…"
+                f" is now {payload_digest[:19]}…)"), True
+    if latest.target_digest != target_digest:
+        return (f"the target's state changed since {who} approved it (the approval was for"
+                f" state {_short(latest.target_digest)}, it is now {_short(target_digest)})"), True
+    if latest.expires_at is not None and latest.expires_at <= now:
+        return f"the approval by {who} expired at {at(latest.expires_at)}", True
+    return "no approval given authorizes it", True
+
+
+def _short(digest: str | None) -> str:
+    return "none" if digest is None else f"{digest[:19]}…"
+
+
+def waiting_record(op: OperationRecord, *, target_digest: str | None,
+                   approvals: list[ApprovalRecord], now: int) -> dict[str, Any]:
+    """What a run waits for, as recorded on it (``RunRecord.waiting_for``)."""
+    reason, invalidated = unauthorized(approvals, payload_digest=op.payload_ref,
+                                       target_digest=target_digest, now=now)
+    return {"operation_id": op.operation_id, "step_id": op.step_id, "effect": op.effect,
+            "payload_digest": op.payload_ref, "target_digest": target_digest,
+            "reason": reason, "invalidated": invalidated, "since": now}
+
+
+def awaiting(run_id: str, waiting_for: dict[str, Any]) -> AwaitingApproval:
+    """The error a waiting run raises: ``ApprovalInvalid`` when an approval had been given."""
+    error = ApprovalInvalid if waiting_for.get("invalidated") else AwaitingApproval
+    return error(run_id, str(waiting_for["step_id"]), str(waiting_for["operation_id"]),
+                 str(waiting_for["payload_digest"]), waiting_for.get("target_digest"),
+                 str(waiting_for["reason"]))
+
+
+def refused_dispatch(op: OperationRecord, approvals: list[ApprovalRecord],
+                     now: int) -> ApprovalInvalid:
+    """What ``mark_dispatching`` raises for an operation no approval authorizes."""
+    reason, _ = unauthorized(approvals, payload_digest=op.payload_ref,
+                             target_digest=op.target_digest, now=now)
+    return ApprovalInvalid(op.run_id, op.step_id, op.operation_id, op.payload_ref,
+                           op.target_digest, f"the store refused the dispatch: {reason}")
+
+
+def may_reprepare(op: OperationRecord, *, replans: bool = False) -> bool:
+    """Whether an operation may take a new payload: it never left (prepared: its key was never
+    sent with the old one), and either it needs approval (so the new payload must be approved
+    anew) or the run re-plans (compatibility policy ``replan``)."""
+    return op.state is EffectState.PREPARED and (op.approval_required or replans)
+
+
+def plan_approval(run: RunRecord, step_id: str, op: OperationRecord | None,
+                  approvals: list[ApprovalRecord], request: ApprovalRequest,
+                  now: int) -> tuple[ApprovalRecord | None, ApprovalRecord, bool]:
+    """Decide an approval: (the approval to insert or None, the approval to return, whether
+    the run — waiting for exactly this operation — is released to be claimed again).
+
+    Raises ``ApprovalRefused`` when it does not fit the run as it stands."""
+    def refuse(reason: str) -> ApprovalRefused:
+        return ApprovalRefused(run.run_id, step_id, reason)
+
+    if run.status.terminal:
+        raise refuse(f"the run is {run.status.value}; nothing is left to approve")
+    if op is None:
+        raise refuse("the step has no prepared effect yet, and an approval binds to the exact"
+                     " payload: approve once the run waits for it (`safepoint runs --status"
+                     " waiting`)")
+    if not op.approval_required:
+        raise refuse(f"effect {op.operation_id!r} does not ask for approval")
+    if op.state not in _APPROVABLE:
+        raise refuse(f"effect {op.operation_id!r} is already {op.state.value}; an approval"
+                     " authorizes only a dispatch still to come")
+    if request.payload_digest is not None and request.payload_digest != op.payload_ref:
+        raise refuse(f"you approved payload {request.payload_digest}, but the effect now"
+                     f" carries {op.payload_ref}: look at it again with `safepoint show"
+                     f" {run.run_id}`")
+    expires_at = request.expires_at
+    if expires_at is None and request.ttl_ms is not None:
+        expires_at = now + request.ttl_ms
+    if expires_at is not None and expires_at <= now:
+        raise refuse(f"it would expire ({at(expires_at)}) before it is given")
+    release = (run.status is RunStatus.WAITING
+               and (run.waiting_for or {}).get("operation_id") == op.operation_id)
+    for given in approvals:  # the same person approving the same thing again: no new approval
+        if (given.approved_by == request.by
+                and given.authorizes(op.payload_ref, op.target_digest, now)):
+            return None, given, release
+    approval = ApprovalRecord(
+        approval_id=request.approval_id, run_id=run.run_id, operation_id=op.operation_id,
+        step_id=op.step_id, payload_digest=op.payload_ref, target_digest=op.target_digest,
+        approved_by=request.by, approved_at=now, expires_at=expires_at,
+        evidence=request.evidence)
+    return approval, approval, release
+
+
+def approval_detail(approval: ApprovalRecord, *, released: bool) -> dict[str, Any]:
+    """The detail of an ``effect.approved`` event."""
+    return {"approval_id": approval.approval_id, "payload_digest": approval.payload_digest,
+            "target_digest": approval.target_digest, "expires_at": approval.expires_at,
+            "evidence": approval.evidence, "released": released}
+
+
+def _request(by: str, expires: timedelta | datetime | None, evidence: str | None,
+             payload_digest: str | None) -> ApprovalRequest:
+    if not by or not isinstance(by, str):
+        raise UsageError("say who approves: by='name'")
+    if evidence is not None and not isinstance(evidence, str):
+        raise UsageError("evidence is a sentence, a link or a ticket id: a string")
+    refuse_secrets([by, evidence], "the approval")
+    if payload_digest is not None and not (isinstance(payload_digest, str)
+                                           and _DIGEST.fullmatch(payload_digest)):
+        raise UsageError(f"payload_digest {payload_digest!r} is not a digest: it reads"
+                         " 'sha256:' and 64 hex digits (as `safepoint show RUN` prints it)")
+    ttl_ms = expires_at = None
+    if isinstance(expires, timedelta):
+        ttl_ms = int(expires.total_seconds() * 1000)
+        if ttl_ms <= 0:
+            raise UsageError("expires must be a positive duration (or a moment to come)")
+    elif isinstance(expires, datetime):
+        if expires.tzinfo is None:
+            raise UsageError("expires needs a timezone-aware datetime (e.g. with tzinfo=UTC)")
+        expires_at = int(expires.timestamp() * 1000)
+    elif expires is not None:
+        raise UsageError("expires is a timedelta (from now, on the store's clock), a datetime,"
+                         " or None (does not expire)")
+    return ApprovalRequest(approval_id=uuid.uuid4().hex, by=by, evidence=evidence,
+                           ttl_ms=ttl_ms, expires_at=expires_at, payload_digest=payload_digest)
+
+
+def approve(store: Store, run_id: str, step_id: str, /, *, by: str,
+            expires: timedelta | datetime | None = None, evidence: str | None = None,
+            payload_digest: str | None = None) -> ApprovalRecord:
+    """Approve the effect that step ``step_id`` of ``run_id`` prepared; return the approval.
+
+    The approval is bound to the payload the effect carries and to the state its target was
+    last seen in (when the run started waiting), and lasts until ``expires`` (a timedelta from
+    now on the store's clock, or a datetime; None: no expiry). Pass ``payload_digest`` (as
+    ``safepoint show`` prints it) to approve only the payload you looked at. A run waiting for
+    this effect becomes claimable again: resume it, or let a worker take it. An approval given
+    before the run reaches its gate is kept and found there. The step must have prepared its
+    effect (``ApprovalRefused`` otherwise). The same person approving the same payload and
+    target again, while their approval holds, gets that approval back.
+
+    >>> approve(store, "refund-8472", "refund", by="ana", expires=timedelta(hours=2))  # doctest: +SKIP
+    """
+    return store.approve(run_id, step_id, _request(by, expires, evidence, payload_digest))
+
+
+async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *, by: str,
+                        expires: timedelta | datetime | None = None,
+                        evidence: str | None = None,
+                        payload_digest: str | None = None) -> ApprovalRecord:
+    """``approve`` from async code."""
+    found = store.approve(run_id, step_id, _request(by, expires, evidence, payload_digest))
+    return await found if inspect.isawaitable(found) else found
