@@ -19,7 +19,7 @@ import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
@@ -36,13 +36,16 @@ from ._effects import (
     next_action,
 )
 from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
+from ._history import successor_inputs
 from ._recovery import build_record
 from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     Cancelled,
+    ContinueAsNew,
     EffectRejected,
+    HistoryLimitReached,
     InvalidDecision,
     InvalidStepId,
     LostOwnership,
@@ -127,6 +130,27 @@ class RunCore:
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
+
+    def continue_as_new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ContinueAsNew:
+        """The signal that ends this run and starts its successor with ``args``/``kwargs``,
+        kept: agent code that swallows it cannot carry on. A run asked to stop cannot escape
+        the request by continuing: it gets the stop signal instead."""
+        self.check_halt()
+        if self.cancelling:
+            raise self.cancelled()
+        signal = ContinueAsNew(self.run.run_id, successor_inputs(args, kwargs))
+        self.halted = signal
+        return signal
+
+    def append_new(self, request: Io, sid: str) -> Flow:
+        """A write that records something new (a step, a prepared effect). At the run's hard
+        history limit the store refuses it: the run blocks, to be continued as new."""
+        try:
+            return (yield request)
+        except HistoryLimitReached as limit:
+            yield from self.block(limit, phase="history_limit", step_id=sid,
+                                  evidence={"history": limit.size, "hard_limit": limit.limit})
+            raise
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
@@ -223,7 +247,7 @@ class RunCore:
             # Recorded, so that a resume takes the path this run took: the same StepFailed
             # is raised again instead of asking again.
             failed = replace(base, status=StepStatus.FAILED, error=_error_evidence(exc))
-            yield Io("record_step", (self.claim, failed))
+            yield from self.append_new(Io("record_step", (self.claim, failed)), sid)
             self.steps[sid] = failed
             raise StepFailed(self.run.run_id, sid, type(exc).__name__,
                              failed.error["message"]) from exc  # type: ignore[index]
@@ -232,7 +256,7 @@ class RunCore:
         next_step_id = _next_step_id(sid, value) if kind is StepKind.DECISION else None
         step = replace(base, result=value, next_step_id=next_step_id)
         crashpoint("step.before_record", sid)
-        yield Io("record_step", (self.claim, step))
+        yield from self.append_new(Io("record_step", (self.claim, step)), sid)
         self.steps[sid] = step
         crashpoint("step.after_record", sid)
         return value
@@ -267,17 +291,17 @@ class RunCore:
             return recorded.result
 
         op = self.operations.get(op_id)
+        # An operation id the caller chose names the operation across the run's chain: one an
+        # earlier run of the chain settled is never dispatched again (nor keyed afresh). A step's
+        # own id, the default, names it within this run only.
+        chained = operation_id is not None
+        if op is None and chained and self.run.parent_run_id is not None:
+            settled = yield from self._settled_in_chain(sid, effect, op_id, payload_ref)
+            if settled is not None:
+                return settled.receipt
         if op is None:
-            if self.cancelling:
-                raise self.cancelled()
-            crashpoint("effect.before_prepare", sid)
-            op = OperationRecord(
-                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-                state=EffectState.PREPARED, payload_ref=payload_ref,
-                effect_key=mint_effect_key(self.run.run_id, op_id))
-            yield Io("prepare_effect", (self.claim, op, payload_bytes))
-            self.operations[op_id] = op
-            crashpoint("effect.after_prepared", sid)
+            key_scope = (self.run.chain_id or self.run.run_id) if chained else self.run.run_id
+            op = yield from self._prepare(sid, effect, op_id, payload_bytes, key_scope)
         else:
             payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
 
@@ -308,6 +332,49 @@ class RunCore:
         return StepRecord(run_id=self.run.run_id, step_id=sid, kind=StepKind.EFFECT,
                           name=effect.name, input_hash=hashed, result=op.receipt,
                           seq=self.next_seq(sid), operation_id=op.operation_id)
+
+    def _prepare(self, sid: str, effect: Effect, op_id: str, payload_bytes: bytes,
+                 key_scope: str) -> Flow:
+        """Prepared intent: payload, operation id and its key — minted here, once — durable."""
+        if self.cancelling:
+            raise self.cancelled()
+        crashpoint("effect.before_prepare", sid)
+        op = OperationRecord(
+            run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
+            state=EffectState.PREPARED, payload_ref=digest(payload_bytes),
+            effect_key=mint_effect_key(key_scope, op_id))
+        yield from self.append_new(Io("prepare_effect", (self.claim, op, payload_bytes)), sid)
+        self.operations[op_id] = op
+        crashpoint("effect.after_prepared", sid)
+        return op
+
+    def _settled_in_chain(self, sid: str, effect: Effect, op_id: str,
+                          payload_ref: str) -> Flow:
+        """The operation as an earlier run of this chain accepted it, or None — looked up in
+        place, never copied; one it rejected raises that rejection again. It stands for this
+        run too, but only for the same effect and the very same payload: a changed payload is
+        never sent under its key."""
+        settled: OperationRecord | None = yield Io("chain_operation",
+                                                   (self.run.chain_id, op_id))
+        if settled is None:
+            return None
+        if settled.effect != effect.name:
+            yield from self.block(
+                ReplayMismatch(self.run.run_id, sid,
+                               f"operation {op_id!r} was settled by run {settled.run_id!r} of"
+                               f" this chain for effect {settled.effect!r}"),
+                phase="replay_mismatch", op=settled)
+        if settled.payload_ref != payload_ref:
+            yield from self.block(
+                StaleCheckpoint(self.run.run_id, sid,
+                                f"the payload of {op_id!r} changed since run"
+                                f" {settled.run_id!r} of this chain settled it; it is never"
+                                " sent again under its key"),
+                phase="stale_checkpoint", op=settled,
+                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
+        if settled.state is EffectState.REJECTED:
+            raise EffectRejected(self.run.run_id, sid, op_id, settled.error)
+        return settled
 
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
                           payload_ref: str) -> Flow:
@@ -584,6 +651,22 @@ class Run(_RunBase):
         """A random UUID string, recorded."""
         return str(self._sync(self._values["uuid"](step_id)))
 
+    def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """End this run and carry on in a successor called with ``args`` and ``kwargs`` (after
+        its ``run``): same workflow and version, a fresh history, the same chain. Keeps a long
+        run under its history limit; call it at a deterministic point (every N iterations).
+
+        The state must be JSON (and never a credential). Effects settled in this run or any run
+        before it in the chain are found by their ``operation_id`` — never dispatched again —
+        when that id was given explicitly. The run blocks instead while an effect of it is
+        uncertain, and ends cancelled if a cancel was asked for. ``start`` and ``resume`` of
+        the first run's id return the result of the chain's last run.
+
+        >>> if step % 1000 == 999:
+        ...     run.continue_as_new(step + 1, totals)
+        """
+        raise self._core.continue_as_new(args, kwargs)
+
 
 class AsyncRun(_RunBase):
     """What an ``async def`` workflow receives: the methods of ``Run``, awaited."""
@@ -624,3 +707,7 @@ class AsyncRun(_RunBase):
 
     async def uuid(self, step_id: str = "uuid") -> str:
         return str(await self._async(self._values["uuid"](step_id)))
+
+    async def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """``Run.continue_as_new``, awaited: ``await run.continue_as_new(step + 1, totals)``."""
+        raise self._core.continue_as_new(args, kwargs)

@@ -3,8 +3,9 @@
 ``start`` creates a run (or finds the one with this run id) and executes it; ``resume`` takes
 over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which runs
 the workflow function from its start against the ledger — replay makes that cheap — and
-records how it ended: completed, failed, or blocked. Like the steps, these are flows (see
-``_flow``), carried out synchronously or in the caller's event loop by the same code.
+records how it ended: completed, failed, blocked, or continued as new (and then executes the
+successor too, so the first run's caller gets the chain's result). Like the steps, these are
+flows (see ``_flow``), carried out synchronously or in the caller's event loop by the same code.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ._canonical import input_hash, require_json
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._flow import Call, Flow, Io, Sleep, adrive, drive
+from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, successor_run_id
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
 from ._run import AsyncRun, Run, RunCore
@@ -30,10 +32,12 @@ from .errors import (
     ArtifactMissing,
     BudgetExhausted,
     Cancelled,
+    ContinueAsNew,
     CorruptRecord,
     IncompatibleWorkflow,
     LostOwnership,
     NeedsReconciliation,
+    RunBlocked,
     RunCancelled,
     RunConflict,
     RunFailed,
@@ -45,7 +49,7 @@ from .errors import (
     WorkflowNotFound,
 )
 from .storage.base import NewRun, Store, cancelled_error
-from .types import Claim, EffectState, RunRecord, RunStatus
+from .types import Claim, EffectState, HistoryLimit, RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from .storage.base import AsyncStore
@@ -62,6 +66,7 @@ class Workflow:
     version: str
     fn: Callable[..., Any]
     resume_budget: int | None = DEFAULT_RESUME_BUDGET
+    history_limit: HistoryLimit = DEFAULT_HISTORY_LIMIT
 
     @property
     def is_async(self) -> bool:
@@ -71,14 +76,19 @@ class Workflow:
 _registry: dict[str, Workflow] = {}
 
 
-def workflow(name: str, *, version: str = "1",
-             resume_budget: int | None = None) -> Callable[[Callable[..., Any]], Workflow]:
+def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
+             history_limit: HistoryLimit | tuple[int | None, int | None] | None = None,
+             ) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
     The version is yours to bump: a run recorded by one version is only continued by the same
     version (nothing is inferred from source code, so a deploy strands nothing by itself).
     ``resume_budget`` is how often one run may be taken over (its worker died or stopped) before
     it fails loudly with ``BudgetExhausted`` (default 20; it is recorded with each run).
+    ``history_limit`` bounds each run's history, its events and steps: ``HistoryLimit(soft=,
+    hard=)`` or a ``(soft, hard)`` pair (default 10 000 and 50 000; recorded with each run).
+    Past soft the run warns; at hard it records nothing new and blocks — long runs
+    ``run.continue_as_new(state)`` before that.
 
     >>> @workflow("support-follow-up", version="v3")
     ... def follow_up(run: Run, case_id: str) -> dict: ...
@@ -88,10 +98,12 @@ def workflow(name: str, *, version: str = "1",
 
     if resume_budget is not None and resume_budget < 0:
         raise UsageError("resume_budget is a count of takeovers: 0 or more")
+    limit = as_history_limit(history_limit)
 
     def register(fn: Callable[..., Any]) -> Workflow:
         registered = Workflow(name, str(version), fn,
-                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget)
+                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
+                              limit)
         _registry[name] = registered
         return registered
 
@@ -118,10 +130,16 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
              owner: str | None, lease_ms: int) -> NewRun:
     if not isinstance(wf, Workflow):
         raise UsageError("pass a function decorated with @safepoint.workflow(...)")
-    inputs = _run_inputs(args, kwargs)
-    return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
-                  workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                  owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget)
+    return _new_run_record(wf, _run_inputs(args, kwargs), run_id or uuid.uuid4().hex, owner,
+                           lease_ms)
+
+
+def _new_run_record(wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None,
+                    lease_ms: int) -> NewRun:
+    return NewRun(run_id=run_id, workflow=wf.name, workflow_version=wf.version,
+                  input_hash=input_hash(inputs), inputs=inputs, owner=owner, lease_ms=lease_ms,
+                  resume_budget=wf.resume_budget, history_soft_limit=wf.history_limit.soft,
+                  history_hard_limit=wf.history_limit.hard)
 
 
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
@@ -176,6 +194,8 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
 def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` from a run record read earlier: the claim compares against *its* revision,
     so two resumers holding the same record race on one compare-and-set."""
+    if run.status is RunStatus.CONTINUED:
+        run = drive(store, _chain_head_flow(run))
     if run.status.terminal:
         return _ended(run)  # needs no workflow code: the ending is recorded
     wf = _workflow_of(run)
@@ -186,6 +206,8 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
                        lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` in the caller's event loop."""
     run = await adrive(store, _get_run_flow(run_id))
+    if run.status is RunStatus.CONTINUED:
+        run = await adrive(store, _chain_head_flow(run))
     if run.status.terminal:
         return _ended(run)
     wf = _workflow_of(run)
@@ -196,14 +218,16 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     """Ask a run to stop, for good, and return it as it now stands.
 
     A pending or blocked run ends cancelled at once. A running one is marked: its worker starts
-    nothing new (no step, no dispatch) and ends it cancelled — an effect already in flight is
-    recorded or reconciled first, never forgotten. No resume revives a cancelled run. An ended
-    run is left as it is.
+    nothing new (no step, no dispatch, no continue-as-new) and ends it cancelled — an effect
+    already in flight is recorded or reconciled first, never forgotten. No resume revives a
+    cancelled run. An ended run is left as it is; a run that continued as new passes the request
+    on to the run that carries its chain on, which is returned.
     """
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    return store.request_cancel(run_id, by, reason)
+    run: RunRecord = drive(store, _cancel_flow(run_id, by, reason))
+    return run
 
 
 async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
@@ -212,8 +236,16 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    found = store.request_cancel(run_id, by, reason)
-    return await found if inspect.isawaitable(found) else found
+    run: RunRecord = await adrive(store, _cancel_flow(run_id, by, reason))
+    return run
+
+
+def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow:
+    run = yield Io("request_cancel", (run_id, by, reason))
+    # A continued run's work goes on in its successor (which may continue again meanwhile).
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("request_cancel", (run.successor_run_id, by, reason))
+    return run
 
 
 def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
@@ -284,6 +316,13 @@ def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) ->
     return (yield from _execute_flow(store, wf, claim, run, {}, {}))
 
 
+def _chain_head_flow(run: RunRecord) -> Flow:
+    """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new."""
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("get_run", (run.successor_run_id,))
+    return run
+
+
 def _ended(run: RunRecord) -> Any:
     """The outcome of a run that needs no worker: its result, or the error it ended with."""
     if run.status is RunStatus.COMPLETED:
@@ -311,6 +350,7 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
 
 
 def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow:
+    run = yield from _chain_head_flow(run)  # a continued run: resume the chain where it is
     if run.status.terminal:
         return _ended(run)
     claim = None
@@ -321,7 +361,7 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
                          {"dead_owner": plan.dead_owner})
         if claim is not None:
             break
-        run = yield Io("get_run", (run.run_id,))
+        run = yield from _chain_head_flow((yield Io("get_run", (run.run_id,))))
         if run.status.terminal:
             return _ended(run)
     if claim is None:
@@ -354,9 +394,32 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
                                      dict(ledger.operations)))
 
 
+@dataclass(frozen=True, slots=True)
+class _Continued:
+    """How a run ended that continued as new: its successor, and this worker's claim on it
+    (None for a successor left for any worker)."""
+
+    run: RunRecord
+    claim: Claim | None
+
+
 def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                   steps: dict[str, Any], operations: dict[str, Any]) -> Flow:
-    """Run the workflow function against the ledger and record how it ended."""
+    """Run the workflow function against the ledger and record how it ended. A run that
+    continues as new is followed by its successor, executed here in turn (a loop, not a
+    recursion: a chain may be long), so the caller gets the chain's result."""
+    while True:
+        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations)
+        if not isinstance(ended, _Continued):
+            return ended
+        if ended.claim is None:  # not claimed here: take it like any other run
+            return (yield from _resume_flow(store, wf, ended.run, claim.lease_ms))
+        claim, run, steps, operations = ended.claim, ended.run, {}, {}
+
+
+def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                      steps: dict[str, Any], operations: dict[str, Any]) -> Flow:
+    """One run of the workflow function against the ledger, and how it ended."""
     core = RunCore(store, claim, run, steps, operations, is_async=wf.is_async)
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
@@ -367,12 +430,14 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         raise  # this worker must stop; the ledger already says everything it may say
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
+    except ContinueAsNew as signal:
+        return (yield from _continue_flow(core, wf, signal))
     except _STOPPING:
         yield from _release(claim)  # the process or task is stopping, not the run
         raise
     except BaseException as exc:
-        if isinstance(core.halted, Cancelled):  # agent code swallowed it, then failed
-            return (yield from _end_cancelled(core, core.halted))
+        if (signalled := _signalled(core, wf)) is not None:  # swallowed, then failed
+            return (yield from signalled)
         if core.release_on_halt:
             yield from _release(claim)  # an interrupted effect: the next worker reconciles it
             if core.halted is exc:
@@ -392,8 +457,8 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         if isinstance(exc, SafepointError):
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
-    if isinstance(core.halted, Cancelled):
-        return (yield from _end_cancelled(core, core.halted))
+    if (signalled := _signalled(core, wf)) is not None:  # swallowed, and the workflow returned
+        return (yield from signalled)
     if core.halted is not None:
         if core.release_on_halt:
             yield from _release(claim)
@@ -421,6 +486,37 @@ def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
     error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
     yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
     raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
+
+
+def _signalled(core: RunCore, wf: Workflow) -> Flow | None:
+    """How the run ends when agent code swallowed a stop or continue signal: as the signal
+    said, all the same. None when there was none."""
+    if isinstance(core.halted, Cancelled):
+        return _end_cancelled(core, core.halted)
+    if isinstance(core.halted, ContinueAsNew):
+        return _continue_flow(core, wf, core.halted)
+    return None
+
+
+def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
+    """The run ends continued and its successor starts with the carried state, in one store
+    transaction — unless an effect of the run is still uncertain (it blocks: a successor must
+    not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
+    refuses, and the run ends cancelled: continuing cannot escape the request)."""
+    yield from _block_if_uncertain(core, "the workflow continued as new", signal)
+    successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
+                                core.claim.owner, core.claim.lease_ms)
+    crashpoint("run.before_continue")
+    try:
+        run, claim = yield Io("continue_as_new", (core.claim, successor))
+    except Cancelled as exc:
+        return (yield from _end_cancelled(core, exc))
+    except RunConflict as exc:
+        yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
+                              phase="continue_as_new")
+        raise
+    crashpoint("run.after_continue")
+    return _Continued(run, claim)
 
 
 # Signals that stop this process or task, not the run: it is released for the next worker.

@@ -57,6 +57,7 @@ RUN_STYLES: dict[RunStatus, str] = {
     RunStatus.FAILED: "red",
     RunStatus.BLOCKED: "bold red",
     RunStatus.CANCELLED: "dim",
+    RunStatus.CONTINUED: "green dim",
 }
 
 EFFECT_STYLES: dict[EffectState, str] = {
@@ -201,12 +202,30 @@ def _header(run: RunRecord) -> Table:
     if run.error:
         grid.add_row("error", Text(f"{run.error.get('type', 'error')}:"
                                    f" {run.error.get('message', '')}", style="red"))
+    if run.parent_run_id:
+        grid.add_row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain"
+                                  f" {run.chain_id})")
+    if run.successor_run_id:
+        grid.add_row("continued as", run.successor_run_id)
+    grid.add_row("history", _history(run))
     grid.add_row("resumes", str(run.resume_count))
     grid.add_row("fence", str(run.fence))
     grid.add_row("revision", str(run.state_revision))
     grid.add_row("created", clock(run.created_at))
     grid.add_row("updated", clock(run.updated_at))
     return grid
+
+
+def _history(run: RunRecord) -> Text:
+    """``812 of 50000 (soft 10000)``: the run's events and steps against its limits."""
+    text = Text(f"{run.history_size} events and steps")
+    limits = [f"{name} {value}" for name, value in (("soft", run.history_soft_limit),
+                                                     ("hard", run.history_hard_limit))
+              if value is not None]
+    text.append(f" (limits: {', '.join(limits)})" if limits else " (no limit)")
+    if run.history_warned_at is not None:
+        text.append(" past the soft limit: continue it as new", style="yellow")
+    return text
 
 
 def _print_blocked(console: Console, run: RunRecord) -> None:
@@ -294,7 +313,7 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     """List runs, most recently changed first.
 
     Columns: run id, workflow@version, status, resume count, fence, when it last changed, and
-    for a blocked run the phase of its recovery record.
+    for a blocked run the phase of its recovery record (for a continued run: its successor).
     """
     store = _store(ctx)
     found = store.list_runs(RunStatus(status) if status else None, limit)
@@ -308,9 +327,12 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     for run in found:
         blocked = run.status is RunStatus.BLOCKED
         phase = str((run.recovery_record or {}).get("phase", "")) if blocked else ""
+        if run.successor_run_id:
+            phase = f"→ {run.successor_run_id}"
         _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
              Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
-             str(run.fence), ago(run.updated_at, now), Text(phase, style="red"))
+             str(run.fence), ago(run.updated_at, now), Text(phase, style="red" if blocked
+                                                             else ""))
     print_table(console, table)
 
 
@@ -455,12 +477,14 @@ def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None
     """Cancel a run, for good.
 
     A pending or blocked run ends at once; a running one stops before its next step or dispatch
-    (an effect in flight is settled first). No resume revives a cancelled run.
+    (an effect in flight is settled first). No resume revives a cancelled run. A run that
+    continued as new passes the request on to the run that carries its chain on.
     """
     run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
     state = ("cancel requested: its worker stops before its next step or dispatch"
              if run.status is RunStatus.RUNNING else f"now {run.status.value}")
-    click.echo(f"run {run_id!r}: {state}")
+    chain = f" (its chain goes on in {run.run_id!r})" if run.run_id != run_id else ""
+    click.echo(f"run {run_id!r}{chain}: {state}")
 
 
 @cli.command()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from ..errors import Cancelled, LostOwnership
+from ..errors import Cancelled, HistoryLimitReached, LostOwnership
 from ..types import (
     JSON,
     Claim,
@@ -42,6 +42,8 @@ class NewRun:
     owner: str | None   # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
     resume_budget: int | None = None  # takeovers allowed before BudgetExhausted; None: no limit
+    history_soft_limit: int | None = None  # see HistoryLimit; None: no limit
+    history_hard_limit: int | None = None
 
 
 class Store(Protocol):
@@ -117,6 +119,22 @@ class Store(Protocol):
         ...
 
     def release_run(self, claim: Claim) -> None: ...
+
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        """End the claimed run as ``continued``, pointing at ``successor``, and create the
+        successor — claimed by ``successor.owner``, in the run's chain (``chain_id``, the next
+        ``chain_index``, ``parent_run_id``) — in one atomic operation. Fenced like a new step:
+        ``LostOwnership`` when stale, ``Cancelled`` once a cancel is asked for; never refused by
+        the history limit. A successor id held by another run raises ``RunConflict`` and
+        changes nothing. (No successor can exist without its parent ended continued: a continue
+        retried after a crash finds either both done or neither.)"""
+        ...
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        """The operation ``operation_id`` as an earlier run of chain ``chain_id`` settled it
+        (accepted or rejected), or None: how a successor finds the chain's effect ledger
+        without a copy of it. One indexed lookup."""
+        ...
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
@@ -225,6 +243,16 @@ class AsyncStore(Protocol):
 
     async def release_run(self, claim: Claim) -> None: ...
 
+    async def continue_as_new(self, claim: Claim,
+                              successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        """See ``Store.continue_as_new``."""
+        ...
+
+    async def chain_operation(self, chain_id: str,
+                              operation_id: str) -> OperationRecord | None:
+        """See ``Store.chain_operation``."""
+        ...
+
     async def resolve(self, run_id: str, expected_revision: int,
                       resolution: Resolution) -> RunRecord:
         """See ``Store.resolve``."""
@@ -245,11 +273,17 @@ class AsyncStore(Protocol):
 
 
 def refused_write(claim: Claim, fence: int | None, status: str | None,
-                  cancel_requested_at: int | None) -> BaseException:
+                  cancel_requested_at: int | None, *, limited: bool = False,
+                  history: int | None = None, hard_limit: int | None = None) -> BaseException:
     """Why a fenced worker write matched nothing, from the run's row as it now stands: a cancel
-    request while this worker's fence still holds (``Cancelled``), or a stale fence."""
-    if fence == claim.fence and status == "running" and cancel_requested_at is not None:
-        return Cancelled(claim.run_id)
+    request while this worker's fence still holds (``Cancelled``); for a write held to the
+    history limit (``limited``) whose fence holds, the limit (``HistoryLimitReached``); else a
+    stale fence."""
+    if fence == claim.fence and status == "running":
+        if cancel_requested_at is not None:
+            return Cancelled(claim.run_id)
+        if limited:
+            return HistoryLimitReached(claim.run_id, history, hard_limit)
     return LostOwnership(claim.run_id, claim.fence)
 
 
