@@ -399,6 +399,19 @@ def test_a_run_asked_to_cancel_cannot_continue_as_new(store: sp.Store) -> None:
         store.get_run("r~1")
 
 
+def test_a_successor_id_taken_by_another_run_blocks_the_continue(memory_store: sp.Store) -> None:
+    squatter = sp.workflow(_name("squatter"))(lambda run: "other")
+    sp.submit(memory_store, squatter, run_id="r~1")
+    loop = _loop(_name("taken"))
+    with pytest.raises(sp.RunBlocked) as blocked:
+        sp.start(memory_store, loop, 0, 0, 4, 2, run_id="r")
+    assert blocked.value.record is not None
+    assert blocked.value.record["phase"] == "continue_as_new"
+    run = memory_store.get_run("r")
+    assert (run.status, run.successor_run_id) == (sp.RunStatus.BLOCKED, None)
+    assert memory_store.get_run("r~1").workflow == squatter.name  # left as it was
+
+
 def test_cancelling_a_continued_run_stops_its_chain(store: sp.Store) -> None:
     loop = _loop(_name("cancel-chain"))
     sp.submit(store, loop, 0, 0, 4, 2, run_id="r")

@@ -4,6 +4,13 @@ A store is correct when it passes the conformance suite in ``safepoint.testing.c
 this protocol only names the operations. Each method is one atomic operation; every method that
 takes a ``Claim`` is a worker write and must check the claim's fence *in the same transaction as
 the write*, raising ``LostOwnership`` when the fence is stale or the run is no longer running.
+
+Worker writes also count the run's history (``RunRecord.event_count`` and ``step_count``: every
+event appended, every step row added) in that transaction. Past the run's soft limit the write
+that crossed it appends one ``run.history_warning`` event and issues ``HistoryWarning`` once it
+committed; a write that starts something new (``record_step`` of a new step,
+``prepare_effect``) and would take the history past the hard limit is refused whole with
+``HistoryLimitReached`` — in the same check as the fence.
 """
 
 from __future__ import annotations
@@ -96,20 +103,25 @@ class Store(Protocol):
         """The heartbeat: extend the lease; ``LostOwnership`` once the fence is stale."""
         ...
 
-    def record_step(self, claim: Claim, step: StepRecord) -> None: ...
+    def record_step(self, claim: Claim, step: StepRecord) -> None:
+        """Record (or replace) a step; a new one is held to the hard history limit."""
+        ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        """Prepared intent: payload artifact, operation id and effect key, in one commit."""
+        """Prepared intent: payload artifact, operation id and effect key, in one commit; filed
+        under the run's chain (see ``chain_operation``); held to the hard history limit."""
         ...
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        """Commit "dispatch may have happened"; returns the operation as it now stands."""
+        """Commit "dispatch may have happened"; returns the operation as it now stands. Never
+        held to the history limit: the operation was prepared already."""
         ...
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
-        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
+        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit.
+        Never held to the history limit: what happened is always recorded."""
         ...
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,

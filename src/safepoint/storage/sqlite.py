@@ -423,16 +423,17 @@ class SqliteStore:
     # -- worker writes -------------------------------------------------------------------------
 
     def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int,
-                     *, steps: int = 0, new_work: bool = False,
+                     *, step: StepRecord | None = None, new_work: bool = False,
                      limited: bool = False) -> HistoryWarning | None:
-        """The fence of a worker write, counting the history it adds (``events`` events,
-        ``steps`` new steps). ``new_work``: refused once a cancel is asked for; ``limited``:
-        also refused past the hard history limit. Records the soft limit's warning when it
-        falls due, and returns it, to be issued once the transaction committed."""
+        """The fence of a worker write, counting the history it adds (``events`` events, and
+        ``step`` when it is a new row). ``new_work``: refused once a cancel is asked for;
+        ``limited``: also refused past the hard history limit. Records the soft limit's warning
+        when it falls due, and returns it, to be issued once the transaction committed."""
         query = "fence_check_new_work" if new_work else "fence_check"
         row = conn.execute(_Q[query], {
             "run_id": claim.run_id, "fence": claim.fence, "lease_expires_at": now + claim.lease_ms,
-            "events": events, "steps": steps, "limited": int(limited), "now": now}).fetchone()
+            "events": events, "step_id": step.step_id if step else None,
+            "limited": int(limited), "now": now}).fetchone()
         if row is None:
             raise self._refused(conn, claim, limited=limited)
         if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
@@ -478,20 +479,10 @@ class SqliteStore:
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()
         with self._write() as conn:
-            due = self._fence_check(conn, claim, now, events=0,
-                                    steps=self._new_steps(conn, claim, step), new_work=True,
+            due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True,
                                     limited=True)
             self._upsert_step(conn, claim, step, now)
         warn(due)
-
-    @staticmethod
-    def _new_steps(conn: sqlite3.Connection, claim: Claim, step: StepRecord | None) -> int:
-        """1 when ``step`` is a new row of the run's history, 0 when it replaces one."""
-        if step is None:
-            return 0
-        found = conn.execute(_Q["step_exists"], {"run_id": claim.run_id,
-                                                 "step_id": step.step_id}).fetchone()
-        return 0 if found else 1
 
     def renew_lease(self, claim: Claim) -> None:
         with self._write() as conn:
@@ -541,8 +532,7 @@ class SqliteStore:
         now = self.now()
         with self._write() as conn:
             # an outcome is never held to the history limit: what happened is always recorded
-            due = self._fence_check(conn, claim, now, events=1,
-                                    steps=self._new_steps(conn, claim, step))
+            due = self._fence_check(conn, claim, now, events=1, step=step)
             cursor = conn.execute(_Q["record_outcome"], {
                 "run_id": claim.run_id, "operation_id": operation_id, "state": state.value,
                 "receipt": None if receipt is None else dumps(receipt),

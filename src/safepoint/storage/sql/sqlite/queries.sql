@@ -87,25 +87,34 @@ RETURNING fence, state_revision, lease_expires_at;
 -- name: fence_check
 -- The guard of every worker write: matches only while this worker's fence is current and the
 -- run is running; renews the lease, bumps the revision and counts the history the write adds
--- (:events events, :steps new steps) as it goes. Returns the history as it now stands.
+-- as it goes: :events events, and the step :step_id when it is new (recording a step id again
+-- replaces its row). Returns the history as it now stands.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
-    event_count = event_count + :events, step_count = step_count + :steps, updated_at = :now
+    event_count = event_count + :events,
+    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
+    updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
           history_warned_at;
 
 -- name: fence_check_new_work
 -- The guard of a write that starts something new (a step, a prepared or dispatched effect):
--- as fence_check, and refused once a cancel is asked for. With :limited = 1 (a new step or a
+-- as fence_check, and refused once a cancel is asked for. With :limited = 1 (a step or a
 -- prepared effect) also refused when the history would grow past the run's hard limit.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
-    event_count = event_count + :events, step_count = step_count + :steps, updated_at = :now
+    event_count = event_count + :events,
+    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
+    updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
   AND cancel_requested_at IS NULL
   AND (:limited = 0 OR history_hard_limit IS NULL
-       OR event_count + step_count + :events + :steps <= history_hard_limit)
+       OR event_count + step_count + :events + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
+          <= history_hard_limit)
 RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
           history_warned_at;
 
@@ -225,10 +234,6 @@ ON CONFLICT (digest) DO NOTHING;
 -- name: get_artifact
 -- The bytes stored under a digest (checked against it by the caller).
 SELECT content FROM safepoint_artifacts WHERE digest = :digest;
-
--- name: step_exists
--- Whether a step id is recorded already: recording it again replaces its row (no growth).
-SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
 
 -- name: record_history_warning
 -- The run's history crossed its soft limit: remember when (so it is recorded once) and count
