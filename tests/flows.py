@@ -142,3 +142,13 @@ async def fan_out_async(run: sp.AsyncRun, order: str) -> dict[str, Any]:
 
     booked = await run.gather("fan", {region: branch(region) for region in REGIONS})
     return {"booked": sorted(booked.values())}
+@sp.workflow("chain", version="1", history_limit=(40, 80))
+def chain(run: sp.Run, start: int, count: int, every: int, ids: list[str]) -> list[str]:
+    """A loop of effects that continues as new every ``every`` lines, carrying what it did."""
+    for index in range(start, count):
+        receipt = run.effect("effect.line", charges, payload={"line": index},
+                             operation_id=f"line:{index}")
+        ids = [*ids, receipt["id"]]
+        if (index + 1) % every == 0 and index + 1 < count:
+            run.continue_as_new(index + 1, count, every, ids)
+    return ids

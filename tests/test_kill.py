@@ -55,10 +55,14 @@ def harness(request: pytest.FixtureRequest, kill_owner: OwnerService,
                        store_url=url)
 
 
+# A workflow that never continues as new cannot reach these: tests/test_history.py kills there.
+CONTINUE_POINTS = {"run.before_continue", "run.after_continue"}
+
+
 def test_matrix_covers_every_crash_point() -> None:
     from safepoint._crashpoints import POINTS
 
-    assert {spec.split(":")[0] for spec in MATRIX} == set(POINTS)
+    assert {spec.split(":")[0] for spec in MATRIX} == set(POINTS) - CONTINUE_POINTS
 
 
 @pytest.mark.parametrize("crash_at", MATRIX)

@@ -32,6 +32,8 @@ POINTS: tuple[str, ...] = (
     "effect.after_outcome",         # receipt stored (applied), before verification
     "effect.after_accept",          # accepted and the step recorded
     "run.before_complete",          # the workflow returned; completion not recorded
+    "run.before_continue",          # the workflow continued as new; nothing of it recorded
+    "run.after_continue",           # continued, and its successor created; successor not run
 )
 
 

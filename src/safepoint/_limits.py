@@ -203,3 +203,15 @@ def limits_ref(run: RunRecord) -> dict[str, Any]:
         "cost_spent": run.cost_spent,
         "step_attempts": run.step_attempts.attempts if run.step_attempts else None,
     }
+
+
+def carried_limits(run: RunRecord) -> dict[str, Any]:
+    """The limits a run's successor (continue as new) starts with: the same deadline, and what
+    is left of the token and cost budgets — continuing is never a way around a limit."""
+    def left(budget: float | None, spent: float) -> float | None:
+        return None if budget is None else max(budget - spent, 0)
+
+    tokens = left(run.token_budget, run.tokens_spent)
+    return {"deadline_at": run.deadline_at,
+            "token_budget": None if tokens is None else int(tokens),
+            "cost_budget": left(run.cost_budget, run.cost_spent)}

@@ -78,6 +78,22 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         "read the store's refusal in the evidence; fix the data or code that caused it,"
         " then resume",
     ],
+    "history_limit": [
+        "the run's history (its events and steps) reached its hard limit: it records nothing"
+        " new",
+        "have the workflow carry its state into a successor before the limit: call"
+        " run.continue_as_new(state) at a deterministic point (every N iterations, say);"
+        " deploy that under the same workflow version, then resume RUN — it replays to that"
+        " point and continues as new (effects with an explicit operation_id are not sent"
+        " again)",
+        "or give the run up: safepoint resolve RUN --abandon --revision <state_revision>"
+        " --by <you>",
+    ],
+    "continue_as_new": [
+        "the successor's run id is taken by another run: rename or remove that run, then"
+        " resume RUN; or give the run up: safepoint resolve RUN --abandon --revision"
+        " <state_revision> --by <you>",
+    ],
 }
 
 

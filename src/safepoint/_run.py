@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._approvals import awaiting, may_reprepare
 from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
@@ -40,6 +40,7 @@ from ._effects import (
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep, adrive, callable_name, drive
 from ._flow import is_async_callable as _is_async_callable
+from ._history import successor_inputs
 from ._limits import (
     UsageFn,
     after_failure,
@@ -59,8 +60,10 @@ from .errors import (
     ArtifactMissing,
     BudgetExhausted,
     Cancelled,
+    ContinueAsNew,
     DeadlineExceeded,
     EffectRejected,
+    HistoryLimitReached,
     InvalidDecision,
     InvalidStepId,
     LimitReached,
@@ -172,6 +175,26 @@ class RunCore:
         it cannot carry on; the run is then ended (failed, or blocked) by ``_execute_flow``."""
         self.halted = error
         return error
+    def continue_as_new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ContinueAsNew:
+        """The signal that ends this run and starts its successor with ``args``/``kwargs``,
+        kept: agent code that swallows it cannot carry on. A run asked to stop cannot escape
+        the request by continuing: it gets the stop signal instead."""
+        self.check_halt()
+        if self.cancelling:
+            raise self.cancelled()
+        signal = ContinueAsNew(self.run.run_id, successor_inputs(args, kwargs))
+        self.halted = signal
+        return signal
+
+    def append_new(self, request: Io, sid: str) -> Flow:
+        """A write that records something new (a step, a prepared effect). At the run's hard
+        history limit the store refuses it: the run blocks, to be continued as new."""
+        try:
+            return (yield request)
+        except HistoryLimitReached as limit:
+            yield from self.block(limit, phase="history_limit", step_id=sid,
+                                  evidence={"history": limit.size, "hard_limit": limit.limit})
+            raise
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
@@ -375,7 +398,7 @@ class RunCore:
         if why:
             evidence["gave_up"] = why
         failed = replace(base, status=StepStatus.FAILED, error=evidence)
-        yield Io("record_step", (self.claim, failed))
+        yield from self.append_new(Io("record_step", (self.claim, failed)), base.step_id)
         self.steps[base.step_id] = failed
         raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
                          attempts) from cause
@@ -399,7 +422,7 @@ class RunCore:
         next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
         step = replace(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
-        yield Io("record_step", (self.claim, step))
+        yield from self.append_new(Io("record_step", (self.claim, step)), sid)
         self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit
             self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
@@ -433,8 +456,17 @@ class RunCore:
         if recorded is not None:
             return recorded.result
 
+        # An operation id the caller chose names the operation across the run's chain: one an
+        # earlier run of the chain settled is never dispatched again (nor keyed afresh). A step's
+        # own id, the default, names it within this run only.
+        chained = operation_id is not None
+        if op_id not in self.operations and chained and self.run.parent_run_id is not None:
+            settled = yield from self._settled_in_chain(sid, effect, op_id, payload_ref)
+            if settled is not None:
+                return settled.receipt
+        key_scope = (self.run.chain_id or self.run.run_id) if chained else self.run.run_id
         op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
-                                                approval)
+                                                approval, key_scope)
         step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
         while True:
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
@@ -455,7 +487,7 @@ class RunCore:
                 if self.replans and sid not in self.steps and not self.cancelling:
                     # kept from before a re-plan: the step now points at it, so later replays
                     # find it directly
-                    yield Io("record_step", (self.claim, step))
+                    yield from self.append_new(Io("record_step", (self.claim, step)), sid)
                     self.steps[sid] = step
                 return op.receipt
             elif decided.action is Action.REPLAY_REJECTION:
@@ -472,7 +504,7 @@ class RunCore:
                           seq=self.next_seq(sid), operation_id=op.operation_id)
 
     def _prepared(self, sid: str, effect: Effect, op_id: str, payload: JSON,
-                  payload_bytes: bytes, approval: bool) -> Flow:
+                  payload_bytes: bytes, approval: bool, key_scope: str) -> Flow:
         """The operation, prepared now or as the ledger has it, and the payload it carries."""
         payload_ref = digest(payload_bytes)
         op = self.operations.get(op_id)
@@ -486,9 +518,10 @@ class RunCore:
             op = OperationRecord(
                 run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
                 state=EffectState.PREPARED, payload_ref=payload_ref,
-                effect_key=mint_effect_key(self.run.run_id, op_id),
+                effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
                 approval_required=approval, target_digest=target)
-            yield Io("prepare_effect", (self.claim, op, payload_bytes))
+            yield from self.append_new(Io("prepare_effect", (self.claim, op, payload_bytes)),
+                                       sid)
             self.operations[op_id] = op
             crashpoint("effect.after_prepared", sid)
         else:
@@ -551,6 +584,34 @@ class RunCore:
                 # approval this code did not): ask the gate, which now makes the run wait.
                 op = replace(op, approval_required=True)
         raise AssertionError("unreachable")
+
+    def _settled_in_chain(self, sid: str, effect: Effect, op_id: str,
+                          payload_ref: str) -> Flow:
+        """The operation as an earlier run of this chain accepted it, or None — looked up in
+        place, never copied; one it rejected raises that rejection again. It stands for this
+        run too, but only for the same effect and the very same payload: a changed payload is
+        never sent under its key."""
+        settled: OperationRecord | None = yield Io("chain_operation",
+                                                   (self.run.chain_id, op_id))
+        if settled is None:
+            return None
+        if settled.effect != effect.name:
+            yield from self.block(
+                ReplayMismatch(self.run.run_id, sid,
+                               f"operation {op_id!r} was settled by run {settled.run_id!r} of"
+                               f" this chain for effect {settled.effect!r}"),
+                phase="replay_mismatch", op=settled)
+        if settled.payload_ref != payload_ref:
+            yield from self.block(
+                StaleCheckpoint(self.run.run_id, sid,
+                                f"the payload of {op_id!r} changed since run"
+                                f" {settled.run_id!r} of this chain settled it; it is never"
+                                " sent again under its key"),
+                phase="stale_checkpoint", op=settled,
+                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
+        if settled.state is EffectState.REJECTED:
+            raise EffectRejected(self.run.run_id, sid, op_id, settled.error)
+        return settled
 
     def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
                           payload_ref: str) -> Flow:
@@ -950,6 +1011,22 @@ class Run(_RunBase):
                     results[index] = future.result()
         return _outcome(named, results, errors, isinstance(branches, Mapping))
 
+    def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """End this run and carry on in a successor called with ``args`` and ``kwargs`` (after
+        its ``run``): same workflow and version, a fresh history, the same chain. Keeps a long
+        run under its history limit; call it at a deterministic point (every N iterations).
+
+        The state must be JSON (and never a credential). Effects settled in this run or any run
+        before it in the chain are found by their ``operation_id`` — never dispatched again —
+        when that id was given explicitly. The run blocks instead while an effect of it is
+        uncertain, and ends cancelled if a cancel was asked for. ``start`` and ``resume`` of
+        the first run's id return the result of the chain's last run.
+
+        >>> if step % 1000 == 999:
+        ...     run.continue_as_new(step + 1, totals)
+        """
+        raise self._core.continue_as_new(args, kwargs)
+
 
 class AsyncRun(_RunBase):
     """What an ``async def`` workflow receives: the methods of ``Run``, awaited."""
@@ -1001,3 +1078,7 @@ class AsyncRun(_RunBase):
             return_exceptions=True)
         errors = [r if isinstance(r, BaseException) else None for r in settled]
         return _outcome(named, list(settled), errors, isinstance(branches, Mapping))
+
+    async def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """``Run.continue_as_new``, awaited: ``await run.continue_as_new(step + 1, totals)``."""
+        raise self._core.continue_as_new(args, kwargs)

@@ -3,8 +3,9 @@
 ``start`` creates a run (or finds the one with this run id) and executes it; ``resume`` takes
 over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which runs
 the workflow function from its start against the ledger — replay makes that cheap — and
-records how it ended: completed, failed, or blocked. Like the steps, these are flows (see
-``_flow``), carried out synchronously or in the caller's event loop by the same code.
+records how it ended: completed, failed, blocked, or continued as new (and then executes the
+successor too, so the first run's caller gets the chain's result). Like the steps, these are
+flows (see ``_flow``), carried out synchronously or in the caller's event loop by the same code.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._flow import Call, Flow, Io, Sleep, adrive, drive
-from ._limits import as_retry, deadline_of, merged_budget, past_deadline, run_default
+from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, successor_run_id
+from ._limits import (
+    as_retry,
+    carried_limits,
+    deadline_of,
+    merged_budget,
+    past_deadline,
+    run_default,
+)
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
 from ._run import AsyncRun, Run, RunCore
@@ -33,12 +42,14 @@ from .errors import (
     ArtifactMissing,
     BudgetExhausted,
     Cancelled,
+    ContinueAsNew,
     CorruptRecord,
     DeadlineExceeded,
     IncompatibleWorkflow,
     LimitReached,
     LostOwnership,
     NeedsReconciliation,
+    RunBlocked,
     RunCancelled,
     RunConflict,
     RunFailed,
@@ -50,7 +61,16 @@ from .errors import (
     WorkflowNotFound,
 )
 from .storage.base import NewRun, Replan, Store, cancelled_error
-from .types import Budget, Claim, EffectState, Ledger, Retry, RunRecord, RunStatus
+from .types import (
+    Budget,
+    Claim,
+    EffectState,
+    HistoryLimit,
+    Ledger,
+    Retry,
+    RunRecord,
+    RunStatus,
+)
 
 if TYPE_CHECKING:
     from .storage.base import AsyncStore
@@ -72,6 +92,7 @@ class Workflow:
     step_attempts: Retry | None = None  # default attempts of its read and model steps
     budget: Budget | None = None        # model tokens / cost a run may spend
     deadline: timedelta | None = None   # how long after its creation a run may start new work
+    history_limit: HistoryLimit = DEFAULT_HISTORY_LIMIT
 
     @property
     def fingerprint(self) -> str:
@@ -90,7 +111,9 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
              compatibility: Compatibility | str = Compatibility.REFUSE, tools: Any = None,
              models: list[str] | None = None, prompts: dict[str, str] | None = None,
              step_attempts: Retry | int | None = None, budget: Budget | None = None,
-             deadline: timedelta | None = None) -> Callable[[Callable[..., Any]], Workflow]:
+             deadline: timedelta | None = None,
+             history_limit: HistoryLimit | tuple[int | None, int | None] | None = None,
+             ) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
     The version is yours to bump: nothing is inferred from source code, so a deploy strands
@@ -104,6 +127,10 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     already happened returns its receipt instead of being dispatched again.
     ``resume_budget`` is how often one run may be taken over (its worker died or stopped) before
     it fails loudly with ``BudgetExhausted`` (default 20; it is recorded with each run).
+    ``history_limit`` bounds each run's history, its events and steps: ``HistoryLimit(soft=,
+    hard=)`` or a ``(soft, hard)`` pair (default 10 000 and 50 000; recorded with each run).
+    Past soft the run warns; at hard it records nothing new and blocks — long runs
+    ``run.continue_as_new(state)`` before that.
 
     Limits recorded with each run, which no restart resets: ``step_attempts`` (a ``Retry`` or a
     number) is how often a read or model step is attempted when it names no ``retry=`` of its
@@ -132,12 +159,14 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
         raise UsageError(f"deadline={deadline!r}: a workflow's deadline is a timedelta, counted"
                          " from each run's creation")
     deadline_of(deadline)  # validated here, not at the first start
+    limit = as_history_limit(history_limit)
 
     def register(fn: Callable[..., Any]) -> Workflow:
         registered = Workflow(name, str(version), fn,
                               DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
                               compatibility=policy, manifest=manifest,
-                              step_attempts=attempts, budget=budget, deadline=deadline)
+                              step_attempts=attempts, budget=budget, deadline=deadline,
+                              history_limit=limit)
         _registry[name] = registered
         return registered
 
@@ -170,15 +199,22 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
              deadline: Deadline = None) -> NewRun:
     if not isinstance(wf, Workflow):
         raise UsageError("pass a function decorated with @safepoint.workflow(...)")
-    inputs = _run_inputs(args, kwargs)
     spend = merged_budget(wf.budget, budget)
     deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
-    return NewRun(run_id=run_id or uuid.uuid4().hex, workflow=wf.name,
-                  workflow_version=wf.version, input_hash=input_hash(inputs), inputs=inputs,
-                  owner=owner, lease_ms=lease_ms, resume_budget=wf.resume_budget,
-                  workflow_fingerprint=wf.fingerprint, workflow_manifest=wf.manifest,
-                  deadline_at=deadline_at, deadline_ms=deadline_ms, token_budget=spend.tokens,
-                  cost_budget=spend.cost, step_attempts=wf.step_attempts)
+    return _new_run_record(wf, _run_inputs(args, kwargs), run_id or uuid.uuid4().hex, owner,
+                           lease_ms, deadline_at=deadline_at, deadline_ms=deadline_ms,
+                           token_budget=spend.tokens, cost_budget=spend.cost)
+
+
+def _new_run_record(wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None,
+                    lease_ms: int, **limits: Any) -> NewRun:
+    """A run of ``wf`` as the store records it, with ``limits`` (deadline, budgets) and what
+    the workflow itself says (versions, fingerprint, attempts, history limits)."""
+    return NewRun(run_id=run_id, workflow=wf.name, workflow_version=wf.version,
+                  input_hash=input_hash(inputs), inputs=inputs, owner=owner, lease_ms=lease_ms,
+                  resume_budget=wf.resume_budget, history_soft_limit=wf.history_limit.soft,
+                  history_hard_limit=wf.history_limit.hard, workflow_fingerprint=wf.fingerprint,
+                  workflow_manifest=wf.manifest, step_attempts=wf.step_attempts, **limits)
 
 
 def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
@@ -241,6 +277,8 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
 def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` from a run record read earlier: the claim compares against *its* revision,
     so two resumers holding the same record race on one compare-and-set."""
+    if run.status is RunStatus.CONTINUED:
+        run = drive(store, _chain_head_flow(run))
     if run.status.terminal:
         return _ended(run)  # needs no workflow code: the ending is recorded
     wf = _workflow_of(run)
@@ -251,6 +289,8 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
                        lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` in the caller's event loop."""
     run = await adrive(store, _get_run_flow(run_id))
+    if run.status is RunStatus.CONTINUED:
+        run = await adrive(store, _chain_head_flow(run))
     if run.status.terminal:
         return _ended(run)
     wf = _workflow_of(run)
@@ -261,14 +301,16 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     """Ask a run to stop, for good, and return it as it now stands.
 
     A pending, waiting or blocked run ends cancelled at once. A running one is marked: its worker
-    starts nothing new (no step, no dispatch) and ends it cancelled — an effect already in
-    flight is recorded or reconciled first, never forgotten. No resume revives a cancelled run.
-    An ended run is left as it is.
+    starts nothing new (no step, no dispatch, no continue-as-new) and ends it cancelled — an
+    effect already in flight is recorded or reconciled first, never forgotten. No resume revives
+    a cancelled run. An ended run is left as it is; a run that continued as new passes the
+    request on to the run that carries its chain on, which is returned.
     """
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    return store.request_cancel(run_id, by, reason)
+    run: RunRecord = drive(store, _cancel_flow(run_id, by, reason))
+    return run
 
 
 async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
@@ -277,8 +319,16 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    found = store.request_cancel(run_id, by, reason)
-    return await found if inspect.isawaitable(found) else found
+    run: RunRecord = await adrive(store, _cancel_flow(run_id, by, reason))
+    return run
+
+
+def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow:
+    run = yield Io("request_cancel", (run_id, by, reason))
+    # A continued run's work goes on in its successor (which may continue again meanwhile).
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("request_cancel", (run.successor_run_id, by, reason))
+    return run
 
 
 def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
@@ -349,6 +399,13 @@ def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) ->
     return (yield from _execute_flow(store, wf, claim, run, {}, {}))
 
 
+def _chain_head_flow(run: RunRecord) -> Flow:
+    """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new."""
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("get_run", (run.successor_run_id,))
+    return run
+
+
 def _ended(run: RunRecord) -> Any:
     """The outcome of a run that needs no worker: its result, or the error it ended with."""
     if run.status is RunStatus.COMPLETED:
@@ -376,6 +433,7 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
 
 
 def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow:
+    run = yield from _chain_head_flow(run)  # a continued run: resume the chain where it is
     if run.status.terminal:
         return _ended(run)
     claim = None
@@ -386,7 +444,7 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
                          {"dead_owner": plan.dead_owner})
         if claim is not None:
             break
-        run = yield Io("get_run", (run.run_id,))
+        run = yield from _chain_head_flow((yield Io("get_run", (run.run_id,))))
         if run.status.terminal:
             return _ended(run)
     if claim is None:
@@ -468,10 +526,34 @@ def _core(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> RunCore:
                    default_retry=run_default(ledger.run.step_attempts, wf.step_attempts))
 
 
+@dataclass(frozen=True, slots=True)
+class _Continued:
+    """How a run ended that continued as new: its successor, and this worker's claim on it
+    (None for a successor left for any worker)."""
+
+    run: RunRecord
+    claim: Claim | None
+
+
 def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                   steps: dict[str, Any], operations: dict[str, Any],
                   attempts: dict[str, Any] | None = None) -> Flow:
-    """Run the workflow function against the ledger and record how it ended."""
+    """Run the workflow function against the ledger and record how it ended. A run that
+    continues as new is followed by its successor, executed here in turn (a loop, not a
+    recursion: a chain may be long), so the caller gets the chain's result."""
+    while True:
+        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts)
+        if not isinstance(ended, _Continued):
+            return ended
+        if ended.claim is None:  # not claimed here: take it like any other run
+            return (yield from _resume_flow(store, wf, ended.run, claim.lease_ms))
+        claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
+
+
+def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                      steps: dict[str, Any], operations: dict[str, Any],
+                      attempts: dict[str, Any] | None) -> Flow:
+    """One run of the workflow function against the ledger, and how it ended."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
@@ -482,11 +564,14 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         raise  # this worker must stop; the ledger already says everything it may say
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
+    except ContinueAsNew as signal:
+        return (yield from _continue_flow(core, wf, signal))
     except _STOPPING:
         yield from _release(claim)  # the process or task is stopping, not the run
         raise
     except BaseException as exc:
-        yield from _end_if_stopped(core)  # agent code swallowed the signal, then failed
+        if (signalled := _signalled(core, wf)) is not None:  # swallowed, then failed
+            return (yield from signalled)
         if core.release_on_halt:
             yield from _release(claim)  # an interrupted effect: the next worker reconciles it
             if core.halted is exc:
@@ -506,7 +591,8 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         if isinstance(exc, SafepointError):
             raise
         raise RunFailed(run.run_id, error["type"], error["message"]) from exc
-    yield from _end_if_stopped(core)  # agent code swallowed the signal and returned
+    if (signalled := _signalled(core, wf)) is not None:  # swallowed, and the workflow returned
+        return (yield from signalled)
     if core.halted is not None:
         if core.release_on_halt:
             yield from _release(claim)
@@ -524,14 +610,6 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     return result
 
 
-def _end_if_stopped(core: RunCore) -> Flow:
-    """End the run when it was cancelled or reached a limit (these raise); else nothing."""
-    if isinstance(core.halted, Cancelled):
-        yield from _end_cancelled(core, core.halted)
-    if isinstance(core.halted, LimitReached):
-        yield from _end_for_limit(core, core.halted)
-
-
 def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
     """The run was asked to stop and nothing new was started: it ends cancelled — unless an
     effect of it is still uncertain, which a person must settle first (it blocks)."""
@@ -542,6 +620,41 @@ def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
     error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
     yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
     raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
+
+
+def _signalled(core: RunCore, wf: Workflow) -> Flow | None:
+    """How the run ends when agent code swallowed a stop, a reached limit or a continue
+    signal: as the signal said, all the same. None when there was none."""
+    if isinstance(core.halted, Cancelled):
+        return _end_cancelled(core, core.halted)
+    if isinstance(core.halted, LimitReached):
+        return _end_for_limit(core, core.halted)
+    if isinstance(core.halted, ContinueAsNew):
+        return _continue_flow(core, wf, core.halted)
+    return None
+
+
+def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
+    """The run ends continued and its successor starts with the carried state, in one store
+    transaction — unless an effect of the run is still uncertain (it blocks: a successor must
+    not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
+    refuses, and the run ends cancelled: continuing cannot escape the request)."""
+    yield from _block_if_uncertain(core, "the workflow continued as new", signal)
+    # The chain is one task: its successor keeps the deadline and what is left of the budgets.
+    successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
+                                core.claim.owner, core.claim.lease_ms,
+                                **carried_limits(core.run))
+    crashpoint("run.before_continue")
+    try:
+        run, claim = yield Io("continue_as_new", (core.claim, successor))
+    except Cancelled as exc:
+        return (yield from _end_cancelled(core, exc))
+    except RunConflict as exc:
+        yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
+                              phase="continue_as_new")
+        raise
+    crashpoint("run.after_continue")
+    return _Continued(run, claim)
 
 
 # Signals that stop this process or task, not the run: it is released for the next worker.

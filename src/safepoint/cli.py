@@ -63,6 +63,7 @@ RUN_STYLES: dict[RunStatus, str] = {
     RunStatus.BLOCKED: "bold red",
     RunStatus.CANCELLED: "dim",
     RunStatus.WAITING: "bold magenta",  # a person's approval is awaited
+    RunStatus.CONTINUED: "green dim",
 }
 
 EFFECT_STYLES: dict[EffectState, str] = {
@@ -223,6 +224,12 @@ def _header(run: RunRecord) -> Table:
     if run.error:
         grid.add_row("error", Text(f"{run.error.get('type', 'error')}:"
                                    f" {run.error.get('message', '')}", style="red"))
+    if run.parent_run_id:
+        grid.add_row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain"
+                                  f" {run.chain_id})")
+    if run.successor_run_id:
+        grid.add_row("continued as", run.successor_run_id)
+    grid.add_row("history", _history(run))
     grid.add_row("resumes", str(run.resume_count) + (f" of {run.resume_budget}"
                                                      if run.resume_budget is not None else ""))
     _limit_rows(grid, run)
@@ -245,6 +252,16 @@ def _limit_rows(grid: Table, run: RunRecord) -> None:
         grid.add_row("cost", f"{run.cost_spent:g}{limit} spent")
     if run.step_attempts is not None:
         grid.add_row("step attempts", str(run.step_attempts.attempts))
+def _history(run: RunRecord) -> Text:
+    """``812 of 50000 (soft 10000)``: the run's events and steps against its limits."""
+    text = Text(f"{run.history_size} events and steps")
+    limits = [f"{name} {value}" for name, value in (("soft", run.history_soft_limit),
+                                                     ("hard", run.history_hard_limit))
+              if value is not None]
+    text.append(f" (limits: {', '.join(limits)})" if limits else " (no limit)")
+    if run.history_warned_at is not None:
+        text.append(" past the soft limit: continue it as new", style="yellow")
+    return text
 
 
 def _print_blocked(console: Console, run: RunRecord) -> None:
@@ -381,7 +398,7 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
 
     Columns: run id, workflow@version, status, resume count, fence, when it last changed, and
     for a blocked run the phase of its recovery record (for a waiting run: the step whose
-    approval it waits for).
+    approval it waits for; for a continued run: its successor).
     """
     store = _store(ctx)
     found = store.list_runs(RunStatus(status) if status else None, limit)
@@ -399,6 +416,8 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
         elif run.status is RunStatus.WAITING:
             phase = Text(f"approval of {(run.waiting_for or {}).get('step_id')}",
                          style="magenta")
+        elif run.successor_run_id:
+            phase = Text(f"→ {run.successor_run_id}")
         _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
              Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
              str(run.fence), ago(run.updated_at, now), phase)
@@ -606,12 +625,14 @@ def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None
     """Cancel a run, for good.
 
     A pending, waiting or blocked run ends at once; a running one stops before its next step or
-    dispatch (an effect in flight is settled first). No resume revives a cancelled run.
+    dispatch (an effect in flight is settled first). No resume revives a cancelled run. A run
+    that continued as new passes the request on to the run that carries its chain on.
     """
     run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
     state = ("cancel requested: its worker stops before its next step or dispatch"
              if run.status is RunStatus.RUNNING else f"now {run.status.value}")
-    click.echo(f"run {run_id!r}: {state}")
+    chain = f" (its chain goes on in {run.run_id!r})" if run.run_id != run_id else ""
+    click.echo(f"run {run_id!r}{chain}: {state}")
 
 
 @cli.command()

@@ -42,19 +42,25 @@ The tree::
             ├── VerificationFailed      an applied effect failed its verifier
             ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
             │   └── ReplayMismatch      the step at this id has another kind or name
-            └── IncompatibleWorkflow    the run was recorded by another version or fingerprint
+            ├── IncompatibleWorkflow    the run was recorded by another version or fingerprint
+            └── HistoryLimitReached     the run's history reached its hard limit: nothing new is recorded
 
     BaseException
     ├── LostOwnership                   this worker's fence is stale: it must stop at once
-    └── Cancelled                       the run was asked to stop: start nothing new
+    ├── Cancelled                       the run was asked to stop: start nothing new
+    └── ContinueAsNew                   run.continue_as_new(...): end the run, start its successor
 
-``LostOwnership`` derives from ``BaseException`` so that ``except Exception`` in agent code cannot
-swallow it. ``AwaitingApproval`` is not a ``RunBlocked``: nothing went wrong and there is no
-recovery record; the run is paused (status ``waiting``) until a person approves, and any worker
-carries it on after that. Like a block, it halts the run object: agent code that swallows it
-gets it again from its next step. The ``RunBlocked`` family is ordinary: once a run blocks, the
-run object refuses every further step and the run cannot complete, so swallowing the exception
-gains nothing.
+    Warning
+    └── UserWarning
+        └── HistoryWarning              a run's history crossed its soft limit: continue it as new
+
+``LostOwnership``, ``Cancelled`` and ``ContinueAsNew`` derive from ``BaseException`` so that
+``except Exception`` in agent code cannot swallow them. ``AwaitingApproval`` is not a
+``RunBlocked``: nothing went wrong and there is no recovery record; the run is paused (status
+``waiting``) until a person approves, and any worker carries it on after that. Like a block, it
+halts the run object: agent code that swallows it gets it again from its next step. The
+``RunBlocked`` family is ordinary: once a run blocks, the run object refuses every further step
+and the run cannot complete, so swallowing the exception gains nothing.
 """
 
 from __future__ import annotations
@@ -483,6 +489,34 @@ class IncompatibleWorkflow(RunBlocked):
         )
 
 
+class HistoryLimitReached(RunBlocked):
+    """The run's history — its events and recorded steps — reached its hard limit: the store
+    records nothing new for it (no step, no effect). Outcomes of effects already in flight and
+    the run's ending are still recorded. Continue long runs as new before this point."""
+
+    size: int | None
+    limit: int | None
+
+    def __init__(self, run_id: str, size: int | None, limit: int | None,
+                 record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"run {run_id!r} reached its hard history limit ({size} of {limit} events and"
+            " steps): nothing new is recorded for it — have the workflow call"
+            " run.continue_as_new(state) before the limit (every N iterations, say), then"
+            f" resume it (see `safepoint record {run_id}`)",
+            run_id=run_id,
+            size=size,
+            limit=limit,
+            record=record,
+        )
+
+
+class HistoryWarning(UserWarning):
+    """A run's history crossed its soft limit (``HistoryLimit.soft``): it should continue as new
+    before it reaches the hard limit, where it would stop. Recorded once per run as a
+    ``run.history_warning`` event too."""
+
+
 class LostOwnership(BaseException):
     """This worker's fence token is stale: another worker owns the run. Stop at once.
 
@@ -505,3 +539,14 @@ class Cancelled(BaseException):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was asked to stop; nothing new is started")
         self.run_id = run_id
+
+
+class ContinueAsNew(BaseException):
+    """Raised by ``run.continue_as_new(...)``: the run ends (status ``continued``) and its
+    successor starts with ``inputs`` as its arguments. A ``BaseException``, so that agent code's
+    ``except Exception`` cannot swallow it; there is nothing to catch — let it pass."""
+
+    def __init__(self, run_id: str, inputs: dict[str, Any]) -> None:
+        super().__init__(f"run {run_id!r} continues as new; its successor carries on")
+        self.run_id = run_id
+        self.inputs = inputs

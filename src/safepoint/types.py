@@ -27,10 +27,13 @@ class RunStatus(StrEnum):
     BLOCKED = "blocked"        # stopped visibly for a person; see the recovery record
     CANCELLED = "cancelled"
     WAITING = "waiting"        # paused until a person approves an effect; see ``waiting_for``
+    CONTINUED = "continued"    # continued as new: its successor (successor_run_id) carries on
 
     @property
     def terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        """This run will never run again (a continued run's chain goes on in its successor)."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
+                        RunStatus.CONTINUED)
 
 
 class StepKind(StrEnum):
@@ -88,6 +91,47 @@ class RunRecord:
     # A waiting run: the effect it waits to have approved (operation_id, step_id, effect,
     # payload_digest, target_digest, reason, invalidated, since).
     waiting_for: dict[str, Any] | None = None
+    step_count: int = 0                     # steps recorded; with event_count, the history
+    history_soft_limit: int | None = None   # history that records one run.history_warning
+    history_hard_limit: int | None = None   # history past which nothing new is recorded
+    history_warned_at: int | None = None    # when the soft limit was crossed
+    chain_id: str | None = None             # the first run of its continue-as-new chain
+    chain_index: int = 0                    # its place in the chain (0: the first run)
+    parent_run_id: str | None = None        # the run it continues
+    successor_run_id: str | None = None     # the run that continues it (status continued)
+
+    @property
+    def history_size(self) -> int:
+        """What the history limits count: the run's events and its recorded steps."""
+        return self.event_count + self.step_count
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryLimit:
+    """How long one run's history (its events and steps) may grow.
+
+    Past ``soft`` the run records one ``run.history_warning`` event and Python warns
+    (``HistoryWarning``): time to ``continue_as_new``. Past ``hard`` the store records nothing
+    new for the run — no new step, no new effect — and the run blocks; outcomes of effects
+    already in flight and the run's ending are always recorded. ``None`` turns a limit off.
+
+    >>> HistoryLimit(soft=2_000, hard=10_000)
+    HistoryLimit(soft=2000, hard=10000)
+    """
+
+    soft: int | None = 10_000
+    hard: int | None = 50_000
+
+    def __post_init__(self) -> None:
+        for name in ("soft", "hard"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"HistoryLimit.{name} is a count of events and steps: an int"
+                                 f" of 1 or more, or None for no limit (got {value!r})")
+        if self.soft is not None and self.hard is not None and self.soft > self.hard:
+            raise ValueError(f"HistoryLimit.soft ({self.soft}) must not exceed hard"
+                             f" ({self.hard}): the warning comes first")
 
 
 @dataclass(frozen=True, slots=True)

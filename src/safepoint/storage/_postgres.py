@@ -35,14 +35,17 @@ from .._approvals import approval_detail as approved_detail
 from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
+from .._history import history_warning, warning_due
 from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     CorruptRecord,
+    HistoryWarning,
     InvalidStoreURL,
     MigrationMismatch,
     ResolutionRefused,
+    RunConflict,
     RunNotFound,
     SafepointError,
     SchemaTooNew,
@@ -298,6 +301,8 @@ class PostgresLedger:
             workflow_manifest=_json_or_none(new.workflow_manifest), deadline_at=new.deadline_at,
             deadline_ms=new.deadline_ms, token_budget=new.token_budget,
             cost_budget=new.cost_budget, step_attempts=retry_json(new.step_attempts),
+            history_soft_limit=new.history_soft_limit,
+            history_hard_limit=new.history_hard_limit,
             detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
         if created:
             row = created[0]
@@ -353,7 +358,13 @@ class PostgresLedger:
             deadline_at=row["deadline_at"], token_budget=row["token_budget"],
             cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
             cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
-            waiting_for=(yield from self._value(row["waiting_for"], None, table, key)))
+            waiting_for=(yield from self._value(row["waiting_for"], None, table, key)),
+            step_count=row["step_count"],
+            history_soft_limit=row["history_soft_limit"],
+            history_hard_limit=row["history_hard_limit"],
+            history_warned_at=row["history_warned_at"], chain_id=row["chain_id"],
+            chain_index=row["chain_index"], parent_run_id=row["parent_run_id"],
+            successor_run_id=row["successor_run_id"])
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -463,9 +474,11 @@ class PostgresLedger:
             "tokens": step.tokens, "cost": step.cost}
 
     @staticmethod
-    def _fenced(claim: Claim, query: str, /, **params: Any) -> Plan[Row]:
+    def _fenced(claim: Claim, query: str, /, *, limited: bool = False,
+                **params: Any) -> Plan[Row]:
         """Run a fenced statement: its one row; when the fence matched nothing, ``Cancelled``
-        if the run was asked to stop (the fence still holds), else ``LostOwnership``."""
+        if the run was asked to stop (the fence still holds), ``HistoryLimitReached`` for a
+        write held to the history limit (``limited``), else ``LostOwnership``."""
         rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
                         worker=claim.owner, **params)
         if not rows:
@@ -473,8 +486,24 @@ class PostgresLedger:
             row = state[0] if state else {}
             raise refused_write(claim, row.get("fence"), row.get("status"),
                                 row.get("cancel_requested_at"), row.get("deadline_at"),
-                                row.get("now"))
+                                row.get("now"), limited=limited,
+                                history=row.get("history"),
+                                hard_limit=row.get("history_hard_limit"))
         return rows[0]
+
+    @staticmethod
+    def _history_warning(claim: Claim, row: Row) -> Plan[HistoryWarning | None]:
+        """After a fenced write (same transaction, runs row still locked): record the soft
+        limit's warning once it falls due, and return it, for the executor to issue once the
+        transaction committed."""
+        if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
+            return None
+        warned = yield _q("record_history_warning", run_id=claim.run_id, fence=claim.fence,
+                          worker=claim.owner)
+        if not warned:
+            return None
+        return history_warning(claim.run_id, warned[0]["history"],
+                               warned[0]["history_soft_limit"], warned[0]["history_hard_limit"])
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
         rows = yield _q("request_cancel", run_id=run_id, by=by,
@@ -484,8 +513,12 @@ class PostgresLedger:
             yield _q("notify_work", workflow=rows[0]["workflow"])
         return (yield from self.get_run(run_id))
 
-    def record_step(self, claim: Claim, step: StepRecord) -> Plan[None]:
-        yield from self._fenced(claim, "record_step", **(yield from self._step_params(step)))
+    # The worker writes return the soft limit's warning when they recorded it (see warn).
+
+    def record_step(self, claim: Claim, step: StepRecord) -> Plan[HistoryWarning | None]:
+        row = yield from self._fenced(claim, "record_step", limited=True,
+                                      **(yield from self._step_params(step)))
+        return (yield from self._history_warning(claim, row))
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:
         yield from self._fenced(
@@ -496,19 +529,23 @@ class PostgresLedger:
     def renew_lease(self, claim: Claim) -> Plan[None]:
         yield from self._fenced(claim, "renew_lease")
 
-    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> Plan[None]:
+    def prepare_effect(self, claim: Claim, op: OperationRecord,
+                       payload: bytes) -> Plan[HistoryWarning | None]:
         ref = yield from self._put_artifact(payload)
-        yield from self._fenced(
-            claim, "prepare_effect", operation_id=op.operation_id, step_id=op.step_id,
-            effect=op.effect, payload_ref=op.payload_ref, effect_key=op.effect_key,
+        row = yield from self._fenced(
+            claim, "prepare_effect", limited=True, operation_id=op.operation_id,
+            step_id=op.step_id, effect=op.effect, payload_ref=op.payload_ref,
+            effect_key=op.effect_key,
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}))
         if ref != op.payload_ref:
             raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
         if op.approval_required:
             yield _q("require_approval", run_id=claim.run_id, operation_id=op.operation_id,
                      target_digest=op.target_digest)
+        return (yield from self._history_warning(claim, row))
 
-    def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[OperationRecord]:
+    def mark_dispatching(self, claim: Claim,
+                         operation_id: str) -> Plan[tuple[OperationRecord, HistoryWarning | None]]:
         row = yield from self._fenced(claim, "mark_dispatching", operation_id=operation_id)
         if row["operation_id"] is None:
             raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
@@ -523,10 +560,12 @@ class PostgresLedger:
             yield _q("dispatch_approved", run_id=claim.run_id, operation_id=operation_id,
                      approval_id=approval.approval_id)
             op = replace(op, approval_id=approval.approval_id)
-        return op
+        due = yield from self._history_warning(claim, row)
+        return op, due
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON, error: JSON, step: StepRecord | None) -> Plan[None]:
+                       receipt: JSON, error: JSON,
+                       step: StepRecord | None) -> Plan[HistoryWarning | None]:
         row = yield from self._fenced(
             claim, "record_outcome", **(yield from self._step_params(step)),
             operation_id=operation_id, state=state.value,
@@ -536,6 +575,7 @@ class PostgresLedger:
         if row["found"] is None:
             raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
                              run_id=claim.run_id, operation_id=operation_id)
+        return (yield from self._history_warning(claim, row))
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON,
                    error: dict[str, Any] | None,
@@ -587,6 +627,39 @@ class PostgresLedger:
                      through_seq=change.through_seq, fence=claim.fence, worker=claim.owner,
                      reason=change.reason)
 
+    def continue_as_new(self, claim: Claim,
+                        successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
+        inputs, inputs_ref = yield from self._put_value(successor.inputs)
+        row = yield from self._fenced(
+            claim, "continue_run", successor_run_id=successor.run_id,
+            workflow=successor.workflow, workflow_version=successor.workflow_version,
+            input_hash=successor.input_hash, inputs=inputs, inputs_ref=inputs_ref,
+            owner=successor.owner, successor_lease_ms=successor.lease_ms,
+            resume_budget=successor.resume_budget,
+            history_soft_limit=successor.history_soft_limit,
+            history_hard_limit=successor.history_hard_limit,
+            workflow_fingerprint=successor.workflow_fingerprint,
+            workflow_manifest=_json_or_none(successor.workflow_manifest),
+            deadline_at=successor.deadline_at, deadline_ms=successor.deadline_ms,
+            token_budget=successor.token_budget, cost_budget=successor.cost_budget,
+            step_attempts=retry_json(successor.step_attempts),
+            parent_detail=dumps({"successor": successor.run_id}),
+            detail=dumps({"workflow": successor.workflow, "version": successor.workflow_version,
+                          "continues": claim.run_id}))
+        if row["successor"] is None:
+            # Never our own successor: the run would have ended continued with it. Raising
+            # rolls the whole statement back.
+            raise RunConflict(successor.run_id, f"and does not continue run {claim.run_id!r}")
+        run = yield from self.get_run(successor.run_id)
+        if successor.owner is None:  # left for any worker: wake one
+            yield _q("notify_work", workflow=successor.workflow)
+            return run, None
+        return run, Claim(run.run_id, successor.owner, run.fence, run.state_revision,
+                          int(row["lease_expires_at"]), successor.lease_ms)
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> Plan[OperationRecord | None]:
+        rows = yield _q("chain_operation", chain_id=chain_id, operation_id=operation_id)
+        return (yield from self._operation_record(rows[0])) if rows else None
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:

@@ -4,6 +4,13 @@ A store is correct when it passes the conformance suite in ``safepoint.testing.c
 this protocol only names the operations. Each method is one atomic operation; every method that
 takes a ``Claim`` is a worker write and must check the claim's fence *in the same transaction as
 the write*, raising ``LostOwnership`` when the fence is stale or the run is no longer running.
+
+Worker writes also count the run's history (``RunRecord.event_count`` and ``step_count``: every
+event appended, every step row added) in that transaction. Past the run's soft limit the write
+that crossed it appends one ``run.history_warning`` event and issues ``HistoryWarning`` once it
+committed; a write that starts something new (``record_step`` of a new step,
+``prepare_effect``) and would take the history past the hard limit is refused whole with
+``HistoryLimitReached`` — in the same check as the fence.
 """
 
 from __future__ import annotations
@@ -14,7 +21,14 @@ from importlib import resources
 from typing import Any, Protocol
 
 from .._canonical import dumps, loads
-from ..errors import Cancelled, CorruptRecord, DeadlineExceeded, LostOwnership, UsageError
+from ..errors import (
+    Cancelled,
+    CorruptRecord,
+    DeadlineExceeded,
+    HistoryLimitReached,
+    LostOwnership,
+    UsageError,
+)
 from ..types import (
     JSON,
     ApprovalGate,
@@ -53,6 +67,8 @@ class NewRun:
     token_budget: int | None = None
     cost_budget: float | None = None
     step_attempts: Retry | None = None
+    history_soft_limit: int | None = None  # see HistoryLimit; None: no limit
+    history_hard_limit: int | None = None
     workflow_fingerprint: str | None = None
     workflow_manifest: dict[str, Any] | None = None
 
@@ -134,7 +150,7 @@ class Store(Protocol):
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         """Record (or re-record) a step; its ``tokens`` and ``cost`` are added to the run's
-        spent totals in the same commit."""
+        spent totals in the same commit. A new step is held to the hard history limit."""
         ...
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
@@ -143,20 +159,23 @@ class Store(Protocol):
         ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        """Prepared intent: payload artifact, operation id and effect key, in one commit."""
+        """Prepared intent: payload artifact, operation id and effect key, in one commit; filed
+        under the run's chain (see ``chain_operation``); held to the hard history limit."""
         ...
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         """Commit "dispatch may have happened"; returns the operation as it now stands. An
         operation that needs approval is dispatched only under an approval that authorizes it
         (checked in the same transaction, on the store's clock; its id is kept as the
-        operation's ``approval_id``); ``ApprovalInvalid`` otherwise, and nothing is written."""
+        operation's ``approval_id``); ``ApprovalInvalid`` otherwise, and nothing is written.
+        Never held to the history limit: the operation was prepared already."""
         ...
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
-        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
+        """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit.
+        Never held to the history limit: what happened is always recorded."""
         ...
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
@@ -169,6 +188,22 @@ class Store(Protocol):
 
     def replan(self, claim: Claim, change: Replan) -> None:
         """Commit one re-planning step (see ``Replan``) with its ``run.replanned`` event."""
+        ...
+
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        """End the claimed run as ``continued``, pointing at ``successor``, and create the
+        successor — claimed by ``successor.owner``, in the run's chain (``chain_id``, the next
+        ``chain_index``, ``parent_run_id``) — in one atomic operation. Fenced like a new step:
+        ``LostOwnership`` when stale, ``Cancelled`` once a cancel is asked for; never refused by
+        the history limit. A successor id held by another run raises ``RunConflict`` and
+        changes nothing. (No successor can exist without its parent ended continued: a continue
+        retried after a crash finds either both done or neither.)"""
+        ...
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        """The operation ``operation_id`` as an earlier run of chain ``chain_id`` settled it
+        (accepted or rejected), or None: how a successor finds the chain's effect ledger
+        without a copy of it. One indexed lookup."""
         ...
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
@@ -317,6 +352,16 @@ class AsyncStore(Protocol):
 
     async def replan(self, claim: Claim, change: Replan) -> None: ...
 
+    async def continue_as_new(self, claim: Claim,
+                              successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        """See ``Store.continue_as_new``."""
+        ...
+
+    async def chain_operation(self, chain_id: str,
+                              operation_id: str) -> OperationRecord | None:
+        """See ``Store.chain_operation``."""
+        ...
+
     async def resolve(self, run_id: str, expected_revision: int,
                       resolution: Resolution) -> RunRecord:
         """See ``Store.resolve``."""
@@ -358,15 +403,19 @@ class AsyncStore(Protocol):
 
 def refused_write(claim: Claim, fence: int | None, status: str | None,
                   cancel_requested_at: int | None, deadline_at: int | None = None,
-                  now: int | None = None) -> BaseException:
+                  now: int | None = None, *, limited: bool = False,
+                  history: int | None = None, hard_limit: int | None = None) -> BaseException:
     """Why a fenced worker write matched nothing, from the run's row as it now stands: a cancel
     request while this worker's fence still holds (``Cancelled``), its deadline passed
-    (``DeadlineExceeded``), or a stale fence."""
+    (``DeadlineExceeded``); for a write held to the history limit (``limited``) whose fence
+    holds, the limit (``HistoryLimitReached``); else a stale fence."""
     if fence == claim.fence and status == "running":
         if cancel_requested_at is not None:
             return Cancelled(claim.run_id)
         if deadline_at is not None and now is not None and now >= deadline_at:
             return DeadlineExceeded(claim.run_id, deadline_at)
+        if limited:
+            return HistoryLimitReached(claim.run_id, history, hard_limit)
     return LostOwnership(claim.run_id, claim.fence)
 
 

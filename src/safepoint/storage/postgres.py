@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from .._history import warn
 from ..errors import StoreError
 from ..types import (
     JSON,
@@ -166,22 +167,24 @@ class PostgresStore:
         self._run(self._ledger.renew_lease(claim))
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
-        self._run(self._ledger.record_step(claim, step))
+        warn(self._run(self._ledger.record_step(claim, step)))
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._run(self._ledger.record_attempt(claim, attempt))
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        self._run(self._ledger.prepare_effect(claim, op, payload))
+        warn(self._run(self._ledger.prepare_effect(claim, op, payload)))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        return self._run(self._ledger.mark_dispatching(claim, operation_id))
+        op, due = self._run(self._ledger.mark_dispatching(claim, operation_id))
+        warn(due)
+        return op
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
-        self._run(self._ledger.record_outcome(claim, operation_id, state, receipt=receipt,
-                                              error=error, step=step))
+        warn(self._run(self._ledger.record_outcome(claim, operation_id, state, receipt=receipt,
+                                                   error=error, step=step)))
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
                    error: dict[str, Any] | None = None,
@@ -214,6 +217,11 @@ class PostgresStore:
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._run(self._ledger.approvals(run_id))
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        return self._run(self._ledger.continue_as_new(claim, successor))
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        return self._run(self._ledger.chain_operation(chain_id, operation_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

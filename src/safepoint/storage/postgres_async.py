@@ -30,6 +30,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from .._history import warn
 from ..errors import StoreError, UsageError
 from ..types import (
     JSON,
@@ -255,22 +256,25 @@ class AsyncPostgresStore:
         await self._run(self._ledger.renew_lease(claim))
 
     async def record_step(self, claim: Claim, step: StepRecord) -> None:
-        await self._run(self._ledger.record_step(claim, step))
+        warn(await self._run(self._ledger.record_step(claim, step)))
 
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         await self._run(self._ledger.record_attempt(claim, attempt))
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        await self._run(self._ledger.prepare_effect(claim, op, payload))
+        warn(await self._run(self._ledger.prepare_effect(claim, op, payload)))
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        return await self._run(self._ledger.mark_dispatching(claim, operation_id))
+        op, due = await self._run(self._ledger.mark_dispatching(claim, operation_id))
+        warn(due)
+        return op
 
     async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                              receipt: JSON = None, error: JSON = None,
                              step: StepRecord | None = None) -> None:
-        await self._run(self._ledger.record_outcome(claim, operation_id, state,
-                                                    receipt=receipt, error=error, step=step))
+        warn(await self._run(self._ledger.record_outcome(claim, operation_id, state,
+                                                         receipt=receipt, error=error,
+                                                         step=step)))
 
     async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
                          error: dict[str, Any] | None = None,
@@ -306,6 +310,13 @@ class AsyncPostgresStore:
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return await self._run(self._ledger.approvals(run_id))
+    async def continue_as_new(self, claim: Claim,
+                              successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        return await self._run(self._ledger.continue_as_new(claim, successor))
+
+    async def chain_operation(self, chain_id: str,
+                              operation_id: str) -> OperationRecord | None:
+        return await self._run(self._ledger.chain_operation(chain_id, operation_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

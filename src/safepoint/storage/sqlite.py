@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -24,14 +24,17 @@ from .._approvals import approval_detail as approved_detail
 from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
+from .._history import history_warning, warn, warning_due
 from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     CorruptRecord,
+    HistoryWarning,
     LostOwnership,
     MigrationMismatch,
     ResolutionRefused,
+    RunConflict,
     RunNotFound,
     SchemaTooNew,
     StoreError,
@@ -254,32 +257,49 @@ class SqliteStore:
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         now = self.now()
-        claimed = new.owner is not None
-        lease = now + new.lease_ms if claimed else None
-        fence = 1 if claimed else 0
         with self._write() as conn:
-            inputs, inputs_ref = self._put_value(conn, new.inputs, now)
-            cursor = conn.execute(_Q["insert_run"], {
-                "run_id": new.run_id, "workflow": new.workflow,
-                "workflow_version": new.workflow_version,
-                "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
-                "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
-                "owner": new.owner, "lease_expires_at": lease, "fence": fence,
-                "resume_budget": new.resume_budget, "now": now,
-                "workflow_fingerprint": new.workflow_fingerprint,
-                "workflow_manifest": _json_or_none(new.workflow_manifest),
-                "deadline_at": new.deadline_at, "deadline_ms": new.deadline_ms,
-                "token_budget": new.token_budget, "cost_budget": new.cost_budget,
-                "step_attempts": retry_json(new.step_attempts)})
-            created = cursor.rowcount == 1
-            if created:
-                self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
-                            fence=fence, worker=new.owner,
-                            detail={"workflow": new.workflow, "version": new.workflow_version})
+            created = self._insert_run(conn, new, now)
+        return self._created(new, created, now)
+
+    def _insert_run(self, conn: sqlite3.Connection, new: NewRun, now: int, *,
+                    parent: Mapping[str, Any] | None = None) -> bool:
+        """Insert ``new`` with its first event — a successor of ``parent`` (its chain's row,
+        continue as new) or a chain of its own; False when the run id exists."""
+        claimed = new.owner is not None
+        fence = 1 if claimed else 0
+        inputs, inputs_ref = self._put_value(conn, new.inputs, now)
+        cursor = conn.execute(_Q["insert_run"], {
+            "run_id": new.run_id, "workflow": new.workflow,
+            "workflow_version": new.workflow_version,
+            "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
+            "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
+            "owner": new.owner, "lease_expires_at": now + new.lease_ms if claimed else None,
+            "fence": fence, "resume_budget": new.resume_budget,
+            "workflow_fingerprint": new.workflow_fingerprint,
+            "workflow_manifest": _json_or_none(new.workflow_manifest),
+            "deadline_at": new.deadline_at, "deadline_ms": new.deadline_ms,
+            "token_budget": new.token_budget, "cost_budget": new.cost_budget,
+            "step_attempts": retry_json(new.step_attempts),
+            "history_soft_limit": new.history_soft_limit,
+            "history_hard_limit": new.history_hard_limit,
+            "chain_id": parent["chain_id"] if parent else None,
+            "chain_index": parent["chain_index"] + 1 if parent else 0,
+            "parent_run_id": parent["run_id"] if parent else None, "now": now})
+        if cursor.rowcount != 1:
+            return False
+        detail = {"workflow": new.workflow, "version": new.workflow_version}
+        if parent is not None:
+            detail["continues"] = parent["run_id"]
+        self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
+                    fence=fence, worker=new.owner, detail=detail)
+        return True
+
+    def _created(self, new: NewRun, created: bool, now: int) -> tuple[RunRecord, Claim | None]:
         run = self.get_run(new.run_id)
-        if not (created and new.owner and lease):
+        if not (created and new.owner):
             return run, None
-        return run, Claim(new.run_id, new.owner, fence, run.state_revision, lease, new.lease_ms)
+        return run, Claim(new.run_id, new.owner, 1, run.state_revision, now + new.lease_ms,
+                          new.lease_ms)
 
     def get_run(self, run_id: str) -> RunRecord:
         rows = self._read("get_run", {"run_id": run_id})
@@ -320,7 +340,12 @@ class SqliteStore:
             deadline_at=row["deadline_at"], token_budget=row["token_budget"],
             cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
             cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
-            waiting_for=get("waiting_for"))
+            waiting_for=get("waiting_for"), step_count=row["step_count"],
+            history_soft_limit=row["history_soft_limit"],
+            history_hard_limit=row["history_hard_limit"],
+            history_warned_at=row["history_warned_at"], chain_id=row["chain_id"],
+            chain_index=row["chain_index"], parent_run_id=row["parent_run_id"],
+            successor_run_id=row["successor_run_id"])
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -435,15 +460,39 @@ class SqliteStore:
     # -- worker writes -------------------------------------------------------------------------
 
     def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int,
-                     *, new_work: bool = False) -> None:
-        cursor = conn.execute(_Q["fence_check_new_work" if new_work else "fence_check"], {
+                     *, step: StepRecord | None = None, new_work: bool = False,
+                     limited: bool = False) -> HistoryWarning | None:
+        """The fence of a worker write, counting the history it adds (``events`` events, and
+        ``step`` when it is a new row). ``new_work``: refused once a cancel is asked for;
+        ``limited``: also refused past the hard history limit. Records the soft limit's warning
+        when it falls due, and returns it, to be issued once the transaction committed."""
+        query = "fence_check_new_work" if new_work else "fence_check"
+        row = conn.execute(_Q[query], {
             "run_id": claim.run_id, "fence": claim.fence, "lease_expires_at": now + claim.lease_ms,
-            "events": events, "now": now})
-        if cursor.rowcount != 1:
-            state = conn.execute(_Q["fence_state"], {"run_id": claim.run_id}).fetchone()
-            fence, status, cancel_requested_at, deadline_at = (
-                tuple(state) if state else (None, None, None, None))
-            raise refused_write(claim, fence, status, cancel_requested_at, deadline_at, now)
+            "events": events, "step_id": step.step_id if step else None,
+            "limited": int(limited), "now": now}).fetchone()
+        if row is None:
+            raise self._refused(conn, claim, now, limited=limited)
+        if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
+            return None
+        conn.execute(_Q["record_history_warning"], {"run_id": claim.run_id,
+                                                     "fence": claim.fence, "now": now})
+        size, soft, hard = row["history"] + 1, row["history_soft_limit"], row["history_hard_limit"]
+        self._event(conn, claim.run_id, now, "run.history_warning", fence=claim.fence,
+                    worker=claim.owner, detail={"history": size, "soft": soft, "hard": hard})
+        return history_warning(claim.run_id, size, soft, hard)
+
+    @staticmethod
+    def _refused(conn: sqlite3.Connection, claim: Claim, now: int, *,
+                 limited: bool = False) -> BaseException:
+        """Why a fenced statement matched nothing (see ``refused_write``)."""
+        state = conn.execute(_Q["fence_state"], {"run_id": claim.run_id}).fetchone()
+        if state is None:
+            return LostOwnership(claim.run_id, claim.fence)
+        return refused_write(claim, state["fence"], state["status"],
+                             state["cancel_requested_at"], state["deadline_at"], now,
+                             limited=limited, history=state["history"],
+                             hard_limit=state["history_hard_limit"])
 
     def _event(self, conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
                step_id: str | None = None, operation_id: str | None = None,
@@ -470,11 +519,13 @@ class SqliteStore:
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=0, new_work=True)
+            due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True,
+                                    limited=True)
             self._upsert_step(conn, claim, step, now)
             if step.tokens or step.cost:
                 conn.execute(_Q["add_usage"], {"run_id": claim.run_id, "tokens": step.tokens,
                                                "cost": step.cost})
+        warn(due)
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         now = self.now()
@@ -497,7 +548,7 @@ class SqliteStore:
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1, new_work=True)
+            due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
             ref = self._put_artifact(conn, payload, now)
             if ref != op.payload_ref:
                 raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
@@ -512,11 +563,13 @@ class SqliteStore:
             self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
                         operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
                         detail={"effect": op.effect, "payload_ref": op.payload_ref})
+        warn(due)
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1, new_work=True)
+            # an operation already prepared is sent whatever the history: never held to it
+            due = self._fence_check(conn, claim, now, events=1, new_work=True)
             row = conn.execute(_Q["mark_dispatching"], {
                 "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
                 "now": now}).fetchone()
@@ -537,6 +590,7 @@ class SqliteStore:
             self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
                         operation_id=operation_id, fence=claim.fence, worker=claim.owner,
                         detail={"dispatch": op.dispatch_count})
+        warn(due)
         return op
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
@@ -544,7 +598,8 @@ class SqliteStore:
                        step: StepRecord | None = None) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1)
+            # an outcome is never held to the history limit: what happened is always recorded
+            due = self._fence_check(conn, claim, now, events=1, step=step)
             cursor = conn.execute(_Q["record_outcome"], {
                 "run_id": claim.run_id, "operation_id": operation_id, "state": state.value,
                 "receipt": None if receipt is None else dumps(receipt),
@@ -559,6 +614,7 @@ class SqliteStore:
                         step_id=step.step_id if step else None, operation_id=operation_id,
                         fence=claim.fence, worker=claim.owner,
                         detail={"error": error} if error is not None else None)
+        warn(due)
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
                    error: dict[str, Any] | None = None,
@@ -741,6 +797,31 @@ class SqliteStore:
                             operation_id=approval.operation_id, worker=approval.approved_by,
                             detail=approved_detail(approval, released=release))
         return approval
+
+    # -- continue as new -----------------------------------------------------------------------
+
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        now = self.now()
+        with self._write() as conn:
+            ended = conn.execute(_Q["continue_run"], {
+                "run_id": claim.run_id, "fence": claim.fence,
+                "successor_run_id": successor.run_id, "now": now}).fetchone()
+            if ended is None:
+                raise self._refused(conn, claim, now)
+            self._event(conn, claim.run_id, now, "run.continued", fence=claim.fence,
+                        worker=claim.owner, detail={"successor": successor.run_id})
+            parent = {"run_id": claim.run_id, "chain_id": ended["chain_id"],
+                      "chain_index": ended["chain_index"]}
+            if not self._insert_run(conn, successor, now, parent=parent):
+                # Never our own successor: the run would have ended continued with it. Raising
+                # rolls the whole continue back.
+                raise RunConflict(successor.run_id, f"and does not continue run {claim.run_id!r}")
+        return self._created(successor, True, now)
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        rows = self._read("chain_operation", {"chain_id": chain_id,
+                                              "operation_id": operation_id})
+        return self._operation_record(rows[0]) if rows else None
 
 
 def _json_or_none(value: JSON) -> str | None:

@@ -45,6 +45,7 @@ import functools
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -59,8 +60,11 @@ from ..errors import (
     ArtifactMissing,
     Cancelled,
     DeadlineExceeded,
+    HistoryLimitReached,
+    HistoryWarning,
     LostOwnership,
     ResolutionRefused,
+    RunConflict,
     RunNotFound,
     StoreError,
 )
@@ -188,12 +192,23 @@ class StoreConformance(abc.ABC):
 
     def new_run(self, store: Store, *, owner: str | None = "worker-a",
                 lease_ms: int = LONG_LEASE_MS, inputs: JSON = None, workflow: str | None = None,
-                run_id: str | None = None) -> tuple[RunRecord, Claim | None]:
+                run_id: str | None = None,
+                history: tuple[int | None, int | None] = (None, None),
+                ) -> tuple[RunRecord, Claim | None]:
         new = NewRun(run_id=run_id or f"run-{_uid()}", workflow=workflow or self.workflow,
                      workflow_version="v1", input_hash=f"inputs-{_uid()}",
                      inputs={"args": [1], "kwargs": {}} if inputs is None else inputs,
-                     owner=owner, lease_ms=lease_ms)
+                     owner=owner, lease_ms=lease_ms, history_soft_limit=history[0],
+                     history_hard_limit=history[1])
         return store.create_run(new)
+
+    def successor(self, run_id: str, *, owner: str | None = "worker-a", n: int = 1,
+                  **fields: Any) -> NewRun:
+        """The NewRun that continues ``run_id`` (its id as the engine would choose it)."""
+        fields.setdefault("inputs", {"args": [n], "kwargs": {}})
+        return NewRun(run_id=f"{run_id}~{n}", workflow=self.workflow, workflow_version="v1",
+                      input_hash=f"inputs-{_uid()}", owner=owner, lease_ms=LONG_LEASE_MS,
+                      **fields)
 
     def start(self, store: Store, *, owner: str = "worker-a", lease_ms: int = LONG_LEASE_MS,
               **kw: Any) -> tuple[RunRecord, Claim]:
@@ -641,6 +656,8 @@ class StoreConformance(abc.ABC):
                 step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id)),
             "finish_run": lambda: store.finish_run(claim, RunStatus.COMPLETED, result="stale"),
             "renew_lease": lambda: store.renew_lease(claim),
+            "continue_as_new": lambda: store.continue_as_new(
+                claim, self.successor(run_id, n=99)),
         }
 
     def _assert_stale_claim_writes_nothing(self, store: Store, claim: Claim, op_id: str) -> None:
@@ -650,6 +667,8 @@ class StoreConformance(abc.ABC):
                 write()
             assert (lost.value.run_id, lost.value.fence) == (claim.run_id, claim.fence), name
             assert self.snapshot(store, claim.run_id) == before, f"stale {name} wrote"
+        with pytest.raises(RunNotFound):  # nor was a successor created
+            store.get_run(f"{claim.run_id}~99")
 
     def test_a_stale_claim_writes_nothing_after_a_takeover(self) -> None:
         assert not issubclass(LostOwnership, Exception)  # agent code cannot swallow it
@@ -1102,6 +1121,7 @@ class StoreConformance(abc.ABC):
         # a stale worker past the deadline is still told it lost the run, not the deadline
         with pytest.raises(LostOwnership):
             store.record_step(claim, make_step(run.run_id, "s3", 3))
+
     # -- approvals -----------------------------------------------------------------------------
 
     TARGET = "sha256:" + "7" * 64  # a target's state as the gate read it
@@ -1360,3 +1380,194 @@ class StoreConformance(abc.ABC):
         assert taken.run_id == run.run_id
         with pytest.raises(Cancelled):  # it may settle the effect, but dispatch nothing
             store.mark_dispatching(taken, op.operation_id)
+    # -- bounded history and continue-as-new ---------------------------------------------------
+
+    def test_the_history_counts_every_event_and_every_new_step(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        assert (run.event_count, run.step_count, run.history_size) == (1, 0, 1)
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        store.record_step(claim, make_step(run.run_id, "s1", 1, result="re-read"))  # replaces
+        store.record_step(claim, make_step(run.run_id, "s2", 2))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        step = make_step(run.run_id, op.step_id, 3, kind=StepKind.EFFECT,
+                         operation_id=op.operation_id)
+        for _ in range(2):  # the second outcome is an event, its step row is replaced
+            store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED,
+                                 receipt={"id": 1}, step=step)
+        ledger, events = self.snapshot(store, run.run_id)
+        assert (ledger.run.event_count, ledger.run.step_count) == (len(events), len(ledger.steps))
+        assert (len(events), len(ledger.steps)) == (5, 3)
+        assert ledger.run.history_size == 8
+
+    def test_history_limits_and_the_chain_are_recorded_with_the_run(self) -> None:
+        store = self.store()
+        run, _ = self.start(store, history=(100, 500))
+        assert (run.history_soft_limit, run.history_hard_limit, run.history_warned_at) == (
+            100, 500, None)
+        assert (run.chain_id, run.chain_index, run.parent_run_id, run.successor_run_id) == (
+            run.run_id, 0, None, None)
+        assert store.get_run(run.run_id) == run
+        unlimited = self.submit(store)
+        assert (unlimited.history_soft_limit, unlimited.history_hard_limit) == (None, None)
+
+    def test_the_hard_history_limit_refuses_new_work_in_the_fenced_write(self) -> None:
+        store = self.store()
+        run, claim = self.start(store, history=(None, 5))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)                       # history 2
+        for seq in (1, 2, 3):
+            store.record_step(claim, make_step(run.run_id, f"s{seq}", seq))  # 3, 4, 5
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(HistoryLimitReached) as refused:
+            store.record_step(claim, make_step(run.run_id, "s4", 4))
+        assert (refused.value.run_id, refused.value.size, refused.value.limit) == (
+            run.run_id, 5, 5)
+        second, data = make_operation(run.run_id, f"op-{_uid()}")
+        with pytest.raises(HistoryLimitReached):
+            store.prepare_effect(claim, second, data)
+        assert self.snapshot(store, run.run_id) == before  # refused whole: not even the lease
+        # A step recorded again adds nothing; what is in flight is sent and settled, and the
+        # run ends, whatever the history.
+        store.record_step(claim, make_step(run.run_id, "s3", 3, result="re-read"))
+        store.mark_dispatching(claim, op.operation_id)
+        step = make_step(run.run_id, op.step_id, 5, kind=StepKind.EFFECT,
+                         operation_id=op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1},
+                             step=step)
+        store.finish_run(claim, RunStatus.BLOCKED, recovery_record={"phase": "history_limit"})
+        ledger, events = self.snapshot(store, run.run_id)
+        assert ledger.operations[op.operation_id].state is EffectState.ACCEPTED
+        assert "s4" not in ledger.steps
+        assert second.operation_id not in ledger.operations
+        assert (ledger.run.status, ledger.run.history_size) == (RunStatus.BLOCKED, 9)
+        assert ledger.run.history_size == len(events) + len(ledger.steps)
+
+    def test_the_soft_history_limit_is_recorded_once_and_warns(self) -> None:
+        store = self.store()
+        run, claim = self.start(store, history=(3, 50))
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        assert store.get_run(run.run_id).history_warned_at is None
+        with pytest.warns(HistoryWarning, match=run.run_id):
+            store.record_step(claim, make_step(run.run_id, "s2", 2))  # history 3: the limit
+        warned = store.get_run(run.run_id)
+        assert warned.history_warned_at is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", HistoryWarning)  # a second warning would raise
+            store.record_step(claim, make_step(run.run_id, "s3", 3))
+            op, payload = make_operation(run.run_id, f"op-{_uid()}")
+            store.prepare_effect(claim, op, payload)
+            store.mark_dispatching(claim, op.operation_id)
+            store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
+        ledger, events = self.snapshot(store, run.run_id)
+        [event] = [e for e in events if e.kind == "run.history_warning"]
+        assert (event.fence, event.worker, event.detail) == (
+            claim.fence, "worker-a", {"history": 4, "soft": 3, "hard": 50})
+        assert ledger.run.history_warned_at == warned.history_warned_at
+        assert ledger.run.event_count == len(events)
+
+    def test_continue_as_new_ends_the_run_and_starts_its_successor_at_once(self) -> None:
+        store = self.store()
+        run, claim = self.start(store, history=(10, 20))
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        store.mark_dispatching(claim, op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
+        kept, _ = self.snapshot(store, run.run_id)
+        successor = self.successor(run.run_id, inputs={"args": [{"carried": LARGE}],
+                                                       "kwargs": {}},
+                                   resume_budget=3, history_soft_limit=10,
+                                   history_hard_limit=20)
+        t0 = store.now()
+        child, child_claim = store.continue_as_new(claim, successor)
+        t1 = store.now()
+        assert child_claim == Claim(successor.run_id, "worker-a", 1, child.state_revision,
+                                    child.lease_expires_at or 0, LONG_LEASE_MS)
+        assert t0 + LONG_LEASE_MS <= (child.lease_expires_at or 0) <= t1 + LONG_LEASE_MS
+        assert (child.status, child.owner, child.fence, child.resume_count, child.inputs) == (
+            RunStatus.RUNNING, "worker-a", 1, 0, successor.inputs)
+        assert (child.parent_run_id, child.chain_id, child.chain_index, child.successor_run_id) == (
+            run.run_id, run.run_id, 1, None)
+        assert (child.resume_budget, child.history_soft_limit, child.history_hard_limit) == (
+            3, 10, 20)
+        ended = store.get_run(run.run_id)
+        assert (ended.status, ended.successor_run_id, ended.owner, ended.lease_expires_at) == (
+            RunStatus.CONTINUED, successor.run_id, None, None)
+        assert ended.status.terminal
+        # nothing of the parent's history is carried: the successor has its own, fresh
+        ledger, events = self.snapshot(store, child.run_id)
+        assert (ledger.steps, ledger.operations) == ({}, {})
+        assert [(e.kind, e.fence, e.worker) for e in events] == [("run.started", 1, "worker-a")]
+        assert (child.event_count, child.step_count) == (1, 0)
+        parent, parent_events = self.snapshot(store, run.run_id)
+        assert (parent.steps, parent.operations) == (kept.steps, kept.operations)
+        assert (parent_events[-1].kind, parent_events[-1].detail) == (
+            "run.continued", {"successor": successor.run_id})
+        assert parent.run.event_count == len(parent_events)
+        with pytest.raises(LostOwnership):  # the parent's worker moved on to the successor
+            store.record_step(claim, make_step(run.run_id, "late", 9))
+        assert store.claim_run(run.run_id, ended.state_revision, "worker-b",
+                               LONG_LEASE_MS) is None
+        # the chain goes on from the successor
+        grandchild, _ = store.continue_as_new(child_claim, self.successor(run.run_id, n=2))
+        assert (grandchild.parent_run_id, grandchild.chain_id, grandchild.chain_index) == (
+            child.run_id, run.run_id, 2)
+        assert store.get_run(child.run_id).successor_run_id == grandchild.run_id
+
+    def test_continue_as_new_is_refused_once_a_cancel_is_asked(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        store.request_cancel(run.run_id, "ops")
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(Cancelled):
+            store.continue_as_new(claim, self.successor(run.run_id))
+        assert self.snapshot(store, run.run_id) == before
+        with pytest.raises(RunNotFound):
+            store.get_run(f"{run.run_id}~1")
+
+    def test_a_successor_id_held_by_another_run_is_a_conflict_that_changes_nothing(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        other = self.submit(store, run_id=f"{run.run_id}~1")
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(RunConflict):
+            store.continue_as_new(claim, self.successor(run.run_id))
+        assert self.snapshot(store, run.run_id) == before
+        assert store.get_run(other.run_id) == other
+
+    def test_a_successor_finds_what_its_chain_settled_by_operation_id(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        settled = {}
+        for state in (EffectState.ACCEPTED, EffectState.REJECTED, EffectState.PREPARED):
+            op, payload = make_operation(run.run_id, f"op-{state.value}-{_uid()}")
+            store.prepare_effect(claim, op, payload)
+            if state is not EffectState.PREPARED:
+                store.mark_dispatching(claim, op.operation_id)
+                store.record_outcome(claim, op.operation_id, state, receipt={"id": 7},
+                                     error={"status": 402} if state is EffectState.REJECTED
+                                     else None)
+            settled[state] = op.operation_id
+        parent = store.load_ledger(run.run_id)
+        child, child_claim = store.continue_as_new(claim, self.successor(run.run_id))
+        assert child_claim is not None
+        for state in (EffectState.ACCEPTED, EffectState.REJECTED):
+            found = store.chain_operation(run.run_id, settled[state])
+            assert found == parent.operations[settled[state]]
+            assert (found.run_id, found.state) == (run.run_id, state)
+        assert store.chain_operation(run.run_id, settled[EffectState.PREPARED]) is None
+        assert store.chain_operation(run.run_id, f"no-such-op-{_uid()}") is None
+        stranger, _ = self.start(store)  # another chain sees none of it
+        assert store.chain_operation(stranger.run_id, settled[EffectState.ACCEPTED]) is None
+        # what the successor settles is found under the chain too
+        op, payload = make_operation(child.run_id, f"op-child-{_uid()}")
+        store.prepare_effect(child_claim, op, payload)
+        store.mark_dispatching(child_claim, op.operation_id)
+        store.record_outcome(child_claim, op.operation_id, EffectState.ACCEPTED,
+                             receipt={"id": 8})
+        found = store.chain_operation(run.run_id, op.operation_id)
+        assert found is not None
+        assert (found.run_id, found.receipt) == (child.run_id, {"id": 8})

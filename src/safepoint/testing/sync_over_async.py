@@ -158,6 +158,11 @@ class SyncOverAsync:
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._call(self.store.approvals(run_id))
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
+        return self._call(self.store.continue_as_new(claim, successor))
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        return self._call(self.store.chain_operation(chain_id, operation_id))
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))

@@ -53,14 +53,15 @@ VALUES (%(version)s, %(name)s, %(checksum)s, safepoint_now_ms());
 -- name: insert_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0),
 -- with its first event; returns nothing if the run id exists. A relative deadline counts from
--- its creation.
+-- its creation. It starts a chain of its own.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                                 inputs_ref, state_revision, owner, lease_expires_at, fence,
                                 resume_count, event_count, resume_budget, created_at,
                                 updated_at, workflow_fingerprint, workflow_manifest,
-                                deadline_at, token_budget, cost_budget, step_attempts)
+                                deadline_at, token_budget, cost_budget, step_attempts,
+                                history_soft_limit, history_hard_limit, chain_id)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
@@ -69,7 +70,8 @@ created AS (
            0, 1, %(resume_budget)s, clock.now, clock.now, %(workflow_fingerprint)s,
            %(workflow_manifest)s,
            COALESCE(%(deadline_at)s::bigint, clock.now + %(deadline_ms)s::bigint),
-           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s
+           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s,
+           %(history_soft_limit)s, %(history_hard_limit)s, %(run_id)s
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *
@@ -151,8 +153,10 @@ ORDER BY event_id DESC LIMIT 1;
 SELECT pg_notify('safepoint_work', %(workflow)s);
 
 -- name: fence_state
--- Why a fenced statement matched nothing: a stale fence, a cancel request, or the deadline.
-SELECT fence, status, cancel_requested_at, deadline_at, safepoint_now_ms() AS now
+-- Why a fenced statement matched nothing: a stale fence, a cancel request, the deadline, the
+-- history limit.
+SELECT fence, status, cancel_requested_at, deadline_at, safepoint_now_ms() AS now,
+       event_count + step_count AS history, history_hard_limit
 FROM safepoint_runs WHERE run_id = %(run_id)s;
 
 -- name: request_cancel
@@ -273,19 +277,28 @@ RETURNING lease_expires_at;
 -- Fence, renew the lease and record a step; recording a step id again (a re-read of an expired
 -- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
 -- steps: it alone writes them while its fence holds). What a model step spent is added to the
--- run's totals in the same statement: a restart never resets them.
+-- run's totals in the same statement: a restart never resets them. A new step grows the
+-- history, and is refused when that would take it past the run's hard limit.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
+growth AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM safepoint_steps
+                             WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
+                THEN 0 ELSE 1 END AS steps
+),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        updated_at = clock.now,
+        step_count = step_count + growth.steps, updated_at = clock.now,
         tokens_spent = tokens_spent + COALESCE(%(tokens)s::bigint, 0),
         cost_spent = cost_spent + COALESCE(%(cost)s::double precision, 0)
-    FROM clock
+    FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-    RETURNING run_id, updated_at AS now
+      AND (history_hard_limit IS NULL
+           OR event_count + step_count + growth.steps <= history_hard_limit)
+    RETURNING run_id, updated_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit, history_warned_at
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -307,12 +320,13 @@ step AS (
         operation_id = excluded.operation_id, fence = excluded.fence,
         recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost
 )
-SELECT now FROM owned;
+SELECT * FROM owned;
 
 -- name: prepare_effect
 -- Fence and commit prepared intent: payload reference, operation id and effect key become
 -- durable together, with their event. (The payload artifact is inserted just before, in the
--- same transaction.)
+-- same transaction.) New work: refused when its event would take the history past the hard
+-- limit. The operation is filed under the run's chain, where a successor looks it up.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
@@ -322,13 +336,15 @@ owned AS (
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-    RETURNING run_id, updated_at AS now
+      AND (history_hard_limit IS NULL OR event_count + step_count + 1 <= history_hard_limit)
+    RETURNING run_id, chain_id, updated_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit, history_warned_at
 ),
 operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
-                                      effect_key, fence, prepared_at, updated_at)
+                                      effect_key, fence, prepared_at, updated_at, chain_id)
     SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, 'prepared', %(payload_ref)s,
-           %(effect_key)s, %(fence)s::bigint, now, now
+           %(effect_key)s, %(fence)s::bigint, now, now, chain_id
     FROM owned
 ),
 event AS (
@@ -337,12 +353,13 @@ event AS (
            %(worker)s, %(detail)s
     FROM owned
 )
-SELECT now FROM owned;
+SELECT * FROM owned;
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call in the statement that checks the
 -- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. No
 -- operation row (`operation_id` NULL) means the operation is not in a dispatchable state.
+-- An operation already prepared is sent whatever the history: never held to its limit.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
@@ -352,7 +369,8 @@ owned AS (
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-    RETURNING run_id, updated_at AS now
+    RETURNING run_id, updated_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit, history_warned_at
 ),
 operation AS (
     UPDATE safepoint_operations AS o
@@ -370,20 +388,31 @@ event AS (
            %(worker)s, json_build_object('dispatch', dispatch_count)::text
     FROM operation
 )
-SELECT operation.* FROM owned LEFT JOIN operation ON true;
+SELECT operation.*, owned.history, owned.history_soft_limit, owned.history_hard_limit,
+       owned.history_warned_at
+FROM owned LEFT JOIN operation ON true;
 
 -- name: record_outcome
 -- Fence and record the evidence of one dispatch: applied (receipt), rejected or unknown
 -- (error), or accepted — with acceptance, the effect's step row too (step_id not NULL). No
--- operation row (`found` NULL) means the run has no such operation.
+-- operation row (`found` NULL) means the run has no such operation. Never held to the history
+-- limit: what happened is always recorded.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
+growth AS (
+    SELECT CASE WHEN %(step_id)s::text IS NULL OR EXISTS (
+                    SELECT 1 FROM safepoint_steps
+                    WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
+                THEN 0 ELSE 1 END AS steps
+),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        event_count = event_count + 1, updated_at = clock.now
-    FROM clock
+        event_count = event_count + 1, step_count = step_count + growth.steps,
+        updated_at = clock.now
+    FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-    RETURNING run_id, updated_at AS now
+    RETURNING run_id, updated_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit, history_warned_at
 ),
 operation AS (
     UPDATE safepoint_operations AS o
@@ -418,7 +447,7 @@ event AS (
            %(worker)s, %(detail)s
     FROM operation
 )
-SELECT owned.now, operation.run_id AS found FROM owned LEFT JOIN operation ON true;
+SELECT owned.*, operation.run_id AS found FROM owned LEFT JOIN operation ON true;
 
 -- name: finish_run
 -- End the run (completed, failed or blocked), release ownership and log it. A recovery record
@@ -693,3 +722,88 @@ event AS (
     FROM operation
 )
 SELECT operation.operation_id FROM owned LEFT JOIN operation ON true;
+-- name: record_history_warning
+-- The run's history crossed its soft limit: remember when (so it is recorded once), count and
+-- append the run.history_warning event. Runs after the write that crossed it, in the same
+-- transaction, which holds the runs row lock since that write; only the fence holder writes it.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+warned AS (
+    UPDATE safepoint_runs
+    SET history_warned_at = clock.now, event_count = event_count + 1
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND history_warned_at IS NULL
+    RETURNING run_id, history_warned_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, now, 'run.history_warning', %(fence)s, %(worker)s,
+           json_build_object('history', history, 'soft', history_soft_limit,
+                             'hard', history_hard_limit)::text
+    FROM warned
+)
+SELECT * FROM warned;
+
+-- name: continue_run
+-- Continue as new, in one statement: the run ends 'continued', pointing at its successor, and
+-- gives up ownership (fenced like new work: refused once a cancel is asked for or the deadline
+-- passed; never held to the history limit); the successor is created in the next place of the run's chain, claimed
+-- by the continuing worker, with the carried state as its inputs; both get their event.
+-- No row: the fence refused it. `successor` NULL: the successor's id is taken already.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+ended AS (
+    UPDATE safepoint_runs
+    SET status = 'continued', successor_run_id = %(successor_run_id)s, owner = NULL,
+        lease_expires_at = NULL, state_revision = state_revision + 1,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+    RETURNING run_id, chain_id, chain_index, updated_at AS now
+),
+created AS (
+    INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
+                                inputs_ref, state_revision, owner, lease_expires_at, fence,
+                                resume_count, event_count, resume_budget, history_soft_limit,
+                                history_hard_limit, chain_id, chain_index, parent_run_id,
+                                created_at, updated_at, workflow_fingerprint,
+                                workflow_manifest, deadline_at, token_budget, cost_budget,
+                                step_attempts)
+    SELECT %(successor_run_id)s, %(workflow)s, %(workflow_version)s,
+           CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
+           %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
+           CASE WHEN %(owner)s::text IS NULL THEN NULL
+                ELSE ended.now + %(successor_lease_ms)s END,
+           CASE WHEN %(owner)s::text IS NULL THEN 0 ELSE 1 END,
+           0, 1, %(resume_budget)s, %(history_soft_limit)s, %(history_hard_limit)s,
+           ended.chain_id, ended.chain_index + 1, ended.run_id, ended.now, ended.now,
+           %(workflow_fingerprint)s, %(workflow_manifest)s,
+           COALESCE(%(deadline_at)s::bigint, ended.now + %(deadline_ms)s::bigint),
+           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s
+    FROM ended
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, fence, owner, lease_expires_at, created_at
+),
+parent_event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, now, 'run.continued', %(fence)s, %(worker)s, %(parent_detail)s FROM ended
+),
+successor_event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
+    SELECT run_id, created_at,
+           CASE WHEN owner IS NULL THEN 'run.submitted' ELSE 'run.started' END, fence, owner,
+           %(detail)s
+    FROM created
+)
+SELECT ended.run_id, created.run_id AS successor, created.lease_expires_at
+FROM ended LEFT JOIN created ON true;
+
+-- name: chain_operation
+-- An operation as an earlier run of the chain settled it: a successor's effect ledger, found
+-- in place (index safepoint_operations_chain), never copied.
+SELECT * FROM safepoint_operations
+WHERE chain_id = %(chain_id)s AND operation_id = %(operation_id)s
+  AND state IN ('accepted', 'rejected')
+ORDER BY prepared_at DESC
+LIMIT 1;

@@ -6,17 +6,21 @@
 
 -- name: insert_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0);
--- does nothing if the run id exists. A relative deadline counts from its creation.
+-- does nothing if the run id exists. A relative deadline counts from its creation. A first run
+-- starts its own chain; a successor (continue as new) names its parent and takes the next place
+-- in the parent's chain.
 INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                             inputs_ref, state_revision, owner, lease_expires_at, fence,
                             resume_count, event_count, resume_budget, created_at, updated_at,
                             workflow_fingerprint, workflow_manifest, deadline_at, token_budget,
-                            cost_budget, step_attempts)
+                            cost_budget, step_attempts, history_soft_limit, history_hard_limit,
+                            chain_id, chain_index, parent_run_id)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
         :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now,
         :workflow_fingerprint, :workflow_manifest,
         COALESCE(:deadline_at, :now + :deadline_ms), :token_budget, :cost_budget,
-        :step_attempts)
+        :step_attempts, :history_soft_limit, :history_hard_limit, COALESCE(:chain_id, :run_id),
+        :chain_index, :parent_run_id)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: next_runnable
@@ -87,25 +91,45 @@ RETURNING fence, state_revision, lease_expires_at;
 
 -- name: fence_check
 -- The guard of every worker write: matches only while this worker's fence is current and the
--- run is running; renews the lease and bumps the revision as it goes.
+-- run is running; renews the lease, bumps the revision and counts the history the write adds
+-- as it goes: :events events, and the step :step_id when it is new (recording a step id again
+-- replaces its row). Returns the history as it now stands.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
-    event_count = event_count + :events, updated_at = :now
-WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+    event_count = event_count + :events,
+    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
+    updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
+          history_warned_at;
 
 -- name: fence_check_new_work
 -- The guard of a write that starts something new (a step, a retry, a prepared or dispatched
--- effect): as fence_check, and refused once a cancel is asked for or the deadline passed.
+-- effect): as fence_check, and refused once a cancel is asked for or the deadline passed. With
+-- :limited = 1 (a step or a prepared effect) also refused when the history would grow past
+-- the run's hard limit.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
-    event_count = event_count + :events, updated_at = :now
+    event_count = event_count + :events,
+    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
+    updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
-  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now);
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
+  AND (:limited = 0 OR history_hard_limit IS NULL
+       OR event_count + step_count + :events + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
+          <= history_hard_limit)
+RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
+          history_warned_at;
 
 -- name: fence_state
--- Why a fenced statement matched nothing: a stale fence, a cancel request, or the deadline.
-SELECT fence, status, cancel_requested_at, deadline_at FROM safepoint_runs
-WHERE run_id = :run_id;
+-- Why a fenced statement matched nothing: a stale fence, a cancel request, the deadline, the
+-- history limit.
+SELECT fence, status, cancel_requested_at, deadline_at, event_count + step_count AS history,
+       history_hard_limit
+FROM safepoint_runs WHERE run_id = :run_id;
 
 -- name: request_cancel
 -- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
@@ -178,10 +202,11 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 
 -- name: insert_operation
 -- Prepared intent: payload reference, operation id and effect key become durable together.
+-- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
-                                  effect_key, fence, prepared_at, updated_at)
+                                  effect_key, fence, prepared_at, updated_at, chain_id)
 VALUES (:run_id, :operation_id, :step_id, :effect, 'prepared', :payload_ref, :effect_key,
-        :fence, :now, :now);
+        :fence, :now, :now, (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id));
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
@@ -337,3 +362,31 @@ UPDATE safepoint_operations
 SET payload_ref = :payload_ref, target_digest = :target_digest, fence = :fence,
     updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id AND state = 'prepared';
+-- name: record_history_warning
+-- The run's history crossed its soft limit: remember when (so it is recorded once) and count
+-- the run.history_warning event about to be appended. Only the fence holder writes it.
+UPDATE safepoint_runs
+SET history_warned_at = :now, event_count = event_count + 1
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+  AND history_warned_at IS NULL;
+
+-- name: continue_run
+-- Continue as new: the run ends 'continued', pointing at its successor, and gives up
+-- ownership. Fenced like new work (refused once a cancel is asked for or the deadline passed),
+-- never held to the history limit. Returns the chain the successor joins.
+UPDATE safepoint_runs
+SET status = 'continued', successor_run_id = :successor_run_id, owner = NULL,
+    lease_expires_at = NULL, state_revision = state_revision + 1,
+    event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
+RETURNING chain_id, chain_index;
+
+-- name: chain_operation
+-- An operation as an earlier run of the chain settled it: a successor's effect ledger, found
+-- in place (index safepoint_operations_chain), never copied.
+SELECT * FROM safepoint_operations
+WHERE chain_id = :chain_id AND operation_id = :operation_id
+  AND state IN ('accepted', 'rejected')
+ORDER BY prepared_at DESC
+LIMIT 1;
