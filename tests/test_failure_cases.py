@@ -5,6 +5,27 @@ it runs, the lease is 0, so the resume takes over as a new worker would), then r
 against the real effect owner over HTTP and checks what the owner counted. The same boundaries
 are killed for real, with SIGKILL in a child process, in ``test_kill.py``.
 
+The named cases and where they are tested (here unless a file is named):
+
+- stop after prepared intent: test_stop_after_prepared_intent_dispatches_once
+- stop after "dispatching" is recorded, before the call:
+  test_stop_after_dispatching_before_the_call_sends_under_the_same_key
+- the receiver commits and the response is dropped:
+  test_receiver_commits_and_the_response_is_dropped,
+  test_receiver_commits_and_the_worker_dies_before_the_receipt
+- stop after the receipt, before verification:
+  test_stop_after_the_receipt_before_verification_runs_only_the_verifier
+- two workers resume one revision: test_two_workers_resume_one_revision (and, 1000 trials per
+  store in real processes, test_ownership.py::test_two_resumers_from_one_revision)
+- resume after cancellation: test_resume_after_cancellation_never_revives_the_run
+- resume after approval expiry:
+  test_approvals.py::test_an_expired_approval_no_longer_authorizes_the_dispatch
+- resume after the dedup window expired:
+  test_resume_after_the_dedup_window_expired_blocks_instead_of_resending
+- a removed artifact: test_a_removed_artifact_blocks_before_anything_runs
+- a changed workflow version: test_a_changed_workflow_version_blocks (and, for a changed
+  fingerprint, test_compat.py::test_a_changed_tool_schema_blocks_the_run_and_says_what_changed)
+
 DESIGN §3, row by row (evidence → allowed direction: test):
 
 - pure step incomplete → recompute: test_row_pure_step_incomplete_is_recomputed

@@ -7,7 +7,7 @@ underscore is private.
 from ._approvals import approve, approve_async
 from ._compat import Compatibility
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
-from ._recovery import resolve
+from ._recovery import record_schema, resolve
 from ._run import AsyncRun, Run
 from ._secrets import Secret
 from ._worker import Worker
@@ -169,6 +169,7 @@ __all__ = [
     "cancel_async",
     "open_async_store",
     "open_store",
+    "record_schema",
     "resolve",
     "resume",
     "resume_async",
