@@ -35,6 +35,7 @@ from ._recovery import resolve as resolve_run_decision
 from ._worker import Worker
 from ._workflow import cancel as cancel_run
 from ._workflow import resume as resume_run
+from .dashboard import DEFAULT_PORT, Dashboard
 from .errors import AwaitingApproval, LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
 from .storage.base import Store
@@ -646,6 +647,27 @@ def migrate(ctx: click.Context) -> None:
     store = _store(ctx)  # opening a store migrates it
     version = store.schema_version()
     click.echo(f"schema version {version} ({store.url})")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="A loopback address: the dashboard never listens on another.")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT,
+              show_default=True, help="0: any free port.")
+@click.option("--token", envvar="SAFEPOINT_DASHBOARD_TOKEN", show_envvar=True,
+              help="The token every action needs.  [default: a new random one, printed]")
+@click.pass_context
+def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
+    """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
+    cancel, resolve and approve (each needs the token). Loopback only; Ctrl-C stops it."""
+    board = Dashboard(_store(ctx), host=host, port=port, token=token)
+    click.echo(f"safepoint dashboard on {board.url}  (actions need the token: {board.token})")
+    try:
+        board.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        board.close()
 
 
 @cli.command()
