@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import socket
 import sqlite3
 import subprocess
@@ -55,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--doc", type=Path, help="a Markdown page whose marked sections to refresh")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="measure nothing: redraw the chart and tables of a saved run")
     opts = parser.parse_args(argv)
+    if opts.report:
+        saved = json.loads(opts.report.read_text())
+        _outputs(opts, saved["meta"], report.Measured(saved["cells"]), saved["profiles"],
+                 opts.report)
+        return 0
 
     sizes = Sizes.quick() if opts.quick else Sizes.full()
     repeat = opts.repeat or (1 if opts.quick else 5)
@@ -71,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     meta = _machine(sizes, repeat, opts.quick)
     cells = _measure(sizes, repeat, systems, [(b, m) for b in backends for m in modes])
-    profiles = [] if opts.no_profile else [_profile(*p) for p in PROFILES]
+    scale = 10 if opts.quick else 1
+    profiles = [] if opts.no_profile else [_profile(w, b, m, steps // scale)
+                                           for w, b, m, steps in PROFILES]
     meta["duration_s"] = time.time() - started
     meta["loadavg_end"] = os.getloadavg()
     _write(opts, meta, cells, profiles)
@@ -112,8 +122,14 @@ def _write(opts: argparse.Namespace, meta: dict[str, Any], cells: list[dict[str,
     json_path = opts.out / f"{stem}.json"
     json_path.write_text(json.dumps(results, indent=1, default=str) + "\n")
     _say(f"results: {_rel(json_path)}")
+    _outputs(opts, meta, measured, profiles, json_path)
+
+
+def _outputs(opts: argparse.Namespace, meta: dict[str, Any], measured: report.Measured,
+             profiles: list[dict[str, Any]], json_path: Path) -> None:
+    """The chart, the tables on stdout, and the page's marked sections."""
     if not opts.no_chart:
-        chart_path = opts.chart or opts.out / f"{stem}.png"
+        chart_path = opts.chart or json_path.with_suffix(".png")
         try:
             from . import chart
 
@@ -266,17 +282,29 @@ def _refresh_doc(doc: Path, meta: dict[str, Any], measured: report.Measured, tab
             if "error" in found:
                 parts.append(f"{name}: the profile failed")
                 continue
-            flat = "\n".join(found["flat"].strip().splitlines()[5:30])
-            calls = ", ".join(f"{k} {v:g}" for k, v in found["store_calls_per_step"].items())
+            calls = ", ".join(f"{k} {v:g}" for k, v in found["store_calls_per_step"].items()
+                              if v >= 0.5)
             if "statements_per_step" in found:
                 calls += "; sent to the server per step: " + ", ".join(
                     f"{k} {v:g}" for k, v in found["statements_per_step"].items())
             parts += [f"**{name}, {found['steps']} steps**"
-                      f" ({found['steps_per_s_profiled']:,.0f} steps/s under the profiler),"
-                      f" store calls per step: {calls}. Functions by their own time:", "",
-                      "```", flat, "```", ""]
+                      f" ({found['steps_per_s_profiled']:,.0f} steps/s under the profiler);"
+                      f" store calls per step: {calls}. The call tree (frames of 2% or more),"
+                      " then functions by their own time:", "",
+                      "```", _top(found["tree"], 2.0, 45), "```", "",
+                      "```", _top(found["flat"], 0.0, 15), "```", ""]
         text = _replace(text, PROFILES_START, PROFILES_END, "\n".join(parts))
     doc.write_text(text)
+
+
+def _top(profile: str, least: float, lines: int) -> str:
+    """A pyinstrument text profile without its banner, keeping frames of ``least`` % or more."""
+    kept = []
+    for line in profile.strip().splitlines()[5:]:
+        found = re.search(r"(\d+\.\d)%", line)
+        if line.strip() and (found is None or float(found.group(1)) >= least):
+            kept.append(line.rstrip())
+    return "\n".join(kept[:lines])
 
 
 def _replace(text: str, start: str, end: str, block: str) -> str:
