@@ -56,8 +56,15 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
             **({"statements_per_step": {name: round(count / steps, 3)
                                         for name, count in sorted(sent.items())}}
                if sent is not None else {}),
-            "tree": profiler.output_text(time="percent_of_total", show_all=False),
-            "flat": profiler.output_text(flat=True, time="percent_of_total")}
+            "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
+            "flat": _relative(profiler.output_text(flat=True, time="percent_of_total"))}
+
+
+def _relative(text: str) -> str:
+    """Paths in the profile relative to the project, so results name no machine's folders."""
+    from .procs import ROOT
+
+    return text.replace(f"{ROOT}/", "")
 
 
 def _count_statements() -> Counter[str]:
