@@ -3,7 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PYTHON ?= python3
 
-.PHONY: demo test check lint bench clean
+BENCH_VENV := bench/.venv
+
+.PHONY: demo test check lint bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +25,19 @@ lint: $(BIN)/.installed          ## style and types
 
 check: lint test
 
-bench: $(BIN)/.installed         ## per-step cost on SQLite, with the commit floor beside it
-	$(BIN)/python bench/steps.py
+# The benchmark's peers (DBOS, LangGraph) and tools live in an environment of their own,
+# never in the library's dependencies.
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[postgres]' --group bench
+	touch $@
+
+bench: $(BENCH_VENV)/.installed  ## safepoint against DBOS and LangGraph (~12 min): docs/benchmarks.md
+	$(BENCH_VENV)/bin/python -m bench.run --doc docs/benchmarks.md --chart docs/benchmarks.png
+
+bench-quick: $(BENCH_VENV)/.installed  ## the same workloads, small and once: for development
+	$(BENCH_VENV)/bin/python -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache

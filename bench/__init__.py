@@ -1,0 +1,1 @@
+"""safepoint against DBOS and LangGraph, side by side, in one run: ``make bench``."""

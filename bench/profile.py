@@ -1,0 +1,114 @@
+"""Where safepoint's time goes: pyinstrument over one run of a workload (W1, W2 or W5).
+
+``python -m bench.profile '{"workload": "w1", "backend": "sqlite", "mode": "defaults",
+"steps": 20000}'`` prints one JSON line: steps/s under the profiler, the call tree and the flat
+list of functions by their own time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from .common import Setting, fresh_database, quiet_logging
+
+
+def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any]:
+    from pyinstrument import Profiler
+
+    import safepoint as sp
+
+    from .workloads import safepoint as workloads
+
+    durability = workloads.settings(Setting(backend, mode))["durability"]
+    with fresh_database(backend, "profile") as db:
+        store = _Counting(sp.open_store(db.sqlite_url if backend == "sqlite" else db.pg_url,
+                                        durability=durability))
+        flow = {"w1": workloads.w1, "w2": workloads.w2, "w5": workloads.w5}[workload]
+        owner = None
+        if workload == "w5":
+            import os
+
+            from safepoint.testing.effects import OWNER_URL_ENV
+            from safepoint.testing.owner import OwnerService
+
+            owner = OwnerService().start()
+            os.environ[OWNER_URL_ENV] = owner.url
+        sent = _count_statements() if backend == "postgres" else None
+        profiler = Profiler(interval=0.0005)
+        try:
+            profiler.start()
+            started = time.perf_counter()
+            sp.start(store, flow, steps, run_id="profile")
+            elapsed = time.perf_counter() - started
+            profiler.stop()
+        finally:
+            store.close()
+            if owner is not None:
+                owner.stop()
+    return {"workload": workload, "backend": backend, "mode": mode, "steps": steps,
+            "steps_per_s_profiled": steps / elapsed,
+            "store_calls_per_step": {name: round(count / steps, 3)
+                                     for name, count in sorted(store.calls.items())},
+            **({"statements_per_step": {name: round(count / steps, 3)
+                                        for name, count in sorted(sent.items())}}
+               if sent is not None else {}),
+            "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
+            "flat": _relative(profiler.output_text(flat=True, time="percent_of_total"))}
+
+
+def _relative(text: str) -> str:
+    """Paths in the profile relative to the project, so results name no machine's folders."""
+    from .procs import ROOT
+
+    return text.replace(f"{ROOT}/", "")
+
+
+def _count_statements() -> Counter[str]:
+    """Count what psycopg sends: each statement and each BEGIN / COMMIT is a round trip."""
+    import psycopg
+    from psycopg._connection_base import BaseConnection
+
+    sent: Counter[str] = Counter()
+    execute, command = psycopg.Cursor.execute, BaseConnection._exec_command
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent["statements"] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_command(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent["transaction commands (BEGIN, COMMIT, SET)"] += 1
+        return command(self, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+    BaseConnection._exec_command = counted_command  # type: ignore[method-assign]
+    return sent
+
+
+class _Counting:
+    """The store, counting the calls made to it (each write is one transaction)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._store, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return found(*args, **kwargs)
+
+        return call
+
+
+if __name__ == "__main__":
+    quiet_logging()
+    spec = json.loads(sys.argv[1])
+    print(json.dumps(profile(spec["workload"], spec["backend"], spec["mode"], spec["steps"])),
+          flush=True)

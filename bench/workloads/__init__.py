@@ -1,0 +1,1 @@
+"""One module per system, each with the same workloads written the way its users write them."""
