@@ -101,6 +101,8 @@ _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
 # and then the gate is asked again — a bounded number of times.
 _GATE_ATTEMPTS = 3
+# How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
+_TURN_POLL_S = 0.005
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
@@ -138,6 +140,10 @@ class RunCore:
         self.attempts = {sid: list(tried) for sid, tried in (attempts or {}).items()}
         self.default_retry = default_retry if default_retry is not None else run.step_attempts
         self.approvals: dict[str, ApprovalRecord] = {}  # operation id → what authorized it
+        # Fan-out: dispatches between "dispatching" and their recorded outcome, and branches
+        # about to release the run (a block, a wait for approval). See ``release_turn``.
+        self.in_flight = 0
+        self.releasing = 0
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -169,6 +175,36 @@ class RunCore:
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
+
+    def release_turn(self) -> Flow:
+        """Before a write that may release the run (a block, the approval gate): no fan-out
+        branch starts a dispatch from now on, and those in flight record their outcome first.
+        Once the run is released, no outcome can be recorded: a receipt in hand would be lost,
+        and an effect that happened would wait for reconciliation. End with ``end_turn``.
+        (Never called between a branch's own "dispatching" and its outcome.)"""
+        with self.seq_lock:
+            self.releasing += 1
+        while self.in_flight:
+            yield Sleep(_TURN_POLL_S)
+
+    def end_turn(self) -> None:
+        with self.seq_lock:
+            self.releasing -= 1
+
+    def enter_dispatch(self) -> Flow:
+        """Count a dispatch in flight (``leave_dispatch`` when its outcome is recorded); while
+        a sibling branch is releasing the run, wait — and start nothing once it halted."""
+        while True:
+            self.check_halt()
+            with self.seq_lock:
+                if not self.releasing:
+                    self.in_flight += 1
+                    return
+            yield Sleep(_TURN_POLL_S)
+
+    def leave_dispatch(self) -> None:
+        with self.seq_lock:
+            self.in_flight -= 1
 
     def limit_reached(self, error: LimitReached) -> LimitReached:
         """A limit of the run was reached: kept, like a cancel, so that agent code swallowing
@@ -221,9 +257,13 @@ class RunCore:
                                      None)
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
                               op=op, evidence=evidence, authorization=authorization)
-        yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
-        error.record = record
-        self.halted = error
+        yield from self.release_turn()
+        try:
+            yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
+            error.record = record
+            self.halted = error
+        finally:
+            self.end_turn()
 
     def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
               op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
@@ -558,11 +598,16 @@ class RunCore:
         """The gate between prepared and dispatching: the store returns an approval of this
         payload on the target as it now reads — or, atomically, makes the run wait."""
         target = yield from self._target_digest(sid, effect, payload)
-        gate = yield Io("await_approval", (self.claim, op.operation_id, target))
-        if gate.approval is None:
-            error = awaiting(self.run.run_id, gate.waiting_for)
-            self.halted = error  # the run is released: this run object does nothing more
-            raise error
+        yield from self.release_turn()  # the gate may release the run
+        try:
+            self.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
+            gate = yield Io("await_approval", (self.claim, op.operation_id, target))
+            if gate.approval is None:
+                error = awaiting(self.run.run_id, gate.waiting_for)
+                self.halted = error  # the run is released: this run object does nothing more
+                raise error
+        finally:
+            self.end_turn()
         op = replace(op, approval_required=True, target_digest=target)
         self.operations[op.operation_id] = op
         self.approvals[op.operation_id] = gate.approval
@@ -575,10 +620,12 @@ class RunCore:
         for attempt in range(1, _GATE_ATTEMPTS + 1):
             if op.approval_required:
                 op = yield from self._authorize(sid, effect, op, payload)
+            yield from self.enter_dispatch()  # left by _dispatch once the outcome is recorded
             try:
                 return (yield Io("mark_dispatching", (self.claim, op.operation_id)))
-            except ApprovalInvalid:
-                if attempt == _GATE_ATTEMPTS:
+            except BaseException as exc:
+                self.leave_dispatch()
+                if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
                     raise
                 # It lapsed between the gate and the dispatch (or the ledger asks for an
                 # approval this code did not): ask the gate, which now makes the run wait.
@@ -674,6 +721,14 @@ class RunCore:
                 # it stays prepared, not uncertain (as after a cancel).
                 yield from self._record(op, EffectState.PREPARED)
             raise
+        try:
+            return (yield from self._call_owner(sid, effect, op, payload, step))
+        finally:
+            self.leave_dispatch()  # entered by _mark_dispatching
+
+    def _call_owner(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                    step: StepRecord) -> Flow:
+        """The call of a dispatch committed as "dispatching", and its recorded outcome."""
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:

@@ -40,6 +40,7 @@ from ._secrets import redact, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    AwaitingApproval,
     BudgetExhausted,
     Cancelled,
     ContinueAsNew,
@@ -560,8 +561,9 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     try:
         with Heartbeat(store, claim):
             result = yield Call(wf.fn, (handle, *args), kwargs)
-    except (LostOwnership, SimulatedCrash):
-        raise  # this worker must stop; the ledger already says everything it may say
+    except (LostOwnership, SimulatedCrash) as exc:
+        # this worker must stop; the ledger already says everything it may say
+        raise _how_it_stopped(core, exc)  # noqa: B904 (exc itself, or what it ended)
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
     except ContinueAsNew as signal:
@@ -656,6 +658,15 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
     crashpoint("run.after_continue")
     return _Continued(run, claim)
 
+
+def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
+    """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
+    refused because its sibling had blocked the run, or made it wait for approval, under this
+    very fence: that is how the run stopped."""
+    if (isinstance(exc, LostOwnership) and isinstance(core.halted, (RunBlocked, AwaitingApproval))
+            and not core.release_on_halt):
+        return core.halted
+    return exc
 
 # Signals that stop this process or task, not the run: it is released for the next worker.
 _STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
