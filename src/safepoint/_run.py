@@ -49,6 +49,7 @@ from ._limits import (
     next_attempt,
     past_deadline,
     reported_tokens,
+    round_start_for,
     spent_budget,
     step_policy,
 )
@@ -362,7 +363,9 @@ class RunCore:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
         failure recorded before its back-off — and record the result or the failure."""
         sid, kind = base.step_id, base.kind
-        attempt, pending = next_attempt(round_start, self.attempts.get(sid, []))
+        tried = self.attempts.get(sid, [])
+        round_start = round_start_for(round_start, tried, base.input_hash)
+        attempt, pending = next_attempt(round_start, tried)
         while True:
             if base.attempt != attempt:
                 base = replace(base, attempt=attempt)
