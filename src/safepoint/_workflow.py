@@ -461,7 +461,12 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
     the recovery record."""
     ledger = yield from _load_intact(claim, run)
-    run = yield from _check_compatible(wf, claim, ledger.run)
+    try:
+        run = yield from _check_compatible(wf, claim, ledger.run)
+    except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
+        return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
+    except DeadlineExceeded as exc:  # … or once the deadline passed
+        yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
     ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
         yield from _limit_at_claim(
