@@ -640,7 +640,8 @@ class RunCore:
         """The operation as an earlier run of this chain accepted it, or None — looked up in
         place, never copied; one it rejected raises that rejection again. It stands for this
         run too, but only for the same effect and the very same payload: a changed payload is
-        never sent under its key."""
+        never sent under its key — it blocks, or under ``replan`` (as within one run) what
+        happened is replayed."""
         settled: OperationRecord | None = yield Io("chain_operation",
                                                    (self.run.chain_id, op_id))
         if settled is None:
@@ -651,7 +652,7 @@ class RunCore:
                                f"operation {op_id!r} was settled by run {settled.run_id!r} of"
                                f" this chain for effect {settled.effect!r}"),
                 phase="replay_mismatch", op=settled)
-        if settled.payload_ref != payload_ref:
+        if settled.payload_ref != payload_ref and not self.replans:
             yield from self.block(
                 StaleCheckpoint(self.run.run_id, sid,
                                 f"the payload of {op_id!r} changed since run"
