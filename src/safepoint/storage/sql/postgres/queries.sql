@@ -540,8 +540,8 @@ SELECT now FROM owned;
 -- name: abandon_steps
 -- Re-plan: the stale tail — the step at step_id and every non-effect step recorded after it,
 -- up to through_seq — moves into the history, one step.abandoned event each, with what it had
--- recorded. Runs after the fenced `replan` statement, in its transaction (which holds the run
--- row's lock).
+-- recorded (counted among the events, no longer among the steps). Runs after the fenced
+-- `replan` statement, in its transaction (which holds the run row's lock).
 WITH stale AS (
     DELETE FROM safepoint_steps
     WHERE run_id = %(run_id)s
@@ -563,7 +563,8 @@ moved AS (
     FROM (SELECT * FROM stale ORDER BY seq) ordered
     RETURNING 1
 )
-UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM moved)
+UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM moved),
+                          step_count = step_count - (SELECT count(*) FROM stale)
 WHERE run_id = %(run_id)s
 RETURNING event_count;
 

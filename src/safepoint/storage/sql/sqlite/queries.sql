@@ -279,8 +279,10 @@ WHERE run_id = :run_id
   AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id);
 
 -- name: count_events
--- Events appended in this transaction beyond the one fence_check counted.
-UPDATE safepoint_runs SET event_count = event_count + :events WHERE run_id = :run_id;
+-- Events appended in this transaction beyond the one fence_check counted; a re-plan's abandoned
+-- steps moved from the steps into them (:steps rows deleted).
+UPDATE safepoint_runs SET event_count = event_count + :events, step_count = step_count - :steps
+WHERE run_id = :run_id;
 
 
 -- name: add_usage
