@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 import threading
 import time
 import uuid
@@ -194,6 +195,36 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     assert memory_store.get_run("r").status is sp.RunStatus.WAITING
+
+
+def test_what_parallel_model_steps_spent_is_counted_whole_when_the_run_continues(
+        memory_store: sp.Store) -> None:
+    """Branches on threads add their tokens to the run object at once: none may be lost, or the
+    successor starts with more budget than the chain has left."""
+    def model(**_: Any) -> dict[str, Any]:
+        return {"usage": {"total_tokens": 1}}
+
+    @sp.workflow(_name("fan-budget"), budget=sp.Budget(tokens=100_000))
+    def flow(run: sp.Run, round_: int) -> int:
+        if round_ == 0:
+            run.parallel("fan", [
+                lambda branch, i=i: [branch.model(f"m{j}", model, model="m", messages=[i, j])
+                                     for j in range(60)]
+                for i in range(8)])
+            run.continue_as_new(1)
+        return round_
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads change hands as often as they can
+    try:
+        for attempt in range(4):
+            sp.start(memory_store, flow, 0, run_id=f"r{attempt}")
+            first, successor = memory_store.get_run(f"r{attempt}"), \
+                memory_store.get_run(f"r{attempt}~1")
+            assert first.tokens_spent == 480
+            assert successor.token_budget == 100_000 - 480
+    finally:
+        sys.setswitchinterval(switching)
 
 
 # -- re-planning meets attempts, cancels, deadlines and chains ----------------------------------------

@@ -468,8 +468,9 @@ class RunCore:
         yield from self.append_new(Io("record_step", (self.claim, step)), sid)
         self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit
-            self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
-                               cost_spent=self.run.cost_spent + (cost or 0.0))
+            with self.seq_lock:  # fan-out branches on threads add theirs at the same time
+                self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
+                                   cost_spent=self.run.cost_spent + (cost or 0.0))
         crashpoint("step.after_record", sid)
         return value
 
