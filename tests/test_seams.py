@@ -311,6 +311,25 @@ def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
     assert run.error["type"] == "DeadlineExceeded"
 
 
+def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Store) -> None:
+    """The store refuses the continue (a successor would outlive the chain's deadline): the run
+    ends failed, released — not left running, held by a worker that went away."""
+    @sp.workflow(_name("late-continue"), deadline=timedelta(milliseconds=300))
+    def flow(run: sp.Run, round_: int) -> int:
+        run.pure("p", lambda: 1)
+        if round_ == 0:
+            time.sleep(0.4)  # past the deadline, with nothing new started meanwhile
+            run.continue_as_new(1)
+        return round_
+
+    with pytest.raises(sp.DeadlineExceeded):
+        sp.start(store, flow, 0, run_id="r")
+    run = store.get_run("r")
+    assert (run.status, run.owner, run.successor_run_id) == (sp.RunStatus.FAILED, None, None)
+    assert run.error is not None
+    assert run.error["type"] == "DeadlineExceeded"
+
+
 def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_payload(
         memory_store: sp.Store) -> None:
     """Under ``replan`` a settled operation whose payload the new plan computes differently

@@ -645,7 +645,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
     """The run ends continued and its successor starts with the carried state, in one store
     transaction — unless an effect of the run is still uncertain (it blocks: a successor must
     not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
-    refuses, and the run ends cancelled: continuing cannot escape the request)."""
+    refuses, and the run ends cancelled: continuing cannot escape the request), or the deadline
+    passed (refused too: the run fails)."""
     yield from _block_if_uncertain(core, "the workflow continued as new", signal)
     # The chain is one task: its successor keeps the deadline and what is left of the budgets.
     successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
@@ -656,6 +657,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
         run, claim = yield Io("continue_as_new", (core.claim, successor))
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
+    except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
+        yield from _end_for_limit(core, exc)
     except RunConflict as exc:
         yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
                               phase="continue_as_new")
