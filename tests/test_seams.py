@@ -259,6 +259,39 @@ def test_a_re_planned_step_gets_all_its_attempts_again(memory_store: sp.Store,
     assert memory_store.load_ledger("r").steps["fetch"].attempt == 3
 
 
+def test_a_re_plan_in_one_branch_keeps_what_its_sibling_branches_recorded(
+        memory_store: sp.Store, crash_at: Any) -> None:
+    """Branches are independent: a stale step of branch a abandons a's tail and what follows
+    the fan-out, never a sibling's steps recorded in between — b's unchanged question is not
+    asked (its model not called) again."""
+    calls: list[str] = []
+
+    def model(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs["messages"][0])
+        return {"text": kwargs["messages"][0]}
+
+    def plan(question: str) -> Callable[[sp.Run], Any]:
+        def body(run: sp.Run) -> Any:
+            answers = run.parallel("fan", {
+                "a": lambda branch: branch.model("m", model, model="x", messages=[question]),
+                "b": lambda branch: branch.model("m", model, model="x", messages=["same"])},
+                max_threads=1)
+            summary = run.pure("join", lambda a, b: f"{a['text']}+{b['text']}", answers["a"],
+                               answers["b"])
+            return {**answers, "summary": summary}
+        return body
+
+    name = _name("fan-replan")
+    _stop_before_completion(memory_store, sp.workflow(name, version="1")(plan("old")), crash_at)
+    assert calls == ["old", "same"]
+    sp.workflow(name, version="2", compatibility="replan")(plan("new"))
+    result = sp.resume(memory_store, "r")
+    assert result["summary"] == "new+same"
+    assert calls == ["old", "same", "new"]  # b's answer replayed, never re-generated
+    abandoned = [e.step_id for e in memory_store.events("r") if e.kind == "step.abandoned"]
+    assert abandoned == ["fan.a/m", "join"]
+
+
 def test_a_cancelled_run_whose_code_changed_ends_cancelled_under_replan(
         store: sp.Store, crash_at: Any) -> None:
     """Re-planning is new work, refused once a cancel is asked for: the run must end cancelled,

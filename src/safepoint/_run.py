@@ -145,6 +145,9 @@ class RunCore:
         # about to release the run (a block, a wait for approval). See ``release_turn``.
         self.in_flight = 0
         self.releasing = 0
+        # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
+        # leaves what its sibling branches recorded alone.
+        self.fanouts: list[list[str]] = []
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -311,13 +314,21 @@ class RunCore:
         if self.cancelling:
             raise self.cancelled()  # re-planning is new work
         # Only what was recorded before this worker took over can be stale: a step this
-        # execution recorded (with a later seq) already answers the new question.
+        # execution recorded (with a later seq) already answers the new question. Inside a
+        # fan-out, a sibling branch's steps never asked about this one: they stay.
         start, through = self.steps[sid].seq, self.seq_at_load
+        siblings = tuple(prefix for branches in list(self.fanouts)
+                         if any(sid.startswith(branch) for branch in branches)
+                         for prefix in branches if not sid.startswith(prefix))
+        stale_tail = [key for key, step in list(self.steps.items())
+                      if start <= step.seq <= through
+                      and (step.kind is not StepKind.EFFECT or key == sid)]
+        keep = tuple(key for key in stale_tail if key.startswith(siblings))
         yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
-                                               through_seq=through)))
-        for key, step in list(self.steps.items()):
-            if start <= step.seq <= through and (step.kind is not StepKind.EFFECT or key == sid):
-                del self.steps[key]
+                                               through_seq=through, keep=keep)))
+        for key in stale_tail:
+            if key not in keep:
+                self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
 
     # -- flows ---------------------------------------------------------------------------------
 
@@ -979,7 +990,9 @@ class _RunBase:
         named = _branches(group, branches)
         if len({name for name, _ in named}) != len(named):
             raise UsageError(f"fan-out {group!r} names a branch twice")
-        return named, [f"{group}.{name}/" for name, _ in named]
+        prefixes = [f"{group}.{name}/" for name, _ in named]
+        self._core.fanouts.append(prefixes)
+        return named, prefixes
 
 
 class Run(_RunBase):

@@ -695,7 +695,8 @@ class SqliteStore:
                     "workflow_manifest": _json_or_none(change.workflow_manifest)})
             if change.step_id is not None:
                 params = {**common, "step_id": change.step_id, "worker": claim.owner,
-                          "through_seq": change.through_seq, "reason": change.reason}
+                          "through_seq": change.through_seq, "reason": change.reason,
+                          "keep": dumps(list(change.keep))}
                 moved = conn.execute(_Q["abandon_steps"], params).rowcount
                 deleted = conn.execute(_Q["delete_abandoned_steps"], params).rowcount
                 conn.execute(_Q["count_events"], {"run_id": claim.run_id, "events": moved,

@@ -1599,3 +1599,18 @@ class StoreConformance(abc.ABC):
         assert ledger.run.history_size == len(events) + len(ledger.steps)
         store.record_step(claim, make_step(run.run_id, "s2", 4))  # asked again: a new step
         assert store.get_run(run.run_id).step_count == 2
+
+    def test_a_re_plan_keeps_the_steps_it_is_told_to_keep(self) -> None:
+        """Inside a fan-out, a sibling branch's steps recorded after the stale step do not
+        answer the changed question: the re-plan names them, and they stay."""
+        store = self.store()
+        run, claim = self.start(store)
+        for seq, sid in enumerate(("fan.a/s", "fan.b/s", "fan.a/t", "fan.b/t", "join"), 1):
+            store.record_step(claim, make_step(run.run_id, sid, seq))
+        store.replan(claim, Replan(reason="inputs moved", step_id="fan.a/s", through_seq=5,
+                                   keep=("fan.b/s", "fan.b/t")))
+        ledger, events = self.snapshot(store, run.run_id)
+        assert sorted(ledger.steps) == ["fan.b/s", "fan.b/t"]
+        assert [e.step_id for e in events if e.kind == "step.abandoned"] == [
+            "fan.a/s", "fan.a/t", "join"]
+        assert (ledger.run.step_count, ledger.run.event_count) == (2, len(events))
