@@ -197,14 +197,14 @@ class RunCore:
 
     def enter_dispatch(self) -> Flow:
         """Count a dispatch in flight (``leave_dispatch`` when its outcome is recorded); while
-        a sibling branch is releasing the run, wait — and start nothing once it halted."""
+        a sibling branch is releasing the run, wait — and start nothing if it halted it."""
         while True:
-            self.check_halt()
             with self.seq_lock:
                 if not self.releasing:
                     self.in_flight += 1
                     return
             yield Sleep(_TURN_POLL_S)
+            self.check_halt()
 
     def leave_dispatch(self) -> None:
         with self.seq_lock:
