@@ -169,9 +169,13 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
     run here: agent code that catches everything must not carry on with a step the ledger never
     heard of. The run stays as the store last saw it, for this or another worker to resume.
     A store that refuses new work (a cancel asked for, the deadline passed) stops it too."""
-    if halt is not None and (isinstance(exc, (LostOwnership, Cancelled, DeadlineExceeded))
-                             or (isinstance(request, Io) and isinstance(exc, StoreError))):
-        halt.halted = exc  # a stale worker, too, must not run one more step function
+    if halt is not None and halt.halted is None and (
+            isinstance(exc, (LostOwnership, Cancelled, DeadlineExceeded))
+            or (isinstance(request, Io) and isinstance(exc, StoreError))):
+        # A stale worker, too, must not run one more step function. A halt already set stays:
+        # a fan-out branch refused because its sibling blocked the run, or made it wait, must
+        # not turn that ending into another.
+        halt.halted = exc
     return exc
 
 

@@ -55,6 +55,14 @@ def run_default(recorded: Retry | None, in_code: Retry | None) -> Retry | None:
     return Retry.from_json(recorded.as_json(), in_code.retry_on)
 
 
+def round_start_for(round_start: int, failed: list[AttemptRecord], input_hash: str) -> int:
+    """Where a round of attempts of a step asked with ``input_hash`` starts: ``round_start`` —
+    or after the last attempt made for other inputs. Those asked another question (a re-plan
+    abandoned it): their failures are its history, not this question's."""
+    return max([round_start, *(tried.attempt for tried in failed
+                               if tried.input_hash != input_hash)])
+
+
 def next_attempt(round_start: int, failed: list[AttemptRecord]) -> tuple[int, AttemptRecord | None]:
     """(the number of the next attempt, the failed attempt of this round it follows, if any).
 

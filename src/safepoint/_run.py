@@ -49,6 +49,7 @@ from ._limits import (
     next_attempt,
     past_deadline,
     reported_tokens,
+    round_start_for,
     spent_budget,
     step_policy,
 )
@@ -101,6 +102,8 @@ _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
 # and then the gate is asked again — a bounded number of times.
 _GATE_ATTEMPTS = 3
+# How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
+_TURN_POLL_S = 0.005
 
 
 def _error_evidence(exc: BaseException) -> dict[str, str]:
@@ -138,6 +141,13 @@ class RunCore:
         self.attempts = {sid: list(tried) for sid, tried in (attempts or {}).items()}
         self.default_retry = default_retry if default_retry is not None else run.step_attempts
         self.approvals: dict[str, ApprovalRecord] = {}  # operation id → what authorized it
+        # Fan-out: dispatches between "dispatching" and their recorded outcome, and branches
+        # about to release the run (a block, a wait for approval). See ``release_turn``.
+        self.in_flight = 0
+        self.releasing = 0
+        # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
+        # leaves what its sibling branches recorded alone.
+        self.fanouts: list[list[str]] = []
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -169,6 +179,36 @@ class RunCore:
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
+
+    def release_turn(self) -> Flow:
+        """Before a write that may release the run (a block, the approval gate): no fan-out
+        branch starts a dispatch from now on, and those in flight record their outcome first.
+        Once the run is released, no outcome can be recorded: a receipt in hand would be lost,
+        and an effect that happened would wait for reconciliation. End with ``end_turn``.
+        (Never called between a branch's own "dispatching" and its outcome.)"""
+        with self.seq_lock:
+            self.releasing += 1
+        while self.in_flight:
+            yield Sleep(_TURN_POLL_S)
+
+    def end_turn(self) -> None:
+        with self.seq_lock:
+            self.releasing -= 1
+
+    def enter_dispatch(self) -> Flow:
+        """Count a dispatch in flight (``leave_dispatch`` when its outcome is recorded); while
+        a sibling branch is releasing the run, wait — and start nothing if it halted it."""
+        while True:
+            with self.seq_lock:
+                if not self.releasing:
+                    self.in_flight += 1
+                    return
+            yield Sleep(_TURN_POLL_S)
+            self.check_halt()
+
+    def leave_dispatch(self) -> None:
+        with self.seq_lock:
+            self.in_flight -= 1
 
     def limit_reached(self, error: LimitReached) -> LimitReached:
         """A limit of the run was reached: kept, like a cancel, so that agent code swallowing
@@ -221,9 +261,13 @@ class RunCore:
                                      None)
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
                               op=op, evidence=evidence, authorization=authorization)
-        yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
-        error.record = record
-        self.halted = error
+        yield from self.release_turn()
+        try:
+            yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
+            error.record = record
+            self.halted = error
+        finally:
+            self.end_turn()
 
     def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
               op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
@@ -270,13 +314,21 @@ class RunCore:
         if self.cancelling:
             raise self.cancelled()  # re-planning is new work
         # Only what was recorded before this worker took over can be stale: a step this
-        # execution recorded (with a later seq) already answers the new question.
+        # execution recorded (with a later seq) already answers the new question. Inside a
+        # fan-out, a sibling branch's steps never asked about this one: they stay.
         start, through = self.steps[sid].seq, self.seq_at_load
+        siblings = tuple(prefix for branches in list(self.fanouts)
+                         if any(sid.startswith(branch) for branch in branches)
+                         for prefix in branches if not sid.startswith(prefix))
+        stale_tail = [key for key, step in list(self.steps.items())
+                      if start <= step.seq <= through
+                      and (step.kind is not StepKind.EFFECT or key == sid)]
+        keep = tuple(key for key in stale_tail if key.startswith(siblings))
         yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
-                                               through_seq=through)))
-        for key, step in list(self.steps.items()):
-            if start <= step.seq <= through and (step.kind is not StepKind.EFFECT or key == sid):
-                del self.steps[key]
+                                               through_seq=through, keep=keep)))
+        for key in stale_tail:
+            if key not in keep:
+                self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
 
     # -- flows ---------------------------------------------------------------------------------
 
@@ -322,7 +374,9 @@ class RunCore:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
         failure recorded before its back-off — and record the result or the failure."""
         sid, kind = base.step_id, base.kind
-        attempt, pending = next_attempt(round_start, self.attempts.get(sid, []))
+        tried = self.attempts.get(sid, [])
+        round_start = round_start_for(round_start, tried, base.input_hash)
+        attempt, pending = next_attempt(round_start, tried)
         while True:
             if base.attempt != attempt:
                 base = replace(base, attempt=attempt)
@@ -425,8 +479,9 @@ class RunCore:
         yield from self.append_new(Io("record_step", (self.claim, step)), sid)
         self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit
-            self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
-                               cost_spent=self.run.cost_spent + (cost or 0.0))
+            with self.seq_lock:  # fan-out branches on threads add theirs at the same time
+                self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
+                                   cost_spent=self.run.cost_spent + (cost or 0.0))
         crashpoint("step.after_record", sid)
         return value
 
@@ -558,11 +613,16 @@ class RunCore:
         """The gate between prepared and dispatching: the store returns an approval of this
         payload on the target as it now reads — or, atomically, makes the run wait."""
         target = yield from self._target_digest(sid, effect, payload)
-        gate = yield Io("await_approval", (self.claim, op.operation_id, target))
-        if gate.approval is None:
-            error = awaiting(self.run.run_id, gate.waiting_for)
-            self.halted = error  # the run is released: this run object does nothing more
-            raise error
+        yield from self.release_turn()  # the gate may release the run
+        try:
+            self.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
+            gate = yield Io("await_approval", (self.claim, op.operation_id, target))
+            if gate.approval is None:
+                error = awaiting(self.run.run_id, gate.waiting_for)
+                self.halted = error  # the run is released: this run object does nothing more
+                raise error
+        finally:
+            self.end_turn()
         op = replace(op, approval_required=True, target_digest=target)
         self.operations[op.operation_id] = op
         self.approvals[op.operation_id] = gate.approval
@@ -575,10 +635,12 @@ class RunCore:
         for attempt in range(1, _GATE_ATTEMPTS + 1):
             if op.approval_required:
                 op = yield from self._authorize(sid, effect, op, payload)
+            yield from self.enter_dispatch()  # left by _dispatch once the outcome is recorded
             try:
                 return (yield Io("mark_dispatching", (self.claim, op.operation_id)))
-            except ApprovalInvalid:
-                if attempt == _GATE_ATTEMPTS:
+            except BaseException as exc:
+                self.leave_dispatch()
+                if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
                     raise
                 # It lapsed between the gate and the dispatch (or the ledger asks for an
                 # approval this code did not): ask the gate, which now makes the run wait.
@@ -590,7 +652,8 @@ class RunCore:
         """The operation as an earlier run of this chain accepted it, or None — looked up in
         place, never copied; one it rejected raises that rejection again. It stands for this
         run too, but only for the same effect and the very same payload: a changed payload is
-        never sent under its key."""
+        never sent under its key — it blocks, or under ``replan`` (as within one run) what
+        happened is replayed."""
         settled: OperationRecord | None = yield Io("chain_operation",
                                                    (self.run.chain_id, op_id))
         if settled is None:
@@ -601,7 +664,7 @@ class RunCore:
                                f"operation {op_id!r} was settled by run {settled.run_id!r} of"
                                f" this chain for effect {settled.effect!r}"),
                 phase="replay_mismatch", op=settled)
-        if settled.payload_ref != payload_ref:
+        if settled.payload_ref != payload_ref and not self.replans:
             yield from self.block(
                 StaleCheckpoint(self.run.run_id, sid,
                                 f"the payload of {op_id!r} changed since run"
@@ -674,6 +737,14 @@ class RunCore:
                 # it stays prepared, not uncertain (as after a cancel).
                 yield from self._record(op, EffectState.PREPARED)
             raise
+        try:
+            return (yield from self._call_owner(sid, effect, op, payload, step))
+        finally:
+            self.leave_dispatch()  # entered by _mark_dispatching
+
+    def _call_owner(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                    step: StepRecord) -> Flow:
+        """The call of a dispatch committed as "dispatching", and its recorded outcome."""
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:
@@ -919,7 +990,9 @@ class _RunBase:
         named = _branches(group, branches)
         if len({name for name, _ in named}) != len(named):
             raise UsageError(f"fan-out {group!r} names a branch twice")
-        return named, [f"{group}.{name}/" for name, _ in named]
+        prefixes = [f"{group}.{name}/" for name, _ in named]
+        self._core.fanouts.append(prefixes)
+        return named, prefixes
 
 
 class Run(_RunBase):

@@ -40,6 +40,7 @@ from ._secrets import redact, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    AwaitingApproval,
     BudgetExhausted,
     Cancelled,
     ContinueAsNew,
@@ -460,7 +461,12 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
     the recovery record."""
     ledger = yield from _load_intact(claim, run)
-    run = yield from _check_compatible(wf, claim, ledger.run)
+    try:
+        run = yield from _check_compatible(wf, claim, ledger.run)
+    except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
+        return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
+    except DeadlineExceeded as exc:  # … or once the deadline passed
+        yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
     ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
         yield from _limit_at_claim(
@@ -560,8 +566,9 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     try:
         with Heartbeat(store, claim):
             result = yield Call(wf.fn, (handle, *args), kwargs)
-    except (LostOwnership, SimulatedCrash):
-        raise  # this worker must stop; the ledger already says everything it may say
+    except (LostOwnership, SimulatedCrash) as exc:
+        # this worker must stop; the ledger already says everything it may say
+        raise _how_it_stopped(core, exc)  # noqa: B904 (exc itself, or what it ended)
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
     except ContinueAsNew as signal:
@@ -638,7 +645,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
     """The run ends continued and its successor starts with the carried state, in one store
     transaction — unless an effect of the run is still uncertain (it blocks: a successor must
     not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
-    refuses, and the run ends cancelled: continuing cannot escape the request)."""
+    refuses, and the run ends cancelled: continuing cannot escape the request), or the deadline
+    passed (refused too: the run fails)."""
     yield from _block_if_uncertain(core, "the workflow continued as new", signal)
     # The chain is one task: its successor keeps the deadline and what is left of the budgets.
     successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
@@ -649,6 +657,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
         run, claim = yield Io("continue_as_new", (core.claim, successor))
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
+    except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
+        yield from _end_for_limit(core, exc)
     except RunConflict as exc:
         yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
                               phase="continue_as_new")
@@ -656,6 +666,15 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
     crashpoint("run.after_continue")
     return _Continued(run, claim)
 
+
+def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
+    """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
+    refused because its sibling had blocked the run, or made it wait for approval, under this
+    very fence: that is how the run stopped."""
+    if (isinstance(exc, LostOwnership) and isinstance(core.halted, (RunBlocked, AwaitingApproval))
+            and not core.release_on_halt):
+        return core.halted
+    return exc
 
 # Signals that stop this process or task, not the run: it is released for the next worker.
 _STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)

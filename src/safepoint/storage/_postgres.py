@@ -625,7 +625,7 @@ class PostgresLedger:
         if change.step_id is not None:
             yield _q("abandon_steps", run_id=claim.run_id, step_id=change.step_id,
                      through_seq=change.through_seq, fence=claim.fence, worker=claim.owner,
-                     reason=change.reason)
+                     reason=change.reason, keep=list(change.keep))
 
     def continue_as_new(self, claim: Claim,
                         successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:

@@ -80,8 +80,9 @@ class Replan:
     Either or both: continue under this code's version and fingerprint; abandon the stale tail
     of recorded steps — the step at ``step_id`` and every pure, read, model, decision or value
     step recorded after it, up to ``through_seq`` (each moves into the history as a
-    ``step.abandoned`` event; effect steps and every operation stay). (A never-sent operation
-    whose payload changed is prepared anew by ``reprepare_effect``.)
+    ``step.abandoned`` event; effect steps, the steps named in ``keep`` — a fan-out sibling
+    branch's — and every operation stay). (A never-sent operation whose payload changed is
+    prepared anew by ``reprepare_effect``.)
     """
 
     reason: str
@@ -90,6 +91,7 @@ class Replan:
     workflow_manifest: dict[str, Any] | None = None
     step_id: str | None = None        # abandon from this step's seq on …
     through_seq: int | None = None    # … to this seq (what was recorded before the re-plan)
+    keep: tuple[str, ...] = ()        # step ids in that range that stay
 
     def detail(self) -> dict[str, Any]:
         return {key: value for key, value in (

@@ -530,12 +530,13 @@ class SqliteStore:
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=0, new_work=True)
+            due = self._fence_check(conn, claim, now, events=0, new_work=True)
             conn.execute(_Q["insert_attempt"], {
                 "run_id": claim.run_id, "step_id": attempt.step_id, "attempt": attempt.attempt,
                 "kind": attempt.kind.value, "name": attempt.name,
                 "input_hash": attempt.input_hash, "error": dumps(attempt.error),
                 "retry_at": attempt.retry_at, "fence": claim.fence, "now": now})
+        warn(due)
 
     def renew_lease(self, claim: Claim) -> None:
         with self._write() as conn:
@@ -684,7 +685,7 @@ class SqliteStore:
         now = self.now()
         common = {"run_id": claim.run_id, "fence": claim.fence, "now": now}
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1, new_work=True)
+            due = self._fence_check(conn, claim, now, events=1, new_work=True)
             self._event(conn, claim.run_id, now, "run.replanned", step_id=change.step_id,
                         fence=claim.fence, worker=claim.owner, detail=change.detail())
             if change.workflow_version is not None:
@@ -694,11 +695,13 @@ class SqliteStore:
                     "workflow_manifest": _json_or_none(change.workflow_manifest)})
             if change.step_id is not None:
                 params = {**common, "step_id": change.step_id, "worker": claim.owner,
-                          "through_seq": change.through_seq, "reason": change.reason}
+                          "through_seq": change.through_seq, "reason": change.reason,
+                          "keep": dumps(list(change.keep))}
                 moved = conn.execute(_Q["abandon_steps"], params).rowcount
-                conn.execute(_Q["delete_abandoned_steps"], params)
-                conn.execute(_Q["count_events"], {"run_id": claim.run_id, "events": moved})
-
+                deleted = conn.execute(_Q["delete_abandoned_steps"], params).rowcount
+                conn.execute(_Q["count_events"], {"run_id": claim.run_id, "events": moved,
+                                                  "steps": deleted})
+        warn(due)
 
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
@@ -729,7 +732,7 @@ class SqliteStore:
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=1, new_work=True)
+            due = self._fence_check(conn, claim, now, events=1, new_work=True)
             if self._put_artifact(conn, payload, now) != op.payload_ref:
                 raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
             if conn.execute(_Q["reprepare_operation"], {
@@ -743,12 +746,13 @@ class SqliteStore:
                         operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
                         detail={"effect": op.effect, "payload_ref": op.payload_ref,
                                 "revised": True})
+        warn(due)
 
     def await_approval(self, claim: Claim, operation_id: str,
                        target_digest: str | None) -> ApprovalGate:
         now = self.now()
         with self._write() as conn:
-            self._fence_check(conn, claim, now, events=0, new_work=True)
+            due = self._fence_check(conn, claim, now, events=0, new_work=True)
             row = conn.execute(_Q["require_approval"], {
                 "run_id": claim.run_id, "operation_id": operation_id,
                 "target_digest": target_digest, "now": now}).fetchone()
@@ -759,17 +763,19 @@ class SqliteStore:
             approvals = self._approvals_of(conn, claim.run_id, operation_id)
             approval = authorizing(approvals, payload_digest=op.payload_ref,
                                    target_digest=target_digest, now=now)
-            if approval is not None:
-                return ApprovalGate(approval)
-            waiting = waiting_record(op, target_digest=target_digest, approvals=approvals,
-                                     now=now)
-            conn.execute(_Q["wait_for_approval"], {
-                "run_id": claim.run_id, "fence": claim.fence, "waiting_for": dumps(waiting),
-                "now": now})
-            self._event(conn, claim.run_id, now, "run.waiting", step_id=op.step_id,
-                        operation_id=operation_id, fence=claim.fence, worker=claim.owner,
-                        detail=waiting)
-        return ApprovalGate(None, waiting)
+            gate = ApprovalGate(approval)
+            if approval is None:
+                waiting = waiting_record(op, target_digest=target_digest, approvals=approvals,
+                                         now=now)
+                conn.execute(_Q["wait_for_approval"], {
+                    "run_id": claim.run_id, "fence": claim.fence,
+                    "waiting_for": dumps(waiting), "now": now})
+                self._event(conn, claim.run_id, now, "run.waiting", step_id=op.step_id,
+                            operation_id=operation_id, fence=claim.fence, worker=claim.owner,
+                            detail=waiting)
+                gate = ApprovalGate(None, waiting)
+        warn(due)
+        return gate
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         now = self.now()

@@ -1571,3 +1571,46 @@ class StoreConformance(abc.ABC):
         found = store.chain_operation(run.run_id, op.operation_id)
         assert found is not None
         assert (found.run_id, found.receipt) == (child.run_id, {"id": 8})
+
+    def test_a_warning_the_store_records_is_always_issued_once(self) -> None:
+        """Whichever worker write finds the history at its soft limit first — here the retry of
+        an attempt — the warning it records is the one issued."""
+        store = self.store()
+        run, claim = self.start(store, history=(1, 50))  # run.started: at the soft limit
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            store.record_attempt(claim, make_attempt(run.run_id, "s1", 1))
+            store.record_step(claim, make_step(run.run_id, "s1", 1))
+        issued = [w for w in caught if issubclass(w.category, HistoryWarning)]
+        recorded = [e for e in store.events(run.run_id) if e.kind == "run.history_warning"]
+        assert (len(recorded), len(issued)) == (1, 1)
+
+    def test_a_re_plan_moves_abandoned_steps_from_the_step_count_to_the_events(self) -> None:
+        """An abandoned step leaves the steps for the history's events: the history is what is
+        stored, counted once."""
+        store = self.store()
+        run, claim = self.start(store)
+        for seq in (1, 2, 3):
+            store.record_step(claim, make_step(run.run_id, f"s{seq}", seq))
+        store.replan(claim, Replan(reason="inputs moved", step_id="s2", through_seq=3))
+        ledger, events = self.snapshot(store, run.run_id)
+        assert sorted(ledger.steps) == ["s1"]
+        assert (ledger.run.step_count, ledger.run.event_count) == (1, len(events))
+        assert ledger.run.history_size == len(events) + len(ledger.steps)
+        store.record_step(claim, make_step(run.run_id, "s2", 4))  # asked again: a new step
+        assert store.get_run(run.run_id).step_count == 2
+
+    def test_a_re_plan_keeps_the_steps_it_is_told_to_keep(self) -> None:
+        """Inside a fan-out, a sibling branch's steps recorded after the stale step do not
+        answer the changed question: the re-plan names them, and they stay."""
+        store = self.store()
+        run, claim = self.start(store)
+        for seq, sid in enumerate(("fan.a/s", "fan.b/s", "fan.a/t", "fan.b/t", "join"), 1):
+            store.record_step(claim, make_step(run.run_id, sid, seq))
+        store.replan(claim, Replan(reason="inputs moved", step_id="fan.a/s", through_seq=5,
+                                   keep=("fan.b/s", "fan.b/t")))
+        ledger, events = self.snapshot(store, run.run_id)
+        assert sorted(ledger.steps) == ["fan.b/s", "fan.b/t"]
+        assert [e.step_id for e in events if e.kind == "step.abandoned"] == [
+            "fan.a/s", "fan.a/t", "join"]
+        assert (ledger.run.step_count, ledger.run.event_count) == (2, len(events))

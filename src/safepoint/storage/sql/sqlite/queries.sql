@@ -257,8 +257,8 @@ WHERE run_id = :run_id AND fence = :fence;
 
 -- name: abandon_steps
 -- Re-plan: the stale tail — the step at :step_id and every non-effect step recorded after it,
--- up to :through_seq — moves into the history, one step.abandoned event each, with what it had
--- recorded.
+-- up to :through_seq, but those in :keep (JSON list: a fan-out sibling branch's) — moves into
+-- the history, one step.abandoned event each, with what it had recorded.
 INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
 SELECT run_id, :now, 'step.abandoned', step_id, operation_id, :fence, :worker,
        json_object('kind', kind, 'name', name, 'seq', seq, 'input_hash', input_hash,
@@ -269,6 +269,7 @@ FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
   AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
+  AND step_id NOT IN (SELECT value FROM json_each(:keep))
 ORDER BY seq;
 
 -- name: delete_abandoned_steps
@@ -276,11 +277,14 @@ ORDER BY seq;
 DELETE FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
-  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id);
+  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
+  AND step_id NOT IN (SELECT value FROM json_each(:keep));
 
 -- name: count_events
--- Events appended in this transaction beyond the one fence_check counted.
-UPDATE safepoint_runs SET event_count = event_count + :events WHERE run_id = :run_id;
+-- Events appended in this transaction beyond the one fence_check counted; a re-plan's abandoned
+-- steps moved from the steps into them (:steps rows deleted).
+UPDATE safepoint_runs SET event_count = event_count + :events, step_count = step_count - :steps
+WHERE run_id = :run_id;
 
 
 -- name: add_usage
