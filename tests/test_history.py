@@ -61,7 +61,7 @@ def test_a_run_past_its_soft_limit_warns_once_and_records_it(store: sp.Store) ->
     def flow(run: sp.Run) -> int:
         total = 0
         for index in range(8):
-            total = run.pure("add", _add, total, index)
+            total = run.read("add", _add, total, index)
         return total
 
     with warnings.catch_warnings(record=True) as caught:
@@ -93,7 +93,7 @@ def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) 
     @sp.workflow(_name("hard"), history_limit=(None, 6))
     def flow(run: sp.Run) -> str:
         for index in range(10):
-            run.pure(f"s{index}", step, index)
+            run.read(f"s{index}", step, index)
         return "never"
 
     with pytest.raises(sp.HistoryLimitReached) as blocked:
@@ -123,9 +123,9 @@ def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
 
     @sp.workflow(_name("in-flight"), history_limit=(None, 3))
     def flow(run: sp.Run) -> Any:
-        run.pure("a", _add, 1, 2)                                             # history 2
+        run.read("a", _add, 1, 2)                                             # history 2
         receipt = run.effect("charge", charges, payload={"amount": 5})        # prepared: 3
-        run.pure("b", _add, 3, 4)  # refused: the limit was reached by the prepare
+        run.read("b", _add, 3, 4)  # refused: the limit was reached by the prepare
         return receipt
 
     with pytest.raises(sp.HistoryLimitReached):
@@ -160,7 +160,7 @@ def _loop(name: str, **options: Any) -> sp.Workflow:
     @sp.workflow(name, **options)
     def loop(run: sp.Run, start: int, total: int, count: int, every: int) -> dict[str, int]:
         for index in range(start, count):
-            total = run.pure("add", _add, total, index)
+            total = run.read("add", _add, total, index)
             if (index + 1) % every == 0 and index + 1 < count:
                 run.continue_as_new(index + 1, total, count, every=every)
         _, tilde, place = run.run_id.rpartition("~")
@@ -458,7 +458,7 @@ def test_an_async_workflow_awaits_continue_as_new(store: sp.Store) -> None:
     @sp.workflow(_name("async-loop"))
     async def loop(run: sp.AsyncRun, start: int, total: int) -> int:
         for index in range(start, 6):
-            total = await run.pure("add", _add, total, index)
+            total = await run.read("add", _add, total, index)
             if index in (1, 3):
                 await run.continue_as_new(index + 1, total)
         return total
@@ -505,7 +505,7 @@ def test_the_async_store_continues_as_new(pg_url: str) -> None:
     @sp.workflow(_name("async-store-loop"))
     async def loop(run: sp.AsyncRun, start: int, total: int) -> int:
         for index in range(start, 4):
-            total = await run.pure("add", _add, total, index)
+            total = await run.read("add", _add, total, index)
             if index == 1:
                 await run.continue_as_new(index + 1, total)
         return total

@@ -421,3 +421,40 @@ def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store,
     with pytest.raises(sp.NeedsReconciliation, match="resume budget"):
         sp.resume(memory_store, "r")
     assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED
+
+
+def test_pure_steps_are_written_in_batches_and_computed_again_when_a_crash_loses_them(
+        file_store: sp.Store, crash_at: Any) -> None:
+    """Pure steps are recomputable: they are written lazily — with the next step the run
+    records, or PURE_BATCH at a time — so a long computation costs a commit per batch, not per
+    step. A crash loses at most the batch in progress, and a resume computes it again."""
+    from safepoint._run import PURE_BATCH
+
+    calls: list[int] = []
+
+    def square(i: int) -> int:
+        calls.append(i)
+        return i * i
+
+    @sp.workflow("pure-batches")
+    def flow(run: sp.Run, count: int) -> int:
+        total = sum(run.pure("sq", square, i) for i in range(count))
+        return int(run.read("total", lambda t: t, total))
+
+    count = PURE_BATCH + 10
+    crash_at(f"step.after_record:sq#{count}")  # the last pure step, before the read
+    with pytest.raises(SimulatedCrash):
+        sp.start(file_store, flow, count, run_id="r", lease_ms=0)
+    crash_at(None)
+    written = file_store.load_ledger("r").steps
+    assert len(written) == PURE_BATCH  # one batch written, the 10 after it only in memory
+    assert file_store.get_run("r").step_count == PURE_BATCH
+    calls.clear()
+    assert sp.resume(file_store, "r") == sum(i * i for i in range(count))
+    assert calls == list(range(PURE_BATCH, count))  # only what the crash lost
+    ledger = file_store.load_ledger("r")
+    assert len(ledger.steps) == count + 1
+    # the pending pure steps went in the commit of the read that followed them
+    events = [e.kind for e in file_store.events("r")]
+    assert events.count("run.completed") == 1
+    assert ledger.steps["total"].seq == count + 1

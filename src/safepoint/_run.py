@@ -98,6 +98,7 @@ if TYPE_CHECKING:
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 _NOT_SENT_BACKOFF_S = 0.05
+PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
 # and then the gate is asked again — a bounded number of times.
@@ -128,6 +129,10 @@ class RunCore:
         self.occurrences: dict[str, int] = {}
         self.last_seq = max((step.seq for step in steps.values()), default=0)
         self.seq_lock = threading.Lock()
+        # Pure steps recorded but not yet written: they go in one commit with the next step, or
+        # in a batch of their own, or before any other write. A crash loses at most these, and a
+        # pure step lost is simply computed again.
+        self.pending: list[StepRecord] = []
         # Where the ledger stood when this worker took over: an observation recorded last,
         # with no effect left open after it, may still be refreshed (see ``may_reread``).
         self.seq_at_load = self.last_seq
@@ -226,6 +231,23 @@ class RunCore:
         self.halted = signal
         return signal
 
+    def take_pending(self) -> list[StepRecord]:
+        with self.seq_lock:
+            batch, self.pending = self.pending, []
+        return batch
+
+    def flush(self) -> Flow:
+        """Write the pure steps still pending, in one commit (see ``_record_result``)."""
+        batch = self.take_pending()
+        if batch:
+            yield from self.append_new(Io("record_steps", (self.claim, batch)),
+                                       batch[0].step_id)
+
+    def write(self, request: Io) -> Flow:
+        """A write of the run: the pure steps before it first, so the ledger keeps its order."""
+        yield from self.flush()
+        return (yield request)
+
     def append_new(self, request: Io, sid: str) -> Flow:
         """A write that records something new (a step, a prepared effect). At the run's hard
         history limit the store refuses it: the run blocks, to be continued as new."""
@@ -263,7 +285,8 @@ class RunCore:
                               op=op, evidence=evidence, authorization=authorization)
         yield from self.release_turn()
         try:
-            yield Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record})
+            yield from self.write(
+                Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record}))
             error.record = record
             self.halted = error
         finally:
@@ -324,6 +347,7 @@ class RunCore:
                       if start <= step.seq <= through
                       and (step.kind is not StepKind.EFFECT or key == sid)]
         keep = tuple(key for key in stale_tail if key.startswith(siblings))
+        yield from self.flush()
         yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
                                                through_seq=through, keep=keep)))
         for key in stale_tail:
@@ -421,7 +445,7 @@ class RunCore:
                     name=base.name, input_hash=base.input_hash, error=_error_evidence(exc),
                     retry_at=decided.retry_at)
                 # Durable before the wait: a restart continues the count and waits the rest.
-                yield Io("record_attempt", (self.claim, pending))
+                yield from self.write(Io("record_attempt", (self.claim, pending)))
                 self.attempts.setdefault(sid, []).append(pending)
                 attempt += 1
                 continue
@@ -452,6 +476,7 @@ class RunCore:
         if why:
             evidence["gave_up"] = why
         failed = replace(base, status=StepStatus.FAILED, error=evidence)
+        yield from self.flush()
         yield from self.append_new(Io("record_step", (self.claim, failed)), base.step_id)
         self.steps[base.step_id] = failed
         raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
@@ -476,8 +501,19 @@ class RunCore:
         next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
         step = replace(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
-        yield from self.append_new(Io("record_step", (self.claim, step)), sid)
-        self.steps[sid] = step
+        if step.kind is StepKind.PURE:
+            with self.seq_lock:
+                self.pending.append(step)
+                full = len(self.pending) >= PURE_BATCH
+            self.steps[sid] = step
+            if full:
+                yield from self.flush()
+        else:
+            batch = self.take_pending()
+            request = (Io("record_steps", (self.claim, [*batch, step])) if batch
+                       else Io("record_step", (self.claim, step)))
+            yield from self.append_new(request, sid)
+            self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit
             with self.seq_lock:  # fan-out branches on threads add theirs at the same time
                 self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
@@ -575,6 +611,7 @@ class RunCore:
                 state=EffectState.PREPARED, payload_ref=payload_ref,
                 effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
                 approval_required=approval, target_digest=target)
+            yield from self.flush()
             yield from self.append_new(Io("prepare_effect", (self.claim, op, payload_bytes)),
                                        sid)
             self.operations[op_id] = op
@@ -597,7 +634,7 @@ class RunCore:
             raise self.cancelled()
         target = yield from self._target_digest(sid, effect, payload)
         op = replace(op, payload_ref=payload_ref, target_digest=target)
-        yield Io("reprepare_effect", (self.claim, op, payload_bytes))
+        yield from self.write(Io("reprepare_effect", (self.claim, op, payload_bytes)))
         self.operations[op.operation_id] = op
         return op
 
@@ -616,7 +653,8 @@ class RunCore:
         yield from self.release_turn()  # the gate may release the run
         try:
             self.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
-            gate = yield Io("await_approval", (self.claim, op.operation_id, target))
+            gate = yield from self.write(
+                Io("await_approval", (self.claim, op.operation_id, target)))
             if gate.approval is None:
                 error = awaiting(self.run.run_id, gate.waiting_for)
                 self.halted = error  # the run is released: this run object does nothing more
@@ -637,7 +675,8 @@ class RunCore:
                 op = yield from self._authorize(sid, effect, op, payload)
             yield from self.enter_dispatch()  # left by _dispatch once the outcome is recorded
             try:
-                return (yield Io("mark_dispatching", (self.claim, op.operation_id)))
+                return (yield from self.write(
+                    Io("mark_dispatching", (self.claim, op.operation_id))))
             except BaseException as exc:
                 self.leave_dispatch()
                 if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
@@ -709,6 +748,7 @@ class RunCore:
         kept_receipt = receipt if receipt is not None else op.receipt
         if step is not None:
             step = replace(step, result=kept_receipt)
+        yield from self.flush()
         yield Io("record_outcome", (self.claim, op.operation_id, state),
                  {"receipt": receipt, "error": error, "step": step})
         op = replace(op, state=state, receipt=kept_receipt, error=error)

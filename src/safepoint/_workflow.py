@@ -566,6 +566,7 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     try:
         with Heartbeat(store, claim):
             result = yield Call(wf.fn, (handle, *args), kwargs)
+            yield from core.flush()  # the pure steps still pending, before the run ends
     except (LostOwnership, SimulatedCrash) as exc:
         # this worker must stop; the ledger already says everything it may say
         raise _how_it_stopped(core, exc)  # noqa: B904 (exc itself, or what it ended)
@@ -591,13 +592,7 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         if isinstance(exc, StoreError):
             yield from _store_refused(core, exc)
             raise
-        yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
-                                       exc)
-        error = {"type": type(exc).__name__, "message": redact(str(exc))[:4000]}
-        yield Io("finish_run", (claim, RunStatus.FAILED), {"error": error})
-        if isinstance(exc, SafepointError):
-            raise
-        raise RunFailed(run.run_id, error["type"], error["message"]) from exc
+        yield from _end_failed(core, exc)
     if (signalled := _signalled(core, wf)) is not None:  # swallowed, and the workflow returned
         return (yield from signalled)
     if core.halted is not None:
@@ -615,6 +610,20 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
     crashpoint("run.before_complete")
     yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
     return result
+
+
+def _end_failed(core: RunCore, exc: BaseException) -> Flow:
+    """The workflow raised: the run ends failed with the error (or blocks, while an effect of it
+    is uncertain), and the error goes on — as ``RunFailed`` unless safepoint raised it."""
+    yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
+                                   exc)
+    with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
+        yield from core.flush()  # best effort: what was computed, for the person reading
+    error = {"type": type(exc).__name__, "message": redact(str(exc))[:4000]}
+    yield Io("finish_run", (core.claim, RunStatus.FAILED), {"error": error})
+    if isinstance(exc, SafepointError):
+        raise exc
+    raise RunFailed(core.run.run_id, error["type"], error["message"]) from exc
 
 
 def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
@@ -654,6 +663,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
                                 **carried_limits(core.run))
     crashpoint("run.before_continue")
     try:
+        # the run's record stays whole (its pure steps written), though nothing replays it
+        yield from core.flush()
         run, claim = yield Io("continue_as_new", (core.claim, successor))
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
@@ -675,6 +686,7 @@ def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
             and not core.release_on_halt):
         return core.halted
     return exc
+
 
 # Signals that stop this process or task, not the run: it is released for the next worker.
 _STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)

@@ -520,6 +520,18 @@ class PostgresLedger:
                                       **(yield from self._step_params(step)))
         return (yield from self._history_warning(claim, row))
 
+    def record_steps(self, claim: Claim,
+                     steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
+        if not steps:
+            return None
+        batch = []
+        for step in steps:
+            params = yield from self._step_params(step)
+            batch.append(params)
+        row = yield from self._fenced(claim, "record_steps", limited=True,
+                                      steps=dumps(batch))
+        return (yield from self._history_warning(claim, row))
+
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:
         yield from self._fenced(
             claim, "record_attempt", step_id=attempt.step_id, attempt=attempt.attempt,

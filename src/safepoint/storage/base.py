@@ -155,6 +155,11 @@ class Store(Protocol):
         spent totals in the same commit. A new step is held to the hard history limit."""
         ...
 
+    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
+        """``record_step`` for several steps in one commit (pure steps written lazily, with the
+        next step of the run): one fence, the history limit counted for the new ones."""
+        ...
+
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         """Record a failed attempt of a step that will be tried again (new work: refused once
         a cancel is asked for or the deadline passed)."""
@@ -325,6 +330,8 @@ class AsyncStore(Protocol):
     async def record_step(self, claim: Claim, step: StepRecord) -> None:
         """See ``Store.record_step``."""
         ...
+
+    async def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None: ...
 
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         """See ``Store.record_attempt``."""

@@ -169,6 +169,9 @@ class PostgresStore:
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         warn(self._run(self._ledger.record_step(claim, step)))
 
+    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
+        warn(self._run(self._ledger.record_steps(claim, steps)))
+
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._run(self._ledger.record_attempt(claim, attempt))
 

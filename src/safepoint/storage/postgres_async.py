@@ -258,6 +258,9 @@ class AsyncPostgresStore:
     async def record_step(self, claim: Claim, step: StepRecord) -> None:
         warn(await self._run(self._ledger.record_step(claim, step)))
 
+    async def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
+        warn(await self._run(self._ledger.record_steps(claim, steps)))
+
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         await self._run(self._ledger.record_attempt(claim, attempt))
 

@@ -473,6 +473,12 @@ class SqliteStore:
             "limited": int(limited), "now": now}).fetchone()
         if row is None:
             raise self._refused(conn, claim, now, limited=limited)
+        return self._soft_limit_warning(conn, claim, row, now)
+
+    def _soft_limit_warning(self, conn: sqlite3.Connection, claim: Claim, row: sqlite3.Row,
+                            now: int) -> HistoryWarning | None:
+        """After a fenced write: record the soft limit's warning once it falls due, and return
+        it, to be issued once the transaction committed."""
         if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
             return None
         conn.execute(_Q["record_history_warning"], {"run_id": claim.run_id,
@@ -525,6 +531,27 @@ class SqliteStore:
             if step.tokens or step.cost:
                 conn.execute(_Q["add_usage"], {"run_id": claim.run_id, "tokens": step.tokens,
                                                "cost": step.cost})
+        warn(due)
+
+    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
+        if not steps:
+            return
+        now = self.now()
+        with self._write() as conn:
+            row = conn.execute(_Q["fence_check_steps"], {
+                "run_id": claim.run_id, "fence": claim.fence,
+                "lease_expires_at": now + claim.lease_ms, "now": now,
+                "step_ids": dumps([step.step_id for step in steps])}).fetchone()
+            if row is None:
+                raise self._refused(conn, claim, now, limited=True)
+            due = self._soft_limit_warning(conn, claim, row, now)
+            for step in steps:
+                self._upsert_step(conn, claim, step, now)
+            tokens = sum(step.tokens or 0 for step in steps)
+            cost = sum(step.cost or 0 for step in steps)
+            if tokens or cost:
+                conn.execute(_Q["add_usage"], {"run_id": claim.run_id, "tokens": tokens,
+                                               "cost": cost})
         warn(due)
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:

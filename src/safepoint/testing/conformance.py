@@ -743,6 +743,52 @@ class StoreConformance(abc.ABC):
         text = dumps({"blob": LARGE}).encode()
         assert store.get_artifact(digest(text)) == text
 
+    def test_record_steps_writes_a_batch_in_one_commit_with_every_field(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        rid = run.run_id
+        steps = [
+            make_step(rid, "a.pure", 1, result={"n": 1}),
+            make_step(rid, "b.large", 2, result={"blob": LARGE}),
+            make_step(rid, "c.model", 3, kind=StepKind.MODEL, result={"text": "hi"},
+                      model_id="model-1", prompt_hash="p", tokens=12, cost=0.5),
+        ]
+        before = store.get_run(rid)
+        store.record_steps(claim, steps)
+        store.record_steps(claim, [])  # nothing to write: nothing written
+        ledger = store.load_ledger(rid)
+        assert list(ledger.steps) == ["a.pure", "b.large", "c.model"]
+        for step in steps:
+            loaded = ledger.steps[step.step_id]
+            assert loaded == replace(step, fence=claim.fence, recorded_at=loaded.recorded_at)
+        assert ledger.run.step_count == before.step_count + 3
+        assert ledger.run.state_revision == before.state_revision + 1  # one commit
+        assert (ledger.run.tokens_spent, ledger.run.cost_spent) == (12, 0.5)
+        # a step recorded again counts once in the history; a new one counts
+        store.record_steps(claim, [replace(steps[0], result={"n": 2}),
+                                   make_step(rid, "d.pure", 4)])
+        again = store.load_ledger(rid)
+        assert again.steps["a.pure"].result == {"n": 2}
+        assert again.run.step_count == before.step_count + 4
+
+    def test_record_steps_is_fenced_and_held_to_the_limits_like_record_step(self) -> None:
+        store = self.store()
+        run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
+        claim = self.take_over(store, run.run_id)
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(LostOwnership):
+            store.record_steps(old, [make_step(run.run_id, "stale", 1)])
+        assert self.snapshot(store, run.run_id) == before
+        limited, capped = self.start(store, history=(None, 4))
+        size = store.get_run(limited.run_id).history_size
+        batch = [make_step(limited.run_id, f"s{i}", i) for i in range(1, 6 - size)]
+        with pytest.raises(HistoryLimitReached):
+            store.record_steps(capped, batch)
+        assert store.load_ledger(limited.run_id).steps == {}
+        store.request_cancel(run.run_id, "ops")
+        with pytest.raises(Cancelled):
+            store.record_steps(claim, [make_step(run.run_id, "late", 1)])
+
     def test_a_re_recorded_step_replaces_its_row_and_keeps_its_seq(self) -> None:
         store = self.store()
         run, claim = self.start(store)

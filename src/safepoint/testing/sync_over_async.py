@@ -112,6 +112,9 @@ class SyncOverAsync:
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         self._call(self.store.record_step(claim, step))
 
+    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
+        self._call(self.store.record_steps(claim, steps))
+
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._call(self.store.record_attempt(claim, attempt))
 

@@ -810,3 +810,55 @@ WHERE chain_id = %(chain_id)s AND operation_id = %(operation_id)s
   AND state IN ('accepted', 'rejected')
 ORDER BY prepared_at DESC
 LIMIT 1;
+
+-- name: record_steps
+-- record_step for a batch (pure steps written lazily, with the next step of the run), in one
+-- statement: the fence and the history limit for the steps that are new, what model steps
+-- spent, and every row. The batch is JSON, one object per step.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+batch AS (
+    SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb) AS b(
+        step_id text, seq integer, kind text, name text, input_hash text, step_status text,
+        result text, result_ref text, step_error text, next_step_id text, attempt integer,
+        model_id text, prompt_hash text, observed_at bigint, step_operation_id text,
+        tokens bigint, cost double precision)
+),
+growth AS (
+    SELECT count(*) AS steps FROM batch WHERE NOT EXISTS (
+        SELECT 1 FROM safepoint_steps s WHERE s.run_id = %(run_id)s AND s.step_id = batch.step_id)
+),
+owned AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        step_count = step_count + growth.steps, updated_at = clock.now,
+        tokens_spent = tokens_spent + (SELECT COALESCE(sum(tokens), 0) FROM batch),
+        cost_spent = cost_spent + (SELECT COALESCE(sum(cost), 0) FROM batch)
+    FROM clock, growth
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      -- new work: none once a cancel is asked for, none past the deadline
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+      AND (history_hard_limit IS NULL
+           OR event_count + step_count + growth.steps <= history_hard_limit)
+    RETURNING run_id, updated_at AS now, event_count + step_count AS history,
+              history_soft_limit, history_hard_limit, history_warned_at
+),
+step AS (
+    INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                                 result_ref, error, next_step_id, attempt, model_id,
+                                 prompt_hash, observed_at, operation_id, fence, recorded_at,
+                                 tokens, cost)
+    SELECT owned.run_id, b.step_id, b.seq, b.kind, b.name, b.input_hash, b.step_status,
+           b.result, b.result_ref, b.step_error, b.next_step_id, b.attempt, b.model_id,
+           b.prompt_hash, b.observed_at, b.step_operation_id, %(fence)s::bigint, owned.now,
+           b.tokens, b.cost
+    FROM owned, batch AS b
+    ON CONFLICT (run_id, step_id) DO UPDATE SET
+        kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
+        status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
+        error = excluded.error, next_step_id = excluded.next_step_id,
+        attempt = excluded.attempt, model_id = excluded.model_id,
+        prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
+        operation_id = excluded.operation_id, fence = excluded.fence,
+        recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost
+)
+SELECT * FROM owned;

@@ -394,3 +394,22 @@ WHERE chain_id = :chain_id AND operation_id = :operation_id
   AND state IN ('accepted', 'rejected')
 ORDER BY prepared_at DESC
 LIMIT 1;
+
+-- name: fence_check_steps
+-- The guard of a batch of steps (pure steps written lazily, with the next step of the run): as
+-- fence_check_new_work for each step of :step_ids (JSON) that is new, in one statement.
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
+    step_count = step_count + (
+        SELECT count(*) FROM json_each(:step_ids) AS j WHERE NOT EXISTS (
+            SELECT 1 FROM safepoint_steps s WHERE s.run_id = :run_id AND s.step_id = j.value)),
+    updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
+  AND (history_hard_limit IS NULL
+       OR event_count + step_count + (
+           SELECT count(*) FROM json_each(:step_ids) AS j WHERE NOT EXISTS (
+               SELECT 1 FROM safepoint_steps s
+               WHERE s.run_id = :run_id AND s.step_id = j.value)) <= history_hard_limit)
+RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
+          history_warned_at;
