@@ -516,9 +516,7 @@ class PostgresLedger:
     # The worker writes return the soft limit's warning when they recorded it (see warn).
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[HistoryWarning | None]:
-        row = yield from self._fenced(claim, "record_step", limited=True,
-                                      **(yield from self._step_params(step)))
-        return (yield from self._history_warning(claim, row))
+        return (yield from self.record_steps(claim, [step]))
 
     def record_steps(self, claim: Claim,
                      steps: list[StepRecord]) -> Plan[HistoryWarning | None]:

@@ -273,55 +273,6 @@ SET lease_expires_at = safepoint_now_ms() + %(lease_ms)s
 WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING lease_expires_at;
 
--- name: record_step
--- Fence, renew the lease and record a step; recording a step id again (a re-read of an expired
--- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
--- steps: it alone writes them while its fence holds). What a model step spent is added to the
--- run's totals in the same statement: a restart never resets them. A new step grows the
--- history, and is refused when that would take it past the run's hard limit.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
-growth AS (
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM safepoint_steps
-                             WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
-                THEN 0 ELSE 1 END AS steps
-),
-owned AS (
-    UPDATE safepoint_runs
-    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        step_count = step_count + growth.steps, updated_at = clock.now,
-        tokens_spent = tokens_spent + COALESCE(%(tokens)s::bigint, 0),
-        cost_spent = cost_spent + COALESCE(%(cost)s::double precision, 0)
-    FROM clock, growth
-    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-      -- new work: none once a cancel is asked for, none past the deadline
-      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-      AND (history_hard_limit IS NULL
-           OR event_count + step_count + growth.steps <= history_hard_limit)
-    RETURNING run_id, updated_at AS now, event_count + step_count AS history,
-              history_soft_limit, history_hard_limit, history_warned_at
-),
-step AS (
-    INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
-                                 result_ref, error, next_step_id, attempt, model_id,
-                                 prompt_hash, observed_at, operation_id, fence, recorded_at,
-                                 tokens, cost)
-    SELECT run_id, %(step_id)s, %(seq)s::integer, %(kind)s, %(name)s, %(input_hash)s,
-           %(step_status)s, %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
-           %(attempt)s::integer, %(model_id)s, %(prompt_hash)s, %(observed_at)s::bigint,
-           %(step_operation_id)s, %(fence)s::bigint, now, %(tokens)s::bigint,
-           %(cost)s::double precision
-    FROM owned
-    ON CONFLICT (run_id, step_id) DO UPDATE SET
-        kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
-        status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
-        error = excluded.error, next_step_id = excluded.next_step_id,
-        attempt = excluded.attempt, model_id = excluded.model_id,
-        prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
-        operation_id = excluded.operation_id, fence = excluded.fence,
-        recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost
-)
-SELECT * FROM owned;
-
 -- name: prepare_effect
 -- Fence and commit prepared intent: payload reference, operation id and effect key become
 -- durable together, with their event. (The payload artifact is inserted just before, in the
@@ -812,9 +763,13 @@ ORDER BY prepared_at DESC
 LIMIT 1;
 
 -- name: record_steps
--- record_step for a batch (pure steps written lazily, with the next step of the run), in one
--- statement: the fence and the history limit for the steps that are new, what model steps
--- spent, and every row. The batch is JSON, one object per step.
+-- Fence, renew the lease and record a batch of steps (one, or pure steps written lazily with the
+-- next step of the run), in one statement. Recording a step id again (a re-read of an expired
+-- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
+-- steps: it alone writes them while its fence holds). What model steps spent is added to the
+-- run's totals in the same statement: a restart never resets them. New steps grow the history,
+-- and are refused when that would take it past the run's hard limit. The batch is JSON, one
+-- object per step.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 batch AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb) AS b(
