@@ -140,3 +140,38 @@ def test_only_a_process_of_this_very_boot_can_be_declared_dead() -> None:
     assert not _ownership.owner_is_gone(f"{host}:0123456789ab:{pidns}:999999999:feedbeef")
     assert not _ownership.owner_is_gone(f"other-host:{boot}:{pidns}:999999999:feedbeef")
     assert not _ownership.owner_is_gone("not-an-owner-id")
+
+
+def test_the_fast_canonical_encoder_writes_exactly_what_rfc_8785_writes() -> None:
+    """canonical() takes Python's own encoder for values it writes identically; 3000 random
+    values (escapes, controls, non-BMP text, BMP-ordered keys, nesting, edge integers) must
+    come out byte for byte as the RFC 8785 library writes them — and floats and keys beyond
+    the BMP take the library's path."""
+    import random
+    import string
+
+    import rfc8785
+
+    from safepoint._canonical import _plain, canonical
+
+    rng = random.Random(8785)
+    alphabet = string.printable + "\x00\x01\x1f\x7f\u00e9\u2028\u2029\ufffd\u4e2d\ue000\U0001f600"
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+
+    def value(depth: int = 0) -> object:
+        roll = rng.random()
+        if depth > 3 or roll < 0.35:
+            return rng.choice([text(), rng.randint(-2**53 + 1, 2**53 - 1), True, False, None])
+        if roll < 0.65:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {text().replace("\U0001f600", ""): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    for _ in range(3000):
+        sample = value()
+        assert canonical(sample) == rfc8785.dumps(sample), sample
+    assert _plain({"\U0001f600": 1}) is False  # UTF-16 order differs: the library decides
+    assert canonical({"\U0001f600": 1, "\ue000": 2}) == rfc8785.dumps({"\U0001f600": 1, "\ue000": 2})
+    assert _plain([1.5]) is False
+    assert canonical([1.0, 1e-7, 0.1, -0.0]) == rfc8785.dumps([1.0, 1e-7, 0.1, -0.0])

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
+from types import FunctionType
 from typing import Any, Protocol
 
 from .errors import Cancelled, DeadlineExceeded, LostOwnership, StoreError, UsageError
@@ -75,8 +77,15 @@ def callable_name(fn: Callable[..., Any]) -> str:
 
 def is_async_callable(fn: object) -> bool:
     """An ``async def`` function, or an object with an async ``__call__``."""
+    if isinstance(fn, FunctionType):  # the usual case, asked on every step: answered once
+        return _is_async_function(fn)
     call = type(fn).__call__ if callable(fn) else None
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async_function(fn: FunctionType) -> bool:
+    return inspect.iscoroutinefunction(fn)
 
 
 def _timed_out(request: Call) -> CallTimedOut:
