@@ -1,6 +1,7 @@
 """The workloads, written the way a safepoint user writes them.
 
-- steps are ``run.pure`` calls, one ledger commit each, with step ids built from the loop index;
+- steps are ``run.pure`` calls, with step ids built from the loop index: pure steps are written
+  lazily, 64 to a commit; W1 also measures ``run.read`` steps, each durable before the next;
 - W2: each step is given the whole state so far (an agent's conversation) and returns one
   200-byte message, which the workflow appends to its state. The ledger keeps the step's input
   *hash* and its 200-byte result, never the state itself;
@@ -72,6 +73,15 @@ def w1(run: sp.Run, count: int) -> int:
     return total
 
 
+@sp.workflow("bench.w1.durable")
+def w1_durable(run: sp.Run, count: int) -> int:
+    """W1 with every step durable before the next: a read step is never written lazily."""
+    total = 0
+    for index in range(count):
+        total = run.read(f"step.{index}", _add, total, index)
+    return total
+
+
 @sp.workflow("bench.w3")
 def w3(run: sp.Run, count: int) -> dict[str, Any]:
     total = 0
@@ -139,9 +149,13 @@ def _w1(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
         started = time.perf_counter()
         sp.start(store, w1, sizes.w1_steps, run_id="w1")
         elapsed = time.perf_counter() - started
+        started = time.perf_counter()
+        sp.start(store, w1_durable, sizes.w1_steps, run_id="w1.durable")
+        durable = time.perf_counter() - started
     finally:
         store.close()
-    return {"steps_per_s": sizes.w1_steps / elapsed}
+    return {"steps_per_s": sizes.w1_steps / elapsed,
+            "durable_steps_per_s": sizes.w1_steps / durable}
 
 
 def _w2(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
