@@ -289,7 +289,8 @@ def test_now_is_the_database_clock(pg_url: str, admin: psycopg.Connection[Any],
         after = admin.execute(CLOCK_SQL).fetchone()
         assert before is not None
         assert after is not None
-        assert before[0] <= now <= after[0]
+        # estimated between readings of the server's clock (ClockEstimate): within a few ms
+        assert before[0] - 5 <= now <= after[0] + 5
 
 
 def test_leases_are_granted_and_judged_on_the_database_clock(

@@ -175,3 +175,19 @@ def test_the_fast_canonical_encoder_writes_exactly_what_rfc_8785_writes() -> Non
     assert canonical({"\U0001f600": 1, "\ue000": 2}) == rfc8785.dumps({"\U0001f600": 1, "\ue000": 2})
     assert _plain([1.5]) is False
     assert canonical([1.0, 1e-7, 0.1, -0.0]) == rfc8785.dumps([1.0, 1e-7, 0.1, -0.0])
+
+
+def test_the_database_clock_estimate_follows_the_server_and_never_goes_back() -> None:
+    import time
+
+    from safepoint.storage._postgres import ClockEstimate
+
+    clock = ClockEstimate(resample_s=60)
+    assert clock.due()
+    local = time.time()
+    clock.sample(server_ms=round(local * 1000) + 5_000, before_s=local, after_s=local)
+    assert not clock.due()  # read again only once the resample interval passed
+    first = clock.now()
+    assert abs(first - (time.time() * 1000 + 5_000)) < 1_000  # the server runs 5 s ahead
+    clock.sample(server_ms=round(local * 1000) - 5_000, before_s=local, after_s=local)
+    assert clock.now() >= first  # a later, earlier-looking sample never moves "now" back

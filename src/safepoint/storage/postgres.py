@@ -49,7 +49,16 @@ from ..types import (
     RunStatus,
     StepRecord,
 )
-from ._postgres import DRIVER_ERRORS, LISTEN, Plan, PostgresLedger, log, run_plan, unreachable
+from ._postgres import (
+    DRIVER_ERRORS,
+    LISTEN,
+    ClockEstimate,
+    Plan,
+    PostgresLedger,
+    log,
+    run_plan,
+    unreachable,
+)
 from .base import INLINE_LIMIT, NewRun, Replan
 
 __all__ = ["PostgresStore"]
@@ -72,6 +81,7 @@ class PostgresStore:
         self._local = threading.local()
         self._listeners: list[Conn] = []
         self._listeners_lock = threading.Lock()
+        self._clock = ClockEstimate()
 
         with self._connect() as conn:  # fails fast, with libpq's reason, when unreachable
             try:
@@ -131,8 +141,13 @@ class PostgresStore:
     # -- the operations: each runs its plan ----------------------------------------------------
 
     def now(self) -> int:
-        """The database clock, epoch milliseconds: the one "now" of every worker."""
-        return self._run(self._ledger.now())
+        """The database clock, epoch milliseconds: the one "now" of every worker (estimated
+        between readings of the server's, see ``ClockEstimate``)."""
+        if self._clock.due():
+            before = time.time()
+            server = self._run(self._ledger.now())
+            self._clock.sample(server, before, time.time())
+        return self._clock.now()
 
     def schema_version(self) -> int:
         return self._run(self._ledger.schema_version())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -52,6 +53,7 @@ from ..types import (
 from ._postgres import (
     DRIVER_ERRORS,
     LISTEN,
+    ClockEstimate,
     Plan,
     PostgresLedger,
     Row,
@@ -92,6 +94,7 @@ class AsyncPostgresStore:
                  connect_timeout: float = 5.0, pool_timeout: float = 10.0) -> None:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
+        self._clock = ClockEstimate()
         self._ledger = PostgresLedger(url, durability=durability, inline_limit=inline_limit,
                                       connect_timeout=connect_timeout)
         self.url, self.durability = self._ledger.url, self._ledger.durability
@@ -219,8 +222,13 @@ class AsyncPostgresStore:
     # -- the operations: each runs its plan ----------------------------------------------------
 
     async def now(self) -> int:
-        """The database clock, epoch milliseconds: the one "now" of every worker."""
-        return await self._run(self._ledger.now())
+        """The database clock, epoch milliseconds: the one "now" of every worker (estimated
+        between readings of the server's, see ``ClockEstimate``)."""
+        if self._clock.due():
+            before = time.time()
+            server = await self._run(self._ledger.now())
+            self._clock.sample(server, before, time.time())
+        return self._clock.now()
 
     async def schema_version(self) -> int:
         return await self._run(self._ledger.schema_version())
