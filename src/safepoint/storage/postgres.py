@@ -91,7 +91,8 @@ class PostgresStore:
                 raise ledger.migration_failure(exc) from exc
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             ledger.conninfo, connection_class=psycopg.Connection[DictRow],
-            kwargs={"row_factory": dict_row}, min_size=1, max_size=max_connections,
+            kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
+            max_size=max_connections,
             open=False, configure=self._configure, check=ConnectionPool.check_connection,
             timeout=pool_timeout, name=f"safepoint:{self.url}")
         try:
@@ -121,12 +122,18 @@ class PostgresStore:
             raise self._ledger.setup_failure(exc) from exc
         return conn
 
-    def _run(self, plan: Plan[T]) -> T:
-        """One plan, one transaction on a pooled connection."""
+    def _run(self, plan: Plan[T], *, atomic: bool = True) -> T:
+        """One plan on a pooled connection: in one transaction, or — ``atomic=False``, for a
+        plan whose every statement stands on its own (a read, or one fenced write and its
+        follow-ups) — each statement committing by itself, which spares BEGIN and COMMIT their
+        round trips."""
         self._ledger.check_process()
         try:
-            with self._pool.connection() as conn, conn.transaction():
-                return run_plan(conn, plan)
+            with self._pool.connection() as conn:
+                if not atomic:
+                    return run_plan(conn, plan)
+                with conn.transaction():
+                    return run_plan(conn, plan)
         except DRIVER_ERRORS as exc:
             raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
 
@@ -145,7 +152,7 @@ class PostgresStore:
         between readings of the server's, see ``ClockEstimate``)."""
         if self._clock.due():
             before = time.time()
-            server = self._run(self._ledger.now())
+            server = self._run(self._ledger.now(), atomic=False)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
 
@@ -153,16 +160,16 @@ class PostgresStore:
         return self._run(self._ledger.schema_version())
 
     def get_artifact(self, digest: str) -> bytes:
-        return self._run(self._ledger.get_artifact(digest))
+        return self._run(self._ledger.get_artifact(digest), atomic=False)
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._run(self._ledger.create_run(new))
 
     def get_run(self, run_id: str) -> RunRecord:
-        return self._run(self._ledger.get_run(run_id))
+        return self._run(self._ledger.get_run(run_id), atomic=False)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        return self._run(self._ledger.list_runs(status, limit))
+        return self._run(self._ledger.list_runs(status, limit), atomic=False)
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -173,22 +180,22 @@ class PostgresStore:
         return self._run(self._ledger.claim_next(owner, lease_ms, workflows))
 
     def load_ledger(self, run_id: str) -> Ledger:
-        return self._run(self._ledger.load_ledger(run_id))
+        return self._run(self._ledger.load_ledger(run_id), atomic=False)
 
     def events(self, run_id: str) -> list[EventRecord]:
-        return self._run(self._ledger.events(run_id))
+        return self._run(self._ledger.events(run_id), atomic=False)
 
     def renew_lease(self, claim: Claim) -> None:
-        self._run(self._ledger.renew_lease(claim))
+        self._run(self._ledger.renew_lease(claim), atomic=False)
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
-        warn(self._run(self._ledger.record_step(claim, step)))
+        warn(self._run(self._ledger.record_step(claim, step), atomic=False))
 
     def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
-        warn(self._run(self._ledger.record_steps(claim, steps)))
+        warn(self._run(self._ledger.record_steps(claim, steps), atomic=False))
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
-        self._run(self._ledger.record_attempt(claim, attempt))
+        self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload)))
@@ -234,12 +241,12 @@ class PostgresStore:
         return self._run(self._ledger.approve(run_id, step_id, request))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return self._run(self._ledger.approvals(run_id))
+        return self._run(self._ledger.approvals(run_id), atomic=False)
     def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._run(self._ledger.continue_as_new(claim, successor))
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return self._run(self._ledger.chain_operation(chain_id, operation_id))
+        return self._run(self._ledger.chain_operation(chain_id, operation_id), atomic=False)
 
     # -- waiting for work ----------------------------------------------------------------------
 

@@ -100,8 +100,9 @@ class AsyncPostgresStore:
         self.url, self.durability = self._ledger.url, self._ledger.durability
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             self._ledger.conninfo, connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs={"row_factory": dict_row}, min_size=1, max_size=max_connections,
-            open=False, configure=self._configure, check=AsyncConnectionPool.check_connection,
+            kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
+            max_size=max_connections, open=False, configure=self._configure,
+            check=AsyncConnectionPool.check_connection,
             timeout=pool_timeout, name=f"safepoint-async:{self.url}")
         self._opened = False
         self._beat_conn: psycopg.Connection[DictRow] | None = None
@@ -174,16 +175,21 @@ class AsyncPostgresStore:
             raise self._ledger.setup_failure(exc) from exc
         return conn
 
-    async def _run(self, plan: Plan[T]) -> T:
-        """One plan, one transaction on a pooled connection."""
+    async def _run(self, plan: Plan[T], *, atomic: bool = True) -> T:
+        """One plan on a pooled connection: in one transaction, or — ``atomic=False``, for a
+        plan whose every statement stands on its own — each statement committing by itself
+        (see ``PostgresStore._run``)."""
         if not self._opened:
             plan.close()
             raise UsageError("this AsyncPostgresStore is not open: use"
                              " `await AsyncPostgresStore.open(url)` or `async with`")
         self._ledger.check_process()
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                return await run_plan_async(conn, plan)
+            async with self._pool.connection() as conn:
+                if not atomic:
+                    return await run_plan_async(conn, plan)
+                async with conn.transaction():
+                    return await run_plan_async(conn, plan)
         except DRIVER_ERRORS as exc:
             raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
 
@@ -226,7 +232,7 @@ class AsyncPostgresStore:
         between readings of the server's, see ``ClockEstimate``)."""
         if self._clock.due():
             before = time.time()
-            server = await self._run(self._ledger.now())
+            server = await self._run(self._ledger.now(), atomic=False)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
 
@@ -234,17 +240,17 @@ class AsyncPostgresStore:
         return await self._run(self._ledger.schema_version())
 
     async def get_artifact(self, digest: str) -> bytes:
-        return await self._run(self._ledger.get_artifact(digest))
+        return await self._run(self._ledger.get_artifact(digest), atomic=False)
 
     async def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         return await self._run(self._ledger.create_run(new))
 
     async def get_run(self, run_id: str) -> RunRecord:
-        return await self._run(self._ledger.get_run(run_id))
+        return await self._run(self._ledger.get_run(run_id), atomic=False)
 
     async def list_runs(self, status: RunStatus | None = None,
                         limit: int = 100) -> list[RunRecord]:
-        return await self._run(self._ledger.list_runs(status, limit))
+        return await self._run(self._ledger.list_runs(status, limit), atomic=False)
 
     async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                         dead_owner: str | None = None) -> Claim | None:
@@ -255,22 +261,22 @@ class AsyncPostgresStore:
         return await self._run(self._ledger.claim_next(owner, lease_ms, workflows))
 
     async def load_ledger(self, run_id: str) -> Ledger:
-        return await self._run(self._ledger.load_ledger(run_id))
+        return await self._run(self._ledger.load_ledger(run_id), atomic=False)
 
     async def events(self, run_id: str) -> list[EventRecord]:
-        return await self._run(self._ledger.events(run_id))
+        return await self._run(self._ledger.events(run_id), atomic=False)
 
     async def renew_lease(self, claim: Claim) -> None:
-        await self._run(self._ledger.renew_lease(claim))
+        await self._run(self._ledger.renew_lease(claim), atomic=False)
 
     async def record_step(self, claim: Claim, step: StepRecord) -> None:
-        warn(await self._run(self._ledger.record_step(claim, step)))
+        warn(await self._run(self._ledger.record_step(claim, step), atomic=False))
 
     async def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
-        warn(await self._run(self._ledger.record_steps(claim, steps)))
+        warn(await self._run(self._ledger.record_steps(claim, steps), atomic=False))
 
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
-        await self._run(self._ledger.record_attempt(claim, attempt))
+        await self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload)))
@@ -320,14 +326,14 @@ class AsyncPostgresStore:
         return await self._run(self._ledger.approve(run_id, step_id, request))
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return await self._run(self._ledger.approvals(run_id))
+        return await self._run(self._ledger.approvals(run_id), atomic=False)
     async def continue_as_new(self, claim: Claim,
                               successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return await self._run(self._ledger.continue_as_new(claim, successor))
 
     async def chain_operation(self, chain_id: str,
                               operation_id: str) -> OperationRecord | None:
-        return await self._run(self._ledger.chain_operation(chain_id, operation_id))
+        return await self._run(self._ledger.chain_operation(chain_id, operation_id), atomic=False)
 
     # -- waiting for work ----------------------------------------------------------------------
 
