@@ -191,3 +191,14 @@ def test_the_database_clock_estimate_follows_the_server_and_never_goes_back() ->
     assert abs(first - (time.time() * 1000 + 5_000)) < 1_000  # the server runs 5 s ahead
     clock.sample(server_ms=round(local * 1000) - 5_000, before_s=local, after_s=local)
     assert clock.now() >= first  # a later, earlier-looking sample never moves "now" back
+
+
+def test_a_stored_value_this_version_does_not_know_is_a_corrupt_record_naming_its_row() -> None:
+    from safepoint.storage.base import stored_enum
+
+    assert stored_enum(sp.RunStatus, "waiting", "safepoint_runs", "run_id=r", "status") is (
+        sp.RunStatus.WAITING)
+    with pytest.raises(sp.CorruptRecord, match="unknown state 'teleported'") as corrupt:
+        stored_enum(sp.EffectState, "teleported", "safepoint_operations", "run_id=r op=1",
+                    "state")
+    assert (corrupt.value.table, corrupt.value.key) == ("safepoint_operations", "run_id=r op=1")

@@ -85,6 +85,7 @@ from .base import (
     refused_write,
     retry_json,
     retry_of,
+    stored_enum,
 )
 
 _Q = load_queries("postgres")
@@ -336,10 +337,7 @@ class PostgresLedger:
 
     def _run_record(self, row: Row) -> Plan[RunRecord]:
         key = f"run_id={row['run_id']}"
-        try:
-            status = RunStatus(row["status"])
-        except ValueError as exc:
-            raise CorruptRecord("safepoint_runs", key, f"unknown status {row['status']!r}") from exc
+        status = stored_enum(RunStatus, row["status"], "safepoint_runs", key, "status")
         table = "safepoint_runs"
         return RunRecord(
             run_id=row["run_id"], workflow=row["workflow"],
@@ -394,12 +392,8 @@ class PostgresLedger:
         steps = {}
         for row in step_rows:
             key = f"run_id={run_id} step_id={row['step_id']}"
-            try:
-                kind, status = StepKind(row["kind"]), StepStatus(row["status"])
-            except ValueError as exc:
-                raise CorruptRecord("safepoint_steps", key,
-                                    f"unknown kind or status {row['kind']!r}/{row['status']!r}"
-                                    ) from exc
+            kind = stored_enum(StepKind, row["kind"], "safepoint_steps", key, "kind")
+            status = stored_enum(StepStatus, row["status"], "safepoint_steps", key, "status")
             steps[row["step_id"]] = StepRecord(
                 run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
                 input_hash=row["input_hash"],
@@ -418,11 +412,7 @@ class PostgresLedger:
         attempts: dict[str, list[AttemptRecord]] = {}
         for row in attempt_rows:
             key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
-            try:
-                kind = StepKind(row["kind"])
-            except ValueError as exc:
-                raise CorruptRecord("safepoint_attempts", key,
-                                    f"unknown kind {row['kind']!r}") from exc
+            kind = stored_enum(StepKind, row["kind"], "safepoint_attempts", key, "kind")
             attempts.setdefault(row["step_id"], []).append(AttemptRecord(
                 run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
                 name=row["name"], input_hash=row["input_hash"],
@@ -432,11 +422,7 @@ class PostgresLedger:
 
     def _operation_record(self, row: Row) -> Plan[OperationRecord]:
         key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
-        try:
-            state = EffectState(row["state"])
-        except ValueError as exc:
-            raise CorruptRecord("safepoint_operations", key,
-                                f"unknown state {row['state']!r}") from exc
+        state = stored_enum(EffectState, row["state"], "safepoint_operations", key, "state")
         return OperationRecord(
             run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
             effect=row["effect"], state=state, payload_ref=row["payload_ref"],

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from .._canonical import dumps, loads
 from ..errors import (
@@ -408,6 +409,18 @@ class AsyncStore(Protocol):
 
 
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def stored_enum(kind: type[E], value: Any, table: str, key: str, column: str) -> E:
+    """A stored enum value read back; ``CorruptRecord`` (naming the row) for one this version of
+    safepoint does not know."""
+    try:
+        return kind(value)
+    except ValueError as exc:
+        raise CorruptRecord(table, key, f"unknown {column} {value!r}") from exc
 
 
 def refused_write(claim: Claim, fence: int | None, status: str | None,

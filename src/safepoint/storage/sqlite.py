@@ -70,6 +70,7 @@ from .base import (
     refused_write,
     retry_json,
     retry_of,
+    stored_enum,
 )
 
 _Q = load_queries("sqlite")
@@ -318,10 +319,7 @@ class SqliteStore:
         def get(column: str) -> Any:
             return self._get_value(row[column], None, "safepoint_runs", key)
 
-        try:
-            status = RunStatus(row["status"])
-        except ValueError as exc:
-            raise CorruptRecord("safepoint_runs", key, f"unknown status {row['status']!r}") from exc
+        status = stored_enum(RunStatus, row["status"], "safepoint_runs", key, "status")
         return RunRecord(
             run_id=row["run_id"], workflow=row["workflow"],
             workflow_version=row["workflow_version"], status=status,
@@ -395,11 +393,8 @@ class SqliteStore:
         steps = {}
         for row in self._read("steps_of_run", {"run_id": run_id}):
             key = f"run_id={run_id} step_id={row['step_id']}"
-            try:
-                kind, status = StepKind(row["kind"]), StepStatus(row["status"])
-            except ValueError as exc:
-                raise CorruptRecord("safepoint_steps", key,
-                                    f"unknown kind or status in {tuple(row)[:8]}") from exc
+            kind = stored_enum(StepKind, row["kind"], "safepoint_steps", key, "kind")
+            status = stored_enum(StepStatus, row["status"], "safepoint_steps", key, "status")
             steps[row["step_id"]] = StepRecord(
                 run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
                 input_hash=row["input_hash"],
@@ -417,11 +412,7 @@ class SqliteStore:
         attempts: dict[str, list[AttemptRecord]] = {}
         for row in self._read("attempts_of_run", {"run_id": run_id}):
             key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
-            try:
-                kind = StepKind(row["kind"])
-            except ValueError as exc:
-                raise CorruptRecord("safepoint_attempts", key,
-                                    f"unknown kind {row['kind']!r}") from exc
+            kind = stored_enum(StepKind, row["kind"], "safepoint_attempts", key, "kind")
             attempts.setdefault(row["step_id"], []).append(AttemptRecord(
                 run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
                 name=row["name"], input_hash=row["input_hash"],
@@ -431,11 +422,7 @@ class SqliteStore:
 
     def _operation_record(self, row: sqlite3.Row) -> OperationRecord:
         key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
-        try:
-            state = EffectState(row["state"])
-        except ValueError as exc:
-            raise CorruptRecord("safepoint_operations", key,
-                                f"unknown state {row['state']!r}") from exc
+        state = stored_enum(EffectState, row["state"], "safepoint_operations", key, "state")
         return OperationRecord(
             run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
             effect=row["effect"], state=state, payload_ref=row["payload_ref"],
