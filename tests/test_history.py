@@ -141,9 +141,9 @@ def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
 
 
 def test_history_limits_are_checked_where_they_are_declared() -> None:
-    with pytest.raises(ValueError, match="must not exceed"):
+    with pytest.raises(sp.UsageError, match="must not exceed"):
         sp.HistoryLimit(soft=50, hard=10)
-    with pytest.raises(ValueError, match="1 or more"):
+    with pytest.raises(sp.UsageError, match="1 or more"):
         sp.HistoryLimit(soft=0)
     with pytest.raises(sp.UsageError):
         sp.workflow("bad-limit", history_limit=(True, 10))  # type: ignore[arg-type]

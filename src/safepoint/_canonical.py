@@ -126,7 +126,21 @@ def canonical(value: JSON) -> bytes:
     same by Python's own encoder (sorted keys, no spaces, the same string escapes, integers as
     digits), which is several times faster than the pure-Python RFC 8785 encoder: it is used
     for them, and the RFC 8785 library for the rest."""
-    if _plain(value, allow_tuples=True):
+    return _encode(value, bool(_plain(value, allow_tuples=True)))
+
+
+def checked_canonical(value: Any, what: str, step_id: str | None = None, *,
+                      allow_tuples: bool = False) -> bytes:
+    """``require_json`` and ``canonical`` in one walk of the value: a step's inputs and an
+    effect's payload are checked and encoded on every call, and may be large."""
+    plain = _plain(value, allow_tuples)
+    if plain is None:
+        require_json(value, what, step_id, allow_tuples=allow_tuples)  # names the part
+    return _encode(value, bool(plain))
+
+
+def _encode(value: JSON, plain: bool) -> bytes:
+    if plain:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")
     return rfc8785.dumps(value)

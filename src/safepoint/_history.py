@@ -35,7 +35,7 @@ def as_history_limit(value: HistoryLimit | tuple[int | None, int | None] | None)
     try:
         soft, hard = value
         return HistoryLimit(soft=soft, hard=hard)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, UsageError) as exc:
         raise UsageError(f"history_limit takes HistoryLimit(soft=, hard=) or a (soft, hard)"
                          f" pair: {exc}") from exc
 

@@ -24,7 +24,16 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._approvals import awaiting, may_reprepare
-from ._canonical import JSON, canonical, digest, input_hash, loads, require_json
+from ._canonical import (
+    JSON,
+    canonical,
+    checked_canonical,
+    digest,
+    input_hash,
+    loads,
+    require_json,
+    sha256_hex,
+)
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import (
     Action,
@@ -369,8 +378,7 @@ class RunCore:
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
                              " def workflow (AsyncRun), or pass a plain function", step_id=sid)
         hashed_inputs = mask_secrets(hashed_inputs)  # a Secret is passed on, never hashed
-        require_json(hashed_inputs, "inputs", sid, allow_tuples=True)
-        hashed = input_hash(hashed_inputs)
+        hashed = sha256_hex(checked_canonical(hashed_inputs, "inputs", sid, allow_tuples=True))
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
@@ -530,9 +538,8 @@ class RunCore:
         sid = self.occurrence(step_id, prefix)
         if not self.is_async:
             _refuse_async_callables(effect)
-        require_json(payload, "payload", sid)
+        payload_bytes = checked_canonical(payload, "payload", sid)
         refuse_secrets(payload, "the payload", sid)
-        payload_bytes = canonical(payload)
         payload_ref = digest(payload_bytes)
         # Every dispatch, first or after a crash, sends the payload exactly as stored.
         payload = loads(payload_bytes)

@@ -127,10 +127,10 @@ class HistoryLimit:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
-                raise ValueError(f"HistoryLimit.{name} is a count of events and steps: an int"
+                raise UsageError(f"HistoryLimit.{name} is a count of events and steps: an int"
                                  f" of 1 or more, or None for no limit (got {value!r})")
         if self.soft is not None and self.hard is not None and self.soft > self.hard:
-            raise ValueError(f"HistoryLimit.soft ({self.soft}) must not exceed hard"
+            raise UsageError(f"HistoryLimit.soft ({self.soft}) must not exceed hard"
                              f" ({self.hard}): the warning comes first")
 
 
