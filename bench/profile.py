@@ -28,6 +28,7 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
         store = _Counting(sp.open_store(db.sqlite_url if backend == "sqlite" else db.pg_url,
                                         durability=durability))
         flow = {"w1": workloads.w1, "w2": workloads.w2, "w5": workloads.w5}[workload]
+        extra = (True,) if workload == "w2" else ()  # W2 with a Transcript, as users write it
         owner = None
         if workload == "w5":
             import os
@@ -42,7 +43,7 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
         try:
             profiler.start()
             started = time.perf_counter()
-            sp.start(store, flow, steps, run_id="profile")
+            sp.start(store, flow, steps, *extra, run_id="profile")
             elapsed = time.perf_counter() - started
             profiler.stop()
         finally:

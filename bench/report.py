@@ -304,10 +304,14 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
     row("W1", "... of its own floor",
         [_pct(run.ratio(setting, (s, "w1", "durable_steps_per_s"), ("floor", s)))
          if s == "safepoint" else "" for s in systems], blank)
-    row("W2", "ms/step, first 100 → last 100",
+    row("W2", "ms/step, first 100 → last 100 (safepoint: a `Transcript`)",
         [f"{med(s, 'w2', 'first_ms', digits=2)} → {med(s, 'w2', 'last_ms', digits=2)}"
          for s in systems], blank)
     row("W2", "last/first", [med(s, "w2", "last_over_first", digits=2) for s in systems], blank)
+    row("W2", "... safepoint with the state as a plain list: ms/step, last/first",
+        [f"{med(s, 'w2', 'list_first_ms', digits=2)} → {med(s, 'w2', 'list_last_ms', digits=2)},"
+         f" {med(s, 'w2', 'list_last_over_first', digits=2)}" if s == "safepoint" else ""
+         for s in systems], blank)
     row("W2", "database bytes after the run", [med(s, "w2", "bytes") for s in systems],
         vs_peers("w2", "bytes"))
     row("W2", "bytes/step, last quarter over second quarter (1 = linear)",

@@ -152,3 +152,32 @@ def chain(run: sp.Run, start: int, count: int, every: int, ids: list[str]) -> li
         if (index + 1) % every == 0 and index + 1 < count:
             run.continue_as_new(index + 1, count, every, ids)
     return ids
+
+
+def conversation_model(*, model: str, messages: list[dict[str, str]]) -> dict[str, str]:
+    """A scripted model that answers from the whole conversation it is given (a list)."""
+    assert isinstance(messages, list), "run.model passes a transcript as a plain list"
+    return {"role": "assistant", "content": f"turn {len(messages)}: {messages[-1]['content']}"}
+
+
+def tool_note(messages: sp.Transcript, turn: int) -> str:
+    return f"{turn}/{len(messages)}/{messages[-1]['content'][:12]}"
+
+
+@sp.workflow("transcript-loop", version="1")
+def transcript_loop(run: sp.Run, case_id: str) -> dict[str, Any]:
+    """An agent loop whose conversation is a Transcript: each model call and each tool step is
+    given the whole conversation; every second turn files a ticket bound to its digest."""
+    messages = sp.Transcript([{"role": "user", "content": case_id}])
+    tickets_filed = []
+    for turn in range(6):
+        messages.append(run.model("model.turn", conversation_model, model="scripted-1",
+                                  messages=messages))
+        messages.append({"role": "tool", "content": run.pure("pure.note", tool_note, messages,
+                                                             turn)})
+        if turn % 2 == 1:
+            receipt = run.effect("effect.ticket", charges,
+                                 payload={"turn": turn, "conversation": messages.digest})
+            tickets_filed.append(receipt["id"])
+    return {"length": len(messages), "digest": messages.digest, "tickets": tickets_filed,
+            "last": messages[-1]["content"]}

@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import safepoint as sp
@@ -90,14 +90,16 @@ def w3(run: sp.Run, count: int) -> dict[str, Any]:
     return {"total": total, "ended": time.time()}  # when its last step was recorded
 
 
-def _grow(state: list[str], index: int) -> str:
+def _grow(state: Sequence[str], index: int) -> str:
     STAMPS.mark()
     return chunk(index)
 
 
 @sp.workflow("bench.w2")
-def w2(run: sp.Run, count: int) -> int:
-    state: list[str] = []
+def w2(run: sp.Run, count: int, as_transcript: bool) -> int:
+    """The state as safepoint's users hold a growing conversation — a ``Transcript``, hashed
+    by reference — or as a plain list, hashed whole at every step."""
+    state: sp.Transcript | list[str] = sp.Transcript() if as_transcript else []
     probes = set(probe_points(count))
     for index in range(count):
         if PROBE is not None and index in probes:
@@ -159,13 +161,23 @@ def _w1(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
 
 
 def _w2(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
+    """The headline figures with a Transcript; the same with a plain list, prefixed ``list_``,
+    each in a database of its own."""
+    figures = _w2_once(db, url, durability, sizes, as_transcript=True)
+    with fresh_database(db.backend, "sp_w2list") as other:
+        plain = _w2_once(other, _url(other), durability, sizes, as_transcript=False)
+    return {**figures, **{f"list_{key}": value for key, value in plain.items()}}
+
+
+def _w2_once(db: Database, url: str, durability: str, sizes: Sizes, *,
+             as_transcript: bool) -> dict[str, Any]:
     global PROBE
     store = _open(url, durability)
     probes: dict[int, int] = {0: db.bytes()}
     PROBE = lambda index: probes.__setitem__(index, db.bytes())  # noqa: E731
     STAMPS.times.clear()
     try:
-        sp.start(store, w2, sizes.w2_steps, run_id="w2")
+        sp.start(store, w2, sizes.w2_steps, as_transcript, run_id="w2")
     finally:
         PROBE = None
         store.close()

@@ -10,6 +10,7 @@ from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected,
 from ._recovery import record_schema, resolve
 from ._run import AsyncRun, Run
 from ._secrets import Secret
+from ._transcript import Transcript
 from ._worker import Worker
 from ._workflow import (
     Workflow,
@@ -157,6 +158,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "Transcript",
     "Unknown",
     "UsageError",
     "VerificationFailed",

@@ -63,7 +63,8 @@ from ._limits import (
     step_policy,
 )
 from ._recovery import build_record
-from ._secrets import mask_secrets, redact, redact_json, refuse_secrets
+from ._secrets import hashed_form, redact, redact_json, refuse_secrets
+from ._transcript import Transcript
 from .errors import (
     ApprovalInvalid,
     ArtifactCorrupt,
@@ -377,7 +378,7 @@ class RunCore:
         if not self.is_async and _is_async_callable(fn):
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
                              " def workflow (AsyncRun), or pass a plain function", step_id=sid)
-        hashed_inputs = mask_secrets(hashed_inputs)  # a Secret is passed on, never hashed
+        hashed_inputs = hashed_form(hashed_inputs)  # Secrets masked, Transcripts by reference
         hashed = sha256_hex(checked_canonical(hashed_inputs, "inputs", sid, allow_tuples=True))
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
@@ -934,8 +935,24 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
     if tools is not None:
         call["tools"] = tools
     hashed = {"model": model, "messages": messages, "tools": tools, "params": hashed_params}
-    require_json(messages, "messages", allow_tuples=True)
-    return hashed, input_hash({"messages": messages}), call
+    if isinstance(messages, Transcript):
+        prompt = messages.reference()
+    else:
+        require_json(messages, "messages", allow_tuples=True)
+        prompt = messages
+    return hashed, input_hash({"messages": prompt}), call
+
+
+def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` called with its ``messages`` transcript as a plain list."""
+    if _is_async_callable(fn):
+        async def listing_async(*, messages: Transcript, **kwargs: Any) -> Any:
+            return await fn(messages=list(messages), **kwargs)
+        return listing_async
+
+    def listing(*, messages: Transcript, **kwargs: Any) -> Any:
+        return fn(messages=list(messages), **kwargs)
+    return listing
 
 
 def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
@@ -1017,8 +1034,11 @@ class _RunBase:
                tools: JSON, params: dict[str, Any], retry: Retry | int | None,
                usage: UsageFn | None) -> Flow:
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
+        name = callable_name(fn)
+        if isinstance(messages, Transcript):
+            fn = _listing_messages(fn)  # model SDKs want a list; built only if it is called
         return self._step(StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed,
-                          model_id=model, prompt_hash=prompt_hash,
+                          name=name, model_id=model, prompt_hash=prompt_hash,
                           retry=as_retry(retry, "retry"), usage=usage)
 
     def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any, NoReturn
 
+from ._transcript import Transcript
 from .errors import SecretRefused
 
 # Key names, lower-cased with "_", "-" and "." removed, that hold credentials; exact names,
@@ -83,14 +84,18 @@ class Secret:
 SECRET_MARKER = {"$secret": "********"}
 
 
-def mask_secrets(value: Any) -> Any:
-    """A copy of step inputs with every ``Secret`` replaced by a fixed marker, for hashing."""
+def hashed_form(value: Any) -> Any:
+    """A copy of step inputs as their hash covers them: every ``Secret`` replaced by a fixed
+    marker (a credential is passed on, never hashed), every ``Transcript`` by its reference
+    (its length and chain digest: a constant cost, however long it grew)."""
     if isinstance(value, Secret):
         return SECRET_MARKER
+    if isinstance(value, Transcript):
+        return value.reference()
     if isinstance(value, dict):
-        return {key: mask_secrets(item) for key, item in value.items()}
+        return {key: hashed_form(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [mask_secrets(item) for item in value]
+        return [hashed_form(item) for item in value]
     return value
 
 
