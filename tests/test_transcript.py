@@ -97,14 +97,13 @@ def test_a_step_given_a_transcript_hashes_a_constant_number_of_bytes(
     """The reason for the type: however long the conversation, a step's hashed inputs are the
     same size — against a plain list, whose hashed inputs grow with every step."""
     encoded: list[int] = []
-    real = _run.checked_canonical
+    real = _run.sha256_hex
 
-    def measuring(value: Any, *args: Any, **kwargs: Any) -> bytes:
-        data = real(value, *args, **kwargs)
+    def measuring(data: bytes) -> str:
         encoded.append(len(data))
-        return data
+        return real(data)
 
-    monkeypatch.setattr(_run, "checked_canonical", measuring)
+    monkeypatch.setattr(_run, "sha256_hex", measuring)
 
     @sp.workflow("growing")
     def growing(run: sp.Run, as_transcript: bool) -> int:

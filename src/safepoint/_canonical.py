@@ -139,6 +139,13 @@ def checked_canonical(value: Any, what: str, step_id: str | None = None, *,
     return _encode(value, bool(plain))
 
 
+def canonical_if_json(value: Any, *, allow_tuples: bool = False) -> bytes | None:
+    """``canonical(value)``, or None when ``value`` is not JSON — found in the same walk, for
+    callers with another way to go on (``checked_canonical`` names the offending part)."""
+    plain = _plain(value, allow_tuples)
+    return None if plain is None else _encode(value, plain)
+
+
 def _encode(value: JSON, plain: bool) -> bytes:
     if plain:
         return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),

@@ -27,6 +27,7 @@ from ._approvals import awaiting, may_reprepare
 from ._canonical import (
     JSON,
     canonical,
+    canonical_if_json,
     checked_canonical,
     digest,
     input_hash,
@@ -378,8 +379,7 @@ class RunCore:
         if not self.is_async and _is_async_callable(fn):
             raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
                              " def workflow (AsyncRun), or pass a plain function", step_id=sid)
-        hashed_inputs = hashed_form(hashed_inputs)  # Secrets masked, Transcripts by reference
-        hashed = sha256_hex(checked_canonical(hashed_inputs, "inputs", sid, allow_tuples=True))
+        hashed = _input_hash(hashed_inputs, sid)
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
@@ -941,6 +941,16 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
         require_json(messages, "messages", allow_tuples=True)
         prompt = messages
     return hashed, input_hash({"messages": prompt}), call
+
+
+def _input_hash(inputs: Any, sid: str) -> str:
+    """sha256 of a step's inputs as their hash covers them (``hashed_form``: Secrets masked,
+    Transcripts by reference). Most inputs hold neither, and are encoded as they are in one
+    walk; only the others are copied into their hashed form first."""
+    encoded = canonical_if_json(inputs, allow_tuples=True)
+    if encoded is None:
+        encoded = checked_canonical(hashed_form(inputs), "inputs", sid, allow_tuples=True)
+    return sha256_hex(encoded)
 
 
 def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
