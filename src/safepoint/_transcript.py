@@ -33,7 +33,8 @@ class Transcript(Sequence[JSON]):
     item; a conversation that must be cut starts a new transcript. A step function receives the
     transcript itself (a read-only ``Sequence``); ``run.model(messages=transcript)`` passes the
     model function a plain list. It is not JSON: a step result or an effect payload takes
-    ``list(transcript)``.
+    ``list(transcript)``. Append from the workflow's own code (or one branch of a fan-out),
+    never from branches at once: a replay must append in the same order.
 
     >>> messages = Transcript([{"role": "user", "content": question}])
     >>> reply = run.model("answer", llm, model="m", messages=messages)
