@@ -282,8 +282,9 @@ def _refresh_doc(doc: Path, meta: dict[str, Any], measured: report.Measured, tab
             if "error" in found:
                 parts.append(f"{name}: the profile failed")
                 continue
+            # a run's own calls (create, finish) round to 0 per step; batched ones do not
             calls = ", ".join(f"{k} {v:g}" for k, v in found["store_calls_per_step"].items()
-                              if v >= 0.5)
+                              if v > 0) or "none"
             if "statements_per_step" in found:
                 calls += "; sent to the server per step: " + ", ".join(
                     f"{k} {v:g}" for k, v in found["statements_per_step"].items())
