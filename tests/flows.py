@@ -83,6 +83,13 @@ def notify(run: sp.Run, who: str) -> str:
     return str(receipt["id"])
 
 
+@sp.workflow("notify-async", version="1")
+async def notify_async(run: sp.AsyncRun, who: str) -> str:
+    """``notify``, awaited."""
+    receipt = await run.effect("effect.notify", notifications, payload={"to": who})
+    return str(receipt["id"])
+
+
 @sp.workflow("many-steps", version="1")
 def many_steps(run: sp.Run, count: int) -> int:
     total = 0

@@ -182,10 +182,11 @@ def test_replan_abandons_the_stale_tail_and_keeps_the_effect_ledger(
     assert [event.detail.get("abandoned_from") for event in replans[1:]] == ["case", "refund"]
 
 
-def _charge_then_redeploy(store: sp.Store, crash_at: Any, point: str) -> None:
+def _charge_then_redeploy(store: sp.Store, crash_at: Any, point: str,
+                          charges: sp.Effect | None = None) -> None:
     """v1 charges 10 and stops at ``point``; v2 (``replan``) would charge 11 under the same
     operation id."""
-    charges = owner_effect("charges")
+    charges = charges or owner_effect("charges")
 
     @sp.workflow("agent", version="1")
     def v1(run: sp.Run) -> Any:
@@ -200,7 +201,10 @@ def _charge_then_redeploy(store: sp.Store, crash_at: Any, point: str) -> None:
 
 def test_replan_prepares_a_never_sent_effect_anew_with_its_changed_payload(
         store: sp.Store, crash_at: Any, owner_env: OwnerService) -> None:
-    _charge_then_redeploy(store, crash_at, "effect.after_prepared")
+    """Stopped at "prepared": an effect without reconcile, as one its owner can reconcile is
+    prepared and dispatching in one commit, never stopping at "prepared" alone."""
+    _charge_then_redeploy(store, crash_at, "effect.after_prepared",
+                          owner_effect("charges", reconcile=False))
     before = store.load_ledger("r").operations["charge:1"]
     receipt = sp.resume(store, "r")
     assert receipt["amount"] == 11

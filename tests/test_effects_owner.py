@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+import uuid
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -145,3 +148,107 @@ def test_verifier_failure_blocks_and_never_redispatches(file_store: sp.Store,
         sp.resume(file_store, "r")
     assert owner_env.client.stats()["applied"] == 1
     assert file_store.load_ledger("r").operations["ticket"].state is sp.EffectState.APPLIED
+
+
+# -- what an effect costs in commits ------------------------------------------------------------
+
+
+class _CountedWrites:
+    """A store that notes each worker write: one commit each, by the store contract (every
+    method that takes a claim is one atomic operation). The lease heartbeat is left out: it
+    renews on a timer, not per effect."""
+
+    WRITES = frozenset({"record_step", "record_steps", "record_attempt", "prepare_effect",
+                        "mark_dispatching", "prepare_and_mark_dispatching", "record_outcome",
+                        "await_approval", "reprepare_effect", "finish_run", "release_run"})
+
+    def __init__(self, store: sp.Store) -> None:
+        self.store = store
+        self.writes: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self.store, name)
+        if name not in self.WRITES:
+            return found
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.writes.append(name)
+            return found(*args, **kwargs)
+        return counted
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _tickets_flow(name: str, effect: sp.Effect, count: int) -> sp.Workflow:
+    @sp.workflow(name)
+    def flow(run: sp.Run) -> list[str]:
+        return [str(run.effect(f"fx.{index}", effect, payload={"i": index})["id"])
+                for index in range(count)]
+    return flow
+
+
+def _effect_events(store: sp.Store, run_id: str) -> list[tuple[str, str | None]]:
+    return [(e.kind, e.step_id) for e in store.events(run_id) if e.kind.startswith("effect.")]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["def", "async-def"])
+def test_an_effect_its_owner_can_reconcile_costs_two_commits(
+        file_store: sp.Store, owner_env: OwnerService, is_async: bool) -> None:
+    """No gate between "prepared" and "dispatching", and a crash between them is recovered by
+    asking the owner: they are one commit, the outcome the other. The history reads as it
+    would with three."""
+    effect = owner_effect("tickets")  # reconcile and dedup_retention, no approval
+    counted = _CountedWrites(file_store)
+    if is_async:
+        @sp.workflow("two-commits-async")
+        async def flow(run: sp.AsyncRun) -> list[str]:
+            return [str((await run.effect(f"fx.{index}", effect, payload={"i": index}))["id"])
+                    for index in range(3)]
+    else:
+        flow = _tickets_flow("two-commits", effect, 3)
+    assert sp.start(counted, flow, run_id="r") == ["tk_1", "tk_2", "tk_3"]  # type: ignore[arg-type]
+    assert counted.writes == ["prepare_and_mark_dispatching", "record_outcome"] * 3 + [
+        "finish_run"]
+    assert _effect_events(file_store, "r") == [
+        (kind, f"fx.{index}") for index in range(3)
+        for kind in ("effect.prepared", "effect.dispatching", "effect.accepted")]
+    for op in file_store.load_ledger("r").operations.values():
+        assert (op.state, op.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+    assert owner_env.client.stats()["applied"] == 3
+
+
+@pytest.mark.parametrize("effect", [
+    owner_effect("tickets", reconcile=False),
+    owner_effect("tickets", dedup_retention=None),
+    replace(owner_effect("tickets"), max_dispatches=1),
+], ids=["no-reconcile", "no-dedup-retention", "one-dispatch-only"])
+def test_an_effect_recovery_could_not_reconcile_alone_commits_prepared_apart(
+        file_store: sp.Store, owner_env: OwnerService, effect: sp.Effect) -> None:
+    """A crash between one commit and the call would leave "dispatching", which this effect
+    cannot settle without a person; "prepared" alone lets recovery dispatch."""
+    counted = _CountedWrites(file_store)
+    sp.start(counted, _tickets_flow(f"three-commits-{_uid()}", effect, 2), run_id="r")  # type: ignore[arg-type]
+    assert counted.writes == ["prepare_effect", "mark_dispatching", "record_outcome"] * 2 + [
+        "finish_run"]
+    assert owner_env.client.stats()["applied"] == 2
+
+
+def test_an_effect_that_needs_approval_commits_prepared_before_its_gate(
+        file_store: sp.Store, owner_env: OwnerService) -> None:
+    effect = owner_effect("refunds")  # reconcilable, but a gate stands in between
+
+    @sp.workflow("approved-apart")
+    def flow(run: sp.Run) -> str:
+        return str(run.effect("refund", effect, payload={"amount": 40}, approval=True)["id"])
+
+    counted = _CountedWrites(file_store)
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(counted, flow, run_id="r")  # type: ignore[arg-type]
+    assert counted.writes == ["prepare_effect", "await_approval"]
+    sp.approve(file_store, "r", "refund", by="ana")
+    assert sp.resume(counted, "r") == "re_1"  # type: ignore[arg-type]
+    assert counted.writes[2:] == ["await_approval", "mark_dispatching", "record_outcome",
+                                  "finish_run"]
+    assert owner_env.client.stats()["applied"] == 1

@@ -104,6 +104,11 @@ def _charge(name: str, effect: sp.Effect) -> sp.Workflow:
     return flow
 
 
+# An effect that keeps "prepared" as a commit of its own: recovery could not settle a crash after
+# "dispatching" without a person (no reconcile), so the two are never one commit.
+_UNRECONCILABLE = owner_effect("charges", reconcile=False)
+
+
 def _counted(owner: OwnerService) -> tuple[int, int]:
     stats = owner.client.stats()
     return int(stats["applied"]), int(stats["duplicates"])
@@ -114,7 +119,11 @@ def _counted(owner: OwnerService) -> tuple[int, int]:
 
 def test_stop_after_prepared_intent_dispatches_once(store: sp.Store, owner_env: OwnerService,
                                                     crash_at: Any) -> None:
-    flow = _charge("prepared", owner_effect("charges"))
+    """Prepared, never dispatching: the resume dispatches, under the prepared key. Only an
+    effect recovery could not reconcile alone stops here — this one has no reconcile; one that
+    has (with a dedup retention) is prepared and dispatching in one commit, and stops after
+    "dispatching" instead (the next test)."""
+    flow = _charge("prepared", _UNRECONCILABLE)
     _stop_at(store, flow, crash_at, "effect.after_prepared", 5)
     prepared = store.load_ledger("r").operations["charge:1"]
     assert (prepared.state, prepared.dispatch_count) == (sp.EffectState.PREPARED, 0)
@@ -129,10 +138,17 @@ def test_stop_after_prepared_intent_dispatches_once(store: sp.Store, owner_env: 
 def test_stop_after_dispatching_before_the_call_sends_under_the_same_key(
         store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
     """"Dispatch may have happened" is durable, the call was never made: the owner's lookup
-    says not applied (inside its key retention), so it is sent — under the same key."""
+    says not applied (inside its key retention), so it is sent — under the same key. With a
+    reconcile and a retention there was no "prepared" commit before: prepared and dispatching
+    were one."""
     flow = _charge("dispatching", owner_effect("charges"))
     _stop_at(store, flow, crash_at, "effect.after_dispatching", 5)
-    key = store.load_ledger("r").operations["charge:1"].effect_key
+    stopped = store.load_ledger("r").operations["charge:1"]
+    assert (stopped.state, stopped.dispatch_count) == (sp.EffectState.DISPATCHING, 1)
+    assert [e.kind for e in store.events("r") if e.kind.startswith("effect.")] == [
+        "effect.prepared", "effect.dispatching"]
+    assert _counted(owner_env) == (0, 0)
+    key = stopped.effect_key
     assert sp.resume(store, "r") == {"id": "ch_1", "amount": 5}
     op = store.load_ledger("r").operations["charge:1"]
     assert (op.effect_key, op.dispatch_count) == (key, 2)
@@ -187,7 +203,7 @@ def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService
     sends, the other is refused (or finds the run already ended); nothing is sent twice. The
     process-level version, 1000 trials per store, is test_ownership.py::two_resumers."""
     first = sp.open_store(store_url)
-    flow = _charge("two-workers", owner_effect("charges"))
+    flow = _charge("two-workers", _UNRECONCILABLE)  # stops at "prepared" (see above)
     _stop_at(first, flow, crash_at, "effect.after_prepared", 5)
     seen = first.get_run("r")
     stores = [first, sp.open_store(store_url)]
@@ -216,7 +232,7 @@ def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService
 
 def test_resume_after_cancellation_never_revives_the_run(
         store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
-    flow = _charge("cancelled", owner_effect("charges"))
+    flow = _charge("cancelled", _UNRECONCILABLE)  # stops at "prepared" (see above)
     _stop_at(store, flow, crash_at, "effect.after_prepared", 5)
     sp.cancel(store, "r", by="ops", reason="customer withdrew")
     for _ in range(2):
@@ -247,7 +263,7 @@ def test_resume_after_the_dedup_window_expired_blocks_instead_of_resending(
 def test_a_removed_artifact_blocks_before_anything_runs(
         store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
     calls: Counter[str] = Counter()
-    effect = owner_effect("charges")
+    effect = _UNRECONCILABLE  # stops at "prepared" (see above)
 
     @sp.workflow("artifact")
     def flow(run: sp.Run) -> Any:

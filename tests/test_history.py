@@ -140,6 +140,28 @@ def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
     assert owner_env.client.stats()["applied"] == 1
 
 
+def test_an_effect_refused_at_the_hard_limit_blocks_with_nothing_prepared_or_sent(
+        store: sp.Store, owner_env: OwnerService) -> None:
+    """The effect's owner can reconcile it: prepared and dispatching are one commit, refused
+    whole at the limit — and the run blocks (a dispatch it had entered would make the block
+    wait for it forever)."""
+    charges = owner_effect("charges")
+
+    @sp.workflow(_name("refused-effect"), history_limit=(None, 2))
+    def flow(run: sp.Run) -> Any:
+        run.read("a", _add, 1, 2)                                             # history 2
+        return run.effect("charge", charges, payload={"amount": 5})
+
+    with pytest.raises(sp.HistoryLimitReached) as blocked:
+        sp.start(store, flow, run_id="r")
+    assert blocked.value.record is not None
+    assert (blocked.value.record["phase"], blocked.value.record["step_id"]) == (
+        "history_limit", "charge")
+    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert store.load_ledger("r").operations == {}
+    assert owner_env.client.stats()["applied"] == 0
+
+
 def test_history_limits_are_checked_where_they_are_declared() -> None:
     with pytest.raises(sp.UsageError, match="must not exceed"):
         sp.HistoryLimit(soft=50, hard=10)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import safepoint as sp
 from safepoint.testing.kill import KillHarness
 from safepoint.testing.owner import OwnerService
 
@@ -27,8 +28,8 @@ MATRIX = [
     *[f"{point}:{kind}" for point in ("step.before_record", "step.after_record")
       for kind in STEP_KINDS],
     *[f"{point}:effect.{step}" for point in (
-        "effect.before_prepare", "effect.after_prepared", "effect.after_dispatching",
-        "effect.after_receiver_commit", "effect.after_outcome", "effect.after_accept")
+        "effect.before_prepare", "effect.after_dispatching", "effect.after_receiver_commit",
+        "effect.after_outcome", "effect.after_accept")
       for step in ("charge", "ticket")],
     "run.before_complete",
 ]
@@ -57,12 +58,17 @@ def harness(request: pytest.FixtureRequest, kill_owner: OwnerService,
 
 # A workflow that never continues as new cannot reach these: tests/test_history.py kills there.
 CONTINUE_POINTS = {"run.before_continue", "run.after_continue"}
+# The effects of flows.every_kind can be reconciled by their owner, within a dedup retention:
+# each is prepared and dispatching in one commit, never stopping at "prepared" alone.
+# test_kill_after_prepared kills there, with an effect whose owner has no read path.
+PREPARED_POINT = "effect.after_prepared"
 
 
 def test_matrix_covers_every_crash_point() -> None:
     from safepoint._crashpoints import POINTS
 
-    assert {spec.split(":")[0] for spec in MATRIX} == set(POINTS) - CONTINUE_POINTS
+    assert {spec.split(":")[0] for spec in MATRIX} | {PREPARED_POINT} == (
+        set(POINTS) - CONTINUE_POINTS)
 
 
 @pytest.mark.parametrize("crash_at", MATRIX)
@@ -101,6 +107,52 @@ def test_kill_in_a_loop_of_effects(kill_owner: OwnerService, tmp_path: Path) -> 
         assert report.killed
         report.check()
     assert harness.reference()[0]["result"] == ["ch_1", "ch_2", "ch_3"]
+
+
+@pytest.mark.parametrize(("workflow", "store"), [("flows:notify", "sqlite"),
+                                               ("flows:notify_async", "sqlite"),
+                                               ("flows:notify", "postgres")],
+                         ids=["sync-sqlite", "async-sqlite", "sync-postgres"])
+def test_kill_after_prepared(request: pytest.FixtureRequest, kill_owner: OwnerService,
+                             tmp_path: Path, workflow: str, store: str) -> None:
+    """Killed with the operation prepared, never dispatching: the resume dispatches it, once.
+    (DESIGN §3: prepared, never dispatching → dispatch.) The effect has no reconcile, so
+    "prepared" is a commit of its own: a crash after one commit of both would block the run."""
+    url = None
+    if store == "postgres":
+        url = f"{request.getfixturevalue('pg_url')}?schema=kill_{uuid.uuid4().hex[:12]}"
+    harness = KillHarness(workflow, ["ops@example.com"], owner=kill_owner, workdir=tmp_path,
+                          pythonpath=[TESTS], store_url=url)
+    report = harness.trial(crash_at=f"{PREPARED_POINT}:effect.notify")
+    assert report.killed, "the crash point was never reached"
+    report.check()
+    assert (report.applied, report.duplicates) == (1, 0)
+
+
+def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerService,
+                                                          tmp_path: Path) -> None:
+    """SIGKILL after the one commit of "prepared" and "dispatching", before the call: the
+    resume asks the owner, which has nothing under the key, and sends it once — under the
+    same key (DESIGN §3: dispatching → reconcile → NotApplied → the same key)."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    harness = KillHarness("flows:lines", [1], owner=kill_owner, workdir=tmp_path,
+                          pythonpath=[TESTS], store_url=url)
+    report = harness.trial(crash_at="effect.after_dispatching")
+    assert report.killed
+    report.check()
+    store = sp.open_store(url)
+    try:
+        [run] = [r for r in store.list_runs() if r.run_id.startswith("trial-")]
+        op = store.load_ledger(run.run_id).operations["effect.line"]
+        assert [(e.kind, e.fence) for e in store.events(run.run_id)
+                if e.kind.startswith("effect.")] == [
+            ("effect.prepared", 1), ("effect.dispatching", 1),   # one commit, then the kill
+            ("effect.dispatching", 2), ("effect.accepted", 2)]   # reconciled, sent once
+        assert op.dispatch_count == 2
+        assert kill_owner.client.find_by_key("charges", op.effect_key) == op.receipt
+    finally:
+        store.close()
+    assert (report.applied, report.duplicates) == (1, 0)
 
 
 @pytest.mark.parametrize("crash_at", ["effect.after_dispatching",

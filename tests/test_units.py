@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 import safepoint as sp
 from safepoint import _crashpoints
 from safepoint._canonical import canonical, digest, find_non_json, input_hash
-from safepoint._effects import Action, after_reconcile, mint_effect_key, next_action
+from safepoint._effects import (
+    Action,
+    after_reconcile,
+    mint_effect_key,
+    next_action,
+    one_commit_to_dispatching,
+)
 from safepoint.types import EffectState
 
 json_values = st.recursive(
@@ -89,6 +95,36 @@ def test_after_reconcile(answer: object, retention: timedelta | None, age_ms: in
     assert decided.action is action
     if action is Action.BLOCK:
         assert decided.reason
+
+
+def _send(payload: object, key: sp.EffectKey) -> object:
+    return {"id": 1}
+
+
+def _lookup(key: sp.EffectKey) -> sp.NotApplied:
+    return sp.NotApplied()
+
+
+@pytest.mark.parametrize(("effect", "approval", "one_commit"), [
+    (sp.Effect("e", _send, reconcile=_lookup, dedup_retention=HOUR), False, True),
+    (sp.Effect("e", _send, reconcile=_lookup, dedup_retention=HOUR), True, False),  # a gate
+    (sp.Effect("e", _send, dedup_retention=HOUR), False, False),          # no reconcile
+    (sp.Effect("e", _send, reconcile=_lookup), False, False),             # no dedup promise
+    (sp.Effect("e", _send, reconcile=_lookup, dedup_retention=HOUR, max_dispatches=1), False,
+     False),                                                              # no dispatch left
+    (sp.Effect("e", _send), False, False),
+])
+def test_prepared_and_dispatching_are_one_commit_only_where_recovery_needs_no_person(
+        effect: sp.Effect, approval: bool, one_commit: bool) -> None:
+    assert one_commit_to_dispatching(effect, approval=approval) is one_commit
+    # A crash right after that one commit leaves "dispatching", dispatched once, just now; the
+    # owner has nothing under the key. Recovery must dispatch again, with no person asked.
+    reconciles = next_action(EffectState.DISPATCHING, can_reconcile=effect.reconcile is not None,
+                             can_verify=False).action is Action.RECONCILE
+    redispatches = after_reconcile(sp.NotApplied(), now=5_000, first_dispatched_at=5_000,
+                                   dedup_retention=effect.dedup_retention, dispatch_count=1,
+                                   max_dispatches=effect.max_dispatches).action is Action.DISPATCH
+    assert one_commit == (not approval and reconciles and redispatches)
 
 
 def test_effect_keys_are_stable_and_distinct() -> None:

@@ -27,6 +27,8 @@ POINTS: tuple[str, ...] = (
     "step.after_record",            # a step's result is recorded
     "effect.before_prepare",        # before intent: nothing about the effect is durable
     "effect.after_prepared",        # payload, operation id and key durable; not dispatching
+                                    # (only where "prepared" is a commit of its own, see
+                                    # _effects.one_commit_to_dispatching)
     "effect.after_dispatching",     # "dispatch may have happened" durable; call not made
     "effect.after_receiver_commit", # execute returned (the owner committed); outcome not stored
     "effect.after_outcome",         # receipt stored (applied), before verification

@@ -1,8 +1,10 @@
 """Effects: how a change in another system is described, and the dispatch rules as pure functions.
 
 The rules here decide; they never do I/O. ``_run.py`` carries them out against the store and
-the effect owner. Reading order: ``Effect`` (what users declare), then ``next_action`` (what
-durable evidence allows) and ``after_reconcile`` (what the owner's answer allows).
+the effect owner. Reading order: ``Effect`` (what users declare), then
+``one_commit_to_dispatching`` (when "prepared" and "dispatching" are one commit),
+``next_action`` (what durable evidence allows) and ``after_reconcile`` (what the owner's
+answer allows).
 """
 
 from __future__ import annotations
@@ -145,6 +147,26 @@ class Action(StrEnum):
 class Next:
     action: Action
     reason: str = ""
+
+
+def one_commit_to_dispatching(effect: Effect, *, approval: bool) -> bool:
+    """Whether a new operation of ``effect`` is prepared and committed "dispatching" in one
+    commit (DESIGN §3: "where no gate stands between 1 and 2 they may be one commit"), which
+    spares each dispatch a commit.
+
+    Only when nothing stands between the two, and recovery always gets through a crash between
+    that one commit and the call without a person. An approval is a gate (the run may wait at
+    it), so "prepared" must be durable on its own. A crash after the commit leaves the operation
+    "dispatching", which recovery settles only by asking the owner (``reconcile``); on
+    ``NotApplied`` it dispatches again under the same key, which needs ``dedup_retention`` and a
+    dispatch left (``max_dispatches`` above one: the first is counted at the commit). Lacking
+    any of these, "dispatching" would block the run for a person where a separate "prepared"
+    commit lets recovery simply dispatch: such an effect keeps the two commits.
+    (An owner that answers ``Unknown``, or a resume past the retention, still blocks — as after
+    a crash between a separate "dispatching" commit and the call.)
+    """
+    return (not approval and effect.reconcile is not None
+            and effect.dedup_retention is not None and effect.max_dispatches > 1)
 
 
 def next_action(state: EffectState, *, can_reconcile: bool, can_verify: bool) -> Next:

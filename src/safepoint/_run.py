@@ -47,6 +47,7 @@ from ._effects import (
     after_reconcile,
     mint_effect_key,
     next_action,
+    one_commit_to_dispatching,
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep, adrive, callable_name, drive
 from ._flow import is_async_callable as _is_async_callable
@@ -265,9 +266,13 @@ class RunCore:
         try:
             return (yield request)
         except HistoryLimitReached as limit:
-            yield from self.block(limit, phase="history_limit", step_id=sid,
-                                  evidence={"history": limit.size, "hard_limit": limit.limit})
+            yield from self.block_at_history_limit(limit, sid)
             raise
+
+    def block_at_history_limit(self, limit: HistoryLimitReached, sid: str) -> Flow:
+        """Block the run: the store refused new work at its hard history limit."""
+        yield from self.block(limit, phase="history_limit", step_id=sid,
+                              evidence={"history": limit.size, "hard_limit": limit.limit})
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
@@ -564,9 +569,16 @@ class RunCore:
             if settled is not None:
                 return settled.receipt
         key_scope = (self.run.chain_id or self.run.run_id) if chained else self.run.run_id
-        op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
-                                                approval, key_scope)
-        step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
+        if op_id not in self.operations and one_commit_to_dispatching(effect, approval=approval):
+            # Nothing stands between prepared and dispatching: one commit, then the call.
+            op = yield from self._prepare_dispatching(sid, effect, op_id, payload_ref,
+                                                      payload_bytes, key_scope)
+            step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
+            op = yield from self._call_owner(sid, effect, op, payload, step)
+        else:
+            op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
+                                                    approval, key_scope)
+            step = self._accepted_step(sid, effect, op, hashed)
         while True:
             decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
                                   can_verify=effect.verify is not None)
@@ -602,6 +614,37 @@ class RunCore:
                           name=effect.name, input_hash=hashed, result=op.receipt,
                           seq=self.next_seq(sid), operation_id=op.operation_id)
 
+    def _new_operation(self, sid: str, effect: Effect, op_id: str, payload_ref: str,
+                       key_scope: str, *, approval: bool = False,
+                       target: str | None = None) -> OperationRecord:
+        return OperationRecord(
+            run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
+            state=EffectState.PREPARED, payload_ref=payload_ref,
+            effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
+            approval_required=approval, target_digest=target)
+
+    def _prepare_dispatching(self, sid: str, effect: Effect, op_id: str, payload_ref: str,
+                             payload_bytes: bytes, key_scope: str) -> Flow:
+        """A new operation prepared and committed "dispatching" at once, no gate standing
+        between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
+        Enters the dispatch (``enter_dispatch``), for ``_call_owner`` to leave."""
+        if self.cancelling:
+            raise self.cancelled()  # the store would refuse it too
+        crashpoint("effect.before_prepare", sid)
+        op = self._new_operation(sid, effect, op_id, payload_ref, key_scope)
+        # Flushed before the dispatch is entered: a flush refused at the history limit blocks
+        # the run, which first waits for every dispatch in flight — this one too, if entered.
+        yield from self.flush()
+        yield from self.enter_dispatch()
+        try:
+            op = yield Io("prepare_and_mark_dispatching", (self.claim, op, payload_bytes))
+        except BaseException as exc:
+            self.leave_dispatch()  # nothing was written: no dispatch in flight
+            if isinstance(exc, HistoryLimitReached):
+                yield from self.block_at_history_limit(exc, sid)
+            raise
+        return op
+
     def _prepared(self, sid: str, effect: Effect, op_id: str, payload: JSON,
                   payload_bytes: bytes, approval: bool, key_scope: str) -> Flow:
         """The operation, prepared now or as the ledger has it, and the payload it carries."""
@@ -614,11 +657,8 @@ class RunCore:
             # Read now too, so that an approval given before the run reaches its gate (it
             # crashed in between) is bound to the target's state it will find there.
             target = (yield from self._target_digest(sid, effect, payload)) if approval else None
-            op = OperationRecord(
-                run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-                state=EffectState.PREPARED, payload_ref=payload_ref,
-                effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
-                approval_required=approval, target_digest=target)
+            op = self._new_operation(sid, effect, op_id, payload_ref, key_scope,
+                                     approval=approval, target=target)
             yield from self.flush()
             yield from self.append_new(Io("prepare_effect", (self.claim, op, payload_bytes)),
                                        sid)
@@ -681,7 +721,7 @@ class RunCore:
         for attempt in range(1, _GATE_ATTEMPTS + 1):
             if op.approval_required:
                 op = yield from self._authorize(sid, effect, op, payload)
-            yield from self.enter_dispatch()  # left by _dispatch once the outcome is recorded
+            yield from self.enter_dispatch()  # left by _call_owner once the outcome is recorded
             try:
                 return (yield from self.write(
                     Io("mark_dispatching", (self.claim, op.operation_id))))
@@ -785,14 +825,20 @@ class RunCore:
                 # it stays prepared, not uncertain (as after a cancel).
                 yield from self._record(op, EffectState.PREPARED)
             raise
-        try:
-            return (yield from self._call_owner(sid, effect, op, payload, step))
-        finally:
-            self.leave_dispatch()  # entered by _mark_dispatching
+        return (yield from self._call_owner(sid, effect, op, payload, step))
 
     def _call_owner(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
                     step: StepRecord) -> Flow:
-        """The call of a dispatch committed as "dispatching", and its recorded outcome."""
+        """The call of a dispatch committed as "dispatching", and its recorded outcome; then
+        the dispatch entered before that commit (``enter_dispatch``, by ``_mark_dispatching``
+        or ``_prepare_dispatching``) is left."""
+        try:
+            return (yield from self._call_and_record(sid, effect, op, payload, step))
+        finally:
+            self.leave_dispatch()
+
+    def _call_and_record(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
+                         step: StepRecord) -> Flow:
         self.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", sid)
         try:

@@ -82,6 +82,7 @@ from .base import (
     cancelled_error,
     load_migrations,
     load_queries,
+    refuse_gated,
     refused_write,
     retry_json,
     retry_of,
@@ -560,6 +561,16 @@ class PostgresLedger:
             op = replace(op, approval_id=approval.approval_id)
         due = yield from self._history_warning(claim, row)
         return op, due
+
+    def prepare_and_mark_dispatching(
+            self, claim: Claim, op: OperationRecord,
+            payload: bytes) -> Plan[tuple[OperationRecord, HistoryWarning | None]]:
+        """Both plans in one transaction (run atomically): the operation the first inserts is
+        there for the second to update."""
+        refuse_gated(op)
+        prepared_due = yield from self.prepare_effect(claim, op, payload)
+        dispatching, due = yield from self.mark_dispatching(claim, op.operation_id)
+        return dispatching, due or prepared_due  # the soft limit warns once: one at most
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON, error: JSON,

@@ -9,8 +9,8 @@ Worker writes also count the run's history (``RunRecord.event_count`` and ``step
 event appended, every step row added) in that transaction. Past the run's soft limit the write
 that crossed it appends one ``run.history_warning`` event and issues ``HistoryWarning`` once it
 committed; a write that starts something new (``record_step`` of a new step,
-``prepare_effect``) and would take the history past the hard limit is refused whole with
-``HistoryLimitReached`` — in the same check as the fence.
+``prepare_effect``, ``prepare_and_mark_dispatching``) and would take the history past the hard
+limit is refused whole with ``HistoryLimitReached`` — in the same check as the fence.
 """
 
 from __future__ import annotations
@@ -179,6 +179,16 @@ class Store(Protocol):
         Never held to the history limit: the operation was prepared already."""
         ...
 
+    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                     payload: bytes) -> OperationRecord:
+        """``prepare_effect`` then ``mark_dispatching`` of a new operation, in one commit, for
+        an effect with no gate between the two (see ``_effects.one_commit_to_dispatching``):
+        the same rows, both events (``effect.prepared``, ``effect.dispatching``), the same
+        refusals — held to the hard history limit as the prepare is — and all or nothing.
+        Returns the operation as it now stands (dispatching, dispatch count 1). An operation
+        that needs approval has a gate there: refused with ``ValueError``, nothing written."""
+        ...
+
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
@@ -217,11 +227,12 @@ class Store(Protocol):
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """Ask a run to stop: a pending or blocked run ends cancelled at once; a running one is
         marked, and from then on every write that starts something new (``record_step``,
-        ``record_attempt``, ``prepare_effect``, ``mark_dispatching``) raises ``Cancelled``
-        while outcomes and the ending may still be recorded. A waiting run ends cancelled at
-        once — unless an effect of it is uncertain: then it becomes pending, for a worker to
-        settle that effect (it starts nothing new). An ended run is left as it is. Past a run's
-        ``deadline_at`` the same writes raise ``DeadlineExceeded``."""
+        ``record_attempt``, ``prepare_effect``, ``mark_dispatching``,
+        ``prepare_and_mark_dispatching``) raises ``Cancelled`` while outcomes and the ending
+        may still be recorded. A waiting run ends cancelled at once — unless an effect of it is
+        uncertain: then it becomes pending, for a worker to settle that effect (it starts
+        nothing new). An ended run is left as it is. Past a run's ``deadline_at`` the same
+        writes raise ``DeadlineExceeded``."""
         ...
 
     # approvals (see safepoint._approvals)
@@ -346,6 +357,11 @@ class AsyncStore(Protocol):
         """Commit "dispatch may have happened"; returns the operation as it now stands."""
         ...
 
+    async def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                           payload: bytes) -> OperationRecord:
+        """See ``Store.prepare_and_mark_dispatching``."""
+        ...
+
     async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                              receipt: JSON = None, error: JSON = None,
                              step: StepRecord | None = None) -> None:
@@ -439,6 +455,14 @@ def refused_write(claim: Claim, fence: int | None, status: str | None,
         if limited:
             return HistoryLimitReached(claim.run_id, history, hard_limit)
     return LostOwnership(claim.run_id, claim.fence)
+
+
+def refuse_gated(op: OperationRecord) -> None:
+    """``prepare_and_mark_dispatching`` makes one commit of what an approval gate would stand
+    between: an operation that needs approval is refused before anything is written."""
+    if op.approval_required:
+        raise ValueError(f"operation {op.operation_id!r} needs approval: it is prepared, then"
+                         " dispatched through the gate, never both in one commit")
 
 
 def retry_json(policy: Retry | None) -> str | None:

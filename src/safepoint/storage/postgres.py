@@ -205,6 +205,13 @@ class PostgresStore:
         warn(due)
         return op
 
+    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                     payload: bytes) -> OperationRecord:
+        dispatching, due = self._run(self._ledger.prepare_and_mark_dispatching(claim, op,
+                                                                               payload))
+        warn(due)
+        return dispatching
+
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:

@@ -286,6 +286,13 @@ class AsyncPostgresStore:
         warn(due)
         return op
 
+    async def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                           payload: bytes) -> OperationRecord:
+        dispatching, due = await self._run(
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload))
+        warn(due)
+        return dispatching
+
     async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                              receipt: JSON = None, error: JSON = None,
                              step: StepRecord | None = None) -> None:

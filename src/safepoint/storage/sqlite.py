@@ -67,6 +67,7 @@ from .base import (
     cancelled_error,
     load_migrations,
     load_queries,
+    refuse_gated,
     refused_write,
     retry_json,
     retry_of,
@@ -563,50 +564,72 @@ class SqliteStore:
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         now = self.now()
         with self._write() as conn:
-            due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
-            ref = self._put_artifact(conn, payload, now)
-            if ref != op.payload_ref:
-                raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
-            conn.execute(_Q["insert_operation"], {
-                "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
-                "effect": op.effect, "payload_ref": op.payload_ref,
-                "effect_key": op.effect_key, "fence": claim.fence, "now": now})
-            if op.approval_required:
-                conn.execute(_Q["require_approval"], {
-                    "run_id": claim.run_id, "operation_id": op.operation_id,
-                    "target_digest": op.target_digest, "now": now})
-            self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
-                        operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
-                        detail={"effect": op.effect, "payload_ref": op.payload_ref})
+            due = self._prepare(conn, claim, op, payload, now)
         warn(due)
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         now = self.now()
         with self._write() as conn:
-            # an operation already prepared is sent whatever the history: never held to it
-            due = self._fence_check(conn, claim, now, events=1, new_work=True)
-            row = conn.execute(_Q["mark_dispatching"], {
-                "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
-                "now": now}).fetchone()
-            if row is None:
-                raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
-                                 run_id=claim.run_id, operation_id=operation_id)
-            op = self._operation_record(row)
-            if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
-                approvals = self._approvals_of(conn, claim.run_id, operation_id)
-                approval = authorizing(approvals, payload_digest=op.payload_ref,
-                                       target_digest=op.target_digest, now=now)
-                if approval is None:
-                    raise refused_dispatch(op, approvals, now)
-                conn.execute(_Q["dispatch_approved"], {
-                    "run_id": claim.run_id, "operation_id": operation_id,
-                    "approval_id": approval.approval_id})
-                op = replace(op, approval_id=approval.approval_id)
-            self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
-                        operation_id=operation_id, fence=claim.fence, worker=claim.owner,
-                        detail={"dispatch": op.dispatch_count})
+            op, due = self._mark_dispatching(conn, claim, operation_id, now)
         warn(due)
         return op
+
+    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                     payload: bytes) -> OperationRecord:
+        refuse_gated(op)
+        now = self.now()
+        with self._write() as conn:
+            prepared_due = self._prepare(conn, claim, op, payload, now)
+            dispatching, due = self._mark_dispatching(conn, claim, op.operation_id, now)
+        warn(due or prepared_due)  # the soft limit warns once: at most one of them is due
+        return dispatching
+
+    def _prepare(self, conn: sqlite3.Connection, claim: Claim, op: OperationRecord,
+                 payload: bytes, now: int) -> HistoryWarning | None:
+        """``prepare_effect``'s statements, in the caller's transaction."""
+        due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
+        ref = self._put_artifact(conn, payload, now)
+        if ref != op.payload_ref:
+            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        conn.execute(_Q["insert_operation"], {
+            "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
+            "effect": op.effect, "payload_ref": op.payload_ref,
+            "effect_key": op.effect_key, "fence": claim.fence, "now": now})
+        if op.approval_required:
+            conn.execute(_Q["require_approval"], {
+                "run_id": claim.run_id, "operation_id": op.operation_id,
+                "target_digest": op.target_digest, "now": now})
+        self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
+                    operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
+                    detail={"effect": op.effect, "payload_ref": op.payload_ref})
+        return due
+
+    def _mark_dispatching(self, conn: sqlite3.Connection, claim: Claim, operation_id: str,
+                          now: int) -> tuple[OperationRecord, HistoryWarning | None]:
+        """``mark_dispatching``'s statements, in the caller's transaction."""
+        # an operation already prepared is sent whatever the history: never held to it
+        due = self._fence_check(conn, claim, now, events=1, new_work=True)
+        row = conn.execute(_Q["mark_dispatching"], {
+            "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
+            "now": now}).fetchone()
+        if row is None:
+            raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                             run_id=claim.run_id, operation_id=operation_id)
+        op = self._operation_record(row)
+        if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
+            approvals = self._approvals_of(conn, claim.run_id, operation_id)
+            approval = authorizing(approvals, payload_digest=op.payload_ref,
+                                   target_digest=op.target_digest, now=now)
+            if approval is None:
+                raise refused_dispatch(op, approvals, now)
+            conn.execute(_Q["dispatch_approved"], {
+                "run_id": claim.run_id, "operation_id": operation_id,
+                "approval_id": approval.approval_id})
+            op = replace(op, approval_id=approval.approval_id)
+        self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
+                    operation_id=operation_id, fence=claim.fence, worker=claim.owner,
+                    detail={"dispatch": op.dispatch_count})
+        return op, due
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,

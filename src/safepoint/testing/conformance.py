@@ -514,8 +514,12 @@ class StoreConformance(abc.ABC):
         with pytest.raises(Cancelled):
             store.record_step(claim, make_step(run.run_id, "new", 1))
         second, data = make_operation(run.run_id, f"op-{_uid()}")
+        refused = self.snapshot(store, run.run_id)
         with pytest.raises(Cancelled):
             store.prepare_effect(claim, second, data)
+        with pytest.raises(Cancelled):
+            store.prepare_and_mark_dispatching(claim, second, data)
+        assert self.snapshot(store, run.run_id) == refused
         # what was in flight may still be settled, and the run ended
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
         store.finish_run(claim, RunStatus.CANCELLED, error={"type": "Cancelled"})
@@ -651,6 +655,8 @@ class StoreConformance(abc.ABC):
             "record_attempt": lambda: store.record_attempt(claim, make_attempt(run_id, "s9", 1)),
             "prepare_effect": lambda: store.prepare_effect(claim, new_op, payload),
             "mark_dispatching": lambda: store.mark_dispatching(claim, op_id),
+            "prepare_and_mark_dispatching": lambda: store.prepare_and_mark_dispatching(
+                claim, new_op, payload),
             "record_outcome": lambda: store.record_outcome(
                 claim, op_id, EffectState.ACCEPTED, receipt={"id": 1},
                 step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id)),
@@ -891,6 +897,74 @@ class StoreConformance(abc.ABC):
             store.mark_dispatching(claim, op.operation_id)
         with pytest.raises(StoreError):
             store.mark_dispatching(claim, f"no-such-op-{_uid()}")
+        assert self.snapshot(store, run.run_id) == before
+
+    def test_prepare_and_mark_dispatching_leaves_what_the_two_writes_leave(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        apart, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, apart, payload)
+        store.mark_dispatching(claim, apart.operation_id)
+        before = store.get_run(run.run_id)
+        op, data = make_operation(run.run_id, f"op-{_uid()}", {"to": "ana", "n": 2})
+        t0 = store.now()
+        got = store.prepare_and_mark_dispatching(claim, op, data)
+        t1 = store.now()
+        assert (got.state, got.dispatch_count, got.fence) == (
+            EffectState.DISPATCHING, 1, claim.fence)
+        assert got.first_dispatched_at is not None
+        assert t0 <= got.prepared_at <= got.first_dispatched_at <= t1
+        assert (got.effect_key, got.payload_ref, got.step_id, got.effect) == (
+            op.effect_key, op.payload_ref, op.step_id, op.effect)
+        ledger, events = self.snapshot(store, run.run_id)
+        assert ledger.operations[op.operation_id] == got
+        assert store.get_artifact(op.payload_ref) == data
+        assert [(e.kind, e.step_id, e.fence, e.worker, e.detail) for e in events
+                if e.operation_id == op.operation_id] == [
+            ("effect.prepared", op.step_id, claim.fence, "worker-a",
+             {"effect": op.effect, "payload_ref": op.payload_ref}),
+            ("effect.dispatching", op.step_id, claim.fence, "worker-a", {"dispatch": 1})]
+        # the history and the revision move as the two writes move them
+        assert ledger.run.event_count == len(events) == before.event_count + 2
+        assert ledger.run.state_revision - before.state_revision == (
+            before.state_revision - run.state_revision)
+        # the operation goes on as any other: an outcome, or another dispatch
+        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN,
+                             error={"type": "Timeout"})
+        again = store.mark_dispatching(claim, op.operation_id)
+        assert (again.dispatch_count, again.first_dispatched_at) == (2,
+                                                                     got.first_dispatched_at)
+
+    def test_prepare_and_mark_dispatching_refuses_whole(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises((ValueError, StoreError)):  # bytes that do not match the digest
+            store.prepare_and_mark_dispatching(claim, op, b'{"other":"bytes"}')
+        with pytest.raises(ValueError, match="approval"):  # a gate stands between the two
+            store.prepare_and_mark_dispatching(
+                claim, replace(op, approval_required=True, target_digest=self.TARGET), payload)
+        assert self.snapshot(store, run.run_id) == before
+        store.prepare_effect(claim, op, payload)
+        prepared = self.snapshot(store, run.run_id)
+        with pytest.raises(StoreError):  # prepared already: it does not go on to dispatching
+            store.prepare_and_mark_dispatching(claim, op, payload)
+        assert self.snapshot(store, run.run_id) == prepared
+
+    def test_prepare_and_mark_dispatching_is_held_to_the_history_limit_as_a_prepare(
+            self) -> None:
+        store = self.store()
+        run, claim = self.start(store, history=(None, 3))   # history 1: run.started
+        store.record_step(claim, make_step(run.run_id, "s1", 1))              # 2
+        # The prepare fits (3); its "dispatching" is never held to the limit: it goes in too.
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        assert store.prepare_and_mark_dispatching(claim, op, payload).dispatch_count == 1
+        assert store.get_run(run.run_id).history_size == 4
+        before = self.snapshot(store, run.run_id)
+        second, data = make_operation(run.run_id, f"op-{_uid()}")
+        with pytest.raises(HistoryLimitReached):
+            store.prepare_and_mark_dispatching(claim, second, data)
         assert self.snapshot(store, run.run_id) == before
 
     def test_record_outcome_writes_the_operation_and_its_step_in_one_commit(self) -> None:
@@ -1146,6 +1220,8 @@ class StoreConformance(abc.ABC):
                 claim, make_attempt(run.run_id, "s2", 1)),
             "prepare_effect": lambda: store.prepare_effect(claim, second, more),
             "mark_dispatching": lambda: store.mark_dispatching(claim, op.operation_id),
+            "prepare_and_mark_dispatching": lambda: store.prepare_and_mark_dispatching(
+                claim, second, more),
         }
         for name, write in refused.items():
             with pytest.raises(DeadlineExceeded) as late:

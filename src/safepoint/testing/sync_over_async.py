@@ -124,6 +124,10 @@ class SyncOverAsync:
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         return self._call(self.store.mark_dispatching(claim, operation_id))
 
+    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                     payload: bytes) -> OperationRecord:
+        return self._call(self.store.prepare_and_mark_dispatching(claim, op, payload))
+
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
