@@ -76,6 +76,16 @@ def lines(run: sp.Run, count: int) -> list[str]:
     return ids
 
 
+kept_charges = owner_effect("charges", name="owner.charges.kept", keep_alive=True)
+
+
+@sp.workflow("kept-lines", version="1")
+def kept_lines(run: sp.Run, count: int) -> list[str]:
+    """``lines`` through a connection kept alive between effects."""
+    return [run.effect("effect.line", kept_charges, payload={"line": index})["id"]
+            for index in range(count)]
+
+
 @sp.workflow("notify", version="1")
 def notify(run: sp.Run, who: str) -> str:
     """An effect whose owner has no read path: an uncertain dispatch can only block."""

@@ -155,6 +155,28 @@ def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerServ
     assert (report.applied, report.duplicates) == (1, 0)
 
 
+def test_kill_in_a_loop_of_effects_sent_over_a_kept_connection(kill_owner: OwnerService,
+                                                                tmp_path: Path) -> None:
+    """As above, with the effect's client keeping its connection between effects (the
+    benchmark's W5): killed at each boundary and at random instants, still 0 duplicates."""
+    harness = KillHarness("flows:kept_lines", [4], owner=kill_owner, workdir=tmp_path,
+                          pythonpath=[TESTS])
+    assert harness.reference()[0]["result"] == ["ch_1", "ch_2", "ch_3", "ch_4"]
+    for spec in ("effect.after_dispatching@3", "effect.after_receiver_commit@2",
+                 "effect.after_outcome@3"):
+        report = harness.trial(crash_at=spec)
+        assert report.killed
+        report.check()
+    rng = random.Random(4711)
+    kill_owner.client.set_faults(delay=0.05)
+    try:
+        reports = [harness.trial(kill_after=rng.uniform(0.05, 0.4)) for _ in range(3)]
+    finally:
+        kill_owner.client.set_faults(delay=0)
+    for report in reports:
+        report.check()
+
+
 @pytest.mark.parametrize("crash_at", ["effect.after_dispatching",
                                       "effect.after_receiver_commit"])
 def test_no_read_path_blocks_visibly(kill_owner: OwnerService, tmp_path: Path,

@@ -241,3 +241,39 @@ def test_reset_clears_everything(client: OwnerClient) -> None:
     # The key is forgotten: other params no longer conflict; counters restart.
     fresh = client.create("charges", {"amount": 2}, idempotency_key="r-1", fence=1, fence_resource="l")
     assert fresh["id"] == "ch_1"
+
+
+# -- a connection kept alive, as an application's pooled client keeps one ---------------------
+
+def test_a_kept_alive_client_sends_every_request_on_one_connection(service: OwnerService,
+                                                                   client: OwnerClient) -> None:
+    pooled = OwnerClient(service.url, keep_alive=True)
+    first = pooled.create("tickets", {"n": 1}, idempotency_key="ka-1")
+    local = pooled._kept.conn.sock.getsockname()
+    assert pooled.create("tickets", {"n": 2}, idempotency_key="ka-2")["id"] != first["id"]
+    assert pooled.get("tickets", first["id"]) == first
+    assert pooled._kept.conn.sock.getsockname() == local
+    assert client.stats()["applied"] == 2
+
+
+def test_a_kept_connection_that_breaks_is_an_unknown_outcome_then_a_fresh_one_is_opened(
+        service: OwnerService, client: OwnerClient) -> None:
+    pooled = OwnerClient(service.url, keep_alive=True)
+    pooled.create("charges", {"amount": 1}, idempotency_key="kb-1")
+    client.set_faults(drop_after_commit=1)
+    with pytest.raises(OwnerConnectionLost):
+        pooled.create("charges", {"amount": 2}, idempotency_key="kb-2")
+    assert client.stats()["applied"] == 2  # it was applied: only reconciliation can tell
+    assert pooled.create("charges", {"amount": 3}, idempotency_key="kb-3")["amount"] == 3
+
+
+def test_a_kept_connection_to_an_owner_that_went_away_is_never_called_unavailable() -> None:
+    """The owner may have read a request sent on a connection opened before: only a connection
+    refused at opening proves nothing was sent."""
+    with OwnerService() as svc:
+        pooled = OwnerClient(svc.url, keep_alive=True, timeout=2)
+        pooled.create("tickets", {"n": 1}, idempotency_key="gone-1")
+    with pytest.raises(OwnerConnectionLost):
+        pooled.create("tickets", {"n": 2}, idempotency_key="gone-2")
+    with pytest.raises(OwnerUnavailable):
+        pooled.create("tickets", {"n": 2}, idempotency_key="gone-2")

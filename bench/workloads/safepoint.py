@@ -124,7 +124,9 @@ def w4(run: sp.Run, count: int) -> int:
     return total
 
 
-_tickets = owner_effect("tickets")
+# The owner's client keeps its connection between effects, as an application's pooled HTTP
+# client does (the test suite's effects open one per request).
+_tickets = owner_effect("tickets", keep_alive=True)
 
 
 @sp.workflow("bench.w5")

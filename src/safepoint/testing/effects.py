@@ -23,23 +23,34 @@ from .owner import OwnerClient, OwnerError, OwnerRejected, OwnerUnavailable
 OWNER_URL_ENV = "SAFEPOINT_OWNER_URL"
 
 
-def owner_client() -> OwnerClient:
+_kept_clients: dict[str, OwnerClient] = {}
+
+
+def owner_client(*, keep_alive: bool = False) -> OwnerClient:
+    """A client of the owner at ``$SAFEPOINT_OWNER_URL``: a new one, or with ``keep_alive`` the
+    process's client for that URL, which keeps one connection per thread."""
     url = os.environ.get(OWNER_URL_ENV)
     if not url:
         raise RuntimeError(f"set {OWNER_URL_ENV} to the effect owner's URL"
                            " (OwnerService().url)")
-    return OwnerClient(url)
+    if not keep_alive:
+        return OwnerClient(url)
+    if url not in _kept_clients:
+        _kept_clients[url] = OwnerClient(url, keep_alive=True)
+    return _kept_clients[url]
 
 
 def owner_effect(resource: str, *, name: str | None = None,
                  dedup_retention: timedelta | None = timedelta(hours=23),
-                 verify: bool = False, reconcile: bool = True, fenced: bool = False) -> Effect:
-    """An effect that creates one object of ``resource`` at the local owner."""
+                 verify: bool = False, reconcile: bool = True, fenced: bool = False,
+                 keep_alive: bool = False) -> Effect:
+    """An effect that creates one object of ``resource`` at the local owner (``keep_alive``:
+    through a connection kept per thread, as an application's pooled HTTP client sends)."""
 
     def execute(payload: Any, key: EffectKey) -> Any:
         try:
             # Fence tokens grow per run, so the owner compares them per run and resource.
-            return owner_client().create(
+            return owner_client(keep_alive=keep_alive).create(
                 resource, payload, idempotency_key=str(key),
                 fence=key.fence if fenced else None,
                 fence_resource=f"{resource}:{key.run_id}" if fenced else None)

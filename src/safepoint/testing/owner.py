@@ -289,6 +289,10 @@ class _OwnerHTTPServer(ThreadingHTTPServer):
 
 class _OwnerHandler(BaseHTTPRequestHandler):
     server: _OwnerHTTPServer
+    # Connections may be kept alive, as real owners allow (every reply has a Content-Length);
+    # the owner client still opens one per request, a pooled client keeps one.
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # a reply's headers and body go out as two writes
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # tests run many requests; per-request logging is noise
@@ -425,17 +429,39 @@ class OwnerConnectionLost(OwnerError):
 
 
 class OwnerClient:
-    """Minimal client for the owner service; one connection per request."""
+    """Minimal client for the owner service: one connection per request, or with
+    ``keep_alive`` one kept per thread, as an application's pooled HTTP client keeps them.
 
-    def __init__(self, base_url: str, timeout: float = 10.0) -> None:
+    Kept alive, a request that fails on a connection used before is *connection lost*, never
+    *unavailable*: the owner may have read it before the connection broke. Only a connection
+    that could not be opened proves that nothing was sent.
+    """
+
+    def __init__(self, base_url: str, timeout: float = 10.0, *, keep_alive: bool = False) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"expected an http:// URL, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.keep_alive = keep_alive
+        self._kept = threading.local()
         self._host = parts.hostname
         self._port = parts.port or 80
         self._prefix = parts.path.rstrip("/")
+
+    def _open(self) -> http.client.HTTPConnection:
+        """The thread's kept connection, or a new one — connected separately, which is what
+        lets us tell "never left" from "left and vanished": only the second needs
+        reconciliation."""
+        kept: http.client.HTTPConnection | None = getattr(self._kept, "conn", None)
+        if kept is not None:
+            return kept
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise OwnerUnavailable(f"cannot connect to {self.base_url}: {exc!r}") from exc
+        return conn
 
     def _request(self, method: str, path: str, body: Any = None,
                  headers: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -443,23 +469,20 @@ class OwnerClient:
         all_headers = {"Accept": "application/json", **(headers or {})}
         if payload is not None:
             all_headers["Content-Type"] = "application/json"
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        conn = self._open()
+        self._kept.conn = None  # given back below only once this exchange went through
         try:
-            # Connecting separately is what lets us tell "never left" from
-            # "left and vanished": only the second needs reconciliation.
-            try:
-                conn.connect()
-            except OSError as exc:
-                raise OwnerUnavailable(f"cannot connect to {self.base_url}: {exc!r}") from exc
-            try:
-                conn.request(method, self._prefix + path, body=payload, headers=all_headers)
-                response = conn.getresponse()
-                raw = response.read()
-            except (http.client.HTTPException, OSError) as exc:
-                # Includes timeouts: the owner may still be committing.
-                raise OwnerConnectionLost(
-                    f"{method} {path}: connection lost after sending, outcome unknown: {exc!r}") from exc
-        finally:
+            conn.request(method, self._prefix + path, body=payload, headers=all_headers)
+            response = conn.getresponse()
+            raw = response.read()
+        except (http.client.HTTPException, OSError) as exc:
+            conn.close()
+            # Includes timeouts: the owner may still be committing.
+            raise OwnerConnectionLost(
+                f"{method} {path}: connection lost after sending, outcome unknown: {exc!r}") from exc
+        if self.keep_alive and not response.will_close:
+            self._kept.conn = conn
+        else:
             conn.close()
         try:
             decoded: Any = json.loads(raw.decode("utf-8")) if raw else None
