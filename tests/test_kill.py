@@ -85,17 +85,18 @@ def test_reference_run_applies_two_effects(harness: KillHarness) -> None:
     assert applied == 2
 
 
-def test_kill_at_random_moments(harness: KillHarness, kill_owner: OwnerService) -> None:
+def random_kills(harness: KillHarness, seed: int, trials: int, latest: float) -> None:
     """SIGKILL from outside at random instants, with a slow owner to widen the windows."""
-    rng = random.Random(8472)
-    kill_owner.client.set_faults(delay=0.05)
-    try:
-        reports = [harness.trial(kill_after=rng.uniform(0.05, 0.6)) for _ in range(6)]
-    finally:
-        kill_owner.client.set_faults(delay=0)
+    rng = random.Random(seed)
+    reports = [harness.trial(kill_after=rng.uniform(0.05, latest), owner_faults={"delay": 0.05})
+               for _ in range(trials)]
     for report in reports:
         report.check()
     assert any(report.killed for report in reports)
+
+
+def test_kill_at_random_moments(harness: KillHarness) -> None:
+    random_kills(harness, seed=8472, trials=6, latest=0.6)
 
 
 def test_kill_in_a_loop_of_effects(kill_owner: OwnerService, tmp_path: Path) -> None:
@@ -167,14 +168,7 @@ def test_kill_in_a_loop_of_effects_sent_over_a_kept_connection(kill_owner: Owner
         report = harness.trial(crash_at=spec)
         assert report.killed
         report.check()
-    rng = random.Random(4711)
-    kill_owner.client.set_faults(delay=0.05)
-    try:
-        reports = [harness.trial(kill_after=rng.uniform(0.05, 0.4)) for _ in range(3)]
-    finally:
-        kill_owner.client.set_faults(delay=0)
-    for report in reports:
-        report.check()
+    random_kills(harness, seed=4711, trials=3, latest=0.4)
 
 
 @pytest.mark.parametrize("crash_at", ["effect.after_dispatching",

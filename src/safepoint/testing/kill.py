@@ -177,10 +177,14 @@ class KillHarness:
         return self._reference
 
     def trial(self, *, crash_at: str | None = None, kill_after: float | None = None,
-              max_resumes: int = 3) -> KillReport:
-        """Kill one run (at a crash point or after a delay), resume until it ends, compare."""
+              max_resumes: int = 3, owner_faults: dict[str, float] | None = None) -> KillReport:
+        """Kill one run (at a crash point or after a delay), resume until it ends, compare.
+        ``owner_faults`` are set on the owner for the trial (e.g. ``{"delay": 0.05}``, a slow
+        owner that widens the windows a random kill can hit); the reset before it clears them."""
         reference, reference_applied = self.reference()
         self.owner.client.reset()
+        if owner_faults:
+            self.owner.client.set_faults(**owner_faults)
         store_url, run_id = self._fresh_store(), f"trial-{uuid.uuid4().hex[:12]}"
         first = self._child(store_url, run_id, crash_at=crash_at, kill_after=kill_after)
         stderr = [first.stderr] if first.stderr else []
