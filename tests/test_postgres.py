@@ -10,8 +10,11 @@ unreachable the tests are skipped with the reason — except under CI (``$CI`` s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +29,7 @@ import pytest
 try:
     import psycopg
     from psycopg import sql
+    from psycopg_pool import PoolTimeout
 except ImportError:  # the extra is not installed
     if os.environ.get("CI"):
         raise
@@ -36,7 +40,8 @@ import safepoint as sp
 from conftest import with_database
 from safepoint._canonical import digest
 from safepoint.storage import Store
-from safepoint.storage.base import NewRun, load_migrations
+from safepoint.storage._pgpool import PROBE_AFTER_S, Checkout, checkout, connection_lost
+from safepoint.storage.base import NewRun, load_migrations, load_queries
 from safepoint.storage.open_async import open_async_store
 from safepoint.storage.postgres import PostgresStore
 from safepoint.storage.postgres_async import AsyncPostgresStore
@@ -524,6 +529,234 @@ def test_connections_killed_by_the_server_are_replaced(
     assert elapsed < 1.0
 
 
+# -- sessions the server ends, and round trips ------------------------------------------------
+
+
+@pytest.mark.parametrize(("rested_s", "unsolicited", "verdict"), [
+    (0.001, False, Checkout.USE),
+    (PROBE_AFTER_S - 0.001, False, Checkout.USE),
+    (PROBE_AFTER_S, False, Checkout.PROBE),
+    (None, False, Checkout.PROBE),   # never seen handed back: prove it
+    (0.001, True, Checkout.DISCARD),  # the server spoke unasked: it is ending the session
+    (None, True, Checkout.DISCARD),
+])
+def test_the_check_on_checkout(rested_s: float | None, unsolicited: bool,
+                               verdict: Checkout) -> None:
+    assert checkout(rested_s, unsolicited) is verdict
+
+
+@pytest.mark.parametrize(("error", "lost"), [
+    (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+    (psycopg.errors.AdminShutdown(), True),
+    (psycopg.errors.ConnectionFailure(), True),
+    (psycopg.errors.IdleSessionTimeout(), True),
+    (psycopg.errors.QueryCanceled(), False),  # a statement timeout: the session lives on
+    (psycopg.errors.LockNotAvailable(), False),
+    (psycopg.errors.UniqueViolation(), False),
+    (PoolTimeout(), False),  # already waited as long as the caller allows
+    (None, False),
+])
+def test_which_failures_ended_the_session(error: BaseException | None, lost: bool) -> None:
+    assert connection_lost(error) is lost
+
+
+def _established(ports: set[int]) -> bool:
+    """Whether a TCP socket of ours on one of these local ports is still established, i.e. has
+    not yet received the server's FIN (Linux's /proc/net/tcp; elsewhere: unknown, False)."""
+    try:
+        with open("/proc/net/tcp") as table:
+            rows = [line.split() for line in table.readlines()[1:]]
+    except OSError:
+        return False
+    return any(int(row[1].rsplit(":", 1)[1], 16) in ports and row[3] == "01" for row in rows)
+
+
+def _terminate(admin: psycopg.Connection[Any], application_name: str, *,
+               waiting: bool = False) -> int:
+    """End the backends of ``application_name`` (those waiting on a lock, with ``waiting``)
+    and return once the client end of each has received the FATAL and the FIN that follows
+    it: a loaded machine can deliver them after the backend is gone."""
+    sessions = admin.execute(
+        "SELECT pid, client_port FROM pg_stat_activity WHERE application_name = %s"
+        " AND (NOT %s OR wait_event_type = 'Lock')", (application_name, waiting)).fetchall()
+    for pid, _ in sessions:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    deadline = time.monotonic() + 10
+    while _established({port for _, port in sessions}):
+        assert time.monotonic() < deadline, "the terminated sessions never ended"
+        time.sleep(0.01)
+    return len(sessions)
+
+
+def test_sessions_the_server_ended_while_idle_cost_the_next_read_and_write_nothing(
+        pg_url: str, admin: psycopg.Connection[Any],
+        opened: Callable[[str], PostgresStore]) -> None:
+    """A restart between two steps: the check on checkout finds the dead sessions before
+    anything is sent on them, so the next read and the next fenced write just work."""
+    app = f"sp-idle-{_uid()}"
+    store = opened(_param(pg_url, application_name=app))
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    store.record_step(claim, _step(run.run_id, "before"))
+    assert _terminate(admin, app) >= 1
+    assert store.get_run(run.run_id).owner == "worker-a"
+    assert _terminate(admin, app) >= 1
+    store.record_step(claim, _step(run.run_id, "after"))
+    assert set(store.load_ledger(run.run_id).steps) == {"before", "after"}
+
+
+def test_a_read_whose_session_ends_under_it_is_read_again(
+        pg_url: str, admin: psycopg.Connection[Any],
+        opened: Callable[[str], PostgresStore]) -> None:
+    app = f"sp-reader-{_uid()}"
+    store = opened(_param(pg_url, application_name=app))
+    run, _ = store.create_run(_new_run(f"r-{_uid()}", None))
+    with psycopg.connect(pg_url) as blocker:  # the read waits on the table lock, in flight
+        blocker.execute("LOCK TABLE safepoint_runs IN ACCESS EXCLUSIVE MODE")
+        read = Background(lambda: store.get_run(run.run_id))
+        _wait_until_blocked(admin, app)
+        assert _terminate(admin, app, waiting=True) == 1
+        blocker.rollback()
+    assert read.join().error is None
+    assert read.result == run
+
+
+def test_a_write_whose_session_ends_in_flight_is_not_sent_again(
+        pg_url: str, admin: psycopg.Connection[Any],
+        opened: Callable[[str], PostgresStore]) -> None:
+    """A fenced write whose connection breaks after it was sent may or may not have committed:
+    it fails with StoreUnavailable — never re-sent — and the ledger is exactly what committed,
+    so the worker (or the next one) carries on from there."""
+    app = f"sp-writer-{_uid()}"
+    store = opened(_param(pg_url, application_name=app))
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    blocker = _lock_run(pg_url, run.run_id)
+    write = Background(lambda: store.record_step(claim, _step(run.run_id, "lost")))
+    _wait_until_blocked(admin, app)
+    assert _terminate(admin, app, waiting=True) == 1
+    blocker.commit()  # a re-sent write would now go through
+    blocker.close()
+    assert isinstance(write.join().error, sp.StoreUnavailable)
+    assert "lost" not in store.load_ledger(run.run_id).steps
+    store.record_step(claim, _step(run.run_id, "lost"))  # the fence still holds: carry on
+    assert "lost" in store.load_ledger(run.run_id).steps
+
+
+def test_load_ledger_reads_one_snapshot(pg_url: str, admin: psycopg.Connection[Any],
+                                        opened: Callable[[str], PostgresStore]) -> None:
+    """What commits while the ledger is being read is not in it, though the table it went to
+    is read last."""
+    app = f"sp-loader-{_uid()}"
+    store = opened(_param(pg_url, application_name=app))
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    with psycopg.connect(pg_url) as blocker:
+        blocker.execute("LOCK TABLE safepoint_attempts IN ACCESS EXCLUSIVE MODE")
+        load = Background(lambda: store.load_ledger(run.run_id))
+        _wait_until_blocked(admin, app)  # the run, steps and operations read; attempts next
+        blocker.execute(
+            "INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash,"
+            " error, retry_at, fence, recorded_at) VALUES (%s, 's', 1, 'read', 'fn', 'h', '{}',"
+            " 0, %s, 0)", (run.run_id, claim.fence))
+    assert load.join().error is None
+    assert load.result.attempts == {}
+    assert "s" in store.load_ledger(run.run_id).attempts
+
+
+def test_recording_a_step_reads_no_other_step_of_the_run(
+        schema_url: str, admin: psycopg.Connection[Any],
+        opened: Callable[[str], PostgresStore]) -> None:
+    """A durable step costs the same at the 2000th step as at the first (counting the run's
+    new steps used to read every step already recorded: quadratic runs)."""
+    store = opened(schema_url)
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    for batch in range(4):
+        store.record_steps(claim, [StepRecord(run.run_id, f"s.{batch}.{i}", StepKind.PURE, "fn",
+                                              "h", None, seq=batch * 500 + i)
+                                   for i in range(500)])
+    admin.execute(sql.SQL("SET search_path TO {}").format(
+        sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
+    step = {"step_id": "new", "seq": 2000, "kind": "read", "name": "fn", "input_hash": "h",
+            "step_status": "completed", "attempt": 1}
+    with admin.transaction():
+        rows = admin.execute(load_queries("postgres")["record_steps"], {
+            "run_id": run.run_id, "fence": claim.fence, "lease_ms": 60_000,
+            "steps": json.dumps([step])}).fetchall()
+        assert len(rows) == 1
+        read = admin.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
+                             " FROM pg_stat_xact_user_tables"
+                             " WHERE relname = 'safepoint_steps'").fetchone()
+    assert read is not None
+    assert read[0] <= 2
+
+
+class _RoundTrips:
+    """A TCP relay to the server that counts round trips: each time the client sends after the
+    server has spoken."""
+
+    def __init__(self, pg_url: str) -> None:
+        target = urlsplit(pg_url)
+        self._server = (target.hostname or "127.0.0.1", target.port or 5432)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = urlunsplit(target._replace(
+            netloc=f"{target.username}@127.0.0.1:{self._listener.getsockname()[1]}"))
+        self.count = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(self._server)
+            threading.Thread(target=self._relay, args=(client, server), daemon=True).start()
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        answered = True
+        with client, server:
+            while True:
+                for side in select.select([client, server], [], [])[0]:
+                    data = side.recv(65536)
+                    if not data:
+                        return
+                    if side is client:
+                        self.count += answered
+                        answered = False
+                        server.sendall(data)
+                    else:
+                        answered = True
+                        client.sendall(data)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@sp.workflow("pg-durable-reads")
+def _durable_reads(run: sp.Run, n: int) -> int:
+    return sum(run.read(f"read.{i}", lambda i=i: i) for i in range(n))
+
+
+def test_a_durable_step_costs_one_round_trip(pg_url: str) -> None:
+    """The step's fenced write is the only thing sent: no check of the connection first, no
+    BEGIN or COMMIT, the clock read at most once a second."""
+    relay = _RoundTrips(pg_url)
+    store = PostgresStore(relay.url)
+    try:
+        sp.start(store, _durable_reads, 20, run_id=f"warm-{_uid()}")  # statements prepared
+        counts = []
+        for n in (40, 140):
+            before = relay.count
+            sp.start(store, _durable_reads, n, run_id=f"reads-{_uid()}")
+            counts.append(relay.count - before)
+    finally:
+        store.close()
+        relay.close()
+    assert 99 <= counts[1] - counts[0] <= 102  # 100 more steps, give or take a clock reading
+
+
 # -- values, artifacts, driver errors --------------------------------------------------------
 
 
@@ -858,5 +1091,39 @@ def test_async_connections_killed_by_the_server_are_replaced(
             await asyncio.to_thread(submitter.create_run, _new_run(f"r-{_uid()}", None))
             await asyncio.wait_for(wait, 5)
             assert asyncio.get_running_loop().time() - started < 1.0
+
+    asyncio.run(body())
+
+
+def test_async_sessions_the_server_ended_cost_the_next_read_and_write_nothing(
+        pg_url: str, admin: psycopg.Connection[Any]) -> None:
+    app = f"sp-async-idle-{_uid()}"
+
+    async def body() -> None:
+        async with AsyncPostgresStore(_param(pg_url, application_name=app)) as store:
+            run, claim = await store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+            assert claim is not None
+            await store.record_step(claim, _step(run.run_id, "before"))
+            assert _terminate(admin, app) >= 1
+            assert (await store.get_run(run.run_id)).owner == "worker-a"
+            assert _terminate(admin, app) >= 1
+            await store.record_step(claim, _step(run.run_id, "after"))
+            assert set((await store.load_ledger(run.run_id)).steps) == {"before", "after"}
+            blocker = _lock_run(pg_url, run.run_id)  # a write in flight: never sent again
+            write = asyncio.create_task(store.record_step(claim, _step(run.run_id, "lost")))
+            await asyncio.to_thread(_wait_until_blocked, admin, app)
+            assert _terminate(admin, app, waiting=True) == 1
+            blocker.commit()
+            blocker.close()
+            with pytest.raises(sp.StoreUnavailable):
+                await write
+            assert "lost" not in (await store.load_ledger(run.run_id)).steps
+            with psycopg.connect(pg_url) as locker:  # a read in flight: read again
+                locker.execute("LOCK TABLE safepoint_runs IN ACCESS EXCLUSIVE MODE")
+                read = asyncio.create_task(store.get_run(run.run_id))
+                await asyncio.to_thread(_wait_until_blocked, admin, app)
+                assert _terminate(admin, app, waiting=True) == 1
+                locker.rollback()
+            assert (await read).owner == "worker-a"
 
     asyncio.run(body())

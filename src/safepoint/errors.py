@@ -362,7 +362,9 @@ class StoreError(SafepointError):
 
 
 class StoreUnavailable(StoreError):
-    """The database could not be reached; nothing was written. Workers wait and retry."""
+    """The database could not be reached, or the connection broke during the operation — a
+    write then may or may not have landed, which the ledger tells once the database answers.
+    Never sent again behind the caller's back. Workers wait and retry from the ledger."""
 
 
 class SchemaTooNew(StoreError):

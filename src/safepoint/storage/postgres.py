@@ -2,10 +2,12 @@
 
 Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statements):
 - one small ``psycopg_pool.ConnectionPool`` per store object, every connection checked on
-  checkout, so a restarted server costs one failed check, not a failed operation;
-- every method is one transaction, and every worker write is one statement whose first part is
-  the fence: an UPDATE of the runs row conditioned on the claim's fence. The row lock it takes
-  orders the write against any claim of the same run;
+  checkout without a round trip unless it rested a while (``_pgpool``), so a restarted server
+  costs a discarded connection, not a failed operation, and a step costs one round trip;
+- every method is one transaction (a read, or a single fenced write, is one statement in
+  autocommit), and every worker write is one statement whose first part is the fence: an
+  UPDATE of the runs row conditioned on the claim's fence. The row lock it takes orders the
+  write against any claim of the same run;
 - "now" is the database clock (``safepoint_now_ms()``), read inside those statements, so workers
   on machines whose clocks disagree still agree on who holds a lease;
 - idle workers LISTEN on ``safepoint_work``; a run submitted for workers, or released by one,
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
@@ -31,7 +34,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from .._history import warn
-from ..errors import StoreError
+from ..errors import StoreError, StoreUnavailable
 from ..types import (
     JSON,
     ApprovalGate,
@@ -49,6 +52,7 @@ from ..types import (
     RunStatus,
     StepRecord,
 )
+from ._pgpool import Checkout, Discarded, Resting, connection_lost
 from ._postgres import (
     DRIVER_ERRORS,
     LISTEN,
@@ -82,6 +86,7 @@ class PostgresStore:
         self._listeners: list[Conn] = []
         self._listeners_lock = threading.Lock()
         self._clock = ClockEstimate()
+        self._resting = Resting()
 
         with self._connect() as conn:  # fails fast, with libpq's reason, when unreachable
             try:
@@ -93,7 +98,7 @@ class PostgresStore:
             ledger.conninfo, connection_class=psycopg.Connection[DictRow],
             kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
             max_size=max_connections,
-            open=False, configure=self._configure, check=ConnectionPool.check_connection,
+            open=False, configure=self._configure, check=self._check,
             timeout=pool_timeout, name=f"safepoint:{self.url}")
         try:
             self._pool.open(wait=True, timeout=pool_timeout)
@@ -107,6 +112,17 @@ class PostgresStore:
         run_plan(conn, self._ledger.configure())
         if not conn.autocommit:
             conn.commit()
+        self._resting.rested(conn)
+
+    def _check(self, conn: Conn) -> None:
+        """The pool's check on checkout, a round trip only for a connection that rested long
+        (see ``_pgpool``); raising makes the pool drop the connection and try another."""
+        verdict = self._resting.checkout(conn)
+        if verdict is Checkout.DISCARD:
+            conn.close()  # closed, so that the pool replaces it instead of keeping it
+            raise Discarded("the server ended this idle connection")
+        if verdict is Checkout.PROBE:
+            ConnectionPool.check_connection(conn)
 
     def _connect(self, *, autocommit: bool = False) -> Conn:
         """A connection outside the pool: for migrating, and for listening."""
@@ -126,16 +142,45 @@ class PostgresStore:
         """One plan on a pooled connection: in one transaction, or — ``atomic=False``, for a
         plan whose every statement stands on its own (a read, or one fenced write and its
         follow-ups) — each statement committing by itself, which spares BEGIN and COMMIT their
-        round trips."""
+        round trips.
+
+        A write is never sent twice. Once its statement has left, a broken connection does not
+        tell whether it committed: the server may have committed and gone away before its
+        answer arrived (a backend terminated at the end of its commit even reports the
+        termination for a transaction that is durable). Nor would sending it again be harmless:
+        a recorded attempt would collide with itself (a unique violation, which blocks the run)
+        and a model step's tokens would be counted twice. So the caller gets
+        ``StoreUnavailable``, the run stays resumable, and the next claim's ``load_ledger``
+        shows whether the write landed: a recorded step replays, a lost one runs again, and an
+        effect's uncertainty is what the dispatch protocol settles. What makes this rare is the
+        check on checkout: a connection the server already ended is discarded before anything
+        is sent on it, so a restart between two steps fails no write."""
         self._ledger.check_process()
         try:
             with self._pool.connection() as conn:
-                if not atomic:
-                    return run_plan(conn, plan)
-                with conn.transaction():
-                    return run_plan(conn, plan)
+                try:
+                    if not atomic:
+                        return run_plan(conn, plan)
+                    with conn.transaction():
+                        return run_plan(conn, plan)
+                finally:
+                    # Stamped here, not in the pool's reset callback: with one, psycopg_pool
+                    # hands every returned connection to a worker thread (~0.1 ms a step).
+                    self._resting.rested(conn)
         except DRIVER_ERRORS as exc:
             raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
+
+    def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
+        """A plan that only reads, made by ``plan()``: run once more, on a fresh connection,
+        when the server ended the session under it (a restart in the instant after checkout) —
+        reading twice changes nothing."""
+        try:
+            return self._run(plan(), atomic=atomic)
+        except StoreUnavailable as exc:
+            if not connection_lost(exc.__cause__):
+                raise
+            log.info("the connection to %s was lost during a read; reading again", self.url)
+            return self._run(plan(), atomic=atomic)
 
     def close(self) -> None:
         self._pool.close()
@@ -152,24 +197,24 @@ class PostgresStore:
         between readings of the server's, see ``ClockEstimate``)."""
         if self._clock.due():
             before = time.time()
-            server = self._run(self._ledger.now(), atomic=False)
+            server = self._read(self._ledger.now)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
 
     def schema_version(self) -> int:
-        return self._run(self._ledger.schema_version())
+        return self._read(self._ledger.schema_version)
 
     def get_artifact(self, digest: str) -> bytes:
-        return self._run(self._ledger.get_artifact(digest), atomic=False)
+        return self._read(lambda: self._ledger.get_artifact(digest))
 
     def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._run(self._ledger.create_run(new))
 
     def get_run(self, run_id: str) -> RunRecord:
-        return self._run(self._ledger.get_run(run_id), atomic=False)
+        return self._read(lambda: self._ledger.get_run(run_id))
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        return self._run(self._ledger.list_runs(status, limit), atomic=False)
+        return self._read(lambda: self._ledger.list_runs(status, limit))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -180,10 +225,10 @@ class PostgresStore:
         return self._run(self._ledger.claim_next(owner, lease_ms, workflows))
 
     def load_ledger(self, run_id: str) -> Ledger:
-        return self._run(self._ledger.load_ledger(run_id), atomic=False)
+        return self._read(lambda: self._ledger.load_ledger(run_id), atomic=True)
 
     def events(self, run_id: str) -> list[EventRecord]:
-        return self._run(self._ledger.events(run_id), atomic=False)
+        return self._read(lambda: self._ledger.events(run_id))
 
     def renew_lease(self, claim: Claim) -> None:
         self._run(self._ledger.renew_lease(claim), atomic=False)
@@ -248,12 +293,12 @@ class PostgresStore:
         return self._run(self._ledger.approve(run_id, step_id, request))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return self._run(self._ledger.approvals(run_id), atomic=False)
+        return self._read(lambda: self._ledger.approvals(run_id))
     def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._run(self._ledger.continue_as_new(claim, successor))
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return self._run(self._ledger.chain_operation(chain_id, operation_id), atomic=False)
+        return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

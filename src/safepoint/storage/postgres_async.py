@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -32,7 +33,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._history import warn
-from ..errors import StoreError, UsageError
+from ..errors import StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,
     ApprovalGate,
@@ -50,6 +51,7 @@ from ..types import (
     RunStatus,
     StepRecord,
 )
+from ._pgpool import Checkout, Discarded, Resting, connection_lost
 from ._postgres import (
     DRIVER_ERRORS,
     LISTEN,
@@ -95,6 +97,7 @@ class AsyncPostgresStore:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
         self._clock = ClockEstimate()
+        self._resting = Resting()
         self._ledger = PostgresLedger(url, durability=durability, inline_limit=inline_limit,
                                       connect_timeout=connect_timeout)
         self.url, self.durability = self._ledger.url, self._ledger.durability
@@ -102,8 +105,7 @@ class AsyncPostgresStore:
             self._ledger.conninfo, connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
             max_size=max_connections, open=False, configure=self._configure,
-            check=AsyncConnectionPool.check_connection,
-            timeout=pool_timeout, name=f"safepoint-async:{self.url}")
+            check=self._check, timeout=pool_timeout, name=f"safepoint-async:{self.url}")
         self._opened = False
         self._beat_conn: psycopg.Connection[DictRow] | None = None
         self._beat_lock = threading.Lock()
@@ -160,6 +162,16 @@ class AsyncPostgresStore:
         await run_plan_async(conn, self._ledger.configure())
         if not conn.autocommit:
             await conn.commit()
+        self._resting.rested(conn)
+
+    async def _check(self, conn: AsyncConn) -> None:
+        """The pool's check on checkout (see ``PostgresStore._check``)."""
+        verdict = self._resting.checkout(conn)
+        if verdict is Checkout.DISCARD:
+            await conn.close()
+            raise Discarded("the server ended this idle connection")
+        if verdict is Checkout.PROBE:
+            await AsyncConnectionPool.check_connection(conn)
 
     async def _connect(self, *, autocommit: bool = False) -> AsyncConn:
         """A connection outside the pool: for migrating, and for listening."""
@@ -177,8 +189,8 @@ class AsyncPostgresStore:
 
     async def _run(self, plan: Plan[T], *, atomic: bool = True) -> T:
         """One plan on a pooled connection: in one transaction, or — ``atomic=False``, for a
-        plan whose every statement stands on its own — each statement committing by itself
-        (see ``PostgresStore._run``)."""
+        plan whose every statement stands on its own — each statement committing by itself.
+        A write is never sent twice (``PostgresStore._run`` says why)."""
         if not self._opened:
             plan.close()
             raise UsageError("this AsyncPostgresStore is not open: use"
@@ -186,12 +198,26 @@ class AsyncPostgresStore:
         self._ledger.check_process()
         try:
             async with self._pool.connection() as conn:
-                if not atomic:
-                    return await run_plan_async(conn, plan)
-                async with conn.transaction():
-                    return await run_plan_async(conn, plan)
+                try:
+                    if not atomic:
+                        return await run_plan_async(conn, plan)
+                    async with conn.transaction():
+                        return await run_plan_async(conn, plan)
+                finally:
+                    self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
         except DRIVER_ERRORS as exc:
             raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
+
+    async def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
+        """A plan that only reads, run once more on a fresh connection when the server ended
+        the session under it (see ``PostgresStore._read``)."""
+        try:
+            return await self._run(plan(), atomic=atomic)
+        except StoreUnavailable as exc:
+            if not connection_lost(exc.__cause__):
+                raise
+            log.info("the connection to %s was lost during a read; reading again", self.url)
+            return await self._run(plan(), atomic=atomic)
 
     def renew_lease_blocking(self, claim: Claim) -> None:
         """The heartbeat's renewal, on a connection of its own and without the event loop:
@@ -232,25 +258,25 @@ class AsyncPostgresStore:
         between readings of the server's, see ``ClockEstimate``)."""
         if self._clock.due():
             before = time.time()
-            server = await self._run(self._ledger.now(), atomic=False)
+            server = await self._read(self._ledger.now)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
 
     async def schema_version(self) -> int:
-        return await self._run(self._ledger.schema_version())
+        return await self._read(self._ledger.schema_version)
 
     async def get_artifact(self, digest: str) -> bytes:
-        return await self._run(self._ledger.get_artifact(digest), atomic=False)
+        return await self._read(lambda: self._ledger.get_artifact(digest))
 
     async def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
         return await self._run(self._ledger.create_run(new))
 
     async def get_run(self, run_id: str) -> RunRecord:
-        return await self._run(self._ledger.get_run(run_id), atomic=False)
+        return await self._read(lambda: self._ledger.get_run(run_id))
 
     async def list_runs(self, status: RunStatus | None = None,
                         limit: int = 100) -> list[RunRecord]:
-        return await self._run(self._ledger.list_runs(status, limit), atomic=False)
+        return await self._read(lambda: self._ledger.list_runs(status, limit))
 
     async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                         dead_owner: str | None = None) -> Claim | None:
@@ -261,10 +287,10 @@ class AsyncPostgresStore:
         return await self._run(self._ledger.claim_next(owner, lease_ms, workflows))
 
     async def load_ledger(self, run_id: str) -> Ledger:
-        return await self._run(self._ledger.load_ledger(run_id), atomic=False)
+        return await self._read(lambda: self._ledger.load_ledger(run_id), atomic=True)
 
     async def events(self, run_id: str) -> list[EventRecord]:
-        return await self._run(self._ledger.events(run_id), atomic=False)
+        return await self._read(lambda: self._ledger.events(run_id))
 
     async def renew_lease(self, claim: Claim) -> None:
         await self._run(self._ledger.renew_lease(claim), atomic=False)
@@ -333,14 +359,15 @@ class AsyncPostgresStore:
         return await self._run(self._ledger.approve(run_id, step_id, request))
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return await self._run(self._ledger.approvals(run_id), atomic=False)
+        return await self._read(lambda: self._ledger.approvals(run_id))
     async def continue_as_new(self, claim: Claim,
                               successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return await self._run(self._ledger.continue_as_new(claim, successor))
 
     async def chain_operation(self, chain_id: str,
                               operation_id: str) -> OperationRecord | None:
-        return await self._run(self._ledger.chain_operation(chain_id, operation_id), atomic=False)
+        return await self._read(
+            lambda: self._ledger.chain_operation(chain_id, operation_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 

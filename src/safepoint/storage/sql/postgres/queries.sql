@@ -778,9 +778,12 @@ batch AS (
         model_id text, prompt_hash text, observed_at bigint, step_operation_id text,
         tokens bigint, cost double precision)
 ),
+-- A scalar subquery, one primary-key probe per batch row: NOT EXISTS let the planner choose a
+-- hash anti-join that read every step of the run on each write, quadratic over a run.
 growth AS (
-    SELECT count(*) AS steps FROM batch WHERE NOT EXISTS (
-        SELECT 1 FROM safepoint_steps s WHERE s.run_id = %(run_id)s AND s.step_id = batch.step_id)
+    SELECT count(*) AS steps FROM batch WHERE (
+        SELECT true FROM safepoint_steps s
+        WHERE s.run_id = %(run_id)s AND s.step_id = batch.step_id) IS NULL
 ),
 owned AS (
     UPDATE safepoint_runs

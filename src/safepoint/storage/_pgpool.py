@@ -1,0 +1,104 @@
+"""Pooled PostgreSQL connections: proving one alive without a round trip, and which failures
+an operation may simply run again. Shared by the sync and the async store.
+
+A durable step is one statement, so a round trip spent on checking the connection before it
+doubles the step's cost. Instead, the check on checkout (``Resting.checkout``) looks, without
+a round trip, at the connection's socket and at how long it rested:
+
+- the server said something on it while it sat idle: it is going away. An idle session hears
+  nothing from the server unless it is being terminated (a restart, ``pg_terminate_backend``,
+  an idle timeout), which sends FATAL and closes the socket — discarded, nothing was sent on it;
+- it rested longer than ``PROBE_AFTER_S``: a round trip proves it first, as psycopg_pool's
+  ``check_connection`` does, because a peer that vanished without closing (a host lost, an
+  address moved, a firewall that forgot the flow) is only discovered by sending;
+- otherwise it answered moments ago and nothing arrived since: used as it is.
+
+What the look cannot catch is a server that goes away in the instant between checkout and the
+statement, or while the statement runs. A read then runs once more on a fresh connection
+(``connection_lost``); a write never does — see ``PostgresStore._run``.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+import weakref
+from enum import Enum
+from typing import Any
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+# How long a pooled connection may rest before its next use is preceded by a round trip: above
+# the gap between the steps of a busy run (a step after a long model call pays one round trip,
+# nothing beside the call), far below the minutes after which NAT tables and firewalls drop
+# idle flows.
+PROBE_AFTER_S = 5.0
+
+# SQLSTATEs that end the session: connection exceptions (08…), and the server shutting down,
+# crashing, starting up or timing the idle session out (57P01, 57P02, 57P03, 57P05).
+# query_canceled (57014, a statement timeout) and lock_not_available (55P03) leave the session
+# alive: retrying those would only wait twice.
+_SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05")
+
+
+class Checkout(Enum):
+    """What the check on checkout does with a pooled connection."""
+
+    USE = "use"          # it answered moments ago and nothing arrived since
+    PROBE = "probe"      # it rested long: one round trip proves it first
+    DISCARD = "discard"  # the server spoke on it unasked (FATAL, then EOF): it is gone
+
+
+def checkout(rested_s: float | None, unsolicited: bool) -> Checkout:
+    """The verdict on a connection that rested ``rested_s`` seconds (``None``: unknown) and on
+    which the server did (``unsolicited``) or did not send anything while it rested."""
+    if unsolicited:
+        return Checkout.DISCARD
+    if rested_s is None or rested_s >= PROBE_AFTER_S:
+        return Checkout.PROBE
+    return Checkout.USE
+
+
+def unsolicited_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether an idle connection has anything to read — a zero-timeout poll of its socket, no
+    round trip. Between operations every reply has been read up to ReadyForQuery, and pooled
+    connections LISTEN to nothing, so anything there is the server ending the session."""
+    if conn.closed:
+        return True
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)
+
+
+class Resting:
+    """When each pooled connection was last handed back (the stores call ``rested`` as an
+    operation lets go of its connection, and from the pool's ``configure``), for the check on
+    checkout."""
+
+    def __init__(self) -> None:
+        # Weak keys: the pool closes and forgets connections without telling anyone.
+        self._since: weakref.WeakKeyDictionary[object, float] = weakref.WeakKeyDictionary()
+
+    def rested(self, conn: object) -> None:
+        self._since[conn] = time.monotonic()
+
+    def checkout(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+                 ) -> Checkout:
+        since = self._since.get(conn)
+        return checkout(None if since is None else time.monotonic() - since,
+                        unsolicited_input(conn))
+
+
+class Discarded(psycopg.OperationalError):
+    """Raised by the check on checkout: the pool drops the connection and hands out another."""
+
+
+def connection_lost(exc: BaseException | None) -> bool:
+    """Whether a driver error means the session itself ended (as opposed to the statement
+    failing on a live one): only then can running the same read on another connection help."""
+    if not isinstance(exc, psycopg.OperationalError) or isinstance(exc, PoolTimeout):
+        return False  # a pool timeout has already waited as long as the caller allows
+    state = exc.sqlstate
+    # No SQLSTATE: libpq's own "server closed the connection unexpectedly", "consuming input
+    # failed", "the connection is lost" — the socket broke.
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
