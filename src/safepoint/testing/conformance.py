@@ -95,6 +95,15 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 T = TypeVar("T")
 
 LONG_LEASE_MS = 60_000   # a lease that outlives any test
+# A store may estimate its database's clock between readings (the PostgreSQL stores do, to
+# within half a round trip and a rounding): a time the server stamped is compared with
+# readings of ``now()`` taken around it with this much slack.
+CLOCK_SLACK_MS = 5
+
+
+def stamped_between(low: int, stamped: int | None, high: int) -> bool:
+    """``stamped`` (a time the store wrote) lies between two readings of its ``now()``."""
+    return stamped is not None and low - CLOCK_SLACK_MS <= stamped <= high + CLOCK_SLACK_MS
 SHORT_LEASE_MS = 40      # a lease that a test lets expire ...
 EXPIRY_WAIT_S = 0.1      # ... by sleeping this long
 LARGE = "é" + "x" * INLINE_LIMIT   # any value holding this is larger than INLINE_LIMIT
@@ -244,8 +253,8 @@ class StoreConformance(abc.ABC):
         assert (run.workflow, run.workflow_version, run.inputs) == (self.workflow, "v1",
                                                                     {"case": "8472"})
         assert run.lease_expires_at is not None
-        assert t0 + LONG_LEASE_MS <= run.lease_expires_at <= t1 + LONG_LEASE_MS
-        assert t0 <= run.created_at <= t1
+        assert stamped_between(t0 + LONG_LEASE_MS, run.lease_expires_at, t1 + LONG_LEASE_MS)
+        assert stamped_between(t0, run.created_at, t1)
         assert (run.result, run.error, run.recovery_record) == (None, None, None)
         assert claim == Claim(run.run_id, "worker-a", 1, run.state_revision,
                               run.lease_expires_at, LONG_LEASE_MS)
@@ -344,7 +353,7 @@ class StoreConformance(abc.ABC):
         assert now.state_revision > moved.state_revision
         assert (claim.state_revision, claim.lease_expires_at) == (now.state_revision,
                                                                   now.lease_expires_at)
-        assert t0 + LONG_LEASE_MS <= claim.lease_expires_at <= t1 + LONG_LEASE_MS
+        assert stamped_between(t0 + LONG_LEASE_MS, claim.lease_expires_at, t1 + LONG_LEASE_MS)
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.fence, event.worker) == ("run.claimed", 2, "worker-b")
 
@@ -744,7 +753,7 @@ class StoreConformance(abc.ABC):
         assert list(ledger.steps) == [s.step_id for s in steps]
         for step in steps:
             loaded = ledger.steps[step.step_id]
-            assert t0 <= loaded.recorded_at <= t1
+            assert stamped_between(t0, loaded.recorded_at, t1)
             assert loaded == replace(step, fence=claim.fence, recorded_at=loaded.recorded_at)
         text = dumps({"blob": LARGE}).encode()
         assert store.get_artifact(digest(text)) == text
@@ -836,7 +845,7 @@ class StoreConformance(abc.ABC):
         store.prepare_effect(claim, op, payload)
         t1 = store.now()
         stored = store.load_ledger(run.run_id).operations[op.operation_id]
-        assert t0 <= stored.prepared_at <= t1
+        assert stamped_between(t0, stored.prepared_at, t1)
         assert stored == replace(op, fence=claim.fence, prepared_at=stored.prepared_at,
                                  updated_at=stored.updated_at)
         assert (stored.state, stored.dispatch_count, stored.first_dispatched_at) == (
@@ -867,7 +876,7 @@ class StoreConformance(abc.ABC):
         assert (first.state, first.dispatch_count, first.fence) == (
             EffectState.DISPATCHING, 1, claim.fence)
         assert first.first_dispatched_at is not None
-        assert t0 <= first.first_dispatched_at <= t1
+        assert stamped_between(t0, first.first_dispatched_at, t1)
         assert store.load_ledger(run.run_id).operations[op.operation_id] == first
         # unknown → dispatching, prepared (NotSent) → dispatching, dispatching → dispatching
         for count, before in enumerate((EffectState.UNKNOWN, EffectState.PREPARED, None), 2):
@@ -913,7 +922,9 @@ class StoreConformance(abc.ABC):
         assert (got.state, got.dispatch_count, got.fence) == (
             EffectState.DISPATCHING, 1, claim.fence)
         assert got.first_dispatched_at is not None
-        assert t0 <= got.prepared_at <= got.first_dispatched_at <= t1
+        assert stamped_between(t0, got.prepared_at, t1)
+        assert stamped_between(t0, got.first_dispatched_at, t1)
+        assert got.prepared_at <= (got.first_dispatched_at or 0)  # both the server's clock
         assert (got.effect_key, got.payload_ref, got.step_id, got.effect) == (
             op.effect_key, op.payload_ref, op.step_id, op.effect)
         ledger, events = self.snapshot(store, run.run_id)
@@ -1310,7 +1321,7 @@ class StoreConformance(abc.ABC):
             run.run_id, op.operation_id, op.step_id)
         assert (approval.payload_digest, approval.target_digest, approval.approved_by,
                 approval.evidence) == (op.payload_ref, self.MOVED, "ana", "ticket 12")
-        assert t0 <= approval.approved_at <= t1
+        assert stamped_between(t0, approval.approved_at, t1)
         assert approval.expires_at == approval.approved_at + 60_000
         assert store.approvals(run.run_id) == [approval]
         released = store.get_run(run.run_id)
@@ -1608,7 +1619,7 @@ class StoreConformance(abc.ABC):
         t1 = store.now()
         assert child_claim == Claim(successor.run_id, "worker-a", 1, child.state_revision,
                                     child.lease_expires_at or 0, LONG_LEASE_MS)
-        assert t0 + LONG_LEASE_MS <= (child.lease_expires_at or 0) <= t1 + LONG_LEASE_MS
+        assert stamped_between(t0 + LONG_LEASE_MS, child.lease_expires_at, t1 + LONG_LEASE_MS)
         assert (child.status, child.owner, child.fence, child.resume_count, child.inputs) == (
             RunStatus.RUNNING, "worker-a", 1, 0, successor.inputs)
         assert (child.parent_run_id, child.chain_id, child.chain_index, child.successor_run_id) == (
