@@ -1,6 +1,6 @@
 """Effects: how a change in another system is described, and the dispatch rules as pure functions.
 
-The rules here decide; they never do I/O. ``_run.py`` carries them out against the store and
+The rules here decide; they never do I/O. ``_dispatch.py`` carries them out against the store and
 the effect owner. Reading order: ``Effect`` (what users declare), then
 ``one_commit_to_dispatching`` (when "prepared" and "dispatching" are one commit),
 ``next_action`` (what durable evidence allows) and ``after_reconcile`` (what the owner's

@@ -6,6 +6,9 @@ a step function, an effect's execute / reconcile / verify). Two small drivers ca
 out — ``drive`` for plain ``def`` workflows, ``adrive`` for ``async def`` ones (see ``_flow``).
 So the sync and async shells cannot drift apart.
 
+The flows of pure, read, model, decision and value steps are ``RunCore``'s methods here; the
+flow of an effect step, the dispatch protocol, is in ``_dispatch``.
+
 Replay: the workflow function runs again from its start on every resume; each step call first
 looks in the ledger (loaded in one batch at claim time) and returns the recorded result without
 calling anything when the step's kind, name and input hash match.
@@ -23,33 +26,20 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._approvals import awaiting, may_reprepare
 from ._canonical import (
     JSON,
-    canonical,
     canonical_if_json,
     checked_canonical,
-    digest,
     input_hash,
-    loads,
     require_json,
     sha256_hex,
 )
-from ._crashpoints import SimulatedCrash, crashpoint
+from ._crashpoints import crashpoint
+from ._dispatch import effect_flow
 from ._effects import (
-    Action,
     Effect,
-    EffectKey,
-    Next,
-    NotSent,
-    Rejected,
-    Unknown,
-    after_reconcile,
-    mint_effect_key,
-    next_action,
-    one_commit_to_dispatching,
 )
-from ._flow import Call, CallTimedOut, Flow, Io, Sleep, adrive, callable_name, drive
+from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
 from ._flow import is_async_callable as _is_async_callable
 from ._history import successor_inputs
 from ._limits import (
@@ -65,29 +55,23 @@ from ._limits import (
     step_policy,
 )
 from ._recovery import build_record
-from ._secrets import hashed_form, redact, redact_json, refuse_secrets
+from ._secrets import error_evidence, hashed_form, redact, refuse_secrets
 from ._transcript import Transcript
 from .errors import (
-    ApprovalInvalid,
-    ArtifactCorrupt,
-    ArtifactMissing,
     BudgetExhausted,
     Cancelled,
     ContinueAsNew,
     DeadlineExceeded,
-    EffectRejected,
     HistoryLimitReached,
     InvalidDecision,
     InvalidStepId,
     LimitReached,
     LostOwnership,
-    NeedsReconciliation,
     ReplayMismatch,
     RunBlocked,
     StaleCheckpoint,
     StepFailed,
     UsageError,
-    VerificationFailed,
 )
 from .storage.base import Replan
 from .types import (
@@ -117,10 +101,6 @@ _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 _GATE_ATTEMPTS = 3
 # How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
 _TURN_POLL_S = 0.005
-
-
-def _error_evidence(exc: BaseException) -> dict[str, str]:
-    return {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
 
 
 class RunCore:
@@ -451,12 +431,12 @@ class RunCore:
                 if decided.retry_at is None:
                     # Recorded, so that a resume takes the path this run took: the same
                     # StepFailed is raised again instead of asking again.
-                    yield from self._fail_step(base, _error_evidence(exc),
+                    yield from self._fail_step(base, error_evidence(exc),
                                                attempt - round_start, decided.why, exc)
                     raise  # unreachable: _fail_step raises
                 pending = AttemptRecord(
                     run_id=self.run.run_id, step_id=sid, attempt=attempt, kind=kind,
-                    name=base.name, input_hash=base.input_hash, error=_error_evidence(exc),
+                    name=base.name, input_hash=base.input_hash, error=error_evidence(exc),
                     retry_at=decided.retry_at)
                 # Durable before the wait: a restart continues the count and waits the rest.
                 yield from self.write(Io("record_attempt", (self.claim, pending)))
@@ -534,436 +514,6 @@ class RunCore:
                                    cost_spent=self.run.cost_spent + (cost or 0.0))
         crashpoint("step.after_record", sid)
         return value
-
-    def effect_flow(self, step_id: str, effect: Effect, payload: JSON,
-                    operation_id: str | None, approval: bool = False,
-                    prefix: str = "") -> Flow:
-        """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
-        With ``approval``, no dispatch without a person's valid approval (see ``_authorize``)."""
-        self.check_halt()
-        sid = self.occurrence(step_id, prefix)
-        if not self.is_async:
-            _refuse_async_callables(effect)
-        payload_bytes = checked_canonical(payload, "payload", sid)
-        refuse_secrets(payload, "the payload", sid)
-        payload_ref = digest(payload_bytes)
-        # Every dispatch, first or after a crash, sends the payload exactly as stored.
-        payload = loads(payload_bytes)
-        op_id = operation_id or sid
-        if not isinstance(op_id, str) or "\x00" in op_id:
-            raise UsageError(f"invalid operation id {op_id!r}: a string without NUL",
-                             step_id=sid)
-        hashed = input_hash({"effect": effect.name, "operation_id": op_id,
-                             "payload": payload_ref})
-        recorded = yield from self.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
-                                                 self.operations.get(op_id))
-        if recorded is not None:
-            return recorded.result
-
-        # An operation id the caller chose names the operation across the run's chain: one an
-        # earlier run of the chain settled is never dispatched again (nor keyed afresh). A step's
-        # own id, the default, names it within this run only.
-        chained = operation_id is not None
-        if op_id not in self.operations and chained and self.run.parent_run_id is not None:
-            settled = yield from self._settled_in_chain(sid, effect, op_id, payload_ref)
-            if settled is not None:
-                return settled.receipt
-        key_scope = (self.run.chain_id or self.run.run_id) if chained else self.run.run_id
-        if op_id not in self.operations and one_commit_to_dispatching(effect, approval=approval):
-            # Nothing stands between prepared and dispatching: one commit, then the call.
-            op = yield from self._prepare_dispatching(sid, effect, op_id, payload_ref,
-                                                      payload_bytes, key_scope)
-            step = self._accepted_step(sid, effect, op, hashed)  # recorded on acceptance
-            op = yield from self._call_owner(sid, effect, op, payload, step)
-        else:
-            op, payload = yield from self._prepared(sid, effect, op_id, payload, payload_bytes,
-                                                    approval, key_scope)
-            step = self._accepted_step(sid, effect, op, hashed)
-        while True:
-            decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
-                                  can_verify=effect.verify is not None)
-            if decided.action is Action.DISPATCH and payload is None:
-                yield from self.block(_changed_payload(self.run.run_id, sid, op),
-                                      phase="reconcile_effect", op=op)
-            if decided.action is Action.DISPATCH:
-                op = yield from self._dispatch(sid, effect, op, payload, step)
-            elif decided.action is Action.RECONCILE:
-                op = yield from self._reconcile(sid, effect, op, payload, step)
-            elif decided.action is Action.VERIFY:
-                op = yield from self._verify(sid, effect, op, step)
-            elif decided.action is Action.ACCEPT:
-                op = yield from self._record(op, EffectState.ACCEPTED, receipt=op.receipt,
-                                             step=step)
-            elif decided.action is Action.REPLAY:
-                if self.replans and sid not in self.steps and not self.cancelling:
-                    # kept from before a re-plan: the step now points at it, so later replays
-                    # find it directly
-                    yield from self.append_new(Io("record_step", (self.claim, step)), sid)
-                    self.steps[sid] = step
-                return op.receipt
-            elif decided.action is Action.REPLAY_REJECTION:
-                raise EffectRejected(self.run.run_id, sid, op_id, op.error)
-            else:
-                yield from self.block(
-                    NeedsReconciliation(self.run.run_id, sid, op_id, decided.reason),
-                    phase="reconcile_effect", op=op)
-
-    def _accepted_step(self, sid: str, effect: Effect, op: OperationRecord,
-                       hashed: str) -> StepRecord:
-        return StepRecord(run_id=self.run.run_id, step_id=sid, kind=StepKind.EFFECT,
-                          name=effect.name, input_hash=hashed, result=op.receipt,
-                          seq=self.next_seq(sid), operation_id=op.operation_id)
-
-    def _new_operation(self, sid: str, effect: Effect, op_id: str, payload_ref: str,
-                       key_scope: str, *, approval: bool = False,
-                       target: str | None = None) -> OperationRecord:
-        return OperationRecord(
-            run_id=self.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-            state=EffectState.PREPARED, payload_ref=payload_ref,
-            effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
-            approval_required=approval, target_digest=target)
-
-    def _prepare_dispatching(self, sid: str, effect: Effect, op_id: str, payload_ref: str,
-                             payload_bytes: bytes, key_scope: str) -> Flow:
-        """A new operation prepared and committed "dispatching" at once, no gate standing
-        between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
-        Enters the dispatch (``enter_dispatch``), for ``_call_owner`` to leave."""
-        if self.cancelling:
-            raise self.cancelled()  # the store would refuse it too
-        crashpoint("effect.before_prepare", sid)
-        op = self._new_operation(sid, effect, op_id, payload_ref, key_scope)
-        # Flushed before the dispatch is entered: a flush refused at the history limit blocks
-        # the run, which first waits for every dispatch in flight — this one too, if entered.
-        yield from self.flush()
-        yield from self.enter_dispatch()
-        try:
-            op = yield Io("prepare_and_mark_dispatching", (self.claim, op, payload_bytes))
-        except BaseException as exc:
-            self.leave_dispatch()  # nothing was written: no dispatch in flight
-            if isinstance(exc, HistoryLimitReached):
-                yield from self.block_at_history_limit(exc, sid)
-            raise
-        return op
-
-    def _prepared(self, sid: str, effect: Effect, op_id: str, payload: JSON,
-                  payload_bytes: bytes, approval: bool, key_scope: str) -> Flow:
-        """The operation, prepared now or as the ledger has it, and the payload it carries."""
-        payload_ref = digest(payload_bytes)
-        op = self.operations.get(op_id)
-        if op is None:
-            if self.cancelling:
-                raise self.cancelled()
-            crashpoint("effect.before_prepare", sid)
-            # Read now too, so that an approval given before the run reaches its gate (it
-            # crashed in between) is bound to the target's state it will find there.
-            target = (yield from self._target_digest(sid, effect, payload)) if approval else None
-            op = self._new_operation(sid, effect, op_id, payload_ref, key_scope,
-                                     approval=approval, target=target)
-            yield from self.flush()
-            yield from self.append_new(Io("prepare_effect", (self.claim, op, payload_bytes)),
-                                       sid)
-            self.operations[op_id] = op
-            crashpoint("effect.after_prepared", sid)
-        else:
-            if op.payload_ref != payload_ref and may_reprepare(op, replans=self.replans):
-                op = yield from self._reprepare(sid, effect, op, payload, payload_bytes,
-                                                payload_ref)
-            op, payload = yield from self._prepared_payload(sid, effect, op, payload_ref)
-        if approval and not op.approval_required:
-            op = replace(op, approval_required=True)  # the gate records it in the store too
-        return op, payload
-
-    def _reprepare(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                   payload_bytes: bytes, payload_ref: str) -> Flow:
-        """The payload changed before it ever left — of an effect that waits for approval, or
-        under ``replan``: it is prepared anew, under the same key (never sent), and must be
-        approved anew where it needs approval."""
-        if self.cancelling:
-            raise self.cancelled()
-        target = yield from self._target_digest(sid, effect, payload)
-        op = replace(op, payload_ref=payload_ref, target_digest=target)
-        yield from self.write(Io("reprepare_effect", (self.claim, op, payload_bytes)))
-        self.operations[op.operation_id] = op
-        return op
-
-    def _target_digest(self, sid: str, effect: Effect, payload: JSON) -> Flow:
-        """The digest of the effect's target's state as it reads now (None without one)."""
-        if effect.target_state is None:
-            return None
-        state = yield Call(effect.target_state, (loads(canonical(payload)),))
-        require_json(state, "target state", sid)
-        return digest(canonical(state))
-
-    def _authorize(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON) -> Flow:
-        """The gate between prepared and dispatching: the store returns an approval of this
-        payload on the target as it now reads — or, atomically, makes the run wait."""
-        target = yield from self._target_digest(sid, effect, payload)
-        yield from self.release_turn()  # the gate may release the run
-        try:
-            self.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
-            gate = yield from self.write(
-                Io("await_approval", (self.claim, op.operation_id, target)))
-            if gate.approval is None:
-                error = awaiting(self.run.run_id, gate.waiting_for)
-                self.halted = error  # the run is released: this run object does nothing more
-                raise error
-        finally:
-            self.end_turn()
-        op = replace(op, approval_required=True, target_digest=target)
-        self.operations[op.operation_id] = op
-        self.approvals[op.operation_id] = gate.approval
-        return op
-
-    def _mark_dispatching(self, sid: str, effect: Effect, op: OperationRecord,
-                          payload: JSON) -> Flow:
-        """Commit "dispatching" — through the approval gate first when the effect needs one.
-        The store checks the approval again in the dispatch's own transaction."""
-        for attempt in range(1, _GATE_ATTEMPTS + 1):
-            if op.approval_required:
-                op = yield from self._authorize(sid, effect, op, payload)
-            yield from self.enter_dispatch()  # left by _call_owner once the outcome is recorded
-            try:
-                return (yield from self.write(
-                    Io("mark_dispatching", (self.claim, op.operation_id))))
-            except BaseException as exc:
-                self.leave_dispatch()
-                if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
-                    raise
-                # It lapsed between the gate and the dispatch (or the ledger asks for an
-                # approval this code did not): ask the gate, which now makes the run wait.
-                op = replace(op, approval_required=True)
-        raise AssertionError("unreachable")
-
-    def _settled_in_chain(self, sid: str, effect: Effect, op_id: str,
-                          payload_ref: str) -> Flow:
-        """The operation as an earlier run of this chain accepted it, or None — looked up in
-        place, never copied; one it rejected raises that rejection again. It stands for this
-        run too, but only for the same effect and the very same payload: a changed payload is
-        never sent under its key — it blocks, or under ``replan`` (as within one run) what
-        happened is replayed."""
-        settled: OperationRecord | None = yield Io("chain_operation",
-                                                   (self.run.chain_id, op_id))
-        if settled is None:
-            return None
-        if settled.effect != effect.name:
-            yield from self.block(
-                ReplayMismatch(self.run.run_id, sid,
-                               f"operation {op_id!r} was settled by run {settled.run_id!r} of"
-                               f" this chain for effect {settled.effect!r}"),
-                phase="replay_mismatch", op=settled)
-        if settled.payload_ref != payload_ref and not self.replans:
-            yield from self.block(
-                StaleCheckpoint(self.run.run_id, sid,
-                                f"the payload of {op_id!r} changed since run"
-                                f" {settled.run_id!r} of this chain settled it; it is never"
-                                " sent again under its key"),
-                phase="stale_checkpoint", op=settled,
-                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
-        if settled.state is EffectState.REJECTED:
-            raise EffectRejected(self.run.run_id, sid, op_id, settled.error)
-        return settled
-
-    def _prepared_payload(self, sid: str, effect: Effect, op: OperationRecord,
-                          payload_ref: str) -> Flow:
-        """The operation and the payload it may be sent with: the payload as it was prepared (a
-        replacement worker never regenerates it). Under ``replan`` a payload changed after it
-        may have been sent is never sent again (None): its outcome is reconciled, a receipt is
-        replayed, and a dispatch would block."""
-        if op.effect != effect.name or (op.step_id != sid and not self.replans):
-            yield from self.block(
-                ReplayMismatch(self.run.run_id, sid,
-                               f"operation {op.operation_id!r} was prepared by step"
-                               f" {op.step_id!r} for effect {op.effect!r}"),
-                phase="replay_mismatch", op=op)
-        if op.payload_ref != payload_ref:
-            if not self.replans:
-                yield from self.block(
-                    StaleCheckpoint(self.run.run_id, sid,
-                                    f"the payload of {op.operation_id!r} changed since it was"
-                                    " prepared; it is never resent under the old key"),
-                    phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
-            return op, None  # may have been sent (a never-sent one was prepared anew)
-        try:
-            stored = yield Io("get_artifact", (op.payload_ref,))
-        except (ArtifactMissing, ArtifactCorrupt) as exc:
-            yield from self.block(
-                NeedsReconciliation(self.run.run_id, sid, op.operation_id, exc.message),
-                phase="unreadable_record", op=op, evidence=_error_evidence(exc))
-        return op, loads(stored)
-
-    def _record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
-                error: JSON = None, step: StepRecord | None = None) -> Flow:
-        kept_receipt = receipt if receipt is not None else op.receipt
-        if step is not None:
-            step = replace(step, result=kept_receipt)
-        yield from self.flush()
-        yield Io("record_outcome", (self.claim, op.operation_id, state),
-                 {"receipt": receipt, "error": error, "step": step})
-        op = replace(op, state=state, receipt=kept_receipt, error=error)
-        self.operations[op.operation_id] = op
-        if step is not None:
-            self.steps[step.step_id] = step
-        return op
-
-    def _key(self, op: OperationRecord) -> EffectKey:
-        return EffectKey(op.effect_key, op.operation_id, self.run.run_id, self.claim.fence)
-
-    def _dispatch(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                  step: StepRecord) -> Flow:
-        """prepared → dispatching → call → applied / accepted / rejected / unknown.
-
-        From the moment "dispatching" is committed until an outcome is, every way out leaves
-        the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
-        """
-        if self.cancelling:
-            raise self.cancelled()  # the store would refuse it too
-        try:
-            op = yield from self._mark_dispatching(sid, effect, op, payload)
-        except DeadlineExceeded:
-            if op.state is not EffectState.PREPARED:
-                # Reconciled as never applied, and past the deadline nothing is sent again:
-                # it stays prepared, not uncertain (as after a cancel).
-                yield from self._record(op, EffectState.PREPARED)
-            raise
-        return (yield from self._call_owner(sid, effect, op, payload, step))
-
-    def _call_owner(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                    step: StepRecord) -> Flow:
-        """The call of a dispatch committed as "dispatching", and its recorded outcome; then
-        the dispatch entered before that commit (``enter_dispatch``, by ``_mark_dispatching``
-        or ``_prepare_dispatching``) is left."""
-        try:
-            return (yield from self._call_and_record(sid, effect, op, payload, step))
-        finally:
-            self.leave_dispatch()
-
-    def _call_and_record(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                         step: StepRecord) -> Flow:
-        self.operations[op.operation_id] = op
-        crashpoint("effect.after_dispatching", sid)
-        try:
-            receipt = yield Call(effect.execute, (payload, self._key(op)))
-            require_json(receipt, "receipt", sid)
-            # A receipt is the owner's word that it happened: keep it, with any credential in
-            # it (a client_secret, say) masked, rather than lose the outcome.
-            receipt = redact_json(receipt)
-        except NotSent as exc:
-            if op.dispatch_count > 1:
-                # This attempt never left, but an earlier one may have: still uncertain.
-                return (yield from self._record(op, EffectState.UNKNOWN,
-                                                error=_error_evidence(exc)))
-            op = yield from self._record(op, EffectState.PREPARED, error=_error_evidence(exc))
-            if op.dispatch_count >= effect.max_dispatches:
-                raise
-            yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
-            return op
-        except Rejected as exc:
-            yield from self._record(op, EffectState.REJECTED, error=redact_json(exc.evidence))
-            raise EffectRejected(self.run.run_id, sid, op.operation_id, exc.evidence) from exc
-        except Exception as exc:
-            # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
-            return (yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc)))
-        except BaseException as exc:
-            yield from self._interrupted(sid, op, exc)
-            raise
-        crashpoint("effect.after_receiver_commit", sid)
-        return (yield from self._applied(sid, effect, op, receipt, step))
-
-    def _interrupted(self, sid: str, op: OperationRecord, exc: BaseException) -> Flow:
-        """Cancelled or interrupted mid-call: leave the evidence (the outcome is unknown, so
-        the next worker reconciles it) and stop this run object; the interrupt goes on."""
-        if isinstance(exc, (LostOwnership, SimulatedCrash)):
-            self.halted = exc
-            return  # this worker may not write anything more
-        # Agent code that swallows the interrupt gets this from its next step; the run is then
-        # released, not blocked: the next worker's reconcile may well settle it on its own.
-        self.halted = NeedsReconciliation(
-            self.run.run_id, sid, op.operation_id,
-            f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it")
-        self.release_on_halt = True
-        yield from self._record(op, EffectState.UNKNOWN, error=_error_evidence(exc))
-
-    def _applied(self, sid: str, effect: Effect, op: OperationRecord, receipt: JSON,
-                 step: StepRecord) -> Flow:
-        if effect.verify is None:  # nothing to verify: applied and accepted are one commit
-            op = yield from self._record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
-            crashpoint("effect.after_outcome", sid)
-            crashpoint("effect.after_accept", sid)
-        else:
-            op = yield from self._record(op, EffectState.APPLIED, receipt=receipt)
-            crashpoint("effect.after_outcome", sid)
-        return op
-
-    def _reconcile(self, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                   step: StepRecord) -> Flow:
-        assert effect.reconcile is not None
-        try:
-            answer = yield Call(effect.reconcile, (self._key(op),))
-        except Exception as exc:
-            answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
-        now = yield Io("now")
-        decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
-                                  dedup_retention=effect.dedup_retention,
-                                  dispatch_count=op.dispatch_count,
-                                  max_dispatches=effect.max_dispatches)
-        if decided.action is Action.RECORD_APPLIED:
-            try:
-                require_json(answer.receipt, "reconciled receipt", sid)
-            except UsageError as exc:
-                decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
-            else:
-                return (yield from self._applied(sid, effect, op, redact_json(answer.receipt),
-                                                 step))
-        if decided.action is Action.DISPATCH:
-            if self.cancelling:
-                # The owner says it never happened, and nothing new may start: it stays
-                # prepared, never dispatched again, and the run ends cancelled.
-                yield from self._record(op, EffectState.PREPARED)
-                raise self.cancelled()
-            if payload is None:
-                yield from self.block(_changed_payload(self.run.run_id, sid, op),
-                                      phase="reconcile_effect", op=op)
-            return (yield from self._dispatch(sid, effect, op, payload, step))
-        yield from self.block(NeedsReconciliation(self.run.run_id, sid, op.operation_id,
-                                                  decided.reason),
-                              phase="reconcile_effect", op=op)
-        raise AssertionError("unreachable")
-
-    def _verify(self, sid: str, effect: Effect, op: OperationRecord, step: StepRecord) -> Flow:
-        assert effect.verify is not None
-        try:
-            ok = yield Call(effect.verify, (op.receipt,), timeout=effect.verify_timeout_s)
-            reason = "the verifier returned a false value"
-        except CallTimedOut:
-            ok, reason = False, (f"the verifier did not answer within"
-                                 f" {effect.verify_timeout_s:g}s")
-        except Exception as exc:
-            ok, reason = False, f"the verifier raised {type(exc).__name__}: {exc}"
-        if not ok:
-            yield from self.block(
-                VerificationFailed(self.run.run_id, sid, op.operation_id, reason),
-                phase="verify_effect", op=op)
-        op = yield from self._record(op, EffectState.ACCEPTED, step=step)
-        crashpoint("effect.after_accept", sid)
-        return op
-
-
-def _changed_payload(run_id: str, sid: str, op: OperationRecord) -> NeedsReconciliation:
-    return NeedsReconciliation(
-        run_id, sid, op.operation_id,
-        "the re-planned workflow asks for another payload than the one that may already have"
-        " been sent under this key, and the owner says it did not happen: it is never resent"
-        " under the old key; settle it (resolve --not-applied prepares it anew) or abandon")
-
-
-def _refuse_async_callables(effect: Effect) -> None:
-    """Before anything is prepared: an async function cannot be awaited by a plain workflow,
-    and finding out during dispatch would look like an uncertain outcome."""
-    for role in ("execute", "reconcile", "verify", "target_state"):
-        if _is_async_callable(getattr(effect, role)):
-            raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
-                             " async def workflow (AsyncRun)", effect=effect.name)
-
 
 def _next_step_id(sid: str, value: JSON) -> str:
     if isinstance(value, str):
@@ -1099,8 +649,8 @@ class _RunBase:
 
     def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,
                 approval: bool) -> Flow:
-        return self._core.effect_flow(step_id, effect, payload, operation_id, approval,
-                                      self._prefix)
+        return effect_flow(self._core, step_id, effect, payload, operation_id, approval,
+                           self._prefix)
 
     def _value(self, kind: str, step_id: str) -> Flow:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},

@@ -143,6 +143,11 @@ def refuse_secrets(value: Any, what: str, step_id: str | None = None) -> None:
         raise SecretRefused(what, found[0], found[1], step_id)
 
 
+def error_evidence(exc: BaseException) -> dict[str, str]:
+    """What of an exception may be recorded: its type, and its message redacted and cut."""
+    return {"type": type(exc).__name__, "message": redact(str(exc))[:2000]}
+
+
 def redact(text: str) -> str:
     """``text`` with every well-known token format replaced: for error messages we must keep."""
     return _TOKENS.sub(REDACTED, text)
