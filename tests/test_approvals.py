@@ -522,3 +522,29 @@ def test_an_existing_sqlite_ledger_is_migrated_to_hold_waiting_runs(tmp_path: Pa
     assert old.execute("PRAGMA foreign_key_check").fetchall() == []
     old.close()
     store.close()
+
+
+def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
+        store_url: str, owner_env: OwnerService) -> None:
+    """The id ``start`` was given serves the whole chain: an approval given with it reaches the
+    successor that waits, sync and async, and the refund is sent once."""
+    store = sp.open_store(store_url)
+    refunds = owner_effect("refunds")
+
+    @sp.workflow("approval-in-a-chain")
+    def flow(run: sp.Run, generation: int) -> Any:
+        if generation == 0:
+            run.continue_as_new(1)
+        return run.effect("refund", refunds, payload=PAYLOAD, approval=True)["amount"]
+
+    for run_id in ("r", "s"):
+        with pytest.raises(sp.AwaitingApproval) as waits:
+            sp.start(store, flow, 0, run_id=run_id)
+        assert waits.value.run_id == f"{run_id}~1"
+    assert sp.approve(store, "r", "refund", by="ana").run_id == "r~1"
+    assert asyncio.run(sp.approve_async(store, "s", "refund", by="ana")).run_id == "s~1"
+    assert (sp.resume(store, "r"), sp.resume(store, "s")) == (40, 40)
+    with pytest.raises(sp.ApprovalRefused, match="completed"):  # the chain's end: nothing waits
+        sp.approve(store, "r", "refund", by="ana")
+    assert _applied(owner_env) == 2
+    store.close()

@@ -15,12 +15,12 @@ that records the approval (``approve``), so no approval can slip between a look 
 
 from __future__ import annotations
 
-import inspect
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._flow import Flow, Io, adrive, drive
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
 from .types import (
@@ -203,9 +203,14 @@ def approve(store: Store, run_id: str, step_id: str, /, *, by: str,
     effect (``ApprovalRefused`` otherwise). The same person approving the same payload and
     target again, while their approval holds, gets that approval back.
 
+    A run that continued as new passes the approval on to the run that carries its chain on
+    (the one that can be waiting), so the id ``start`` was given serves the whole chain.
+
     >>> approve(store, "refund-8472", "refund", by="ana", expires=timedelta(hours=2))  # doctest: +SKIP
     """
-    return store.approve(run_id, step_id, _request(by, expires, evidence, payload_digest))
+    approval: ApprovalRecord = drive(store, _approve_flow(
+        run_id, step_id, _request(by, expires, evidence, payload_digest)))
+    return approval
 
 
 async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *, by: str,
@@ -213,5 +218,13 @@ async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /,
                         evidence: str | None = None,
                         payload_digest: str | None = None) -> ApprovalRecord:
     """``approve`` from async code."""
-    found = store.approve(run_id, step_id, _request(by, expires, evidence, payload_digest))
-    return await found if inspect.isawaitable(found) else found
+    approval: ApprovalRecord = await adrive(store, _approve_flow(
+        run_id, step_id, _request(by, expires, evidence, payload_digest)))
+    return approval
+
+
+def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow:
+    run = yield Io("get_run", (run_id,))
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("get_run", (run.successor_run_id,))
+    return (yield Io("approve", (run.run_id, step_id, request)))
