@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -755,6 +756,41 @@ def test_a_durable_step_costs_one_round_trip(pg_url: str) -> None:
         store.close()
         relay.close()
     assert 99 <= counts[1] - counts[0] <= 102  # 100 more steps, give or take a clock reading
+
+
+# An effect whose "prepared" and "dispatching" are one commit (it reconciles, within the owner's
+# retention), and one whose "prepared" commits on its own (without reconcile, a crash after a
+# "dispatching" commit would block the run for a person).
+_FOLDED = sp.Effect("pg.folded", execute=lambda payload, key: {"id": payload["i"]},
+                    reconcile=lambda key: sp.NotApplied(), dedup_retention=timedelta(hours=1))
+_APART = sp.Effect("pg.apart", execute=lambda payload, key: {"id": payload["i"]})
+
+
+@sp.workflow("pg-effects")
+def _effects(run: sp.Run, n: int, folded: bool) -> int:
+    for i in range(n):
+        run.effect(f"fx.{i}", _FOLDED if folded else _APART, payload={"i": i})
+    return n
+
+
+@pytest.mark.parametrize(("folded", "writes"), [(True, 2), (False, 3)])
+def test_each_write_of_an_effect_costs_one_round_trip(pg_url: str, folded: bool,
+                                                      writes: int) -> None:
+    """prepared-and-dispatching (or prepared, then dispatching) and the outcome with its step:
+    one statement each, in autocommit."""
+    relay = _RoundTrips(pg_url)
+    store = PostgresStore(relay.url)
+    try:
+        sp.start(store, _effects, 10, folded, run_id=f"warm-{_uid()}")  # statements prepared
+        counts = []
+        for n in (20, 70):
+            before = relay.count
+            sp.start(store, _effects, n, folded, run_id=f"effects-{_uid()}")
+            counts.append(relay.count - before)
+    finally:
+        store.close()
+        relay.close()
+    assert 50 * writes - 1 <= counts[1] - counts[0] <= 50 * writes + 2  # give or take a clock
 
 
 # -- values, artifacts, driver errors --------------------------------------------------------

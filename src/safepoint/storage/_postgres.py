@@ -45,6 +45,7 @@ from ..errors import (
     CorruptRecord,
     HistoryWarning,
     InvalidStoreURL,
+    LostOwnership,
     MigrationMismatch,
     ResolutionRefused,
     RunConflict,
@@ -80,6 +81,7 @@ from .base import (
     Replan,
     abandoned_error,
     cancelled_error,
+    fence_holds,
     load_migrations,
     load_queries,
     refuse_gated,
@@ -113,6 +115,9 @@ class Stmt:
 
 # A plan yields statements, is sent each one's rows, and returns the operation's value.
 Plan: TypeAlias = Generator[Stmt, list[Row], T]
+# What a write that marks an operation dispatching returns: the operation as it now stands,
+# and the soft limit's warning when the write recorded it.
+Dispatched: TypeAlias = tuple[OperationRecord, HistoryWarning | None]
 
 
 def _q(query: str, /, **params: Any) -> Stmt:
@@ -259,12 +264,21 @@ class PostgresLedger:
 
     # -- values and artifacts ------------------------------------------------------------------
 
-    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
-        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+    def _stored(self, value: JSON) -> tuple[str | None, str | None, bytes | None]:
+        """A JSON value as it is stored: (text, None, None) inline, or when it is large
+        (None, ref, bytes): the artifact to store it in, for a statement to insert."""
         text = dumps(value)
         if len(text) <= self.inline_limit:
-            return text, None
-        return None, (yield from self._put_artifact(text.encode()))
+            return text, None, None
+        data = text.encode()
+        return None, content_digest(data), data
+
+    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+        text, ref, data = self._stored(value)
+        if data is not None:
+            yield from self._put_artifact(data)
+        return text, ref
 
     @staticmethod
     def _put_artifact(data: bytes) -> Plan[str]:
@@ -448,10 +462,13 @@ class PostgresLedger:
 
     # -- worker writes: one statement each, fenced (see queries.sql) ---------------------------
 
-    def _step_params(self, step: StepRecord | None) -> Plan[dict[str, Any]]:
+    @staticmethod
+    def _step_params(step: StepRecord | None, result: str | None,
+                     result_ref: str | None) -> dict[str, Any]:
+        """A step's columns as statement parameters, its result stored as ``result`` (inline)
+        or ``result_ref`` (an artifact)."""
         if step is None:
             return dict.fromkeys(_STEP_PARAMS)
-        result, result_ref = yield from self._put_value(step.result)
         return {
             "step_id": step.step_id, "seq": step.seq, "kind": step.kind.value, "name": step.name,
             "input_hash": step.input_hash, "step_status": step.status.value, "result": result,
@@ -463,28 +480,36 @@ class PostgresLedger:
             "tokens": step.tokens, "cost": step.cost}
 
     @staticmethod
-    def _fenced(claim: Claim, query: str, /, *, limited: bool = False,
-                **params: Any) -> Plan[Row]:
-        """Run a fenced statement: its one row; when the fence matched nothing, ``Cancelled``
-        if the run was asked to stop (the fence still holds), ``HistoryLimitReached`` for a
-        write held to the history limit (``limited``), else ``LostOwnership``."""
+    def _fenced(claim: Claim, query: str, /, *, new_work: bool = True, limited: bool = False,
+                needs_operation: bool = False, **params: Any) -> Plan[Row]:
+        """Run a fenced statement: its one row. When it matched nothing, why, from the run as
+        it now stands (``refused_write``): while the fence holds, ``Cancelled`` or
+        ``DeadlineExceeded`` for ``new_work``, ``HistoryLimitReached`` for a write held to the
+        history limit (``limited``); else ``LostOwnership``. A statement that writes only with
+        its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
+        when nothing else explains it: the caller says what the operation lacked."""
         rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
                         worker=claim.owner, **params)
-        if not rows:
-            state = yield _q("fence_state", run_id=claim.run_id)
-            row = state[0] if state else {}
-            raise refused_write(claim, row.get("fence"), row.get("status"),
+        if rows:
+            return rows[0]
+        state = yield _q("fence_state", run_id=claim.run_id,
+                         operation_id=params["operation_id"] if needs_operation else None)
+        row = state[0] if state else {}
+        refused = refused_write(claim, row.get("fence"), row.get("status"),
                                 row.get("cancel_requested_at"), row.get("deadline_at"),
-                                row.get("now"), limited=limited,
+                                row.get("now"), new_work=new_work, limited=limited,
                                 history=row.get("history"),
                                 hard_limit=row.get("history_hard_limit"))
-        return rows[0]
+        if (needs_operation and isinstance(refused, LostOwnership)
+                and fence_holds(claim, row.get("fence"), row.get("status"))):
+            raise _Unfit(bool(row["approval_required"]))
+        raise refused
 
     @staticmethod
     def _history_warning(claim: Claim, row: Row) -> Plan[HistoryWarning | None]:
-        """After a fenced write (same transaction, runs row still locked): record the soft
-        limit's warning once it falls due, and return it, for the executor to issue once the
-        transaction committed."""
+        """After a fenced write (in its transaction, or in autocommit just after it, fenced
+        like it): record the soft limit's warning once it falls due, and return it, for the
+        executor to issue once the write committed."""
         if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
             return None
         warned = yield _q("record_history_warning", run_id=claim.run_id, fence=claim.fence,
@@ -513,8 +538,8 @@ class PostgresLedger:
             return None
         batch = []
         for step in steps:
-            params = yield from self._step_params(step)
-            batch.append(params)
+            result, result_ref = yield from self._put_value(step.result)
+            batch.append(self._step_params(step, result, result_ref))
         row = yield from self._fenced(claim, "record_steps", limited=True,
                                       steps=dumps(batch))
         return (yield from self._history_warning(claim, row))
@@ -528,27 +553,59 @@ class PostgresLedger:
     def renew_lease(self, claim: Claim) -> Plan[None]:
         yield from self._fenced(claim, "renew_lease")
 
+    # An effect's writes are one statement each, in autocommit, but for the approval gate:
+    # each statement writes only past its fence and only with its operation as it must be.
+
     def prepare_effect(self, claim: Claim, op: OperationRecord,
                        payload: bytes) -> Plan[HistoryWarning | None]:
-        ref = yield from self._put_artifact(payload)
+        _, due = yield from self._prepare(claim, op, payload, dispatching=False)
+        return due
+
+    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
+                                     payload: bytes) -> Plan[Dispatched]:
+        """Both in one statement: the operation is inserted "dispatching", with both events."""
+        refuse_gated(op)
+        return (yield from self._prepare(claim, op, payload, dispatching=True))
+
+    def _prepare(self, claim: Claim, op: OperationRecord, payload: bytes, *,
+                 dispatching: bool) -> Plan[Dispatched]:
+        if content_digest(payload) != op.payload_ref:  # before anything is sent
+            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
         row = yield from self._fenced(
             claim, "prepare_effect", limited=True, operation_id=op.operation_id,
             step_id=op.step_id, effect=op.effect, payload_ref=op.payload_ref,
-            effect_key=op.effect_key,
-            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}))
-        if ref != op.payload_ref:
-            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
-        if op.approval_required:
-            yield _q("require_approval", run_id=claim.run_id, operation_id=op.operation_id,
-                     target_digest=op.target_digest)
-        return (yield from self._history_warning(claim, row))
+            payload=payload, size=len(payload), effect_key=op.effect_key,
+            approval_required=op.approval_required,
+            target_digest=op.target_digest if op.approval_required else None,
+            dispatching=dispatching,
+            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
+            dispatching_detail=dumps({"dispatch": 1}) if dispatching else None)
+        prepared = yield from self._operation_record(row)
+        return prepared, (yield from self._history_warning(claim, row))
 
-    def mark_dispatching(self, claim: Claim,
-                         operation_id: str) -> Plan[tuple[OperationRecord, HistoryWarning | None]]:
-        row = yield from self._fenced(claim, "mark_dispatching", operation_id=operation_id)
-        if row["operation_id"] is None:
-            raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
-                             run_id=claim.run_id, operation_id=operation_id)
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[Dispatched | None]:
+        """One statement for an operation that needs no approval. None for one that does,
+        having written nothing: the store runs ``mark_dispatching_gated`` instead."""
+        try:
+            row = yield from self._fenced(claim, "mark_dispatching", needs_operation=True,
+                                          operation_id=operation_id, gate=False)
+        except _Unfit as unfit:
+            if unfit.gated:
+                return None
+            raise not_dispatchable(claim, operation_id) from None
+        op = yield from self._operation_record(row)
+        return op, (yield from self._history_warning(claim, row))
+
+    def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
+        """``mark_dispatching`` through the approval gate, run atomically: the statement takes
+        the runs row lock (an approval being given queues behind it, or committed before), the
+        approvals are read, and the one that authorizes the dispatch is kept on the operation
+        — or the refusal rolls it all back."""
+        try:
+            row = yield from self._fenced(claim, "mark_dispatching", needs_operation=True,
+                                          operation_id=operation_id, gate=True)
+        except _Unfit:
+            raise not_dispatchable(claim, operation_id) from None
         op = yield from self._operation_record(row)
         if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
             approvals = yield from self._approvals_of(claim.run_id, operation_id)
@@ -559,31 +616,26 @@ class PostgresLedger:
             yield _q("dispatch_approved", run_id=claim.run_id, operation_id=operation_id,
                      approval_id=approval.approval_id)
             op = replace(op, approval_id=approval.approval_id)
-        due = yield from self._history_warning(claim, row)
-        return op, due
-
-    def prepare_and_mark_dispatching(
-            self, claim: Claim, op: OperationRecord,
-            payload: bytes) -> Plan[tuple[OperationRecord, HistoryWarning | None]]:
-        """Both plans in one transaction (run atomically): the operation the first inserts is
-        there for the second to update."""
-        refuse_gated(op)
-        prepared_due = yield from self.prepare_effect(claim, op, payload)
-        dispatching, due = yield from self.mark_dispatching(claim, op.operation_id)
-        return dispatching, due or prepared_due  # the soft limit warns once: one at most
+        return op, (yield from self._history_warning(claim, row))
 
     def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
                        receipt: JSON, error: JSON,
                        step: StepRecord | None) -> Plan[HistoryWarning | None]:
-        row = yield from self._fenced(
-            claim, "record_outcome", **(yield from self._step_params(step)),
-            operation_id=operation_id, state=state.value,
-            receipt=None if receipt is None else dumps(receipt),
-            error=None if error is None else dumps(error), event_kind=f"effect.{state.value}",
-            detail=dumps({"error": error}) if error is not None else None)
-        if row["found"] is None:
+        result, result_ref, content = (None, None, None) if step is None else self._stored(
+            step.result)
+        try:
+            row = yield from self._fenced(
+                claim, "record_outcome", new_work=False, needs_operation=True,
+                **self._step_params(step, result, result_ref), result_content=content,
+                result_size=None if content is None else len(content),
+                operation_id=operation_id, state=state.value,
+                receipt=None if receipt is None else dumps(receipt),
+                error=None if error is None else dumps(error),
+                event_kind=f"effect.{state.value}",
+                detail=dumps({"error": error}) if error is not None else None)
+        except _Unfit:
             raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
-                             run_id=claim.run_id, operation_id=operation_id)
+                             run_id=claim.run_id, operation_id=operation_id) from None
         return (yield from self._history_warning(claim, row))
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON,
@@ -754,6 +806,21 @@ class PostgresLedger:
             if release:  # claimable again: wake a waiting worker
                 yield _q("notify_work", workflow=run.workflow)
         return approval
+
+
+class _Unfit(Exception):
+    """A fenced statement that writes only with its operation matched nothing because of the
+    operation (the fence holds): the run has none by that id, or not as the statement needs
+    it; ``gated``: the operation needs approval."""
+
+    def __init__(self, gated: bool) -> None:
+        super().__init__(gated)
+        self.gated = gated
+
+
+def not_dispatchable(claim: Claim, operation_id: str) -> StoreError:
+    return StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                      run_id=claim.run_id, operation_id=operation_id)
 
 
 _STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",

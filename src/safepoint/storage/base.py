@@ -439,18 +439,24 @@ def stored_enum(kind: type[E], value: Any, table: str, key: str, column: str) ->
         raise CorruptRecord(table, key, f"unknown {column} {value!r}") from exc
 
 
+def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:
+    """Whether a run's row, as it now stands, still lets ``claim`` write."""
+    return fence == claim.fence and status == "running"
+
+
 def refused_write(claim: Claim, fence: int | None, status: str | None,
                   cancel_requested_at: int | None, deadline_at: int | None = None,
-                  now: int | None = None, *, limited: bool = False,
+                  now: int | None = None, *, new_work: bool = True, limited: bool = False,
                   history: int | None = None, hard_limit: int | None = None) -> BaseException:
-    """Why a fenced worker write matched nothing, from the run's row as it now stands: a cancel
-    request while this worker's fence still holds (``Cancelled``), its deadline passed
+    """Why a fenced worker write matched nothing, from the run's row as it now stands: for new
+    work (``new_work``, refused once a cancel is asked for or past the deadline) while this
+    worker's fence still holds, a cancel request (``Cancelled``) or its deadline passed
     (``DeadlineExceeded``); for a write held to the history limit (``limited``) whose fence
     holds, the limit (``HistoryLimitReached``); else a stale fence."""
-    if fence == claim.fence and status == "running":
-        if cancel_requested_at is not None:
+    if fence_holds(claim, fence, status):
+        if new_work and cancel_requested_at is not None:
             return Cancelled(claim.run_id)
-        if deadline_at is not None and now is not None and now >= deadline_at:
+        if new_work and deadline_at is not None and now is not None and now >= deadline_at:
             return DeadlineExceeded(claim.run_id, deadline_at)
         if limited:
             return HistoryLimitReached(claim.run_id, history, hard_limit)

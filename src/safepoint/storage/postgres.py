@@ -243,17 +243,20 @@ class PostgresStore:
         self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        warn(self._run(self._ledger.prepare_effect(claim, op, payload)))
+        warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        op, due = self._run(self._ledger.mark_dispatching(claim, operation_id))
+        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
+        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
+            dispatched = self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
+        op, due = dispatched
         warn(due)
         return op
 
     def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
                                      payload: bytes) -> OperationRecord:
-        dispatching, due = self._run(self._ledger.prepare_and_mark_dispatching(claim, op,
-                                                                               payload))
+        dispatching, due = self._run(
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False)
         warn(due)
         return dispatching
 
@@ -261,7 +264,7 @@ class PostgresStore:
                        receipt: JSON = None, error: JSON = None,
                        step: StepRecord | None = None) -> None:
         warn(self._run(self._ledger.record_outcome(claim, operation_id, state, receipt=receipt,
-                                                   error=error, step=step)))
+                                                   error=error, step=step), atomic=False))
 
     def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
                    error: dict[str, Any] | None = None,

@@ -305,17 +305,22 @@ class AsyncPostgresStore:
         await self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        warn(await self._run(self._ledger.prepare_effect(claim, op, payload)))
+        warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        op, due = await self._run(self._ledger.mark_dispatching(claim, operation_id))
+        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id),
+                                     atomic=False)
+        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
+            dispatched = await self._run(self._ledger.mark_dispatching_gated(claim,
+                                                                             operation_id))
+        op, due = dispatched
         warn(due)
         return op
 
     async def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
                                            payload: bytes) -> OperationRecord:
         dispatching, due = await self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload))
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False)
         warn(due)
         return dispatching
 
@@ -324,7 +329,7 @@ class AsyncPostgresStore:
                              step: StepRecord | None = None) -> None:
         warn(await self._run(self._ledger.record_outcome(claim, operation_id, state,
                                                          receipt=receipt, error=error,
-                                                         step=step)))
+                                                         step=step), atomic=False))
 
     async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
                          error: dict[str, Any] | None = None,

@@ -528,6 +528,11 @@ class StoreConformance(abc.ABC):
             store.prepare_effect(claim, second, data)
         with pytest.raises(Cancelled):
             store.prepare_and_mark_dispatching(claim, second, data)
+        with pytest.raises(Cancelled):  # the cancel is what refuses a dispatch, whatever the op
+            store.mark_dispatching(claim, f"no-such-op-{_uid()}")
+        with pytest.raises(StoreError):  # settling is not new work: a wrong op is the error
+            store.record_outcome(claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED,
+                                 step=make_step(run.run_id, "orphan", 9))
         assert self.snapshot(store, run.run_id) == refused
         # what was in flight may still be settled, and the run ended
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
@@ -654,9 +659,13 @@ class StoreConformance(abc.ABC):
 
     # -- fencing -------------------------------------------------------------------------------
 
-    def _stale_writes(self, store: Store, claim: Claim, op_id: str) -> dict[str, Callable[[], Any]]:
+    def _stale_writes(self, store: Store, claim: Claim,
+                      op_id: str) -> tuple[dict[str, Callable[[], Any]], list[str]]:
+        """Every worker write, as ``claim`` would make it, and the artifacts they would store
+        (unique to this call: a refused write stores none of them)."""
         run_id = claim.run_id
         new_op, payload = make_operation(run_id, f"op-{_uid()}")
+        large = {"blob": LARGE, "stale": _uid()}
         return {
             "record_step (new)": lambda: store.record_step(claim, make_step(run_id, "s2", 2)),
             "record_step (re-record)": lambda: store.record_step(
@@ -669,21 +678,29 @@ class StoreConformance(abc.ABC):
             "record_outcome": lambda: store.record_outcome(
                 claim, op_id, EffectState.ACCEPTED, receipt={"id": 1},
                 step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id)),
+            "record_outcome (large result)": lambda: store.record_outcome(
+                claim, op_id, EffectState.ACCEPTED, receipt=large,
+                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id,
+                               result=large)),
             "finish_run": lambda: store.finish_run(claim, RunStatus.COMPLETED, result="stale"),
             "renew_lease": lambda: store.renew_lease(claim),
             "continue_as_new": lambda: store.continue_as_new(
                 claim, self.successor(run_id, n=99)),
-        }
+        }, [new_op.payload_ref, digest(dumps(large).encode())]
 
     def _assert_stale_claim_writes_nothing(self, store: Store, claim: Claim, op_id: str) -> None:
         before = self.snapshot(store, claim.run_id)
-        for name, write in self._stale_writes(store, claim, op_id).items():
+        writes, artifacts = self._stale_writes(store, claim, op_id)
+        for name, write in writes.items():
             with pytest.raises(LostOwnership) as lost:
                 write()
             assert (lost.value.run_id, lost.value.fence) == (claim.run_id, claim.fence), name
             assert self.snapshot(store, claim.run_id) == before, f"stale {name} wrote"
         with pytest.raises(RunNotFound):  # nor was a successor created
             store.get_run(f"{claim.run_id}~99")
+        for ref in artifacts:  # nor a payload or a result as an artifact
+            with pytest.raises(ArtifactMissing):
+                store.get_artifact(ref)
 
     def test_a_stale_claim_writes_nothing_after_a_takeover(self) -> None:
         assert not issubclass(LostOwnership, Exception)  # agent code cannot swallow it
@@ -1004,6 +1021,23 @@ class StoreConformance(abc.ABC):
             store.record_outcome(claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED,
                                  step=make_step(run.run_id, "orphan", 2))
         assert self.snapshot(store, run.run_id) == before
+
+    def test_an_outcome_with_a_large_result_keeps_it_as_an_artifact(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_and_mark_dispatching(claim, op, payload)
+        receipt = {"id": "T-1", "blob": LARGE, "op": op.operation_id}
+        step = make_step(run.run_id, op.step_id, 1, kind=StepKind.EFFECT, name=op.effect,
+                         result=receipt, operation_id=op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt=receipt,
+                             step=step)
+        ledger = store.load_ledger(run.run_id)
+        assert ledger.operations[op.operation_id].receipt == receipt
+        assert ledger.steps[op.step_id] == replace(step, fence=claim.fence,
+                                                   recorded_at=ledger.steps[op.step_id].recorded_at)
+        text = dumps(receipt).encode()
+        assert store.get_artifact(digest(text)) == text
 
     def test_effect_transitions_are_events_with_fence_and_worker(self) -> None:
         store = self.store()

@@ -2,13 +2,16 @@
 -- purpose. Parameters are named (%(run_id)s) and bound by the driver; nothing is ever
 -- formatted into the SQL text.
 --
--- Each worker write is ONE statement: its first CTE (`owned`) is the fence — an UPDATE of the
--- runs row that matches only while the worker's fence is current and the run is running — and
--- every other write in the statement reads from it, so a stale worker's statement writes
--- nothing and returns no row (the store raises LostOwnership). The UPDATE also takes the runs
--- row lock: a claim racing the write waits for it, or the write waits for the claim and then
--- finds the fence moved. `clock` reads the database clock once per statement, so a run's
--- updated_at, lease and event time agree.
+-- Each worker write is ONE statement: a CTE (`owned`) is the fence — an UPDATE of the runs
+-- row that matches only while the worker's fence is current and the run is running — and
+-- every other write in the statement reads from it (PostgreSQL runs every data-modifying CTE
+-- whether or not the query reads it: selecting FROM `owned` is what holds it back), so a
+-- stale worker's statement writes nothing and returns no row (the store raises LostOwnership).
+-- A write that is right only for an operation as it must be (there, dispatchable) checks that
+-- in the fence's own condition, so a wrong operation writes nothing either; `fence_state` then
+-- tells which it was. The UPDATE also takes the runs row lock: a claim racing the write waits
+-- for it, or the write waits for the claim and then finds the fence moved. `clock` reads the
+-- database clock once per statement, so a run's updated_at, lease and event time agree.
 
 -- name: now
 -- The database clock in epoch milliseconds.
@@ -154,10 +157,14 @@ SELECT pg_notify('safepoint_work', %(workflow)s);
 
 -- name: fence_state
 -- Why a fenced statement matched nothing: a stale fence, a cancel request, the deadline, the
--- history limit.
-SELECT fence, status, cancel_requested_at, deadline_at, safepoint_now_ms() AS now,
-       event_count + step_count AS history, history_hard_limit
-FROM safepoint_runs WHERE run_id = %(run_id)s;
+-- history limit — or, for a statement that writes only with its operation (operation_id),
+-- that operation: whether it needs approval (NULL: the run has no such operation).
+SELECT r.fence, r.status, r.cancel_requested_at, r.deadline_at, safepoint_now_ms() AS now,
+       r.event_count + r.step_count AS history, r.history_hard_limit, o.approval_required
+FROM safepoint_runs AS r
+LEFT JOIN safepoint_operations AS o
+       ON o.run_id = r.run_id AND o.operation_id = %(operation_id)s
+WHERE r.run_id = %(run_id)s;
 
 -- name: request_cancel
 -- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
@@ -274,43 +281,76 @@ WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING lease_expires_at;
 
 -- name: prepare_effect
--- Fence and commit prepared intent: payload reference, operation id and effect key become
--- durable together, with their event. (The payload artifact is inserted just before, in the
--- same transaction.) New work: refused when its event would take the history past the hard
--- limit. The operation is filed under the run's chain, where a successor looks it up.
+-- Fence and commit prepared intent, in one statement: the payload (a content-addressed
+-- artifact), the operation — payload reference, operation id, effect key, and whether it needs
+-- approval — and its event become durable together. With `dispatching` (no gate stands between
+-- the two, DESIGN §3) the same statement commits the operation "dispatching", its first
+-- dispatch counted and timed, with that event too: the ledger two writes would leave, in one
+-- commit. New work: refused once a cancel is asked for, past the deadline, and when the
+-- prepare's event would take the history past the hard limit (an operation prepared is sent
+-- whatever the history: its dispatching event is never held to it). The operation is filed
+-- under the run's chain, where a successor looks it up. An operation id the run has already
+-- fails the statement whole (a unique violation).
 WITH clock AS (SELECT safepoint_now_ms() AS now),
+-- what this statement commits: prepared (no dispatch yet), or dispatching (the first)
+intent AS (
+    SELECT CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END AS state,
+           CASE WHEN %(dispatching)s THEN 1 ELSE 0 END AS dispatches
+),
+-- the fence; counts the events and moves the revision as the two writes would, one each
 owned AS (
     UPDATE safepoint_runs
-    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        event_count = event_count + 1, updated_at = clock.now
-    FROM clock
+    SET state_revision = state_revision + 1 + intent.dispatches,
+        lease_expires_at = clock.now + %(lease_ms)s,
+        event_count = event_count + 1 + intent.dispatches, updated_at = clock.now
+    FROM clock, intent
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+      -- only the prepare is held to the hard limit
       AND (history_hard_limit IS NULL OR event_count + step_count + 1 <= history_hard_limit)
     RETURNING run_id, chain_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
+-- the payload, stored once whoever stores it; like every write here, only past the fence
+artifact AS (
+    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
+    SELECT %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
+    ON CONFLICT (digest) DO NOTHING
+),
 operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
-                                      effect_key, fence, prepared_at, updated_at, chain_id)
-    SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, 'prepared', %(payload_ref)s,
-           %(effect_key)s, %(fence)s::bigint, now, now, chain_id
-    FROM owned
+                                      effect_key, dispatch_count, first_dispatched_at,
+                                      approval_required, target_digest, fence, prepared_at,
+                                      updated_at, chain_id)
+    SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, intent.state, %(payload_ref)s,
+           %(effect_key)s, intent.dispatches, CASE WHEN intent.dispatches > 0 THEN now END,
+           %(approval_required)s, %(target_digest)s, %(fence)s::bigint, now, now, chain_id
+    FROM owned, intent
+    RETURNING *
 ),
+-- effect.prepared, then (dispatching) effect.dispatching: inserted in that order, so their
+-- event ids keep it
 event AS (
     INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-    SELECT run_id, now, 'effect.prepared', %(step_id)s, %(operation_id)s, %(fence)s,
-           %(worker)s, %(detail)s
-    FROM owned
+    SELECT run_id, updated_at, e.kind, step_id, operation_id, %(fence)s, %(worker)s, e.detail
+    FROM operation,
+         (VALUES (0, 'effect.prepared', %(detail)s),
+                 (1, 'effect.dispatching', %(dispatching_detail)s)) AS e (dispatches, kind, detail)
+    WHERE e.dispatches <= operation.dispatch_count
+    ORDER BY e.dispatches
 )
-SELECT * FROM owned;
+SELECT operation.*, owned.history, owned.history_soft_limit, owned.history_hard_limit,
+       owned.history_warned_at
+FROM owned, operation;
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call in the statement that checks the
--- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. No
--- operation row (`operation_id` NULL) means the operation is not in a dispatchable state.
--- An operation already prepared is sent whatever the history: never held to its limit.
+-- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. Only
+-- for an operation still to be sent, or uncertain, and that needs no approval — unless `gate`:
+-- the caller checks the approvals in this statement's transaction. Otherwise nothing is
+-- written and no row returned, as for a refused fence (fence_state tells which). An operation
+-- already prepared is sent whatever the history: never held to its limit.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
@@ -320,6 +360,12 @@ owned AS (
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+      -- an operation to dispatch (read before the lock is taken: only the holder of this
+      -- run's fence changes it)
+      AND EXISTS (SELECT 1 FROM safepoint_operations
+                  WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
+                    AND state IN ('prepared', 'dispatching', 'unknown')
+                    AND (%(gate)s OR NOT approval_required))
     RETURNING run_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
@@ -329,7 +375,10 @@ operation AS (
         first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now), fence = %(fence)s,
         updated_at = owned.now
     FROM owned
-    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+    -- the key as given, not owned.run_id: a primary-key probe whatever the planner's
+    -- statistics (joined on owned, a young table's operations were scanned); owned only
+    -- conditions the write
+    WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s
       AND o.state IN ('prepared', 'dispatching', 'unknown')
     RETURNING o.*
 ),
@@ -341,14 +390,17 @@ event AS (
 )
 SELECT operation.*, owned.history, owned.history_soft_limit, owned.history_hard_limit,
        owned.history_warned_at
-FROM owned LEFT JOIN operation ON true;
+FROM owned, operation;
 
 -- name: record_outcome
 -- Fence and record the evidence of one dispatch: applied (receipt), rejected or unknown
--- (error), or accepted — with acceptance, the effect's step row too (step_id not NULL). No
--- operation row (`found` NULL) means the run has no such operation. Never held to the history
--- limit: what happened is always recorded.
+-- (error), or accepted — with acceptance, the effect's step row too (step_id not NULL), its
+-- result stored as an artifact when large (result_content). Only for an operation the run
+-- has: otherwise nothing is written and no row returned, as for a refused fence (fence_state
+-- tells which). Neither a cancel request, the deadline nor the history limit refuses it: what
+-- happened is always recorded.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
+-- the step row is new history unless this step id has one (a primary-key probe)
 growth AS (
     SELECT CASE WHEN %(step_id)s::text IS NULL OR EXISTS (
                     SELECT 1 FROM safepoint_steps
@@ -362,6 +414,9 @@ owned AS (
         updated_at = clock.now
     FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      -- the operation to record it on
+      AND EXISTS (SELECT 1 FROM safepoint_operations
+                  WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s)
     RETURNING run_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
@@ -370,8 +425,15 @@ operation AS (
     SET state = %(state)s, receipt = COALESCE(%(receipt)s::text, o.receipt), error = %(error)s,
         fence = %(fence)s, updated_at = owned.now
     FROM owned
-    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+    WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s  -- a key probe, as above
     RETURNING o.run_id, owned.now
+),
+-- a large step result, stored once whoever stores it; only with the outcome (FROM operation)
+artifact AS (
+    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
+    SELECT %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
+    WHERE %(result_content)s::bytea IS NOT NULL
+    ON CONFLICT (digest) DO NOTHING
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -398,7 +460,7 @@ event AS (
            %(worker)s, %(detail)s
     FROM operation
 )
-SELECT owned.*, operation.run_id AS found FROM owned LEFT JOIN operation ON true;
+SELECT * FROM owned;
 
 -- name: finish_run
 -- End the run (completed, failed or blocked), release ownership and log it. A recovery record
@@ -665,7 +727,7 @@ operation AS (
     SET payload_ref = %(payload_ref)s, target_digest = %(target_digest)s, fence = %(fence)s,
         updated_at = owned.now
     FROM owned
-    WHERE o.run_id = owned.run_id AND o.operation_id = %(operation_id)s
+    WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s  -- a key probe
       AND o.state = 'prepared'
     RETURNING o.run_id, o.operation_id, owned.now
 ),
