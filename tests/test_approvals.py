@@ -548,3 +548,230 @@ def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
         sp.approve(store, "r", "refund", by="ana")
     assert _applied(owner_env) == 2
     store.close()
+
+
+# -- revoking an approval ----------------------------------------------------------------------
+
+WITHDRAWN = "the customer withdrew the request"
+
+
+def test_a_revoked_approval_sends_nothing_until_the_effect_is_approved_again(
+        store_url: str, owner_env: OwnerService) -> None:
+    store = sp.open_store(store_url)
+    flow = _refund_flow("approval-revoked", owner_effect("refunds"))
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, flow, run_id="r")
+    first = sp.approve(store, "r", "refund", by="ana")
+    assert store.get_run("r").status is sp.RunStatus.PENDING
+    [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+    assert (revoked.approval_id, revoked.revoked_by, revoked.revoke_reason) == (
+        first.approval_id, "carol", WITHDRAWN)
+    assert revoked.revoked_at is not None
+    assert store.approvals("r") == [revoked]
+    assert not revoked.authorizes(first.payload_digest, first.target_digest, store.now())
+    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol") as invalid:
+        sp.resume(store, "r")
+    assert WITHDRAWN in invalid.value.reason
+    waiting = store.get_run("r")
+    assert waiting.status is sp.RunStatus.WAITING
+    assert waiting.waiting_for is not None
+    assert "revoked by carol" in waiting.waiting_for["reason"]
+    assert _applied(owner_env) == 0
+    op = store.load_ledger("r").operations["refund"]
+    assert (op.state, op.dispatch_count) == (sp.EffectState.PREPARED, 0)
+    [event] = [e for e in store.events("r") if e.kind == "effect.approval_revoked"]
+    assert (event.worker, event.detail["reason"]) == ("carol", WITHDRAWN)
+    again = sp.approve(store, "r", "refund", by="ana")
+    assert again.approval_id != first.approval_id
+    assert sp.resume(store, "r")["amount"] == 40
+    stats = owner_env.client.stats()
+    assert (stats["applied"], stats["duplicates"]) == (1, 0)
+    assert store.load_ledger("r").operations["refund"].approval_id == again.approval_id
+    store.close()
+
+
+class _RevokedBeforeDispatch:
+    """A store through which a person revokes the approval just as the worker, past its gate,
+    commits "dispatching"."""
+
+    def __init__(self, store: sp.Store) -> None:
+        self.store = store
+        self.revoked = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    def mark_dispatching(self, claim: Any, operation_id: str) -> Any:
+        if not self.revoked:
+            self.revoked = True
+            sp.revoke_approval(self.store, claim.run_id, "refund", by="carol", reason=WITHDRAWN)
+        return self.store.mark_dispatching(claim, operation_id)
+
+
+def test_a_revocation_between_the_gate_and_the_dispatch_makes_the_run_wait(
+        store_url: str, owner_env: OwnerService) -> None:
+    store = sp.open_store(store_url)
+    flow = _refund_flow("approval-revoked-at-dispatch", owner_effect("refunds"))
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, flow, run_id="r")
+    sp.approve(store, "r", "refund", by="ana")
+    racing = _RevokedBeforeDispatch(store)
+    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+        sp.resume(racing, "r")  # type: ignore[arg-type]
+    assert racing.revoked
+    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.load_ledger("r").operations["refund"].dispatch_count == 0
+    assert _applied(owner_env) == 0
+    store.close()
+
+
+def test_a_revocation_after_the_dispatch_is_refused_and_changes_nothing(
+        store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    store = sp.open_store(store_url)
+    flow = _refund_flow("approval-revoked-too-late", owner_effect("refunds"))
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, flow, run_id="r")
+    approval = sp.approve(store, "r", "refund", by="ana")
+    crash_at("effect.after_dispatching")  # "dispatching" committed: it may have gone out
+    with pytest.raises(SimulatedCrash):
+        sp.resume(store, "r", lease_ms=0)
+    crash_at(None)
+
+    def refused() -> None:
+        before = (store.load_ledger("r"), store.events("r"), store.approvals("r"))
+        with pytest.raises(sp.ApprovalRefused, match=r"too late: .* was dispatched at") as late:
+            sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+        assert late.value.revoking
+        assert "reconcile" in late.value.message
+        assert (store.load_ledger("r"), store.events("r"), store.approvals("r")) == before
+
+    refused()
+    assert sp.resume(store, "r")["amount"] == 40  # reconciled, sent under the approval
+    refused()
+    assert store.approvals("r") == [approval]
+    stats = owner_env.client.stats()
+    assert (stats["applied"], stats["duplicates"]) == (1, 0)
+    store.close()
+
+
+def test_a_revocation_needs_who_and_why_and_refuses_credentials(memory_store: sp.Store) -> None:
+    flow = _refund_flow("approval-revoke-usage",
+                        sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(memory_store, flow, run_id="r")
+    sp.approve(memory_store, "r", "refund", by="ana")
+    before = memory_store.approvals("r")
+    with pytest.raises(sp.UsageError, match="by="):
+        sp.revoke_approval(memory_store, "r", "refund", by="", reason=WITHDRAWN)
+    for reason in ("", "   ", None):
+        with pytest.raises(sp.UsageError, match="reason="):
+            sp.revoke_approval(memory_store, "r", "refund", by="carol",
+                               reason=reason)  # type: ignore[arg-type]
+    with pytest.raises(sp.SecretRefused):
+        sp.revoke_approval(memory_store, "r", "refund", by="carol",
+                           reason="leaked key sk_live_0123456789abcdefXYZ")
+    with pytest.raises(sp.RunNotFound):
+        sp.revoke_approval(memory_store, "nope", "refund", by="carol", reason=WITHDRAWN)
+    assert memory_store.approvals("r") == before
+
+
+def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carries_it_on(
+        store_url: str, owner_env: OwnerService) -> None:
+    store = sp.open_store(store_url)
+    refunds = owner_effect("refunds")
+
+    @sp.workflow("approval-revoked-in-a-chain")
+    def flow(run: sp.Run, generation: int) -> Any:
+        if generation == 0:
+            run.continue_as_new(1)
+        return run.effect("refund", refunds, payload=PAYLOAD, approval=True)["amount"]
+
+    for run_id in ("r", "s"):
+        with pytest.raises(sp.AwaitingApproval):
+            sp.start(store, flow, 0, run_id=run_id)
+        sp.approve(store, run_id, "refund", by="ana")
+    [one] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+    [two] = asyncio.run(sp.revoke_approval_async(store, "s", "refund", by="carol",
+                                                 reason=WITHDRAWN))
+    assert (one.run_id, two.run_id) == ("r~1", "s~1")
+    for run_id in ("r", "s"):
+        with pytest.raises(sp.ApprovalInvalid, match="revoked"):
+            sp.resume(store, run_id)
+    assert _applied(owner_env) == 0
+    store.close()
+
+
+def test_revoke_and_show_from_the_command_line(file_store: sp.Store,
+                                               owner_env: OwnerService) -> None:
+    flow = _refund_flow("approval-revoke-cli", owner_effect("refunds"))
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(file_store, flow, run_id="r")
+    url, runner = file_store.url, CliRunner()
+    env = {"COLUMNS": "200", "FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+
+    def run(*args: str) -> Any:
+        return runner.invoke(cli, ["--store", url, *args], env=env)
+
+    assert run("approve", "r", "refund", "--by", "ana").exit_code == 0
+    shown = run("show", "r")
+    assert shown.exit_code == 0, shown.output
+    assert "step refund: approved by ana" in shown.output
+    assert "REVOKED" not in shown.output
+    assert "safepoint revoke r refund --by <you> --reason" in shown.output
+    unexplained = run("revoke", "r", "refund", "--by", "carol")
+    assert unexplained.exit_code == 2
+    assert "--reason" in unexplained.output
+    secret = run("revoke", "r", "refund", "--by", "carol", "--reason",
+                 "key sk_live_0123456789abcdefXYZ")
+    assert (secret.exit_code, secret.stdout) == (1, "")
+    assert "error:" in secret.stderr
+    done = run("revoke", "r", "refund", "--by", "carol", "--reason", WITHDRAWN)
+    assert done.exit_code == 0, done.output
+    assert "revoked 1 approval(s) of 'refund'" in done.output
+    assert "given by ana" in done.output
+    shown = run("show", "r")
+    assert "REVOKED by carol at" in shown.output
+    assert WITHDRAWN in shown.output
+    assert "safepoint revoke r" not in shown.output  # nothing left in force to revoke
+    again = run("revoke", "r", "refund", "--by", "carol", "--reason", WITHDRAWN)
+    assert again.exit_code == 1
+    assert "revoked already" in again.stderr
+    resumed = run("resume", "r")
+    assert resumed.exit_code == 4, resumed.output
+    assert "revoked by carol" in resumed.output
+    assert _applied(owner_env) == 0
+
+
+def test_approvals_given_before_revocation_existed_are_in_force_after_the_migration(
+        store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ledger at the schema before revocation, with an approval in it, is migrated: the
+    approval is read back as given (not revoked), and can be revoked."""
+    import safepoint.storage._postgres
+    import safepoint.storage.sqlite
+
+    def before_revocation(dialect: str) -> list[tuple[int, str, str]]:
+        shipped = load_migrations(dialect)
+        return [m for m in shipped if m[0] < next(v for v, n, _ in shipped if "revocation" in n)]
+
+    dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
+    flow = _refund_flow("approval-migrated", owner_effect("refunds"))
+    with monkeypatch.context() as patched:
+        for module in (safepoint.storage.sqlite, safepoint.storage._postgres):
+            patched.setattr(module, "load_migrations", before_revocation)
+        old = sp.open_store(store_url)
+        assert old.schema_version() == len(load_migrations(dialect)) - 1
+        with pytest.raises(sp.AwaitingApproval):
+            sp.start(old, flow, run_id="r")
+        approval = sp.approve(old, "r", "refund", by="ana")
+        old.close()
+
+    store = sp.open_store(store_url)
+    assert store.schema_version() == len(load_migrations(dialect))
+    assert store.approvals("r") == [approval]
+    assert approval.revoked_at is None
+    [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+    assert revoked.approval_id == approval.approval_id
+    with pytest.raises(sp.ApprovalInvalid, match="revoked"):
+        sp.resume(store, "r")
+    assert _applied(owner_env) == 0
+    store.close()

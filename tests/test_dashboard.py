@@ -135,6 +135,43 @@ def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_
     assert json.loads(body)["status"] == "completed"
 
 
+def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
+        board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
+    refunds = owner_effect("refunds")
+
+    @sp.workflow("board-revoke")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("refund", refunds, payload={"amount": 40}, approval=True)
+
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(file_store, flow, run_id="v")
+    sp.approve(file_store, "v", "refund", by="ana")
+    _, page = _get(board, "/runs/v")
+    assert "<h2>approvals</h2>" in page
+    assert "action='/runs/v/revoke'" in page
+    assert "revoke the approval of refund" in page
+    form = {"step_id": "refund", "by": "carol", "reason": "the customer withdrew"}
+    assert _post(board, "/runs/v/revoke", form)[0] == 403  # no token
+    assert _post(board, "/runs/v/revoke", {**form, "token": "wrong" * 4})[0] == 403
+    assert _post(board, "/runs/v/revoke", {"step_id": "refund", "by": "carol",
+                                           "token": TOKEN})[0] == 400  # why?
+    assert file_store.approvals("v")[0].revoked_at is None
+    status, body = _post(board, "/runs/v/revoke", {**form, "token": TOKEN})
+    assert status == 200
+    assert json.loads(body)["status"] == "pending"  # the gate makes it wait when it gets there
+    [revoked] = file_store.approvals("v")
+    assert (revoked.revoked_by, revoked.revoke_reason) == ("carol", "the customer withdrew")
+    _, page = _get(board, "/runs/v")
+    assert "revoked by carol" in page
+    assert "action='/runs/v/revoke'" not in page  # nothing in force is left to revoke
+    status, body = _post(board, "/runs/v/revoke", {**form, "token": TOKEN})
+    assert status == 409
+    assert "revoked already" in json.loads(body)["error"]
+    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+        sp.resume(file_store, "v")
+    assert int(owner_env.client.stats()["applied"]) == 0
+
+
 def test_cancel_from_the_board_and_bad_forms_are_clear_errors(
         board: Dashboard, file_store: sp.Store) -> None:
     @sp.workflow("board-pending")

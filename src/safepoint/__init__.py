@@ -4,7 +4,7 @@ The public surface is exactly ``__all__``; everything in a module whose name sta
 underscore is private.
 """
 
-from ._approvals import approve, approve_async
+from ._approvals import approve, approve_async, revoke_approval, revoke_approval_async
 from ._compat import Compatibility
 from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._recovery import record_schema, resolve
@@ -175,6 +175,8 @@ __all__ = [
     "resolve",
     "resume",
     "resume_async",
+    "revoke_approval",
+    "revoke_approval_async",
     "start",
     "start_async",
     "submit",

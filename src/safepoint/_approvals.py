@@ -7,16 +7,26 @@ bound to the payload's digest and to the digest of the target's state (what the 
 authorizes a dispatch only while both digests still match and it has not expired on the
 store's clock; otherwise the run waits again (``ApprovalInvalid``).
 
+A person may also take an approval back before the effect is dispatched
+(``revoke_approval``): every approval of the effect still in force is marked revoked, and
+authorizes nothing from then on. A revocation and a dispatch of the same effect are serialised
+by the store — whichever commits first wins: either the effect went out under the approval
+(and the revocation is refused as too late) or the revocation committed and the dispatch is
+refused (the run waits again).
+
 The decisions are the small I/O-free functions below, shared by every store: the store makes
 them inside the transaction that checks the fence (``await_approval``, ``mark_dispatching``) or
-that records the approval (``approve``), so no approval can slip between a look and a write.
-``approve`` / ``approve_async`` are the public entry points.
+that records the approval (``approve``) or its revocation (``revoke_approval``), so no approval
+can slip between a look and a write. ``approve`` / ``approve_async`` and ``revoke_approval`` /
+``revoke_approval_async`` are the public entry points.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +36,7 @@ from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageErr
 from .types import (
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     EffectState,
     OperationRecord,
     RunRecord,
@@ -62,6 +73,9 @@ def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
         return "it needs a person's approval before it is dispatched", False
     latest = approvals[-1]
     who = latest.approved_by
+    if latest.revoked_at is not None:
+        return (f"the approval by {who} was revoked by {latest.revoked_by} at"
+                f" {at(latest.revoked_at)}: {latest.revoke_reason}"), True
     if latest.payload_digest != payload_digest:
         return (f"the payload changed since {who} approved it ({latest.payload_digest[:19]}…"
                 f" is now {payload_digest[:19]}…)"), True
@@ -162,6 +176,65 @@ def approval_detail(approval: ApprovalRecord, *, released: bool) -> dict[str, An
             "evidence": approval.evidence, "released": released}
 
 
+def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
+                    approvals: list[ApprovalRecord], revocation: ApprovalRevocation,
+                    now: int) -> list[ApprovalRecord]:
+    """Decide a revocation: the approvals of the operation as they are once revoked (every
+    one still in force, in the order they were given).
+
+    The run's status is left as it is. A waiting run waits on; a running one meets the gate
+    again in ``mark_dispatching``; a run an approval released (pending) is claimed and
+    replayed to its gate, which makes it wait again, naming the revocation. Putting a pending
+    run back to waiting here would have to know why it is pending (a released approval, a
+    worker that let it go, a cancel to settle) and the target's state as it reads now — the
+    gate knows both, so it alone decides whether the run waits.
+
+    Raises ``ApprovalRefused`` (``revoking``) when there is nothing to revoke."""
+    def refuse(reason: str) -> ApprovalRefused:
+        return ApprovalRefused(run.run_id, step_id, reason, revoking=True)
+
+    if op is None:
+        raise refuse("the step has no prepared effect, so nothing of it was approved (see"
+                     f" the run's effects with `safepoint show {run.run_id}`)")
+    if op.dispatch_count > 0 or op.state is not EffectState.PREPARED:
+        when = ("" if op.first_dispatched_at is None
+                else f" at {at(op.first_dispatched_at)}")
+        raise refuse(f"too late: effect {op.operation_id!r} was dispatched{when} (it is"
+                     f" {op.state.value} now); a revocation withdraws only a dispatch still to"
+                     " come, and the effect's outcome is what the run will reconcile")
+    if run.status.terminal:
+        raise refuse(f"the run is {run.status.value}; nothing will be dispatched under its"
+                     " approvals")
+    in_force = [a for a in approvals if not a.revoked]
+    if not in_force:
+        if approvals:
+            last = approvals[-1]
+            raise refuse(f"every approval of effect {op.operation_id!r} was revoked already"
+                         f" (the last by {last.revoked_by} at {at(last.revoked_at or now)}):"
+                         " nothing is left to revoke")
+        raise refuse(f"effect {op.operation_id!r} has no approval to revoke")
+    return [replace(a, revoked_at=now, revoked_by=revocation.by,
+                    revoke_reason=revocation.reason) for a in in_force]
+
+
+def revocable(run: RunRecord, operations: Mapping[str, OperationRecord],
+              approvals: list[ApprovalRecord]) -> list[str]:
+    """The steps whose approval a person may still take back (what ``plan_revocation``
+    accepts): an approval in force of an effect never dispatched, in a run that goes on."""
+    if run.status.terminal:
+        return []
+    return sorted({a.step_id for a in approvals if not a.revoked
+                   and (op := operations.get(a.operation_id)) is not None
+                   and op.state is EffectState.PREPARED and op.dispatch_count == 0})
+
+
+def revocation_detail(revoked: list[ApprovalRecord]) -> dict[str, Any]:
+    """The detail of an ``effect.approval_revoked`` event (who revoked is its worker)."""
+    return {"approval_ids": [a.approval_id for a in revoked],
+            "approved_by": [a.approved_by for a in revoked],
+            "reason": revoked[0].revoke_reason}
+
+
 def _request(by: str, expires: timedelta | datetime | None, evidence: str | None,
              payload_digest: str | None) -> ApprovalRequest:
     if not by or not isinstance(by, str):
@@ -224,7 +297,59 @@ async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /,
 
 
 def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow:
+    run_id = yield from _carried_on_by(run_id)
+    return (yield Io("approve", (run_id, step_id, request)))
+
+
+def _carried_on_by(run_id: str) -> Flow:
+    """The run that carries ``run_id``'s chain on: itself, or its latest successor."""
     run = yield Io("get_run", (run_id,))
     while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
         run = yield Io("get_run", (run.successor_run_id,))
-    return (yield Io("approve", (run.run_id, step_id, request)))
+    return run.run_id
+
+
+def _revocation(by: str, reason: str) -> ApprovalRevocation:
+    if not by or not isinstance(by, str):
+        raise UsageError("say who revokes the approval: by='name'")
+    if not isinstance(reason, str) or not reason.strip():
+        raise UsageError("say why the approval is revoked: reason='…' (recorded, and shown"
+                         " to whoever looks at the run)")
+    refuse_secrets([by, reason], "the revocation")
+    return ApprovalRevocation(by=by, reason=reason)
+
+
+def revoke_approval(store: Store, run_id: str, step_id: str, /, *, by: str,
+                    reason: str) -> list[ApprovalRecord]:
+    """Take back the approval of the effect step ``step_id`` of ``run_id`` prepared, before it
+    is dispatched; return the approvals revoked (every one still in force).
+
+    A revoked approval authorizes nothing: the run does not dispatch the effect, and waits
+    again (``ApprovalInvalid``, naming the revocation) when it reaches its gate, until someone
+    approves it anew. A dispatch racing the revocation is decided by the store: whichever
+    commits first wins. ``ApprovalRefused`` when there is nothing to revoke — no approval in
+    force, or too late: the effect was dispatched already (its outcome is what the run
+    reconciles). ``reason`` is recorded, with ``by``, in an ``effect.approval_revoked`` event.
+
+    A run that continued as new passes the revocation on to the run that carries its chain on,
+    as ``approve`` does.
+
+    >>> revoke_approval(store, "refund-8472", "refund", by="ana",
+    ...                 reason="customer withdrew the request")  # doctest: +SKIP
+    """
+    revoked: list[ApprovalRecord] = drive(store, _revoke_flow(
+        run_id, step_id, _revocation(by, reason)))
+    return revoked
+
+
+async def revoke_approval_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *,
+                                by: str, reason: str) -> list[ApprovalRecord]:
+    """``revoke_approval`` from async code."""
+    revoked: list[ApprovalRecord] = await adrive(store, _revoke_flow(
+        run_id, step_id, _revocation(by, reason)))
+    return revoked
+
+
+def _revoke_flow(run_id: str, step_id: str, revocation: ApprovalRevocation) -> Flow:
+    run_id = yield from _carried_on_by(run_id)
+    return (yield Io("revoke_approval", (run_id, step_id, revocation)))

@@ -31,6 +31,8 @@ from rich.text import Text
 from . import __version__
 from ._approvals import approve as approve_step
 from ._approvals import at as utc_instant
+from ._approvals import revocable
+from ._approvals import revoke_approval as revoke_step
 from ._recovery import resolve as resolve_run_decision
 from ._worker import Worker
 from ._workflow import cancel as cancel_run
@@ -40,6 +42,7 @@ from .errors import AwaitingApproval, LostOwnership, RunBlocked, SafepointError
 from .storage import open_store
 from .storage.base import Store
 from .types import (
+    ApprovalRecord,
     EffectState,
     EventRecord,
     Ledger,
@@ -307,16 +310,6 @@ def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
                       soft_wrap=True)
     target = waiting.get("target_digest")
     console.print(f"target state {target or '(the effect reads none)'}", highlight=False)
-    given = [a for a in store.approvals(run.run_id)
-             if a.operation_id == waiting.get("operation_id")]
-    for approval in given:
-        expiry = ("no expiry" if approval.expires_at is None
-                  else f"expires {utc_instant(approval.expires_at)}")
-        console.print(f"  approved by {approval.approved_by} at"
-                      f" {utc_instant(approval.approved_at)}, {expiry}, for payload"
-                      f" {approval.payload_digest[:19]}… target"
-                      f" {(approval.target_digest or 'none')[:19]}", soft_wrap=True,
-                      highlight=False)
     console.print("approve it:", style="bold")
     console.print(f"  safepoint approve {run.run_id} {step} --by <you> --payload-digest"
                   f" {digest} [--expires 2h] [--evidence '<why>']", soft_wrap=True,
@@ -324,6 +317,36 @@ def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
     console.print("  then a worker carries it on, or: safepoint resume"
                   f" {run.run_id} --import <module>", soft_wrap=True, highlight=False,
                   markup=False)
+
+
+def approval_line(approval: ApprovalRecord) -> str:
+    """One approval as `safepoint show` lists it: who, when, what for — and a revocation."""
+    expiry = ("no expiry" if approval.expires_at is None
+              else f"expires {utc_instant(approval.expires_at)}")
+    line = (f"step {approval.step_id}: approved by {approval.approved_by} at"
+            f" {utc_instant(approval.approved_at)}, {expiry}, for payload"
+            f" {approval.payload_digest[:19]}… target {(approval.target_digest or 'none')[:19]}")
+    if approval.revoked_at is not None:
+        line += (f" — REVOKED by {approval.revoked_by} at {utc_instant(approval.revoked_at)}:"
+                 f" {approval.revoke_reason}")
+    return line
+
+
+def _print_approvals(console: Console, store: Store, ledger: Ledger) -> None:
+    """Every approval given in the run, revoked ones marked, and how to take back one still
+    in force of an effect not yet dispatched."""
+    given = store.approvals(ledger.run.run_id)
+    if not given:
+        return
+    console.print()
+    console.rule("approvals", align="left")
+    for approval in given:
+        console.print(f"  {approval_line(approval)}", soft_wrap=True, highlight=False,
+                      markup=False)
+    for step in revocable(ledger.run, ledger.operations, given):
+        console.print(f"  take it back before it is dispatched: safepoint revoke"
+                      f" {shlex.quote(ledger.run.run_id)} {shlex.quote(step)} --by <you>"
+                      " --reason '<why>'", soft_wrap=True, highlight=False, markup=False)
 
 
 def print_run(console: Console, store: Store, run_id: str) -> None:
@@ -336,6 +359,7 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     if ledger.run.status is RunStatus.WAITING:
         console.print()
         _print_waiting(console, store, ledger.run)
+    _print_approvals(console, store, ledger)
     console.print()
     console.rule("steps", align="left")
     print_table(console, timeline_table(ledger))
@@ -619,6 +643,28 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
+@click.argument("step_id", metavar="STEP")
+@click.option("--by", required=True, help="Who revokes (recorded).")
+@click.option("--reason", required=True, help="Why (recorded, shown with the run).")
+@click.pass_context
+def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) -> None:
+    """Take back the approval of the effect STEP of RUN prepared, before it is dispatched.
+
+    Every approval of it still in force is revoked: the run does not dispatch the effect, and
+    waits again at its gate until someone approves it anew. Refused once the effect was
+    dispatched: its outcome is then what the run reconciles.
+    """
+    store = _store(ctx)
+    revoked = revoke_step(store, run_id, step_id, by=by, reason=reason)
+    of = revoked[0]
+    given = ", ".join(a.approved_by for a in revoked)
+    click.echo(f"revoked {len(revoked)} approval(s) of {of.operation_id!r} (step"
+               f" {of.step_id!r}) of run {run_id!r}, given by {given}; it is not dispatched"
+               f" unless approved anew (run now {store.get_run(of.run_id).status.value})")
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
 @click.option("--by", required=True, help="Who cancels (recorded).")
 @click.option("--reason", help="Why (recorded).")
 @click.pass_context
@@ -659,7 +705,8 @@ def migrate(ctx: click.Context) -> None:
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
     """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
-    cancel, resolve and approve (each needs the token). Loopback only; Ctrl-C stops it."""
+    cancel, resolve, approve and revoke (each needs the token). Loopback only; Ctrl-C stops
+    it."""
     board = Dashboard(_store(ctx), host=host, port=port, token=token)
     click.echo(f"safepoint dashboard on {board.url}  (actions need the token: {board.token})")
     try:

@@ -7,7 +7,8 @@
   asks a person to approve, its steps and its events;
 - ``/api/runs`` and ``/api/runs/RUN`` — the same as JSON;
 - forms that cancel a run, resolve a blocked one (applied / not applied / abandon, checked
-  against the record's revision) and approve a waiting effect.
+  against the record's revision), approve a waiting effect and revoke an approval before its
+  effect is dispatched.
 
 Reading needs nothing; every action needs the dashboard's token (printed when it starts), typed
 into the form or sent as ``Authorization: Bearer …``. A page never contains the token, so a
@@ -16,7 +17,7 @@ any other address: a ledger may hold what a person would not publish.
 
 The standard library's HTTP server is enough for one person looking at one ledger; the
 decisions go through the same functions as the API and the CLI (``cancel``, ``resolve``,
-``approve``), so they are checked, recorded and idempotent in the same way.
+``approve``, ``revoke_approval``), so they are checked and recorded in the same way.
 """
 
 from __future__ import annotations
@@ -35,12 +36,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from ._approvals import approve
+from ._approvals import approve, revocable, revoke_approval
 from ._recovery import resolve
 from ._workflow import cancel
 from .errors import RunNotFound, SafepointError, UsageError
 from .storage.base import Store
-from .types import EventRecord, Ledger, RunRecord, RunStatus, StepRecord
+from .types import (
+    ApprovalRecord,
+    EventRecord,
+    Ledger,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+)
 
 DEFAULT_PORT = 8470
 _MAX_FORM_BYTES = 64 * 1024
@@ -249,7 +257,11 @@ def _approve(store: Store, run_id: str, form: dict[str, str]) -> None:
             payload_digest=form.get("payload_digest") or None)
 
 
-_ACTIONS = {"cancel": _cancel, "resolve": _resolve, "approve": _approve}
+def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
+    revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
+
+
+_ACTIONS = {"cancel": _cancel, "resolve": _resolve, "approve": _approve, "revoke": _revoke}
 
 
 # -- pages -----------------------------------------------------------------------------------------
@@ -274,7 +286,7 @@ _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;
 text-align:left;vertical-align:top}th{background:#f4f4f4}code,pre{font:12px ui-monospace,monospace}
 pre{background:#f8f8f8;padding:.6em;overflow:auto}.blocked{color:#b00}.waiting{color:#a0a}
-.completed{color:#070}.failed{color:#b60}.cancelled,.continued{color:#777}.err{color:#b00}
+.completed{color:#070}.failed{color:#b60}.cancelled,.continued{color:#777}.err,.revoked{color:#b00}
 form{display:inline-block;margin:.4em 1em .4em 0;padding:.5em;border:1px solid #ddd}
 input,select{margin:.1em}section{margin:1.2em 0}"""
 
@@ -333,6 +345,9 @@ def _run_page(store: Store, ledger: Ledger, events: list[EventRecord]) -> str:
         parts.append(_blocked_section(rid, run.recovery_record))
     if run.status is RunStatus.WAITING and run.waiting_for:
         parts.append(_waiting_section(store, rid, run.waiting_for))
+    approvals = store.approvals(run.run_id)
+    if approvals:
+        parts.append(_approvals_section(rid, ledger, approvals))
     if not run.status.terminal:
         parts.append(f"<section><h2>cancel</h2><form method=post action='/runs/{rid}/cancel'>"
                      f"{_who()}<input name=reason placeholder='why'>{_token()}"
@@ -415,6 +430,32 @@ def _waiting_section(store: Store, rid: str, waiting: dict[str, Any]) -> str:
             "<input name=expires_minutes placeholder='expires in minutes' size=16>"
             f"<input name=evidence placeholder='why'>{_token()}"
             "<button>approve this payload</button></form></section>")
+
+
+def _approvals_section(rid: str, ledger: Ledger,
+                       approvals: list[ApprovalRecord]) -> str:
+    """Every approval of the run, revoked ones marked; a revoke form for each effect not yet
+    dispatched whose approval is in force."""
+    rows = "".join(
+        f"<tr><td>{_e(a.step_id)}</td><td>{_e(a.approved_by)}</td><td>{_when(a.approved_at)}"
+        f"</td><td>{_when(a.expires_at) or 'never'}</td><td><code>{_e(a.payload_digest[:19])}…"
+        f"</code></td><td>{_revoked(a)}</td></tr>" for a in approvals)
+    forms = "".join(
+        f"<form method=post action='/runs/{rid}/revoke'>"
+        f"<input type=hidden name=step_id value='{_e(step)}'>{_who()}"
+        f"<input name=reason placeholder='why' required>{_token()}"
+        f"<button>revoke the approval of {_e(step)}</button></form>"
+        for step in revocable(ledger.run, ledger.operations, approvals))
+    return (f"<section><h2>approvals</h2><table><tr><th>step</th><th>approved by</th>"
+            f"<th>at (UTC)</th><th>expires (UTC)</th><th>payload</th><th>revoked</th></tr>"
+            f"{rows}</table>{forms}</section>")
+
+
+def _revoked(approval: ApprovalRecord) -> str:
+    if not approval.revoked:
+        return ""
+    return (f"<span class=revoked>revoked by {_e(approval.revoked_by)} at"
+            f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>")
 
 
 def _plain(record: Any) -> Any:

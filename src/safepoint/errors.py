@@ -17,7 +17,7 @@ The tree::
         │   ├── InvalidDecision         a decide() step returned no next step id
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
-        │   ├── ApprovalRefused         an approval that does not fit the run as it now stands
+        │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -169,12 +169,23 @@ class ResolutionRefused(UsageError):
 
 
 class ApprovalRefused(UsageError):
-    def __init__(self, run_id: str, step_id: str, reason: str) -> None:
+    """An approval — or, with ``revoking``, the revocation of one — that does not fit the run
+    as it now stands. Nothing was written."""
+
+    run_id: str
+    step_id: str
+    reason: str
+    revoking: bool
+
+    def __init__(self, run_id: str, step_id: str, reason: str, *,
+                 revoking: bool = False) -> None:
+        what = "revoking the approval" if revoking else "approval"
         super().__init__(
-            f"approval of step {step_id!r} of run {run_id!r} refused: {reason}",
+            f"{what} of step {step_id!r} of run {run_id!r} refused: {reason}",
             run_id=run_id,
             step_id=step_id,
             reason=reason,
+            revoking=revoking,
         )
 
 
@@ -354,7 +365,8 @@ class AwaitingApproval(SafepointError):
 
 class ApprovalInvalid(AwaitingApproval):
     """An approval was given, but it no longer authorizes the dispatch: the payload or the
-    target's state changed since, or it expired. Nothing was dispatched; the run waits again."""
+    target's state changed since, it expired, or it was revoked. Nothing was dispatched; the run
+    waits again."""
 
 
 class StoreError(SafepointError):

@@ -233,8 +233,8 @@ class Resolution:
 class ApprovalRecord:
     """A person's approval of one prepared effect, bound to what they approved: the payload's
     digest and the digest of the target's state (None for an effect that reads no target
-    state). It authorizes a dispatch while both still match and it has not expired (on the
-    store's clock)."""
+    state). It authorizes a dispatch while both still match, it has not expired (on the
+    store's clock) and nobody revoked it (``revoke_approval``)."""
 
     approval_id: str
     run_id: str
@@ -246,10 +246,18 @@ class ApprovalRecord:
     approved_at: int
     expires_at: int | None = None  # epoch ms; None: does not expire
     evidence: str | None = None
+    revoked_at: int | None = None     # epoch ms (store clock); None: not revoked
+    revoked_by: str | None = None
+    revoke_reason: str | None = None
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None
 
     def authorizes(self, payload_digest: str, target_digest: str | None, now: int) -> bool:
         """Whether this approval still authorizes a dispatch of that payload on that target."""
-        return (self.payload_digest == payload_digest and self.target_digest == target_digest
+        return (not self.revoked and self.payload_digest == payload_digest
+                and self.target_digest == target_digest
                 and (self.expires_at is None or now < self.expires_at))
 
 
@@ -263,6 +271,15 @@ class ApprovalRequest:
     ttl_ms: int | None = None      # expires this long after it is given, on the store's clock
     expires_at: int | None = None  # or at this instant (epoch ms); neither: does not expire
     payload_digest: str | None = None  # only if the operation still carries this payload
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRevocation:
+    """A person withdrawing the approvals of one effect before it is dispatched
+    (``revoke_approval``); the store stamps the time on its own clock."""
+
+    by: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

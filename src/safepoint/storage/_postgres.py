@@ -34,7 +34,14 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
 from .._approvals import approval_detail as approved_detail
-from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
+from .._approvals import (
+    authorizing,
+    plan_approval,
+    plan_revocation,
+    refused_dispatch,
+    revocation_detail,
+    waiting_record,
+)
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
 from .._history import history_warning, warning_due
@@ -60,6 +67,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     Durability,
@@ -737,7 +745,9 @@ class PostgresLedger:
             operation_id=row["operation_id"], step_id=row["step_id"],
             payload_digest=row["payload_digest"], target_digest=row["target_digest"],
             approved_by=row["approved_by"], approved_at=row["approved_at"],
-            expires_at=row["expires_at"], evidence=row["evidence"])
+            expires_at=row["expires_at"], evidence=row["evidence"],
+            revoked_at=row["revoked_at"], revoked_by=row["revoked_by"],
+            revoke_reason=row["revoke_reason"])
 
     def _approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
         rows = yield _q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
@@ -782,16 +792,24 @@ class PostgresLedger:
                                 step_id=op.step_id, operation_id=operation_id)
         return ApprovalGate(None, waiting)
 
-    def approve(self, run_id: str, step_id: str,
-                request: ApprovalRequest) -> Plan[ApprovalRecord]:
-        locked = yield _q("lock_run", run_id=run_id)  # serialised with the gate on this row
+    def _step_approvals(self, run_id: str, step_id: str) -> Plan[
+            tuple[RunRecord, OperationRecord | None, list[ApprovalRecord]]]:
+        """The run, its row locked until the transaction ends (serialised with the gate and
+        the dispatch, which take that lock first), the operation its step ``step_id``
+        prepared, and that one's approvals."""
+        locked = yield _q("lock_run", run_id=run_id)
         if not locked:
             raise RunNotFound(run_id)
         run = yield from self._run_record(locked[0])
-        now = yield from self.now()
         found = yield _q("operation_of_step", run_id=run_id, step_id=step_id)
         op = (yield from self._operation_record(found[0])) if found else None
         approvals = (yield from self._approvals_of(run_id, op.operation_id)) if op else []
+        return run, op, approvals
+
+    def approve(self, run_id: str, step_id: str,
+                request: ApprovalRequest) -> Plan[ApprovalRecord]:
+        run, op, approvals = yield from self._step_approvals(run_id, step_id)
+        now = yield from self.now()
         new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
         if new is not None:
             yield _q("insert_approval", approval_id=new.approval_id, run_id=run_id,
@@ -806,6 +824,20 @@ class PostgresLedger:
             if release:  # claimable again: wake a waiting worker
                 yield _q("notify_work", workflow=run.workflow)
         return approval
+
+    def revoke_approval(self, run_id: str, step_id: str,
+                        revocation: ApprovalRevocation) -> Plan[list[ApprovalRecord]]:
+        # Under the runs row lock: a dispatch of this operation (whose fenced statement takes
+        # the lock first) committed before — it is too late — or waits for this revocation to
+        # commit, and then reads the approvals, in a later statement, as revoked.
+        run, op, approvals = yield from self._step_approvals(run_id, step_id)
+        now = yield from self.now()
+        revoked = plan_revocation(run, step_id, op, approvals, revocation, now)
+        of = revoked[0]  # never empty: plan_revocation refuses when nothing is in force
+        yield _q("revoke_approvals", run_id=run_id, operation_id=of.operation_id,
+                 step_id=of.step_id, now=now, revoked_by=revocation.by,
+                 revoke_reason=revocation.reason, detail=dumps(revocation_detail(revoked)))
+        return revoked
 
 
 class _Unfit(Exception):

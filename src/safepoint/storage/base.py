@@ -35,6 +35,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     EffectState,
@@ -259,8 +260,21 @@ class Store(Protocol):
         ``ApprovalRefused`` when it does not fit the run."""
         ...
 
+    def revoke_approval(self, run_id: str, step_id: str,
+                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        """Revoke, in one atomic step, every approval still in force of the effect step
+        ``step_id`` prepared, stamped with the store's clock and ``revocation``'s who and why,
+        with an ``effect.approval_revoked`` event; return them as revoked. The run's status
+        stays as it is (see ``_approvals.plan_revocation``). Serialised with
+        ``mark_dispatching`` (and ``await_approval``) on the run, so whichever commits first
+        wins: a dispatch under the approval makes the revocation too late, a revocation makes
+        the dispatch refused. ``ApprovalRefused`` (nothing written) when there is nothing to
+        revoke: no prepared effect, no approval in force, or the effect was dispatched."""
+        ...
+
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        """Every approval given in the run, in the order they were given."""
+        """Every approval given in the run, in the order they were given, revoked ones
+        included (with when, by whom and why)."""
         ...
 
     # a person's decision about a blocked run
@@ -412,6 +426,11 @@ class AsyncStore(Protocol):
     async def approve(self, run_id: str, step_id: str,
                       request: ApprovalRequest) -> ApprovalRecord:
         """See ``Store.approve``."""
+        ...
+
+    async def revoke_approval(self, run_id: str, step_id: str,
+                              revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        """See ``Store.revoke_approval``."""
         ...
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:

@@ -40,6 +40,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     Durability,
@@ -294,6 +295,10 @@ class PostgresStore:
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         return self._run(self._ledger.approve(run_id, step_id, request))
+
+    def revoke_approval(self, run_id: str, step_id: str,
+                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        return self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._read(lambda: self._ledger.approvals(run_id))

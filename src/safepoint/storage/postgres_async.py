@@ -39,6 +39,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     Durability,
@@ -362,6 +363,10 @@ class AsyncPostgresStore:
     async def approve(self, run_id: str, step_id: str,
                       request: ApprovalRequest) -> ApprovalRecord:
         return await self._run(self._ledger.approve(run_id, step_id, request))
+
+    async def revoke_approval(self, run_id: str, step_id: str,
+                              revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        return await self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return await self._read(lambda: self._ledger.approvals(run_id))

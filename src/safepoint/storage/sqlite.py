@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from .._approvals import approval_detail as approved_detail
-from .._approvals import authorizing, plan_approval, refused_dispatch, waiting_record
+from .._approvals import (
+    authorizing,
+    plan_approval,
+    plan_revocation,
+    refused_dispatch,
+    revocation_detail,
+    waiting_record,
+)
 from .._canonical import digest as content_digest
 from .._canonical import dumps, loads, sha256_hex
 from .._history import history_warning, warn, warning_due
@@ -44,6 +51,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     Durability,
@@ -754,7 +762,9 @@ class SqliteStore:
             operation_id=row["operation_id"], step_id=row["step_id"],
             payload_digest=row["payload_digest"], target_digest=row["target_digest"],
             approved_by=row["approved_by"], approved_at=row["approved_at"],
-            expires_at=row["expires_at"], evidence=row["evidence"])
+            expires_at=row["expires_at"], evidence=row["evidence"],
+            revoked_at=row["revoked_at"], revoked_by=row["revoked_by"],
+            revoke_reason=row["revoke_reason"])
 
     def _approvals_of(self, conn: sqlite3.Connection, run_id: str,
                       operation_id: str) -> list[ApprovalRecord]:
@@ -814,17 +824,23 @@ class SqliteStore:
         warn(due)
         return gate
 
+    def _step_approvals(self, conn: sqlite3.Connection, run_id: str, step_id: str,
+                        ) -> tuple[RunRecord, OperationRecord | None, list[ApprovalRecord]]:
+        """The run, the operation its step ``step_id`` prepared, and that one's approvals."""
+        rows = conn.execute(_Q["get_run"], {"run_id": run_id}).fetchall()
+        if not rows:
+            raise RunNotFound(run_id)
+        run = self._run_record(rows[0])
+        found = conn.execute(_Q["operation_of_step"],
+                             {"run_id": run_id, "step_id": step_id}).fetchone()
+        op = self._operation_record(found) if found is not None else None
+        approvals = self._approvals_of(conn, run_id, op.operation_id) if op else []
+        return run, op, approvals
+
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         now = self.now()
         with self._write() as conn:  # BEGIN IMMEDIATE: serialised with await_approval
-            rows = conn.execute(_Q["get_run"], {"run_id": run_id}).fetchall()
-            if not rows:
-                raise RunNotFound(run_id)
-            run = self._run_record(rows[0])
-            found = conn.execute(_Q["operation_of_step"],
-                                 {"run_id": run_id, "step_id": step_id}).fetchone()
-            op = self._operation_record(found) if found is not None else None
-            approvals = self._approvals_of(conn, run_id, op.operation_id) if op else []
+            run, op, approvals = self._step_approvals(conn, run_id, step_id)
             new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
             if new is not None:
                 conn.execute(_Q["insert_approval"], {
@@ -840,6 +856,23 @@ class SqliteStore:
                             operation_id=approval.operation_id, worker=approval.approved_by,
                             detail=approved_detail(approval, released=release))
         return approval
+
+    def revoke_approval(self, run_id: str, step_id: str,
+                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        now = self.now()
+        # BEGIN IMMEDIATE: serialised with mark_dispatching, so whichever commits first wins
+        with self._write() as conn:
+            run, op, approvals = self._step_approvals(conn, run_id, step_id)
+            revoked = plan_revocation(run, step_id, op, approvals, revocation, now)
+            of = revoked[0]  # never empty: plan_revocation refuses when nothing is in force
+            conn.execute(_Q["revoke_approvals"], {
+                "run_id": run_id, "operation_id": of.operation_id, "now": now,
+                "revoked_by": revocation.by, "revoke_reason": revocation.reason})
+            conn.execute(_Q["revoke_run"], {"run_id": run_id, "now": now})
+            self._event(conn, run_id, now, "effect.approval_revoked", step_id=of.step_id,
+                        operation_id=of.operation_id, worker=revocation.by,
+                        detail=revocation_detail(revoked))
+        return revoked
 
     # -- continue as new -----------------------------------------------------------------------
 

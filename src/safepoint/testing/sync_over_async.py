@@ -15,6 +15,7 @@ from ..types import (
     ApprovalGate,
     ApprovalRecord,
     ApprovalRequest,
+    ApprovalRevocation,
     AttemptRecord,
     Claim,
     EffectState,
@@ -162,6 +163,10 @@ class SyncOverAsync:
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         return self._call(self.store.approve(run_id, step_id, request))
+
+    def revoke_approval(self, run_id: str, step_id: str,
+                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+        return self._call(self.store.revoke_approval(run_id, step_id, revocation))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._call(self.store.approvals(run_id))

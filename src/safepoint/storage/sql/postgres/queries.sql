@@ -706,6 +706,29 @@ event AS (
 )
 SELECT workflow FROM run;
 
+-- name: revoke_approvals
+-- A person takes back every approval of one operation still in force (it authorizes nothing
+-- from now on; the rows stay, as evidence); the run's revision moves and the event is
+-- appended, its status stays (the gate decides whether the run waits). Run under the runs row
+-- lock (lock_run), as the dispatch of the operation is: whichever commits first wins.
+WITH revoked AS (
+    UPDATE safepoint_approvals
+    SET revoked_at = %(now)s, revoked_by = %(revoked_by)s, revoke_reason = %(revoke_reason)s
+    WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND revoked_at IS NULL
+    RETURNING approval_id
+),
+run AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = %(now)s
+    WHERE run_id = %(run_id)s
+    RETURNING run_id
+)
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, worker, detail)
+SELECT run_id, %(now)s, 'effect.approval_revoked', %(step_id)s, %(operation_id)s,
+       %(revoked_by)s, %(detail)s
+FROM run;
+
 -- name: reprepare_effect
 -- Fence, then give an operation that never left (prepared) a new payload: same key (never
 -- sent), new payload and target digests — to be approved anew where it needs approval (a

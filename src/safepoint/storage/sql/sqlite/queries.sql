@@ -358,6 +358,20 @@ SET status = CASE WHEN :release THEN 'pending' ELSE status END,
     state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id;
 
+-- name: revoke_approvals
+-- A person takes back every approval of one operation still in force: it authorizes nothing
+-- from now on. The rows stay, as evidence of what was authorized and withdrawn.
+UPDATE safepoint_approvals
+SET revoked_at = :now, revoked_by = :revoked_by, revoke_reason = :revoke_reason
+WHERE run_id = :run_id AND operation_id = :operation_id AND revoked_at IS NULL;
+
+-- name: revoke_run
+-- A revocation moves the run's revision and counts its event; the status stays (the gate
+-- decides whether the run waits).
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id;
+
 -- name: reprepare_operation
 -- A new payload for an operation that never left (prepared: nothing was ever sent, or what was
 -- tried provably never left): same key, new payload and target digests — to be approved anew
