@@ -196,7 +196,9 @@ def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
     if op is None:
         raise refuse("the step has no prepared effect, so nothing of it was approved (see"
                      f" the run's effects with `safepoint show {run.run_id}`)")
-    if op.dispatch_count > 0 or op.state is not EffectState.PREPARED:
+    # Prepared is "a dispatch still to come", also after one that provably never left (NotSent)
+    # or that a person resolved as not applied: that next dispatch may still be withdrawn.
+    if op.state is not EffectState.PREPARED:
         when = ("" if op.first_dispatched_at is None
                 else f" at {at(op.first_dispatched_at)}")
         raise refuse(f"too late: effect {op.operation_id!r} was dispatched{when} (it is"
@@ -220,12 +222,13 @@ def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
 def revocable(run: RunRecord, operations: Mapping[str, OperationRecord],
               approvals: list[ApprovalRecord]) -> list[str]:
     """The steps whose approval a person may still take back (what ``plan_revocation``
-    accepts): an approval in force of an effect never dispatched, in a run that goes on."""
+    accepts): an approval in force of an effect with a dispatch still to come, in a run that
+    goes on."""
     if run.status.terminal:
         return []
     return sorted({a.step_id for a in approvals if not a.revoked
                    and (op := operations.get(a.operation_id)) is not None
-                   and op.state is EffectState.PREPARED and op.dispatch_count == 0})
+                   and op.state is EffectState.PREPARED})
 
 
 def revocation_detail(revoked: list[ApprovalRecord]) -> dict[str, Any]:

@@ -1657,6 +1657,15 @@ class StoreConformance(abc.ABC):
         store.finish_run(claim, RunStatus.COMPLETED, result=1)
         refused(op.step_id, "too late")
         assert store.approvals(run.run_id)[-1] == approval  # never revoked
+        # a dispatch that provably never left (back to prepared): the next one may be withdrawn
+        again, again_claim, again_op = self._gated(store)
+        store.approve(again.run_id, again_op.step_id, self._request())
+        store.mark_dispatching(again_claim, again_op.operation_id)
+        store.record_outcome(again_claim, again_op.operation_id, EffectState.PREPARED,
+                             error={"type": "NotSent", "message": "connection refused"})
+        store.revoke_approval(again.run_id, again_op.step_id, self.WITHDRAWN)
+        with pytest.raises(ApprovalInvalid, match="revoked"):
+            store.mark_dispatching(again_claim, again_op.operation_id)
         # a cancelled run dispatches nothing: there is nothing to take back
         ended, ended_claim, ended_op = self._gated(store)
         store.await_approval(ended_claim, ended_op.operation_id, self.TARGET)
