@@ -1,4 +1,5 @@
-"""Where safepoint's time goes: pyinstrument over one run of a workload (W1, W2 or W5).
+"""Where safepoint's time goes: pyinstrument over one run of a workload (W1, W2 or W5), or
+over the resume of a run whose every step is recorded (W4's replay).
 
 ``python -m bench.profile '{"workload": "w1", "backend": "sqlite", "mode": "defaults",
 "steps": 20000}'`` prints one JSON line: steps/s under the profiler, the call tree and the flat
@@ -25,10 +26,17 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
 
     durability = workloads.settings(Setting(backend, mode))["durability"]
     with fresh_database(backend, "profile") as db:
-        store = _Counting(sp.open_store(db.sqlite_url if backend == "sqlite" else db.pg_url,
-                                        durability=durability))
-        flow = {"w1": workloads.w1, "w2": workloads.w2, "w5": workloads.w5}[workload]
+        url = db.sqlite_url if backend == "sqlite" else db.pg_url
+        store = _Counting(sp.open_store(url, durability=durability))
+        flow = {"w1": workloads.w1, "w2": workloads.w2, "w4": workloads.w1,
+                "w5": workloads.w5}[workload]
         extra = (True,) if workload == "w2" else ()  # W2 with a Transcript, as users write it
+        if workload == "w4":
+            # W1's run, stopped just before it completes: every step is recorded (but the batch
+            # of pure steps in progress), and the profiled resume replays them
+            _stopped_before_completion(store, flow, steps)
+            store.close()
+            store = _Counting(sp.open_store(url, durability=durability))
         owner = None
         if workload == "w5":
             import os
@@ -43,7 +51,10 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
         try:
             profiler.start()
             started = time.perf_counter()
-            sp.start(store, flow, steps, *extra, run_id="profile")
+            if workload == "w4":
+                sp.resume(store, "profile")
+            else:
+                sp.start(store, flow, steps, *extra, run_id="profile")
             elapsed = time.perf_counter() - started
             profiler.stop()
         finally:
@@ -59,6 +70,19 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
                if sent is not None else {}),
             "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
             "flat": _relative(profiler.output_text(flat=True, time="percent_of_total"))}
+
+
+def _stopped_before_completion(store: Any, flow: Any, steps: int) -> None:
+    import safepoint as sp
+    from safepoint._crashpoints import SimulatedCrash, arm
+
+    arm("run.before_complete", "raise")
+    try:
+        sp.start(store, flow, steps, run_id="profile", lease_ms=0)  # lease_ms=0: resumable now
+    except SimulatedCrash:
+        pass
+    finally:
+        arm(None)
 
 
 def _relative(text: str) -> str:

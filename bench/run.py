@@ -31,10 +31,10 @@ from .procs import ROOT
 WORKLOADS = {"safepoint": ["w1", "w2", "w3", "w4", "w5"], "dbos": ["w1", "w2", "w3", "w4"],
              "langgraph": ["w1", "w2", "w4"]}
 # (workload, backend, mode, steps): where W1's time goes on each backend, and what explains the
-# W2 and W5 figures.
+# W2, W4 (the replay of a resume) and W5 figures.
 PROFILES = [("w1", "sqlite", "defaults", 20000), ("w1", "sqlite", "equal", 3000),
             ("w1", "postgres", "defaults", 3000), ("w2", "sqlite", "defaults", 1000),
-            ("w5", "sqlite", "equal", 500)]
+            ("w4", "postgres", "equal", 1000), ("w5", "sqlite", "equal", 500)]
 PACKAGES = ["safepoint", "dbos", "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
             "langgraph-checkpoint-postgres", "psycopg", "psycopg-pool", "SQLAlchemy", "matplotlib",
             "pyinstrument"]
