@@ -515,6 +515,7 @@ class RunCore:
         crashpoint("step.after_record", sid)
         return value
 
+
 def _next_step_id(sid: str, value: JSON) -> str:
     if isinstance(value, str):
         return value
