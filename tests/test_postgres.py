@@ -546,6 +546,38 @@ def test_the_check_on_checkout(rested_s: float | None, unsolicited: bool,
     assert checkout(rested_s, unsolicited) is verdict
 
 
+@pytest.fixture
+def high_descriptors() -> Iterator[None]:
+    """Every file descriptor below 1100 taken, as in a busy server process: the next sockets get
+    numbers above select()'s FD_SETSIZE (1024)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        if hard != resource.RLIM_INFINITY and hard < 2048:
+            pytest.skip(f"the open-files limit ({hard}) is too low to go past 1024")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_store_works_in_a_process_with_many_open_files(
+        pg_url: str, high_descriptors: None, opened: Callable[[str], PostgresStore]) -> None:
+    """The check on checkout looks at the socket without select(), which refuses descriptors
+    numbered 1024 and above."""
+    store = opened(pg_url)
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    store.record_step(claim, _step(run.run_id, "s"))
+    assert set(store.load_ledger(run.run_id).steps) == {"s"}
+
+
 @pytest.mark.parametrize(("error", "lost"), [
     (psycopg.OperationalError("server closed the connection unexpectedly"), True),
     (psycopg.errors.AdminShutdown(), True),

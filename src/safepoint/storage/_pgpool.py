@@ -66,7 +66,15 @@ def unsolicited_input(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     connections LISTEN to nothing, so anything there is the server ending the session."""
     if conn.closed:
         return True
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    fd = conn.fileno()
+    if hasattr(select, "poll"):
+        # poll, not select: select() refuses descriptors numbered FD_SETSIZE (1024) and up,
+        # which a process with many open files hands its sockets. A hang-up or an error is
+        # reported whatever the mask: the session is gone, just the same.
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll, and no such limit
     return bool(readable)
 
 
