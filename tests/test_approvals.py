@@ -625,30 +625,33 @@ def test_a_revocation_between_the_gate_and_the_dispatch_makes_the_run_wait(
     store.close()
 
 
-def test_a_revocation_after_the_dispatch_is_refused_and_changes_nothing(
+def test_a_revocation_while_the_outcome_is_uncertain_withdraws_the_dispatch_still_to_come(
         store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    """Killed after "dispatching" committed, before the call: the revocation is taken; the
+    resume asks the owner, who has nothing, and the dispatch that would follow waits for a new
+    approval instead of going out under the revoked one. Once the outcome is recorded, a
+    revocation is too late and changes nothing."""
     store = sp.open_store(store_url)
-    flow = _refund_flow("approval-revoked-too-late", owner_effect("refunds"))
+    flow = _refund_flow("approval-revoked-while-uncertain", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
-    approval = sp.approve(store, "r", "refund", by="ana")
+    sp.approve(store, "r", "refund", by="ana")
     crash_at("effect.after_dispatching")  # "dispatching" committed: it may have gone out
     with pytest.raises(SimulatedCrash):
         sp.resume(store, "r", lease_ms=0)
     crash_at(None)
-
-    def refused() -> None:
-        before = (store.load_ledger("r"), store.events("r"), store.approvals("r"))
-        with pytest.raises(sp.ApprovalRefused, match=r"too late: .* was dispatched at") as late:
-            sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
-        assert late.value.revoking
-        assert "reconcile" in late.value.message
-        assert (store.load_ledger("r"), store.events("r"), store.approvals("r")) == before
-
-    refused()
-    assert sp.resume(store, "r")["amount"] == 40  # reconciled, sent under the approval
-    refused()
-    assert store.approvals("r") == [approval]
+    sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+        sp.resume(store, "r")
+    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert _applied(owner_env) == 0
+    sp.approve(store, "r", "refund", by="ana")
+    assert sp.resume(store, "r")["amount"] == 40
+    before = (store.load_ledger("r"), store.events("r"), store.approvals("r"))
+    with pytest.raises(sp.ApprovalRefused, match=r"too late: .* is accepted") as late:
+        sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
+    assert late.value.revoking
+    assert (store.load_ledger("r"), store.events("r"), store.approvals("r")) == before
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
     store.close()

@@ -7,12 +7,14 @@ bound to the payload's digest and to the digest of the target's state (what the 
 authorizes a dispatch only while both digests still match and it has not expired on the
 store's clock; otherwise the run waits again (``ApprovalInvalid``).
 
-A person may also take an approval back before the effect is dispatched
+A person may also take an approval back while the effect's outcome is not recorded
 (``revoke_approval``): every approval of the effect still in force is marked revoked, and
-authorizes nothing from then on. A revocation and a dispatch of the same effect are serialised
-by the store — whichever commits first wins: either the effect went out under the approval
-(and the revocation is refused as too late) or the revocation committed and the dispatch is
-refused (the run waits again).
+authorizes nothing from then on — no first dispatch, and no re-dispatch after a reconcile that
+found nothing. A revocation and a dispatch of the same effect are serialised by the store —
+whichever commits first wins: either the effect went out under the approval before the
+revocation (what may have happened is reconciled, never recalled) or the revocation committed
+and the dispatch is refused (the run waits again). Once the outcome is recorded, a revocation
+is refused as too late.
 
 The decisions are the small I/O-free functions below, shared by every store: the store makes
 them inside the transaction that checks the fence (``await_approval``, ``mark_dispatching``) or
@@ -176,6 +178,10 @@ def approval_detail(approval: ApprovalRecord, *, released: bool) -> dict[str, An
             "evidence": approval.evidence, "released": released}
 
 
+# An operation in one of these states has its outcome: nothing is dispatched for it again.
+_SETTLED_STATES = (EffectState.APPLIED, EffectState.ACCEPTED, EffectState.REJECTED)
+
+
 def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
                     approvals: list[ApprovalRecord], revocation: ApprovalRevocation,
                     now: int) -> list[ApprovalRecord]:
@@ -196,14 +202,13 @@ def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
     if op is None:
         raise refuse("the step has no prepared effect, so nothing of it was approved (see"
                      f" the run's effects with `safepoint show {run.run_id}`)")
-    # Prepared is "a dispatch still to come", also after one that provably never left (NotSent)
-    # or that a person resolved as not applied: that next dispatch may still be withdrawn.
-    if op.state is not EffectState.PREPARED:
-        when = ("" if op.first_dispatched_at is None
-                else f" at {at(op.first_dispatched_at)}")
-        raise refuse(f"too late: effect {op.operation_id!r} was dispatched{when} (it is"
-                     f" {op.state.value} now); a revocation withdraws only a dispatch still to"
-                     " come, and the effect's outcome is what the run will reconcile")
+    # Until the owner's outcome is recorded a dispatch may still come: the first, one after a
+    # dispatch that provably never left, or one after a reconcile that found nothing. A
+    # revocation withdraws those; one that may already have happened is reconciled, never
+    # recalled.
+    if op.state in _SETTLED_STATES:
+        raise refuse(f"too late: effect {op.operation_id!r} is {op.state.value}; a revocation"
+                     " withdraws only dispatches still to come")
     if run.status.terminal:
         raise refuse(f"the run is {run.status.value}; nothing will be dispatched under its"
                      " approvals")
@@ -222,13 +227,13 @@ def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
 def revocable(run: RunRecord, operations: Mapping[str, OperationRecord],
               approvals: list[ApprovalRecord]) -> list[str]:
     """The steps whose approval a person may still take back (what ``plan_revocation``
-    accepts): an approval in force of an effect with a dispatch still to come, in a run that
-    goes on."""
+    accepts): an approval in force of an effect whose outcome is not recorded yet, in a run
+    that goes on."""
     if run.status.terminal:
         return []
     return sorted({a.step_id for a in approvals if not a.revoked
                    and (op := operations.get(a.operation_id)) is not None
-                   and op.state is EffectState.PREPARED})
+                   and op.state not in _SETTLED_STATES})
 
 
 def revocation_detail(revoked: list[ApprovalRecord]) -> dict[str, Any]:

@@ -344,7 +344,7 @@ def _print_approvals(console: Console, store: Store, ledger: Ledger) -> None:
         console.print(f"  {approval_line(approval)}", soft_wrap=True, highlight=False,
                       markup=False)
     for step in revocable(ledger.run, ledger.operations, given):
-        console.print(f"  take it back before it is dispatched: safepoint revoke"
+        console.print(f"  take it back: safepoint revoke"
                       f" {shlex.quote(ledger.run.run_id)} {shlex.quote(step)} --by <you>"
                       " --reason '<why>'", soft_wrap=True, highlight=False, markup=False)
 
@@ -648,11 +648,11 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
 @click.option("--reason", required=True, help="Why (recorded, shown with the run).")
 @click.pass_context
 def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) -> None:
-    """Take back the approval of the effect STEP of RUN prepared, before it is dispatched.
+    """Take back the approval of the effect STEP of RUN prepared, while its outcome is open.
 
-    Every approval of it still in force is revoked: the run does not dispatch the effect, and
-    waits again at its gate until someone approves it anew. Refused once the effect was
-    dispatched: its outcome is then what the run reconciles.
+    Every approval of it still in force is revoked: the run dispatches the effect no more (a
+    dispatch already made is reconciled, never recalled), and waits again at its gate until
+    someone approves it anew. Refused once the effect's outcome is recorded.
     """
     store = _store(ctx)
     revoked = revoke_step(store, run_id, step_id, by=by, reason=reason)

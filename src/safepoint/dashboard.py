@@ -7,8 +7,8 @@
   asks a person to approve, its steps and its events;
 - ``/api/runs`` and ``/api/runs/RUN`` — the same as JSON;
 - forms that cancel a run, resolve a blocked one (applied / not applied / abandon, checked
-  against the record's revision), approve a waiting effect and revoke an approval before its
-  effect is dispatched.
+  against the record's revision), approve a waiting effect and revoke an approval while its
+  effect's outcome is open.
 
 Reading needs nothing; every action needs the dashboard's token (printed when it starts), typed
 into the form or sent as ``Authorization: Bearer …``. A page never contains the token, so a
