@@ -212,3 +212,11 @@ def test_a_conversation_killed_mid_run_finishes_the_same(owner: OwnerService, tm
     report = harness.trial(crash_at=crash_at)
     assert report.killed, f"{crash_at} was never reached"
     report.check()
+
+
+def test_items_read_back_exactly_as_appended_while_the_digest_is_canonical() -> None:
+    transcript = sp.Transcript([{"score": 1.0, "n": 2}, 0.5])
+    assert transcript[0] == {"score": 1.0, "n": 2}
+    assert isinstance(transcript[0]["score"], float)
+    assert transcript.digest == chain([{"score": 1.0, "n": 2}, 0.5])
+    assert transcript.digest == sp.Transcript([{"n": 2, "score": 1}, 0.5]).digest

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, overload
 
-from ._canonical import JSON, checked_canonical
+from ._canonical import JSON, checked_canonical, dumps
 
 REFERENCE_KEY = "$transcript"
 _EMPTY_LINK = hashlib.sha256(b"").digest()
@@ -28,8 +28,9 @@ class Transcript(Sequence[JSON]):
     """An append-only list of JSON values — a conversation, a scratchpad — that steps can be
     given whole at a constant hashing cost.
 
-    Items are kept as their canonical JSON and read back as fresh values: changing an item you
-    read never changes the transcript (nor its digest). There is no way to change or remove an
+    Items are kept as JSON text and read back as fresh values, exactly as appended (a float
+    stays a float): changing an item you read never changes the transcript (nor its digest,
+    which hashes each item's canonical JSON). There is no way to change or remove an
     item; a conversation that must be cut starts a new transcript. A step function receives the
     transcript itself (a read-only ``Sequence``); ``run.model(messages=transcript)`` passes the
     model function a plain list. It is not JSON: a step result or an effect payload takes
@@ -44,7 +45,7 @@ class Transcript(Sequence[JSON]):
     __slots__ = ("_items", "_link")
 
     def __init__(self, items: Iterable[JSON] = ()) -> None:
-        self._items: list[bytes] = []
+        self._items: list[str] = []
         self._link = _EMPTY_LINK
         self.extend(items)
 
@@ -53,7 +54,7 @@ class Transcript(Sequence[JSON]):
         raises ``NotJSON`` and leaves the transcript as it was)."""
         encoded = checked_canonical(item, "a transcript item")
         self._link = hashlib.sha256(self._link + hashlib.sha256(encoded).digest()).digest()
-        self._items.append(encoded)
+        self._items.append(dumps(item))
 
     def extend(self, items: Iterable[JSON]) -> None:
         for item in items:

@@ -14,6 +14,7 @@ effects can run in any process the kill harness starts.
 from __future__ import annotations
 
 import os
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +25,7 @@ OWNER_URL_ENV = "SAFEPOINT_OWNER_URL"
 
 
 _kept_clients: dict[str, OwnerClient] = {}
+_kept_lock = threading.Lock()  # fan-out branches ask for the client at the same time
 
 
 def owner_client(*, keep_alive: bool = False) -> OwnerClient:
@@ -35,9 +37,10 @@ def owner_client(*, keep_alive: bool = False) -> OwnerClient:
                            " (OwnerService().url)")
     if not keep_alive:
         return OwnerClient(url)
-    if url not in _kept_clients:
-        _kept_clients[url] = OwnerClient(url, keep_alive=True)
-    return _kept_clients[url]
+    with _kept_lock:
+        if url not in _kept_clients:
+            _kept_clients[url] = OwnerClient(url, keep_alive=True)
+        return _kept_clients[url]
 
 
 def owner_effect(resource: str, *, name: str | None = None,
