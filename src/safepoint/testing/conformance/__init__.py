@@ -1,0 +1,82 @@
+"""The store conformance suite: the one definition of a correct ledger store.
+
+``safepoint.storage.base.Store`` only names the operations; this suite says what they must do.
+Every store — SQLite on a file, SQLite in memory, PostgreSQL, yours — runs the same tests, and a
+store is correct when it passes them (the suite, not inheritance, defines a correct store).
+
+Adopting it takes one subclass in a pytest test file::
+
+    from safepoint.storage import Store, open_store
+    from safepoint.testing.conformance import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        def make_store(self) -> Store:
+            return open_store(f"sqlite:///{self.tmp_path / 'ledger.db'}")
+
+``make_store`` returns an open, migrated store. It is called several times in one test (the
+concurrency tests give every thread its own store object) and may return the same database —
+or even the same object — each time. ``self.tmp_path`` is pytest's per-test directory. Every
+store it returns is passed to ``close_store`` when the test ends; override that when the
+subclass shares one store object across tests.
+
+The suite runs against a shared database too (one PostgreSQL database for all tests): every test
+uses its own uuid-suffixed run ids and workflow names and never assumes the store is empty.
+Time is real — a store's "now" may come from the database clock — so tests that need a lease to
+expire use tiny leases and short sleeps; the whole suite takes a few seconds per store.
+
+An asyncio store (``safepoint.storage.base.AsyncStore``) runs the same suite through
+``SyncOverAsync``, which runs its coroutines on an event loop of its own::
+
+    class TestMyAsyncStore(StoreConformance):
+        def make_store(self) -> Store:
+            return SyncOverAsync(lambda: MyAsyncStore.open(URL))
+
+Requires pytest (a dev dependency of safepoint, not a runtime one). The asserts live in this
+module, not in a test file, so for readable failures add to your ``conftest.py``::
+
+    pytest.register_assert_rewrite("safepoint.testing.conformance")
+
+The tests of one topic live in a module of their own, as a mixin that ``StoreConformance``
+composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
+``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
+``approvals``, ``revocation`` (revoking approvals) and ``history`` (bounded history and
+continue-as-new). ``_support`` holds what they share: the base class with ``make_store`` and the
+helpers, the constants and the record factories.
+"""
+
+from __future__ import annotations
+
+from ..sync_over_async import SyncOverAsync
+from ._support import ConformanceBase
+from .approvals import ApprovalTests
+from .artifacts_clock import ArtifactClockTests
+from .claiming import ClaimTests
+from .effects import EffectTests
+from .ending import EndingTests
+from .fencing import FenceTests
+from .history import HistoryTests
+from .limits import LimitTests
+from .revocation import RevocationTests
+from .runs import RunTests
+from .steps import StepTests
+
+__all__ = ["StoreConformance", "SyncOverAsync"]
+
+
+# pytest collects the tests of the last base first: the topics are listed backwards so
+# that they run in reading order, creating runs first.
+class StoreConformance(
+    HistoryTests,
+    RevocationTests,
+    ApprovalTests,
+    LimitTests,
+    ArtifactClockTests,
+    EndingTests,
+    EffectTests,
+    StepTests,
+    FenceTests,
+    ClaimTests,
+    RunTests,
+    ConformanceBase,
+):
+    """Subclass in a test module and implement ``make_store``; pytest collects the tests."""
