@@ -275,7 +275,7 @@ class ApprovalRequest:
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRevocation:
-    """A person withdrawing the approvals of one effect before it is dispatched
+    """A person withdrawing the approvals of one effect while its outcome is open
     (``revoke_approval``); the store stamps the time on its own clock."""
 
     by: str
