@@ -105,3 +105,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'ledger.db'}"
     base = request.getfixturevalue("pg_url")
     return f"{base}?schema=t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[sp.Store]:
+    """A fresh store of each kind (SQLite file, PostgreSQL), closed at the end."""
+    opened = sp.open_store(store_url)
+    yield opened
+    opened.close()

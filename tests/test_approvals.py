@@ -46,6 +46,19 @@ def _refund_flow(name: str, effect: sp.Effect, payload: Any = None) -> sp.Workfl
     return flow
 
 
+def _chained_refund_flow(name: str) -> sp.Workflow:
+    """A chain whose first run continues as new at once; its successor asks for approval."""
+    refunds = owner_effect("refunds")
+
+    @sp.workflow(name)
+    def flow(run: sp.Run, generation: int) -> Any:
+        if generation == 0:
+            run.continue_as_new(1)
+        return run.effect("refund", refunds, payload=PAYLOAD, approval=True)["amount"]
+
+    return flow
+
+
 def _applied(owner: OwnerService) -> int:
     return int(owner.client.stats()["applied"])
 
@@ -529,13 +542,7 @@ def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
     """The id ``start`` was given serves the whole chain: an approval given with it reaches the
     successor that waits, sync and async, and the refund is sent once."""
     store = sp.open_store(store_url)
-    refunds = owner_effect("refunds")
-
-    @sp.workflow("approval-in-a-chain")
-    def flow(run: sp.Run, generation: int) -> Any:
-        if generation == 0:
-            run.continue_as_new(1)
-        return run.effect("refund", refunds, payload=PAYLOAD, approval=True)["amount"]
+    flow = _chained_refund_flow("approval-in-a-chain")
 
     for run_id in ("r", "s"):
         with pytest.raises(sp.AwaitingApproval) as waits:
@@ -681,13 +688,7 @@ def test_a_revocation_needs_who_and_why_and_refuses_credentials(memory_store: sp
 def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carries_it_on(
         store_url: str, owner_env: OwnerService) -> None:
     store = sp.open_store(store_url)
-    refunds = owner_effect("refunds")
-
-    @sp.workflow("approval-revoked-in-a-chain")
-    def flow(run: sp.Run, generation: int) -> Any:
-        if generation == 0:
-            run.continue_as_new(1)
-        return run.effect("refund", refunds, payload=PAYLOAD, approval=True)["amount"]
+    flow = _chained_refund_flow("approval-revoked-in-a-chain")
 
     for run_id in ("r", "s"):
         with pytest.raises(sp.AwaitingApproval):

@@ -7,7 +7,6 @@ at a crash point, lease 0). Every test runs on a SQLite file and on PostgreSQL.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,13 +20,6 @@ from safepoint.testing.owner import OwnerService
 
 TOOLS_V1 = [{"name": "lookup", "input_schema": {"type": "object"}}]
 TOOLS_V2 = [{"name": "lookup", "input_schema": {"type": "object", "required": ["id"]}}]
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[sp.Store]:
-    opened = sp.open_store(store_url)
-    yield opened
-    opened.close()
 
 
 def _stop_before_completion(store: sp.Store, wf: sp.Workflow, crash_at: Any,

@@ -108,16 +108,21 @@ def test_every_action_needs_the_token_and_a_wrong_one_changes_nothing(
             if e.kind == "run.resolved"] == ["ana"]
 
 
-def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_board(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
+def _waiting_refund(store: sp.Store, workflow: str, run_id: str) -> None:
+    """Start a run whose refund of 40 waits for approval."""
     refunds = owner_effect("refunds")
 
-    @sp.workflow("board-refund")
+    @sp.workflow(workflow)
     def flow(run: sp.Run) -> Any:
         return run.effect("refund", refunds, payload={"amount": 40}, approval=True)
 
     with pytest.raises(sp.AwaitingApproval):
-        sp.start(file_store, flow, run_id="w")
+        sp.start(store, flow, run_id=run_id)
+
+
+def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_board(
+        board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
+    _waiting_refund(file_store, "board-refund", "w")
     status, page = _get(board, "/runs/w")
     assert "waiting for approval" in page
     assert "&quot;amount&quot;: 40" in page  # the payload a person is asked to approve
@@ -137,14 +142,7 @@ def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_
 
 def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
         board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
-    refunds = owner_effect("refunds")
-
-    @sp.workflow("board-revoke")
-    def flow(run: sp.Run) -> Any:
-        return run.effect("refund", refunds, payload={"amount": 40}, approval=True)
-
-    with pytest.raises(sp.AwaitingApproval):
-        sp.start(file_store, flow, run_id="v")
+    _waiting_refund(file_store, "board-revoke", "v")
     sp.approve(file_store, "v", "refund", by="ana")
     _, page = _get(board, "/runs/v")
     assert "<h2>approvals</h2>" in page

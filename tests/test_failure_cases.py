@@ -53,7 +53,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -65,13 +64,6 @@ from safepoint._crashpoints import SimulatedCrash
 from safepoint._workflow import resume_record
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[sp.Store]:
-    opened = sp.open_store(store_url)
-    yield opened
-    opened.close()
 
 
 def _execute(store_url: str, statement: str, *params: Any) -> int:

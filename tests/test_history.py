@@ -9,7 +9,6 @@ import sqlite3
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,6 @@ from safepoint.testing.kill import run_child
 from safepoint.testing.owner import OwnerService
 
 TESTS = str(Path(__file__).parent)
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[sp.Store]:
-    """A fresh store of each kind (SQLite file, PostgreSQL), closed at the end."""
-    opened = sp.open_store(store_url)
-    yield opened
-    opened.close()
 
 
 def _name(prefix: str) -> str:

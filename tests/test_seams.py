@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,14 +24,6 @@ from safepoint._crashpoints import SimulatedCrash
 from safepoint.storage.base import load_migrations
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[sp.Store]:
-    """A fresh store of each kind (SQLite file, PostgreSQL), closed at the end."""
-    opened = sp.open_store(store_url)
-    yield opened
-    opened.close()
 
 
 def _name(prefix: str) -> str:
