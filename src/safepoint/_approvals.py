@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._flow import Flow, Io, adrive, drive
+from ._history import chain_head
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
 from .types import (
@@ -310,10 +311,8 @@ def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow:
 
 
 def _carried_on_by(run_id: str) -> Flow:
-    """The run that carries ``run_id``'s chain on: itself, or its latest successor."""
-    run = yield Io("get_run", (run_id,))
-    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
-        run = yield Io("get_run", (run.successor_run_id,))
+    """The id of the run that carries ``run_id``'s chain on: itself, or its latest successor."""
+    run = yield from chain_head((yield Io("get_run", (run_id,))))
     return run.run_id
 
 

@@ -18,9 +18,10 @@ import warnings
 from typing import Any
 
 from ._canonical import require_json
+from ._flow import Flow, Io
 from ._secrets import refuse_secrets
 from .errors import HistoryWarning, UsageError
-from .types import HistoryLimit, RunRecord
+from .types import HistoryLimit, RunRecord, RunStatus
 
 DEFAULT_HISTORY_LIMIT = HistoryLimit()
 
@@ -74,3 +75,11 @@ def successor_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str,
     require_json(inputs, "the state passed to continue_as_new", allow_tuples=True)
     refuse_secrets(inputs, "the state passed to continue_as_new")
     return inputs
+
+
+def chain_head(run: RunRecord) -> Flow:
+    """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new (its
+    successor may have continued again meanwhile)."""
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield Io("get_run", (run.successor_run_id,))
+    return run

@@ -24,7 +24,7 @@ from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
 from ._flow import Call, Flow, Io, Sleep, adrive, drive
-from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, successor_run_id
+from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
 from ._limits import (
     as_retry,
     carried_limits,
@@ -279,7 +279,7 @@ def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS
     """``resume`` from a run record read earlier: the claim compares against *its* revision,
     so two resumers holding the same record race on one compare-and-set."""
     if run.status is RunStatus.CONTINUED:
-        run = drive(store, _chain_head_flow(run))
+        run = drive(store, chain_head(run))
     if run.status.terminal:
         return _ended(run)  # needs no workflow code: the ending is recorded
     wf = _workflow_of(run)
@@ -291,7 +291,7 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
     """``resume`` in the caller's event loop."""
     run = await adrive(store, _get_run_flow(run_id))
     if run.status is RunStatus.CONTINUED:
-        run = await adrive(store, _chain_head_flow(run))
+        run = await adrive(store, chain_head(run))
     if run.status.terminal:
         return _ended(run)
     wf = _workflow_of(run)
@@ -400,13 +400,6 @@ def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) ->
     return (yield from _execute_flow(store, wf, claim, run, {}, {}))
 
 
-def _chain_head_flow(run: RunRecord) -> Flow:
-    """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new."""
-    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
-        run = yield Io("get_run", (run.successor_run_id,))
-    return run
-
-
 def _ended(run: RunRecord) -> Any:
     """The outcome of a run that needs no worker: its result, or the error it ended with."""
     if run.status is RunStatus.COMPLETED:
@@ -434,7 +427,7 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
 
 
 def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow:
-    run = yield from _chain_head_flow(run)  # a continued run: resume the chain where it is
+    run = yield from chain_head(run)  # a continued run: resume the chain where it is
     if run.status.terminal:
         return _ended(run)
     claim = None
@@ -445,7 +438,7 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
                          {"dead_owner": plan.dead_owner})
         if claim is not None:
             break
-        run = yield from _chain_head_flow((yield Io("get_run", (run.run_id,))))
+        run = yield from chain_head((yield Io("get_run", (run.run_id,))))
         if run.status.terminal:
             return _ended(run)
     if claim is None:
