@@ -72,6 +72,17 @@ def test_an_item_that_is_not_json_is_refused_and_changes_nothing() -> None:
     assert (len(transcript), transcript.digest) == (1, before)
 
 
+def test_one_item_given_where_a_list_of_items_is_expected_is_refused() -> None:
+    """A string or a message (a dict) is iterable, but is one item: never split into many."""
+    for one in ("hello", b"hello", {"role": "user", "content": "hi"}):
+        with pytest.raises(sp.UsageError, match="list of items"):
+            sp.Transcript(one)  # type: ignore[arg-type]
+    transcript = sp.Transcript(["a"])
+    with pytest.raises(sp.UsageError, match=r"append\(item\)"):
+        transcript.extend({"role": "user", "content": "hi"})
+    assert list(transcript) == ["a"]
+
+
 def test_a_transcript_is_not_a_recordable_value(memory_store: sp.Store) -> None:
     """Results and payloads are recorded whole: they take list(transcript)."""
     effect = sp.Effect("e", execute=lambda payload, key: {"ok": True})

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from ._canonical import JSON, checked_canonical, dumps
+from .errors import UsageError
 
 REFERENCE_KEY = "$transcript"
 _EMPTY_LINK = hashlib.sha256(b"").digest()
@@ -45,6 +46,9 @@ class Transcript(Sequence[JSON]):
     __slots__ = ("_items", "_link")
 
     def __init__(self, items: Iterable[JSON] = ()) -> None:
+        if isinstance(items, (str, bytes, Mapping)):  # iterable, but surely one item, not many
+            raise UsageError(f"Transcript takes a list of items; wrap one {type(items).__name__}"
+                             " in a list: Transcript([message])")
         self._items: list[str] = []
         self._link = _EMPTY_LINK
         self.extend(items)
@@ -57,6 +61,9 @@ class Transcript(Sequence[JSON]):
         self._items.append(dumps(item))
 
     def extend(self, items: Iterable[JSON]) -> None:
+        if isinstance(items, (str, bytes, Mapping)):
+            raise UsageError(f"extend takes a list of items; append one {type(items).__name__}"
+                             " with append(item)")
         for item in items:
             self.append(item)
 
