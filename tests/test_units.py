@@ -238,3 +238,33 @@ def test_a_stored_value_this_version_does_not_know_is_a_corrupt_record_naming_it
         stored_enum(sp.EffectState, "teleported", "safepoint_operations", "run_id=r op=1",
                     "state")
     assert (corrupt.value.table, corrupt.value.key) == ("safepoint_operations", "run_id=r op=1")
+
+
+def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_refused() -> None:
+    """The input scan tests exact types first: subclasses (enums, ordered dicts, named tuples)
+    must still hash as the JSON they encode to, and a key Python cannot write as UTF-8 must
+    be refused as not JSON, naming the key, never escape as a UnicodeEncodeError."""
+    import collections
+    import enum
+
+    import rfc8785
+
+    from safepoint._canonical import canonical, canonical_if_json, checked_canonical
+
+    class Level(enum.IntEnum):
+        HIGH = 3
+
+    class Colour(str, enum.Enum):
+        RED = "red"
+
+    pair = collections.namedtuple("pair", "a b")
+    assert canonical([Level.HIGH, Colour.RED]) == b'[3,"red"]'
+    assert canonical(collections.OrderedDict(b=1, a=[True, None])) == rfc8785.dumps(
+        {"a": [True, None], "b": 1})
+    assert canonical_if_json(pair(1, "x"), allow_tuples=True) == b'[1,"x"]'
+    assert canonical_if_json((1, 2)) is None  # tuples only where inputs allow them
+    assert canonical_if_json({"a": 2**53}) is None
+    assert canonical_if_json({"\ud800": 1}) is None
+    with pytest.raises(sp.NotJSON, match="lone surrogate") as refused:
+        checked_canonical({"ok": {"\ud800": 1}}, "inputs", "s1")
+    assert "\\ud800" in str(refused.value)

@@ -30,34 +30,67 @@ def _scan(value: Any, allow_tuples: bool) -> bool:
     """Check that ``value`` is JSON (``_Unsafe`` otherwise) and say whether Python's own JSON
     encoder writes it exactly as RFC 8785 does: True unless it holds a float (JCS writes numbers
     as ECMAScript does) or a key beyond the Basic Multilingual Plane (JCS sorts keys by UTF-16
-    code units). One walk, no paths built: ``find_non_json`` builds them only on failure."""
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, str):
+    code units). One walk, no paths built: ``find_non_json`` builds them only on failure.
+
+    Every step's inputs go through here, on replay too, so the common exact types are tested
+    first and the strings and integers inside a container are checked without a call of their
+    own; anything else (floats, subclasses such as enums) takes ``_scan_other``."""
+    kind = type(value)
+    if kind is dict:
+        plain = True
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                raise _Unsafe
+            if not key.isascii():
+                key.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
+                if max(key) > "\uffff":
+                    plain = False
+            plain = _scan_item(item, allow_tuples) and plain
+        return plain
+    if kind is list or (allow_tuples and kind is tuple):
+        plain = True
+        for item in value:
+            plain = _scan_item(item, allow_tuples) and plain
+        return plain
+    return _scan_item(value, allow_tuples)
+
+
+def _scan_item(value: Any, allow_tuples: bool) -> bool:
+    kind = type(value)
+    if kind is str:
         if not value.isascii():
             value.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
         return True
-    if isinstance(value, int):
-        if abs(value) > _MAX_SAFE_INT:
-            raise _Unsafe
+    if kind is int:
+        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+            return True
+        raise _Unsafe
+    if value is None or kind is bool:
         return True
+    if kind is dict or kind is list or (allow_tuples and kind is tuple):
+        return _scan(value, allow_tuples)
+    return _scan_other(value, allow_tuples)
+
+
+def _scan_other(value: Any, allow_tuples: bool) -> bool:
+    """``_scan`` for values of any type but the exact common ones."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, str):
+        return _scan_item(str(value), allow_tuples)
+    if isinstance(value, int):
+        return _scan_item(int(value), allow_tuples)
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _Unsafe
         return False
-    plain = True
     if isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
+        plain = True
         for item in value:
-            plain = _scan(item, allow_tuples) and plain
+            plain = _scan_item(item, allow_tuples) and plain
         return plain
     if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _Unsafe
-            if not key.isascii() and max(key) > "\uffff":
-                plain = False
-            plain = _scan(item, allow_tuples) and plain
-        return plain
+        return _scan(dict(value), allow_tuples)
     raise _Unsafe
 
 
@@ -104,6 +137,10 @@ def _locate(value: Any, allow_tuples: bool, path: str) -> tuple[str, str] | None
         for key, item in value.items():
             if not isinstance(key, str):
                 return (f"{path} key {key!r}", type(key).__name__)
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                return (f"{path} key {key!r}", "string with a lone surrogate")
             found = _locate(item, allow_tuples, f"{path}.{key}")
             if found:
                 return found
@@ -146,10 +183,15 @@ def canonical_if_json(value: Any, *, allow_tuples: bool = False) -> bytes | None
     return None if plain is None else _encode(value, plain)
 
 
+# Built once: ``json.dumps`` with any option but the defaults builds an encoder per call.
+_PLAIN_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                                    allow_nan=False)
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _encode(value: JSON, plain: bool) -> bytes:
     if plain:
-        return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
+        return _PLAIN_CANONICAL.encode(value).encode("utf-8")
     return rfc8785.dumps(value)
 
 
@@ -169,7 +211,7 @@ def digest(data: bytes) -> str:
 
 def dumps(value: JSON) -> str:
     """Compact JSON text for storage (not canonical: cheaper, and only hashed values need it)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _COMPACT.encode(value)
 
 
 def loads(text: str | bytes) -> JSON:

@@ -49,7 +49,6 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
-    CorruptRecord,
     HistoryWarning,
     InvalidStoreURL,
     LostOwnership,
@@ -97,6 +96,7 @@ from .base import (
     retry_json,
     retry_of,
     stored_enum,
+    stored_json,
 )
 
 _Q = load_queries("postgres")
@@ -307,13 +307,9 @@ class PostgresLedger:
     def _value(self, text: str | None, ref: str | None, table: str, key: str) -> Plan[JSON]:
         """A stored JSON value; an artifact is read in the same transaction (the same snapshot
         in ``load_ledger``)."""
-        data = (yield from self.get_artifact(ref)) if ref is not None else None
-        try:
-            if data is not None:
-                text = data.decode()
-            return None if text is None else loads(text)
-        except ValueError as exc:  # UnicodeDecodeError included
-            raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
+        if ref is not None:
+            return stored_json((yield from self.get_artifact(ref)), table, key)
+        return stored_json(text, table, key)
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -417,13 +413,14 @@ class PostgresLedger:
             key = f"run_id={run_id} step_id={row['step_id']}"
             kind = stored_enum(StepKind, row["kind"], "safepoint_steps", key, "kind")
             status = stored_enum(StepStatus, row["status"], "safepoint_steps", key, "status")
+            ref = row["result_ref"]  # most results are inline: no generator step for them
             steps[row["step_id"]] = StepRecord(
                 run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
                 input_hash=row["input_hash"],
-                result=(yield from self._value(row["result"], row["result_ref"],
-                                               "safepoint_steps", key)),
+                result=(stored_json(row["result"], "safepoint_steps", key) if ref is None
+                        else (yield from self._value(None, ref, "safepoint_steps", key))),
                 seq=row["seq"], status=status,
-                error=(yield from self._value(row["error"], None, "safepoint_steps", key)),
+                error=stored_json(row["error"], "safepoint_steps", key),
                 next_step_id=row["next_step_id"], attempt=row["attempt"],
                 model_id=row["model_id"], prompt_hash=row["prompt_hash"],
                 observed_at=row["observed_at"], operation_id=row["operation_id"],

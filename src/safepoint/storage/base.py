@@ -452,10 +452,27 @@ E = TypeVar("E", bound=Enum)
 def stored_enum(kind: type[E], value: Any, table: str, key: str, column: str) -> E:
     """A stored enum value read back; ``CorruptRecord`` (naming the row) for one this version of
     safepoint does not know."""
+    members = _MEMBERS.get(kind)
+    if members is None:  # a dict lookup: replay reads two of these for every recorded step
+        members = _MEMBERS[kind] = {member.value: member for member in kind}
+    found = members.get(value)
+    if found is None:
+        raise CorruptRecord(table, key, f"unknown {column} {value!r}")
+    return found  # type: ignore[return-value]
+
+
+_MEMBERS: dict[type[Enum], dict[Any, Enum]] = {}
+
+
+def stored_json(text: str | bytes | None, table: str, key: str) -> JSON:
+    """A stored JSON value read back (None for NULL); ``CorruptRecord`` (naming the row) for
+    text that does not parse."""
+    if text is None:
+        return None
     try:
-        return kind(value)
-    except ValueError as exc:
-        raise CorruptRecord(table, key, f"unknown {column} {value!r}") from exc
+        return loads(text.decode() if isinstance(text, bytes) else text)  # UTF-8, never guessed
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
 
 
 def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:

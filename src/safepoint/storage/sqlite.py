@@ -36,7 +36,6 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
-    CorruptRecord,
     HistoryWarning,
     LostOwnership,
     MigrationMismatch,
@@ -80,6 +79,7 @@ from .base import (
     retry_json,
     retry_of,
     stored_enum,
+    stored_json,
 )
 
 _Q = load_queries("sqlite")
@@ -254,14 +254,7 @@ class SqliteStore:
         return data
 
     def _get_value(self, text: str | None, ref: str | None, table: str, key: str) -> JSON:
-        if ref is not None:
-            text = self.get_artifact(ref).decode()
-        if text is None:
-            return None
-        try:
-            return loads(text)
-        except ValueError as exc:
-            raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
+        return stored_json(self.get_artifact(ref) if ref is not None else text, table, key)
 
     # -- runs ----------------------------------------------------------------------------------
 
