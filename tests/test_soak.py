@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.kill, pytest.mark.slow]
 
 TESTS = str(Path(__file__).parent)
 WORKERS, RUNS, KILLS = 4, 200, 100
+TOP_UP = 20  # runs added when every run has ended before the kills were all made
 
 
 def _worker(url: str, owner: OwnerService) -> subprocess.Popen[str]:
@@ -50,8 +51,14 @@ def _victim(store: sp.Store, workers: list[subprocess.Popen[str]],
 
 
 def _all_ended(store: sp.Store, ids: list[str]) -> bool:
-    return all(store.get_run(run_id).status.terminal
-               or store.get_run(run_id).status is sp.RunStatus.BLOCKED for run_id in ids)
+    try:
+        return all(_ended(store.get_run(run_id)) for run_id in ids)
+    except sp.StoreError:  # the database is restarting under the soak
+        return False
+
+
+def _ended(run: sp.RunRecord) -> bool:
+    return run.status.terminal or run.status is sp.RunStatus.BLOCKED
 
 
 def soak(url: str, owner: OwnerService, *, seed: int = 8472,
@@ -62,20 +69,27 @@ def soak(url: str, owner: OwnerService, *, seed: int = 8472,
     rng = random.Random(seed)
     store = sp.open_store(url)
     prefix = f"soak-{time.monotonic_ns()}"
-    ids = [f"{prefix}-{i}" for i in range(RUNS)]
+    ids: list[str] = []
+
+    def submit(count: int) -> None:
+        for _ in range(count):
+            ids.append(f"{prefix}-{len(ids)}")
+            sp.submit(store, flows.every_kind, ids[-1], run_id=ids[-1])
+
     owner.client.set_faults(delay=0.03)
-    for run_id in ids:
-        sp.submit(store, flows.every_kind, run_id, run_id=run_id)
+    submit(RUNS)
     workers = [_worker(url, owner) for _ in range(WORKERS)]
     kills = 0
     deadline = time.monotonic() + 240
     try:
         while kills < KILLS and time.monotonic() < deadline:
             time.sleep(rng.uniform(0.03, 0.12))
+            for i, proc in enumerate(workers):  # one gave up by itself (the database restarting)
+                workers[i] = proc if proc.poll() is None else _worker(url, owner)
             index = _victim(store, workers, rng)
             if index is None:
-                if _all_ended(store, ids):
-                    break
+                if _all_ended(store, ids):  # more work, so that every kill can interrupt a run
+                    submit(TOP_UP)
                 continue
             if workers[index].poll() is None:
                 workers[index].send_signal(signal.SIGKILL)
@@ -103,8 +117,8 @@ def soak(url: str, owner: OwnerService, *, seed: int = 8472,
         if charge is None or charge["idempotency_key"] != op.effect_key:
             lost += 1
     stats = owner.client.stats()
-    figures = {"runs": RUNS, "kills": kills, "completed": len(completed),
-               "blocked": len(blocked), "unfinished": RUNS - len(completed) - len(blocked),
+    figures = {"runs": len(ids), "kills": kills, "completed": len(completed),
+               "blocked": len(blocked), "unfinished": len(ids) - len(completed) - len(blocked),
                "applied": stats["applied"], "duplicates": stats["duplicates"], "lost": lost,
                "resumes": sum(run.resume_count for run in runs)}
     print("soak figures:", json.dumps(figures))
@@ -118,7 +132,7 @@ def test_random_kill_soak(store_url: str, owner_env: OwnerService) -> None:
     assert figures["duplicates"] == 0
     assert figures["lost"] == 0
     if figures["blocked"] == 0:  # every run charged once and ticketed once
-        assert figures["applied"] == 2 * RUNS
+        assert figures["applied"] == 2 * figures["runs"]
     # every kill was aimed at a worker owning a run; allow for a run that ended just before
     assert figures["resumes"] >= figures["kills"] // 2
 
@@ -151,4 +165,4 @@ def test_soak_survives_a_database_restart(pg_url: str, owner_env: OwnerService) 
     assert (figures["duplicates"], figures["lost"]) == (0, 0)
     assert figures["resumes"] >= figures["kills"] // 2
     if figures["blocked"] == 0:
-        assert figures["applied"] == 2 * RUNS
+        assert figures["applied"] == 2 * figures["runs"]

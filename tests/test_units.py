@@ -254,7 +254,7 @@ def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_
     class Level(enum.IntEnum):
         HIGH = 3
 
-    class Colour(str, enum.Enum):
+    class Colour(enum.StrEnum):
         RED = "red"
 
     pair = collections.namedtuple("pair", "a b")
@@ -268,3 +268,16 @@ def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_
     with pytest.raises(sp.NotJSON, match="lone surrogate") as refused:
         checked_canonical({"ok": {"\ud800": 1}}, "inputs", "s1")
     assert "\\ud800" in str(refused.value)
+
+
+def test_deeply_nested_inputs_hash_as_before() -> None:
+    """The input scan takes one frame per level of nesting: inputs nested 600 deep, which every
+    earlier version hashed, still hash (two frames per level would refuse them as not JSON)."""
+    from safepoint._canonical import canonical_if_json
+
+    nested_list: object = 1
+    nested_dict: object = 1
+    for _ in range(600):
+        nested_list, nested_dict = [nested_list], {"k": nested_dict}
+    assert canonical_if_json(nested_list) == b"[" * 600 + b"1" + b"]" * 600
+    assert canonical_if_json(nested_dict, allow_tuples=True) is not None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
+from itertools import repeat
 from typing import Any
 
 import rfc8785
@@ -32,65 +34,54 @@ def _scan(value: Any, allow_tuples: bool) -> bool:
     as ECMAScript does) or a key beyond the Basic Multilingual Plane (JCS sorts keys by UTF-16
     code units). One walk, no paths built: ``find_non_json`` builds them only on failure.
 
-    Every step's inputs go through here, on replay too, so the common exact types are tested
-    first and the strings and integers inside a container are checked without a call of their
-    own; anything else (floats, subclasses such as enums) takes ``_scan_other``."""
+    Every step's inputs go through here, on replay too: exact types are tested before
+    ``isinstance``, and the strings and integers in a container are checked in its loop, with no
+    call of their own. One frame per level of nesting, so that any value the encoder can
+    write is scanned (a deeper one raises RecursionError: not JSON that can be hashed)."""
     kind = type(value)
-    if kind is dict:
-        plain = True
-        for key, item in value.items():
-            if type(key) is not str and not isinstance(key, str):
+    if kind is dict or (kind is not list and isinstance(value, dict)):
+        pairs: Iterable[tuple[Any, Any]] = value.items()
+    elif (kind is list or isinstance(value, list)
+          or (allow_tuples and isinstance(value, tuple))):
+        pairs = zip(repeat(""), value)  # "" stands for no key: it needs no check
+    else:
+        return _scan_leaf(value)
+    plain = True
+    for key, item in pairs:
+        if type(key) is not str and not isinstance(key, str):
+            raise _Unsafe
+        if not key.isascii():
+            key.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
+            if max(key) > "\uffff":
+                plain = False
+        kind = type(item)
+        if kind is str:
+            if not item.isascii():
+                item.encode("utf-8")
+        elif kind is int:
+            if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
                 raise _Unsafe
-            if not key.isascii():
-                key.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
-                if max(key) > "\uffff":
-                    plain = False
-            plain = _scan_item(item, allow_tuples) and plain
-        return plain
-    if kind is list or (allow_tuples and kind is tuple):
-        plain = True
-        for item in value:
-            plain = _scan_item(item, allow_tuples) and plain
-        return plain
-    return _scan_item(value, allow_tuples)
+        elif item is not None and kind is not bool:
+            plain = _scan(item, allow_tuples) and plain
+    return plain
 
 
-def _scan_item(value: Any, allow_tuples: bool) -> bool:
-    kind = type(value)
-    if kind is str:
+def _scan_leaf(value: Any) -> bool:
+    """``_scan`` for a value that is no list, dict or (allowed) tuple."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, str):
         if not value.isascii():
             value.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
         return True
-    if kind is int:
-        if -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
-            return True
-        raise _Unsafe
-    if value is None or kind is bool:
-        return True
-    if kind is dict or kind is list or (allow_tuples and kind is tuple):
-        return _scan(value, allow_tuples)
-    return _scan_other(value, allow_tuples)
-
-
-def _scan_other(value: Any, allow_tuples: bool) -> bool:
-    """``_scan`` for values of any type but the exact common ones."""
-    if isinstance(value, bool):
-        return True
-    if isinstance(value, str):
-        return _scan_item(str(value), allow_tuples)
     if isinstance(value, int):
-        return _scan_item(int(value), allow_tuples)
+        if abs(value) > _MAX_SAFE_INT:
+            raise _Unsafe
+        return True
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _Unsafe
         return False
-    if isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
-        plain = True
-        for item in value:
-            plain = _scan_item(item, allow_tuples) and plain
-        return plain
-    if isinstance(value, dict):
-        return _scan(dict(value), allow_tuples)
     raise _Unsafe
 
 
