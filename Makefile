@@ -33,7 +33,7 @@ $(BENCH_VENV)/.installed: pyproject.toml
 	$(BENCH_VENV)/bin/pip install --quiet -e '.[postgres]' --group bench
 	touch $@
 
-bench: $(BENCH_VENV)/.installed  ## safepoint against DBOS and LangGraph (~12 min): docs/benchmarks.md
+bench: $(BENCH_VENV)/.installed  ## safepoint against DBOS and LangGraph (~20 min): docs/benchmarks.md
 	$(BENCH_VENV)/bin/python -m bench.run --doc docs/benchmarks.md --chart docs/benchmarks.png
 
 bench-quick: $(BENCH_VENV)/.installed  ## the same workloads, small and once: for development
