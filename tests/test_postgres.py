@@ -400,6 +400,39 @@ def test_a_stale_worker_cannot_reach_dispatching(pg_url: str,
     assert store.load_ledger(run.run_id).operations["op"].state is sp.EffectState.PREPARED
 
 
+def test_a_refused_step_write_leaves_no_artifact_behind(
+        pg_url: str, opened: Callable[[str], PostgresStore],
+        admin: psycopg.Connection[Any]) -> None:
+    """A large step result is stored by the fenced statement itself: a stale worker's write is
+    refused whole, its artifact included; the owner's write stores it, and it reads back."""
+    from dataclasses import replace
+
+    from safepoint._canonical import dumps
+
+    store = opened(pg_url)
+    run, old = store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
+    assert old is not None
+    large = {"text": f"{_uid()}-" + "x" * 20_000}  # past the inline limit: an artifact
+    ref = digest(dumps(large).encode())
+    step = replace(_step(run.run_id, "big"), result=large)
+    time.sleep(0.01)
+    new = store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-b",
+                          60_000)
+    assert new is not None
+
+    def stored() -> int:
+        return admin.execute("SELECT count(*) FROM safepoint_artifacts WHERE digest = %s",
+                             (ref,)).fetchone()[0]
+
+    with pytest.raises(sp.LostOwnership):
+        store.record_steps(old, [step])
+    assert stored() == 0
+    store.record_steps(new, [step, replace(step, step_id="big-again", seq=2)])
+    assert stored() == 1
+    steps = store.load_ledger(run.run_id).steps
+    assert steps["big"].result == large == steps["big-again"].result
+
+
 # -- claim_next and SKIP LOCKED ----------------------------------------------------------------
 
 
@@ -716,7 +749,7 @@ def test_recording_a_step_reads_no_other_step_of_the_run(
     with admin.transaction():
         rows = admin.execute(load_queries("postgres")["record_steps"], {
             "run_id": run.run_id, "fence": claim.fence, "lease_ms": 60_000,
-            "steps": json.dumps([step])}).fetchall()
+            "steps": json.dumps([step]), "artifact_refs": [], "artifact_contents": []}).fetchall()
         assert len(rows) == 1
         read = admin.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
                              " FROM pg_stat_xact_user_tables"

@@ -541,12 +541,16 @@ class PostgresLedger:
                      steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
         if not steps:
             return None
-        batch = []
+        batch, refs, contents = [], [], []
         for step in steps:
-            result, result_ref = yield from self._put_value(step.result)
+            result, result_ref, data = self._stored(step.result)
+            if data is not None:  # inserted by the statement itself, past its fence
+                refs.append(result_ref)
+                contents.append(data)
             batch.append(self._step_params(step, result, result_ref))
         row = yield from self._fenced(claim, "record_steps", limited=True,
-                                      steps=dumps(batch))
+                                      steps=dumps(batch), artifact_refs=refs,
+                                      artifact_contents=contents)
         return (yield from self._history_warning(claim, row))
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:

@@ -885,6 +885,15 @@ owned AS (
     RETURNING run_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
+-- large step results, stored once whoever stores them; only past the fence (FROM owned), so
+-- that a refused write leaves nothing behind
+artifacts AS (
+    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
+    SELECT a.digest, octet_length(a.content), a.content, owned.now
+    FROM owned, unnest(%(artifact_refs)s::text[], %(artifact_contents)s::bytea[])
+        AS a(digest, content)
+    ON CONFLICT (digest) DO NOTHING
+),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
                                  result_ref, error, next_step_id, attempt, model_id,
