@@ -88,6 +88,7 @@ from .base import (
     Replan,
     abandoned_error,
     cancelled_error,
+    check_payload,
     fence_holds,
     load_migrations,
     load_queries,
@@ -578,8 +579,7 @@ class PostgresLedger:
 
     def _prepare(self, claim: Claim, op: OperationRecord, payload: bytes, *,
                  dispatching: bool) -> Plan[Dispatched]:
-        if content_digest(payload) != op.payload_ref:  # before anything is sent
-            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        check_payload(op, payload)  # before anything is sent
         row = yield from self._fenced(
             claim, "prepare_effect", limited=True, operation_id=op.operation_id,
             step_id=op.step_id, effect=op.effect, payload_ref=op.payload_ref,
@@ -760,8 +760,8 @@ class PostgresLedger:
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord,
                          payload: bytes) -> Plan[None]:
-        if (yield from self._put_artifact(payload)) != op.payload_ref:
-            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        check_payload(op, payload)
+        yield from self._put_artifact(payload)
         row = yield from self._fenced(
             claim, "reprepare_effect", operation_id=op.operation_id, step_id=op.step_id,
             payload_ref=op.payload_ref, target_digest=op.target_digest,

@@ -21,6 +21,7 @@ from enum import Enum
 from importlib import resources
 from typing import Any, Protocol, TypeVar
 
+from .._canonical import digest as content_digest
 from .._canonical import dumps, loads
 from ..errors import (
     Cancelled,
@@ -462,6 +463,14 @@ def stored_enum(kind: type[E], value: Any, table: str, key: str, column: str) ->
 
 
 _MEMBERS: dict[type[Enum], dict[Any, Enum]] = {}
+
+
+def check_payload(op: OperationRecord, payload: bytes) -> None:
+    """``ValueError`` unless ``payload`` is the bytes ``op.payload_ref`` names: checked before
+    anything is written or sent, whoever holds the fence — a caller's mistake, never a state of
+    the run, so every store says so the same way."""
+    if content_digest(payload) != op.payload_ref:
+        raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
 
 
 def stored_json(text: str | bytes | None, table: str, key: str) -> JSON:

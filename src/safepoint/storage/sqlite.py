@@ -72,6 +72,7 @@ from .base import (
     Replan,
     abandoned_error,
     cancelled_error,
+    check_payload,
     load_migrations,
     load_queries,
     refuse_gated,
@@ -588,10 +589,9 @@ class SqliteStore:
     def _prepare(self, conn: sqlite3.Connection, claim: Claim, op: OperationRecord,
                  payload: bytes, now: int) -> HistoryWarning | None:
         """``prepare_effect``'s statements, in the caller's transaction."""
+        check_payload(op, payload)
         due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
-        ref = self._put_artifact(conn, payload, now)
-        if ref != op.payload_ref:
-            raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+        self._put_artifact(conn, payload, now)
         conn.execute(_Q["insert_operation"], {
             "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
             "effect": op.effect, "payload_ref": op.payload_ref,
@@ -770,11 +770,11 @@ class SqliteStore:
                 for row in self._read("approvals_of_run", {"run_id": run_id})]
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
+        check_payload(op, payload)
         now = self.now()
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=1, new_work=True)
-            if self._put_artifact(conn, payload, now) != op.payload_ref:
-                raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
+            self._put_artifact(conn, payload, now)
             if conn.execute(_Q["reprepare_operation"], {
                     "run_id": claim.run_id, "operation_id": op.operation_id,
                     "payload_ref": op.payload_ref, "target_digest": op.target_digest,

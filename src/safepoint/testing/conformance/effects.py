@@ -36,12 +36,19 @@ class EffectTests(ConformanceBase):
         assert store.get_artifact(digest(raw)) == raw
 
     def test_prepare_effect_refuses_a_payload_that_does_not_match_its_digest(self) -> None:
+        """``ValueError``, whoever asks: a caller's mistake is named as one even by a worker
+        whose fence is stale (the payload is checked before anything else), and nothing is
+        written."""
         store = self.store()
-        run, claim = self.start(store)
+        run, stale = self.start(store, lease_ms=SHORT_LEASE_MS)
+        claim = self.take_over(store, run.run_id)
         op, _ = make_operation(run.run_id, f"op-{_uid()}")
         before = self.snapshot(store, run.run_id)
-        with pytest.raises((ValueError, StoreError)):
-            store.prepare_effect(claim, op, b'{"other":"bytes"}')
+        for holder in (claim, stale):
+            with pytest.raises(ValueError, match="does not match"):
+                store.prepare_effect(holder, op, b'{"other":"bytes"}')
+            with pytest.raises(ValueError, match="does not match"):
+                store.prepare_and_mark_dispatching(holder, op, b'{"other":"bytes"}')
         assert self.snapshot(store, run.run_id) == before
 
     def test_mark_dispatching_counts_dispatches_and_keeps_the_first_time(self) -> None:
@@ -130,7 +137,7 @@ class EffectTests(ConformanceBase):
         run, claim = self.start(store)
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         before = self.snapshot(store, run.run_id)
-        with pytest.raises((ValueError, StoreError)):  # bytes that do not match the digest
+        with pytest.raises(ValueError, match="does not match"):  # bytes not of the digest
             store.prepare_and_mark_dispatching(claim, op, b'{"other":"bytes"}')
         with pytest.raises(ValueError, match="approval"):  # a gate stands between the two
             store.prepare_and_mark_dispatching(
