@@ -285,15 +285,14 @@ class PostgresLedger:
     def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
         """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
         text, ref, data = self._stored(value)
-        if data is not None:
-            yield from self._put_artifact(data)
+        if ref is not None and data is not None:
+            yield from self._put_artifact(ref, data)
         return text, ref
 
     @staticmethod
-    def _put_artifact(data: bytes) -> Plan[str]:
-        ref = content_digest(data)
+    def _put_artifact(ref: str, data: bytes) -> Plan[None]:
+        """Store ``data`` under ``ref``, its digest as the caller computed or checked it."""
         yield _q("insert_artifact", digest=ref, size=len(data), content=data)
-        return ref
 
     def get_artifact(self, digest: str) -> Plan[bytes]:
         rows = yield _q("get_artifact", digest=digest)
@@ -368,17 +367,17 @@ class PostgresLedger:
             lease_expires_at=row["lease_expires_at"], fence=row["fence"],
             resume_count=row["resume_count"], event_count=row["event_count"],
             result=(yield from self._value(row["result"], row["result_ref"], table, key)),
-            error=(yield from self._value(row["error"], None, table, key)),
-            recovery_record=(yield from self._value(row["recovery_record"], None, table, key)),
+            error=stored_json(row["error"], table, key),
+            recovery_record=stored_json(row["recovery_record"], table, key),
             created_at=row["created_at"], updated_at=row["updated_at"],
             resume_budget=row["resume_budget"],
             cancel_requested_at=row["cancel_requested_at"],
             workflow_fingerprint=row["workflow_fingerprint"],
-            workflow_manifest=(yield from self._value(row["workflow_manifest"], None, table, key)),
+            workflow_manifest=stored_json(row["workflow_manifest"], table, key),
             deadline_at=row["deadline_at"], token_budget=row["token_budget"],
             cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
             cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
-            waiting_for=(yield from self._value(row["waiting_for"], None, table, key)),
+            waiting_for=stored_json(row["waiting_for"], table, key),
             step_count=row["step_count"],
             history_soft_limit=row["history_soft_limit"],
             history_hard_limit=row["history_hard_limit"],
@@ -429,7 +428,7 @@ class PostgresLedger:
                 cost=row["cost"])
         operations = {}
         for row in op_rows:
-            operations[row["operation_id"]] = yield from self._operation_record(row)
+            operations[row["operation_id"]] = self._operation_record(row)
         attempts: dict[str, list[AttemptRecord]] = {}
         for row in attempt_rows:
             key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
@@ -437,11 +436,12 @@ class PostgresLedger:
             attempts.setdefault(row["step_id"], []).append(AttemptRecord(
                 run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
                 name=row["name"], input_hash=row["input_hash"],
-                error=(yield from self._value(row["error"], None, "safepoint_attempts", key)),
+                error=stored_json(row["error"], "safepoint_attempts", key),
                 retry_at=row["retry_at"], fence=row["fence"], recorded_at=row["recorded_at"]))
         return Ledger(run, steps, operations, attempts)
 
-    def _operation_record(self, row: Row) -> Plan[OperationRecord]:
+    @staticmethod
+    def _operation_record(row: Row) -> OperationRecord:
         key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
         state = stored_enum(EffectState, row["state"], "safepoint_operations", key, "state")
         return OperationRecord(
@@ -449,8 +449,8 @@ class PostgresLedger:
             effect=row["effect"], state=state, payload_ref=row["payload_ref"],
             effect_key=row["effect_key"], dispatch_count=row["dispatch_count"],
             first_dispatched_at=row["first_dispatched_at"],
-            receipt=(yield from self._value(row["receipt"], None, "safepoint_operations", key)),
-            error=(yield from self._value(row["error"], None, "safepoint_operations", key)),
+            receipt=stored_json(row["receipt"], "safepoint_operations", key),
+            error=stored_json(row["error"], "safepoint_operations", key),
             fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"],
             approval_required=bool(row["approval_required"]),
             target_digest=row["target_digest"], approval_id=row["approval_id"])
@@ -458,8 +458,7 @@ class PostgresLedger:
     def events(self, run_id: str) -> Plan[list[EventRecord]]:
         events = []
         for row in (yield _q("events_of_run", run_id=run_id)):
-            detail = yield from self._value(row["detail"], None, "safepoint_events",
-                                            f"event_id={row['event_id']}")
+            detail = stored_json(row["detail"], "safepoint_events", f"event_id={row['event_id']}")
             events.append(EventRecord(
                 event_id=row["event_id"], run_id=row["run_id"], at=row["at"], kind=row["kind"],
                 step_id=row["step_id"], operation_id=row["operation_id"], fence=row["fence"],
@@ -589,7 +588,7 @@ class PostgresLedger:
             dispatching=dispatching,
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
             dispatching_detail=dumps({"dispatch": 1}) if dispatching else None)
-        prepared = yield from self._operation_record(row)
+        prepared = self._operation_record(row)
         return prepared, (yield from self._history_warning(claim, row))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[Dispatched | None]:
@@ -602,7 +601,7 @@ class PostgresLedger:
             if unfit.gated:
                 return None
             raise not_dispatchable(claim, operation_id) from None
-        op = yield from self._operation_record(row)
+        op = self._operation_record(row)
         return op, (yield from self._history_warning(claim, row))
 
     def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
@@ -615,7 +614,7 @@ class PostgresLedger:
                                           operation_id=operation_id, gate=True)
         except _Unfit:
             raise not_dispatchable(claim, operation_id) from None
-        op = yield from self._operation_record(row)
+        op = self._operation_record(row)
         if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
             approvals = yield from self._approvals_of(claim.run_id, operation_id)
             approval = authorizing(approvals, payload_digest=op.payload_ref,
@@ -729,7 +728,7 @@ class PostgresLedger:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> Plan[OperationRecord | None]:
         rows = yield _q("chain_operation", chain_id=chain_id, operation_id=operation_id)
-        return (yield from self._operation_record(rows[0])) if rows else None
+        return self._operation_record(rows[0]) if rows else None
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:
@@ -761,7 +760,7 @@ class PostgresLedger:
     def reprepare_effect(self, claim: Claim, op: OperationRecord,
                          payload: bytes) -> Plan[None]:
         check_payload(op, payload)
-        yield from self._put_artifact(payload)
+        yield from self._put_artifact(op.payload_ref, payload)
         row = yield from self._fenced(
             claim, "reprepare_effect", operation_id=op.operation_id, step_id=op.step_id,
             payload_ref=op.payload_ref, target_digest=op.target_digest,
@@ -781,7 +780,7 @@ class PostgresLedger:
         if not rows:
             raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                              run_id=claim.run_id, operation_id=operation_id)
-        op = yield from self._operation_record(rows[0])
+        op = self._operation_record(rows[0])
         approvals = yield from self._approvals_of(claim.run_id, operation_id)
         now = int(owned["now"])
         approval = authorizing(approvals, payload_digest=op.payload_ref,
@@ -803,7 +802,7 @@ class PostgresLedger:
             raise RunNotFound(run_id)
         run = yield from self._run_record(locked[0])
         found = yield _q("operation_of_step", run_id=run_id, step_id=step_id)
-        op = (yield from self._operation_record(found[0])) if found else None
+        op = self._operation_record(found[0]) if found else None
         approvals = (yield from self._approvals_of(run_id, op.operation_id)) if op else []
         return run, op, approvals
 

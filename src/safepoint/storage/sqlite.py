@@ -238,8 +238,10 @@ class SqliteStore:
             return text, None
         return None, self._put_artifact(conn, text.encode(), now)
 
-    def _put_artifact(self, conn: sqlite3.Connection, data: bytes, now: int) -> str:
-        ref = content_digest(data)
+    def _put_artifact(self, conn: sqlite3.Connection, data: bytes, now: int,
+                      ref: str | None = None) -> str:
+        """Store ``data`` under its digest (``ref``, when the caller checked it already)."""
+        ref = ref or content_digest(data)
         conn.execute(_Q["insert_artifact"],
                      {"digest": ref, "size": len(data), "content": data, "now": now})
         return ref
@@ -591,7 +593,7 @@ class SqliteStore:
         """``prepare_effect``'s statements, in the caller's transaction."""
         check_payload(op, payload)
         due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
-        self._put_artifact(conn, payload, now)
+        self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
         conn.execute(_Q["insert_operation"], {
             "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
             "effect": op.effect, "payload_ref": op.payload_ref,
@@ -774,7 +776,7 @@ class SqliteStore:
         now = self.now()
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=1, new_work=True)
-            self._put_artifact(conn, payload, now)
+            self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
             if conn.execute(_Q["reprepare_operation"], {
                     "run_id": claim.run_id, "operation_id": op.operation_id,
                     "payload_ref": op.payload_ref, "target_digest": op.target_digest,
