@@ -9,7 +9,7 @@ import pytest
 
 import safepoint as sp
 from safepoint._crashpoints import SimulatedCrash
-from safepoint._secrets import find_secret
+from safepoint._secrets import find_secret, marker
 
 ANTHROPIC = "sk-ant-api03-" + "Q" * 30
 
@@ -118,7 +118,7 @@ def test_credentials_in_reasons_and_evidence_are_redacted(memory_store: sp.Store
         sp.start(memory_store, flow, run_id="r")
     record = memory_store.get_run("r").recovery_record
     assert ANTHROPIC not in str(record)
-    assert "[redacted]" in record["reason"]
+    assert marker(ANTHROPIC) in record["reason"]
     with pytest.raises(sp.SecretRefused):
         sp.cancel(memory_store, "r", by="ops", reason=f"rotated {ANTHROPIC}")
 
@@ -139,8 +139,8 @@ def test_rejections_keep_their_evidence_without_credentials(memory_store: sp.Sto
 
     assert sp.start(memory_store, flow, run_id="r") == "declined"
     error = memory_store.load_ledger("r").operations["charge"].error
-    assert error == {"request": {"Authorization": "[redacted]", "api_token": "[redacted]"},
-                     "status": 402}
+    assert error == {"request": {"Authorization": marker("Basic dXNlcjpwYXNzd29yZA=="),
+                                 "api_token": marker("9f8e7d6c5b4a")}, "status": 402}
 
 
 def test_a_receipt_with_a_client_secret_is_kept_masked(memory_store: sp.Store) -> None:
@@ -151,8 +151,8 @@ def test_a_receipt_with_a_client_secret_is_kept_masked(memory_store: sp.Store) -
     def flow(run: sp.Run) -> Any:
         return run.effect("intent", effect, payload={"amount": 5})
 
-    assert sp.start(memory_store, flow, run_id="r") == {"id": "pi_1",
-                                                         "client_secret": "[redacted]"}
+    assert sp.start(memory_store, flow, run_id="r") == {
+        "id": "pi_1", "client_secret": marker("pi_1_secret_abcdefgh")}
     assert memory_store.get_run("r").status is sp.RunStatus.COMPLETED
 
 

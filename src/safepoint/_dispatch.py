@@ -38,7 +38,7 @@ from ._effects import (
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep
 from ._flow import is_async_callable as _is_async_callable
-from ._secrets import error_evidence, redact_json, refuse_secrets
+from ._secrets import error_evidence, redact_json, redact_text, refuse_secrets
 from .errors import (
     ApprovalInvalid,
     ArtifactCorrupt,
@@ -409,8 +409,10 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
         yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
         return op
     except Rejected as exc:
-        yield from _record(core, op, EffectState.REJECTED, error=redact_json(exc.evidence))
-        raise EffectRejected(core.run.run_id, sid, op.operation_id, exc.evidence) from exc
+        # Raised as recorded: a replay raises the rejection from the ledger, the same.
+        evidence = redact_json(exc.evidence)
+        yield from _record(core, op, EffectState.REJECTED, error=evidence)
+        raise EffectRejected(core.run.run_id, sid, op.operation_id, evidence) from exc
     except Exception as exc:
         # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
         return (yield from _record(core, op, EffectState.UNKNOWN, error=error_evidence(exc)))
@@ -455,6 +457,8 @@ def _reconcile(core: RunCore, sid: str, effect: Effect, op: OperationRecord, pay
         answer = yield Call(effect.reconcile, (_key(core, op),))
     except Exception as exc:
         answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
+    if isinstance(answer, Unknown):  # the owner's words go into the recovery record
+        answer = Unknown(redact_text(str(answer.reason)))
     now = yield Io("now")
     decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
                               dedup_retention=effect.dedup_retention,
@@ -494,7 +498,7 @@ def _verify(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
         ok, reason = False, (f"the verifier did not answer within"
                              f" {effect.verify_timeout_s:g}s")
     except Exception as exc:
-        ok, reason = False, f"the verifier raised {type(exc).__name__}: {exc}"
+        ok, reason = False, redact_text(f"the verifier raised {type(exc).__name__}: {exc}")
     if not ok:
         yield from core.block(
             VerificationFailed(core.run.run_id, sid, op.operation_id, reason),

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._canonical import JSON, sha256_hex
+from ._secrets import refuse_secrets
 from .types import EffectState
 
 
@@ -106,6 +107,7 @@ class Effect:
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
             raise ValueError("an Effect needs a non-empty name")
+        refuse_secrets(self.name, "the effect's name")  # recorded with each operation
         if self.max_dispatches < 1:
             raise ValueError("max_dispatches must be at least 1")
         if self.verify_timeout is not None and seconds(self.verify_timeout) <= 0:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
 from ._limits import limits_ref
-from ._secrets import redact, redact_json, refuse_secrets
+from ._secrets import redact_json, redact_text, refuse_secrets
 from .errors import ResolutionRefused, UsageError
 from .types import (
     ApprovalRecord,
@@ -106,6 +106,10 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
     evidence = dict(evidence or {})
     if op is not None and op.error is not None:
         evidence.setdefault("last_error", op.error)
+    # Reasons and evidence quote what owners, reconcile and verifiers said, which may quote
+    # credentials. (The approval below holds nothing of the kind: who approved was refused
+    # if it looked like one, and "authorization" would read as a credential's key.)
+    reason, evidence = redact_text(reason), dict(redact_json(evidence))
     authorization_ref = None
     if op is not None and op.approval_id is not None:
         authorization_ref = f"approval:{op.run_id}/{op.operation_id}/{op.approval_id}"
@@ -116,8 +120,6 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
                 "target_digest": authorization.target_digest,
                 "approved_at": authorization.approved_at,
                 "expires_at": authorization.expires_at})
-    # Reasons quote what reconcile and verifiers said, which may quote credentials.
-    reason, evidence = redact(reason), redact_json(evidence)
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "task_id": run.run_id,

@@ -55,7 +55,7 @@ from ._limits import (
     step_policy,
 )
 from ._recovery import build_record
-from ._secrets import error_evidence, hashed_form, redact, refuse_secrets
+from ._secrets import error_evidence, hashed_form, redact_text, refuse_secrets
 from ._transcript import Transcript
 from .errors import (
     BudgetExhausted,
@@ -487,7 +487,7 @@ class RunCore:
                     reported = yield Call(usage, (value,))
                 except Exception as exc:
                     raise UsageError(f"the usage= function of step {sid!r} raised"
-                                     f" {type(exc).__name__}: {redact(str(exc))}",
+                                     f" {type(exc).__name__}: {redact_text(str(exc))}",
                                      step_id=sid) from exc
                 tokens, cost = checked_usage(reported, sid)
             if tokens is None:
@@ -589,6 +589,7 @@ def _branches(group: str, branches: Any) -> list[tuple[str, Callable[[Any], Any]
         raise UsageError(f"fan-out {group!r} takes a mapping name → function or a list of"
                          " functions, each called with the branch's run")
     for name, fn in named:
+        refuse_secrets(name, f"a branch name of {group!r}")  # part of its steps' ids
         if not isinstance(name, str) or not name or any(c in name for c in "/#\x00"):
             raise UsageError(f"branch name {name!r} of {group!r}: a non-empty string without"
                              " '/', '#' or NUL (it becomes part of every step id in the branch)")
@@ -640,6 +641,7 @@ class _RunBase:
     def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
                tools: JSON, params: dict[str, Any], retry: Retry | int | None,
                usage: UsageFn | None) -> Flow:
+        refuse_secrets(model, "the model id", step_id)  # recorded with the step
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         name = callable_name(fn)
         if isinstance(messages, Transcript):

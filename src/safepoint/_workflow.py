@@ -36,7 +36,7 @@ from ._limits import (
 from ._ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, plan_claim, worker_id
 from ._recovery import build_record
 from ._run import AsyncRun, Run, RunCore
-from ._secrets import redact, refuse_secrets
+from ._secrets import redact_text, redacted_message, refuse_secrets
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -153,6 +153,9 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     except ValueError:
         raise UsageError(f"compatibility={compatibility!r}: use 'refuse' or 'replan'") from None
     manifest = manifest_of(tools, models, prompts)
+    # Recorded with every run: its name, version and manifest (tool names, model ids).
+    refuse_secrets({"name": name, "version": str(version), "manifest": manifest},
+                   "the workflow's definition")
     attempts = as_retry(step_attempts, "step_attempts")
     if budget is not None and not isinstance(budget, Budget):
         raise UsageError(f"budget={budget!r}: pass safepoint.Budget(tokens=..., cost=...)")
@@ -598,7 +601,7 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         refuse_secrets(result, "the workflow result")
     except UsageError as exc:
         yield Io("finish_run", (claim, RunStatus.FAILED),
-                 {"error": {"type": type(exc).__name__, "message": exc.message}})
+                 {"error": {"type": type(exc).__name__, "message": redact_text(exc.message)}})
         raise
     crashpoint("run.before_complete")
     yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
@@ -608,11 +611,11 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
 def _end_failed(core: RunCore, exc: BaseException) -> Flow:
     """The workflow raised: the run ends failed with the error (or blocks, while an effect of it
     is uncertain), and the error goes on — as ``RunFailed`` unless safepoint raised it."""
-    yield from _block_if_uncertain(core, f"the workflow raised {type(exc).__name__}: {exc}",
-                                   exc)
+    yield from _block_if_uncertain(
+        core, f"the workflow raised {type(exc).__name__}: {redact_text(str(exc))}", exc)
     with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
         yield from core.flush()  # best effort: what was computed, for the person reading
-    error = {"type": type(exc).__name__, "message": redact(str(exc))[:4000]}
+    error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
     yield Io("finish_run", (core.claim, RunStatus.FAILED), {"error": error})
     if isinstance(exc, SafepointError):
         raise exc
