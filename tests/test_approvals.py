@@ -23,6 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
+from safepoint.testing import forget_workflows
 from safepoint._canonical import canonical, digest, sha256_hex
 from safepoint._crashpoints import SimulatedCrash
 from safepoint.cli import cli
@@ -475,6 +476,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
             assert _applied(owner_env) == 1
             # the second effect's sync verifier, in an async workflow, times out on a thread
             one = replace(first, verify=lambda receipt: True)
+            forget_workflows("approval-async")  # the fixed code, deployed: a new process
 
             @sp.workflow("approval-async")
             async def fixed(run: sp.AsyncRun) -> Any:

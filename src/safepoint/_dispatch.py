@@ -38,6 +38,7 @@ from ._effects import (
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep
 from ._flow import is_async_callable as _is_async_callable
+from ._ids import check_id
 from ._secrets import error_evidence, redact_json, refuse_secrets
 from .errors import (
     ApprovalInvalid,
@@ -84,10 +85,9 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
     payload_ref = digest(payload_bytes)
     # Every dispatch, first or after a crash, sends the payload exactly as stored.
     payload = loads(payload_bytes)
-    op_id = operation_id or sid
-    if not isinstance(op_id, str) or "\x00" in op_id:
-        raise UsageError(f"invalid operation id {op_id!r}: a string without NUL",
-                         step_id=sid)
+    # An operation id given is checked as given: an empty one must not fall back to the step's
+    # id while it names the operation across the run's chain.
+    op_id = sid if operation_id is None else check_id(operation_id, "operation id")
     hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                          "payload": payload_ref})
     recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,

@@ -42,6 +42,7 @@ from ._effects import (
 from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
 from ._flow import is_async_callable as _is_async_callable
 from ._history import successor_inputs
+from ._ids import check_step_id, id_problem
 from ._limits import (
     UsageFn,
     after_failure,
@@ -64,7 +65,6 @@ from .errors import (
     DeadlineExceeded,
     HistoryLimitReached,
     InvalidDecision,
-    InvalidStepId,
     LimitReached,
     LostOwnership,
     ReplayMismatch,
@@ -152,9 +152,7 @@ class RunCore:
         """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …; inside
         a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
         own ids, so the ids do not depend on how the branches interleave."""
-        if not isinstance(step_id, str) or not step_id or "#" in step_id or "\x00" in step_id:
-            raise InvalidStepId(step_id)
-        scoped = prefix + step_id
+        scoped = prefix + check_step_id(step_id)
         count = self.occurrences.get(scoped, 0) + 1
         self.occurrences[scoped] = count
         return scoped if count == 1 else f"{scoped}#{count}"
@@ -589,9 +587,12 @@ def _branches(group: str, branches: Any) -> list[tuple[str, Callable[[Any], Any]
         raise UsageError(f"fan-out {group!r} takes a mapping name → function or a list of"
                          " functions, each called with the branch's run")
     for name, fn in named:
-        if not isinstance(name, str) or not name or any(c in name for c in "/#\x00"):
-            raise UsageError(f"branch name {name!r} of {group!r}: a non-empty string without"
-                             " '/', '#' or NUL (it becomes part of every step id in the branch)")
+        problem = id_problem(name) or (
+            "it contains '/' or '#'" if any(c in name for c in "/#") else None)
+        if problem is not None:
+            raise UsageError(f"branch name {name!r} of {group!r}: {problem}; a branch name is a"
+                             " non-empty string without '/', '#', NUL or lone surrogates (it"
+                             " becomes part of every step id in the branch)")
         if not callable(fn):
             raise UsageError(f"branch {name!r} of {group!r} is not callable")
     return named

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
-from ._flow import Call, Flow, Io, Sleep, adrive, drive
+from ._flow import Call, Flow, Io, Sleep, adrive, drive, require_store
 from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
+from ._ids import check_id, check_run_id
 from ._limits import (
     as_retry,
     carried_limits,
@@ -104,6 +105,14 @@ class Workflow:
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A workflow runs against a ledger, never as a plain call: say how to run it."""
+        verb = "start_async" if self.is_async else "start"
+        raise UsageError(f"workflow {self.name!r} is not called directly: run it with"
+                         f" safepoint.{verb}(store, {self.fn.__name__}, *args, run_id=…) (or"
+                         " safepoint.submit(...) for a worker); the ledger gives it its run",
+                         workflow=self.name)
+
 
 _registry: dict[str, Workflow] = {}
 
@@ -143,8 +152,8 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     >>> @workflow("support-follow-up", version="v3")
     ... def follow_up(run: Run, case_id: str) -> dict: ...
     """
-    if not name or not isinstance(name, str):
-        raise UsageError("a workflow needs a non-empty name")
+    check_id(name, "workflow name")
+    check_id(str(version), "workflow version")
 
     if resume_budget is not None and resume_budget < 0:
         raise UsageError("resume_budget is a count of takeovers: 0 or more")
@@ -168,10 +177,37 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
                               compatibility=policy, manifest=manifest,
                               step_attempts=attempts, budget=budget, deadline=deadline,
                               history_limit=limit)
-        _registry[name] = registered
+        _register(registered)
         return registered
 
     return register
+
+
+def _register(wf: Workflow) -> None:
+    """Register ``wf`` under its name: a new version replaces the one registered (a deploy
+    within one process), and the same code registered again (a module reloaded) is taken
+    again. Another function under the same name and version is refused: one of the two would
+    silently never run, and runs recorded by one would be replayed by the other."""
+    known = _registry.get(wf.name)
+    if (known is not None and known.version == wf.version and known.fn is not wf.fn
+            and _code_name(known.fn) != _code_name(wf.fn)):
+        raise UsageError(f"workflow {wf.name!r} version {wf.version!r} is registered already,"
+                         f" by {_code_name(known.fn)}; {_code_name(wf.fn)} cannot take the"
+                         " same name and version — give it a name of its own, or bump the"
+                         " version if it replaces the first", workflow=wf.name)
+    _registry[wf.name] = wf
+
+
+def forget_workflows(*names: str) -> None:
+    """Forget the workflows registered under ``names`` (all of them, given none), as a new
+    process would not know them: for a test that deploys changed code under the same name and
+    version within one process. (``safepoint.testing.forget_workflows``.)"""
+    for name in names or list(_registry):
+        _registry.pop(name, None)
+
+
+def _code_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def registered(name: str) -> Workflow | None:
@@ -199,10 +235,15 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
              owner: str | None, lease_ms: int, budget: Budget | None = None,
              deadline: Deadline = None) -> NewRun:
     if not isinstance(wf, Workflow):
-        raise UsageError("pass a function decorated with @safepoint.workflow(...)")
+        hint = (" (it is a plain function: decorate it with @safepoint.workflow(\"name\"))"
+                if callable(wf) else "")
+        raise UsageError(f"the workflow to run goes after the store, and got"
+                         f" {type(wf).__name__} there{hint}: pass the function decorated with"
+                         " @safepoint.workflow(...)")
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     spend = merged_budget(wf.budget, budget)
     deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
-    return _new_run_record(wf, _run_inputs(args, kwargs), run_id or uuid.uuid4().hex, owner,
+    return _new_run_record(wf, _run_inputs(args, kwargs), run_id, owner,
                            lease_ms, deadline_at=deadline_at, deadline_ms=deadline_ms,
                            token_budget=spend.tokens, cost_budget=spend.cost)
 
@@ -230,6 +271,7 @@ def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
     or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
     """
+    require_store(store, "start")
     new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
 
@@ -240,6 +282,7 @@ async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
                       deadline: Deadline = None, **kwargs: Any) -> Any:
     """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
     an async store (``open_async_store``) is awaited, never blocking it."""
+    require_store(store, "start_async")
     new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
 
@@ -252,6 +295,7 @@ def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     inputs it returns the id; otherwise it raises ``RunConflict``. ``budget`` and ``deadline``
     as for ``start`` (a relative deadline counts from now, not from when a worker claims it).
     """
+    require_store(store, "submit")
     new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
     return str(drive(store, _submit_flow(new)))
 
@@ -260,6 +304,7 @@ async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
                        run_id: str | None = None, budget: Budget | None = None,
                        deadline: Deadline = None, **kwargs: Any) -> str:
     """``submit`` from async code."""
+    require_store(store, "submit_async")
     new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
     return str(await adrive(store, _submit_flow(new)))
 
@@ -272,7 +317,8 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
     at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
     approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
     """
-    return resume_record(store, store.get_run(run_id), lease_ms)
+    require_store(store, "resume")
+    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
 
 
 def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
@@ -289,7 +335,8 @@ def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS
 async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
                        lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` in the caller's event loop."""
-    run = await adrive(store, _get_run_flow(run_id))
+    require_store(store, "resume_async")
+    run = await adrive(store, _get_run_flow(check_run_id(run_id)))
     if run.status is RunStatus.CONTINUED:
         run = await adrive(store, chain_head(run))
     if run.status.terminal:
@@ -307,20 +354,22 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     a cancelled run. An ended run is left as it is; a run that continued as new passes the
     request on to the run that carries its chain on, which is returned.
     """
+    require_store(store, "cancel")
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = drive(store, _cancel_flow(run_id, by, reason))
+    run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
 
 
 async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
                        reason: str | None = None) -> RunRecord:
     """``cancel`` from async code."""
+    require_store(store, "cancel_async")
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = await adrive(store, _cancel_flow(run_id, by, reason))
+    run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
 
 

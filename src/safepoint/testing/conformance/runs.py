@@ -71,7 +71,7 @@ class RunTests(ConformanceBase):
         missing = f"missing-{_uid()}"
         with pytest.raises(RunNotFound) as error:
             store.get_run(missing)
-        assert error.value.run_id == missing  # type: ignore[attr-defined]
+        assert error.value.run_id == missing
         with pytest.raises(RunNotFound):
             store.load_ledger(missing)
 
