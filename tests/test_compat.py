@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.testing import forget_workflows
 from safepoint._compat import changes, fingerprint, manifest_of
 from safepoint._crashpoints import SimulatedCrash
 from safepoint._workflow import registered_versions
+from safepoint.testing import forget_workflows
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
 

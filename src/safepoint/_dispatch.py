@@ -157,7 +157,7 @@ def _new_operation(core: RunCore, sid: str, effect: Effect, op_id: str, payload_
     return OperationRecord(
         run_id=core.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
         state=EffectState.PREPARED, payload_ref=payload_ref,
-        effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
+        effect_key=mint_effect_key(core.store.identity.ledger_id, key_scope, op_id),  # once
         approval_required=approval, target_digest=target)
 
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._canonical import JSON, sha256_hex
-from .types import EffectState
+from .types import EffectState, LedgerIdentity, OperationRecord, RunRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +126,35 @@ def seconds(duration: timedelta | float) -> float:
     return float(duration)
 
 
-def mint_effect_key(run_id: str, operation_id: str) -> str:
-    """Derive an operation's idempotency key. Called once, at prepare; the key is then stored
-    and only ever read back — never minted again for the same operation."""
-    return "sp_" + sha256_hex(f"{run_id}\x00{operation_id}".encode())[:40]
+def mint_effect_key(ledger_id: str, scope: str, operation_id: str) -> str:
+    """Derive an operation's idempotency key from the ledger's id, the run (or chain) that
+    names the operation, and its operation id. Called once, at prepare; the key is then stored
+    and only ever read back — never minted again for the same operation.
+
+    The ledger's id makes the key unique to its ledger: two ledgers that use the same run ids
+    (dev and prod, two tenants, a database created again) never send one key to one owner,
+    which would hand the second run the first run's receipt. The key is a digest, so it tells
+    the owner nothing about the ledger, the run or the operation."""
+    return "sp_" + sha256_hex(f"{ledger_id}\x00{scope}\x00{operation_id}".encode())[:40]
+
+
+def _key_before_identity(scope: str, operation_id: str) -> str:
+    """How keys were minted before ledgers had an id (migration 9): kept by the operations
+    prepared then, and recognised for them only."""
+    return "sp_" + sha256_hex(f"{scope}\x00{operation_id}".encode())[:40]
+
+
+def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> bool:
+    """Whether ``op``'s stored key is the key that was minted for it: the key of its operation
+    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger
+    — or, for an operation prepared before the ledger had an id, the key minted then. A key
+    altered after it was recorded (a hand edit, a corrupted row) is none of them: it must not
+    be reconciled nor sent, since the owner knows the operation by the key minted."""
+    scopes = {run.run_id, run.chain_id or run.run_id}
+    minted = {mint_effect_key(identity.ledger_id, scope, op.operation_id) for scope in scopes}
+    if op.prepared_at < identity.keyed_since:
+        minted |= {_key_before_identity(scope, op.operation_id) for scope in scopes}
+    return op.effect_key in minted
 
 
 class Action(StrEnum):

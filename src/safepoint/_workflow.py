@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
+from ._effects import key_is_minted
 from ._flow import Call, Flow, Io, Sleep, adrive, drive, require_store
 from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
 from ._ids import check_id, check_run_id
@@ -69,6 +70,8 @@ from .types import (
     EffectState,
     HistoryLimit,
     Ledger,
+    LedgerIdentity,
+    OperationRecord,
     Retry,
     RunRecord,
     RunStatus,
@@ -502,7 +505,7 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     limits (resume budget, deadline); then execute — replay classifies each recorded step and
     operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
     the recovery record."""
-    ledger = yield from _load_intact(claim, run)
+    ledger = yield from _load_intact(claim, run, store.identity)
     try:
         run = yield from _check_compatible(wf, claim, ledger.run)
     except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
@@ -527,13 +530,26 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
                                      dict(ledger.operations), ledger.attempts))
 
 
-def _load_intact(claim: Claim, run: RunRecord) -> Flow:
+def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> None:
+    """``CorruptRecord`` unless ``op`` holds the key minted for it (see ``key_is_minted``)."""
+    if not key_is_minted(op, run, identity):
+        raise CorruptRecord(
+            "safepoint_operations", f"{run.run_id}/{op.operation_id}",
+            f"its effect_key {op.effect_key!r} is not the key minted for operation"
+            f" {op.operation_id!r}: it was altered after it was recorded, and nothing is"
+            " reconciled or sent under it — put the minted key back (from a backup), or look"
+            " the operation up at its owner and resolve the run")
+
+
+def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow:
     """The ledger, with the payload of every operation that may still be sent read back and
-    checked against its digest — before anything is replayed, not when the run reaches it."""
+    checked against its digest, and its stored key checked against the key minted for it —
+    before anything is replayed, not when the run reaches it."""
     try:
         ledger = yield Io("load_ledger", (run.run_id,))
         for op in ledger.operations.values():
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
+                _check_key(op, ledger.run, identity)
                 yield Io("get_artifact", (op.payload_ref,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
         record = build_record(run, phase="unreadable_record", reason=exc.message,
