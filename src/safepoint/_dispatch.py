@@ -35,6 +35,7 @@ from ._effects import (
     mint_effect_key,
     next_action,
     one_commit_to_dispatching,
+    orphaned,
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep
 from ._flow import is_async_callable as _is_async_callable
@@ -88,6 +89,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
     # An operation id given is checked as given: an empty one must not fall back to the step's
     # id while it names the operation across the run's chain.
     op_id = sid if operation_id is None else check_id(operation_id, "operation id")
+    core.reached.add(op_id)
     hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                          "payload": payload_ref})
     recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
@@ -103,6 +105,8 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
         settled = yield from _settled_in_chain(core, sid, effect, op_id, payload_ref)
         if settled is not None:
             return settled.receipt
+    if op_id not in core.operations:
+        yield from _refuse_beside_orphans(core, sid, effect, op_id, prefix)
     key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
     if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
         # Nothing stands between prepared and dispatching: one commit, then the call.
@@ -142,6 +146,30 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
             yield from core.block(
                 NeedsReconciliation(core.run.run_id, sid, op_id, decided.reason),
                 phase="reconcile_effect", op=op)
+
+
+def _refuse_beside_orphans(core: RunCore, sid: str, effect: Effect, op_id: str,
+                           prefix: str) -> Flow:
+    """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
+    an operation that may have happened and that this code no longer reaches (see
+    ``orphaned``) — under a fresh key, the same change would be made twice."""
+    found = orphaned(core.operations.values(), core.reached, core.open_branches, prefix,
+                     replans=core.replans)
+    if not found:
+        return
+    orphan = found[0]
+    asked = {"step_id": sid, "effect": effect.name, "operation_id": op_id}
+    yield from core.block(
+        ReplayMismatch(
+            core.run.run_id, sid,
+            f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
+            f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
+            f" reaches, and the code asks for a new operation {op_id!r} (step {sid!r}, effect"
+            f" {effect.name!r}) instead; nothing new is dispatched beside it, under a fresh"
+            " key — deploy the code that reaches it (the effect step's id, operation_id and"
+            " place as recorded), or settle the run by hand"),
+        phase="replay_mismatch", op=orphan,
+        evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
 
 
 def _accepted_step(core: RunCore, sid: str, effect: Effect, op: OperationRecord,

@@ -9,7 +9,7 @@ answer allows).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -155,6 +155,31 @@ def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity)
     if op.prepared_at < identity.keyed_since:
         minted |= {_key_before_identity(scope, op.operation_id) for scope in scopes}
     return op.effect_key in minted
+
+
+# Operations a new dispatch must not go out beside, when the code no longer reaches them: one
+# that may have happened or did happen would be done twice under a fresh key if the code now
+# asks for the same change under another name. Under ``replan`` an accepted operation is part
+# of the kept effect ledger that a new plan may knowingly diverge from.
+_MAY_HAVE_HAPPENED = frozenset({EffectState.DISPATCHING, EffectState.UNKNOWN,
+                                EffectState.APPLIED})
+_HAPPENED = _MAY_HAVE_HAPPENED | {EffectState.ACCEPTED}
+
+
+def orphaned(operations: Iterable[OperationRecord], reached: Set[str],
+             open_branches: Iterable[str], here: str, *, replans: bool) -> list[OperationRecord]:
+    """The operations of a run that forbid a new dispatch at ``here`` (the step-id prefix of
+    the code asking, "" outside a fan-out): ones that may have happened (or, under
+    ``refuse``, did) and that the code resuming the run has not reached (``reached``: the
+    operation ids it asked for so far) — unless they belong to a fan-out branch still open
+    that ``here`` is not inside: that sibling may reach them yet. Deterministic code reaches
+    every operation it recorded before it asks for a new one, so an orphan means the code
+    changed under the run (an effect step renamed, moved, its operation id changed)."""
+    kept = _MAY_HAVE_HAPPENED if replans else _HAPPENED
+    siblings = [branch for branch in open_branches if not here.startswith(branch)]
+    return [op for op in operations
+            if op.state in kept and op.operation_id not in reached
+            and not any(op.step_id.startswith(branch) for branch in siblings)]
 
 
 class Action(StrEnum):

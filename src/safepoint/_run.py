@@ -145,6 +145,10 @@ class RunCore:
         # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
         # leaves what its sibling branches recorded alone.
         self.fanouts: list[list[str]] = []
+        # Operation ids the code asked for so far, and the prefixes of the fan-out branches
+        # still running: what ``_effects.orphaned`` needs before a new dispatch.
+        self.reached: set[str] = set()
+        self.open_branches: set[str] = set()
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -220,6 +224,21 @@ class RunCore:
         signal = ContinueAsNew(self.run.run_id, successor_inputs(args, kwargs))
         self.halted = signal
         return signal
+
+    def branch(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
+        """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
+        try:
+            return fn(run)
+        finally:
+            with self.seq_lock:
+                self.open_branches.discard(prefix)
+
+    async def branch_async(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
+        try:
+            return await fn(run)
+        finally:
+            with self.seq_lock:
+                self.open_branches.discard(prefix)
 
     def take_pending(self) -> list[StepRecord]:
         with self.seq_lock:
@@ -667,6 +686,8 @@ class _RunBase:
             raise UsageError(f"fan-out {group!r} names a branch twice")
         prefixes = [f"{group}.{name}/" for name, _ in named]
         self._core.fanouts.append(prefixes)
+        with self._core.seq_lock:
+            self._core.open_branches.update(prefixes)
         return named, prefixes
 
 
@@ -751,7 +772,7 @@ class Run(_RunBase):
         errors: list[BaseException | None] = [None] * len(named)
         with ThreadPoolExecutor(max_workers=min(max_threads, len(named) or 1),
                                 thread_name_prefix=f"safepoint-{step_id}") as pool:
-            futures = [pool.submit(fn, Run(self._core, prefix))
+            futures = [pool.submit(self._core.branch, fn, Run(self._core, prefix), prefix)
                        for (_, fn), prefix in zip(named, prefixes, strict=True)]
             for index, future in enumerate(futures):
                 errors[index] = future.exception()  # waits; BaseExceptions included
@@ -821,7 +842,7 @@ class AsyncRun(_RunBase):
         with a run of its own, all awaited together on this event loop."""
         named, prefixes = self._group(step_id, branches)
         settled = await asyncio.gather(
-            *(fn(AsyncRun(self._core, prefix))
+            *(self._core.branch_async(fn, AsyncRun(self._core, prefix), prefix)
               for (_, fn), prefix in zip(named, prefixes, strict=True)),
             return_exceptions=True)
         errors = [r if isinstance(r, BaseException) else None for r in settled]
