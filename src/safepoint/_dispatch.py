@@ -50,6 +50,7 @@ from .errors import (
     HistoryLimitReached,
     LostOwnership,
     NeedsReconciliation,
+    NotJSON,
     ReplayMismatch,
     StaleCheckpoint,
     UsageError,
@@ -114,6 +115,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                                                   payload_bytes, key_scope)
         step = _accepted_step(core, sid, effect, op, hashed)  # recorded on acceptance
         op = yield from _call_owner(core, sid, effect, op, payload, step)
+        yield from _refuse_unusable_receipt(core, sid, op)
     else:
         op, payload = yield from _prepared(core, sid, effect, op_id, payload, payload_bytes,
                                                 approval, key_scope)
@@ -144,7 +146,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
             raise EffectRejected(core.run.run_id, sid, op_id, op.error)
         else:
             yield from core.block(
-                NeedsReconciliation(core.run.run_id, sid, op_id, decided.reason),
+                NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
                 phase="reconcile_effect", op=op)
 
 
@@ -402,7 +404,25 @@ def _dispatch(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payl
             # it stays prepared, not uncertain (as after a cancel).
             yield from _record(core, op, EffectState.PREPARED)
         raise
-    return (yield from _call_owner(core, sid, effect, op, payload, step))
+    op = yield from _call_owner(core, sid, effect, op, payload, step)
+    yield from _refuse_unusable_receipt(core, sid, op)
+    return op
+
+
+def _refuse_unusable_receipt(core: RunCore, sid: str, op: OperationRecord) -> Flow:
+    """Right after a call whose receipt is not JSON: block, saying so — rather than reconcile
+    and dispatch again (under the same key) until the dispatches run out, with the cause
+    only in the record. Checked once the dispatch was left, so a block may release the run."""
+    error = op.error if isinstance(op.error, dict) else {}
+    if op.state is not EffectState.UNKNOWN or not error.get("receipt_not_json"):
+        return
+    yield from core.block(NeedsReconciliation(
+        core.run.run_id, sid, op.operation_id,
+        f"execute returned, but its receipt cannot be recorded ({error.get('message')}); the"
+        " owner answered, so the effect most likely happened — make execute return JSON (a"
+        " dict of the owner's object, say), then resume the run: it asks the owner by key"
+        " (reconcile), or lacking reconcile waits for a person to resolve it"),
+        phase="reconcile_effect", op=op)
 
 
 def _call_owner(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
@@ -422,10 +442,6 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
     crashpoint("effect.after_dispatching", sid)
     try:
         receipt = yield Call(effect.execute, (payload, _key(core, op)))
-        require_json(receipt, "receipt", sid)
-        # A receipt is the owner's word that it happened: keep it, with any credential in
-        # it (a client_secret, say) masked, rather than lose the outcome.
-        receipt = redact_json(receipt)
     except NotSent as exc:
         if op.dispatch_count > 1:
             # This attempt never left, but an earlier one may have: still uncertain.
@@ -445,6 +461,16 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
     except BaseException as exc:
         yield from _interrupted(core, sid, op, exc)
         raise
+    try:
+        require_json(receipt, "receipt", sid)
+    except NotJSON as exc:
+        # The owner answered, so the effect most likely happened; but what execute returned
+        # cannot be recorded. Uncertain, and said so at once (see _refuse_unusable_receipt).
+        return (yield from _record(core, op, EffectState.UNKNOWN,
+                                   error={**error_evidence(exc), "receipt_not_json": True}))
+    # A receipt is the owner's word that it happened: keep it, with any credential in it (a
+    # client_secret, say) masked, rather than lose the outcome.
+    receipt = redact_json(receipt)
     crashpoint("effect.after_receiver_commit", sid)
     return (yield from _applied(core, sid, effect, op, receipt, step))
 
@@ -507,9 +533,18 @@ def _reconcile(core: RunCore, sid: str, effect: Effect, op: OperationRecord, pay
                                   phase="reconcile_effect", op=op)
         return (yield from _dispatch(core, sid, effect, op, payload, step))
     yield from core.block(NeedsReconciliation(core.run.run_id, sid, op.operation_id,
-                                              decided.reason),
+                                              _with_cause(decided, op)),
                           phase="reconcile_effect", op=op)
     raise AssertionError("unreachable")
+
+
+def _with_cause(decided: Next, op: OperationRecord) -> str:
+    """Why the run blocks, with what the last dispatch ended in — so the message says the
+    cause, not only the record."""
+    error = op.error if isinstance(op.error, dict) else {}
+    if not error.get("message"):
+        return decided.reason
+    return f"{decided.reason} (the last dispatch ended in {error.get('type')}: {error['message']})"
 
 
 def _verify(core: RunCore, sid: str, effect: Effect, op: OperationRecord,

@@ -175,6 +175,16 @@ class RunCore:
         self.halted = signal
         return signal
 
+    def close(self) -> None:
+        """The workflow function returned (or the run stopped here): a step called through
+        this run object later — from a thread, a callback or an object that outlived the
+        function — is told so, instead of failing as a stale worker's write."""
+        self.halted = UsageError(
+            f"run {self.run.run_id!r} is over for this run object (its workflow function"
+            " returned, or the run stopped): no step can be recorded through it any more —"
+            " call steps only inside the workflow function, not from a thread, callback or"
+            " object that outlives it", run_id=self.run.run_id)
+
     def check_halt(self) -> None:
         if self.halted is not None:
             raise self.halted
@@ -563,7 +573,12 @@ def _input_hash(inputs: Any, sid: str) -> str:
     walk; only the others are copied into their hashed form first."""
     encoded = canonical_if_json(inputs, allow_tuples=True)
     if encoded is None:
-        encoded = checked_canonical(hashed_form(inputs), "inputs", sid, allow_tuples=True)
+        try:
+            shaped = hashed_form(inputs)
+        except RecursionError:  # nested too deep, or containing itself: say where
+            require_json(inputs, "inputs", sid, allow_tuples=True)
+            raise
+        encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
     return sha256_hex(encoded)
 
 

@@ -399,28 +399,40 @@ def _workflow_of(run: RunRecord) -> Workflow:
     return wf
 
 
+# How a run may end that is an answer, not a fault of safepoint's: raised to the caller with
+# no traceback through the flows and drivers behind it (dozens of frames that say nothing about
+# the caller's code). Their causes keep their own tracebacks.
+_OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
+
+
 def _carry_out(store: Store, wf: Workflow, flow: Flow) -> Any:
     """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
-    if not wf.is_async:
-        return drive(store, flow)
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(adrive(store, flow))
+        if not wf.is_async:
+            return drive(store, flow)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(adrive(store, flow))
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
     flow.close()
     raise UsageError("an async workflow was started from inside a running event loop; use"
                      " `await safepoint.start_async(...)` / `resume_async(...)` there")
 
 
 async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow) -> Any:
-    if wf.is_async:
-        return await adrive(store, flow)
-    if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
-        flow.close()
-        raise UsageError("a plain def workflow cannot use an async store; make the workflow"
-                         " async def, or use a sync store")
-    # A plain workflow blocks while it runs: give it a thread, keep the loop free.
-    return await asyncio.to_thread(drive, store, flow)
+    try:
+        if wf.is_async:
+            return await adrive(store, flow)
+        if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
+            flow.close()
+            raise UsageError("a plain def workflow cannot use an async store; make the"
+                             " workflow async def, or use a sync store")
+        # A plain workflow blocks while it runs: give it a thread, keep the loop free.
+        return await asyncio.to_thread(drive, store, flow)
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
 
 
 # -- the flows ------------------------------------------------------------------------------------
@@ -617,8 +629,16 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
 def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                       steps: dict[str, Any], operations: dict[str, Any],
                       attempts: dict[str, Any] | None) -> Flow:
-    """One run of the workflow function against the ledger, and how it ended."""
+    """One run of the workflow function against the ledger, and how it ended. Once it ended,
+    its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
+    try:
+        return (yield from _executed(core, store, wf, claim, run))
+    finally:
+        core.close()
+
+
+def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:
