@@ -82,7 +82,11 @@ class Effect:
     idempotency key. ``reconcile(key) -> Applied | NotApplied | Unknown`` asks the owner what
     happened to that key; without it, an uncertain outcome always blocks the run.
     ``dedup_retention`` is how long the owner remembers a key: a re-dispatch after ``NotApplied``
-    is only allowed inside it (set it a little shorter than the owner's documented window).
+    is only allowed inside it (set it a little shorter than the owner's documented window). That
+    window must also exceed the longest pause a worker may survive in the middle of a call
+    (plus the lease and a takeover): a request sent before the pause still arrives after it, and
+    only an owner that still remembers the key — or that refuses a stale ``key.fence`` — absorbs
+    it (README, "What a paused worker can still do").
     ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks, and so
     does a verifier that has not answered within ``verify_timeout`` (a timedelta or seconds) —
     never another dispatch (with a timeout, a plain verifier runs on a thread of its own, left
