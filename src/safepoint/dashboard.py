@@ -131,7 +131,9 @@ class Dashboard:
                  token: str | None = None, read_timeout: float = 10.0) -> None:
         if not is_loopback(host):
             raise UsageError(f"the dashboard binds to loopback only (127.0.0.1, ::1, localhost),"
-                             f" not {host!r}: reach it from elsewhere through an SSH tunnel")
+                             f" not {host!r}: reach it from elsewhere through an SSH tunnel"
+                             f" that keeps the port (ssh -L {port or DEFAULT_PORT}:127.0.0.1:"
+                             f"{port or DEFAULT_PORT} HOST)")
         if token is not None and len(token) < 16:
             raise UsageError("a dashboard token needs 16 characters or more")
         self.store = store
