@@ -498,19 +498,39 @@ def test_a_large_body_sent_whole_is_answered_413_not_reset(
     assert file_store.get_run("p") == before
 
 
-def test_two_content_lengths_are_refused(board: Dashboard, file_store: sp.Store) -> None:
+_CANCEL_P = f'{{"by": "ana", "token": "{TOKEN}"}}'
+
+
+@pytest.mark.parametrize(("head", "body", "status", "says"), [
+    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+     "Content-Length: {length}\r\nContent-Length: 2", _CANCEL_P, 400, "Content-Length"),
+    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+     "Transfer-Encoding: chunked", f"{len(_CANCEL_P):x}\r\n{_CANCEL_P}\r\n0\r\n\r\n", 411,
+     "Content-Length"),
+    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n"
+     "Content-Type: application/json\r\nContent-Length: {length}", _CANCEL_P, 421,
+     "more than one Host"),
+    ("POST /runs/p/cancel HTTP/1.0\r\nContent-Type: application/json\r\n"
+     "Content-Length: {length}", _CANCEL_P, 421, "no Host"),
+    ("POST http://evil.example/runs/p/cancel HTTP/1.1\r\nHost: {host}\r\n"
+     "Content-Type: application/json\r\nContent-Length: {length}", _CANCEL_P, 400, "proxy"),
+    ("GET /runs/%ff HTTP/1.1\r\nHost: {host}", "", 400, "UTF-8"),
+])
+def test_a_request_that_does_not_say_one_thing_is_refused(
+        board: Dashboard, file_store: sp.Store, head: str, body: str, status: int,
+        says: str) -> None:
+    """Over a raw socket: what http.client would not send."""
     before = _pending(file_store)
-    body = f'{{"by": "ana", "token": "{TOKEN}"}}'.encode()
+    request = (head.format(host=board.url.removeprefix("http://"), length=len(body))
+               + f"\r\nAuthorization: Bearer {TOKEN}\r\nAccept: application/json\r\n\r\n"
+               + body)
     with socket.create_connection(("127.0.0.1", _port(board)), timeout=10) as raw:
-        raw.sendall(b"POST /runs/p/cancel HTTP/1.1\r\nHost: " + board.url[7:].encode()
-                    + b"\r\nAuthorization: Bearer " + TOKEN.encode()
-                    + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                    + str(len(body)).encode() + b"\r\nContent-Length: 2\r\n\r\n" + body)
+        raw.sendall(request.encode())
         answer = b""
         while chunk := raw.recv(65536):
             answer += chunk
-    assert answer.startswith(b"HTTP/1.0 400")
-    assert b"Content-Length" in answer
+    assert answer.startswith(f"HTTP/1.0 {status} ".encode()), answer[:200]
+    assert says in json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
     assert file_store.get_run("p") == before
 
 
@@ -553,6 +573,9 @@ def test_a_resolve_naming_two_resolutions_or_an_unknown_one_is_refused(
         ((f'{{"action": "not_applied", "action": "abandon", "revision":'
           f' {before.state_revision}, "by": "ana", "token": "{TOKEN}"}}').encode(),
          json_headers, "'action' twice"),
+        (json.dumps({"action": "applied", "revision": before.state_revision, "by": "ana",
+                     "receipt": "{not json", "token": TOKEN}).encode(), json_headers,
+         "the receipt is not JSON"),
     ]
     for body, headers, says in refused:
         status, answer_headers, text = _http(board, "POST", path, body=body, headers=headers)

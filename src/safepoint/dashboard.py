@@ -213,9 +213,11 @@ class _Handler(BaseHTTPRequestHandler):
             hosts = self.headers.get_all("Host") or []
             if len(hosts) != 1 or not host_allowed(hosts[0], self.dashboard.port,
                                                    self.dashboard.names):
+                named = (f"as {hosts[0][:100]!r}" if len(hosts) == 1 else
+                         "under no Host" if not hosts else "under more than one Host")
                 raise Refusal(HTTPStatus.MISDIRECTED_REQUEST, (
                     f"this dashboard answers only as {self.dashboard.url} (or localhost, [::1]"
-                    f" on port {self.dashboard.port}), not as {(hosts or [''])[0][:100]!r}"))
+                    f" on port {self.dashboard.port}); the request asked {named}"))
             handle(*self._target())
         except Refusal as refusal:
             self._error(refusal.status, refusal.message, refusal.headers)
@@ -246,6 +248,9 @@ class _Handler(BaseHTTPRequestHandler):
             match segments:
                 case [""]:
                     status = query.get("status")
+                    if status and status not in {s.value for s in RunStatus}:
+                        raise Refusal(HTTPStatus.BAD_REQUEST, f"no status {status[:40]!r}: one"
+                                      f" of {', '.join(s.value for s in RunStatus)}")
                     runs = store.list_runs(RunStatus(status) if status else None, _LIST_LIMIT)
                     self._html(HTTPStatus.OK, _runs_page(runs, status, store.now()))
                 case ["api", "runs"]:
@@ -421,9 +426,12 @@ def _resolve(store: Store, run_id: str, form: dict[str, str]) -> None:
         raise Refusal(HTTPStatus.BAD_REQUEST, f"no resolution {form['action'][:40]!r}: name"
                       f" one of {_RESOLUTIONS}")
     receipt = form.get("receipt")
+    try:
+        held = json.loads(receipt) if receipt else None
+    except ValueError as exc:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"the receipt is not JSON: {exc}") from None
     resolve(store, run_id, form["action"], revision=int(form["revision"]), by=form["by"],
-            operation_id=form.get("operation_id") or None,
-            receipt=json.loads(receipt) if receipt else None,
+            operation_id=form.get("operation_id") or None, receipt=held,
             evidence=form.get("evidence") or None)
 
 
