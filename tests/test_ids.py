@@ -20,6 +20,7 @@ BAD_IDS = [
     pytest.param("a\udc80b", id="lone-surrogate"),
     pytest.param("x" * 1001, id="too-long"),
 ]
+DOT_SEGMENTS = [pytest.param(".", id="dot"), pytest.param("..", id="dot-dot")]
 NOT_STRINGS = [pytest.param(7, id="int"), pytest.param(b"r", id="bytes"),
                pytest.param(["r"], id="list")]
 
@@ -29,7 +30,7 @@ def plain(run: sp.Run, n: int) -> int:
     return int(run.pure("one", lambda: n))
 
 
-@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS + DOT_SEGMENTS)
 def test_a_malformed_run_id_is_refused_before_a_run_is_created(store: sp.Store, bad: Any) -> None:
     for verb in (sp.start, sp.submit):
         with pytest.raises(sp.UsageError, match="invalid run id") as error:

@@ -55,6 +55,12 @@ def check_id(value: object, what: str) -> str:
 
 
 def check_run_id(value: object) -> str:
+    """A run id: an id that is also a path segment of the dashboard's pages, where ``.`` and
+    ``..`` cannot be addressed (browsers resolve them away, even percent-encoded)."""
+    if value in (".", ".."):
+        raise UsageError(f"invalid run id {value!r}: it cannot be addressed in a URL; a run id"
+                         f" is {_ALLOWED}, other than '.' and '..'", id=value, what="run id",
+                         problem="a dot segment")
     return check_id(value, "run id")
 
 
