@@ -15,6 +15,7 @@ import safepoint as sp
 from safepoint._compat import changes, fingerprint, manifest_of
 from safepoint._crashpoints import SimulatedCrash
 from safepoint._workflow import registered_versions
+from safepoint.testing import forget_workflows
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
 
@@ -83,12 +84,15 @@ def test_an_unknown_policy_is_a_usage_error() -> None:
 
 def test_a_changed_tool_schema_blocks_the_run_and_says_what_changed(store: sp.Store,
                                                                     crash_at: Any) -> None:
+    forget_workflows("agent")
+
     @sp.workflow("agent", version="3", tools=TOOLS_V1, models=["m-1"])
     def old(run: sp.Run) -> int:
         return int(run.pure("one", lambda: 1))
 
     _stop_before_completion(store, old, crash_at)
     assert store.get_run("r").workflow_fingerprint == old.fingerprint
+    forget_workflows("agent")  # the new code, deployed under the same version: a new process
 
     @sp.workflow("agent", version="3", tools=TOOLS_V2, models=["m-1"])
     def new(run: sp.Run) -> int:

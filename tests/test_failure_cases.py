@@ -224,7 +224,7 @@ def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService
 
 def test_resume_after_cancellation_never_revives_the_run(
         store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
-    flow = _charge("cancelled", _UNRECONCILABLE)  # stops at "prepared" (see above)
+    flow = _charge("cancelled-at-prepared", _UNRECONCILABLE)  # stops at "prepared" (see above)
     _stop_at(store, flow, crash_at, "effect.after_prepared", 5)
     sp.cancel(store, "r", by="ops", reason="customer withdrew")
     for _ in range(2):
@@ -240,7 +240,7 @@ def test_resume_after_the_dedup_window_expired_blocks_instead_of_resending(
         store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
     """The owner committed; the worker died; by the time a worker resumes, the key may be
     forgotten and the lookup lags: a re-send could charge twice. It blocks."""
-    flow = _charge("retention", owner_effect("charges",
+    flow = _charge("retention-expired", owner_effect("charges",
                                              dedup_retention=timedelta(seconds=0.2)))
     owner_env.client.set_faults(index_lag=60.0)  # the lookup will not find it for a while
     _stop_at(store, flow, crash_at, "effect.after_receiver_commit", 5)

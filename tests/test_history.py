@@ -267,7 +267,8 @@ def test_an_effect_accepted_before_continuing_is_not_sent_again(
         return {"receipt": receipt["id"], "generation": generation}
 
     assert sp.start(store, flow, 0, run_id="r") == {"receipt": "ch_1", "generation": 2}
-    assert keys == [mint_effect_key("r", "charge:c-1")]  # one dispatch, the chain's key
+    # one dispatch, the chain's key
+    assert keys == [mint_effect_key(store.identity.ledger_id, "r", "charge:c-1")]
     assert owner_env.client.stats()["applied"] == 1
     assert owner_env.client.stats()["duplicates"] == 0
     runs = _chain(store, "r")
@@ -322,7 +323,8 @@ def test_a_changed_payload_under_an_inherited_operation_id_blocks(
     assert (record["task_id"], record["phase"], record["operation_id"]) == (
         "r~1", "stale_checkpoint", "charge:1")
     assert record["evidence"]["settled_by"] == "r"
-    assert record["effect_key"] == mint_effect_key("r", "charge:1")
+    assert record["effect_key"] == mint_effect_key(memory_store.identity.ledger_id, "r",
+                                                   "charge:1")
     assert memory_store.get_run("r~1").status is sp.RunStatus.BLOCKED
 
 
@@ -345,7 +347,8 @@ def test_an_operation_id_keeps_its_key_across_the_chain(memory_store: sp.Store) 
             run.continue_as_new(generation + 1)
 
     assert sp.start(memory_store, flow, 0, run_id="r") == {"id": "ch_1"}
-    assert keys == [mint_effect_key("r", "charge:1")] * 2  # never minted afresh
+    # never minted afresh
+    assert keys == [mint_effect_key(memory_store.identity.ledger_id, "r", "charge:1")] * 2
     assert memory_store.load_ledger("r").operations["charge:1"].state is sp.EffectState.PREPARED
     op = memory_store.load_ledger("r~1").operations["charge:1"]
     assert (op.state, op.effect_key) == (sp.EffectState.ACCEPTED, keys[0])
@@ -370,7 +373,8 @@ def test_a_step_id_used_as_operation_id_names_an_operation_of_its_run_only(
 
     assert sp.start(memory_store, flow, 0, run_id="r") == [2]
     # each run's "line" is an operation of its own, with a key of its own
-    assert keys == [mint_effect_key(run_id, "line") for run_id in ("r", "r~1", "r~2")]
+    assert keys == [mint_effect_key(memory_store.identity.ledger_id, run_id, "line")
+                    for run_id in ("r", "r~1", "r~2")]
 
 
 def test_a_run_with_an_uncertain_effect_cannot_continue_as_new(memory_store: sp.Store) -> None:

@@ -108,7 +108,7 @@ def test_a_cancelled_async_run_is_released_not_failed(memory_store: sp.Store) ->
         await asyncio.sleep(5)
         return 1
 
-    @sp.workflow("cancelled")
+    @sp.workflow("cancelled-async")
     async def flow(run: sp.AsyncRun) -> Any:
         return await run.read("slow", slow)
 

@@ -128,9 +128,10 @@ def test_prepared_and_dispatching_are_one_commit_only_where_recovery_needs_no_pe
 
 
 def test_effect_keys_are_stable_and_distinct() -> None:
-    assert mint_effect_key("r", "op") == mint_effect_key("r", "op")
-    assert mint_effect_key("r", "op") != mint_effect_key("r", "op2")
-    assert mint_effect_key("r", "op") != mint_effect_key("r2", "op")
+    assert mint_effect_key("l", "r", "op") == mint_effect_key("l", "r", "op")
+    assert mint_effect_key("l", "r", "op") != mint_effect_key("l", "r", "op2")
+    assert mint_effect_key("l", "r", "op") != mint_effect_key("l", "r2", "op")
+    assert mint_effect_key("l", "r", "op") != mint_effect_key("l2", "r", "op")  # per ledger
 
 
 def test_crash_points_are_free_and_precise() -> None:

@@ -32,7 +32,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._flow import Flow, Io, adrive, drive
+from ._flow import Flow, Io, adrive, drive, require_store
 from ._history import chain_head
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
@@ -290,6 +290,7 @@ def approve(store: Store, run_id: str, step_id: str, /, *, by: str,
 
     >>> approve(store, "refund-8472", "refund", by="ana", expires=timedelta(hours=2))  # doctest: +SKIP
     """
+    require_store(store, "approve")
     approval: ApprovalRecord = drive(store, _approve_flow(
         run_id, step_id, _request(by, expires, evidence, payload_digest)))
     return approval
@@ -300,6 +301,7 @@ async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /,
                         evidence: str | None = None,
                         payload_digest: str | None = None) -> ApprovalRecord:
     """``approve`` from async code."""
+    require_store(store, "approve_async")
     approval: ApprovalRecord = await adrive(store, _approve_flow(
         run_id, step_id, _request(by, expires, evidence, payload_digest)))
     return approval
@@ -344,6 +346,7 @@ def revoke_approval(store: Store, run_id: str, step_id: str, /, *, by: str,
     >>> revoke_approval(store, "refund-8472", "refund", by="ana",
     ...                 reason="customer withdrew the request")  # doctest: +SKIP
     """
+    require_store(store, "revoke_approval")
     revoked: list[ApprovalRecord] = drive(store, _revoke_flow(
         run_id, step_id, _revocation(by, reason)))
     return revoked
@@ -352,6 +355,7 @@ def revoke_approval(store: Store, run_id: str, step_id: str, /, *, by: str,
 async def revoke_approval_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *,
                                 by: str, reason: str) -> list[ApprovalRecord]:
     """``revoke_approval`` from async code."""
+    require_store(store, "revoke_approval_async")
     revoked: list[ApprovalRecord] = await adrive(store, _revoke_flow(
         run_id, step_id, _revocation(by, reason)))
     return revoked

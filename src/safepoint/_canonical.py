@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from collections.abc import Iterable
 from itertools import repeat
 from typing import Any
@@ -101,11 +102,20 @@ def find_non_json(value: Any, *, allow_tuples: bool = False, path: str = "$") ->
     """
     if _plain(value, allow_tuples) is not None:
         return None
-    return _locate(value, allow_tuples, path)
+    try:
+        return _locate(value, allow_tuples, path, frozenset())
+    except RecursionError:
+        return (path, f"value nested deeper than {sys.getrecursionlimit()} levels")
 
 
-def _locate(value: Any, allow_tuples: bool, path: str) -> tuple[str, str] | None:
-    """The slow walk that names where ``value`` stops being JSON."""
+def _locate(value: Any, allow_tuples: bool, path: str,
+            around: frozenset[int]) -> tuple[str, str] | None:
+    """The slow walk that names where ``value`` stops being JSON; ``around`` holds the ids
+    of the containers it is inside, so a value that contains itself is named as such."""
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in around:
+            return (path, f"{type(value).__name__} that contains itself")
+        around = around | {id(value)}
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, str):
@@ -120,7 +130,7 @@ def _locate(value: Any, allow_tuples: bool, path: str) -> tuple[str, str] | None
         return None if math.isfinite(value) else (path, f"non-finite float {value!r}")
     if isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
         for index, item in enumerate(value):
-            found = _locate(item, allow_tuples, f"{path}[{index}]")
+            found = _locate(item, allow_tuples, f"{path}[{index}]", around)
             if found:
                 return found
         return None
@@ -132,7 +142,7 @@ def _locate(value: Any, allow_tuples: bool, path: str) -> tuple[str, str] | None
                 key.encode("utf-8")
             except UnicodeEncodeError:
                 return (f"{path} key {key!r}", "string with a lone surrogate")
-            found = _locate(item, allow_tuples, f"{path}.{key}")
+            found = _locate(item, allow_tuples, f"{path}.{key}", around)
             if found:
                 return found
         return None

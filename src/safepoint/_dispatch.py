@@ -35,9 +35,11 @@ from ._effects import (
     mint_effect_key,
     next_action,
     one_commit_to_dispatching,
+    orphaned,
 )
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep
 from ._flow import is_async_callable as _is_async_callable
+from ._ids import check_id
 from ._secrets import error_evidence, redact_json, redact_text, refuse_secrets
 from .errors import (
     ApprovalInvalid,
@@ -48,6 +50,7 @@ from .errors import (
     HistoryLimitReached,
     LostOwnership,
     NeedsReconciliation,
+    NotJSON,
     ReplayMismatch,
     StaleCheckpoint,
     UsageError,
@@ -84,10 +87,10 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
     payload_ref = digest(payload_bytes)
     # Every dispatch, first or after a crash, sends the payload exactly as stored.
     payload = loads(payload_bytes)
-    op_id = operation_id or sid
-    if not isinstance(op_id, str) or "\x00" in op_id:
-        raise UsageError(f"invalid operation id {op_id!r}: a string without NUL",
-                         step_id=sid)
+    # An operation id given is checked as given: an empty one must not fall back to the step's
+    # id while it names the operation across the run's chain.
+    op_id = sid if operation_id is None else check_id(operation_id, "operation id")
+    core.reached.add(op_id)
     hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                          "payload": payload_ref})
     recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
@@ -103,6 +106,8 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
         settled = yield from _settled_in_chain(core, sid, effect, op_id, payload_ref)
         if settled is not None:
             return settled.receipt
+    if op_id not in core.operations:
+        yield from _refuse_beside_orphans(core, sid, effect, op_id, prefix)
     key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
     if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
         # Nothing stands between prepared and dispatching: one commit, then the call.
@@ -110,6 +115,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                                                   payload_bytes, key_scope)
         step = _accepted_step(core, sid, effect, op, hashed)  # recorded on acceptance
         op = yield from _call_owner(core, sid, effect, op, payload, step)
+        yield from _refuse_unusable_receipt(core, sid, op)
     else:
         op, payload = yield from _prepared(core, sid, effect, op_id, payload, payload_bytes,
                                                 approval, key_scope)
@@ -140,8 +146,32 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
             raise EffectRejected(core.run.run_id, sid, op_id, op.error)
         else:
             yield from core.block(
-                NeedsReconciliation(core.run.run_id, sid, op_id, decided.reason),
+                NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
                 phase="reconcile_effect", op=op)
+
+
+def _refuse_beside_orphans(core: RunCore, sid: str, effect: Effect, op_id: str,
+                           prefix: str) -> Flow:
+    """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
+    an operation that may have happened and that this code no longer reaches (see
+    ``orphaned``) — under a fresh key, the same change would be made twice."""
+    found = orphaned(core.operations.values(), core.reached, core.open_branches, prefix,
+                     replans=core.replans)
+    if not found:
+        return
+    orphan = found[0]
+    asked = {"step_id": sid, "effect": effect.name, "operation_id": op_id}
+    yield from core.block(
+        ReplayMismatch(
+            core.run.run_id, sid,
+            f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
+            f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
+            f" reaches, and the code asks for a new operation {op_id!r} (step {sid!r}, effect"
+            f" {effect.name!r}) instead; nothing new is dispatched beside it, under a fresh"
+            " key — deploy the code that reaches it (the effect step's id, operation_id and"
+            " place as recorded), or settle the run by hand"),
+        phase="replay_mismatch", op=orphan,
+        evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
 
 
 def _accepted_step(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
@@ -157,7 +187,7 @@ def _new_operation(core: RunCore, sid: str, effect: Effect, op_id: str, payload_
     return OperationRecord(
         run_id=core.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
         state=EffectState.PREPARED, payload_ref=payload_ref,
-        effect_key=mint_effect_key(key_scope, op_id),  # minted here, once
+        effect_key=mint_effect_key(core.store.identity.ledger_id, key_scope, op_id),  # once
         approval_required=approval, target_digest=target)
 
 
@@ -374,7 +404,25 @@ def _dispatch(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payl
             # it stays prepared, not uncertain (as after a cancel).
             yield from _record(core, op, EffectState.PREPARED)
         raise
-    return (yield from _call_owner(core, sid, effect, op, payload, step))
+    op = yield from _call_owner(core, sid, effect, op, payload, step)
+    yield from _refuse_unusable_receipt(core, sid, op)
+    return op
+
+
+def _refuse_unusable_receipt(core: RunCore, sid: str, op: OperationRecord) -> Flow:
+    """Right after a call whose receipt is not JSON: block, saying so — rather than reconcile
+    and dispatch again (under the same key) until the dispatches run out, with the cause
+    only in the record. Checked once the dispatch was left, so a block may release the run."""
+    error = op.error if isinstance(op.error, dict) else {}
+    if op.state is not EffectState.UNKNOWN or not error.get("receipt_not_json"):
+        return
+    yield from core.block(NeedsReconciliation(
+        core.run.run_id, sid, op.operation_id,
+        f"execute returned, but its receipt cannot be recorded ({error.get('message')}); the"
+        " owner answered, so the effect most likely happened — make execute return JSON (a"
+        " dict of the owner's object, say), then resume the run: it asks the owner by key"
+        " (reconcile), or lacking reconcile waits for a person to resolve it"),
+        phase="reconcile_effect", op=op)
 
 
 def _call_owner(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
@@ -394,10 +442,6 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
     crashpoint("effect.after_dispatching", sid)
     try:
         receipt = yield Call(effect.execute, (payload, _key(core, op)))
-        require_json(receipt, "receipt", sid)
-        # A receipt is the owner's word that it happened: keep it, with any credential in
-        # it (a client_secret, say) masked, rather than lose the outcome.
-        receipt = redact_json(receipt)
     except NotSent as exc:
         if op.dispatch_count > 1:
             # This attempt never left, but an earlier one may have: still uncertain.
@@ -419,6 +463,16 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
     except BaseException as exc:
         yield from _interrupted(core, sid, op, exc)
         raise
+    try:
+        require_json(receipt, "receipt", sid)
+    except NotJSON as exc:
+        # The owner answered, so the effect most likely happened; but what execute returned
+        # cannot be recorded. Uncertain, and said so at once (see _refuse_unusable_receipt).
+        return (yield from _record(core, op, EffectState.UNKNOWN,
+                                   error={**error_evidence(exc), "receipt_not_json": True}))
+    # A receipt is the owner's word that it happened: keep it, with any credential in it (a
+    # client_secret, say) masked, rather than lose the outcome.
+    receipt = redact_json(receipt)
     crashpoint("effect.after_receiver_commit", sid)
     return (yield from _applied(core, sid, effect, op, receipt, step))
 
@@ -483,9 +537,18 @@ def _reconcile(core: RunCore, sid: str, effect: Effect, op: OperationRecord, pay
                                   phase="reconcile_effect", op=op)
         return (yield from _dispatch(core, sid, effect, op, payload, step))
     yield from core.block(NeedsReconciliation(core.run.run_id, sid, op.operation_id,
-                                              decided.reason),
+                                              _with_cause(decided, op)),
                           phase="reconcile_effect", op=op)
     raise AssertionError("unreachable")
+
+
+def _with_cause(decided: Next, op: OperationRecord) -> str:
+    """Why the run blocks, with what the last dispatch ended in — so the message says the
+    cause, not only the record."""
+    error = op.error if isinstance(op.error, dict) else {}
+    if not error.get("message"):
+        return decided.reason
+    return f"{decided.reason} (the last dispatch ended in {error.get('type')}: {error['message']})"
 
 
 def _verify(core: RunCore, sid: str, effect: Effect, op: OperationRecord,

@@ -9,7 +9,7 @@ answer allows).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Set
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -17,7 +17,7 @@ from typing import Any
 
 from ._canonical import JSON, sha256_hex
 from ._secrets import refuse_secrets
-from .types import EffectState
+from .types import EffectState, LedgerIdentity, OperationRecord, RunRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,11 @@ class Effect:
     idempotency key. ``reconcile(key) -> Applied | NotApplied | Unknown`` asks the owner what
     happened to that key; without it, an uncertain outcome always blocks the run.
     ``dedup_retention`` is how long the owner remembers a key: a re-dispatch after ``NotApplied``
-    is only allowed inside it (set it a little shorter than the owner's documented window).
+    is only allowed inside it (set it a little shorter than the owner's documented window). That
+    window must also exceed the longest pause a worker may survive in the middle of a call
+    (plus the lease and a takeover): a request sent before the pause still arrives after it, and
+    only an owner that still remembers the key — or that refuses a stale ``key.fence`` — absorbs
+    it (README, "What a paused worker can still do").
     ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks, and so
     does a verifier that has not answered within ``verify_timeout`` (a timedelta or seconds) —
     never another dispatch (with a timeout, a plain verifier runs on a thread of its own, left
@@ -128,10 +132,60 @@ def seconds(duration: timedelta | float) -> float:
     return float(duration)
 
 
-def mint_effect_key(run_id: str, operation_id: str) -> str:
-    """Derive an operation's idempotency key. Called once, at prepare; the key is then stored
-    and only ever read back — never minted again for the same operation."""
-    return "sp_" + sha256_hex(f"{run_id}\x00{operation_id}".encode())[:40]
+def mint_effect_key(ledger_id: str, scope: str, operation_id: str) -> str:
+    """Derive an operation's idempotency key from the ledger's id, the run (or chain) that
+    names the operation, and its operation id. Called once, at prepare; the key is then stored
+    and only ever read back — never minted again for the same operation.
+
+    The ledger's id makes the key unique to its ledger: two ledgers that use the same run ids
+    (dev and prod, two tenants, a database created again) never send one key to one owner,
+    which would hand the second run the first run's receipt. The key is a digest, so it tells
+    the owner nothing about the ledger, the run or the operation."""
+    return "sp_" + sha256_hex(f"{ledger_id}\x00{scope}\x00{operation_id}".encode())[:40]
+
+
+def _key_before_identity(scope: str, operation_id: str) -> str:
+    """How keys were minted before ledgers had an id (migration 9): kept by the operations
+    prepared then, and recognised for them only."""
+    return "sp_" + sha256_hex(f"{scope}\x00{operation_id}".encode())[:40]
+
+
+def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> bool:
+    """Whether ``op``'s stored key is the key that was minted for it: the key of its operation
+    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger
+    — or, for an operation prepared before the ledger had an id, the key minted then. A key
+    altered after it was recorded (a hand edit, a corrupted row) is none of them: it must not
+    be reconciled nor sent, since the owner knows the operation by the key minted."""
+    scopes = {run.run_id, run.chain_id or run.run_id}
+    minted = {mint_effect_key(identity.ledger_id, scope, op.operation_id) for scope in scopes}
+    if op.prepared_at < identity.keyed_since:
+        minted |= {_key_before_identity(scope, op.operation_id) for scope in scopes}
+    return op.effect_key in minted
+
+
+# Operations a new dispatch must not go out beside, when the code no longer reaches them: one
+# that may have happened or did happen would be done twice under a fresh key if the code now
+# asks for the same change under another name. Under ``replan`` an accepted operation is part
+# of the kept effect ledger that a new plan may knowingly diverge from.
+_MAY_HAVE_HAPPENED = frozenset({EffectState.DISPATCHING, EffectState.UNKNOWN,
+                                EffectState.APPLIED})
+_HAPPENED = _MAY_HAVE_HAPPENED | {EffectState.ACCEPTED}
+
+
+def orphaned(operations: Iterable[OperationRecord], reached: Set[str],
+             open_branches: Iterable[str], here: str, *, replans: bool) -> list[OperationRecord]:
+    """The operations of a run that forbid a new dispatch at ``here`` (the step-id prefix of
+    the code asking, "" outside a fan-out): ones that may have happened (or, under
+    ``refuse``, did) and that the code resuming the run has not reached (``reached``: the
+    operation ids it asked for so far) — unless they belong to a fan-out branch still open
+    that ``here`` is not inside: that sibling may reach them yet. Deterministic code reaches
+    every operation it recorded before it asks for a new one, so an orphan means the code
+    changed under the run (an effect step renamed, moved, its operation id changed)."""
+    kept = _MAY_HAVE_HAPPENED if replans else _HAPPENED
+    siblings = [branch for branch in open_branches if not here.startswith(branch)]
+    return [op for op in operations
+            if op.state in kept and op.operation_id not in reached
+            and not any(op.step_id.startswith(branch) for branch in siblings)]
 
 
 class Action(StrEnum):

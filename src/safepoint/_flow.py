@@ -71,6 +71,24 @@ class Haltable(Protocol):
     halted: BaseException | None
 
 
+# What every store answers (sync or async): enough to tell a store from a mistake.
+_STORE_METHODS = ("create_run", "get_run", "load_ledger", "claim_run")
+
+
+def require_store(store: object, verb: str) -> None:
+    """``UsageError`` unless ``store`` is a store: the first argument of every verb
+    (``safepoint.start(store, wf, …)``). Said before anything else is checked, so that a
+    forgotten or misplaced store is named as such (a workflow passed there, say)."""
+    if all(callable(getattr(store, name, None)) for name in _STORE_METHODS):
+        return
+    given = type(store).__name__
+    if hasattr(store, "fn") and hasattr(store, "version"):
+        given = f"the workflow {getattr(store, 'name', '?')!r}"
+    raise UsageError(f"safepoint.{verb} takes the store first, and got {given} there:"
+                     f" call safepoint.{verb}(store, …) with store = safepoint.open_store()"
+                     " (or open_async_store(…) in async code)", verb=verb)
+
+
 def callable_name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
 

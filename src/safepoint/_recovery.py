@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
+from ._flow import require_store
 from ._limits import limits_ref
 from ._secrets import redact_json, redact_text, refuse_secrets
 from .errors import ResolutionRefused, UsageError
@@ -169,6 +170,7 @@ def resolve(store: Store, run_id: str, action: ResolutionAction | str, *, revisi
     recovery record the decision was made on: if the run moved since, the decision is refused.
     Repeating a resolution that was applied is harmless: it returns the run unchanged.
     """
+    require_store(store, "resolve")
     chosen = ResolutionAction(action)
     if not by or not isinstance(by, str):
         raise UsageError("say who resolves the run: by='name'")

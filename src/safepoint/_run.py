@@ -42,6 +42,7 @@ from ._effects import (
 from ._flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
 from ._flow import is_async_callable as _is_async_callable
 from ._history import successor_inputs
+from ._ids import check_step_id, id_problem
 from ._limits import (
     UsageFn,
     after_failure,
@@ -64,7 +65,6 @@ from .errors import (
     DeadlineExceeded,
     HistoryLimitReached,
     InvalidDecision,
-    InvalidStepId,
     LimitReached,
     LostOwnership,
     ReplayMismatch,
@@ -145,6 +145,10 @@ class RunCore:
         # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
         # leaves what its sibling branches recorded alone.
         self.fanouts: list[list[str]] = []
+        # Operation ids the code asked for so far, and the prefixes of the fan-out branches
+        # still running: what ``_effects.orphaned`` needs before a new dispatch.
+        self.reached: set[str] = set()
+        self.open_branches: set[str] = set()
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -152,9 +156,7 @@ class RunCore:
         """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …; inside
         a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
         own ids, so the ids do not depend on how the branches interleave."""
-        if not isinstance(step_id, str) or not step_id or "#" in step_id or "\x00" in step_id:
-            raise InvalidStepId(step_id)
-        scoped = prefix + step_id
+        scoped = prefix + check_step_id(step_id)
         count = self.occurrences.get(scoped, 0) + 1
         self.occurrences[scoped] = count
         return scoped if count == 1 else f"{scoped}#{count}"
@@ -172,6 +174,16 @@ class RunCore:
         signal = Cancelled(self.run.run_id)
         self.halted = signal
         return signal
+
+    def close(self) -> None:
+        """The workflow function returned (or the run stopped here): a step called through
+        this run object later — from a thread, a callback or an object that outlived the
+        function — is told so, instead of failing as a stale worker's write."""
+        self.halted = UsageError(
+            f"run {self.run.run_id!r} is over for this run object (its workflow function"
+            " returned, or the run stopped): no step can be recorded through it any more —"
+            " call steps only inside the workflow function, not from a thread, callback or"
+            " object that outlives it", run_id=self.run.run_id)
 
     def check_halt(self) -> None:
         if self.halted is not None:
@@ -222,6 +234,21 @@ class RunCore:
         signal = ContinueAsNew(self.run.run_id, successor_inputs(args, kwargs))
         self.halted = signal
         return signal
+
+    def branch(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
+        """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
+        try:
+            return fn(run)
+        finally:
+            with self.seq_lock:
+                self.open_branches.discard(prefix)
+
+    async def branch_async(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
+        try:
+            return await fn(run)
+        finally:
+            with self.seq_lock:
+                self.open_branches.discard(prefix)
 
     def take_pending(self) -> list[StepRecord]:
         with self.seq_lock:
@@ -546,7 +573,12 @@ def _input_hash(inputs: Any, sid: str) -> str:
     walk; only the others are copied into their hashed form first."""
     encoded = canonical_if_json(inputs, allow_tuples=True)
     if encoded is None:
-        encoded = checked_canonical(hashed_form(inputs), "inputs", sid, allow_tuples=True)
+        try:
+            shaped = hashed_form(inputs)
+        except RecursionError:  # nested too deep, or containing itself: say where
+            require_json(inputs, "inputs", sid, allow_tuples=True)
+            raise
+        encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
     return sha256_hex(encoded)
 
 
@@ -590,9 +622,12 @@ def _branches(group: str, branches: Any) -> list[tuple[str, Callable[[Any], Any]
                          " functions, each called with the branch's run")
     for name, fn in named:
         refuse_secrets(name, f"a branch name of {group!r}")  # part of its steps' ids
-        if not isinstance(name, str) or not name or any(c in name for c in "/#\x00"):
-            raise UsageError(f"branch name {name!r} of {group!r}: a non-empty string without"
-                             " '/', '#' or NUL (it becomes part of every step id in the branch)")
+        problem = id_problem(name) or (
+            "it contains '/' or '#'" if any(c in name for c in "/#") else None)
+        if problem is not None:
+            raise UsageError(f"branch name {name!r} of {group!r}: {problem}; a branch name is a"
+                             " non-empty string without '/', '#', NUL or lone surrogates (it"
+                             " becomes part of every step id in the branch)")
         if not callable(fn):
             raise UsageError(f"branch {name!r} of {group!r} is not callable")
     return named
@@ -668,6 +703,8 @@ class _RunBase:
             raise UsageError(f"fan-out {group!r} names a branch twice")
         prefixes = [f"{group}.{name}/" for name, _ in named]
         self._core.fanouts.append(prefixes)
+        with self._core.seq_lock:
+            self._core.open_branches.update(prefixes)
         return named, prefixes
 
 
@@ -752,7 +789,7 @@ class Run(_RunBase):
         errors: list[BaseException | None] = [None] * len(named)
         with ThreadPoolExecutor(max_workers=min(max_threads, len(named) or 1),
                                 thread_name_prefix=f"safepoint-{step_id}") as pool:
-            futures = [pool.submit(fn, Run(self._core, prefix))
+            futures = [pool.submit(self._core.branch, fn, Run(self._core, prefix), prefix)
                        for (_, fn), prefix in zip(named, prefixes, strict=True)]
             for index, future in enumerate(futures):
                 errors[index] = future.exception()  # waits; BaseExceptions included
@@ -822,7 +859,7 @@ class AsyncRun(_RunBase):
         with a run of its own, all awaited together on this event loop."""
         named, prefixes = self._group(step_id, branches)
         settled = await asyncio.gather(
-            *(fn(AsyncRun(self._core, prefix))
+            *(self._core.branch_async(fn, AsyncRun(self._core, prefix), prefix)
               for (_, fn), prefix in zip(named, prefixes, strict=True)),
             return_exceptions=True)
         errors = [r if isinstance(r, BaseException) else None for r in settled]

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 from ._canonical import input_hash, require_json
 from ._compat import Compatibility, changes, fingerprint, manifest_of
 from ._crashpoints import SimulatedCrash, crashpoint
-from ._flow import Call, Flow, Io, Sleep, adrive, drive
+from ._effects import key_is_minted
+from ._flow import Call, Flow, Io, Sleep, adrive, drive, require_store
 from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
+from ._ids import check_id, check_run_id
 from ._limits import (
     as_retry,
     carried_limits,
@@ -68,6 +70,8 @@ from .types import (
     EffectState,
     HistoryLimit,
     Ledger,
+    LedgerIdentity,
+    OperationRecord,
     Retry,
     RunRecord,
     RunStatus,
@@ -103,6 +107,14 @@ class Workflow:
     @property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """A workflow runs against a ledger, never as a plain call: say how to run it."""
+        verb = "start_async" if self.is_async else "start"
+        raise UsageError(f"workflow {self.name!r} is not called directly: run it with"
+                         f" safepoint.{verb}(store, {self.fn.__name__}, *args, run_id=…) (or"
+                         " safepoint.submit(...) for a worker); the ledger gives it its run",
+                         workflow=self.name)
 
 
 _registry: dict[str, Workflow] = {}
@@ -143,8 +155,8 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     >>> @workflow("support-follow-up", version="v3")
     ... def follow_up(run: Run, case_id: str) -> dict: ...
     """
-    if not name or not isinstance(name, str):
-        raise UsageError("a workflow needs a non-empty name")
+    check_id(name, "workflow name")
+    check_id(str(version), "workflow version")
 
     if resume_budget is not None and resume_budget < 0:
         raise UsageError("resume_budget is a count of takeovers: 0 or more")
@@ -153,9 +165,7 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     except ValueError:
         raise UsageError(f"compatibility={compatibility!r}: use 'refuse' or 'replan'") from None
     manifest = manifest_of(tools, models, prompts)
-    # Recorded with every run: its name, version and manifest (tool names, model ids).
-    refuse_secrets({"name": name, "version": str(version), "manifest": manifest},
-                   "the workflow's definition")
+    refuse_secrets(manifest, "the workflow's manifest")  # recorded with every run
     attempts = as_retry(step_attempts, "step_attempts")
     if budget is not None and not isinstance(budget, Budget):
         raise UsageError(f"budget={budget!r}: pass safepoint.Budget(tokens=..., cost=...)")
@@ -171,10 +181,37 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
                               compatibility=policy, manifest=manifest,
                               step_attempts=attempts, budget=budget, deadline=deadline,
                               history_limit=limit)
-        _registry[name] = registered
+        _register(registered)
         return registered
 
     return register
+
+
+def _register(wf: Workflow) -> None:
+    """Register ``wf`` under its name: a new version replaces the one registered (a deploy
+    within one process), and the same code registered again (a module reloaded) is taken
+    again. Another function under the same name and version is refused: one of the two would
+    silently never run, and runs recorded by one would be replayed by the other."""
+    known = _registry.get(wf.name)
+    if (known is not None and known.version == wf.version and known.fn is not wf.fn
+            and _code_name(known.fn) != _code_name(wf.fn)):
+        raise UsageError(f"workflow {wf.name!r} version {wf.version!r} is registered already,"
+                         f" by {_code_name(known.fn)}; {_code_name(wf.fn)} cannot take the"
+                         " same name and version — give it a name of its own, or bump the"
+                         " version if it replaces the first", workflow=wf.name)
+    _registry[wf.name] = wf
+
+
+def forget_workflows(*names: str) -> None:
+    """Forget the workflows registered under ``names`` (all of them, given none), as a new
+    process would not know them: for a test that deploys changed code under the same name and
+    version within one process. (``safepoint.testing.forget_workflows``.)"""
+    for name in names or list(_registry):
+        _registry.pop(name, None)
+
+
+def _code_name(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def registered(name: str) -> Workflow | None:
@@ -202,10 +239,15 @@ def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id
              owner: str | None, lease_ms: int, budget: Budget | None = None,
              deadline: Deadline = None) -> NewRun:
     if not isinstance(wf, Workflow):
-        raise UsageError("pass a function decorated with @safepoint.workflow(...)")
+        hint = (" (it is a plain function: decorate it with @safepoint.workflow(\"name\"))"
+                if callable(wf) else "")
+        raise UsageError(f"the workflow to run goes after the store, and got"
+                         f" {type(wf).__name__} there{hint}: pass the function decorated with"
+                         " @safepoint.workflow(...)")
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     spend = merged_budget(wf.budget, budget)
     deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
-    return _new_run_record(wf, _run_inputs(args, kwargs), run_id or uuid.uuid4().hex, owner,
+    return _new_run_record(wf, _run_inputs(args, kwargs), run_id, owner,
                            lease_ms, deadline_at=deadline_at, deadline_ms=deadline_ms,
                            token_budget=spend.tokens, cost_budget=spend.cost)
 
@@ -233,6 +275,7 @@ def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
     or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
     """
+    require_store(store, "start")
     new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
 
@@ -243,6 +286,7 @@ async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
                       deadline: Deadline = None, **kwargs: Any) -> Any:
     """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
     an async store (``open_async_store``) is awaited, never blocking it."""
+    require_store(store, "start_async")
     new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
     return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
 
@@ -255,6 +299,7 @@ def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     inputs it returns the id; otherwise it raises ``RunConflict``. ``budget`` and ``deadline``
     as for ``start`` (a relative deadline counts from now, not from when a worker claims it).
     """
+    require_store(store, "submit")
     new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
     return str(drive(store, _submit_flow(new)))
 
@@ -263,6 +308,7 @@ async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
                        run_id: str | None = None, budget: Budget | None = None,
                        deadline: Deadline = None, **kwargs: Any) -> str:
     """``submit`` from async code."""
+    require_store(store, "submit_async")
     new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
     return str(await adrive(store, _submit_flow(new)))
 
@@ -275,7 +321,8 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
     at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
     approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
     """
-    return resume_record(store, store.get_run(run_id), lease_ms)
+    require_store(store, "resume")
+    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
 
 
 def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
@@ -292,7 +339,8 @@ def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS
 async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
                        lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` in the caller's event loop."""
-    run = await adrive(store, _get_run_flow(run_id))
+    require_store(store, "resume_async")
+    run = await adrive(store, _get_run_flow(check_run_id(run_id)))
     if run.status is RunStatus.CONTINUED:
         run = await adrive(store, chain_head(run))
     if run.status.terminal:
@@ -310,20 +358,22 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     a cancelled run. An ended run is left as it is; a run that continued as new passes the
     request on to the run that carries its chain on, which is returned.
     """
+    require_store(store, "cancel")
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = drive(store, _cancel_flow(run_id, by, reason))
+    run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
 
 
 async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
                        reason: str | None = None) -> RunRecord:
     """``cancel`` from async code."""
+    require_store(store, "cancel_async")
     if not by or not isinstance(by, str):
         raise UsageError("say who cancels the run: by='name'")
     refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = await adrive(store, _cancel_flow(run_id, by, reason))
+    run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
 
 
@@ -350,28 +400,40 @@ def _workflow_of(run: RunRecord) -> Workflow:
     return wf
 
 
+# How a run may end that is an answer, not a fault of safepoint's: raised to the caller with
+# no traceback through the flows and drivers behind it (dozens of frames that say nothing about
+# the caller's code). Their causes keep their own tracebacks.
+_OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
+
+
 def _carry_out(store: Store, wf: Workflow, flow: Flow) -> Any:
     """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
-    if not wf.is_async:
-        return drive(store, flow)
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(adrive(store, flow))
+        if not wf.is_async:
+            return drive(store, flow)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(adrive(store, flow))
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
     flow.close()
     raise UsageError("an async workflow was started from inside a running event loop; use"
                      " `await safepoint.start_async(...)` / `resume_async(...)` there")
 
 
 async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow) -> Any:
-    if wf.is_async:
-        return await adrive(store, flow)
-    if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
-        flow.close()
-        raise UsageError("a plain def workflow cannot use an async store; make the workflow"
-                         " async def, or use a sync store")
-    # A plain workflow blocks while it runs: give it a thread, keep the loop free.
-    return await asyncio.to_thread(drive, store, flow)
+    try:
+        if wf.is_async:
+            return await adrive(store, flow)
+        if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
+            flow.close()
+            raise UsageError("a plain def workflow cannot use an async store; make the"
+                             " workflow async def, or use a sync store")
+        # A plain workflow blocks while it runs: give it a thread, keep the loop free.
+        return await asyncio.to_thread(drive, store, flow)
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
 
 
 # -- the flows ------------------------------------------------------------------------------------
@@ -456,7 +518,7 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     limits (resume budget, deadline); then execute — replay classifies each recorded step and
     operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
     the recovery record."""
-    ledger = yield from _load_intact(claim, run)
+    ledger = yield from _load_intact(claim, run, store.identity)
     try:
         run = yield from _check_compatible(wf, claim, ledger.run)
     except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
@@ -481,13 +543,26 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
                                      dict(ledger.operations), ledger.attempts))
 
 
-def _load_intact(claim: Claim, run: RunRecord) -> Flow:
+def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> None:
+    """``CorruptRecord`` unless ``op`` holds the key minted for it (see ``key_is_minted``)."""
+    if not key_is_minted(op, run, identity):
+        raise CorruptRecord(
+            "safepoint_operations", f"{run.run_id}/{op.operation_id}",
+            f"its effect_key {op.effect_key!r} is not the key minted for operation"
+            f" {op.operation_id!r}: it was altered after it was recorded, and nothing is"
+            " reconciled or sent under it — put the minted key back (from a backup), or look"
+            " the operation up at its owner and resolve the run")
+
+
+def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow:
     """The ledger, with the payload of every operation that may still be sent read back and
-    checked against its digest — before anything is replayed, not when the run reaches it."""
+    checked against its digest, and its stored key checked against the key minted for it —
+    before anything is replayed, not when the run reaches it."""
     try:
         ledger = yield Io("load_ledger", (run.run_id,))
         for op in ledger.operations.values():
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
+                _check_key(op, ledger.run, identity)
                 yield Io("get_artifact", (op.payload_ref,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
         record = build_record(run, phase="unreadable_record", reason=exc.message,
@@ -555,8 +630,16 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
 def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                       steps: dict[str, Any], operations: dict[str, Any],
                       attempts: dict[str, Any] | None) -> Flow:
-    """One run of the workflow function against the ledger, and how it ended."""
+    """One run of the workflow function against the ledger, and how it ended. Once it ended,
+    its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
+    try:
+        return (yield from _executed(core, store, wf, claim, run))
+    finally:
+        core.close()
+
+
+def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:

@@ -701,14 +701,16 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT,
               show_default=True, help="0: any free port.")
 @click.option("--token", envvar="SAFEPOINT_DASHBOARD_TOKEN", show_envvar=True,
-              help="The token every action needs.  [default: a new random one, printed]")
+              help="The token every action and the JSON API need.  [default: a new random one,"
+                   " printed]")
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
     """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
-    cancel, resolve, approve and revoke (each needs the token). Loopback only; Ctrl-C stops
-    it."""
+    cancel, resolve, approve and revoke (each needs the token, as does the JSON API under
+    /api/). Loopback only; Ctrl-C stops it."""
     board = Dashboard(_store(ctx), host=host, port=port, token=token)
-    click.echo(f"safepoint dashboard on {board.url}  (actions need the token: {board.token})")
+    click.echo(f"safepoint dashboard on {board.url}  (actions and /api/ need the token:"
+               f" {board.token})")
     try:
         board.serve_forever()
     except KeyboardInterrupt:

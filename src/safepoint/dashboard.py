@@ -2,18 +2,32 @@
 
 ``safepoint dashboard`` (or ``Dashboard(store).serve_forever()``) serves, on loopback only:
 
-- ``/`` — the runs, newest first, with what a blocked run needs and what a waiting run waits for;
+- ``/`` — the runs, newest first, with what a blocked run needs, what a waiting run waits for
+  and who holds a running one (or that its worker is gone);
 - ``/runs/RUN`` — one run: its recovery record with the next actions, the payload a waiting run
   asks a person to approve, its steps and its events;
-- ``/api/runs`` and ``/api/runs/RUN`` — the same as JSON;
+- ``/api/runs`` and ``/api/runs/RUN`` — the same as JSON, for holders of the token;
 - forms that cancel a run, resolve a blocked one (applied / not applied / abandon, checked
   against the record's revision), approve a waiting effect and revoke an approval while its
   effect's outcome is open.
 
-Reading needs nothing; every action needs the dashboard's token (printed when it starts), typed
-into the form or sent as ``Authorization: Bearer …``. A page never contains the token, so a
-page another site opens in the same browser cannot act. The server binds to loopback and refuses
-any other address: a ledger may hold what a person would not publish.
+Who is asking is checked before anything else:
+
+- the ``Host`` header must name the dashboard itself (``127.0.0.1``, ``localhost`` or ``[::1]``
+  with its port), on every method and path: a DNS-rebinding page, which reaches the port under
+  a name of its own, gets ``421`` and nothing of the ledger;
+- every POST must come from the dashboard's own pages (``Origin`` exactly its own origin, no
+  cross-site ``Sec-Fetch-Site``) or, without an ``Origin``, carry ``Authorization: Bearer …``:
+  a program, not a browser;
+- every action, and the JSON API, needs the dashboard's token (printed when it starts): typed
+  into the form, or sent as ``Authorization: Bearer …``. The HTML pages need no token — they are
+  read by the operator's browser on this machine, and the Host check keeps other sites' pages
+  from reading them — and never contain it, so a page another site opens cannot act.
+
+The server binds to loopback and refuses any other address: a ledger may hold what a person
+would not publish. A malformed request (a bad ``Content-Length``, a body that is not the JSON
+object or form it should be, a form naming a field twice or one its action does not take) is
+answered with an error — JSON for JSON requests — and changes nothing.
 
 The standard library's HTTP server is enough for one person looking at one ledger; the
 decisions go through the same functions as the API and the CLI (``cancel``, ``resolve``,
@@ -22,21 +36,38 @@ decisions go through the same functions as the API and the CLI (``cancel``, ``re
 
 from __future__ import annotations
 
+import errno
 import hmac
 import html
 import ipaddress
 import json
 import secrets
+import socket
+import sys
 import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote
 
+from ._admission import (
+    LOOPBACK_NAMES,
+    MAX_BODY_BYTES,
+    Refusal,
+    bearer_token,
+    body_length,
+    host_allowed,
+    origins_of,
+    parse_form,
+    post_refusal,
+)
 from ._approvals import approve, revocable, revoke_approval
+from ._presence import ownership
 from ._recovery import resolve
 from ._workflow import cancel
 from .errors import RunNotFound, SafepointError, UsageError
@@ -45,13 +76,14 @@ from .types import (
     ApprovalRecord,
     EventRecord,
     Ledger,
+    ResolutionAction,
     RunRecord,
     RunStatus,
     StepRecord,
 )
 
 DEFAULT_PORT = 8470
-_MAX_FORM_BYTES = 64 * 1024
+_DRAIN_BYTES = 4 * MAX_BODY_BYTES  # what is read and dropped of a body refused unread
 _LIST_LIMIT = 200
 
 
@@ -65,18 +97,43 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _bind_refusal(host: str, port: int, exc: OSError) -> UsageError:
+    if exc.errno == errno.EADDRINUSE:
+        message = (f"port {port} on {host} is in use (another dashboard, or another program):"
+                   " choose another with --port (0: any free port), or stop what holds it")
+    else:
+        message = (f"the dashboard cannot listen on {host} port {port}:"
+                   f" {exc.strerror or exc}; choose another --host or --port")
+    return UsageError(message, host=host, port=port)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Two dashboards sharing one port would answer its requests at random: the second refuses.
+    allow_reuse_port = False
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class Dashboard:
     """A dashboard over ``store``, on ``host:port`` (port 0: any free port).
+
+    ``read_timeout``: how long a client may go silent (seconds) while sending its request
+    before it is answered with an error and the connection closed.
 
     >>> with Dashboard(store) as board:       # serves on a thread until the block ends
     ...     print(board.url, board.token)
     """
 
     def __init__(self, store: Store, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 token: str | None = None) -> None:
+                 token: str | None = None, read_timeout: float = 10.0) -> None:
         if not is_loopback(host):
             raise UsageError(f"the dashboard binds to loopback only (127.0.0.1, ::1, localhost),"
-                             f" not {host!r}: reach it from elsewhere through an SSH tunnel")
+                             f" not {host!r}: reach it from elsewhere through an SSH tunnel"
+                             f" that keeps the port (ssh -L {port or DEFAULT_PORT}:127.0.0.1:"
+                             f"{port or DEFAULT_PORT} HOST)")
         if token is not None and len(token) < 16:
             raise UsageError("a dashboard token needs 16 characters or more")
         self.store = store
@@ -85,17 +142,25 @@ class Dashboard:
 
         class Handler(_Handler):
             dashboard = board
+            timeout = read_timeout
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        server = _Server6 if ":" in host else _Server
+        try:
+            self._server = server((host, port), Handler)
+        except OSError as exc:
+            raise _bind_refusal(host, port, exc) from exc
         self._thread: threading.Thread | None = None
         bound_host, bound_port = (str(part) for part in self._server.server_address[:2])
         if ":" in bound_host:  # an IPv6 address goes in brackets
             bound_host = f"[{bound_host}]"
+        self.port = int(bound_port)
         self.url = f"http://{bound_host}:{bound_port}"
+        self.names = (*LOOPBACK_NAMES, bound_host)  # the host names it answers to
+        self.origins = origins_of(self.port, self.names)
 
-    def serve_forever(self) -> None:
-        self._server.serve_forever()
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Serve until ``close()`` (from another thread), which waits up to ``poll_interval``."""
+        self._server.serve_forever(poll_interval)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -104,8 +169,9 @@ class Dashboard:
             self._thread.join(timeout=5)
 
     def __enter__(self) -> Dashboard:
-        self._thread = threading.Thread(target=self.serve_forever, name="safepoint-dashboard",
-                                        daemon=True)
+        # A short poll: leaving the block should not wait half a second for the server.
+        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,),
+                                        name="safepoint-dashboard", daemon=True)
         self._thread.start()
         return self
 
@@ -116,97 +182,202 @@ class Dashboard:
         return offered is not None and hmac.compare_digest(offered.encode(), self.token.encode())
 
 
+_NEEDS_TOKEN = "the dashboard's token (printed when `safepoint dashboard` starts)"
+
+
 class _Handler(BaseHTTPRequestHandler):
     dashboard: Dashboard
     server_version = "safepoint-dashboard"
+    _body_settled = False  # the request's body was read, or will never come: nothing to drain
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no access log on stderr
         pass
 
-    # -- routing -------------------------------------------------------------------------------
+    # -- admission: every method, every path ---------------------------------------------------
 
     def do_GET(self) -> None:
-        path, query = self._target()
-        store = self.dashboard.store
+        self._answer(self._get)
+
+    def do_POST(self) -> None:
+        self._answer(self._post)
+
+    do_HEAD = do_GET  # _send leaves the body out
+
+    def do_PUT(self) -> None:
+        self._answer(self._unsupported)
+
+    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
+
+    def _answer(self, handle: Callable[[list[str], dict[str, str]], None]) -> None:
         try:
-            if path == "/":
-                status = query.get("status")
-                runs = store.list_runs(RunStatus(status) if status else None, _LIST_LIMIT)
-                self._html(HTTPStatus.OK, _runs_page(runs, status))
-            elif path == "/api/runs":
-                self._json(HTTPStatus.OK, [_plain(run) for run in store.list_runs(None,
-                                                                                   _LIST_LIMIT)])
-            elif path.startswith("/api/runs/"):
-                ledger = store.load_ledger(path.removeprefix("/api/runs/"))
-                self._json(HTTPStatus.OK, {
-                    "run": _plain(ledger.run),
-                    "steps": [_plain(step) for step in _ordered(ledger)],
-                    "operations": [_plain(op) for op in ledger.operations.values()],
-                    "events": [_plain(event) for event in store.events(ledger.run.run_id)]})
-            elif path.startswith("/runs/"):
-                ledger = store.load_ledger(path.removeprefix("/runs/"))
-                self._html(HTTPStatus.OK, _run_page(store, ledger,
-                                                    store.events(ledger.run.run_id)))
-            else:
-                self._error(HTTPStatus.NOT_FOUND, f"nothing at {path}")
+            hosts = self.headers.get_all("Host") or []
+            if len(hosts) != 1 or not host_allowed(hosts[0], self.dashboard.port,
+                                                   self.dashboard.names):
+                named = (f"as {hosts[0][:100]!r}" if len(hosts) == 1 else
+                         "under no Host" if not hosts else "under more than one Host")
+                raise Refusal(HTTPStatus.MISDIRECTED_REQUEST, (
+                    f"this dashboard answers only as {self.dashboard.url} (or localhost, [::1]"
+                    f" on port {self.dashboard.port}); the request asked {named}"))
+            handle(*self._target())
+        except Refusal as refusal:
+            self._error(refusal.status, refusal.message, refusal.headers)
+        except (ConnectionError, TimeoutError):  # the client went away: nobody to answer
+            self.close_connection = True
+        except Exception as exc:  # a fault of the dashboard's: answer it, keep serving
+            traceback.print_exc(file=sys.stderr)
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"the dashboard failed: {type(exc).__name__}: {exc}")
+
+    def _unsupported(self, segments: list[str], query: dict[str, str]) -> None:
+        raise Refusal(HTTPStatus.METHOD_NOT_ALLOWED, f"the dashboard answers GET and POST,"
+                      f" not {self.command}", {"Allow": "GET, POST"})
+
+    def _require_bearer(self) -> None:
+        if not self.dashboard.authorized(bearer_token(self.headers.get("Authorization"))):
+            raise Refusal(HTTPStatus.UNAUTHORIZED,
+                          f"the JSON API needs {_NEEDS_TOKEN}, sent as `Authorization: Bearer …`",
+                          {"WWW-Authenticate": 'Bearer realm="safepoint-dashboard"'})
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def _get(self, segments: list[str], query: dict[str, str]) -> None:
+        store = self.dashboard.store
+        if segments[:1] == ["api"]:
+            self._require_bearer()
+        try:
+            match segments:
+                case [""]:
+                    status = query.get("status")
+                    if status and status not in {s.value for s in RunStatus}:
+                        raise Refusal(HTTPStatus.BAD_REQUEST, f"no status {status[:40]!r}: one"
+                                      f" of {', '.join(s.value for s in RunStatus)}")
+                    runs = store.list_runs(RunStatus(status) if status else None, _LIST_LIMIT)
+                    self._html(HTTPStatus.OK, _runs_page(runs, status, store.now()))
+                case ["api", "runs"]:
+                    now = store.now()
+                    self._json(HTTPStatus.OK, [_run_json(run, now)
+                                               for run in store.list_runs(None, _LIST_LIMIT)])
+                case ["api", "runs", run_id]:
+                    ledger = store.load_ledger(run_id)
+                    self._json(HTTPStatus.OK, {
+                        "run": _run_json(ledger.run, store.now()),
+                        "steps": [_plain(step) for step in _ordered(ledger)],
+                        "operations": [_plain(op) for op in ledger.operations.values()],
+                        "events": [_plain(event) for event in store.events(ledger.run.run_id)]})
+                case ["runs", run_id]:
+                    ledger = store.load_ledger(run_id)
+                    self._html(HTTPStatus.OK, _run_page(store, ledger,
+                                                        store.events(ledger.run.run_id),
+                                                        store.now()))
+                case _:
+                    self._error(HTTPStatus.NOT_FOUND, f"nothing at {'/' + '/'.join(segments)}")
         except RunNotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, exc.message)
         except (SafepointError, ValueError) as exc:
             self._error(HTTPStatus.BAD_REQUEST, getattr(exc, "message", str(exc)))
 
-    def do_POST(self) -> None:
-        path, _ = self._target()
-        parts = path.strip("/").split("/")
-        if len(parts) != 3 or parts[0] != "runs" or parts[2] not in _ACTIONS:
-            self._error(HTTPStatus.NOT_FOUND, f"no action at {path}")
-            return
-        form = self._form()
-        if form is None:
-            return
-        bearer = self.headers.get("Authorization", "").removeprefix("Bearer ").strip() or None
+    def _post(self, segments: list[str], query: dict[str, str]) -> None:
+        origins = self.headers.get_all("Origin") or []
+        refusal = ("the request has more than one Origin" if len(origins) > 1 else post_refusal(
+            origins[0] if origins else None, self.headers.get("Sec-Fetch-Site"),
+            bearer_token(self.headers.get("Authorization")) is not None,
+            self.dashboard.origins))
+        if refusal is not None:
+            raise Refusal(HTTPStatus.FORBIDDEN, refusal)
+        match segments:
+            case ["runs", run_id, action] if action in _ACTIONS:
+                pass
+            case _:
+                raise Refusal(HTTPStatus.NOT_FOUND,
+                              f"no action at {'/' + '/'.join(segments)}")
+        act, fields = _ACTIONS[action]
+        form = parse_form(self._body(), self.headers.get("Content-Type", ""), action,
+                          fields | {"token"})
+        bearer = bearer_token(self.headers.get("Authorization"))
         if not self.dashboard.authorized(form.get("token") or bearer):
-            self._error(HTTPStatus.FORBIDDEN, "a dashboard action needs the dashboard's token"
-                        " (printed when `safepoint dashboard` starts)")
-            return
-        run_id = parts[1]
+            raise Refusal(HTTPStatus.FORBIDDEN, f"a dashboard action needs {_NEEDS_TOKEN}")
         try:
-            _ACTIONS[parts[2]](self.dashboard.store, run_id, form)
+            act(self.dashboard.store, run_id, form)
         except RunNotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, exc.message)
             return
         except SafepointError as exc:
             self._error(HTTPStatus.CONFLICT, exc.message)
             return
-        except (ValueError, KeyError) as exc:
-            self._error(HTTPStatus.BAD_REQUEST, f"the form is incomplete or malformed: {exc}")
+        except KeyError as exc:
+            self._error(HTTPStatus.BAD_REQUEST, f"the {action} form needs the field {exc}")
+            return
+        except (ValueError, ArithmeticError) as exc:
+            self._error(HTTPStatus.BAD_REQUEST, f"the form is malformed: {exc}")
             return
         if "application/json" in self.headers.get("Accept", ""):
-            self._json(HTTPStatus.OK, _plain(self.dashboard.store.get_run(run_id)))
+            store = self.dashboard.store
+            self._json(HTTPStatus.OK, _run_json(store.get_run(run_id), store.now()))
         else:
             self.send_response(HTTPStatus.SEE_OTHER)
-            self.send_header("Location", f"/runs/{quote(run_id, safe='')}")
+            self.send_header("Location", _run_path(run_id))
             self.send_header("Content-Length", "0")
             self.end_headers()
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _target(self) -> tuple[str, dict[str, str]]:
-        split = urlsplit(self.path)
-        query = {key: values[-1] for key, values in parse_qs(split.query).items()}
-        return unquote(split.path), query
+    def _target(self) -> tuple[list[str], dict[str, str]]:
+        """The path's segments, each percent-decoded on its own (a run id may hold ``/``), and
+        the query's last value of each name."""
+        path, _, query = self.path.partition("?")
+        if not path.startswith("/"):
+            raise Refusal(HTTPStatus.BAD_REQUEST, "the dashboard is not a proxy: ask for a"
+                          " path")
+        try:
+            segments = [unquote(part, errors="strict") for part in path.split("/")[1:]]
+            values = parse_qs(query, errors="strict")
+        except UnicodeDecodeError:
+            raise Refusal(HTTPStatus.BAD_REQUEST,
+                          "the address is not percent-encoded UTF-8") from None
+        return segments, {key: found[-1] for key, found in values.items()}
 
-    def _form(self) -> dict[str, str] | None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > _MAX_FORM_BYTES:
-            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "the form is too large")
-            return None
-        body = self.rfile.read(length).decode("utf-8", errors="replace")
-        if "application/json" in self.headers.get("Content-Type", ""):
-            loaded = json.loads(body or "{}")
-            return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in loaded.items()}
-        return {key: values[-1] for key, values in parse_qs(body).items()}
+    def _body(self) -> bytes:
+        if "Transfer-Encoding" in self.headers:
+            raise Refusal(HTTPStatus.LENGTH_REQUIRED,
+                          "send the body with a Content-Length, not a Transfer-Encoding")
+        length = body_length(self.headers.get_all("Content-Length") or [])
+        short = Refusal(HTTPStatus.BAD_REQUEST, f"the body ended before its Content-Length"
+                        f" of {length} bytes")
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:
+            self._body_settled = True  # nothing more is coming
+            raise Refusal(HTTPStatus.BAD_REQUEST, f"{short.message}: nothing more came within"
+                          f" {self.timeout} s") from None
+        self._body_settled = True
+        if len(body) < length:
+            raise short
+        return body
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+    def finish(self) -> None:
+        """Before closing, read (and drop) what remains of a body that was refused unread:
+        closing on unread bytes resets the connection, and the client could lose the answer."""
+        headers = getattr(self, "headers", None)
+        if (not self._body_settled and headers is not None
+                and ("Transfer-Encoding" in headers
+                     or headers.get("Content-Length", "0").strip() != "0")):
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                left = _DRAIN_BYTES
+                while left > 0 and (chunk := self.connection.recv(min(left, 65536))):
+                    left -= len(chunk)
+            except OSError:
+                pass
+        super().finish()
+
+    def _wants_json(self) -> bool:
+        return ("application/json" in self.headers.get("Accept", "")
+                or "application/json" in self.headers.get("Content-Type", "")
+                or self.path == "/api" or self.path.startswith(("/api/", "/api?")))
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str,
+              headers: dict[str, str] | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -216,8 +387,11 @@ class _Handler(BaseHTTPRequestHandler):
                          "default-src 'none'; style-src 'unsafe-inline'; form-action 'self';"
                          " frame-ancestors 'none'")
         self.send_header("X-Content-Type-Options", "nosniff")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _html(self, status: HTTPStatus, page: str) -> None:
         self._send(status, page.encode(), "text/html; charset=utf-8")
@@ -226,12 +400,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(value, default=str, indent=2).encode(),
                    "application/json")
 
-    def _error(self, status: HTTPStatus, message: str) -> None:
-        if "application/json" in self.headers.get("Accept", ""):
-            self._json(status, {"error": message})
+    def _error(self, status: HTTPStatus, message: str,
+               headers: dict[str, str] | None = None) -> None:
+        if self._wants_json():
+            self._send(status, json.dumps({"error": message}, indent=2).encode(),
+                       "application/json", headers)
         else:
-            self._html(status, _page(f"{status.value} {status.phrase}",
-                                     f"<p class=err>{_e(message)}</p><p><a href='/'>runs</a></p>"))
+            self._send(status, _page(f"{status.value} {status.phrase}",
+                                     f"<p class=err>{_e(message)}</p><p><a href='/'>runs</a>"
+                                     "</p>").encode(), "text/html; charset=utf-8", headers)
 
 
 # -- actions: the same functions as the API and the CLI ------------------------------------------
@@ -241,11 +418,20 @@ def _cancel(store: Store, run_id: str, form: dict[str, str]) -> None:
     cancel(store, run_id, by=form["by"], reason=form.get("reason") or None)
 
 
+_RESOLUTIONS = ", ".join(action.value for action in ResolutionAction)
+
+
 def _resolve(store: Store, run_id: str, form: dict[str, str]) -> None:
+    if form["action"] not in {action.value for action in ResolutionAction}:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"no resolution {form['action'][:40]!r}: name"
+                      f" one of {_RESOLUTIONS}")
     receipt = form.get("receipt")
+    try:
+        held = json.loads(receipt) if receipt else None
+    except ValueError as exc:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"the receipt is not JSON: {exc}") from None
     resolve(store, run_id, form["action"], revision=int(form["revision"]), by=form["by"],
-            operation_id=form.get("operation_id") or None,
-            receipt=json.loads(receipt) if receipt else None,
+            operation_id=form.get("operation_id") or None, receipt=held,
             evidence=form.get("evidence") or None)
 
 
@@ -261,7 +447,17 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
     revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
 
 
-_ACTIONS = {"cancel": _cancel, "resolve": _resolve, "approve": _approve, "revoke": _revoke}
+_Action = Callable[[Store, str, dict[str, str]], None]
+
+# Each action with the fields its form takes (besides the token): any other field is refused.
+_ACTIONS: dict[str, tuple[_Action, frozenset[str]]] = {
+    "cancel": (_cancel, frozenset({"by", "reason"})),
+    "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt",
+                                     "evidence"})),
+    "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence",
+                                     "payload_digest"})),
+    "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+}
 
 
 # -- pages -----------------------------------------------------------------------------------------
@@ -288,7 +484,7 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}code,pre{font:12px ui-m
 pre{background:#f8f8f8;padding:.6em;overflow:auto}.blocked{color:#b00}.waiting{color:#a0a}
 .completed{color:#070}.failed{color:#b60}.cancelled,.continued{color:#777}.err,.revoked{color:#b00}
 form{display:inline-block;margin:.4em 1em .4em 0;padding:.5em;border:1px solid #ddd}
-input,select{margin:.1em}section{margin:1.2em 0}"""
+input,select{margin:.1em}section{margin:1.2em 0}.lease_expired{color:#b60;font-weight:bold}"""
 
 
 def _page(title: str, body: str) -> str:
@@ -297,8 +493,17 @@ def _page(title: str, body: str) -> str:
             "</html>")
 
 
-def _status(run: RunRecord) -> str:
-    return f"<span class={_e(run.status.value)}>{_e(run.status.value)}</span>"
+def _run_path(run_id: str, action: str | None = None) -> str:
+    """The address of a run's page (or of one of its actions): the run id is one path segment,
+    whatever it holds (``/``, ``?``, ``#``, ``%``, spaces)."""
+    return f"/runs/{quote(run_id, safe='')}" + (f"/{action}" if action else "")
+
+
+def _status(run: RunRecord, now: int) -> str:
+    """The run's status as it reads now: who holds a running run, or that nobody does."""
+    presence = ownership(run, now)
+    return (f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(presence.label)}"
+            "</span>")
 
 
 def _needs(run: RunRecord) -> str:
@@ -307,16 +512,17 @@ def _needs(run: RunRecord) -> str:
     if run.status is RunStatus.WAITING:
         return f"approval of {_e((run.waiting_for or {}).get('step_id'))}"
     if run.successor_run_id:
-        return f"→ {_e(run.successor_run_id)}"
+        return (f"→ <a href='{_e(_run_path(run.successor_run_id))}'>"
+                f"{_e(run.successor_run_id)}</a>")
     return ""
 
 
-def _runs_page(runs: list[RunRecord], status: str | None) -> str:
+def _runs_page(runs: list[RunRecord], status: str | None, now: int) -> str:
     filters = " · ".join(
         f"<a href='/?status={s.value}'>{s.value}</a>" for s in RunStatus)
     rows = "".join(
-        f"<tr><td><a href='/runs/{quote(run.run_id, safe='')}'>{_e(run.run_id)}</a></td>"
-        f"<td>{_e(run.workflow)}@{_e(run.workflow_version)}</td><td>{_status(run)}</td>"
+        f"<tr><td><a href='{_e(_run_path(run.run_id))}'>{_e(run.run_id)}</a></td>"
+        f"<td>{_e(run.workflow)}@{_e(run.workflow_version)}</td><td>{_status(run, now)}</td>"
         f"<td>{_needs(run)}</td><td>{run.resume_count}</td><td>{run.fence}</td>"
         f"<td>{_when(run.updated_at)}</td></tr>" for run in runs)
     return _page("runs" + (f": {status}" if status else ""), (
@@ -329,11 +535,11 @@ def _ordered(ledger: Ledger) -> list[StepRecord]:
     return sorted(ledger.steps.values(), key=lambda step: step.seq)
 
 
-def _run_page(store: Store, ledger: Ledger, events: list[EventRecord]) -> str:
+def _run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
     run = ledger.run
-    rid = quote(run.run_id, safe="")
+    rid = _e(_run_path(run.run_id))
     header = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in (
-        ("status", _status(run)), ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
+        ("status", _status(run, now)), ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
         ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
         ("revision", str(run.state_revision)), ("fence", str(run.fence)),
         ("resumes", _e(f"{run.resume_count} of {run.resume_budget}")),
@@ -349,7 +555,7 @@ def _run_page(store: Store, ledger: Ledger, events: list[EventRecord]) -> str:
     if approvals:
         parts.append(_approvals_section(rid, ledger, approvals))
     if not run.status.terminal:
-        parts.append(f"<section><h2>cancel</h2><form method=post action='/runs/{rid}/cancel'>"
+        parts.append(f"<section><h2>cancel</h2><form method=post action='{rid}/cancel'>"
                      f"{_who()}<input name=reason placeholder='why'>{_token()}"
                      "<button>cancel the run</button></form></section>")
     steps = "".join(
@@ -390,18 +596,18 @@ def _blocked_section(rid: str, record: dict[str, Any]) -> str:
     common = (f"<input type=hidden name=revision value='{revision}'>"
               f"<input type=hidden name=operation_id value='{operation}'>{_who()}")
     forms = (
-        f"<form method=post action='/runs/{rid}/resolve'>{common}"
+        f"<form method=post action='{rid}/resolve'>{common}"
         "<input type=hidden name=action value=applied>"
         "<input name=receipt placeholder='receipt JSON the owner holds' required>"
         f"<input name=evidence placeholder='how you know'>{_token()}"
         "<button>it happened</button></form>"
-        f"<form method=post action='/runs/{rid}/resolve'>{common}"
+        f"<form method=post action='{rid}/resolve'>{common}"
         f"<input type=hidden name=action value=not_applied>{_token()}"
         "<button>it did not happen</button></form>"
-        f"<form method=post action='/runs/{rid}/resolve'>{common}"
+        f"<form method=post action='{rid}/resolve'>{common}"
         f"<input type=hidden name=action value=abandon>{_token()}"
         "<button>abandon the run</button></form>") if record.get("operation_id") else (
-        f"<form method=post action='/runs/{rid}/resolve'>{common}"
+        f"<form method=post action='{rid}/resolve'>{common}"
         f"<input type=hidden name=action value=abandon>{_token()}"
         "<button>abandon the run</button></form>")
     return (f"<section><h2 class=blocked>blocked: {_e(record.get('phase'))}</h2>"
@@ -424,7 +630,7 @@ def _waiting_section(store: Store, rid: str, waiting: dict[str, Any]) -> str:
             f" ({_e(waiting.get('effect'))}); payload <code>{_e(digest)}</code>, target state "
             f"<code>{_e(waiting.get('target_digest') or 'none')}</code></p>"
             f"<pre>{_e(payload)}</pre>"
-            f"<form method=post action='/runs/{rid}/approve'>"
+            f"<form method=post action='{rid}/approve'>"
             f"<input type=hidden name=step_id value='{_e(waiting.get('step_id'))}'>"
             f"<input type=hidden name=payload_digest value='{_e(digest)}'>{_who()}"
             "<input name=expires_minutes placeholder='expires in minutes' size=16>"
@@ -441,7 +647,7 @@ def _approvals_section(rid: str, ledger: Ledger,
         f"</td><td>{_when(a.expires_at) or 'never'}</td><td><code>{_e(a.payload_digest[:19])}…"
         f"</code></td><td>{_revoked(a)}</td></tr>" for a in approvals)
     forms = "".join(
-        f"<form method=post action='/runs/{rid}/revoke'>"
+        f"<form method=post action='{rid}/revoke'>"
         f"<input type=hidden name=step_id value='{_e(step)}'>{_who()}"
         f"<input name=reason placeholder='why' required>{_token()}"
         f"<button>revoke the approval of {_e(step)}</button></form>"
@@ -456,6 +662,11 @@ def _revoked(approval: ApprovalRecord) -> str:
         return ""
     return (f"<span class=revoked>revoked by {_e(approval.revoked_by)} at"
             f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>")
+
+
+def _run_json(run: RunRecord, now: int) -> dict[str, Any]:
+    """A run as JSON, with how its ownership reads now."""
+    return {**_plain(run), "ownership": asdict(ownership(run, now))}
 
 
 def _plain(record: Any) -> Any:

@@ -65,12 +65,32 @@ and the run cannot complete, so swallowing the exception gains nothing.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 
+def when(epoch_ms: int, now_ms: int | None = None) -> str:
+    """An instant for a person to read: ISO 8601 in UTC, and how far from now (``in 25s``,
+    ``3s ago``)."""
+    at = datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    delta = (epoch_ms - now_ms) / 1000
+    span = _span(abs(delta))
+    return f"{at.replace('+00:00', 'Z')} ({'in ' + span if delta >= 0 else span + ' ago'})"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 class SafepointError(Exception):
     """Base class of every error safepoint raises on purpose."""
+
+    message: str
 
     def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
@@ -82,8 +102,13 @@ class SafepointError(Exception):
 class UsageError(SafepointError):
     """The caller asked for something that cannot be done; nothing was written."""
 
+    run_id: str | None = None
+    step_id: str | None = None
+
 
 class RunNotFound(UsageError):
+    run_id: str
+
     def __init__(self, run_id: str) -> None:
         super().__init__(
             f"no run {run_id!r} in this store; list runs with `safepoint runs`"
@@ -93,6 +118,9 @@ class RunNotFound(UsageError):
 
 
 class RunConflict(UsageError):
+    run_id: str
+    reason: str
+
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__(
             f"run {run_id!r} already exists {reason}; a run id names one piece of work:"
@@ -103,6 +131,9 @@ class RunConflict(UsageError):
 
 
 class WorkflowNotFound(UsageError):
+    workflow: str
+    run_id: str | None
+
     def __init__(self, name: str, run_id: str | None = None) -> None:
         super().__init__(
             f"workflow {name!r} is not registered in this process; import the module that"
@@ -113,6 +144,11 @@ class WorkflowNotFound(UsageError):
 
 
 class NotJSON(UsageError):
+    what: str
+    path: str
+    type_name: str
+    step_id: str | None
+
     def __init__(self, what: str, path: str, type_name: str, step_id: str | None = None) -> None:
         where = f" of step {step_id!r}" if step_id else ""
         super().__init__(
@@ -127,6 +163,11 @@ class NotJSON(UsageError):
 
 
 class SecretRefused(UsageError):
+    what: str
+    path: str
+    why: str
+    step_id: str | None
+
     def __init__(self, what: str, path: str, why: str, step_id: str | None = None) -> None:
         where = f" of step {step_id!r}" if step_id else ""
         super().__init__(
@@ -141,6 +182,8 @@ class SecretRefused(UsageError):
 
 
 class InvalidDecision(UsageError):
+    step_id: str
+
     def __init__(self, step_id: str, got: str) -> None:
         super().__init__(
             f"decision step {step_id!r} returned {got}; a decision returns the next step id"
@@ -150,15 +193,23 @@ class InvalidDecision(UsageError):
 
 
 class InvalidStepId(UsageError):
-    def __init__(self, step_id: object) -> None:
+    step_id: object  # type: ignore[assignment]  # what was given, which is no step id
+    reason: str
+
+    def __init__(self, step_id: object, reason: str = "it is no step id") -> None:
         super().__init__(
-            f"invalid step id {step_id!r}: a step id is a non-empty string without '#' or NUL"
-            " (safepoint appends '#2', '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
+            f"invalid step id {step_id!r}: {reason}; a step id is a non-empty string of at most"
+            " 1000 characters, storable as UTF-8, without NUL or '#' (safepoint appends '#2',"
+            " '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
             step_id=step_id,
+            reason=reason,
         )
 
 
 class ResolutionRefused(UsageError):
+    run_id: str
+    reason: str
+
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__(
             f"resolution of run {run_id!r} refused: {reason}; look at the run again with"
@@ -190,6 +241,8 @@ class ApprovalRefused(UsageError):
 
 
 class InvalidStoreURL(UsageError):
+    url: str
+
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(
             f"cannot open store {url!r}: {reason}; use sqlite:///path/to/file.db, a plain"
@@ -199,6 +252,9 @@ class InvalidStoreURL(UsageError):
 
 
 class MissingExtra(UsageError):
+    extra: str
+    module: str
+
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
             f"the {extra} store needs the {module!r} package, which is not installed:"
@@ -209,10 +265,15 @@ class MissingExtra(UsageError):
 
 
 class RunOwned(SafepointError):
+    run_id: str
+    owner: str
+    lease_expires_at: int
+
     def __init__(self, run_id: str, owner: str, lease_expires_at: int) -> None:
         super().__init__(
-            f"run {run_id!r} is held by worker {owner!r} until its lease expires"
-            f" (epoch ms {lease_expires_at}); stop that worker or resume after the lease",
+            f"run {run_id!r} is held by worker {owner!r}, whose lease runs until"
+            f" {when(lease_expires_at)}; a live worker is carrying it on — wait for it (or stop"
+            " that worker) and resume after the lease",
             run_id=run_id,
             owner=owner,
             lease_expires_at=lease_expires_at,
@@ -220,6 +281,10 @@ class RunOwned(SafepointError):
 
 
 class RunFailed(SafepointError):
+    run_id: str
+    error_type: str
+    error_message: str
+
     def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
         super().__init__(
             f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
@@ -289,6 +354,9 @@ class DeadlineExceeded(LimitReached):
 class RunCancelled(SafepointError):
     """The run was cancelled (or abandoned): it ends here, and no resume revives it."""
 
+    run_id: str
+    reason: str
+
     def __init__(self, run_id: str, reason: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
                          " resumed into activity — start a new run", run_id=run_id,
@@ -324,6 +392,11 @@ class StepFailed(SafepointError):
 
 class EffectRejected(SafepointError):
     """The effect owner refused the operation; it did not happen and will not be retried."""
+
+    run_id: str
+    step_id: str
+    operation_id: str
+    evidence: Any
 
     def __init__(self, run_id: str, step_id: str, operation_id: str, evidence: Any) -> None:
         super().__init__(
@@ -372,6 +445,9 @@ class ApprovalInvalid(AwaitingApproval):
 class StoreError(SafepointError):
     """The ledger cannot be used as it is. Nothing recorded has been changed."""
 
+    url: str | None = None
+    path: str | None = None
+
 
 class StoreUnavailable(StoreError):
     """The database could not be reached, or the connection broke during the operation — a
@@ -380,6 +456,9 @@ class StoreUnavailable(StoreError):
 
 
 class SchemaTooNew(StoreError):
+    found: int
+    known: int
+
     def __init__(self, found: int, known: int) -> None:
         super().__init__(
             f"the store's schema is at version {found} but this safepoint knows only up to"
@@ -390,6 +469,8 @@ class SchemaTooNew(StoreError):
 
 
 class MigrationMismatch(StoreError):
+    version: int
+
     def __init__(self, version: int) -> None:
         super().__init__(
             f"migration {version} recorded in the store differs from the one shipped with this"
@@ -399,6 +480,10 @@ class MigrationMismatch(StoreError):
 
 
 class CorruptRecord(StoreError):
+    table: str
+    key: str
+    reason: str
+
     def __init__(self, table: str, key: str, reason: str) -> None:
         super().__init__(
             f"unreadable ledger row in {table} ({key}): {reason}; the row is kept as it is —"
@@ -410,6 +495,8 @@ class CorruptRecord(StoreError):
 
 
 class ArtifactMissing(StoreError):
+    digest: str
+
     def __init__(self, digest: str) -> None:
         super().__init__(
             f"artifact {digest} is missing from the store; restore it from a backup",
@@ -418,6 +505,9 @@ class ArtifactMissing(StoreError):
 
 
 class ArtifactCorrupt(StoreError):
+    digest: str
+    actual: str
+
     def __init__(self, digest: str, actual: str) -> None:
         super().__init__(
             f"artifact {digest} does not match its digest (its bytes hash to {actual}); it was"
@@ -439,6 +529,10 @@ class RunBlocked(SafepointError):
 
 
 class NeedsReconciliation(RunBlocked):
+    step_id: str
+    operation_id: str
+    reason: str
+
     def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
                  record: dict[str, Any] | None = None) -> None:
         super().__init__(
@@ -454,6 +548,10 @@ class NeedsReconciliation(RunBlocked):
 
 
 class VerificationFailed(RunBlocked):
+    step_id: str
+    operation_id: str
+    reason: str
+
     def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
                  record: dict[str, Any] | None = None) -> None:
         super().__init__(
@@ -469,6 +567,9 @@ class VerificationFailed(RunBlocked):
 
 
 class StaleCheckpoint(RunBlocked):
+    step_id: str
+    reason: str
+
     def __init__(self, run_id: str, step_id: str, reason: str,
                  record: dict[str, Any] | None = None) -> None:
         super().__init__(
@@ -487,6 +588,10 @@ class ReplayMismatch(StaleCheckpoint):
 
 
 class IncompatibleWorkflow(RunBlocked):
+    recorded: str
+    current: str
+    changes: list[str]
+
     def __init__(self, run_id: str, recorded: str, current: str,
                  record: dict[str, Any] | None = None, changes: list[str] | None = None) -> None:
         changes = list(changes or [f"{recorded} became {current}"])
@@ -537,6 +642,9 @@ class LostOwnership(BaseException):
     Derived from ``BaseException`` so that agent code's ``except Exception`` cannot swallow it.
     """
 
+    run_id: str
+    fence: int
+
     def __init__(self, run_id: str, fence: int) -> None:
         super().__init__(
             f"worker lost ownership of run {run_id!r} (its fence {fence} is stale); another"
@@ -550,6 +658,8 @@ class Cancelled(BaseException):
     """The run was asked to stop: this worker may settle what is in flight but starts nothing
     new. A ``BaseException``, so that agent code's ``except Exception`` cannot swallow it."""
 
+    run_id: str
+
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was asked to stop; nothing new is started")
         self.run_id = run_id
@@ -559,6 +669,9 @@ class ContinueAsNew(BaseException):
     """Raised by ``run.continue_as_new(...)``: the run ends (status ``continued``) and its
     successor starts with ``inputs`` as its arguments. A ``BaseException``, so that agent code's
     ``except Exception`` cannot swallow it; there is nothing to catch — let it pass."""
+
+    run_id: str
+    inputs: dict[str, Any]
 
     def __init__(self, run_id: str, inputs: dict[str, Any]) -> None:
         super().__init__(f"run {run_id!r} continues as new; its successor carries on")

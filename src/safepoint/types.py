@@ -303,6 +303,16 @@ class Ledger:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerIdentity:
+    """Who a ledger is: ``ledger_id``, minted once when its schema was created, and
+    ``keyed_since`` (epoch ms, the store's clock), since when every effect key minted in it
+    includes that id. Operations prepared before then keep the key they were given."""
+
+    ledger_id: str
+    keyed_since: int
+
+
+@dataclass(frozen=True, slots=True)
 class Claim:
     """Proof that this worker owns a run: the fence every later write must name."""
 

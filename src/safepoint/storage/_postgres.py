@@ -49,6 +49,7 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    CorruptRecord,
     HistoryWarning,
     InvalidStoreURL,
     LostOwnership,
@@ -73,6 +74,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     ResolutionAction,
@@ -148,6 +150,8 @@ def run_plan(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
 class PostgresLedger:
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""
+
+    identity: LedgerIdentity  # read by ``prepare``, when the store opens
 
     def __init__(self, url: str, *, durability: Durability | str | None = None,
                  inline_limit: int = INLINE_LIMIT, connect_timeout: float = 5.0) -> None:
@@ -244,11 +248,20 @@ class PostgresLedger:
                 yield Stmt(text)
                 yield _q("record_migration", version=version, name=name,
                          checksum=sha256_hex(text.encode()))
+        self.identity = yield from self.read_identity()
         if self.durability is Durability.POWER_LOSS:
             fsync = yield Stmt("SHOW fsync")
             if fsync and fsync[0]["fsync"] != "on":
                 log.warning("durability=power_loss asked, but the server runs with"
                             " fsync=off: commits will not survive a power loss")
+
+    @staticmethod
+    def read_identity() -> Plan[LedgerIdentity]:
+        rows = yield _q("ledger_identity")
+        if len(rows) != 1:
+            raise CorruptRecord("safepoint_ledger", "singleton", "the ledger's identity row is"
+                                " missing: it is minted once, by migration 9, and never removed")
+        return LedgerIdentity(str(rows[0]["ledger_id"]), int(rows[0]["keyed_since"]))
 
     @staticmethod
     def _applied(shipped: list[tuple[int, str, str]]) -> Plan[int]:

@@ -42,6 +42,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     Retry,
@@ -105,6 +106,12 @@ class Replan:
 
 class Store(Protocol):
     url: str
+
+    @property
+    def identity(self) -> LedgerIdentity:
+        """The ledger's id, minted once when its schema was created (migration 9), read on
+        open: part of every effect key minted in it, so that two ledgers never share a key."""
+        ...
 
     def now(self) -> int:
         """The store's clock, epoch milliseconds: the one "now" of leases and observations."""
@@ -303,6 +310,11 @@ class AsyncStore(Protocol):
     """
 
     url: str
+
+    @property
+    def identity(self) -> LedgerIdentity:
+        """As for ``Store``: read when the store was opened."""
+        ...
 
     async def now(self) -> int:
         """The store's clock, epoch milliseconds: the one "now" of leases and observations."""

@@ -47,6 +47,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     RunRecord,
@@ -106,6 +107,11 @@ class PostgresStore:
         except PoolTimeout as exc:
             self._pool.close()  # stop its background attempts to connect
             raise unreachable(self.url, exc) from exc
+
+    @property
+    def identity(self) -> LedgerIdentity:
+        """This ledger's id (see ``Store.identity``), read when the store was opened."""
+        return self._ledger.identity
 
     # -- the executor: connections and transactions --------------------------------------------
 

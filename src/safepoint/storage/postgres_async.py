@@ -46,6 +46,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     RunRecord,
@@ -156,6 +157,11 @@ class AsyncPostgresStore:
     async def __aexit__(self, exc_type: type[BaseException] | None,
                         exc: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
+
+    @property
+    def identity(self) -> LedgerIdentity:
+        """This ledger's id (see ``Store.identity``), read when the store was opened."""
+        return self._ledger.identity
 
     # -- the executor: connections and transactions --------------------------------------------
 

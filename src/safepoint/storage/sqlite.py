@@ -36,6 +36,7 @@ from .._recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
+    CorruptRecord,
     HistoryWarning,
     LostOwnership,
     MigrationMismatch,
@@ -57,6 +58,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     ResolutionAction,
@@ -119,6 +121,7 @@ class SqliteStore:
             self._uri = False
             self.url = f"sqlite:///{self._target}"
         self._migrate()
+        self.identity = self._identity()
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -224,6 +227,13 @@ class SqliteStore:
             if checksum != sha256_hex(shipped[version - 1][2].encode()):
                 raise MigrationMismatch(version)
         return len(rows)
+
+    def _identity(self) -> LedgerIdentity:
+        rows = self._read("ledger_identity", {})
+        if len(rows) != 1:
+            raise CorruptRecord("safepoint_ledger", "singleton", "the ledger's identity row is"
+                                " missing: it is minted once, by migration 9, and never removed")
+        return LedgerIdentity(str(rows[0]["ledger_id"]), int(rows[0]["keyed_since"]))
 
     def schema_version(self) -> int:
         row = self._conn().execute("SELECT MAX(version) FROM safepoint_schema_version").fetchone()

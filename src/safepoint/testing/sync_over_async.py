@@ -21,6 +21,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    LedgerIdentity,
     OperationRecord,
     Resolution,
     RunRecord,
@@ -60,6 +61,7 @@ class SyncOverAsync:
             self._stop()
             raise
         self.url = self.store.url
+        self.identity: LedgerIdentity = self.store.identity
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

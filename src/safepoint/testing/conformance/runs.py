@@ -8,7 +8,7 @@ import pytest
 
 from ..._canonical import digest, dumps
 from ...errors import RunNotFound
-from ...types import Claim, RunStatus
+from ...types import Claim, LedgerIdentity, RunStatus
 from ._support import LARGE, LONG_LEASE_MS, ConformanceBase, _uid, stamped_between
 
 
@@ -71,7 +71,7 @@ class RunTests(ConformanceBase):
         missing = f"missing-{_uid()}"
         with pytest.raises(RunNotFound) as error:
             store.get_run(missing)
-        assert error.value.run_id == missing  # type: ignore[attr-defined]
+        assert error.value.run_id == missing
         with pytest.raises(RunNotFound):
             store.load_ledger(missing)
 
@@ -92,3 +92,13 @@ class RunTests(ConformanceBase):
         assert running.run_id not in ids
         assert len(store.list_runs(limit=2)) == 2
         assert len(store.list_runs(RunStatus.PENDING, limit=1)) == 1
+
+    def test_the_ledger_has_one_identity(self) -> None:
+        """Every store of one database names the same ledger: an id minted once when its
+        schema was created, part of every effect key minted in it."""
+        first, second = self.store(), self.store()
+        assert isinstance(first.identity, LedgerIdentity)
+        assert first.identity == second.identity
+        assert isinstance(first.identity.ledger_id, str)
+        assert len(first.identity.ledger_id) >= 16
+        assert first.identity.keyed_since <= first.now()

@@ -914,3 +914,7 @@ step AS (
         recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost
 )
 SELECT * FROM owned;
+
+-- name: ledger_identity
+-- The ledger's id and since when effect keys include it (migration 9), read once on open.
+SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;

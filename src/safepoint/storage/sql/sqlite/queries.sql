@@ -427,3 +427,7 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running'
                WHERE s.run_id = :run_id AND s.step_id = j.value)) <= history_hard_limit)
 RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
           history_warned_at;
+
+-- name: ledger_identity
+-- The ledger's id and since when effect keys include it (migration 9), read once on open.
+SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;

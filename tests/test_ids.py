@@ -1,0 +1,125 @@
+"""Ids are checked before anything is recorded, the same way on every store: a blank or
+malformed run id, step id or operation id is a ``UsageError`` (``InvalidStepId`` for a step)
+that names the id and says what is allowed — never a fall-back to a default that repeats an
+effect, and never a run left ``running``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import safepoint as sp
+from safepoint.testing.effects import owner_effect
+from safepoint.testing.owner import OwnerService
+
+BAD_IDS = [
+    pytest.param("", id="empty"),
+    pytest.param("   ", id="blank"),
+    pytest.param("a\x00b", id="nul"),
+    pytest.param("a\udc80b", id="lone-surrogate"),
+    pytest.param("x" * 1001, id="too-long"),
+]
+DOT_SEGMENTS = [pytest.param(".", id="dot"), pytest.param("..", id="dot-dot")]
+NOT_STRINGS = [pytest.param(7, id="int"), pytest.param(b"r", id="bytes"),
+               pytest.param(["r"], id="list")]
+
+
+@sp.workflow("ids-plain")
+def plain(run: sp.Run, n: int) -> int:
+    return int(run.pure("one", lambda: n))
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS + DOT_SEGMENTS)
+def test_a_malformed_run_id_is_refused_before_a_run_is_created(store: sp.Store, bad: Any) -> None:
+    for verb in (sp.start, sp.submit):
+        with pytest.raises(sp.UsageError, match="invalid run id") as error:
+            verb(store, plain, 1, run_id=bad)
+        assert "a run id is a non-empty string" in error.value.message
+    assert store.list_runs() == []
+    for lookup in (lambda: sp.resume(store, bad), lambda: sp.cancel(store, bad, by="ana")):
+        with pytest.raises(sp.UsageError, match="invalid run id"):
+            lookup()
+
+
+def test_an_empty_run_id_never_means_a_fresh_run_per_call(store: sp.Store) -> None:
+    with pytest.raises(sp.UsageError):
+        sp.start(store, plain, 1, run_id="")
+    with pytest.raises(sp.UsageError):
+        sp.start(store, plain, 1, run_id="")
+    assert store.list_runs() == []
+    sp.start(store, plain, 1)  # None: a random run id, as documented
+    assert len(store.list_runs()) == 1
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS + [pytest.param("a#b", id="hash")])
+def test_a_malformed_step_id_fails_the_run_at_once(store: sp.Store, bad: Any) -> None:
+    @sp.workflow("ids-step")
+    def flow(run: sp.Run) -> Any:
+        return run.pure(bad, lambda: 1)
+
+    with pytest.raises(sp.InvalidStepId, match="invalid step id"):
+        sp.start(store, flow, run_id="r")
+    run = store.get_run("r")
+    assert run.status is sp.RunStatus.FAILED  # never left running until its budget runs out
+    assert store.load_ledger("r").steps == {}
+    assert "step id" in str(run.error)
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
+def test_a_malformed_operation_id_dispatches_nothing(store: sp.Store, owner_env: OwnerService,
+                                                     bad: Any) -> None:
+    charges = owner_effect("charges")
+
+    @sp.workflow("ids-operation")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("charge", charges, payload={"amount": 1}, operation_id=bad)
+
+    with pytest.raises(sp.UsageError, match="invalid operation id"):
+        sp.start(store, flow, run_id="r")
+    assert store.get_run("r").status is sp.RunStatus.FAILED
+    assert store.load_ledger("r").operations == {}
+    assert owner_env.client.stats()["applied"] == 0
+
+
+def test_an_empty_operation_id_is_not_the_chain_wide_default(store: sp.Store,
+                                                            owner_env: OwnerService) -> None:
+    """An empty operation id used to fall back to the step id while naming the operation
+    across the continue-as-new chain: every later run of the chain got the first receipt."""
+    charges = owner_effect("charges")
+
+    @sp.workflow("ids-chain")
+    def flow(run: sp.Run, round_: int) -> Any:
+        receipt = run.effect("charge", charges, payload={"round": round_}, operation_id="")
+        if round_ < 2:
+            run.continue_as_new(round_ + 1)
+        return receipt
+
+    with pytest.raises(sp.UsageError, match="invalid operation id"):
+        sp.start(store, flow, 0, run_id="c")
+    assert owner_env.client.stats()["applied"] == 0
+
+
+@pytest.mark.parametrize("bad", [pytest.param("", id="empty"), pytest.param("b/c", id="slash"),
+                                 pytest.param("a\udc80", id="lone-surrogate")])
+def test_a_malformed_branch_name_is_refused(memory_store: sp.Store, bad: str) -> None:
+    @sp.workflow("ids-branch")
+    def flow(run: sp.Run) -> Any:
+        return run.parallel("fan", {bad: lambda b: b.pure("x", lambda: 1)})
+
+    with pytest.raises(sp.UsageError, match="branch name"):
+        sp.start(memory_store, flow, run_id="r")
+
+
+@pytest.mark.parametrize("name", ["", "a\x00", "\udc80"])
+def test_a_malformed_workflow_name_is_refused_at_registration(name: str) -> None:
+    with pytest.raises(sp.UsageError, match="workflow name"):
+        sp.workflow(name)
+
+
+def test_a_run_id_holding_a_credential_is_refused(store: sp.Store) -> None:
+    token = "sk-ant-api03-" + "a" * 40
+    with pytest.raises(sp.SecretRefused) as error:
+        sp.start(store, plain, 1, run_id=f"run-{token}")
+    assert token not in error.value.message
+    assert store.list_runs() == []

@@ -1,0 +1,42 @@
+"""Checked by mypy from the user's side (tests/test_packaging.py): the structured fields of the
+errors users catch are typed attributes, and the public verbs are typed."""
+
+from __future__ import annotations
+
+import safepoint as sp
+
+
+def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
+    seen: list[object] = []
+    try:
+        sp.resume(store, "r")
+    except sp.NeedsReconciliation as blocked:
+        step: str = blocked.step_id
+        operation: str = blocked.operation_id
+        record: dict[str, object] | None = blocked.record
+        seen += [blocked.run_id, step, operation, record, blocked.reason]
+    except sp.StaleCheckpoint as stale:
+        seen += [stale.run_id, stale.step_id, stale.reason]
+    except sp.RunOwned as owned:
+        expires: int = owned.lease_expires_at
+        seen += [owned.run_id, owned.owner, expires]
+    except sp.RunFailed as failed:
+        seen += [failed.run_id, failed.error_type, failed.error_message]
+    except sp.StepFailed as step_failed:
+        attempts: int = step_failed.attempts
+        seen += [step_failed.step_id, step_failed.error_type, attempts]
+    except sp.SecretRefused as refused:
+        seen += [refused.what, refused.path, refused.why]
+    except sp.CorruptRecord as corrupt:
+        seen += [corrupt.table, corrupt.key, corrupt.reason]
+    except sp.ArtifactMissing as missing:
+        seen += [missing.digest]
+    except sp.SafepointError as error:
+        message: str = error.message
+        seen += [message]
+    except sp.LostOwnership as lost:
+        fence: int = lost.fence
+        seen += [lost.run_id, fence]
+    identity: sp.types.LedgerIdentity = store.identity
+    seen += [identity.ledger_id, wf.name]
+    return seen
