@@ -30,7 +30,7 @@ FOUND = [
     "password=hunter2hunter2", "connect failed: db_password=pw1 host=db", "--password=pw1",
     "GET /v1/items?api_key=abc123&page=2", "https://x.io/cb#access_token=abc&state=1",
     "client_secret=c1", "token=t1", "passwd=p1", "pwd=p1", "apikey=k1", "secret: s1",
-    "password: hunter2 was rejected", "new password: correcthorse", 'password = "hunter2"',
+    "password: hunter2 was rejected", "password=hunter2... was rejected", "new password: correcthorse", 'password = "hunter2"',
     "DB_PASSWORD=hunter2", "API key: abc123", "X-Api-Key: abc123",
     "login failed for {'user': 'bob', 'password': 'x'}", 'bad body {"password": "pw1"}',
     '{\\"password\\": \\"pw1\\"}', "{'password': ['a', 'b']}", "{'password': {'value': 'v'}}",
@@ -75,7 +75,8 @@ def test_credentials_are_found(value: Any) -> None:
     "api_key=os.getenv('OPENAI_API_KEY')", "client = OpenAI(api_key=api_key)",
     "password=settings.DB_PASSWORD", "token=token", "api_key=API_KEY", "if password == typed:",
     {"password_hint": "pet name"}, {"secret_name": "prod/db"}, {"api_key_id": "k_1"},
-    {"private_key_id": "abc"},
+    {"private_key_id": "abc"}, "export OPENAI_API_KEY=your-key-here",
+    "export OPENAI_API_KEY=sk-proj-...", {"password": "your password"},
 ])
 def test_ordinary_values_pass(value: Any) -> None:
     assert find_secret(value) is None

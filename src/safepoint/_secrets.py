@@ -128,6 +128,9 @@ _PLACEHOLDER = re.compile(r"""
     | \$\{[^{}]*\} | \$[A-Z_][A-Z0-9_]* | \{\{[^{}]*\}\}    # ${API_KEY}, $API_KEY, {{ key }}
     | %\(\w*\)s | %s | \{\w*\}                             # %(password)s, %s, {password}
     | <[^<>]*>                                             # <your api key>
+    | (?i:your)[\w\s-]* | (?i:insert|enter|replace)[-_\s][\w\s-]*  # your-api-key, enter key
+    | [\w-]*[-_](?i:here)                                 # key_here, api-key-goes-here
+    | (?:\w{0,8}[-_])*(?:\.\.\.|…)                        # sk-proj-...: an example cut short
 """, re.VERBOSE)
 # "reset", "Practice", "chocolate chip": words, not a credential
 _PROSE_WORDS = re.compile(r"[A-Za-z][a-z]*(?:[ -][A-Za-z][a-z]*)*")
@@ -285,7 +288,7 @@ def _value_after(text: str, at: int, normal: str, sep: str, quoted_name: bool,
         return None
     part = bare.group(0).rstrip(".,:;!?")
     stop = at + len(part)
-    if not part or _placeholder(part) or (normal == "pwd" and part[0] in "/~"):
+    if not part or _placeholder(part) or _placeholder(bare.group(0)) or (normal == "pwd" and part[0] in "/~"):
         return None  # PWD=/home/ops is a working directory
     if sep == "=" and not quoted_name and not in_query and _code(text, stop, part, normal):
         return None
@@ -476,6 +479,9 @@ def _pair_name(container: dict[Any, Any]) -> str | None:
 
 def find_secret(value: Any, path: str = "$") -> tuple[str, str] | None:
     """(path, why) of a part of ``value`` that looks like a credential, or None."""
+    if type(value) is str:  # an id, a model id, a step's text: asked on every step
+        spans = text_spans(value, first=True)
+        return (path, spans[0][2]) if spans else None
     for found in findings(value, first=True):
         return path + found.where()[1:], found.why
     return None

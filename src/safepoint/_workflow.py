@@ -785,7 +785,7 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow:
         return
     record = build_record(core.run, phase="store_refused", reason=exc.message,
                           evidence={"type": type(exc).__name__,
-                                    "cause": repr(exc.__cause__)[:2000]})
+                                    "cause": redacted_message(repr(exc.__cause__), 2000)})
     with contextlib.suppress(StoreError, LostOwnership):
         yield Io("finish_run", (core.claim, RunStatus.BLOCKED), {"recovery_record": record})
 
