@@ -115,7 +115,6 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                                                   payload_bytes, key_scope)
         step = _accepted_step(core, sid, effect, op, hashed)  # recorded on acceptance
         op = yield from _call_owner(core, sid, effect, op, payload, step)
-        yield from _refuse_unusable_receipt(core, sid, op)
     else:
         op, payload = yield from _prepared(core, sid, effect, op_id, payload, payload_bytes,
                                                 approval, key_scope)
@@ -404,25 +403,21 @@ def _dispatch(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payl
             # it stays prepared, not uncertain (as after a cancel).
             yield from _record(core, op, EffectState.PREPARED)
         raise
-    op = yield from _call_owner(core, sid, effect, op, payload, step)
-    yield from _refuse_unusable_receipt(core, sid, op)
-    return op
+    return (yield from _call_owner(core, sid, effect, op, payload, step))
 
 
-def _refuse_unusable_receipt(core: RunCore, sid: str, op: OperationRecord) -> Flow:
-    """Right after a call whose receipt is not JSON: block, saying so — rather than reconcile
-    and dispatch again (under the same key) until the dispatches run out, with the cause
-    only in the record. Checked once the dispatch was left, so a block may release the run."""
+def _unusable_receipt(op: OperationRecord) -> str | None:
+    """Why ``op`` must not be dispatched again although its owner may say it has nothing:
+    execute returned (the owner answered, so the effect most likely happened), but with a
+    receipt that cannot be recorded. Reconcile may still find it; a re-dispatch would only
+    end the same way until the dispatches ran out, with the cause only in the record."""
     error = op.error if isinstance(op.error, dict) else {}
     if op.state is not EffectState.UNKNOWN or not error.get("receipt_not_json"):
-        return
-    yield from core.block(NeedsReconciliation(
-        core.run.run_id, sid, op.operation_id,
-        f"execute returned, but its receipt cannot be recorded ({error.get('message')}); the"
-        " owner answered, so the effect most likely happened — make execute return JSON (a"
-        " dict of the owner's object, say), then resume the run: it asks the owner by key"
-        " (reconcile), or lacking reconcile waits for a person to resolve it"),
-        phase="reconcile_effect", op=op)
+        return None
+    return (f"execute returned, but its receipt cannot be recorded ({error.get('message')});"
+            " the owner answered, so the effect most likely happened and is not sent again —"
+            " make execute return JSON (a dict of the owner's object, say), then resume the"
+            " run (it asks the owner by key), or resolve it")
 
 
 def _call_owner(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
@@ -526,6 +521,8 @@ def _reconcile(core: RunCore, sid: str, effect: Effect, op: OperationRecord, pay
         else:
             return (yield from _applied(core, sid, effect, op, redact_json(answer.receipt),
                                              step))
+    if decided.action is Action.DISPATCH and (unusable := _unusable_receipt(op)) is not None:
+        decided = Next(Action.BLOCK, unusable)
     if decided.action is Action.DISPATCH:
         if core.cancelling:
             # The owner says it never happened, and nothing new may start: it stays
@@ -546,8 +543,8 @@ def _with_cause(decided: Next, op: OperationRecord) -> str:
     """Why the run blocks, with what the last dispatch ended in — so the message says the
     cause, not only the record."""
     error = op.error if isinstance(op.error, dict) else {}
-    if not error.get("message"):
-        return decided.reason
+    if not error.get("message") or error.get("receipt_not_json"):
+        return _unusable_receipt(op) or decided.reason
     return f"{decided.reason} (the last dispatch ended in {error.get('type')}: {error['message']})"
 
 
