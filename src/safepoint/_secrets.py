@@ -109,6 +109,9 @@ _SCHEME_KINDS = frozenset({"a bearer credential", "a basic credential"})
 # Where a credential name may be given a value in text: at a ":" or "=" (found fast, in C);
 # the name is read back from there.
 _SEPARATORS = re.compile(r"[:=]")
+_LONGEST_NAME = 64
+# Every credential's name above holds one of these: a text without any is not read further.
+_NAME_WORDS = ("pass", "pwd", "secret", "key", "token", "auth", "credential", "cookie")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 _SCHEMES = frozenset({"bearer", "basic", "token", "bot", "digest", "negotiate", "ntlm",
                       "apikey", "key", "sharedkey", "oauth", "hawk", "aws4-hmac-sha256",
@@ -211,7 +214,8 @@ def _formats(text: str, first: bool) -> list[Span]:
 
 def _assignments(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
-    if "=" not in text and ":" not in text:
+    if ("=" not in text and ":" not in text) \
+            or not any(map(text.lower().__contains__, _NAME_WORDS)):
         return found
     for match in _SEPARATORS.finditer(text):
         span = _assigned_value(text, match.start())
@@ -234,16 +238,16 @@ def _assigned_value(text: str, at: int) -> Span | None:
         end -= 1
         while end and text[end - 1] == "\\":
             end -= 1
-    begin = end
-    while begin and text[begin - 1] in _NAME_CHARS:
+    begin, bound = end, max(0, end - _LONGEST_NAME - 1)
+    while begin > bound and text[begin - 1] in _NAME_CHARS:
         begin -= 1
-    if begin == end or end - begin > 64:
-        return None
+    if begin == end or end - begin > _LONGEST_NAME:
+        return None  # no name, or a run of text no credential's name is as long as
     name = text[begin:end]
     if not credential_name(name) and begin >= 2 and text[begin - 1] == " " \
             and text[begin - 2] in _NAME_CHARS:
         before = begin - 1  # two words: "API key: …", "access token = …"
-        while before and text[before - 1] in _NAME_CHARS:
+        while before > bound and text[before - 1] in _NAME_CHARS:
             before -= 1
         if credential_name(text[before:end]):
             name = text[before:end]
