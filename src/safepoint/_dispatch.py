@@ -90,7 +90,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
     # An operation id given is checked as given: an empty one must not fall back to the step's
     # id while it names the operation across the run's chain.
     op_id = sid if operation_id is None else check_id(operation_id, "operation id")
-    core.reached.add(op_id)
+    core.unreached.discard(op_id)
     hashed = input_hash({"effect": effect.name, "operation_id": op_id,
                          "payload": payload_ref})
     recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
@@ -106,7 +106,7 @@ def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
         settled = yield from _settled_in_chain(core, sid, effect, op_id, payload_ref)
         if settled is not None:
             return settled.receipt
-    if op_id not in core.operations:
+    if op_id not in core.operations and core.unreached:
         yield from _refuse_beside_orphans(core, sid, effect, op_id, prefix)
     key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
     if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
@@ -154,8 +154,8 @@ def _refuse_beside_orphans(core: RunCore, sid: str, effect: Effect, op_id: str,
     """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
     an operation that may have happened and that this code no longer reaches (see
     ``orphaned``) — under a fresh key, the same change would be made twice."""
-    found = orphaned(core.operations.values(), core.reached, core.open_branches, prefix,
-                     replans=core.replans)
+    found = orphaned([core.operations[op_id] for op_id in sorted(core.unreached)],
+                     core.open_branches, prefix, replans=core.replans)
     if not found:
         return
     orphan = found[0]

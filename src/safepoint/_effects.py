@@ -9,7 +9,7 @@ answer allows).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Set
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -172,20 +172,19 @@ _MAY_HAVE_HAPPENED = frozenset({EffectState.DISPATCHING, EffectState.UNKNOWN,
 _HAPPENED = _MAY_HAVE_HAPPENED | {EffectState.ACCEPTED}
 
 
-def orphaned(operations: Iterable[OperationRecord], reached: Set[str],
-             open_branches: Iterable[str], here: str, *, replans: bool) -> list[OperationRecord]:
+def orphaned(unreached: Iterable[OperationRecord], open_branches: Iterable[str], here: str, *,
+             replans: bool) -> list[OperationRecord]:
     """The operations of a run that forbid a new dispatch at ``here`` (the step-id prefix of
-    the code asking, "" outside a fan-out): ones that may have happened (or, under
-    ``refuse``, did) and that the code resuming the run has not reached (``reached``: the
-    operation ids it asked for so far) — unless they belong to a fan-out branch still open
-    that ``here`` is not inside: that sibling may reach them yet. Deterministic code reaches
-    every operation it recorded before it asks for a new one, so an orphan means the code
-    changed under the run (an effect step renamed, moved, its operation id changed)."""
+    the code asking, "" outside a fan-out), among those the code resuming the run has not
+    reached yet: ones that may have happened (or, under ``refuse``, did) — unless they belong
+    to a fan-out branch still open that ``here`` is not inside: that sibling may reach them
+    yet. Deterministic code reaches every operation it recorded before it asks for a new one,
+    so an orphan means the code changed under the run (an effect step renamed, moved, its
+    operation id changed)."""
     kept = _MAY_HAVE_HAPPENED if replans else _HAPPENED
     siblings = [branch for branch in open_branches if not here.startswith(branch)]
-    return [op for op in operations
-            if op.state in kept and op.operation_id not in reached
-            and not any(op.step_id.startswith(branch) for branch in siblings)]
+    return [op for op in unreached
+            if op.state in kept and not any(op.step_id.startswith(b) for b in siblings)]
 
 
 class Action(StrEnum):

@@ -145,9 +145,10 @@ class RunCore:
         # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
         # leaves what its sibling branches recorded alone.
         self.fanouts: list[list[str]] = []
-        # Operation ids the code asked for so far, and the prefixes of the fan-out branches
-        # still running: what ``_effects.orphaned`` needs before a new dispatch.
-        self.reached: set[str] = set()
+        # The operations recorded before this worker took over that the code has not asked
+        # for yet (in deterministic code, none by the time it asks for a new one), and the
+        # prefixes of the fan-out branches still running: what ``_effects.orphaned`` needs.
+        self.unreached: set[str] = set(operations)
         self.open_branches: set[str] = set()
 
     # -- shared pieces -------------------------------------------------------------------------
