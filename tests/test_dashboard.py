@@ -193,11 +193,7 @@ def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
 
 def test_cancel_from_the_board_and_bad_forms_are_clear_errors(
         board: Dashboard, file_store: sp.Store) -> None:
-    @sp.workflow("board-pending")
-    def flow(run: sp.Run) -> int:
-        return 1
-
-    sp.submit(file_store, flow, run_id="p")
+    _pending(file_store)
     assert _post(board, "/runs/p/cancel", {"token": TOKEN})[0] == 400  # who cancels?
     assert _post(board, "/runs/p/resolve", {"by": "ana", "action": "abandon",
                                             "revision": "x", "token": TOKEN})[0] == 400
@@ -224,13 +220,14 @@ def test_the_command_refuses_a_public_address(tmp_path: Any) -> None:
 # -- who is asking: the Host, the Origin, the token ------------------------------------------------
 
 
+@sp.workflow("board-pending")
+def _board_pending(run: sp.Run) -> int:
+    return 1
+
+
 def _pending(store: sp.Store, run_id: str = "p") -> sp.RunRecord:
     """A submitted run of the workflow ``board-pending`` that no worker has claimed."""
-    @sp.workflow("board-pending")
-    def flow(run: sp.Run) -> int:
-        return 1
-
-    sp.submit(store, flow, run_id=run_id)
+    sp.submit(store, _board_pending, run_id=run_id)
     return store.get_run(run_id)
 
 
