@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import InvalidStoreURL, MissingExtra
+from ..errors import InvalidStoreURL, MissingExtra, UsageError
 from ..types import Durability
 from .base import Store
 from .sqlite import SqliteStore
@@ -15,7 +16,8 @@ DEFAULT_URL = "sqlite:///safepoint.db"
 __all__ = ["DEFAULT_URL", "SqliteStore", "Store", "open_store"]
 
 
-def open_store(url: str | None = None, *, durability: Durability | str | None = None) -> Store:
+def open_store(url: str | None = None, *, durability: Durability | str | None = None,
+               create: bool = True) -> Store:
     """Open (and migrate) the ledger at ``url``.
 
     ``url`` defaults to ``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory.
@@ -23,7 +25,8 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     ``postgresql://user@host/db`` (optionally ``?schema=name``; needs the ``postgres`` extra),
     and ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
     ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
-    ``power_loss``.
+    ``power_loss``. ``create=False`` refuses (``UsageError``) an SQLite file that does not
+    exist instead of creating it — for tools that only look at a ledger.
 
     >>> store = open_store("memory:")
     """
@@ -50,7 +53,17 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise InvalidStoreURL(url, "no file name")
-        return SqliteStore(path, durability=level)
+        return _sqlite(path, level, create)
     if parts.scheme and len(parts.scheme) > 1:  # one letter would be a Windows drive
         raise InvalidStoreURL(url, f"unknown scheme {parts.scheme!r}")
-    return SqliteStore(url.split("?", 1)[0], durability=level)
+    return _sqlite(url.split("?", 1)[0], level, create)
+
+
+def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
+    # Checked before SQLite is asked: connecting creates the file (and its -wal and -shm).
+    if not create and not Path(path).is_file():
+        where = Path(path).absolute()
+        raise UsageError(f"no ledger at {str(where)!r}: the file does not exist; check --store"
+                         " (or SAFEPOINT_URL), or create a ledger there with `safepoint"
+                         " migrate`", url=f"sqlite:///{where}", path=str(where))
+    return SqliteStore(path, durability=durability)
