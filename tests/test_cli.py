@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import time
@@ -529,3 +530,21 @@ def test_approving_a_step_that_cannot_be_approved_says_which_can(ledger: sp.Stor
     not_given = invoke(url, "revoke", "gated", "lookup", "--by", "ana", "--reason", "oops")
     assert not_given.exit_code == 1
     assert "the steps of run 'gated' that can be revoked: 'refund'" in not_given.stderr
+
+
+def test_a_file_that_holds_no_ledger_is_not_turned_into_one(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    conn.close()
+    before = other.read_bytes()
+    for path in (empty, other):
+        result = run_cli("show", "r", "--store", str(path))
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"error: no ledger at '{path}': the file holds no"
+                                        " safepoint ledger")
+    assert empty.read_bytes() == b""
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]

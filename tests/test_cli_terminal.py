@@ -187,3 +187,25 @@ def test_a_real_terminal_process_receives_no_control_bytes(hostile: str) -> None
         for stream in (done.stdout, done.stderr):
             for char in UNSAFE:
                 assert char.encode() not in stream
+
+
+def test_the_workers_log_lines_are_escaped_too(tmp_path: Path) -> None:
+    path = tmp_path / "queue.db"
+    store = sp.open_store(f"sqlite:///{path}")
+    try:
+        sp.submit(store, failing, run_id="queued-token")
+    finally:
+        store.close()
+    forge(path, {"queued-token": f"queued{HOSTILE}"})
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "SAFEPOINT_URL")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                      env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "safepoint", "worker", "--store", str(path),
+                           "--import", "test_cli_terminal", "--until-idle"],
+                          env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert b"failed 1" in done.stderr
+    assert f"run queued{SEEN}".encode() in done.stderr
+    for char in UNSAFE:
+        assert char.encode() not in done.stderr

@@ -292,7 +292,9 @@ def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease
     machine against one store; SIGTERM drains (finishes the runs in progress, claims no more).
     """
     _import_modules(modules)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_ShownFormatter("%(asctime)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     store = _store(ctx, create=True)
     found = Worker(store, concurrency=concurrency, lease_ms=int(lease * 1000))
     click.echo(shown(f"worker {found.owner} on {store.url}, concurrency {concurrency}"),
@@ -301,6 +303,14 @@ def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease
     click.echo(f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
                f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
                f" lost {stats.lost}", err=True)
+
+
+class _ShownFormatter(logging.Formatter):
+    """The worker's log lines name runs and quote their errors: data, printed as such (a
+    traceback keeps its lines)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(shown(line) for line in super().format(record).split("\n"))
 
 
 # -- a person's decisions ------------------------------------------------------------------------

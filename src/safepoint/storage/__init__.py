@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -60,10 +61,30 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
 
 
 def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
-    # Checked before SQLite is asked: connecting creates the file (and its -wal and -shm).
-    if not create and not Path(path).is_file():
+    if not create:
+        # Checked before the store connects: connecting creates the file (and its -wal and
+        # -shm), and opening migrates, which would turn any SQLite file into a ledger.
         where = Path(path).absolute()
-        raise UsageError(f"no ledger at {str(where)!r}: the file does not exist; check --store"
-                         " (or SAFEPOINT_URL), or create a ledger there with `safepoint"
-                         " migrate`", url=f"sqlite:///{where}", path=str(where))
+        missing = ("the file does not exist" if not where.is_file()
+                   else "the file holds no safepoint ledger" if _holds_no_ledger(where)
+                   else None)
+        if missing:
+            raise UsageError(f"no ledger at {str(where)!r}: {missing}; check --store (or"
+                             " SAFEPOINT_URL), or create a ledger there with `safepoint"
+                             " migrate`", url=f"sqlite:///{where}", path=str(where))
     return SqliteStore(path, durability=durability)
+
+
+def _holds_no_ledger(path: Path) -> bool:
+    """Whether the SQLite file at ``path`` has no safepoint schema, read without writing."""
+    if path.stat().st_size == 0:
+        return True
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM sqlite_master"
+                                " WHERE name = 'safepoint_schema_version'").fetchone() is None
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False  # not SQLite, or unreadable: opening it says what is wrong with it
