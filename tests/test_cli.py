@@ -366,13 +366,19 @@ def test_store_may_follow_the_command_too(two_runs: sp.Store, url: str, tmp_path
     assert not (tmp_path / "elsewhere.db").exists()
 
 
-def test_two_different_stores_before_and_after_the_command_are_a_usage_error(
-        two_runs: sp.Store, url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["before and after", "twice before", "twice after"])
+def test_two_different_stores_are_a_usage_error(two_runs: sp.Store, url: str, tmp_path: Path,
+                                                where: str) -> None:
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    result = run_cli("--store", url, "runs", "--store", other)
+    args = {"before and after": ["--store", url, "runs", "--store", other],
+            "twice before": ["--store", url, "--store", other, "runs"],
+            "twice after": ["runs", "--store", url, "--store", other]}[where]
+    result = run_cli(*args)
     assert result.exit_code == 2
-    assert "--store is given twice" in result.stderr
+    assert f"--store names 2 ledgers ({url!r}, {other!r}): name one" in result.stderr
+    assert result.stdout == ""
     assert not (tmp_path / "other.db").exists()
+    assert run_cli("--store", url, "--store", url, "runs", "--store", url).exit_code == 0
 
 
 LOOKING = [["runs"], ["show", "r"], ["show", "r", "--json"], ["record", "r"], ["resume", "r"],
@@ -548,3 +554,15 @@ def test_a_file_that_holds_no_ledger_is_not_turned_into_one(tmp_path: Path) -> N
     assert empty.read_bytes() == b""
     assert other.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]
+
+
+def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.Store,
+                                                                    url: str) -> None:
+    run = claimed(ledger, "orphan", "w-gone", 1)
+    assert run.lease_expires_at is not None
+    while ledger.now() <= run.lease_expires_at:
+        time.sleep(0.002)
+    result = invoke(url, "cancel", "orphan", "--by", "ana")
+    assert result.exit_code == 0, result.output
+    assert "no worker holds it now" in result.stdout
+    assert "its worker stops" not in result.stdout

@@ -357,7 +357,7 @@ def _header(run: RunRecord, now: int) -> Table:
     row("run", run.run_id)
     held = ownership(run, now)
     status = status_cell(run, now)
-    if held.state in (LEASE_EXPIRED, RELEASED):
+    if status.plain != run.status.value:  # not what the ledger's status says: say both
         status.append(f" (status {run.status.value})", style="dim")
     row("status", status)
     if held.owner is not None or held.state == RELEASED:

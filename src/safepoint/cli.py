@@ -37,6 +37,7 @@ from ._approvals import approve as approve_step
 from ._approvals import revoke_approval as revoke_step
 from ._flow import drive
 from ._history import chain_head
+from ._presence import HELD, ownership
 from ._recovery import settle
 from ._render import (
     as_json,
@@ -103,23 +104,41 @@ def _now(ctx: click.Context) -> int:
     return time.time_ns() // 1_000_000
 
 
-def _take_store_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    """``--store`` after the command: the same option as before it, said once."""
-    if value is None:
+class _StoreURL(click.types.StringParamType):
+    """A store URL; ``$SAFEPOINT_URL`` is one URL, never split (a path may hold spaces)."""
+
+    name = "url"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [rv]
+
+
+def _one_store_url(given: tuple[str, ...], ctx: click.Context) -> str | None:
+    """The one ledger ``--store`` names, however often it is given; a usage error when it
+    names two."""
+    named = list(dict.fromkeys(given))
+    if len(named) > 1:
+        raise click.UsageError(f"--store names {len(named)} ledgers"
+                               f" ({', '.join(map(repr, named))}): name one", ctx=ctx)
+    return named[0] if named else None
+
+
+def _take_store_url(ctx: click.Context, param: click.Parameter,
+                    values: tuple[str, ...]) -> None:
+    """``--store`` after the command: the same option as before it, naming the same ledger."""
+    if not values:
         return
     root = ctx.find_root()
-    before = (root.params.get("store_url")
-              if root.get_parameter_source("store_url") is ParameterSource.COMMANDLINE
-              else None)
-    if before is not None and before != value:
-        raise click.UsageError(f"--store is given twice, {before!r} before the command and"
-                               f" {value!r} after it: name one ledger", ctx=ctx)
-    ctx.meta[_STORE_URL] = value
+    before: tuple[str, ...] = ()
+    if root.get_parameter_source("store_url") is ParameterSource.COMMANDLINE:
+        before = tuple(root.params.get("store_url") or ())
+    ctx.meta[_STORE_URL] = _one_store_url(before + tuple(values), ctx)
 
 
 def store_option(command: F) -> F:
     """``--store URL`` on a command, so that it may follow the command's name too."""
-    return click.option("--store", metavar="URL", expose_value=False, callback=_take_store_url,
+    return click.option("--store", type=_StoreURL(), multiple=True, expose_value=False,
+                        callback=_take_store_url,
                         help="The ledger (as before the command).")(command)
 
 
@@ -144,14 +163,14 @@ def _stdout(*, markup: bool = False) -> Console:
 
 @click.group(cls=_SafepointGroup)
 @click.option("--store", "store_url", envvar="SAFEPOINT_URL", show_envvar=True,
-              metavar="URL",
+              type=_StoreURL(), multiple=True,
               help="The ledger: sqlite:///file.db or a file path (also accepted after the"
                    " command).  [default: safepoint.db in the working directory]")
 @click.version_option(__version__, prog_name="safepoint")
 @click.pass_context
-def cli(ctx: click.Context, store_url: str | None) -> None:
+def cli(ctx: click.Context, store_url: tuple[str, ...]) -> None:
     """safepoint: a ledger for agent runs; resume after any crash without repeating effects."""
-    ctx.obj = store_url
+    ctx.obj = _one_store_url(store_url, ctx)
 
 
 # -- looking at runs -----------------------------------------------------------------------------
@@ -524,9 +543,14 @@ def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None
     dispatch (an effect in flight is settled first). No resume revives a cancelled run. A run
     that continued as new passes the request on to the run that carries its chain on.
     """
-    run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
-    state = ("cancel requested: its worker stops before its next step or dispatch"
-             if run.status is RunStatus.RUNNING else f"now {run.status.value}")
+    store = _store(ctx)
+    run = cancel_run(store, run_id, by=by, reason=reason)
+    state = f"now {run.status.value}"
+    if run.status is RunStatus.RUNNING:
+        state = ("cancel requested: its worker stops before its next step or dispatch"
+                 if ownership(run, store.now()).state == HELD else
+                 "cancel requested: no worker holds it now; the next to take it (a worker, or"
+                 " a resume) settles what is in flight and ends it")
     chain = f" (its chain goes on in {run.run_id!r})" if run.run_id != run_id else ""
     click.echo(shown(f"run {run_id!r}{chain}: {state}"))
 
@@ -562,7 +586,8 @@ def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> No
     cancel, resolve, approve and revoke (each needs the token). Loopback only; Ctrl-C stops
     it."""
     board = Dashboard(_store(ctx, create=True), host=host, port=port, token=token)
-    click.echo(f"safepoint dashboard on {board.url}  (actions need the token: {board.token})")
+    click.echo(shown(f"safepoint dashboard on {board.url}  (actions need the token:"
+                     f" {board.token})"))
     try:
         board.serve_forever()
     except KeyboardInterrupt:
