@@ -55,7 +55,8 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         "if it happened: safepoint resolve RUN --applied --receipt '<the owner's object>'"
         " --revision <state_revision> --by <you> --evidence '<how you know>'",
         "if it did not: safepoint resolve RUN --not-applied --revision <state_revision>"
-        " --by <you> (it is then dispatched again, under the same key)",
+        " --by <you> --import <your module> (its owner is asked first; it is then dispatched"
+        " again, under the same key)",
         "or resume later, when the owner can answer; or give up: safepoint resolve RUN"
         " --abandon --revision <state_revision> --by <you>",
     ],
