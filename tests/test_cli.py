@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import safepoint as sp
-from safepoint._render import ago
+from safepoint._render import ago, error_text
 from safepoint.cli import cli
 from safepoint.testing.kill import run_child
 
@@ -566,3 +566,13 @@ def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.S
     assert result.exit_code == 0, result.output
     assert "no worker holds it now" in result.stdout
     assert "its worker stops" not in result.stdout
+
+
+@pytest.mark.parametrize("quoted", ["epoch ms 1800000025000", "2027-01-15T08:00:25+00:00"])
+def test_an_error_carrying_a_moment_is_printed_with_how_far_it_is(quoted: str) -> None:
+    now = 1_800_000_000_000
+    error = sp.SafepointError(f"held by worker 'w-1' until {quoted}; wait",
+                              lease_expires_at=now + 25_000)
+    printed = error_text(error, now)
+    assert "2027-01-15T08:00:25Z (in 25s)" in printed
+    assert "epoch ms" not in printed

@@ -175,12 +175,15 @@ _RAW_INSTANT = r"(?:epoch ms )?(?<!\d){}(?!\d)"
 
 
 def error_text(exc: SafepointError, now: int) -> str:
-    """An error's message as the CLI prints it: each moment the error carries (a field named
-    ``…_at``, in epoch ms) readable where the message quotes it raw, and nothing unsafe."""
+    """An error's message as the CLI prints it, nothing unsafe in it, and each moment the
+    error carries (a field named ``…_at``, in epoch ms) readable: in place where the message
+    quotes it raw, else said after it (``lease expires at 2030-…Z (in 25s)``)."""
     message = exc.message
     for name, value in sorted(vars(exc).items()):
         if name.endswith("_at") and type(value) is int:
-            message = re.sub(_RAW_INSTANT.format(value), when(value, now), message)
+            readable, found = re.subn(_RAW_INSTANT.format(value), when(value, now), message)
+            message = (readable if found
+                       else f"{message} ({name.replace('_', ' ')} {when(value, now)})")
     return shown(message)
 
 
