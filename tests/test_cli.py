@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 import safepoint as sp
-from safepoint.cli import ago, cli
+from safepoint._render import ago, error_text
+from safepoint.cli import cli
 from safepoint.testing.kill import run_child
 
 # rich colours its output when these say so, even into a pipe; the assertions read plain text.
@@ -197,7 +201,8 @@ def test_record_of_a_run_that_is_not_blocked_fails_on_stderr(
 
 
 @pytest.mark.parametrize("command", ["show", "record", "resume"])
-def test_an_unknown_run_is_one_clear_line_and_exit_code_1(url: str, command: str) -> None:
+def test_an_unknown_run_is_one_clear_line_and_exit_code_1(ledger: sp.Store, url: str,
+                                                           command: str) -> None:
     result = invoke(url, command, "no-such-run")
     assert result.exit_code == 1
     assert result.stderr == f"error: {sp.RunNotFound('no-such-run').message}\n"
@@ -337,3 +342,237 @@ def test_demo_ledger_shows_a_dead_worker_taken_over_and_one_dispatch(tmp_path: P
 def starting_worker(events: list[sp.EventRecord]) -> str | None:
     """The worker that started the run."""
     return next(e.worker for e in events if e.kind == "run.started")
+
+
+# -- a command line that behaves like one ---------------------------------------------------------
+
+
+def run_cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env={**_PLAIN_ENV, **(env or {})},
+                              catch_exceptions=False)
+
+
+def test_store_may_follow_the_command_too(two_runs: sp.Store, url: str, tmp_path: Path) -> None:
+    elsewhere = f"sqlite:///{tmp_path / 'elsewhere.db'}"
+    listed = run_cli("runs", "--store", url, env={"SAFEPOINT_URL": elsewhere})
+    assert listed.exit_code == 0, listed.output
+    assert line_of(listed.stdout, "done").split()[2] == "completed"
+    shown = run_cli("show", "stuck", "--store", url)
+    assert shown.exit_code == 0, shown.output
+    assert line_of(shown.stdout, "status").split() == ["status", "blocked"]
+    record = run_cli("record", "stuck", "--store", url)
+    assert json.loads(record.stdout)["operation_id"] == "call:bob"
+    assert run_cli("--store", url, "show", "done", "--store", url).exit_code == 0
+    assert not (tmp_path / "elsewhere.db").exists()
+
+
+@pytest.mark.parametrize("where", ["before and after", "twice before", "twice after"])
+def test_two_different_stores_are_a_usage_error(two_runs: sp.Store, url: str, tmp_path: Path,
+                                                where: str) -> None:
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    args = {"before and after": ["--store", url, "runs", "--store", other],
+            "twice before": ["--store", url, "--store", other, "runs"],
+            "twice after": ["runs", "--store", url, "--store", other]}[where]
+    result = run_cli(*args)
+    assert result.exit_code == 2
+    assert f"--store names 2 ledgers ({url!r}, {other!r}): name one" in result.stderr
+    assert result.stdout == ""
+    assert not (tmp_path / "other.db").exists()
+    assert run_cli("--store", url, "--store", url, "runs", "--store", url).exit_code == 0
+
+
+LOOKING = [["runs"], ["show", "r"], ["show", "r", "--json"], ["record", "r"], ["resume", "r"],
+           ["cancel", "r", "--by", "ana"], ["approve", "r", "s", "--by", "ana"],
+           ["revoke", "r", "s", "--by", "ana", "--reason", "why"],
+           ["resolve", "r", "--abandon", "--revision", "1", "--by", "ana"]]
+
+
+@pytest.mark.parametrize("form", ["url", "path", "after"])
+@pytest.mark.parametrize("command", LOOKING, ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: list[str],
+                                                     form: str) -> None:
+    where = tmp_path / "typo" / "ledger.db" if form == "path" else tmp_path / "ledger.db"
+    if form == "path":
+        where.parent.mkdir()
+    url = str(where) if form == "path" else f"sqlite:///{where}"
+    args = [*command, "--store", url] if form == "after" else ["--store", url, *command]
+    result = run_cli(*args)
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"error: no ledger at '{where}': the file does not exist")
+    assert "safepoint migrate" in result.stderr
+    assert list(where.parent.iterdir()) == []  # no file, no -wal, no -shm
+
+
+def test_migrate_still_creates_a_ledger_and_then_the_others_find_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    assert run_cli("migrate", "--store", url).exit_code == 0
+    listed = run_cli("runs", "--store", url)
+    assert listed.exit_code == 0
+    assert listed.stdout.startswith("no runs in ")
+
+
+def big_page(size: int) -> dict[str, str]:
+    return {"body": "ab" * size}
+
+
+@sp.workflow("cli-test-big")
+def big(run: sp.Run, size: int) -> Any:
+    page = run.read("page", big_page, size)
+    return run.effect("send", mail, payload={"to": "ada", "text": page["body"]},
+                      operation_id="mail:big")
+
+
+def test_show_json_prints_the_whole_ledger_as_valid_json(ledger: sp.Store, url: str) -> None:
+    sp.start(ledger, big, 60_000, run_id="big")  # a result stored as an artifact of its own
+    result = invoke(url, "show", "big", "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["run"]["run_id"] == "big"
+    assert document["run"]["status"] == "completed"
+    [page, send] = document["steps"]
+    assert page["result"] == big_page(60_000)  # whole: nothing cut
+    assert send["result"] == {"id": "mail-ada"}
+    [operation] = document["operations"]
+    assert operation["payload"] == {"to": "ada", "text": "ab" * 60_000}
+    assert operation["effect_key"] == ledger.load_ledger("big").operations["mail:big"].effect_key
+    assert [e["kind"] for e in document["events"]][-1] == "run.completed"
+    assert document["ownership"]["state"] == "none"
+
+
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+def test_show_prints_times_as_utc_instants_and_how_long_ago(two_runs: sp.Store,
+                                                            url: str) -> None:
+    out = invoke(url, "show", "done").stdout
+    assert re.fullmatch(rf"created\s+{ISO} \(\d+s ago\)\s*", line_of(out, "created"))
+    assert re.fullmatch(rf"updated\s+{ISO} \(\d+s ago\)\s*", line_of(out, "updated"))
+    events = section(out, "events")[1:]
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", row) for row in events)
+
+
+def claimed(store: sp.Store, run_id: str, owner: str, lease_ms: int) -> sp.RunRecord:
+    """``run_id`` submitted and claimed by a worker called ``owner`` (which then does nothing)."""
+    sp.submit(store, greet, "ann", run_id=run_id)
+    claim = store.claim_next(owner, lease_ms, ["cli-test-greet"])
+    assert claim is not None
+    assert claim.run_id == run_id
+    return store.get_run(run_id)
+
+
+def test_a_run_held_by_a_live_worker_says_until_when_readably(store: sp.Store,
+                                                              store_url: str) -> None:
+    claimed(store, "held", "w-live", 600_000)
+    listed = invoke(store_url, "runs").stdout
+    row = line_of(listed, "held")
+    assert row.split()[2:4] == ["running", "w-live"]
+    assert "(lease ends in 9m)" in row or "(lease ends in 10m)" in row
+    shown = invoke(store_url, "show", "held").stdout
+    assert re.search(rf"owner\s+w-live, lease until {ISO} \(in \d+m\)", shown)
+    refused = invoke(store_url, "resume", "held")
+    assert refused.exit_code == 1
+    assert "epoch ms" not in refused.stderr
+    assert re.search(rf"{ISO} \(in \d+m\)", refused.stderr), refused.stderr
+
+
+def test_a_run_whose_workers_lease_expired_is_shown_as_such(store: sp.Store,
+                                                            store_url: str) -> None:
+    run = claimed(store, "orphan", "w-gone", 1)
+    assert run.lease_expires_at is not None
+    while store.now() <= run.lease_expires_at:  # the store's clock decides, as claims do
+        time.sleep(0.002)
+    row = line_of(invoke(store_url, "runs").stdout, "orphan")
+    assert "lease expired" in row
+    assert "w-gone (lease expired" in row
+    assert " running " not in row
+    shown = invoke(store_url, "show", "orphan").stdout
+    assert line_of(shown, "status").split() == ["status", "lease", "expired", "(status",
+                                                "running)"]
+    assert re.search(rf"owner\s+w-gone, lease expired {ISO} \(\d+s ago\) — its worker is gone",
+                     shown)
+
+
+def test_a_run_released_by_a_resolution_does_not_claim_to_be_running(
+        store: sp.Store, store_url: str) -> None:
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(store, stuck, "bob", run_id="settled")
+    revision = store.get_run("settled").state_revision
+    done = invoke(store_url, "resolve", "settled", "--applied", "--receipt", '{"id": "c_1"}',
+                  "--revision", str(revision), "--by", "ana")
+    assert done.exit_code == 0, done.output
+    assert "now released" in done.stdout
+    run = store.get_run("settled")
+    assert (run.status, run.owner) == (sp.RunStatus.RUNNING, None)
+    row = line_of(invoke(store_url, "runs").stdout, "settled")
+    assert row.split()[2:4] == ["released", "(nobody)"]
+    shown = invoke(store_url, "show", "settled").stdout
+    assert line_of(shown, "status").split()[:2] == ["status", "released"]
+    assert "released: no worker holds it" in line_of(shown, "owner")
+
+
+refundable = sp.Effect("cli-test.refund", execute=lambda payload, key: {"id": "re_1"})
+
+
+@sp.workflow("cli-test-approval")
+def needs_approval(run: sp.Run) -> Any:
+    run.read("lookup", lookup, "ada")
+    return run.effect("refund", refundable, payload={"amount": 5}, approval=True)
+
+
+def test_approving_a_step_that_cannot_be_approved_says_which_can(ledger: sp.Store,
+                                                                 url: str) -> None:
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(ledger, needs_approval, run_id="gated")
+    wrong = invoke(url, "approve", "gated", "lookup", "--by", "ana")
+    assert wrong.exit_code == 1
+    assert "the steps of run 'gated' that can be approved: 'refund' (the run waits for it)" in (
+        wrong.stderr)
+    sp.start(ledger, greet, "ada", run_id="done")
+    nothing = invoke(url, "approve", "done", "send", "--by", "ana")
+    assert nothing.exit_code == 1
+    assert "no step of run 'done' can be approved now (status completed)" in nothing.stderr
+    assert invoke(url, "approve", "gated", "refund", "--by", "ana").exit_code == 0
+    not_given = invoke(url, "revoke", "gated", "lookup", "--by", "ana", "--reason", "oops")
+    assert not_given.exit_code == 1
+    assert "the steps of run 'gated' that can be revoked: 'refund'" in not_given.stderr
+
+
+def test_a_file_that_holds_no_ledger_is_not_turned_into_one(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY)")
+    conn.close()
+    before = other.read_bytes()
+    for path in (empty, other):
+        result = run_cli("show", "r", "--store", str(path))
+        assert result.exit_code == 1
+        assert result.stderr.startswith(f"error: no ledger at '{path}': the file holds no"
+                                        " safepoint ledger")
+    assert empty.read_bytes() == b""
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]
+
+
+def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.Store,
+                                                                    url: str) -> None:
+    run = claimed(ledger, "orphan", "w-gone", 1)
+    assert run.lease_expires_at is not None
+    while ledger.now() <= run.lease_expires_at:
+        time.sleep(0.002)
+    result = invoke(url, "cancel", "orphan", "--by", "ana")
+    assert result.exit_code == 0, result.output
+    assert "no worker holds it now" in result.stdout
+    assert "its worker stops" not in result.stdout
+
+
+@pytest.mark.parametrize("quoted", ["epoch ms 1800000025000", "2027-01-15T08:00:25+00:00"])
+def test_an_error_carrying_a_moment_is_printed_with_how_far_it_is(quoted: str) -> None:
+    now = 1_800_000_000_000
+    error = sp.SafepointError(f"held by worker 'w-1' until {quoted}; wait",
+                              lease_expires_at=now + 25_000)
+    printed = error_text(error, now)
+    assert "2027-01-15T08:00:25Z (in 25s)" in printed
+    assert "epoch ms" not in printed

@@ -3,15 +3,25 @@ or abandon — checked against the state revision, recorded, and harmless to rep
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+import owner_answers
 import safepoint as sp
 from safepoint.cli import cli
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
+
+TESTS = str(Path(__file__).parent)
 
 
 def _blocked_notify(store: sp.Store, owner: OwnerService, name: str) -> sp.RunRecord:
@@ -113,8 +123,11 @@ def test_resolve_from_the_command_line(file_store: sp.Store, owner_env: OwnerSer
                                '{"id": "nt_1"}', "--revision", str(run.state_revision),
                                "--by", "fay", "--evidence", "provider log"])
     assert done.exit_code == 0, done.output
-    assert "now running" in done.output
-    assert file_store.get_run("r").status is sp.RunStatus.RUNNING
+    # released: it is "running" in the ledger, but no process holds it until one claims it
+    assert "now released (no worker holds it" in done.output
+    assert "now running" not in done.output
+    resolved = file_store.get_run("r")
+    assert (resolved.status, resolved.owner) == (sp.RunStatus.RUNNING, None)
 
 
 def test_recovery_records_match_the_published_schema(memory_store: sp.Store,
@@ -129,3 +142,285 @@ def test_recovery_records_match_the_published_schema(memory_store: sp.Store,
     jsonschema.validate(run.recovery_record, schema)
     with pytest.raises(jsonschema.ValidationError):  # the schema can say no
         jsonschema.validate({**run.recovery_record, "phase": "improvised"}, schema)
+
+
+# -- a decision that cannot contradict itself, and asks the owner first ------------------------
+
+
+@pytest.fixture
+def blocked(memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> sp.RunRecord:
+    """Run "r" blocked on a ticket whose response was lost and whose owner could not say."""
+    monkeypatch.delenv(owner_answers.ANSWER_ENV, raising=False)
+    owner_answers.asked.clear()
+    owner_answers.sent.clear()
+    with pytest.raises(sp.NeedsReconciliation, match="index lags"):
+        sp.start(memory_store, owner_answers.flow, run_id="r")
+    owner_answers.asked.clear()
+    return memory_store.get_run("r")
+
+
+def resolved_events(store: sp.Store) -> list[sp.EventRecord]:
+    return [e for e in store.events("r") if e.kind == "run.resolved"]
+
+
+@pytest.mark.parametrize("action", [["applied", "not_applied"], "applied,not_applied", None,
+                                    "maybe", {"not_applied"}])
+def test_the_api_refuses_a_resolution_that_is_not_exactly_one_decision(
+        memory_store: sp.Store, blocked: sp.RunRecord, action: Any) -> None:
+    with pytest.raises(sp.UsageError, match="exactly one of 'applied', 'not_applied',"
+                                            " 'abandon'"):
+        sp.resolve(memory_store, "r", action, revision=blocked.state_revision, by="ana")
+    assert memory_store.get_run("r") == blocked
+
+
+@pytest.mark.parametrize(("action", "extra"), [
+    ("applied", {"receipt": {"id": "tk_1"}, "force": True}), ("abandon", {"force": True}),
+    ("not_applied", {"force": "yes"})])
+def test_force_only_goes_with_not_applied(memory_store: sp.Store, blocked: sp.RunRecord,
+                                          action: str, extra: dict[str, Any]) -> None:
+    with pytest.raises(sp.UsageError, match="force"):
+        sp.resolve(memory_store, "r", action, revision=blocked.state_revision, by="ana",
+                   **extra)
+    assert memory_store.get_run("r") == blocked
+    assert owner_answers.asked == []
+
+
+@pytest.mark.parametrize("flags", [["--applied", "--not-applied"],
+                                   ["--not-applied", "--abandon"],
+                                   ["--applied", "--abandon", "--receipt", "{}"],
+                                   ["--applied", "--not-applied", "--abandon"]])
+def test_contradictory_flags_are_a_usage_error_and_change_nothing(
+        file_store: sp.Store, owner_env: OwnerService, flags: list[str]) -> None:
+    run = _blocked_notify(file_store, owner_env, "resolve-contradiction")
+    result = CliRunner().invoke(cli, ["--store", file_store.url, "resolve", "r", *flags,
+                                      "--revision", str(run.state_revision), "--by", "ana"])
+    assert result.exit_code == 2, result.output
+    assert "contradict each other" in result.stderr
+    assert file_store.get_run("r") == run
+    assert resolved_events(file_store) == []
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    ([], "say what happened"),
+    (["--not-applied", "--receipt", '{"id": "nt_1"}'], "--receipt is the owner's object"),
+    (["--applied", "--receipt", '{"id": "nt_1"}', "--force"], "--force only overrides"),
+    (["--abandon", "--force"], "--force only overrides")])
+def test_flags_that_do_not_fit_the_decision_are_a_usage_error(
+        file_store: sp.Store, owner_env: OwnerService, flags: list[str], said: str) -> None:
+    run = _blocked_notify(file_store, owner_env, "resolve-misfit")
+    result = CliRunner().invoke(cli, ["--store", file_store.url, "resolve", "r", *flags,
+                                      "--revision", str(run.state_revision), "--by", "ana"])
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert file_store.get_run("r") == run
+
+
+def test_not_applied_says_it_is_sent_again_under_the_same_key(
+        file_store: sp.Store, owner_env: OwnerService) -> None:
+    run = _blocked_notify(file_store, owner_env, "resolve-says-key")
+    key = file_store.load_ledger("r").operations["notify"].effect_key
+    result = CliRunner().invoke(cli, ["--store", file_store.url, "resolve", "r",
+                                      "--not-applied", "--revision", str(run.state_revision),
+                                      "--by", "ana"])
+    assert result.exit_code == 0, result.output
+    assert (f"operation 'notify' will be sent again, under the same effect key {key}"
+            in result.stdout)
+    assert "the owner was not asked: effect 'owner.notifications' has no reconcile function" in (
+        result.stdout)
+
+
+def test_an_owner_that_has_the_effect_refuses_not_applied(
+        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, "applied")
+    for force in (False, True):  # the owner's "applied" is no doubt to override
+        with pytest.raises(sp.ResolutionRefused, match="the owner has it") as refused:
+            sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision,
+                       by="ana", force=force)
+        assert '{"id":"tk_9","title":"t"}' in refused.value.message
+        assert """--applied --receipt '{"id":"tk_9","title":"t"}'""" in refused.value.message
+    key = memory_store.load_ledger("r").operations["ticket"].effect_key
+    assert owner_answers.asked == [key, key]
+    assert memory_store.get_run("r") == blocked
+    # what the owner has settles it, and nothing is sent again
+    sp.resolve(memory_store, "r", "applied", revision=blocked.state_revision, by="ana",
+               receipt={"id": "tk_9", "title": "t"})
+    assert sp.resume(memory_store, "r") == {"id": "tk_9", "title": "t"}
+    assert len(owner_answers.sent) == 1
+
+
+@pytest.mark.parametrize(("answer", "doubt"), [
+    ("unknown", "the owner could not say: the owner's index lags"),
+    ("raise", "reconcile raised ConnectionError: the owner is down")])
+def test_an_owner_that_cannot_say_refuses_not_applied_unless_forced(
+        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch,
+        answer: str, doubt: str) -> None:
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, answer)
+    with pytest.raises(sp.ResolutionRefused, match="--force") as refused:
+        sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision, by="ana")
+    assert doubt in refused.value.message
+    assert memory_store.get_run("r") == blocked
+    sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision, by="ana",
+               force=True, evidence="the owner's support confirmed by phone")
+    [event] = resolved_events(memory_store)
+    check = event.detail["owner_check"]
+    assert (check["asked"], check["answer"], check["forced"]) == (True, "unknown", True)
+    assert doubt in check["note"]
+    assert sp.resume(memory_store, "r") == {"id": "tk_1"}
+    assert len(set(owner_answers.sent)) == 1  # sent again under the same key
+
+
+def test_an_owner_that_says_not_applied_lets_it_go_ahead_once(
+        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, "not_applied")
+    first = sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision,
+                       by="ana")
+    again = sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision,
+                       by="ana")  # repeating it is harmless, and asks nobody again
+    assert again.state_revision == first.state_revision
+    assert len(owner_answers.asked) == 1
+    [event] = resolved_events(memory_store)
+    assert event.detail["owner_check"] == {
+        "asked": True, "answer": "not_applied", "forced": False, "not_asked": None,
+        "note": "the owner was asked and reports it not applied"}
+
+
+def test_a_not_found_past_the_owners_retention_is_doubt(memory_store: sp.Store) -> None:
+    sent: list[str] = []
+    forgetful = sp.Effect("resolve-test.forgetful",
+                          execute=lambda p, k: sent.append(str(k)) or (_ for _ in ()).throw(
+                              TimeoutError("lost")),
+                          reconcile=lambda key: sp.Unknown("not yet") if len(sent) < 2
+                          else sp.NotApplied(),
+                          dedup_retention=timedelta(milliseconds=1))
+
+    @sp.workflow("resolve-forgetful")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("ticket", forgetful, payload={"title": "t"})
+
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(memory_store, flow, run_id="r")
+    sent.append("now the owner answers NotApplied")
+    run = memory_store.get_run("r")
+    with pytest.raises(sp.ResolutionRefused, match="past the owner's dedup retention"):
+        sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana")
+    sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana",
+               force=True)
+
+
+def test_effects_of_one_name_with_different_owners_are_not_guessed_between(
+        memory_store: sp.Store) -> None:
+    def lost(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError("lost")
+
+    first = sp.Effect("resolve-test.twin", execute=lost, reconcile=lambda key: sp.Unknown())
+    second = sp.Effect("resolve-test.twin", execute=lost,
+                       reconcile=lambda key: sp.NotApplied())
+
+    @sp.workflow("resolve-twins")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("ticket", first, payload={"title": "t"})
+
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(memory_store, flow, run_id="r")
+    run = memory_store.get_run("r")
+    with pytest.raises(sp.ResolutionRefused, match="different reconcile functions"):
+        sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana")
+    sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana",
+               force=True)
+    [event] = resolved_events(memory_store)
+    assert (event.detail["owner_check"]["not_asked"], event.detail["owner_check"]["forced"]) == (
+        "ambiguous", True)
+    assert second.name == first.name
+
+
+def test_an_effect_whose_code_is_not_imported_is_resolved_with_a_plain_warning(
+        memory_store: sp.Store) -> None:
+    def lost(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError("lost")
+
+    declared = {"effect": sp.Effect("resolve-test.gone", execute=lost,
+                                    reconcile=lambda key: sp.Unknown())}
+
+    @sp.workflow("resolve-gone")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("ticket", declared["effect"], payload={"title": "t"})
+
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(memory_store, flow, run_id="r")
+    declared.clear()  # as in a process that never imported the effect's module
+    gc.collect()
+    run = memory_store.get_run("r")
+    with pytest.warns(UserWarning, match="the owner was not asked: effect 'resolve-test.gone'"
+                                         " is not declared in this process"):
+        sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana")
+    [event] = resolved_events(memory_store)
+    assert event.detail["owner_check"]["not_asked"] == "not_imported"
+
+
+def test_an_async_reconcile_is_asked_from_inside_an_event_loop_too(
+        memory_store: sp.Store) -> None:
+    answers = [sp.Unknown("not yet"), sp.NotApplied()]
+
+    async def lost(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError("lost")
+
+    async def ask(key: sp.EffectKey) -> Any:
+        await asyncio.sleep(0)
+        return answers.pop(0)
+
+    effect = sp.Effect("resolve-test.async", execute=lost, reconcile=ask,
+                       dedup_retention=timedelta(hours=1))
+
+    @sp.workflow("resolve-async")
+    async def flow(run: sp.AsyncRun) -> Any:
+        return await run.effect("ticket", effect, payload={"title": "t"})
+
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(memory_store, flow, run_id="r")
+    run = memory_store.get_run("r")
+
+    async def operator() -> sp.RunRecord:
+        return sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision,
+                          by="ana")
+
+    assert asyncio.run(operator()).status is sp.RunStatus.RUNNING
+    assert answers == []
+    [event] = resolved_events(memory_store)
+    assert event.detail["owner_check"]["answer"] == "not_applied"
+
+
+def resolve_process(url: str, revision: int, *extra: str,
+                    answer: str = "applied") -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update({owner_answers.ANSWER_ENV: answer,
+                "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, env.get("PYTHONPATH")]))})
+    return subprocess.run([sys.executable, "-m", "safepoint", "--store", url, "resolve", "r",
+                           "--not-applied", "--revision", str(revision), "--by", "ana", *extra],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_the_command_line_asks_the_owner_of_an_imported_effect(
+        store: sp.Store, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(owner_answers.ANSWER_ENV, raising=False)
+    owner_answers.sent.clear()
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(store, owner_answers.flow, run_id="r")
+    revision = store.get_run("r").state_revision
+    refused = resolve_process(store_url, revision, "--import", "owner_answers")
+    assert refused.returncode == 1, refused.stderr
+    assert "the owner has it" in refused.stderr
+    assert """--applied --receipt '{"id":"tk_9","title":"t"}'""" in refused.stderr
+    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    unknown = resolve_process(store_url, revision, "--import", "owner_answers", answer="unknown")
+    assert unknown.returncode == 1
+    assert "the owner could not say" in unknown.stderr
+    assert "--force" in unknown.stderr
+    # without the effect's code, nobody can ask its owner: said plainly, and recorded
+    unasked = resolve_process(store_url, revision)
+    assert unasked.returncode == 0, unasked.stderr
+    key = store.load_ledger("r").operations["ticket"].effect_key
+    assert f"will be sent again, under the same effect key {key}" in unasked.stdout
+    assert ("the owner was not asked: effect 'owner-answers.ticket' is not declared in this"
+            " process" in unasked.stdout)
+    [event] = [e for e in store.events("r") if e.kind == "run.resolved"]
+    assert event.detail["owner_check"]["not_asked"] == "not_imported"

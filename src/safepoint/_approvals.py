@@ -237,6 +237,20 @@ def revocable(run: RunRecord, operations: Mapping[str, OperationRecord],
                    and op.state not in _SETTLED_STATES})
 
 
+def approvable(run: RunRecord, operations: Mapping[str, OperationRecord]) -> list[str]:
+    """The steps whose effect a person may approve now (what ``plan_approval`` accepts): an
+    effect that asks for approval, prepared, whose dispatch is still to come, in a run that goes
+    on — the one the run waits for first."""
+    if run.status.terminal:
+        return []
+    steps = sorted({op.step_id for op in operations.values()
+                    if op.approval_required and op.state in _APPROVABLE})
+    waiting = (run.waiting_for or {}).get("step_id") if run.status is RunStatus.WAITING else None
+    if isinstance(waiting, str):
+        steps = [waiting] + [step for step in steps if step != waiting]
+    return steps
+
+
 def revocation_detail(revoked: list[ApprovalRecord]) -> dict[str, Any]:
     """The detail of an ``effect.approval_revoked`` event (who revoked is its worker)."""
     return {"approval_ids": [a.approval_id for a in revoked],

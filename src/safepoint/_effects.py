@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._canonical import JSON, sha256_hex
+from ._declared import declare
 from ._secrets import refuse_secrets
 from .types import EffectState, LedgerIdentity, OperationRecord, RunRecord
 
@@ -75,7 +76,7 @@ class Rejected(Exception):
         self.evidence = evidence
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # weak: see _declared
 class Effect:
     """A change in another system, made at most once per operation id.
 
@@ -95,6 +96,9 @@ class Effect:
     reads the current state of what the effect changes (the balance a refund comes out of): an
     approval of the effect is bound to its digest too, so a change of that state since the
     approval withdraws it. An error it raises comes out of ``run.effect``; nothing is sent.
+
+    Each effect is known to its process by its name, so that ``resolve`` can ask its owner
+    before a person's "not applied" sends it again: give each effect a name of its own.
 
     >>> charges = Effect("charge", execute=lambda payload, key: {"id": "ch_1"})
     """
@@ -116,6 +120,7 @@ class Effect:
             raise ValueError("max_dispatches must be at least 1")
         if self.verify_timeout is not None and seconds(self.verify_timeout) <= 0:
             raise ValueError("verify_timeout must be a positive duration")
+        declare(self)
 
     @property
     def verify_timeout_s(self) -> float | None:

@@ -1,61 +1,59 @@
-"""Who holds a run now, as an operator should read it.
+"""Who holds a run now: the rule the operator tools (CLI, dashboard) show a run's owner by.
 
-A run's status says where it is in its life; whether a worker is at it is a separate fact: the
-owner and its lease, read against the store's clock. ``running`` with an owner whose lease ran
-out means the worker is gone (any worker may take the run over); ``running`` with no owner means
-the run was released — by a person's resolution or a worker's graceful stop — and waits for
-any worker to claim it. Printing ``running`` for either would tell an operator that a process
-is at work when none is. The CLI and the dashboard read this one decision, so they never
-disagree.
+A run's status says where its work stands; only its owner and lease say whether a process is
+carrying it on. A ``running`` run may be held by a live worker, held by one whose lease expired
+(it died, or stalled past its lease: any worker or a resume takes it over), or held by nobody —
+released after a person resolved it, or by a worker that stopped gracefully — until a worker
+claims it. I/O-free: ``now`` is the store's clock (``store.now()``), the clock leases run on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
+from ._moments import span
 from .types import RunRecord, RunStatus
 
-HELD = "held"                    # a worker holds it and its lease is current
-LEASE_EXPIRED = "lease_expired"  # a worker held it; its lease ran out: the worker is gone
-RELEASED = "released"            # running, nobody holds it: any worker may claim it
-NONE = "none"                    # not a question of ownership (pending, waiting, blocked, ended)
+HELD = "held"                    # a worker holds the lease, and the lease has not expired
+LEASE_EXPIRED = "lease_expired"  # the worker that held it stopped renewing: it is taken over
+RELEASED = "released"            # running, but no worker holds it: the next claim carries it on
+NONE = "none"                    # nobody holds it, and its status says why (pending, ended, …)
 
 
 @dataclass(frozen=True, slots=True)
 class Ownership:
-    """How a run's ownership reads at one moment of the store's clock."""
+    """A run's ownership as an operator is shown it."""
 
     state: str                    # HELD, LEASE_EXPIRED, RELEASED or NONE
-    owner: str | None
-    lease_expires_at: int | None  # epoch ms, store clock
-    label: str                    # what to show in place of the bare status
+    owner: str | None             # the worker that holds (or held, lease expired) the run
+    lease_expires_at: int | None  # epoch ms on the store's clock
+    label: str                    # a short human text: "held by w-1, lease ends in 25s"
 
 
 def ownership(run: RunRecord, now: int) -> Ownership:
-    """How ``run``'s ownership reads at ``now`` (epoch ms on the store's clock)."""
-    status = run.status.value
-    owner, lease = run.owner, run.lease_expires_at
-    if owner is not None and lease is not None and lease <= now:
-        return Ownership(LEASE_EXPIRED, owner, lease, (
-            f"{status} — lease expired {_span(now - lease)} ago, owner {owner} (worker gone;"
-            " any worker may take it over)"))
-    if owner is not None:
-        until = f", lease until {_utc(lease)} UTC" if lease is not None else ""
-        return Ownership(HELD, owner, lease, f"{status} (owner {owner}{until})")
+    """Who holds ``run`` at ``now``. A lease is expired from the instant it ends (the claim
+    that takes a run over uses the same comparison)."""
+    lease = run.lease_expires_at
+    if run.owner is not None:
+        if lease is not None and lease <= now:
+            return Ownership(LEASE_EXPIRED, run.owner, lease,
+                             f"lease of {run.owner} expired {span(now - lease)} ago: its worker"
+                             " is gone or stalled; any worker (or a resume) takes the run over")
+        ends = "no lease expiry" if lease is None else f"lease ends in {span(lease - now)}"
+        return Ownership(HELD, run.owner, lease, f"held by {run.owner}, {ends}")
     if run.status is RunStatus.RUNNING:
-        return Ownership(RELEASED, None, None, "runnable (released, no worker holds it)")
-    return Ownership(NONE, None, None, status)
+        return Ownership(RELEASED, None, None,
+                         "released: no worker holds it; a worker (or a resume) carries it on")
+    if run.status is RunStatus.PENDING:
+        return Ownership(NONE, None, None, "not claimed yet: a worker (or a resume) starts it")
+    return Ownership(NONE, None, None, "")
 
 
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _span(ms: int) -> str:
-    """A duration as a person says it: the largest whole unit (``0s`` to ``12d``)."""
-    seconds = ms // 1000
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+def status_label(run: RunRecord, held: Ownership) -> str:
+    """A run's status as an operator should read it where one word stands for the run (a
+    dashboard row): never a bare ``running`` when no process is at it."""
+    if held.state == RELEASED:
+        return f"runnable — {held.label}"
+    if held.state == NONE:
+        return run.status.value
+    return f"{run.status.value} — {held.label}"

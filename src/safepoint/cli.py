@@ -1,12 +1,16 @@
-"""The ``safepoint`` command: list runs, read a run's ledger, resume it, print its recovery record.
+"""The ``safepoint`` command: list runs, read a run's ledger, resume it, settle it.
 
-Every command opens the store named by ``--store`` (default ``$SAFEPOINT_URL``, else
-``safepoint.db`` in the working directory). An error safepoint raises on purpose is printed as one
-line, ``error: <message>``, with exit code 1 — its message already says what to do, so a
-traceback would only bury it. ``resume`` exits 3 when the run is blocked and 4 when it waits for
-an approval, so a script can tell "a person must decide" from "something is broken".
+Every command opens the store named by ``--store`` (before or after the command; default
+``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory). Commands about runs that
+exist never create a ledger: a store URL naming an SQLite file that is not there is an error,
+and no file is left behind. An error safepoint raises on purpose is printed as one line,
+``error: <message>``, with exit code 1 — its message already says what to do, so a traceback
+would only bury it; a command that contradicts itself is a usage error, exit code 2. ``resume``
+exits 3 when the run is blocked and 4 when it waits for an approval, so a script can tell "a
+person must decide" from "something is broken".
 
-The renderers (``timeline_table``, ``events_table``, ``print_table``) are shared with the demo.
+What is printed is data from the ledger, never instructions to the terminal: ``_render`` escapes
+every value (see ``shown``) and prints times as UTC instants beside how long ago they were.
 """
 
 from __future__ import annotations
@@ -16,400 +20,160 @@ import json
 import logging
 import os
 import re
-import shlex
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from . import __version__
+from ._approvals import approvable, revocable
 from ._approvals import approve as approve_step
-from ._approvals import at as utc_instant
-from ._approvals import revocable
 from ._approvals import revoke_approval as revoke_step
-from ._recovery import resolve as resolve_run_decision
+from ._flow import drive
+from ._history import chain_head
+from ._moments import when
+from ._presence import HELD, ownership
+from ._recovery import settle
+from ._render import (
+    as_json,
+    error_text,
+    print_run,
+    print_table,
+    run_document,
+    runs_table,
+    shown,
+)
 from ._worker import Worker
 from ._workflow import cancel as cancel_run
 from ._workflow import resume as resume_run
 from .dashboard import DEFAULT_PORT, Dashboard
-from .errors import AwaitingApproval, LostOwnership, RunBlocked, SafepointError
+from .errors import (
+    ApprovalRefused,
+    AwaitingApproval,
+    LostOwnership,
+    RunBlocked,
+    SafepointError,
+)
 from .storage import open_store
 from .storage.base import Store
-from .types import (
-    ApprovalRecord,
-    EffectState,
-    EventRecord,
-    Ledger,
-    RunRecord,
-    RunStatus,
-    StepKind,
-    StepStatus,
-)
+from .types import ResolutionAction, RunRecord, RunStatus
 
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
 EXIT_WAITING = 4
 
-_PREVIEW_WIDTH = 48
-_UNBOUNDED_WIDTH = 10_000
+# -- the group, its store and its errors ----------------------------------------------------------
 
-RUN_STYLES: dict[RunStatus, str] = {
-    RunStatus.PENDING: "blue",
-    RunStatus.RUNNING: "cyan",
-    RunStatus.COMPLETED: "green",
-    RunStatus.FAILED: "red",
-    RunStatus.BLOCKED: "bold red",
-    RunStatus.CANCELLED: "dim",
-    RunStatus.WAITING: "bold magenta",  # a person's approval is awaited
-    RunStatus.CONTINUED: "green dim",
-}
+_STORE_URL = "safepoint.store_url"  # ctx.meta: the --store given after the command
+_OPENED = "safepoint.store"         # ctx.meta: the store the command opened
 
-EFFECT_STYLES: dict[EffectState, str] = {
-    EffectState.PREPARED: "blue",
-    EffectState.DISPATCHING: "bold yellow",  # "may have happened": the state to notice
-    EffectState.APPLIED: "yellow",
-    EffectState.REJECTED: "red",
-    EffectState.UNKNOWN: "bold red",
-    EffectState.ACCEPTED: "green",
-}
-
-
-# -- rendering -----------------------------------------------------------------------------------
-
-
-def preview(value: Any, width: int = _PREVIEW_WIDTH) -> str:
-    """A value as compact one-line JSON, cut to ``width`` characters."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def clock(ms: int, *, millis: bool = False) -> str:
-    """Epoch milliseconds as local wall-clock time."""
-    moment = datetime.fromtimestamp(ms / 1000).astimezone()
-    if millis:
-        return moment.strftime("%H:%M:%S.%f")[:-3]
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
-
-
-def ago(ms: int, now_ms: int) -> str:
-    """How long before ``now_ms`` the moment ``ms`` was, as a person would say it."""
-    seconds = max(0, (now_ms - ms) // 1000)
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
-        if seconds >= size:
-            if unit == "d" and seconds >= 7 * 86_400:
-                return clock(ms)[:10]
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def print_table(console: Console, table: Table) -> None:
-    """Print a table one line per row.
-
-    On a terminal the table fits the window: the columns marked squeezable are cut with … first.
-    Into a pipe or a file it keeps its natural width instead, so that `safepoint show RUN | grep`
-    finds whole effect keys and step ids rather than fragments.
-    """
-    if console.is_terminal:
-        console.print(table)
-        return
-    unbounded = console.options.update_width(_UNBOUNDED_WIDTH)
-    needed = console.measure(table, options=unbounded).maximum
-    # Console.print(width=) can only narrow the output, so widen the console for this table.
-    saved = console.width
-    console.width = max(saved, needed)
-    try:
-        console.print(table)
-    finally:
-        console.width = saved
-
-
-def _table(*columns: str, squeeze: tuple[str, ...] = ()) -> Table:
-    """A borderless table; only the ``squeeze`` columns give up width on a narrow terminal."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in columns:
-        # rich narrows only wrappable columns before cutting every column evenly; cells are
-        # never wrapped anyway (see _row), so "wrappable" here just means "may be narrowed".
-        table.add_column(name, no_wrap=name not in squeeze, overflow="ellipsis")
-    return table
-
-
-def _row(table: Table, *cells: str | Text) -> None:
-    """Add a row whose cells never wrap: one line per row, cut with … when squeezed."""
-    texts = []
-    for cell in cells:
-        text = Text(cell) if isinstance(cell, str) else cell.copy()
-        text.no_wrap, text.overflow = True, "ellipsis"
-        texts.append(text)
-    table.add_row(*texts)
-
-
-def timeline_table(ledger: Ledger) -> Table:
-    """One row per recorded step in ``seq`` order, then every operation still in flight.
-
-    An effect's step row is written only when the effect is accepted, so an operation that is
-    prepared, dispatching, unknown, applied or rejected has no step yet: it is listed after the
-    steps, because that is exactly what a person resolving a blocked run needs to see.
-    """
-    table = _table("#", "kind", "step", "result", "operation", "effect", "effect key",
-                   squeeze=("result", "effect key"))
-    shown: set[str] = set()
-    for step in sorted(ledger.steps.values(), key=lambda s: s.seq):
-        operation = effect = key = Text("")
-        if step.kind is StepKind.EFFECT and step.operation_id:
-            shown.add(step.operation_id)
-            op = ledger.operations.get(step.operation_id)
-            operation = Text(step.operation_id)
-            if op is not None:
-                effect = Text(op.state.value, style=EFFECT_STYLES[op.state])
-                key = Text(op.effect_key, style="dim")
-        result: str | Text = preview(step.result)
-        if step.status is StepStatus.FAILED:
-            # A failed step is recorded and raised again on replay: show why, not a null result.
-            error = step.error or {}
-            result = Text(f"✗ {error.get('type', 'error')}: {error.get('message', '')}",
-                          style="red")
-        elif step.kind is StepKind.DECISION and step.next_step_id:
-            result = f"→ {step.next_step_id}"
-        _row(table, str(step.seq), step.kind.value, step.step_id, result, operation, effect, key)
-    for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):
-        if op.operation_id in shown:
-            continue
-        evidence = op.error if op.state is EffectState.REJECTED else "(no outcome recorded)"
-        if op.state is EffectState.PREPARED and op.approval_required and op.dispatch_count == 0:
-            evidence = "(not dispatched: needs approval)"
-        _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
-             op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
-             Text(op.effect_key, style="dim"))
-    _retry_rows(table, ledger)
-    return table
-
-
-def _retry_rows(table: Table, ledger: Ledger) -> None:
-    """A step waiting to be tried again has no step row yet: show its last failed attempt."""
-    for step_id, tried in sorted(ledger.attempts.items()):
-        last, step = tried[-1], ledger.steps.get(step_id)
-        if step is not None and step.attempt > last.attempt:
-            continue  # it was recorded after this attempt: its row above says how it ended
-        error = last.error
-        _row(table, "…", last.kind.value, step_id,
-             Text(f"⟳ attempt {last.attempt} failed ({error.get('type', 'error')}:"
-                  f" {error.get('message', '')}); next at {clock(last.retry_at, millis=True)}",
-                  style="yellow"), "", "", "")
-
-
-def events_table(events: Iterable[EventRecord]) -> Table:
-    """What happened to a run, when, by which worker under which fence."""
-    table = _table("at", "event", "step", "operation", "worker", "fence", "detail",
-                   squeeze=("worker", "detail"))
-    for event in events:
-        _row(table, clock(event.at, millis=True), event.kind, event.step_id or "",
-             event.operation_id or "", event.worker or "",
-             "" if event.fence is None else str(event.fence),
-             "" if event.detail is None else preview(event.detail))
-    return table
-
-
-def _header(run: RunRecord) -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
-    grid.add_row("run", run.run_id)
-    grid.add_row("status", Text(run.status.value, style=RUN_STYLES[run.status]))
-    grid.add_row("workflow", f"{run.workflow}@{run.workflow_version}")
-    grid.add_row("inputs", preview(run.inputs, 200))
-    if run.status is RunStatus.COMPLETED:
-        grid.add_row("result", preview(run.result, 200))
-    if run.error:
-        grid.add_row("error", Text(f"{run.error.get('type', 'error')}:"
-                                   f" {run.error.get('message', '')}", style="red"))
-    if run.parent_run_id:
-        grid.add_row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain"
-                                  f" {run.chain_id})")
-    if run.successor_run_id:
-        grid.add_row("continued as", run.successor_run_id)
-    grid.add_row("history", _history(run))
-    grid.add_row("resumes", str(run.resume_count) + (f" of {run.resume_budget}"
-                                                     if run.resume_budget is not None else ""))
-    _limit_rows(grid, run)
-    grid.add_row("fence", str(run.fence))
-    grid.add_row("revision", str(run.state_revision))
-    grid.add_row("created", clock(run.created_at))
-    grid.add_row("updated", clock(run.updated_at))
-    return grid
-
-
-def _limit_rows(grid: Table, run: RunRecord) -> None:
-    """The run's own limits, with what it spent against each."""
-    if run.deadline_at is not None:
-        grid.add_row("deadline", clock(run.deadline_at))
-    if run.token_budget is not None or run.tokens_spent:
-        limit = "" if run.token_budget is None else f" of {run.token_budget}"
-        grid.add_row("tokens", f"{run.tokens_spent}{limit} spent")
-    if run.cost_budget is not None or run.cost_spent:
-        limit = "" if run.cost_budget is None else f" of {run.cost_budget:g}"
-        grid.add_row("cost", f"{run.cost_spent:g}{limit} spent")
-    if run.step_attempts is not None:
-        grid.add_row("step attempts", str(run.step_attempts.attempts))
-def _history(run: RunRecord) -> Text:
-    """``812 of 50000 (soft 10000)``: the run's events and steps against its limits."""
-    text = Text(f"{run.history_size} events and steps")
-    limits = [f"{name} {value}" for name, value in (("soft", run.history_soft_limit),
-                                                     ("hard", run.history_hard_limit))
-              if value is not None]
-    text.append(f" (limits: {', '.join(limits)})" if limits else " (no limit)")
-    if run.history_warned_at is not None:
-        text.append(" past the soft limit: continue it as new", style="yellow")
-    return text
-
-
-def _print_blocked(console: Console, run: RunRecord) -> None:
-    record = run.recovery_record or {}
-    console.rule(Text(f"blocked: {record.get('phase', '?')}", style="bold red"), align="left")
-    # Prose is soft-wrapped (never split into new lines) so it reads whole in a pipe too.
-    console.print(Text(str(record.get("reason", "no reason recorded")), style="bold"),
-                  soft_wrap=True)
-    if record.get("operation_id"):
-        console.print(f"operation {record['operation_id']} ({record.get('effect')},"
-                      f" {record.get('effect_status')}) effect key {record.get('effect_key')}",
-                      soft_wrap=True, highlight=False)
-    console.print("next actions:", style="bold")
-    for action in record.get("next_actions", []):
-        console.print(f"  • {_filled_in(action, run.run_id, record)}", soft_wrap=True,
-                      highlight=False)
-    console.print(f"full recovery record: safepoint record {run.run_id}", highlight=False)
-
-
-def _filled_in(action: str, run_id: str, record: dict[str, Any]) -> str:
-    """A next action as a command to copy: this run's id and the revision the block made."""
-    action = action.replace("safepoint resolve RUN ", f"safepoint resolve {shlex.quote(run_id)} ")
-    revision = record.get("state_revision")
-    return action if revision is None else action.replace("<state_revision>", str(revision))
-def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
-    """What a waiting run waits for: the exact payload a person is asked to approve, its
-    digest, the approvals given so far, and the command that approves it."""
-    waiting = run.waiting_for or {}
-    console.rule(Text("waiting for approval", style="bold magenta"), align="left")
-    console.print(Text(str(waiting.get("reason", "")), style="bold"), soft_wrap=True)
-    step = str(waiting.get("step_id"))
-    console.print(f"step {step}, operation {waiting.get('operation_id')}"
-                  f" ({waiting.get('effect')})", soft_wrap=True, highlight=False)
-    digest = str(waiting.get("payload_digest"))
-    console.print(f"payload {digest}:", highlight=False)
-    try:
-        payload = json.loads(store.get_artifact(digest))
-        console.print(json.dumps(payload, indent=2, ensure_ascii=False), soft_wrap=True,
-                      highlight=False, markup=False)
-    except SafepointError as exc:  # the person must see it: say plainly that it is missing
-        console.print(Text(f"(the payload cannot be read: {exc.message})", style="red"),
-                      soft_wrap=True)
-    target = waiting.get("target_digest")
-    console.print(f"target state {target or '(the effect reads none)'}", highlight=False)
-    console.print("approve it:", style="bold")
-    console.print(f"  safepoint approve {run.run_id} {step} --by <you> --payload-digest"
-                  f" {digest} [--expires 2h] [--evidence '<why>']", soft_wrap=True,
-                  highlight=False, markup=False)
-    console.print("  then a worker carries it on, or: safepoint resume"
-                  f" {run.run_id} --import <module>", soft_wrap=True, highlight=False,
-                  markup=False)
-
-
-def approval_line(approval: ApprovalRecord) -> str:
-    """One approval as `safepoint show` lists it: who, when, what for — and a revocation."""
-    expiry = ("no expiry" if approval.expires_at is None
-              else f"expires {utc_instant(approval.expires_at)}")
-    line = (f"step {approval.step_id}: approved by {approval.approved_by} at"
-            f" {utc_instant(approval.approved_at)}, {expiry}, for payload"
-            f" {approval.payload_digest[:19]}… target {(approval.target_digest or 'none')[:19]}")
-    if approval.revoked_at is not None:
-        line += (f" — REVOKED by {approval.revoked_by} at {utc_instant(approval.revoked_at)}:"
-                 f" {approval.revoke_reason}")
-    return line
-
-
-def _print_approvals(console: Console, store: Store, ledger: Ledger) -> None:
-    """Every approval given in the run, revoked ones marked, and how to take back one still
-    in force of an effect not yet dispatched."""
-    given = store.approvals(ledger.run.run_id)
-    if not given:
-        return
-    console.print()
-    console.rule("approvals", align="left")
-    for approval in given:
-        console.print(f"  {approval_line(approval)}", soft_wrap=True, highlight=False,
-                      markup=False)
-    for step in revocable(ledger.run, ledger.operations, given):
-        console.print(f"  take it back: safepoint revoke"
-                      f" {shlex.quote(ledger.run.run_id)} {shlex.quote(step)} --by <you>"
-                      " --reason '<why>'", soft_wrap=True, highlight=False, markup=False)
-
-
-def print_run(console: Console, store: Store, run_id: str) -> None:
-    """The run header, its step timeline and its events: the body of `safepoint show`."""
-    ledger = store.load_ledger(run_id)
-    console.print(_header(ledger.run))
-    if ledger.run.status is RunStatus.BLOCKED:
-        console.print()
-        _print_blocked(console, ledger.run)
-    if ledger.run.status is RunStatus.WAITING:
-        console.print()
-        _print_waiting(console, store, ledger.run)
-    _print_approvals(console, store, ledger)
-    console.print()
-    console.rule("steps", align="left")
-    print_table(console, timeline_table(ledger))
-    console.print()
-    console.rule("events", align="left")
-    print_table(console, events_table(store.events(run_id)))
-
-
-# -- commands ------------------------------------------------------------------------------------
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _SafepointGroup(click.Group):
-    """Prints safepoint's own errors as one line on stderr instead of a traceback."""
+    """Prints safepoint's own errors as one safe line on stderr instead of a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SafepointError as exc:
-            _fail(ctx, exc.message)
+            _fail(ctx, error_text(exc, _now(ctx)))
         except LostOwnership as exc:  # a BaseException: another worker took the run over
             _fail(ctx, str(exc))
 
 
 def _fail(ctx: click.Context, message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"error: {shown(message)}", err=True)
     ctx.exit(EXIT_ERROR)
 
 
-def _store(ctx: click.Context) -> Store:
-    """The store named by --store, opened (and so migrated) once, closed with the command."""
-    store = open_store(ctx.obj)
-    ctx.call_on_close(store.close)
+def _now(ctx: click.Context) -> int:
+    """The store's clock (leases are on it), or this machine's when no store answers."""
+    store = ctx.meta.get(_OPENED)
+    if store is not None:
+        try:
+            return int(store.now())
+        except Exception:  # the error being reported may be that the store is unusable
+            pass
+    return time.time_ns() // 1_000_000
+
+
+class _StoreURL(click.types.StringParamType):
+    """A store URL; ``$SAFEPOINT_URL`` is one URL, never split (a path may hold spaces)."""
+
+    name = "url"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [rv]
+
+
+def _one_store_url(given: tuple[str, ...], ctx: click.Context) -> str | None:
+    """The one ledger ``--store`` names, however often it is given; a usage error when it
+    names two."""
+    named = list(dict.fromkeys(given))
+    if len(named) > 1:
+        raise click.UsageError(f"--store names {len(named)} ledgers"
+                               f" ({', '.join(map(repr, named))}): name one", ctx=ctx)
+    return named[0] if named else None
+
+
+def _take_store_url(ctx: click.Context, param: click.Parameter,
+                    values: tuple[str, ...]) -> None:
+    """``--store`` after the command: the same option as before it, naming the same ledger."""
+    if not values:
+        return
+    root = ctx.find_root()
+    before: tuple[str, ...] = ()
+    if root.get_parameter_source("store_url") is ParameterSource.COMMANDLINE:
+        before = tuple(root.params.get("store_url") or ())
+    ctx.meta[_STORE_URL] = _one_store_url(before + tuple(values), ctx)
+
+
+def store_option(command: F) -> F:
+    """``--store URL`` on a command, so that it may follow the command's name too."""
+    return click.option("--store", type=_StoreURL(), multiple=True, expose_value=False,
+                        callback=_take_store_url,
+                        help="The ledger (as before the command).")(command)
+
+
+def _store(ctx: click.Context, *, create: bool = False) -> Store:
+    """The store named by --store, opened (and so migrated) once, closed when the command ends.
+
+    Only the commands that set a ledger up (``migrate``, ``worker``, ``dashboard``) create one
+    (``create``): every other one looks at runs that exist, and a missing ledger is an error
+    that leaves no file behind."""
+    url = ctx.meta.get(_STORE_URL) or ctx.find_root().obj
+    store = open_store(url, create=create)
+    ctx.meta[_OPENED] = store
+    ctx.find_root().call_on_close(store.close)  # open while the error handler reads its clock
     return store
 
 
-def _stdout() -> Console:
-    # Built per command, not at import: the stream may be swapped (tests, redirection).
-    return Console(highlight=False)
+def _stdout(*, markup: bool = False) -> Console:
+    # Built per command, not at import: the stream may be swapped (tests, redirection). Markup
+    # and emoji codes are off: what is printed is the ledger's data, never read as markup.
+    return Console(highlight=False, markup=markup, emoji=False)
 
 
 @click.group(cls=_SafepointGroup)
 @click.option("--store", "store_url", envvar="SAFEPOINT_URL", show_envvar=True,
-              metavar="URL",
-              help="The ledger: sqlite:///file.db or a file path."
-                   "  [default: safepoint.db in the working directory]")
+              type=_StoreURL(), multiple=True,
+              help="The ledger: sqlite:///file.db or a file path (also accepted after the"
+                   " command).  [default: safepoint.db in the working directory]")
 @click.version_option(__version__, prog_name="safepoint")
 @click.pass_context
-def cli(ctx: click.Context, store_url: str | None) -> None:
+def cli(ctx: click.Context, store_url: tuple[str, ...]) -> None:
     """safepoint: a ledger for agent runs; resume after any crash without repeating effects."""
-    ctx.obj = store_url
+    ctx.obj = _one_store_url(store_url, ctx)
+
+
+# -- looking at runs -----------------------------------------------------------------------------
 
 
 @cli.command()
@@ -417,55 +181,75 @@ def cli(ctx: click.Context, store_url: str | None) -> None:
               help="Only runs with this status.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
               help="At most this many runs, most recently changed first.")
+@store_option
 @click.pass_context
 def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     """List runs, most recently changed first.
 
-    Columns: run id, workflow@version, status, resume count, fence, when it last changed, and
-    for a blocked run the phase of its recovery record (for a waiting run: the step whose
-    approval it waits for; for a continued run: its successor).
+    Columns: run id, workflow@version, status, owner, resume count, fence, when it last
+    changed, and for a blocked run the phase of its recovery record (for a waiting run: the
+    step whose approval it waits for; for a continued run: its successor). A running run whose
+    worker's lease expired says "lease expired" (any worker takes it over); one that nobody
+    holds — released after a resolution — says "released".
     """
     store = _store(ctx)
     found = store.list_runs(RunStatus(status) if status else None, limit)
     console = _stdout()
     if not found:
-        console.print(f"no {status + ' ' if status else ''}runs in {store.url}")
+        click.echo(shown(f"no {status + ' ' if status else ''}runs in {store.url}"))
         return
-    now = store.now()
-    table = _table("run", "workflow", "status", "resumes", "fence", "updated", "phase",
-                   squeeze=("workflow", "phase"))
-    for run in found:
-        phase = Text("")
-        if run.status is RunStatus.BLOCKED:
-            phase = Text(str((run.recovery_record or {}).get("phase", "")), style="red")
-        elif run.status is RunStatus.WAITING:
-            phase = Text(f"approval of {(run.waiting_for or {}).get('step_id')}",
-                         style="magenta")
-        elif run.successor_run_id:
-            phase = Text(f"→ {run.successor_run_id}")
-        _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
-             Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
-             str(run.fence), ago(run.updated_at, now), phase)
-    print_table(console, table)
+    print_table(console, runs_table(found, store.now()))
 
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
+@click.option("--json", "as_document", is_flag=True,
+              help="Print everything the ledger holds about the run as one JSON document,"
+                   " whole (times in epoch ms).")
+@store_option
 @click.pass_context
-def show(ctx: click.Context, run_id: str) -> None:
+def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
     """Show a run's header, step timeline and events.
 
     Steps are listed in the order they were recorded; effect steps carry their operation id,
     effect state and effect key (the idempotency key to look up at the effect's owner).
-    A blocked run shows its recovery record's reason and next actions first.
+    A blocked run shows its recovery record's reason and next actions first; a running one,
+    who holds it and until when.
     """
-    print_run(_stdout(), _store(ctx), run_id)
+    store = _store(ctx)
+    if as_document:
+        click.echo(as_json(run_document(store, run_id)))
+        return
+    print_run(_stdout(), store, run_id)
+
+
+@cli.command()
+@click.argument("run_id", metavar="RUN")
+@store_option
+@click.pass_context
+def record(ctx: click.Context, run_id: str) -> None:
+    """Print a blocked run's recovery record as JSON.
+
+    Exit code 1 (with a note on stderr) when RUN is not blocked.
+    """
+    run = _store(ctx).get_run(run_id)
+    if run.status is RunStatus.WAITING:
+        _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
+                   f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
+    if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
+        _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
+                   " only a blocked run has a recovery record")
+    click.echo(as_json(run.recovery_record))
+
+
+# -- carrying runs on ----------------------------------------------------------------------------
 
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
               help="Import MODULE first so its @workflow registrations exist (repeatable).")
+@store_option
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     """Resume a run from its ledger; print its result as JSON.
@@ -479,13 +263,13 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     try:
         result = resume_run(store, run_id)
     except RunBlocked as exc:
-        click.echo(f"run {run_id!r} is blocked: {exc.message}", err=True)
-        click.echo(f"see `safepoint record {run_id}`", err=True)
+        click.echo(shown(f"run {run_id!r} is blocked: {error_text(exc, _now(ctx))}"), err=True)
+        click.echo(shown(f"see `safepoint record {run_id}`"), err=True)
         ctx.exit(EXIT_BLOCKED)
     except AwaitingApproval as exc:
-        click.echo(exc.message, err=True)
+        click.echo(error_text(exc, _now(ctx)), err=True)
         ctx.exit(EXIT_WAITING)
-    click.echo(json.dumps(result, indent=2, ensure_ascii=False))
+    click.echo(as_json(result))
 
 
 def _import_modules(modules: tuple[str, ...]) -> None:
@@ -517,6 +301,7 @@ def _import_modules(modules: tuple[str, ...]) -> None:
 @click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
               help="Seconds a claim holds without a heartbeat before others may take over.")
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable.")
+@store_option
 @click.pass_context
 def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease: float,
            until_idle: bool) -> None:
@@ -526,41 +311,62 @@ def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease
     machine against one store; SIGTERM drains (finishes the runs in progress, claims no more).
     """
     _import_modules(modules)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    store = _store(ctx)
+    handler = logging.StreamHandler()
+    handler.setFormatter(_ShownFormatter("%(asctime)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    store = _store(ctx, create=True)
     found = Worker(store, concurrency=concurrency, lease_ms=int(lease * 1000))
-    click.echo(f"worker {found.owner} on {store.url}, concurrency {concurrency}", err=True)
+    click.echo(shown(f"worker {found.owner} on {store.url}, concurrency {concurrency}"),
+               err=True)
     stats = found.run(until_idle=until_idle)
     click.echo(f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
                f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
                f" lost {stats.lost}", err=True)
 
 
+class _ShownFormatter(logging.Formatter):
+    """The worker's log lines name runs and quote their errors: data, printed as such (a
+    traceback keeps its lines)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(shown(line) for line in super().format(record).split("\n"))
+
+
+# -- a person's decisions ------------------------------------------------------------------------
+
+_RESOLUTIONS = {"applied": ResolutionAction.APPLIED, "not_applied": ResolutionAction.NOT_APPLIED,
+                "abandon": ResolutionAction.ABANDON}
+
+
+def one_resolution(chosen: dict[str, bool], *, receipt: bool, force: bool) -> ResolutionAction:
+    """The one decision the flags say; a usage error when they say none, or contradict each
+    other (two decisions, a receipt that is not for --applied, --force that is not for
+    --not-applied)."""
+    said = [name for name, given in chosen.items() if given]
+    flags = ", ".join("--" + name.replace("_", "-") for name in said)
+    if not said:
+        raise click.UsageError("say what happened: one of --applied, --not-applied or"
+                               " --abandon")
+    if len(said) > 1:
+        raise click.UsageError(f"{flags} contradict each other: say exactly one of --applied,"
+                               " --not-applied or --abandon")
+    action = _RESOLUTIONS[said[0]]
+    if receipt and action is not ResolutionAction.APPLIED:
+        raise click.UsageError(f"--receipt is the owner's object for --applied, not for {flags}")
+    if force and action is not ResolutionAction.NOT_APPLIED:
+        raise click.UsageError(f"--force only overrides the owner's doubt about --not-applied,"
+                               f" not {flags}")
+    return action
+
+
 @cli.command()
 @click.argument("run_id", metavar="RUN")
-@click.pass_context
-def record(ctx: click.Context, run_id: str) -> None:
-    """Print a blocked run's recovery record as JSON.
-
-    Exit code 1 (with a note on stderr) when RUN is not blocked.
-    """
-    run = _store(ctx).get_run(run_id)
-    if run.status is RunStatus.WAITING:
-        _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
-                   f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
-    if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
-        _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
-                   " only a blocked run has a recovery record")
-    click.echo(json.dumps(run.recovery_record, indent=2, ensure_ascii=False))
-
-
-@cli.command()
-@click.argument("run_id", metavar="RUN")
-@click.option("--applied", "action", flag_value="applied",
+@click.option("--applied", is_flag=True,
               help="The operation happened: give its receipt with --receipt.")
-@click.option("--not-applied", "action", flag_value="not_applied",
-              help="It did not happen: dispatch it again, under the same key.")
-@click.option("--abandon", "action", flag_value="abandon", help="Give the run up (cancelled).")
+@click.option("--not-applied", is_flag=True,
+              help="It did not happen: send it again, under the same key (its owner is asked"
+                   " first when the effect's code is imported: --import).")
+@click.option("--abandon", is_flag=True, help="Give the run up (cancelled).")
 @click.option("--revision", type=int, required=True,
               help="The state_revision of the recovery record you decided on.")
 @click.option("--by", required=True, help="Who decides (recorded).")
@@ -568,25 +374,50 @@ def record(ctx: click.Context, run_id: str) -> None:
 @click.option("--evidence", help="Why this is known: a link, a ticket, a sentence (recorded).")
 @click.option("--operation", "operation_id", metavar="OP",
               help="The operation (default: the one the recovery record names).")
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE first, so that the effect's owner can be asked (repeatable).")
+@click.option("--force", is_flag=True,
+              help="With --not-applied: send it again even though its owner could not say"
+                   " (recorded).")
+@store_option
 @click.pass_context
-def resolve(ctx: click.Context, run_id: str, action: str | None, revision: int, by: str,
-            receipt: str | None, evidence: str | None, operation_id: str | None) -> None:
-    """Settle a blocked run: --applied, --not-applied or --abandon.
+def resolve(ctx: click.Context, run_id: str, applied: bool, not_applied: bool, abandon: bool,
+            revision: int, by: str, receipt: str | None, evidence: str | None,
+            operation_id: str | None, modules: tuple[str, ...], force: bool) -> None:
+    """Settle a blocked run: exactly one of --applied, --not-applied or --abandon.
 
     The decision is checked against --revision (a run that moved since is refused), recorded in
-    the run's history with --by and --evidence, and harmless to repeat. An applied or
-    not-applied run is released: resume it, or let a worker take it.
+    the run's history with --by and --evidence, and harmless to repeat. --not-applied sends the
+    effect again under the same effect key: with --import of the code that declares the effect,
+    its owner is asked first (reconcile), and the decision is refused if the owner has it — or
+    cannot say, unless --force. An applied or not-applied run is released: resume it, or let a
+    worker take it.
     """
-    if action is None:
-        _fail(ctx, "say what happened: --applied, --not-applied or --abandon")
+    action = one_resolution({"applied": applied, "not_applied": not_applied,
+                             "abandon": abandon}, receipt=receipt is not None, force=force)
     try:
         parsed = json.loads(receipt) if receipt is not None else None
     except ValueError as exc:
-        _fail(ctx, f"--receipt is not JSON: {exc}")
-    run = resolve_run_decision(_store(ctx), run_id, action, revision=revision, by=by,
-                               operation_id=operation_id, receipt=parsed, evidence=evidence)
-    click.echo(f"run {run_id!r} resolved ({action}): now {run.status.value},"
-               f" revision {run.state_revision}")
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--receipt") from None
+    _import_modules(modules)
+    settled = settle(_store(ctx), run_id, action, revision=revision, by=by,
+                     operation_id=operation_id, receipt=parsed, evidence=evidence, force=force)
+    run, decision = settled.run, settled.decision
+    click.echo(shown(f"run {run_id!r} resolved ({action.value}): now {_plain_status(run)},"
+                     f" revision {run.state_revision}"))
+    if action is ResolutionAction.NOT_APPLIED:
+        click.echo(shown(f"operation {decision.operation_id!r} will be sent again, under the"
+                         f" same effect key {settled.effect_key}, when the run is carried on"
+                         " (safepoint resume, or a worker)"))
+        check = decision.owner_check or {}
+        click.echo(shown(str(check.get("note", "the owner was not asked"))))
+
+
+def _plain_status(run: RunRecord) -> str:
+    """A resolved run's status as it stands: released, not running, until a worker takes it."""
+    if run.status is RunStatus.RUNNING and run.owner is None:
+        return "released (no worker holds it: resume it, or a worker takes it)"
+    return run.status.value
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
@@ -621,6 +452,7 @@ def parse_expiry(text: str) -> timedelta | datetime:
 @click.option("--payload-digest", metavar="DIGEST",
               help="Approve only if the effect still carries this payload (as `safepoint show"
                    " RUN` prints it).")
+@store_option
 @click.pass_context
 def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str | None,
             evidence: str | None, payload_digest: str | None) -> None:
@@ -631,14 +463,39 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
     waiting for it becomes runnable again: a worker takes it, or resume it.
     """
     store = _store(ctx)
-    approval = approve_step(store, run_id, step_id, by=by, evidence=evidence,
-                            expires=parse_expiry(expires) if expires else None,
-                            payload_digest=payload_digest)
+    try:
+        approval = approve_step(store, run_id, step_id, by=by, evidence=evidence,
+                                expires=parse_expiry(expires) if expires else None,
+                                payload_digest=payload_digest)
+    except ApprovalRefused as exc:
+        head = _carried_on(store, run_id)
+        steps = approvable(head, store.load_ledger(head.run_id).operations)
+        if step_id in steps:
+            raise
+        _fail(ctx, f"{error_text(exc, _now(ctx))}; {_choices(head, steps, 'approved')}")
+    now = store.now()
     expiry = ("no expiry" if approval.expires_at is None
-              else f"until {utc_instant(approval.expires_at)}")
-    click.echo(f"approved {approval.operation_id!r} (step {approval.step_id!r}) of run"
-               f" {run_id!r} by {approval.approved_by}, {expiry}: payload"
-               f" {approval.payload_digest}; run now {store.get_run(run_id).status.value}")
+              else f"until {when(approval.expires_at, now)}")
+    click.echo(shown(f"approved {approval.operation_id!r} (step {approval.step_id!r}) of run"
+                     f" {run_id!r} by {approval.approved_by}, {expiry}: payload"
+                     f" {approval.payload_digest}; run now"
+                     f" {store.get_run(approval.run_id).status.value}"))
+
+
+def _carried_on(store: Store, run_id: str) -> RunRecord:
+    """The run that carries ``run_id``'s chain on (approvals and revocations go there)."""
+    found: RunRecord = drive(store, chain_head(store.get_run(run_id)))
+    return found
+
+
+def _choices(run: RunRecord, steps: list[str], verb: str) -> str:
+    """Which steps of ``run`` can be approved (or have an approval revoked) instead."""
+    if not steps:
+        return f"no step of run {run.run_id!r} can be {verb} now (status {run.status.value})"
+    waiting = (run.waiting_for or {}).get("step_id") if run.status is RunStatus.WAITING else None
+    named = ", ".join(repr(step) + (" (the run waits for it)" if step == waiting else "")
+                      for step in steps)
+    return f"the steps of run {run.run_id!r} that can be {verb}: {named}"
 
 
 @cli.command()
@@ -646,6 +503,7 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
 @click.argument("step_id", metavar="STEP")
 @click.option("--by", required=True, help="Who revokes (recorded).")
 @click.option("--reason", required=True, help="Why (recorded, shown with the run).")
+@store_option
 @click.pass_context
 def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) -> None:
     """Take back the approval of the effect STEP of RUN prepared, while its outcome is open.
@@ -655,18 +513,28 @@ def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) 
     someone approves it anew. Refused once the effect's outcome is recorded.
     """
     store = _store(ctx)
-    revoked = revoke_step(store, run_id, step_id, by=by, reason=reason)
+    try:
+        revoked = revoke_step(store, run_id, step_id, by=by, reason=reason)
+    except ApprovalRefused as exc:
+        head = _carried_on(store, run_id)
+        steps = revocable(head, store.load_ledger(head.run_id).operations,
+                          store.approvals(head.run_id))
+        if step_id in steps:
+            raise
+        _fail(ctx, f"{error_text(exc, _now(ctx))}; {_choices(head, steps, 'revoked')}")
     of = revoked[0]
     given = ", ".join(a.approved_by for a in revoked)
-    click.echo(f"revoked {len(revoked)} approval(s) of {of.operation_id!r} (step"
-               f" {of.step_id!r}) of run {run_id!r}, given by {given}; it is not dispatched"
-               f" unless approved anew (run now {store.get_run(of.run_id).status.value})")
+    click.echo(shown(f"revoked {len(revoked)} approval(s) of {of.operation_id!r} (step"
+                     f" {of.step_id!r}) of run {run_id!r}, given by {given}; it is not"
+                     " dispatched unless approved anew (run now"
+                     f" {store.get_run(of.run_id).status.value})"))
 
 
 @cli.command()
 @click.argument("run_id", metavar="RUN")
 @click.option("--by", required=True, help="Who cancels (recorded).")
 @click.option("--reason", help="Why (recorded).")
+@store_option
 @click.pass_context
 def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None:
     """Cancel a run, for good.
@@ -675,24 +543,33 @@ def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None
     dispatch (an effect in flight is settled first). No resume revives a cancelled run. A run
     that continued as new passes the request on to the run that carries its chain on.
     """
-    run = cancel_run(_store(ctx), run_id, by=by, reason=reason)
-    state = ("cancel requested: its worker stops before its next step or dispatch"
-             if run.status is RunStatus.RUNNING else f"now {run.status.value}")
+    store = _store(ctx)
+    run = cancel_run(store, run_id, by=by, reason=reason)
+    state = f"now {run.status.value}"
+    if run.status is RunStatus.RUNNING:
+        state = ("cancel requested: its worker stops before its next step or dispatch"
+                 if ownership(run, store.now()).state == HELD else
+                 "cancel requested: no worker holds it now; the next to take it (a worker, or"
+                 " a resume) settles what is in flight and ends it")
     chain = f" (its chain goes on in {run.run_id!r})" if run.run_id != run_id else ""
-    click.echo(f"run {run_id!r}{chain}: {state}")
+    click.echo(shown(f"run {run_id!r}{chain}: {state}"))
+
+
+# -- the ledger itself ---------------------------------------------------------------------------
 
 
 @cli.command()
+@store_option
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
-    """Migrate the store and print its schema version.
+    """Create or migrate the store and print its schema version.
 
     Opening a store applies any pending numbered migration, so this is also what every other
     command does first; run it on its own before a deploy to migrate ahead of the workers.
     """
-    store = _store(ctx)  # opening a store migrates it
+    store = _store(ctx, create=True)  # opening a store migrates it
     version = store.schema_version()
-    click.echo(f"schema version {version} ({store.url})")
+    click.echo(shown(f"schema version {version} ({store.url})"))
 
 
 @cli.command()
@@ -703,14 +580,15 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--token", envvar="SAFEPOINT_DASHBOARD_TOKEN", show_envvar=True,
               help="The token every action and the JSON API need.  [default: a new random one,"
                    " printed]")
+@store_option
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
     """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
     cancel, resolve, approve and revoke (each needs the token, as does the JSON API under
     /api/). Loopback only; Ctrl-C stops it."""
-    board = Dashboard(_store(ctx), host=host, port=port, token=token)
-    click.echo(f"safepoint dashboard on {board.url}  (actions and /api/ need the token:"
-               f" {board.token})")
+    board = Dashboard(_store(ctx, create=True), host=host, port=port, token=token)
+    click.echo(shown(f"safepoint dashboard on {board.url}  (actions and /api/ need the token:"
+                     f" {board.token})"))
     try:
         board.serve_forever()
     except KeyboardInterrupt:
@@ -733,7 +611,8 @@ def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:
     """
     from .demo import run_demo
 
-    ctx.exit(run_demo(workdir=workdir, keep=keep, console=_stdout()))
+    # The demo's own lines use markup; the ledger it prints goes through the same renderers.
+    ctx.exit(run_demo(workdir=workdir, keep=keep, console=_stdout(markup=True)))
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ from ._admission import (
     post_refusal,
 )
 from ._approvals import approve, revocable, revoke_approval
-from ._presence import ownership
+from ._presence import ownership, status_label
 from ._recovery import resolve
 from ._workflow import cancel
 from .errors import RunNotFound, SafepointError, UsageError
@@ -502,7 +502,7 @@ def _run_path(run_id: str, action: str | None = None) -> str:
 def _status(run: RunRecord, now: int) -> str:
     """The run's status as it reads now: who holds a running run, or that nobody does."""
     presence = ownership(run, now)
-    return (f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(presence.label)}"
+    return (f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(status_label(run, presence))}"
             "</span>")
 
 

@@ -146,7 +146,7 @@ def run_demo(*, workdir: Path | None = None, keep: bool = False,
 
 
 def _story(console: Console, service: OwnerService, store_url: str, *, kept: bool) -> int:
-    from .cli import events_table, print_table, timeline_table
+    from ._render import events_table, print_table, timeline_table
     from .testing.kill import run_child
 
     console.rule("[bold]safepoint demo: a support agent killed mid-refund", align="left")

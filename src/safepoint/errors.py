@@ -65,26 +65,9 @@ and the run cannot complete, so swallowing the exception gains nothing.
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
 from typing import Any
 
-
-def when(epoch_ms: int, now_ms: int | None = None) -> str:
-    """An instant for a person to read: ISO 8601 in UTC, and how far from now (``in 25s``,
-    ``3s ago``)."""
-    at = datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    delta = (epoch_ms - now_ms) / 1000
-    span = _span(abs(delta))
-    return f"{at.replace('+00:00', 'Z')} ({'in ' + span if delta >= 0 else span + ' ago'})"
-
-
-def _span(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
+from ._moments import instant, when
 
 
 class SafepointError(Exception):
@@ -339,10 +322,10 @@ class DeadlineExceeded(LimitReached):
     step_id: str | None
 
     def __init__(self, run_id: str, deadline_at: int, step_id: str | None = None) -> None:
-        when = datetime.fromtimestamp(deadline_at / 1000, UTC).isoformat(timespec="milliseconds")
+        moment = instant(deadline_at, millis=True)
         where = f" at step {step_id!r}" if step_id else ""
         super().__init__(
-            f"run {run_id!r} passed its deadline ({when}){where}; nothing new is started after"
+            f"run {run_id!r} passed its deadline ({moment}){where}; nothing new is started after"
             " a deadline — start a new run with a later deadline if the work must still be"
             " done",
             run_id=run_id,

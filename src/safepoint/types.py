@@ -223,10 +223,16 @@ class Resolution:
     operation_id: str | None = None
     receipt: JSON = None          # ``applied``: what the owner holds
     evidence: str | None = None   # a link, a ticket, a sentence: why this is known
+    # ``not_applied``: whether the effect's owner was asked first, what it said, and whether
+    # the person overrode its doubt (``force``)
+    owner_check: dict[str, Any] | None = None
 
     def detail(self) -> dict[str, Any]:
-        return {"action": self.action.value, "operation_id": self.operation_id,
-                "by": self.by, "receipt": self.receipt, "evidence": self.evidence}
+        detail = {"action": self.action.value, "operation_id": self.operation_id,
+                  "by": self.by, "receipt": self.receipt, "evidence": self.evidence}
+        if self.owner_check is not None:
+            detail["owner_check"] = self.owner_check
+        return detail
 
 
 @dataclass(frozen=True, slots=True)

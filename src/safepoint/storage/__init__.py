@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..errors import InvalidStoreURL, MissingExtra
+from ..errors import InvalidStoreURL, MissingExtra, UsageError
 from ..types import Durability
 from .base import Store
 from .sqlite import SqliteStore
@@ -15,7 +17,8 @@ DEFAULT_URL = "sqlite:///safepoint.db"
 __all__ = ["DEFAULT_URL", "SqliteStore", "Store", "open_store"]
 
 
-def open_store(url: str | None = None, *, durability: Durability | str | None = None) -> Store:
+def open_store(url: str | None = None, *, durability: Durability | str | None = None,
+               create: bool = True) -> Store:
     """Open (and migrate) the ledger at ``url``.
 
     ``url`` defaults to ``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory.
@@ -23,7 +26,8 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     ``postgresql://user@host/db`` (optionally ``?schema=name``; needs the ``postgres`` extra),
     and ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
     ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
-    ``power_loss``.
+    ``power_loss``. ``create=False`` refuses (``UsageError``) an SQLite file that does not
+    exist instead of creating it — for tools that only look at a ledger.
 
     >>> store = open_store("memory:")
     """
@@ -50,7 +54,37 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise InvalidStoreURL(url, "no file name")
-        return SqliteStore(path, durability=level)
+        return _sqlite(path, level, create)
     if parts.scheme and len(parts.scheme) > 1:  # one letter would be a Windows drive
         raise InvalidStoreURL(url, f"unknown scheme {parts.scheme!r}")
-    return SqliteStore(url.split("?", 1)[0], durability=level)
+    return _sqlite(url.split("?", 1)[0], level, create)
+
+
+def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
+    if not create:
+        # Checked before the store connects: connecting creates the file (and its -wal and
+        # -shm), and opening migrates, which would turn any SQLite file into a ledger.
+        where = Path(path).absolute()
+        missing = ("the file does not exist" if not where.is_file()
+                   else "the file holds no safepoint ledger" if _holds_no_ledger(where)
+                   else None)
+        if missing:
+            raise UsageError(f"no ledger at {str(where)!r}: {missing}; check --store (or"
+                             " SAFEPOINT_URL), or create a ledger there with `safepoint"
+                             " migrate`", url=f"sqlite:///{where}", path=str(where))
+    return SqliteStore(path, durability=durability)
+
+
+def _holds_no_ledger(path: Path) -> bool:
+    """Whether the SQLite file at ``path`` has no safepoint schema, read without writing."""
+    if path.stat().st_size == 0:
+        return True
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        try:
+            return conn.execute("SELECT 1 FROM sqlite_master"
+                                " WHERE name = 'safepoint_schema_version'").fetchone() is None
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False  # not SQLite, or unreadable: opening it says what is wrong with it
