@@ -71,6 +71,7 @@ from .types import (
     Retry,
     RunRecord,
     RunStatus,
+    UnreadableRun,
 )
 
 if TYPE_CHECKING:
@@ -337,6 +338,23 @@ def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any
     return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
 
 
+def claimed_run(store: Store, claim: Claim) -> RunRecord:
+    """The run a worker has just claimed (``claim_next``), read back. A run whose own row cannot
+    be read is blocked at once — phase ``unreadable_record``, naming what could not be read — by
+    ``finish_run``, which needs nothing of the row but the claim's fence; ``CorruptRecord`` is
+    raised then, and the worker goes on with other runs (a blocked run is not claimed again)."""
+    return drive(store, _read_claimed(claim))  # type: ignore[no-any-return]
+
+
+def _read_claimed(claim: Claim) -> Flow:
+    found = yield Io("find_run", (claim.run_id,))
+    if isinstance(found, UnreadableRun):
+        error = CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
+        yield from _block_unreadable(claim, found, error)
+        raise error
+    return found
+
+
 # -- carrying flows out --------------------------------------------------------------------------
 
 
@@ -480,19 +498,37 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
 
 def _load_intact(claim: Claim, run: RunRecord) -> Flow:
     """The ledger, with the payload of every operation that may still be sent read back and
-    checked against its digest — before anything is replayed, not when the run reaches it."""
+    checked against its digest — before anything is replayed, not when the run reaches it —
+    and the run's inputs checked to be what a workflow is called with."""
     try:
         ledger = yield Io("load_ledger", (run.run_id,))
+        _check_inputs(ledger.run)
         for op in ledger.operations.values():
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
                 yield Io("get_artifact", (op.payload_ref,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
-        record = build_record(run, phase="unreadable_record", reason=exc.message,
-                              evidence={"type": type(exc).__name__, **{
-                                  k: str(v) for k, v in vars(exc).items() if k != "message"}})
-        yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
+        yield from _block_unreadable(claim, run, exc)
         raise
     return ledger
+
+
+def _check_inputs(run: RunRecord) -> None:
+    """A run's stored inputs are what ``_run_inputs`` records; any other value (readable JSON
+    of another shape) is a record the workflow cannot be called with."""
+    inputs = run.inputs
+    if not (isinstance(inputs, dict) and isinstance(inputs.get("args"), list)
+            and isinstance(inputs.get("kwargs"), dict)):
+        raise CorruptRecord("safepoint_runs", f"run_id={run.run_id}",
+                            f"inputs: {str(inputs)[:200]!r} are not a workflow run's inputs"
+                            " (an object of args and kwargs)")
+
+
+def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow:
+    """Block the claimed run for a person: ``exc`` says what of its record cannot be read."""
+    record = build_record(run, phase="unreadable_record", reason=exc.message,
+                          evidence={"type": type(exc).__name__, **{
+                              k: str(v) for k, v in vars(exc).items() if k != "message"}})
+    yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
 
 
 def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:

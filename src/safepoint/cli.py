@@ -50,6 +50,7 @@ from .types import (
     RunStatus,
     StepKind,
     StepStatus,
+    UnreadableRun,
 )
 
 EXIT_ERROR = 1
@@ -435,6 +436,9 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     table = _table("run", "workflow", "status", "resumes", "fence", "updated", "phase",
                    squeeze=("workflow", "phase"))
     for run in found:
+        if isinstance(run, UnreadableRun):
+            _unreadable_row(table, run, now)
+            continue
         phase = Text("")
         if run.status is RunStatus.BLOCKED:
             phase = Text(str((run.recovery_record or {}).get("phase", "")), style="red")
@@ -447,6 +451,17 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
              Text(run.status.value, style=RUN_STYLES[run.status]), str(run.resume_count),
              str(run.fence), ago(run.updated_at, now), phase)
     print_table(console, table)
+
+
+def _unreadable_row(table: Table, run: UnreadableRun, now: int) -> None:
+    """A run whose row cannot be read: what could, and why the rest cannot (its status, when
+    that can be read, leads the reason)."""
+    known = "" if run.status is None else f"{run.status.value}: "
+    _row(table, run.run_id, f"{run.workflow or '?'}@{run.workflow_version or '?'}",
+         Text("unreadable", style="bold red"),
+         *("?" if value is None else str(value) for value in (run.resume_count, run.fence)),
+         "?" if run.updated_at is None else ago(run.updated_at, now),
+         Text(known + run.reason, style="red"))
 
 
 @cli.command()
@@ -544,12 +559,15 @@ def record(ctx: click.Context, run_id: str) -> None:
 
     Exit code 1 (with a note on stderr) when RUN is not blocked.
     """
-    run = _store(ctx).get_run(run_id)
-    if run.status is RunStatus.WAITING:
+    run = _store(ctx).find_run(run_id)
+    if isinstance(run, UnreadableRun) and run.recovery_record is None:
+        _fail(ctx, f"run {run_id!r} cannot be read: {run.reason}")
+    if isinstance(run, RunRecord) and run.status is RunStatus.WAITING:
         _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
                    f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
-        _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
+        status = run.status.value if run.status else "unreadable"
+        _fail(ctx, f"run {run_id!r} is not blocked (status: {status});"
                    " only a blocked run has a recovery record")
     click.echo(json.dumps(run.recovery_record, indent=2, ensure_ascii=False))
 
