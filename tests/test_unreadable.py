@@ -225,6 +225,24 @@ def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(
     assert "teleported" in found.reason
 
 
+def test_a_run_whose_lease_cannot_be_read_is_taken_over_not_left_running(
+        file_store: sp.Store) -> None:
+    """SQLite can hold text where a lease's expiry belongs: such a lease counts as expired (it
+    can never be compared with the clock), so the run is taken over instead of staying
+    "running" for ever."""
+    file_store.create_run(NewRun(
+        run_id="bad", workflow="many-steps", workflow_version="1", input_hash="h",
+        inputs={"args": [3], "kwargs": {}}, owner="gone", lease_ms=60_000))
+    overwrite(file_store, "safepoint_runs", "lease_expires_at", "soon", run_id="bad")
+    listed = file_store.find_run("bad")
+    assert isinstance(listed, UnreadableRun)
+    assert listed.columns == ("lease_expires_at",)
+    healthy = _submit_healthy(file_store)
+    worker = _work_until_idle(file_store)
+    assert worker.stats.claimed == HEALTHY + 1
+    _assert_others_completed(file_store, [*healthy, "bad"])  # the claim wrote a new lease
+
+
 def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
         store: sp.Store, store_url: str) -> None:
     _pending(store, "bad")
