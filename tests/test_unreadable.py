@@ -207,6 +207,24 @@ def test_a_worker_blocks_a_run_whose_ledger_has_an_unreadable_row(
     _check_ledger_row(store, *damage, caplog)
 
 
+def test_a_record_found_unreadable_mid_run_blocks_the_run_too(store: sp.Store) -> None:
+    """Wherever a worker meets a record it cannot read — here the cancel request, read only when
+    the run stops for it — the run ends blocked, not held until its lease runs out."""
+    _, claim = store.create_run(NewRun(
+        run_id="bad", workflow="many-steps", workflow_version="1", input_hash="h",
+        inputs={"args": [3], "kwargs": {}}, owner="gone", lease_ms=60_000))
+    assert claim is not None
+    store.request_cancel("bad", by="ana", reason="wrong case")
+    store.release_run(claim)
+    [asked] = [e for e in store.events("bad") if e.kind == "run.cancel_requested"]
+    overwrite(store, "safepoint_events", "detail", "{not json", event_id=asked.event_id)
+    healthy = _submit_healthy(store)
+    worker = _work_until_idle(store)
+    assert worker.stats.claimed == HEALTHY + 1
+    _assert_blocked_unreadable(store, "bad", "detail")
+    _assert_others_completed(store, healthy)
+
+
 def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(
         store: sp.Store, caplog: pytest.LogCaptureFixture) -> None:
     _pending(store, "bad")

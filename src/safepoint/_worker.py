@@ -31,7 +31,13 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ._ownership import DEFAULT_LEASE_MS, worker_id
-from ._workflow import claimed_run, registered, registered_versions, run_claimed
+from ._workflow import (
+    block_unreadable,
+    claimed_run,
+    registered,
+    registered_versions,
+    run_claimed,
+)
 from .errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -207,7 +213,7 @@ class Worker:
             self.stats.count("blocked")
             log.warning("run %s blocked: %s", run_id, exc.message)
         except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
-            # blocked (unreadable_record) by the flow that found it, before raising it
+            block_unreadable(self.store, claim, exc)  # unless the flow that found it did
             self.stats.count("blocked")
             log.warning("run %s blocked: its record cannot be read: %s", run_id, exc.message)
         except StoreError as exc:

@@ -339,20 +339,27 @@ def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any
 
 
 def claimed_run(store: Store, claim: Claim) -> RunRecord:
-    """The run a worker has just claimed (``claim_next``), read back. A run whose own row cannot
-    be read is blocked at once — phase ``unreadable_record``, naming what could not be read — by
-    ``finish_run``, which needs nothing of the row but the claim's fence; ``CorruptRecord`` is
-    raised then, and the worker goes on with other runs (a blocked run is not claimed again)."""
-    return drive(store, _read_claimed(claim))  # type: ignore[no-any-return]
-
-
-def _read_claimed(claim: Claim) -> Flow:
-    found = yield Io("find_run", (claim.run_id,))
+    """The run a worker has just claimed (``claim_next``), read back; ``CorruptRecord`` when its
+    own row cannot be read (for ``block_unreadable``)."""
+    found = store.find_run(claim.run_id)
     if isinstance(found, UnreadableRun):
-        error = CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
-        yield from _block_unreadable(claim, found, error)
-        raise error
+        raise CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
     return found
+
+
+def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
+    """Block a claimed run whose record (``error`` says which) cannot be read — phase
+    ``unreadable_record`` — unless the flow that found it did already (then the fence refuses
+    this write). ``finish_run`` needs nothing of the row but the claim's fence, so even a run
+    whose own row cannot be read is blocked, by the first worker that claims it, and never
+    claimed again. Best effort: a store that fails here leaves the run to its lease."""
+    with contextlib.suppress(SafepointError, LostOwnership):
+        drive(store, _block_claimed(claim, error))
+
+
+def _block_claimed(claim: Claim, error: StoreError) -> Flow:
+    found = yield Io("find_run", (claim.run_id,))
+    yield from _block_unreadable(claim, found, error)
 
 
 # -- carrying flows out --------------------------------------------------------------------------
