@@ -673,6 +673,7 @@ class SqliteStore:
                 self._event(conn, run_id, now, "run.resolved",
                             operation_id=resolution.operation_id, worker=resolution.by,
                             detail=resolution.detail())
+                return self._read_back(run_id)
         except _NotApplicable:
             last = self._read("last_event", {"run_id": run_id})
             repeated = (bool(last) and last[0]["kind"] == "run.resolved"
@@ -695,6 +696,12 @@ class SqliteStore:
             if row is not None:
                 self._event(conn, run_id, now, "run.cancelled" if row["status"] == "cancelled"
                             else "run.cancel_requested", worker=by, detail=detail)
+            return self._read_back(run_id)
+
+    def _read_back(self, run_id: str) -> RunRecord:
+        """The run a person's write just changed, read in that write's transaction: a run whose
+        row cannot be read raises ``CorruptRecord`` and the write rolls back — as on every
+        store, nothing changes a run nobody can read but the worker that blocks it."""
         return self.get_run(run_id)
 
     def replan(self, claim: Claim, change: Replan) -> None:

@@ -5,8 +5,9 @@ field holds, a status, kind or state it does not know — makes the row a ``Corr
 its table and the column, is kept as it is, and never fails a listing: ``list_runs`` and
 ``find_run`` show the run as an ``UnreadableRun``. The claim needs nothing of such a row but
 plain columns, so a worker can claim the run and block it by ``finish_run``; a run whose status
-is unknown is never claimed. Each test damages the rows with ``ConformanceBase.damage`` (and
-repairs them after), with values every store can hold.
+is unknown is never claimed. Nothing else changes such a run: a person's cancel or resolution
+raises the ``CorruptRecord`` and writes nothing. Each test damages the rows with
+``ConformanceBase.damage`` (and repairs them after), with values every store can hold.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from ..._canonical import dumps
 from ...errors import CorruptRecord, RunNotFound
-from ...types import RunRecord, RunStatus, UnreadableRun
+from ...types import Resolution, ResolutionAction, RunRecord, RunStatus, UnreadableRun
 from ._support import LONG_LEASE_MS, ConformanceBase, make_attempt, make_operation, make_step
 
 INPUTS = dumps({"args": [1], "kwargs": {}})  # what new_run stores: the repair
@@ -151,3 +152,22 @@ class UnreadableTests(ConformanceBase):
         assert (found.status, found.columns) == (None, ("status",))
         assert "teleported" in found.reason
         assert bad.run_id in {run.run_id for run in store.list_runs(limit=100)}
+
+    def test_a_person_cannot_cancel_or_resolve_a_run_nobody_can_read(self) -> None:
+        store = self.store()
+        pending = self.submit(store)
+        _, claim = self.start(store)
+        store.finish_run(claim, RunStatus.BLOCKED, recovery_record={
+            "schema_version": 1, "phase": "unreadable_record", "state_revision": None})
+        blocked = store.get_run(claim.run_id)
+        for run in (pending, blocked):
+            self.damage(store, "safepoint_runs", "inputs", "{not json", repair=INPUTS,
+                        run_id=run.run_id)
+        with pytest.raises(CorruptRecord):
+            store.request_cancel(pending.run_id, by="ana")
+        with pytest.raises(CorruptRecord):
+            store.resolve(blocked.run_id, blocked.state_revision,
+                          Resolution(ResolutionAction.ABANDON, by="ana"))
+        for run in (pending, blocked):
+            found = store.find_run(run.run_id)
+            assert (found.status, found.state_revision) == (run.status, run.state_revision)
