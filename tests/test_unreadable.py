@@ -41,6 +41,8 @@ RUN_ROW = {
     "inputs-artifact-missing": {"inputs": None, "inputs_ref": MISSING},
     "manifest-bad-json": {"workflow_manifest": "{oops"},
     "manifest-a-list": {"workflow_manifest": "[1]"},
+    "manifest-tools-a-list": {"workflow_manifest": '{"tools": [1], "models": [], "prompts": {}}'},
+    "manifest-models-objects": {"workflow_manifest": '{"tools": {}, "models": [{}]}'},
     "step-attempts": {"step_attempts": '{"attempts": "many"}'},
     "result": {"result": "{not json"},
     "error-a-list": {"error": "[1]"},

@@ -159,6 +159,21 @@ def json_object(value: Any) -> dict[str, Any]:
     return parsed
 
 
+def workflow_manifest(value: Any) -> dict[str, Any] | None:
+    """A run's workflow manifest (``_compat.manifest_of``): tools and prompts as objects of
+    digests, models as a list of ids — the shapes a deploy's comparison reads them as."""
+    parsed = json_object_or_null(value)
+    if parsed is None:
+        return None
+    for part in ("tools", "prompts"):
+        if not isinstance(parsed.get(part) or {}, dict):
+            raise Unread(f"{_shown(value)} is not a workflow manifest ({part} not an object)")
+    models = parsed.get("models") or []
+    if not (isinstance(models, list) and all(isinstance(m, str) for m in models)):
+        raise Unread(f"{_shown(value)} is not a workflow manifest (models not a list of ids)")
+    return parsed
+
+
 def retry_policy(value: Any) -> Retry | None:
     """A run's default step attempts (``Retry.as_json``), or None."""
     parsed = json_object_or_null(value)
@@ -217,7 +232,7 @@ _RUN = _columns(
     ("recovery_record", json_object_or_null), ("created_at", integer),
     ("updated_at", integer), ("resume_budget", integer_or_null),
     ("cancel_requested_at", integer_or_null), ("workflow_fingerprint", text_or_null),
-    ("workflow_manifest", json_object_or_null), ("deadline_at", integer_or_null),
+    ("workflow_manifest", workflow_manifest), ("deadline_at", integer_or_null),
     ("token_budget", integer_or_null), ("cost_budget", number_or_null),
     ("tokens_spent", integer), ("cost_spent", number), ("step_attempts", retry_policy),
     ("waiting_for", json_object_or_null), ("step_count", integer),
