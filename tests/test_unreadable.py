@@ -351,6 +351,30 @@ def test_a_worker_backs_off_when_the_runs_it_claims_are_interrupted(
     assert len(caplog.records) <= 3, [r.getMessage() for r in caplog.records]
 
 
+class _Unreachable(_FailingLedger):
+    """A store that cannot be reached at all: every claim fails."""
+
+    def claim_next(self, *args: Any) -> Any:
+        self.claims += 1
+        raise sp.StoreUnavailable("the database is restarting")
+
+
+def test_a_worker_that_cannot_claim_backs_off_and_says_so_once(
+        file_store: sp.Store, caplog: pytest.LogCaptureFixture) -> None:
+    unreachable = _Unreachable(file_store)
+    worker = sp.Worker(unreachable, workflows=["many-steps"])  # type: ignore[arg-type]
+    slot = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    with caplog.at_level(logging.INFO, logger="safepoint"):
+        slot.start()
+        time.sleep(2.5)
+        worker.stop()
+        slot.join(timeout=20)
+    assert 2 <= unreachable.claims <= 7, unreachable.claims  # 50 ms, 100, … 1.6 s, within 2.5 s
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1, said
+    assert "cannot claim" in said[0]
+
+
 def _worker_process(url: str, log: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
