@@ -230,15 +230,31 @@ def test_the_database_clock_estimate_follows_the_server_and_never_goes_back() ->
     assert clock.now() >= first  # a later, earlier-looking sample never moves "now" back
 
 
-def test_a_stored_value_this_version_does_not_know_is_a_corrupt_record_naming_its_row() -> None:
-    from safepoint.storage.base import stored_enum
+def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_and_columns(
+        ) -> None:
+    """Every column of a row is checked as it is read: an unknown enum value, NULL where a
+    value is required, a time that is not an integer, JSON of the wrong shape — each named,
+    all at once, never a decoder's own error."""
+    from safepoint.storage._rows import operation_record
 
-    assert stored_enum(sp.RunStatus, "waiting", "safepoint_runs", "run_id=r", "status") is (
-        sp.RunStatus.WAITING)
-    with pytest.raises(sp.CorruptRecord, match="unknown state 'teleported'") as corrupt:
-        stored_enum(sp.EffectState, "teleported", "safepoint_operations", "run_id=r op=1",
-                    "state")
-    assert (corrupt.value.table, corrupt.value.key) == ("safepoint_operations", "run_id=r op=1")
+    row = {"run_id": "r", "operation_id": "op-1", "step_id": "s", "effect": "pay",
+           "state": "accepted", "payload_ref": "sha256:0", "effect_key": "k",
+           "dispatch_count": 1, "first_dispatched_at": None, "receipt": '{"id": 1}',
+           "error": None, "fence": 1, "prepared_at": 5, "updated_at": 6,
+           "approval_required": 0, "target_digest": None, "approval_id": None}
+    op = operation_record(row)
+    assert (op.state, op.receipt, op.approval_required) == (sp.EffectState.ACCEPTED, {"id": 1},
+                                                            False)
+    bad = {**row, "state": "teleported", "effect_key": None, "updated_at": "6", "receipt": "{"}
+    with pytest.raises(sp.CorruptRecord) as corrupt:
+        operation_record(bad)
+    assert (corrupt.value.table, corrupt.value.key) == (
+        "safepoint_operations", "run_id=r operation_id=op-1")
+    reason = corrupt.value.reason
+    assert "state: unknown value 'teleported'" in reason
+    assert "effect_key: NULL where text is required" in reason
+    assert "updated_at: '6' is not an integer" in reason
+    assert "receipt: '{' is not JSON" in reason
 
 
 def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_refused() -> None:

@@ -87,6 +87,7 @@ from .types import (
     StepKind,
     StepRecord,
     StepStatus,
+    UnreadableRun,
 )
 
 __version__ = "0.1.0"
@@ -160,6 +161,7 @@ __all__ = [
     "StoreUnavailable",
     "Transcript",
     "Unknown",
+    "UnreadableRun",
     "UsageError",
     "VerificationFailed",
     "Worker",

@@ -32,6 +32,7 @@ from .types import (
     ResolutionAction,
     RunRecord,
     RunStatus,
+    UnreadableRun,
 )
 
 if TYPE_CHECKING:
@@ -108,12 +109,15 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
 }
 
 
-def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None = None,
+def build_record(run: RunRecord | UnreadableRun, *, phase: str, reason: str,
+                 step_id: str | None = None,
                  op: OperationRecord | None = None,
                  evidence: dict[str, Any] | None = None,
                  authorization: ApprovalRecord | None = None) -> dict[str, Any]:
     """The recovery record of DESIGN §4 as a JSON-ready dict. ``authorization`` is the approval
-    under which ``op`` was dispatched (``op.approval_id``), named by ``authorization_ref``."""
+    under which ``op`` was dispatched (``op.approval_id``), named by ``authorization_ref``. A run
+    whose row cannot be read (``UnreadableRun``) gets what of it can be read ("?" for a name
+    that cannot, no limits)."""
     evidence = dict(evidence or {})
     if op is not None and op.error is not None:
         evidence.setdefault("last_error", op.error)
@@ -134,8 +138,8 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "task_id": run.run_id,
-        "workflow": run.workflow,
-        "workflow_version": f"{run.workflow}@{run.workflow_version}",
+        "workflow": run.workflow or "?",
+        "workflow_version": f"{run.workflow or '?'}@{run.workflow_version or '?'}",
         "state_revision": None,  # set by the store when it commits the block
         "phase": phase,
         "reason": reason,
@@ -150,7 +154,7 @@ def build_record(run: RunRecord, *, phase: str, reason: str, step_id: str | None
         "receipt_ref": (f"operation:{op.run_id}/{op.operation_id}/receipt"
                         if op and op.receipt is not None else None),
         "authorization_ref": authorization_ref,
-        "limits_ref": limits_ref(run),
+        "limits_ref": limits_ref(run) if isinstance(run, RunRecord) else None,
         "evidence_refs": ([f"operation:{op.run_id}/{op.operation_id}"] if op else [])
         + ([authorization_ref] if authorization_ref else []),
         "evidence": evidence,

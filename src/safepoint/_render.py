@@ -38,6 +38,7 @@ from .types import (
     RunStatus,
     StepKind,
     StepStatus,
+    UnreadableRun,
 )
 
 _PREVIEW_WIDTH = 48
@@ -247,12 +248,15 @@ def owner_cell(run: RunRecord, now: int) -> str:
     return f"{held.owner} (lease {verb} {relative(held.lease_expires_at, now)})"
 
 
-def runs_table(found: Iterable[RunRecord], now: int) -> Table:
+def runs_table(found: Iterable[RunRecord | UnreadableRun], now: int) -> Table:
     """The runs, one row each: who holds a running one, and what a blocked or waiting one
-    needs."""
+    needs; a run whose row cannot be read, as such."""
     table = _table("run", "workflow", "status", "owner", "resumes", "fence", "updated",
                    "phase", squeeze=("workflow", "owner", "phase"))
     for run in found:
+        if isinstance(run, UnreadableRun):
+            _unreadable_row(table, run, now)
+            continue
         phase = Text("")
         if run.status is RunStatus.BLOCKED:
             phase = text((run.recovery_record or {}).get("phase", ""), "red")
@@ -264,6 +268,17 @@ def runs_table(found: Iterable[RunRecord], now: int) -> Table:
              status_cell(run, now), owner_cell(run, now), str(run.resume_count),
              str(run.fence), ago(run.updated_at, now), phase)
     return table
+
+
+def _unreadable_row(table: Table, run: UnreadableRun, now: int) -> None:
+    """A run whose row cannot be read: what could, and why the rest cannot (its status, when
+    that can be read, leads the reason)."""
+    known = "" if run.status is None else f"{run.status.value}: "
+    _row(table, run.run_id, f"{run.workflow or '?'}@{run.workflow_version or '?'}",
+         Text("unreadable", style="bold red"), text(run.owner or ""),
+         *("?" if value is None else str(value) for value in (run.resume_count, run.fence)),
+         "?" if run.updated_at is None else ago(run.updated_at, now),
+         text(known + run.reason, "red"))
 
 
 def timeline_table(ledger: Ledger, now: int | None = None) -> Table:

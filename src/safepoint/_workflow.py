@@ -75,6 +75,7 @@ from .types import (
     Retry,
     RunRecord,
     RunStatus,
+    UnreadableRun,
 )
 
 if TYPE_CHECKING:
@@ -390,6 +391,30 @@ def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any
     return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
 
 
+def claimed_run(store: Store, claim: Claim) -> RunRecord:
+    """The run a worker has just claimed (``claim_next``), read back; ``CorruptRecord`` when its
+    own row cannot be read (for ``block_unreadable``)."""
+    found = store.find_run(claim.run_id)
+    if isinstance(found, UnreadableRun):
+        raise CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
+    return found
+
+
+def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
+    """Block a claimed run whose record (``error`` says which) cannot be read — phase
+    ``unreadable_record`` — unless the flow that found it did already (then the fence refuses
+    this write). ``finish_run`` needs nothing of the row but the claim's fence, so even a run
+    whose own row cannot be read is blocked, by the first worker that claims it, and never
+    claimed again. Best effort: a store that fails here leaves the run to its lease."""
+    with contextlib.suppress(SafepointError, LostOwnership):
+        drive(store, _block_claimed(claim, error))
+
+
+def _block_claimed(claim: Claim, error: StoreError) -> Flow:
+    found = yield Io("find_run", (claim.run_id,))
+    yield from _block_unreadable(claim, found, error)
+
+
 # -- carrying flows out --------------------------------------------------------------------------
 
 
@@ -557,20 +582,38 @@ def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) ->
 def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow:
     """The ledger, with the payload of every operation that may still be sent read back and
     checked against its digest, and its stored key checked against the key minted for it —
-    before anything is replayed, not when the run reaches it."""
+    before anything is replayed, not when the run reaches it — and the run's inputs checked to
+    be what a workflow is called with."""
     try:
         ledger = yield Io("load_ledger", (run.run_id,))
+        _check_inputs(ledger.run)
         for op in ledger.operations.values():
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
                 _check_key(op, ledger.run, identity)
                 yield Io("get_artifact", (op.payload_ref,))
     except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
-        record = build_record(run, phase="unreadable_record", reason=exc.message,
-                              evidence={"type": type(exc).__name__, **{
-                                  k: str(v) for k, v in vars(exc).items() if k != "message"}})
-        yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
+        yield from _block_unreadable(claim, run, exc)
         raise
     return ledger
+
+
+def _check_inputs(run: RunRecord) -> None:
+    """A run's stored inputs are what ``_run_inputs`` records; any other value (readable JSON
+    of another shape) is a record the workflow cannot be called with."""
+    inputs = run.inputs
+    if not (isinstance(inputs, dict) and isinstance(inputs.get("args"), list)
+            and isinstance(inputs.get("kwargs"), dict)):
+        raise CorruptRecord("safepoint_runs", f"run_id={run.run_id}",
+                            f"inputs: {str(inputs)[:200]!r} are not a workflow run's inputs"
+                            " (an object of args and kwargs)")
+
+
+def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow:
+    """Block the claimed run for a person: ``exc`` says what of its record cannot be read."""
+    record = build_record(run, phase="unreadable_record", reason=exc.message,
+                          evidence={"type": type(exc).__name__, **{
+                              k: str(v) for k, v in vars(exc).items() if k != "message"}})
+    yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
 
 
 def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:

@@ -62,7 +62,7 @@ from .errors import (
 )
 from .storage import open_store
 from .storage.base import Store
-from .types import ResolutionAction, RunRecord, RunStatus
+from .types import ResolutionAction, RunRecord, RunStatus, UnreadableRun
 
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
@@ -232,12 +232,15 @@ def record(ctx: click.Context, run_id: str) -> None:
 
     Exit code 1 (with a note on stderr) when RUN is not blocked.
     """
-    run = _store(ctx).get_run(run_id)
-    if run.status is RunStatus.WAITING:
+    run = _store(ctx).find_run(run_id)
+    if isinstance(run, UnreadableRun) and run.recovery_record is None:
+        _fail(ctx, f"run {run_id!r} cannot be read: {run.reason}")
+    if isinstance(run, RunRecord) and run.status is RunStatus.WAITING:
         _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
                    f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
-        _fail(ctx, f"run {run_id!r} is not blocked (status: {run.status.value});"
+        status = run.status.value if run.status else "unreadable"
+        _fail(ctx, f"run {run_id!r} is not blocked (status: {status});"
                    " only a blocked run has a recovery record")
     click.echo(as_json(run.recovery_record))
 

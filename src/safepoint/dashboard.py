@@ -80,6 +80,7 @@ from .types import (
     RunRecord,
     RunStatus,
     StepRecord,
+    UnreadableRun,
 )
 
 DEFAULT_PORT = 8470
@@ -517,10 +518,23 @@ def _needs(run: RunRecord) -> str:
     return ""
 
 
-def _runs_page(runs: list[RunRecord], status: str | None, now: int) -> str:
+def _unreadable_row(run: UnreadableRun) -> str:
+    """A run whose row cannot be read: what could, and why the rest cannot."""
+    known = "" if run.status is None else f"{run.status.value}: "
+    return (f"<tr><td>{_e(run.run_id)}</td>"
+            f"<td>{_e(run.workflow or '?')}@{_e(run.workflow_version or '?')}</td>"
+            f"<td><span class=blocked>unreadable</span></td>"
+            f"<td class=blocked>{_e(known + run.reason)}</td>"
+            + "".join(f"<td>{'?' if value is None else value}</td>"
+                      for value in (run.resume_count, run.fence))
+            + f"<td>{_when(run.updated_at)}</td></tr>")
+
+
+def _runs_page(runs: list[RunRecord | UnreadableRun], status: str | None, now: int) -> str:
     filters = " · ".join(
         f"<a href='/?status={s.value}'>{s.value}</a>" for s in RunStatus)
     rows = "".join(
+        _unreadable_row(run) if isinstance(run, UnreadableRun) else
         f"<tr><td><a href='{_e(_run_path(run.run_id))}'>{_e(run.run_id)}</a></td>"
         f"<td>{_e(run.workflow)}@{_e(run.workflow_version)}</td><td>{_status(run, now)}</td>"
         f"<td>{_needs(run)}</td><td>{run.resume_count}</td><td>{run.fence}</td>"
@@ -664,8 +678,11 @@ def _revoked(approval: ApprovalRecord) -> str:
             f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>")
 
 
-def _run_json(run: RunRecord, now: int) -> dict[str, Any]:
-    """A run as JSON, with how its ownership reads now."""
+def _run_json(run: RunRecord | UnreadableRun, now: int) -> dict[str, Any]:
+    """A run as JSON, with how its ownership reads now (an unreadable one: what could be read,
+    and why the rest cannot)."""
+    if isinstance(run, UnreadableRun):
+        return {**_plain(run), "unreadable": True}
     return {**_plain(run), "ownership": asdict(ownership(run, now))}
 
 

@@ -107,6 +107,36 @@ class RunRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableRun:
+    """A run whose stored row this safepoint cannot read, as a listing shows it (``list_runs``,
+    ``find_run``, ``safepoint runs``, the dashboard) instead of failing: what could not be read,
+    and every column that could.
+
+    A column is unreadable when its JSON does not parse or is not the shape its field holds,
+    its value is one this version does not know (a status, say), it is NULL where a value is
+    required, a time is not an integer, its text is not UTF-8, or its artifact is missing or
+    altered. The row is kept as it is. ``get_run`` and ``load_ledger`` raise ``CorruptRecord``
+    (or ``ArtifactMissing`` / ``ArtifactCorrupt``) for it; the first worker that claims it
+    blocks it (recovery record phase ``unreadable_record``) and goes on with other runs. A run
+    whose status is unreadable is never claimed: it stays as it is, listed.
+    """
+
+    run_id: str
+    reason: str                  # what could not be read, column by column
+    columns: tuple[str, ...]     # the columns that could not be read
+    workflow: str | None = None  # None: unreadable, as every field below
+    workflow_version: str | None = None
+    status: RunStatus | None = None
+    state_revision: int | None = None
+    owner: str | None = None
+    fence: int | None = None
+    resume_count: int | None = None
+    created_at: int | None = None
+    updated_at: int | None = None
+    recovery_record: dict[str, Any] | None = None  # a blocked run's, when it can be read
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryLimit:
     """How long one run's history (its events and steps) may grow.
 

@@ -43,7 +43,7 @@ from .._approvals import (
     waiting_record,
 )
 from .._canonical import digest as content_digest
-from .._canonical import dumps, loads, sha256_hex
+from .._canonical import dumps, sha256_hex
 from .._history import history_warning, warning_due
 from .._recovery import refusal
 from ..errors import (
@@ -80,9 +80,20 @@ from ..types import (
     ResolutionAction,
     RunRecord,
     RunStatus,
-    StepKind,
     StepRecord,
-    StepStatus,
+    UnreadableRun,
+)
+from ._rows import (
+    ARTIFACT_ERRORS,
+    NO_VALUES,
+    Unfetched,
+    approval_record,
+    event_record,
+    ledger,
+    listed_run,
+    operation_record,
+    run_record,
+    stored_json,
 )
 from .base import (
     INLINE_LIMIT,
@@ -97,9 +108,6 @@ from .base import (
     refuse_gated,
     refused_write,
     retry_json,
-    retry_of,
-    stored_enum,
-    stored_json,
 )
 
 _Q = load_queries("postgres")
@@ -317,12 +325,22 @@ class PostgresLedger:
             raise ArtifactCorrupt(digest, actual)
         return data
 
-    def _value(self, text: str | None, ref: str | None, table: str, key: str) -> Plan[JSON]:
-        """A stored JSON value; an artifact is read in the same transaction (the same snapshot
-        in ``load_ledger``)."""
-        if ref is not None:
-            return stored_json((yield from self.get_artifact(ref)), table, key)
-        return stored_json(text, table, key)
+    def _artifact_values(self, row: Row, *columns: str,
+                         listing: bool = False) -> Plan[dict[str, Any]]:
+        """The stored JSON of each of these columns kept in an artifact (``<column>_ref``), read
+        in the same transaction (the same snapshot in ``load_ledger``): for a listing, one that
+        cannot be had is a value to show unreadable, not an error."""
+        values: dict[str, Any] = {}
+        for column in columns:
+            ref = row[f"{column}_ref"]
+            if ref is not None:
+                try:
+                    values[column] = yield from self.get_artifact(ref)
+                except ARTIFACT_ERRORS as exc:
+                    if not listing:
+                        raise
+                    values[column] = Unfetched(exc)
+        return values
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -361,42 +379,22 @@ class PostgresLedger:
     def get_run(self, run_id: str) -> Plan[RunRecord]:
         return (yield from self._run_record((yield from self._run_row(run_id))))
 
-    def list_runs(self, status: RunStatus | None, limit: int) -> Plan[list[RunRecord]]:
+    def find_run(self, run_id: str) -> Plan[RunRecord | UnreadableRun]:
+        return (yield from self._listed((yield from self._run_row(run_id))))
+
+    def list_runs(self, status: RunStatus | None,
+                  limit: int) -> Plan[list[RunRecord | UnreadableRun]]:
         runs = []
         for row in (yield _q("list_runs", status=status.value if status else None, limit=limit)):
-            runs.append((yield from self._run_record(row)))
+            runs.append((yield from self._listed(row)))
         return runs
 
+    def _listed(self, row: Row) -> Plan[RunRecord | UnreadableRun]:
+        return listed_run(row, (yield from self._artifact_values(row, "inputs", "result",
+                                                                 listing=True)))
+
     def _run_record(self, row: Row) -> Plan[RunRecord]:
-        key = f"run_id={row['run_id']}"
-        status = stored_enum(RunStatus, row["status"], "safepoint_runs", key, "status")
-        table = "safepoint_runs"
-        return RunRecord(
-            run_id=row["run_id"], workflow=row["workflow"],
-            workflow_version=row["workflow_version"], status=status,
-            input_hash=row["input_hash"],
-            inputs=(yield from self._value(row["inputs"], row["inputs_ref"], table, key)),
-            state_revision=row["state_revision"], owner=row["owner"],
-            lease_expires_at=row["lease_expires_at"], fence=row["fence"],
-            resume_count=row["resume_count"], event_count=row["event_count"],
-            result=(yield from self._value(row["result"], row["result_ref"], table, key)),
-            error=stored_json(row["error"], table, key),
-            recovery_record=stored_json(row["recovery_record"], table, key),
-            created_at=row["created_at"], updated_at=row["updated_at"],
-            resume_budget=row["resume_budget"],
-            cancel_requested_at=row["cancel_requested_at"],
-            workflow_fingerprint=row["workflow_fingerprint"],
-            workflow_manifest=stored_json(row["workflow_manifest"], table, key),
-            deadline_at=row["deadline_at"], token_budget=row["token_budget"],
-            cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
-            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
-            waiting_for=stored_json(row["waiting_for"], table, key),
-            step_count=row["step_count"],
-            history_soft_limit=row["history_soft_limit"],
-            history_hard_limit=row["history_hard_limit"],
-            history_warned_at=row["history_warned_at"], chain_id=row["chain_id"],
-            chain_index=row["chain_index"], parent_run_id=row["parent_run_id"],
-            successor_run_id=row["successor_run_id"])
+        return run_record(row, (yield from self._artifact_values(row, "inputs", "result")))
 
     @staticmethod
     def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
@@ -421,62 +419,14 @@ class PostgresLedger:
         if not run_rows:
             raise RunNotFound(run_id)
         run = yield from self._run_record(run_rows[0])
-        steps = {}
-        for row in step_rows:
-            key = f"run_id={run_id} step_id={row['step_id']}"
-            kind = stored_enum(StepKind, row["kind"], "safepoint_steps", key, "kind")
-            status = stored_enum(StepStatus, row["status"], "safepoint_steps", key, "status")
-            ref = row["result_ref"]  # most results are inline: no generator step for them
-            steps[row["step_id"]] = StepRecord(
-                run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
-                input_hash=row["input_hash"],
-                result=(stored_json(row["result"], "safepoint_steps", key) if ref is None
-                        else (yield from self._value(None, ref, "safepoint_steps", key))),
-                seq=row["seq"], status=status,
-                error=stored_json(row["error"], "safepoint_steps", key),
-                next_step_id=row["next_step_id"], attempt=row["attempt"],
-                model_id=row["model_id"], prompt_hash=row["prompt_hash"],
-                observed_at=row["observed_at"], operation_id=row["operation_id"],
-                fence=row["fence"], recorded_at=row["recorded_at"], tokens=row["tokens"],
-                cost=row["cost"])
-        operations = {}
-        for row in op_rows:
-            operations[row["operation_id"]] = self._operation_record(row)
-        attempts: dict[str, list[AttemptRecord]] = {}
-        for row in attempt_rows:
-            key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
-            kind = stored_enum(StepKind, row["kind"], "safepoint_attempts", key, "kind")
-            attempts.setdefault(row["step_id"], []).append(AttemptRecord(
-                run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
-                name=row["name"], input_hash=row["input_hash"],
-                error=stored_json(row["error"], "safepoint_attempts", key),
-                retry_at=row["retry_at"], fence=row["fence"], recorded_at=row["recorded_at"]))
-        return Ledger(run, steps, operations, attempts)
-
-    @staticmethod
-    def _operation_record(row: Row) -> OperationRecord:
-        key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
-        state = stored_enum(EffectState, row["state"], "safepoint_operations", key, "state")
-        return OperationRecord(
-            run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
-            effect=row["effect"], state=state, payload_ref=row["payload_ref"],
-            effect_key=row["effect_key"], dispatch_count=row["dispatch_count"],
-            first_dispatched_at=row["first_dispatched_at"],
-            receipt=stored_json(row["receipt"], "safepoint_operations", key),
-            error=stored_json(row["error"], "safepoint_operations", key),
-            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"],
-            approval_required=bool(row["approval_required"]),
-            target_digest=row["target_digest"], approval_id=row["approval_id"])
+        steps = []
+        for row in step_rows:  # most results are inline: no generator step for them
+            steps.append((row, NO_VALUES if row["result_ref"] is None
+                          else (yield from self._artifact_values(row, "result"))))
+        return ledger(run, steps, op_rows, attempt_rows)
 
     def events(self, run_id: str) -> Plan[list[EventRecord]]:
-        events = []
-        for row in (yield _q("events_of_run", run_id=run_id)):
-            detail = stored_json(row["detail"], "safepoint_events", f"event_id={row['event_id']}")
-            events.append(EventRecord(
-                event_id=row["event_id"], run_id=row["run_id"], at=row["at"], kind=row["kind"],
-                step_id=row["step_id"], operation_id=row["operation_id"], fence=row["fence"],
-                worker=row["worker"], detail=detail))
-        return events
+        return [event_record(row) for row in (yield _q("events_of_run", run_id=run_id))]
 
     # -- worker writes: one statement each, fenced (see queries.sql) ---------------------------
 
@@ -601,7 +551,7 @@ class PostgresLedger:
             dispatching=dispatching,
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
             dispatching_detail=dumps({"dispatch": 1}) if dispatching else None)
-        prepared = self._operation_record(row)
+        prepared = operation_record(row)
         return prepared, (yield from self._history_warning(claim, row))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[Dispatched | None]:
@@ -614,7 +564,7 @@ class PostgresLedger:
             if unfit.gated:
                 return None
             raise not_dispatchable(claim, operation_id) from None
-        op = self._operation_record(row)
+        op = operation_record(row)
         return op, (yield from self._history_warning(claim, row))
 
     def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
@@ -627,7 +577,7 @@ class PostgresLedger:
                                           operation_id=operation_id, gate=True)
         except _Unfit:
             raise not_dispatchable(claim, operation_id) from None
-        op = self._operation_record(row)
+        op = operation_record(row)
         if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
             approvals = yield from self._approvals_of(claim.run_id, operation_id)
             approval = authorizing(approvals, payload_digest=op.payload_ref,
@@ -692,7 +642,8 @@ class PostgresLedger:
         if not rows:
             last = yield _q("last_event", run_id=run_id)
             repeated = (bool(last) and last[0]["kind"] == "run.resolved"
-                        and loads(last[0]["detail"]) == resolution.detail())
+                        and stored_json(last[0]["detail"], "safepoint_events",
+                                        f"run_id={run_id}") == resolution.detail())
             if not repeated:  # the same decision twice is harmless; anything else is refused
                 raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution))
         return run
@@ -741,7 +692,7 @@ class PostgresLedger:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> Plan[OperationRecord | None]:
         rows = yield _q("chain_operation", chain_id=chain_id, operation_id=operation_id)
-        return self._operation_record(rows[0]) if rows else None
+        return operation_record(rows[0]) if rows else None
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:
@@ -751,24 +702,13 @@ class PostgresLedger:
 
     # -- approvals (the decisions are in safepoint._approvals) ---------------------------------
 
-    @staticmethod
-    def _approval_record(row: Row) -> ApprovalRecord:
-        return ApprovalRecord(
-            approval_id=row["approval_id"], run_id=row["run_id"],
-            operation_id=row["operation_id"], step_id=row["step_id"],
-            payload_digest=row["payload_digest"], target_digest=row["target_digest"],
-            approved_by=row["approved_by"], approved_at=row["approved_at"],
-            expires_at=row["expires_at"], evidence=row["evidence"],
-            revoked_at=row["revoked_at"], revoked_by=row["revoked_by"],
-            revoke_reason=row["revoke_reason"])
-
     def _approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
         rows = yield _q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
-        return [self._approval_record(row) for row in rows]
+        return [approval_record(row) for row in rows]
 
     def approvals(self, run_id: str) -> Plan[list[ApprovalRecord]]:
         rows = yield _q("approvals_of_run", run_id=run_id)
-        return [self._approval_record(row) for row in rows]
+        return [approval_record(row) for row in rows]
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord,
                          payload: bytes) -> Plan[None]:
@@ -793,7 +733,7 @@ class PostgresLedger:
         if not rows:
             raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                              run_id=claim.run_id, operation_id=operation_id)
-        op = self._operation_record(rows[0])
+        op = operation_record(rows[0])
         approvals = yield from self._approvals_of(claim.run_id, operation_id)
         now = int(owned["now"])
         approval = authorizing(approvals, payload_digest=op.payload_ref,
@@ -815,7 +755,7 @@ class PostgresLedger:
             raise RunNotFound(run_id)
         run = yield from self._run_record(locked[0])
         found = yield _q("operation_of_step", run_id=run_id, step_id=step_id)
-        op = self._operation_record(found[0]) if found else None
+        op = operation_record(found[0]) if found else None
         approvals = (yield from self._approvals_of(run_id, op.operation_id)) if op else []
         return run, op, approvals
 

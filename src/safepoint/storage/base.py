@@ -11,25 +11,26 @@ that crossed it appends one ``run.history_warning`` event and issues ``HistoryWa
 committed; a write that starts something new (``record_step`` of a new step,
 ``prepare_effect``, ``prepare_and_mark_dispatching``) and would take the history past the hard
 limit is refused whole with ``HistoryLimitReached`` — in the same check as the fence.
+
+Every record a store returns is read column by column (``_rows``): a stored value that cannot be
+read is a ``CorruptRecord`` naming its table, row and columns, and a listing shows such a run as
+an ``UnreadableRun`` instead of failing.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
 from importlib import resources
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from .._canonical import digest as content_digest
-from .._canonical import dumps, loads
+from .._canonical import dumps
 from ..errors import (
     Cancelled,
-    CorruptRecord,
     DeadlineExceeded,
     HistoryLimitReached,
     LostOwnership,
-    UsageError,
 )
 from ..types import (
     JSON,
@@ -49,6 +50,7 @@ from ..types import (
     RunRecord,
     RunStatus,
     StepRecord,
+    UnreadableRun,
 )
 
 # JSON values larger than this are stored as artifacts and referenced by digest, so that hot
@@ -129,9 +131,21 @@ class Store(Protocol):
         return the existing run. The claim is returned only for a run this call created."""
         ...
 
-    def get_run(self, run_id: str) -> RunRecord: ...
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run; ``CorruptRecord`` (or ``ArtifactMissing`` / ``ArtifactCorrupt``) when its row
+        cannot be read (see ``UnreadableRun``)."""
+        ...
 
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]: ...
+    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        """The run as a listing shows it: its record, or — its row unreadable — an
+        ``UnreadableRun`` saying what could not be read; ``RunNotFound`` when there is none."""
+        ...
+
+    def list_runs(self, status: RunStatus | None = None,
+                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
+        """Most recently changed first, optionally of one status. A row that cannot be read is
+        listed as an ``UnreadableRun``: one bad row never fails the listing."""
+        ...
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -142,7 +156,10 @@ class Store(Protocol):
         """Claim one runnable run of these workflows — pending, released, or running with an
         expired lease — oldest first, skipping runs another worker is claiming right now.
         ``workflows`` names ``"name"`` (any version) or ``"name@version"`` (that version only:
-        a worker takes only runs its code can continue)."""
+        a worker takes only runs its code can continue). The claim reads nothing of the row but
+        plain columns (id, status, revision, fence, lease), so a run whose other columns cannot
+        be read is claimed like any other — for its worker to block it, by ``finish_run``,
+        which needs nothing more — and a run whose status is unknown is never claimed."""
         ...
 
     def wait_for_work(self, timeout: float) -> None:
@@ -336,10 +353,18 @@ class AsyncStore(Protocol):
         """See ``Store.create_run``."""
         ...
 
-    async def get_run(self, run_id: str) -> RunRecord: ...
+    async def get_run(self, run_id: str) -> RunRecord:
+        """See ``Store.get_run``."""
+        ...
+
+    async def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        """See ``Store.find_run``."""
+        ...
 
     async def list_runs(self, status: RunStatus | None = None,
-                        limit: int = 100) -> list[RunRecord]: ...
+                        limit: int = 100) -> list[RunRecord | UnreadableRun]:
+        """See ``Store.list_runs``."""
+        ...
 
     async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                         dead_owner: str | None = None) -> Claim | None:
@@ -459,41 +484,12 @@ class AsyncStore(Protocol):
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------
 
 
-E = TypeVar("E", bound=Enum)
-
-
-def stored_enum(kind: type[E], value: Any, table: str, key: str, column: str) -> E:
-    """A stored enum value read back; ``CorruptRecord`` (naming the row) for one this version of
-    safepoint does not know."""
-    members = _MEMBERS.get(kind)
-    if members is None:  # a dict lookup: replay reads two of these for every recorded step
-        members = _MEMBERS[kind] = {member.value: member for member in kind}
-    found = members.get(value)
-    if found is None:
-        raise CorruptRecord(table, key, f"unknown {column} {value!r}")
-    return found  # type: ignore[return-value]
-
-
-_MEMBERS: dict[type[Enum], dict[Any, Enum]] = {}
-
-
 def check_payload(op: OperationRecord, payload: bytes) -> None:
     """``ValueError`` unless ``payload`` is the bytes ``op.payload_ref`` names: checked before
     anything is written or sent, whoever holds the fence — a caller's mistake, never a state of
     the run, so every store says so the same way."""
     if content_digest(payload) != op.payload_ref:
         raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
-
-
-def stored_json(text: str | bytes | None, table: str, key: str) -> JSON:
-    """A stored JSON value read back (None for NULL); ``CorruptRecord`` (naming the row) for
-    text that does not parse."""
-    if text is None:
-        return None
-    try:
-        return loads(text.decode() if isinstance(text, bytes) else text)  # UTF-8, never guessed
-    except ValueError as exc:  # UnicodeDecodeError included
-        raise CorruptRecord(table, key, f"stored JSON is unreadable ({exc})") from exc
 
 
 def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:
@@ -531,17 +527,6 @@ def refuse_gated(op: OperationRecord) -> None:
 def retry_json(policy: Retry | None) -> str | None:
     """A run's default step attempts as stored (JSON text), or None."""
     return None if policy is None else dumps(policy.as_json())
-
-
-def retry_of(text: str | None, key: str) -> Retry | None:
-    """A run's default step attempts from its stored JSON text."""
-    if text is None:
-        return None
-    try:
-        return Retry.from_json(loads(text))
-    except (ValueError, KeyError, TypeError, UsageError) as exc:
-        raise CorruptRecord("safepoint_runs", key,
-                            f"unreadable step_attempts {text[:200]!r}") from exc
 
 
 def cancelled_error(by: str, reason: str | None) -> dict[str, str]:

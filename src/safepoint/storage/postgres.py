@@ -53,6 +53,7 @@ from ..types import (
     RunRecord,
     RunStatus,
     StepRecord,
+    UnreadableRun,
 )
 from ._pgpool import Checkout, Discarded, Resting, connection_lost
 from ._postgres import (
@@ -220,7 +221,11 @@ class PostgresStore:
     def get_run(self, run_id: str) -> RunRecord:
         return self._read(lambda: self._ledger.get_run(run_id))
 
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        return self._read(lambda: self._ledger.find_run(run_id))
+
+    def list_runs(self, status: RunStatus | None = None,
+                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._read(lambda: self._ledger.list_runs(status, limit))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,

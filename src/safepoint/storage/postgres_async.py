@@ -52,6 +52,7 @@ from ..types import (
     RunRecord,
     RunStatus,
     StepRecord,
+    UnreadableRun,
 )
 from ._pgpool import Checkout, Discarded, Resting, connection_lost
 from ._postgres import (
@@ -281,8 +282,11 @@ class AsyncPostgresStore:
     async def get_run(self, run_id: str) -> RunRecord:
         return await self._read(lambda: self._ledger.get_run(run_id))
 
+    async def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        return await self._read(lambda: self._ledger.find_run(run_id))
+
     async def list_runs(self, status: RunStatus | None = None,
-                        limit: int = 100) -> list[RunRecord]:
+                        limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return await self._read(lambda: self._ledger.list_runs(status, limit))
 
     async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,

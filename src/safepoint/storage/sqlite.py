@@ -30,7 +30,7 @@ from .._approvals import (
     waiting_record,
 )
 from .._canonical import digest as content_digest
-from .._canonical import dumps, loads, sha256_hex
+from .._canonical import dumps, sha256_hex
 from .._history import history_warning, warn, warning_due
 from .._recovery import refusal
 from ..errors import (
@@ -64,9 +64,20 @@ from ..types import (
     ResolutionAction,
     RunRecord,
     RunStatus,
-    StepKind,
     StepRecord,
-    StepStatus,
+    UnreadableRun,
+)
+from ._rows import (
+    ARTIFACT_ERRORS,
+    Unfetched,
+    approval_record,
+    event_record,
+    ledger,
+    listed_run,
+    operation_record,
+    run_record,
+    stored_json,
+    tolerant_text,
 )
 from .base import (
     INLINE_LIMIT,
@@ -80,9 +91,6 @@ from .base import (
     refuse_gated,
     refused_write,
     retry_json,
-    retry_of,
-    stored_enum,
-    stored_json,
 )
 
 _Q = load_queries("sqlite")
@@ -170,6 +178,17 @@ class SqliteStore:
         with self._turn():
             yield from self._transaction()
 
+    @contextmanager
+    def _tolerant(self, conn: sqlite3.Connection) -> Iterator[None]:
+        """Text that is not UTF-8 read as ``Undecodable`` instead of failing the statement, so
+        that the row it is in is reported unreadable, column by column (the default factory is
+        C code: kept for every statement that reads good text)."""
+        conn.text_factory = tolerant_text
+        try:
+            yield
+        finally:
+            conn.text_factory = str
+
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write transaction; driver errors become StoreError with the cause kept."""
         conn = self._conn()
@@ -178,7 +197,8 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write to the store: {exc}") from exc
         try:
-            yield conn
+            with self._tolerant(conn):  # a write returns a row or two: the cost is nil
+                yield conn
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:  # SQLite may already have rolled back on its own
@@ -190,7 +210,14 @@ class SqliteStore:
     def _read(self, query: str, params: dict[str, Any]) -> list[sqlite3.Row]:
         try:
             with self._turn():
-                return self._conn().execute(_Q[query], params).fetchall()
+                conn = self._conn()
+                try:
+                    return conn.execute(_Q[query], params).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if "decode to UTF-8" not in str(exc):
+                        raise
+                    with self._tolerant(conn):  # a row holds text that is not UTF-8
+                        return conn.execute(_Q[query], params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the store: {exc}") from exc
 
@@ -266,8 +293,21 @@ class SqliteStore:
             raise ArtifactCorrupt(digest, actual)
         return data
 
-    def _get_value(self, text: str | None, ref: str | None, table: str, key: str) -> JSON:
-        return stored_json(self.get_artifact(ref) if ref is not None else text, table, key)
+    def _artifact_values(self, row: sqlite3.Row, *columns: str,
+                         listing: bool = False) -> dict[str, Any]:
+        """The stored JSON of each of these columns kept in an artifact (``<column>_ref``): for
+        a listing, one that cannot be had is a value to show unreadable, not an error."""
+        values: dict[str, Any] = {}
+        for column in columns:
+            ref = row[f"{column}_ref"]
+            if ref is not None:
+                try:
+                    values[column] = self.get_artifact(ref)
+                except ARTIFACT_ERRORS as exc:
+                    if not listing:
+                        raise
+                    values[column] = Unfetched(exc)
+        return values
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -318,47 +358,28 @@ class SqliteStore:
                           new.lease_ms)
 
     def get_run(self, run_id: str) -> RunRecord:
+        return self._run_record(self._run_row(run_id))
+
+    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        return self._listed(self._run_row(run_id))
+
+    def _run_row(self, run_id: str) -> sqlite3.Row:
         rows = self._read("get_run", {"run_id": run_id})
         if not rows:
             raise RunNotFound(run_id)
-        return self._run_record(rows[0])
+        return rows[0]
 
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    def list_runs(self, status: RunStatus | None = None,
+                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
         rows = self._read("list_runs", {"status": status.value if status else None,
                                         "limit": limit})
-        return [self._run_record(row) for row in rows]
+        return [self._listed(row) for row in rows]
+
+    def _listed(self, row: sqlite3.Row) -> RunRecord | UnreadableRun:
+        return listed_run(row, self._artifact_values(row, "inputs", "result", listing=True))
 
     def _run_record(self, row: sqlite3.Row) -> RunRecord:
-        key = f"run_id={row['run_id']}"
-
-        def get(column: str) -> Any:
-            return self._get_value(row[column], None, "safepoint_runs", key)
-
-        status = stored_enum(RunStatus, row["status"], "safepoint_runs", key, "status")
-        return RunRecord(
-            run_id=row["run_id"], workflow=row["workflow"],
-            workflow_version=row["workflow_version"], status=status,
-            input_hash=row["input_hash"],
-            inputs=self._get_value(row["inputs"], row["inputs_ref"], "safepoint_runs", key),
-            state_revision=row["state_revision"], owner=row["owner"],
-            lease_expires_at=row["lease_expires_at"], fence=row["fence"],
-            resume_count=row["resume_count"], event_count=row["event_count"],
-            result=self._get_value(row["result"], row["result_ref"], "safepoint_runs", key),
-            error=get("error"), recovery_record=get("recovery_record"),
-            created_at=row["created_at"], updated_at=row["updated_at"],
-            resume_budget=row["resume_budget"],
-            cancel_requested_at=row["cancel_requested_at"],
-            workflow_fingerprint=row["workflow_fingerprint"],
-            workflow_manifest=get("workflow_manifest"),
-            deadline_at=row["deadline_at"], token_budget=row["token_budget"],
-            cost_budget=row["cost_budget"], tokens_spent=row["tokens_spent"],
-            cost_spent=row["cost_spent"], step_attempts=retry_of(row["step_attempts"], key),
-            waiting_for=get("waiting_for"), step_count=row["step_count"],
-            history_soft_limit=row["history_soft_limit"],
-            history_hard_limit=row["history_hard_limit"],
-            history_warned_at=row["history_warned_at"], chain_id=row["chain_id"],
-            chain_index=row["chain_index"], parent_run_id=row["parent_run_id"],
-            successor_run_id=row["successor_run_id"])
+        return run_record(row, self._artifact_values(row, "inputs", "result"))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
                   dead_owner: str | None = None) -> Claim | None:
@@ -405,59 +426,13 @@ class SqliteStore:
 
     def load_ledger(self, run_id: str) -> Ledger:
         run = self.get_run(run_id)
-        steps = {}
-        for row in self._read("steps_of_run", {"run_id": run_id}):
-            key = f"run_id={run_id} step_id={row['step_id']}"
-            kind = stored_enum(StepKind, row["kind"], "safepoint_steps", key, "kind")
-            status = stored_enum(StepStatus, row["status"], "safepoint_steps", key, "status")
-            steps[row["step_id"]] = StepRecord(
-                run_id=run_id, step_id=row["step_id"], kind=kind, name=row["name"],
-                input_hash=row["input_hash"],
-                result=self._get_value(row["result"], row["result_ref"], "safepoint_steps", key),
-                seq=row["seq"], status=status,
-                error=self._get_value(row["error"], None, "safepoint_steps", key),
-                next_step_id=row["next_step_id"], attempt=row["attempt"],
-                model_id=row["model_id"], prompt_hash=row["prompt_hash"],
-                observed_at=row["observed_at"], operation_id=row["operation_id"],
-                fence=row["fence"], recorded_at=row["recorded_at"], tokens=row["tokens"],
-                cost=row["cost"])
-        operations = {}
-        for row in self._read("operations_of_run", {"run_id": run_id}):
-            operations[row["operation_id"]] = self._operation_record(row)
-        attempts: dict[str, list[AttemptRecord]] = {}
-        for row in self._read("attempts_of_run", {"run_id": run_id}):
-            key = f"run_id={run_id} step_id={row['step_id']} attempt={row['attempt']}"
-            kind = stored_enum(StepKind, row["kind"], "safepoint_attempts", key, "kind")
-            attempts.setdefault(row["step_id"], []).append(AttemptRecord(
-                run_id=run_id, step_id=row["step_id"], attempt=row["attempt"], kind=kind,
-                name=row["name"], input_hash=row["input_hash"],
-                error=self._get_value(row["error"], None, "safepoint_attempts", key),
-                retry_at=row["retry_at"], fence=row["fence"], recorded_at=row["recorded_at"]))
-        return Ledger(run, steps, operations, attempts)
-
-    def _operation_record(self, row: sqlite3.Row) -> OperationRecord:
-        key = f"run_id={row['run_id']} operation_id={row['operation_id']}"
-        state = stored_enum(EffectState, row["state"], "safepoint_operations", key, "state")
-        return OperationRecord(
-            run_id=row["run_id"], operation_id=row["operation_id"], step_id=row["step_id"],
-            effect=row["effect"], state=state, payload_ref=row["payload_ref"],
-            effect_key=row["effect_key"], dispatch_count=row["dispatch_count"],
-            first_dispatched_at=row["first_dispatched_at"],
-            receipt=self._get_value(row["receipt"], None, "safepoint_operations", key),
-            error=self._get_value(row["error"], None, "safepoint_operations", key),
-            fence=row["fence"], prepared_at=row["prepared_at"], updated_at=row["updated_at"],
-            approval_required=bool(row["approval_required"]),
-            target_digest=row["target_digest"], approval_id=row["approval_id"])
+        steps = [(row, self._artifact_values(row, "result"))
+                 for row in self._read("steps_of_run", {"run_id": run_id})]
+        return ledger(run, steps, self._read("operations_of_run", {"run_id": run_id}),
+                      self._read("attempts_of_run", {"run_id": run_id}))
 
     def events(self, run_id: str) -> list[EventRecord]:
-        return [
-            EventRecord(event_id=row["event_id"], run_id=row["run_id"], at=row["at"],
-                        kind=row["kind"], step_id=row["step_id"],
-                        operation_id=row["operation_id"], fence=row["fence"],
-                        worker=row["worker"],
-                        detail=self._get_value(row["detail"], None, "safepoint_events",
-                                               f"event_id={row['event_id']}"))
-            for row in self._read("events_of_run", {"run_id": run_id})]
+        return [event_record(row) for row in self._read("events_of_run", {"run_id": run_id})]
 
     # -- worker writes -------------------------------------------------------------------------
 
@@ -628,7 +603,7 @@ class SqliteStore:
         if row is None:
             raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                              run_id=claim.run_id, operation_id=operation_id)
-        op = self._operation_record(row)
+        op = operation_record(row)
         if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
             approvals = self._approvals_of(conn, claim.run_id, operation_id)
             approval = authorizing(approvals, payload_digest=op.payload_ref,
@@ -708,10 +683,12 @@ class SqliteStore:
                 self._event(conn, run_id, now, "run.resolved",
                             operation_id=resolution.operation_id, worker=resolution.by,
                             detail=resolution.detail())
+                return self._read_back(run_id)
         except _NotApplicable:
             last = self._read("last_event", {"run_id": run_id})
             repeated = (bool(last) and last[0]["kind"] == "run.resolved"
-                        and loads(last[0]["detail"]) == resolution.detail())
+                        and stored_json(last[0]["detail"], "safepoint_events",
+                                        f"run_id={run_id}") == resolution.detail())
             if not repeated:  # the same decision twice is harmless; anything else is refused
                 run = self.get_run(run_id)
                 raise ResolutionRefused(
@@ -729,6 +706,12 @@ class SqliteStore:
             if row is not None:
                 self._event(conn, run_id, now, "run.cancelled" if row["status"] == "cancelled"
                             else "run.cancel_requested", worker=by, detail=detail)
+            return self._read_back(run_id)
+
+    def _read_back(self, run_id: str) -> RunRecord:
+        """The run a person's write just changed, read in that write's transaction: a run whose
+        row cannot be read raises ``CorruptRecord`` and the write rolls back — as on every
+        store, nothing changes a run nobody can read but the worker that blocks it."""
         return self.get_run(run_id)
 
     def replan(self, claim: Claim, change: Replan) -> None:
@@ -760,25 +743,14 @@ class SqliteStore:
 
     # -- approvals -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _approval_record(row: sqlite3.Row) -> ApprovalRecord:
-        return ApprovalRecord(
-            approval_id=row["approval_id"], run_id=row["run_id"],
-            operation_id=row["operation_id"], step_id=row["step_id"],
-            payload_digest=row["payload_digest"], target_digest=row["target_digest"],
-            approved_by=row["approved_by"], approved_at=row["approved_at"],
-            expires_at=row["expires_at"], evidence=row["evidence"],
-            revoked_at=row["revoked_at"], revoked_by=row["revoked_by"],
-            revoke_reason=row["revoke_reason"])
-
     def _approvals_of(self, conn: sqlite3.Connection, run_id: str,
                       operation_id: str) -> list[ApprovalRecord]:
         rows = conn.execute(_Q["approvals_of_operation"],
                             {"run_id": run_id, "operation_id": operation_id}).fetchall()
-        return [self._approval_record(row) for row in rows]
+        return [approval_record(row) for row in rows]
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return [self._approval_record(row)
+        return [approval_record(row)
                 for row in self._read("approvals_of_run", {"run_id": run_id})]
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
@@ -811,7 +783,7 @@ class SqliteStore:
             if row is None:
                 raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
                                  run_id=claim.run_id, operation_id=operation_id)
-            op = self._operation_record(row)
+            op = operation_record(row)
             approvals = self._approvals_of(conn, claim.run_id, operation_id)
             approval = authorizing(approvals, payload_digest=op.payload_ref,
                                    target_digest=target_digest, now=now)
@@ -838,7 +810,7 @@ class SqliteStore:
         run = self._run_record(rows[0])
         found = conn.execute(_Q["operation_of_step"],
                              {"run_id": run_id, "step_id": step_id}).fetchone()
-        op = self._operation_record(found) if found is not None else None
+        op = operation_record(found) if found is not None else None
         approvals = self._approvals_of(conn, run_id, op.operation_id) if op else []
         return run, op, approvals
 
@@ -902,7 +874,7 @@ class SqliteStore:
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         rows = self._read("chain_operation", {"chain_id": chain_id,
                                               "operation_id": operation_id})
-        return self._operation_record(rows[0]) if rows else None
+        return operation_record(rows[0]) if rows else None
 
 
 def _json_or_none(value: JSON) -> str | None:

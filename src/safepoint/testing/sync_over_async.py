@@ -27,6 +27,7 @@ from ..types import (
     RunRecord,
     RunStatus,
     StepRecord,
+    UnreadableRun,
 )
 
 __all__ = ["SyncOverAsync"]
@@ -89,7 +90,11 @@ class SyncOverAsync:
     def get_run(self, run_id: str) -> RunRecord:
         return self._call(self.store.get_run(run_id))
 
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
+        return self._call(self.store.find_run(run_id))
+
+    def list_runs(self, status: RunStatus | None = None,
+                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._call(self.store.list_runs(status, limit))
 
     def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,

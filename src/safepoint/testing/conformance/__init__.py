@@ -39,9 +39,11 @@ module, not in a test file, so for readable failures add to your ``conftest.py``
 The tests of one topic live in a module of their own, as a mixin that ``StoreConformance``
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
-``approvals``, ``revocation`` (revoking approvals) and ``history`` (bounded history and
-continue-as-new). ``_support`` holds what they share: the base class with ``make_store`` and the
-helpers, the constants and the record factories.
+``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
+continue-as-new) and ``unreadable`` (rows that cannot be read: damaged through
+``ConformanceBase.damage``, which a store of your own overrides). ``_support`` holds what they
+share: the base class with ``make_store`` and the helpers, the constants and the record
+factories.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from .limits import LimitTests
 from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
+from .unreadable import UnreadableTests
 
 __all__ = ["StoreConformance", "SyncOverAsync"]
 
@@ -66,6 +69,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    UnreadableTests,
     HistoryTests,
     RevocationTests,
     ApprovalTests,

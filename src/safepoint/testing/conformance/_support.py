@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from ..._canonical import canonical, digest
+from ...errors import UsageError
 from ...storage.base import INLINE_LIMIT, NewRun, Store
 from ...types import (
     JSON,
@@ -29,6 +30,7 @@ from ...types import (
     StepKind,
     StepRecord,
 )
+from ..tamper import overwrite
 
 T = TypeVar("T")
 
@@ -123,7 +125,10 @@ class ConformanceBase(abc.ABC):
         self.tmp_path = tmp_path
         self.workflow = f"conformance-{_uid()}"
         self._opened: list[Store] = []
+        self._repairs: list[Callable[[], object]] = []
         yield
+        for repair in reversed(self._repairs):
+            repair()
         closed: set[int] = set()
         for store in reversed(self._opened):
             if id(store) not in closed:
@@ -174,6 +179,20 @@ class ConformanceBase(abc.ABC):
         claim = store.claim_run(run_id, store.get_run(run_id).state_revision, owner, LONG_LEASE_MS)
         assert claim is not None
         return claim
+
+    def damage(self, store: Store, table: str, column: str, value: str | None, *,
+               repair: str | int | None, **where: str | int) -> None:
+        """Overwrite one stored column behind the store's back, as a bad restore or a failing
+        disk would, and put ``repair`` there once the test ends (the suite may share its
+        database between tests, whose listings must stay readable). safepoint's own stores are
+        damaged with ``safepoint.testing.tamper``; for a store of your own, override this —
+        otherwise the tests that need it are skipped."""
+        try:
+            changed = overwrite(store, table, column, value, **where)
+        except UsageError as exc:
+            pytest.skip(f"{exc.message}: override ConformanceBase.damage for this store")
+        assert changed == 1, f"no row of {table} where {where}"
+        self._repairs.append(lambda: overwrite(store, table, column, repair, **where))
 
     @staticmethod
     def snapshot(store: Store, run_id: str) -> tuple[Ledger, list[EventRecord]]:

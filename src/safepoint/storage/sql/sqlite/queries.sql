@@ -27,9 +27,11 @@ ON CONFLICT (run_id) DO NOTHING;
 -- The oldest run of these workflows ("name", any version, or "name@version") a worker may
 -- take: pending, released, or abandoned by a worker whose lease expired.
 -- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
+-- A lease that is not an integer (none, or a damaged value no clock compares with) is expired.
 SELECT run_id, state_revision, status FROM safepoint_runs
 WHERE (status = 'pending'
-       OR (status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= :now)))
+       OR (status = 'running'
+           AND (typeof(lease_expires_at) <> 'integer' OR lease_expires_at <= :now)))
   AND (workflow IN (SELECT value FROM json_each(:workflows))
        OR workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows)))
 ORDER BY created_at, run_id
@@ -75,8 +77,9 @@ LIMIT :limit;
 
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired, that has no owner, or
--- whose owner is known to be dead; bump the fence and the resume count. A waiting run is
--- claimed only by name (a resume looks at its approval gate again), never by claim_next.
+-- whose owner is known to be dead (or whose lease is not an integer: damaged, it never
+-- expires otherwise); bump the fence and the resume count. A waiting run is claimed only by
+-- name (a resume looks at its approval gate again), never by claim_next.
 UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
@@ -86,7 +89,8 @@ SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
   AND status IN ('pending', 'running', 'blocked', 'waiting')
-  AND (owner IS NULL OR lease_expires_at <= :now OR owner = :dead_owner)
+  AND (owner IS NULL OR typeof(lease_expires_at) <> 'integer' OR lease_expires_at <= :now
+       OR owner = :dead_owner)
 RETURNING fence, state_revision, lease_expires_at;
 
 -- name: fence_check

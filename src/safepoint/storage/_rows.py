@@ -1,0 +1,388 @@
+"""How stored rows become records, the same way on every store: each column is checked as it is
+read.
+
+A column that cannot be read — JSON that does not parse or is not the shape its field holds (a
+list where an object belongs), a value this version does not know (a status, a kind, a state),
+NULL where a value is required, a time that is not an integer, text that is not UTF-8 — makes
+the row a ``CorruptRecord`` naming the table, the row and every such column; never a decoder's
+own ``ValueError`` or ``KeyError``, which would read as a bug (and to a worker as a store to try
+again). A listing does not fail for one such row: ``listed_run`` gives an ``UnreadableRun`` with
+what could not be read and every column that could.
+
+A store hands these functions the row as its driver returned it, and the stored JSON text of
+each column held in an artifact (``inputs``, ``result``: read by the store, which may need I/O
+for it) in ``values``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
+from typing import Any, Protocol, TypeVar
+
+from .._canonical import loads
+from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, UsageError
+from ..types import (
+    ApprovalRecord,
+    AttemptRecord,
+    EffectState,
+    EventRecord,
+    Ledger,
+    OperationRecord,
+    Retry,
+    RunRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    StepStatus,
+    UnreadableRun,
+)
+
+E = TypeVar("E", bound=Enum)
+
+
+class Row(Protocol):
+    """A row as a driver returns it (a dict, a ``sqlite3.Row``): its columns by name."""
+
+    def __getitem__(self, column: str, /) -> Any: ...
+
+
+NO_VALUES: Mapping[str, Any] = {}
+# What an artifact read raises when the artifact cannot be had: the row's value is unreadable.
+ARTIFACT_ERRORS = (ArtifactMissing, ArtifactCorrupt)
+
+
+class Unread(Exception):
+    """A stored value its field cannot hold; the message says why."""
+
+
+class Undecodable(bytes):
+    """Stored text that is not UTF-8, as a driver that was asked not to fail on it returns it
+    (SQLite: see ``tolerant_text``)."""
+
+
+class Unfetched:
+    """A value kept in an artifact that could not be read (missing, or altered): for a listing,
+    which shows the run as unreadable instead of failing."""
+
+    def __init__(self, error: ArtifactMissing | ArtifactCorrupt) -> None:
+        self.reason = error.message
+
+
+def tolerant_text(data: bytes) -> str | Undecodable:
+    """A text column's bytes as ``str`` — or, when they are not UTF-8, as ``Undecodable``: for a
+    row to be reported unreadable, column by column, instead of failing the whole statement."""
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return Undecodable(data)
+
+
+def _shown(value: Any) -> str:
+    text = repr(bytes(value) if isinstance(value, Undecodable) else value)
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _wrong(value: Any, wanted: str) -> Unread:
+    if value is None:
+        return Unread(f"NULL where {wanted} is required")
+    if isinstance(value, Undecodable):
+        return Unread(f"{_shown(value)} is not UTF-8 text")
+    return Unread(f"{_shown(value)} is not {wanted}")
+
+
+# -- column readers: the stored value in, the field's value out (or Unread) --------------------
+
+
+def text(value: Any) -> str:
+    if value.__class__ is str:
+        return value
+    raise _wrong(value, "text")
+
+
+def text_or_null(value: Any) -> str | None:
+    return None if value is None else text(value)
+
+
+def integer(value: Any) -> int:
+    if value.__class__ is int:
+        return value
+    raise _wrong(value, "an integer")
+
+
+def integer_or_null(value: Any) -> int | None:
+    return None if value is None else integer(value)
+
+
+def number(value: Any) -> float:
+    if value.__class__ in (int, float) and math.isfinite(value):
+        return value
+    raise _wrong(value, "a finite number")
+
+
+def number_or_null(value: Any) -> float | None:
+    return None if value is None else number(value)
+
+
+def flag(value: Any) -> bool:
+    if value in (0, 1) and value.__class__ in (bool, int):  # SQLite keeps booleans as 0 / 1
+        return bool(value)
+    raise _wrong(value, "true or false")
+
+
+def json_value(value: Any) -> Any:
+    """Stored JSON text (or UTF-8 bytes) parsed; None for NULL."""
+    if value is None:
+        return None
+    if isinstance(value, Unfetched):
+        raise Unread(value.reason)
+    try:
+        return loads(value.decode() if isinstance(value, bytes) else value)
+    except UnicodeDecodeError:
+        raise Unread(f"{_shown(value)} is not UTF-8 text") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise Unread(f"{_shown(value)} is not JSON ({exc})") from None
+
+
+def json_object_or_null(value: Any) -> dict[str, Any] | None:
+    parsed = json_value(value)
+    if parsed is None or isinstance(parsed, dict):
+        return parsed
+    raise Unread(f"{_shown(value)} is not a JSON object")
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    parsed = json_object_or_null(value)
+    if parsed is None:
+        raise _wrong(None, "a JSON object")
+    return parsed
+
+
+def workflow_manifest(value: Any) -> dict[str, Any] | None:
+    """A run's workflow manifest (``_compat.manifest_of``): tools and prompts as objects of
+    digests, models as a list of ids — the shapes a deploy's comparison reads them as."""
+    parsed = json_object_or_null(value)
+    if parsed is None:
+        return None
+    for part in ("tools", "prompts"):
+        if not isinstance(parsed.get(part) or {}, dict):
+            raise Unread(f"{_shown(value)} is not a workflow manifest ({part} not an object)")
+    models = parsed.get("models") or []
+    if not (isinstance(models, list) and all(isinstance(m, str) for m in models)):
+        raise Unread(f"{_shown(value)} is not a workflow manifest (models not a list of ids)")
+    return parsed
+
+
+def retry_policy(value: Any) -> Retry | None:
+    """A run's default step attempts (``Retry.as_json``), or None."""
+    parsed = json_object_or_null(value)
+    if parsed is None:
+        return None
+    try:
+        return Retry.from_json(parsed)
+    except (ValueError, KeyError, TypeError, UsageError):
+        raise Unread(f"{_shown(value)} is not a step attempts policy") from None
+
+
+_MEMBERS: dict[type[Enum], dict[Any, Enum]] = {}
+
+
+def member(kind: type[E]) -> Callable[[Any], E]:
+    """The reader of one enum: a value this version of safepoint does not know is unreadable."""
+    members = _MEMBERS.get(kind)
+    if members is None:
+        members = _MEMBERS[kind] = {m.value: m for m in kind}
+
+    def read(value: Any) -> E:
+        found = members.get(value) if value.__class__ is str else None
+        if found is None:
+            known = ", ".join(str(key) for key in members)
+            raise Unread(f"unknown value {_shown(value)} (this safepoint knows {known})")
+        return found  # type: ignore[return-value]
+
+    return read
+
+
+# -- rows ------------------------------------------------------------------------------------
+
+# Each column: its name, the class of a stored value its field keeps as it is (text as str,
+# integers as int: checked inline, no call), and its reader for any other value.
+Columns = tuple[tuple[str, type, Callable[[Any], Any]], ...]
+
+
+class _Never:
+    """The class of no stored value: the column is always read by its reader."""
+
+
+_KEPT: dict[Callable[[Any], Any], type] = {text: str, text_or_null: str, integer: int,
+                                           integer_or_null: int}
+
+
+def _columns(*pairs: tuple[str, Callable[[Any], Any]]) -> Columns:
+    return tuple((name, _KEPT.get(read, _Never), read) for name, read in pairs)
+
+
+_RUN = _columns(
+    ("run_id", text), ("workflow", text), ("workflow_version", text),
+    ("status", member(RunStatus)), ("input_hash", text), ("inputs", json_value),
+    ("state_revision", integer), ("owner", text_or_null), ("lease_expires_at", integer_or_null),
+    ("fence", integer), ("resume_count", integer), ("event_count", integer),
+    ("result", json_value), ("error", json_object_or_null),
+    ("recovery_record", json_object_or_null), ("created_at", integer),
+    ("updated_at", integer), ("resume_budget", integer_or_null),
+    ("cancel_requested_at", integer_or_null), ("workflow_fingerprint", text_or_null),
+    ("workflow_manifest", workflow_manifest), ("deadline_at", integer_or_null),
+    ("token_budget", integer_or_null), ("cost_budget", number_or_null),
+    ("tokens_spent", integer), ("cost_spent", number), ("step_attempts", retry_policy),
+    ("waiting_for", json_object_or_null), ("step_count", integer),
+    ("history_soft_limit", integer_or_null), ("history_hard_limit", integer_or_null),
+    ("history_warned_at", integer_or_null), ("chain_id", text_or_null),
+    ("chain_index", integer), ("parent_run_id", text_or_null),
+    ("successor_run_id", text_or_null))
+# What an unreadable run's listing shows of it, when those columns can be read.
+_LISTED = frozenset(UnreadableRun.__dataclass_fields__) - {"run_id", "reason", "columns"}
+
+_STEP = _columns(
+    ("step_id", text), ("kind", member(StepKind)), ("name", text), ("input_hash", text),
+    ("result", json_value), ("seq", integer), ("status", member(StepStatus)),
+    ("error", json_object_or_null), ("next_step_id", text_or_null), ("attempt", integer),
+    ("model_id", text_or_null), ("prompt_hash", text_or_null),
+    ("observed_at", integer_or_null), ("operation_id", text_or_null), ("fence", integer),
+    ("recorded_at", integer), ("tokens", integer_or_null), ("cost", number_or_null))
+
+_ATTEMPT = _columns(
+    ("step_id", text), ("attempt", integer), ("kind", member(StepKind)), ("name", text),
+    ("input_hash", text), ("error", json_object), ("retry_at", integer), ("fence", integer),
+    ("recorded_at", integer))
+
+_OPERATION = _columns(
+    ("run_id", text), ("operation_id", text), ("step_id", text), ("effect", text),
+    ("state", member(EffectState)), ("payload_ref", text), ("effect_key", text),
+    ("dispatch_count", integer), ("first_dispatched_at", integer_or_null),
+    ("receipt", json_value), ("error", json_value), ("fence", integer),
+    ("prepared_at", integer), ("updated_at", integer), ("approval_required", flag),
+    ("target_digest", text_or_null), ("approval_id", text_or_null))
+
+_EVENT = _columns(
+    ("event_id", integer), ("run_id", text), ("at", integer), ("kind", text),
+    ("step_id", text_or_null), ("operation_id", text_or_null), ("fence", integer_or_null),
+    ("worker", text_or_null), ("detail", json_value))
+
+_APPROVAL = _columns(
+    ("approval_id", text), ("run_id", text), ("operation_id", text), ("step_id", text),
+    ("payload_digest", text), ("target_digest", text_or_null), ("approved_by", text),
+    ("approved_at", integer), ("expires_at", integer_or_null), ("evidence", text_or_null),
+    ("revoked_at", integer_or_null), ("revoked_by", text_or_null),
+    ("revoke_reason", text_or_null))
+
+
+def _read(columns: Columns, row: Row,
+          values: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Every column read: the fields that could be, and (column, why) for each that could
+    not. (One ``try`` for a whole good row: replay reads thousands of them.)"""
+    fields: dict[str, Any] = {}
+    try:
+        for column, kept, read in columns:
+            value = row[column]
+            fields[column] = value if value.__class__ is kept else read(value)
+        for column, value in values.items():
+            fields[column] = json_value(value)  # the JSON columns an artifact holds
+        return fields, []
+    except (Unread, KeyError, IndexError):
+        pass
+    fields, problems = {}, []
+    for column, _, read in columns:
+        try:
+            fields[column] = read(values[column] if column in values else row[column])
+        except Unread as exc:
+            problems.append((column, str(exc)))
+        except (KeyError, IndexError):  # a statement that did not return the column
+            problems.append((column, "missing from the row"))
+    return fields, problems
+
+
+def _reason(problems: list[tuple[str, str]]) -> str:
+    return "; ".join(f"{column}: {why}" for column, why in problems)
+
+
+def _key(row: Row, *names: str) -> str:
+    return " ".join(f"{name}={_plain(_column(row, name))}" for name in names)
+
+
+def _column(row: Row, name: str) -> Any:
+    try:
+        return row[name]
+    except (KeyError, IndexError):
+        return None
+
+
+def _plain(value: Any) -> str:
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def _whole(table: str, columns: Columns, row: Row, values: Mapping[str, Any],
+           *key: str) -> dict[str, Any]:
+    fields, problems = _read(columns, row, values)
+    if problems:
+        raise CorruptRecord(table, _key(row, *key), _reason(problems))
+    return fields
+
+
+def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord:
+    """A ``safepoint_runs`` row as a ``RunRecord``; ``CorruptRecord`` when it cannot be read."""
+    return RunRecord(**_whole("safepoint_runs", _RUN, row, values, "run_id"))
+
+
+def listed_run(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord | UnreadableRun:
+    """A ``safepoint_runs`` row as a listing shows it: a ``RunRecord``, or an ``UnreadableRun``
+    with what could not be read and the columns that could."""
+    fields, problems = _read(_RUN, row, values)
+    if not problems:
+        return RunRecord(**fields)
+    return UnreadableRun(
+        run_id=fields.get("run_id") or _plain(_column(row, "run_id")), reason=_reason(problems),
+        columns=tuple(column for column, _ in problems),
+        **{name: value for name, value in fields.items() if name in _LISTED})
+
+
+def ledger(run: RunRecord, steps: Iterable[tuple[Row, Mapping[str, Any]]],
+           operations: Iterable[Row], attempts: Iterable[Row]) -> Ledger:
+    """A run's ledger from its rows: its steps (each with the stored JSON of its result when
+    that is an artifact), operations and failed attempts."""
+    found = Ledger(run)
+    for row, values in steps:
+        step = StepRecord(run_id=run.run_id, **_whole("safepoint_steps", _STEP, row, values,
+                                                      "run_id", "step_id"))
+        found.steps[step.step_id] = step
+    for row in operations:
+        op = operation_record(row)
+        found.operations[op.operation_id] = op
+    for row in attempts:
+        attempt = AttemptRecord(run_id=run.run_id, **_whole(
+            "safepoint_attempts", _ATTEMPT, row, NO_VALUES, "run_id", "step_id", "attempt"))
+        found.attempts.setdefault(attempt.step_id, []).append(attempt)
+    return found
+
+
+def operation_record(row: Row) -> OperationRecord:
+    return OperationRecord(**_whole("safepoint_operations", _OPERATION, row, NO_VALUES,
+                                    "run_id", "operation_id"))
+
+
+def event_record(row: Row) -> EventRecord:
+    return EventRecord(**_whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id"))
+
+
+def approval_record(row: Row) -> ApprovalRecord:
+    return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES,
+                                   "approval_id"))
+
+
+def stored_json(value: Any, table: str, key: str) -> Any:
+    """One stored JSON value read back (None for NULL); ``CorruptRecord`` (naming the row) for
+    one that cannot be read."""
+    try:
+        return json_value(value)
+    except Unread as exc:
+        raise CorruptRecord(table, key, str(exc)) from None
