@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -402,6 +403,21 @@ def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: li
     assert result.stderr.startswith(f"error: no ledger at '{where}': the file does not exist")
     assert "safepoint migrate" in result.stderr
     assert list(where.parent.iterdir()) == []  # no file, no -wal, no -shm
+
+
+@pytest.mark.parametrize("command", LOOKING, ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_command_about_runs_never_creates_a_postgres_ledger(pg_url: str,
+                                                             command: list[str]) -> None:
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    result = run_cli(*command, "--store", f"{pg_url}?schema={schema}")
+    assert result.exit_code == 1, result.output
+    assert "holds no safepoint ledger" in result.stderr
+    with psycopg.connect(pg_url) as conn:
+        found = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
+                             (schema,)).fetchone()
+    assert found == (0,)  # no schema was created for it
 
 
 def test_migrate_still_creates_a_ledger_and_then_the_others_find_it(tmp_path: Path) -> None:

@@ -469,8 +469,9 @@ class CorruptRecord(StoreError):
 
     def __init__(self, table: str, key: str, reason: str) -> None:
         super().__init__(
-            f"unreadable ledger row in {table} ({key}): {reason}; the row is kept as it is —"
-            " restore it from a backup or resolve the run by hand",
+            f"unreadable ledger row in {table} ({key}): {reason}; the row is kept as it is and"
+            " its run blocks (phase unreadable_record) while every other run goes on — repair"
+            " the row or restore it from a backup, then resume the run",
             table=table,
             key=key,
             reason=reason,
