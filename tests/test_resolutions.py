@@ -424,3 +424,29 @@ def test_the_command_line_asks_the_owner_of_an_imported_effect(
             " process" in unasked.stdout)
     [event] = [e for e in store.events("r") if e.kind == "run.resolved"]
     assert event.detail["owner_check"]["not_asked"] == "not_imported"
+
+
+def test_the_dashboard_asks_the_owner_of_a_declared_effect_too(
+        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard's resolve form goes through the same check (`safepoint dashboard
+    --import MODULE` declares the effects): an owner that has it refuses "not applied"."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from safepoint.dashboard import Dashboard
+
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, "applied")
+    with Dashboard(memory_store, port=0, token="a-token-for-the-tests-only") as board:
+        form = {"action": "not_applied", "revision": str(blocked.state_revision), "by": "ana",
+                "token": "a-token-for-the-tests-only"}
+        request = urllib.request.Request(
+            board.url + "/runs/r/resolve", data=urllib.parse.urlencode(form).encode(),
+            method="POST", headers={"Accept": "application/json", "Origin": board.url})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 409  # a conflict with what the owner holds
+    assert "the owner has it" in json.loads(refused.value.read())["error"]
+    assert memory_store.get_run("r") == blocked
+    assert owner_answers.sent == [owner_answers.sent[0]]  # sent once, never again
