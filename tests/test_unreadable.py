@@ -440,3 +440,33 @@ def test_a_worker_process_blocks_every_unreadable_run_and_its_log_stays_small(
                                 catch_exceptions=False)
     listed = [line.split()[0] for line in result.stdout.splitlines()[1:] if line.split()]
     assert set(listed) >= {*bad, "bad-step", "bad-status", *healthy}
+
+
+def test_a_record_met_unreadable_mid_run_blocks_as_unreadable(store: sp.Store,
+                                                               crash_at: Any) -> None:
+    """Not only at load: an earlier run of the chain whose settled operation turns out
+    unreadable when the successor looks it up blocks the successor (``unreadable_record``),
+    never as a store's refusal and never by sending the operation again."""
+    sent: list[str] = []
+    charge = sp.Effect("unreadable-mid.charge",
+                       execute=lambda payload, key: sent.append(str(key)) or {"id": "ch_1"})
+
+    @sp.workflow("unreadable-mid-run")
+    def flow(run: sp.Run, generation: int) -> Any:
+        receipt = run.effect("charge", charge, payload={"amount": 5}, operation_id="charge:1")
+        if generation == 0:
+            run.continue_as_new(1)
+        return receipt
+
+    crash_at("run.after_continue")
+    with pytest.raises(BaseException, match="crash"):
+        sp.start(store, flow, 0, run_id="c", lease_ms=0)
+    crash_at(None)
+    overwrite(store, "safepoint_operations", "receipt", "{not json", run_id="c",
+              operation_id="charge:1")
+    with pytest.raises(sp.CorruptRecord):
+        sp.resume(store, "c")
+    successor = store.get_run("c~1")
+    assert successor.status is sp.RunStatus.BLOCKED
+    assert (successor.recovery_record or {}).get("phase") == "unreadable_record"
+    assert len(sent) == 1

@@ -591,7 +591,7 @@ def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
                 _check_key(op, ledger.run, identity)
                 yield Io("get_artifact", (op.payload_ref,))
-    except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
+    except _UNREADABLE as exc:
         yield from _block_unreadable(claim, run, exc)
         raise
     return ledger
@@ -709,6 +709,8 @@ def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRec
             raise core.halted from exc  # type: ignore[misc]
         if core.halted is not None:
             if core.halted is exc:
+                if isinstance(exc, _UNREADABLE):  # a record of the run met unreadable
+                    yield from _store_refused(core, exc)
                 raise
             raise core.halted from exc  # agent code swallowed the block and failed otherwise
         if isinstance(exc, StoreError):
@@ -820,11 +822,21 @@ def _release(claim: Claim) -> Flow:
         yield Io("release_run", (claim,))
 
 
+# A record of the run that cannot be read: it will not read better on the next resume, so the
+# run blocks for a person (``unreadable_record``) rather than be taken over again and again.
+_UNREADABLE = (CorruptRecord, ArtifactMissing, ArtifactCorrupt)
+
+
 def _store_refused(core: RunCore, exc: StoreError) -> Flow:
     """An unreachable database is transient: the run stays as it is, resumable. A store that
     answers but refuses the write (bad data, a constraint) would refuse it again on every
     resume, so the run blocks for a person instead of retrying forever."""
     if isinstance(exc, StoreUnavailable):
+        return
+    if isinstance(exc, _UNREADABLE):
+        # met mid-run: a record of the run cannot be read — the same block as at its load
+        with contextlib.suppress(StoreError, LostOwnership):
+            yield from _block_unreadable(core.claim, core.run, exc)
         return
     record = build_record(core.run, phase="store_refused", reason=exc.message,
                           evidence={"type": type(exc).__name__,
