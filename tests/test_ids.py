@@ -123,3 +123,54 @@ def test_a_run_id_holding_a_credential_is_refused(store: sp.Store) -> None:
         sp.start(store, plain, 1, run_id=f"run-{token}")
     assert token not in error.value.message
     assert store.list_runs() == []
+
+
+def _waiting_for_approval(store: sp.Store) -> None:
+    refund = sp.Effect("ids.refund", execute=lambda payload, key: {"id": "re_1"})
+
+    @sp.workflow("ids-approval")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("refund", refund, payload={"amount": 5}, approval=True)
+
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, flow, run_id="r")
+
+
+def _operator_verbs(store: sp.Store, run_id: Any, step_id: Any, by: Any) -> dict[str, Any]:
+    """Every verb an operator names a run (and a step or operation of it) with, sync and
+    async, each as a call to make."""
+    import asyncio
+
+    revision = 1
+    return {
+        "approve": lambda: sp.approve(store, run_id, step_id, by=by),
+        "approve_async": lambda: asyncio.run(sp.approve_async(store, run_id, step_id, by=by)),
+        "revoke": lambda: sp.revoke_approval(store, run_id, step_id, by=by, reason="no"),
+        "revoke_async": lambda: asyncio.run(sp.revoke_approval_async(
+            store, run_id, step_id, by=by, reason="no")),
+        "resolve": lambda: sp.resolve(store, run_id, "abandon", revision=revision, by=by,
+                                      operation_id=step_id),
+        "cancel": lambda: sp.cancel(store, run_id, by=by),
+        "cancel_async": lambda: asyncio.run(sp.cancel_async(store, run_id, by=by)),
+    }
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
+def test_operator_verbs_refuse_a_malformed_id_or_name_before_anything_is_recorded(
+        store: sp.Store, bad: Any) -> None:
+    """approve, revoke, resolve and cancel look a run (and a step or operation of it) up by
+    the ids a person typed, and record who acted: a malformed one is a ``UsageError`` naming
+    it — never a store's encoding error, nor a name that cannot be stored or shown."""
+    _waiting_for_approval(store)
+    before = (store.get_run("r"), store.events("r"))
+    placements = {"run id": ("invalid run id", dict(run_id=bad, step_id="refund", by="ana")),
+                  "step id": ("invalid (step|operation) id",
+                              dict(run_id="r", step_id=bad, by="ana")),
+                  "by": ("by=", dict(run_id="r", step_id="refund", by=bad))}
+    for placement, (message, ids) in placements.items():
+        for verb, call in _operator_verbs(store, **ids).items():
+            if placement == "step id" and verb.startswith("cancel"):
+                continue  # cancel names no step
+            with pytest.raises(sp.UsageError, match=message):
+                call()
+            assert (store.get_run("r"), store.events("r")) == before, (placement, verb)

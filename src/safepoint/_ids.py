@@ -64,6 +64,15 @@ def check_run_id(value: object) -> str:
     return check_id(value, "run id")
 
 
+def check_who(by: object, acts: str) -> str:
+    """``by``, the person who ``acts`` ("approves", "resolves the run"): a name recorded with
+    what they did and shown wherever it is — so held to the rules of an id (no NUL, no lone
+    surrogate, not blank), which every store can keep and every terminal can show."""
+    if not by or not isinstance(by, str):
+        raise UsageError(f"say who {acts}: by='name'", what="by")
+    return check_id(by, "name given as by=")
+
+
 def check_step_id(value: object) -> str:
     """A step id as the workflow wrote it (before any fan-out prefix or occurrence counter):
     an id without ``#``, which safepoint appends to repeated ids."""

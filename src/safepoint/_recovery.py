@@ -21,6 +21,7 @@ from ._canonical import require_json
 from ._declared import Declared, lookup
 from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown
 from ._flow import require_store
+from ._ids import check_id, check_run_id, check_who
 from ._limits import limits_ref
 from ._secrets import redact_json, redact_text, refuse_secrets
 from .errors import ResolutionRefused, UsageError
@@ -308,8 +309,10 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
     """``resolve``, returning what the operator tools show: the decision as recorded (with the
     owner check) and the effect key it is sent again under."""
     chosen = one_action(action)
-    if not by or not isinstance(by, str):
-        raise UsageError("say who resolves the run: by='name'")
+    check_run_id(run_id)
+    if operation_id is not None:
+        check_id(operation_id, "operation id")
+    check_who(by, "resolves the run")
     if chosen is ResolutionAction.APPLIED:
         if receipt is None:
             raise UsageError("marking an operation applied needs its receipt as evidence: the"
