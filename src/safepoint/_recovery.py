@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
 from ._declared import Declared, lookup
-from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown
+from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown, key_is_minted
 from ._flow import require_store
 from ._ids import check_id, check_run_id, check_who
 from ._limits import limits_ref
@@ -362,6 +362,14 @@ def _checked_with_owner(store: Store, run_id: str, revision: int, decision: Reso
         # The store refuses it as it stands — unless it repeats the resolution recorded, which
         # carries that one's owner check: asking again now would ask after the re-dispatch.
         return _as_recorded(store, run_id, decision), key
+    if not key_is_minted(op, ledger.run, store.identity):
+        # The owner knows the operation by the key minted: asked under another, it can only
+        # say "not found", which must not stand as its word.
+        raise ResolutionRefused(run_id, f"the owner was not asked: operation {op.operation_id!r}"
+                                f" holds {op.effect_key!r}, which is not the key minted for"
+                                " it (altered after it was recorded) — put the minted key back"
+                                " (from a backup) and resolve again, or look it up at its owner"
+                                " and mark it --applied or --abandon")
     found = lookup(op.effect)
     check = unasked(found, force=force)
     if check is None:
