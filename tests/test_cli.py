@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -402,6 +403,27 @@ def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: li
     assert result.stderr.startswith(f"error: no ledger at '{where}': the file does not exist")
     assert "safepoint migrate" in result.stderr
     assert list(where.parent.iterdir()) == []  # no file, no -wal, no -shm
+
+
+@pytest.mark.parametrize("command", LOOKING[:4], ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_command_about_runs_never_creates_a_ledger_in_a_postgresql_schema(
+        pg_url: str, command: list[str]) -> None:
+    """A schema name mistyped is no ledger either: looking at it creates neither the schema nor
+    a ledger's tables in it (nor in a schema that holds something else)."""
+    import psycopg
+
+    schema = f"typo_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_url}?schema={schema}"
+    result = run_cli(*command, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: no ledger at "), result.stderr
+    assert "safepoint migrate" in result.stderr
+    with psycopg.connect(pg_url) as conn:
+        found = conn.execute("SELECT count(*) FROM information_schema.schemata"
+                             " WHERE schema_name = %s", (schema,)).fetchone()
+    assert found == (0,)
+    assert run_cli("migrate", "--store", url).exit_code == 0  # and migrate sets it up
+    assert run_cli(*command, "--store", url).stderr.startswith(("", "error: no run"))
 
 
 def test_migrate_still_creates_a_ledger_and_then_the_others_find_it(tmp_path: Path) -> None:

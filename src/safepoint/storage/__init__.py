@@ -27,7 +27,8 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     and ``memory:`` (an in-memory database for fast unit tests; it survives nothing).
     ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
     ``power_loss``. ``create=False`` refuses (``UsageError``) an SQLite file that does not
-    exist instead of creating it — for tools that only look at a ledger.
+    exist (or a PostgreSQL schema that holds no ledger) instead of creating one — for tools that
+    only look at a ledger.
 
     >>> store = open_store("memory:")
     """
@@ -47,7 +48,7 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
             from .postgres import PostgresStore
         except ImportError as exc:
             raise MissingExtra("postgres", exc.name or "psycopg") from exc
-        return PostgresStore(url, durability=level)
+        return PostgresStore(url, durability=level, create=create)
     if parts.scheme == "sqlite":
         if parts.netloc:
             raise InvalidStoreURL(url, "an SQLite URL has no host: write sqlite:///file.db")

@@ -61,6 +61,7 @@ from ..errors import (
     SchemaTooNew,
     StoreError,
     StoreUnavailable,
+    UsageError,
 )
 from ..types import (
     JSON,
@@ -238,14 +239,21 @@ class PostgresLedger:
         if self.durability is Durability.POWER_LOSS:
             yield _q("power_loss_durability")
 
-    def prepare(self) -> Plan[None]:
+    def prepare(self, *, create: bool = True) -> Plan[None]:
         """On open, in one transaction on a connection of its own: migrate, and warn when the
-        server cannot keep the stated durability."""
+        server cannot keep the stated durability. ``create=False``: a schema without a ledger
+        (a name mistyped, or another application's) is refused, not set up as one."""
         shipped = load_migrations("postgres")
         # The common case — up to date — takes no lock and runs no DDL. Otherwise queue on the
         # advisory lock and look again: in READ COMMITTED each statement sees what concurrent
         # openers committed while this one waited.
-        if (yield from self._applied(shipped)) < len(shipped):
+        applied = yield from self._applied(shipped)
+        if not create and applied == 0:
+            raise UsageError(f"no ledger at {self.url!r}: the schema"
+                             f" {self.schema or 'public'!r} holds no safepoint ledger; check"
+                             " --store (or SAFEPOINT_URL), or create a ledger there with"
+                             " `safepoint migrate`", url=self.url)
+        if applied < len(shipped):
             yield _q("migration_lock")
             if self.schema:
                 yield Stmt(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(

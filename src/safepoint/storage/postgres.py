@@ -80,7 +80,8 @@ class PostgresStore:
 
     def __init__(self, url: str, *, durability: Durability | str | None = None,
                  inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
-                 connect_timeout: float = 5.0, pool_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 5.0, pool_timeout: float = 10.0,
+                 create: bool = True) -> None:
         self._ledger = ledger = PostgresLedger(url, durability=durability,
                                                inline_limit=inline_limit,
                                                connect_timeout=connect_timeout)
@@ -94,7 +95,7 @@ class PostgresStore:
         with self._connect() as conn:  # fails fast, with libpq's reason, when unreachable
             try:
                 with conn.transaction():
-                    run_plan(conn, ledger.prepare())
+                    run_plan(conn, ledger.prepare(create=create))
             except psycopg.Error as exc:
                 raise ledger.migration_failure(exc) from exc
         self._pool: ConnectionPool[Conn] = ConnectionPool(
