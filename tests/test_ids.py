@@ -174,3 +174,63 @@ def test_operator_verbs_refuse_a_malformed_id_or_name_before_anything_is_recorde
             with pytest.raises(sp.UsageError, match=message):
                 call()
             assert (store.get_run("r"), store.events("r")) == before, (placement, verb)
+
+
+UNSTORABLE = [pytest.param("bad \udcff name", id="lone-surrogate"),
+              pytest.param("bad \x00 name", id="nul")]
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_error_message_that_cannot_be_stored_as_it_is_never_leaves_the_run_running(
+        store: sp.Store, text: str) -> None:
+    """An exception's message is text safepoint records on the caller's behalf: one holding a
+    lone surrogate (an OSError about a file name that is not UTF-8, say) is recorded with it
+    escaped — the workflow sees what was recorded, and the run ends as it would otherwise, on
+    every store, instead of staying ``running`` while each write is refused."""
+    def fails() -> Any:
+        raise OSError(f"cannot open {text}")
+
+    def times_out(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError(f"no answer for {text}")
+
+    stuck = sp.Effect("ids.stuck", execute=times_out)
+
+    @sp.workflow("ids-unstorable")
+    def flow(run: sp.Run, where: str) -> Any:
+        if where == "step":
+            try:
+                run.read("open", fails)
+            except sp.StepFailed as failed:
+                return failed.error_message
+        if where == "effect":
+            return run.effect("send", stuck, payload={})
+        raise ValueError(f"gave up on {text}")
+
+    seen = sp.start(store, flow, "step", run_id="step")
+    assert "cannot open bad" in seen
+    assert seen.endswith("name")
+    assert store.load_ledger("step").steps["open"].error["message"] == seen
+    with pytest.raises(sp.RunFailed, match="gave up on bad"):
+        sp.start(store, flow, "workflow", run_id="workflow")
+    assert store.get_run("workflow").status is sp.RunStatus.FAILED
+    with pytest.raises(sp.NeedsReconciliation, match="no answer for bad"):
+        sp.start(store, flow, "effect", run_id="effect")
+    assert store.get_run("effect").status is sp.RunStatus.BLOCKED
+    assert "no answer for bad" in store.load_ledger("effect").operations["send"].error["message"]
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_operators_words_that_cannot_be_stored_are_refused(store: sp.Store,
+                                                              text: str) -> None:
+    """Evidence and reasons are the caller's own words: one that no store can keep as given
+    is a ``UsageError`` naming it, on every store alike — never a store's encoding error."""
+    _waiting_for_approval(store)
+    before = (store.get_run("r"), store.events("r"))
+    for call in (lambda: sp.approve(store, "r", "refund", by="ana", evidence=text),
+                 lambda: sp.revoke_approval(store, "r", "refund", by="ana", reason=text),
+                 lambda: sp.cancel(store, "r", by="ana", reason=text),
+                 lambda: sp.resolve(store, "r", "abandon", revision=before[0].state_revision,
+                                    by="ana", evidence=text)):
+        with pytest.raises(sp.UsageError, match=r"NUL|surrogate"):
+            call()
+        assert (store.get_run("r"), store.events("r")) == before

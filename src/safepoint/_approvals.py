@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._flow import Flow, Io, adrive, drive, require_store
 from ._history import chain_head
-from ._ids import check_id, check_run_id, check_who
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
 from .types import (
@@ -264,6 +264,7 @@ def _request(by: str, expires: timedelta | datetime | None, evidence: str | None
     check_who(by, "approves")
     if evidence is not None and not isinstance(evidence, str):
         raise UsageError("evidence is a sentence, a link or a ticket id: a string")
+    check_words(evidence, "the approval's evidence")
     refuse_secrets([by, evidence], "the approval")
     if payload_digest is not None and not (isinstance(payload_digest, str)
                                            and _DIGEST.fullmatch(payload_digest)):
@@ -340,6 +341,7 @@ def _revocation(by: str, reason: str) -> ApprovalRevocation:
     if not isinstance(reason, str) or not reason.strip():
         raise UsageError("say why the approval is revoked: reason='…' (recorded, and shown"
                          " to whoever looks at the run)")
+    check_words(reason, "the revocation's reason")
     refuse_secrets([by, reason], "the revocation")
     return ApprovalRevocation(by=by, reason=reason)
 

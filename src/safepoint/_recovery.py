@@ -21,7 +21,7 @@ from ._canonical import require_json
 from ._declared import Declared, lookup
 from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown, key_is_minted
 from ._flow import require_store
-from ._ids import check_id, check_run_id, check_who
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._limits import limits_ref
 from ._secrets import redact_json, redact_text, refuse_secrets
 from .errors import ResolutionRefused, UsageError
@@ -327,6 +327,7 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
         raise UsageError(f"force=True contradicts {chosen.value!r}: it only overrides the"
                          " owner's doubt about a not_applied resolution (and sends the effect"
                          " again regardless)")
+    check_words(evidence, "the resolution's evidence")
     refuse_secrets([by, evidence], "the resolution")
     decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt,
                           evidence=evidence)

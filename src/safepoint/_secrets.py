@@ -504,12 +504,25 @@ def refuse_secrets(value: Any, what: str, step_id: str | None = None) -> None:
 
 def redact_text(text: str) -> str:
     """``text`` with every credential in it replaced by its marked digest: for text safepoint
-    records on the caller's behalf (error messages, reasons)."""
+    records on the caller's behalf (error messages, reasons). Made storable first: a lone
+    surrogate (a file name that is not UTF-8, say, decoded with ``surrogateescape``) is written
+    as its escape, as no store can keep it — the write would be refused and the run left as
+    it was."""
+    text = storable_text(text)
     spans = text_spans(text)
     return _redacted(text, spans) if spans else text
 
 
 redact = redact_text  # the name the engine's modules have used
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store can keep it: its lone surrogates backslash-escaped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def redact_json(value: Any) -> Any:

@@ -26,7 +26,7 @@ from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import key_is_minted
 from ._flow import Call, Flow, Io, Sleep, adrive, drive, require_store
 from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
-from ._ids import check_id, check_run_id, check_who
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._limits import (
     as_retry,
     carried_limits,
@@ -361,6 +361,7 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     """
     require_store(store, "cancel")
     check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
     refuse_secrets([by, reason], "the cancellation")
     run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
@@ -371,6 +372,7 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
     """``cancel`` from async code."""
     require_store(store, "cancel_async")
     check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
     refuse_secrets([by, reason], "the cancellation")
     run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
