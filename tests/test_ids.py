@@ -234,3 +234,31 @@ def test_an_operators_words_that_cannot_be_stored_are_refused(store: sp.Store,
         with pytest.raises(sp.UsageError, match=r"NUL|surrogate"):
             call()
         assert (store.get_run("r"), store.events("r")) == before
+
+
+@pytest.mark.parametrize("evidence", [
+    pytest.param({"why": "no account named bad \udcff name"}, id="lone-surrogate"),
+    pytest.param({"codes": {402}}, id="not-json"),
+    pytest.param(ValueError("declined"), id="an-exception")])
+def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.Store,
+                                                                   evidence: Any) -> None:
+    """``Rejected`` is the owner's definite refusal: its evidence is recorded as every store
+    can keep it (text escaped, what is not JSON as its text), and the run raises the rejection
+    as recorded — not left ``running`` while the write is refused, nor blocked as uncertain."""
+    def declines(payload: Any, key: sp.EffectKey) -> Any:
+        raise sp.Rejected(evidence)
+
+    declined = sp.Effect("ids.declined", execute=declines)
+
+    @sp.workflow("ids-declined")
+    def flow(run: sp.Run) -> Any:
+        try:
+            return run.effect("charge", declined, payload={"amount": 5})
+        except sp.EffectRejected as rejected:
+            return rejected.evidence
+
+    seen = sp.start(store, flow, run_id="r")
+    op = store.load_ledger("r").operations["charge"]
+    assert op.state is sp.EffectState.REJECTED
+    assert op.error == seen
+    assert sp.resume(store, "r") == seen
