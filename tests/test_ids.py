@@ -252,13 +252,11 @@ def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.St
 
     @sp.workflow("ids-declined")
     def flow(run: sp.Run) -> Any:
-        try:
-            return run.effect("charge", declined, payload={"amount": 5})
-        except sp.EffectRejected as rejected:
-            return rejected.evidence
+        return run.effect("charge", declined, payload={"amount": 5})
 
-    seen = sp.start(store, flow, run_id="r")
+    with pytest.raises(sp.EffectRejected) as rejected:
+        sp.start(store, flow, run_id="r")
     op = store.load_ledger("r").operations["charge"]
     assert op.state is sp.EffectState.REJECTED
-    assert op.error == seen
-    assert sp.resume(store, "r") == seen
+    assert op.error == rejected.value.evidence
+    assert store.get_run("r").status is sp.RunStatus.FAILED
