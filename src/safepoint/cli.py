@@ -583,12 +583,17 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--token", envvar="SAFEPOINT_DASHBOARD_TOKEN", show_envvar=True,
               help="The token every action and the JSON API need.  [default: a new random one,"
                    " printed]")
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="Import MODULE first, so that a resolution's \"not applied\" asks the"
+                   " effect's owner (repeatable), as `resolve --import` does.")
 @store_option
 @click.pass_context
-def dashboard(ctx: click.Context, host: str, port: int, token: str | None) -> None:
+def dashboard(ctx: click.Context, host: str, port: int, token: str | None,
+              modules: tuple[str, ...]) -> None:
     """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
     cancel, resolve, approve and revoke (each needs the token, as does the JSON API under
     /api/). Loopback only; Ctrl-C stops it."""
+    _import_modules(modules)
     board = Dashboard(_store(ctx, create=True), host=host, port=port, token=token)
     click.echo(shown(f"safepoint dashboard on {board.url}  (actions and /api/ need the token:"
                      f" {board.token})"))
