@@ -426,6 +426,17 @@ def test_a_command_about_runs_never_creates_a_ledger_in_a_postgresql_schema(
     assert run_cli(*command, "--store", url).stderr.startswith(("", "error: no run"))
 
 
+@pytest.mark.parametrize("command", LOOKING[1:], ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_run_id_no_ledger_can_hold_is_one_clear_line(two_runs: sp.Store, url: str,
+                                                       command: list[str]) -> None:
+    """An argument that is not UTF-8 reaches the command as a lone surrogate: no run can have
+    that id, and every command says so as it says it of any malformed id."""
+    name, _, *rest = command
+    result = run_cli("--store", url, name, "stuck\udcff", *rest)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: invalid run id 'stuck\\udcff'"), result.stderr
+
+
 def test_migrate_still_creates_a_ledger_and_then_the_others_find_it(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new.db'}"
     assert run_cli("migrate", "--store", url).exit_code == 0
