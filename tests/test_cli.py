@@ -405,19 +405,36 @@ def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: li
     assert list(where.parent.iterdir()) == []  # no file, no -wal, no -shm
 
 
-@pytest.mark.parametrize("command", LOOKING, ids=lambda c: " ".join(c[:1] + c[2:3]))
-def test_a_command_about_runs_never_creates_a_postgres_ledger(pg_url: str,
-                                                             command: list[str]) -> None:
+@pytest.mark.parametrize("command", LOOKING[:4], ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_command_about_runs_never_creates_a_ledger_in_a_postgresql_schema(
+        pg_url: str, command: list[str]) -> None:
+    """A schema name mistyped is no ledger either: looking at it creates neither the schema nor
+    a ledger's tables in it (nor in a schema that holds something else)."""
     import psycopg
 
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    result = run_cli(*command, "--store", f"{pg_url}?schema={schema}")
+    schema = f"typo_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_url}?schema={schema}"
+    result = run_cli(*command, "--store", url)
     assert result.exit_code == 1, result.output
-    assert "holds no safepoint ledger" in result.stderr
+    assert result.stderr.startswith("error: no ledger at "), result.stderr
+    assert "safepoint migrate" in result.stderr
     with psycopg.connect(pg_url) as conn:
-        found = conn.execute("SELECT count(*) FROM pg_namespace WHERE nspname = %s",
-                             (schema,)).fetchone()
-    assert found == (0,)  # no schema was created for it
+        found = conn.execute("SELECT count(*) FROM information_schema.schemata"
+                             " WHERE schema_name = %s", (schema,)).fetchone()
+    assert found == (0,)
+    assert run_cli("migrate", "--store", url).exit_code == 0  # and migrate sets it up
+    assert run_cli(*command, "--store", url).stderr.startswith(("", "error: no run"))
+
+
+@pytest.mark.parametrize("command", LOOKING[1:], ids=lambda c: " ".join(c[:1] + c[2:3]))
+def test_a_run_id_no_ledger_can_hold_is_one_clear_line(two_runs: sp.Store, url: str,
+                                                       command: list[str]) -> None:
+    """An argument that is not UTF-8 reaches the command as a lone surrogate: no run can have
+    that id, and every command says so as it says it of any malformed id."""
+    name, _, *rest = command
+    result = run_cli("--store", url, name, "stuck\udcff", *rest)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: invalid run id 'stuck\\udcff'"), result.stderr
 
 
 def test_migrate_still_creates_a_ledger_and_then_the_others_find_it(tmp_path: Path) -> None:

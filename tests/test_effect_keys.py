@@ -110,3 +110,23 @@ def test_an_altered_key_blocks_the_run_and_nothing_is_sent(
     _alter_key(store_url, "r", "charge:1", minted)  # the minted key put back: it goes on
     assert sp.resume(store, "r")["amount"] == 1
     assert owner_env.client.stats()["applied"] == 1
+
+
+def test_not_applied_is_not_asked_of_the_owner_under_an_altered_key(
+        store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    """A person's "not applied" asks the owner by the operation's key first: under a key that
+    is not the one minted, the owner knows nothing, and "not found" would be recorded as its
+    word. Refused instead, naming the key; nothing recorded, nothing sent."""
+    crash_at("effect.after_receiver_commit")
+    with pytest.raises(SimulatedCrash):
+        sp.start(store, charge, 3, run_id="r", lease_ms=0)  # the owner has it
+    crash_at(None)
+    _alter_key(store_url, "r", "charge:3", "sp_" + "1" * 40)
+    with pytest.raises(sp.CorruptRecord):
+        sp.resume(store, "r")
+    blocked = store.get_run("r")
+    with pytest.raises(sp.ResolutionRefused, match="not the key minted"):
+        sp.resolve(store, "r", "not_applied", revision=blocked.state_revision, by="ana",
+                   operation_id="charge:3")
+    assert store.get_run("r") == blocked
+    assert owner_env.client.stats()["applied"] == 1

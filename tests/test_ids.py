@@ -123,3 +123,140 @@ def test_a_run_id_holding_a_credential_is_refused(store: sp.Store) -> None:
         sp.start(store, plain, 1, run_id=f"run-{token}")
     assert token not in error.value.message
     assert store.list_runs() == []
+
+
+def _waiting_for_approval(store: sp.Store) -> None:
+    refund = sp.Effect("ids.refund", execute=lambda payload, key: {"id": "re_1"})
+
+    @sp.workflow("ids-approval")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("refund", refund, payload={"amount": 5}, approval=True)
+
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, flow, run_id="r")
+
+
+def _operator_verbs(store: sp.Store, run_id: Any, step_id: Any, by: Any) -> dict[str, Any]:
+    """Every verb an operator names a run (and a step or operation of it) with, sync and
+    async, each as a call to make."""
+    import asyncio
+
+    revision = 1
+    return {
+        "approve": lambda: sp.approve(store, run_id, step_id, by=by),
+        "approve_async": lambda: asyncio.run(sp.approve_async(store, run_id, step_id, by=by)),
+        "revoke": lambda: sp.revoke_approval(store, run_id, step_id, by=by, reason="no"),
+        "revoke_async": lambda: asyncio.run(sp.revoke_approval_async(
+            store, run_id, step_id, by=by, reason="no")),
+        "resolve": lambda: sp.resolve(store, run_id, "abandon", revision=revision, by=by,
+                                      operation_id=step_id),
+        "cancel": lambda: sp.cancel(store, run_id, by=by),
+        "cancel_async": lambda: asyncio.run(sp.cancel_async(store, run_id, by=by)),
+    }
+
+
+@pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
+def test_operator_verbs_refuse_a_malformed_id_or_name_before_anything_is_recorded(
+        store: sp.Store, bad: Any) -> None:
+    """approve, revoke, resolve and cancel look a run (and a step or operation of it) up by
+    the ids a person typed, and record who acted: a malformed one is a ``UsageError`` naming
+    it — never a store's encoding error, nor a name that cannot be stored or shown."""
+    _waiting_for_approval(store)
+    before = (store.get_run("r"), store.events("r"))
+    placements = {"run id": ("invalid run id", dict(run_id=bad, step_id="refund", by="ana")),
+                  "step id": ("invalid (step|operation) id",
+                              dict(run_id="r", step_id=bad, by="ana")),
+                  "by": ("by=", dict(run_id="r", step_id="refund", by=bad))}
+    for placement, (message, ids) in placements.items():
+        for verb, call in _operator_verbs(store, **ids).items():
+            if placement == "step id" and verb.startswith("cancel"):
+                continue  # cancel names no step
+            with pytest.raises(sp.UsageError, match=message):
+                call()
+            assert (store.get_run("r"), store.events("r")) == before, (placement, verb)
+
+
+UNSTORABLE = [pytest.param("bad \udcff name", id="lone-surrogate"),
+              pytest.param("bad \x00 name", id="nul")]
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_error_message_that_cannot_be_stored_as_it_is_never_leaves_the_run_running(
+        store: sp.Store, text: str) -> None:
+    """An exception's message is text safepoint records on the caller's behalf: one holding a
+    lone surrogate (an OSError about a file name that is not UTF-8, say) is recorded with it
+    escaped — the workflow sees what was recorded, and the run ends as it would otherwise, on
+    every store, instead of staying ``running`` while each write is refused."""
+    def fails() -> Any:
+        raise OSError(f"cannot open {text}")
+
+    def times_out(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError(f"no answer for {text}")
+
+    stuck = sp.Effect("ids.stuck", execute=times_out)
+
+    @sp.workflow("ids-unstorable")
+    def flow(run: sp.Run, where: str) -> Any:
+        if where == "step":
+            try:
+                run.read("open", fails)
+            except sp.StepFailed as failed:
+                return failed.error_message
+        if where == "effect":
+            return run.effect("send", stuck, payload={})
+        raise ValueError(f"gave up on {text}")
+
+    seen = sp.start(store, flow, "step", run_id="step")
+    assert "cannot open bad" in seen
+    assert seen.endswith("name")
+    assert store.load_ledger("step").steps["open"].error["message"] == seen
+    with pytest.raises(sp.RunFailed, match="gave up on bad"):
+        sp.start(store, flow, "workflow", run_id="workflow")
+    assert store.get_run("workflow").status is sp.RunStatus.FAILED
+    with pytest.raises(sp.NeedsReconciliation, match="no answer for bad"):
+        sp.start(store, flow, "effect", run_id="effect")
+    assert store.get_run("effect").status is sp.RunStatus.BLOCKED
+    assert "no answer for bad" in store.load_ledger("effect").operations["send"].error["message"]
+
+
+@pytest.mark.parametrize("text", UNSTORABLE)
+def test_an_operators_words_that_cannot_be_stored_are_refused(store: sp.Store,
+                                                              text: str) -> None:
+    """Evidence and reasons are the caller's own words: one that no store can keep as given
+    is a ``UsageError`` naming it, on every store alike — never a store's encoding error."""
+    _waiting_for_approval(store)
+    before = (store.get_run("r"), store.events("r"))
+    for call in (lambda: sp.approve(store, "r", "refund", by="ana", evidence=text),
+                 lambda: sp.revoke_approval(store, "r", "refund", by="ana", reason=text),
+                 lambda: sp.cancel(store, "r", by="ana", reason=text),
+                 lambda: sp.resolve(store, "r", "abandon", revision=before[0].state_revision,
+                                    by="ana", evidence=text)):
+        with pytest.raises(sp.UsageError, match=r"NUL|surrogate"):
+            call()
+        assert (store.get_run("r"), store.events("r")) == before
+
+
+@pytest.mark.parametrize("evidence", [
+    pytest.param({"why": "no account named bad \udcff name"}, id="lone-surrogate"),
+    pytest.param({"codes": {402}}, id="not-json"),
+    pytest.param(ValueError("declined"), id="an-exception")])
+def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.Store,
+                                                                   evidence: Any) -> None:
+    """``Rejected`` is the owner's definite refusal: its evidence is recorded as every store
+    can keep it (text escaped, what is not JSON as its text), and the run raises the rejection
+    as recorded — not left ``running`` while the write is refused, nor blocked as uncertain."""
+    def declines(payload: Any, key: sp.EffectKey) -> Any:
+        raise sp.Rejected(evidence)
+
+    declined = sp.Effect("ids.declined", execute=declines)
+
+    @sp.workflow("ids-declined")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("charge", declined, payload={"amount": 5})
+
+    with pytest.raises(sp.EffectRejected) as rejected:
+        sp.start(store, flow, run_id="r")
+    op = store.load_ledger("r").operations["charge"]
+    assert op.state is sp.EffectState.REJECTED
+    assert op.error == rejected.value.evidence
+    assert store.get_run("r").status is sp.RunStatus.FAILED

@@ -187,3 +187,13 @@ def test_a_wait_for_approval_is_raised_without_the_engines_frames(
         sp.start(memory_store, flow, run_id="r")
     frames = traceback.extract_tb(waiting.value.__traceback__)
     assert len(frames) <= 3, [f.name for f in frames]
+
+
+@pytest.mark.parametrize("retention", [3600, "23h", dt.timedelta(0), dt.timedelta(hours=-1)])
+def test_a_dedup_retention_that_is_not_a_positive_timedelta_is_refused_at_once(
+        retention: Any) -> None:
+    """Said when the effect is made, not found only when a crash is reconciled (where a number
+    raised AttributeError with the effect in flight, and the run blocked)."""
+    with pytest.raises(ValueError, match="dedup_retention"):
+        sp.Effect("mistakes.retention", execute=lambda payload, key: {"id": "x"},
+                  reconcile=lambda key: sp.NotApplied(), dedup_retention=retention)

@@ -68,6 +68,10 @@ def test_a_changed_effect_step_blocks_instead_of_dispatching_anew(
         sp.resume(store, "r")
     assert orphan in blocked.value.message
     assert (new_op or new_step) in blocked.value.message
+    # It says what happened: no step was recorded for other inputs, and no policy but the
+    # workflow's own is named.
+    assert "recorded for other inputs" not in blocked.value.message
+    assert "'refuse' policy" not in blocked.value.message
     run = store.get_run("r")
     assert run.status is sp.RunStatus.BLOCKED
     record = run.recovery_record

@@ -426,27 +426,43 @@ def test_the_command_line_asks_the_owner_of_an_imported_effect(
     assert event.detail["owner_check"]["not_asked"] == "not_imported"
 
 
-def test_the_dashboard_asks_the_owner_of_a_declared_effect_too(
-        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dashboard's resolve form goes through the same check (`safepoint dashboard
-    --import MODULE` declares the effects): an owner that has it refuses "not applied"."""
+def test_the_dashboard_asks_the_owner_of_an_imported_effect(
+        store: sp.Store, store_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`safepoint dashboard --import MODULE` declares the effects as `resolve --import` does,
+    so that a "not applied" from the board asks the owner first — and is refused when the
+    owner has it."""
     import json
     import urllib.error
-    import urllib.parse
     import urllib.request
 
-    from safepoint.dashboard import Dashboard
-
-    monkeypatch.setenv(owner_answers.ANSWER_ENV, "applied")
-    with Dashboard(memory_store, port=0, token="a-token-for-the-tests-only") as board:
-        form = {"action": "not_applied", "revision": str(blocked.state_revision), "by": "ana",
-                "token": "a-token-for-the-tests-only"}
+    monkeypatch.delenv(owner_answers.ANSWER_ENV, raising=False)
+    owner_answers.sent.clear()
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(store, owner_answers.flow, run_id="r")
+    blocked = store.get_run("r")
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    env.update({owner_answers.ANSWER_ENV: "applied", "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [TESTS, env.get("PYTHONPATH")]))})
+    board = subprocess.Popen(
+        [sys.executable, "-m", "safepoint", "--store", store_url, "dashboard", "--port", "0",
+         "--token", "t0ken-of-the-board", "--import", "owner_answers"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert board.stdout is not None
+        line = board.stdout.readline()
+        assert " on http://" in line, board.communicate(timeout=30)
+        url = line.split(" on ", 1)[1].split()[0]
         request = urllib.request.Request(
-            board.url + "/runs/r/resolve", data=urllib.parse.urlencode(form).encode(),
-            method="POST", headers={"Accept": "application/json", "Origin": board.url})
+            f"{url}/runs/r/resolve", method="POST",
+            data=json.dumps({"action": "not_applied", "revision": blocked.state_revision,
+                             "by": "ana"}).encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer t0ken-of-the-board"})
         with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=10)
-    assert refused.value.code == 409  # a conflict with what the owner holds
-    assert "the owner has it" in json.loads(refused.value.read())["error"]
-    assert memory_store.get_run("r") == blocked
-    assert owner_answers.sent == [owner_answers.sent[0]]  # sent once, never again
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 409
+        assert "the owner has it" in refused.value.read().decode()
+    finally:
+        board.terminate()
+        board.wait(timeout=30)
+    assert store.get_run("r") == blocked
+    assert owner_answers.sent == [store.load_ledger("r").operations["ticket"].effect_key]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._flow import Flow, Io, adrive, drive, require_store
 from ._history import chain_head
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
 from .types import (
@@ -260,10 +261,10 @@ def revocation_detail(revoked: list[ApprovalRecord]) -> dict[str, Any]:
 
 def _request(by: str, expires: timedelta | datetime | None, evidence: str | None,
              payload_digest: str | None) -> ApprovalRequest:
-    if not by or not isinstance(by, str):
-        raise UsageError("say who approves: by='name'")
+    check_who(by, "approves")
     if evidence is not None and not isinstance(evidence, str):
         raise UsageError("evidence is a sentence, a link or a ticket id: a string")
+    check_words(evidence, "the approval's evidence")
     refuse_secrets([by, evidence], "the approval")
     if payload_digest is not None and not (isinstance(payload_digest, str)
                                            and _DIGEST.fullmatch(payload_digest)):
@@ -322,22 +323,25 @@ async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /,
 
 
 def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow:
-    run_id = yield from _carried_on_by(run_id)
+    run_id = yield from _carried_on_by(run_id, step_id)
     return (yield Io("approve", (run_id, step_id, request)))
 
 
-def _carried_on_by(run_id: str) -> Flow:
-    """The id of the run that carries ``run_id``'s chain on: itself, or its latest successor."""
-    run = yield from chain_head((yield Io("get_run", (run_id,))))
+def _carried_on_by(run_id: str, step_id: str) -> Flow:
+    """The id of the run that carries ``run_id``'s chain on: itself, or its latest successor
+    (the ids as a person typed them checked first: nothing is looked up under a malformed one).
+    """
+    check_id(step_id, "step id")  # as recorded: a fan-out's or occurrence's id included
+    run = yield from chain_head((yield Io("get_run", (check_run_id(run_id),))))
     return run.run_id
 
 
 def _revocation(by: str, reason: str) -> ApprovalRevocation:
-    if not by or not isinstance(by, str):
-        raise UsageError("say who revokes the approval: by='name'")
+    check_who(by, "revokes the approval")
     if not isinstance(reason, str) or not reason.strip():
         raise UsageError("say why the approval is revoked: reason='…' (recorded, and shown"
                          " to whoever looks at the run)")
+    check_words(reason, "the revocation's reason")
     refuse_secrets([by, reason], "the revocation")
     return ApprovalRevocation(by=by, reason=reason)
 
@@ -376,5 +380,5 @@ async def revoke_approval_async(store: Store | AsyncStore, run_id: str, step_id:
 
 
 def _revoke_flow(run_id: str, step_id: str, revocation: ApprovalRevocation) -> Flow:
-    run_id = yield from _carried_on_by(run_id)
+    run_id = yield from _carried_on_by(run_id, step_id)
     return (yield Io("revoke_approval", (run_id, step_id, revocation)))

@@ -40,7 +40,7 @@ from ._effects import (
 from ._flow import Call, CallTimedOut, Flow, Io, Sleep
 from ._flow import is_async_callable as _is_async_callable
 from ._ids import check_id
-from ._secrets import error_evidence, redact_json, redact_text, refuse_secrets
+from ._secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from .errors import (
     ApprovalInvalid,
     ArtifactCorrupt,
@@ -449,7 +449,7 @@ def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecor
         return op
     except Rejected as exc:
         # Raised as recorded: a replay raises the rejection from the ledger, the same.
-        evidence = redact_json(exc.evidence)
+        evidence = redact_json(storable_json(exc.evidence))
         yield from _record(core, op, EffectState.REJECTED, error=evidence)
         raise EffectRejected(core.run.run_id, sid, op.operation_id, evidence) from exc
     except Exception as exc:

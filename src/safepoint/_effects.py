@@ -118,6 +118,13 @@ class Effect:
         refuse_secrets(self.name, "the effect's name")  # recorded with each operation
         if self.max_dispatches < 1:
             raise ValueError("max_dispatches must be at least 1")
+        if self.dedup_retention is not None and not (
+                isinstance(self.dedup_retention, timedelta)
+                and self.dedup_retention > timedelta(0)):
+            # Read only when a crash is reconciled: a wrong one must be said now, not then.
+            raise ValueError(f"dedup_retention={self.dedup_retention!r}: give how long the"
+                             " owner remembers a key as a positive timedelta (e.g."
+                             " timedelta(hours=23)), or None")
         if self.verify_timeout is not None and seconds(self.verify_timeout) <= 0:
             raise ValueError("verify_timeout must be a positive duration")
         declare(self)

@@ -12,7 +12,7 @@ store after the run had started.
 
 from __future__ import annotations
 
-from ._secrets import refuse_secrets
+from ._secrets import refuse_secrets, storable_text
 from .errors import InvalidStepId, UsageError
 
 MAX_ID_LENGTH = 1000
@@ -62,6 +62,27 @@ def check_run_id(value: object) -> str:
                          f" is {_ALLOWED}, other than '.' and '..'", id=value, what="run id",
                          problem="a dot segment")
     return check_id(value, "run id")
+
+
+def check_who(by: object, acts: str) -> str:
+    """``by``, the person who ``acts`` ("approves", "resolves the run"): a name recorded with
+    what they did and shown wherever it is — so held to the rules of an id (no NUL, no lone
+    surrogate, not blank), which every store can keep and every terminal can show."""
+    if not by or not isinstance(by, str):
+        raise UsageError(f"say who {acts}: by='name'", what="by")
+    return check_id(by, "name given as by=")
+
+
+def check_words(value: object, what: str) -> None:
+    """A person's own words recorded as given (evidence, a reason): ``UsageError`` for text no
+    store can keep — NUL, or a lone surrogate — the same on every store."""
+    if not isinstance(value, str):
+        return  # None, or a mistake its verb names
+    problem = ("it contains NUL" if "\x00" in value
+               else None if storable_text(value) == value else "it contains a lone surrogate")
+    if problem is not None:
+        raise UsageError(f"{what} {value!r} cannot be recorded: {problem}; write it as plain"
+                         " text", what=what, problem=problem)
 
 
 def check_step_id(value: object) -> str:

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._canonical import require_json
 from ._declared import Declared, lookup
-from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown
+from ._effects import Applied, Effect, EffectKey, NotApplied, Unknown, key_is_minted
 from ._flow import require_store
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._limits import limits_ref
 from ._secrets import redact_json, redact_text, refuse_secrets
 from .errors import ResolutionRefused, UsageError
@@ -308,8 +309,10 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
     """``resolve``, returning what the operator tools show: the decision as recorded (with the
     owner check) and the effect key it is sent again under."""
     chosen = one_action(action)
-    if not by or not isinstance(by, str):
-        raise UsageError("say who resolves the run: by='name'")
+    check_run_id(run_id)
+    if operation_id is not None:
+        check_id(operation_id, "operation id")
+    check_who(by, "resolves the run")
     if chosen is ResolutionAction.APPLIED:
         if receipt is None:
             raise UsageError("marking an operation applied needs its receipt as evidence: the"
@@ -324,6 +327,7 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
         raise UsageError(f"force=True contradicts {chosen.value!r}: it only overrides the"
                          " owner's doubt about a not_applied resolution (and sends the effect"
                          " again regardless)")
+    check_words(evidence, "the resolution's evidence")
     refuse_secrets([by, evidence], "the resolution")
     decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt,
                           evidence=evidence)
@@ -359,6 +363,14 @@ def _checked_with_owner(store: Store, run_id: str, revision: int, decision: Reso
         # The store refuses it as it stands — unless it repeats the resolution recorded, which
         # carries that one's owner check: asking again now would ask after the re-dispatch.
         return _as_recorded(store, run_id, decision), key
+    if not key_is_minted(op, ledger.run, store.identity):
+        # The owner knows the operation by the key minted: asked under another, it can only
+        # say "not found", which must not stand as its word.
+        raise ResolutionRefused(run_id, f"the owner was not asked: operation {op.operation_id!r}"
+                                f" holds {op.effect_key!r}, which is not the key minted for"
+                                " it (altered after it was recorded) — put the minted key back"
+                                " (from a backup) and resolve again, or look it up at its owner"
+                                " and mark it --applied or --abandon")
     found = lookup(op.effect)
     check = unasked(found, force=force)
     if check is None:

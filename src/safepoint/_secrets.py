@@ -36,6 +36,7 @@ a ``Secret`` hashes as a fixed marker — rotating a key does not invalidate a r
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -504,12 +505,42 @@ def refuse_secrets(value: Any, what: str, step_id: str | None = None) -> None:
 
 def redact_text(text: str) -> str:
     """``text`` with every credential in it replaced by its marked digest: for text safepoint
-    records on the caller's behalf (error messages, reasons)."""
+    records on the caller's behalf (error messages, reasons). Made storable first: a lone
+    surrogate (a file name that is not UTF-8, say, decoded with ``surrogateescape``) is written
+    as its escape, as no store can keep it — the write would be refused and the run left as
+    it was."""
+    text = storable_text(text)
     spans = text_spans(text)
     return _redacted(text, spans) if spans else text
 
 
 redact = redact_text  # the name the engine's modules have used
+
+
+def storable_text(text: str) -> str:
+    """``text`` as every store can keep it: its lone surrogates backslash-escaped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def storable_json(value: Any) -> Any:
+    """``value`` as a JSON value every store can keep: for what an owner says that must be
+    recorded whatever it holds (a rejection's evidence). Strings and keys are made storable,
+    and what is not JSON (a set, an exception, an object of the caller's) becomes its text."""
+    if isinstance(value, str):
+        return storable_text(value)
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {storable_text(str(k)): storable_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [storable_json(item) for item in value]
+    return storable_text(repr(value))
 
 
 def redact_json(value: Any) -> Any:

@@ -26,7 +26,7 @@ from ._crashpoints import SimulatedCrash, crashpoint
 from ._effects import key_is_minted
 from ._flow import Call, Flow, Io, Sleep, adrive, drive, require_store
 from ._history import DEFAULT_HISTORY_LIMIT, as_history_limit, chain_head, successor_run_id
-from ._ids import check_id, check_run_id
+from ._ids import check_id, check_run_id, check_who, check_words
 from ._limits import (
     as_retry,
     carried_limits,
@@ -360,8 +360,8 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     request on to the run that carries its chain on, which is returned.
     """
     require_store(store, "cancel")
-    if not by or not isinstance(by, str):
-        raise UsageError("say who cancels the run: by='name'")
+    check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
     refuse_secrets([by, reason], "the cancellation")
     run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run
@@ -371,8 +371,8 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
                        reason: str | None = None) -> RunRecord:
     """``cancel`` from async code."""
     require_store(store, "cancel_async")
-    if not by or not isinstance(by, str):
-        raise UsageError("say who cancels the run: by='name'")
+    check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
     refuse_secrets([by, reason], "the cancellation")
     run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
     return run

@@ -37,6 +37,7 @@ from ._approvals import approve as approve_step
 from ._approvals import revoke_approval as revoke_step
 from ._flow import drive
 from ._history import chain_head
+from ._ids import check_run_id
 from ._moments import when
 from ._presence import HELD, ownership
 from ._recovery import settle
@@ -142,6 +143,14 @@ def store_option(command: F) -> F:
                         help="The ledger (as before the command).")(command)
 
 
+def run_argument(command: F) -> F:
+    """The RUN argument of a command, checked as every verb checks a run id — before a store
+    is opened (an argument that is not UTF-8 arrives holding a lone surrogate, which no ledger
+    can hold)."""
+    return click.argument("run_id", metavar="RUN",
+                          callback=lambda ctx, param, value: check_run_id(value))(command)
+
+
 def _store(ctx: click.Context, *, create: bool = False) -> Store:
     """The store named by --store, opened (and so migrated) once, closed when the command ends.
 
@@ -202,7 +211,7 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.option("--json", "as_document", is_flag=True,
               help="Print everything the ledger holds about the run as one JSON document,"
                    " whole (times in epoch ms).")
@@ -224,7 +233,7 @@ def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @store_option
 @click.pass_context
 def record(ctx: click.Context, run_id: str) -> None:
@@ -249,7 +258,7 @@ def record(ctx: click.Context, run_id: str) -> None:
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.option("--import", "modules", multiple=True, metavar="MODULE",
               help="Import MODULE first so its @workflow registrations exist (repeatable).")
 @store_option
@@ -363,7 +372,7 @@ def one_resolution(chosen: dict[str, bool], *, receipt: bool, force: bool) -> Re
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.option("--applied", is_flag=True,
               help="The operation happened: give its receipt with --receipt.")
 @click.option("--not-applied", is_flag=True,
@@ -445,7 +454,7 @@ def parse_expiry(text: str) -> timedelta | datetime:
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.argument("step_id", metavar="STEP")
 @click.option("--by", required=True, help="Who approves (recorded).")
 @click.option("--expires", metavar="WHEN",
@@ -502,7 +511,7 @@ def _choices(run: RunRecord, steps: list[str], verb: str) -> str:
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.argument("step_id", metavar="STEP")
 @click.option("--by", required=True, help="Who revokes (recorded).")
 @click.option("--reason", required=True, help="Why (recorded, shown with the run).")
@@ -534,7 +543,7 @@ def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) 
 
 
 @cli.command()
-@click.argument("run_id", metavar="RUN")
+@run_argument
 @click.option("--by", required=True, help="Who cancels (recorded).")
 @click.option("--reason", help="Why (recorded).")
 @store_option

@@ -568,7 +568,23 @@ class StaleCheckpoint(RunBlocked):
 
 
 class ReplayMismatch(StaleCheckpoint):
-    """The step recorded at this id has another kind or name: the code path changed."""
+    """The code path changed under the run: the step recorded at this id has another kind or
+    name, or the code no longer reaches an operation the ledger holds and asks for another.
+    Raised under either compatibility policy: no answer of the ledger fits this path."""
+
+    def __init__(self, run_id: str, step_id: str, reason: str,
+                 record: dict[str, Any] | None = None) -> None:
+        RunBlocked.__init__(
+            self,
+            f"step {step_id!r} is not on the path the ledger recorded ({reason}); the run is"
+            " blocked rather than replay or send anything along another path: deploy the code"
+            " that recorded it, or settle the run by hand (see"
+            f" `safepoint record {run_id}`)",
+            run_id=run_id,
+            step_id=step_id,
+            reason=reason,
+            record=record,
+        )
 
 
 class IncompatibleWorkflow(RunBlocked):
