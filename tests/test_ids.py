@@ -260,3 +260,15 @@ def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.St
     assert op.state is sp.EffectState.REJECTED
     assert op.error == rejected.value.evidence
     assert store.get_run("r").status is sp.RunStatus.FAILED
+
+
+@pytest.mark.parametrize("bad", [pytest.param("r\udcff", id="lone-surrogate"),
+                                 pytest.param("r\x00", id="nul")])
+def test_a_store_looked_up_by_an_id_no_record_can_have_says_so_alike(store: sp.Store,
+                                                                    bad: str) -> None:
+    """The stores themselves, called directly: the same UsageError on both, never a raw
+    UnicodeEncodeError on one and a StoreError on the other."""
+    for lookup in (store.get_run, store.find_run, store.load_ledger, store.events,
+                   store.approvals):
+        with pytest.raises(sp.UsageError):
+            lookup(bad)

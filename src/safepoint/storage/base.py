@@ -31,6 +31,7 @@ from ..errors import (
     DeadlineExceeded,
     HistoryLimitReached,
     LostOwnership,
+    UsageError,
 )
 from ..types import (
     JSON,
@@ -482,6 +483,22 @@ class AsyncStore(Protocol):
 
 
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------
+
+
+def unstorable(exc: BaseException) -> UsageError | None:
+    """The answer, the same on every store, to a value the database cannot hold at all — text
+    with a lone surrogate, or NUL, which a driver refuses before anything is sent: no record
+    can have such an id, so it is the caller's mistake (``UsageError``), not the store's."""
+    nul = type(exc).__name__ == "DataError" and "NUL" in str(exc)
+    if isinstance(exc, UnicodeEncodeError) or nul:
+        return cannot_store(str(exc))
+    return None
+
+
+def cannot_store(detail: str) -> UsageError:
+    return UsageError(f"a value given to the store cannot be stored ({detail}): ids and text are"
+                      " stored as UTF-8, without lone surrogates or NUL — check the id")
+
 
 
 def check_payload(op: OperationRecord, payload: bytes) -> None:

@@ -66,7 +66,7 @@ from ._postgres import (
     run_plan,
     unreachable,
 )
-from .base import INLINE_LIMIT, NewRun, Replan
+from .base import INLINE_LIMIT, NewRun, Replan, unstorable
 
 __all__ = ["PostgresStore"]
 
@@ -177,7 +177,8 @@ class PostgresStore:
                     # hands every returned connection to a worker thread (~0.1 ms a step).
                     self._resting.rested(conn)
         except DRIVER_ERRORS as exc:
-            raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
+            raise unstorable(exc) or self._ledger.failure(exc, self._pool.timeout,
+                                                         self._pool.max_size) from exc
 
     def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, made by ``plan()``: run once more, on a fresh connection,

@@ -66,7 +66,7 @@ from ._postgres import (
     run_plan,
     unreachable,
 )
-from .base import INLINE_LIMIT, NewRun, Replan
+from .base import INLINE_LIMIT, NewRun, Replan, unstorable
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -214,7 +214,8 @@ class AsyncPostgresStore:
                 finally:
                     self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
         except DRIVER_ERRORS as exc:
-            raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
+            raise unstorable(exc) or self._ledger.failure(exc, self._pool.timeout,
+                                                         self._pool.max_size) from exc
 
     async def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, run once more on a fresh connection when the server ended

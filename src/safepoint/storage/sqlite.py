@@ -85,12 +85,14 @@ from .base import (
     Replan,
     abandoned_error,
     cancelled_error,
+    cannot_store,
     check_payload,
     load_migrations,
     load_queries,
     refuse_gated,
     refused_write,
     retry_json,
+    unstorable,
 )
 
 _Q = load_queries("sqlite")
@@ -204,10 +206,13 @@ class SqliteStore:
             if conn.in_transaction:  # SQLite may already have rolled back on its own
                 conn.execute("ROLLBACK")
             if isinstance(exc, (sqlite3.Error, UnicodeError)):
-                raise StoreError(f"write to the store failed: {exc}") from exc
+                raise unstorable(exc) or StoreError(f"write to the store failed: {exc}") from exc
             raise
 
     def _read(self, query: str, params: dict[str, Any]) -> list[sqlite3.Row]:
+        for value in params.values():  # SQLite would look NUL up; PostgreSQL cannot hold it
+            if isinstance(value, str) and "\x00" in value:
+                raise cannot_store("text holding NUL")
         try:
             with self._turn():
                 conn = self._conn()
@@ -220,6 +225,8 @@ class SqliteStore:
                         return conn.execute(_Q[query], params).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read the store: {exc}") from exc
+        except UnicodeEncodeError as exc:  # a lookup by an id no record can have
+            raise unstorable(exc) or StoreError(f"cannot read the store: {exc}") from exc
 
     def now(self) -> int:
         return self._clock()
