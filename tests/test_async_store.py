@@ -100,3 +100,19 @@ def test_a_blocking_step_on_the_loop_keeps_its_lease(pg_url: str) -> None:
     assert asyncio.run(main()) == "answer"
     assert calls == ["MainThread"]
     assert "owned" in second, second
+
+
+def test_the_async_store_can_refuse_a_schema_that_holds_no_ledger(pg_url: str) -> None:
+    import psycopg
+
+    schema = f"none_{uuid.uuid4().hex[:12]}"
+
+    async def main() -> None:
+        with pytest.raises(sp.UsageError, match="holds no safepoint ledger"):
+            await sp.open_async_store(f"{pg_url}?schema={schema}", create=False)
+
+    asyncio.run(main())
+    with psycopg.connect(pg_url) as conn:
+        found = conn.execute("SELECT count(*) FROM information_schema.schemata"
+                             " WHERE schema_name = %s", (schema,)).fetchone()
+    assert found == (0,)

@@ -15,15 +15,15 @@ from .base import AsyncStore
 __all__ = ["open_async_store"]
 
 
-async def open_async_store(url: str, *,
-                           durability: Durability | str | None = None) -> AsyncStore:
+async def open_async_store(url: str, *, durability: Durability | str | None = None,
+                           create: bool = True) -> AsyncStore:
     """Open (and migrate) the ledger at ``url`` for asyncio code; call it inside the event loop
     that will use the store, and ``await store.close()`` when done.
 
     Only ``postgresql://`` (or ``postgres://``) URLs, with the same parameters as ``open_store``
-    (``?schema=``, ``?durability=``); needs the ``postgres`` extra. SQLite is used through the
-    sync ``open_store``: its calls are fast local commits, which ``start_async`` and
-    ``resume_async`` accept as they are.
+    (``?schema=``, ``?durability=``, and ``create=False`` to refuse a schema that holds no
+    ledger); needs the ``postgres`` extra. SQLite is used through the sync ``open_store``: its
+    calls are fast local commits, which ``start_async`` and ``resume_async`` accept as they are.
 
     >>> store = await open_async_store("postgresql://worker@db.internal/app")  # doctest: +SKIP
     """
@@ -35,4 +35,4 @@ async def open_async_store(url: str, *,
         from .postgres_async import AsyncPostgresStore
     except ImportError as exc:
         raise MissingExtra("postgres", exc.name or "psycopg") from exc
-    return await AsyncPostgresStore.open(url, durability=durability)
+    return await AsyncPostgresStore.open(url, durability=durability, create=create)

@@ -122,24 +122,25 @@ class AsyncPostgresStore:
     @classmethod
     async def open(cls, url: str, *, durability: Durability | str | None = None,
                    inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
-                   connect_timeout: float = 5.0,
-                   pool_timeout: float = 10.0) -> AsyncPostgresStore:
+                   connect_timeout: float = 5.0, pool_timeout: float = 10.0,
+                   create: bool = True) -> AsyncPostgresStore:
         """Open (and migrate) the store at ``url``; call it inside the event loop that will
-        use the store."""
+        use the store. ``create=False``: a schema that holds no ledger is refused
+        (``UsageError``) instead of being set up as one."""
         store = cls(url, durability=durability, inline_limit=inline_limit,
                     max_connections=max_connections, connect_timeout=connect_timeout,
                     pool_timeout=pool_timeout)
-        await store.open_pool()
+        await store.open_pool(create=create)
         return store
 
-    async def open_pool(self) -> None:
+    async def open_pool(self, *, create: bool = True) -> None:
         """Connect, migrate, and open the pool (once; later calls do nothing)."""
         if self._opened:
             return
         conn = await self._connect()  # fails fast, with libpq's reason, when unreachable
         try:
             async with conn.transaction():
-                await run_plan_async(conn, self._ledger.prepare())
+                await run_plan_async(conn, self._ledger.prepare(create=create))
         except psycopg.Error as exc:
             raise self._ledger.migration_failure(exc) from exc
         finally:
