@@ -157,6 +157,14 @@ def test_public_surface_is_sorted_and_complete() -> None:
     assert public - {"annotations"} <= set(sp.__all__)
 
 
+def test_every_public_name_has_a_docstring_of_its_own() -> None:
+    """Not the one a dataclass writes for itself (its signature), nor none."""
+    undocumented = [name for name in sp.__all__
+                    if not (doc := (getattr(sp, name).__doc__ or "").strip())
+                    or doc.startswith(f"{name}(")]
+    assert undocumented == []
+
+
 def test_errors_carry_fields_and_advice() -> None:
     error = sp.NeedsReconciliation("r", "s", "op", "owner down")
     assert (error.run_id, error.step_id, error.operation_id) == ("r", "s", "op")

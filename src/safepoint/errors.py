@@ -90,6 +90,8 @@ class UsageError(SafepointError):
 
 
 class RunNotFound(UsageError):
+    """No run has this id in this store (or the store URL points elsewhere)."""
+
     run_id: str
 
     def __init__(self, run_id: str) -> None:
@@ -101,6 +103,9 @@ class RunNotFound(UsageError):
 
 
 class RunConflict(UsageError):
+    """A run id already names a run of another workflow or with other inputs: one id, one piece of
+    work."""
+
     run_id: str
     reason: str
 
@@ -114,6 +119,8 @@ class RunConflict(UsageError):
 
 
 class WorkflowNotFound(UsageError):
+    """The run's workflow is not registered in this process: import the module that defines it."""
+
     workflow: str
     run_id: str | None
 
@@ -127,6 +134,9 @@ class WorkflowNotFound(UsageError):
 
 
 class NotJSON(UsageError):
+    """A value to be recorded (inputs, a result, a payload, a receipt) is not JSON; ``path`` says
+    where."""
+
     what: str
     path: str
     type_name: str
@@ -146,6 +156,8 @@ class NotJSON(UsageError):
 
 
 class SecretRefused(UsageError):
+    """A value the caller chose looks like a credential and was not recorded; ``path`` says where."""
+
     what: str
     path: str
     why: str
@@ -165,6 +177,8 @@ class SecretRefused(UsageError):
 
 
 class InvalidDecision(UsageError):
+    """A ``decide`` step returned no next step id."""
+
     step_id: str
 
     def __init__(self, step_id: str, got: str) -> None:
@@ -176,6 +190,8 @@ class InvalidDecision(UsageError):
 
 
 class InvalidStepId(UsageError):
+    """A step id that cannot be one (blank, not a string, NUL, a lone surrogate, ``#``, too long)."""
+
     step_id: object  # type: ignore[assignment]  # what was given, which is no step id
     reason: str
 
@@ -190,6 +206,8 @@ class InvalidStepId(UsageError):
 
 
 class ResolutionRefused(UsageError):
+    """A person's resolution does not fit the run as it now stands; nothing was changed."""
+
     run_id: str
     reason: str
 
@@ -224,6 +242,8 @@ class ApprovalRefused(UsageError):
 
 
 class InvalidStoreURL(UsageError):
+    """A store URL that names no store safepoint can open."""
+
     url: str
 
     def __init__(self, url: str, reason: str) -> None:
@@ -235,6 +255,9 @@ class InvalidStoreURL(UsageError):
 
 
 class MissingExtra(UsageError):
+    """An optional dependency of the store asked for is not installed (``pip install
+    'safepoint[extra]'``)."""
+
     extra: str
     module: str
 
@@ -248,6 +271,8 @@ class MissingExtra(UsageError):
 
 
 class RunOwned(SafepointError):
+    """A live worker holds the run's lease; ``lease_expires_at`` says until when (epoch ms)."""
+
     run_id: str
     owner: str
     lease_expires_at: int
@@ -264,6 +289,8 @@ class RunOwned(SafepointError):
 
 
 class RunFailed(SafepointError):
+    """The run ended failed; resuming it raises this again from the ledger."""
+
     run_id: str
     error_type: str
     error_message: str
@@ -439,6 +466,8 @@ class StoreUnavailable(StoreError):
 
 
 class SchemaTooNew(StoreError):
+    """The store was migrated by a newer safepoint than this one; nothing was changed."""
+
     found: int
     known: int
 
@@ -452,6 +481,8 @@ class SchemaTooNew(StoreError):
 
 
 class MigrationMismatch(StoreError):
+    """A migration recorded in the store differs from the one this safepoint ships."""
+
     version: int
 
     def __init__(self, version: int) -> None:
@@ -463,6 +494,8 @@ class MigrationMismatch(StoreError):
 
 
 class CorruptRecord(StoreError):
+    """A ledger row cannot be read (``table``, ``key``, ``reason``); the row is kept as it is."""
+
     table: str
     key: str
     reason: str
@@ -479,6 +512,8 @@ class CorruptRecord(StoreError):
 
 
 class ArtifactMissing(StoreError):
+    """An artifact the ledger refers to is not in the store."""
+
     digest: str
 
     def __init__(self, digest: str) -> None:
@@ -489,6 +524,8 @@ class ArtifactMissing(StoreError):
 
 
 class ArtifactCorrupt(StoreError):
+    """An artifact's bytes no longer match their digest."""
+
     digest: str
     actual: str
 
@@ -513,6 +550,8 @@ class RunBlocked(SafepointError):
 
 
 class NeedsReconciliation(RunBlocked):
+    """An effect may have happened and could not be settled: the run blocks for a person."""
+
     step_id: str
     operation_id: str
     reason: str
@@ -532,6 +571,8 @@ class NeedsReconciliation(RunBlocked):
 
 
 class VerificationFailed(RunBlocked):
+    """An applied effect was not accepted by its verifier: the run blocks, nothing is sent again."""
+
     step_id: str
     operation_id: str
     reason: str
@@ -551,6 +592,8 @@ class VerificationFailed(RunBlocked):
 
 
 class StaleCheckpoint(RunBlocked):
+    """A recorded step answers another question than the one now asked (its input hash moved)."""
+
     step_id: str
     reason: str
 
@@ -588,6 +631,8 @@ class ReplayMismatch(StaleCheckpoint):
 
 
 class IncompatibleWorkflow(RunBlocked):
+    """The run was recorded by another workflow version or fingerprint than this process has."""
+
     recorded: str
     current: str
     changes: list[str]

@@ -20,6 +20,8 @@ class Durability(StrEnum):
 
 
 class RunStatus(StrEnum):
+    """Where a run stands: pending, running, waiting, blocked, or one of its endings."""
+
     PENDING = "pending"        # created, not yet claimed by a worker
     RUNNING = "running"        # owned (or last owned) by a worker that is making progress
     COMPLETED = "completed"    # the workflow returned; the result is recorded
@@ -37,6 +39,9 @@ class RunStatus(StrEnum):
 
 
 class StepKind(StrEnum):
+    """What a recorded step is, which decides how it replays: pure, read, model, decision, effect,
+    value."""
+
     PURE = "pure"              # recomputable; recorded as an optimisation
     READ = "read"              # an observation; replayed until max_age says it expired
     MODEL = "model"            # a model response; replayed, never re-generated
@@ -46,11 +51,15 @@ class StepKind(StrEnum):
 
 
 class StepStatus(StrEnum):
+    """How a recorded step ended: completed, or failed (its error is raised again on replay)."""
+
     COMPLETED = "completed"    # the step returned; its result is recorded
     FAILED = "failed"          # the step raised; its error is recorded and raised on replay
 
 
 class EffectState(StrEnum):
+    """Where one effect operation stands in the dispatch protocol (see DESIGN §3)."""
+
     PREPARED = "prepared"          # payload, operation id and effect key are durable
     DISPATCHING = "dispatching"    # "dispatch may have happened"
     APPLIED = "applied"            # the owner's receipt is recorded
@@ -61,6 +70,8 @@ class EffectState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
+    """A run as the ledger holds it: identity, workflow, status, ownership, limits, outcome."""
+
     run_id: str
     workflow: str
     workflow_version: str
@@ -166,6 +177,8 @@ class HistoryLimit:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
+    """One recorded step of a run: its id, kind, input hash and result (or error)."""
+
     run_id: str
     step_id: str
     kind: StepKind
@@ -206,6 +219,8 @@ class AttemptRecord:
 
 @dataclass(frozen=True, slots=True)
 class OperationRecord:
+    """One effect operation: its key, payload digest, state in the dispatch protocol and outcome."""
+
     run_id: str
     operation_id: str
     step_id: str
@@ -227,6 +242,9 @@ class OperationRecord:
 
 @dataclass(frozen=True, slots=True)
 class EventRecord:
+    """One entry of a run's append-only history: what happened, when, by which worker under which
+    fence."""
+
     event_id: int
     run_id: str
     at: int
@@ -239,6 +257,8 @@ class EventRecord:
 
 
 class ResolutionAction(StrEnum):
+    """What a person decided about a blocked run's operation."""
+
     APPLIED = "applied"          # the operation happened: its receipt is the evidence
     NOT_APPLIED = "not_applied"  # it did not: dispatch it again, under the same key
     ABANDON = "abandon"          # give the run up: it ends cancelled

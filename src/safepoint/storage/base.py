@@ -108,6 +108,9 @@ class Replan:
 
 
 class Store(Protocol):
+    """The ledger store's operations, each one atomic (see the module docstring); open one with
+    ``safepoint.open_store``. The conformance suite says what each must do."""
+
     url: str
 
     @property
