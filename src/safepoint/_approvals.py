@@ -29,12 +29,13 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ._flow import Flow, Io, adrive, drive, require_store
 from ._history import chain_head
 from ._ids import check_id, check_run_id, check_who, check_words
+from ._moments import instant
 from ._secrets import refuse_secrets
 from .errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, UsageError
 from .types import (
@@ -53,11 +54,6 @@ if TYPE_CHECKING:
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 # An approval authorizes a dispatch still to come, or a re-dispatch of an uncertain one.
 _APPROVABLE = (EffectState.PREPARED, EffectState.DISPATCHING, EffectState.UNKNOWN)
-
-
-def at(ms: int) -> str:
-    """Epoch milliseconds as an ISO 8601 UTC instant, for messages."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
 # ``approvals`` below are one operation's, in the order they were given (as stores list them).
@@ -79,7 +75,7 @@ def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
     who = latest.approved_by
     if latest.revoked_at is not None:
         return (f"the approval by {who} was revoked by {latest.revoked_by} at"
-                f" {at(latest.revoked_at)}: {latest.revoke_reason}"), True
+                f" {instant(latest.revoked_at)}: {latest.revoke_reason}"), True
     if latest.payload_digest != payload_digest:
         return (f"the payload changed since {who} approved it ({latest.payload_digest[:19]}…"
                 f" is now {payload_digest[:19]}…)"), True
@@ -87,7 +83,7 @@ def unauthorized(approvals: list[ApprovalRecord], *, payload_digest: str,
         return (f"the target's state changed since {who} approved it (the approval was for"
                 f" state {_short(latest.target_digest)}, it is now {_short(target_digest)})"), True
     if latest.expires_at is not None and latest.expires_at <= now:
-        return f"the approval by {who} expired at {at(latest.expires_at)}", True
+        return f"the approval by {who} expired at {instant(latest.expires_at)}", True
     return "no approval given authorizes it", True
 
 
@@ -158,7 +154,7 @@ def plan_approval(run: RunRecord, step_id: str, op: OperationRecord | None,
     if expires_at is None and request.ttl_ms is not None:
         expires_at = now + request.ttl_ms
     if expires_at is not None and expires_at <= now:
-        raise refuse(f"it would expire ({at(expires_at)}) before it is given")
+        raise refuse(f"it would expire ({instant(expires_at)}) before it is given")
     release = (run.status is RunStatus.WAITING
                and (run.waiting_for or {}).get("operation_id") == op.operation_id)
     for given in approvals:  # the same person approving the same thing again: no new approval
@@ -219,7 +215,7 @@ def plan_revocation(run: RunRecord, step_id: str, op: OperationRecord | None,
         if approvals:
             last = approvals[-1]
             raise refuse(f"every approval of effect {op.operation_id!r} was revoked already"
-                         f" (the last by {last.revoked_by} at {at(last.revoked_at or now)}):"
+                         f" (the last by {last.revoked_by} at {instant(last.revoked_at or now)}):"
                          " nothing is left to revoke")
         raise refuse(f"effect {op.operation_id!r} has no approval to revoke")
     return [replace(a, revoked_at=now, revoked_by=revocation.by,
