@@ -5,7 +5,7 @@ PYTHON ?= python3
 
 BENCH_VENV := bench/.venv
 
-.PHONY: demo test check lint bench bench-quick clean
+.PHONY: demo test test-fast check lint bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resume
 
 test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
 	$(BIN)/pytest
+
+test-fast: $(BIN)/.installed     ## for development: everything but the kill tests and soaks (~3 min)
+	$(BIN)/pytest -m "not kill and not slow"
 
 lint: $(BIN)/.installed          ## style and types
 	$(BIN)/ruff check src tests bench

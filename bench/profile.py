@@ -74,7 +74,7 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
 
 def _stopped_before_completion(store: Any, flow: Any, steps: int) -> None:
     import safepoint as sp
-    from safepoint._crashpoints import SimulatedCrash, arm
+    from safepoint._engine.crashpoints import SimulatedCrash, arm
 
     arm("run.before_complete", "raise")
     try:

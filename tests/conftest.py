@@ -14,7 +14,7 @@ import pytest
 pytest.register_assert_rewrite("safepoint.testing.conformance")
 
 import safepoint as sp  # noqa: E402
-from safepoint import _crashpoints  # noqa: E402
+from safepoint._engine import crashpoints as _crashpoints  # noqa: E402
 from safepoint.testing.owner import OwnerService  # noqa: E402
 
 TESTS = str(Path(__file__).parent)
@@ -113,3 +113,11 @@ def store(store_url: str) -> Iterator[sp.Store]:
     opened = sp.open_store(store_url)
     yield opened
     opened.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/kill kills real processes: mark it so the fast tier leaves it out."""
+    kill_dir = Path(TESTS) / "kill"
+    for item in items:
+        if kill_dir in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.kill)

@@ -4,15 +4,10 @@ The public surface is exactly ``__all__``; everything in a module whose name sta
 underscore is private.
 """
 
-from ._approvals import approve, approve_async, revoke_approval, revoke_approval_async
-from ._compat import Compatibility
-from ._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
-from ._recovery import record_schema, resolve
-from ._run import AsyncRun, Run
-from ._secrets import Secret
-from ._transcript import Transcript
-from ._worker import Worker
-from ._workflow import (
+from ._engine.run import AsyncRun, Run
+from ._engine.verbs import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.worker import Worker
+from ._engine.workflow import (
     Workflow,
     cancel,
     cancel_async,
@@ -24,6 +19,11 @@ from ._workflow import (
     submit_async,
     workflow,
 )
+from ._rules.compat import Compatibility
+from ._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
+from ._rules.recovery import record_schema
+from ._rules.secrets import Secret
+from ._rules.transcript import Transcript
 from .errors import (
     ApprovalInvalid,
     ApprovalRefused,

@@ -1,6 +1,6 @@
 """``python -m safepoint``: the same as the ``safepoint`` command."""
 
-from .cli import main
+from .ops.cli import main
 
 if __name__ == "__main__":
     main()

@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._moments import instant, when
+from ._rules.moments import instant, when
 
 
 class SafepointError(Exception):

@@ -13,7 +13,7 @@ it out in one transaction:
 
 Both translate driver errors with ``PostgresLedger.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
-This is the store-level twin of ``safepoint._flow``, where the run logic is written once the
+This is the store-level twin of ``safepoint._engine.flow``, where the run logic is written once the
 same way.
 """
 
@@ -33,8 +33,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
-from .._approvals import approval_detail as approved_detail
-from .._approvals import (
+from .._rules.approvals import approval_detail as approved_detail
+from .._rules.approvals import (
     authorizing,
     plan_approval,
     plan_revocation,
@@ -42,10 +42,10 @@ from .._approvals import (
     revocation_detail,
     waiting_record,
 )
-from .._canonical import digest as content_digest
-from .._canonical import dumps, sha256_hex
-from .._history import history_warning, warning_due
-from .._recovery import refusal
+from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps, sha256_hex
+from .._rules.history import history_warning, warning_due
+from .._rules.recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -708,7 +708,7 @@ class PostgresLedger:
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
-    # -- approvals (the decisions are in safepoint._approvals) ---------------------------------
+    # -- approvals (the decisions are in safepoint._rules.approvals) ---------------------------------
 
     def _approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
         rows = yield _q("approvals_of_operation", run_id=run_id, operation_id=operation_id)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any, Protocol, TypeVar
 
-from .._canonical import loads
+from .._rules.canonical import loads
 from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, UsageError
 from ..types import (
     ApprovalRecord,
@@ -160,7 +160,7 @@ def json_object(value: Any) -> dict[str, Any]:
 
 
 def workflow_manifest(value: Any) -> dict[str, Any] | None:
-    """A run's workflow manifest (``_compat.manifest_of``): tools and prompts as objects of
+    """A run's workflow manifest (``_rules.compat.manifest_of``): tools and prompts as objects of
     digests, models as a list of ids — the shapes a deploy's comparison reads them as."""
     parsed = json_object_or_null(value)
     if parsed is None:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Protocol
 
-from .._canonical import digest as content_digest
-from .._canonical import dumps
+from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps
 from ..errors import (
     Cancelled,
     DeadlineExceeded,
@@ -212,7 +212,7 @@ class Store(Protocol):
     def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
                                      payload: bytes) -> OperationRecord:
         """``prepare_effect`` then ``mark_dispatching`` of a new operation, in one commit, for
-        an effect with no gate between the two (see ``_effects.one_commit_to_dispatching``):
+        an effect with no gate between the two (see ``_rules.effects.one_commit_to_dispatching``):
         the same rows, both events (``effect.prepared``, ``effect.dispatching``), the same
         refusals — held to the hard history limit as the prepare is — and all or nothing.
         Returns the operation as it now stands (dispatching, dispatch count 1). An operation
@@ -265,7 +265,7 @@ class Store(Protocol):
         writes raise ``DeadlineExceeded``."""
         ...
 
-    # approvals (see safepoint._approvals)
+    # approvals (see safepoint._rules.approvals)
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         """Replace the payload (and target digest) of an operation that needs approval and was
         never dispatched (prepared, dispatch count 0): its key never left, and no approval of
@@ -283,7 +283,7 @@ class Store(Protocol):
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         """Record a person's approval of the effect step ``step_id`` prepared, bound to its
-        payload digest and recorded target digest (see ``_approvals.plan_approval``), with an
+        payload digest and recorded target digest (see ``_rules.approvals.plan_approval``), with an
         ``effect.approved`` event; a run waiting for that effect becomes pending. Serialised
         with ``await_approval`` on the run, so an approval is never lost to a run about to wait.
         ``ApprovalRefused`` when it does not fit the run."""
@@ -294,7 +294,7 @@ class Store(Protocol):
         """Revoke, in one atomic step, every approval still in force of the effect step
         ``step_id`` prepared, stamped with the store's clock and ``revocation``'s who and why,
         with an ``effect.approval_revoked`` event; return them as revoked. The run's status
-        stays as it is (see ``_approvals.plan_revocation``). Serialised with
+        stays as it is (see ``_rules.approvals.plan_revocation``). Serialised with
         ``mark_dispatching`` (and ``await_approval``) on the run, so whichever commits first
         wins: a dispatch under the approval makes the revocation too late, a revocation makes
         the dispatch refused. ``ApprovalRefused`` (nothing written) when there is nothing to

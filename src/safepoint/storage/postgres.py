@@ -33,7 +33,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._history import warn
+from .._rules.history import warn
 from ..errors import StoreError, StoreUnavailable
 from ..types import (
     JSON,

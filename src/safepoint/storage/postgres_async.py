@@ -32,7 +32,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from .._history import warn
+from .._rules.history import warn
 from ..errors import StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,

@@ -20,8 +20,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .._approvals import approval_detail as approved_detail
-from .._approvals import (
+from .._rules.approvals import approval_detail as approved_detail
+from .._rules.approvals import (
     authorizing,
     plan_approval,
     plan_revocation,
@@ -29,10 +29,10 @@ from .._approvals import (
     revocation_detail,
     waiting_record,
 )
-from .._canonical import digest as content_digest
-from .._canonical import dumps, sha256_hex
-from .._history import history_warning, warn, warning_due
-from .._recovery import refusal
+from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps, sha256_hex
+from .._rules.history import history_warning, warn, warning_due
+from .._rules.recovery import refusal
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,

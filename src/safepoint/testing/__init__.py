@@ -3,6 +3,6 @@ harness (``kill``), the store conformance suite (``conformance``) — and ``forg
 
 from __future__ import annotations
 
-from .._workflow import forget_workflows
+from .._engine.workflow import forget_workflows
 
 __all__ = ["forget_workflows"]

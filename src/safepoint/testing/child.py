@@ -13,8 +13,8 @@ import json
 import sys
 
 from .. import errors
-from .._ownership import DEFAULT_LEASE_MS
-from .._workflow import Workflow, resume, start
+from .._engine.ownership import DEFAULT_LEASE_MS
+from .._engine.workflow import Workflow, resume, start
 from ..storage import open_store
 
 

@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from .._effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
+from .._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from .owner import OwnerClient, OwnerError, OwnerRejected, OwnerUnavailable
 
 OWNER_URL_ENV = "SAFEPOINT_OWNER_URL"

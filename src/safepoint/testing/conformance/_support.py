@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from ..._canonical import canonical, digest
+from ..._rules.canonical import canonical, digest
 from ...errors import UsageError
 from ...storage.base import INLINE_LIMIT, NewRun, Store
 from ...types import (

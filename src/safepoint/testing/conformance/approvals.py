@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..._canonical import canonical, digest
+from ..._rules.canonical import canonical, digest
 from ...errors import ApprovalInvalid, ApprovalRefused, Cancelled, LostOwnership, RunNotFound, StoreError
 from ...types import ApprovalGate, EffectState, RunStatus
 from ._support import (

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from ..._canonical import digest
+from ..._rules.canonical import digest
 from ...errors import ArtifactMissing
 from ...types import EffectState, RunStatus
 from ._support import SHORT_LEASE_MS, ConformanceBase, _uid, make_operation, make_step

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..._canonical import canonical, digest
+from ..._rules.canonical import canonical, digest
 from ...errors import Cancelled, LostOwnership, ResolutionRefused, StoreError
 from ...storage.base import NewRun, Replan, Store
 from ...types import Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus, StepKind

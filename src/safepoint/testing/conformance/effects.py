@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..._canonical import digest, dumps
+from ..._rules.canonical import digest, dumps
 from ...errors import HistoryLimitReached, StoreError
 from ...types import EffectState, StepKind
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_operation, make_step, stamped_between

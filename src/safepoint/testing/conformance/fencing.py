@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ..._canonical import digest, dumps
+from ..._rules.canonical import digest, dumps
 from ...errors import ArtifactMissing, LostOwnership, RunNotFound
 from ...storage.base import Store
 from ...types import Claim, EffectState, RunStatus, StepKind

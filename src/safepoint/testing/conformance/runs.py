@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ..._canonical import digest, dumps
+from ..._rules.canonical import digest, dumps
 from ...errors import RunNotFound
 from ...types import Claim, LedgerIdentity, RunStatus
 from ._support import CLOCK_SLACK_MS, LARGE, LONG_LEASE_MS, ConformanceBase, _uid, stamped_between

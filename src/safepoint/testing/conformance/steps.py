@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from ..._canonical import digest, dumps
+from ..._rules.canonical import digest, dumps
 from ...errors import Cancelled, HistoryLimitReached, LostOwnership
 from ...types import StepKind, StepStatus
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, make_step, stamped_between

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ..._canonical import dumps
+from ..._rules.canonical import dumps
 from ...errors import CorruptRecord, RunNotFound
 from ...types import Resolution, ResolutionAction, RunRecord, RunStatus, UnreadableRun
 from ._support import LONG_LEASE_MS, ConformanceBase, make_attempt, make_operation, make_step

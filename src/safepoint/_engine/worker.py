@@ -1,0 +1,240 @@
+"""Workers: processes that claim runnable runs from a store and execute them.
+
+A worker runs ``concurrency`` slots (threads), each looping: claim the oldest runnable run
+(pending, or left behind by a worker whose lease expired), execute it, repeat; with nothing to
+claim, wait on the store's wake-up signal (LISTEN/NOTIFY on PostgreSQL, a cheap change counter
+on SQLite). Expired leases send no signal, so an idle slot also looks again every
+``rescan`` seconds.
+
+A slot never spins. A claim that fails, or a run given back because the store failed under it,
+is followed by a pause that doubles with each failure in a row (50 ms up to 5 s), and a wake-up
+that brought no work by one that grows the same way up to ``rescan``; what goes wrong is logged
+once for the streak, not once per try. A run whose record cannot be read is blocked by the slot
+that claimed it (``unreadable_record``) and never claimed again: one bad row never stops the
+others.
+
+SIGTERM drains: no new claims, running runs go on to their end, then the process exits. A
+second SIGTERM (or SIGINT) stops at once; the runs it held are taken over by other workers when
+their leases expire, exactly as after SIGKILL — which is always safe, since every write and
+every dispatch is fenced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    AwaitingApproval,
+    CorruptRecord,
+    LostOwnership,
+    RunBlocked,
+    RunCancelled,
+    SafepointError,
+    StoreError,
+)
+from ..types import Claim
+from .ownership import DEFAULT_LEASE_MS, worker_id
+from .workflow import (
+    block_unreadable,
+    claimed_run,
+    registered,
+    registered_versions,
+    run_claimed,
+)
+
+if TYPE_CHECKING:
+    from ..storage.base import Store
+
+log = logging.getLogger("safepoint.worker")
+
+# The pause after the store failed (a claim, or under a run): 50 ms, doubling, at most 5 s.
+FIRST_PAUSE_S, MAX_PAUSE_S = 0.05, 5.0
+
+
+@dataclass
+class Backoff:
+    """How long a slot pauses after ``streak`` unproductive tries in a row: ``first`` seconds,
+    doubling each time, at most ``cap``. I/O-free; the slot does the waiting."""
+
+    first: float
+    cap: float
+    streak: int = 0
+
+    def pause(self) -> float:
+        """The pause after one more unproductive try."""
+        self.streak += 1
+        return min(self.cap, self.first * 2.0 ** (self.streak - 1))
+
+    def reset(self) -> int:
+        """A productive try: the next pause starts from ``first``. Returns the streak ended."""
+        ended, self.streak = self.streak, 0
+        return ended
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    blocked: int = 0
+    lost: int = 0
+    interrupted: int = 0  # the store failed mid-run; the run was given back
+    cancelled: int = 0
+    waiting: int = 0  # paused for a person's approval of an effect; released, not failed
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+
+class Worker:
+    """Claim and execute runs of the registered workflows until stopped.
+
+    >>> Worker(store, concurrency=4).run()          # doctest: +SKIP
+    """
+
+    def __init__(self, store: Store, *, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
+                 workflows: list[str] | None = None, rescan: float = 1.0) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.store = store
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.workflows = workflows
+        self.rescan = rescan
+        self.owner = worker_id()
+        self.stats = WorkerStats()
+        self._draining = threading.Event()
+
+    def stop(self) -> None:
+        """Drain: claim nothing more; runs in progress finish."""
+        self._draining.set()
+
+    def run(self, *, until_idle: bool = False, handle_signals: bool = True) -> WorkerStats:
+        """Work until ``stop()`` (or SIGTERM); with ``until_idle``, also stop once nothing is
+        runnable. Returns what this worker did."""
+        # name@version: in a rolling deploy, old workers leave new versions' runs alone
+        names = self.workflows or registered_versions()
+        if not names:
+            raise SafepointError("no workflows registered: import the modules that define them"
+                                 " (CLI: --import your.module)")
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            self._install_signal_handlers()
+        slots = [threading.Thread(target=self._slot, args=(names, until_idle),
+                                  name=f"safepoint-slot-{index}", daemon=True)
+                 for index in range(self.concurrency)]
+        for slot in slots:
+            slot.start()
+        for slot in slots:
+            while slot.is_alive():
+                slot.join(0.2)  # wake now and then so signal handlers run on the main thread
+        return self.stats
+
+    def _install_signal_handlers(self) -> None:
+        def drain(signum: int, frame: FrameType | None) -> None:
+            if self._draining.is_set():
+                raise SystemExit(128 + signum)  # asked twice: stop now, leases will expire
+            log.info("draining: finishing runs in progress, claiming no more")
+            self.stop()
+
+        signal.signal(signal.SIGTERM, drain)
+        signal.signal(signal.SIGINT, drain)
+
+    def _slot(self, names: list[str], until_idle: bool) -> None:
+        unclaimable = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)   # claims the store failed
+        interrupted = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)   # runs it failed under, given back
+        idle = Backoff(FIRST_PAUSE_S, max(FIRST_PAUSE_S, self.rescan))  # wake-ups for nothing
+        while not self._draining.is_set():
+            try:
+                claim = self.store.claim_next(self.owner, self.lease_ms, names)
+            except StoreError as exc:  # the database restarting, say: wait and try again
+                if not unclaimable.streak:
+                    log.warning("cannot claim: %s; trying again, pausing up to %gs between"
+                                " tries", exc, MAX_PAUSE_S)
+                self._draining.wait(unclaimable.pause())
+                continue
+            if unclaimable.reset():
+                log.info("claiming again")
+            if claim is None:
+                if until_idle:
+                    return
+                self._idle(idle)
+                continue
+            idle.reset()
+            self.stats.count("claimed")
+            if self._execute(claim, quiet=bool(interrupted.streak)):
+                self._draining.wait(interrupted.pause())
+            else:
+                interrupted.reset()
+
+    def _idle(self, idle: Backoff) -> None:
+        """Wait for work: a wake-up, or ``rescan`` seconds — and, after wake-ups in a row that
+        brought nothing (on SQLite every commit anywhere wakes a slot), no sooner than the idle
+        pause since the wait began."""
+        began = time.monotonic()
+        pause = idle.pause()
+        try:
+            self.store.wait_for_work(self.rescan)
+        except Exception as exc:  # a slot must never die quietly: look again later
+            log.warning("waiting for work failed: %s", exc)
+            self._draining.wait(self.rescan)
+        rest = pause - (time.monotonic() - began)
+        if rest > 0:
+            self._draining.wait(rest)
+
+    def _execute(self, claim: Claim, *, quiet: bool = False) -> bool:
+        """Carry the claimed run on to wherever it ends or stops. True when the store failed
+        under it (the run was given back): the slot pauses before its next claim. ``quiet``:
+        the store failed under the run before too, and that was said."""
+        run_id = claim.run_id
+        try:
+            run = claimed_run(self.store, claim)
+            wf = registered(run.workflow)
+            if wf is None:  # claim_next only offers registered workflows; a race with unload
+                log.error("run %s: workflow %s is not registered here", run_id, run.workflow)
+                self.store.release_run(claim)
+                return False
+            run_claimed(self.store, wf, claim, run)
+            self.stats.count("completed")
+        except LostOwnership:
+            self.stats.count("lost")
+            log.warning("run %s: taken over by another worker; stopped without writing", run_id)
+        except RunBlocked as exc:
+            self.stats.count("blocked")
+            log.warning("run %s blocked: %s", run_id, exc.message)
+        except (CorruptRecord, ArtifactMissing, ArtifactCorrupt) as exc:
+            block_unreadable(self.store, claim, exc)  # unless the flow that found it did
+            self.stats.count("blocked")
+            log.warning("run %s blocked: its record cannot be read: %s", run_id, exc.message)
+        except StoreError as exc:
+            # The run itself did not fail: give it back (best effort) so that another worker
+            # need not wait out the lease once the store answers again.
+            self.stats.count("interrupted")
+            (log.debug if quiet else log.warning)(
+                "run %s: the store failed (%s); released for another attempt", run_id,
+                exc.message)
+            with contextlib.suppress(StoreError, LostOwnership):
+                self.store.release_run(claim)
+            return True
+        except RunCancelled:
+            self.stats.count("cancelled")
+        except AwaitingApproval as exc:
+            self.stats.count("waiting")
+            log.info("run %s waits for approval: %s", run_id, exc.reason)
+        except SafepointError as exc:
+            self.stats.count("failed")
+            log.warning("run %s: %s", run_id, exc.message)
+        except Exception:
+            self.stats.count("failed")
+            log.exception("run %s: unexpected error", run_id)
+        return False

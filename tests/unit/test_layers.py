@@ -1,0 +1,129 @@
+"""The layering of the package, enforced: every import goes down (or stays in its layer), the
+rules do no I/O, and no module imports itself through others.
+
+The layers, bottom to top (ARCHITECTURE.md says what each holds):
+
+    rules     safepoint.errors, safepoint.types, safepoint._rules.*   decisions, no I/O
+    storage   safepoint.storage.*                                       the ledger's stores
+    engine    safepoint._engine.*                                       runs against a store
+    facade    safepoint (its __init__)                                  the public names
+    testing   safepoint.testing.*                                       tools to prove workflows
+    ops       safepoint.ops.*, safepoint.__main__                       the CLI, dashboard, demo
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import safepoint
+
+PACKAGE = Path(safepoint.__file__).parent
+LAYERS = ("rules", "storage", "engine", "facade", "testing", "ops")
+# What the rules may not import: anything that reaches a store, the network, a file or a process.
+IO_MODULES = frozenset({"sqlite3", "psycopg", "psycopg_pool", "socket", "http", "urllib",
+                        "subprocess", "os", "asyncio", "concurrent", "pathlib", "shutil",
+                        "tempfile", "signal", "select", "selectors", "ssl"})
+
+
+def module_name(path: Path) -> str:
+    parts = ["safepoint", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    if top in ("errors", "types", "_rules"):
+        return "rules"
+    if top in ("storage", "_engine", "testing"):
+        return {"storage": "storage", "_engine": "engine", "testing": "testing"}[top]
+    if top in ("ops", "__main__"):
+        return "ops"
+    if top == "":
+        return "facade"
+    raise AssertionError(f"{module} sits in no layer: put it in one of the subpackages")
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(module: str) -> Iterator[tuple[int, str]]:
+    """(line, module imported) for every import the module makes, wherever it is written
+    (at the top, inside a function, under TYPE_CHECKING)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from pkg import name` imports the module pkg.name when there is one
+            named = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in MODULES]
+            yield from ((node.lineno, name) for name in (named or [target]))
+
+
+def internal(module: str) -> bool:
+    return module == "safepoint" or module.startswith("safepoint.")
+
+
+def test_every_module_sits_in_a_layer() -> None:
+    for module in MODULES:
+        assert layer_of(module) in LAYERS
+
+
+def test_every_import_goes_down_or_stays_in_its_layer() -> None:
+    wrong = []
+    for module, path in MODULES.items():
+        here = LAYERS.index(layer_of(module))
+        for line, target in imports_of(module):
+            if internal(target) and LAYERS.index(layer_of(target)) > here:
+                wrong.append(f"{path.relative_to(PACKAGE)}:{line} ({layer_of(module)})"
+                             f" imports {target} ({layer_of(target)})")
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_the_rules_do_no_io() -> None:
+    wrong = [f"{MODULES[m].relative_to(PACKAGE)}:{line} imports {target}"
+             for m in MODULES if layer_of(m) == "rules"
+             for line, target in imports_of(m) if target.split(".")[0] in IO_MODULES]
+    assert not wrong, "the rules decide, they do no I/O:\n" + "\n".join(wrong)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    graph = {m: sorted({t for _, t in imports_of(m) if t in MODULES and t != m}) for m in MODULES}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for target in graph[node]:
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target):], target])
+            elif target not in state:
+                visit(target)
+        path.pop()
+        state[node] = 2
+
+    for module in graph:
+        if module not in state:
+            visit(module)
+    # The facade and a package's __init__ re-export their modules; an import of the package
+    # from one of its own modules is the cycle this test is for.
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_holds_modules(layer: str) -> None:
+    assert any(layer_of(m) == layer for m in MODULES)
