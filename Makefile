@@ -5,7 +5,7 @@ PYTHON ?= python3
 
 BENCH_VENV := bench/.venv
 
-.PHONY: demo test test-fast check lint bench bench-quick clean
+.PHONY: demo test test-fast check lint docs bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ lint: $(BIN)/.installed          ## style and types
 
 check: lint test
 
+docs: $(BIN)/.installed          ## the documentation site, built into site/ (warnings are errors)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # The benchmark's peers (DBOS, LangGraph) and tools live in an environment of their own,
 # never in the library's dependencies.
 $(BENCH_VENV)/.installed: pyproject.toml
@@ -43,4 +46,4 @@ bench-quick: $(BENCH_VENV)/.installed  ## the same workloads, small and once: fo
 	$(BENCH_VENV)/bin/python -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) site .pytest_cache .mypy_cache .ruff_cache

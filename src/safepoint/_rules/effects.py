@@ -89,7 +89,7 @@ class Effect:
     window must also exceed the longest pause a worker may survive in the middle of a call
     (plus the lease and a takeover): a request sent before the pause still arrives after it, and
     only an owner that still remembers the key — or that refuses a stale ``key.fence`` — absorbs
-    it (README, "What a paused worker can still do").
+    it (the documentation's "Fencing and leases": "What a paused worker can still do").
     ``verify(receipt) -> bool`` optionally confirms an applied outcome; a failure blocks, and so
     does a verifier that has not answered within ``verify_timeout`` (a timedelta or seconds) —
     never another dispatch (with a timeout, a plain verifier runs on a thread of its own, left
