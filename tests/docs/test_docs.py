@@ -216,7 +216,7 @@ def test_the_site_builds_strictly_offline_with_every_command(tmp_path: Path) -> 
         assert "fonts.googleapis" not in text, html.relative_to(site)
 
     # The command-line reference documents every command, from the commands themselves.
-    from safepoint.cli import cli
+    from safepoint.ops.cli import cli
 
     reference = (site / "cli" / "index.html").read_text(encoding="utf-8")
     for name in sorted(cli.commands):
