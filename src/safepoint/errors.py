@@ -69,6 +69,50 @@ from typing import Any
 
 from ._rules.moments import instant, when
 
+__all__ = [
+    "ApprovalInvalid",
+    "ApprovalRefused",
+    "ArtifactCorrupt",
+    "ArtifactMissing",
+    "AwaitingApproval",
+    "BudgetExhausted",
+    "Cancelled",
+    "ContinueAsNew",
+    "CorruptRecord",
+    "DeadlineExceeded",
+    "EffectRejected",
+    "HistoryLimitReached",
+    "HistoryWarning",
+    "IncompatibleWorkflow",
+    "InvalidDecision",
+    "InvalidStepId",
+    "InvalidStoreURL",
+    "LimitReached",
+    "LostOwnership",
+    "MigrationMismatch",
+    "MissingExtra",
+    "NeedsReconciliation",
+    "NotJSON",
+    "ReplayMismatch",
+    "ResolutionRefused",
+    "RunBlocked",
+    "RunCancelled",
+    "RunConflict",
+    "RunFailed",
+    "RunNotFound",
+    "RunOwned",
+    "SafepointError",
+    "SchemaTooNew",
+    "SecretRefused",
+    "StaleCheckpoint",
+    "StepFailed",
+    "StoreError",
+    "StoreUnavailable",
+    "UsageError",
+    "VerificationFailed",
+    "WorkflowNotFound",
+]
+
 
 class SafepointError(Exception):
     """Base class of every error safepoint raises on purpose."""

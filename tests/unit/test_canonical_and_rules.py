@@ -19,6 +19,7 @@ from safepoint._rules.effects import (
     next_action,
     one_commit_to_dispatching,
 )
+from safepoint.errors import CorruptRecord, NotJSON
 from safepoint.types import EffectState
 
 json_values = st.recursive(
@@ -251,10 +252,10 @@ def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_
            "error": None, "fence": 1, "prepared_at": 5, "updated_at": 6,
            "approval_required": 0, "target_digest": None, "approval_id": None}
     op = operation_record(row)
-    assert (op.state, op.receipt, op.approval_required) == (sp.EffectState.ACCEPTED, {"id": 1},
+    assert (op.state, op.receipt, op.approval_required) == (EffectState.ACCEPTED, {"id": 1},
                                                             False)
     bad = {**row, "state": "teleported", "effect_key": None, "updated_at": "6", "receipt": "{"}
-    with pytest.raises(sp.CorruptRecord) as corrupt:
+    with pytest.raises(CorruptRecord) as corrupt:
         operation_record(bad)
     assert (corrupt.value.table, corrupt.value.key) == (
         "safepoint_operations", "run_id=r operation_id=op-1")
@@ -290,7 +291,7 @@ def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_
     assert canonical_if_json((1, 2)) is None  # tuples only where inputs allow them
     assert canonical_if_json({"a": 2**53}) is None
     assert canonical_if_json({"\ud800": 1}) is None
-    with pytest.raises(sp.NotJSON, match="lone surrogate") as refused:
+    with pytest.raises(NotJSON, match="lone surrogate") as refused:
         checked_canonical({"ok": {"\ud800": 1}}, "inputs", "s1")
     assert "\\ud800" in str(refused.value)
 
