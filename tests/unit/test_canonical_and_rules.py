@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from datetime import timedelta
 
 import pytest
@@ -148,22 +147,6 @@ def test_crash_points_are_free_and_precise() -> None:
         _crashpoints.arm(None)
     with pytest.raises(ValueError, match="unknown crash point"):
         _crashpoints.arm("effect.nowhere")
-
-
-def test_public_surface_is_sorted_and_complete() -> None:
-    assert sp.__all__ == sorted(sp.__all__)
-    assert all(hasattr(sp, name) for name in sp.__all__)
-    public = {name for name, value in vars(sp).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
-    assert public - {"annotations"} <= set(sp.__all__)
-
-
-def test_every_public_name_has_a_docstring_of_its_own() -> None:
-    """Not the one a dataclass writes for itself (its signature), nor none."""
-    undocumented = [name for name in sp.__all__
-                    if not (doc := (getattr(sp, name).__doc__ or "").strip())
-                    or doc.startswith(f"{name}(")]
-    assert undocumented == []
 
 
 def test_errors_carry_fields_and_advice() -> None:

@@ -47,8 +47,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .._engine.crashpoints import POINTS as CRASH_POINTS
-from .._engine.crashpoints import SimulatedCrash, arm
+from .._engine import crashpoints as _crashpoints
+from .._engine.crashpoints import SimulatedCrash
 from .._engine.workflow import forget_workflows
 
 if TYPE_CHECKING:
@@ -92,6 +92,8 @@ __all__ = [
     "spawn_child",
 ]
 
+CRASH_POINTS = _crashpoints.POINTS
+
 # Loaded when first asked for: every child process a kill test starts imports this package, and
 # the conformance suite needs pytest, which running a workflow never should.
 _LOADED_LATER = {
@@ -125,8 +127,8 @@ def crash_at(point: str) -> Iterator[None]:
     ``point@n`` for the ``n``-th time it is reached); an unknown name is a ``ValueError``.
     One point is armed at a time, and leaving the block disarms it, crash or not.
     """
-    arm(point, mode="raise")
+    _crashpoints.arm(point, mode="raise")
     try:
         yield
     finally:
-        arm(None)
+        _crashpoints.arm(None)
