@@ -1,4 +1,5 @@
-"""Every exception safepoint raises, in one place.
+"""Every exception safepoint raises, in one place: ``__all__`` lists each one, and ``safepoint``
+itself re-exports the few a workflow's code usually catches (``RunBlocked``, ``RunFailed``, ...).
 
 Errors name a condition, not a failure ("StaleCheckpoint", not "StaleCheckpointError"), carry
 structured fields (``run_id``, ``step_id``, ``operation_id``, ``fence``) instead of data to parse

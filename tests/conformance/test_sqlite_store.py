@@ -209,6 +209,7 @@ def test_two_processes_share_one_file(tmp_path: Path) -> None:
 
 _RACER = """
 import sys, json, safepoint as sp
+from safepoint.errors import RunOwned
 sys.path.insert(0, {tests!r})
 import flows
 store = sp.open_store({url!r})

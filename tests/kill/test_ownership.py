@@ -30,6 +30,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import flows, safepoint as sp
 from safepoint._engine import workflow as _workflow
+from safepoint.errors import RunOwned
 store = sp.open_store({url!r})
 for line in sys.stdin:
     run = store.get_run(line.strip())
