@@ -4,6 +4,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,8 +15,8 @@ import pytest
 pytest.register_assert_rewrite("safepoint.testing.conformance")
 
 import safepoint as sp  # noqa: E402
-from safepoint._engine import crashpoints as _crashpoints  # noqa: E402
-from safepoint.testing.owner import OwnerService  # noqa: E402
+from safepoint import testing  # noqa: E402
+from safepoint.testing import OwnerService  # noqa: E402
 
 TESTS = str(Path(__file__).parent)
 if TESTS not in sys.path:
@@ -53,11 +54,16 @@ def owner_env(owner: OwnerService, monkeypatch: pytest.MonkeyPatch) -> OwnerServ
 
 @pytest.fixture
 def crash_at() -> Iterator[object]:
-    """Arm an in-process crash point that raises SimulatedCrash instead of killing pytest."""
+    """Arm an in-process crash point that raises SimulatedCrash instead of killing pytest:
+    ``crash_at(spec)`` arms one (disarming the one before), ``crash_at(None)`` disarms."""
+    armed = ExitStack()
+
     def arm(spec: str | None) -> None:
-        _crashpoints.arm(spec, mode="raise")
+        armed.close()
+        if spec:
+            armed.enter_context(testing.crash_at(spec))
     yield arm
-    _crashpoints.arm(None)
+    armed.close()
 
 
 SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import safepoint as sp
-from safepoint.testing.effects import owner_effect
+from safepoint.testing import owner_effect
 
 charges = owner_effect("charges")
 tickets = owner_effect("tickets", verify=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import safepoint as sp
 from safepoint.testing.effects import OWNER_URL_ENV, owner_effect
+from safepoint.types import RunStatus
 
 from .. import procs
 from ..common import Database, Setting, Sizes, Stamps, fresh_database, growth
@@ -199,10 +200,10 @@ def _w3(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
         for index in range(sizes.w3_runs):
             sp.submit(store, w3, sizes.w3_steps, run_id=f"w3.{index}")
         while True:
-            done = store.list_runs(sp.RunStatus.COMPLETED, limit=sizes.w3_runs + 1)
+            done = store.list_runs(RunStatus.COMPLETED, limit=sizes.w3_runs + 1)
             if len(done) >= sizes.w3_runs:
                 break
-            failed = store.list_runs(sp.RunStatus.FAILED, limit=1)
+            failed = store.list_runs(RunStatus.FAILED, limit=1)
             if failed:
                 raise RuntimeError(f"W3 run failed: {failed[0].error}")
             time.sleep(0.05)

@@ -1,7 +1,16 @@
 """safepoint: a ledger for agent runs — resume after any crash without repeating side effects.
 
-The public surface is exactly ``__all__``; everything in a module whose name starts with an
-underscore is private.
+The top level holds what a workflow's code uses every day: the verbs, the types a step is
+written with, and the errors worth catching. The rest of the public surface has a home of its
+own, each module's ``__all__`` saying exactly what it holds:
+
+- ``safepoint.errors`` — every error safepoint raises (the tree is in its docstring);
+- ``safepoint.types`` — the ledger's records and enums (``RunRecord``, ``RunStatus``, ...);
+- ``safepoint.storage`` — the stores and ``open_store``;
+- ``safepoint.testing`` — crash points, the kill harness and the effect owner, to prove your
+  own workflows survive a crash.
+
+Everything in a module whose name starts with an underscore is private.
 """
 
 from ._engine.run import AsyncRun, Run
@@ -19,154 +28,62 @@ from ._engine.workflow import (
     submit_async,
     workflow,
 )
-from ._rules.compat import Compatibility
 from ._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._rules.recovery import record_schema
 from ._rules.secrets import Secret
 from ._rules.transcript import Transcript
 from .errors import (
-    ApprovalInvalid,
-    ApprovalRefused,
-    ArtifactCorrupt,
-    ArtifactMissing,
     AwaitingApproval,
-    BudgetExhausted,
-    Cancelled,
-    ContinueAsNew,
-    CorruptRecord,
-    DeadlineExceeded,
-    EffectRejected,
-    HistoryLimitReached,
-    HistoryWarning,
-    IncompatibleWorkflow,
-    InvalidDecision,
-    InvalidStepId,
-    InvalidStoreURL,
     LimitReached,
     LostOwnership,
-    MigrationMismatch,
-    MissingExtra,
     NeedsReconciliation,
-    NotJSON,
-    ReplayMismatch,
-    ResolutionRefused,
     RunBlocked,
     RunCancelled,
-    RunConflict,
     RunFailed,
-    RunNotFound,
-    RunOwned,
     SafepointError,
-    SchemaTooNew,
-    SecretRefused,
-    StaleCheckpoint,
     StepFailed,
     StoreError,
     StoreUnavailable,
     UsageError,
-    VerificationFailed,
-    WorkflowNotFound,
 )
 from .storage import open_store
 from .storage.base import AsyncStore, Store
 from .storage.open_async import open_async_store
-from .types import (
-    ApprovalRecord,
-    AttemptRecord,
-    Budget,
-    Durability,
-    EffectState,
-    EventRecord,
-    HistoryLimit,
-    OperationRecord,
-    Resolution,
-    ResolutionAction,
-    Retry,
-    RunRecord,
-    RunStatus,
-    StepKind,
-    StepRecord,
-    StepStatus,
-    UnreadableRun,
-)
+from .types import Budget, HistoryLimit, Retry
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Applied",
-    "ApprovalInvalid",
-    "ApprovalRecord",
-    "ApprovalRefused",
-    "ArtifactCorrupt",
-    "ArtifactMissing",
     "AsyncRun",
     "AsyncStore",
-    "AttemptRecord",
     "AwaitingApproval",
     "Budget",
-    "BudgetExhausted",
-    "Cancelled",
-    "Compatibility",
-    "ContinueAsNew",
-    "CorruptRecord",
-    "DeadlineExceeded",
-    "Durability",
     "Effect",
     "EffectKey",
-    "EffectRejected",
-    "EffectState",
-    "EventRecord",
     "HistoryLimit",
-    "HistoryLimitReached",
-    "HistoryWarning",
-    "IncompatibleWorkflow",
-    "InvalidDecision",
-    "InvalidStepId",
-    "InvalidStoreURL",
     "LimitReached",
     "LostOwnership",
-    "MigrationMismatch",
-    "MissingExtra",
     "NeedsReconciliation",
     "NotApplied",
-    "NotJSON",
     "NotSent",
-    "OperationRecord",
     "Rejected",
-    "ReplayMismatch",
-    "Resolution",
-    "ResolutionAction",
-    "ResolutionRefused",
     "Retry",
     "Run",
     "RunBlocked",
     "RunCancelled",
-    "RunConflict",
     "RunFailed",
-    "RunNotFound",
-    "RunOwned",
-    "RunRecord",
-    "RunStatus",
     "SafepointError",
-    "SchemaTooNew",
     "Secret",
-    "SecretRefused",
-    "StaleCheckpoint",
     "StepFailed",
-    "StepKind",
-    "StepRecord",
-    "StepStatus",
     "Store",
     "StoreError",
     "StoreUnavailable",
     "Transcript",
     "Unknown",
-    "UnreadableRun",
     "UsageError",
-    "VerificationFailed",
     "Worker",
     "Workflow",
-    "WorkflowNotFound",
     "approve",
     "approve_async",
     "cancel",

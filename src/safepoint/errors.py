@@ -1,4 +1,5 @@
-"""Every exception safepoint raises, in one place.
+"""Every exception safepoint raises, in one place: ``__all__`` lists each one, and ``safepoint``
+itself re-exports the few a workflow's code usually catches (``RunBlocked``, ``RunFailed``, ...).
 
 Errors name a condition, not a failure ("StaleCheckpoint", not "StaleCheckpointError"), carry
 structured fields (``run_id``, ``step_id``, ``operation_id``, ``fence``) instead of data to parse
@@ -68,6 +69,50 @@ from __future__ import annotations
 from typing import Any
 
 from ._rules.moments import instant, when
+
+__all__ = [
+    "ApprovalInvalid",
+    "ApprovalRefused",
+    "ArtifactCorrupt",
+    "ArtifactMissing",
+    "AwaitingApproval",
+    "BudgetExhausted",
+    "Cancelled",
+    "ContinueAsNew",
+    "CorruptRecord",
+    "DeadlineExceeded",
+    "EffectRejected",
+    "HistoryLimitReached",
+    "HistoryWarning",
+    "IncompatibleWorkflow",
+    "InvalidDecision",
+    "InvalidStepId",
+    "InvalidStoreURL",
+    "LimitReached",
+    "LostOwnership",
+    "MigrationMismatch",
+    "MissingExtra",
+    "NeedsReconciliation",
+    "NotJSON",
+    "ReplayMismatch",
+    "ResolutionRefused",
+    "RunBlocked",
+    "RunCancelled",
+    "RunConflict",
+    "RunFailed",
+    "RunNotFound",
+    "RunOwned",
+    "SafepointError",
+    "SchemaTooNew",
+    "SecretRefused",
+    "StaleCheckpoint",
+    "StepFailed",
+    "StoreError",
+    "StoreUnavailable",
+    "UsageError",
+    "VerificationFailed",
+    "WorkflowNotFound",
+]
 
 
 class SafepointError(Exception):

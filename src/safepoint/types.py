@@ -1,4 +1,11 @@
-"""Public enums and frozen records: the ledger's vocabulary as Python values."""
+"""Public enums and frozen records: the ledger's vocabulary as Python values.
+
+What a run's code meets (``RunStatus``, ``RunRecord``, ``Resolution``, ...) and what a store
+implements its protocol with (``Claim``, ``Ledger``, ``ApprovalRequest``, ...). ``JSON`` is the
+type of every value the ledger records — a step's result, a run's input, an effect's payload —
+a value ``json`` writes and reads back equal. ``Compatibility`` is defined beside the rules of
+compatibility and re-exported here.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,36 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ._rules.compat import Compatibility
 from .errors import UsageError
+
+__all__ = [
+    "JSON",
+    "ApprovalGate",
+    "ApprovalRecord",
+    "ApprovalRequest",
+    "ApprovalRevocation",
+    "AttemptRecord",
+    "Budget",
+    "Claim",
+    "Compatibility",
+    "Durability",
+    "EffectState",
+    "EventRecord",
+    "HistoryLimit",
+    "Ledger",
+    "LedgerIdentity",
+    "OperationRecord",
+    "Resolution",
+    "ResolutionAction",
+    "Retry",
+    "RunRecord",
+    "RunStatus",
+    "StepKind",
+    "StepRecord",
+    "StepStatus",
+    "UnreadableRun",
+]
 
 JSON = Any
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import RunOwned
+from safepoint.testing import OwnerService, SimulatedCrash
+from safepoint.types import RunRecord, RunStatus
 
 
 def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerService,
@@ -19,7 +20,7 @@ def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerServic
 
     url = f"{pg_url}?schema=a_{uuid.uuid4().hex[:12]}"
 
-    async def main() -> tuple[Any, sp.RunRecord]:
+    async def main() -> tuple[Any, RunRecord]:
         store = await sp.open_async_store(url)
         try:
             crash_at("effect.after_receiver_commit:effect.charge")
@@ -34,7 +35,7 @@ def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerServic
 
     result, run = asyncio.run(main())
     assert result == {"charge": "ch_1", "ticket": "tk_1", "route": "refund", "amount": 2500}
-    assert (run.status, run.fence) == (sp.RunStatus.COMPLETED, 2)
+    assert (run.status, run.fence) == (RunStatus.COMPLETED, 2)
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (2, 0)
 
@@ -81,7 +82,7 @@ def test_a_blocking_step_on_the_loop_keeps_its_lease(pg_url: str) -> None:
         store = sp.open_store(url)
         try:
             second["result"] = sp.resume(store, "r", lease_ms=600)
-        except sp.RunOwned as exc:
+        except RunOwned as exc:
             second["owned"] = exc.owner
         finally:
             store.close()

@@ -40,15 +40,16 @@ except ImportError:  # the extra is not installed
 import safepoint as sp
 from conftest import with_database
 from safepoint._rules.canonical import digest
+from safepoint.errors import ArtifactCorrupt, InvalidStoreURL, MigrationMismatch, SchemaTooNew
 from safepoint.storage import Store
 from safepoint.storage._pgpool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.base import NewRun, load_migrations, load_queries
 from safepoint.storage.open_async import open_async_store
 from safepoint.storage.postgres import PostgresStore
 from safepoint.storage.postgres_async import AsyncPostgresStore
+from safepoint.testing import OwnerService
 from safepoint.testing.conformance import StoreConformance, SyncOverAsync
-from safepoint.testing.owner import OwnerService
-from safepoint.types import Claim, RunStatus, StepKind, StepRecord
+from safepoint.types import Claim, Durability, EffectState, OperationRecord, RunStatus, StepKind, StepRecord
 
 CLOCK_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now"
 
@@ -191,7 +192,7 @@ def test_a_newer_schema_is_refused_and_left_untouched(schema_url: str,
     table = sql.SQL("{}.safepoint_schema_version").format(
         sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
     admin.execute(sql.SQL("INSERT INTO {} VALUES (99, '0099_x.sql', 'c', 0)").format(table))
-    with pytest.raises(sp.SchemaTooNew) as error:
+    with pytest.raises(SchemaTooNew) as error:
         PostgresStore(schema_url)
     assert (error.value.found, error.value.known) == (  # type: ignore[attr-defined]
         99, len(load_migrations("postgres")))
@@ -205,7 +206,7 @@ def test_an_edited_migration_is_detected(schema_url: str, admin: psycopg.Connect
     admin.execute(sql.SQL("UPDATE {}.safepoint_schema_version SET checksum = 'x'"
                           " WHERE version = 1").format(
         sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
-    with pytest.raises(sp.MigrationMismatch):
+    with pytest.raises(MigrationMismatch):
         PostgresStore(schema_url)
 
 
@@ -229,7 +230,7 @@ def test_a_missing_database_says_so(pg_url: str) -> None:
 
 @pytest.mark.parametrize("query", ["nonsense=1", "durability=never", "schema="])
 def test_bad_url_parameters_are_invalid_store_urls(pg_url: str, query: str) -> None:
-    with pytest.raises(sp.InvalidStoreURL):
+    with pytest.raises(InvalidStoreURL):
         PostgresStore(f"{pg_url}?{query}")
 
 
@@ -250,7 +251,7 @@ def test_durability_is_stated_per_connection(pg_url: str, durability: str | None
     # server's setting, power_loss overrides it on every connection.
     url = _param(pg_url, options="-csynchronous_commit%3Doff")
     store = opened(_param(url, durability=durability) if durability else url)
-    assert store.durability is sp.Durability(durability or "process_crash")
+    assert store.durability is Durability(durability or "process_crash")
     with store._pool.connection() as conn:  # the setting is only visible on a connection
         row = conn.execute("SHOW synchronous_commit").fetchone()
     assert row is not None
@@ -262,7 +263,7 @@ def test_open_store_opens_postgres_urls(pg_url: str) -> None:
         store = sp.open_store(_param(url, durability="power_loss"))
         try:
             assert isinstance(store, PostgresStore)
-            assert store.durability is sp.Durability.POWER_LOSS
+            assert store.durability is Durability.POWER_LOSS
         finally:
             store.close()
 
@@ -388,8 +389,8 @@ def test_a_stale_worker_cannot_reach_dispatching(pg_url: str,
     run, old = store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
     assert old is not None
     payload = b'{"amount":5}'
-    op = sp.OperationRecord(run_id=run.run_id, operation_id="op", step_id="pay",
-                            effect="pay", state=sp.EffectState.PREPARED,
+    op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="pay",
+                            effect="pay", state=EffectState.PREPARED,
                             payload_ref=digest(payload), effect_key="k")
     store.prepare_effect(old, op, payload)
     time.sleep(0.01)
@@ -397,7 +398,7 @@ def test_a_stale_worker_cannot_reach_dispatching(pg_url: str,
                            60_000) is not None
     with pytest.raises(sp.LostOwnership):
         store.mark_dispatching(old, "op")
-    assert store.load_ledger(run.run_id).operations["op"].state is sp.EffectState.PREPARED
+    assert store.load_ledger(run.run_id).operations["op"].state is EffectState.PREPARED
 
 
 def test_a_refused_step_write_leaves_no_artifact_behind(
@@ -892,7 +893,7 @@ def test_a_tampered_artifact_is_corrupt(schema_url: str, admin: psycopg.Connecti
     assert row[1].startswith("sha256:")
     admin.execute("UPDATE safepoint_artifacts SET content = %s WHERE digest = %s",
                   (b'{"text":"y"}', row[1]))
-    with pytest.raises(sp.ArtifactCorrupt) as corrupt:
+    with pytest.raises(ArtifactCorrupt) as corrupt:
         store.get_run(run.run_id)
     assert corrupt.value.digest == row[1]  # type: ignore[attr-defined]
 
@@ -903,8 +904,8 @@ def test_driver_errors_become_store_errors_with_the_cause_kept(
     run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     payload = b"{}"
-    op = sp.OperationRecord(run_id=run.run_id, operation_id="op", step_id="s", effect="e",
-                            state=sp.EffectState.PREPARED,
+    op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="s", effect="e",
+                            state=EffectState.PREPARED,
                             payload_ref=digest(payload), effect_key="k")
     store.prepare_effect(claim, op, payload)
     before = store.get_run(run.run_id)
@@ -1116,8 +1117,8 @@ def test_async_driver_errors_become_store_errors_with_the_cause_kept(pg_url: str
             run, claim = await store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
             assert claim is not None
             payload = b"{}"
-            op = sp.OperationRecord(run_id=run.run_id, operation_id="op", step_id="s",
-                                    effect="e", state=sp.EffectState.PREPARED,
+            op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="s",
+                                    effect="e", state=EffectState.PREPARED,
                                     payload_ref=digest(payload), effect_key="k")
             await store.prepare_effect(claim, op, payload)
             before = await store.get_run(run.run_id)
@@ -1138,7 +1139,7 @@ def test_async_store_migrates_a_new_schema_and_refuses_a_newer_one(
         table = sql.SQL("{}.safepoint_schema_version").format(
             sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
         admin.execute(sql.SQL("INSERT INTO {} VALUES (99, '0099_x.sql', 'c', 0)").format(table))
-        with pytest.raises(sp.SchemaTooNew):
+        with pytest.raises(SchemaTooNew):
             await AsyncPostgresStore.open(schema_url)
 
     asyncio.run(body())
@@ -1150,17 +1151,17 @@ def test_async_store_opening_errors(pg_url: str) -> None:
             await AsyncPostgresStore.open("postgresql://postgres:hunter2@127.0.0.1:1/x")
         assert "hunter2" not in str(error.value)
         assert isinstance(error.value.__cause__, psycopg.OperationalError)
-        with pytest.raises(sp.InvalidStoreURL):
+        with pytest.raises(InvalidStoreURL):
             AsyncPostgresStore(f"{pg_url}?durability=never")
         with pytest.raises(sp.UsageError):
             await AsyncPostgresStore(pg_url).get_run("never-opened")
-        with pytest.raises(sp.InvalidStoreURL) as invalid:
+        with pytest.raises(InvalidStoreURL) as invalid:
             await open_async_store("sqlite:///ledger.db")
         assert "open_store" in str(invalid.value)
         store = await open_async_store(_param(pg_url, durability="power_loss"))
         try:
             assert isinstance(store, AsyncPostgresStore)
-            assert store.durability is sp.Durability.POWER_LOSS
+            assert store.durability is Durability.POWER_LOSS
         finally:
             await store.close()
 

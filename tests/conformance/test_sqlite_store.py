@@ -11,8 +11,18 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
+from safepoint.errors import (
+    ArtifactCorrupt,
+    CorruptRecord,
+    IncompatibleWorkflow,
+    InvalidStoreURL,
+    MigrationMismatch,
+    SchemaTooNew,
+    WorkflowNotFound,
+)
 from safepoint.storage.base import load_migrations
+from safepoint.testing import SimulatedCrash
+from safepoint.types import RunStatus
 
 
 def test_migrations_are_recorded_with_checksums(tmp_path: Path) -> None:
@@ -35,7 +45,7 @@ def test_a_newer_schema_is_refused_and_left_untouched(tmp_path: Path) -> None:
     sp.open_store(str(path))
     with sqlite3.connect(path) as conn:
         conn.execute("INSERT INTO safepoint_schema_version VALUES (99, '0099_x.sql', 'c', 0)")
-    with pytest.raises(sp.SchemaTooNew) as error:
+    with pytest.raises(SchemaTooNew) as error:
         sp.open_store(str(path))
     assert (error.value.found, error.value.known) == (99, len(load_migrations("sqlite")))
     assert "upgrade safepoint" in str(error.value)
@@ -46,7 +56,7 @@ def test_an_edited_migration_is_detected(tmp_path: Path) -> None:
     sp.open_store(str(path))
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE safepoint_schema_version SET checksum = 'x' WHERE version = 1")
-    with pytest.raises(sp.MigrationMismatch):
+    with pytest.raises(MigrationMismatch):
         sp.open_store(str(path))
 
 
@@ -74,7 +84,7 @@ def test_store_urls_and_durability(tmp_path: Path, url: str, durability: str) ->
 @pytest.mark.parametrize("url", ["sqlite://host/a.db", "ftp://x",
                                  "a.db?durability=never"])
 def test_bad_store_urls(url: str) -> None:
-    with pytest.raises(sp.InvalidStoreURL):
+    with pytest.raises(InvalidStoreURL):
         sp.open_store(url)
 
 
@@ -108,11 +118,11 @@ def test_large_results_are_verified_artifacts(file_store: sp.Store, crash_at: An
         # tamper with the stored bytes
         conn.execute("UPDATE safepoint_artifacts SET content = ? WHERE digest = ?",
                      (b'{"text":"y"}', row[1]))
-    with pytest.raises(sp.ArtifactCorrupt) as corrupt:
+    with pytest.raises(ArtifactCorrupt) as corrupt:
         sp.resume(file_store, "r")
     assert corrupt.value.digest == row[1]
     run = file_store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record["phase"] == "unreadable_record"
 
 
@@ -128,10 +138,10 @@ def test_corrupt_row_blocks_the_run_and_keeps_it(file_store: sp.Store, crash_at:
     path = file_store.url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE safepoint_steps SET result = '{not json' WHERE step_id = 'p'")
-    with pytest.raises(sp.CorruptRecord) as corrupt:
+    with pytest.raises(CorruptRecord) as corrupt:
         sp.resume(file_store, "r")
     assert corrupt.value.table == "safepoint_steps"
-    assert file_store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert file_store.get_run("r").status is RunStatus.BLOCKED
     with sqlite3.connect(path) as conn:  # the bad row is still there for a person to see
         assert conn.execute("SELECT result FROM safepoint_steps").fetchone()[0] == "{not json"
 
@@ -150,7 +160,7 @@ def test_changed_workflow_version_blocks(file_store: sp.Store, crash_at: Any) ->
     def v2(run: sp.Run) -> int:
         return 2
 
-    with pytest.raises(sp.IncompatibleWorkflow) as error:
+    with pytest.raises(IncompatibleWorkflow) as error:
         sp.resume(file_store, "r")
     assert (error.value.recorded, error.value.current) == ("versioned@1", "versioned@2")
     assert file_store.get_run("r").recovery_record["phase"] == "incompatible_workflow"
@@ -168,7 +178,7 @@ def test_unregistered_workflow_is_a_clear_error(file_store: sp.Store, crash_at: 
     from safepoint._engine import workflow as _workflow
 
     del _workflow._registry["soon-gone"]
-    with pytest.raises(sp.WorkflowNotFound, match="--import"):
+    with pytest.raises(WorkflowNotFound, match="--import"):
         sp.resume(file_store, "r")
 
 
@@ -193,18 +203,19 @@ def test_two_processes_share_one_file(tmp_path: Path) -> None:
     store = sp.open_store(url)
     runs = store.list_runs(limit=100)
     assert len(runs) == 30
-    assert all(run.status is sp.RunStatus.COMPLETED and run.result == 190 for run in runs)
+    assert all(run.status is RunStatus.COMPLETED and run.result == 190 for run in runs)
     assert all(len(store.load_ledger(run.run_id).steps) == 20 for run in runs)
 
 
 _RACER = """
 import sys, json, safepoint as sp
+from safepoint.errors import RunOwned
 sys.path.insert(0, {tests!r})
 import flows
 store = sp.open_store({url!r})
 try:
     print(json.dumps({{"result": sp.resume(store, "contended")}}))
-except sp.RunOwned as exc:
+except RunOwned as exc:
     print(json.dumps({{"owned": exc.owner}}))
 """
 
@@ -213,7 +224,7 @@ def test_two_processes_resuming_one_run(tmp_path: Path, owner_env: Any) -> None:
     """Both processes try to take over a run left by a killed worker: one claim wins, the
     other is refused or attaches to the finished result; the owner counts one charge."""
     url = f"sqlite:///{tmp_path / 'race.db'}"
-    from safepoint.testing.kill import run_child
+    from safepoint.testing import run_child
 
     first = run_child("flows:every_kind", store_url=url, run_id="contended", args=["c-1"],
                       crash_at="effect.after_dispatching:effect.charge",
@@ -230,7 +241,7 @@ def test_two_processes_resuming_one_run(tmp_path: Path, owner_env: Any) -> None:
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (2, 0)
     store = sp.open_store(url)
-    assert store.get_run("contended").status is sp.RunStatus.COMPLETED
+    assert store.get_run("contended").status is RunStatus.COMPLETED
 
 
 def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) -> None:
@@ -251,4 +262,4 @@ def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) 
     store = sp.open_store(str(path))
     assert store.schema_version() == len(load_migrations("sqlite")) >= 2
     old = store.get_run("old")
-    assert (old.status, old.resume_budget) == (sp.RunStatus.COMPLETED, None)
+    assert (old.status, old.resume_budget) == (RunStatus.COMPLETED, None)

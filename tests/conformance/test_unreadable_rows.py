@@ -25,11 +25,20 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
+from safepoint.errors import ArtifactMissing, CorruptRecord, RunNotFound
 from safepoint.ops.cli import cli
 from safepoint.ops.dashboard import Dashboard
 from safepoint.storage.base import NewRun
 from safepoint.testing.tamper import overwrite
-from safepoint.types import AttemptRecord, OperationRecord, StepKind, StepRecord, UnreadableRun
+from safepoint.types import (
+    AttemptRecord,
+    EffectState,
+    OperationRecord,
+    RunStatus,
+    StepKind,
+    StepRecord,
+    UnreadableRun,
+)
 
 TESTS = str(Path(__file__).parents[1])
 HEALTHY = 4
@@ -100,7 +109,7 @@ def _released_with_a_ledger(store: sp.Store, run_id: str) -> None:
     payload = b'{"amount":5}'
     store.prepare_effect(claim, OperationRecord(
         run_id=run_id, operation_id="op-1", step_id="pay", effect="pay",
-        state=sp.EffectState.PREPARED, payload_ref=f"sha256:{hashlib.sha256(payload).hexdigest()}",
+        state=EffectState.PREPARED, payload_ref=f"sha256:{hashlib.sha256(payload).hexdigest()}",
         effect_key="k-1"), payload)
     store.release_run(claim)
 
@@ -135,7 +144,7 @@ def _claims_of(store: sp.Store, run_id: str) -> int:
 
 def _assert_blocked_unreadable(store: sp.Store, run_id: str, *names: str) -> None:
     [found] = [run for run in store.list_runs(limit=100) if run.run_id == run_id]
-    assert found.status is sp.RunStatus.BLOCKED, found
+    assert found.status is RunStatus.BLOCKED, found
     record = found.recovery_record
     assert record is not None
     assert record["phase"] == "unreadable_record"
@@ -147,7 +156,7 @@ def _assert_blocked_unreadable(store: sp.Store, run_id: str, *names: str) -> Non
 def _assert_others_completed(store: sp.Store, ids: list[str]) -> None:
     for run_id in ids:
         run = store.get_run(run_id)
-        assert (run.status, run.result) == (sp.RunStatus.COMPLETED, 3), run_id
+        assert (run.status, run.result) == (RunStatus.COMPLETED, 3), run_id
 
 
 def _check_run_row(store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture,
@@ -157,7 +166,7 @@ def _check_run_row(store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCa
         assert overwrite(store, "safepoint_runs", column, value, run_id="bad") == 1
     healthy = _submit_healthy(store)
     if store_level:
-        with pytest.raises((sp.CorruptRecord, sp.ArtifactMissing)):
+        with pytest.raises((CorruptRecord, ArtifactMissing)):
             store.get_run("bad")
         assert isinstance(store.find_run("bad"), UnreadableRun)
     listed = {run.run_id: run for run in store.list_runs(limit=100)}
@@ -196,7 +205,7 @@ def _check_ledger_row(store: sp.Store, table: str, column: str, value: Any,
     _released_with_a_ledger(store, "bad")
     assert overwrite(store, table, column, value, run_id="bad") == 1
     healthy = _submit_healthy(store)
-    with pytest.raises(sp.CorruptRecord) as corrupt:
+    with pytest.raises(CorruptRecord) as corrupt:
         store.load_ledger("bad")
     assert corrupt.value.table == table  # type: ignore[attr-defined]
     assert column in corrupt.value.reason  # type: ignore[attr-defined]
@@ -238,7 +247,7 @@ def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(
     _pending(store, "bad")
     assert overwrite(store, "safepoint_runs", "status", "teleported", run_id="bad") == 1
     healthy = _submit_healthy(store)
-    with pytest.raises(sp.CorruptRecord, match="status"):
+    with pytest.raises(CorruptRecord, match="status"):
         store.get_run("bad")
     with caplog.at_level(logging.INFO, logger="safepoint"):
         worker = _work_until_idle(store)
@@ -278,12 +287,12 @@ def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
     runs = store.list_runs(limit=100)
     assert {run.run_id for run in runs} == {"bad", *healthy}
     [bad] = [run for run in runs if isinstance(run, UnreadableRun)]
-    assert (bad.run_id, bad.status, bad.columns) == ("bad", sp.RunStatus.PENDING, ("inputs",))
+    assert (bad.run_id, bad.status, bad.columns) == ("bad", RunStatus.PENDING, ("inputs",))
     assert "<b>not json" in bad.reason
-    assert [run.run_id for run in store.list_runs(sp.RunStatus.PENDING, 100)].count("bad") == 1
+    assert [run.run_id for run in store.list_runs(RunStatus.PENDING, 100)].count("bad") == 1
     assert store.find_run("bad") == bad
     assert store.find_run(healthy[0]) == store.get_run(healthy[0])
-    with pytest.raises(sp.RunNotFound):
+    with pytest.raises(RunNotFound):
         store.find_run("nobody")
 
     result = CliRunner().invoke(cli, ["--store", store_url, "runs"],
@@ -422,8 +431,8 @@ def test_a_worker_process_blocks_every_unreadable_run_and_its_log_stays_small(
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         runs = {run.run_id: run for run in store.list_runs(limit=100)}
-        if all(runs[r].status is sp.RunStatus.COMPLETED for r in healthy) and all(
-                runs[r].status is sp.RunStatus.BLOCKED for r in (*bad, "bad-step")):
+        if all(runs[r].status is RunStatus.COMPLETED for r in healthy) and all(
+                runs[r].status is RunStatus.BLOCKED for r in (*bad, "bad-step")):
             break
         time.sleep(0.1)
     time.sleep(1.0)  # idle a while: nothing more may be claimed or logged
@@ -464,9 +473,9 @@ def test_a_record_met_unreadable_mid_run_blocks_as_unreadable(store: sp.Store,
     crash_at(None)
     overwrite(store, "safepoint_operations", "receipt", "{not json", run_id="c",
               operation_id="charge:1")
-    with pytest.raises(sp.CorruptRecord):
+    with pytest.raises(CorruptRecord):
         sp.resume(store, "c")
     successor = store.get_run("c~1")
-    assert successor.status is sp.RunStatus.BLOCKED
+    assert successor.status is RunStatus.BLOCKED
     assert (successor.recovery_record or {}).get("phase") == "unreadable_record"
     assert len(sent) == 1

@@ -23,14 +23,12 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules.canonical import canonical, digest, sha256_hex
+from safepoint.errors import ApprovalInvalid, ApprovalRefused, RunNotFound, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
 from safepoint.storage.base import load_migrations
-from safepoint.testing import forget_workflows
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
-from safepoint.types import LedgerIdentity
+from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
+from safepoint.types import EffectState, LedgerIdentity, RunStatus
 
 PAYLOAD = {"account": "acct-1", "amount": 40}
 
@@ -71,7 +69,7 @@ def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
     flow = _refund_flow("approval-waits", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval) as waits:
         sp.start(store, flow, run_id="r")
-    assert not isinstance(waits.value, sp.ApprovalInvalid)  # nothing was approved yet
+    assert not isinstance(waits.value, ApprovalInvalid)  # nothing was approved yet
     assert not isinstance(waits.value, sp.RunBlocked)  # a pause, not a failure
     expected = digest(canonical(PAYLOAD))
     assert (waits.value.run_id, waits.value.step_id, waits.value.operation_id,
@@ -79,13 +77,13 @@ def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
         "r", "refund", "refund", expected, None)
     assert "safepoint approve r refund" in waits.value.message
     run = store.get_run("r")
-    assert (run.status, run.owner, run.lease_expires_at) == (sp.RunStatus.WAITING, None, None)
+    assert (run.status, run.owner, run.lease_expires_at) == (RunStatus.WAITING, None, None)
     assert run.waiting_for is not None
     assert run.waiting_for["payload_digest"] == expected
     # the exact payload is durable, for the person to look at
     assert json.loads(store.get_artifact(expected)) == PAYLOAD
     op = store.load_ledger("r").operations["refund"]
-    assert (op.state, op.dispatch_count, op.approval_required) == (sp.EffectState.PREPARED, 0,
+    assert (op.state, op.dispatch_count, op.approval_required) == (EffectState.PREPARED, 0,
                                                                    True)
     assert _applied(owner_env) == 0
     with pytest.raises(sp.AwaitingApproval):  # a resume looks again, and waits again
@@ -104,14 +102,14 @@ def test_approve_then_resume_dispatches_exactly_once(store_url: str,
                           evidence="ticket OPS-12")
     assert (approval.approved_by, approval.payload_digest) == ("ana",
                                                                digest(canonical(PAYLOAD)))
-    assert store.get_run("r").status is sp.RunStatus.PENDING  # claimable again
+    assert store.get_run("r").status is RunStatus.PENDING  # claimable again
     result = sp.resume(store, "r")
     assert result["amount"] == 40
     assert sp.resume(store, "r") == result
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
     op = store.load_ledger("r").operations["refund"]
-    assert (op.state, op.dispatch_count, op.approval_id) == (sp.EffectState.ACCEPTED, 1,
+    assert (op.state, op.dispatch_count, op.approval_id) == (EffectState.ACCEPTED, 1,
                                                              approval.approval_id)
     kinds = [e.kind for e in store.events("r")]
     assert kinds.index("run.waiting") < kinds.index("effect.approved") < kinds.index(
@@ -129,14 +127,14 @@ def test_a_changed_payload_withdraws_the_approval_and_the_run_waits_again(
         sp.start(store, flow, run_id="r")
     sp.approve(store, "r", "refund", by="ana", payload_digest=first.value.payload_digest)
     amount["value"] = 400  # the agent now wants to send something else
-    with pytest.raises(sp.ApprovalInvalid, match="payload changed") as again:
+    with pytest.raises(ApprovalInvalid, match="payload changed") as again:
         sp.resume(store, "r")
     assert again.value.payload_digest == digest(canonical({"account": "acct-1",
                                                            "amount": 400}))
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
     # approving what was seen before is refused: the effect no longer carries it
-    with pytest.raises(sp.ApprovalRefused, match="now carries"):
+    with pytest.raises(ApprovalRefused, match="now carries"):
         sp.approve(store, "r", "refund", by="ana", payload_digest=first.value.payload_digest)
     sp.approve(store, "r", "refund", by="ana", payload_digest=again.value.payload_digest)
     assert sp.resume(store, "r")["amount"] == 400
@@ -158,10 +156,10 @@ def test_a_changed_target_state_withdraws_the_approval(store_url: str,
     approval = sp.approve(store, "r", "refund", by="ana")
     assert approval.target_digest == seen  # bound to the state the run waited on
     balances["acct-1"] = 5  # someone else spent the balance meanwhile
-    with pytest.raises(sp.ApprovalInvalid, match="target's state changed") as invalid:
+    with pytest.raises(ApprovalInvalid, match="target's state changed") as invalid:
         sp.resume(store, "r")
     assert invalid.value.target_digest == digest(canonical({"balance": 5}))
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
     sp.approve(store, "r", "refund", by="ana")  # approving the state as it now is
     sp.resume(store, "r")
@@ -178,9 +176,9 @@ def test_an_expired_approval_no_longer_authorizes_the_dispatch(
     approval = sp.approve(store, "r", "refund", by="ana", expires=timedelta(milliseconds=50))
     assert approval.expires_at == approval.approved_at + 50  # on the store's clock
     time.sleep(0.2)
-    with pytest.raises(sp.ApprovalInvalid, match="expired"):
+    with pytest.raises(ApprovalInvalid, match="expired"):
         sp.resume(store, "r")
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
     sp.approve(store, "r", "refund", by="ana",
                expires=datetime.now(UTC) + timedelta(minutes=5))
@@ -197,9 +195,9 @@ def test_an_approval_given_before_the_run_waits_is_not_lost(
     with pytest.raises(SimulatedCrash):
         sp.start(store, flow, run_id="r", lease_ms=0)
     crash_at(None)
-    assert store.get_run("r").status is sp.RunStatus.RUNNING
+    assert store.get_run("r").status is RunStatus.RUNNING
     sp.approve(store, "r", "refund", by="ana")  # the person was quicker than the run
-    assert store.get_run("r").status is sp.RunStatus.RUNNING
+    assert store.get_run("r").status is RunStatus.RUNNING
     assert sp.resume(store, "r")["amount"] == 40
     assert "run.waiting" not in [e.kind for e in store.events("r")]
     assert _applied(owner_env) == 1
@@ -218,12 +216,12 @@ def test_a_worker_does_not_take_a_waiting_run_until_it_is_approved(
 
     first = work()
     assert (first.claimed, first.waiting, first.failed) == (1, 1, 0)
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert work().claimed == 0  # waiting is not runnable
     sp.approve(store, "r", "refund", by="ana")
     done = work()
     assert (done.claimed, done.completed) == (1, 1)
-    assert store.get_run("r").status is sp.RunStatus.COMPLETED
+    assert store.get_run("r").status is RunStatus.COMPLETED
     assert _applied(owner_env) == 1
     store.close()
 
@@ -235,10 +233,10 @@ def test_cancelling_a_waiting_run_ends_it_at_once(store_url: str,
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
     ended = sp.cancel(store, "r", by="ops", reason="customer withdrew")
-    assert (ended.status, ended.waiting_for) == (sp.RunStatus.CANCELLED, None)
+    assert (ended.status, ended.waiting_for) == (RunStatus.CANCELLED, None)
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r")
-    with pytest.raises(sp.ApprovalRefused, match="cancelled"):
+    with pytest.raises(ApprovalRefused, match="cancelled"):
         sp.approve(store, "r", "refund", by="ana")
     assert _applied(owner_env) == 0
     store.close()
@@ -260,19 +258,19 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     sp.approve(memory_store, "r", "refund", by="ana", expires=timedelta(seconds=1))
-    with pytest.raises(sp.ApprovalInvalid, match="expired"):
+    with pytest.raises(ApprovalInvalid, match="expired"):
         sp.resume(memory_store, "r")
     # sent once; the owner says it never arrived, but the approval lapsed: no second send
     assert calls == ["execute", "reconcile"]
     ledger = memory_store.load_ledger("r")
     assert (ledger.run.status, ledger.operations["refund"].state) == (
-        sp.RunStatus.WAITING, sp.EffectState.UNKNOWN)
+        RunStatus.WAITING, EffectState.UNKNOWN)
     # a cancel now settles the uncertain effect first, and still sends nothing
-    assert sp.cancel(memory_store, "r", by="ops").status is sp.RunStatus.PENDING
+    assert sp.cancel(memory_store, "r", by="ops").status is RunStatus.PENDING
     with pytest.raises(sp.RunCancelled):
         sp.resume(memory_store, "r")
     assert calls == ["execute", "reconcile", "reconcile"]
-    assert memory_store.get_run("r").status is sp.RunStatus.CANCELLED
+    assert memory_store.get_run("r").status is RunStatus.CANCELLED
 
 
 def test_a_target_state_that_cannot_be_read_sends_nothing(memory_store: sp.Store) -> None:
@@ -297,9 +295,9 @@ def test_approving_a_step_that_has_not_prepared_its_effect_is_refused(
         return run.pure("first", lambda: 1)
 
     sp.submit(memory_store, flow, run_id="r")
-    with pytest.raises(sp.ApprovalRefused, match="no prepared effect"):
+    with pytest.raises(ApprovalRefused, match="no prepared effect"):
         sp.approve(memory_store, "r", "refund", by="ana")
-    with pytest.raises(sp.RunNotFound):
+    with pytest.raises(RunNotFound):
         sp.approve(memory_store, "nope", "refund", by="ana")
     with pytest.raises(sp.UsageError, match="by="):
         sp.approve(memory_store, "r", "refund", by="")
@@ -314,11 +312,11 @@ def test_an_approval_refuses_credentials_in_who_and_why(memory_store: sp.Store) 
                         sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.approve(memory_store, "r", "refund", by="ana",
                    evidence="approved, key sk_live_0123456789abcdefXYZ")
     assert memory_store.approvals("r") == []
-    assert memory_store.get_run("r").status is sp.RunStatus.WAITING
+    assert memory_store.get_run("r").status is RunStatus.WAITING
 
 
 def test_approving_twice_returns_the_same_approval(memory_store: sp.Store) -> None:
@@ -336,7 +334,7 @@ def test_the_recovery_record_names_the_approval_that_authorized_the_dispatch(
         memory_store: sp.Store, owner_env: OwnerService) -> None:
     import jsonschema
 
-    from safepoint._rules.recovery import record_schema
+    from safepoint import record_schema
 
     # no read path: a lost response blocks the run for a person
     flow = _refund_flow("approval-record", owner_effect("notifications", reconcile=False,
@@ -421,13 +419,13 @@ def test_a_verifier_that_times_out_blocks_and_a_resume_never_dispatches_again(
         return run.effect("ticket", effect, payload={"title": "refund"})["id"]
 
     started = time.monotonic()
-    with pytest.raises(sp.VerificationFailed, match=r"did not answer within 1s"):
+    with pytest.raises(VerificationFailed, match=r"did not answer within 1s"):
         sp.start(store, flow, run_id="r")
     assert time.monotonic() - started < 5  # abandoned at the timeout, not waited out
     record = store.get_run("r").recovery_record
     assert record is not None
     assert (record["phase"], record["effect_status"]) == ("verify_effect", "applied")
-    with pytest.raises(sp.VerificationFailed):  # still no answer: blocked again
+    with pytest.raises(VerificationFailed):  # still no answer: blocked again
         sp.resume(store, "r")
     assert _applied(owner_env) == 1
     answer.set()
@@ -436,7 +434,7 @@ def test_a_verifier_that_times_out_blocks_and_a_resume_never_dispatches_again(
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
     ops = store.load_ledger("r").operations["ticket"]
-    assert (ops.state, ops.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+    assert (ops.state, ops.dispatch_count) == (EffectState.ACCEPTED, 1)
     store.close()
 
 
@@ -468,11 +466,11 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
         try:
             with pytest.raises(sp.AwaitingApproval):
                 await sp.start_async(store, flow, run_id="r")
-            assert (await store.get_run("r")).status is sp.RunStatus.WAITING
+            assert (await store.get_run("r")).status is RunStatus.WAITING
             await sp.approve_async(store, "r", "one", by="ana")
-            with pytest.raises(sp.VerificationFailed, match="did not answer"):
+            with pytest.raises(VerificationFailed, match="did not answer"):
                 await sp.resume_async(store, "r")
-            with pytest.raises(sp.VerificationFailed):  # re-verified only, still no answer
+            with pytest.raises(VerificationFailed):  # re-verified only, still no answer
                 await sp.resume_async(store, "r")
             assert _applied(owner_env) == 1
             # the second effect's sync verifier, in an async workflow, times out on a thread
@@ -487,7 +485,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
                 return [a["id"], b["id"]]
 
             started = time.monotonic()
-            with pytest.raises(sp.VerificationFailed, match=r"within 0\.5s"):
+            with pytest.raises(VerificationFailed, match=r"within 0\.5s"):
                 await sp.resume_async(store, "r")
             assert time.monotonic() - started < 5
             assert _applied(owner_env) == 2
@@ -529,9 +527,9 @@ def test_an_existing_sqlite_ledger_is_migrated_to_hold_waiting_runs(tmp_path: Pa
         old.execute("UPDATE safepoint_runs SET status = 'waiting'")
     store = sp.open_store(f"sqlite:///{path}")
     assert store.schema_version() == len(shipped)
-    assert store.get_run("kept").status is sp.RunStatus.PENDING
+    assert store.get_run("kept").status is RunStatus.PENDING
     old.execute("UPDATE safepoint_runs SET status = 'waiting'")  # the old connection, too
-    assert store.get_run("kept").status is sp.RunStatus.WAITING
+    assert store.get_run("kept").status is RunStatus.WAITING
     with pytest.raises(sqlite3.IntegrityError):  # the constraint is still there
         old.execute("UPDATE safepoint_runs SET status = 'paused'")
     assert old.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
@@ -554,7 +552,7 @@ def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
     assert sp.approve(store, "r", "refund", by="ana").run_id == "r~1"
     assert asyncio.run(sp.approve_async(store, "s", "refund", by="ana")).run_id == "s~1"
     assert (sp.resume(store, "r"), sp.resume(store, "s")) == (40, 40)
-    with pytest.raises(sp.ApprovalRefused, match="completed"):  # the chain's end: nothing waits
+    with pytest.raises(ApprovalRefused, match="completed"):  # the chain's end: nothing waits
         sp.approve(store, "r", "refund", by="ana")
     assert _applied(owner_env) == 2
     store.close()
@@ -572,23 +570,23 @@ def test_a_revoked_approval_sends_nothing_until_the_effect_is_approved_again(
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
     first = sp.approve(store, "r", "refund", by="ana")
-    assert store.get_run("r").status is sp.RunStatus.PENDING
+    assert store.get_run("r").status is RunStatus.PENDING
     [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
     assert (revoked.approval_id, revoked.revoked_by, revoked.revoke_reason) == (
         first.approval_id, "carol", WITHDRAWN)
     assert revoked.revoked_at is not None
     assert store.approvals("r") == [revoked]
     assert not revoked.authorizes(first.payload_digest, first.target_digest, store.now())
-    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol") as invalid:
+    with pytest.raises(ApprovalInvalid, match="revoked by carol") as invalid:
         sp.resume(store, "r")
     assert WITHDRAWN in invalid.value.reason
     waiting = store.get_run("r")
-    assert waiting.status is sp.RunStatus.WAITING
+    assert waiting.status is RunStatus.WAITING
     assert waiting.waiting_for is not None
     assert "revoked by carol" in waiting.waiting_for["reason"]
     assert _applied(owner_env) == 0
     op = store.load_ledger("r").operations["refund"]
-    assert (op.state, op.dispatch_count) == (sp.EffectState.PREPARED, 0)
+    assert (op.state, op.dispatch_count) == (EffectState.PREPARED, 0)
     [event] = [e for e in store.events("r") if e.kind == "effect.approval_revoked"]
     assert (event.worker, event.detail["reason"]) == ("carol", WITHDRAWN)
     again = sp.approve(store, "r", "refund", by="ana")
@@ -626,10 +624,10 @@ def test_a_revocation_between_the_gate_and_the_dispatch_makes_the_run_wait(
         sp.start(store, flow, run_id="r")
     sp.approve(store, "r", "refund", by="ana")
     racing = _RevokedBeforeDispatch(store)
-    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+    with pytest.raises(ApprovalInvalid, match="revoked by carol"):
         sp.resume(racing, "r")  # type: ignore[arg-type]
     assert racing.revoked
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert store.load_ledger("r").operations["refund"].dispatch_count == 0
     assert _applied(owner_env) == 0
     store.close()
@@ -651,14 +649,14 @@ def test_a_revocation_while_the_outcome_is_uncertain_withdraws_the_dispatch_stil
         sp.resume(store, "r", lease_ms=0)
     crash_at(None)
     sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
-    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+    with pytest.raises(ApprovalInvalid, match="revoked by carol"):
         sp.resume(store, "r")
-    assert store.get_run("r").status is sp.RunStatus.WAITING
+    assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
     sp.approve(store, "r", "refund", by="ana")
     assert sp.resume(store, "r")["amount"] == 40
     before = (store.load_ledger("r"), store.events("r"), store.approvals("r"))
-    with pytest.raises(sp.ApprovalRefused, match=r"too late: .* is accepted") as late:
+    with pytest.raises(ApprovalRefused, match=r"too late: .* is accepted") as late:
         sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
     assert late.value.revoking
     assert (store.load_ledger("r"), store.events("r"), store.approvals("r")) == before
@@ -680,10 +678,10 @@ def test_a_revocation_needs_who_and_why_and_refuses_credentials(memory_store: sp
         with pytest.raises(sp.UsageError, match="reason="):
             sp.revoke_approval(memory_store, "r", "refund", by="carol",
                                reason=reason)  # type: ignore[arg-type]
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.revoke_approval(memory_store, "r", "refund", by="carol",
                            reason="leaked key sk_live_0123456789abcdefXYZ")
-    with pytest.raises(sp.RunNotFound):
+    with pytest.raises(RunNotFound):
         sp.revoke_approval(memory_store, "nope", "refund", by="carol", reason=WITHDRAWN)
     assert memory_store.approvals("r") == before
 
@@ -702,7 +700,7 @@ def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carrie
                                                  reason=WITHDRAWN))
     assert (one.run_id, two.run_id) == ("r~1", "s~1")
     for run_id in ("r", "s"):
-        with pytest.raises(sp.ApprovalInvalid, match="revoked"):
+        with pytest.raises(ApprovalInvalid, match="revoked"):
             sp.resume(store, run_id)
     assert _applied(owner_env) == 0
     store.close()
@@ -791,7 +789,7 @@ def test_approvals_given_before_revocation_existed_are_in_force_after_the_migrat
     assert approval.revoked_at is None
     [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
     assert revoked.approval_id == approval.approval_id
-    with pytest.raises(sp.ApprovalInvalid, match="revoked"):
+    with pytest.raises(ApprovalInvalid, match="revoked"):
         sp.resume(store, "r")
     assert _applied(owner_env) == 0
     store.close()

@@ -10,8 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint.ops.cli import cli
+from safepoint.testing import SimulatedCrash
+from safepoint.types import EffectState, RunStatus
 
 
 def test_a_pending_run_is_cancelled_at_once(store_url: str) -> None:
@@ -23,7 +24,7 @@ def test_a_pending_run_is_cancelled_at_once(store_url: str) -> None:
 
     sp.submit(store, flow, run_id="r")
     run = sp.cancel(store, "r", by="ops", reason="duplicate request")
-    assert run.status is sp.RunStatus.CANCELLED
+    assert run.status is RunStatus.CANCELLED
     assert sp.Worker(store, workflows=["cancel-pending"]).run(
         until_idle=True, handle_signals=False).claimed == 0
     with pytest.raises(sp.RunCancelled):
@@ -51,18 +52,18 @@ def test_a_running_run_stops_before_its_next_dispatch(store_url: str) -> None:
         sp.start(store, flow, run_id="r")
     assert sent == []
     run = store.get_run("r")
-    assert (run.status, run.error["type"]) == (sp.RunStatus.CANCELLED, "Cancelled")
+    assert (run.status, run.error["type"]) == (RunStatus.CANCELLED, "Cancelled")
     assert "draft" not in store.load_ledger("r").steps  # nothing new was recorded either
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r")
 
 
 @pytest.mark.parametrize(("answer", "state"), [
-    (sp.Applied({"id": "re_1"}), sp.EffectState.ACCEPTED),
-    (sp.NotApplied(), sp.EffectState.PREPARED),
+    (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
+    (sp.NotApplied(), EffectState.PREPARED),
 ])
 def test_an_effect_in_flight_is_settled_before_the_run_ends(
-        memory_store: sp.Store, crash_at: Any, answer: Any, state: sp.EffectState) -> None:
+        memory_store: sp.Store, crash_at: Any, answer: Any, state: EffectState) -> None:
     calls: list[str] = []
     effect = sp.Effect("refund", execute=lambda payload, key: calls.append("execute") or {},
                        reconcile=lambda key: calls.append("reconcile") or answer,
@@ -77,13 +78,13 @@ def test_an_effect_in_flight_is_settled_before_the_run_ends(
     with pytest.raises(SimulatedCrash):
         sp.start(memory_store, flow, run_id="r", lease_ms=0)
     crash_at(None)
-    assert sp.cancel(memory_store, "r", by="ops").status is sp.RunStatus.RUNNING  # marked
+    assert sp.cancel(memory_store, "r", by="ops").status is RunStatus.RUNNING  # marked
     with pytest.raises(sp.RunCancelled):
         sp.resume(memory_store, "r")
     assert calls == ["reconcile"]  # settled through its owner, never dispatched again
     ledger = memory_store.load_ledger("r")
     assert ledger.operations["refund"].state is state
-    assert ledger.run.status is sp.RunStatus.CANCELLED
+    assert ledger.run.status is RunStatus.CANCELLED
     assert "after" not in ledger.steps
 
 
@@ -96,7 +97,7 @@ def test_cancel_from_the_command_line(file_store: sp.Store) -> None:
     result = CliRunner().invoke(cli, ["--store", file_store.url, "cancel", "r", "--by", "ops"])
     assert result.exit_code == 0, result.output
     assert "now cancelled" in result.output
-    assert file_store.get_run("r").status is sp.RunStatus.CANCELLED
+    assert file_store.get_run("r").status is RunStatus.CANCELLED
 
 
 def test_cancelling_a_blocked_run_never_forgets_its_uncertain_effect(
@@ -112,12 +113,12 @@ def test_cancelling_a_blocked_run_never_forgets_its_uncertain_effect(
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     marked = sp.cancel(memory_store, "r", by="ops")
-    assert marked.status is sp.RunStatus.BLOCKED  # a person settles the effect first
+    assert marked.status is RunStatus.BLOCKED  # a person settles the effect first
     assert marked.cancel_requested_at is not None
-    assert memory_store.load_ledger("r").operations["refund"].state is sp.EffectState.UNKNOWN
+    assert memory_store.load_ledger("r").operations["refund"].state is EffectState.UNKNOWN
     sp.resolve(memory_store, "r", "abandon", revision=marked.state_revision, by="ops",
                evidence="refund confirmed absent at the provider")
-    assert memory_store.get_run("r").status is sp.RunStatus.CANCELLED
+    assert memory_store.get_run("r").status is RunStatus.CANCELLED
 
 
 def test_a_swallowed_cancel_cannot_complete_the_run(memory_store: sp.Store,
@@ -138,4 +139,4 @@ def test_a_swallowed_cancel_cannot_complete_the_run(memory_store: sp.Store,
     sp.cancel(memory_store, "r", by="ops")
     with pytest.raises(sp.RunCancelled):
         sp.resume(memory_store, "r")
-    assert memory_store.get_run("r").status is sp.RunStatus.CANCELLED
+    assert memory_store.get_run("r").status is RunStatus.CANCELLED

@@ -60,10 +60,10 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._engine.workflow import resume_record
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import ArtifactMissing, CorruptRecord, IncompatibleWorkflow, RunOwned
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import EffectState, RunStatus
 
 
 def _execute(store_url: str, statement: str, *params: Any) -> int:
@@ -118,7 +118,7 @@ def test_stop_after_prepared_intent_dispatches_once(store: sp.Store, owner_env: 
     flow = _charge("prepared", _UNRECONCILABLE)
     _stop_at(store, flow, crash_at, "effect.after_prepared", 5)
     prepared = store.load_ledger("r").operations["charge:1"]
-    assert (prepared.state, prepared.dispatch_count) == (sp.EffectState.PREPARED, 0)
+    assert (prepared.state, prepared.dispatch_count) == (EffectState.PREPARED, 0)
     assert _counted(owner_env) == (0, 0)
     assert sp.resume(store, "r") == {"id": "ch_1", "amount": 5}
     done = store.load_ledger("r").operations["charge:1"]
@@ -136,7 +136,7 @@ def test_stop_after_dispatching_before_the_call_sends_under_the_same_key(
     flow = _charge("dispatching", owner_effect("charges"))
     _stop_at(store, flow, crash_at, "effect.after_dispatching", 5)
     stopped = store.load_ledger("r").operations["charge:1"]
-    assert (stopped.state, stopped.dispatch_count) == (sp.EffectState.DISPATCHING, 1)
+    assert (stopped.state, stopped.dispatch_count) == (EffectState.DISPATCHING, 1)
     assert [e.kind for e in store.events("r") if e.kind.startswith("effect.")] == [
         "effect.prepared", "effect.dispatching"]
     assert _counted(owner_env) == (0, 0)
@@ -180,12 +180,12 @@ def test_stop_after_the_receipt_before_verification_runs_only_the_verifier(
                        verify=lambda receipt: verified.append(receipt) or base.verify(receipt))
     flow = _charge("verify", effect)
     _stop_at(store, flow, crash_at, "effect.after_outcome", 5)
-    assert store.load_ledger("r").operations["charge:1"].state is sp.EffectState.APPLIED
+    assert store.load_ledger("r").operations["charge:1"].state is EffectState.APPLIED
     assert verified == []
     assert sp.resume(store, "r") == {"id": "tk_1", "amount": 5}
     assert [receipt["id"] for receipt in verified] == ["tk_1"]
     op = store.load_ledger("r").operations["charge:1"]
-    assert (op.state, op.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+    assert (op.state, op.dispatch_count) == (EffectState.ACCEPTED, 1)
     assert _counted(owner_env) == (1, 0)
 
 
@@ -206,7 +206,7 @@ def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService
         start.wait(5)
         try:
             outcomes[index] = resume_record(stores[index], seen)
-        except sp.RunOwned as exc:
+        except RunOwned as exc:
             outcomes[index] = exc
 
     threads = [threading.Thread(target=resumer, args=(i,)) for i in range(2)]
@@ -231,7 +231,7 @@ def test_resume_after_cancellation_never_revives_the_run(
         with pytest.raises(sp.RunCancelled, match="customer withdrew"):
             sp.resume(store, "r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.CANCELLED
+    assert run.status is RunStatus.CANCELLED
     assert store.load_ledger("r").operations["charge:1"].dispatch_count == 0
     assert _counted(owner_env) == (0, 0)
 
@@ -248,7 +248,7 @@ def test_resume_after_the_dedup_window_expired_blocks_instead_of_resending(
     with pytest.raises(sp.NeedsReconciliation, match="dedup retention") as blocked:
         sp.resume(store, "r")
     assert blocked.value.record["phase"] == "reconcile_effect"
-    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert store.get_run("r").status is RunStatus.BLOCKED
     assert _counted(owner_env) == (1, 0)
 
 
@@ -265,10 +265,10 @@ def test_a_removed_artifact_blocks_before_anything_runs(
     _stop_at(store, flow, crash_at, "effect.after_prepared")
     ref = store.load_ledger("r").operations["charge:1"].payload_ref
     assert _execute(store_url, "DELETE FROM safepoint_artifacts WHERE digest = %s", ref) == 1
-    with pytest.raises(sp.ArtifactMissing):
+    with pytest.raises(ArtifactMissing):
         sp.resume(store, "r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record is not None
     assert run.recovery_record["phase"] == "unreadable_record"
     assert run.recovery_record["evidence"]["type"] == "ArtifactMissing"
@@ -284,7 +284,7 @@ def test_an_unreadable_record_blocks(store: sp.Store, store_url: str, crash_at: 
     _stop_at(store, flow, crash_at, "run.before_complete")
     _execute(store_url, "UPDATE safepoint_steps SET result = %s WHERE step_id = %s",
              "{not json", "one")
-    with pytest.raises(sp.CorruptRecord):
+    with pytest.raises(CorruptRecord):
         sp.resume(store, "r")
     assert store.get_run("r").recovery_record["phase"] == "unreadable_record"
 
@@ -300,10 +300,10 @@ def test_a_changed_workflow_version_blocks(store: sp.Store, crash_at: Any) -> No
     def new(run: sp.Run) -> Any:
         return run.pure("one", lambda: 1)
 
-    with pytest.raises(sp.IncompatibleWorkflow, match="version '1' became '2'"):
+    with pytest.raises(IncompatibleWorkflow, match="version '1' became '2'"):
         sp.resume(store, "r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record["phase"] == "incompatible_workflow"
 
 

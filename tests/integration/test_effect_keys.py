@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import CorruptRecord, ResolutionRefused
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import RunStatus
 
 charges = owner_effect("charges")
 
@@ -99,10 +99,10 @@ def test_an_altered_key_blocks_the_run_and_nothing_is_sent(
     minted = store.load_ledger("r").operations["charge:1"].effect_key
     _alter_key(store_url, "r", "charge:1", "sp_" + "0" * 40)
 
-    with pytest.raises(sp.CorruptRecord, match="not the key minted"):
+    with pytest.raises(CorruptRecord, match="not the key minted"):
         sp.resume(store, "r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record is not None
     assert run.recovery_record["phase"] == "unreadable_record"
     assert owner_env.client.stats()["applied"] == 0  # neither the old key nor the new one
@@ -122,10 +122,10 @@ def test_not_applied_is_not_asked_of_the_owner_under_an_altered_key(
         sp.start(store, charge, 3, run_id="r", lease_ms=0)  # the owner has it
     crash_at(None)
     _alter_key(store_url, "r", "charge:3", "sp_" + "1" * 40)
-    with pytest.raises(sp.CorruptRecord):
+    with pytest.raises(CorruptRecord):
         sp.resume(store, "r")
     blocked = store.get_run("r")
-    with pytest.raises(sp.ResolutionRefused, match="not the key minted"):
+    with pytest.raises(ResolutionRefused, match="not the key minted"):
         sp.resolve(store, "r", "not_applied", revision=blocked.state_revision, by="ana",
                    operation_id="charge:3")
     assert store.get_run("r") == blocked

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import EffectRejected, VerificationFailed
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import EffectState, RunStatus
 
 
 def _charge_flow(name: str, effect: sp.Effect) -> sp.Workflow:
@@ -32,7 +32,7 @@ def test_dropped_response_is_reconciled_not_repeated(file_store: sp.Store,
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
     op = file_store.load_ledger("r").operations["charge"]
-    assert op.state is sp.EffectState.ACCEPTED
+    assert op.state is EffectState.ACCEPTED
     assert op.dispatch_count == 1  # reconciled by lookup, never sent again
 
 
@@ -72,7 +72,7 @@ def test_past_dedup_retention_blocks_instead_of_redispatching(tmp_path: Path,
         assert blocked.value.record["effect_status"] == "unknown"
         stats = owner.client.stats()
         assert (stats["applied"], stats["duplicates"]) == (1, 0)
-        assert store.get_run("r").status is sp.RunStatus.BLOCKED
+        assert store.get_run("r").status is RunStatus.BLOCKED
         del flow
 
 
@@ -101,7 +101,7 @@ def test_rejection_is_recorded_and_replayed(file_store: sp.Store, owner_env: Own
     def flow(run: sp.Run) -> str:
         try:
             run.effect("pay", rejecting, payload={"amount": 1})
-        except sp.EffectRejected as exc:
+        except EffectRejected as exc:
             seen.append(exc.operation_id)
             return "rejected"
         return "applied"
@@ -113,7 +113,7 @@ def test_rejection_is_recorded_and_replayed(file_store: sp.Store, owner_env: Own
     assert sp.resume(file_store, "r") == "rejected"
     assert seen == ["pay", "pay"]
     op = file_store.load_ledger("r").operations["pay"]
-    assert op.state is sp.EffectState.REJECTED
+    assert op.state is EffectState.REJECTED
     assert op.error == {"status": 402, "reason": "card_declined"}
     assert op.dispatch_count == 1  # the second rejection came from the ledger, not the owner
 
@@ -141,13 +141,13 @@ def test_verifier_failure_blocks_and_never_redispatches(file_store: sp.Store,
     def flow(run: sp.Run) -> str:
         return str(run.effect("ticket", effect, payload={"title": "t"})["id"])
 
-    with pytest.raises(sp.VerificationFailed) as blocked:
+    with pytest.raises(VerificationFailed) as blocked:
         sp.start(file_store, flow, run_id="r")
     assert blocked.value.record["phase"] == "verify_effect"
-    with pytest.raises(sp.VerificationFailed):
+    with pytest.raises(VerificationFailed):
         sp.resume(file_store, "r")
     assert owner_env.client.stats()["applied"] == 1
-    assert file_store.load_ledger("r").operations["ticket"].state is sp.EffectState.APPLIED
+    assert file_store.load_ledger("r").operations["ticket"].state is EffectState.APPLIED
 
 
 # -- what an effect costs in commits ------------------------------------------------------------
@@ -215,7 +215,7 @@ def test_an_effect_its_owner_can_reconcile_costs_two_commits(
         (kind, f"fx.{index}") for index in range(3)
         for kind in ("effect.prepared", "effect.dispatching", "effect.accepted")]
     for op in file_store.load_ledger("r").operations.values():
-        assert (op.state, op.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+        assert (op.state, op.dispatch_count) == (EffectState.ACCEPTED, 1)
     assert owner_env.client.stats()["applied"] == 3
 
 

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint.testing.kill import KillHarness
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import KillHarness, OwnerService, SimulatedCrash
+from safepoint.types import RunStatus, StepStatus
 
 TESTS = str(Path(__file__).parents[1])
 
@@ -105,9 +104,9 @@ def test_the_first_error_in_branch_order_is_raised_after_every_branch_stopped(
     with pytest.raises(sp.StepFailed, match="first") as failed:
         sp.start(memory_store, flow, run_id="r")
     assert failed.value.step_id == "fan.y/fail"
-    assert memory_store.get_run("r").status is sp.RunStatus.FAILED
+    assert memory_store.get_run("r").status is RunStatus.FAILED
     assert finished == ["slow"]  # the slow branch was not abandoned half way
-    assert memory_store.load_ledger("r").steps["fan.z/fail"].status is sp.StepStatus.FAILED
+    assert memory_store.load_ledger("r").steps["fan.z/fail"].status is StepStatus.FAILED
 
 
 def _raise(message: str) -> Any:

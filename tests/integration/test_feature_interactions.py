@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules.canonical import sha256_hex
+from safepoint.errors import DeadlineExceeded
 from safepoint.storage.base import load_migrations
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import EffectState, RunStatus
 
 
 def _name(prefix: str) -> str:
@@ -48,7 +48,7 @@ def _slow_while_running(store: sp.Store, run_id: str, started: threading.Event,
     def slow(payload: Any, key: sp.EffectKey) -> Any:
         started.set()
         until = time.monotonic() + 0.5
-        while time.monotonic() < until and store.get_run(run_id).status is sp.RunStatus.RUNNING:
+        while time.monotonic() < until and store.get_run(run_id).status is RunStatus.RUNNING:
             time.sleep(0.01)
         return execute(payload, key)
 
@@ -85,8 +85,8 @@ def test_a_branch_waiting_for_approval_lets_an_effect_in_flight_in_another_recor
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
     ledger = store.load_ledger("r")
-    assert ledger.run.status is sp.RunStatus.WAITING
-    assert ledger.operations["fan.b/charge"].state is sp.EffectState.ACCEPTED
+    assert ledger.run.status is RunStatus.WAITING
+    assert ledger.operations["fan.b/charge"].state is EffectState.ACCEPTED
     sp.approve(store, "r", "fan.a/refund", by="ana")
     result = sp.resume(store, "r")
     assert result["a"] == {"id": "rf_1"}
@@ -111,8 +111,8 @@ def test_a_branch_that_blocks_lets_an_effect_in_flight_in_another_record_its_rec
         sp.start(store, flow, run_id="r")
     assert blocked.value.operation_id == "fan.a/mail"
     ledger = store.load_ledger("r")
-    assert ledger.run.status is sp.RunStatus.BLOCKED
-    assert ledger.operations["fan.b/charge"].state is sp.EffectState.ACCEPTED
+    assert ledger.run.status is RunStatus.BLOCKED
+    assert ledger.operations["fan.b/charge"].state is EffectState.ACCEPTED
     assert owner_env.client.stats()["applied"] == 1
 
 
@@ -125,7 +125,7 @@ def test_an_async_branch_waiting_for_approval_lets_an_effect_in_flight_record_it
     async def charge(payload: Any, key: sp.EffectKey) -> Any:
         started.set()
         for _ in range(50):
-            if memory_store.get_run("r").status is not sp.RunStatus.RUNNING:
+            if memory_store.get_run("r").status is not RunStatus.RUNNING:
                 break
             await asyncio.sleep(0.01)
         sent.append(payload)
@@ -152,8 +152,8 @@ def test_an_async_branch_waiting_for_approval_lets_an_effect_in_flight_record_it
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     ledger = memory_store.load_ledger("r")
-    assert ledger.run.status is sp.RunStatus.WAITING
-    assert ledger.operations["fan.b/charge"].state is sp.EffectState.ACCEPTED
+    assert ledger.run.status is RunStatus.WAITING
+    assert ledger.operations["fan.b/charge"].state is EffectState.ACCEPTED
     sp.approve(memory_store, "r", "fan.a/refund", by="ana")
     assert sp.resume(memory_store, "r") == {"a": {"id": "rf_1"}, "b": {"id": "ch_1"}}
     assert sent == [{"amount": 2}]
@@ -171,7 +171,7 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
         gated.wait(0.5)
         until = time.monotonic() + 2
         while time.monotonic() < until and \
-                memory_store.get_run("r").status is sp.RunStatus.RUNNING:
+                memory_store.get_run("r").status is RunStatus.RUNNING:
             time.sleep(0.01)
         return 1
 
@@ -186,7 +186,7 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
 
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
-    assert memory_store.get_run("r").status is sp.RunStatus.WAITING
+    assert memory_store.get_run("r").status is RunStatus.WAITING
 
 
 def test_what_parallel_model_steps_spent_is_counted_whole_when_the_run_continues(
@@ -304,7 +304,7 @@ def test_a_cancelled_run_whose_code_changed_ends_cancelled_under_replan(
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r", lease_ms=0)
     run = store.get_run("r")
-    assert (run.status, run.owner, run.workflow_version) == (sp.RunStatus.CANCELLED, None, "1")
+    assert (run.status, run.owner, run.workflow_version) == (RunStatus.CANCELLED, None, "1")
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r")
 
@@ -328,10 +328,10 @@ def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
     def v2(run: sp.Run) -> int:
         return int(run.pure("p", lambda: 2))
 
-    with pytest.raises(sp.DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         sp.resume(store, "r", lease_ms=0)
     run = store.get_run("r")
-    assert (run.status, run.owner) == (sp.RunStatus.FAILED, None)
+    assert (run.status, run.owner) == (RunStatus.FAILED, None)
     assert run.error is not None
     assert run.error["type"] == "DeadlineExceeded"
 
@@ -347,10 +347,10 @@ def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Sto
             run.continue_as_new(1)
         return round_
 
-    with pytest.raises(sp.DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         sp.start(store, flow, 0, run_id="r")
     run = store.get_run("r")
-    assert (run.status, run.owner, run.successor_run_id) == (sp.RunStatus.FAILED, None, None)
+    assert (run.status, run.owner, run.successor_run_id) == (RunStatus.FAILED, None, None)
     assert run.error is not None
     assert run.error["type"] == "DeadlineExceeded"
 
@@ -372,7 +372,7 @@ def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_pay
 
     assert sp.start(memory_store, flow, 5, run_id="r") == {"id": 1}
     assert sent == [{"amount": 5}]
-    assert memory_store.get_run("r~1").status is sp.RunStatus.COMPLETED
+    assert memory_store.get_run("r~1").status is RunStatus.COMPLETED
 
 
 # -- migrations: the oldest ledger, with a run in every status, upgraded in place -------------------
@@ -403,7 +403,7 @@ def _check_migrated(store: sp.Store, dialect: str) -> None:
         assert (run.chain_id, run.chain_index, run.step_count) == (status, 0, 1)
         ledger = store.load_ledger(status)
         assert list(ledger.steps) == ["s1"]
-        assert ledger.operations["op"].state is sp.EffectState.ACCEPTED
+        assert ledger.operations["op"].state is EffectState.ACCEPTED
         assert len(store.events(status)) == 1
         found = store.chain_operation(status, "op")
         assert found is not None
@@ -437,8 +437,8 @@ def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_the_
             old.execute(_ADD_RUN.format(p="?"), (f"new-{status}", status))
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
             old.execute(_ADD_RUN.format(p="?"), ("bad", "finished"))
-        assert store.get_run("new-continued").status is sp.RunStatus.CONTINUED
-        assert store.get_run("new-waiting").status is sp.RunStatus.WAITING
+        assert store.get_run("new-continued").status is RunStatus.CONTINUED
+        assert store.get_run("new-waiting").status is RunStatus.WAITING
     finally:
         store.close()
         old.close()
@@ -477,7 +477,7 @@ def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_th
                             (f"new-{status}", status))
             with pytest.raises(psycopg.errors.CheckViolation):
                 old.execute(_ADD_RUN.format(p="%s"), ("bad", "finished"))  # type: ignore[arg-type]
-            assert store.get_run("new-continued").status is sp.RunStatus.CONTINUED
+            assert store.get_run("new-continued").status is RunStatus.CONTINUED
         finally:
             store.close()
             old.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

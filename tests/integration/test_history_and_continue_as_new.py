@@ -17,13 +17,20 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules.effects import mint_effect_key
+from safepoint.errors import (
+    BudgetExhausted,
+    EffectRejected,
+    HistoryLimitReached,
+    HistoryWarning,
+    RunNotFound,
+    SecretRefused,
+    StaleCheckpoint,
+)
 from safepoint.ops.cli import cli
 from safepoint.storage.base import NewRun, load_migrations
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.kill import run_child
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect, run_child
+from safepoint.types import EffectState, RunRecord, RunStatus
 
 TESTS = str(Path(__file__).parents[1])
 
@@ -32,7 +39,7 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _chain(store: sp.Store, run_id: str) -> list[sp.RunRecord]:
+def _chain(store: sp.Store, run_id: str) -> list[RunRecord]:
     """A run and every run that continued it, in order."""
     runs = [store.get_run(run_id)]
     while runs[-1].successor_run_id is not None:
@@ -58,7 +65,7 @@ def test_a_run_past_its_soft_limit_warns_once_and_records_it(store: sp.Store) ->
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert sp.start(store, flow, run_id="r") == 28
-    history = [w for w in caught if issubclass(w.category, sp.HistoryWarning)]
+    history = [w for w in caught if issubclass(w.category, HistoryWarning)]
     assert len(history) == 1
     assert "'r'" in str(history[0].message)
     assert "continue_as_new" in str(history[0].message)
@@ -73,7 +80,7 @@ def test_a_run_past_its_soft_limit_warns_once_and_records_it(store: sp.Store) ->
 def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) -> None:
     import jsonschema
 
-    from safepoint._rules.recovery import record_schema
+    from safepoint import record_schema
 
     called: list[int] = []
 
@@ -87,7 +94,7 @@ def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) 
             run.read(f"s{index}", step, index)
         return "never"
 
-    with pytest.raises(sp.HistoryLimitReached) as blocked:
+    with pytest.raises(HistoryLimitReached) as blocked:
         sp.start(store, flow, run_id="r")
     assert (blocked.value.size, blocked.value.limit) == (6, 6)  # run.started + 5 steps
     record = blocked.value.record
@@ -98,11 +105,11 @@ def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) 
     assert any("continue_as_new" in action for action in record["next_actions"])
     jsonschema.validate(store.get_run("r").recovery_record, record_schema())
     run = store.get_run("r")
-    assert (run.status, run.recovery_record) == (sp.RunStatus.BLOCKED, {
+    assert (run.status, run.recovery_record) == (RunStatus.BLOCKED, {
         **record, "state_revision": run.state_revision})
     assert sorted(store.load_ledger("r").steps) == [f"s{i}" for i in range(5)]  # s5 refused
     # A resume replays to the limit and blocks again: nothing new ever slips in.
-    with pytest.raises(sp.HistoryLimitReached):
+    with pytest.raises(HistoryLimitReached):
         sp.resume(store, "r")
     assert sorted(store.load_ledger("r").steps) == [f"s{i}" for i in range(5)]
     assert called == [0, 1, 2, 3, 4, 5, 5]  # s5 computed twice, recorded never
@@ -119,12 +126,12 @@ def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
         run.read("b", _add, 3, 4)  # refused: the limit was reached by the prepare
         return receipt
 
-    with pytest.raises(sp.HistoryLimitReached):
+    with pytest.raises(HistoryLimitReached):
         sp.start(store, flow, run_id="r")
     ledger = store.load_ledger("r")
     op = ledger.operations["charge"]
     # the dispatch and its outcome went past the limit: what happened is always recorded
-    assert (op.state, op.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+    assert (op.state, op.dispatch_count) == (EffectState.ACCEPTED, 1)
     assert "charge" in ledger.steps
     assert "b" not in ledger.steps
     assert ledger.run.history_size > 3
@@ -143,12 +150,12 @@ def test_an_effect_refused_at_the_hard_limit_blocks_with_nothing_prepared_or_sen
         run.read("a", _add, 1, 2)                                             # history 2
         return run.effect("charge", charges, payload={"amount": 5})
 
-    with pytest.raises(sp.HistoryLimitReached) as blocked:
+    with pytest.raises(HistoryLimitReached) as blocked:
         sp.start(store, flow, run_id="r")
     assert blocked.value.record is not None
     assert (blocked.value.record["phase"], blocked.value.record["step_id"]) == (
         "history_limit", "charge")
-    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert store.get_run("r").status is RunStatus.BLOCKED
     assert store.load_ledger("r").operations == {}
     assert owner_env.client.stats()["applied"] == 0
 
@@ -188,8 +195,8 @@ def test_continue_as_new_carries_its_state_and_start_returns_the_chain_result(
     assert sp.start(store, loop, 0, 0, 10, 4, run_id="r") == {"total": 45, "runs": 3}
     runs = _chain(store, "r")
     assert [r.run_id for r in runs] == ["r", "r~1", "r~2"]
-    assert [r.status for r in runs] == [sp.RunStatus.CONTINUED, sp.RunStatus.CONTINUED,
-                                        sp.RunStatus.COMPLETED]
+    assert [r.status for r in runs] == [RunStatus.CONTINUED, RunStatus.CONTINUED,
+                                        RunStatus.COMPLETED]
     assert [r.parent_run_id for r in runs] == [None, "r", "r~1"]
     assert [(r.chain_id, r.chain_index) for r in runs] == [("r", 0), ("r", 1), ("r", 2)]
     assert runs[1].inputs == {"args": [4, 6, 10], "kwargs": {"every": 4}}
@@ -291,7 +298,7 @@ def test_a_rejection_before_continuing_is_raised_again_after(memory_store: sp.St
     def flow(run: sp.Run, generation: int) -> Any:
         try:
             run.effect("charge", declined, payload={"amount": 5}, operation_id="charge:1")
-        except sp.EffectRejected as exc:
+        except EffectRejected as exc:
             if generation == 0:
                 run.continue_as_new(1)
             return {"rejected": exc.evidence, "generation": generation}
@@ -315,7 +322,7 @@ def test_a_changed_payload_under_an_inherited_operation_id_blocks(
             run.continue_as_new(7)  # the same operation id, now with another payload
         return receipt
 
-    with pytest.raises(sp.StaleCheckpoint) as blocked:
+    with pytest.raises(StaleCheckpoint) as blocked:
         sp.start(memory_store, flow, 5, run_id="r")
     assert sent == [{"amount": 5}]  # never sent again, changed or not
     record = blocked.value.record
@@ -325,7 +332,7 @@ def test_a_changed_payload_under_an_inherited_operation_id_blocks(
     assert record["evidence"]["settled_by"] == "r"
     assert record["effect_key"] == mint_effect_key(memory_store.identity.ledger_id, "r",
                                                    "charge:1")
-    assert memory_store.get_run("r~1").status is sp.RunStatus.BLOCKED
+    assert memory_store.get_run("r~1").status is RunStatus.BLOCKED
 
 
 def test_an_operation_id_keeps_its_key_across_the_chain(memory_store: sp.Store) -> None:
@@ -349,9 +356,9 @@ def test_an_operation_id_keeps_its_key_across_the_chain(memory_store: sp.Store) 
     assert sp.start(memory_store, flow, 0, run_id="r") == {"id": "ch_1"}
     # never minted afresh
     assert keys == [mint_effect_key(memory_store.identity.ledger_id, "r", "charge:1")] * 2
-    assert memory_store.load_ledger("r").operations["charge:1"].state is sp.EffectState.PREPARED
+    assert memory_store.load_ledger("r").operations["charge:1"].state is EffectState.PREPARED
     op = memory_store.load_ledger("r~1").operations["charge:1"]
-    assert (op.state, op.effect_key) == (sp.EffectState.ACCEPTED, keys[0])
+    assert (op.state, op.effect_key) == (EffectState.ACCEPTED, keys[0])
 
 
 def test_a_step_id_used_as_operation_id_names_an_operation_of_its_run_only(
@@ -394,8 +401,8 @@ def test_a_run_with_an_uncertain_effect_cannot_continue_as_new(memory_store: sp.
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     run = memory_store.get_run("r")
-    assert (run.status, run.successor_run_id) == (sp.RunStatus.BLOCKED, None)
-    with pytest.raises(sp.RunNotFound):
+    assert (run.status, run.successor_run_id) == (RunStatus.BLOCKED, None)
+    with pytest.raises(RunNotFound):
         memory_store.get_run("r~1")
 
 
@@ -412,8 +419,8 @@ def test_a_run_asked_to_cancel_cannot_continue_as_new(store: sp.Store) -> None:
     with pytest.raises(sp.RunCancelled):
         sp.start(store, flow, run_id="r")
     run = store.get_run("r")
-    assert (run.status, run.successor_run_id) == (sp.RunStatus.CANCELLED, None)
-    with pytest.raises(sp.RunNotFound):
+    assert (run.status, run.successor_run_id) == (RunStatus.CANCELLED, None)
+    with pytest.raises(RunNotFound):
         store.get_run("r~1")
 
 
@@ -426,7 +433,7 @@ def test_a_successor_id_taken_by_another_run_blocks_the_continue(memory_store: s
     assert blocked.value.record is not None
     assert blocked.value.record["phase"] == "continue_as_new"
     run = memory_store.get_run("r")
-    assert (run.status, run.successor_run_id) == (sp.RunStatus.BLOCKED, None)
+    assert (run.status, run.successor_run_id) == (RunStatus.BLOCKED, None)
     assert memory_store.get_run("r~1").workflow == squatter.name  # left as it was
 
 
@@ -438,9 +445,9 @@ def test_cancelling_a_continued_run_stops_its_chain(store: sp.Store) -> None:
     store.continue_as_new(claim, NewRun(  # by hand: a successor left for any worker
         run_id="r~1", workflow=loop.name, workflow_version=loop.version, input_hash="h",
         inputs={"args": [2, 1, 4, 2], "kwargs": {}}, owner=None, lease_ms=0))
-    assert store.get_run("r~1").status is sp.RunStatus.PENDING
+    assert store.get_run("r~1").status is RunStatus.PENDING
     stopped = sp.cancel(store, "r", by="ops")
-    assert (stopped.run_id, stopped.status) == ("r~1", sp.RunStatus.CANCELLED)
+    assert (stopped.run_id, stopped.status) == ("r~1", RunStatus.CANCELLED)
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r")
 
@@ -457,7 +464,7 @@ def test_agent_code_cannot_swallow_continue_as_new(memory_store: sp.Store) -> No
         return f"generation {generation}"
 
     assert sp.start(memory_store, flow, 0, run_id="r") == "generation 1"
-    assert memory_store.get_run("r").status is sp.RunStatus.CONTINUED
+    assert memory_store.get_run("r").status is RunStatus.CONTINUED
 
 
 def test_the_carried_state_is_json_and_never_a_credential(memory_store: sp.Store) -> None:
@@ -465,10 +472,10 @@ def test_the_carried_state_is_json_and_never_a_credential(memory_store: sp.Store
     def flow(run: sp.Run, state: str) -> Any:
         run.continue_as_new(state, api_key="sk-ant-" + "x" * 30)
 
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.start(memory_store, flow, "s", run_id="r")
     run = memory_store.get_run("r")
-    assert (run.status, run.successor_run_id) == (sp.RunStatus.FAILED, None)
+    assert (run.status, run.successor_run_id) == (RunStatus.FAILED, None)
 
 
 def test_an_async_workflow_awaits_continue_as_new(store: sp.Store) -> None:
@@ -482,7 +489,7 @@ def test_an_async_workflow_awaits_continue_as_new(store: sp.Store) -> None:
 
     assert asyncio.run(sp.start_async(store, loop, 0, 0, run_id="r")) == 15
     assert [r.status for r in _chain(store, "r")] == [
-        sp.RunStatus.CONTINUED, sp.RunStatus.CONTINUED, sp.RunStatus.COMPLETED]
+        RunStatus.CONTINUED, RunStatus.CONTINUED, RunStatus.COMPLETED]
     assert asyncio.run(sp.resume_async(store, "r")) == 15
 
 
@@ -507,7 +514,7 @@ def test_a_run_stopped_at_its_limit_continues_once_its_code_does(
 
         return lines
 
-    with pytest.raises(sp.HistoryLimitReached):
+    with pytest.raises(HistoryLimitReached):
         sp.start(store, define(None), 0, 8, [], run_id="r")
     made = owner_env.client.stats()["applied"]
     assert 2 <= made < 8
@@ -515,7 +522,7 @@ def test_a_run_stopped_at_its_limit_continues_once_its_code_does(
     assert sp.resume(store, "r") == [f"ch_{n}" for n in range(1, 9)]
     assert owner_env.client.stats()["applied"] == 8
     assert owner_env.client.stats()["duplicates"] == 0
-    assert store.get_run("r").status is sp.RunStatus.CONTINUED
+    assert store.get_run("r").status is RunStatus.CONTINUED
 
 
 def test_the_async_store_continues_as_new(pg_url: str) -> None:
@@ -527,7 +534,7 @@ def test_the_async_store_continues_as_new(pg_url: str) -> None:
                 await run.continue_as_new(index + 1, total)
         return total
 
-    async def main() -> tuple[Any, list[sp.RunRecord]]:
+    async def main() -> tuple[Any, list[RunRecord]]:
         store = await sp.open_async_store(f"{pg_url}?schema=h_{uuid.uuid4().hex[:12]}")
         try:
             result = await sp.start_async(store, loop, 0, 0, run_id="r")
@@ -539,21 +546,21 @@ def test_the_async_store_continues_as_new(pg_url: str) -> None:
 
     result, runs = asyncio.run(main())
     assert result == 6
-    assert [r.status for r in runs] == [sp.RunStatus.CONTINUED, sp.RunStatus.COMPLETED]
+    assert [r.status for r in runs] == [RunStatus.CONTINUED, RunStatus.COMPLETED]
     assert runs[1].parent_run_id == "r"
 
 
 def test_a_long_loop_continuing_every_n_steps_stays_under_its_limit(store: sp.Store) -> None:
     loop = _loop(_name("long"), history_limit=(30, 40))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", sp.HistoryWarning)  # not even the soft limit
+        warnings.simplefilter("error", HistoryWarning)  # not even the soft limit
         assert sp.start(store, loop, 0, 0, 300, 25, run_id="r") == {"total": 44850,
                                                                       "runs": 12}
     runs = _chain(store, "r")
     assert len(runs) == 12
     assert max(r.history_size for r in runs) < 30
     # past its limit, the same loop without continuing would have stopped
-    with pytest.raises(sp.HistoryLimitReached), pytest.warns(sp.HistoryWarning):
+    with pytest.raises(HistoryLimitReached), pytest.warns(HistoryWarning):
         sp.start(store, loop, 0, 0, 300, 1000, run_id="r-once")
 
 
@@ -566,7 +573,7 @@ def test_a_worker_takes_up_a_successor_whose_worker_died(file_store: sp.Store,
     crash_at(None)
     runs = _chain(file_store, "r")
     assert [(r.status, r.owner is not None) for r in runs] == [
-        (sp.RunStatus.CONTINUED, False), (sp.RunStatus.RUNNING, True)]  # claimed, then died
+        (RunStatus.CONTINUED, False), (RunStatus.RUNNING, True)]  # claimed, then died
     time.sleep(0.1)  # its lease runs out
     stats = sp.Worker(file_store, workflows=[loop.name]).run(until_idle=True,
                                                              handle_signals=False)
@@ -605,8 +612,8 @@ def test_a_kill_around_continue_as_new_leaves_one_successor(
     try:
         runs = _chain(store, "r")
         assert [r.run_id for r in runs] == ["r", "r~1", "r~2"]
-        assert [r.status for r in runs] == [sp.RunStatus.CONTINUED] * 2 + [
-            sp.RunStatus.COMPLETED]
+        assert [r.status for r in runs] == [RunStatus.CONTINUED] * 2 + [
+            RunStatus.COMPLETED]
         chained = [r for r in store.list_runs(limit=100) if r.chain_id == "r"]
         assert sorted(r.run_id for r in chained) == ["r", "r~1", "r~2"]  # no second successor
     finally:
@@ -649,7 +656,7 @@ def test_a_sqlite_ledger_from_before_is_migrated_in_place(tmp_path: Path) -> Non
         assert store.schema_version() == len(load_migrations("sqlite"))
         run = store.get_run("old")
         assert (run.status, run.state_revision, run.fence, run.event_count, run.resume_budget) \
-            == (sp.RunStatus.BLOCKED, 7, 2, 4, 20)
+            == (RunStatus.BLOCKED, 7, 2, 4, 20)
         assert (run.chain_id, run.chain_index, run.step_count, run.history_size) == (
             "old", 0, 2, 6)
         assert (run.history_soft_limit, run.history_hard_limit) == (None, None)
@@ -699,10 +706,10 @@ def test_a_postgres_ledger_from_before_is_migrated_in_place(pg_url: str) -> None
     try:
         run = store.get_run("old")
         assert (run.status, run.chain_id, run.step_count, run.history_size) == (
-            sp.RunStatus.COMPLETED, "old", 1, 4)
+            RunStatus.COMPLETED, "old", 1, 4)
         found = store.chain_operation("old", "op")
         assert found is not None
-        assert found.state is sp.EffectState.REJECTED
+        assert found.state is EffectState.REJECTED
     finally:
         store.close()
         with psycopg.connect(pg_url, autocommit=True) as admin:
@@ -715,7 +722,7 @@ def test_a_postgres_ledger_from_before_is_migrated_in_place(pg_url: str) -> None
 def test_show_and_runs_tell_the_history_and_the_chain(file_store: sp.Store) -> None:
     loop = _loop(_name("cli-chain"), history_limit=(3, 100))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", sp.HistoryWarning)
+        warnings.simplefilter("ignore", HistoryWarning)
         sp.start(file_store, loop, 0, 0, 4, 2, run_id="r")
     runner = CliRunner()
     shown = runner.invoke(cli, ["--store", file_store.url, "show", "r~1"])
@@ -757,6 +764,6 @@ def test_continuing_as_new_keeps_the_deadline_and_what_is_left_of_the_budgets(
     assert (first.tokens_spent, second.tokens_spent) == (40, 40)
     assert second.token_budget == 60  # what the first run left
     assert second.deadline_at == first.deadline_at is not None
-    with pytest.raises(sp.BudgetExhausted):  # the first round spent it all: none is left
+    with pytest.raises(BudgetExhausted):  # the first round spent it all: none is left
         sp.start(store, flow, 0, run_id="r2", budget=sp.Budget(tokens=40))
     assert [run.token_budget for run in _chain(store, "r2")] == [40, 0]

@@ -22,12 +22,12 @@ from click.testing import CliRunner
 
 import safepoint as sp
 from safepoint._engine import flow as _flow
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules import limits as _limits
+from safepoint.errors import BudgetExhausted, DeadlineExceeded, RunNotFound
 from safepoint.ops.cli import cli
 from safepoint.storage.sqlite import SqliteStore
-from safepoint.testing.kill import run_child, spawn_child
-from safepoint.types import Ledger
+from safepoint.testing import SimulatedCrash, run_child, spawn_child
+from safepoint.types import AttemptRecord, EffectState, Ledger, RunRecord, RunStatus, StepKind, StepStatus
 
 TESTS = str(Path(__file__).parents[1])
 T0 = 1_700_000_000_000
@@ -87,12 +87,12 @@ def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff
     assert sp.start(store, flow, run_id="r") == 1.0842
     ledger = store.load_ledger("r")
     [failed] = ledger.attempts["quote"]
-    assert (failed.attempt, failed.kind, failed.error["type"]) == (1, sp.StepKind.READ,
+    assert (failed.attempt, failed.kind, failed.error["type"]) == (1, StepKind.READ,
                                                                    "TimeoutError")
     assert 150 <= failed.retry_at - failed.recorded_at <= 200  # back-off from the failure
     assert called_at[1] >= failed.retry_at  # the back-off was waited out
     step = ledger.steps["quote"]
-    assert (step.status, step.attempt, step.result) == (sp.StepStatus.COMPLETED, 2, 1.0842)
+    assert (step.status, step.attempt, step.result) == (StepStatus.COMPLETED, 2, 1.0842)
     assert step.observed_at is not None
     assert step.observed_at >= failed.retry_at  # observed on the attempt that answered
 
@@ -119,7 +119,7 @@ def test_exhausted_attempts_fail_the_step_and_the_failure_replays(memory_store: 
     assert "the last of 3 attempts" in result["message"]
     ledger = memory_store.load_ledger("r")
     step = ledger.steps["quote"]
-    assert (step.status, step.attempt) == (sp.StepStatus.FAILED, 3)
+    assert (step.status, step.attempt) == (StepStatus.FAILED, 3)
     assert step.error == {"type": "TimeoutError", "message": "call 3 failed", "attempts": 3}
     assert [a.attempt for a in ledger.attempts["quote"]] == [1, 2]
 
@@ -228,7 +228,7 @@ def test_code_that_now_allows_fewer_attempts_makes_no_further_call(clocked: Any)
     assert sp.resume(clocked.store, "r") == 1
     assert read.count == 1
     step = clocked.store.load_ledger("r").steps["quote"]
-    assert (step.status, step.error["message"]) == (sp.StepStatus.FAILED, "call 1 failed")
+    assert (step.status, step.error["message"]) == (StepStatus.FAILED, "call 1 failed")
 
 
 def test_a_cancel_during_the_backoff_stops_before_the_next_attempt(file_store: sp.Store) -> None:
@@ -246,7 +246,7 @@ def test_a_cancel_during_the_backoff_stops_before_the_next_attempt(file_store: s
     with pytest.raises(sp.RunCancelled):
         sp.start(file_store, flow, run_id="r")
     assert read.count == 1
-    assert file_store.get_run("r").status is sp.RunStatus.CANCELLED
+    assert file_store.get_run("r").status is RunStatus.CANCELLED
 
 
 def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(
@@ -283,11 +283,11 @@ def test_the_attempt_count_survives_a_sigkill_and_is_not_reset(
     store = sp.open_store(store_url)
     try:
         give_up = time.monotonic() + 30
-        tried: list[sp.AttemptRecord] = []
+        tried: list[AttemptRecord] = []
         while not tried:
             assert child.poll() is None, child.communicate()
             assert time.monotonic() < give_up, "the first attempt was never recorded"
-            with contextlib.suppress(sp.RunNotFound):
+            with contextlib.suppress(RunNotFound):
                 tried = store.load_ledger("r").attempts.get("read.quote", [])
             time.sleep(0.01)
         child.send_signal(signal.SIGKILL)
@@ -344,7 +344,7 @@ def test_retries_and_budgets_on_the_async_postgresql_store(pg_url: str) -> None:
     async def main() -> Ledger:
         store = await sp.open_async_store(f"{pg_url}?schema=l_{uuid.uuid4().hex[:12]}")
         try:
-            with pytest.raises(sp.BudgetExhausted):
+            with pytest.raises(BudgetExhausted):
                 await sp.start_async(store, flow, run_id="r")
             return await store.load_ledger("r")
         finally:
@@ -353,7 +353,7 @@ def test_retries_and_budgets_on_the_async_postgresql_store(pg_url: str) -> None:
     ledger = asyncio.run(main())
     assert (read.count, len(calls)) == (2, 2)  # 17 tokens, then 34: the third call never made
     assert [a.attempt for a in ledger.attempts["quote"]] == [1]
-    assert (ledger.run.status, ledger.run.tokens_spent) == (sp.RunStatus.FAILED, 34)
+    assert (ledger.run.status, ledger.run.tokens_spent) == (RunStatus.FAILED, 34)
 
 
 # -- budgets ---------------------------------------------------------------------------------
@@ -386,14 +386,14 @@ def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
     crash_at(None)
     assert store.get_run("r").tokens_spent == 34
     fresh = sp.open_store(store_url)  # a restart: a new process would see the same
-    with pytest.raises(sp.BudgetExhausted) as exhausted:
+    with pytest.raises(BudgetExhausted) as exhausted:
         sp.resume(fresh, "r")
     assert len(calls) == 2  # replayed, and the third call was never made
     assert (exhausted.value.kind, exhausted.value.limit, exhausted.value.spent) == (
         "tokens", 30, 34)
     assert isinstance(exhausted.value, sp.LimitReached)
     run = fresh.get_run("r")
-    assert (run.status, run.error["type"]) == (sp.RunStatus.FAILED, "BudgetExhausted")
+    assert (run.status, run.error["type"]) == (RunStatus.FAILED, "BudgetExhausted")
     assert (run.token_budget, run.tokens_spent) == (30, 34)
     assert fresh.load_ledger("r").steps["turn.1"].tokens == 17
     assert "turn.2" not in fresh.load_ledger("r").steps
@@ -423,19 +423,19 @@ def test_a_cost_budget_fed_by_a_usage_function_stops_the_next_call(
                 run.model(f"turn.{turn}", openai_shaped, model="m-1", usage=priced,
                           messages=[{"role": "user", "content": str(turn)}])
                 spent += 1
-        except sp.BudgetExhausted:
+        except BudgetExhausted:
             return f"swallowed after {spent}"  # agent code cannot carry on past a limit
         return "never"
 
     # start's budget overrides the workflow's cost, and keeps its token limit
-    with pytest.raises(sp.BudgetExhausted) as exhausted:
+    with pytest.raises(BudgetExhausted) as exhausted:
         sp.start(memory_store, flow, run_id="r", budget=sp.Budget(cost=1.0))
     assert len(calls) == 3  # 0.4, 0.8, 1.2: the fourth call found the budget spent
     assert exhausted.value.kind == "cost"
     run = memory_store.get_run("r")
     assert (run.token_budget, run.cost_budget, run.tokens_spent) == (10_000, 1.0, 300)
     assert run.cost_spent == pytest.approx(1.2)
-    assert run.status is sp.RunStatus.FAILED
+    assert run.status is RunStatus.FAILED
     step = memory_store.load_ledger("r").steps["turn.0"]
     assert (step.tokens, step.cost) == (100, pytest.approx(0.4))
 
@@ -483,14 +483,14 @@ def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(
         run.read("slow", lambda: time.sleep(0.6) or "slow")  # the deadline passes in here
         return run.effect("refund", refund, payload={"amount": 5})
 
-    with pytest.raises(sp.DeadlineExceeded) as late:
+    with pytest.raises(DeadlineExceeded) as late:
         sp.start(store, flow, run_id="r")
     ledger = store.load_ledger("r")
     assert late.value.deadline_at == ledger.run.deadline_at == ledger.run.created_at + 400
     assert sent == []
     assert ledger.operations == {}
     assert sorted(ledger.steps) == ["fast"]  # the late answer was refused, not recorded
-    assert (ledger.run.status, ledger.run.error["type"]) == (sp.RunStatus.FAILED,
+    assert (ledger.run.status, ledger.run.error["type"]) == (RunStatus.FAILED,
                                                              "DeadlineExceeded")
     with pytest.raises(sp.RunFailed, match="DeadlineExceeded"):
         sp.resume(store, "r")
@@ -505,10 +505,10 @@ def test_no_model_call_is_made_after_the_deadline(clocked: Any) -> None:
         clocked.now += 61_000  # a minute passes in the agent's own code, between two steps
         return run.model("model", model, model="m-1", messages=[])
 
-    with pytest.raises(sp.DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         sp.start(clocked.store, flow, run_id="r", deadline=timedelta(minutes=1))
     assert model.count == 0
-    assert clocked.store.get_run("r").status is sp.RunStatus.FAILED
+    assert clocked.store.get_run("r").status is RunStatus.FAILED
     assert "read" in clocked.store.load_ledger("r").steps
 
 
@@ -528,10 +528,10 @@ def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: 
     crash_at(None)
     assert clocked.store.get_run("r").deadline_at == T0 + 10_000
     clocked.now += 10_000
-    with pytest.raises(sp.DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         sp.resume(clocked.store, "r")
     assert (read.count, later.count) == (1, 0)
-    assert clocked.store.get_run("r").status is sp.RunStatus.FAILED
+    assert clocked.store.get_run("r").status is RunStatus.FAILED
 
 
 def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: str) -> None:
@@ -548,15 +548,15 @@ def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: st
     assert stats.claimed == 1
     assert ran == []
     run = store.get_run("r")
-    assert (run.status, run.error["type"]) == (sp.RunStatus.FAILED, "DeadlineExceeded")
+    assert (run.status, run.error["type"]) == (RunStatus.FAILED, "DeadlineExceeded")
 
 
 @pytest.mark.parametrize(("answer", "state"), [
-    (sp.Applied({"id": "re_1"}), sp.EffectState.ACCEPTED),
-    (sp.NotApplied(), sp.EffectState.PREPARED),
+    (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
+    (sp.NotApplied(), EffectState.PREPARED),
 ])
 def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
-        clocked: Any, crash_at: Any, answer: Any, state: sp.EffectState) -> None:
+        clocked: Any, crash_at: Any, answer: Any, state: EffectState) -> None:
     calls: list[str] = []
     refund = sp.Effect("refund", execute=lambda payload, key: calls.append("execute") or {},
                        reconcile=lambda key: calls.append("reconcile") or answer,
@@ -572,12 +572,12 @@ def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
         sp.start(clocked.store, flow, run_id="r", lease_ms=0, deadline=timedelta(seconds=5))
     crash_at(None)
     clocked.now += 6_000
-    with pytest.raises(sp.DeadlineExceeded):
+    with pytest.raises(DeadlineExceeded):
         sp.resume(clocked.store, "r")
     assert calls == ["reconcile"]  # settled through its owner, never sent again
     ledger = clocked.store.load_ledger("r")
     assert ledger.operations["refund"].state is state
-    assert ledger.run.status is sp.RunStatus.FAILED
+    assert ledger.run.status is RunStatus.FAILED
     assert "after" not in ledger.steps
 
 
@@ -585,7 +585,7 @@ def test_past_the_deadline_an_effect_that_cannot_be_settled_blocks_the_run(
         clocked: Any, crash_at: Any) -> None:
     import jsonschema
 
-    from safepoint._rules.recovery import record_schema
+    from safepoint import record_schema
 
     notify = sp.Effect("notify", execute=lambda payload, key: {"sent": True})
 
@@ -601,7 +601,7 @@ def test_past_the_deadline_an_effect_that_cannot_be_settled_blocks_the_run(
     with pytest.raises(sp.NeedsReconciliation):
         sp.resume(clocked.store, "r")
     run = clocked.store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED  # an uncertain effect is never forgotten
+    assert run.status is RunStatus.BLOCKED  # an uncertain effect is never forgotten
     record = run.recovery_record
     assert record is not None
     assert record["phase"] == "reconcile_effect"
@@ -660,8 +660,8 @@ def test_after_a_failure_the_policy_decides_when_or_why_not() -> None:
 
 
 def test_the_next_attempt_counts_on_from_the_ledger() -> None:
-    def tried(*numbers: int) -> list[sp.AttemptRecord]:
-        return [sp.AttemptRecord("r", "s", n, sp.StepKind.READ, "f", "h", {}, 0)
+    def tried(*numbers: int) -> list[AttemptRecord]:
+        return [AttemptRecord("r", "s", n, StepKind.READ, "f", "h", {}, 0)
                 for n in numbers]
 
     assert _limits.next_attempt(0, []) == (1, None)
@@ -677,13 +677,13 @@ def test_a_runs_default_attempts_keep_their_recorded_numbers_and_the_codes_error
     assert chosen is not None
     assert (chosen.attempts, chosen.backoff, chosen.retry_on) == (4, 2, (TimeoutError,))
     assert _limits.run_default(None, in_code) is None  # a run recorded without one has none
-    assert _limits.step_policy(sp.StepKind.PURE, in_code, recorded) == _limits.ONCE
-    assert _limits.step_policy(sp.StepKind.READ, None, recorded) is recorded
-    assert _limits.step_policy(sp.StepKind.MODEL, in_code, recorded) is in_code
+    assert _limits.step_policy(StepKind.PURE, in_code, recorded) == _limits.ONCE
+    assert _limits.step_policy(StepKind.READ, None, recorded) is recorded
+    assert _limits.step_policy(StepKind.MODEL, in_code, recorded) is in_code
 
 
 def test_a_budget_is_spent_once_what_was_spent_reaches_it() -> None:
-    base = sp.RunRecord("r", "w", "1", sp.RunStatus.RUNNING, "h", None, 1, None, None, 1, 0,
+    base = RunRecord("r", "w", "1", RunStatus.RUNNING, "h", None, 1, None, None, 1, 0,
                         0, None, None, None, 0, 0)
     from dataclasses import replace
 
@@ -698,12 +698,12 @@ def test_a_budget_is_spent_once_what_was_spent_reaches_it() -> None:
 
 
 def test_the_errors_of_limits_keep_what_callers_read() -> None:
-    resumes = sp.BudgetExhausted("r", 2, 3)
+    resumes = BudgetExhausted("r", 2, 3)
     assert (resumes.budget, resumes.resumes, resumes.kind, resumes.limit, resumes.spent) == (
         2, 3, "resumes", 2, 3)
-    tokens = sp.BudgetExhausted("r", 30, kind="tokens", spent=34)
+    tokens = BudgetExhausted("r", 30, kind="tokens", spent=34)
     assert "spent 34 tokens of its tokens budget of 30" in tokens.message
-    late = sp.DeadlineExceeded("r", T0, step_id="s")
+    late = DeadlineExceeded("r", T0, step_id="s")
     assert "2023-11-14T22:13:20.000Z" in late.message
     assert isinstance(late, sp.LimitReached)
     assert isinstance(resumes, sp.LimitReached)

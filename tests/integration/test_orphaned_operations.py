@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint.testing import forget_workflows
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import ReplayMismatch
+from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
+from safepoint.types import RunStatus
 
 refunds = owner_effect("refunds")
 
@@ -64,7 +63,7 @@ def test_a_changed_effect_step_blocks_instead_of_dispatching_anew(
     orphan = old_op or old_step
 
     _deploy("orphan", new_step, new_op, compatibility, "1" if compatibility == "refuse" else "2")
-    with pytest.raises(sp.ReplayMismatch) as blocked:
+    with pytest.raises(ReplayMismatch) as blocked:
         sp.resume(store, "r")
     assert orphan in blocked.value.message
     assert (new_op or new_step) in blocked.value.message
@@ -73,14 +72,14 @@ def test_a_changed_effect_step_blocks_instead_of_dispatching_anew(
     assert "recorded for other inputs" not in blocked.value.message
     assert "'refuse' policy" not in blocked.value.message
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     record = run.recovery_record
     assert record is not None
     assert (record["phase"], record["operation_id"]) == ("replay_mismatch", orphan)
     assert record["evidence"]["asked_instead"]["operation_id"] == (new_op or new_step)
     assert set(store.load_ledger("r").operations) == {orphan}  # nothing new prepared
     assert _applied(owner_env) == before  # and nothing sent
-    with pytest.raises(sp.ReplayMismatch):  # a resume under the same code blocks again
+    with pytest.raises(ReplayMismatch):  # a resume under the same code blocks again
         sp.resume(store, "r")
     assert _applied(owner_env) == before
     assert owner_env.client.stats()["duplicates"] == 0
@@ -98,7 +97,7 @@ def test_an_accepted_effect_the_code_no_longer_reaches_blocks_under_refuse(
     crash_at(None)
     assert _applied(owner_env) == 1
     _deploy("orphan-accepted", "refund.renamed", None, "refuse", "1")
-    with pytest.raises(sp.ReplayMismatch, match="no longer"):
+    with pytest.raises(ReplayMismatch, match="no longer"):
         sp.resume(store, "r")
     assert _applied(owner_env) == 1
 

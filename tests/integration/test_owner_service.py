@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.testing.owner import (
+from safepoint.testing import (
     OwnerClient,
     OwnerConnectionLost,
     OwnerRejected,

@@ -9,7 +9,18 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
+from safepoint.errors import (
+    BudgetExhausted,
+    InvalidDecision,
+    NotJSON,
+    ReplayMismatch,
+    RunConflict,
+    RunNotFound,
+    RunOwned,
+    StaleCheckpoint,
+)
+from safepoint.testing import SimulatedCrash
+from safepoint.types import RunStatus
 
 
 class Counter:
@@ -103,11 +114,11 @@ def test_changed_inputs_raise_stale_checkpoint_and_block(memory_store: sp.Store,
         sp.start(memory_store, flow, run_id="r", lease_ms=0)
     crash_at(None)
     factor["value"] = 3  # the code now asks another question at the same step id
-    with pytest.raises(sp.StaleCheckpoint) as stale:
+    with pytest.raises(StaleCheckpoint) as stale:
         sp.resume(memory_store, "r")
     assert stale.value.step_id == "scale"
     run = memory_store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record is not None
     assert run.recovery_record["phase"] == "stale_checkpoint"
     assert run.recovery_record["state_revision"] == run.state_revision
@@ -129,7 +140,7 @@ def test_another_kind_at_the_same_id_is_a_replay_mismatch(memory_store: sp.Store
         sp.start(memory_store, flow, run_id="r", lease_ms=0)
     crash_at(None)
     use_read["value"] = True
-    with pytest.raises(sp.ReplayMismatch):
+    with pytest.raises(ReplayMismatch):
         sp.resume(memory_store, "r")
 
 
@@ -163,9 +174,9 @@ def test_decision_must_name_the_next_step(memory_store: sp.Store) -> None:
     def flow(run: sp.Run) -> Any:
         return run.decide("route", lambda: 42)
 
-    with pytest.raises(sp.InvalidDecision):
+    with pytest.raises(InvalidDecision):
         sp.start(memory_store, flow, run_id="r")
-    assert memory_store.get_run("r").status is sp.RunStatus.FAILED
+    assert memory_store.get_run("r").status is RunStatus.FAILED
 
 
 def test_decision_may_carry_details(memory_store: sp.Store) -> None:
@@ -182,7 +193,7 @@ def test_non_json_result_names_the_step_and_type(memory_store: sp.Store) -> None
     def flow(run: sp.Run) -> Any:
         return run.pure("parse", lambda: {"items": [1, {2, 3}]})
 
-    with pytest.raises(sp.NotJSON) as error:
+    with pytest.raises(NotJSON) as error:
         sp.start(memory_store, flow, run_id="r")
     assert error.value.step_id == "parse"
     assert error.value.path == "$.items[1]"
@@ -205,7 +216,7 @@ def test_a_swallowed_block_cannot_complete_the_run(memory_store: sp.Store) -> No
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     run = memory_store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert "after" not in memory_store.load_ledger("r").steps
 
 
@@ -219,14 +230,14 @@ def test_start_with_the_same_run_id_attaches(memory_store: sp.Store) -> None:
     assert sp.start(memory_store, flow, 4, run_id="r") == 8
     assert sp.start(memory_store, flow, 4, run_id="r") == 8
     assert calls.calls == {"p": 1}
-    with pytest.raises(sp.RunConflict):
+    with pytest.raises(RunConflict):
         sp.start(memory_store, flow, 5, run_id="r")
 
     @sp.workflow("attach-other")
     def other(run: sp.Run, x: int) -> int:
         return x
 
-    with pytest.raises(sp.RunConflict):
+    with pytest.raises(RunConflict):
         sp.start(memory_store, other, 4, run_id="r")
     assert memory_store.get_run("r").result == 8
 
@@ -245,7 +256,7 @@ def test_failed_run_replays_its_failure(memory_store: sp.Store) -> None:
 
 
 def test_unknown_run_and_unregistered_workflow(memory_store: sp.Store) -> None:
-    with pytest.raises(sp.RunNotFound):
+    with pytest.raises(RunNotFound):
         sp.resume(memory_store, "nope")
 
 
@@ -283,7 +294,7 @@ def test_live_owner_is_not_displaced(memory_store: sp.Store, crash_at: Any) -> N
     with pytest.raises(SimulatedCrash):
         sp.start(memory_store, flow, run_id="r")  # default lease: held by this live process
     crash_at(None)
-    with pytest.raises(sp.RunOwned):
+    with pytest.raises(RunOwned):
         sp.resume(memory_store, "r")
 
 
@@ -398,11 +409,11 @@ def test_the_resume_budget_fails_a_run_loudly(memory_store: sp.Store, crash_at: 
         with pytest.raises(SimulatedCrash):
             sp.resume(memory_store, "r", lease_ms=0)
     crash_at(None)
-    with pytest.raises(sp.BudgetExhausted) as exhausted:
+    with pytest.raises(BudgetExhausted) as exhausted:
         sp.resume(memory_store, "r")
     assert (exhausted.value.budget, exhausted.value.resumes) == (2, 3)
     run = memory_store.get_run("r")
-    assert (run.status, run.resume_budget) == (sp.RunStatus.FAILED, 2)
+    assert (run.status, run.resume_budget) == (RunStatus.FAILED, 2)
     assert run.error["type"] == "BudgetExhausted"
 
 
@@ -420,7 +431,7 @@ def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store,
     crash_at(None)
     with pytest.raises(sp.NeedsReconciliation, match="resume budget"):
         sp.resume(memory_store, "r")
-    assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert memory_store.get_run("r").status is RunStatus.BLOCKED
 
 
 def test_pure_steps_are_written_in_batches_and_computed_again_when_a_crash_loses_them(

@@ -17,14 +17,15 @@ from click.testing import CliRunner
 
 import owner_answers
 import safepoint as sp
+from safepoint.errors import ResolutionRefused, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, owner_effect
+from safepoint.types import EventRecord, ResolutionAction, RunRecord, RunStatus
 
 TESTS = str(Path(__file__).parents[1])
 
 
-def _blocked_notify(store: sp.Store, owner: OwnerService, name: str) -> sp.RunRecord:
+def _blocked_notify(store: sp.Store, owner: OwnerService, name: str) -> RunRecord:
     """A notification whose response was lost: no read path, so the run blocks."""
     effect = owner_effect("notifications", reconcile=False, dedup_retention=None)
 
@@ -37,7 +38,7 @@ def _blocked_notify(store: sp.Store, owner: OwnerService, name: str) -> sp.RunRe
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(store, flow, run_id="r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     return run
 
 
@@ -48,7 +49,7 @@ def test_mark_applied_carries_the_run_on_from_the_receipt(store_url: str,
     revision = run.recovery_record["state_revision"]
     resolved = sp.resolve(store, "r", "applied", revision=revision, by="ana",
                           receipt={"id": "nt_1"}, evidence="seen in the provider's log")
-    assert (resolved.status, resolved.owner) == (sp.RunStatus.RUNNING, None)
+    assert (resolved.status, resolved.owner) == (RunStatus.RUNNING, None)
     # repeating the same decision is harmless
     assert sp.resolve(store, "r", "applied", revision=revision, by="ana",
                       receipt={"id": "nt_1"}, evidence="seen in the provider's log"
@@ -78,7 +79,7 @@ def test_mark_not_applied_dispatches_again_under_the_same_key(memory_store: sp.S
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     revision = memory_store.get_run("r").recovery_record["state_revision"]
-    sp.resolve(memory_store, "r", sp.ResolutionAction.NOT_APPLIED, revision=revision, by="bo")
+    sp.resolve(memory_store, "r", ResolutionAction.NOT_APPLIED, revision=revision, by="bo")
     assert sp.resume(memory_store, "r") == {"id": "tk_1"}
     assert len(keys) == 2
     assert len(set(keys)) == 1  # never a fresh key
@@ -89,7 +90,7 @@ def test_abandon_ends_the_run_cancelled(memory_store: sp.Store, owner_env: Owner
     sp.resolve(memory_store, "r", "abandon", revision=run.state_revision, by="cy",
                evidence="customer withdrew")
     ended = memory_store.get_run("r")
-    assert ended.status is sp.RunStatus.CANCELLED
+    assert ended.status is RunStatus.CANCELLED
     assert ended.error == {"type": "Abandoned", "message": "abandoned by cy: customer withdrew"}
     with pytest.raises(sp.RunCancelled):
         sp.resume(memory_store, "r")
@@ -98,16 +99,16 @@ def test_abandon_ends_the_run_cancelled(memory_store: sp.Store, owner_env: Owner
 def test_a_decision_on_a_stale_record_is_refused(memory_store: sp.Store,
                                                  owner_env: OwnerService) -> None:
     run = _blocked_notify(memory_store, owner_env, "resolve-stale")
-    with pytest.raises(sp.ResolutionRefused, match="moved on"):
+    with pytest.raises(ResolutionRefused, match="moved on"):
         sp.resolve(memory_store, "r", "abandon", revision=run.state_revision - 1, by="dee")
     with pytest.raises(sp.UsageError, match="receipt"):
         sp.resolve(memory_store, "r", "applied", revision=run.state_revision, by="dee")
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.resolve(memory_store, "r", "applied", revision=run.state_revision, by="dee",
                    receipt={"id": "nt_1", "api_key": "sk_live_0123456789abcdefXYZ"})
-    assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED  # nothing changed
+    assert memory_store.get_run("r").status is RunStatus.BLOCKED  # nothing changed
     sp.resolve(memory_store, "r", "abandon", revision=run.state_revision, by="dee")
-    with pytest.raises(sp.ResolutionRefused, match="not blocked"):
+    with pytest.raises(ResolutionRefused, match="not blocked"):
         sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision + 1, by="eve")
 
 
@@ -127,14 +128,14 @@ def test_resolve_from_the_command_line(file_store: sp.Store, owner_env: OwnerSer
     assert "now released (no worker holds it" in done.output
     assert "now running" not in done.output
     resolved = file_store.get_run("r")
-    assert (resolved.status, resolved.owner) == (sp.RunStatus.RUNNING, None)
+    assert (resolved.status, resolved.owner) == (RunStatus.RUNNING, None)
 
 
 def test_recovery_records_match_the_published_schema(memory_store: sp.Store,
                                                      owner_env: OwnerService) -> None:
     import jsonschema
 
-    from safepoint._rules.recovery import record_schema
+    from safepoint import record_schema
 
     run = _blocked_notify(memory_store, owner_env, "record-schema")
     schema = record_schema()
@@ -148,7 +149,7 @@ def test_recovery_records_match_the_published_schema(memory_store: sp.Store,
 
 
 @pytest.fixture
-def blocked(memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> sp.RunRecord:
+def blocked(memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> RunRecord:
     """Run "r" blocked on a ticket whose response was lost and whose owner could not say."""
     monkeypatch.delenv(owner_answers.ANSWER_ENV, raising=False)
     owner_answers.asked.clear()
@@ -159,14 +160,14 @@ def blocked(memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> sp.RunRe
     return memory_store.get_run("r")
 
 
-def resolved_events(store: sp.Store) -> list[sp.EventRecord]:
+def resolved_events(store: sp.Store) -> list[EventRecord]:
     return [e for e in store.events("r") if e.kind == "run.resolved"]
 
 
 @pytest.mark.parametrize("action", [["applied", "not_applied"], "applied,not_applied", None,
                                     "maybe", {"not_applied"}])
 def test_the_api_refuses_a_resolution_that_is_not_exactly_one_decision(
-        memory_store: sp.Store, blocked: sp.RunRecord, action: Any) -> None:
+        memory_store: sp.Store, blocked: RunRecord, action: Any) -> None:
     with pytest.raises(sp.UsageError, match="exactly one of 'applied', 'not_applied',"
                                             " 'abandon'"):
         sp.resolve(memory_store, "r", action, revision=blocked.state_revision, by="ana")
@@ -176,7 +177,7 @@ def test_the_api_refuses_a_resolution_that_is_not_exactly_one_decision(
 @pytest.mark.parametrize(("action", "extra"), [
     ("applied", {"receipt": {"id": "tk_1"}, "force": True}), ("abandon", {"force": True}),
     ("not_applied", {"force": "yes"})])
-def test_force_only_goes_with_not_applied(memory_store: sp.Store, blocked: sp.RunRecord,
+def test_force_only_goes_with_not_applied(memory_store: sp.Store, blocked: RunRecord,
                                           action: str, extra: dict[str, Any]) -> None:
     with pytest.raises(sp.UsageError, match="force"):
         sp.resolve(memory_store, "r", action, revision=blocked.state_revision, by="ana",
@@ -230,10 +231,10 @@ def test_not_applied_says_it_is_sent_again_under_the_same_key(
 
 
 def test_an_owner_that_has_the_effect_refuses_not_applied(
-        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+        memory_store: sp.Store, blocked: RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(owner_answers.ANSWER_ENV, "applied")
     for force in (False, True):  # the owner's "applied" is no doubt to override
-        with pytest.raises(sp.ResolutionRefused, match="the owner has it") as refused:
+        with pytest.raises(ResolutionRefused, match="the owner has it") as refused:
             sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision,
                        by="ana", force=force)
         assert '{"id":"tk_9","title":"t"}' in refused.value.message
@@ -252,10 +253,10 @@ def test_an_owner_that_has_the_effect_refuses_not_applied(
     ("unknown", "the owner could not say: the owner's index lags"),
     ("raise", "reconcile raised ConnectionError: the owner is down")])
 def test_an_owner_that_cannot_say_refuses_not_applied_unless_forced(
-        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch,
+        memory_store: sp.Store, blocked: RunRecord, monkeypatch: pytest.MonkeyPatch,
         answer: str, doubt: str) -> None:
     monkeypatch.setenv(owner_answers.ANSWER_ENV, answer)
-    with pytest.raises(sp.ResolutionRefused, match="--force") as refused:
+    with pytest.raises(ResolutionRefused, match="--force") as refused:
         sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision, by="ana")
     assert doubt in refused.value.message
     assert memory_store.get_run("r") == blocked
@@ -270,7 +271,7 @@ def test_an_owner_that_cannot_say_refuses_not_applied_unless_forced(
 
 
 def test_an_owner_that_says_not_applied_lets_it_go_ahead_once(
-        memory_store: sp.Store, blocked: sp.RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
+        memory_store: sp.Store, blocked: RunRecord, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(owner_answers.ANSWER_ENV, "not_applied")
     first = sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision,
                        by="ana")
@@ -301,7 +302,7 @@ def test_a_not_found_past_the_owners_retention_is_doubt(memory_store: sp.Store) 
         sp.start(memory_store, flow, run_id="r")
     sent.append("now the owner answers NotApplied")
     run = memory_store.get_run("r")
-    with pytest.raises(sp.ResolutionRefused, match="past the owner's dedup retention"):
+    with pytest.raises(ResolutionRefused, match="past the owner's dedup retention"):
         sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana")
     sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana",
                force=True)
@@ -323,7 +324,7 @@ def test_effects_of_one_name_with_different_owners_are_not_guessed_between(
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     run = memory_store.get_run("r")
-    with pytest.raises(sp.ResolutionRefused, match="different reconcile functions"):
+    with pytest.raises(ResolutionRefused, match="different reconcile functions"):
         sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana")
     sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision, by="ana",
                force=True)
@@ -379,11 +380,11 @@ def test_an_async_reconcile_is_asked_from_inside_an_event_loop_too(
         sp.start(memory_store, flow, run_id="r")
     run = memory_store.get_run("r")
 
-    async def operator() -> sp.RunRecord:
+    async def operator() -> RunRecord:
         return sp.resolve(memory_store, "r", "not_applied", revision=run.state_revision,
                           by="ana")
 
-    assert asyncio.run(operator()).status is sp.RunStatus.RUNNING
+    assert asyncio.run(operator()).status is RunStatus.RUNNING
     assert answers == []
     [event] = resolved_events(memory_store)
     assert event.detail["owner_check"]["answer"] == "not_applied"
@@ -410,7 +411,7 @@ def test_the_command_line_asks_the_owner_of_an_imported_effect(
     assert refused.returncode == 1, refused.stderr
     assert "the owner has it" in refused.stderr
     assert """--applied --receipt '{"id":"tk_9","title":"t"}'""" in refused.stderr
-    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert store.get_run("r").status is RunStatus.BLOCKED
     unknown = resolve_process(store_url, revision, "--import", "owner_answers", answer="unknown")
     assert unknown.returncode == 1
     assert "the owner could not say" in unknown.stderr
@@ -477,10 +478,10 @@ def test_an_applied_operation_cannot_be_marked_not_applied(memory_store: sp.Stor
     def flow(run: sp.Run) -> Any:
         return run.effect("charge", effect, payload={"amount": 5})
 
-    with pytest.raises(sp.VerificationFailed):
+    with pytest.raises(VerificationFailed):
         sp.start(memory_store, flow, run_id="r")
     revision = memory_store.get_run("r").state_revision
-    with pytest.raises(sp.ResolutionRefused):
+    with pytest.raises(ResolutionRefused):
         sp.resolve(memory_store, "r", "not_applied", revision=revision, by="ana")
     with pytest.raises(sp.UsageError, match="receipt"):
         sp.resolve(memory_store, "r", "not_applied", revision=revision, by="ana",

@@ -16,10 +16,9 @@ import pytest
 
 import safepoint as sp
 from safepoint._engine import run as _run
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules.canonical import canonical
-from safepoint.testing.kill import KillHarness
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import NotJSON
+from safepoint.testing import KillHarness, OwnerService, SimulatedCrash
 
 TESTS = str(Path(__file__).parents[1])
 
@@ -67,7 +66,7 @@ def test_an_item_that_is_not_json_is_refused_and_changes_nothing() -> None:
     transcript = sp.Transcript(["a"])
     before = transcript.digest
     for bad in (float("nan"), {1: "int key"}, object(), sp.Secret("sk-live-123456789")):
-        with pytest.raises(sp.NotJSON, match="transcript item"):
+        with pytest.raises(NotJSON, match="transcript item"):
             transcript.append(bad)
     assert (len(transcript), transcript.digest) == (1, before)
 
@@ -95,9 +94,9 @@ def test_a_transcript_is_not_a_recordable_value(memory_store: sp.Store) -> None:
     def sends(run: sp.Run) -> Any:
         return run.effect("fx", effect, payload={"messages": sp.Transcript(["a"])})
 
-    with pytest.raises(sp.NotJSON, match="Transcript"):
+    with pytest.raises(NotJSON, match="Transcript"):
         sp.start(memory_store, returns, run_id="r1")
-    with pytest.raises(sp.NotJSON, match="Transcript"):
+    with pytest.raises(NotJSON, match="Transcript"):
         sp.start(memory_store, sends, run_id="r2")
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
+from safepoint.errors import InvalidStepId
 from safepoint.storage import SqliteStore
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import EffectState, RunStatus, StepStatus
 
 HOUR = dt.timedelta(hours=1)
 
@@ -47,7 +47,7 @@ def test_a_bad_receipt_is_reconciled_not_failed(memory_store: sp.Store) -> None:
     assert sp.start(memory_store, flow, run_id="r") == {"id": "ch_1"}
     assert len(keys) == 1
     op = memory_store.load_ledger("r").operations["charge"]
-    assert op.state is sp.EffectState.ACCEPTED
+    assert op.state is EffectState.ACCEPTED
     assert op.dispatch_count == 1
 
 
@@ -62,8 +62,8 @@ def test_a_bad_receipt_without_reconcile_blocks(memory_store: sp.Store, receipt:
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(memory_store, flow, run_id="r")
     run = memory_store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED  # never "failed": the charge may exist
-    assert memory_store.load_ledger("r").operations["charge"].state is sp.EffectState.UNKNOWN
+    assert run.status is RunStatus.BLOCKED  # never "failed": the charge may exist
+    assert memory_store.load_ledger("r").operations["charge"].state is EffectState.UNKNOWN
     assert run.recovery_record["evidence"]["last_error"]["type"] == "NotJSON"
 
 
@@ -89,13 +89,13 @@ def test_an_interrupted_async_call_blocks_and_a_retry_cannot_mint_a_key(
         sp.start(memory_store, flow, run_id="r")  # the retry is refused, no new key minted
     assert len(keys) == 1
     ledger = memory_store.load_ledger("r")
-    assert [op.state for op in ledger.operations.values()] == [sp.EffectState.UNKNOWN]
+    assert [op.state for op in ledger.operations.values()] == [EffectState.UNKNOWN]
     # released, not blocked: the next worker reconciles (here: no reconcile, so it blocks)
-    assert (ledger.run.status, ledger.run.owner) == (sp.RunStatus.RUNNING, None)
+    assert (ledger.run.status, ledger.run.owner) == (RunStatus.RUNNING, None)
     with pytest.raises(sp.NeedsReconciliation, match="no reconcile"):
         sp.resume(memory_store, "r")
     assert len(keys) == 1
-    assert memory_store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert memory_store.get_run("r").status is RunStatus.BLOCKED
 
 
 def test_a_cancelled_async_run_is_released_not_failed(memory_store: sp.Store) -> None:
@@ -120,7 +120,7 @@ def test_a_cancelled_async_run_is_released_not_failed(memory_store: sp.Store) ->
     asyncio.run(main())
     assert started.is_set()
     run = memory_store.get_run("r")
-    assert (run.status, run.owner, run.error) == (sp.RunStatus.RUNNING, None, None)
+    assert (run.status, run.owner, run.error) == (RunStatus.RUNNING, None, None)
 
 
 def test_not_sent_after_an_uncertain_attempt_stays_uncertain(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_not_sent_after_an_uncertain_attempt_stays_uncertain(tmp_path: Path) -> 
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(store, flow, run_id="r")
     op = store.load_ledger("r").operations["charge"]
-    assert (op.state, op.dispatch_count) == (sp.EffectState.UNKNOWN, 2)
+    assert (op.state, op.dispatch_count) == (EffectState.UNKNOWN, 2)
     clock["now"] += 48 * 3600 * 1000
     with pytest.raises(sp.NeedsReconciliation, match="dedup retention"):
         sp.resume(store, "r")
@@ -193,7 +193,7 @@ def test_step_ids_cannot_collide_with_occurrences(memory_store: sp.Store) -> Non
     def flow(run: sp.Run) -> Any:
         return run.pure("mail#2", lambda: 1)
 
-    with pytest.raises(sp.InvalidStepId):
+    with pytest.raises(InvalidStepId):
         sp.start(memory_store, flow, run_id="r")
 
 
@@ -247,7 +247,7 @@ def test_a_failed_step_is_replayed_as_the_same_failure(memory_store: sp.Store,
     assert calls == ["big", "small"]
     assert seen == ["RuntimeError", "RuntimeError"]  # the first run and the replay alike
     draft = memory_store.load_ledger("r").steps["draft"]
-    assert draft.status is sp.StepStatus.FAILED
+    assert draft.status is StepStatus.FAILED
     assert draft.error == {"type": "RuntimeError", "message": "429 rate limited"}
 
 
@@ -288,4 +288,4 @@ def test_the_stored_payload_is_what_every_dispatch_sends(tmp_path: Path, crash_a
         stats = owner.client.stats()
         assert (stats["applied"], stats["duplicates"]) == (1, 0)
         op = store.load_ledger("r").operations["charge"]
-        assert (op.state, op.dispatch_count) == (sp.EffectState.ACCEPTED, 2)
+        assert (op.state, op.dispatch_count) == (EffectState.ACCEPTED, 2)

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import safepoint as sp
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import RunConflict
+from safepoint.testing import OwnerService
+from safepoint.types import RunStatus
 
 TESTS = str(Path(__file__).parents[1])
 
@@ -30,9 +32,9 @@ def test_submit_is_idempotent_per_run_id(memory_store: sp.Store) -> None:
 
     assert sp.submit(memory_store, flows.many_steps, 3, run_id="job") == "job"
     assert sp.submit(memory_store, flows.many_steps, 3, run_id="job") == "job"
-    with pytest.raises(sp.RunConflict):
+    with pytest.raises(RunConflict):
         sp.submit(memory_store, flows.many_steps, 4, run_id="job")
-    assert memory_store.get_run("job").status is sp.RunStatus.PENDING
+    assert memory_store.get_run("job").status is RunStatus.PENDING
 
 
 def test_worker_in_process_drains_the_queue(file_store: sp.Store) -> None:
@@ -61,7 +63,7 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     doomed.send_signal(signal.SIGKILL)
     doomed.communicate()
     interrupted = [run.run_id for run in store.list_runs(limit=100)
-                   if run.status is sp.RunStatus.RUNNING]
+                   if run.status is RunStatus.RUNNING]
     assert len(interrupted) == 1  # killed mid-run, holding exactly one
     # not --until-idle: the killed worker's run becomes runnable only when its lease expires,
     # and nothing announces that; so wait for every run to end, then drain the survivor
@@ -76,7 +78,7 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     survivor.wait(timeout=60)
     owner_env.client.set_faults(delay=0)
     runs = store.list_runs(limit=100)
-    assert all(run.status is sp.RunStatus.COMPLETED for run in runs), [
+    assert all(run.status is RunStatus.COMPLETED for run in runs), [
         (r.run_id, r.status) for r in runs]
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (24, 0)
@@ -93,12 +95,12 @@ def test_sigterm_drains(tmp_path: Path, owner_env: OwnerService) -> None:
         sp.submit(store, flows.every_kind, f"case-{index}", run_id=f"job-{index}")
     worker = _worker_process(url, owner_env)
     deadline = time.monotonic() + 30
-    while store.get_run("job-0").status is sp.RunStatus.PENDING and time.monotonic() < deadline:
+    while store.get_run("job-0").status is RunStatus.PENDING and time.monotonic() < deadline:
         time.sleep(0.02)
     worker.send_signal(signal.SIGTERM)
     _, err = worker.communicate(timeout=30)
     owner_env.client.set_faults(delay=0)
     assert worker.returncode == 0, err
     assert "draining" in err
-    assert store.get_run("job-0").status is sp.RunStatus.COMPLETED  # finished, not abandoned
-    assert store.get_run("job-2").status is sp.RunStatus.PENDING    # never claimed
+    assert store.get_run("job-0").status is RunStatus.COMPLETED  # finished, not abandoned
+    assert store.get_run("job-2").status is RunStatus.PENDING    # never claimed

@@ -12,12 +12,11 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._engine.workflow import registered_versions
 from safepoint._rules.compat import changes, fingerprint, manifest_of
-from safepoint.testing import forget_workflows
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import IncompatibleWorkflow
+from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
+from safepoint.types import EventRecord, RunStatus
 
 TOOLS_V1 = [{"name": "lookup", "input_schema": {"type": "object"}}]
 TOOLS_V2 = [{"name": "lookup", "input_schema": {"type": "object", "required": ["id"]}}]
@@ -31,7 +30,7 @@ def _stop_before_completion(store: sp.Store, wf: sp.Workflow, crash_at: Any,
     crash_at(None)
 
 
-def _events(store: sp.Store, kind: str) -> list[sp.EventRecord]:
+def _events(store: sp.Store, kind: str) -> list[EventRecord]:
     return [event for event in store.events("r") if event.kind == kind]
 
 
@@ -98,12 +97,12 @@ def test_a_changed_tool_schema_blocks_the_run_and_says_what_changed(store: sp.St
     def new(run: sp.Run) -> int:
         return int(run.pure("one", lambda: 1))
 
-    with pytest.raises(sp.IncompatibleWorkflow) as refused:
+    with pytest.raises(IncompatibleWorkflow) as refused:
         sp.resume(store, "r")
     assert refused.value.changes == ["tool 'lookup' changed"]
     assert "compatibility='replan'" in refused.value.message
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.BLOCKED
+    assert run.status is RunStatus.BLOCKED
     assert run.recovery_record is not None
     assert run.recovery_record["phase"] == "incompatible_workflow"
     assert run.recovery_record["evidence"]["changes"] == ["tool 'lookup' changed"]
@@ -121,7 +120,7 @@ def test_a_changed_workflow_version_blocks_the_run(store: sp.Store, crash_at: An
     def new(run: sp.Run) -> int:
         return int(run.pure("one", lambda: 1))
 
-    with pytest.raises(sp.IncompatibleWorkflow, match="version '1' became '2'"):
+    with pytest.raises(IncompatibleWorkflow, match="version '1' became '2'"):
         sp.resume(store, "r")
     assert store.get_run("r").recovery_record["phase"] == "incompatible_workflow"
 
@@ -221,7 +220,7 @@ def test_replan_never_resends_a_changed_payload_that_may_have_been_sent(
     with pytest.raises(sp.NeedsReconciliation, match="never resent under the old key"):
         sp.resume(store, "r")
     assert owner_env.client.stats()["applied"] == 0
-    assert store.get_run("r").status is sp.RunStatus.BLOCKED
+    assert store.get_run("r").status is RunStatus.BLOCKED
 
 
 def test_replan_replays_the_receipt_of_a_changed_payload_the_owner_applied(

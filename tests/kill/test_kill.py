@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 
 import safepoint as sp
-from safepoint.testing.kill import KillHarness
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import KillHarness, OwnerService
 
 pytestmark = pytest.mark.kill
 
@@ -65,10 +64,10 @@ PREPARED_POINT = "effect.after_prepared"
 
 
 def test_matrix_covers_every_crash_point() -> None:
-    from safepoint._engine.crashpoints import POINTS
+    from safepoint.testing import CRASH_POINTS
 
     assert {spec.split(":")[0] for spec in MATRIX} | {PREPARED_POINT} == (
-        set(POINTS) - CONTINUE_POINTS)
+        set(CRASH_POINTS) - CONTINUE_POINTS)
 
 
 @pytest.mark.parametrize("crash_at", MATRIX)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import safepoint as sp
-from safepoint.testing.kill import child_outcome, run_child, spawn_child
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, child_outcome, run_child, spawn_child
+from safepoint.types import RunStatus
 
 TESTS = str(Path(__file__).parents[1])
 TRIALS = 1000
@@ -30,6 +30,7 @@ import json, sys
 sys.path.insert(0, {tests!r})
 import flows, safepoint as sp
 from safepoint._engine import workflow as _workflow
+from safepoint.errors import RunOwned
 store = sp.open_store({url!r})
 for line in sys.stdin:
     run = store.get_run(line.strip())
@@ -38,7 +39,7 @@ for line in sys.stdin:
     try:
         _workflow.resume_record(store, run, 30_000)
         outcome = "returned"  # executed it, or found it finished by the other one
-    except sp.RunOwned:
+    except RunOwned:
         outcome = "owned"
     except sp.LostOwnership:
         outcome = "lost"
@@ -88,7 +89,7 @@ def test_two_resumers_from_one_revision(store_url: str, owner_env: OwnerService)
     stale = []
     for run_id in ids:
         run = store.get_run(run_id)
-        assert run.status is sp.RunStatus.COMPLETED
+        assert run.status is RunStatus.COMPLETED
         assert run.fence == 1
         # one claim, and every write after it made by that worker under its fence
         events = [e for e in store.events(run_id) if e.kind != "run.submitted"]
@@ -144,7 +145,7 @@ def test_a_zombie_worker_writes_nothing_and_dispatches_nothing(
     woke = child_outcome(zombie.returncode, stdout, stderr)
     assert woke.outcome == {"status": "lost", "error": "LostOwnership", "fence": 1}, stderr
     run = store.get_run(run_id)
-    assert run.status is sp.RunStatus.COMPLETED
+    assert run.status is RunStatus.COMPLETED
     assert run.fence == 2
     late = store.events(run_id)[events_before:]
     assert late == []  # the zombie wrote nothing after it woke

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import safepoint as sp
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService
+from safepoint.types import RunRecord, RunStatus
 
 pytestmark = [pytest.mark.kill, pytest.mark.slow]
 
@@ -42,7 +43,7 @@ def _victim(store: sp.Store, workers: list[subprocess.Popen[str]],
     work; None while no worker does (killing workers still starting up would test nothing: on a
     slow machine every kill could land before any claim)."""
     try:
-        owning = {run.owner.split(":")[3] for run in store.list_runs(sp.RunStatus.RUNNING, RUNS)
+        owning = {run.owner.split(":")[3] for run in store.list_runs(RunStatus.RUNNING, RUNS)
                   if run.owner}
     except sp.StoreError:  # the database is restarting under the soak
         return None
@@ -57,8 +58,8 @@ def _all_ended(store: sp.Store, ids: list[str]) -> bool:
         return False
 
 
-def _ended(run: sp.RunRecord) -> bool:
-    return run.status.terminal or run.status is sp.RunStatus.BLOCKED
+def _ended(run: RunRecord) -> bool:
+    return run.status.terminal or run.status is RunStatus.BLOCKED
 
 
 def soak(url: str, owner: OwnerService, *, seed: int = 8472,
@@ -107,8 +108,8 @@ def soak(url: str, owner: OwnerService, *, seed: int = 8472,
             proc.send_signal(signal.SIGKILL)
             proc.wait()
     runs = [store.get_run(run_id) for run_id in ids]
-    completed = [run for run in runs if run.status is sp.RunStatus.COMPLETED]
-    blocked = [run for run in runs if run.status is sp.RunStatus.BLOCKED]
+    completed = [run for run in runs if run.status is RunStatus.COMPLETED]
+    blocked = [run for run in runs if run.status is RunStatus.BLOCKED]
     lost = 0
     for run in completed:  # an accepted result must be what the owner holds
         ledger = store.load_ledger(run.run_id)

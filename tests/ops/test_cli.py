@@ -18,9 +18,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 import safepoint as sp
+from safepoint.errors import RunNotFound
 from safepoint.ops.cli import cli
 from safepoint.ops.render import ago, error_text
-from safepoint.testing.kill import run_child
+from safepoint.testing import run_child
+from safepoint.types import EffectState, EventRecord, RunRecord, RunStatus
 
 # rich colours its output when these say so, even into a pipe; the assertions read plain text.
 _PLAIN_ENV: dict[str, str | None] = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None,
@@ -206,7 +208,7 @@ def test_an_unknown_run_is_one_clear_line_and_exit_code_1(ledger: sp.Store, url:
                                                            command: str) -> None:
     result = invoke(url, command, "no-such-run")
     assert result.exit_code == 1
-    assert result.stderr == f"error: {sp.RunNotFound('no-such-run').message}\n"
+    assert result.stderr == f"error: {RunNotFound('no-such-run').message}\n"
     assert result.stdout == ""
 
 
@@ -240,7 +242,7 @@ def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(
     assert "is blocked" in result.stderr
     assert "see `safepoint record stuck`" in result.stderr
     after = two_runs.get_run("stuck")
-    assert after.status is sp.RunStatus.BLOCKED
+    assert after.status is RunStatus.BLOCKED
     # it really tried again (a claim moved the run on) — without spending resume budget: a
     # blocked run has no worker to take over from
     assert after.state_revision > before.state_revision
@@ -288,7 +290,7 @@ def test_resume_after_a_real_kill_imports_the_workflow_from_the_working_director
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"value": 50}
     run = ledger.get_run("killed")
-    assert (run.status, run.resume_count, run.fence) == (sp.RunStatus.COMPLETED, 1, 2)
+    assert (run.status, run.resume_count, run.fence) == (RunStatus.COMPLETED, 1, 2)
 
 
 def test_resume_with_a_module_that_does_not_exist_is_a_usage_error(url: str) -> None:
@@ -332,15 +334,15 @@ def test_demo_ledger_shows_a_dead_worker_taken_over_and_one_dispatch(tmp_path: P
         refund = store.load_ledger("support-demo").operations["refund:T-1002"]
     finally:
         store.close()
-    assert run.status is sp.RunStatus.COMPLETED
+    assert run.status is RunStatus.COMPLETED
     claims = [e for e in events if e.kind == "run.claimed"]
     # The resumer took the run from an owner that no longer existed: the first process died.
     assert len(claims) == 1
     assert claims[0].detail["took_over_from"] == starting_worker(events)
-    assert (refund.state, refund.dispatch_count) == (sp.EffectState.ACCEPTED, 1)
+    assert (refund.state, refund.dispatch_count) == (EffectState.ACCEPTED, 1)
 
 
-def starting_worker(events: list[sp.EventRecord]) -> str | None:
+def starting_worker(events: list[EventRecord]) -> str | None:
     """The worker that started the run."""
     return next(e.worker for e in events if e.kind == "run.started")
 
@@ -485,7 +487,7 @@ def test_show_prints_times_as_utc_instants_and_how_long_ago(two_runs: sp.Store,
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", row) for row in events)
 
 
-def claimed(store: sp.Store, run_id: str, owner: str, lease_ms: int) -> sp.RunRecord:
+def claimed(store: sp.Store, run_id: str, owner: str, lease_ms: int) -> RunRecord:
     """``run_id`` submitted and claimed by a worker called ``owner`` (which then does nothing)."""
     sp.submit(store, greet, "ann", run_id=run_id)
     claim = store.claim_next(owner, lease_ms, ["cli-test-greet"])
@@ -536,7 +538,7 @@ def test_a_run_released_by_a_resolution_does_not_claim_to_be_running(
     assert done.exit_code == 0, done.output
     assert "now released" in done.stdout
     run = store.get_run("settled")
-    assert (run.status, run.owner) == (sp.RunStatus.RUNNING, None)
+    assert (run.status, run.owner) == (RunStatus.RUNNING, None)
     row = line_of(invoke(store_url, "runs").stdout, "settled")
     assert row.split()[2:4] == ["released", "(nobody)"]
     shown = invoke(store_url, "show", "settled").stdout

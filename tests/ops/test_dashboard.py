@@ -21,13 +21,13 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._engine.crashpoints import SimulatedCrash
 from safepoint._rules.presence import ownership, status_label
+from safepoint.errors import ApprovalInvalid
 from safepoint.ops.admission import host_allowed
 from safepoint.ops.cli import cli
 from safepoint.ops.dashboard import Dashboard, is_loopback
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import EffectState, RunRecord, RunStatus
 
 TOKEN = "a-token-for-the-tests-only"
 
@@ -101,14 +101,14 @@ RESOLVE_STUCK = "/runs/" + urllib.parse.quote("stuck <script>", safe="") + "/res
 
 
 @pytest.fixture
-def stuck(file_store: sp.Store, owner_env: OwnerService, crash_at: Any) -> sp.RunRecord:
+def stuck(file_store: sp.Store, owner_env: OwnerService, crash_at: Any) -> RunRecord:
     """The blocked run ``stuck <script>``, as it stands before anyone resolves it."""
     _blocked_run(file_store, crash_at)
     return file_store.get_run("stuck <script>")
 
 
 def test_every_action_needs_the_token_and_a_wrong_one_changes_nothing(
-        board: Dashboard, file_store: sp.Store, stuck: sp.RunRecord) -> None:
+        board: Dashboard, file_store: sp.Store, stuck: RunRecord) -> None:
     before, path = stuck, RESOLVE_STUCK
     form = {"action": "not_applied", "revision": before.state_revision, "by": "ana",
             "operation_id": "n:1"}
@@ -124,7 +124,7 @@ def test_every_action_needs_the_token_and_a_wrong_one_changes_nothing(
     after = json.loads(body)
     assert after["status"] == "running"  # released: a worker sends it again, same key
     assert file_store.load_ledger("stuck <script>").operations["n:1"].state is (
-        sp.EffectState.PREPARED)
+        EffectState.PREPARED)
     assert [e.detail["by"] for e in file_store.events("stuck <script>")
             if e.kind == "run.resolved"] == ["ana"]
 
@@ -153,7 +153,7 @@ def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_
         "step_id": "refund", "payload_digest": waiting["payload_digest"], "by": "ana",
         "expires_minutes": "30", "token": TOKEN})
     assert status == 200
-    assert file_store.get_run("w").status is sp.RunStatus.PENDING
+    assert file_store.get_run("w").status is RunStatus.PENDING
     assert sp.resume(file_store, "w")["amount"] == 40
     assert int(owner_env.client.stats()["applied"]) == 1
     # a run that ended cannot be cancelled into anything else
@@ -186,7 +186,7 @@ def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
     status, body = _post(board, "/runs/v/revoke", {**form, "token": TOKEN})
     assert status == 409
     assert "revoked already" in json.loads(body)["error"]
-    with pytest.raises(sp.ApprovalInvalid, match="revoked by carol"):
+    with pytest.raises(ApprovalInvalid, match="revoked by carol"):
         sp.resume(file_store, "v")
     assert int(owner_env.client.stats()["applied"]) == 0
 
@@ -225,7 +225,7 @@ def _board_pending(run: sp.Run) -> int:
     return 1
 
 
-def _pending(store: sp.Store, run_id: str = "p") -> sp.RunRecord:
+def _pending(store: sp.Store, run_id: str = "p") -> RunRecord:
     """A submitted run of the workflow ``board-pending`` that no worker has claimed."""
     sp.submit(store, _board_pending, run_id=run_id)
     return store.get_run(run_id)
@@ -295,7 +295,7 @@ def test_a_request_under_another_host_name_is_refused_whatever_it_asks(
                                          "Content-Type": "application/x-www-form-urlencoded"})
         assert status == 421, (host, status, body)
         assert "board-pending" not in body  # nothing of the ledger
-    assert file_store.get_run("p").status is sp.RunStatus.PENDING
+    assert file_store.get_run("p").status is RunStatus.PENDING
     status, _, _ = _http(board, "GET", "/", headers={"Host": f"localhost:{port}"})
     assert status == 200
     status, headers, body = _http(board, "HEAD", "/runs/p")
@@ -337,7 +337,7 @@ def test_every_post_must_come_from_the_dashboards_own_origin_or_a_bearer_of_the_
     else:
         assert status == 403, body
         assert json.loads(body)["error"]
-        assert file_store.get_run("p").status is sp.RunStatus.PENDING
+        assert file_store.get_run("p").status is RunStatus.PENDING
 
 
 def test_the_json_api_needs_the_token_and_the_pages_do_not(
@@ -407,7 +407,7 @@ def test_a_run_id_with_slashes_or_url_syntax_is_reached_from_every_link_and_form
         [action] = _links(run_page).actions  # a pending run: its cancel form
         status, body = _post(board, action, {"by": "ana", "token": TOKEN})
         assert (status, json.loads(body)["run_id"]) == (200, run_id), action
-        assert file_store.get_run(run_id).status is sp.RunStatus.CANCELLED
+        assert file_store.get_run(run_id).status is RunStatus.CANCELLED
     # a browser's form POST is redirected back to the run's own page, reachable too
     _pending(file_store, "c/d?e")
     status, headers, _ = _http(board, "POST", "/runs/c%2Fd%3Fe/cancel",
@@ -437,7 +437,7 @@ def test_a_blocked_run_whose_id_has_a_slash_is_resolved_from_its_page(
         "token": TOKEN})
     assert status == 200, body
     assert file_store.load_ledger("tenant/7 #1").operations["n:1"].state is (
-        sp.EffectState.PREPARED)
+        EffectState.PREPARED)
 
 
 # -- malformed requests are answered -----------------------------------------------------------
@@ -551,7 +551,7 @@ def test_an_unexpected_fault_is_answered_500_and_the_board_goes_on(
 
 
 def test_a_resolve_naming_two_resolutions_or_an_unknown_one_is_refused(
-        board: Dashboard, file_store: sp.Store, stuck: sp.RunRecord) -> None:
+        board: Dashboard, file_store: sp.Store, stuck: RunRecord) -> None:
     before, path = stuck, RESOLVE_STUCK
     common = f"revision={before.state_revision}&by=ana&operation_id=n%3A1&token={TOKEN}"
     json_headers = {"Content-Type": "application/json", "Accept": "application/json",
@@ -586,7 +586,7 @@ def test_a_resolve_naming_two_resolutions_or_an_unknown_one_is_refused(
     status, _, _ = _http(board, "POST", path, body=(common + "&action=not_applied").encode(),
                          headers=form_headers)
     assert status == 303
-    assert file_store.get_run("stuck <script>").status is sp.RunStatus.RUNNING
+    assert file_store.get_run("stuck <script>").status is RunStatus.RUNNING
 
 
 def test_an_error_about_markup_is_shown_as_text(board: Dashboard) -> None:
@@ -610,7 +610,7 @@ def test_a_rows_status_never_says_running_when_no_process_is_at_it(
         file_store: sp.Store) -> None:
     pending = _pending(file_store)
     now = 1_800_000_000_000
-    held = replace(pending, status=sp.RunStatus.RUNNING, owner="w:1",
+    held = replace(pending, status=RunStatus.RUNNING, owner="w:1",
                    lease_expires_at=now + 5_000)
     assert status_label(held, ownership(held, now)) == "running — held by w:1, lease ends in 5s"
     expired = replace(held, lease_expires_at=now - 42_000)
@@ -618,8 +618,8 @@ def test_a_rows_status_never_says_running_when_no_process_is_at_it(
         "running — lease of w:1 expired 42s ago")
     released = replace(held, owner=None, lease_expires_at=None)
     assert status_label(released, ownership(released, now)).startswith("runnable — released")
-    for status in (sp.RunStatus.PENDING, sp.RunStatus.WAITING, sp.RunStatus.BLOCKED,
-                   sp.RunStatus.COMPLETED, sp.RunStatus.CANCELLED):
+    for status in (RunStatus.PENDING, RunStatus.WAITING, RunStatus.BLOCKED,
+                   RunStatus.COMPLETED, RunStatus.CANCELLED):
         quiet = replace(pending, status=status)
         assert status_label(quiet, ownership(quiet, now)) == status.value
 

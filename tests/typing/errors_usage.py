@@ -4,6 +4,7 @@ errors users catch are typed attributes, and the public verbs are typed."""
 from __future__ import annotations
 
 import safepoint as sp
+from safepoint.errors import ArtifactMissing, CorruptRecord, RunOwned, SecretRefused, StaleCheckpoint
 
 
 def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
@@ -15,9 +16,9 @@ def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
         operation: str = blocked.operation_id
         record: dict[str, object] | None = blocked.record
         seen += [blocked.run_id, step, operation, record, blocked.reason]
-    except sp.StaleCheckpoint as stale:
+    except StaleCheckpoint as stale:
         seen += [stale.run_id, stale.step_id, stale.reason]
-    except sp.RunOwned as owned:
+    except RunOwned as owned:
         expires: int = owned.lease_expires_at
         seen += [owned.run_id, owned.owner, expires]
     except sp.RunFailed as failed:
@@ -25,11 +26,11 @@ def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
     except sp.StepFailed as step_failed:
         attempts: int = step_failed.attempts
         seen += [step_failed.step_id, step_failed.error_type, attempts]
-    except sp.SecretRefused as refused:
+    except SecretRefused as refused:
         seen += [refused.what, refused.path, refused.why]
-    except sp.CorruptRecord as corrupt:
+    except CorruptRecord as corrupt:
         seen += [corrupt.table, corrupt.key, corrupt.reason]
-    except sp.ArtifactMissing as missing:
+    except ArtifactMissing as missing:
         seen += [missing.digest]
     except sp.SafepointError as error:
         message: str = error.message

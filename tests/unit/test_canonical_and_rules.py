@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import types
 from datetime import timedelta
 
 import pytest
@@ -19,6 +18,7 @@ from safepoint._rules.effects import (
     next_action,
     one_commit_to_dispatching,
 )
+from safepoint.errors import CorruptRecord, NotJSON
 from safepoint.types import EffectState
 
 json_values = st.recursive(
@@ -149,22 +149,6 @@ def test_crash_points_are_free_and_precise() -> None:
         _crashpoints.arm("effect.nowhere")
 
 
-def test_public_surface_is_sorted_and_complete() -> None:
-    assert sp.__all__ == sorted(sp.__all__)
-    assert all(hasattr(sp, name) for name in sp.__all__)
-    public = {name for name, value in vars(sp).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
-    assert public - {"annotations"} <= set(sp.__all__)
-
-
-def test_every_public_name_has_a_docstring_of_its_own() -> None:
-    """Not the one a dataclass writes for itself (its signature), nor none."""
-    undocumented = [name for name in sp.__all__
-                    if not (doc := (getattr(sp, name).__doc__ or "").strip())
-                    or doc.startswith(f"{name}(")]
-    assert undocumented == []
-
-
 def test_errors_carry_fields_and_advice() -> None:
     error = sp.NeedsReconciliation("r", "s", "op", "owner down")
     assert (error.run_id, error.step_id, error.operation_id) == ("r", "s", "op")
@@ -251,10 +235,10 @@ def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_
            "error": None, "fence": 1, "prepared_at": 5, "updated_at": 6,
            "approval_required": 0, "target_digest": None, "approval_id": None}
     op = operation_record(row)
-    assert (op.state, op.receipt, op.approval_required) == (sp.EffectState.ACCEPTED, {"id": 1},
+    assert (op.state, op.receipt, op.approval_required) == (EffectState.ACCEPTED, {"id": 1},
                                                             False)
     bad = {**row, "state": "teleported", "effect_key": None, "updated_at": "6", "receipt": "{"}
-    with pytest.raises(sp.CorruptRecord) as corrupt:
+    with pytest.raises(CorruptRecord) as corrupt:
         operation_record(bad)
     assert (corrupt.value.table, corrupt.value.key) == (
         "safepoint_operations", "run_id=r operation_id=op-1")
@@ -290,7 +274,7 @@ def test_inputs_of_any_json_type_hash_as_their_json_and_a_lone_surrogate_key_is_
     assert canonical_if_json((1, 2)) is None  # tuples only where inputs allow them
     assert canonical_if_json({"a": 2**53}) is None
     assert canonical_if_json({"\ud800": 1}) is None
-    with pytest.raises(sp.NotJSON, match="lone surrogate") as refused:
+    with pytest.raises(NotJSON, match="lone surrogate") as refused:
         checked_canonical({"ok": {"\ud800": 1}}, "inputs", "s1")
     assert "\\ud800" in str(refused.value)
 

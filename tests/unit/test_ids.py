@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.testing.effects import owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import EffectRejected, InvalidStepId, SecretRefused
+from safepoint.testing import OwnerService, owner_effect
+from safepoint.types import EffectState, RunStatus
 
 BAD_IDS = [
     pytest.param("", id="empty"),
@@ -58,10 +59,10 @@ def test_a_malformed_step_id_fails_the_run_at_once(store: sp.Store, bad: Any) ->
     def flow(run: sp.Run) -> Any:
         return run.pure(bad, lambda: 1)
 
-    with pytest.raises(sp.InvalidStepId, match="invalid step id"):
+    with pytest.raises(InvalidStepId, match="invalid step id"):
         sp.start(store, flow, run_id="r")
     run = store.get_run("r")
-    assert run.status is sp.RunStatus.FAILED  # never left running until its budget runs out
+    assert run.status is RunStatus.FAILED  # never left running until its budget runs out
     assert store.load_ledger("r").steps == {}
     assert "step id" in str(run.error)
 
@@ -77,7 +78,7 @@ def test_a_malformed_operation_id_dispatches_nothing(store: sp.Store, owner_env:
 
     with pytest.raises(sp.UsageError, match="invalid operation id"):
         sp.start(store, flow, run_id="r")
-    assert store.get_run("r").status is sp.RunStatus.FAILED
+    assert store.get_run("r").status is RunStatus.FAILED
     assert store.load_ledger("r").operations == {}
     assert owner_env.client.stats()["applied"] == 0
 
@@ -119,7 +120,7 @@ def test_a_malformed_workflow_name_is_refused_at_registration(name: str) -> None
 
 def test_a_run_id_holding_a_credential_is_refused(store: sp.Store) -> None:
     token = "sk-ant-api03-" + "a" * 40
-    with pytest.raises(sp.SecretRefused) as error:
+    with pytest.raises(SecretRefused) as error:
         sp.start(store, plain, 1, run_id=f"run-{token}")
     assert token not in error.value.message
     assert store.list_runs() == []
@@ -212,10 +213,10 @@ def test_an_error_message_that_cannot_be_stored_as_it_is_never_leaves_the_run_ru
     assert store.load_ledger("step").steps["open"].error["message"] == seen
     with pytest.raises(sp.RunFailed, match="gave up on bad"):
         sp.start(store, flow, "workflow", run_id="workflow")
-    assert store.get_run("workflow").status is sp.RunStatus.FAILED
+    assert store.get_run("workflow").status is RunStatus.FAILED
     with pytest.raises(sp.NeedsReconciliation, match="no answer for bad"):
         sp.start(store, flow, "effect", run_id="effect")
-    assert store.get_run("effect").status is sp.RunStatus.BLOCKED
+    assert store.get_run("effect").status is RunStatus.BLOCKED
     assert "no answer for bad" in store.load_ledger("effect").operations["send"].error["message"]
 
 
@@ -254,12 +255,12 @@ def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.St
     def flow(run: sp.Run) -> Any:
         return run.effect("charge", declined, payload={"amount": 5})
 
-    with pytest.raises(sp.EffectRejected) as rejected:
+    with pytest.raises(EffectRejected) as rejected:
         sp.start(store, flow, run_id="r")
     op = store.load_ledger("r").operations["charge"]
-    assert op.state is sp.EffectState.REJECTED
+    assert op.state is EffectState.REJECTED
     assert op.error == rejected.value.evidence
-    assert store.get_run("r").status is sp.RunStatus.FAILED
+    assert store.get_run("r").status is RunStatus.FAILED
 
 
 @pytest.mark.parametrize("bad", [pytest.param("r\udcff", id="lone-surrogate"),

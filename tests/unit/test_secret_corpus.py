@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pytest
 
 import safepoint as sp
+from safepoint.errors import EffectRejected, SecretRefused, VerificationFailed
 
 MARK = "sp_redacted:sha256:"
 
@@ -112,7 +113,7 @@ Action = Callable[[sp.Store, Credential, str], None]
 
 
 def _refused(action: Callable[[], Any], cred: Credential) -> None:
-    with pytest.raises(sp.SecretRefused) as refused:
+    with pytest.raises(SecretRefused) as refused:
         action()
     clean(str(refused.value), cred)
 
@@ -374,7 +375,7 @@ def rejection(store: sp.Store, cred: Credential, rid: str) -> None:
     def flow(run: sp.Run) -> Any:
         try:
             return run.effect("charge", effect, payload={"amount": 5})
-        except sp.EffectRejected as rejected:
+        except EffectRejected as rejected:
             return rejected.evidence  # as recorded: a replay raises it from the ledger
 
     seen = sp.start(store, flow, run_id=rid)
@@ -415,7 +416,7 @@ def verify_error(store: sp.Store, cred: Credential, rid: str) -> None:
     def verify(receipt: Any) -> bool:
         raise RuntimeError(f"verifier could not log in with {cred.text}")
 
-    clean(str(_charge(store, rid, sp.VerificationFailed, execute=_noop, verify=verify)), cred)
+    clean(str(_charge(store, rid, VerificationFailed, execute=_noop, verify=verify)), cred)
     assert MARK in store.get_run(rid).recovery_record["reason"]
 
 

@@ -13,6 +13,8 @@ import pytest
 
 import safepoint as sp
 from safepoint._rules.secrets import find_secret, marker, redact_json, redact_text, refuse_secrets
+from safepoint.errors import EffectRejected, RunNotFound, SecretRefused
+from safepoint.types import RunStatus
 
 ANTHROPIC = "sk-ant-api03-" + "Q" * 30
 OPENAI = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4"
@@ -116,7 +118,7 @@ def test_a_refusal_names_the_place_but_never_the_credential() -> None:
     for value, path in [({"a": [{OPENAI: 1}]}, f"$.a[0].{marker(OPENAI)}"),
                         ({"db": {"password": "pw1"}}, "$.db.password"),
                         ({f"note {OPENAI}": 1}, f"$.note {marker(OPENAI)}"), (OPENAI, "$")]:
-        with pytest.raises(sp.SecretRefused) as refused:
+        with pytest.raises(SecretRefused) as refused:
             refuse_secrets(value, "the run id")
         assert refused.value.path == path
         assert OPENAI not in str(refused.value)
@@ -136,11 +138,11 @@ def test_values_of_any_depth_are_scanned() -> None:
 
 
 def test_definitions_that_would_record_a_credential_are_refused() -> None:
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.Effect(f"charge-{STRIPE}", execute=lambda payload, key: {})
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.workflow(f"flow-{GITHUB}")
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.workflow("flow", models=[f"gpt?key={OPENAI}"])
 
 
@@ -170,7 +172,7 @@ def test_a_credential_in_a_result_is_refused_and_never_written(file_store: sp.St
     def flow(run: sp.Run) -> Any:
         return run.read("config", lambda: {"service": "billing", "api_key": OPENAI})
 
-    with pytest.raises(sp.SecretRefused) as refused:
+    with pytest.raises(SecretRefused) as refused:
         sp.start(file_store, flow, run_id="r")
     assert (refused.value.step_id, refused.value.path) == ("config", "$.api_key")
     assert file_store.load_ledger("r").steps == {}
@@ -186,7 +188,7 @@ def test_a_credential_in_a_payload_is_refused_before_anything_is_prepared(
     def flow(run: sp.Run) -> Any:
         return run.effect("send", effect, payload={"to": "ops", "body": f"use {STRIPE}"})
 
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.start(file_store, flow, run_id="r")
     assert sent == []
     assert file_store.load_ledger("r").operations == {}
@@ -198,15 +200,15 @@ def test_workflow_inputs_with_a_credential_are_refused(memory_store: sp.Store) -
     def flow(run: sp.Run, token: str) -> str:
         return "done"
 
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.start(memory_store, flow, GITHUB, run_id="r")
-    with pytest.raises(sp.RunNotFound):
+    with pytest.raises(RunNotFound):
         memory_store.get_run("r")  # nothing was created
 
 
 def test_a_secret_reaches_the_step_but_not_the_ledger(file_store: sp.Store,
                                                       crash_at: Any) -> None:
-    from safepoint._engine.crashpoints import SimulatedCrash
+    from safepoint.testing import SimulatedCrash
 
     seen: list[str] = []
 
@@ -247,7 +249,7 @@ def test_error_messages_are_redacted(file_store: sp.Store) -> None:
 
 def test_what_the_workflow_saw_of_a_credential_is_what_a_resume_sees(file_store: sp.Store,
                                                                      crash_at: Any) -> None:
-    from safepoint._engine.crashpoints import SimulatedCrash
+    from safepoint.testing import SimulatedCrash
 
     def call() -> None:
         raise PermissionError(f"401 for password=pw1Zq9 and {OPENAI}")
@@ -266,7 +268,7 @@ def test_what_the_workflow_saw_of_a_credential_is_what_a_resume_sees(file_store:
             seen.append(failed.error_message)
         try:
             run.effect("charge", decline, payload={"amount": 5})
-        except sp.EffectRejected as rejected:
+        except EffectRejected as rejected:
             seen.append(rejected.evidence)
         # what it saw goes into the next step's inputs: a resume asks the same question
         return run.pure("summary", lambda s: s, seen)
@@ -297,7 +299,7 @@ def test_credentials_in_reasons_and_evidence_are_redacted(memory_store: sp.Store
     record = memory_store.get_run("r").recovery_record
     assert ANTHROPIC not in str(record)
     assert marker(ANTHROPIC) in record["reason"]
-    with pytest.raises(sp.SecretRefused):
+    with pytest.raises(SecretRefused):
         sp.cancel(memory_store, "r", by="ops", reason=f"rotated {ANTHROPIC}")
 
 
@@ -312,7 +314,7 @@ def test_rejections_keep_their_evidence_without_credentials(memory_store: sp.Sto
     def flow(run: sp.Run) -> Any:
         try:
             return run.effect("charge", effect, payload={})
-        except sp.EffectRejected:
+        except EffectRejected:
             return "declined"
 
     assert sp.start(memory_store, flow, run_id="r") == "declined"
@@ -331,7 +333,7 @@ def test_a_receipt_with_a_client_secret_is_kept_masked(memory_store: sp.Store) -
 
     assert sp.start(memory_store, flow, run_id="r") == {
         "id": "pi_1", "client_secret": marker("pi_1_secret_abcdefgh")}
-    assert memory_store.get_run("r").status is sp.RunStatus.COMPLETED
+    assert memory_store.get_run("r").status is RunStatus.COMPLETED
 
 
 @pytest.mark.parametrize("value", [

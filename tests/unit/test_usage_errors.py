@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.testing import forget_workflows
-from safepoint.testing.effects import owner_client, owner_effect
-from safepoint.testing.owner import OwnerService
+from safepoint.errors import NotJSON, RunOwned
+from safepoint.testing import OwnerService, forget_workflows, owner_client, owner_effect
+from safepoint.types import EffectState
 
 
 @sp.workflow("mistakes-greet")
@@ -96,7 +96,7 @@ def test_a_receipt_that_is_not_json_is_never_sent_again_and_says_why(
         sp.start(store, flow_with(broken), run_id="r")
     assert "not sent again" in blocked.value.message
     op = store.load_ledger("r").operations["charge"]
-    assert (op.state, op.dispatch_count) == (sp.EffectState.UNKNOWN, 1)  # sent once
+    assert (op.state, op.dispatch_count) == (EffectState.UNKNOWN, 1)  # sent once
     flow_with(found)  # fixed: the resume asks the owner, who has it
     assert sp.resume(store, "r") == 3
     stats = owner_env.client.stats()
@@ -136,14 +136,14 @@ def _containing_itself() -> dict[str, Any]:
 ])
 def test_inputs_nested_too_deep_or_containing_themselves_are_not_json(
         memory_store: sp.Store, value: Any, said: str) -> None:
-    with pytest.raises(sp.NotJSON, match=said):
+    with pytest.raises(NotJSON, match=said):
         sp.start(memory_store, greet, value)
 
     @sp.workflow("mistakes-deep-step")
     def flow(run: sp.Run) -> Any:
         return run.pure("step", lambda v: 1, value)
 
-    with pytest.raises(sp.NotJSON, match=said):
+    with pytest.raises(NotJSON, match=said):
         sp.start(memory_store, flow, run_id="step")
 
 
@@ -151,7 +151,7 @@ def test_run_owned_says_when_in_words_not_epoch_milliseconds(file_store: sp.Stor
     sp.submit(file_store, greet, "ana", run_id="r")
     claim = file_store.claim_next("someone-else", 60_000, ["mistakes-greet"])
     assert claim is not None
-    with pytest.raises(sp.RunOwned) as owned:
+    with pytest.raises(RunOwned) as owned:
         sp.resume(file_store, "r")
     assert "epoch" not in owned.value.message
     assert "Z (in " in owned.value.message  # an ISO time in UTC, and how far away

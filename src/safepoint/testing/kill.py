@@ -100,6 +100,8 @@ def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any]
 
 
 def child_outcome(returncode: int, stdout: str, stderr: str) -> ChildOutcome:
+    """How a child process of ``spawn_child`` ended, from its exit code and what it printed
+    (the outcome is the last JSON line of ``stdout``; none if it was killed first)."""
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     return ChildOutcome(returncode, json.loads(lines[-1]) if lines else None, stderr)
 
