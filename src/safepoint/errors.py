@@ -526,15 +526,19 @@ class SchemaTooNew(StoreError):
 
 
 class MigrationMismatch(StoreError):
-    """A migration recorded in the store differs from the one this safepoint ships."""
+    """A migration recorded in the store differs from the one this safepoint ships; the message
+    says what to do (``fix``). Nothing was changed."""
 
     version: int
+    fix: str
 
-    def __init__(self, version: int) -> None:
+    def __init__(self, version: int, fix: str | None = None) -> None:
+        fix = fix or "the store was migrated by a different build — use that build"
         super().__init__(
             f"migration {version} recorded in the store differs from the one shipped with this"
-            " safepoint; the store was migrated by a different build — use that build",
+            f" safepoint; {fix}",
             version=version,
+            fix=fix,
         )
 
 

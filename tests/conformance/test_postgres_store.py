@@ -42,10 +42,10 @@ from conftest import with_database
 from safepoint._rules.canonical import digest
 from safepoint.errors import ArtifactCorrupt, InvalidStoreURL, MigrationMismatch, SchemaTooNew
 from safepoint.storage import Store
-from safepoint.storage._pgpool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.base import NewRun, load_migrations, load_queries
 from safepoint.storage.open_async import open_async_store
 from safepoint.storage.postgres import PostgresStore
+from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import OwnerService
 from safepoint.testing.conformance import StoreConformance, SyncOverAsync
@@ -271,7 +271,8 @@ def test_open_store_opens_postgres_urls(pg_url: str) -> None:
 def test_without_the_extra_a_postgres_url_says_what_to_install(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
-    monkeypatch.delitem(sys.modules, "safepoint.storage.postgres")
+    for name in [m for m in sys.modules if m.startswith("safepoint.storage.postgres")]:
+        monkeypatch.delitem(sys.modules, name)  # the store's modules, imported afresh
     with pytest.raises(sp.UsageError) as error:
         sp.open_store("postgresql://nobody@127.0.0.1:1/none")
     assert "pip install 'safepoint[postgres]'" in str(error.value)

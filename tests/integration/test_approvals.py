@@ -27,8 +27,9 @@ from safepoint._rules.canonical import canonical, digest, sha256_hex
 from safepoint.errors import ApprovalInvalid, ApprovalRefused, RunNotFound, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
 from safepoint.storage.base import load_migrations
+from safepoint.storage.migrations import Migration
 from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
-from safepoint.types import EffectState, LedgerIdentity, RunStatus
+from safepoint.types import EffectState, RunStatus
 
 PAYLOAD = {"account": "acct-1", "amount": 40}
 
@@ -505,13 +506,13 @@ def test_an_effect_with_a_verify_timeout_that_is_not_positive_is_refused() -> No
                      verify_timeout=timedelta(seconds=2)).verify_timeout_s == 2.0
 
 
-def test_an_existing_sqlite_ledger_is_migrated_to_hold_waiting_runs(tmp_path: Path) -> None:
-    """SQLite cannot alter a CHECK constraint: the approvals migration widens the allowed run
-    statuses in place. Rows survive, the file stays sound, and a connection opened before the
-    migration sees the new definition too."""
+def test_an_existing_sqlite_ledger_holds_waiting_runs_once_opened(tmp_path: Path) -> None:
+    """A ledger made by the first migration, with a run in it, is opened at the last: rows
+    survive, the file stays sound, and a connection opened before the store sees the run
+    statuses of the last schema (waiting) and none other."""
     path = tmp_path / "old.db"
     shipped = load_migrations("sqlite")
-    before = [m for m in shipped if m[1] < next(n for _, n, _ in shipped if "approvals" in n)]
+    before = shipped[:1]
     old = sqlite3.connect(path, isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
     old.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
@@ -523,8 +524,8 @@ def test_an_existing_sqlite_ledger_is_migrated_to_hold_waiting_runs(tmp_path: Pa
     old.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
                 " input_hash, created_at, updated_at) VALUES ('kept', 'w', '1', 'pending',"
                 " 'h', 0, 0)")
-    with pytest.raises(sqlite3.IntegrityError):
-        old.execute("UPDATE safepoint_runs SET status = 'waiting'")
+    with pytest.raises(sqlite3.IntegrityError):  # a status no schema knows
+        old.execute("UPDATE safepoint_runs SET status = 'paused'")
     store = sp.open_store(f"sqlite:///{path}")
     assert store.schema_version() == len(shipped)
     assert store.get_run("kept").status is RunStatus.PENDING
@@ -747,37 +748,22 @@ def test_revoke_and_show_from_the_command_line(file_store: sp.Store,
     assert _applied(owner_env) == 0
 
 
-def test_approvals_given_before_revocation_existed_are_in_force_after_the_migration(
+def test_approvals_given_in_a_ledger_of_the_first_schema_are_in_force_after_it_is_opened(
         store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ledger at the schema before revocation, with an approval in it, is migrated: the
-    approval is read back as given (not revoked), and can be revoked."""
-    import safepoint._engine.dispatch
-    import safepoint.storage._postgres
-    import safepoint.storage.sqlite
-    from safepoint._rules.effects import _key_before_identity
+    """A ledger made by the first migration alone, with an approval in it, is opened at the
+    last schema (every later migration applied): the approval is read back as given (not
+    revoked), and can be revoked."""
+    import safepoint.storage.migrations
 
-    def before_revocation(dialect: str) -> list[tuple[int, str, str]]:
-        shipped = load_migrations(dialect)
-        return [m for m in shipped if m[0] < next(v for v, n, _ in shipped if "revocation" in n)]
+    def first_schema(dialect: str) -> list[Migration]:
+        return load_migrations(dialect)[:1]
 
     dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
     flow = _refund_flow("approval-migrated", owner_effect("refunds"))
-    def identity_of_old_code(*_: Any) -> Any:  # the code of then had no ledger identity
-        if False:
-            yield
-        return LedgerIdentity("old", 0)
-
     with monkeypatch.context() as patched:
-        for module in (safepoint.storage.sqlite, safepoint.storage._postgres):
-            patched.setattr(module, "load_migrations", before_revocation)
-        patched.setattr(safepoint.storage.sqlite.SqliteStore, "_identity",
-                        lambda self: LedgerIdentity("old", 0))
-        patched.setattr(safepoint.storage._postgres.PostgresLedger, "read_identity",
-                        staticmethod(identity_of_old_code))
-        patched.setattr(safepoint._engine.dispatch, "mint_effect_key",  # … nor keys that name it
-                        lambda _ledger, scope, op: _key_before_identity(scope, op))
+        patched.setattr(safepoint.storage.migrations, "load_migrations", first_schema)
         old = sp.open_store(store_url)
-        assert old.schema_version() == len(before_revocation(dialect))
+        assert old.schema_version() == len(first_schema(dialect))
         with pytest.raises(sp.AwaitingApproval):
             sp.start(old, flow, run_id="r")
         approval = sp.approve(old, "r", "refund", by="ana")

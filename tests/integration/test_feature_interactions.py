@@ -1,6 +1,6 @@
 """Cases a second reading of the merged features found where two of them meet: fan-out with
 approvals and blocks, re-planning with step attempts, with cancels and deadlines, and with a
-continue-as-new chain; and ledgers migrated from the oldest schema with runs in every status."""
+continue-as-new chain; and existing ledgers, with runs in every status, opened and migrated."""
 
 from __future__ import annotations
 
@@ -375,18 +375,20 @@ def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_pay
     assert memory_store.get_run("r~1").status is RunStatus.COMPLETED
 
 
-# -- migrations: the oldest ledger, with a run in every status, upgraded in place -------------------
+# -- migrations: a ledger of the first schema, with a run in every status, upgraded in place -------
 
 
-_STATUSES = ("pending", "running", "completed", "failed", "blocked", "cancelled")
+_STATUSES = ("pending", "running", "completed", "failed", "blocked", "cancelled", "waiting",
+             "continued")
 _INSERT_RUN = ("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
-               " inputs, state_revision, fence, event_count, created_at, updated_at)"
-               " VALUES ({p}, 'wf', '1', {p}, 'h', '{{\"args\":[],\"kwargs\":{{}}}}', 3, 1, 2, 1, 2)")
+               " inputs, state_revision, fence, event_count, created_at, updated_at, chain_id,"
+               " step_count) VALUES ({p}, 'wf', '1', {p}, 'h', '{{\"args\":[],\"kwargs\":{{}}}}',"
+               " 3, 1, 2, 1, 2, {p}, 1)")
 _INSERT_STEP = ("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result,"
                 " fence, recorded_at) VALUES ({p}, 's1', 1, 'pure', 'f', 'h', '1', 1, 1)")
 _INSERT_OP = ("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state,"
-              " payload_ref, effect_key, fence, prepared_at, updated_at, receipt)"
-              " VALUES ({p}, 'op', 's2', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1, '{{}}')")
+              " payload_ref, effect_key, fence, prepared_at, updated_at, receipt, chain_id)"
+              " VALUES ({p}, 'op', 's2', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1, '{{}}', {p})")
 _INSERT_EVENT = ("INSERT INTO safepoint_events (run_id, at, kind) VALUES ({p}, 1, 'run.started')")
 _ADD_RUN = ("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
             " created_at, updated_at, chain_id) VALUES ({p}, 'wf', '1', {p}, 'h', 1, 2, 'x')")
@@ -410,9 +412,9 @@ def _check_migrated(store: sp.Store, dialect: str) -> None:
         assert found.run_id == status
 
 
-def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_the_last(
+def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(
         tmp_path: Path) -> None:
-    from safepoint.storage.sqlite import _split_statements
+    from safepoint.storage.sqlite.connection import _split_statements
 
     path = tmp_path / "old.db"
     old = sqlite3.connect(path, isolation_level=None)  # stays open across the migration
@@ -426,13 +428,13 @@ def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_the_
                 (version, name, sha256_hex(text.encode())))
     for status in _STATUSES:
         for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
-            old.execute(insert.format(p="?"), (status, status)[:insert.count("{p}")])
-    assert old.execute("SELECT count(*) FROM safepoint_runs").fetchone() == (6,)
+            old.execute(insert.format(p="?"), (status,) * insert.count("{p}"))
+    assert old.execute("SELECT count(*) FROM safepoint_runs").fetchone() == (len(_STATUSES),)
 
     store = sp.open_store(f"sqlite:///{path}")
     try:
         _check_migrated(store, "sqlite")
-        # the connection opened before the migration reads the widened constraint
+        # the connection opened before the store keeps to the schema's constraints
         for status in ("waiting", "continued"):
             old.execute(_ADD_RUN.format(p="?"), (f"new-{status}", status))
         with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
@@ -450,7 +452,7 @@ def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_the_
         check.close()
 
 
-def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_the_last(
+def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(
         pg_url: str) -> None:
     import psycopg
     from psycopg import sql
@@ -468,7 +470,7 @@ def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_migrates_to_th
         for status in _STATUSES:
             for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
                 old.execute(insert.format(p="%s"),  # type: ignore[arg-type]
-                            (status, status)[:insert.count("{p}")])
+                            (status,) * insert.count("{p}"))
         store = sp.open_store(f"{pg_url}?schema={schema}")
         try:
             _check_migrated(store, "postgres")

@@ -620,18 +620,18 @@ def test_a_kill_around_continue_as_new_leaves_one_successor(
         store.close()
 
 
-# -- migration of a ledger written before history was bounded ---------------------------------------
+# -- an existing ledger of the first schema, with a history, opened at the last ----------------------
 
 
-def test_a_sqlite_ledger_from_before_is_migrated_in_place(tmp_path: Path) -> None:
+def test_a_sqlite_ledger_of_the_first_schema_keeps_its_history_when_opened(tmp_path: Path) -> None:
     from safepoint._rules.canonical import sha256_hex
-    from safepoint.storage.sqlite import _split_statements
+    from safepoint.storage.sqlite.connection import _split_statements
 
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
                  " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
-    before = [m for m in load_migrations("sqlite") if m[1] < "0004"]
+    before = load_migrations("sqlite")[:1]  # the first schema, as a ledger may have been made
     for version, name, text in before:
         for statement in _split_statements(text):
             conn.execute(statement)
@@ -639,15 +639,15 @@ def test_a_sqlite_ledger_from_before_is_migrated_in_place(tmp_path: Path) -> Non
                      (version, name, sha256_hex(text.encode())))
     conn.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
                  " input_hash, inputs, state_revision, fence, event_count, created_at,"
-                 " updated_at, resume_budget) VALUES ('old', 'wf', '1', 'blocked', 'h',"
-                 " '{\"args\":[],\"kwargs\":{}}', 7, 2, 4, 1, 2, 20)")
+                 " updated_at, resume_budget, chain_id, step_count) VALUES ('old', 'wf', '1',"
+                 " 'blocked', 'h', '{\"args\":[],\"kwargs\":{}}', 7, 2, 4, 1, 2, 20, 'old', 2)")
     conn.execute("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash,"
                  " result, fence, recorded_at) VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1',"
                  " 1, 1), ('old', 's2', 2, 'pure', 'f', 'h', '2', 1, 1)")
     conn.execute("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-                 " state, payload_ref, effect_key, fence, prepared_at, updated_at, receipt)"
-                 " VALUES ('old', 'op', 's3', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1,"
-                 " '{\"id\":1}')")
+                 " state, payload_ref, effect_key, fence, prepared_at, updated_at, receipt,"
+                 " chain_id) VALUES ('old', 'op', 's3', 'e', 'accepted', 'sha256:x', 'sp_k', 1,"
+                 " 1, 1, '{\"id\":1}', 'old')")
     conn.commit()
     conn.close()
 
@@ -674,7 +674,7 @@ def test_a_sqlite_ledger_from_before_is_migrated_in_place(tmp_path: Path) -> Non
         check.close()
 
 
-def test_a_postgres_ledger_from_before_is_migrated_in_place(pg_url: str) -> None:
+def test_a_postgres_ledger_of_the_first_schema_keeps_its_history_when_opened(pg_url: str) -> None:
     import psycopg
     from psycopg import sql
 
@@ -686,22 +686,21 @@ def test_a_postgres_ledger_from_before_is_migrated_in_place(pg_url: str) -> None
         admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         admin.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
                       " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)")
-        for version, name, text in load_migrations("postgres"):
-            if name >= "0004":
-                break
+        for version, name, text in load_migrations("postgres")[:1]:  # the first schema
             admin.execute(text)  # type: ignore[arg-type]
             admin.execute("INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
                           (version, name, sha256_hex(text.encode())))
         admin.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
                       " input_hash, inputs, state_revision, fence, event_count, created_at,"
-                      " updated_at) VALUES ('old', 'wf', '1', 'completed', 'h',"
-                      " '{\"args\":[],\"kwargs\":{}}', 3, 1, 3, 1, 2)")
+                      " updated_at, chain_id, step_count) VALUES ('old', 'wf', '1', 'completed',"
+                      " 'h', '{\"args\":[],\"kwargs\":{}}', 3, 1, 3, 1, 2, 'old', 1)")
         admin.execute("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name,"
                       " input_hash, result, fence, recorded_at)"
                       " VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1', 1, 1)")
         admin.execute("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-                      " state, payload_ref, effect_key, fence, prepared_at, updated_at)"
-                      " VALUES ('old', 'op', 's2', 'e', 'rejected', 'sha256:x', 'sp_k', 1, 1, 1)")
+                      " state, payload_ref, effect_key, fence, prepared_at, updated_at, chain_id)"
+                      " VALUES ('old', 'op', 's2', 'e', 'rejected', 'sha256:x', 'sp_k', 1, 1, 1,"
+                      " 'old')")
     store = sp.open_store(f"{pg_url}?schema={schema}")
     try:
         run = store.get_run("old")

@@ -209,7 +209,7 @@ def test_the_fast_canonical_encoder_writes_exactly_what_rfc_8785_writes() -> Non
 def test_the_database_clock_estimate_follows_the_server_and_never_goes_back() -> None:
     import time
 
-    from safepoint.storage._postgres import ClockEstimate
+    from safepoint.storage.postgres.clock import ClockEstimate
 
     clock = ClockEstimate(resample_s=60)
     assert clock.due()

@@ -19,20 +19,13 @@ an ``UnreadableRun`` instead of failing.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Protocol
 
 from .._rules.canonical import digest as content_digest
 from .._rules.canonical import dumps
-from ..errors import (
-    Cancelled,
-    DeadlineExceeded,
-    HistoryLimitReached,
-    LostOwnership,
-    UsageError,
-)
+from .._rules.fencing import abandoned_error, cancelled_error, fence_holds, refused_write
+from ..errors import UsageError
 from ..types import (
     JSON,
     ApprovalGate,
@@ -53,6 +46,13 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
+from .migrations import load_migrations
+from .plans import load_queries
+
+# Decisions and loaders other modules (and tests) have long imported from here.
+__all__ = ["INLINE_LIMIT", "AsyncStore", "NewRun", "Replan", "Store", "abandoned_error",
+           "cancelled_error", "cannot_store", "check_payload", "fence_holds", "load_migrations",
+           "load_queries", "refuse_gated", "refused_write", "retry_json", "unstorable"]
 
 # JSON values larger than this are stored as artifacts and referenced by digest, so that hot
 # rows stay small and repeated content is stored once.
@@ -115,7 +115,7 @@ class Store(Protocol):
 
     @property
     def identity(self) -> LedgerIdentity:
-        """The ledger's id, minted once when its schema was created (migration 9), read on
+        """The ledger's id, minted once when its schema was created (migration 1), read on
         open: part of every effect key minted in it, so that two ledgers never share a key."""
         ...
 
@@ -512,30 +512,6 @@ def check_payload(op: OperationRecord, payload: bytes) -> None:
         raise ValueError(f"payload digest {op.payload_ref} does not match its bytes")
 
 
-def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:
-    """Whether a run's row, as it now stands, still lets ``claim`` write."""
-    return fence == claim.fence and status == "running"
-
-
-def refused_write(claim: Claim, fence: int | None, status: str | None,
-                  cancel_requested_at: int | None, deadline_at: int | None = None,
-                  now: int | None = None, *, new_work: bool = True, limited: bool = False,
-                  history: int | None = None, hard_limit: int | None = None) -> BaseException:
-    """Why a fenced worker write matched nothing, from the run's row as it now stands: for new
-    work (``new_work``, refused once a cancel is asked for or past the deadline) while this
-    worker's fence still holds, a cancel request (``Cancelled``) or its deadline passed
-    (``DeadlineExceeded``); for a write held to the history limit (``limited``) whose fence
-    holds, the limit (``HistoryLimitReached``); else a stale fence."""
-    if fence_holds(claim, fence, status):
-        if new_work and cancel_requested_at is not None:
-            return Cancelled(claim.run_id)
-        if new_work and deadline_at is not None and now is not None and now >= deadline_at:
-            return DeadlineExceeded(claim.run_id, deadline_at)
-        if limited:
-            return HistoryLimitReached(claim.run_id, history, hard_limit)
-    return LostOwnership(claim.run_id, claim.fence)
-
-
 def refuse_gated(op: OperationRecord) -> None:
     """``prepare_and_mark_dispatching`` makes one commit of what an approval gate would stand
     between: an operation that needs approval is refused before anything is written."""
@@ -547,41 +523,3 @@ def refuse_gated(op: OperationRecord) -> None:
 def retry_json(policy: Retry | None) -> str | None:
     """A run's default step attempts as stored (JSON text), or None."""
     return None if policy is None else dumps(policy.as_json())
-
-
-def cancelled_error(by: str, reason: str | None) -> dict[str, str]:
-    """The error a cancelled run ends with."""
-    return {"type": "Cancelled", "message": f"cancelled by {by}" + (f": {reason}" if reason
-                                                                     else "")}
-
-
-def abandoned_error(resolution: Resolution) -> dict[str, str]:
-    """The error a run ends with when a person abandons it."""
-    because = f": {resolution.evidence}" if resolution.evidence else ""
-    return {"type": "Abandoned", "message": f"abandoned by {resolution.by}{because}"}
-
-
-def load_queries(dialect: str) -> dict[str, str]:
-    """Parse ``sql/<dialect>/queries.sql`` into {name: statement}."""
-    text = resources.files(__package__).joinpath("sql", dialect, "queries.sql").read_text("utf-8")
-    queries: dict[str, str] = {}
-    for block in re.split(r"^-- name: ", text, flags=re.MULTILINE)[1:]:
-        name, _, body = block.partition("\n")
-        lines = [line for line in body.splitlines() if not line.startswith("--")]
-        queries[name.strip()] = "\n".join(lines).strip().rstrip(";")
-    return queries
-
-
-def load_migrations(dialect: str) -> list[tuple[int, str, str]]:
-    """Shipped migrations as (version, file name, SQL text), in order."""
-    folder = resources.files(__package__).joinpath("sql", dialect, "migrations")
-    found = []
-    for entry in folder.iterdir():
-        match = re.fullmatch(r"(\d{4})_[a-z0-9_]+\.sql", entry.name)
-        if match:
-            found.append((int(match.group(1)), entry.name, entry.read_text("utf-8")))
-    found.sort()
-    versions = [version for version, _, _ in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations of {dialect} are not numbered 1..n: {versions}")
-    return found

@@ -1,7 +1,7 @@
 """The shared store for asyncio: PostgreSQL through psycopg's ``AsyncConnectionPool``.
 
 Same database, same statements, same semantics as ``PostgresStore``: every operation runs the
-plan ``_postgres.PostgresLedger`` has for it (see that module), here on an async connection in
+plan ``postgres.ledger.PostgresLedger`` has for it (see that module), here on an async connection in
 an async transaction. Only the plumbing is this module's own: opening, the executor, and
 waiting for work.
 
@@ -54,37 +54,24 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
-from ._pgpool import Checkout, Discarded, Resting, connection_lost
-from ._postgres import (
+from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from .plans import Plan
+from .postgres.clock import ClockEstimate
+from .postgres.connection import (
     DRIVER_ERRORS,
     LISTEN,
-    ClockEstimate,
-    Plan,
-    PostgresLedger,
-    Row,
     log,
-    run_plan,
+    run_plan_on,
+    run_plan_on_async,
     unreachable,
 )
-from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from .postgres.ledger import PostgresLedger
+from .postgres.pool import Checkout, Discarded, Resting, connection_lost
 
 __all__ = ["AsyncPostgresStore"]
 
 T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[DictRow]
-
-
-async def run_plan_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
-    """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
-    try:
-        stmt = next(plan)
-        while True:
-            cur = await conn.execute(stmt.text, stmt.params)
-            rows: list[Row] = await cur.fetchall() if cur.description is not None else []
-            stmt = plan.send(rows)
-    except StopIteration as done:
-        result: T = done.value
-        return result
 
 
 class AsyncPostgresStore:
@@ -140,7 +127,7 @@ class AsyncPostgresStore:
         conn = await self._connect()  # fails fast, with libpq's reason, when unreachable
         try:
             async with conn.transaction():
-                await run_plan_async(conn, self._ledger.prepare(create=create))
+                await run_plan_on_async(conn, self._ledger.prepare(create=create))
         except psycopg.Error as exc:
             raise self._ledger.migration_failure(exc) from exc
         finally:
@@ -168,7 +155,7 @@ class AsyncPostgresStore:
     # -- the executor: connections and transactions --------------------------------------------
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        await run_plan_async(conn, self._ledger.configure())
+        await run_plan_on_async(conn, self._ledger.configure())
         if not conn.autocommit:
             await conn.commit()
         self._resting.rested(conn)
@@ -209,9 +196,9 @@ class AsyncPostgresStore:
             async with self._pool.connection() as conn:
                 try:
                     if not atomic:
-                        return await run_plan_async(conn, plan)
+                        return await run_plan_on_async(conn, plan)
                     async with conn.transaction():
-                        return await run_plan_async(conn, plan)
+                        return await run_plan_on_async(conn, plan)
                 finally:
                     self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
         except DRIVER_ERRORS as exc:
@@ -238,10 +225,10 @@ class AsyncPostgresStore:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
                         self._ledger.conninfo, row_factory=dict_row)
-                    run_plan(self._beat_conn, self._ledger.configure())
+                    run_plan_on(self._beat_conn, self._ledger.configure())
                     self._beat_conn.commit()
                 with self._beat_conn.transaction():
-                    run_plan(self._beat_conn, self._ledger.renew_lease(claim))
+                    run_plan_on(self._beat_conn, self._ledger.renew_lease(claim))
             except DRIVER_ERRORS as exc:
                 if self._beat_conn is not None:
                     self._beat_conn.close()

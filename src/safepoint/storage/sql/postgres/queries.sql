@@ -2,6 +2,13 @@
 -- purpose. Parameters are named (%(run_id)s) and bound by the driver; nothing is ever
 -- formatted into the SQL text.
 --
+-- A query is named after the store method that runs it (`claim_next`, `record_steps`), or after
+-- that method and its part (`load_ledger_steps`, `await_approval_fence`); a statement several
+-- methods share is named after what it does (`fence_state`, `notify_work`). The reading
+-- queries (`get_run`, `list_runs`, `load_ledger_*`, `events`, `approvals` …) have the same
+-- names and columns as SQLite's: both stores read through one set of plans
+-- (safepoint/storage/ledger.py). Fencing end to end: safepoint/_rules/fencing.py.
+--
 -- Each worker write is ONE statement: a CTE (`owned`) is the fence — an UPDATE of the runs
 -- row that matches only while the worker's fence is current and the run is running — and
 -- every other write in the statement reads from it (PostgreSQL runs every data-modifying CTE
@@ -46,14 +53,14 @@ SELECT to_regclass('safepoint_schema_version') IS NOT NULL AS found;
 
 -- name: applied_migrations
 -- Every applied migration with the checksum of its SQL text.
-SELECT version, checksum FROM safepoint_schema_version ORDER BY version;
+SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version;
 
 -- name: record_migration
 -- Remember one applied migration, in the transaction that applied it.
 INSERT INTO safepoint_schema_version (version, name, checksum, applied_at)
 VALUES (%(version)s, %(name)s, %(checksum)s, safepoint_now_ms());
 
--- name: insert_run
+-- name: create_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0),
 -- with its first event; returns nothing if the run id exists. A relative deadline counts from
 -- its creation. It starts a chain of its own.
@@ -88,7 +95,7 @@ event AS (
 )
 SELECT * FROM created;
 
--- name: resolve_operation
+-- name: resolve
 -- A person settled an uncertain operation of a blocked run, in one statement: the run leaves
 -- "blocked" (compare-and-set on the revision they looked at) and is released for any worker;
 -- the operation moves to accepted (with the receipt they found) or back to prepared (it never
@@ -146,7 +153,7 @@ event AS (
 )
 SELECT run_id FROM run;
 
--- name: last_event
+-- name: resolve_last_event
 -- The newest event of a run (a repeated resolution finds its own there).
 SELECT kind, detail FROM safepoint_events WHERE run_id = %(run_id)s
 ORDER BY event_id DESC LIMIT 1;
@@ -500,16 +507,16 @@ SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
 WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING workflow;
 
--- name: steps_of_run
+-- name: load_ledger_steps
 -- Every recorded step of a run, in the order they were first recorded.
 SELECT * FROM safepoint_steps WHERE run_id = %(run_id)s ORDER BY seq;
 
--- name: operations_of_run
+-- name: load_ledger_operations
 -- Every effect operation of a run.
 SELECT * FROM safepoint_operations WHERE run_id = %(run_id)s
 ORDER BY prepared_at, operation_id;
 
--- name: events_of_run
+-- name: events
 -- A run's history, oldest first.
 SELECT * FROM safepoint_events WHERE run_id = %(run_id)s ORDER BY event_id;
 
@@ -550,7 +557,7 @@ event AS (
 )
 SELECT now FROM owned;
 
--- name: abandon_steps
+-- name: replan_abandon_steps
 -- Re-plan: the stale tail — the step at step_id and every non-effect step recorded after it,
 -- up to through_seq, but those in keep (a fan-out sibling branch's) — moves into the history,
 -- one step.abandoned event each, with what it had recorded (counted among the events, no longer
@@ -606,11 +613,11 @@ attempt AS (
 )
 SELECT now FROM owned;
 
--- name: attempts_of_run
+-- name: load_ledger_attempts
 -- Every failed attempt of a run's steps, by step and attempt.
 SELECT * FROM safepoint_attempts WHERE run_id = %(run_id)s ORDER BY step_id, attempt;
 
--- name: require_approval
+-- name: await_approval
 -- The approval gate (or prepare): the operation is dispatched only under an approval, and its
 -- target's state was last seen as target_digest. Only an operation still to be dispatched.
 -- (Run after a fenced statement of the same transaction, which holds the runs row lock.)
@@ -621,7 +628,7 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
   AND state IN ('prepared', 'dispatching', 'unknown')
 RETURNING *;
 
--- name: fence_new_work
+-- name: await_approval_fence
 -- The fence alone, for a write that starts something new and decides in several statements
 -- (the approval gate): takes the runs row lock for the rest of the transaction, so an approval
 -- given meanwhile queues behind it, or is seen by the statements that follow.
@@ -640,7 +647,7 @@ SELECT * FROM safepoint_approvals
 WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
 ORDER BY seq;
 
--- name: approvals_of_run
+-- name: approvals
 -- Every approval given in a run, in the order they were given.
 SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY seq;
 
@@ -665,7 +672,7 @@ event AS (
 )
 SELECT now FROM waiting;
 
--- name: dispatch_approved
+-- name: mark_dispatching_approved
 -- Keep the approval that authorized this dispatch on the operation.
 UPDATE safepoint_operations SET approval_id = %(approval_id)s
 WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
@@ -678,7 +685,7 @@ SELECT * FROM safepoint_runs WHERE run_id = %(run_id)s FOR UPDATE;
 -- The operation an effect step prepared.
 SELECT * FROM safepoint_operations WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
 
--- name: insert_approval
+-- name: approve
 -- A person's approval, bound to the payload and target digests it was given for.
 INSERT INTO safepoint_approvals (approval_id, run_id, operation_id, step_id, payload_digest,
                                  target_digest, approved_by, evidence, approved_at, expires_at)
@@ -706,7 +713,7 @@ event AS (
 )
 SELECT workflow FROM run;
 
--- name: revoke_approvals
+-- name: revoke_approval
 -- A person takes back every approval of one operation still in force (it authorizes nothing
 -- from now on; the rows stay, as evidence); the run's revision moves and the event is
 -- appended, its status stays (the gate decides whether the run waits). Run under the runs row
@@ -784,7 +791,7 @@ event AS (
 )
 SELECT * FROM warned;
 
--- name: continue_run
+-- name: continue_as_new
 -- Continue as new, in one statement: the run ends 'continued', pointing at its successor, and
 -- gives up ownership (fenced like new work: refused once a cancel is asked for or the deadline
 -- passed; never held to the history limit); the successor is created in the next place of the run's chain, claimed
@@ -916,5 +923,5 @@ step AS (
 SELECT * FROM owned;
 
 -- name: ledger_identity
--- The ledger's id and since when effect keys include it (migration 9), read once on open.
+-- The ledger's id and since when effect keys include it (migration 1), read once on open.
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;

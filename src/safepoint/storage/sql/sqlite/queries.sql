@@ -1,10 +1,18 @@
 -- Named queries of the SQLite store. Each starts with `-- name: <name>` and a one-line purpose.
 -- Parameters are named (:run_id); nothing is ever formatted into the SQL text.
+--
+-- A query is named after the store method that runs it (`claim_next`), or after that method
+-- and its part (`load_ledger_steps`, `replan_abandon_steps`); a statement several methods
+-- share is named after what it does (`fence_check`, `insert_event`, `insert_artifact`). The
+-- reading queries (`get_run`, `list_runs`, `load_ledger_*`, `events`, `approvals` …) have the
+-- same names and columns as PostgreSQL's: both stores read through one set of plans
+-- (safepoint/storage/ledger.py).
+--
 -- Every write a worker makes goes through `fence_check` in the same BEGIN IMMEDIATE
 -- transaction: SQLite serialises writers, so the check and the write cannot interleave with
--- another worker's claim.
+-- another worker's claim (safepoint/_rules/fencing.py tells fencing end to end).
 
--- name: insert_run
+-- name: create_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0);
 -- does nothing if the run id exists. A relative deadline counts from its creation. A first run
 -- starts its own chain; a successor (continue as new) names its parent and takes the next place
@@ -23,7 +31,7 @@ VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :i
         :chain_index, :parent_run_id)
 ON CONFLICT (run_id) DO NOTHING;
 
--- name: next_runnable
+-- name: claim_next
 -- The oldest run of these workflows ("name", any version, or "name@version") a worker may
 -- take: pending, released, or abandoned by a worker whose lease expired.
 -- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
@@ -50,7 +58,7 @@ SET state = :to_state, error = NULL,
 WHERE run_id = :run_id AND operation_id = :operation_id
   AND (state IN ('dispatching', 'unknown') OR (state = 'applied' AND :to_state = 'accepted'));
 
--- name: resolve_run
+-- name: resolve
 -- The resolved run leaves "blocked": released for any worker (running, no owner), or ended
 -- (cancelled, when abandoned). Compare-and-set on the revision the person looked at.
 UPDATE safepoint_runs
@@ -59,7 +67,7 @@ SET status = :status, error = :error, recovery_record = NULL, owner = NULL,
     event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision AND status = 'blocked';
 
--- name: last_event
+-- name: resolve_last_event
 -- The newest event of a run (a repeated resolution finds its own there).
 SELECT kind, detail FROM safepoint_events WHERE run_id = :run_id
 ORDER BY event_id DESC LIMIT 1;
@@ -175,7 +183,7 @@ UPDATE safepoint_runs
 SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
--- name: upsert_step
+-- name: record_step
 -- Record a step; a re-read of an expired observation replaces the row and keeps its seq
 -- (the worker numbers steps: it alone writes them while its fence holds).
 INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -200,11 +208,11 @@ UPDATE safepoint_runs
 SET lease_expires_at = :lease_expires_at
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
--- name: steps_of_run
+-- name: load_ledger_steps
 -- Every recorded step of a run, in the order they were first recorded.
 SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 
--- name: insert_operation
+-- name: prepare_effect
 -- Prepared intent: payload reference, operation id and effect key become durable together.
 -- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
@@ -228,7 +236,7 @@ SET state = :state, receipt = COALESCE(:receipt, receipt), error = :error, fence
     updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id;
 
--- name: operations_of_run
+-- name: load_ledger_operations
 -- Every effect operation of a run.
 SELECT * FROM safepoint_operations WHERE run_id = :run_id ORDER BY prepared_at, operation_id;
 
@@ -237,7 +245,7 @@ SELECT * FROM safepoint_operations WHERE run_id = :run_id ORDER BY prepared_at, 
 INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
 VALUES (:run_id, :now, :kind, :step_id, :operation_id, :fence, :worker, :detail);
 
--- name: events_of_run
+-- name: events
 -- A run's history, oldest first.
 SELECT * FROM safepoint_events WHERE run_id = :run_id ORDER BY event_id;
 
@@ -251,7 +259,7 @@ ON CONFLICT (digest) DO NOTHING;
 -- The bytes stored under a digest (checked against it by the caller).
 SELECT content FROM safepoint_artifacts WHERE digest = :digest;
 
--- name: adopt_workflow
+-- name: replan_adopt_workflow
 -- Re-plan: the run goes on under this code's version and fingerprint (the old ones stay in the
 -- run.replanned event). Runs after fence_check in the same transaction.
 UPDATE safepoint_runs
@@ -259,7 +267,7 @@ SET workflow_version = :workflow_version, workflow_fingerprint = :workflow_finge
     workflow_manifest = :workflow_manifest
 WHERE run_id = :run_id AND fence = :fence;
 
--- name: abandon_steps
+-- name: replan_abandon_steps
 -- Re-plan: the stale tail — the step at :step_id and every non-effect step recorded after it,
 -- up to :through_seq, but those in :keep (JSON list: a fan-out sibling branch's) — moves into
 -- the history, one step.abandoned event each, with what it had recorded.
@@ -276,7 +284,7 @@ WHERE run_id = :run_id
   AND step_id NOT IN (SELECT value FROM json_each(:keep))
 ORDER BY seq;
 
--- name: delete_abandoned_steps
+-- name: replan_delete_abandoned_steps
 -- The rows abandon_steps just moved into the history.
 DELETE FROM safepoint_steps
 WHERE run_id = :run_id
@@ -284,14 +292,14 @@ WHERE run_id = :run_id
   AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep));
 
--- name: count_events
+-- name: replan_count_events
 -- Events appended in this transaction beyond the one fence_check counted; a re-plan's abandoned
 -- steps moved from the steps into them (:steps rows deleted).
 UPDATE safepoint_runs SET event_count = event_count + :events, step_count = step_count - :steps
 WHERE run_id = :run_id;
 
 
--- name: add_usage
+-- name: record_step_usage
 -- What a model step spent, added to the run's totals in the commit that records the step
 -- (after its fence_check): a restart never resets them, and what was spent stays spent.
 UPDATE safepoint_runs
@@ -299,7 +307,7 @@ SET tokens_spent = tokens_spent + COALESCE(:tokens, 0),
     cost_spent = cost_spent + COALESCE(:cost, 0)
 WHERE run_id = :run_id;
 
--- name: insert_attempt
+-- name: record_attempt
 -- A failed attempt that will be tried again, durable before the back-off (after the
 -- fence_check_new_work of its transaction).
 INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
@@ -307,11 +315,11 @@ INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash
 VALUES (:run_id, :step_id, :attempt, :kind, :name, :input_hash, :error, :retry_at, :fence,
         :now);
 
--- name: attempts_of_run
+-- name: load_ledger_attempts
 -- Every failed attempt of a run's steps, by step and attempt.
 SELECT * FROM safepoint_attempts WHERE run_id = :run_id ORDER BY step_id, attempt;
 
--- name: require_approval
+-- name: await_approval
 -- The approval gate (or prepare): the operation is dispatched only under an approval, and its
 -- target's state was last seen as target_digest. Only an operation still to be dispatched.
 UPDATE safepoint_operations
@@ -326,7 +334,7 @@ RETURNING *;
 SELECT * FROM safepoint_approvals WHERE run_id = :run_id AND operation_id = :operation_id
 ORDER BY rowid;
 
--- name: approvals_of_run
+-- name: approvals
 -- Every approval given in a run, in the order they were given.
 SELECT * FROM safepoint_approvals WHERE run_id = :run_id ORDER BY rowid;
 
@@ -337,7 +345,7 @@ SET status = 'waiting', owner = NULL, lease_expires_at = NULL, waiting_for = :wa
     state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
--- name: dispatch_approved
+-- name: mark_dispatching_approved
 -- Keep the approval that authorized this dispatch on the operation.
 UPDATE safepoint_operations SET approval_id = :approval_id
 WHERE run_id = :run_id AND operation_id = :operation_id;
@@ -346,7 +354,7 @@ WHERE run_id = :run_id AND operation_id = :operation_id;
 -- The operation an effect step prepared.
 SELECT * FROM safepoint_operations WHERE run_id = :run_id AND step_id = :step_id;
 
--- name: insert_approval
+-- name: approve
 -- A person's approval, bound to the payload and target digests it was given for.
 INSERT INTO safepoint_approvals (approval_id, run_id, operation_id, step_id, payload_digest,
                                  target_digest, approved_by, evidence, approved_at, expires_at)
@@ -362,21 +370,21 @@ SET status = CASE WHEN :release THEN 'pending' ELSE status END,
     state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id;
 
--- name: revoke_approvals
+-- name: revoke_approval
 -- A person takes back every approval of one operation still in force: it authorizes nothing
 -- from now on. The rows stay, as evidence of what was authorized and withdrawn.
 UPDATE safepoint_approvals
 SET revoked_at = :now, revoked_by = :revoked_by, revoke_reason = :revoke_reason
 WHERE run_id = :run_id AND operation_id = :operation_id AND revoked_at IS NULL;
 
--- name: revoke_run
+-- name: revoke_approval_run
 -- A revocation moves the run's revision and counts its event; the status stays (the gate
 -- decides whether the run waits).
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id;
 
--- name: reprepare_operation
+-- name: reprepare_effect
 -- A new payload for an operation that never left (prepared: nothing was ever sent, or what was
 -- tried provably never left): same key, new payload and target digests — to be approved anew
 -- where it needs approval. Matches nothing once the operation may have been dispatched.
@@ -392,7 +400,7 @@ SET history_warned_at = :now, event_count = event_count + 1
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
   AND history_warned_at IS NULL;
 
--- name: continue_run
+-- name: continue_as_new
 -- Continue as new: the run ends 'continued', pointing at its successor, and gives up
 -- ownership. Fenced like new work (refused once a cancel is asked for or the deadline passed),
 -- never held to the history limit. Returns the chain the successor joins.
@@ -413,7 +421,7 @@ WHERE chain_id = :chain_id AND operation_id = :operation_id
 ORDER BY prepared_at DESC
 LIMIT 1;
 
--- name: fence_check_steps
+-- name: record_steps
 -- The guard of a batch of steps (pure steps written lazily, with the next step of the run): as
 -- fence_check_new_work for each step of :step_ids (JSON) that is new, in one statement.
 UPDATE safepoint_runs
@@ -433,5 +441,10 @@ RETURNING event_count + step_count AS history, history_soft_limit, history_hard_
           history_warned_at;
 
 -- name: ledger_identity
--- The ledger's id and since when effect keys include it (migration 9), read once on open.
+-- The ledger's id and since when effect keys include it (migration 1), read once on open.
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
+
+-- name: lock_run
+-- One run, for a person's decision about it (an approval, a revocation): BEGIN IMMEDIATE has
+-- locked the whole ledger already, so that it is serialised with the gate and the dispatch.
+SELECT * FROM safepoint_runs WHERE run_id = :run_id;

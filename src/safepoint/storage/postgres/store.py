@@ -2,7 +2,7 @@
 
 Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statements):
 - one small ``psycopg_pool.ConnectionPool`` per store object, every connection checked on
-  checkout without a round trip unless it rested a while (``_pgpool``), so a restarted server
+  checkout without a round trip unless it rested a while (``pool``), so a restarted server
   costs a discarded connection, not a failed operation, and a step costs one round trip;
 - every method is one transaction (a read, or a single fenced write, is one statement in
   autocommit), and every worker write is one statement whose first part is the fence: an
@@ -13,8 +13,9 @@ Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statem
 - idle workers LISTEN on ``safepoint_work``; a run submitted for workers, or released by one,
   NOTIFYs it in the same transaction.
 
-What each operation does is written once, as a plan in ``_postgres.PostgresLedger``, shared with
-``AsyncPostgresStore`` (``postgres_async``); this module is the sync executor of those plans.
+What each operation does is written once, as a plan in ``ledger.PostgresLedger``, shared with
+``AsyncPostgresStore`` (``safepoint.storage.postgres_async``); this module is the sync executor
+of those plans.
 
 The URL is a libpq URL plus two safepoint parameters: ``schema=name`` (tables live in that schema,
 created if missing; tests use it to isolate themselves) and ``durability=power_loss``.
@@ -33,9 +34,9 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from .._rules.history import warn
-from ..errors import StoreError, StoreUnavailable
-from ..types import (
+from ..._rules.history import warn
+from ...errors import StoreError, StoreUnavailable
+from ...types import (
     JSON,
     ApprovalGate,
     ApprovalRecord,
@@ -55,18 +56,12 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
-from ._pgpool import Checkout, Discarded, Resting, connection_lost
-from ._postgres import (
-    DRIVER_ERRORS,
-    LISTEN,
-    ClockEstimate,
-    Plan,
-    PostgresLedger,
-    log,
-    run_plan,
-    unreachable,
-)
-from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, NewRun, Replan, unstorable
+from ..plans import Plan
+from .clock import ClockEstimate
+from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
+from .ledger import PostgresLedger
+from .pool import Checkout, Discarded, Resting, connection_lost
 
 __all__ = ["PostgresStore"]
 
@@ -95,7 +90,7 @@ class PostgresStore:
         with self._connect() as conn:  # fails fast, with libpq's reason, when unreachable
             try:
                 with conn.transaction():
-                    run_plan(conn, ledger.prepare(create=create))
+                    run_plan_on(conn, ledger.prepare(create=create))
             except psycopg.Error as exc:
                 raise ledger.migration_failure(exc) from exc
         self._pool: ConnectionPool[Conn] = ConnectionPool(
@@ -118,14 +113,14 @@ class PostgresStore:
     # -- the executor: connections and transactions --------------------------------------------
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        run_plan(conn, self._ledger.configure())
+        run_plan_on(conn, self._ledger.configure())
         if not conn.autocommit:
             conn.commit()
         self._resting.rested(conn)
 
     def _check(self, conn: Conn) -> None:
         """The pool's check on checkout, a round trip only for a connection that rested long
-        (see ``_pgpool``); raising makes the pool drop the connection and try another."""
+        (see ``pool``); raising makes the pool drop the connection and try another."""
         verdict = self._resting.checkout(conn)
         if verdict is Checkout.DISCARD:
             conn.close()  # closed, so that the pool replaces it instead of keeping it
@@ -169,9 +164,9 @@ class PostgresStore:
             with self._pool.connection() as conn:
                 try:
                     if not atomic:
-                        return run_plan(conn, plan)
+                        return run_plan_on(conn, plan)
                     with conn.transaction():
-                        return run_plan(conn, plan)
+                        return run_plan_on(conn, plan)
                 finally:
                     # Stamped here, not in the pool's reset callback: with one, psycopg_pool
                     # hands every returned connection to a worker thread (~0.1 ms a step).

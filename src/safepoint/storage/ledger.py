@@ -1,0 +1,187 @@
+"""Reading the ledger, written once for every store: runs, a run's whole ledger, its events,
+approvals and artifacts, as plans (``plans``) over the named queries both dialects define
+alike (``get_run``, ``list_runs``, ``load_ledger_*``, ``events``, ``get_artifact`` …), and
+how a JSON value is stored — inline, or as an artifact when it is large.
+
+Rows become records in ``_rows`` (column by column, an unreadable one a ``CorruptRecord``);
+what this module adds is the I/O a record needs — a value kept in an artifact is read, and
+verified against its digest, in the same plan (the same snapshot, where the executor gives
+one) — and the order of the reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps
+from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, RunNotFound
+from ..types import (
+    JSON,
+    ApprovalRecord,
+    EventRecord,
+    Ledger,
+    LedgerIdentity,
+    OperationRecord,
+    Resolution,
+    RunRecord,
+    RunStatus,
+    UnreadableRun,
+)
+from ._rows import (
+    ARTIFACT_ERRORS,
+    NO_VALUES,
+    Unfetched,
+    approval_record,
+    event_record,
+    ledger,
+    listed_run,
+    operation_record,
+    run_record,
+    stored_json,
+)
+from .plans import Plan, Queries, Row, Stmt
+
+
+def stored(value: JSON, inline_limit: int) -> tuple[str | None, str | None, bytes | None]:
+    """A JSON value as it is stored: (text, None, None) inline, or when it is large
+    (None, ref, bytes): the artifact to store it in."""
+    text = dumps(value)
+    if len(text) <= inline_limit:
+        return text, None, None
+    data = text.encode()
+    return None, content_digest(data), data
+
+
+def json_or_none(value: JSON) -> str | None:
+    """A JSON column's text, NULL for None."""
+    return None if value is None else dumps(value)
+
+
+def verified(digest: str, rows: list[Row]) -> bytes:
+    """The artifact's bytes from its row, checked against ``digest``."""
+    if not rows:
+        raise ArtifactMissing(digest)
+    data = bytes(rows[0]["content"])
+    actual = content_digest(data)
+    if actual != digest:
+        raise ArtifactCorrupt(digest, actual)
+    return data
+
+
+def identity(rows: list[Row]) -> LedgerIdentity:
+    """The ledger's identity from its singleton row."""
+    if len(rows) != 1:
+        raise CorruptRecord("safepoint_ledger", "singleton", "the ledger's identity row is"
+                            " missing: it is minted once, by migration 1, and never removed")
+    return LedgerIdentity(str(rows[0]["ledger_id"]), int(rows[0]["keyed_since"]))
+
+
+class LedgerReads:
+    """The reading plans every store runs (see the module docstring). ``snapshot``: the
+    statement that makes ``load_ledger``'s reads one snapshot, where the dialect needs one."""
+
+    def __init__(self, queries: Queries, *, snapshot: str | None = None) -> None:
+        self.q = queries
+        self._snapshot = snapshot
+
+    def get_artifact(self, digest: str) -> Plan[bytes]:
+        return verified(digest, (yield self.q("get_artifact", digest=digest)))
+
+    def artifact_values(self, row: Row, *columns: str,
+                        listing: bool = False) -> Plan[dict[str, Any]]:
+        """The stored JSON of each of these columns kept in an artifact (``<column>_ref``): for
+        a listing, one that cannot be had is a value to show unreadable, not an error."""
+        values: dict[str, Any] = {}
+        for column in columns:
+            ref = row[f"{column}_ref"]
+            if ref is not None:
+                try:
+                    values[column] = yield from self.get_artifact(ref)
+                except ARTIFACT_ERRORS as exc:
+                    if not listing:
+                        raise
+                    values[column] = Unfetched(exc)
+        return values
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def run_row(self, run_id: str, query: str = "get_run") -> Plan[Row]:
+        rows = yield self.q(query, run_id=run_id)
+        if not rows:
+            raise RunNotFound(run_id)
+        return rows[0]
+
+    def run_record(self, row: Row) -> Plan[RunRecord]:
+        return run_record(row, (yield from self.artifact_values(row, "inputs", "result")))
+
+    def listed(self, row: Row) -> Plan[RunRecord | UnreadableRun]:
+        return listed_run(row, (yield from self.artifact_values(row, "inputs", "result",
+                                                                listing=True)))
+
+    def get_run(self, run_id: str) -> Plan[RunRecord]:
+        return (yield from self.run_record((yield from self.run_row(run_id))))
+
+    def find_run(self, run_id: str) -> Plan[RunRecord | UnreadableRun]:
+        return (yield from self.listed((yield from self.run_row(run_id))))
+
+    def list_runs(self, status: RunStatus | None,
+                  limit: int) -> Plan[list[RunRecord | UnreadableRun]]:
+        runs = []
+        rows = yield self.q("list_runs", status=status.value if status else None, limit=limit)
+        for row in rows:
+            runs.append((yield from self.listed(row)))
+        return runs
+
+    def load_ledger(self, run_id: str) -> Plan[Ledger]:
+        if self._snapshot is not None:  # one snapshot of the run, its rows and artifacts
+            yield Stmt(self._snapshot)
+        run_rows = yield self.q("get_run", run_id=run_id)
+        step_rows = yield self.q("load_ledger_steps", run_id=run_id)
+        op_rows = yield self.q("load_ledger_operations", run_id=run_id)
+        attempt_rows = yield self.q("load_ledger_attempts", run_id=run_id)
+        if not run_rows:
+            raise RunNotFound(run_id)
+        run = yield from self.run_record(run_rows[0])
+        steps = []
+        for row in step_rows:  # most results are inline: no generator step for them
+            steps.append((row, NO_VALUES if row["result_ref"] is None
+                          else (yield from self.artifact_values(row, "result"))))
+        return ledger(run, steps, op_rows, attempt_rows)
+
+    def events(self, run_id: str) -> Plan[list[EventRecord]]:
+        return [event_record(row) for row in (yield self.q("events", run_id=run_id))]
+
+    def chain_operation(self, chain_id: str, operation_id: str) -> Plan[OperationRecord | None]:
+        rows = yield self.q("chain_operation", chain_id=chain_id, operation_id=operation_id)
+        return operation_record(rows[0]) if rows else None
+
+    def read_identity(self) -> Plan[LedgerIdentity]:
+        return identity((yield self.q("ledger_identity")))
+
+    def resolved_already(self, run_id: str, resolution: Resolution) -> Plan[bool]:
+        """Whether the run's last event is this very resolution (repeating it is a no-op)."""
+        last = yield self.q("resolve_last_event", run_id=run_id)
+        return (bool(last) and last[0]["kind"] == "run.resolved"
+                and stored_json(last[0]["detail"], "safepoint_events",
+                                f"run_id={run_id}") == resolution.detail())
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def approvals(self, run_id: str) -> Plan[list[ApprovalRecord]]:
+        return [approval_record(row) for row in (yield self.q("approvals", run_id=run_id))]
+
+    def approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
+        rows = yield self.q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
+        return [approval_record(row) for row in rows]
+
+    def step_approvals(self, run_id: str, step_id: str) -> Plan[
+            tuple[RunRecord, OperationRecord | None, list[ApprovalRecord]]]:
+        """The run — its row locked until the transaction ends (``lock_run``), which serialises
+        a person's approval with the gate and the dispatch — the operation its step
+        ``step_id`` prepared, and that one's approvals."""
+        run = yield from self.run_record((yield from self.run_row(run_id, "lock_run")))
+        found = yield self.q("operation_of_step", run_id=run_id, step_id=step_id)
+        op = operation_record(found[0]) if found else None
+        approvals = (yield from self.approvals_of(run_id, op.operation_id)) if op else []
+        return run, op, approvals

@@ -1,0 +1,321 @@
+"""What every plan of the PostgreSQL store stands on: the URL's meaning, how driver errors
+read, opening (the per-connection settings, migrating), and the fenced statement every worker
+write is (``_fenced``; see ``safepoint._rules.fencing``) with the soft limit's warning after it.
+
+The plans are methods of ``PostgresLedger`` (``ledger``), one module per part of the ledger;
+the reading plans are every store's (``safepoint.storage.ledger``). Executors carry them out on
+a psycopg connection: ``run_plan_on`` (sync) and ``run_plan_on_async``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, TypeAlias, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import PoolTimeout
+
+from ..._rules.canonical import dumps
+from ..._rules.fencing import fence_holds, refused_write
+from ..._rules.history import history_warning, warning_due
+from ...errors import (
+    HistoryWarning,
+    InvalidStoreURL,
+    LostOwnership,
+    SafepointError,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
+from ...types import JSON, Claim, Durability, LedgerIdentity, OperationRecord, StepRecord
+from ..base import INLINE_LIMIT
+from ..ledger import LedgerReads, stored
+from ..migrations import Migration, to_apply
+from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
+
+QUERIES = Queries("postgres")
+_q = QUERIES
+_OUR_PARAMETERS = ("schema", "durability")
+LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
+# What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
+# (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
+DRIVER_ERRORS = (PoolTimeout, psycopg.Error, UnicodeError)
+# load_ledger's reads: one snapshot of the run, its rows and their artifacts
+_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
+log = logging.getLogger("safepoint.store")
+
+T = TypeVar("T")
+# What a write that marks an operation dispatching returns: the operation as it now stands,
+# and the soft limit's warning when the write recorded it.
+Dispatched: TypeAlias = tuple[OperationRecord, HistoryWarning | None]
+
+
+def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
+    """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+    def execute(stmt: Stmt) -> list[Row]:
+        cur = conn.execute(stmt.text, stmt.params)
+        return cur.fetchall() if cur.description is not None else []
+    return run_plan(execute, plan)
+
+
+async def run_plan_on_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
+    """``run_plan_on`` for an async connection."""
+    async def execute(stmt: Stmt) -> list[Row]:
+        cur = await conn.execute(stmt.text, stmt.params)
+        rows: list[Row] = await cur.fetchall() if cur.description is not None else []
+        return rows
+    return await run_plan_async(execute, plan)
+
+
+class PostgresBase(LedgerReads):
+    """The URL, the executors' shared plumbing, opening, and the fenced statement. Holds no
+    connection."""
+
+    identity: LedgerIdentity  # read by ``prepare``, when the store opens
+
+    def __init__(self, url: str, *, durability: Durability | str | None = None,
+                 inline_limit: int = INLINE_LIMIT, connect_timeout: float = 5.0) -> None:
+        super().__init__(QUERIES, snapshot=_SNAPSHOT)
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        ours = {name: query.pop(name) for name in _OUR_PARAMETERS if name in query}
+        self.url = redacted(url)
+        chosen = durability or ours.get("durability") or Durability.PROCESS_CRASH
+        try:
+            self.durability = Durability(chosen)
+        except ValueError:
+            raise InvalidStoreURL(self.url, f"unknown durability {chosen!r}; use "
+                                  + " or ".join(d.value for d in Durability)) from None
+        self.schema = ours.get("schema") or None
+        if "schema" in ours and not self.schema:
+            raise InvalidStoreURL(self.url, "schema= needs a schema name")
+        libpq_url = urlunsplit(parts._replace(query=urlencode(query)))
+        try:
+            given = conninfo_to_dict(libpq_url)
+        except psycopg.ProgrammingError as exc:
+            raise InvalidStoreURL(self.url, reason(exc)) from exc
+        defaults: dict[str, str | int] = {"connect_timeout": max(1, round(connect_timeout)),
+                                          "application_name": "safepoint"}
+        self.conninfo = make_conninfo(libpq_url, **{
+            key: value for key, value in defaults.items() if key not in given})
+        self.inline_limit = inline_limit
+        self.pid = os.getpid()
+
+    # -- the executors' shared plumbing --------------------------------------------------------
+
+    def check_process(self) -> None:
+        if os.getpid() != self.pid:
+            raise StoreError("this PostgreSQL store was opened in a parent process; open a new"
+                             " store in the child (connections cannot cross a fork)")
+
+    def failure(self, exc: BaseException, pool_timeout: float, pool_size: int) -> StoreError:
+        """The StoreError for a driver error raised while running a plan (raise it ``from``
+        the original, which is kept as ``__cause__``)."""
+        if isinstance(exc, PoolTimeout):
+            return StoreUnavailable(
+                f"no usable connection to the store at {self.url} within {pool_timeout:g}s"
+                f" ({reason(exc)}): the server is down or unreachable, or every one of the"
+                f" {pool_size} pooled connections stayed busy; try again once it is back (or"
+                " open the store with more connections)", url=self.url)
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreUnavailable(
+                f"the connection to the store at {self.url} broke during the operation"
+                f" ({reason(exc)}); it may or may not have committed — try again once the"
+                " server is reachable (the ledger tells which)", url=self.url)
+        return StoreError(f"the store refused the operation: {reason(exc)}", url=self.url)
+
+    def connect_failure(self, exc: psycopg.Error) -> SafepointError:
+        """The error for a connection outside the pool that could not be opened."""
+        if isinstance(exc, psycopg.OperationalError):
+            return unreachable(self.url, exc)
+        return InvalidStoreURL(self.url, reason(exc))
+
+    def setup_failure(self, exc: psycopg.Error) -> StoreError:
+        return StoreError(f"cannot prepare a connection to {self.url}: {reason(exc)}",
+                          url=self.url)
+
+    def migration_failure(self, exc: psycopg.Error) -> StoreError:
+        return StoreError(
+            f"cannot migrate the store at {self.url}: {reason(exc)}; check that the schema"
+            " exists (or name it with ?schema=, which is created for you) and that this user"
+            " may create tables in it, or run `safepoint migrate` as a user who can",
+            url=self.url)
+
+    # -- connections and migrations ------------------------------------------------------------
+
+    def configure(self) -> Plan[None]:
+        """Per-connection settings: the schema, and the stated durability. (The executor
+        commits them unless the connection is in autocommit.)"""
+        if self.schema:
+            yield Stmt(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if self.durability is Durability.POWER_LOSS:
+            yield _q("power_loss_durability")
+
+    def prepare(self, *, create: bool = True) -> Plan[None]:
+        """On open, in one transaction on a connection of its own: migrate, and warn when the
+        server cannot keep the stated durability. ``create=False``: a schema that holds no
+        ledger is refused (``UsageError``) instead of being made one — for tools that look."""
+        # The common case — up to date — takes no lock and runs no DDL. Otherwise queue on the
+        # advisory lock and look again: in READ COMMITTED each statement sees what concurrent
+        # openers committed while this one waited.
+        pending = yield from self._to_apply()
+        if pending and pending[0].version == 1 and not create:
+            where = f"schema {self.schema!r}" if self.schema else "database"
+            raise UsageError(f"no ledger at {self.url}: the {where} holds no safepoint ledger;"
+                             " check --store (or SAFEPOINT_URL), or create a ledger there with"
+                             " `safepoint migrate`", url=self.url)
+        if pending:
+            yield _q("migration_lock")
+            if self.schema:
+                yield Stmt(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
+                    sql.Identifier(self.schema)))
+            yield _q("create_version_table")
+            for migration in (yield from self._to_apply()):
+                yield Stmt(migration.sql)
+                yield _q("record_migration", version=migration.version, name=migration.name,
+                         checksum=migration.checksum)
+        self.identity = yield from self.read_identity()
+        if self.durability is Durability.POWER_LOSS:
+            fsync = yield Stmt("SHOW fsync")
+            if fsync and fsync[0]["fsync"] != "on":
+                log.warning("durability=power_loss asked, but the server runs with"
+                            " fsync=off: commits will not survive a power loss")
+
+    @staticmethod
+    def _to_apply() -> Plan[list[Migration]]:
+        found = yield _q("version_table_exists")
+        applied = (yield _q("applied_migrations")) if found and found[0]["found"] else []
+        return to_apply("postgres", [(r["version"], r["name"], r["checksum"]) for r in applied])
+
+    def schema_version(self) -> Plan[int]:
+        rows = yield _q("schema_version")
+        return int(rows[0]["version"])
+
+    def now(self) -> Plan[int]:
+        rows = yield _q("now")
+        return int(rows[0]["now"])
+
+    # -- what the writes share -----------------------------------------------------------------
+
+    @staticmethod
+    def _put_artifact(ref: str, data: bytes) -> Plan[None]:
+        """Store ``data`` under ``ref``, its digest as the caller computed or checked it."""
+        yield _q("insert_artifact", digest=ref, size=len(data), content=data)
+
+    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+        text, ref, data = stored(value, self.inline_limit)
+        if ref is not None and data is not None:
+            yield from self._put_artifact(ref, data)
+        return text, ref
+
+    @staticmethod
+    def _step_params(step: StepRecord | None, result: str | None,
+                     result_ref: str | None) -> dict[str, Any]:
+        """A step's columns as statement parameters, its result stored as ``result`` (inline)
+        or ``result_ref`` (an artifact)."""
+        if step is None:
+            return dict.fromkeys(_STEP_PARAMS)
+        return {
+            "step_id": step.step_id, "seq": step.seq, "kind": step.kind.value, "name": step.name,
+            "input_hash": step.input_hash, "step_status": step.status.value, "result": result,
+            "result_ref": result_ref,
+            "step_error": None if step.error is None else dumps(step.error),
+            "next_step_id": step.next_step_id, "attempt": step.attempt,
+            "model_id": step.model_id, "prompt_hash": step.prompt_hash,
+            "observed_at": step.observed_at, "step_operation_id": step.operation_id,
+            "tokens": step.tokens, "cost": step.cost}
+
+    @staticmethod
+    def _fenced(claim: Claim, query: str, /, *, new_work: bool = True, limited: bool = False,
+                needs_operation: bool = False, **params: Any) -> Plan[Row]:
+        """Run a fenced statement: its one row. When it matched nothing, why, from the run as
+        it now stands (``refused_write``): while the fence holds, ``Cancelled`` or
+        ``DeadlineExceeded`` for ``new_work``, ``HistoryLimitReached`` for a write held to the
+        history limit (``limited``); else ``LostOwnership``. A statement that writes only with
+        its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
+        when nothing else explains it: the caller says what the operation lacked."""
+        rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
+                        worker=claim.owner, **params)
+        if rows:
+            return rows[0]
+        state = yield _q("fence_state", run_id=claim.run_id,
+                         operation_id=params["operation_id"] if needs_operation else None)
+        row = state[0] if state else {}
+        refused = refused_write(claim, row.get("fence"), row.get("status"),
+                                row.get("cancel_requested_at"), row.get("deadline_at"),
+                                row.get("now"), new_work=new_work, limited=limited,
+                                history=row.get("history"),
+                                hard_limit=row.get("history_hard_limit"))
+        if (needs_operation and isinstance(refused, LostOwnership)
+                and fence_holds(claim, row.get("fence"), row.get("status"))):
+            raise _Unfit(bool(row["approval_required"]))
+        raise refused
+
+    @staticmethod
+    def _history_warning(claim: Claim, row: Row) -> Plan[HistoryWarning | None]:
+        """After a fenced write (in its transaction, or in autocommit just after it, fenced
+        like it): record the soft limit's warning once it falls due, and return it, for the
+        executor to issue once the write committed."""
+        if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
+            return None
+        warned = yield _q("record_history_warning", run_id=claim.run_id, fence=claim.fence,
+                          worker=claim.owner)
+        if not warned:
+            return None
+        return history_warning(claim.run_id, warned[0]["history"],
+                               warned[0]["history_soft_limit"], warned[0]["history_hard_limit"])
+
+
+class _Unfit(Exception):
+    """A fenced statement that writes only with its operation matched nothing because of the
+    operation (the fence holds): the run has none by that id, or not as the statement needs
+    it; ``gated``: the operation needs approval."""
+
+    def __init__(self, gated: bool) -> None:
+        super().__init__(gated)
+        self.gated = gated
+
+
+def not_dispatchable(claim: Claim, operation_id: str) -> StoreError:
+    return StoreError(f"operation {operation_id!r} is not in a dispatchable state",
+                      run_id=claim.run_id, operation_id=operation_id)
+
+
+
+_STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",
+                "result_ref", "step_error", "next_step_id", "attempt", "model_id",
+                "prompt_hash", "observed_at", "step_operation_id", "tokens", "cost")
+
+
+def _claim(row: Row, owner: str, lease_ms: int) -> Claim:
+    return Claim(row["run_id"], owner, row["fence"], row["state_revision"],
+                 row["lease_expires_at"], lease_ms)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, for messages and ``store.url``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def reason(exc: BaseException) -> str:
+    """A driver message on one line (libpq's span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def unreachable(url: str, exc: BaseException) -> StoreError:
+    why = reason(exc)
+    return StoreUnavailable(
+        f"cannot reach the PostgreSQL store at {url}: {why}; check that the server is"
+        " running and that the URL (SAFEPOINT_URL) names the right host, port, database and"
+        " user", url=url, reason=why)
+

@@ -1,0 +1,34 @@
+"""The PostgreSQL store's logic, written once for the sync and the async store.
+
+What each store operation does — which named queries (``sql/postgres/queries.sql``), with which
+parameters, how rows become records, when to raise ``LostOwnership`` or ``StoreError`` — is a
+plan (``safepoint.storage.plans``): a generator method of ``PostgresLedger`` that yields
+statements and is sent back each one's rows. A plan performs no I/O, so it cannot block or
+await; an executor carries it out in one transaction:
+
+- ``PostgresStore`` (``store``): a ``psycopg_pool.ConnectionPool`` connection,
+  ``with conn.transaction()``, and ``connection.run_plan_on``;
+- ``AsyncPostgresStore`` (``safepoint.storage.postgres_async``): an ``AsyncConnectionPool``
+  connection, ``async with conn.transaction()``, and ``connection.run_plan_on_async``.
+
+Both translate driver errors with ``PostgresBase.failure`` (the original kept as
+``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
+The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
+``history``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+"""
+
+from __future__ import annotations
+
+from .approvals import PostgresApprovals
+from .effects import PostgresEffects
+from .history import PostgresHistory
+from .runs import PostgresRuns
+from .steps import PostgresSteps
+
+__all__ = ["PostgresLedger"]
+
+
+class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals,
+                     PostgresHistory):
+    """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
+    operation (see the module docstring). Holds no connection."""

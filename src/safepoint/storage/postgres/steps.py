@@ -1,0 +1,43 @@
+"""The PostgreSQL store's steps: recorded one by one or in a batch (one statement, its
+large results inserted past the fence), failed attempts, and the heartbeat's lease."""
+
+from __future__ import annotations
+
+from ..._rules.canonical import dumps
+from ...errors import HistoryWarning
+from ...types import AttemptRecord, Claim, StepRecord
+from ..ledger import stored
+from ..plans import Plan
+from .connection import PostgresBase
+
+
+class PostgresSteps(PostgresBase):
+    """The PostgreSQL store's steps: recorded one by one or in a batch (one statement, its."""
+
+    def record_step(self, claim: Claim, step: StepRecord) -> Plan[HistoryWarning | None]:
+        return (yield from self.record_steps(claim, [step]))
+
+    def record_steps(self, claim: Claim,
+                     steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
+        if not steps:
+            return None
+        batch, refs, contents = [], [], []
+        for step in steps:
+            result, result_ref, data = stored(step.result, self.inline_limit)
+            if data is not None:  # inserted by the statement itself, past its fence
+                refs.append(result_ref)
+                contents.append(data)
+            batch.append(self._step_params(step, result, result_ref))
+        row = yield from self._fenced(claim, "record_steps", limited=True,
+                                      steps=dumps(batch), artifact_refs=refs,
+                                      artifact_contents=contents)
+        return (yield from self._history_warning(claim, row))
+
+    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:
+        yield from self._fenced(
+            claim, "record_attempt", step_id=attempt.step_id, attempt=attempt.attempt,
+            kind=attempt.kind.value, name=attempt.name, input_hash=attempt.input_hash,
+            error=dumps(attempt.error), retry_at=attempt.retry_at)
+
+    def renew_lease(self, claim: Claim) -> Plan[None]:
+        yield from self._fenced(claim, "renew_lease")

@@ -1,0 +1,218 @@
+-- safepoint ledger, SQLite dialect: the whole schema as the migrations leave it.
+--
+-- Read this file to learn the ledger; migrations/ holds how a database gets here (numbered,
+-- checksummed, never edited once released). A test applies every migration to an empty
+-- database and compares the result with this file (tests/conformance/test_schema.py): a
+-- migration that drifts from it, or a change made here and in no migration, fails it. The
+-- table of applied migrations (safepoint_schema_version) belongs to the migration machinery
+-- and is left out; so is the ledger's identity row, which migration 1 mints.
+--
+-- The data model: a RUN is one execution of a workflow with fixed inputs. It is owned by at most
+-- one worker at a time; the owner holds a LEASE (lease_expires_at, the store's clock) and a FENCE
+-- token that grows on every claim, and every ledger write names the fence it believes in, so a
+-- stale worker's write matches no row (safepoint/_rules/fencing.py tells the whole story). A
+-- run's STEPS are its recorded observations (pure results, reads, model responses, decisions,
+-- recorded clock and random values), keyed by a stable step id. An effect step is also an
+-- OPERATION: the row that walks the dispatch protocol prepared -> dispatching ->
+-- applied/rejected/unknown -> accepted, with its idempotency key (effect_key) minted once and its
+-- payload stored as an ARTIFACT (content-addressed bytes whose sha256 is checked on every read).
+-- EVENTS is the append-only log of transitions: what happened, when, by which worker under which
+-- fence. ATTEMPTS are the failed tries of a step that is tried again; APPROVALS are a person's
+-- word that an effect may be dispatched; the LEDGER row is this ledger's identity.
+--
+-- Times are integer epoch milliseconds. JSON values are stored as text; values larger than the
+-- inline limit are stored as artifacts and referenced by digest (*_ref columns). NULL in an
+-- optional column means "none" (no limit, no deadline, not revoked …).
+
+CREATE TABLE safepoint_runs (
+    run_id               TEXT    PRIMARY KEY,
+    workflow             TEXT    NOT NULL,
+    workflow_version     TEXT    NOT NULL,
+    -- waiting: for a person's approval (released, not claimable by workers);
+    -- continued: ended by continue-as-new, pointing at its successor
+    status               TEXT    NOT NULL
+                         CHECK (status IN ('pending', 'running', 'completed', 'failed',
+                                           'blocked', 'cancelled', 'waiting', 'continued')),
+    input_hash           TEXT    NOT NULL,
+    inputs               TEXT,
+    inputs_ref           TEXT,
+    state_revision       INTEGER NOT NULL DEFAULT 0,
+    owner                TEXT,
+    lease_expires_at     INTEGER,
+    fence                INTEGER NOT NULL DEFAULT 0,
+    resume_count         INTEGER NOT NULL DEFAULT 0,
+    event_count          INTEGER NOT NULL DEFAULT 0,
+    result               TEXT,
+    result_ref           TEXT,
+    error                TEXT,
+    recovery_record      TEXT,
+    created_at           INTEGER NOT NULL,
+    updated_at           INTEGER NOT NULL,
+    -- takeovers allowed before the run fails with BudgetExhausted
+    resume_budget        INTEGER,
+    -- when someone asked the run to stop: from then on its worker settles what is in flight
+    -- (outcomes, reconciliation) but starts nothing new
+    cancel_requested_at  INTEGER,
+    -- what the code that started the run was built from, beyond its version: a digest over
+    -- its tool schemas, model ids and prompt hashes, and those parts (JSON), so that a
+    -- refusal can say which part changed
+    workflow_fingerprint TEXT,
+    workflow_manifest    TEXT,
+    -- limits that survive restarts: past deadline_at no new step or dispatch starts; what the
+    -- model steps spent is added up in the commit that records each; step_attempts is the
+    -- run's default Retry policy (JSON)
+    deadline_at          INTEGER,
+    token_budget         INTEGER,
+    cost_budget          REAL,
+    tokens_spent         INTEGER NOT NULL DEFAULT 0,
+    cost_spent           REAL    NOT NULL DEFAULT 0,
+    step_attempts        TEXT,
+    -- what a waiting run waits for (JSON)
+    waiting_for          TEXT,
+    -- HISTORY: the run's events plus its steps, counted exactly by the statements that append
+    -- them. Crossing the soft limit records one run.history_warning (at history_warned_at); a
+    -- write that would start something new past the hard limit is refused
+    step_count           INTEGER NOT NULL DEFAULT 0,
+    history_soft_limit   INTEGER,
+    history_hard_limit   INTEGER,
+    history_warned_at    INTEGER,
+    -- CHAIN: every run of a continue-as-new chain names the chain's first run and its place in
+    -- it (0 for the first); a successor names its parent, a continued run its successor.
+    -- Nothing of a parent's history is copied
+    chain_id             TEXT,
+    chain_index          INTEGER NOT NULL DEFAULT 0,
+    parent_run_id        TEXT,
+    successor_run_id     TEXT
+);
+
+CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
+
+-- The runs of a chain, in order: following a chain, and its next run's place.
+CREATE INDEX safepoint_runs_chain ON safepoint_runs (chain_id, chain_index);
+
+CREATE TABLE safepoint_steps (
+    run_id        TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
+    step_id       TEXT    NOT NULL,
+    seq           INTEGER NOT NULL,         -- order of first record within the run
+    kind          TEXT    NOT NULL
+                  CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value')),
+    name          TEXT    NOT NULL,
+    input_hash    TEXT    NOT NULL,
+    status        TEXT    NOT NULL DEFAULT 'completed'
+                  CHECK (status IN ('completed', 'failed')),
+    result        TEXT,
+    result_ref    TEXT,
+    error         TEXT,                     -- a failed step: its error type and message
+    next_step_id  TEXT,                     -- decision steps: the planner's choice
+    attempt       INTEGER NOT NULL DEFAULT 1,
+    model_id      TEXT,                     -- model steps
+    prompt_hash   TEXT,                     -- model steps
+    observed_at   INTEGER,                  -- read steps: when the observation was made
+    operation_id  TEXT,                     -- effect steps
+    fence         INTEGER NOT NULL,
+    recorded_at   INTEGER NOT NULL,
+    tokens        INTEGER,                  -- model steps: the usage they reported
+    cost          REAL,
+    PRIMARY KEY (run_id, step_id)
+) WITHOUT ROWID;
+
+CREATE TABLE safepoint_operations (
+    run_id               TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
+    operation_id         TEXT    NOT NULL,
+    step_id              TEXT    NOT NULL,
+    effect               TEXT    NOT NULL,
+    state                TEXT    NOT NULL
+                         CHECK (state IN ('prepared', 'dispatching', 'applied', 'rejected',
+                                          'unknown', 'accepted')),
+    payload_ref          TEXT    NOT NULL,  -- artifact digest of the canonical payload
+    effect_key           TEXT    NOT NULL,  -- minted once at prepare, never again
+    dispatch_count       INTEGER NOT NULL DEFAULT 0,
+    first_dispatched_at  INTEGER,           -- bounds re-dispatch by the owner's dedup retention
+    receipt              TEXT,
+    error                TEXT,              -- evidence of a rejection or an unknown outcome
+    fence                INTEGER NOT NULL,
+    prepared_at          INTEGER NOT NULL,
+    updated_at           INTEGER NOT NULL,
+    -- dispatched only under an approval; the target's state as last read at the gate; the
+    -- approval that authorized the latest dispatch
+    approval_required    INTEGER NOT NULL DEFAULT 0,
+    target_digest        TEXT,
+    approval_id          TEXT,
+    -- the run's chain: a successor finds an operation an earlier run settled by
+    -- (chain_id, operation_id)
+    chain_id             TEXT,
+    PRIMARY KEY (run_id, operation_id)
+) WITHOUT ROWID;
+
+-- An effect step of a successor looks its operation id up in the runs before it: one probe.
+CREATE INDEX safepoint_operations_chain ON safepoint_operations (chain_id, operation_id);
+
+CREATE TABLE safepoint_events (
+    event_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id        TEXT    NOT NULL,
+    at            INTEGER NOT NULL,
+    kind          TEXT    NOT NULL,
+    step_id       TEXT,
+    operation_id  TEXT,
+    fence         INTEGER,
+    worker        TEXT,
+    detail        TEXT
+);
+
+CREATE INDEX safepoint_events_run ON safepoint_events (run_id, event_id);
+
+CREATE TABLE safepoint_artifacts (
+    digest      TEXT    PRIMARY KEY,        -- 'sha256:<hex>' of content
+    size        INTEGER NOT NULL,
+    content     BLOB    NOT NULL,
+    created_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Each failed attempt of a read or model step that is tried again, recorded before the back-off
+-- (with the instant the next attempt may start), so that a restart continues the count and
+-- waits out the rest. Kept after the step succeeds or fails for good: its history.
+CREATE TABLE safepoint_attempts (
+    run_id      TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
+    step_id     TEXT    NOT NULL,
+    attempt     INTEGER NOT NULL,           -- counts every call of the step's function
+    kind        TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    input_hash  TEXT    NOT NULL,
+    error       TEXT    NOT NULL,           -- the failure's type and message
+    retry_at    INTEGER NOT NULL,           -- the next attempt starts no earlier
+    fence       INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, step_id, attempt)
+) WITHOUT ROWID;
+
+-- An APPROVAL is bound to its operation's payload digest and target digest, may expire, and
+-- authorizes a dispatch only while all three still hold. A person may revoke it before the
+-- dispatch: the row stays (evidence of what was authorized, by whom), marked revoked (when, by
+-- whom, why), and authorizes nothing. Rowid order is the order they were given in.
+CREATE TABLE safepoint_approvals (
+    approval_id     TEXT    PRIMARY KEY,
+    run_id          TEXT    NOT NULL,
+    operation_id    TEXT    NOT NULL,
+    step_id         TEXT    NOT NULL,
+    payload_digest  TEXT    NOT NULL,   -- the payload approved ('sha256:<hex>')
+    target_digest   TEXT,               -- the target's state approved; NULL: no target state
+    approved_by     TEXT    NOT NULL,
+    evidence        TEXT,
+    approved_at     INTEGER NOT NULL,
+    expires_at      INTEGER,            -- NULL: does not expire
+    revoked_at      INTEGER,
+    revoked_by      TEXT,
+    revoke_reason   TEXT,
+    FOREIGN KEY (run_id, operation_id) REFERENCES safepoint_operations (run_id, operation_id)
+);
+
+CREATE INDEX safepoint_approvals_operation ON safepoint_approvals (run_id, operation_id);
+
+-- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
+-- it, so that two ledgers (dev and prod, two tenants, a file deleted and created again) never
+-- send one key to one owner even for the same run ids. KEYED_SINCE is when it was minted.
+CREATE TABLE safepoint_ledger (
+    singleton    INTEGER PRIMARY KEY CHECK (singleton = 1),
+    ledger_id    TEXT    NOT NULL,
+    keyed_since  INTEGER NOT NULL
+);

@@ -1,0 +1,21 @@
+"""The embedded store: one SQLite file in WAL mode, shared safely by many processes.
+
+The store is one class made of the parts of the ledger it writes, each a module of this
+package: ``connection`` (connections, transactions, migrations, and the fence every worker
+write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
+``approvals`` and ``history``. What it reads, it reads as every store does
+(``safepoint.storage.ledger``).
+"""
+
+from __future__ import annotations
+
+from .approvals import SqliteApprovals
+from .effects import SqliteEffects
+from .history import SqliteHistory
+
+__all__ = ["SqliteStore"]
+
+
+class SqliteStore(SqliteHistory, SqliteEffects, SqliteApprovals):
+    """The ledger in one SQLite file (or in memory, for fast unit tests)."""
+

@@ -1,0 +1,280 @@
+"""Each dialect's ``schema.sql`` is exactly what applying every migration leaves (compared as a
+normalised dump of the catalog: tables, columns, constraints, indexes, functions), so that a
+migration that drifts from it — or a change made there and in no migration — fails here; and a
+ledger made by the builds from before the migrations were squashed is refused, saying what to
+do, with nothing changed."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import safepoint as sp
+from safepoint.errors import MigrationMismatch
+from safepoint.storage.migrations import load_migrations
+from safepoint.storage.sqlite.connection import _split_statements
+
+
+def _schema_sql(dialect: str) -> str:
+    return (resources.files("safepoint.storage") / "sql" / dialect / "schema.sql").read_text()
+
+
+# -- SQLite: sqlite_master and the pragmas --------------------------------------------------------
+
+
+def _folded(sql: str) -> str:
+    return " ".join(re.sub(r"--[^\n]*", "", sql).split())
+
+
+def _checks(sql: str) -> list[str]:
+    """The CHECK constraints of a CREATE TABLE (no pragma lists them), white space folded."""
+    text, found, at = _folded(sql), [], 0
+    while match := re.compile(r"\bCHECK\s*\(", re.IGNORECASE).search(text, at):
+        depth, end = 0, match.end() - 1
+        for end in range(match.end() - 1, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        found.append(re.sub(r"\(\s+|\s+\)", lambda m: m.group().strip(), text[match.end():end]))
+        at = end
+    return sorted(found)
+
+
+def sqlite_dump(conn: sqlite3.Connection) -> dict[str, Any]:
+    dump: dict[str, Any] = {}
+    for kind, name, table, sql in conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            " AND name <> 'safepoint_schema_version' ORDER BY name").fetchall():
+        entry: dict[str, Any] = {"type": kind, "table": table}
+        if kind == "table":
+            upper = _folded(sql).upper()
+            entry.update(
+                columns=[tuple(r)[1:] for r in conn.execute(f"PRAGMA table_xinfo({name})")],
+                foreign_keys=sorted(tuple(r)[2:] for r in conn.execute(
+                    f"PRAGMA foreign_key_list({name})")),
+                checks=_checks(sql), without_rowid="WITHOUT ROWID" in upper,
+                autoincrement="AUTOINCREMENT" in upper)
+        elif kind == "index":
+            entry.update(columns=[tuple(r)[1:] for r in conn.execute(
+                f"PRAGMA index_xinfo({name})")], sql=_folded(sql) if sql else None)
+        else:
+            entry["sql"] = _folded(sql)
+        dump[name] = entry
+    return dump
+
+
+def _sqlite_from_schema(path: Path, text: str) -> dict[str, Any]:
+    conn = sqlite3.connect(path)
+    try:
+        for statement in _split_statements(text):
+            conn.execute(statement)
+        return sqlite_dump(conn)
+    finally:
+        conn.close()
+
+
+def test_the_sqlite_migrations_leave_exactly_schema_sql(tmp_path: Path) -> None:
+    sp.open_store(f"sqlite:///{tmp_path / 'migrated.db'}").close()
+    conn = sqlite3.connect(tmp_path / "migrated.db")
+    try:
+        migrated = sqlite_dump(conn)
+    finally:
+        conn.close()
+    assert migrated == _sqlite_from_schema(tmp_path / "schema.db", _schema_sql("sqlite"))
+    assert {"safepoint_runs", "safepoint_steps", "safepoint_operations", "safepoint_events",
+            "safepoint_artifacts", "safepoint_attempts", "safepoint_approvals",
+            "safepoint_ledger"} <= set(migrated)
+
+
+def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
+    """The dump is fine enough to fail a drift: a column, a default, a CHECK, an index."""
+    text = _schema_sql("sqlite")
+    base = _sqlite_from_schema(tmp_path / "base.db", text)
+    drifts = [
+        text.replace("    successor_run_id     TEXT\n", "    successor_run_id     INTEGER\n"),
+        text.replace("attempt       INTEGER NOT NULL DEFAULT 1", "attempt INTEGER NOT NULL"),
+        text.replace("'waiting', 'continued'", "'waiting'"),
+        text.replace("ON safepoint_runs (status, updated_at)", "ON safepoint_runs (status)"),
+    ]
+    for number, drifted in enumerate(drifts):
+        assert drifted != text
+        assert _sqlite_from_schema(tmp_path / f"drift{number}.db", drifted) != base, number
+
+
+# -- PostgreSQL: the catalog, through information_schema, pg_constraint, pg_indexes, pg_proc ----
+
+_PG_DUMP = {
+    "columns": "SELECT table_name, column_name, ordinal_position, data_type, is_nullable,"
+               " column_default, is_identity, identity_generation"
+               " FROM information_schema.columns"
+               " WHERE table_schema = %(s)s AND table_name <> 'safepoint_schema_version'"
+               " ORDER BY table_name, ordinal_position",
+    "constraints": "SELECT c.relname, k.conname, k.contype,"
+                   " replace(pg_get_constraintdef(k.oid), %(s)s || '.', '')"
+                   " FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+                   " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                   " WHERE n.nspname = %(s)s AND c.relname <> 'safepoint_schema_version'"
+                   " ORDER BY 1, 2",
+    "indexes": "SELECT tablename, indexname, replace(indexdef, %(s)s || '.', '')"
+               " FROM pg_indexes WHERE schemaname = %(s)s"
+               " AND tablename <> 'safepoint_schema_version' ORDER BY 1, 2",
+    "functions": "SELECT p.proname, replace(pg_get_functiondef(p.oid), %(s)s || '.', '')"
+                 " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+                 " WHERE n.nspname = %(s)s ORDER BY 1",
+}
+
+
+def postgres_dump(conn: Any, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    return {part: [tuple(row) for row in conn.execute(query, {"s": schema}).fetchall()]
+            for part, query in _PG_DUMP.items()}
+
+
+@pytest.fixture
+def pg_admin(pg_url: str) -> Iterator[Any]:
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        yield conn
+
+
+def _pg_schema(conn: Any, text: str | None = None) -> str:
+    """A new schema of this test's own — with ``text`` executed in it."""
+    from psycopg import sql
+
+    name = f"schema_{uuid.uuid4().hex[:12]}"
+    conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    if text is not None:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(name)))
+        conn.execute(text)
+        conn.execute("RESET search_path")
+    return name
+
+
+def _drop(conn: Any, *schemas: str) -> None:
+    from psycopg import sql
+
+    for name in schemas:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(name)))
+
+
+def test_the_postgres_migrations_leave_exactly_schema_sql(pg_url: str, pg_admin: Any) -> None:
+    migrated = f"migrated_{uuid.uuid4().hex[:12]}"
+    sp.open_store(f"{pg_url}?schema={migrated}").close()
+    described = _pg_schema(pg_admin, _schema_sql("postgres"))
+    try:
+        dump = postgres_dump(pg_admin, migrated)
+        assert dump == postgres_dump(pg_admin, described)
+        assert {row[0] for row in dump["columns"]} >= {"safepoint_runs", "safepoint_ledger"}
+    finally:
+        _drop(pg_admin, migrated, described)
+
+
+def test_the_postgres_comparison_sees_a_drift(pg_admin: Any) -> None:
+    text = _schema_sql("postgres")
+    base = _pg_schema(pg_admin, text)
+    drifts = [
+        text.replace("    successor_run_id     TEXT\n", "    successor_run_id     BIGINT\n"),
+        text.replace("'waiting', 'continued'", "'waiting'"),
+        text.replace("    WHERE status IN ('pending', 'running');", ";"),
+        text.replace("extract(epoch FROM clock_timestamp())", "extract(epoch FROM now())"),
+    ]
+    made = []
+    try:
+        for drifted in drifts:
+            assert drifted != text
+            made.append(_pg_schema(pg_admin, drifted))
+            assert postgres_dump(pg_admin, made[-1]) != postgres_dump(pg_admin, base)
+    finally:
+        _drop(pg_admin, base, *made)
+
+
+# -- a ledger of the builds before 0.1.0 --------------------------------------------------------
+
+# What those builds recorded: nine migrations (their checksums do not matter: any one of these
+# names says where the ledger comes from).
+_BEFORE_RELEASE = [(1, "0001_initial.sql"), (2, "0002_resume_budget.sql"),
+                   (3, "0003_cancellation.sql"), (4, "0004_workflow_fingerprint.sql"),
+                   (5, "0005_limits.sql"), (6, "0006_approvals.sql"), (7, "0007_history.sql"),
+                   (8, "0008_approval_revocation.sql"), (9, "0009_ledger_identity.sql")]
+
+
+def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
+        tmp_path: Path) -> None:
+    path = tmp_path / "dev.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+                     " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+        conn.executemany("INSERT INTO safepoint_schema_version VALUES (?, ?, 'then', 0)",
+                         _BEFORE_RELEASE)
+    for _ in range(2):  # and again: nothing was changed by the first refusal
+        with pytest.raises(MigrationMismatch) as error:
+            sp.open_store(f"sqlite:///{path}")
+        assert error.value.version == 1
+        assert "before safepoint 0.1.0" in str(error.value)
+        assert "move the file aside" in error.value.fix
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall() \
+            == [("safepoint_schema_version",)]
+        assert conn.execute("SELECT count(*) FROM safepoint_schema_version").fetchone() == (9,)
+
+
+def test_a_postgres_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
+        pg_url: str, pg_admin: Any) -> None:
+    from psycopg import sql
+
+    schema = _pg_schema(pg_admin)
+    table = sql.SQL("{}.safepoint_schema_version").format(sql.Identifier(schema))
+    pg_admin.execute(sql.SQL("CREATE TABLE {} (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                             " checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)").format(table))
+    for version, name in _BEFORE_RELEASE:
+        pg_admin.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 'then', 0)").format(table),
+                         (version, name))
+    try:
+        with pytest.raises(MigrationMismatch) as error:
+            sp.open_store(f"{pg_url}?schema={schema}")
+        assert error.value.version == 1
+        assert "before safepoint 0.1.0" in str(error.value)
+        assert "DROP SCHEMA" in error.value.fix
+        assert pg_admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() \
+            == (9,)
+        tables = pg_admin.execute("SELECT count(*) FROM information_schema.tables"
+                                  " WHERE table_schema = %s", (schema,)).fetchone()
+        assert tables == (1,)
+    finally:
+        _drop(pg_admin, schema)
+
+
+def test_a_migration_that_ships_is_numbered_and_read_as_written() -> None:
+    for dialect in ("sqlite", "postgres"):
+        shipped = load_migrations(dialect)
+        assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
+        assert shipped[0].name == "0001_initial.sql"
+        assert all(len(m.checksum) == 64 for m in shipped)
+
+
+def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
+    """Queries are named after the store methods that run them: each dialect's queries.sql
+    holds exactly the names its store (and the reading plans both share) asks for."""
+    from safepoint.storage.plans import load_queries
+
+    storage = Path(sp.__file__).parent / "storage"
+
+    def asked(*paths: Path) -> set[str]:  # SQL["name"], _q("name", …), self.q("name", …)
+        pattern = re.compile(r'(?:SQL\[|_q\(|self\.q\()\s*"([a-z_]+)"')
+        return {name for path in paths for name in pattern.findall(path.read_text())}
+
+    def mentioned(*paths: Path) -> set[str]:  # any name in quotes (a fenced statement's, …)
+        return {name for path in paths for name in re.findall(r'"([a-z_]+)"', path.read_text())}
+
+    for dialect in ("sqlite", "postgres"):
+        named = set(load_queries(dialect))
+        code = [storage / "ledger.py", *sorted((storage / dialect).glob("*.py"))]
+        assert asked(*code) - named == set(), f"{dialect}: asked for but not in queries.sql"
+        assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"
