@@ -165,9 +165,9 @@ def test_unregistered_workflow_is_a_clear_error(file_store: sp.Store, crash_at: 
     with pytest.raises(SimulatedCrash):
         sp.start(file_store, flow, run_id="r", lease_ms=0)
     crash_at(None)
-    from safepoint._engine import workflow as _workflow
+    from safepoint._engine import registry as _registry
 
-    del _workflow._registry["soon-gone"]
+    del _registry._registry["soon-gone"]
     with pytest.raises(sp.WorkflowNotFound, match="--import"):
         sp.resume(file_store, "r")
 

@@ -61,7 +61,7 @@ import pytest
 
 import safepoint as sp
 from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint._engine.workflow import resume_record
+from safepoint._engine.lifecycle import resume_record
 from safepoint.testing.effects import owner_effect
 from safepoint.testing.owner import OwnerService
 

@@ -13,7 +13,7 @@ import pytest
 
 import safepoint as sp
 from safepoint._engine.crashpoints import SimulatedCrash
-from safepoint._engine.workflow import registered_versions
+from safepoint._engine.registry import registered_versions
 from safepoint._rules.compat import changes, fingerprint, manifest_of
 from safepoint.testing import forget_workflows
 from safepoint.testing.effects import owner_effect

@@ -29,14 +29,14 @@ _RESUMER = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import flows, safepoint as sp
-from safepoint._engine import workflow as _workflow
+from safepoint._engine import lifecycle as _lifecycle
 store = sp.open_store({url!r})
 for line in sys.stdin:
     run = store.get_run(line.strip())
     print("ready", flush=True)
     sys.stdin.readline()
     try:
-        _workflow.resume_record(store, run, 30_000)
+        _lifecycle.resume_record(store, run, 30_000)
         outcome = "returned"  # executed it, or found it finished by the other one
     except sp.RunOwned:
         outcome = "owned"
