@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._rules.canonical import (
     JSON,
@@ -58,7 +58,7 @@ from ..errors import (
     StepFailed,
     UsageError,
 )
-from ..storage.base import Replan
+from ..storage.base import Replan, Store
 from ..types import (
     ApprovalRecord,
     AttemptRecord,
@@ -73,10 +73,10 @@ from ..types import (
     StepStatus,
 )
 from .crashpoints import crashpoint
-from .flow import Call, Flow, Io, Sleep, callable_name, is_async_callable
+from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 
 if TYPE_CHECKING:
-    from ..storage.base import AsyncStore, Store
+    from ..storage.base import AsyncStore
 
 PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
@@ -171,7 +171,7 @@ class RunCore:
         if self.halted is not None:
             raise self.halted
 
-    def release_turn(self) -> Flow:
+    def release_turn(self) -> Flow[None]:
         """Before a write that may release the run (a block, the approval gate): no fan-out
         branch starts a dispatch from now on, and those in flight record their outcome first.
         Once the run is released, no outcome can be recorded: a receipt in hand would be lost,
@@ -186,7 +186,7 @@ class RunCore:
         with self.seq_lock:
             self.releasing -= 1
 
-    def enter_dispatch(self) -> Flow:
+    def enter_dispatch(self) -> Flow[None]:
         """Count a dispatch in flight (``leave_dispatch`` when its outcome is recorded); while
         a sibling branch is releasing the run, wait — and start nothing if it halted it."""
         while True:
@@ -237,28 +237,29 @@ class RunCore:
             batch, self.pending = self.pending, []
         return batch
 
-    def flush(self) -> Flow:
+    def flush(self) -> Flow[None]:
         """Write the pure steps still pending, in one commit (see ``_record_result``)."""
         batch = self.take_pending()
         if batch:
-            yield from self.append_new(Io("record_steps", (self.claim, batch)),
+            yield from self.append_new(io(Store.record_steps, self.claim, batch),
                                        batch[0].step_id)
 
-    def write(self, request: Io) -> Flow:
-        """A write of the run: the pure steps before it first, so the ledger keeps its order."""
+    def write(self, request: Flow[R]) -> Flow[R]:
+        """A write of the run (``io(Store…)``, not started yet): the pure steps before it
+        first, so the ledger keeps its order."""
         yield from self.flush()
-        return (yield request)
+        return (yield from request)
 
-    def append_new(self, request: Io, sid: str) -> Flow:
+    def append_new(self, request: Flow[R], sid: str) -> Flow[R]:
         """A write that records something new (a step, a prepared effect). At the run's hard
         history limit the store refuses it: the run blocks, to be continued as new."""
         try:
-            return (yield request)
+            return (yield from request)
         except HistoryLimitReached as limit:
             yield from self.block_at_history_limit(limit, sid)
             raise
 
-    def block_at_history_limit(self, limit: HistoryLimitReached, sid: str) -> Flow:
+    def block_at_history_limit(self, limit: HistoryLimitReached, sid: str) -> Flow[None]:
         """Block the run: the store refused new work at its hard history limit."""
         yield from self.block(limit, phase="history_limit", step_id=sid,
                               evidence={"history": limit.size, "hard_limit": limit.limit})
@@ -277,13 +278,13 @@ class RunCore:
 
     def record_block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
                      op: OperationRecord | None = None,
-                     evidence: dict[str, Any] | None = None) -> Flow:
+                     evidence: dict[str, Any] | None = None) -> Flow[None]:
         """Record the block with its recovery record and halt this run object."""
         authorization = None
         if op is not None and op.approval_id is not None:  # the record names what authorized it
             authorization = self.approvals.get(op.operation_id)
             if authorization is None or authorization.approval_id != op.approval_id:
-                given = yield Io("approvals", (self.run.run_id,))
+                given = yield from io(Store.approvals, self.run.run_id)
                 authorization = next((a for a in given if a.approval_id == op.approval_id),
                                      None)
         record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
@@ -291,14 +292,15 @@ class RunCore:
         yield from self.release_turn()
         try:
             yield from self.write(
-                Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record}))
+                io(Store.finish_run, self.claim, RunStatus.BLOCKED, recovery_record=record))
             error.record = record
             self.halted = error
         finally:
             self.end_turn()
 
     def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
+              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None,
+              ) -> Flow[NoReturn]:
         """``record_block``, then raise ``error``."""
         yield from self.record_block(error, phase=phase, step_id=step_id, op=op,
                                      evidence=evidence)
@@ -320,7 +322,7 @@ class RunCore:
         return recorded
 
     def replay_lookup(self, sid: str, kind: StepKind, name: str, hashed: str,
-                      op: OperationRecord | None = None) -> Flow:
+                      op: OperationRecord | None = None) -> Flow[StepRecord | None]:
         """The recorded step that answers this call, or None. A recorded step that answers
         another question blocks the run (``refuse``) or is abandoned with the stale tail after
         it (``replan``)."""
@@ -334,7 +336,7 @@ class RunCore:
             yield from self.abandon_tail(sid, stale)
             return None
 
-    def abandon_tail(self, sid: str, stale: StaleCheckpoint) -> Flow:
+    def abandon_tail(self, sid: str, stale: StaleCheckpoint) -> Flow[None]:
         """Re-plan from the step at ``sid``: it, and every observation and decision recorded
         after it, answered other questions than the ones now asked. They move into the history
         (``step.abandoned`` events) and are asked again as the workflow reaches them; effect
@@ -353,8 +355,8 @@ class RunCore:
                       and (step.kind is not StepKind.EFFECT or key == sid)]
         keep = tuple(key for key in stale_tail if key.startswith(siblings))
         yield from self.flush()
-        yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
-                                               through_seq=through, keep=keep)))
+        yield from io(Store.replan, self.claim, Replan(reason=stale.message, step_id=sid,
+                                               through_seq=through, keep=keep))
         for key in stale_tail:
             if key not in keep:
                 self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
@@ -365,7 +367,7 @@ class RunCore:
                   kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
                   max_age: timedelta | None = None, model_id: str | None = None,
                   prompt_hash: str | None = None, retry: Retry | None = None,
-                  usage: UsageFn | None = None, prefix: str = "") -> Flow:
+                  usage: UsageFn | None = None, prefix: str = "") -> Flow[Any]:
         """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
         self.check_halt()
         sid = self.occurrence(step_id, prefix)
@@ -383,7 +385,7 @@ class RunCore:
                                  str(error.get("message")), int(error.get("attempts", 1)))
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 return recorded.result
-            now = yield Io("now")
+            now = yield from io(Store.now)
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
                 return recorded.result
             round_start = recorded.attempt  # the observation expired: read again
@@ -397,7 +399,7 @@ class RunCore:
 
     def _call_step(self, base: StepRecord, fn: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any], round_start: int, policy: Retry,
-                   usage: UsageFn | None) -> Flow:
+                   usage: UsageFn | None) -> Flow[Any]:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
         failure recorded before its back-off — and record the result or the failure."""
         sid, kind = base.step_id, base.kind
@@ -416,7 +418,7 @@ class RunCore:
             now = None
             if kind is StepKind.READ or (self.run.deadline_at is not None
                                          and kind in (StepKind.MODEL, StepKind.DECISION)):
-                now = yield Io("now")
+                now = yield from io(Store.now)
                 if past_deadline(self.run, now):
                     raise self.limit_reached(DeadlineExceeded(
                         self.run.run_id, self.run.deadline_at or 0, sid))
@@ -433,7 +435,7 @@ class RunCore:
             except UsageError:
                 raise  # a mistake in how the step is called, not an outcome to record
             except Exception as exc:
-                now = yield Io("now")
+                now = yield from io(Store.now)
                 decided = after_failure(policy, exc, failed_in_round=attempt - round_start,
                                         now=now, deadline_at=self.run.deadline_at,
                                         seed=f"{self.run.run_id}/{sid}/{attempt}")
@@ -448,20 +450,20 @@ class RunCore:
                     name=base.name, input_hash=base.input_hash, error=error_evidence(exc),
                     retry_at=decided.retry_at)
                 # Durable before the wait: a restart continues the count and waits the rest.
-                yield from self.write(Io("record_attempt", (self.claim, pending)))
+                yield from self.write(io(Store.record_attempt, self.claim, pending))
                 self.attempts.setdefault(sid, []).append(pending)
                 attempt += 1
                 continue
             return (yield from self._record_result(base, value, usage))
 
-    def _wait_for_retry(self, pending: AttemptRecord) -> Flow:
+    def _wait_for_retry(self, pending: AttemptRecord) -> Flow[None]:
         """Wait out what remains of a failed attempt's back-off (on the store's clock); a
         cancel asked for meanwhile stops the run before the next attempt."""
-        now = yield Io("now")
+        now = yield from io(Store.now)
         if pending.retry_at <= now:
             return
         yield Sleep((pending.retry_at - now) / 1000)
-        fresh = yield Io("get_run", (self.run.run_id,))
+        fresh = yield from io(Store.get_run, self.run.run_id)
         if fresh.fence != self.claim.fence or fresh.status is not RunStatus.RUNNING:
             self.halted = LostOwnership(self.run.run_id, self.claim.fence)
             raise self.halted
@@ -470,7 +472,7 @@ class RunCore:
             raise self.cancelled()
 
     def _fail_step(self, base: StepRecord, error: dict[str, str], attempts: int,
-                   why: str | None, cause: BaseException | None = None) -> Flow:
+                   why: str | None, cause: BaseException | None = None) -> Flow[NoReturn]:
         """Record the step failed (its last error, how many attempts, why no more) and raise
         ``StepFailed``; a resume raises the same from the ledger."""
         evidence: dict[str, Any] = dict(error)
@@ -480,12 +482,12 @@ class RunCore:
             evidence["gave_up"] = why
         failed = replace(base, status=StepStatus.FAILED, error=evidence)
         yield from self.flush()
-        yield from self.append_new(Io("record_step", (self.claim, failed)), base.step_id)
+        yield from self.append_new(io(Store.record_step, self.claim, failed), base.step_id)
         self.steps[base.step_id] = failed
         raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
                          attempts) from cause
 
-    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow:
+    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow[Any]:
         sid = base.step_id
         require_json(value, "result", sid)
         refuse_secrets(value, "the result", sid)
@@ -513,8 +515,8 @@ class RunCore:
                 yield from self.flush()
         else:
             batch = self.take_pending()
-            request = (Io("record_steps", (self.claim, [*batch, step])) if batch
-                       else Io("record_step", (self.claim, step)))
+            request = (io(Store.record_steps, self.claim, [*batch, step]) if batch
+                       else io(Store.record_step, self.claim, step))
             yield from self.append_new(request, sid)
             self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit

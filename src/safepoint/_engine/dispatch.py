@@ -54,15 +54,11 @@ from ..errors import (
     UsageError,
     VerificationFailed,
 )
-from ..types import (
-    EffectState,
-    OperationRecord,
-    StepKind,
-    StepRecord,
-)
+from ..storage.base import Store
+from ..types import EffectState, OperationRecord, StepKind, StepRecord
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
-from .flow import Call, CallTimedOut, Flow, Io, Sleep, is_async_callable
+from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 
 _NOT_SENT_BACKOFF_S = 0.05
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
@@ -72,7 +68,7 @@ _GATE_ATTEMPTS = 3
 
 def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                 operation_id: str | None, approval: bool = False,
-                prefix: str = "") -> Flow:
+                prefix: str = "") -> Flow[JSON]:
     """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
     With ``approval``, no dispatch without a person's valid approval (see ``authorize``)."""
     core.check_halt()
@@ -94,7 +90,7 @@ class EffectDispatch:
         self.sid = sid
         self.effect = effect
 
-    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool, prefix: str) -> Flow:
+    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool, prefix: str) -> Flow[JSON]:
         """Replay the step, or take its operation from where the ledger stands to accepted."""
         core, sid, effect = self.core, self.sid, self.effect
         payload_bytes = checked_canonical(payload, "payload", sid)
@@ -153,7 +149,7 @@ class EffectDispatch:
                 if core.replans and sid not in core.steps and not core.cancelling:
                     # kept from before a re-plan: the step now points at it, so later replays
                     # find it directly
-                    yield from core.append_new(Io("record_step", (core.claim, step)), sid)
+                    yield from core.append_new(io(Store.record_step, core.claim, step), sid)
                     core.steps[sid] = step
                 return op.receipt
             elif decided.action is Action.REPLAY_REJECTION:
@@ -163,7 +159,7 @@ class EffectDispatch:
                     NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
                     phase="reconcile_effect", op=op)
 
-    def refuse_beside_orphans(self, op_id: str, prefix: str) -> Flow:
+    def refuse_beside_orphans(self, op_id: str, prefix: str) -> Flow[None]:
         """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
         an operation that may have happened and that this code no longer reaches (see
         ``orphaned``) — under a fresh key, the same change would be made twice."""
@@ -200,7 +196,7 @@ class EffectDispatch:
             approval_required=approval, target_digest=target)
 
     def prepare_dispatching(self, op_id: str, payload_ref: str,
-                            payload_bytes: bytes, key_scope: str) -> Flow:
+                            payload_bytes: bytes, key_scope: str) -> Flow[OperationRecord]:
         """A new operation prepared and committed "dispatching" at once, no gate standing
         between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
         Enters the dispatch (``enter_dispatch``), for ``call_owner`` to leave."""
@@ -213,7 +209,7 @@ class EffectDispatch:
         yield from self.core.flush()
         yield from self.core.enter_dispatch()
         try:
-            op = yield Io("prepare_and_mark_dispatching", (self.core.claim, op, payload_bytes))
+            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op, payload_bytes)
         except BaseException as exc:
             self.core.leave_dispatch()  # nothing was written: no dispatch in flight
             if isinstance(exc, HistoryLimitReached):
@@ -222,7 +218,7 @@ class EffectDispatch:
         return op
 
     def prepared(self, op_id: str, payload: JSON,
-                 payload_bytes: bytes, approval: bool, key_scope: str) -> Flow:
+                 payload_bytes: bytes, approval: bool, key_scope: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation, prepared now or as the ledger has it, and the payload it carries."""
         payload_ref = digest(payload_bytes)
         op = self.core.operations.get(op_id)
@@ -236,7 +232,7 @@ class EffectDispatch:
             op = self.new_operation(op_id, payload_ref, key_scope,
                                      approval=approval, target=target)
             yield from self.core.flush()
-            yield from self.core.append_new(Io("prepare_effect", (self.core.claim, op, payload_bytes)),
+            yield from self.core.append_new(io(Store.prepare_effect, self.core.claim, op, payload_bytes),
                                        self.sid)
             self.core.operations[op_id] = op
             crashpoint("effect.after_prepared", self.sid)
@@ -250,7 +246,7 @@ class EffectDispatch:
         return op, payload
 
     def reprepare(self, op: OperationRecord, payload: JSON,
-                  payload_bytes: bytes, payload_ref: str) -> Flow:
+                  payload_bytes: bytes, payload_ref: str) -> Flow[OperationRecord]:
         """The payload changed before it ever left — of an effect that waits for approval, or
         under ``replan``: it is prepared anew, under the same key (never sent), and must be
         approved anew where it needs approval."""
@@ -258,11 +254,11 @@ class EffectDispatch:
             raise self.core.cancelled()
         target = yield from self.target_digest(payload)
         op = replace(op, payload_ref=payload_ref, target_digest=target)
-        yield from self.core.write(Io("reprepare_effect", (self.core.claim, op, payload_bytes)))
+        yield from self.core.write(io(Store.reprepare_effect, self.core.claim, op, payload_bytes))
         self.core.operations[op.operation_id] = op
         return op
 
-    def target_digest(self, payload: JSON) -> Flow:
+    def target_digest(self, payload: JSON) -> Flow[str | None]:
         """The digest of the effect's target's state as it reads now (None without one)."""
         if self.effect.target_state is None:
             return None
@@ -270,7 +266,7 @@ class EffectDispatch:
         require_json(state, "target state", self.sid)
         return digest(canonical(state))
 
-    def authorize(self, op: OperationRecord, payload: JSON) -> Flow:
+    def authorize(self, op: OperationRecord, payload: JSON) -> Flow[OperationRecord]:
         """The gate between prepared and dispatching: the store returns an approval of this
         payload on the target as it now reads — or, atomically, makes the run wait."""
         target = yield from self.target_digest(payload)
@@ -278,8 +274,9 @@ class EffectDispatch:
         try:
             self.core.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
             gate = yield from self.core.write(
-                Io("await_approval", (self.core.claim, op.operation_id, target)))
+                io(Store.await_approval, self.core.claim, op.operation_id, target))
             if gate.approval is None:
+                assert gate.waiting_for is not None  # a run made to wait says what for
                 error = awaiting(self.core.run.run_id, gate.waiting_for)
                 self.core.halted = error  # the run is released: this run object does nothing more
                 raise error
@@ -290,7 +287,7 @@ class EffectDispatch:
         self.core.approvals[op.operation_id] = gate.approval
         return op
 
-    def mark_dispatching(self, op: OperationRecord, payload: JSON) -> Flow:
+    def mark_dispatching(self, op: OperationRecord, payload: JSON) -> Flow[OperationRecord]:
         """Commit "dispatching" — through the approval gate first when the effect needs one.
         The store checks the approval again in the dispatch's own transaction."""
         for attempt in range(1, _GATE_ATTEMPTS + 1):
@@ -299,7 +296,7 @@ class EffectDispatch:
             yield from self.core.enter_dispatch()  # left by call_owner once the outcome is recorded
             try:
                 return (yield from self.core.write(
-                    Io("mark_dispatching", (self.core.claim, op.operation_id))))
+                    io(Store.mark_dispatching, self.core.claim, op.operation_id)))
             except BaseException as exc:
                 self.core.leave_dispatch()
                 if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
@@ -309,14 +306,15 @@ class EffectDispatch:
                 op = replace(op, approval_required=True)
         raise AssertionError("unreachable")
 
-    def settled_in_chain(self, op_id: str, payload_ref: str) -> Flow:
+    def settled_in_chain(self, op_id: str, payload_ref: str) -> Flow[OperationRecord | None]:
         """The operation as an earlier run of this chain accepted it, or None — looked up in
         place, never copied; one it rejected raises that rejection again. It stands for this
         run too, but only for the same effect and the very same payload: a changed payload is
         never sent under its key — it blocks, or under ``replan`` (as within one run) what
         happened is replayed."""
-        settled: OperationRecord | None = yield Io("chain_operation",
-                                                   (self.core.run.chain_id, op_id))
+        chain_id = self.core.run.chain_id
+        assert chain_id is not None  # asked only for a run that continues another
+        settled = yield from io(Store.chain_operation, chain_id, op_id)
         if settled is None:
             return None
         if settled.effect != self.effect.name:
@@ -337,7 +335,7 @@ class EffectDispatch:
             raise EffectRejected(self.core.run.run_id, self.sid, op_id, settled.error)
         return settled
 
-    def prepared_payload(self, op: OperationRecord, payload_ref: str) -> Flow:
+    def prepared_payload(self, op: OperationRecord, payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation and the payload it may be sent with: the payload as it was prepared (a
         replacement worker never regenerates it). Under ``replan`` a payload changed after it
         may have been sent is never sent again (None): its outcome is reconciled, a receipt is
@@ -357,7 +355,7 @@ class EffectDispatch:
                     phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
             return op, None  # may have been sent (a never-sent one was prepared anew)
         try:
-            stored = yield Io("get_artifact", (op.payload_ref,))
+            stored = yield from io(Store.get_artifact, op.payload_ref)
         except (ArtifactMissing, ArtifactCorrupt) as exc:
             yield from self.core.block(
                 NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id, exc.message),
@@ -365,13 +363,13 @@ class EffectDispatch:
         return op, loads(stored)
 
     def record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
-               error: JSON = None, step: StepRecord | None = None) -> Flow:
+               error: JSON = None, step: StepRecord | None = None) -> Flow[OperationRecord]:
         kept_receipt = receipt if receipt is not None else op.receipt
         if step is not None:
             step = replace(step, result=kept_receipt)
         yield from self.core.flush()
-        yield Io("record_outcome", (self.core.claim, op.operation_id, state),
-                 {"receipt": receipt, "error": error, "step": step})
+        yield from io(Store.record_outcome, self.core.claim, op.operation_id, state,
+                      receipt=receipt, error=error, step=step)
         op = replace(op, state=state, receipt=kept_receipt, error=error)
         self.core.operations[op.operation_id] = op
         if step is not None:
@@ -381,7 +379,7 @@ class EffectDispatch:
     def key(self, op: OperationRecord) -> EffectKey:
         return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id, self.core.claim.fence)
 
-    def dispatch(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow:
+    def dispatch(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         """prepared → dispatching → call → applied / accepted / rejected / unknown.
 
         From the moment "dispatching" is committed until an outcome is, every way out leaves
@@ -399,7 +397,7 @@ class EffectDispatch:
             raise
         return (yield from self.call_owner(op, payload, step))
 
-    def call_owner(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow:
+    def call_owner(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         """The call of a dispatch committed as "dispatching", and its recorded outcome; then
         the dispatch entered before that commit (``enter_dispatch``, by ``mark_dispatching``
         or ``prepare_dispatching``) is left."""
@@ -408,7 +406,7 @@ class EffectDispatch:
         finally:
             self.core.leave_dispatch()
 
-    def call_and_record(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow:
+    def call_and_record(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         self.core.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", self.sid)
         try:
@@ -447,7 +445,7 @@ class EffectDispatch:
         crashpoint("effect.after_receiver_commit", self.sid)
         return (yield from self.applied(op, receipt, step))
 
-    def interrupted(self, op: OperationRecord, exc: BaseException) -> Flow:
+    def interrupted(self, op: OperationRecord, exc: BaseException) -> Flow[None]:
         """Cancelled or interrupted mid-call: leave the evidence (the outcome is unknown, so
         the next worker reconciles it) and stop this run object; the interrupt goes on."""
         if isinstance(exc, (LostOwnership, SimulatedCrash)):
@@ -461,7 +459,7 @@ class EffectDispatch:
         self.core.release_on_halt = True
         yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc))
 
-    def applied(self, op: OperationRecord, receipt: JSON, step: StepRecord) -> Flow:
+    def applied(self, op: OperationRecord, receipt: JSON, step: StepRecord) -> Flow[OperationRecord]:
         if self.effect.verify is None:  # nothing to verify: applied and accepted are one commit
             op = yield from self.record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
             crashpoint("effect.after_outcome", self.sid)
@@ -471,7 +469,7 @@ class EffectDispatch:
             crashpoint("effect.after_outcome", self.sid)
         return op
 
-    def reconcile(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow:
+    def reconcile(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.reconcile is not None
         try:
             answer = yield Call(self.effect.reconcile, (self.key(op),))
@@ -479,7 +477,7 @@ class EffectDispatch:
             answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
         if isinstance(answer, Unknown):  # the owner's words go into the recovery record
             answer = Unknown(redact_text(str(answer.reason)))
-        now = yield Io("now")
+        now = yield from io(Store.now)
         decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
                                   dedup_retention=self.effect.dedup_retention,
                                   dispatch_count=op.dispatch_count,
@@ -509,7 +507,7 @@ class EffectDispatch:
                               phase="reconcile_effect", op=op)
         raise AssertionError("unreachable")
 
-    def verify(self, op: OperationRecord, step: StepRecord) -> Flow:
+    def verify(self, op: OperationRecord, step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.verify is not None
         try:
             ok = yield Call(self.effect.verify, (op.receipt,), timeout=self.effect.verify_timeout_s)

@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._rules.canonical import input_hash, require_json
 from .._rules.compat import Compatibility, changes
@@ -74,7 +74,7 @@ from ..types import (
 )
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
-from .flow import Call, Flow, Io, Sleep, adrive, drive, require_store
+from .flow import Call, Flow, R, Sleep, adrive, drive, io, require_store
 from .ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, worker_id
 from .registry import Workflow, workflow_of
 from .run import AsyncRun, Run
@@ -238,11 +238,11 @@ async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
     return run
 
 
-def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow:
-    run = yield Io("request_cancel", (run_id, by, reason))
+def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow[RunRecord]:
+    run = yield from io(Store.request_cancel, run_id, by, reason)
     # A continued run's work goes on in its successor (which may continue again meanwhile).
     while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
-        run = yield Io("request_cancel", (run.successor_run_id, by, reason))
+        run = yield from io(Store.request_cancel, run.successor_run_id, by, reason)
     return run
 
 
@@ -270,8 +270,8 @@ def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
         drive(store, _block_claimed(claim, error))
 
 
-def _block_claimed(claim: Claim, error: StoreError) -> Flow:
-    found = yield Io("find_run", (claim.run_id,))
+def _block_claimed(claim: Claim, error: StoreError) -> Flow[None]:
+    found = yield from io(Store.find_run, claim.run_id)
     yield from _block_unreadable(claim, found, error)
 
 
@@ -283,7 +283,7 @@ def _block_claimed(claim: Claim, error: StoreError) -> Flow:
 _OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
 
 
-def _carry_out(store: Store, wf: Workflow, flow: Flow) -> Any:
+def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:
     """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
     try:
         if not wf.is_async:
@@ -299,7 +299,7 @@ def _carry_out(store: Store, wf: Workflow, flow: Flow) -> Any:
                      " `await safepoint.start_async(...)` / `resume_async(...)` there")
 
 
-async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow) -> Any:
+async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow[R]) -> R:
     try:
         if wf.is_async:
             return await adrive(store, flow)
@@ -316,12 +316,12 @@ async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow) 
 # -- the flows ------------------------------------------------------------------------------------
 
 
-def _get_run_flow(run_id: str) -> Flow:
-    return (yield Io("get_run", (run_id,)))
+def _get_run_flow(run_id: str) -> Flow[RunRecord]:
+    return (yield from io(Store.get_run, run_id))
 
 
-def _submit_flow(new: NewRun) -> Flow:
-    run, _ = yield Io("create_run", (new,))
+def _submit_flow(new: NewRun) -> Flow[str]:
+    run, _ = yield from io(Store.create_run, new)
     _check_same_run(run, new)
     return run.run_id
 
@@ -333,8 +333,8 @@ def _check_same_run(run: RunRecord, new: NewRun) -> None:
         raise RunConflict(run.run_id, "with other inputs")
 
 
-def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow:
-    run, claim = yield Io("create_run", (new,))
+def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow[Any]:
+    run, claim = yield from io(Store.create_run, new)
     if claim is None:
         _check_same_run(run, new)
         return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout))
@@ -353,7 +353,7 @@ def _ended(run: RunRecord) -> Any:
 
 
 def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
-                 timeout: float) -> Flow:
+                 timeout: float) -> Flow[Any]:
     """Wait for a live worker to finish the run (or die, and then take it over)."""
     deadline = time.monotonic() + timeout
     pause = 0.02
@@ -365,22 +365,22 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
                 raise
         yield Sleep(pause)
         pause = min(pause * 2, _ATTACH_POLL_MAX_S)
-        run = yield Io("get_run", (run.run_id,))
+        run = yield from io(Store.get_run, run.run_id)
 
 
-def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow:
+def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow[Any]:
     run = yield from chain_head(run)  # a continued run: resume the chain where it is
     if run.status.terminal:
         return _ended(run)
     claim = None
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
-        now = yield Io("now")
+        now = yield from io(Store.now)
         plan = plan_claim(run, now, owner_gone=run.owner is not None and owner_is_gone(run.owner))
-        claim = yield Io("claim_run", (run.run_id, run.state_revision, worker_id(), lease_ms),
-                         {"dead_owner": plan.dead_owner})
+        claim = yield from io(Store.claim_run, run.run_id, run.state_revision, worker_id(),
+                              lease_ms, dead_owner=plan.dead_owner)
         if claim is not None:
             break
-        run = yield from chain_head((yield Io("get_run", (run.run_id,))))
+        run = yield from chain_head((yield from io(Store.get_run, run.run_id)))
         if run.status.terminal:
             return _ended(run)
     if claim is None:
@@ -388,7 +388,7 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
     return (yield from _claimed_flow(store, wf, claim, run))
 
 
-def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
+def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
     """The resume procedure, once this worker owns the run: load the ledger in one batch and
     check that every record and artifact the run needs is there and intact; check that this
     code may continue it (version and fingerprint, by the compatibility policy); check its
@@ -408,7 +408,7 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
             store, wf, claim, ledger,
             BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
             f"the resume budget ({run.resume_budget}) ran out")
-    if run.deadline_at is not None and past_deadline(run, (yield Io("now"))):
+    if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
         core = _core(store, wf, claim, ledger)
         if not core.uncertain_operations():
             yield from _limit_at_claim(store, wf, claim, ledger,
@@ -431,18 +431,18 @@ def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) ->
             " the operation up at its owner and resolve the run")
 
 
-def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow:
+def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow[Ledger]:
     """The ledger, with the payload of every operation that may still be sent read back and
     checked against its digest, and its stored key checked against the key minted for it —
     before anything is replayed, not when the run reaches it — and the run's inputs checked to
     be what a workflow is called with."""
     try:
-        ledger = yield Io("load_ledger", (run.run_id,))
+        ledger = yield from io(Store.load_ledger, run.run_id)
         _check_inputs(ledger.run)
         for op in ledger.operations.values():
             if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
                 _check_key(op, ledger.run, identity)
-                yield Io("get_artifact", (op.payload_ref,))
+                yield from io(Store.get_artifact, op.payload_ref)
     except _UNREADABLE as exc:
         yield from _block_unreadable(claim, run, exc)
         raise
@@ -460,15 +460,15 @@ def _check_inputs(run: RunRecord) -> None:
                             " (an object of args and kwargs)")
 
 
-def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow:
+def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow[None]:
     """Block the claimed run for a person: ``exc`` says what of its record cannot be read."""
     record = build_record(run, phase="unreadable_record", reason=exc.message,
                           evidence={"type": type(exc).__name__, **{
                               k: str(v) for k, v in vars(exc).items() if k != "message"}})
-    yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
+    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
 
 
-def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
+def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow[RunRecord]:
     """The run as this code continues it: unchanged, re-planned under this code's version and
     fingerprint (``replan``), or blocked with what changed (``refuse``)."""
     differences = changes(run.workflow_version, run.workflow_manifest, run.workflow_fingerprint,
@@ -476,17 +476,17 @@ def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
     if not differences:
         return run
     if wf.compatibility is Compatibility.REPLAN:
-        yield Io("replan", (claim, Replan(
+        yield from io(Store.replan, claim, Replan(
             reason="the workflow changed: " + "; ".join(differences),
             workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
-            workflow_manifest=wf.manifest)))
+            workflow_manifest=wf.manifest))
         return replace(run, workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
                        workflow_manifest=wf.manifest)
     error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
                                  f"{wf.name}@{wf.version}", changes=differences)
     record = build_record(run, phase="incompatible_workflow", reason=error.message,
                           evidence={"changes": differences})
-    yield Io("finish_run", (claim, RunStatus.BLOCKED), {"recovery_record": record})
+    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
     error.record = record
     raise error
 
@@ -509,7 +509,7 @@ class _Continued:
 
 def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                   steps: dict[str, Any], operations: dict[str, Any],
-                  attempts: dict[str, Any] | None = None) -> Flow:
+                  attempts: dict[str, Any] | None = None) -> Flow[Any]:
     """Run the workflow function against the ledger and record how it ended. A run that
     continues as new is followed by its successor, executed here in turn (a loop, not a
     recursion: a chain may be long), so the caller gets the chain's result."""
@@ -524,7 +524,7 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
 
 def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
                       steps: dict[str, Any], operations: dict[str, Any],
-                      attempts: dict[str, Any] | None) -> Flow:
+                      attempts: dict[str, Any] | None) -> Flow[Any]:
     """One run of the workflow function against the ledger, and how it ended. Once it ended,
     its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
@@ -534,7 +534,7 @@ def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         core.close()
 
 
-def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow:
+def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:
@@ -580,15 +580,15 @@ def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRec
         require_json(result, "workflow result")
         refuse_secrets(result, "the workflow result")
     except UsageError as exc:
-        yield Io("finish_run", (claim, RunStatus.FAILED),
-                 {"error": {"type": type(exc).__name__, "message": redact_text(exc.message)}})
+        yield from io(Store.finish_run, claim, RunStatus.FAILED,
+                      error={"type": type(exc).__name__, "message": redact_text(exc.message)})
         raise
     crashpoint("run.before_complete")
-    yield Io("finish_run", (claim, RunStatus.COMPLETED), {"result": result})
+    yield from io(Store.finish_run, claim, RunStatus.COMPLETED, result=result)
     return result
 
 
-def _end_failed(core: RunCore, exc: BaseException) -> Flow:
+def _end_failed(core: RunCore, exc: BaseException) -> Flow[NoReturn]:
     """The workflow raised: the run ends failed with the error (or blocks, while an effect of it
     is uncertain), and the error goes on — as ``RunFailed`` unless safepoint raised it."""
     yield from _block_if_uncertain(
@@ -596,25 +596,25 @@ def _end_failed(core: RunCore, exc: BaseException) -> Flow:
     with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
         yield from core.flush()  # best effort: what was computed, for the person reading
     error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
-    yield Io("finish_run", (core.claim, RunStatus.FAILED), {"error": error})
+    yield from io(Store.finish_run, core.claim, RunStatus.FAILED, error=error)
     if isinstance(exc, SafepointError):
         raise exc
     raise RunFailed(core.run.run_id, error["type"], error["message"]) from exc
 
 
-def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow:
+def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow[NoReturn]:
     """The run was asked to stop and nothing new was started: it ends cancelled — unless an
     effect of it is still uncertain, which a person must settle first (it blocks)."""
     yield from _block_if_uncertain(core, "the run was cancelled", signal)
-    asked = [e for e in (yield Io("events", (core.run.run_id,)))
+    asked = [e for e in (yield from io(Store.events, core.run.run_id))
              if e.kind == "run.cancel_requested"]
     detail = asked[-1].detail if asked else {}
     error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
-    yield Io("finish_run", (core.claim, RunStatus.CANCELLED), {"error": error})
+    yield from io(Store.finish_run, core.claim, RunStatus.CANCELLED, error=error)
     raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
 
 
-def _signalled(core: RunCore, wf: Workflow) -> Flow | None:
+def _signalled(core: RunCore, wf: Workflow) -> Flow[Any] | None:
     """How the run ends when agent code swallowed a stop, a reached limit or a continue
     signal: as the signal said, all the same. None when there was none."""
     if isinstance(core.halted, Cancelled):
@@ -626,7 +626,7 @@ def _signalled(core: RunCore, wf: Workflow) -> Flow | None:
     return None
 
 
-def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
+def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_Continued]:
     """The run ends continued and its successor starts with the carried state, in one store
     transaction — unless an effect of the run is still uncertain (it blocks: a successor must
     not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
@@ -641,7 +641,7 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow:
     try:
         # the run's record stays whole (its pure steps written), though nothing replays it
         yield from core.flush()
-        run, claim = yield Io("continue_as_new", (core.claim, successor))
+        run, claim = yield from io(Store.continue_as_new, core.claim, successor)
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
     except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
@@ -668,10 +668,10 @@ def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
 _STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
 
 
-def _release(claim: Claim) -> Flow:
+def _release(claim: Claim) -> Flow[None]:
     """Best effort: a release that cannot be written only means waiting out the lease."""
     with contextlib.suppress(StoreError, LostOwnership):
-        yield Io("release_run", (claim,))
+        yield from io(Store.release_run, claim)
 
 
 # A record of the run that cannot be read: it will not read better on the next resume, so the
@@ -679,7 +679,7 @@ def _release(claim: Claim) -> Flow:
 _UNREADABLE = (CorruptRecord, ArtifactMissing, ArtifactCorrupt)
 
 
-def _store_refused(core: RunCore, exc: StoreError) -> Flow:
+def _store_refused(core: RunCore, exc: StoreError) -> Flow[None]:
     """An unreachable database is transient: the run stays as it is, resumable. A store that
     answers but refuses the write (bad data, a constraint) would refuse it again on every
     resume, so the run blocks for a person instead of retrying forever."""
@@ -694,32 +694,32 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow:
                           evidence={"type": type(exc).__name__,
                                     "cause": redacted_message(repr(exc.__cause__), 2000)})
     with contextlib.suppress(StoreError, LostOwnership):
-        yield Io("finish_run", (core.claim, RunStatus.BLOCKED), {"recovery_record": record})
+        yield from io(Store.finish_run, core.claim, RunStatus.BLOCKED, recovery_record=record)
 
 
 def _limit_at_claim(store: Any, wf: Workflow, claim: Claim, ledger: Ledger,
-                    error: LimitReached, how: str) -> Flow:
+                    error: LimitReached, how: str) -> Flow[NoReturn]:
     """A limit found spent when the run is taken over: fail the run loudly — unless an effect of
     it is uncertain: that still needs settling, so the run blocks for a person instead of being
     forgotten."""
     core = _core(store, wf, claim, ledger)
     yield from _block_if_uncertain(core, how, error)
-    yield Io("finish_run", (claim, RunStatus.FAILED),
-             {"error": {"type": type(error).__name__, "message": error.message}})
+    yield from io(Store.finish_run, claim, RunStatus.FAILED,
+                  error={"type": type(error).__name__, "message": error.message})
     raise error
 
 
-def _end_for_limit(core: RunCore, error: LimitReached) -> Flow:
+def _end_for_limit(core: RunCore, error: LimitReached) -> Flow[NoReturn]:
     """A limit was reached while the run executed (a budget spent, the deadline passed): nothing
     new was started after it. The run ends failed — or blocks, while an effect is uncertain."""
     yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})",
                                    error)
-    yield Io("finish_run", (core.claim, RunStatus.FAILED),
-             {"error": {"type": type(error).__name__, "message": error.message}})
+    yield from io(Store.finish_run, core.claim, RunStatus.FAILED,
+                  error={"type": type(error).__name__, "message": error.message})
     raise error
 
 
-def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow:
+def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow[None]:
     """A run ends only with every effect settled: one left uncertain (agent code caught the
     error of an interrupted dispatch and carried on) blocks the run instead."""
     uncertain = core.uncertain_operations()

@@ -28,7 +28,7 @@ from ..errors import UsageError
 from ..types import Retry, StepKind
 from .core import RunCore
 from .dispatch import effect_flow
-from .flow import Flow, adrive, callable_name, drive, is_async_callable
+from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
 
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
@@ -127,23 +127,23 @@ class _RunBase:
         """This worker's fence token for the run (grows with every takeover)."""
         return self._core.claim.fence
 
-    def _sync(self, flow: Flow) -> Any:
+    def _sync(self, flow: Flow[R]) -> R:
         return drive(self._core.store, flow, self._core)
 
-    async def _async(self, flow: Flow) -> Any:
+    async def _async(self, flow: Flow[R]) -> R:
         return await adrive(self._core.store, flow, self._core)
 
     # The flows of each step method, shared by Run and AsyncRun.
 
     def _step(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], **options: Any) -> Flow:
+              kwargs: dict[str, Any], **options: Any) -> Flow[Any]:
         options.setdefault("hashed_inputs", [args, kwargs])
         return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix,
                                     **options)
 
     def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
                tools: JSON, params: dict[str, Any], retry: Retry | int | None,
-               usage: UsageFn | None) -> Flow:
+               usage: UsageFn | None) -> Flow[Any]:
         refuse_secrets(model, "the model id", step_id)  # recorded with the step
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         name = callable_name(fn)
@@ -154,11 +154,11 @@ class _RunBase:
                           retry=as_retry(retry, "retry"), usage=usage)
 
     def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,
-                approval: bool) -> Flow:
+                approval: bool) -> Flow[JSON]:
         return effect_flow(self._core, step_id, effect, payload, operation_id, approval,
                            self._prefix)
 
-    def _value(self, kind: str, step_id: str) -> Flow:
+    def _value(self, kind: str, step_id: str) -> Flow[JSON]:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
                           name=kind)
 
