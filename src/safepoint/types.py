@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeAlias
 
 from .errors import UsageError
 
-JSON = Any
+# A JSON value, wherever one is passed in (a payload, messages, a receipt, a result to record):
+# read-only containers, so that a ``dict[str, int]`` or a list of dicts is one too (``dict`` and
+# ``list`` are invariant). What a record holds, read back from the ledger, is JSON of plain dicts
+# and lists; those fields are typed ``Any`` (``Recorded``), so that code reading a record says
+# what shape it expects instead of narrowing a union at every step.
+JSON: TypeAlias = Mapping[str, "JSON"] | Sequence["JSON"] | str | int | float | bool | None
+Recorded: TypeAlias = Any
 
 
 class Durability(StrEnum):
@@ -77,14 +84,14 @@ class RunRecord:
     workflow_version: str
     status: RunStatus
     input_hash: str
-    inputs: JSON
+    inputs: Recorded
     state_revision: int
     owner: str | None
     lease_expires_at: int | None
     fence: int
     resume_count: int
     event_count: int
-    result: JSON
+    result: Recorded
     error: dict[str, Any] | None
     recovery_record: dict[str, Any] | None
     created_at: int
@@ -184,7 +191,7 @@ class StepRecord:
     kind: StepKind
     name: str
     input_hash: str
-    result: JSON
+    result: Recorded
     seq: int = 0
     status: StepStatus = StepStatus.COMPLETED
     error: dict[str, Any] | None = None
@@ -230,8 +237,8 @@ class OperationRecord:
     effect_key: str
     dispatch_count: int = 0
     first_dispatched_at: int | None = None
-    receipt: JSON = None
-    error: JSON = None
+    receipt: Recorded = None
+    error: Recorded = None
     fence: int = 0
     prepared_at: int = 0
     updated_at: int = 0
@@ -253,7 +260,7 @@ class EventRecord:
     operation_id: str | None
     fence: int | None
     worker: str | None
-    detail: JSON
+    detail: Recorded
 
 
 class ResolutionAction(StrEnum):

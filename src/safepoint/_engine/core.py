@@ -22,7 +22,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._rules.canonical import (
-    JSON,
     canonical_if_json,
     checked_canonical,
     require_json,
@@ -60,6 +59,7 @@ from ..errors import (
 )
 from ..storage.base import Replan, Store
 from ..types import (
+    JSON,
     ApprovalRecord,
     AttemptRecord,
     Claim,

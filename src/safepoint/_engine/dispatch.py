@@ -12,10 +12,10 @@ through them.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .._rules.approvals import awaiting, may_reprepare
 from .._rules.canonical import (
-    JSON,
     canonical,
     checked_canonical,
     digest,
@@ -55,7 +55,7 @@ from ..errors import (
     VerificationFailed,
 )
 from ..storage.base import Store
-from ..types import EffectState, OperationRecord, StepKind, StepRecord
+from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
@@ -68,7 +68,7 @@ _GATE_ATTEMPTS = 3
 
 def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                 operation_id: str | None, approval: bool = False,
-                prefix: str = "") -> Flow[JSON]:
+                prefix: str = "") -> Flow[Any]:
     """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
     With ``approval``, no dispatch without a person's valid approval (see ``authorize``)."""
     core.check_halt()
@@ -90,8 +90,10 @@ class EffectDispatch:
         self.sid = sid
         self.effect = effect
 
-    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool, prefix: str) -> Flow[JSON]:
-        """Replay the step, or take its operation from where the ledger stands to accepted."""
+    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool,
+                  prefix: str) -> Flow[Any]:
+        """Replay the step, or take its operation from where the ledger stands to accepted;
+        return the receipt (as recorded)."""
         core, sid, effect = self.core, self.sid, self.effect
         payload_bytes = checked_canonical(payload, "payload", sid)
         refuse_secrets(payload, "the payload", sid)

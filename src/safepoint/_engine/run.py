@@ -13,22 +13,24 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid as uuidlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, overload
 
-from .._rules.canonical import JSON, input_hash, require_json
+from .._rules.canonical import input_hash, require_json
 from .._rules.effects import Effect
 from .._rules.ids import id_problem
 from .._rules.limits import UsageFn, as_retry
 from .._rules.secrets import refuse_secrets
 from .._rules.transcript import Transcript
 from ..errors import UsageError
-from ..types import Retry, StepKind
+from ..types import JSON, Retry, StepKind
 from .core import RunCore
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
+
+P = ParamSpec("P")
 
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
@@ -42,6 +44,7 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
     if tools is not None:
         call["tools"] = tools
     hashed = {"model": model, "messages": messages, "tools": tools, "params": hashed_params}
+    prompt: JSON
     if isinstance(messages, Transcript):
         prompt = messages.reference()
     else:
@@ -68,7 +71,7 @@ def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
     return timedelta(seconds=max_age)
 
 
-_VALUES: dict[str, Callable[[], JSON]] = {
+_VALUES: dict[str, Callable[[], str | float]] = {
     "now": lambda: datetime.now(UTC).isoformat(),
     "random": lambda: int.from_bytes(os.urandom(7)) / 2**56,
     "uuid": lambda: str(uuidlib.uuid4()),
@@ -135,15 +138,15 @@ class _RunBase:
 
     # The flows of each step method, shared by Run and AsyncRun.
 
-    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], **options: Any) -> Flow[Any]:
+    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., R], args: tuple[Any, ...],
+              kwargs: dict[str, Any], **options: Any) -> Flow[R]:
         options.setdefault("hashed_inputs", [args, kwargs])
         return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix,
                                     **options)
 
-    def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
+    def _model(self, step_id: str, fn: Callable[..., R], model: str, messages: JSON,
                tools: JSON, params: dict[str, Any], retry: Retry | int | None,
-               usage: UsageFn | None) -> Flow[Any]:
+               usage: UsageFn | None) -> Flow[R]:
         refuse_secrets(model, "the model id", step_id)  # recorded with the step
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         name = callable_name(fn)
@@ -153,12 +156,12 @@ class _RunBase:
                           name=name, model_id=model, prompt_hash=prompt_hash,
                           retry=as_retry(retry, "retry"), usage=usage)
 
-    def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,
-                approval: bool) -> Flow[JSON]:
+    def _effect(self, step_id: str, effect: Effect[Any], payload: JSON,
+                operation_id: str | None, approval: bool) -> Flow[Any]:
         return effect_flow(self._core, step_id, effect, payload, operation_id, approval,
                            self._prefix)
 
-    def _value(self, kind: str, step_id: str) -> Flow[JSON]:
+    def _value(self, kind: str, step_id: str) -> Flow[Any]:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
                           name=kind)
 
@@ -177,20 +180,21 @@ class _RunBase:
 
 
 class Run(_RunBase):
-    """What a plain ``def`` workflow receives. Every method records or replays one step.
+    """What a plain ``def`` workflow receives. Every method records or replays one step, and
+    returns what the step's function returned (its type too).
 
     >>> @workflow("greet")
     ... def greet(run: Run, name: str) -> str:
     ...     return run.pure("format", lambda n: f"hello {n}", name)
     """
 
-    def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """A deterministic computation; recorded so a resume need not recompute it."""
         return self._sync(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
-    def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+    def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
              max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-             **kwargs: Any) -> Any:
+             **kwargs: Any) -> R:
         """An observation of the world; replayed until ``max_age`` says it expired.
 
         ``retry`` (a ``Retry``, or a number of attempts) overrides the run's ``step_attempts``:
@@ -199,9 +203,9 @@ class Run(_RunBase):
                                      max_age=_as_max_age(max_age),
                                      retry=as_retry(retry, "retry")))
 
-    def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str, messages: JSON,
+    def model(self, step_id: str, fn: Callable[..., R], /, *, model: str, messages: JSON,
               tools: JSON = None, retry: Retry | int | None = None,
-              usage: UsageFn | None = None, **params: Any) -> Any:
+              usage: UsageFn | None = None, **params: Any) -> R:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated.
 
         The tokens it used are recorded (read from a ``usage`` field of the response, or from
@@ -209,19 +213,21 @@ class Run(_RunBase):
         budget. ``retry`` as for ``read``."""
         return self._sync(self._model(step_id, fn, model, messages, tools, params, retry, usage))
 
-    def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+               **kwargs: P.kwargs) -> R:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
         ``next_step_id``); the choice is replayed, never asked again."""
         return self._sync(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
-    def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-               operation_id: str | None = None, approval: bool = False) -> Any:
+    def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
+               operation_id: str | None = None, approval: bool = False) -> R:
         """A change in another system, dispatched at most once; returns the owner's receipt.
 
         With ``approval=True`` it is prepared, then dispatched only under a person's approval
         of this very payload (and target state, see ``Effect.target_state``): without one the
         run waits (``AwaitingApproval``) until ``safepoint.approve`` releases it."""
-        return self._sync(self._effect(step_id, effect, payload, operation_id, approval))
+        receipt: R = self._sync(self._effect(step_id, effect, payload, operation_id, approval))
+        return receipt
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
@@ -235,6 +241,12 @@ class Run(_RunBase):
         """A random UUID string, recorded."""
         return str(self._sync(self._value("uuid", step_id)))
 
+    @overload
+    def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], R]], /, *,
+                 max_threads: int = ...) -> dict[str, R]: ...
+    @overload
+    def parallel(self, step_id: str, branches: Sequence[Callable[[Run], R]], /, *,
+                 max_threads: int = ...) -> list[R]: ...
     def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], Any]]
                  | Sequence[Callable[[Run], Any]], /, *,
                  max_threads: int = _DEFAULT_PARALLEL_THREADS) -> Any:
@@ -283,12 +295,27 @@ class Run(_RunBase):
 
 
 class AsyncRun(_RunBase):
-    """What an ``async def`` workflow receives: the methods of ``Run``, awaited."""
+    """What an ``async def`` workflow receives: the methods of ``Run``, awaited. A step's
+    function may be plain or ``async``; the step returns what it returned, awaited."""
 
+    @overload
+    async def pure(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+                   **kwargs: P.kwargs) -> R: ...
     async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
+    @overload
+    async def read(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *args: Any,
+                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+                   **kwargs: Any) -> R: ...
+    @overload
+    async def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
+                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+                   **kwargs: Any) -> R: ...
     async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    max_age: timedelta | float | None = None, retry: Retry | int | None = None,
                    **kwargs: Any) -> Any:
@@ -296,17 +323,37 @@ class AsyncRun(_RunBase):
                                             max_age=_as_max_age(max_age),
                                             retry=as_retry(retry, "retry")))
 
+    @overload
+    async def model(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *, model: str,
+                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
+                    usage: UsageFn | None = None, **params: Any) -> R: ...
+    @overload
+    async def model(self, step_id: str, fn: Callable[..., R], /, *, model: str,
+                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
+                    usage: UsageFn | None = None, **params: Any) -> R: ...
     async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
                     messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
                     usage: UsageFn | None = None, **params: Any) -> Any:
         return await self._async(self._model(step_id, fn, model, messages, tools, params,
                                              retry, usage))
 
+    @overload
+    async def decide(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
+                     **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+                     **kwargs: P.kwargs) -> R: ...
     async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                      **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
-    async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
+    @overload
+    async def effect(self, step_id: str, effect: Effect[Awaitable[R]], /, *, payload: JSON,
+                     operation_id: str | None = None, approval: bool = False) -> R: ...
+    @overload
+    async def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
+                     operation_id: str | None = None, approval: bool = False) -> R: ...
+    async def effect(self, step_id: str, effect: Effect[Any], /, *, payload: JSON,
                      operation_id: str | None = None, approval: bool = False) -> Any:
         return await self._async(self._effect(step_id, effect, payload, operation_id,
                                               approval))
@@ -321,6 +368,13 @@ class AsyncRun(_RunBase):
     async def uuid(self, step_id: str = "uuid") -> str:
         return str(await self._async(self._value("uuid", step_id)))
 
+    @overload
+    async def gather(self, step_id: str,
+                     branches: Mapping[str, Callable[[AsyncRun], Awaitable[R]]], /,
+                     ) -> dict[str, R]: ...
+    @overload
+    async def gather(self, step_id: str, branches: Sequence[Callable[[AsyncRun], Awaitable[R]]],
+                     /) -> list[R]: ...
     async def gather(self, step_id: str, branches: Mapping[str, Callable[[AsyncRun], Any]]
                      | Sequence[Callable[[AsyncRun], Any]], /) -> Any:
         """``Run.parallel`` for async workflows: each branch is a coroutine function called

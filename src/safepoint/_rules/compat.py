@@ -22,7 +22,8 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import UsageError
-from .canonical import JSON, canonical, digest, input_hash, require_json
+from ..types import JSON
+from .canonical import canonical, digest, input_hash, require_json
 from .secrets import refuse_secrets
 
 

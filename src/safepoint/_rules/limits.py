@@ -17,8 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..errors import UsageError
-from ..types import AttemptRecord, Budget, Retry, RunRecord, StepKind
-from .canonical import JSON
+from ..types import JSON, AttemptRecord, Budget, Retry, RunRecord, StepKind
 
 # Only observations and model calls are tried again: a pure step would fail the same way, a
 # decision is the planner's (recorded once), and an effect has its own protocol.
