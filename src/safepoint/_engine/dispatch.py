@@ -176,9 +176,9 @@ class EffectDispatch:
                 self.core.run.run_id, self.sid,
                 f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
                 f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
-                f" reaches, and the code asks for a new operation {op_id!r} (step {self.sid!r}, effect"
-                f" {self.effect.name!r}) instead; nothing new is dispatched beside it, under a fresh"
-                " key — deploy the code that reaches it (the effect step's id, operation_id and"
+                f" reaches, and the code asks for a new operation {op_id!r} (step {self.sid!r},"
+                f" effect {self.effect.name!r}) instead; nothing new is dispatched beside it, under"
+                " a fresh key — deploy the code that reaches it (the effect step's id, operation_id and"
                 " place as recorded), or settle the run by hand"),
             phase="replay_mismatch", op=orphan,
             evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
@@ -188,13 +188,13 @@ class EffectDispatch:
                           name=self.effect.name, input_hash=hashed, result=op.receipt,
                           seq=self.core.next_seq(self.sid), operation_id=op.operation_id)
 
-    def new_operation(self, op_id: str, payload_ref: str,
-                      key_scope: str, *, approval: bool = False,
-                      target: str | None = None) -> OperationRecord:
+    def new_operation(self, op_id: str, payload_ref: str, key_scope: str, *,
+                      approval: bool = False, target: str | None = None) -> OperationRecord:
+        ledger_id = self.core.store.identity.ledger_id
         return OperationRecord(
-            run_id=self.core.run.run_id, operation_id=op_id, step_id=self.sid, effect=self.effect.name,
-            state=EffectState.PREPARED, payload_ref=payload_ref,
-            effect_key=mint_effect_key(self.core.store.identity.ledger_id, key_scope, op_id),  # once
+            run_id=self.core.run.run_id, operation_id=op_id, step_id=self.sid,
+            effect=self.effect.name, state=EffectState.PREPARED, payload_ref=payload_ref,
+            effect_key=mint_effect_key(ledger_id, key_scope, op_id),  # minted once
             approval_required=approval, target_digest=target)
 
     def prepare_dispatching(self, op_id: str, payload_ref: str,
@@ -211,7 +211,8 @@ class EffectDispatch:
         yield from self.core.flush()
         yield from self.core.enter_dispatch()
         try:
-            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op, payload_bytes)
+            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op,
+                               payload_bytes)
         except BaseException as exc:
             self.core.leave_dispatch()  # nothing was written: no dispatch in flight
             if isinstance(exc, HistoryLimitReached):
@@ -219,8 +220,8 @@ class EffectDispatch:
             raise
         return op
 
-    def prepared(self, op_id: str, payload: JSON,
-                 payload_bytes: bytes, approval: bool, key_scope: str) -> Flow[tuple[OperationRecord, JSON]]:
+    def prepared(self, op_id: str, payload: JSON, payload_bytes: bytes, approval: bool,
+                 key_scope: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation, prepared now or as the ledger has it, and the payload it carries."""
         payload_ref = digest(payload_bytes)
         op = self.core.operations.get(op_id)
@@ -231,17 +232,16 @@ class EffectDispatch:
             # Read now too, so that an approval given before the run reaches its gate (it
             # crashed in between) is bound to the target's state it will find there.
             target = (yield from self.target_digest(payload)) if approval else None
-            op = self.new_operation(op_id, payload_ref, key_scope,
-                                     approval=approval, target=target)
+            op = self.new_operation(op_id, payload_ref, key_scope, approval=approval,
+                                    target=target)
             yield from self.core.flush()
-            yield from self.core.append_new(io(Store.prepare_effect, self.core.claim, op, payload_bytes),
-                                       self.sid)
+            yield from self.core.append_new(
+                io(Store.prepare_effect, self.core.claim, op, payload_bytes), self.sid)
             self.core.operations[op_id] = op
             crashpoint("effect.after_prepared", self.sid)
         else:
             if op.payload_ref != payload_ref and may_reprepare(op, replans=self.core.replans):
-                op = yield from self.reprepare(op, payload, payload_bytes,
-                                                payload_ref)
+                op = yield from self.reprepare(op, payload, payload_bytes, payload_ref)
             op, payload = yield from self.prepared_payload(op, payload_ref)
         if approval and not op.approval_required:
             op = replace(op, approval_required=True)  # the gate records it in the store too
@@ -280,7 +280,7 @@ class EffectDispatch:
             if gate.approval is None:
                 assert gate.waiting_for is not None  # a run made to wait says what for
                 error = awaiting(self.core.run.run_id, gate.waiting_for)
-                self.core.halted = error  # the run is released: this run object does nothing more
+                self.core.halted = error  # the run is released: this run object does no more
                 raise error
         finally:
             self.core.end_turn()
@@ -295,7 +295,7 @@ class EffectDispatch:
         for attempt in range(1, _GATE_ATTEMPTS + 1):
             if op.approval_required:
                 op = yield from self.authorize(op, payload)
-            yield from self.core.enter_dispatch()  # left by call_owner once the outcome is recorded
+            yield from self.core.enter_dispatch()  # left by call_owner with the outcome
             try:
                 return (yield from self.core.write(
                     io(Store.mark_dispatching, self.core.claim, op.operation_id)))
@@ -337,7 +337,8 @@ class EffectDispatch:
             raise EffectRejected(self.core.run.run_id, self.sid, op_id, settled.error)
         return settled
 
-    def prepared_payload(self, op: OperationRecord, payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
+    def prepared_payload(self, op: OperationRecord,
+                         payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation and the payload it may be sent with: the payload as it was prepared (a
         replacement worker never regenerates it). Under ``replan`` a payload changed after it
         may have been sent is never sent again (None): its outcome is reconciled, a receipt is
@@ -379,9 +380,11 @@ class EffectDispatch:
         return op
 
     def key(self, op: OperationRecord) -> EffectKey:
-        return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id, self.core.claim.fence)
+        return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id,
+                         self.core.claim.fence)
 
-    def dispatch(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
+    def dispatch(self, op: OperationRecord, payload: JSON,
+                 step: StepRecord) -> Flow[OperationRecord]:
         """prepared → dispatching → call → applied / accepted / rejected / unknown.
 
         From the moment "dispatching" is committed until an outcome is, every way out leaves
@@ -399,7 +402,8 @@ class EffectDispatch:
             raise
         return (yield from self.call_owner(op, payload, step))
 
-    def call_owner(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
+    def call_owner(self, op: OperationRecord, payload: JSON,
+                   step: StepRecord) -> Flow[OperationRecord]:
         """The call of a dispatch committed as "dispatching", and its recorded outcome; then
         the dispatch entered before that commit (``enter_dispatch``, by ``mark_dispatching``
         or ``prepare_dispatching``) is left."""
@@ -408,7 +412,8 @@ class EffectDispatch:
         finally:
             self.core.leave_dispatch()
 
-    def call_and_record(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
+    def call_and_record(self, op: OperationRecord, payload: JSON,
+                        step: StepRecord) -> Flow[OperationRecord]:
         self.core.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", self.sid)
         try:
@@ -417,7 +422,7 @@ class EffectDispatch:
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
                 return (yield from self.record(op, EffectState.UNKNOWN,
-                                                error=error_evidence(exc)))
+                                               error=error_evidence(exc)))
             op = yield from self.record(op, EffectState.PREPARED, error=error_evidence(exc))
             if op.dispatch_count >= self.effect.max_dispatches:
                 raise
@@ -439,8 +444,8 @@ class EffectDispatch:
         except NotJSON as exc:
             # The owner answered, so the effect most likely happened; but what execute returned
             # cannot be recorded. Uncertain, and said so at once (see _unusable_receipt).
-            return (yield from self.record(op, EffectState.UNKNOWN,
-                                       error={**error_evidence(exc), "receipt_not_json": True}))
+            return (yield from self.record(
+                op, EffectState.UNKNOWN, error={**error_evidence(exc), "receipt_not_json": True}))
         # A receipt is the owner's word that it happened: keep it, with any credential in it (a
         # client_secret, say) masked, rather than lose the outcome.
         receipt = redact_json(receipt)
@@ -461,7 +466,8 @@ class EffectDispatch:
         self.core.release_on_halt = True
         yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc))
 
-    def applied(self, op: OperationRecord, receipt: JSON, step: StepRecord) -> Flow[OperationRecord]:
+    def applied(self, op: OperationRecord, receipt: JSON,
+                step: StepRecord) -> Flow[OperationRecord]:
         if self.effect.verify is None:  # nothing to verify: applied and accepted are one commit
             op = yield from self.record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
             crashpoint("effect.after_outcome", self.sid)
@@ -471,7 +477,8 @@ class EffectDispatch:
             crashpoint("effect.after_outcome", self.sid)
         return op
 
-    def reconcile(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
+    def reconcile(self, op: OperationRecord, payload: JSON,
+                  step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.reconcile is not None
         try:
             answer = yield Call(self.effect.reconcile, (self.key(op),))
@@ -490,8 +497,7 @@ class EffectDispatch:
             except UsageError as exc:
                 decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
             else:
-                return (yield from self.applied(op, redact_json(answer.receipt),
-                                                 step))
+                return (yield from self.applied(op, redact_json(answer.receipt), step))
         if decided.action is Action.DISPATCH and (unusable := _unusable_receipt(op)) is not None:
             decided = Next(Action.BLOCK, unusable)
         if decided.action is Action.DISPATCH:
@@ -502,11 +508,12 @@ class EffectDispatch:
                 raise self.core.cancelled()
             if payload is None:
                 yield from self.core.block(_changed_payload(self.core.run.run_id, self.sid, op),
-                                      phase="reconcile_effect", op=op)
+                                           phase="reconcile_effect", op=op)
             return (yield from self.dispatch(op, payload, step))
-        yield from self.core.block(NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id,
-                                                  _with_cause(decided, op)),
-                              phase="reconcile_effect", op=op)
+        yield from self.core.block(
+            NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id,
+                                _with_cause(decided, op)),
+            phase="reconcile_effect", op=op)
         raise AssertionError("unreachable")
 
     def verify(self, op: OperationRecord, step: StepRecord) -> Flow[OperationRecord]:
