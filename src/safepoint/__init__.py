@@ -13,11 +13,7 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
-from ._engine.run import AsyncRun, Run
-from ._engine.verbs import approve, approve_async, resolve, revoke_approval, revoke_approval_async
-from ._engine.worker import Worker
-from ._engine.workflow import (
-    Workflow,
+from ._engine.lifecycle import (
     cancel,
     cancel_async,
     resume,
@@ -26,8 +22,11 @@ from ._engine.workflow import (
     start_async,
     submit,
     submit_async,
-    workflow,
 )
+from ._engine.run import AsyncRun, Run
+from ._engine.verbs import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.worker import Worker
+from ._engine.workflow import Workflow, workflow
 from ._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._rules.recovery import record_schema
 from ._rules.secrets import Secret

@@ -3,18 +3,19 @@
 What a run's code meets (``RunStatus``, ``RunRecord``, ``Resolution``, ...) and what a store
 implements its protocol with (``Claim``, ``Ledger``, ``ApprovalRequest``, ...). ``JSON`` is the
 type of every value the ledger records — a step's result, a run's input, an effect's payload —
-a value ``json`` writes and reads back equal. ``Compatibility`` is defined beside the rules of
-compatibility and re-exported here.
+a value ``json`` writes and reads back equal; ``Recorded`` is what a record's field holds when it
+is read back (JSON of plain dicts and lists, typed ``Any`` so that the reader says what shape it
+expects).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeAlias
 
-from ._rules.compat import Compatibility
 from .errors import UsageError
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Ledger",
     "LedgerIdentity",
     "OperationRecord",
+    "Recorded",
     "Resolution",
     "ResolutionAction",
     "Retry",
@@ -45,7 +47,13 @@ __all__ = [
     "UnreadableRun",
 ]
 
-JSON = Any
+# A JSON value, wherever one is passed in (a payload, messages, a receipt, a result to record):
+# read-only containers, so that a ``dict[str, int]`` or a list of dicts is one too (``dict`` and
+# ``list`` are invariant). What a record holds, read back from the ledger, is JSON of plain dicts
+# and lists; those fields are typed ``Any`` (``Recorded``), so that code reading a record says
+# what shape it expects instead of narrowing a union at every step.
+JSON: TypeAlias = Mapping[str, "JSON"] | Sequence["JSON"] | str | int | float | bool | None
+Recorded: TypeAlias = Any
 
 
 class Durability(StrEnum):
@@ -53,6 +61,14 @@ class Durability(StrEnum):
 
     PROCESS_CRASH = "process_crash"  # default: survives the process dying (SQLite WAL, NORMAL)
     POWER_LOSS = "power_loss"        # also survives the machine losing power (fsync every commit)
+
+
+class Compatibility(StrEnum):
+    """What a worker does with a run recorded by other code (another version or fingerprint),
+    or whose recorded step answers another question than the one now asked."""
+
+    REFUSE = "refuse"  # block with the recovery record; a person deploys the old code or gives up
+    REPLAN = "replan"  # abandon the stale tail of observations and decisions, keep the effects
 
 
 class RunStatus(StrEnum):
@@ -113,14 +129,14 @@ class RunRecord:
     workflow_version: str
     status: RunStatus
     input_hash: str
-    inputs: JSON
+    inputs: Recorded
     state_revision: int
     owner: str | None
     lease_expires_at: int | None
     fence: int
     resume_count: int
     event_count: int
-    result: JSON
+    result: Recorded
     error: dict[str, Any] | None
     recovery_record: dict[str, Any] | None
     created_at: int
@@ -220,7 +236,7 @@ class StepRecord:
     kind: StepKind
     name: str
     input_hash: str
-    result: JSON
+    result: Recorded
     seq: int = 0
     status: StepStatus = StepStatus.COMPLETED
     error: dict[str, Any] | None = None
@@ -266,8 +282,8 @@ class OperationRecord:
     effect_key: str
     dispatch_count: int = 0
     first_dispatched_at: int | None = None
-    receipt: JSON = None
-    error: JSON = None
+    receipt: Recorded = None
+    error: Recorded = None
     fence: int = 0
     prepared_at: int = 0
     updated_at: int = 0
@@ -289,7 +305,7 @@ class EventRecord:
     operation_id: str | None
     fence: int | None
     worker: str | None
-    detail: JSON
+    detail: Recorded
 
 
 class ResolutionAction(StrEnum):

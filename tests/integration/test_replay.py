@@ -439,7 +439,7 @@ def test_pure_steps_are_written_in_batches_and_computed_again_when_a_crash_loses
     """Pure steps are recomputable: they are written lazily — with the next step the run
     records, or PURE_BATCH at a time — so a long computation costs a commit per batch, not per
     step. A crash loses at most the batch in progress, and a resume computes it again."""
-    from safepoint._engine.run import PURE_BATCH
+    from safepoint._engine.core import PURE_BATCH
 
     calls: list[int] = []
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from safepoint._engine.run import PURE_BATCH
+from safepoint._engine.core import PURE_BATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 

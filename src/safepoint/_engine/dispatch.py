@@ -1,20 +1,21 @@
 """The effect dispatch protocol (DESIGN §3), carried out for one effect step of a run.
 
-``_rules.effects`` decides (pure functions over durable evidence); this module carries the decisions
-out as a flow — prepare, the approval gate, "dispatching", the call, the outcome, the verifier,
-reconciliation after a crash — yielding store requests and owner calls for ``RunCore``'s
-drivers, never doing I/O itself. Reading order: ``effect_flow``, then one function per
-transition in the order an effect goes through them.
+``_rules.effects`` decides (pure functions over durable evidence); an ``EffectDispatch`` carries
+the decisions out as a flow — prepare, the approval gate, "dispatching", the call, the outcome,
+the verifier, reconciliation after a crash — yielding store requests and owner calls for the
+run core's drivers, never doing I/O itself. One is bound to the run's core, the step's id and
+the effect; its methods are the protocol's transitions. Reading order: ``effect_flow``, then
+``EffectDispatch.carry_out``, then one method per transition in the order an effect goes
+through them.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from .._rules.approvals import awaiting, may_reprepare
 from .._rules.canonical import (
-    JSON,
     canonical,
     checked_canonical,
     digest,
@@ -53,19 +54,11 @@ from ..errors import (
     UsageError,
     VerificationFailed,
 )
-from ..types import (
-    EffectState,
-    OperationRecord,
-    StepKind,
-    StepRecord,
-)
+from ..storage.base import Store
+from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
+from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
-from .flow import Call, CallTimedOut, Flow, Io, Sleep
-from .flow import is_async_callable as _is_async_callable
-
-if TYPE_CHECKING:
-    from .run import RunCore
-
+from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 
 _NOT_SENT_BACKOFF_S = 0.05
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
@@ -75,335 +68,471 @@ _GATE_ATTEMPTS = 3
 
 def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
                 operation_id: str | None, approval: bool = False,
-                prefix: str = "") -> Flow:
+                prefix: str = "") -> Flow[Any]:
     """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
-    With ``approval``, no dispatch without a person's valid approval (see ``_authorize``)."""
+    With ``approval``, no dispatch without a person's valid approval (see ``authorize``)."""
     core.check_halt()
     sid = core.occurrence(step_id, prefix)
     if not core.is_async:
         _refuse_async_callables(effect)
-    payload_bytes = checked_canonical(payload, "payload", sid)
-    refuse_secrets(payload, "the payload", sid)
-    payload_ref = digest(payload_bytes)
-    # Every dispatch, first or after a crash, sends the payload exactly as stored.
-    payload = loads(payload_bytes)
-    # An operation id given is checked as given: an empty one must not fall back to the step's
-    # id while it names the operation across the run's chain.
-    op_id = sid if operation_id is None else check_id(operation_id, "operation id")
-    core.unreached.discard(op_id)
-    hashed = input_hash({"effect": effect.name, "operation_id": op_id,
-                         "payload": payload_ref})
-    recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
-                                             core.operations.get(op_id))
-    if recorded is not None:
-        return recorded.result
+    return (yield from EffectDispatch(core, sid, effect).carry_out(payload, operation_id,
+                                                                   approval, prefix))
 
-    # An operation id the caller chose names the operation across the run's chain: one an
-    # earlier run of the chain settled is never dispatched again (nor keyed afresh). A step's
-    # own id, the default, names it within this run only.
-    chained = operation_id is not None
-    if op_id not in core.operations and chained and core.run.parent_run_id is not None:
-        settled = yield from _settled_in_chain(core, sid, effect, op_id, payload_ref)
-        if settled is not None:
-            return settled.receipt
-    if op_id not in core.operations and core.unreached:
-        yield from _refuse_beside_orphans(core, sid, effect, op_id, prefix)
-    key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
-    if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
-        # Nothing stands between prepared and dispatching: one commit, then the call.
-        op = yield from _prepare_dispatching(core, sid, effect, op_id, payload_ref,
-                                                  payload_bytes, key_scope)
-        step = _accepted_step(core, sid, effect, op, hashed)  # recorded on acceptance
-        op = yield from _call_owner(core, sid, effect, op, payload, step)
-    else:
-        op, payload = yield from _prepared(core, sid, effect, op_id, payload, payload_bytes,
-                                                approval, key_scope)
-        step = _accepted_step(core, sid, effect, op, hashed)
-    while True:
-        decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
-                              can_verify=effect.verify is not None)
-        if decided.action is Action.DISPATCH and payload is None:
-            yield from core.block(_changed_payload(core.run.run_id, sid, op),
-                                  phase="reconcile_effect", op=op)
-        if decided.action is Action.DISPATCH:
-            op = yield from _dispatch(core, sid, effect, op, payload, step)
-        elif decided.action is Action.RECONCILE:
-            op = yield from _reconcile(core, sid, effect, op, payload, step)
-        elif decided.action is Action.VERIFY:
-            op = yield from _verify(core, sid, effect, op, step)
-        elif decided.action is Action.ACCEPT:
-            op = yield from _record(core, op, EffectState.ACCEPTED, receipt=op.receipt,
-                                         step=step)
-        elif decided.action is Action.REPLAY:
-            if core.replans and sid not in core.steps and not core.cancelling:
-                # kept from before a re-plan: the step now points at it, so later replays
-                # find it directly
-                yield from core.append_new(Io("record_step", (core.claim, step)), sid)
-                core.steps[sid] = step
-            return op.receipt
-        elif decided.action is Action.REPLAY_REJECTION:
-            raise EffectRejected(core.run.run_id, sid, op_id, op.error)
+
+class EffectDispatch:
+    """One effect step of a run carried through the dispatch protocol: the run's core, the
+    step's id (its occurrence, ``sid``) and the effect, which every transition needs."""
+
+    __slots__ = ("core", "effect", "sid")
+
+    def __init__(self, core: RunCore, sid: str, effect: Effect) -> None:
+        self.core = core
+        self.sid = sid
+        self.effect = effect
+
+    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool,
+                  prefix: str) -> Flow[Any]:
+        """Replay the step, or take its operation from where the ledger stands to accepted;
+        return the receipt (as recorded)."""
+        core, sid, effect = self.core, self.sid, self.effect
+        payload_bytes = checked_canonical(payload, "payload", sid)
+        refuse_secrets(payload, "the payload", sid)
+        payload_ref = digest(payload_bytes)
+        # Every dispatch, first or after a crash, sends the payload exactly as stored.
+        payload = loads(payload_bytes)
+        # An operation id given is checked as given: an empty one must not fall back to the
+        # step's id while it names the operation across the run's chain.
+        op_id = sid if operation_id is None else check_id(operation_id, "operation id")
+        core.unreached.discard(op_id)
+        hashed = input_hash({"effect": effect.name, "operation_id": op_id,
+                             "payload": payload_ref})
+        recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
+                                                 core.operations.get(op_id))
+        if recorded is not None:
+            return recorded.result
+
+        # An operation id the caller chose names the operation across the run's chain: one an
+        # earlier run of the chain settled is never dispatched again (nor keyed afresh). A
+        # step's own id, the default, names it within this run only.
+        chained = operation_id is not None
+        if op_id not in core.operations and chained and core.run.parent_run_id is not None:
+            settled = yield from self.settled_in_chain(op_id, payload_ref)
+            if settled is not None:
+                return settled.receipt
+        if op_id not in core.operations and core.unreached:
+            yield from self.refuse_beside_orphans(op_id, prefix)
+        key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
+        if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
+            # Nothing stands between prepared and dispatching: one commit, then the call.
+            op = yield from self.prepare_dispatching(op_id, payload_ref, payload_bytes,
+                                                     key_scope)
+            step = self.accepted_step(op, hashed)  # recorded on acceptance
+            op = yield from self.call_owner(op, payload, step)
         else:
-            yield from core.block(
-                NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
-                phase="reconcile_effect", op=op)
+            op, payload = yield from self.prepared(op_id, payload, payload_bytes, approval,
+                                                   key_scope)
+            step = self.accepted_step(op, hashed)
+        while True:
+            decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
+                                  can_verify=effect.verify is not None)
+            if decided.action is Action.DISPATCH and payload is None:
+                yield from core.block(_changed_payload(core.run.run_id, sid, op),
+                                      phase="reconcile_effect", op=op)
+            if decided.action is Action.DISPATCH:
+                op = yield from self.dispatch(op, payload, step)
+            elif decided.action is Action.RECONCILE:
+                op = yield from self.reconcile(op, payload, step)
+            elif decided.action is Action.VERIFY:
+                op = yield from self.verify(op, step)
+            elif decided.action is Action.ACCEPT:
+                op = yield from self.record(op, EffectState.ACCEPTED, receipt=op.receipt,
+                                            step=step)
+            elif decided.action is Action.REPLAY:
+                if core.replans and sid not in core.steps and not core.cancelling:
+                    # kept from before a re-plan: the step now points at it, so later replays
+                    # find it directly
+                    yield from core.append_new(io(Store.record_step, core.claim, step), sid)
+                    core.steps[sid] = step
+                return op.receipt
+            elif decided.action is Action.REPLAY_REJECTION:
+                raise EffectRejected(core.run.run_id, sid, op_id, op.error)
+            else:
+                yield from core.block(
+                    NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
+                    phase="reconcile_effect", op=op)
 
+    def refuse_beside_orphans(self, op_id: str, prefix: str) -> Flow[None]:
+        """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
+        an operation that may have happened and that this code no longer reaches (see
+        ``orphaned``) — under a fresh key, the same change would be made twice."""
+        found = orphaned([self.core.operations[op_id] for op_id in sorted(self.core.unreached)],
+                         self.core.open_branches, prefix, replans=self.core.replans)
+        if not found:
+            return
+        orphan = found[0]
+        asked = {"step_id": self.sid, "effect": self.effect.name, "operation_id": op_id}
+        yield from self.core.block(
+            ReplayMismatch(
+                self.core.run.run_id, self.sid,
+                f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
+                f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
+                f" reaches, and the code asks for a new operation {op_id!r} (step {self.sid!r},"
+                f" effect {self.effect.name!r}) instead; nothing new is dispatched beside it, under"
+                " a fresh key — deploy the code that reaches it (the effect step's id, operation_id and"
+                " place as recorded), or settle the run by hand"),
+            phase="replay_mismatch", op=orphan,
+            evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
 
-def _refuse_beside_orphans(core: RunCore, sid: str, effect: Effect, op_id: str,
-                           prefix: str) -> Flow:
-    """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
-    an operation that may have happened and that this code no longer reaches (see
-    ``orphaned``) — under a fresh key, the same change would be made twice."""
-    found = orphaned([core.operations[op_id] for op_id in sorted(core.unreached)],
-                     core.open_branches, prefix, replans=core.replans)
-    if not found:
-        return
-    orphan = found[0]
-    asked = {"step_id": sid, "effect": effect.name, "operation_id": op_id}
-    yield from core.block(
-        ReplayMismatch(
-            core.run.run_id, sid,
-            f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
-            f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
-            f" reaches, and the code asks for a new operation {op_id!r} (step {sid!r}, effect"
-            f" {effect.name!r}) instead; nothing new is dispatched beside it, under a fresh"
-            " key — deploy the code that reaches it (the effect step's id, operation_id and"
-            " place as recorded), or settle the run by hand"),
-        phase="replay_mismatch", op=orphan,
-        evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
+    def accepted_step(self, op: OperationRecord, hashed: str) -> StepRecord:
+        return StepRecord(run_id=self.core.run.run_id, step_id=self.sid, kind=StepKind.EFFECT,
+                          name=self.effect.name, input_hash=hashed, result=op.receipt,
+                          seq=self.core.next_seq(self.sid), operation_id=op.operation_id)
 
+    def new_operation(self, op_id: str, payload_ref: str, key_scope: str, *,
+                      approval: bool = False, target: str | None = None) -> OperationRecord:
+        ledger_id = self.core.store.identity.ledger_id
+        return OperationRecord(
+            run_id=self.core.run.run_id, operation_id=op_id, step_id=self.sid,
+            effect=self.effect.name, state=EffectState.PREPARED, payload_ref=payload_ref,
+            effect_key=mint_effect_key(ledger_id, key_scope, op_id),  # minted once
+            approval_required=approval, target_digest=target)
 
-def _accepted_step(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-                   hashed: str) -> StepRecord:
-    return StepRecord(run_id=core.run.run_id, step_id=sid, kind=StepKind.EFFECT,
-                      name=effect.name, input_hash=hashed, result=op.receipt,
-                      seq=core.next_seq(sid), operation_id=op.operation_id)
-
-
-def _new_operation(core: RunCore, sid: str, effect: Effect, op_id: str, payload_ref: str,
-                   key_scope: str, *, approval: bool = False,
-                   target: str | None = None) -> OperationRecord:
-    return OperationRecord(
-        run_id=core.run.run_id, operation_id=op_id, step_id=sid, effect=effect.name,
-        state=EffectState.PREPARED, payload_ref=payload_ref,
-        effect_key=mint_effect_key(core.store.identity.ledger_id, key_scope, op_id),  # once
-        approval_required=approval, target_digest=target)
-
-
-def _prepare_dispatching(core: RunCore, sid: str, effect: Effect, op_id: str, payload_ref: str,
-                         payload_bytes: bytes, key_scope: str) -> Flow:
-    """A new operation prepared and committed "dispatching" at once, no gate standing
-    between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
-    Enters the dispatch (``enter_dispatch``), for ``_call_owner`` to leave."""
-    if core.cancelling:
-        raise core.cancelled()  # the store would refuse it too
-    crashpoint("effect.before_prepare", sid)
-    op = _new_operation(core, sid, effect, op_id, payload_ref, key_scope)
-    # Flushed before the dispatch is entered: a flush refused at the history limit blocks
-    # the run, which first waits for every dispatch in flight — this one too, if entered.
-    yield from core.flush()
-    yield from core.enter_dispatch()
-    try:
-        op = yield Io("prepare_and_mark_dispatching", (core.claim, op, payload_bytes))
-    except BaseException as exc:
-        core.leave_dispatch()  # nothing was written: no dispatch in flight
-        if isinstance(exc, HistoryLimitReached):
-            yield from core.block_at_history_limit(exc, sid)
-        raise
-    return op
-
-
-def _prepared(core: RunCore, sid: str, effect: Effect, op_id: str, payload: JSON,
-              payload_bytes: bytes, approval: bool, key_scope: str) -> Flow:
-    """The operation, prepared now or as the ledger has it, and the payload it carries."""
-    payload_ref = digest(payload_bytes)
-    op = core.operations.get(op_id)
-    if op is None:
-        if core.cancelling:
-            raise core.cancelled()
-        crashpoint("effect.before_prepare", sid)
-        # Read now too, so that an approval given before the run reaches its gate (it
-        # crashed in between) is bound to the target's state it will find there.
-        target = (yield from _target_digest(core, sid, effect, payload)) if approval else None
-        op = _new_operation(core, sid, effect, op_id, payload_ref, key_scope,
-                                 approval=approval, target=target)
-        yield from core.flush()
-        yield from core.append_new(Io("prepare_effect", (core.claim, op, payload_bytes)),
-                                   sid)
-        core.operations[op_id] = op
-        crashpoint("effect.after_prepared", sid)
-    else:
-        if op.payload_ref != payload_ref and may_reprepare(op, replans=core.replans):
-            op = yield from _reprepare(core, sid, effect, op, payload, payload_bytes,
-                                            payload_ref)
-        op, payload = yield from _prepared_payload(core, sid, effect, op, payload_ref)
-    if approval and not op.approval_required:
-        op = replace(op, approval_required=True)  # the gate records it in the store too
-    return op, payload
-
-
-def _reprepare(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-               payload_bytes: bytes, payload_ref: str) -> Flow:
-    """The payload changed before it ever left — of an effect that waits for approval, or
-    under ``replan``: it is prepared anew, under the same key (never sent), and must be
-    approved anew where it needs approval."""
-    if core.cancelling:
-        raise core.cancelled()
-    target = yield from _target_digest(core, sid, effect, payload)
-    op = replace(op, payload_ref=payload_ref, target_digest=target)
-    yield from core.write(Io("reprepare_effect", (core.claim, op, payload_bytes)))
-    core.operations[op.operation_id] = op
-    return op
-
-
-def _target_digest(core: RunCore, sid: str, effect: Effect, payload: JSON) -> Flow:
-    """The digest of the effect's target's state as it reads now (None without one)."""
-    if effect.target_state is None:
-        return None
-    state = yield Call(effect.target_state, (loads(canonical(payload)),))
-    require_json(state, "target state", sid)
-    return digest(canonical(state))
-
-
-def _authorize(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-               payload: JSON) -> Flow:
-    """The gate between prepared and dispatching: the store returns an approval of this
-    payload on the target as it now reads — or, atomically, makes the run wait."""
-    target = yield from _target_digest(core, sid, effect, payload)
-    yield from core.release_turn()  # the gate may release the run
-    try:
-        core.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
-        gate = yield from core.write(
-            Io("await_approval", (core.claim, op.operation_id, target)))
-        if gate.approval is None:
-            error = awaiting(core.run.run_id, gate.waiting_for)
-            core.halted = error  # the run is released: this run object does nothing more
-            raise error
-    finally:
-        core.end_turn()
-    op = replace(op, approval_required=True, target_digest=target)
-    core.operations[op.operation_id] = op
-    core.approvals[op.operation_id] = gate.approval
-    return op
-
-
-def _mark_dispatching(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-                      payload: JSON) -> Flow:
-    """Commit "dispatching" — through the approval gate first when the effect needs one.
-    The store checks the approval again in the dispatch's own transaction."""
-    for attempt in range(1, _GATE_ATTEMPTS + 1):
-        if op.approval_required:
-            op = yield from _authorize(core, sid, effect, op, payload)
-        yield from core.enter_dispatch()  # left by _call_owner once the outcome is recorded
+    def prepare_dispatching(self, op_id: str, payload_ref: str,
+                            payload_bytes: bytes, key_scope: str) -> Flow[OperationRecord]:
+        """A new operation prepared and committed "dispatching" at once, no gate standing
+        between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
+        Enters the dispatch (``enter_dispatch``), for ``call_owner`` to leave."""
+        if self.core.cancelling:
+            raise self.core.cancelled()  # the store would refuse it too
+        crashpoint("effect.before_prepare", self.sid)
+        op = self.new_operation(op_id, payload_ref, key_scope)
+        # Flushed before the dispatch is entered: a flush refused at the history limit blocks
+        # the run, which first waits for every dispatch in flight — this one too, if entered.
+        yield from self.core.flush()
+        yield from self.core.enter_dispatch()
         try:
-            return (yield from core.write(
-                Io("mark_dispatching", (core.claim, op.operation_id))))
+            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op,
+                               payload_bytes)
         except BaseException as exc:
-            core.leave_dispatch()
-            if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
+            self.core.leave_dispatch()  # nothing was written: no dispatch in flight
+            if isinstance(exc, HistoryLimitReached):
+                yield from self.core.block_at_history_limit(exc, self.sid)
+            raise
+        return op
+
+    def prepared(self, op_id: str, payload: JSON, payload_bytes: bytes, approval: bool,
+                 key_scope: str) -> Flow[tuple[OperationRecord, JSON]]:
+        """The operation, prepared now or as the ledger has it, and the payload it carries."""
+        payload_ref = digest(payload_bytes)
+        op = self.core.operations.get(op_id)
+        if op is None:
+            if self.core.cancelling:
+                raise self.core.cancelled()
+            crashpoint("effect.before_prepare", self.sid)
+            # Read now too, so that an approval given before the run reaches its gate (it
+            # crashed in between) is bound to the target's state it will find there.
+            target = (yield from self.target_digest(payload)) if approval else None
+            op = self.new_operation(op_id, payload_ref, key_scope, approval=approval,
+                                    target=target)
+            yield from self.core.flush()
+            yield from self.core.append_new(
+                io(Store.prepare_effect, self.core.claim, op, payload_bytes), self.sid)
+            self.core.operations[op_id] = op
+            crashpoint("effect.after_prepared", self.sid)
+        else:
+            if op.payload_ref != payload_ref and may_reprepare(op, replans=self.core.replans):
+                op = yield from self.reprepare(op, payload, payload_bytes, payload_ref)
+            op, payload = yield from self.prepared_payload(op, payload_ref)
+        if approval and not op.approval_required:
+            op = replace(op, approval_required=True)  # the gate records it in the store too
+        return op, payload
+
+    def reprepare(self, op: OperationRecord, payload: JSON,
+                  payload_bytes: bytes, payload_ref: str) -> Flow[OperationRecord]:
+        """The payload changed before it ever left — of an effect that waits for approval, or
+        under ``replan``: it is prepared anew, under the same key (never sent), and must be
+        approved anew where it needs approval."""
+        if self.core.cancelling:
+            raise self.core.cancelled()
+        target = yield from self.target_digest(payload)
+        op = replace(op, payload_ref=payload_ref, target_digest=target)
+        yield from self.core.write(io(Store.reprepare_effect, self.core.claim, op, payload_bytes))
+        self.core.operations[op.operation_id] = op
+        return op
+
+    def target_digest(self, payload: JSON) -> Flow[str | None]:
+        """The digest of the effect's target's state as it reads now (None without one)."""
+        if self.effect.target_state is None:
+            return None
+        state = yield Call(self.effect.target_state, (loads(canonical(payload)),))
+        require_json(state, "target state", self.sid)
+        return digest(canonical(state))
+
+    def authorize(self, op: OperationRecord, payload: JSON) -> Flow[OperationRecord]:
+        """The gate between prepared and dispatching: the store returns an approval of this
+        payload on the target as it now reads — or, atomically, makes the run wait."""
+        target = yield from self.target_digest(payload)
+        yield from self.core.release_turn()  # the gate may release the run
+        try:
+            self.core.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
+            gate = yield from self.core.write(
+                io(Store.await_approval, self.core.claim, op.operation_id, target))
+            if gate.approval is None:
+                assert gate.waiting_for is not None  # a run made to wait says what for
+                error = awaiting(self.core.run.run_id, gate.waiting_for)
+                self.core.halted = error  # the run is released: this run object does no more
+                raise error
+        finally:
+            self.core.end_turn()
+        op = replace(op, approval_required=True, target_digest=target)
+        self.core.operations[op.operation_id] = op
+        self.core.approvals[op.operation_id] = gate.approval
+        return op
+
+    def mark_dispatching(self, op: OperationRecord, payload: JSON) -> Flow[OperationRecord]:
+        """Commit "dispatching" — through the approval gate first when the effect needs one.
+        The store checks the approval again in the dispatch's own transaction."""
+        for attempt in range(1, _GATE_ATTEMPTS + 1):
+            if op.approval_required:
+                op = yield from self.authorize(op, payload)
+            yield from self.core.enter_dispatch()  # left by call_owner with the outcome
+            try:
+                return (yield from self.core.write(
+                    io(Store.mark_dispatching, self.core.claim, op.operation_id)))
+            except BaseException as exc:
+                self.core.leave_dispatch()
+                if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
+                    raise
+                # It lapsed between the gate and the dispatch (or the ledger asks for an
+                # approval this code did not): ask the gate, which now makes the run wait.
+                op = replace(op, approval_required=True)
+        raise AssertionError("unreachable")
+
+    def settled_in_chain(self, op_id: str, payload_ref: str) -> Flow[OperationRecord | None]:
+        """The operation as an earlier run of this chain accepted it, or None — looked up in
+        place, never copied; one it rejected raises that rejection again. It stands for this
+        run too, but only for the same effect and the very same payload: a changed payload is
+        never sent under its key — it blocks, or under ``replan`` (as within one run) what
+        happened is replayed."""
+        chain_id = self.core.run.chain_id
+        assert chain_id is not None  # asked only for a run that continues another
+        settled = yield from io(Store.chain_operation, chain_id, op_id)
+        if settled is None:
+            return None
+        if settled.effect != self.effect.name:
+            yield from self.core.block(
+                ReplayMismatch(self.core.run.run_id, self.sid,
+                               f"operation {op_id!r} was settled by run {settled.run_id!r} of"
+                               f" this chain for effect {settled.effect!r}"),
+                phase="replay_mismatch", op=settled)
+        if settled.payload_ref != payload_ref and not self.core.replans:
+            yield from self.core.block(
+                StaleCheckpoint(self.core.run.run_id, self.sid,
+                                f"the payload of {op_id!r} changed since run"
+                                f" {settled.run_id!r} of this chain settled it; it is never"
+                                " sent again under its key"),
+                phase="stale_checkpoint", op=settled,
+                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
+        if settled.state is EffectState.REJECTED:
+            raise EffectRejected(self.core.run.run_id, self.sid, op_id, settled.error)
+        return settled
+
+    def prepared_payload(self, op: OperationRecord,
+                         payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
+        """The operation and the payload it may be sent with: the payload as it was prepared (a
+        replacement worker never regenerates it). Under ``replan`` a payload changed after it
+        may have been sent is never sent again (None): its outcome is reconciled, a receipt is
+        replayed, and a dispatch would block."""
+        if op.effect != self.effect.name or (op.step_id != self.sid and not self.core.replans):
+            yield from self.core.block(
+                ReplayMismatch(self.core.run.run_id, self.sid,
+                               f"operation {op.operation_id!r} was prepared by step"
+                               f" {op.step_id!r} for effect {op.effect!r}"),
+                phase="replay_mismatch", op=op)
+        if op.payload_ref != payload_ref:
+            if not self.core.replans:
+                yield from self.core.block(
+                    StaleCheckpoint(self.core.run.run_id, self.sid,
+                                    f"the payload of {op.operation_id!r} changed since it was"
+                                    " prepared; it is never resent under the old key"),
+                    phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
+            return op, None  # may have been sent (a never-sent one was prepared anew)
+        try:
+            stored = yield from io(Store.get_artifact, op.payload_ref)
+        except (ArtifactMissing, ArtifactCorrupt) as exc:
+            yield from self.core.block(
+                NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id, exc.message),
+                phase="unreadable_record", op=op, evidence=error_evidence(exc))
+        return op, loads(stored)
+
+    def record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
+               error: JSON = None, step: StepRecord | None = None) -> Flow[OperationRecord]:
+        kept_receipt = receipt if receipt is not None else op.receipt
+        if step is not None:
+            step = replace(step, result=kept_receipt)
+        yield from self.core.flush()
+        yield from io(Store.record_outcome, self.core.claim, op.operation_id, state,
+                      receipt=receipt, error=error, step=step)
+        op = replace(op, state=state, receipt=kept_receipt, error=error)
+        self.core.operations[op.operation_id] = op
+        if step is not None:
+            self.core.steps[step.step_id] = step
+        return op
+
+    def key(self, op: OperationRecord) -> EffectKey:
+        return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id,
+                         self.core.claim.fence)
+
+    def dispatch(self, op: OperationRecord, payload: JSON,
+                 step: StepRecord) -> Flow[OperationRecord]:
+        """prepared → dispatching → call → applied / accepted / rejected / unknown.
+
+        From the moment "dispatching" is committed until an outcome is, every way out leaves
+        the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
+        """
+        if self.core.cancelling:
+            raise self.core.cancelled()  # the store would refuse it too
+        try:
+            op = yield from self.mark_dispatching(op, payload)
+        except DeadlineExceeded:
+            if op.state is not EffectState.PREPARED:
+                # Reconciled as never applied, and past the deadline nothing is sent again:
+                # it stays prepared, not uncertain (as after a cancel).
+                yield from self.record(op, EffectState.PREPARED)
+            raise
+        return (yield from self.call_owner(op, payload, step))
+
+    def call_owner(self, op: OperationRecord, payload: JSON,
+                   step: StepRecord) -> Flow[OperationRecord]:
+        """The call of a dispatch committed as "dispatching", and its recorded outcome; then
+        the dispatch entered before that commit (``enter_dispatch``, by ``mark_dispatching``
+        or ``prepare_dispatching``) is left."""
+        try:
+            return (yield from self.call_and_record(op, payload, step))
+        finally:
+            self.core.leave_dispatch()
+
+    def call_and_record(self, op: OperationRecord, payload: JSON,
+                        step: StepRecord) -> Flow[OperationRecord]:
+        self.core.operations[op.operation_id] = op
+        crashpoint("effect.after_dispatching", self.sid)
+        try:
+            receipt = yield Call(self.effect.execute, (payload, self.key(op)))
+        except NotSent as exc:
+            if op.dispatch_count > 1:
+                # This attempt never left, but an earlier one may have: still uncertain.
+                return (yield from self.record(op, EffectState.UNKNOWN,
+                                               error=error_evidence(exc)))
+            op = yield from self.record(op, EffectState.PREPARED, error=error_evidence(exc))
+            if op.dispatch_count >= self.effect.max_dispatches:
                 raise
-            # It lapsed between the gate and the dispatch (or the ledger asks for an
-            # approval this code did not): ask the gate, which now makes the run wait.
-            op = replace(op, approval_required=True)
-    raise AssertionError("unreachable")
+            yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
+            return op
+        except Rejected as exc:
+            # Raised as recorded: a replay raises the rejection from the ledger, the same.
+            evidence = redact_json(storable_json(exc.evidence))
+            yield from self.record(op, EffectState.REJECTED, error=evidence)
+            raise EffectRejected(self.core.run.run_id, self.sid, op.operation_id, evidence) from exc
+        except Exception as exc:
+            # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
+            return (yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc)))
+        except BaseException as exc:
+            yield from self.interrupted(op, exc)
+            raise
+        try:
+            require_json(receipt, "receipt", self.sid)
+        except NotJSON as exc:
+            # The owner answered, so the effect most likely happened; but what execute returned
+            # cannot be recorded. Uncertain, and said so at once (see _unusable_receipt).
+            return (yield from self.record(
+                op, EffectState.UNKNOWN, error={**error_evidence(exc), "receipt_not_json": True}))
+        # A receipt is the owner's word that it happened: keep it, with any credential in it (a
+        # client_secret, say) masked, rather than lose the outcome.
+        receipt = redact_json(receipt)
+        crashpoint("effect.after_receiver_commit", self.sid)
+        return (yield from self.applied(op, receipt, step))
 
+    def interrupted(self, op: OperationRecord, exc: BaseException) -> Flow[None]:
+        """Cancelled or interrupted mid-call: leave the evidence (the outcome is unknown, so
+        the next worker reconciles it) and stop this run object; the interrupt goes on."""
+        if isinstance(exc, (LostOwnership, SimulatedCrash)):
+            self.core.halted = exc
+            return  # this worker may not write anything more
+        # Agent code that swallows the interrupt gets this from its next step; the run is then
+        # released, not blocked: the next worker's reconcile may well settle it on its own.
+        self.core.halted = NeedsReconciliation(
+            self.core.run.run_id, self.sid, op.operation_id,
+            f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it")
+        self.core.release_on_halt = True
+        yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc))
 
-def _settled_in_chain(core: RunCore, sid: str, effect: Effect, op_id: str,
-                      payload_ref: str) -> Flow:
-    """The operation as an earlier run of this chain accepted it, or None — looked up in
-    place, never copied; one it rejected raises that rejection again. It stands for this
-    run too, but only for the same effect and the very same payload: a changed payload is
-    never sent under its key — it blocks, or under ``replan`` (as within one run) what
-    happened is replayed."""
-    settled: OperationRecord | None = yield Io("chain_operation",
-                                               (core.run.chain_id, op_id))
-    if settled is None:
-        return None
-    if settled.effect != effect.name:
-        yield from core.block(
-            ReplayMismatch(core.run.run_id, sid,
-                           f"operation {op_id!r} was settled by run {settled.run_id!r} of"
-                           f" this chain for effect {settled.effect!r}"),
-            phase="replay_mismatch", op=settled)
-    if settled.payload_ref != payload_ref and not core.replans:
-        yield from core.block(
-            StaleCheckpoint(core.run.run_id, sid,
-                            f"the payload of {op_id!r} changed since run"
-                            f" {settled.run_id!r} of this chain settled it; it is never"
-                            " sent again under its key"),
-            phase="stale_checkpoint", op=settled,
-            evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
-    if settled.state is EffectState.REJECTED:
-        raise EffectRejected(core.run.run_id, sid, op_id, settled.error)
-    return settled
+    def applied(self, op: OperationRecord, receipt: JSON,
+                step: StepRecord) -> Flow[OperationRecord]:
+        if self.effect.verify is None:  # nothing to verify: applied and accepted are one commit
+            op = yield from self.record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
+            crashpoint("effect.after_outcome", self.sid)
+            crashpoint("effect.after_accept", self.sid)
+        else:
+            op = yield from self.record(op, EffectState.APPLIED, receipt=receipt)
+            crashpoint("effect.after_outcome", self.sid)
+        return op
 
+    def reconcile(self, op: OperationRecord, payload: JSON,
+                  step: StepRecord) -> Flow[OperationRecord]:
+        assert self.effect.reconcile is not None
+        try:
+            answer = yield Call(self.effect.reconcile, (self.key(op),))
+        except Exception as exc:
+            answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
+        if isinstance(answer, Unknown):  # the owner's words go into the recovery record
+            answer = Unknown(redact_text(str(answer.reason)))
+        now = yield from io(Store.now)
+        decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
+                                  dedup_retention=self.effect.dedup_retention,
+                                  dispatch_count=op.dispatch_count,
+                                  max_dispatches=self.effect.max_dispatches)
+        if decided.action is Action.RECORD_APPLIED:
+            try:
+                require_json(answer.receipt, "reconciled receipt", self.sid)
+            except UsageError as exc:
+                decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
+            else:
+                return (yield from self.applied(op, redact_json(answer.receipt), step))
+        if decided.action is Action.DISPATCH and (unusable := _unusable_receipt(op)) is not None:
+            decided = Next(Action.BLOCK, unusable)
+        if decided.action is Action.DISPATCH:
+            if self.core.cancelling:
+                # The owner says it never happened, and nothing new may start: it stays
+                # prepared, never dispatched again, and the run ends cancelled.
+                yield from self.record(op, EffectState.PREPARED)
+                raise self.core.cancelled()
+            if payload is None:
+                yield from self.core.block(_changed_payload(self.core.run.run_id, self.sid, op),
+                                           phase="reconcile_effect", op=op)
+            return (yield from self.dispatch(op, payload, step))
+        yield from self.core.block(
+            NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id,
+                                _with_cause(decided, op)),
+            phase="reconcile_effect", op=op)
+        raise AssertionError("unreachable")
 
-def _prepared_payload(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-                      payload_ref: str) -> Flow:
-    """The operation and the payload it may be sent with: the payload as it was prepared (a
-    replacement worker never regenerates it). Under ``replan`` a payload changed after it
-    may have been sent is never sent again (None): its outcome is reconciled, a receipt is
-    replayed, and a dispatch would block."""
-    if op.effect != effect.name or (op.step_id != sid and not core.replans):
-        yield from core.block(
-            ReplayMismatch(core.run.run_id, sid,
-                           f"operation {op.operation_id!r} was prepared by step"
-                           f" {op.step_id!r} for effect {op.effect!r}"),
-            phase="replay_mismatch", op=op)
-    if op.payload_ref != payload_ref:
-        if not core.replans:
-            yield from core.block(
-                StaleCheckpoint(core.run.run_id, sid,
-                                f"the payload of {op.operation_id!r} changed since it was"
-                                " prepared; it is never resent under the old key"),
-                phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
-        return op, None  # may have been sent (a never-sent one was prepared anew)
-    try:
-        stored = yield Io("get_artifact", (op.payload_ref,))
-    except (ArtifactMissing, ArtifactCorrupt) as exc:
-        yield from core.block(
-            NeedsReconciliation(core.run.run_id, sid, op.operation_id, exc.message),
-            phase="unreadable_record", op=op, evidence=error_evidence(exc))
-    return op, loads(stored)
-
-
-def _record(core: RunCore, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
-            error: JSON = None, step: StepRecord | None = None) -> Flow:
-    kept_receipt = receipt if receipt is not None else op.receipt
-    if step is not None:
-        step = replace(step, result=kept_receipt)
-    yield from core.flush()
-    yield Io("record_outcome", (core.claim, op.operation_id, state),
-             {"receipt": receipt, "error": error, "step": step})
-    op = replace(op, state=state, receipt=kept_receipt, error=error)
-    core.operations[op.operation_id] = op
-    if step is not None:
-        core.steps[step.step_id] = step
-    return op
-
-
-def _key(core: RunCore, op: OperationRecord) -> EffectKey:
-    return EffectKey(op.effect_key, op.operation_id, core.run.run_id, core.claim.fence)
-
-
-def _dispatch(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-              step: StepRecord) -> Flow:
-    """prepared → dispatching → call → applied / accepted / rejected / unknown.
-
-    From the moment "dispatching" is committed until an outcome is, every way out leaves
-    the operation ``unknown`` (for reconciliation) — never failed, never forgotten.
-    """
-    if core.cancelling:
-        raise core.cancelled()  # the store would refuse it too
-    try:
-        op = yield from _mark_dispatching(core, sid, effect, op, payload)
-    except DeadlineExceeded:
-        if op.state is not EffectState.PREPARED:
-            # Reconciled as never applied, and past the deadline nothing is sent again:
-            # it stays prepared, not uncertain (as after a cancel).
-            yield from _record(core, op, EffectState.PREPARED)
-        raise
-    return (yield from _call_owner(core, sid, effect, op, payload, step))
+    def verify(self, op: OperationRecord, step: StepRecord) -> Flow[OperationRecord]:
+        assert self.effect.verify is not None
+        try:
+            ok = yield Call(self.effect.verify, (op.receipt,), timeout=self.effect.verify_timeout_s)
+            reason = "the verifier returned a false value"
+        except CallTimedOut:
+            ok, reason = False, (f"the verifier did not answer within"
+                                 f" {self.effect.verify_timeout_s:g}s")
+        except Exception as exc:
+            ok, reason = False, redact_text(f"the verifier raised {type(exc).__name__}: {exc}")
+        if not ok:
+            yield from self.core.block(
+                VerificationFailed(self.core.run.run_id, self.sid, op.operation_id, reason),
+                phase="verify_effect", op=op)
+        op = yield from self.record(op, EffectState.ACCEPTED, step=step)
+        crashpoint("effect.after_accept", self.sid)
+        return op
 
 
 def _unusable_receipt(op: OperationRecord) -> str | None:
@@ -420,125 +549,6 @@ def _unusable_receipt(op: OperationRecord) -> str | None:
             " run (it asks the owner by key), or resolve it")
 
 
-def _call_owner(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-                step: StepRecord) -> Flow:
-    """The call of a dispatch committed as "dispatching", and its recorded outcome; then
-    the dispatch entered before that commit (``enter_dispatch``, by ``_mark_dispatching``
-    or ``_prepare_dispatching``) is left."""
-    try:
-        return (yield from _call_and_record(core, sid, effect, op, payload, step))
-    finally:
-        core.leave_dispatch()
-
-
-def _call_and_record(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-                     payload: JSON, step: StepRecord) -> Flow:
-    core.operations[op.operation_id] = op
-    crashpoint("effect.after_dispatching", sid)
-    try:
-        receipt = yield Call(effect.execute, (payload, _key(core, op)))
-    except NotSent as exc:
-        if op.dispatch_count > 1:
-            # This attempt never left, but an earlier one may have: still uncertain.
-            return (yield from _record(core, op, EffectState.UNKNOWN,
-                                            error=error_evidence(exc)))
-        op = yield from _record(core, op, EffectState.PREPARED, error=error_evidence(exc))
-        if op.dispatch_count >= effect.max_dispatches:
-            raise
-        yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
-        return op
-    except Rejected as exc:
-        # Raised as recorded: a replay raises the rejection from the ledger, the same.
-        evidence = redact_json(storable_json(exc.evidence))
-        yield from _record(core, op, EffectState.REJECTED, error=evidence)
-        raise EffectRejected(core.run.run_id, sid, op.operation_id, evidence) from exc
-    except Exception as exc:
-        # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
-        return (yield from _record(core, op, EffectState.UNKNOWN, error=error_evidence(exc)))
-    except BaseException as exc:
-        yield from _interrupted(core, sid, op, exc)
-        raise
-    try:
-        require_json(receipt, "receipt", sid)
-    except NotJSON as exc:
-        # The owner answered, so the effect most likely happened; but what execute returned
-        # cannot be recorded. Uncertain, and said so at once (see _refuse_unusable_receipt).
-        return (yield from _record(core, op, EffectState.UNKNOWN,
-                                   error={**error_evidence(exc), "receipt_not_json": True}))
-    # A receipt is the owner's word that it happened: keep it, with any credential in it (a
-    # client_secret, say) masked, rather than lose the outcome.
-    receipt = redact_json(receipt)
-    crashpoint("effect.after_receiver_commit", sid)
-    return (yield from _applied(core, sid, effect, op, receipt, step))
-
-
-def _interrupted(core: RunCore, sid: str, op: OperationRecord, exc: BaseException) -> Flow:
-    """Cancelled or interrupted mid-call: leave the evidence (the outcome is unknown, so
-    the next worker reconciles it) and stop this run object; the interrupt goes on."""
-    if isinstance(exc, (LostOwnership, SimulatedCrash)):
-        core.halted = exc
-        return  # this worker may not write anything more
-    # Agent code that swallows the interrupt gets this from its next step; the run is then
-    # released, not blocked: the next worker's reconcile may well settle it on its own.
-    core.halted = NeedsReconciliation(
-        core.run.run_id, sid, op.operation_id,
-        f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it")
-    core.release_on_halt = True
-    yield from _record(core, op, EffectState.UNKNOWN, error=error_evidence(exc))
-
-
-def _applied(core: RunCore, sid: str, effect: Effect, op: OperationRecord, receipt: JSON,
-             step: StepRecord) -> Flow:
-    if effect.verify is None:  # nothing to verify: applied and accepted are one commit
-        op = yield from _record(core, op, EffectState.ACCEPTED, receipt=receipt, step=step)
-        crashpoint("effect.after_outcome", sid)
-        crashpoint("effect.after_accept", sid)
-    else:
-        op = yield from _record(core, op, EffectState.APPLIED, receipt=receipt)
-        crashpoint("effect.after_outcome", sid)
-    return op
-
-
-def _reconcile(core: RunCore, sid: str, effect: Effect, op: OperationRecord, payload: JSON,
-               step: StepRecord) -> Flow:
-    assert effect.reconcile is not None
-    try:
-        answer = yield Call(effect.reconcile, (_key(core, op),))
-    except Exception as exc:
-        answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
-    if isinstance(answer, Unknown):  # the owner's words go into the recovery record
-        answer = Unknown(redact_text(str(answer.reason)))
-    now = yield Io("now")
-    decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
-                              dedup_retention=effect.dedup_retention,
-                              dispatch_count=op.dispatch_count,
-                              max_dispatches=effect.max_dispatches)
-    if decided.action is Action.RECORD_APPLIED:
-        try:
-            require_json(answer.receipt, "reconciled receipt", sid)
-        except UsageError as exc:
-            decided = Next(Action.BLOCK, f"the owner has it, but {exc.message}")
-        else:
-            return (yield from _applied(core, sid, effect, op, redact_json(answer.receipt),
-                                             step))
-    if decided.action is Action.DISPATCH and (unusable := _unusable_receipt(op)) is not None:
-        decided = Next(Action.BLOCK, unusable)
-    if decided.action is Action.DISPATCH:
-        if core.cancelling:
-            # The owner says it never happened, and nothing new may start: it stays
-            # prepared, never dispatched again, and the run ends cancelled.
-            yield from _record(core, op, EffectState.PREPARED)
-            raise core.cancelled()
-        if payload is None:
-            yield from core.block(_changed_payload(core.run.run_id, sid, op),
-                                  phase="reconcile_effect", op=op)
-        return (yield from _dispatch(core, sid, effect, op, payload, step))
-    yield from core.block(NeedsReconciliation(core.run.run_id, sid, op.operation_id,
-                                              _with_cause(decided, op)),
-                          phase="reconcile_effect", op=op)
-    raise AssertionError("unreachable")
-
-
 def _with_cause(decided: Next, op: OperationRecord) -> str:
     """Why the run blocks, with what the last dispatch ended in — so the message says the
     cause, not only the record."""
@@ -546,26 +556,6 @@ def _with_cause(decided: Next, op: OperationRecord) -> str:
     if not error.get("message") or error.get("receipt_not_json"):
         return _unusable_receipt(op) or decided.reason
     return f"{decided.reason} (the last dispatch ended in {error.get('type')}: {error['message']})"
-
-
-def _verify(core: RunCore, sid: str, effect: Effect, op: OperationRecord,
-            step: StepRecord) -> Flow:
-    assert effect.verify is not None
-    try:
-        ok = yield Call(effect.verify, (op.receipt,), timeout=effect.verify_timeout_s)
-        reason = "the verifier returned a false value"
-    except CallTimedOut:
-        ok, reason = False, (f"the verifier did not answer within"
-                             f" {effect.verify_timeout_s:g}s")
-    except Exception as exc:
-        ok, reason = False, redact_text(f"the verifier raised {type(exc).__name__}: {exc}")
-    if not ok:
-        yield from core.block(
-            VerificationFailed(core.run.run_id, sid, op.operation_id, reason),
-            phase="verify_effect", op=op)
-    op = yield from _record(core, op, EffectState.ACCEPTED, step=step)
-    crashpoint("effect.after_accept", sid)
-    return op
 
 
 def _changed_payload(run_id: str, sid: str, op: OperationRecord) -> NeedsReconciliation:
@@ -580,6 +570,6 @@ def _refuse_async_callables(effect: Effect) -> None:
     """Before anything is prepared: an async function cannot be awaited by a plain workflow,
     and finding out during dispatch would look like an uncertain outcome."""
     for role in ("execute", "reconcile", "verify", "target_state"):
-        if _is_async_callable(getattr(effect, role)):
+        if is_async_callable(getattr(effect, role)):
             raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
                              " async def workflow (AsyncRun)", effect=effect.name)

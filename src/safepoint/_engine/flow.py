@@ -11,6 +11,11 @@ execute / reconcile / verify, the workflow itself) and ``Sleep``. Two drivers ca
 
 So sync and async can never drift apart: there is one body of logic and two small loops.
 
+A flow asks the store by naming the store method itself: ``run = yield from io(Store.get_run,
+run_id)``. The type checker checks the arguments against ``Store.get_run`` and types ``run``
+as what it returns; ``adrive`` calls (and awaits) the async store's method of the same name, which
+the store protocols keep to the same signature.
+
 A ``Call`` may carry a ``timeout``: user code that has not returned by then is abandoned and the
 flow gets ``CallTimedOut``. Plain code then runs on a daemon thread of its own (Python cannot
 stop a thread, so it is left to finish or hang without holding anything up, process exit
@@ -28,16 +33,23 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from types import FunctionType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..errors import Cancelled, DeadlineExceeded, LostOwnership, StoreError, UsageError
+
+if TYPE_CHECKING:
+    from ..storage.base import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
 class Io:
-    """A store call requested by a flow."""
+    """A store call requested by a flow: the ``Store`` method and its arguments. Made by ``io``,
+    which checks them against the method's signature."""
 
-    method: str
+    method: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -62,7 +74,19 @@ class Sleep:
     seconds: float
 
 
-Flow = Generator[Io | Call | Sleep, Any, Any]
+Request = Io | Call | Sleep
+# A flow that ends with a value of type R. What a driver sends back for each request is the
+# request's result (``io`` types its own).
+Flow = Generator[Request, Any, R]
+
+
+def io(method: Callable[Concatenate[Store, P], R], /, *args: P.args,
+       **kwargs: P.kwargs) -> Flow[R]:
+    """Ask the store to call ``method`` — a ``Store`` method, named as such (``Store.get_run``)
+    — with these arguments, and return what it returned: ``yield from io(Store.get_run, id)``.
+    An async store's method of the same name is called instead, and awaited, by ``adrive``."""
+    result: R = yield Io(method, args, kwargs)
+    return result
 
 
 class Haltable(Protocol):
@@ -183,7 +207,7 @@ async def _acall_timed(request: Call) -> Any:
         raise  # the call's own TimeoutError
 
 
-def _advance(flow: Flow, send: Any, error: BaseException | None) -> tuple[bool, Any]:
+def _advance(flow: Flow[Any], send: Any, error: BaseException | None) -> tuple[bool, Any]:
     """Resume a flow with the last request's result (or error): (finished, request or value)."""
     try:
         return False, (flow.throw(error) if error is not None else flow.send(send))
@@ -206,18 +230,19 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
     return exc
 
 
-def drive(store: Any, flow: Flow, halt: Haltable | None = None) -> Any:
+def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
     """Carry out a flow's requests synchronously."""
     send: Any = None
     error: BaseException | None = None
     while True:
         finished, request = _advance(flow, send, error)
         if finished:
-            return request
+            result: R = request
+            return result
         send, error = None, None
         try:  # any error is handed to the flow, which decides what it means
             if isinstance(request, Io):
-                send = getattr(store, request.method)(*request.args, **request.kwargs)
+                send = getattr(store, request.method.__name__)(*request.args, **request.kwargs)
                 if inspect.isawaitable(send):
                     _discard(send)
                     raise UsageError("this store is async: use it from async code"
@@ -235,18 +260,19 @@ def drive(store: Any, flow: Flow, halt: Haltable | None = None) -> Any:
             error = _failed(request, exc, halt)
 
 
-async def adrive(store: Any, flow: Flow, halt: Haltable | None = None) -> Any:
+async def adrive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
     """Carry out a flow's requests in an event loop, awaiting what comes back awaitable."""
     send: Any = None
     error: BaseException | None = None
     while True:
         finished, request = _advance(flow, send, error)
         if finished:
-            return request
+            result: R = request
+            return result
         send, error = None, None
         try:
             if isinstance(request, Io):
-                send = getattr(store, request.method)(*request.args, **request.kwargs)
+                send = getattr(store, request.method.__name__)(*request.args, **request.kwargs)
             elif isinstance(request, Call):
                 send = (request.fn(*request.args, **request.kwargs) if request.timeout is None
                         else _acall_timed(request))

@@ -1,555 +1,39 @@
-"""``Run`` and ``AsyncRun``: the step methods a workflow calls, and replay.
+"""``Run`` and ``AsyncRun``: the step methods a workflow calls.
 
-Every step method is written once, as a generator (a "flow") that holds all the logic and never
-performs I/O itself: it yields ``Io`` requests (a store call) and ``Call`` requests (user code:
-a step function, an effect's execute / reconcile / verify). Two small drivers carry requests
-out — ``drive`` for plain ``def`` workflows, ``adrive`` for ``async def`` ones (see ``flow``).
-So the sync and async shells cannot drift apart.
-
-The flows of pure, read, model, decision and value steps are ``RunCore``'s methods here; the
-flow of an effect step, the dispatch protocol, is in ``dispatch``.
-
-Replay: the workflow function runs again from its start on every resume; each step call first
-looks in the ledger (loaded in one batch at claim time) and returns the recorded result without
-calling anything when the step's kind, name and input hash match.
+Every step method is written once, as a flow (see ``flow``) that holds all the logic and never
+performs I/O itself; ``Run`` carries it out with ``drive`` for plain ``def`` workflows,
+``AsyncRun`` with ``adrive`` for ``async def`` ones, so the sync and async shells cannot drift
+apart. The flows are the run core's (``core``: pure, read, model, decision and value steps) and
+the dispatch protocol's (``dispatch``: effect steps); this module shapes the user's call into
+them, and fans out (``parallel`` / ``gather``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import uuid as uuidlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn, ParamSpec, overload
 
-from .._rules.canonical import (
-    JSON,
-    canonical_if_json,
-    checked_canonical,
-    input_hash,
-    require_json,
-    sha256_hex,
-)
-from .._rules.effects import (
-    Effect,
-)
-from .._rules.history import successor_inputs
-from .._rules.ids import check_step_id, id_problem
-from .._rules.limits import (
-    UsageFn,
-    after_failure,
-    as_retry,
-    checked_usage,
-    next_attempt,
-    past_deadline,
-    reported_tokens,
-    round_start_for,
-    spent_budget,
-    step_policy,
-)
-from .._rules.recovery import build_record
-from .._rules.secrets import error_evidence, hashed_form, redact_text, refuse_secrets
+from .._rules.canonical import input_hash, require_json
+from .._rules.effects import Effect
+from .._rules.ids import id_problem
+from .._rules.limits import UsageFn, as_retry
+from .._rules.secrets import refuse_secrets
 from .._rules.transcript import Transcript
-from ..errors import (
-    BudgetExhausted,
-    Cancelled,
-    ContinueAsNew,
-    DeadlineExceeded,
-    HistoryLimitReached,
-    InvalidDecision,
-    LimitReached,
-    LostOwnership,
-    ReplayMismatch,
-    RunBlocked,
-    StaleCheckpoint,
-    StepFailed,
-    UsageError,
-)
-from ..storage.base import Replan
-from ..types import (
-    ApprovalRecord,
-    AttemptRecord,
-    Claim,
-    EffectState,
-    OperationRecord,
-    Retry,
-    RunRecord,
-    RunStatus,
-    StepKind,
-    StepRecord,
-    StepStatus,
-)
-from .crashpoints import crashpoint
+from ..errors import UsageError
+from ..types import JSON, Retry, StepKind
+from .core import RunCore
 from .dispatch import effect_flow
-from .flow import Call, Flow, Io, Sleep, adrive, callable_name, drive
-from .flow import is_async_callable as _is_async_callable
+from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
 
-if TYPE_CHECKING:
-    from ..storage.base import AsyncStore, Store
+P = ParamSpec("P")
 
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
-_NOT_SENT_BACKOFF_S = 0.05
-PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
-_SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
-# The gate and the dispatch are two commits: an approval can lapse between them (it expires),
-# and then the gate is asked again — a bounded number of times.
-_GATE_ATTEMPTS = 3
-# How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
-_TURN_POLL_S = 0.005
-
-
-class RunCore:
-    """The state one worker holds while it executes a run it has claimed."""
-
-    def __init__(self, store: Store | AsyncStore, claim: Claim, run: RunRecord,
-                 steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
-                 is_async: bool, replans: bool = False,
-                 attempts: dict[str, list[AttemptRecord]] | None = None,
-                 default_retry: Retry | None = None) -> None:
-        self.store = store
-        self.is_async = is_async
-        self.replans = replans  # compatibility policy "replan": stale steps are asked again
-        self.claim = claim
-        self.run = run
-        self.steps = steps
-        self.operations = operations
-        self.occurrences: dict[str, int] = {}
-        self.last_seq = max((step.seq for step in steps.values()), default=0)
-        self.seq_lock = threading.Lock()
-        # Pure steps recorded but not yet written: they go in one commit with the next step, or
-        # in a batch of their own, or before any other write. A crash loses at most these, and a
-        # pure step lost is simply computed again.
-        self.pending: list[StepRecord] = []
-        # Where the ledger stood when this worker took over: an observation recorded last,
-        # with no effect left open after it, may still be refreshed (see ``may_reread``).
-        self.seq_at_load = self.last_seq
-        self.open_at_load = any(op.state not in _SETTLED for op in operations.values())
-        self.halted: BaseException | None = None
-        self.release_on_halt = False  # halted by an interrupt: give the run back, don't block
-        # Asked to stop: replay and settle what is in flight, start nothing new.
-        self.cancelling = run.cancel_requested_at is not None
-        # Failed attempts of read and model steps (the count goes on after a restart), and the
-        # attempts a read or model step gets when it names none.
-        self.attempts = {sid: list(tried) for sid, tried in (attempts or {}).items()}
-        self.default_retry = default_retry if default_retry is not None else run.step_attempts
-        self.approvals: dict[str, ApprovalRecord] = {}  # operation id → what authorized it
-        # Fan-out: dispatches between "dispatching" and their recorded outcome, and branches
-        # about to release the run (a block, a wait for approval). See ``release_turn``.
-        self.in_flight = 0
-        self.releasing = 0
-        # The step-id prefixes of each fan-out's branches, as reached: a re-plan in one branch
-        # leaves what its sibling branches recorded alone.
-        self.fanouts: list[list[str]] = []
-        # The operations recorded before this worker took over that the code has not asked
-        # for yet (in deterministic code, none by the time it asks for a new one), and the
-        # prefixes of the fan-out branches still running: what ``_rules.effects.orphaned`` needs.
-        self.unreached: set[str] = set(operations)
-        self.open_branches: set[str] = set()
-
-    # -- shared pieces -------------------------------------------------------------------------
-
-    def occurrence(self, step_id: str, prefix: str = "") -> str:
-        """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …; inside
-        a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
-        own ids, so the ids do not depend on how the branches interleave."""
-        scoped = prefix + check_step_id(step_id)
-        count = self.occurrences.get(scoped, 0) + 1
-        self.occurrences[scoped] = count
-        return scoped if count == 1 else f"{scoped}#{count}"
-
-    def next_seq(self, sid: str) -> int:
-        """The ledger order of a newly recorded step (a re-recorded step keeps its place)."""
-        if sid in self.steps:
-            return self.steps[sid].seq
-        with self.seq_lock:  # fan-out branches record from several threads
-            self.last_seq += 1
-            return self.last_seq
-
-    def cancelled(self) -> Cancelled:
-        """The stop signal, kept: agent code that swallows it still cannot carry on."""
-        signal = Cancelled(self.run.run_id)
-        self.halted = signal
-        return signal
-
-    def close(self) -> None:
-        """The workflow function returned (or the run stopped here): a step called through
-        this run object later — from a thread, a callback or an object that outlived the
-        function — is told so, instead of failing as a stale worker's write."""
-        self.halted = UsageError(
-            f"run {self.run.run_id!r} is over for this run object (its workflow function"
-            " returned, or the run stopped): no step can be recorded through it any more —"
-            " call steps only inside the workflow function, not from a thread, callback or"
-            " object that outlives it", run_id=self.run.run_id)
-
-    def check_halt(self) -> None:
-        if self.halted is not None:
-            raise self.halted
-
-    def release_turn(self) -> Flow:
-        """Before a write that may release the run (a block, the approval gate): no fan-out
-        branch starts a dispatch from now on, and those in flight record their outcome first.
-        Once the run is released, no outcome can be recorded: a receipt in hand would be lost,
-        and an effect that happened would wait for reconciliation. End with ``end_turn``.
-        (Never called between a branch's own "dispatching" and its outcome.)"""
-        with self.seq_lock:
-            self.releasing += 1
-        while self.in_flight:
-            yield Sleep(_TURN_POLL_S)
-
-    def end_turn(self) -> None:
-        with self.seq_lock:
-            self.releasing -= 1
-
-    def enter_dispatch(self) -> Flow:
-        """Count a dispatch in flight (``leave_dispatch`` when its outcome is recorded); while
-        a sibling branch is releasing the run, wait — and start nothing if it halted it."""
-        while True:
-            with self.seq_lock:
-                if not self.releasing:
-                    self.in_flight += 1
-                    return
-            yield Sleep(_TURN_POLL_S)
-            self.check_halt()
-
-    def leave_dispatch(self) -> None:
-        with self.seq_lock:
-            self.in_flight -= 1
-
-    def limit_reached(self, error: LimitReached) -> LimitReached:
-        """A limit of the run was reached: kept, like a cancel, so that agent code swallowing
-        it cannot carry on; the run is then ended (failed, or blocked) by ``_execute_flow``."""
-        self.halted = error
-        return error
-    def continue_as_new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ContinueAsNew:
-        """The signal that ends this run and starts its successor with ``args``/``kwargs``,
-        kept: agent code that swallows it cannot carry on. A run asked to stop cannot escape
-        the request by continuing: it gets the stop signal instead."""
-        self.check_halt()
-        if self.cancelling:
-            raise self.cancelled()
-        signal = ContinueAsNew(self.run.run_id, successor_inputs(args, kwargs))
-        self.halted = signal
-        return signal
-
-    def branch(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
-        """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
-        try:
-            return fn(run)
-        finally:
-            with self.seq_lock:
-                self.open_branches.discard(prefix)
-
-    async def branch_async(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
-        try:
-            return await fn(run)
-        finally:
-            with self.seq_lock:
-                self.open_branches.discard(prefix)
-
-    def take_pending(self) -> list[StepRecord]:
-        with self.seq_lock:
-            batch, self.pending = self.pending, []
-        return batch
-
-    def flush(self) -> Flow:
-        """Write the pure steps still pending, in one commit (see ``_record_result``)."""
-        batch = self.take_pending()
-        if batch:
-            yield from self.append_new(Io("record_steps", (self.claim, batch)),
-                                       batch[0].step_id)
-
-    def write(self, request: Io) -> Flow:
-        """A write of the run: the pure steps before it first, so the ledger keeps its order."""
-        yield from self.flush()
-        return (yield request)
-
-    def append_new(self, request: Io, sid: str) -> Flow:
-        """A write that records something new (a step, a prepared effect). At the run's hard
-        history limit the store refuses it: the run blocks, to be continued as new."""
-        try:
-            return (yield request)
-        except HistoryLimitReached as limit:
-            yield from self.block_at_history_limit(limit, sid)
-            raise
-
-    def block_at_history_limit(self, limit: HistoryLimitReached, sid: str) -> Flow:
-        """Block the run: the store refused new work at its hard history limit."""
-        yield from self.block(limit, phase="history_limit", step_id=sid,
-                              evidence={"history": limit.size, "hard_limit": limit.limit})
-
-    def uncertain_operations(self) -> list[OperationRecord]:
-        """Operations whose outcome is not settled: the run may neither fail nor complete."""
-        return [op for op in self.operations.values()
-                if op.state in (EffectState.DISPATCHING, EffectState.UNKNOWN,
-                                EffectState.APPLIED)]
-
-    def may_reread(self, recorded: StepRecord) -> bool:
-        """An expired observation is refreshed only while nothing was built on it: it is the
-        last recorded step and no effect is open. Once later steps used it, it is history
-        (re-reading would make every later step answer another question)."""
-        return recorded.seq == self.seq_at_load and not self.open_at_load
-
-    def record_block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-                     op: OperationRecord | None = None,
-                     evidence: dict[str, Any] | None = None) -> Flow:
-        """Record the block with its recovery record and halt this run object."""
-        authorization = None
-        if op is not None and op.approval_id is not None:  # the record names what authorized it
-            authorization = self.approvals.get(op.operation_id)
-            if authorization is None or authorization.approval_id != op.approval_id:
-                given = yield Io("approvals", (self.run.run_id,))
-                authorization = next((a for a in given if a.approval_id == op.approval_id),
-                                     None)
-        record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
-                              op=op, evidence=evidence, authorization=authorization)
-        yield from self.release_turn()
-        try:
-            yield from self.write(
-                Io("finish_run", (self.claim, RunStatus.BLOCKED), {"recovery_record": record}))
-            error.record = record
-            self.halted = error
-        finally:
-            self.end_turn()
-
-    def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None) -> Flow:
-        """``record_block``, then raise ``error``."""
-        yield from self.record_block(error, phase=phase, step_id=step_id, op=op,
-                                     evidence=evidence)
-        raise error
-
-    def check_replay(self, sid: str, kind: StepKind, name: str, hashed: str) -> StepRecord | None:
-        """The recorded step at ``sid`` if it answers this very call; raise if it answers another."""
-        recorded = self.steps.get(sid)
-        if recorded is None:
-            return None
-        if recorded.kind is not kind or recorded.name != name:
-            raise ReplayMismatch(
-                self.run.run_id, sid,
-                f"recorded as {recorded.kind.value} {recorded.name!r}, now called as"
-                f" {kind.value} {name!r}")
-        if recorded.input_hash != hashed:
-            raise StaleCheckpoint(self.run.run_id, sid,
-                                  f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…")
-        return recorded
-
-    def replay_lookup(self, sid: str, kind: StepKind, name: str, hashed: str,
-                      op: OperationRecord | None = None) -> Flow:
-        """The recorded step that answers this call, or None. A recorded step that answers
-        another question blocks the run (``refuse``) or is abandoned with the stale tail after
-        it (``replan``)."""
-        try:
-            return self.check_replay(sid, kind, name, hashed)
-        except StaleCheckpoint as stale:
-            if not self.replans:
-                phase = ("replay_mismatch" if isinstance(stale, ReplayMismatch)
-                         else "stale_checkpoint")
-                yield from self.block(stale, phase=phase, step_id=sid, op=op)
-            yield from self.abandon_tail(sid, stale)
-            return None
-
-    def abandon_tail(self, sid: str, stale: StaleCheckpoint) -> Flow:
-        """Re-plan from the step at ``sid``: it, and every observation and decision recorded
-        after it, answered other questions than the ones now asked. They move into the history
-        (``step.abandoned`` events) and are asked again as the workflow reaches them; effect
-        steps after it and every operation stay, so nothing done is done twice."""
-        if self.cancelling:
-            raise self.cancelled()  # re-planning is new work
-        # Only what was recorded before this worker took over can be stale: a step this
-        # execution recorded (with a later seq) already answers the new question. Inside a
-        # fan-out, a sibling branch's steps never asked about this one: they stay.
-        start, through = self.steps[sid].seq, self.seq_at_load
-        siblings = tuple(prefix for branches in list(self.fanouts)
-                         if any(sid.startswith(branch) for branch in branches)
-                         for prefix in branches if not sid.startswith(prefix))
-        stale_tail = [key for key, step in list(self.steps.items())
-                      if start <= step.seq <= through
-                      and (step.kind is not StepKind.EFFECT or key == sid)]
-        keep = tuple(key for key in stale_tail if key.startswith(siblings))
-        yield from self.flush()
-        yield Io("replan", (self.claim, Replan(reason=stale.message, step_id=sid,
-                                               through_seq=through, keep=keep)))
-        for key in stale_tail:
-            if key not in keep:
-                self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
-
-    # -- flows ---------------------------------------------------------------------------------
-
-    def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
-                  max_age: timedelta | None = None, model_id: str | None = None,
-                  prompt_hash: str | None = None, retry: Retry | None = None,
-                  usage: UsageFn | None = None, prefix: str = "") -> Flow:
-        """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
-        self.check_halt()
-        sid = self.occurrence(step_id, prefix)
-        name = name or callable_name(fn)
-        if not self.is_async and _is_async_callable(fn):
-            raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
-                             " def workflow (AsyncRun), or pass a plain function", step_id=sid)
-        hashed = _input_hash(hashed_inputs, sid)
-        recorded = yield from self.replay_lookup(sid, kind, name, hashed)
-        round_start = 0  # the attempts recorded before this round of calls
-        if recorded is not None:
-            if recorded.status is StepStatus.FAILED:
-                error = recorded.error or {}
-                raise StepFailed(self.run.run_id, sid, str(error.get("type")),
-                                 str(error.get("message")), int(error.get("attempts", 1)))
-            if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
-                return recorded.result
-            now = yield Io("now")
-            if now - recorded.observed_at <= max_age.total_seconds() * 1000:
-                return recorded.result
-            round_start = recorded.attempt  # the observation expired: read again
-        if self.cancelling:
-            raise self.cancelled()  # before calling anything new
-        base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
-                          input_hash=hashed, result=None, seq=self.next_seq(sid),
-                          model_id=model_id, prompt_hash=prompt_hash)
-        return (yield from self._call_step(base, fn, args, kwargs, round_start,
-                                           step_policy(kind, retry, self.default_retry), usage))
-
-    def _call_step(self, base: StepRecord, fn: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any], round_start: int, policy: Retry,
-                   usage: UsageFn | None) -> Flow:
-        """Call a step's function — again after a failed attempt, as ``policy`` allows, each
-        failure recorded before its back-off — and record the result or the failure."""
-        sid, kind = base.step_id, base.kind
-        tried = self.attempts.get(sid, [])
-        round_start = round_start_for(round_start, tried, base.input_hash)
-        attempt, pending = next_attempt(round_start, tried)
-        while True:
-            if base.attempt != attempt:
-                base = replace(base, attempt=attempt)
-            if pending is not None:
-                if attempt - round_start > policy.attempts:
-                    # The code now allows fewer attempts than were made: no further call.
-                    yield from self._fail_step(base, pending.error, attempt - 1 - round_start,
-                                               None)
-                yield from self._wait_for_retry(pending)
-            now = None
-            if kind is StepKind.READ or (self.run.deadline_at is not None
-                                         and kind in (StepKind.MODEL, StepKind.DECISION)):
-                now = yield Io("now")
-                if past_deadline(self.run, now):
-                    raise self.limit_reached(DeadlineExceeded(
-                        self.run.run_id, self.run.deadline_at or 0, sid))
-            if kind is StepKind.MODEL:
-                spent = spent_budget(self.run)
-                if spent is not None:
-                    which, limit, amount = spent
-                    raise self.limit_reached(BudgetExhausted(self.run.run_id, limit,
-                                                             kind=which, spent=amount))
-            if kind is StepKind.READ:
-                base = replace(base, observed_at=now)
-            try:
-                value = yield Call(fn, args, kwargs)
-            except UsageError:
-                raise  # a mistake in how the step is called, not an outcome to record
-            except Exception as exc:
-                now = yield Io("now")
-                decided = after_failure(policy, exc, failed_in_round=attempt - round_start,
-                                        now=now, deadline_at=self.run.deadline_at,
-                                        seed=f"{self.run.run_id}/{sid}/{attempt}")
-                if decided.retry_at is None:
-                    # Recorded, so that a resume takes the path this run took: the same
-                    # StepFailed is raised again instead of asking again.
-                    yield from self._fail_step(base, error_evidence(exc),
-                                               attempt - round_start, decided.why, exc)
-                    raise  # unreachable: _fail_step raises
-                pending = AttemptRecord(
-                    run_id=self.run.run_id, step_id=sid, attempt=attempt, kind=kind,
-                    name=base.name, input_hash=base.input_hash, error=error_evidence(exc),
-                    retry_at=decided.retry_at)
-                # Durable before the wait: a restart continues the count and waits the rest.
-                yield from self.write(Io("record_attempt", (self.claim, pending)))
-                self.attempts.setdefault(sid, []).append(pending)
-                attempt += 1
-                continue
-            return (yield from self._record_result(base, value, usage))
-
-    def _wait_for_retry(self, pending: AttemptRecord) -> Flow:
-        """Wait out what remains of a failed attempt's back-off (on the store's clock); a
-        cancel asked for meanwhile stops the run before the next attempt."""
-        now = yield Io("now")
-        if pending.retry_at <= now:
-            return
-        yield Sleep((pending.retry_at - now) / 1000)
-        fresh = yield Io("get_run", (self.run.run_id,))
-        if fresh.fence != self.claim.fence or fresh.status is not RunStatus.RUNNING:
-            self.halted = LostOwnership(self.run.run_id, self.claim.fence)
-            raise self.halted
-        if fresh.cancel_requested_at is not None:
-            self.cancelling = True
-            raise self.cancelled()
-
-    def _fail_step(self, base: StepRecord, error: dict[str, str], attempts: int,
-                   why: str | None, cause: BaseException | None = None) -> Flow:
-        """Record the step failed (its last error, how many attempts, why no more) and raise
-        ``StepFailed``; a resume raises the same from the ledger."""
-        evidence: dict[str, Any] = dict(error)
-        if attempts > 1:
-            evidence["attempts"] = attempts
-        if why:
-            evidence["gave_up"] = why
-        failed = replace(base, status=StepStatus.FAILED, error=evidence)
-        yield from self.flush()
-        yield from self.append_new(Io("record_step", (self.claim, failed)), base.step_id)
-        self.steps[base.step_id] = failed
-        raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
-                         attempts) from cause
-
-    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow:
-        sid = base.step_id
-        require_json(value, "result", sid)
-        refuse_secrets(value, "the result", sid)
-        tokens = cost = None
-        if base.kind is StepKind.MODEL:
-            if usage is not None:
-                try:
-                    reported = yield Call(usage, (value,))
-                except Exception as exc:
-                    raise UsageError(f"the usage= function of step {sid!r} raised"
-                                     f" {type(exc).__name__}: {redact_text(str(exc))}",
-                                     step_id=sid) from exc
-                tokens, cost = checked_usage(reported, sid)
-            if tokens is None:
-                tokens = reported_tokens(value)
-        next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
-        step = replace(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
-        crashpoint("step.before_record", sid)
-        if step.kind is StepKind.PURE:
-            with self.seq_lock:
-                self.pending.append(step)
-                full = len(self.pending) >= PURE_BATCH
-            self.steps[sid] = step
-            if full:
-                yield from self.flush()
-        else:
-            batch = self.take_pending()
-            request = (Io("record_steps", (self.claim, [*batch, step])) if batch
-                       else Io("record_step", (self.claim, step)))
-            yield from self.append_new(request, sid)
-            self.steps[sid] = step
-        if tokens or cost:  # the store added the same to the run's totals, in that commit
-            with self.seq_lock:  # fan-out branches on threads add theirs at the same time
-                self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
-                                   cost_spent=self.run.cost_spent + (cost or 0.0))
-        crashpoint("step.after_record", sid)
-        return value
-
-
-def _next_step_id(sid: str, value: JSON) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("next_step_id"), str):
-        return str(value["next_step_id"])
-    raise InvalidDecision(sid, f"a {type(value).__name__}")
 
 
 def _model_inputs(model: str, messages: JSON, tools: JSON,
@@ -560,6 +44,7 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
     if tools is not None:
         call["tools"] = tools
     hashed = {"model": model, "messages": messages, "tools": tools, "params": hashed_params}
+    prompt: JSON
     if isinstance(messages, Transcript):
         prompt = messages.reference()
     else:
@@ -568,24 +53,9 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
     return hashed, input_hash({"messages": prompt}), call
 
 
-def _input_hash(inputs: Any, sid: str) -> str:
-    """sha256 of a step's inputs as their hash covers them (``hashed_form``: Secrets masked,
-    Transcripts by reference). Most inputs hold neither, and are encoded as they are in one
-    walk; only the others are copied into their hashed form first."""
-    encoded = canonical_if_json(inputs, allow_tuples=True)
-    if encoded is None:
-        try:
-            shaped = hashed_form(inputs)
-        except RecursionError:  # nested too deep, or containing itself: say where
-            require_json(inputs, "inputs", sid, allow_tuples=True)
-            raise
-        encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
-    return sha256_hex(encoded)
-
-
 def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` called with its ``messages`` transcript as a plain list."""
-    if _is_async_callable(fn):
+    if is_async_callable(fn):
         async def listing_async(*, messages: Transcript, **kwargs: Any) -> Any:
             return await fn(messages=list(messages), **kwargs)
         return listing_async
@@ -601,7 +71,7 @@ def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
     return timedelta(seconds=max_age)
 
 
-_VALUES: dict[str, Callable[[], JSON]] = {
+_VALUES: dict[str, Callable[[], str | float]] = {
     "now": lambda: datetime.now(UTC).isoformat(),
     "random": lambda: int.from_bytes(os.urandom(7)) / 2**56,
     "uuid": lambda: str(uuidlib.uuid4()),
@@ -660,23 +130,23 @@ class _RunBase:
         """This worker's fence token for the run (grows with every takeover)."""
         return self._core.claim.fence
 
-    def _sync(self, flow: Flow) -> Any:
+    def _sync(self, flow: Flow[R]) -> R:
         return drive(self._core.store, flow, self._core)
 
-    async def _async(self, flow: Flow) -> Any:
+    async def _async(self, flow: Flow[R]) -> R:
         return await adrive(self._core.store, flow, self._core)
 
     # The flows of each step method, shared by Run and AsyncRun.
 
-    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], **options: Any) -> Flow:
+    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., R], args: tuple[Any, ...],
+              kwargs: dict[str, Any], **options: Any) -> Flow[R]:
         options.setdefault("hashed_inputs", [args, kwargs])
         return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix,
                                     **options)
 
-    def _model(self, step_id: str, fn: Callable[..., Any], model: str, messages: JSON,
+    def _model(self, step_id: str, fn: Callable[..., R], model: str, messages: JSON,
                tools: JSON, params: dict[str, Any], retry: Retry | int | None,
-               usage: UsageFn | None) -> Flow:
+               usage: UsageFn | None) -> Flow[R]:
         refuse_secrets(model, "the model id", step_id)  # recorded with the step
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         name = callable_name(fn)
@@ -686,12 +156,12 @@ class _RunBase:
                           name=name, model_id=model, prompt_hash=prompt_hash,
                           retry=as_retry(retry, "retry"), usage=usage)
 
-    def _effect(self, step_id: str, effect: Effect, payload: JSON, operation_id: str | None,
-                approval: bool) -> Flow:
+    def _effect(self, step_id: str, effect: Effect[Any], payload: JSON,
+                operation_id: str | None, approval: bool) -> Flow[Any]:
         return effect_flow(self._core, step_id, effect, payload, operation_id, approval,
                            self._prefix)
 
-    def _value(self, kind: str, step_id: str) -> Flow:
+    def _value(self, kind: str, step_id: str) -> Flow[Any]:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
                           name=kind)
 
@@ -710,20 +180,21 @@ class _RunBase:
 
 
 class Run(_RunBase):
-    """What a plain ``def`` workflow receives. Every method records or replays one step.
+    """What a plain ``def`` workflow receives. Every method records or replays one step, and
+    returns what the step's function returned (its type too).
 
     >>> @workflow("greet")
     ... def greet(run: Run, name: str) -> str:
     ...     return run.pure("format", lambda n: f"hello {n}", name)
     """
 
-    def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """A deterministic computation; recorded so a resume need not recompute it."""
         return self._sync(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
-    def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
+    def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
              max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-             **kwargs: Any) -> Any:
+             **kwargs: Any) -> R:
         """An observation of the world; replayed until ``max_age`` says it expired.
 
         ``retry`` (a ``Retry``, or a number of attempts) overrides the run's ``step_attempts``:
@@ -732,9 +203,9 @@ class Run(_RunBase):
                                      max_age=_as_max_age(max_age),
                                      retry=as_retry(retry, "retry")))
 
-    def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str, messages: JSON,
+    def model(self, step_id: str, fn: Callable[..., R], /, *, model: str, messages: JSON,
               tools: JSON = None, retry: Retry | int | None = None,
-              usage: UsageFn | None = None, **params: Any) -> Any:
+              usage: UsageFn | None = None, **params: Any) -> R:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated.
 
         The tokens it used are recorded (read from a ``usage`` field of the response, or from
@@ -742,19 +213,21 @@ class Run(_RunBase):
         budget. ``retry`` as for ``read``."""
         return self._sync(self._model(step_id, fn, model, messages, tools, params, retry, usage))
 
-    def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+               **kwargs: P.kwargs) -> R:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
         ``next_step_id``); the choice is replayed, never asked again."""
         return self._sync(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
-    def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
-               operation_id: str | None = None, approval: bool = False) -> Any:
+    def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
+               operation_id: str | None = None, approval: bool = False) -> R:
         """A change in another system, dispatched at most once; returns the owner's receipt.
 
         With ``approval=True`` it is prepared, then dispatched only under a person's approval
         of this very payload (and target state, see ``Effect.target_state``): without one the
         run waits (``AwaitingApproval``) until ``safepoint.approve`` releases it."""
-        return self._sync(self._effect(step_id, effect, payload, operation_id, approval))
+        receipt: R = self._sync(self._effect(step_id, effect, payload, operation_id, approval))
+        return receipt
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
@@ -768,6 +241,12 @@ class Run(_RunBase):
         """A random UUID string, recorded."""
         return str(self._sync(self._value("uuid", step_id)))
 
+    @overload
+    def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], R]], /, *,
+                 max_threads: int = ...) -> dict[str, R]: ...
+    @overload
+    def parallel(self, step_id: str, branches: Sequence[Callable[[Run], R]], /, *,
+                 max_threads: int = ...) -> list[R]: ...
     def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], Any]]
                  | Sequence[Callable[[Run], Any]], /, *,
                  max_threads: int = _DEFAULT_PARALLEL_THREADS) -> Any:
@@ -816,12 +295,27 @@ class Run(_RunBase):
 
 
 class AsyncRun(_RunBase):
-    """What an ``async def`` workflow receives: the methods of ``Run``, awaited."""
+    """What an ``async def`` workflow receives: the methods of ``Run``, awaited. A step's
+    function may be plain or ``async``; the step returns what it returned, awaited."""
 
+    @overload
+    async def pure(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
+                   **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+                   **kwargs: P.kwargs) -> R: ...
     async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
+    @overload
+    async def read(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *args: Any,
+                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+                   **kwargs: Any) -> R: ...
+    @overload
+    async def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
+                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
+                   **kwargs: Any) -> R: ...
     async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                    max_age: timedelta | float | None = None, retry: Retry | int | None = None,
                    **kwargs: Any) -> Any:
@@ -829,17 +323,37 @@ class AsyncRun(_RunBase):
                                             max_age=_as_max_age(max_age),
                                             retry=as_retry(retry, "retry")))
 
+    @overload
+    async def model(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *, model: str,
+                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
+                    usage: UsageFn | None = None, **params: Any) -> R: ...
+    @overload
+    async def model(self, step_id: str, fn: Callable[..., R], /, *, model: str,
+                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
+                    usage: UsageFn | None = None, **params: Any) -> R: ...
     async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
                     messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
                     usage: UsageFn | None = None, **params: Any) -> Any:
         return await self._async(self._model(step_id, fn, model, messages, tools, params,
                                              retry, usage))
 
+    @overload
+    async def decide(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
+                     **kwargs: P.kwargs) -> R: ...
+    @overload
+    async def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
+                     **kwargs: P.kwargs) -> R: ...
     async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
                      **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
-    async def effect(self, step_id: str, effect: Effect, /, *, payload: JSON,
+    @overload
+    async def effect(self, step_id: str, effect: Effect[Awaitable[R]], /, *, payload: JSON,
+                     operation_id: str | None = None, approval: bool = False) -> R: ...
+    @overload
+    async def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
+                     operation_id: str | None = None, approval: bool = False) -> R: ...
+    async def effect(self, step_id: str, effect: Effect[Any], /, *, payload: JSON,
                      operation_id: str | None = None, approval: bool = False) -> Any:
         return await self._async(self._effect(step_id, effect, payload, operation_id,
                                               approval))
@@ -854,6 +368,13 @@ class AsyncRun(_RunBase):
     async def uuid(self, step_id: str = "uuid") -> str:
         return str(await self._async(self._value("uuid", step_id)))
 
+    @overload
+    async def gather(self, step_id: str,
+                     branches: Mapping[str, Callable[[AsyncRun], Awaitable[R]]], /,
+                     ) -> dict[str, R]: ...
+    @overload
+    async def gather(self, step_id: str, branches: Sequence[Callable[[AsyncRun], Awaitable[R]]],
+                     /) -> list[R]: ...
     async def gather(self, step_id: str, branches: Mapping[str, Callable[[AsyncRun], Any]]
                      | Sequence[Callable[[AsyncRun], Any]], /) -> Any:
         """``Run.parallel`` for async workflows: each branch is a coroutine function called

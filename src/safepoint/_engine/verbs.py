@@ -24,6 +24,7 @@ from .._rules.ids import check_id, check_run_id, check_who, check_words
 from .._rules.recovery import NOT_IMPORTED, owner_says, refusal, unasked
 from .._rules.secrets import refuse_secrets
 from ..errors import ResolutionRefused, UsageError
+from ..storage.base import Store
 from ..types import (
     ApprovalRecord,
     ApprovalRequest,
@@ -34,10 +35,10 @@ from ..types import (
     RunRecord,
     RunStatus,
 )
-from .flow import Flow, Io, adrive, drive, require_store
+from .flow import Flow, adrive, drive, io, require_store
 
 if TYPE_CHECKING:
-    from ..storage.base import AsyncStore, Store
+    from ..storage.base import AsyncStore
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -107,17 +108,17 @@ async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /,
     return approval
 
 
-def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow:
+def _approve_flow(run_id: str, step_id: str, request: ApprovalRequest) -> Flow[ApprovalRecord]:
     run_id = yield from _carried_on_by(run_id, step_id)
-    return (yield Io("approve", (run_id, step_id, request)))
+    return (yield from io(Store.approve, run_id, step_id, request))
 
 
-def _carried_on_by(run_id: str, step_id: str) -> Flow:
+def _carried_on_by(run_id: str, step_id: str) -> Flow[str]:
     """The id of the run that carries ``run_id``'s chain on: itself, or its latest successor
     (the ids as a person typed them checked first: nothing is looked up under a malformed one).
     """
     check_id(step_id, "step id")  # as recorded: a fan-out's or occurrence's id included
-    run = yield from chain_head((yield Io("get_run", (check_run_id(run_id),))))
+    run = yield from chain_head((yield from io(Store.get_run, check_run_id(run_id))))
     return run.run_id
 
 
@@ -164,9 +165,9 @@ async def revoke_approval_async(store: Store | AsyncStore, run_id: str, step_id:
     return revoked
 
 
-def _revoke_flow(run_id: str, step_id: str, revocation: ApprovalRevocation) -> Flow:
+def _revoke_flow(run_id: str, step_id: str, revocation: ApprovalRevocation) -> Flow[list[ApprovalRecord]]:
     run_id = yield from _carried_on_by(run_id, step_id)
-    return (yield Io("revoke_approval", (run_id, step_id, revocation)))
+    return (yield from io(Store.revoke_approval, run_id, step_id, revocation))
 
 
 # -- resolutions ------------------------------------------------------------------------------
@@ -345,9 +346,9 @@ def _with_named_operation(store: Store, run_id: str, revision: int,
     return replace(decision, operation_id=operation_id)
 
 
-def chain_head(run: RunRecord) -> Flow:
+def chain_head(run: RunRecord) -> Flow[RunRecord]:
     """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new (its
     successor may have continued again meanwhile)."""
     while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
-        run = yield Io("get_run", (run.successor_run_id,))
+        run = yield from io(Store.get_run, run.successor_run_id)
     return run

@@ -18,8 +18,7 @@ from typing import Any
 import rfc8785
 
 from ..errors import NotJSON
-
-JSON = Any  # a JSON value: dict[str, JSON] | list[JSON] | str | int | float | bool | None
+from ..types import JSON
 
 # rfc8785 refuses integers outside IEEE-754's exact range, as I-JSON requires.
 _MAX_SAFE_INT = 2**53 - 1
@@ -215,5 +214,6 @@ def dumps(value: JSON) -> str:
     return _COMPACT.encode(value)
 
 
-def loads(text: str | bytes) -> JSON:
+def loads(text: str | bytes) -> Any:
+    """The value of stored JSON text: plain dicts and lists (see ``types.Recorded``)."""
     return json.loads(text)

@@ -18,20 +18,12 @@ tail of recorded steps is abandoned while the effect ledger is kept).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
 from typing import Any
 
 from ..errors import UsageError
-from .canonical import JSON, canonical, digest, input_hash, require_json
+from ..types import JSON
+from .canonical import canonical, digest, input_hash, require_json
 from .secrets import refuse_secrets
-
-
-class Compatibility(StrEnum):
-    """What a worker does with a run recorded by other code (another version or fingerprint),
-    or whose recorded step answers another question than the one now asked."""
-
-    REFUSE = "refuse"  # block with the recovery record; a person deploys the old code or gives up
-    REPLAN = "replan"  # abandon the stale tail of observations and decisions, keep the effects
 
 
 def manifest_of(tools: JSON = None, models: Iterable[str] | None = None,

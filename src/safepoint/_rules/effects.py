@@ -15,11 +15,22 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
-from ..types import EffectState, LedgerIdentity, OperationRecord, RunRecord
-from .canonical import JSON, sha256_hex
+from ..types import JSON, EffectState, LedgerIdentity, OperationRecord, RunRecord
+from .canonical import sha256_hex
 from .secrets import refuse_secrets
+
+# What an effect's execute returns (its receipt): ``run.effect`` returns the same type. A bare
+# ``Effect`` annotation means ``Effect[Any]`` (a default, which typing has from Python 3.13).
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar
+
+    ReceiptT_co = TypeVar("ReceiptT_co", covariant=True, default=Any)
+else:
+    from typing import TypeVar
+
+    ReceiptT_co = TypeVar("ReceiptT_co", covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +89,7 @@ class Rejected(Exception):
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # weak: see declared.py
-class Effect:
+class Effect(Generic[ReceiptT_co]):
     """A change in another system, made at most once per operation id.
 
     ``execute(payload, key) -> receipt`` performs it, passing ``str(key)`` to the owner as the
@@ -104,13 +115,14 @@ class Effect:
     >>> charges = Effect("charge", execute=lambda payload, key: {"id": "ch_1"})
     """
 
+    # The payload each callable gets is the one recorded, read back: plain dicts and lists.
     name: str
-    execute: Callable[[JSON, EffectKey], JSON | Awaitable[JSON]]
+    execute: Callable[[Any, EffectKey], ReceiptT_co]  # an async execute: ReceiptT_co is awaitable
     reconcile: Callable[[EffectKey], Reconciled | Awaitable[Reconciled]] | None = None
-    verify: Callable[[JSON], bool | Awaitable[bool]] | None = None
+    verify: Callable[[Any], bool | Awaitable[bool]] | None = None
     dedup_retention: timedelta | None = None
     max_dispatches: int = 3
-    target_state: Callable[[JSON], JSON | Awaitable[JSON]] | None = None
+    target_state: Callable[[Any], JSON | Awaitable[JSON]] | None = None
     verify_timeout: timedelta | float | None = None
 
     def __post_init__(self) -> None:

@@ -3,7 +3,7 @@ a deadline — the decisions, as small I/O-free functions.
 
 Every limit is recorded with the run (the attempts made, the tokens and cost spent, the
 deadline as an instant on the store's clock), so a restart continues from what the ledger
-says and never resets a spent budget. The flows in ``_engine.run`` and ``_engine.workflow`` ask these
+says and never resets a spent budget. The flows in ``_engine.core`` and ``_engine.lifecycle`` ask these
 functions what to do; the stores refuse new work past the deadline on their own.
 """
 
@@ -17,8 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..errors import UsageError
-from ..types import AttemptRecord, Budget, Retry, RunRecord, StepKind
-from .canonical import JSON
+from ..types import JSON, AttemptRecord, Budget, Retry, RunRecord, StepKind
 
 # Only observations and model calls are tried again: a pure step would fail the same way, a
 # decision is the planner's (recorded once), and an effect has its own protocol.

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from ..errors import UsageError
-from .canonical import JSON, checked_canonical, dumps
+from ..types import JSON
+from .canonical import checked_canonical, dumps
 
 REFERENCE_KEY = "$transcript"
 _EMPTY_LINK = hashlib.sha256(b"").digest()
@@ -86,7 +87,8 @@ class Transcript(Sequence[JSON]):
     def __getitem__(self, index: int | slice) -> JSON | list[JSON]:
         if isinstance(index, slice):
             return [json.loads(item) for item in self._items[index]]
-        return json.loads(self._items[index])
+        item: JSON = json.loads(self._items[index])
+        return item
 
     def __iter__(self) -> Iterator[JSON]:
         return (json.loads(item) for item in self._items)

@@ -9,7 +9,7 @@ import pytest
 
 from ..._rules.canonical import digest, dumps
 from ...errors import HistoryLimitReached, StoreError
-from ...types import EffectState, StepKind
+from ...types import JSON, EffectState, StepKind
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_operation, make_step, stamped_between
 
 
@@ -83,7 +83,7 @@ class EffectTests(ConformanceBase):
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         store.prepare_effect(claim, op, payload)
         store.mark_dispatching(claim, op.operation_id)
-        evidence = {"status": 402, "reason": "card declined"}
+        evidence: JSON = {"status": 402, "reason": "card declined"}
         store.record_outcome(claim, op.operation_id, settled, receipt={"id": 1}, error=evidence)
         before = self.snapshot(store, run.run_id)
         stored = before[0].operations[op.operation_id]

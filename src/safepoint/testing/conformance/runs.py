@@ -8,7 +8,7 @@ import pytest
 
 from ..._rules.canonical import digest, dumps
 from ...errors import RunNotFound
-from ...types import Claim, LedgerIdentity, RunStatus
+from ...types import JSON, Claim, LedgerIdentity, RunStatus
 from ._support import CLOCK_SLACK_MS, LARGE, LONG_LEASE_MS, ConformanceBase, _uid, stamped_between
 
 
@@ -58,7 +58,7 @@ class RunTests(ConformanceBase):
         small = {"text": "naïve ✓", "n": [1, 2.5, None, True], "nested": {"k": {}}}
         run, _ = self.start(store, inputs=small)
         assert store.get_run(run.run_id).inputs == small
-        large = {"doc": LARGE, "n": 1}
+        large: JSON = {"doc": LARGE, "n": 1}
         run, _ = self.start(store, inputs=large)
         assert run.inputs == large
         assert store.load_ledger(run.run_id).run.inputs == large

@@ -1,0 +1,735 @@
+"""The run lifecycle: ``start``, ``submit``, ``resume`` and ``cancel``, and the flows of a
+claimed run.
+
+``start`` creates a run (or finds the one with this run id) and executes it; ``resume`` takes
+over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which runs
+the workflow function from its start against the ledger — replay makes that cheap — and
+records how it ended: completed, failed, blocked, or continued as new (and then executes the
+successor too, so the first run's caller gets the chain's result). Like the steps, these are
+flows (see ``flow``), carried out synchronously or in the caller's event loop by the same code.
+Reading order: the verbs, then ``_start_flow`` / ``_resume_flow``, ``_claimed_flow`` (the resume
+procedure), ``_executed`` and the endings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import time
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .._rules.canonical import input_hash, require_json
+from .._rules.compat import changes
+from .._rules.effects import key_is_minted
+from .._rules.fencing import plan_claim
+from .._rules.history import successor_run_id
+from .._rules.ids import check_run_id, check_who, check_words
+from .._rules.limits import (
+    carried_limits,
+    deadline_of,
+    merged_budget,
+    past_deadline,
+    run_default,
+)
+from .._rules.recovery import build_record
+from .._rules.secrets import redact_text, redacted_message, refuse_secrets
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    AwaitingApproval,
+    BudgetExhausted,
+    Cancelled,
+    ContinueAsNew,
+    CorruptRecord,
+    DeadlineExceeded,
+    IncompatibleWorkflow,
+    LimitReached,
+    LostOwnership,
+    NeedsReconciliation,
+    RunBlocked,
+    RunCancelled,
+    RunConflict,
+    RunFailed,
+    RunOwned,
+    SafepointError,
+    StoreError,
+    StoreUnavailable,
+    UsageError,
+)
+from ..storage.base import NewRun, Replan, Store, cancelled_error
+from ..types import (
+    Budget,
+    Claim,
+    Compatibility,
+    EffectState,
+    Ledger,
+    LedgerIdentity,
+    OperationRecord,
+    RunRecord,
+    RunStatus,
+    UnreadableRun,
+)
+from .core import RunCore
+from .crashpoints import SimulatedCrash, crashpoint
+from .flow import Call, Flow, R, Sleep, adrive, drive, io, require_store
+from .ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, worker_id
+from .run import AsyncRun, Run
+from .verbs import chain_head
+from .workflow import Workflow, workflow_of
+
+if TYPE_CHECKING:
+    from ..storage.base import AsyncStore
+
+_ATTACH_POLL_MAX_S = 1.0
+
+
+def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    inputs = {"args": list(args), "kwargs": kwargs}
+    require_json(inputs, "workflow inputs", allow_tuples=True)
+    refuse_secrets(inputs, "the workflow inputs")
+    return inputs
+
+
+Deadline = timedelta | datetime | None
+
+
+def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str | None,
+             owner: str | None, lease_ms: int, budget: Budget | None = None,
+             deadline: Deadline = None) -> NewRun:
+    if not isinstance(wf, Workflow):
+        hint = (" (it is a plain function: decorate it with @safepoint.workflow(\"name\"))"
+                if callable(wf) else "")
+        raise UsageError(f"the workflow to run goes after the store, and got"
+                         f" {type(wf).__name__} there{hint}: pass the function decorated with"
+                         " @safepoint.workflow(...)")
+    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+    spend = merged_budget(wf.budget, budget)
+    deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
+    return _new_run_record(wf, _run_inputs(args, kwargs), run_id, owner,
+                           lease_ms, deadline_at=deadline_at, deadline_ms=deadline_ms,
+                           token_budget=spend.tokens, cost_budget=spend.cost)
+
+
+def _new_run_record(wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None,
+                    lease_ms: int, **limits: Any) -> NewRun:
+    """A run of ``wf`` as the store records it, with ``limits`` (deadline, budgets) and what
+    the workflow itself says (versions, fingerprint, attempts, history limits)."""
+    return NewRun(run_id=run_id, workflow=wf.name, workflow_version=wf.version,
+                  input_hash=input_hash(inputs), inputs=inputs, owner=owner, lease_ms=lease_ms,
+                  resume_budget=wf.resume_budget, history_soft_limit=wf.history_limit.soft,
+                  history_hard_limit=wf.history_limit.hard, workflow_fingerprint=wf.fingerprint,
+                  workflow_manifest=wf.manifest, step_attempts=wf.step_attempts, **limits)
+
+
+def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
+          lease_ms: int = DEFAULT_LEASE_MS, attach_timeout: float = 300.0,
+          budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> Any:
+    """Start a run of ``wf`` and execute it here; return its result.
+
+    Starting a run id that exists never creates a second run: with the same workflow and inputs
+    it attaches (returns the recorded result, resumes a run whose worker died, or waits up to
+    ``attach_timeout`` seconds for a live worker); otherwise it raises ``RunConflict``.
+    An ``async def`` workflow runs in an event loop of its own (use ``start_async`` inside one).
+    ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
+    or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
+    """
+    require_store(store, "start")
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
+    return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
+
+
+async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
+                      run_id: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
+                      attach_timeout: float = 300.0, budget: Budget | None = None,
+                      deadline: Deadline = None, **kwargs: Any) -> Any:
+    """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
+    an async store (``open_async_store``) is awaited, never blocking it."""
+    require_store(store, "start_async")
+    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
+    return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
+
+
+def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
+           budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> str:
+    """Enqueue a run of ``wf`` for any worker (``safepoint worker``) to execute; return its id.
+
+    Submitting a run id that exists never creates a second run: with the same workflow and
+    inputs it returns the id; otherwise it raises ``RunConflict``. ``budget`` and ``deadline``
+    as for ``start`` (a relative deadline counts from now, not from when a worker claims it).
+    """
+    require_store(store, "submit")
+    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
+    return str(drive(store, _submit_flow(new)))
+
+
+async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
+                       run_id: str | None = None, budget: Budget | None = None,
+                       deadline: Deadline = None, **kwargs: Any) -> str:
+    """``submit`` from async code."""
+    require_store(store, "submit_async")
+    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
+    return str(await adrive(store, _submit_flow(new)))
+
+
+def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """Take over ``run_id`` and carry it on from its ledger; return its result.
+
+    A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
+    run is tried again (the block is re-established if its cause remains); a waiting run looks
+    at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
+    approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
+    """
+    require_store(store, "resume")
+    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
+
+
+def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """``resume`` from a run record read earlier: the claim compares against *its* revision,
+    so two resumers holding the same record race on one compare-and-set."""
+    if run.status is RunStatus.CONTINUED:
+        run = drive(store, chain_head(run))
+    if run.status.terminal:
+        return _ended(run)  # needs no workflow code: the ending is recorded
+    wf = workflow_of(run)
+    return _carry_out(store, wf, _resume_flow(store, wf, run, lease_ms))
+
+
+async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
+                       lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+    """``resume`` in the caller's event loop."""
+    require_store(store, "resume_async")
+    run = await adrive(store, _get_run_flow(check_run_id(run_id)))
+    if run.status is RunStatus.CONTINUED:
+        run = await adrive(store, chain_head(run))
+    if run.status.terminal:
+        return _ended(run)
+    wf = workflow_of(run)
+    return await _carry_out_async(store, wf, _resume_flow(store, wf, run, lease_ms))
+
+
+def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) -> RunRecord:
+    """Ask a run to stop, for good, and return it as it now stands.
+
+    A pending, waiting or blocked run ends cancelled at once. A running one is marked: its worker
+    starts nothing new (no step, no dispatch, no continue-as-new) and ends it cancelled — an
+    effect already in flight is recorded or reconciled first, never forgotten. No resume revives
+    a cancelled run. An ended run is left as it is; a run that continued as new passes the
+    request on to the run that carries its chain on, which is returned.
+    """
+    require_store(store, "cancel")
+    check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
+    refuse_secrets([by, reason], "the cancellation")
+    run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
+    return run
+
+
+async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
+                       reason: str | None = None) -> RunRecord:
+    """``cancel`` from async code."""
+    require_store(store, "cancel_async")
+    check_who(by, "cancels the run")
+    check_words(reason, "the cancellation's reason")
+    refuse_secrets([by, reason], "the cancellation")
+    run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
+    return run
+
+
+def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow[RunRecord]:
+    run = yield from io(Store.request_cancel, run_id, by, reason)
+    # A continued run's work goes on in its successor (which may continue again meanwhile).
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield from io(Store.request_cancel, run.successor_run_id, by, reason)
+    return run
+
+
+def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
+    """Carry on a run this worker has just claimed (a worker's entry point)."""
+    return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
+
+
+def claimed_run(store: Store, claim: Claim) -> RunRecord:
+    """The run a worker has just claimed (``claim_next``), read back; ``CorruptRecord`` when its
+    own row cannot be read (for ``block_unreadable``)."""
+    found = store.find_run(claim.run_id)
+    if isinstance(found, UnreadableRun):
+        raise CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
+    return found
+
+
+def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
+    """Block a claimed run whose record (``error`` says which) cannot be read — phase
+    ``unreadable_record`` — unless the flow that found it did already (then the fence refuses
+    this write). ``finish_run`` needs nothing of the row but the claim's fence, so even a run
+    whose own row cannot be read is blocked, by the first worker that claims it, and never
+    claimed again. Best effort: a store that fails here leaves the run to its lease."""
+    with contextlib.suppress(SafepointError, LostOwnership):
+        drive(store, _block_claimed(claim, error))
+
+
+def _block_claimed(claim: Claim, error: StoreError) -> Flow[None]:
+    found = yield from io(Store.find_run, claim.run_id)
+    yield from _block_unreadable(claim, found, error)
+
+
+# -- carrying flows out --------------------------------------------------------------------------
+
+# How a run may end that is an answer, not a fault of safepoint's: raised to the caller with
+# no traceback through the flows and drivers behind it (dozens of frames that say nothing about
+# the caller's code). Their causes keep their own tracebacks.
+_OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
+
+
+def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:
+    """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
+    try:
+        if not wf.is_async:
+            return drive(store, flow)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(adrive(store, flow))
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
+    flow.close()
+    raise UsageError("an async workflow was started from inside a running event loop; use"
+                     " `await safepoint.start_async(...)` / `resume_async(...)` there")
+
+
+async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow[R]) -> R:
+    try:
+        if wf.is_async:
+            return await adrive(store, flow)
+        if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
+            flow.close()
+            raise UsageError("a plain def workflow cannot use an async store; make the"
+                             " workflow async def, or use a sync store")
+        # A plain workflow blocks while it runs: give it a thread, keep the loop free.
+        return await asyncio.to_thread(drive, store, flow)
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
+
+
+# -- the flows ------------------------------------------------------------------------------------
+
+
+def _get_run_flow(run_id: str) -> Flow[RunRecord]:
+    return (yield from io(Store.get_run, run_id))
+
+
+def _submit_flow(new: NewRun) -> Flow[str]:
+    run, _ = yield from io(Store.create_run, new)
+    _check_same_run(run, new)
+    return run.run_id
+
+
+def _check_same_run(run: RunRecord, new: NewRun) -> None:
+    if run.workflow != new.workflow:
+        raise RunConflict(run.run_id, f"for workflow {run.workflow!r}")
+    if run.input_hash != new.input_hash:
+        raise RunConflict(run.run_id, "with other inputs")
+
+
+def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow[Any]:
+    run, claim = yield from io(Store.create_run, new)
+    if claim is None:
+        _check_same_run(run, new)
+        return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout))
+    crashpoint("run.after_start")
+    return (yield from _execute_flow(store, wf, claim, run, {}, {}))
+
+
+def _ended(run: RunRecord) -> Any:
+    """The outcome of a run that needs no worker: its result, or the error it ended with."""
+    if run.status is RunStatus.COMPLETED:
+        return run.result
+    error = run.error or {}
+    if run.status is RunStatus.CANCELLED:
+        raise RunCancelled(run.run_id, str(error.get("message", "cancelled")))
+    raise RunFailed(run.run_id, str(error.get("type", "error")), str(error.get("message", "")))
+
+
+def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
+                 timeout: float) -> Flow[Any]:
+    """Wait for a live worker to finish the run (or die, and then take it over)."""
+    deadline = time.monotonic() + timeout
+    pause = 0.02
+    while True:
+        try:
+            return (yield from _resume_flow(store, wf, run, lease_ms))
+        except RunOwned:
+            if time.monotonic() >= deadline:
+                raise
+        yield Sleep(pause)
+        pause = min(pause * 2, _ATTACH_POLL_MAX_S)
+        run = yield from io(Store.get_run, run.run_id)
+
+
+def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow[Any]:
+    run = yield from chain_head(run)  # a continued run: resume the chain where it is
+    if run.status.terminal:
+        return _ended(run)
+    claim = None
+    for _ in range(3):  # the revision may move under us (a finishing worker); look again
+        now = yield from io(Store.now)
+        plan = plan_claim(run, now, owner_gone=run.owner is not None and owner_is_gone(run.owner))
+        claim = yield from io(Store.claim_run, run.run_id, run.state_revision, worker_id(),
+                              lease_ms, dead_owner=plan.dead_owner)
+        if claim is not None:
+            break
+        run = yield from chain_head((yield from io(Store.get_run, run.run_id)))
+        if run.status.terminal:
+            return _ended(run)
+    if claim is None:
+        raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
+    return (yield from _claimed_flow(store, wf, claim, run))
+
+
+def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
+    """The resume procedure, once this worker owns the run: load the ledger in one batch and
+    check that every record and artifact the run needs is there and intact; check that this
+    code may continue it (version and fingerprint, by the compatibility policy); check its
+    limits (resume budget, deadline); then execute — replay classifies each recorded step and
+    operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
+    the recovery record."""
+    ledger = yield from _load_intact(claim, run, store.identity)
+    try:
+        run = yield from _check_compatible(wf, claim, ledger.run)
+    except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
+        return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
+    except DeadlineExceeded as exc:  # … or once the deadline passed
+        yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
+    ledger = replace(ledger, run=run)
+    if run.resume_budget is not None and run.resume_count > run.resume_budget:
+        yield from _limit_at_claim(
+            store, wf, claim, ledger,
+            BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
+            f"the resume budget ({run.resume_budget}) ran out")
+    if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
+        core = _core(store, wf, claim, ledger)
+        if not core.uncertain_operations():
+            yield from _limit_at_claim(store, wf, claim, ledger,
+                                       DeadlineExceeded(run.run_id, run.deadline_at),
+                                       "the deadline passed")
+        # else: replay and settle the uncertain effect; the store refuses anything new, and
+        # the run then ends failed (or blocked, if the effect stays uncertain)
+    return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
+                                     dict(ledger.operations), ledger.attempts))
+
+
+def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> None:
+    """``CorruptRecord`` unless ``op`` holds the key minted for it (see ``key_is_minted``)."""
+    if not key_is_minted(op, run, identity):
+        raise CorruptRecord(
+            "safepoint_operations", f"{run.run_id}/{op.operation_id}",
+            f"its effect_key {op.effect_key!r} is not the key minted for operation"
+            f" {op.operation_id!r}: it was altered after it was recorded, and nothing is"
+            " reconciled or sent under it — put the minted key back (from a backup), or look"
+            " the operation up at its owner and resolve the run")
+
+
+def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow[Ledger]:
+    """The ledger, with the payload of every operation that may still be sent read back and
+    checked against its digest, and its stored key checked against the key minted for it —
+    before anything is replayed, not when the run reaches it — and the run's inputs checked to
+    be what a workflow is called with."""
+    try:
+        ledger = yield from io(Store.load_ledger, run.run_id)
+        _check_inputs(ledger.run)
+        for op in ledger.operations.values():
+            if op.state not in (EffectState.ACCEPTED, EffectState.REJECTED):
+                _check_key(op, ledger.run, identity)
+                yield from io(Store.get_artifact, op.payload_ref)
+    except _UNREADABLE as exc:
+        yield from _block_unreadable(claim, run, exc)
+        raise
+    return ledger
+
+
+def _check_inputs(run: RunRecord) -> None:
+    """A run's stored inputs are what ``_run_inputs`` records; any other value (readable JSON
+    of another shape) is a record the workflow cannot be called with."""
+    inputs = run.inputs
+    if not (isinstance(inputs, dict) and isinstance(inputs.get("args"), list)
+            and isinstance(inputs.get("kwargs"), dict)):
+        raise CorruptRecord("safepoint_runs", f"run_id={run.run_id}",
+                            f"inputs: {str(inputs)[:200]!r} are not a workflow run's inputs"
+                            " (an object of args and kwargs)")
+
+
+def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow[None]:
+    """Block the claimed run for a person: ``exc`` says what of its record cannot be read."""
+    record = build_record(run, phase="unreadable_record", reason=exc.message,
+                          evidence={"type": type(exc).__name__, **{
+                              k: str(v) for k, v in vars(exc).items() if k != "message"}})
+    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
+
+
+def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow[RunRecord]:
+    """The run as this code continues it: unchanged, re-planned under this code's version and
+    fingerprint (``replan``), or blocked with what changed (``refuse``)."""
+    differences = changes(run.workflow_version, run.workflow_manifest, run.workflow_fingerprint,
+                          wf.version, wf.manifest, wf.fingerprint)
+    if not differences:
+        return run
+    if wf.compatibility is Compatibility.REPLAN:
+        yield from io(Store.replan, claim, Replan(
+            reason="the workflow changed: " + "; ".join(differences),
+            workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
+            workflow_manifest=wf.manifest))
+        return replace(run, workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
+                       workflow_manifest=wf.manifest)
+    error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
+                                 f"{wf.name}@{wf.version}", changes=differences)
+    record = build_record(run, phase="incompatible_workflow", reason=error.message,
+                          evidence={"changes": differences})
+    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
+    error.record = record
+    raise error
+
+
+def _core(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> RunCore:
+    return RunCore(store, claim, ledger.run, dict(ledger.steps), dict(ledger.operations),
+                   is_async=wf.is_async, replans=wf.compatibility is Compatibility.REPLAN,
+                   attempts=ledger.attempts,
+                   default_retry=run_default(ledger.run.step_attempts, wf.step_attempts))
+
+
+@dataclass(frozen=True, slots=True)
+class _Continued:
+    """How a run ended that continued as new: its successor, and this worker's claim on it
+    (None for a successor left for any worker)."""
+
+    run: RunRecord
+    claim: Claim | None
+
+
+def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                  steps: dict[str, Any], operations: dict[str, Any],
+                  attempts: dict[str, Any] | None = None) -> Flow[Any]:
+    """Run the workflow function against the ledger and record how it ended. A run that
+    continues as new is followed by its successor, executed here in turn (a loop, not a
+    recursion: a chain may be long), so the caller gets the chain's result."""
+    while True:
+        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts)
+        if not isinstance(ended, _Continued):
+            return ended
+        if ended.claim is None:  # not claimed here: take it like any other run
+            return (yield from _resume_flow(store, wf, ended.run, claim.lease_ms))
+        claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
+
+
+def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
+                      steps: dict[str, Any], operations: dict[str, Any],
+                      attempts: dict[str, Any] | None) -> Flow[Any]:
+    """One run of the workflow function against the ledger, and how it ended. Once it ended,
+    its run object records nothing more (see ``RunCore.close``)."""
+    core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
+    try:
+        return (yield from _executed(core, store, wf, claim, run))
+    finally:
+        core.close()
+
+
+def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
+    args, kwargs = run.inputs["args"], run.inputs["kwargs"]
+    handle = AsyncRun(core) if wf.is_async else Run(core)
+    try:
+        with Heartbeat(store, claim):
+            result = yield Call(wf.fn, (handle, *args), kwargs)
+            yield from core.flush()  # the pure steps still pending, before the run ends
+    except (LostOwnership, SimulatedCrash) as exc:
+        # this worker must stop; the ledger already says everything it may say
+        raise _how_it_stopped(core, exc)  # noqa: B904 (exc itself, or what it ended)
+    except Cancelled as exc:
+        return (yield from _end_cancelled(core, exc))
+    except ContinueAsNew as signal:
+        return (yield from _continue_flow(core, wf, signal))
+    except _STOPPING:
+        yield from _release(claim)  # the process or task is stopping, not the run
+        raise
+    except BaseException as exc:
+        if (signalled := _signalled(core, wf)) is not None:  # swallowed, then failed
+            return (yield from signalled)
+        if core.release_on_halt:
+            yield from _release(claim)  # an interrupted effect: the next worker reconciles it
+            if core.halted is exc:
+                raise
+            raise core.halted from exc  # type: ignore[misc]
+        if core.halted is not None:
+            if core.halted is exc:
+                if isinstance(exc, _UNREADABLE):  # a record of the run met unreadable
+                    yield from _store_refused(core, exc)
+                raise
+            raise core.halted from exc  # agent code swallowed the block and failed otherwise
+        if isinstance(exc, StoreError):
+            yield from _store_refused(core, exc)
+            raise
+        yield from _end_failed(core, exc)
+    if (signalled := _signalled(core, wf)) is not None:  # swallowed, and the workflow returned
+        return (yield from signalled)
+    if core.halted is not None:
+        if core.release_on_halt:
+            yield from _release(claim)
+        raise core.halted  # agent code swallowed it; the run must not complete
+    yield from _block_if_uncertain(core, "the workflow returned", None)
+    try:
+        require_json(result, "workflow result")
+        refuse_secrets(result, "the workflow result")
+    except UsageError as exc:
+        yield from io(Store.finish_run, claim, RunStatus.FAILED,
+                      error={"type": type(exc).__name__, "message": redact_text(exc.message)})
+        raise
+    crashpoint("run.before_complete")
+    yield from io(Store.finish_run, claim, RunStatus.COMPLETED, result=result)
+    return result
+
+
+def _end_failed(core: RunCore, exc: BaseException) -> Flow[NoReturn]:
+    """The workflow raised: the run ends failed with the error (or blocks, while an effect of it
+    is uncertain), and the error goes on — as ``RunFailed`` unless safepoint raised it."""
+    yield from _block_if_uncertain(
+        core, f"the workflow raised {type(exc).__name__}: {redact_text(str(exc))}", exc)
+    with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
+        yield from core.flush()  # best effort: what was computed, for the person reading
+    error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
+    yield from io(Store.finish_run, core.claim, RunStatus.FAILED, error=error)
+    if isinstance(exc, SafepointError):
+        raise exc
+    raise RunFailed(core.run.run_id, error["type"], error["message"]) from exc
+
+
+def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow[NoReturn]:
+    """The run was asked to stop and nothing new was started: it ends cancelled — unless an
+    effect of it is still uncertain, which a person must settle first (it blocks)."""
+    yield from _block_if_uncertain(core, "the run was cancelled", signal)
+    asked = [e for e in (yield from io(Store.events, core.run.run_id))
+             if e.kind == "run.cancel_requested"]
+    detail = asked[-1].detail if asked else {}
+    error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
+    yield from io(Store.finish_run, core.claim, RunStatus.CANCELLED, error=error)
+    raise RunCancelled(core.run.run_id, str(error.get("message"))) from signal
+
+
+def _signalled(core: RunCore, wf: Workflow) -> Flow[Any] | None:
+    """How the run ends when agent code swallowed a stop, a reached limit or a continue
+    signal: as the signal said, all the same. None when there was none."""
+    if isinstance(core.halted, Cancelled):
+        return _end_cancelled(core, core.halted)
+    if isinstance(core.halted, LimitReached):
+        return _end_for_limit(core, core.halted)
+    if isinstance(core.halted, ContinueAsNew):
+        return _continue_flow(core, wf, core.halted)
+    return None
+
+
+def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_Continued]:
+    """The run ends continued and its successor starts with the carried state, in one store
+    transaction — unless an effect of the run is still uncertain (it blocks: a successor must
+    not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
+    refuses, and the run ends cancelled: continuing cannot escape the request), or the deadline
+    passed (refused too: the run fails)."""
+    yield from _block_if_uncertain(core, "the workflow continued as new", signal)
+    # The chain is one task: its successor keeps the deadline and what is left of the budgets.
+    successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
+                                core.claim.owner, core.claim.lease_ms,
+                                **carried_limits(core.run))
+    crashpoint("run.before_continue")
+    try:
+        # the run's record stays whole (its pure steps written), though nothing replays it
+        yield from core.flush()
+        run, claim = yield from io(Store.continue_as_new, core.claim, successor)
+    except Cancelled as exc:
+        return (yield from _end_cancelled(core, exc))
+    except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
+        yield from _end_for_limit(core, exc)
+    except RunConflict as exc:
+        yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
+                              phase="continue_as_new")
+        raise
+    crashpoint("run.after_continue")
+    return _Continued(run, claim)
+
+
+def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
+    """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
+    refused because its sibling had blocked the run, or made it wait for approval, under this
+    very fence: that is how the run stopped."""
+    if (isinstance(exc, LostOwnership) and isinstance(core.halted, (RunBlocked, AwaitingApproval))
+            and not core.release_on_halt):
+        return core.halted
+    return exc
+
+
+# Signals that stop this process or task, not the run: it is released for the next worker.
+_STOPPING = (KeyboardInterrupt, SystemExit, asyncio.CancelledError)
+
+
+def _release(claim: Claim) -> Flow[None]:
+    """Best effort: a release that cannot be written only means waiting out the lease."""
+    with contextlib.suppress(StoreError, LostOwnership):
+        yield from io(Store.release_run, claim)
+
+
+# A record of the run that cannot be read: it will not read better on the next resume, so the
+# run blocks for a person (``unreadable_record``) rather than be taken over again and again.
+_UNREADABLE = (CorruptRecord, ArtifactMissing, ArtifactCorrupt)
+
+
+def _store_refused(core: RunCore, exc: StoreError) -> Flow[None]:
+    """An unreachable database is transient: the run stays as it is, resumable. A store that
+    answers but refuses the write (bad data, a constraint) would refuse it again on every
+    resume, so the run blocks for a person instead of retrying forever."""
+    if isinstance(exc, StoreUnavailable):
+        return
+    if isinstance(exc, _UNREADABLE):
+        # met mid-run: a record of the run cannot be read — the same block as at its load
+        with contextlib.suppress(StoreError, LostOwnership):
+            yield from _block_unreadable(core.claim, core.run, exc)
+        return
+    record = build_record(core.run, phase="store_refused", reason=exc.message,
+                          evidence={"type": type(exc).__name__,
+                                    "cause": redacted_message(repr(exc.__cause__), 2000)})
+    with contextlib.suppress(StoreError, LostOwnership):
+        yield from io(Store.finish_run, core.claim, RunStatus.BLOCKED, recovery_record=record)
+
+
+def _limit_at_claim(store: Any, wf: Workflow, claim: Claim, ledger: Ledger,
+                    error: LimitReached, how: str) -> Flow[NoReturn]:
+    """A limit found spent when the run is taken over: fail the run loudly — unless an effect of
+    it is uncertain: that still needs settling, so the run blocks for a person instead of being
+    forgotten."""
+    core = _core(store, wf, claim, ledger)
+    yield from _block_if_uncertain(core, how, error)
+    yield from io(Store.finish_run, claim, RunStatus.FAILED,
+                  error={"type": type(error).__name__, "message": error.message})
+    raise error
+
+
+def _end_for_limit(core: RunCore, error: LimitReached) -> Flow[NoReturn]:
+    """A limit was reached while the run executed (a budget spent, the deadline passed): nothing
+    new was started after it. The run ends failed — or blocks, while an effect is uncertain."""
+    yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})",
+                                   error)
+    yield from io(Store.finish_run, core.claim, RunStatus.FAILED,
+                  error={"type": type(error).__name__, "message": error.message})
+    raise error
+
+
+def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) -> Flow[None]:
+    """A run ends only with every effect settled: one left uncertain (agent code caught the
+    error of an interrupted dispatch and carried on) blocks the run instead."""
+    uncertain = core.uncertain_operations()
+    if not uncertain:
+        return
+    op = uncertain[0]
+    error = NeedsReconciliation(core.run.run_id, op.step_id, op.operation_id,
+                                f"{how} while this effect was still {op.state.value}")
+    # applied: the owner's receipt is there, only acceptance is missing — never "not applied"
+    phase = "verify_effect" if op.state is EffectState.APPLIED else "reconcile_effect"
+    yield from core.record_block(error, phase=phase, op=op)
+    raise error from cause
