@@ -413,8 +413,9 @@ class Ledger:
 @dataclass(frozen=True, slots=True)
 class LedgerIdentity:
     """Who a ledger is: ``ledger_id``, minted once when its schema was created, and
-    ``keyed_since`` (epoch ms, the store's clock), since when every effect key minted in it
-    includes that id. Operations prepared before then keep the key they were given."""
+    ``keyed_since`` (epoch ms, the store's clock): when it was minted, the moment from which
+    every effect key minted in the ledger includes that id — its whole life, since the first
+    migration creates it."""
 
     ledger_id: str
     keyed_since: int

@@ -169,22 +169,13 @@ def mint_effect_key(ledger_id: str, scope: str, operation_id: str) -> str:
     return "sp_" + sha256_hex(f"{ledger_id}\x00{scope}\x00{operation_id}".encode())[:40]
 
 
-def _key_before_identity(scope: str, operation_id: str) -> str:
-    """How keys were minted before ledgers had an id (migration 9): kept by the operations
-    prepared then, and recognised for them only."""
-    return "sp_" + sha256_hex(f"{scope}\x00{operation_id}".encode())[:40]
-
-
 def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> bool:
     """Whether ``op``'s stored key is the key that was minted for it: the key of its operation
-    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger
-    — or, for an operation prepared before the ledger had an id, the key minted then. A key
-    altered after it was recorded (a hand edit, a corrupted row) is none of them: it must not
-    be reconciled nor sent, since the owner knows the operation by the key minted."""
+    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger.
+    A key altered after it was recorded (a hand edit, a corrupted row) is neither: it must not be
+    reconciled nor sent, since the owner knows the operation by the key minted."""
     scopes = {run.run_id, run.chain_id or run.run_id}
     minted = {mint_effect_key(identity.ledger_id, scope, op.operation_id) for scope in scopes}
-    if op.prepared_at < identity.keyed_since:
-        minted |= {_key_before_identity(scope, op.operation_id) for scope in scopes}
     return op.effect_key in minted
 
 

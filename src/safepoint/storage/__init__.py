@@ -1,4 +1,6 @@
-"""Ledger stores. ``open_store`` picks one from a URL; the conformance suite defines correctness."""
+"""Ledger stores. ``open_store`` picks one from a URL (``DEFAULT_URL``, the SQLite file
+``./safepoint.db``, when none is given and ``$SAFEPOINT_URL`` is unset); the conformance suite
+defines correctness."""
 
 from __future__ import annotations
 
