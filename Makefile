@@ -22,8 +22,9 @@ test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
 test-fast: $(BIN)/.installed     ## for development: everything but the kill tests and soaks (~3 min)
 	$(BIN)/pytest -m "not kill and not slow"
 
-lint: $(BIN)/.installed          ## style and types
+lint: $(BIN)/.installed          ## style, formatting and types
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
 check: lint test

@@ -21,8 +21,13 @@ def run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     setting = Setting(spec["backend"], spec["mode"])
     sizes = Sizes(**spec["sizes"])
     system = spec["system"]
-    out: dict[str, Any] = {"system": system, "backend": setting.backend, "mode": setting.mode,
-                           "results": {}, "errors": {}}
+    out: dict[str, Any] = {
+        "system": system,
+        "backend": setting.backend,
+        "mode": setting.mode,
+        "results": {},
+        "errors": {},
+    }
     if system == "floor":
         from . import floor
 

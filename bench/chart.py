@@ -8,8 +8,13 @@ from typing import Any
 
 from .report import NAMES, Measured
 
-COLOURS = {"safepoint": "#1f77b4", "dbos": "#ff7f0e", "langgraph": "#2ca02c", "floor": "#7f7f7f",
-           "http": "#9467bd"}
+COLOURS = {
+    "safepoint": "#1f77b4",
+    "dbos": "#ff7f0e",
+    "langgraph": "#2ca02c",
+    "floor": "#7f7f7f",
+    "http": "#9467bd",
+}
 
 
 def draw(run: Measured, path: Path, title: str, sizes: dict[str, int]) -> None:
@@ -23,17 +28,23 @@ def draw(run: Measured, path: Path, title: str, sizes: dict[str, int]) -> None:
     _bars(run, axes[0][0], "w1", "steps_per_s", "steps/s (log)", present, floor=True)
     axes[0][0].set_title(f"W1: {sizes['w1_steps']} sequential trivial steps")
     _storage(run, axes[0][1])
-    _bars(run, axes[0][2], "w2", "last_over_first", "per-step cost, last 100 / first 100",
-          present, log=False)
+    _bars(run, axes[0][2], "w2", "last_over_first", "per-step cost, last 100 / first 100", present, log=False)
     axes[0][2].axhline(1.1, color="red", linestyle=":", linewidth=1)
     axes[0][2].set_title("W2: per-step cost as the state grows (target: 1.1, dotted)")
-    _bars(run, axes[1][0], "w3", "steps_per_s", "steps/s (log)",
-          [s for s in present if s in ("safepoint", "dbos")])
-    axes[1][0].set_title(f"W3: {sizes['w3_runs']} runs x {sizes['w3_steps']} steps at once,"
-                         f" {sizes['w3_workers']} worker processes")
+    _bars(
+        run,
+        axes[1][0],
+        "w3",
+        "steps_per_s",
+        "steps/s (log)",
+        [s for s in present if s in ("safepoint", "dbos")],
+    )
+    axes[1][0].set_title(
+        f"W3: {sizes['w3_runs']} runs x {sizes['w3_steps']} steps at once,"
+        f" {sizes['w3_workers']} worker processes"
+    )
     _bars(run, axes[1][1], "w4", "recover_s", "seconds (log)", present)
-    axes[1][1].set_title(f"W4: recovery after SIGKILL at step {sizes['w4_kill_at']}"
-                         " (lower is better)")
+    axes[1][1].set_title(f"W4: recovery after SIGKILL at step {sizes['w4_kill_at']} (lower is better)")
     _effects(run, axes[1][2])
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
@@ -42,13 +53,26 @@ def draw(run: Measured, path: Path, title: str, sizes: dict[str, int]) -> None:
 
 
 def _labels(run: Measured) -> list[str]:
-    return [s.replace("sqlite", "SQLite").replace("postgres", "PostgreSQL")
-            .replace("/defaults", "\ndefaults").replace("/equal", "\nequal durability")
-            for s in run.settings]
+    return [
+        s.replace("sqlite", "SQLite")
+        .replace("postgres", "PostgreSQL")
+        .replace("/defaults", "\ndefaults")
+        .replace("/equal", "\nequal durability")
+        for s in run.settings
+    ]
 
 
-def _bars(run: Measured, ax: Any, workload: str, metric: str, ylabel: str, systems: list[str],
-          *, log: bool = True, floor: bool = False) -> None:
+def _bars(
+    run: Measured,
+    ax: Any,
+    workload: str,
+    metric: str,
+    ylabel: str,
+    systems: list[str],
+    *,
+    log: bool = True,
+    floor: bool = False,
+) -> None:
     settings = run.settings
     width = 0.8 / len(systems)
     for index, system in enumerate(systems):
@@ -60,8 +84,14 @@ def _bars(run: Measured, ax: Any, workload: str, metric: str, ylabel: str, syste
             key = run.floor_key(setting, "safepoint")
             value = run.median(setting, "floor", "w0", key) if key else None
             if value:
-                ax.hlines(value, i - 0.45, i + 0.45, colors=COLOURS["floor"], linestyles="dashed",
-                          label="safepoint's floor (commits/s)" if i == 0 else None)
+                ax.hlines(
+                    value,
+                    i - 0.45,
+                    i + 0.45,
+                    colors=COLOURS["floor"],
+                    linestyles="dashed",
+                    label="safepoint's floor (commits/s)" if i == 0 else None,
+                )
     ax.set_xticks(range(len(settings)), _labels(run), fontsize=8)
     ax.set_ylabel(ylabel)
     if log:
@@ -76,8 +106,13 @@ def _storage(run: Measured, ax: Any) -> None:
         if probes:
             steps = sorted(probes)[1:]
             base = probes[min(probes)]
-            ax.plot(steps, [max(probes[k] - base, 1) / 1024 for k in steps], marker="o",
-                    label=NAMES[system], color=COLOURS[system])
+            ax.plot(
+                steps,
+                [max(probes[k] - base, 1) / 1024 for k in steps],
+                marker="o",
+                label=NAMES[system],
+                color=COLOURS[system],
+            )
     ax.set_xlabel("steps")
     ax.set_yscale("log")
     ax.set_ylabel("database KiB added (log)")
@@ -90,15 +125,24 @@ def _effects(run: Measured, ax: Any) -> None:
     for setting in run.settings:
         key = run.floor_key(setting, "safepoint")
         floor = run.median(setting, "floor", "w0", key) if key else None
-        rows.append((run.median(setting, "safepoint", "w5", "effects_per_s") or 0,
-                     (floor or 0) / 2, run.median(setting, "safepoint", "w5", "http_per_s") or 0))
+        rows.append(
+            (
+                run.median(setting, "safepoint", "w5", "effects_per_s") or 0,
+                (floor or 0) / 2,
+                run.median(setting, "safepoint", "w5", "http_per_s") or 0,
+            )
+        )
     xs = list(range(len(rows)))
     for offset, (index, label, colour) in zip(
-            (-0.27, 0, 0.27), [(0, "safepoint effects/s", COLOURS["safepoint"]),
-                               (1, "half the floor", COLOURS["floor"]),
-                               (2, "raw HTTP creates/s", COLOURS["http"])], strict=True):
-        ax.bar([x + offset for x in xs], [row[index] for row in rows], 0.27, label=label,
-               color=colour)
+        (-0.27, 0, 0.27),
+        [
+            (0, "safepoint effects/s", COLOURS["safepoint"]),
+            (1, "half the floor", COLOURS["floor"]),
+            (2, "raw HTTP creates/s", COLOURS["http"]),
+        ],
+        strict=True,
+    ):
+        ax.bar([x + offset for x in xs], [row[index] for row in rows], 0.27, label=label, color=colour)
     ax.set_xticks(xs, _labels(run), fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("per second (log)")

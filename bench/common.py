@@ -36,7 +36,7 @@ class Sizes:
 
     w1_steps: int = 1000
     w2_steps: int = 1000
-    w2_window: int = 100       # per-step cost of the last `window` steps over the first `window`
+    w2_window: int = 100  # per-step cost of the last `window` steps over the first `window`
     w3_runs: int = 20
     w3_steps: int = 100
     w3_workers: int = 4
@@ -52,9 +52,19 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(w1_steps=100, w2_steps=100, w2_window=20, w3_runs=4, w3_steps=20,
-                   w3_workers=2, w4_steps=100, w4_kill_at=50, w5_effects=40,
-                   floor_commits=200, http_calls=50)
+        return cls(
+            w1_steps=100,
+            w2_steps=100,
+            w2_window=20,
+            w3_runs=4,
+            w3_steps=20,
+            w3_workers=2,
+            w4_steps=100,
+            w4_kill_at=50,
+            w5_effects=40,
+            floor_commits=200,
+            http_calls=50,
+        )
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -63,7 +73,7 @@ class Sizes:
 @dataclass(frozen=True)
 class Setting:
     backend: str  # "sqlite" | "postgres"
-    mode: str     # "defaults" | "equal"
+    mode: str  # "defaults" | "equal"
 
     @property
     def label(self) -> str:
@@ -78,8 +88,8 @@ class Database:
     """One fresh database: an SQLite file in a directory of its own, or a PostgreSQL database."""
 
     backend: str
-    path: Path | None = None   # SQLite
-    name: str | None = None    # PostgreSQL
+    path: Path | None = None  # SQLite
+    name: str | None = None  # PostgreSQL
 
     @property
     def sqlite_url(self) -> str:
@@ -116,7 +126,8 @@ class Database:
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c"
                 " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r'"
                 " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
-                " AND n.nspname NOT LIKE 'pg_toast%'").fetchone()
+                " AND n.nspname NOT LIKE 'pg_toast%'"
+            ).fetchone()
         return int(row[0]) if row else 0
 
 
@@ -144,8 +155,7 @@ def drop_database(name: str) -> None:
     from psycopg import sql
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-            sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def drop_leftover_databases() -> list[str]:
@@ -154,8 +164,12 @@ def drop_leftover_databases() -> list[str]:
     import psycopg
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        names = [row[0] for row in conn.execute(
-            "SELECT datname FROM pg_database WHERE datname LIKE %s", (DB_PREFIX + "%",))]
+        names = [
+            row[0]
+            for row in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (DB_PREFIX + "%",)
+            )
+        ]
     dropped = []
     for name in names:
         pid = name.rsplit("_", 2)[-2]

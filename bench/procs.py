@@ -18,12 +18,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def spawn(system: str, role: str, args: dict[str, Any], *,
-          env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def spawn(
+    system: str, role: str, args: dict[str, Any], *, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", f"bench.workloads.{system}", role, json.dumps(args)],
-        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, **(env or {})})
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def wait_ready(process: subprocess.Popen[str], timeout: float = 60.0) -> None:

@@ -28,8 +28,7 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
     with fresh_database(backend, "profile") as db:
         url = db.sqlite_url if backend == "sqlite" else db.pg_url
         store = _Counting(sp.open_store(url, durability=durability))
-        flow = {"w1": workloads.w1, "w2": workloads.w2, "w4": workloads.w1,
-                "w5": workloads.w5}[workload]
+        flow = {"w1": workloads.w1, "w2": workloads.w2, "w4": workloads.w1, "w5": workloads.w5}[workload]
         extra = (True,) if workload == "w2" else ()  # W2 with a Transcript, as users write it
         if workload == "w4":
             # W1's run, stopped just before it completes: every step is recorded (but the batch
@@ -61,15 +60,23 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
             store.close()
             if owner is not None:
                 owner.stop()
-    return {"workload": workload, "backend": backend, "mode": mode, "steps": steps,
-            "steps_per_s_profiled": steps / elapsed,
-            "store_calls_per_step": {name: round(count / steps, 3)
-                                     for name, count in sorted(store.calls.items())},
-            **({"statements_per_step": {name: round(count / steps, 3)
-                                        for name, count in sorted(sent.items())}}
-               if sent is not None else {}),
-            "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
-            "flat": _relative(profiler.output_text(flat=True, time="percent_of_total"))}
+    return {
+        "workload": workload,
+        "backend": backend,
+        "mode": mode,
+        "steps": steps,
+        "steps_per_s_profiled": steps / elapsed,
+        "store_calls_per_step": {
+            name: round(count / steps, 3) for name, count in sorted(store.calls.items())
+        },
+        **(
+            {"statements_per_step": {name: round(count / steps, 3) for name, count in sorted(sent.items())}}
+            if sent is not None
+            else {}
+        ),
+        "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
+        "flat": _relative(profiler.output_text(flat=True, time="percent_of_total")),
+    }
 
 
 def _stopped_before_completion(store: Any, flow: Any, steps: int) -> None:
@@ -135,5 +142,4 @@ class _Counting:
 if __name__ == "__main__":
     quiet_logging()
     spec = json.loads(sys.argv[1])
-    print(json.dumps(profile(spec["workload"], spec["backend"], spec["mode"], spec["steps"])),
-          flush=True)
+    print(json.dumps(profile(spec["workload"], spec["backend"], spec["mode"], spec["steps"])), flush=True)

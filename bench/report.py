@@ -17,8 +17,12 @@ from .common import BACKENDS, MODES
 
 PEERS = ("dbos", "langgraph")
 NAMES = {"safepoint": "safepoint", "dbos": "DBOS", "langgraph": "LangGraph"}
-FLOOR_LABELS = {"wal_normal": "WAL, NORMAL", "wal_full": "WAL, FULL",
-                "delete_full": "DELETE journal, FULL", "pg_on": "synchronous_commit=on"}
+FLOOR_LABELS = {
+    "wal_normal": "WAL, NORMAL",
+    "wal_full": "WAL, FULL",
+    "delete_full": "DELETE journal, FULL",
+    "pg_on": "synchronous_commit=on",
+}
 
 
 def _median(values: list[float]) -> float | None:
@@ -43,8 +47,12 @@ class Measured:
         for cell in cells:
             self.by[(cell["rep"], f"{cell['backend']}/{cell['mode']}", cell["system"])] = cell
         self.reps = sorted({cell["rep"] for cell in cells})
-        self.settings = [f"{b}/{m}" for b in BACKENDS for m in MODES
-                         if any(c["backend"] == b and c["mode"] == m for c in cells)]
+        self.settings = [
+            f"{b}/{m}"
+            for b in BACKENDS
+            for m in MODES
+            if any(c["backend"] == b and c["mode"] == m for c in cells)
+        ]
         self.systems = [s for s in ("safepoint", *PEERS) if any(c["system"] == s for c in cells)]
 
     def value(self, rep: int, setting: str, system: str, *path: str) -> float | None:
@@ -119,8 +127,14 @@ class Target:
         return self.measured >= self.goal if self.higher_is_better else self.measured <= self.goal
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "setting": self.setting, "measured": self.measured,
-                "goal": self.goal, "higher_is_better": self.higher_is_better, "met": self.met}
+        return {
+            "name": self.name,
+            "setting": self.setting,
+            "measured": self.measured,
+            "goal": self.goal,
+            "higher_is_better": self.higher_is_better,
+            "met": self.met,
+        }
 
 
 def targets(run: Measured) -> list[Target]:
@@ -132,36 +146,72 @@ def targets(run: Measured) -> list[Target]:
         w1_floor = run.ratio(setting, (sp, "w1", "steps_per_s"), ("floor", sp))
         # The same goals for W1's variant whose every step is durable before the next (read
         # steps): pure steps are written 64 to a commit, which the goals did not assume.
-        durable_dbos = run.ratio(setting, (sp, "w1", "durable_steps_per_s"),
-                                 ("dbos", "w1", "steps_per_s"))
+        durable_dbos = run.ratio(setting, (sp, "w1", "durable_steps_per_s"), ("dbos", "w1", "steps_per_s"))
         durable_floor = run.ratio(setting, (sp, "w1", "durable_steps_per_s"), ("floor", sp))
         if mode == "defaults":
             goal = 20 if backend == "sqlite" else 4
             out.append(Target("W1 safepoint/DBOS steps/s", setting, w1_dbos, goal, True))
-            out.append(Target("W1, each step durable: safepoint/DBOS", setting, durable_dbos,
-                              goal, True))
+            out.append(Target("W1, each step durable: safepoint/DBOS", setting, durable_dbos, goal, True))
         else:
             goal = 0.5 if backend == "sqlite" else 0.6
-            out.append(Target("W1 safepoint steps/s over its floor", setting, w1_floor, goal,
-                              True))
-            out.append(Target("W1, each step durable: over its floor", setting, durable_floor,
-                              goal, True))
-        out.append(Target("W2 safepoint per-step cost, last/first", setting,
-                          run.median(setting, sp, "w2", "last_over_first"), 1.1, False))
-        out.append(Target("W2 safepoint storage growth (1 = linear)", setting,
-                          run.median(setting, sp, "w2", "growth"), 1.25, False))
-        out.append(Target("W3 safepoint/DBOS steps/s", setting,
-                          run.ratio(setting, (sp, "w3", "steps_per_s"),
-                                    ("dbos", "w3", "steps_per_s")), 4, True))
-        out.append(Target("W4 safepoint/DBOS recovery wall time", setting,
-                          run.ratio(setting, (sp, "w4", "recover_s"), ("dbos", "w4", "recover_s")),
-                          0.2, False))
-        out.append(Target("W4 safepoint replayed steps/s", setting,
-                          run.median(setting, sp, "w4", "replay_steps_per_s"), 20000, True, "/s"))
+            out.append(Target("W1 safepoint steps/s over its floor", setting, w1_floor, goal, True))
+            out.append(Target("W1, each step durable: over its floor", setting, durable_floor, goal, True))
+        out.append(
+            Target(
+                "W2 safepoint per-step cost, last/first",
+                setting,
+                run.median(setting, sp, "w2", "last_over_first"),
+                1.1,
+                False,
+            )
+        )
+        out.append(
+            Target(
+                "W2 safepoint storage growth (1 = linear)",
+                setting,
+                run.median(setting, sp, "w2", "growth"),
+                1.25,
+                False,
+            )
+        )
+        out.append(
+            Target(
+                "W3 safepoint/DBOS steps/s",
+                setting,
+                run.ratio(setting, (sp, "w3", "steps_per_s"), ("dbos", "w3", "steps_per_s")),
+                4,
+                True,
+            )
+        )
+        out.append(
+            Target(
+                "W4 safepoint/DBOS recovery wall time",
+                setting,
+                run.ratio(setting, (sp, "w4", "recover_s"), ("dbos", "w4", "recover_s")),
+                0.2,
+                False,
+            )
+        )
+        out.append(
+            Target(
+                "W4 safepoint replayed steps/s",
+                setting,
+                run.median(setting, sp, "w4", "replay_steps_per_s"),
+                20000,
+                True,
+                "/s",
+            )
+        )
         if mode == "equal":  # at process_crash the SQLite floor never waits for the disk
-            out.append(Target("W5 safepoint effects/s over half its floor", setting,
-                              run.ratio(setting, (sp, "w5", "effects_per_s"), ("half_floor", sp)),
-                              0.45, True))
+            out.append(
+                Target(
+                    "W5 safepoint effects/s over half its floor",
+                    setting,
+                    run.ratio(setting, (sp, "w5", "effects_per_s"), ("half_floor", sp)),
+                    0.45,
+                    True,
+                )
+            )
     return out
 
 
@@ -205,23 +255,25 @@ def ratios(run: Measured) -> dict[str, dict[str, float | None]]:
     for setting in run.settings:
         row: dict[str, float | None] = {}
         for system in run.systems:
-            row[f"w1 {system}/floor"] = run.ratio(setting, (system, "w1", "steps_per_s"),
-                                                  ("floor", system))
+            row[f"w1 {system}/floor"] = run.ratio(setting, (system, "w1", "steps_per_s"), ("floor", system))
         row["w1 durable safepoint/floor"] = run.ratio(
-            setting, (sp, "w1", "durable_steps_per_s"), ("floor", sp))
+            setting, (sp, "w1", "durable_steps_per_s"), ("floor", sp)
+        )
         for peer in PEERS:
-            row[f"w1 safepoint/{peer}"] = run.ratio(setting, (sp, "w1", "steps_per_s"),
-                                                    (peer, "w1", "steps_per_s"))
+            row[f"w1 safepoint/{peer}"] = run.ratio(
+                setting, (sp, "w1", "steps_per_s"), (peer, "w1", "steps_per_s")
+            )
             row[f"w1 durable safepoint/{peer}"] = run.ratio(
-                setting, (sp, "w1", "durable_steps_per_s"), (peer, "w1", "steps_per_s"))
-            row[f"w2 bytes safepoint/{peer}"] = run.ratio(setting, (sp, "w2", "bytes"),
-                                                          (peer, "w2", "bytes"))
-            row[f"w4 recover_s safepoint/{peer}"] = run.ratio(setting, (sp, "w4", "recover_s"),
-                                                              (peer, "w4", "recover_s"))
-        row["w3 safepoint/dbos"] = run.ratio(setting, (sp, "w3", "steps_per_s"),
-                                             ("dbos", "w3", "steps_per_s"))
-        row["w5 safepoint/(floor/2)"] = run.ratio(setting, (sp, "w5", "effects_per_s"),
-                                                  ("half_floor", sp))
+                setting, (sp, "w1", "durable_steps_per_s"), (peer, "w1", "steps_per_s")
+            )
+            row[f"w2 bytes safepoint/{peer}"] = run.ratio(setting, (sp, "w2", "bytes"), (peer, "w2", "bytes"))
+            row[f"w4 recover_s safepoint/{peer}"] = run.ratio(
+                setting, (sp, "w4", "recover_s"), (peer, "w4", "recover_s")
+            )
+        row["w3 safepoint/dbos"] = run.ratio(
+            setting, (sp, "w3", "steps_per_s"), ("dbos", "w3", "steps_per_s")
+        )
+        row["w5 safepoint/(floor/2)"] = run.ratio(setting, (sp, "w5", "effects_per_s"), ("half_floor", sp))
         out[setting] = row
     return out
 
@@ -251,13 +303,20 @@ def tables(run: Measured) -> str:
     lines: list[str] = []
     for setting in run.settings:
         lines += _setting_table(run, setting)
-    lines += ["### Targets", "", "| target | setting | measured | goal | met |",
-              "|---|---|---|---|---|"]
+    lines += ["### Targets", "", "| target | setting | measured | goal | met |", "|---|---|---|---|---|"]
     for target in targets(run):
-        measured = (_n(target.measured) if target.unit == "/s"
-                    else _n(target.measured, 2) if target.measured is not None else "-")
-        goal = (f"≥ {_n(target.goal)}/s" if target.unit == "/s" else
-                f"{'≥' if target.higher_is_better else '≤'} {target.goal:g}")
+        measured = (
+            _n(target.measured)
+            if target.unit == "/s"
+            else _n(target.measured, 2)
+            if target.measured is not None
+            else "-"
+        )
+        goal = (
+            f"≥ {_n(target.goal)}/s"
+            if target.unit == "/s"
+            else f"{'≥' if target.higher_is_better else '≤'} {target.goal:g}"
+        )
         met = {True: "yes", False: "**no**", None: "-"}[target.met]
         lines.append(f"| {target.name} | {target.setting} | {measured} | {goal} | {met} |")
     lines.append("")
@@ -270,21 +329,26 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
     systems = run.systems
     peers = [p for p in PEERS if p in systems]
     blank = ["" for _ in peers]
-    lines = [f"### {'SQLite' if backend == 'sqlite' else 'PostgreSQL'}: {title}", "",
-             "| workload | figure | " + " | ".join(NAMES[s] for s in systems)
-             + "".join(f" | safepoint/{NAMES[p]}" for p in peers) + " |",
-             "|" + "---|" * (2 + len(systems) + len(peers))]
+    lines = [
+        f"### {'SQLite' if backend == 'sqlite' else 'PostgreSQL'}: {title}",
+        "",
+        "| workload | figure | "
+        + " | ".join(NAMES[s] for s in systems)
+        + "".join(f" | safepoint/{NAMES[p]}" for p in peers)
+        + " |",
+        "|" + "---|" * (2 + len(systems) + len(peers)),
+    ]
 
     def row(workload: str, figure: str, cells: list[str], ratios: list[str]) -> None:
-        lines.append(f"| {workload} | {figure} | " + " | ".join(cells)
-                     + "".join(f" | {r}" for r in ratios) + " |")
+        lines.append(
+            f"| {workload} | {figure} | " + " | ".join(cells) + "".join(f" | {r}" for r in ratios) + " |"
+        )
 
     def med(system: str, *path: str, digits: int = 0) -> str:
         return _n(run.median(setting, system, *path), digits)
 
     def vs_peers(*path: str, only: tuple[str, ...] = PEERS) -> list[str]:
-        return [_x(run.ratio(setting, ("safepoint", *path), (p, *path))) if p in only else ""
-                for p in peers]
+        return [_x(run.ratio(setting, ("safepoint", *path), (p, *path))) if p in only else "" for p in peers]
 
     def floor_cell(system: str) -> str:
         key = run.floor_key(setting, system)
@@ -293,48 +357,113 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
         return f"{_n(run.median(setting, 'floor', 'w0', key))} ({FLOOR_LABELS.get(key, key)})"
 
     row("W0", "floor, commits/s (each system's setting)", [floor_cell(s) for s in systems], blank)
-    row("W1", "steps/s", [med(s, "w1", "steps_per_s") for s in systems],
-        vs_peers("w1", "steps_per_s"))
-    row("W1", "of its own floor",
-        [_pct(run.ratio(setting, (s, "w1", "steps_per_s"), ("floor", s))) for s in systems], blank)
-    row("W1", "steps/s, each step durable before the next (safepoint: `run.read`)",
+    row("W1", "steps/s", [med(s, "w1", "steps_per_s") for s in systems], vs_peers("w1", "steps_per_s"))
+    row(
+        "W1",
+        "of its own floor",
+        [_pct(run.ratio(setting, (s, "w1", "steps_per_s"), ("floor", s))) for s in systems],
+        blank,
+    )
+    row(
+        "W1",
+        "steps/s, each step durable before the next (safepoint: `run.read`)",
         [med(s, "w1", "durable_steps_per_s") if s == "safepoint" else "" for s in systems],
-        [_x(run.ratio(setting, ("safepoint", "w1", "durable_steps_per_s"),
-                      (p, "w1", "steps_per_s"))) for p in peers])
-    row("W1", "... of its own floor",
-        [_pct(run.ratio(setting, (s, "w1", "durable_steps_per_s"), ("floor", s)))
-         if s == "safepoint" else "" for s in systems], blank)
-    row("W2", "ms/step, first 100 → last 100 (safepoint: a `Transcript`)",
-        [f"{med(s, 'w2', 'first_ms', digits=2)} → {med(s, 'w2', 'last_ms', digits=2)}"
-         for s in systems], blank)
+        [
+            _x(run.ratio(setting, ("safepoint", "w1", "durable_steps_per_s"), (p, "w1", "steps_per_s")))
+            for p in peers
+        ],
+    )
+    row(
+        "W1",
+        "... of its own floor",
+        [
+            _pct(run.ratio(setting, (s, "w1", "durable_steps_per_s"), ("floor", s)))
+            if s == "safepoint"
+            else ""
+            for s in systems
+        ],
+        blank,
+    )
+    row(
+        "W2",
+        "ms/step, first 100 → last 100 (safepoint: a `Transcript`)",
+        [f"{med(s, 'w2', 'first_ms', digits=2)} → {med(s, 'w2', 'last_ms', digits=2)}" for s in systems],
+        blank,
+    )
     row("W2", "last/first", [med(s, "w2", "last_over_first", digits=2) for s in systems], blank)
-    row("W2", "... safepoint with the state as a plain list: ms/step, last/first",
-        [f"{med(s, 'w2', 'list_first_ms', digits=2)} → {med(s, 'w2', 'list_last_ms', digits=2)},"
-         f" {med(s, 'w2', 'list_last_over_first', digits=2)}" if s == "safepoint" else ""
-         for s in systems], blank)
-    row("W2", "database bytes after the run", [med(s, "w2", "bytes") for s in systems],
-        vs_peers("w2", "bytes"))
-    row("W2", "bytes/step, last quarter over second quarter (1 = linear)",
-        [med(s, "w2", "growth", digits=2) for s in systems], blank)
-    row("W3", "steps/s, all runs at once", [med(s, "w3", "steps_per_s") for s in systems],
-        vs_peers("w3", "steps_per_s", only=("dbos",)))
-    row("W4", "recovery wall time, s", [med(s, "w4", "recover_s", digits=3) for s in systems],
-        vs_peers("w4", "recover_s"))
-    row("W4", "recovery process, spawn to exit, s",
-        [med(s, "w4", "process_s", digits=3) for s in systems], blank)
-    row("W4", "recorded steps replayed (or restored) per s, from the resume call",
-        [med(s, "w4", "replay_steps_per_s") for s in systems], blank)
-    row("W4", "... counted from the workflow function's start",
-        [med(s, "w4", "replay_from_entry_steps_per_s") for s in systems], blank)
-    row("W4", "steps run again (the one in flight at the kill included)",
-        [med(s, "w4", "reexecuted") for s in systems], blank)
-    row("W5", "effects/s (HTTP owner on loopback)",
-        [med(s, "w5", "effects_per_s") for s in systems], blank)
-    row("W5", "HTTP creates/s, the second floor", [med(s, "w5", "http_per_s") for s in systems],
-        blank)
-    row("W5", "effects/s over half its floor",
-        [_pct(run.ratio(setting, (s, "w5", "effects_per_s"), ("half_floor", s)))
-         if s == "safepoint" else "-" for s in systems], blank)
+    row(
+        "W2",
+        "... safepoint with the state as a plain list: ms/step, last/first",
+        [
+            f"{med(s, 'w2', 'list_first_ms', digits=2)} → {med(s, 'w2', 'list_last_ms', digits=2)},"
+            f" {med(s, 'w2', 'list_last_over_first', digits=2)}"
+            if s == "safepoint"
+            else ""
+            for s in systems
+        ],
+        blank,
+    )
+    row(
+        "W2",
+        "database bytes after the run",
+        [med(s, "w2", "bytes") for s in systems],
+        vs_peers("w2", "bytes"),
+    )
+    row(
+        "W2",
+        "bytes/step, last quarter over second quarter (1 = linear)",
+        [med(s, "w2", "growth", digits=2) for s in systems],
+        blank,
+    )
+    row(
+        "W3",
+        "steps/s, all runs at once",
+        [med(s, "w3", "steps_per_s") for s in systems],
+        vs_peers("w3", "steps_per_s", only=("dbos",)),
+    )
+    row(
+        "W4",
+        "recovery wall time, s",
+        [med(s, "w4", "recover_s", digits=3) for s in systems],
+        vs_peers("w4", "recover_s"),
+    )
+    row(
+        "W4",
+        "recovery process, spawn to exit, s",
+        [med(s, "w4", "process_s", digits=3) for s in systems],
+        blank,
+    )
+    row(
+        "W4",
+        "recorded steps replayed (or restored) per s, from the resume call",
+        [med(s, "w4", "replay_steps_per_s") for s in systems],
+        blank,
+    )
+    row(
+        "W4",
+        "... counted from the workflow function's start",
+        [med(s, "w4", "replay_from_entry_steps_per_s") for s in systems],
+        blank,
+    )
+    row(
+        "W4",
+        "steps run again (the one in flight at the kill included)",
+        [med(s, "w4", "reexecuted") for s in systems],
+        blank,
+    )
+    row("W5", "effects/s (HTTP owner on loopback)", [med(s, "w5", "effects_per_s") for s in systems], blank)
+    row("W5", "HTTP creates/s, the second floor", [med(s, "w5", "http_per_s") for s in systems], blank)
+    row(
+        "W5",
+        "effects/s over half its floor",
+        [
+            _pct(run.ratio(setting, (s, "w5", "effects_per_s"), ("half_floor", s)))
+            if s == "safepoint"
+            else "-"
+            for s in systems
+        ],
+        blank,
+    )
     lines.append("")
     return lines
 

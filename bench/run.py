@@ -28,41 +28,62 @@ from . import report
 from .common import BACKENDS, MODES, PG_ADMIN_URL, SYSTEMS, Sizes, drop_leftover_databases
 from .procs import ROOT
 
-WORKLOADS = {"safepoint": ["w1", "w2", "w3", "w4", "w5"], "dbos": ["w1", "w2", "w3", "w4"],
-             "langgraph": ["w1", "w2", "w4"]}
+WORKLOADS = {
+    "safepoint": ["w1", "w2", "w3", "w4", "w5"],
+    "dbos": ["w1", "w2", "w3", "w4"],
+    "langgraph": ["w1", "w2", "w4"],
+}
 # (workload, backend, mode, steps): where W1's time goes on each backend, and what explains the
 # W2, W4 (the replay of a resume) and W5 figures.
-PROFILES = [("w1", "sqlite", "defaults", 20000), ("w1", "sqlite", "equal", 3000),
-            ("w1", "postgres", "defaults", 3000), ("w2", "sqlite", "defaults", 1000),
-            ("w4", "postgres", "equal", 1000), ("w5", "sqlite", "equal", 500)]
-PACKAGES = ["safepoint", "dbos", "langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
-            "langgraph-checkpoint-postgres", "psycopg", "psycopg-pool", "SQLAlchemy", "matplotlib",
-            "pyinstrument"]
+PROFILES = [
+    ("w1", "sqlite", "defaults", 20000),
+    ("w1", "sqlite", "equal", 3000),
+    ("w1", "postgres", "defaults", 3000),
+    ("w2", "sqlite", "defaults", 1000),
+    ("w4", "postgres", "equal", 1000),
+    ("w5", "sqlite", "equal", 500),
+]
+PACKAGES = [
+    "safepoint",
+    "dbos",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres",
+    "psycopg",
+    "psycopg-pool",
+    "SQLAlchemy",
+    "matplotlib",
+    "pyinstrument",
+]
 RESULTS_START, RESULTS_END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 PROFILES_START, PROFILES_END = "<!-- bench:profiles:start -->", "<!-- bench:profiles:end -->"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes, one repetition: for development")
+    parser.add_argument("--quick", action="store_true", help="small sizes, one repetition: for development")
     parser.add_argument("--repeat", type=int, help="repetitions (default 5; 1 with --quick)")
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results",
-                        help="where the JSON results go")
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results", help="where the JSON results go"
+    )
     parser.add_argument("--chart", type=Path, help="the PNG to draw (default: beside the JSON)")
     parser.add_argument("--no-chart", action="store_true")
     parser.add_argument("--doc", type=Path, help="a Markdown page whose marked sections to refresh")
     parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument("--report", type=Path, metavar="JSON",
-                        help="measure nothing: redraw the chart and tables of a saved run")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: redraw the chart and tables of a saved run",
+    )
     opts = parser.parse_args(argv)
     if opts.report:
         saved = json.loads(opts.report.read_text())
-        _outputs(opts, saved["meta"], report.Measured(saved["cells"]), saved["profiles"],
-                 opts.report)
+        _outputs(opts, saved["meta"], report.Measured(saved["cells"]), saved["profiles"], opts.report)
         return 0
 
     sizes = Sizes.quick() if opts.quick else Sizes.full()
@@ -80,16 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     meta = _machine(sizes, repeat, opts.quick)
     cells = _measure(sizes, repeat, systems, [(b, m) for b in backends for m in modes])
     scale = 10 if opts.quick else 1
-    profiles = [] if opts.no_profile else [_profile(w, b, m, steps // scale)
-                                           for w, b, m, steps in PROFILES]
+    profiles = [] if opts.no_profile else [_profile(w, b, m, steps // scale) for w, b, m, steps in PROFILES]
     meta["duration_s"] = time.time() - started
     meta["loadavg_end"] = os.getloadavg()
     _write(opts, meta, cells, profiles)
     return 1 if any(c.get("errors") for c in cells) else 0
 
 
-def _measure(sizes: Sizes, repeat: int, systems: list[str],
-             settings: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _measure(
+    sizes: Sizes, repeat: int, systems: list[str], settings: list[tuple[str, str]]
+) -> list[dict[str, Any]]:
     """Every cell, repetition after repetition; within one, the systems (and the floor) run one
     right after another in an order that rotates: ABC, BCA, CAB, ..."""
     cells: list[dict[str, Any]] = []
@@ -99,24 +120,39 @@ def _measure(sizes: Sizes, repeat: int, systems: list[str],
             order = ["floor", *systems]
             shift = rep % len(order)
             for system in order[shift:] + order[:shift]:
-                spec = {"system": system, "backend": backend, "mode": mode,
-                        "workloads": WORKLOADS.get(system, []), "sizes": sizes.as_dict()}
+                spec = {
+                    "system": system,
+                    "backend": backend,
+                    "mode": mode,
+                    "workloads": WORKLOADS.get(system, []),
+                    "sizes": sizes.as_dict(),
+                }
                 cell = _run_cell(spec)
                 cell["rep"] = rep
                 cells.append(cell)
                 errors = "; ".join(f"{k}: {v}" for k, v in cell.get("errors", {}).items())
-                _say(f"[{len(cells)}/{total}] rep {rep + 1} {backend}/{mode} {system}: "
-                     f"{cell['wall_s']:.1f}s" + (f"  ERRORS {errors}" if errors else ""))
+                _say(
+                    f"[{len(cells)}/{total}] rep {rep + 1} {backend}/{mode} {system}: "
+                    f"{cell['wall_s']:.1f}s" + (f"  ERRORS {errors}" if errors else "")
+                )
     return cells
 
 
-def _write(opts: argparse.Namespace, meta: dict[str, Any], cells: list[dict[str, Any]],
-           profiles: list[dict[str, Any]]) -> None:
+def _write(
+    opts: argparse.Namespace,
+    meta: dict[str, Any],
+    cells: list[dict[str, Any]],
+    profiles: list[dict[str, Any]],
+) -> None:
     measured = report.Measured(cells)
-    results = {"meta": meta, "summary": report.summary(measured),
-               "ratios": report.ratios(measured),
-               "targets": [t.as_dict() for t in report.targets(measured)],
-               "profiles": profiles, "cells": cells}
+    results = {
+        "meta": meta,
+        "summary": report.summary(measured),
+        "ratios": report.ratios(measured),
+        "targets": [t.as_dict() for t in report.targets(measured)],
+        "profiles": profiles,
+        "cells": cells,
+    }
     opts.out.mkdir(parents=True, exist_ok=True)
     stem = f"{'quick-' if opts.quick else ''}{meta['date']}-{meta['host']}"
     json_path = opts.out / f"{stem}.json"
@@ -125,8 +161,13 @@ def _write(opts: argparse.Namespace, meta: dict[str, Any], cells: list[dict[str,
     _outputs(opts, meta, measured, profiles, json_path)
 
 
-def _outputs(opts: argparse.Namespace, meta: dict[str, Any], measured: report.Measured,
-             profiles: list[dict[str, Any]], json_path: Path) -> None:
+def _outputs(
+    opts: argparse.Namespace,
+    meta: dict[str, Any],
+    measured: report.Measured,
+    profiles: list[dict[str, Any]],
+    json_path: Path,
+) -> None:
     """The chart, the tables on stdout, and the page's marked sections."""
     if not opts.no_chart:
         chart_path = opts.chart or json_path.with_suffix(".png")
@@ -169,26 +210,41 @@ def _check_ready(systems: list[str], backends: list[str], *, profile: bool) -> N
         except ImportError:
             missing.append(module)
     if missing:
-        raise SystemExit(f"not installed here: {', '.join(missing)}. `make bench` installs the peers"
-                         " into bench/.venv; or pass --systems safepoint --no-profile")
+        raise SystemExit(
+            f"not installed here: {', '.join(missing)}. `make bench` installs the peers"
+            " into bench/.venv; or pass --systems safepoint --no-profile"
+        )
     if "postgres" in backends:
         import psycopg
 
         try:
             psycopg.connect(PG_ADMIN_URL, connect_timeout=5).close()
         except psycopg.Error as exc:
-            raise SystemExit(f"cannot reach PostgreSQL at {PG_ADMIN_URL} ({exc}); set BENCH_PG_URL"
-                             " or pass --backends sqlite") from exc
+            raise SystemExit(
+                f"cannot reach PostgreSQL at {PG_ADMIN_URL} ({exc}); set BENCH_PG_URL"
+                " or pass --backends sqlite"
+            ) from exc
 
 
 def _run_cell(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bench.cell", json.dumps(spec)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cell", json.dumps(spec)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        cell = {"system": spec["system"], "backend": spec["backend"], "mode": spec["mode"],
-                "results": {}, "errors": {"cell": done.stderr.strip()[-3000:]}}
+        cell = {
+            "system": spec["system"],
+            "backend": spec["backend"],
+            "mode": spec["mode"],
+            "results": {},
+            "errors": {"cell": done.stderr.strip()[-3000:]},
+        }
     else:
         cell = json.loads(lines[-1])
         if cell.get("errors"):
@@ -199,14 +255,22 @@ def _run_cell(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any]:
     spec = {"workload": workload, "backend": backend, "mode": mode, "steps": steps}
-    done = subprocess.run([sys.executable, "-m", "bench.profile", json.dumps(spec)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.profile", json.dumps(spec)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return {**spec, "error": done.stderr.strip()[-2000:]}
     found: dict[str, Any] = json.loads(lines[-1])
-    _say(f"profiled {workload.upper()} {backend}/{mode}: {found['steps_per_s_profiled']:,.0f}"
-         " steps/s under the profiler")
+    _say(
+        f"profiled {workload.upper()} {backend}/{mode}: {found['steps_per_s_profiled']:,.0f}"
+        " steps/s under the profiler"
+    )
     return found
 
 
@@ -219,19 +283,35 @@ def _machine(sizes: Sizes, repeat: int, quick: bool) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
     meta: dict[str, Any] = {
-        "date": now.strftime("%Y-%m-%d-%H%M"), "started": now.isoformat(timespec="seconds"),
-        "host": socket.gethostname().split(".")[0], "cpu_count": os.cpu_count(),
-        "cpu": _cpu_model(), "platform": platform.platform(), "python": sys.version.split()[0],
-        "sqlite": sqlite3.sqlite_version, "versions": versions, "commit": _git_commit(),
-        "sizes": sizes.as_dict(), "repeat": repeat, "quick": quick,
-        "loadavg_start": os.getloadavg()}
+        "date": now.strftime("%Y-%m-%d-%H%M"),
+        "started": now.isoformat(timespec="seconds"),
+        "host": socket.gethostname().split(".")[0],
+        "cpu_count": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "versions": versions,
+        "commit": _git_commit(),
+        "sizes": sizes.as_dict(),
+        "repeat": repeat,
+        "quick": quick,
+        "loadavg_start": os.getloadavg(),
+    }
     try:
         import psycopg
 
         with psycopg.connect(PG_ADMIN_URL, connect_timeout=5) as conn:
-            meta["postgres"] = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                                for name in ("server_version", "synchronous_commit", "fsync",
-                                             "wal_sync_method", "commit_delay")}
+            meta["postgres"] = {
+                name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+                for name in (
+                    "server_version",
+                    "synchronous_commit",
+                    "fsync",
+                    "wal_sync_method",
+                    "commit_delay",
+                )
+            }
     except Exception as exc:
         meta["postgres"] = {"error": str(exc)}
     return meta
@@ -249,31 +329,42 @@ def _cpu_model() -> str:
 
 def _git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
 
 def _title(meta: dict[str, Any]) -> str:
-    return (f"safepoint {meta['versions'].get('safepoint')} vs DBOS {meta['versions'].get('dbos')}"
-            f" vs LangGraph {meta['versions'].get('langgraph')} — {meta['started']},"
-            f" {meta['cpu_count']} CPUs, medians of {meta['repeat']}")
+    return (
+        f"safepoint {meta['versions'].get('safepoint')} vs DBOS {meta['versions'].get('dbos')}"
+        f" vs LangGraph {meta['versions'].get('langgraph')} — {meta['started']},"
+        f" {meta['cpu_count']} CPUs, medians of {meta['repeat']}"
+    )
 
 
-def _refresh_doc(doc: Path, meta: dict[str, Any], measured: report.Measured, tables: str,
-                 profiles: list[dict[str, Any]], json_path: Path) -> None:
+def _refresh_doc(
+    doc: Path,
+    meta: dict[str, Any],
+    measured: report.Measured,
+    tables: str,
+    profiles: list[dict[str, Any]],
+    json_path: Path,
+) -> None:
     pg = meta.get("postgres", {})
-    facts = (f"Run of {meta['started']} on `{meta['host']}`: {meta['cpu_count']} CPUs"
-             f" ({meta['cpu']}), Python {meta['python']}, SQLite {meta['sqlite']}, PostgreSQL"
-             f" {pg.get('server_version', '?')} (synchronous_commit={pg.get('synchronous_commit')},"
-             f" fsync={pg.get('fsync')}), safepoint commit {meta['commit']}; "
-             + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v) + "."
-             f" Medians of {meta['repeat']} repetitions, {meta['duration_s'] / 60:.1f} minutes;"
-             f" load average {meta['loadavg_start'][0]:.1f} at the start,"
-             f" {meta['loadavg_end'][0]:.1f} at the end. Raw figures: `{_rel(json_path)}`.")
-    block = "\n".join([facts, "", "What each system ran with:", "", report.settings_table(measured),
-                       tables])
+    facts = (
+        f"Run of {meta['started']} on `{meta['host']}`: {meta['cpu_count']} CPUs"
+        f" ({meta['cpu']}), Python {meta['python']}, SQLite {meta['sqlite']}, PostgreSQL"
+        f" {pg.get('server_version', '?')} (synchronous_commit={pg.get('synchronous_commit')},"
+        f" fsync={pg.get('fsync')}), safepoint commit {meta['commit']}; "
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
+        + "."
+        f" Medians of {meta['repeat']} repetitions, {meta['duration_s'] / 60:.1f} minutes;"
+        f" load average {meta['loadavg_start'][0]:.1f} at the start,"
+        f" {meta['loadavg_end'][0]:.1f} at the end. Raw figures: `{_rel(json_path)}`."
+    )
+    block = "\n".join([facts, "", "What each system ran with:", "", report.settings_table(measured), tables])
     text = _replace(doc.read_text(), RESULTS_START, RESULTS_END, block)
     if profiles:
         parts = []
@@ -283,17 +374,28 @@ def _refresh_doc(doc: Path, meta: dict[str, Any], measured: report.Measured, tab
                 parts.append(f"{name}: the profile failed")
                 continue
             # a run's own calls (create, finish) round to 0 per step; batched ones do not
-            calls = ", ".join(f"{k} {v:g}" for k, v in found["store_calls_per_step"].items()
-                              if v > 0) or "none"
+            calls = (
+                ", ".join(f"{k} {v:g}" for k, v in found["store_calls_per_step"].items() if v > 0) or "none"
+            )
             if "statements_per_step" in found:
                 calls += "; sent to the server per step: " + ", ".join(
-                    f"{k} {v:g}" for k, v in found["statements_per_step"].items())
-            parts += [f"**{name}, {found['steps']} steps**"
-                      f" ({found['steps_per_s_profiled']:,.0f} steps/s under the profiler);"
-                      f" store calls per step: {calls}. The call tree (frames of 2% or more),"
-                      " then functions by their own time:", "",
-                      "```", _top(found["tree"], 2.0, 45), "```", "",
-                      "```", _top(found["flat"], 0.0, 15), "```", ""]
+                    f"{k} {v:g}" for k, v in found["statements_per_step"].items()
+                )
+            parts += [
+                f"**{name}, {found['steps']} steps**"
+                f" ({found['steps_per_s_profiled']:,.0f} steps/s under the profiler);"
+                f" store calls per step: {calls}. The call tree (frames of 2% or more),"
+                " then functions by their own time:",
+                "",
+                "```",
+                _top(found["tree"], 2.0, 45),
+                "```",
+                "",
+                "```",
+                _top(found["flat"], 0.0, 15),
+                "```",
+                "",
+            ]
         text = _replace(text, PROFILES_START, PROFILES_END, "\n".join(parts))
     doc.write_text(text)
 

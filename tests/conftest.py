@@ -62,12 +62,12 @@ def crash_at() -> Iterator[object]:
         armed.close()
         if spec:
             armed.enter_context(testing.crash_at(spec))
+
     yield arm
     armed.close()
 
 
-SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES",
-                        "postgresql://postgres@127.0.0.1:5432/postgres")
+SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
 def with_database(url: str, dbname: str) -> str:

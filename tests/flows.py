@@ -21,8 +21,11 @@ def fetch_case(case_id: str) -> dict[str, Any]:
 
 
 def scripted_model(*, model: str, messages: list[dict[str, str]], temperature: float = 0) -> Any:
-    return {"text": f"refund case {messages[-1]['content']}", "model": model,
-            "usage": {"input_tokens": 12, "output_tokens": 5}}
+    return {
+        "text": f"refund case {messages[-1]['content']}",
+        "model": model,
+        "usage": {"input_tokens": 12, "output_tokens": 5},
+    }
 
 
 def doubled(case: dict[str, Any]) -> int:
@@ -36,33 +39,50 @@ def route(draft: dict[str, Any]) -> str:
 @sp.workflow("every-kind", version="1")
 def every_kind(run: sp.Run, case_id: str) -> dict[str, Any]:
     case = run.read("read.case", fetch_case, case_id)
-    draft = run.model("model.draft", scripted_model, model="scripted-1",
-                      messages=[{"role": "user", "content": case_id}], temperature=0)
+    draft = run.model(
+        "model.draft",
+        scripted_model,
+        model="scripted-1",
+        messages=[{"role": "user", "content": case_id}],
+        temperature=0,
+    )
     amount = run.pure("pure.amount", doubled, case)
     chosen = run.decide("decision.route", route, draft)
     stamp = run.now("value.now")
     nonce = run.uuid("value.uuid")
-    charge = run.effect("effect.charge", charges, operation_id=f"charge:{case_id}",
-                        payload={"amount": amount, "customer": case["customer"], "nonce": nonce})
-    ticket = run.effect("effect.ticket", tickets,
-                        payload={"charge": charge["id"], "at": stamp.isoformat()})
+    charge = run.effect(
+        "effect.charge",
+        charges,
+        operation_id=f"charge:{case_id}",
+        payload={"amount": amount, "customer": case["customer"], "nonce": nonce},
+    )
+    ticket = run.effect("effect.ticket", tickets, payload={"charge": charge["id"], "at": stamp.isoformat()})
     return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
 
 
 @sp.workflow("every-kind-async", version="1")
 async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
     case = await run.read("read.case", fetch_case, case_id)
-    draft = await run.model("model.draft", scripted_model, model="scripted-1",
-                            messages=[{"role": "user", "content": case_id}], temperature=0)
+    draft = await run.model(
+        "model.draft",
+        scripted_model,
+        model="scripted-1",
+        messages=[{"role": "user", "content": case_id}],
+        temperature=0,
+    )
     amount = await run.pure("pure.amount", doubled, case)
     chosen = await run.decide("decision.route", route, draft)
     stamp = await run.now("value.now")
     nonce = await run.uuid("value.uuid")
-    charge = await run.effect("effect.charge", charges, operation_id=f"charge:{case_id}",
-                              payload={"amount": amount, "customer": case["customer"],
-                                       "nonce": nonce})
-    ticket = await run.effect("effect.ticket", tickets,
-                              payload={"charge": charge["id"], "at": stamp.isoformat()})
+    charge = await run.effect(
+        "effect.charge",
+        charges,
+        operation_id=f"charge:{case_id}",
+        payload={"amount": amount, "customer": case["customer"], "nonce": nonce},
+    )
+    ticket = await run.effect(
+        "effect.ticket", tickets, payload={"charge": charge["id"], "at": stamp.isoformat()}
+    )
     return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
 
 
@@ -82,8 +102,7 @@ kept_charges = owner_effect("charges", name="owner.charges.kept", keep_alive=Tru
 @sp.workflow("kept-lines", version="1")
 def kept_lines(run: sp.Run, count: int) -> list[str]:
     """``lines`` through a connection kept alive between effects."""
-    return [run.effect("effect.line", kept_charges, payload={"line": index})["id"]
-            for index in range(count)]
+    return [run.effect("effect.line", kept_charges, payload={"line": index})["id"] for index in range(count)]
 
 
 @sp.workflow("notify", version="1")
@@ -118,10 +137,15 @@ def slow_draft(*, model: str, messages: list[dict[str, str]]) -> Any:
 @sp.workflow("fenced", version="1")
 def fenced(run: sp.Run, case_id: str) -> dict[str, Any]:
     """A step, then a fenced effect: the owner refuses a dispatch under a superseded fence."""
-    draft = run.model("model.draft", slow_draft, model="scripted-1",
-                      messages=[{"role": "user", "content": case_id}])
-    charge = run.effect("effect.charge", fenced_charges, operation_id=f"charge:{case_id}",
-                        payload={"case": case_id, "amount": 100})
+    draft = run.model(
+        "model.draft", slow_draft, model="scripted-1", messages=[{"role": "user", "content": case_id}]
+    )
+    charge = run.effect(
+        "effect.charge",
+        fenced_charges,
+        operation_id=f"charge:{case_id}",
+        payload={"case": case_id, "amount": 100},
+    )
     return {"draft": draft["text"], "charge": charge["id"]}
 
 
@@ -135,12 +159,18 @@ def quote(region: str) -> dict[str, Any]:
 @sp.workflow("fan-out", version="1")
 def fan_out(run: sp.Run, order: str) -> dict[str, Any]:
     """Three branches at once, each a read then an effect: a partial batch after a crash."""
+
     def branch(region: str) -> Any:
         def body(b: sp.Run) -> str:
             price = b.read("read.quote", quote, region)
-            receipt = b.effect("effect.book", charges, payload={"order": order, **price},
-                               operation_id=f"book:{order}:{region}")
+            receipt = b.effect(
+                "effect.book",
+                charges,
+                payload={"order": order, **price},
+                operation_id=f"book:{order}:{region}",
+            )
             return str(receipt["id"])
+
         return body
 
     booked = run.parallel("fan", {region: branch(region) for region in REGIONS})
@@ -152,19 +182,25 @@ async def fan_out_async(run: sp.AsyncRun, order: str) -> dict[str, Any]:
     def branch(region: str) -> Any:
         async def body(b: sp.AsyncRun) -> str:
             price = await b.read("read.quote", quote, region)
-            receipt = await b.effect("effect.book", charges, payload={"order": order, **price},
-                                     operation_id=f"book:{order}:{region}")
+            receipt = await b.effect(
+                "effect.book",
+                charges,
+                payload={"order": order, **price},
+                operation_id=f"book:{order}:{region}",
+            )
             return str(receipt["id"])
+
         return body
 
     booked = await run.gather("fan", {region: branch(region) for region in REGIONS})
     return {"booked": sorted(booked.values())}
+
+
 @sp.workflow("chain", version="1", history_limit=(40, 80))
 def chain(run: sp.Run, start: int, count: int, every: int, ids: list[str]) -> list[str]:
     """A loop of effects that continues as new every ``every`` lines, carrying what it did."""
     for index in range(start, count):
-        receipt = run.effect("effect.line", charges, payload={"line": index},
-                             operation_id=f"line:{index}")
+        receipt = run.effect("effect.line", charges, payload={"line": index}, operation_id=f"line:{index}")
         ids = [*ids, receipt["id"]]
         if (index + 1) % every == 0 and index + 1 < count:
             run.continue_as_new(index + 1, count, every, ids)
@@ -188,13 +224,16 @@ def transcript_loop(run: sp.Run, case_id: str) -> dict[str, Any]:
     messages = sp.Transcript([{"role": "user", "content": case_id}])
     tickets_filed = []
     for turn in range(6):
-        messages.append(run.model("model.turn", conversation_model, model="scripted-1",
-                                  messages=messages))
-        messages.append({"role": "tool", "content": run.pure("pure.note", tool_note, messages,
-                                                             turn)})
+        messages.append(run.model("model.turn", conversation_model, model="scripted-1", messages=messages))
+        messages.append({"role": "tool", "content": run.pure("pure.note", tool_note, messages, turn)})
         if turn % 2 == 1:
-            receipt = run.effect("effect.ticket", charges,
-                                 payload={"turn": turn, "conversation": messages.digest})
+            receipt = run.effect(
+                "effect.ticket", charges, payload={"turn": turn, "conversation": messages.digest}
+            )
             tickets_filed.append(receipt["id"])
-    return {"length": len(messages), "digest": messages.digest, "tickets": tickets_filed,
-            "last": messages[-1]["content"]}
+    return {
+        "length": len(messages),
+        "digest": messages.digest,
+        "tickets": tickets_filed,
+        "last": messages[-1]["content"],
+    }

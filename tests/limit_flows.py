@@ -17,8 +17,7 @@ def flaky_fetch(calls_path: str, fail_first: int) -> dict[str, Any]:
     path = Path(calls_path)
     made = len(path.read_text().splitlines()) if path.exists() else 0
     with path.open("a") as calls:
-        calls.write(json.dumps({"pid": os.getpid(), "at_ms": time.time_ns() // 1_000_000})
-                    + "\n")
+        calls.write(json.dumps({"pid": os.getpid(), "at_ms": time.time_ns() // 1_000_000}) + "\n")
     if made < fail_first:
         raise TimeoutError(f"the quote service timed out (call {made + 1})")
     return {"quote": 1.0842, "call": made + 1}
@@ -28,8 +27,9 @@ def flaky_fetch(calls_path: str, fail_first: int) -> dict[str, Any]:
 def flaky_read(run: sp.Run, calls_path: str, fail_first: int, attempts: int) -> dict[str, Any]:
     """One read, tried ``attempts`` times with a back-off long enough to be killed in."""
     try:
-        value = run.read("read.quote", flaky_fetch, calls_path, fail_first,
-                         retry=sp.Retry(attempts=attempts, backoff=1.5))
+        value = run.read(
+            "read.quote", flaky_fetch, calls_path, fail_first, retry=sp.Retry(attempts=attempts, backoff=1.5)
+        )
     except sp.StepFailed as failed:
         return {"gave_up_after": failed.attempts}
     return {"value": value}

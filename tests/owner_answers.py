@@ -11,7 +11,7 @@ import safepoint as sp
 
 ANSWER_ENV = "RESOLVE_TEST_ANSWER"
 asked: list[str] = []  # the keys this process's reconcile was asked about
-sent: list[str] = []   # the keys execute was called with
+sent: list[str] = []  # the keys execute was called with
 
 
 def send(payload: Any, key: sp.EffectKey) -> Any:
@@ -33,8 +33,7 @@ def ask(key: sp.EffectKey) -> sp.Applied | sp.NotApplied | sp.Unknown:
     return sp.Unknown("the owner's index lags")
 
 
-tickets = sp.Effect("owner-answers.ticket", execute=send, reconcile=ask,
-                    dedup_retention=timedelta(hours=1))
+tickets = sp.Effect("owner-answers.ticket", execute=send, reconcile=ask, dedup_retention=timedelta(hours=1))
 
 
 @sp.workflow("owner-answers")

@@ -48,13 +48,17 @@ _entered: list[float] = []
 def settings(setting: Setting) -> dict[str, Any]:
     equal = setting.mode == "equal"
     if setting.backend == "sqlite":
-        return {"journal_mode": "WAL" if equal else "DELETE (SQLite's default)",
-                "synchronous": "FULL (SQLite's default)",
-                "floor": "wal_full" if equal else "delete_full",
-                "w3_queue": f"worker_concurrency=1 per process, polling {QUEUE_POLL_S}s"}
-    return {"synchronous_commit": "on (set on every connection)" if equal
-            else "the server's default (on)", "floor": "pg_on",
-            "w3_queue": f"worker_concurrency=1 per process, polling {QUEUE_POLL_S}s"}
+        return {
+            "journal_mode": "WAL" if equal else "DELETE (SQLite's default)",
+            "synchronous": "FULL (SQLite's default)",
+            "floor": "wal_full" if equal else "delete_full",
+            "w3_queue": f"worker_concurrency=1 per process, polling {QUEUE_POLL_S}s",
+        }
+    return {
+        "synchronous_commit": "on (set on every connection)" if equal else "the server's default (on)",
+        "floor": "pg_on",
+        "w3_queue": f"worker_concurrency=1 per process, polling {QUEUE_POLL_S}s",
+    }
 
 
 def _url(db: Database) -> str:
@@ -62,8 +66,12 @@ def _url(db: Database) -> str:
 
 
 def _config(url: str, equal: bool, executor_id: str | None = None) -> Any:
-    config: dict[str, Any] = {"name": APP, "system_database_url": url, "log_level": "WARNING",
-                              "run_admin_server": False}
+    config: dict[str, Any] = {
+        "name": APP,
+        "system_database_url": url,
+        "log_level": "WARNING",
+        "run_admin_server": False,
+    }
     if equal and url.startswith("postgresql"):
         config["db_engine_kwargs"] = {"connect_args": {"options": "-c synchronous_commit=on"}}
     if executor_id is not None:
@@ -173,14 +181,20 @@ def _w2(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
         PROBE = None
         DBOS.destroy()
     probes[sizes.w2_steps] = db.bytes()
-    return {**STAMPS.per_step(sizes.w2_window), "bytes": probes[sizes.w2_steps] - probes[0],
-            "probes": probes, "growth": growth(probes)}
+    return {
+        **STAMPS.per_step(sizes.w2_window),
+        "bytes": probes[sizes.w2_steps] - probes[0],
+        "probes": probes,
+        "growth": growth(probes),
+    }
 
 
 def _w3(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
     url = _url(db)
-    workers = [procs.spawn("dbos", "worker", {"url": url, "equal": equal, "executor": f"w{index}"})
-               for index in range(sizes.w3_workers)]
+    workers = [
+        procs.spawn("dbos", "worker", {"url": url, "equal": equal, "executor": f"w{index}"})
+        for index in range(sizes.w3_workers)
+    ]
     client: DBOSClient | None = None
     try:
         for worker in workers:
@@ -189,8 +203,9 @@ def _w3(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
         started = time.time()
         ids = [f"w3.{index}" for index in range(sizes.w3_runs)]
         for workflow_id in ids:
-            client.enqueue({"queue_name": QUEUE, "workflow_name": "w3", "workflow_id": workflow_id},
-                           sizes.w3_steps)
+            client.enqueue(
+                {"queue_name": QUEUE, "workflow_name": "w3", "workflow_id": workflow_id}, sizes.w3_steps
+            )
         while True:
             done = client.list_workflows(workflow_ids=ids, status="SUCCESS", load_input=False)
             if len(done) >= sizes.w3_runs:
@@ -205,8 +220,11 @@ def _w3(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
             client.destroy()
         procs.stop(workers)
     seconds = ended - started
-    return {"steps_per_s": sizes.w3_runs * sizes.w3_steps / seconds, "seconds": seconds,
-            "workers": sizes.w3_workers}
+    return {
+        "steps_per_s": sizes.w3_runs * sizes.w3_steps / seconds,
+        "seconds": seconds,
+        "workers": sizes.w3_workers,
+    }
 
 
 def _w4(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
@@ -226,8 +244,9 @@ def _w4(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
 
 def _worker(args: dict[str, Any]) -> None:
     _launch(args["url"], args["equal"], args["executor"])
-    DBOS.register_queue(QUEUE, worker_concurrency=1, polling_interval_sec=QUEUE_POLL_S,
-                        on_conflict="always_update")
+    DBOS.register_queue(
+        QUEUE, worker_concurrency=1, polling_interval_sec=QUEUE_POLL_S, on_conflict="always_update"
+    )
     stopping = False
 
     def stop(signum: int, frame: Any) -> None:

@@ -46,10 +46,17 @@ def settings(setting: Setting) -> dict[str, Any]:
     equal = setting.mode == "equal"
     durability = "sync" if equal else "async (LangGraph's default)"
     if setting.backend == "sqlite":
-        return {"durability": durability, "journal_mode": "WAL (set by SqliteSaver.setup)",
-                "synchronous": "FULL (SQLite's default)", "floor": "wal_full"}
-    return {"durability": durability, "synchronous_commit": "on (set on the connection)"
-            if equal else "the server's default (on)", "floor": "pg_on"}
+        return {
+            "durability": durability,
+            "journal_mode": "WAL (set by SqliteSaver.setup)",
+            "synchronous": "FULL (SQLite's default)",
+            "floor": "wal_full",
+        }
+    return {
+        "durability": durability,
+        "synchronous_commit": "on (set on the connection)" if equal else "the server's default (on)",
+        "floor": "pg_on",
+    }
 
 
 class Counter(TypedDict):
@@ -141,8 +148,11 @@ def _w1(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
     with _saver(_url(db), equal) as saver:
         graph = W1.compile(checkpointer=saver)
         started = time.perf_counter()
-        graph.invoke({"i": 0, "n": sizes.w1_steps, "total": 0},
-                     _config("w1", sizes.w1_steps), durability=_durability(equal))
+        graph.invoke(
+            {"i": 0, "n": sizes.w1_steps, "total": 0},
+            _config("w1", sizes.w1_steps),
+            durability=_durability(equal),
+        )
         elapsed = time.perf_counter() - started
     return {"steps_per_s": sizes.w1_steps / elapsed}
 
@@ -155,25 +165,30 @@ def _w2(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
         PROBE = lambda index: probes.__setitem__(index, db.bytes())  # noqa: E731
         STAMPS.times.clear()
         try:
-            graph.invoke({"i": 0, "n": sizes.w2_steps, "messages": []},
-                         _config("w2", sizes.w2_steps), durability=_durability(equal))
+            graph.invoke(
+                {"i": 0, "n": sizes.w2_steps, "messages": []},
+                _config("w2", sizes.w2_steps),
+                durability=_durability(equal),
+            )
         finally:
             PROBE = None
     probes[sizes.w2_steps] = db.bytes()
-    return {**STAMPS.per_step(sizes.w2_window), "bytes": probes[sizes.w2_steps] - probes[0],
-            "probes": probes, "growth": growth(probes)}
+    return {
+        **STAMPS.per_step(sizes.w2_window),
+        "bytes": probes[sizes.w2_steps] - probes[0],
+        "probes": probes,
+        "growth": growth(probes),
+    }
 
 
 def _w4(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
     args = {"url": _url(db), "equal": equal, "steps": sizes.w4_steps}
-    victim = procs.spawn("langgraph", "victim", args,
-                         env={"BENCH_KILL_AT": str(sizes.w4_kill_at)})
+    victim = procs.spawn("langgraph", "victim", args, env={"BENCH_KILL_AT": str(sizes.w4_kill_at)})
     _, err = victim.communicate(timeout=300)
     if victim.returncode != -signal.SIGKILL:
         raise RuntimeError(f"W4 victim was not killed (exit {victim.returncode}): {err[-1000:]}")
     started = time.perf_counter()
-    recovered = procs.finish(procs.spawn("langgraph", "recover",
-                                         {**args, "kill_at": sizes.w4_kill_at}))
+    recovered = procs.finish(procs.spawn("langgraph", "recover", {**args, "kill_at": sizes.w4_kill_at}))
     recovered["process_s"] = time.perf_counter() - started
     return recovered
 
@@ -181,8 +196,10 @@ def _w4(db: Database, equal: bool, sizes: Sizes) -> dict[str, Any]:
 def _victim(args: dict[str, Any]) -> None:
     with _saver(args["url"], args["equal"]) as saver:
         W4.compile(checkpointer=saver).invoke(
-            {"i": 0, "n": args["steps"], "total": 0}, _config("w4", args["steps"]),
-            durability=_durability(args["equal"]))
+            {"i": 0, "n": args["steps"], "total": 0},
+            _config("w4", args["steps"]),
+            durability=_durability(args["equal"]),
+        )
     raise SystemExit("the victim was meant to be killed at its kill step")
 
 

@@ -43,12 +43,17 @@ _entered: list[float] = []
 def settings(setting: Setting) -> dict[str, Any]:
     equal = setting.mode == "equal"
     if setting.backend == "sqlite":
-        return {"durability": "power_loss" if equal else "process_crash", "journal_mode": "WAL",
-                "synchronous": "FULL" if equal else "NORMAL",
-                "floor": "wal_full" if equal else "wal_normal"}
-    return {"durability": "power_loss" if equal else "process_crash",
-            "synchronous_commit": "on (set on every connection)" if equal
-            else "the server's default (on)", "floor": "pg_on"}
+        return {
+            "durability": "power_loss" if equal else "process_crash",
+            "journal_mode": "WAL",
+            "synchronous": "FULL" if equal else "NORMAL",
+            "floor": "wal_full" if equal else "wal_normal",
+        }
+    return {
+        "durability": "power_loss" if equal else "process_crash",
+        "synchronous_commit": "on (set on every connection)" if equal else "the server's default (on)",
+        "floor": "pg_on",
+    }
 
 
 def _url(db: Database) -> str:
@@ -144,8 +149,7 @@ def measure(workload: str, setting: Setting, sizes: Sizes) -> dict[str, Any]:
     durability = settings(setting)["durability"]
     with fresh_database(setting.backend, f"sp_{workload}") as db:
         url = _url(db)
-        return {"w1": _w1, "w2": _w2, "w3": _w3, "w4": _w4, "w5": _w5}[workload](
-            db, url, durability, sizes)
+        return {"w1": _w1, "w2": _w2, "w3": _w3, "w4": _w4, "w5": _w5}[workload](db, url, durability, sizes)
 
 
 def _w1(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
@@ -159,8 +163,7 @@ def _w1(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
         durable = time.perf_counter() - started
     finally:
         store.close()
-    return {"steps_per_s": sizes.w1_steps / elapsed,
-            "durable_steps_per_s": sizes.w1_steps / durable}
+    return {"steps_per_s": sizes.w1_steps / elapsed, "durable_steps_per_s": sizes.w1_steps / durable}
 
 
 def _w2(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
@@ -172,8 +175,7 @@ def _w2(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
     return {**figures, **{f"list_{key}": value for key, value in plain.items()}}
 
 
-def _w2_once(db: Database, url: str, durability: str, sizes: Sizes, *,
-             as_transcript: bool) -> dict[str, Any]:
+def _w2_once(db: Database, url: str, durability: str, sizes: Sizes, *, as_transcript: bool) -> dict[str, Any]:
     global PROBE
     store = _open(url, durability)
     probes: dict[int, int] = {0: db.bytes()}
@@ -185,14 +187,20 @@ def _w2_once(db: Database, url: str, durability: str, sizes: Sizes, *,
         PROBE = None
         store.close()
     probes[sizes.w2_steps] = db.bytes()
-    return {**STAMPS.per_step(sizes.w2_window), "bytes": probes[sizes.w2_steps] - probes[0],
-            "probes": probes, "growth": growth(probes)}
+    return {
+        **STAMPS.per_step(sizes.w2_window),
+        "bytes": probes[sizes.w2_steps] - probes[0],
+        "probes": probes,
+        "growth": growth(probes),
+    }
 
 
 def _w3(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
     store = _open(url, durability)  # migrated before any worker opens it
-    workers = [procs.spawn("safepoint", "worker", {"url": url, "durability": durability})
-               for _ in range(sizes.w3_workers)]
+    workers = [
+        procs.spawn("safepoint", "worker", {"url": url, "durability": durability})
+        for _ in range(sizes.w3_workers)
+    ]
     try:
         for worker in workers:
             procs.wait_ready(worker)
@@ -212,8 +220,11 @@ def _w3(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
         procs.stop(workers)
         store.close()
     seconds = ended - started
-    return {"steps_per_s": sizes.w3_runs * sizes.w3_steps / seconds, "seconds": seconds,
-            "workers": sizes.w3_workers}
+    return {
+        "steps_per_s": sizes.w3_runs * sizes.w3_steps / seconds,
+        "seconds": seconds,
+        "workers": sizes.w3_workers,
+    }
 
 
 def _w4(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
@@ -224,8 +235,7 @@ def _w4(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
     if victim.returncode != -signal.SIGKILL:
         raise RuntimeError(f"W4 victim was not killed (exit {victim.returncode})")
     started = time.perf_counter()
-    recovered = procs.finish(procs.spawn("safepoint", "recover", {**args,
-                                                                   "kill_at": sizes.w4_kill_at}))
+    recovered = procs.finish(procs.spawn("safepoint", "recover", {**args, "kill_at": sizes.w4_kill_at}))
     recovered["process_s"] = time.perf_counter() - started
     return recovered
 
@@ -249,8 +259,12 @@ def _w5(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
     effects = sizes.w5_effects / elapsed
     # What is left per effect once the HTTP call is paid for: the ledger's own cost.
     ledger_s = max(1 / effects - 1 / http, 1e-9)
-    return {"effects_per_s": effects, "http_per_s": http, "ledger_only_per_s": 1 / ledger_s,
-            "owner_stats": created}
+    return {
+        "effects_per_s": effects,
+        "http_per_s": http,
+        "ledger_only_per_s": 1 / ledger_s,
+        "owner_stats": created,
+    }
 
 
 # -- child processes -----------------------------------------------------------------------------

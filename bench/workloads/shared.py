@@ -20,8 +20,14 @@ def probe_points(count: int) -> list[int]:
     return [count // 4, count // 2, 3 * count // 4]
 
 
-def recovery_figures(started: float, opened: float, ended: float, entered: list[float],
-                     calls: list[tuple[int, float]], kill_at: int) -> dict[str, float | int]:
+def recovery_figures(
+    started: float,
+    opened: float,
+    ended: float,
+    entered: list[float],
+    calls: list[tuple[int, float]],
+    kill_at: int,
+) -> dict[str, float | int]:
     """W4's figures, from the recovery process's own clock.
 
     ``started``: before the store is opened (after imports); ``opened``: when the resume is
@@ -32,10 +38,14 @@ def recovery_figures(started: float, opened: float, ended: float, entered: list[
     """
     first_index, first_at = calls[0]
     figures: dict[str, float | int] = {
-        "recover_s": ended - started, "open_s": opened - started, "replayed": first_index,
-        "replay_s": first_at - opened, "replay_steps_per_s": first_index / (first_at - opened),
+        "recover_s": ended - started,
+        "open_s": opened - started,
+        "replayed": first_index,
+        "replay_s": first_at - opened,
+        "replay_steps_per_s": first_index / (first_at - opened),
         # steps the killed process had already begun, run again here (the one in flight counts)
-        "reexecuted": sum(1 for index, _ in calls if index <= kill_at)}
+        "reexecuted": sum(1 for index, _ in calls if index <= kill_at),
+    }
     if entered:
         figures["replay_from_entry_s"] = first_at - entered[0]
         figures["replay_from_entry_steps_per_s"] = first_index / (first_at - entered[0])

@@ -274,8 +274,7 @@ class ApprovalRefused(UsageError):
     reason: str
     revoking: bool
 
-    def __init__(self, run_id: str, step_id: str, reason: str, *,
-                 revoking: bool = False) -> None:
+    def __init__(self, run_id: str, step_id: str, reason: str, *, revoking: bool = False) -> None:
         what = "revoking the approval" if revoking else "approval"
         super().__init__(
             f"{what} of step {step_id!r} of run {run_id!r} refused: {reason}",
@@ -370,19 +369,31 @@ class BudgetExhausted(LimitReached):
     spent: float
     resumes: int | None
 
-    def __init__(self, run_id: str, budget: float, resumes: int | None = None, *,
-                 kind: str = "resumes", spent: float | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        budget: float,
+        resumes: int | None = None,
+        *,
+        kind: str = "resumes",
+        spent: float | None = None,
+    ) -> None:
         if kind == "resumes":
             spent = resumes if spent is None else spent
-            message = (f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
-                       f" {budget}; it is failed rather than retried forever — find what stops"
-                       f" its workers (see `safepoint show {run_id}`), then start a new run")
+            message = (
+                f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
+                f" {budget}; it is failed rather than retried forever — find what stops"
+                f" its workers (see `safepoint show {run_id}`), then start a new run"
+            )
         else:
-            message = (f"run {run_id!r} spent {spent:g} {kind} of its {kind} budget of"
-                       f" {budget:g}; no further model call is made — start a new run with a"
-                       " larger budget if the work must go on")
-        super().__init__(message, run_id=run_id, budget=budget, resumes=resumes, kind=kind,
-                         limit=budget, spent=spent)
+            message = (
+                f"run {run_id!r} spent {spent:g} {kind} of its {kind} budget of"
+                f" {budget:g}; no further model call is made — start a new run with a"
+                " larger budget if the work must go on"
+            )
+        super().__init__(
+            message, run_id=run_id, budget=budget, resumes=resumes, kind=kind, limit=budget, spent=spent
+        )
 
 
 class DeadlineExceeded(LimitReached):
@@ -413,9 +424,12 @@ class RunCancelled(SafepointError):
     reason: str
 
     def __init__(self, run_id: str, reason: str) -> None:
-        super().__init__(f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
-                         " resumed into activity — start a new run", run_id=run_id,
-                         reason=reason)
+        super().__init__(
+            f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
+            " resumed into activity — start a new run",
+            run_id=run_id,
+            reason=reason,
+        )
 
 
 class StepFailed(SafepointError):
@@ -432,8 +446,9 @@ class StepFailed(SafepointError):
     error_message: str
     attempts: int
 
-    def __init__(self, run_id: str, step_id: str, error_type: str, error_message: str,
-                 attempts: int = 1) -> None:
+    def __init__(
+        self, run_id: str, step_id: str, error_type: str, error_message: str, attempts: int = 1
+    ) -> None:
         tries = f" (the last of {attempts} attempts)" if attempts > 1 else ""
         super().__init__(
             f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}{tries}",
@@ -475,8 +490,15 @@ class AwaitingApproval(SafepointError):
     target_digest: str | None
     reason: str
 
-    def __init__(self, run_id: str, step_id: str, operation_id: str, payload_digest: str,
-                 target_digest: str | None, reason: str) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        operation_id: str,
+        payload_digest: str,
+        target_digest: str | None,
+        reason: str,
+    ) -> None:
         super().__init__(
             f"run {run_id!r} waits for approval of effect {operation_id!r} (step {step_id!r},"
             f" payload {payload_digest}): {reason}; see what it would send with"
@@ -593,8 +615,9 @@ class RunBlocked(SafepointError):
     run_id: str
     record: dict[str, Any] | None
 
-    def __init__(self, message: str, *, run_id: str, record: dict[str, Any] | None = None,
-                 **fields: Any) -> None:
+    def __init__(
+        self, message: str, *, run_id: str, record: dict[str, Any] | None = None, **fields: Any
+    ) -> None:
         super().__init__(message, run_id=run_id, record=record, **fields)
 
 
@@ -605,8 +628,9 @@ class NeedsReconciliation(RunBlocked):
     operation_id: str
     reason: str
 
-    def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
-                 record: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, run_id: str, step_id: str, operation_id: str, reason: str, record: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(
             f"effect {operation_id!r} (step {step_id!r}) may have happened and could not be"
             f" settled: {reason}; check the effect owner, then resolve the run"
@@ -626,8 +650,9 @@ class VerificationFailed(RunBlocked):
     operation_id: str
     reason: str
 
-    def __init__(self, run_id: str, step_id: str, operation_id: str, reason: str,
-                 record: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, run_id: str, step_id: str, operation_id: str, reason: str, record: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(
             f"effect {operation_id!r} (step {step_id!r}) was applied but its verifier did not"
             f" accept it: {reason}; it will not be dispatched again — inspect it and resolve"
@@ -646,8 +671,7 @@ class StaleCheckpoint(RunBlocked):
     step_id: str
     reason: str
 
-    def __init__(self, run_id: str, step_id: str, reason: str,
-                 record: dict[str, Any] | None = None) -> None:
+    def __init__(self, run_id: str, step_id: str, reason: str, record: dict[str, Any] | None = None) -> None:
         super().__init__(
             f"step {step_id!r} was recorded for other inputs ({reason}); the stored answer is to"
             " another question — the run is blocked under the 'refuse' policy: revert the"
@@ -664,8 +688,7 @@ class ReplayMismatch(StaleCheckpoint):
     name, or the code no longer reaches an operation the ledger holds and asks for another.
     Raised under either compatibility policy: no answer of the ledger fits this path."""
 
-    def __init__(self, run_id: str, step_id: str, reason: str,
-                 record: dict[str, Any] | None = None) -> None:
+    def __init__(self, run_id: str, step_id: str, reason: str, record: dict[str, Any] | None = None) -> None:
         RunBlocked.__init__(
             self,
             f"step {step_id!r} is not on the path the ledger recorded ({reason}); the run is"
@@ -686,8 +709,14 @@ class IncompatibleWorkflow(RunBlocked):
     current: str
     changes: list[str]
 
-    def __init__(self, run_id: str, recorded: str, current: str,
-                 record: dict[str, Any] | None = None, changes: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        recorded: str,
+        current: str,
+        record: dict[str, Any] | None = None,
+        changes: list[str] | None = None,
+    ) -> None:
         changes = list(changes or [f"{recorded} became {current}"])
         super().__init__(
             f"run {run_id!r} was recorded by other code than this process has ({recorded} →"
@@ -710,8 +739,9 @@ class HistoryLimitReached(RunBlocked):
     size: int | None
     limit: int | None
 
-    def __init__(self, run_id: str, size: int | None, limit: int | None,
-                 record: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, run_id: str, size: int | None, limit: int | None, record: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(
             f"run {run_id!r} reached its hard history limit ({size} of {limit} events and"
             " steps): nothing new is recorded for it — have the workflow call"

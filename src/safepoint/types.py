@@ -60,7 +60,7 @@ class Durability(StrEnum):
     """What a committed step survives. Stated, never implied."""
 
     PROCESS_CRASH = "process_crash"  # default: survives the process dying (SQLite WAL, NORMAL)
-    POWER_LOSS = "power_loss"        # also survives the machine losing power (fsync every commit)
+    POWER_LOSS = "power_loss"  # also survives the machine losing power (fsync every commit)
 
 
 class Compatibility(StrEnum):
@@ -74,50 +74,49 @@ class Compatibility(StrEnum):
 class RunStatus(StrEnum):
     """Where a run stands: pending, running, waiting, blocked, or one of its endings."""
 
-    PENDING = "pending"        # created, not yet claimed by a worker
-    RUNNING = "running"        # owned (or last owned) by a worker that is making progress
-    COMPLETED = "completed"    # the workflow returned; the result is recorded
-    FAILED = "failed"          # the workflow raised; the error is recorded
-    BLOCKED = "blocked"        # stopped visibly for a person; see the recovery record
+    PENDING = "pending"  # created, not yet claimed by a worker
+    RUNNING = "running"  # owned (or last owned) by a worker that is making progress
+    COMPLETED = "completed"  # the workflow returned; the result is recorded
+    FAILED = "failed"  # the workflow raised; the error is recorded
+    BLOCKED = "blocked"  # stopped visibly for a person; see the recovery record
     CANCELLED = "cancelled"
-    WAITING = "waiting"        # paused until a person approves an effect; see ``waiting_for``
-    CONTINUED = "continued"    # continued as new: its successor (successor_run_id) carries on
+    WAITING = "waiting"  # paused until a person approves an effect; see ``waiting_for``
+    CONTINUED = "continued"  # continued as new: its successor (successor_run_id) carries on
 
     @property
     def terminal(self) -> bool:
         """This run will never run again (a continued run's chain goes on in its successor)."""
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
-                        RunStatus.CONTINUED)
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CONTINUED)
 
 
 class StepKind(StrEnum):
     """What a recorded step is, which decides how it replays: pure, read, model, decision, effect,
     value."""
 
-    PURE = "pure"              # recomputable; recorded as an optimisation
-    READ = "read"              # an observation; replayed until max_age says it expired
-    MODEL = "model"            # a model response; replayed, never re-generated
-    DECISION = "decision"      # the planner's choice of the next step; replayed
-    EFFECT = "effect"          # a change in another system; replayed or reconciled
-    VALUE = "value"            # a recorded now(), random() or uuid()
+    PURE = "pure"  # recomputable; recorded as an optimisation
+    READ = "read"  # an observation; replayed until max_age says it expired
+    MODEL = "model"  # a model response; replayed, never re-generated
+    DECISION = "decision"  # the planner's choice of the next step; replayed
+    EFFECT = "effect"  # a change in another system; replayed or reconciled
+    VALUE = "value"  # a recorded now(), random() or uuid()
 
 
 class StepStatus(StrEnum):
     """How a recorded step ended: completed, or failed (its error is raised again on replay)."""
 
-    COMPLETED = "completed"    # the step returned; its result is recorded
-    FAILED = "failed"          # the step raised; its error is recorded and raised on replay
+    COMPLETED = "completed"  # the step returned; its result is recorded
+    FAILED = "failed"  # the step raised; its error is recorded and raised on replay
 
 
 class EffectState(StrEnum):
     """Where one effect operation stands in the dispatch protocol (see DESIGN §3)."""
 
-    PREPARED = "prepared"          # payload, operation id and effect key are durable
-    DISPATCHING = "dispatching"    # "dispatch may have happened"
-    APPLIED = "applied"            # the owner's receipt is recorded
-    REJECTED = "rejected"          # the owner refused; it did not happen
-    UNKNOWN = "unknown"            # the call failed without proof either way
-    ACCEPTED = "accepted"          # verified (or no verifier); the run moves on
+    PREPARED = "prepared"  # payload, operation id and effect key are durable
+    DISPATCHING = "dispatching"  # "dispatch may have happened"
+    APPLIED = "applied"  # the owner's receipt is recorded
+    REJECTED = "rejected"  # the owner refused; it did not happen
+    UNKNOWN = "unknown"  # the call failed without proof either way
+    ACCEPTED = "accepted"  # verified (or no verifier); the run moves on
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +153,14 @@ class RunRecord:
     # A waiting run: the effect it waits to have approved (operation_id, step_id, effect,
     # payload_digest, target_digest, reason, invalidated, since).
     waiting_for: dict[str, Any] | None = None
-    step_count: int = 0                     # steps recorded; with event_count, the history
-    history_soft_limit: int | None = None   # history that records one run.history_warning
-    history_hard_limit: int | None = None   # history past which nothing new is recorded
-    history_warned_at: int | None = None    # when the soft limit was crossed
-    chain_id: str | None = None             # the first run of its continue-as-new chain
-    chain_index: int = 0                    # its place in the chain (0: the first run)
-    parent_run_id: str | None = None        # the run it continues
-    successor_run_id: str | None = None     # the run that continues it (status continued)
+    step_count: int = 0  # steps recorded; with event_count, the history
+    history_soft_limit: int | None = None  # history that records one run.history_warning
+    history_hard_limit: int | None = None  # history past which nothing new is recorded
+    history_warned_at: int | None = None  # when the soft limit was crossed
+    chain_id: str | None = None  # the first run of its continue-as-new chain
+    chain_index: int = 0  # its place in the chain (0: the first run)
+    parent_run_id: str | None = None  # the run it continues
+    successor_run_id: str | None = None  # the run that continues it (status continued)
 
     @property
     def history_size(self) -> int:
@@ -185,8 +184,8 @@ class UnreadableRun:
     """
 
     run_id: str
-    reason: str                  # what could not be read, column by column
-    columns: tuple[str, ...]     # the columns that could not be read
+    reason: str  # what could not be read, column by column
+    columns: tuple[str, ...]  # the columns that could not be read
     workflow: str | None = None  # None: unreadable, as every field below
     workflow_version: str | None = None
     status: RunStatus | None = None
@@ -218,13 +217,15 @@ class HistoryLimit:
     def __post_init__(self) -> None:
         for name in ("soft", "hard"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):
-                raise UsageError(f"HistoryLimit.{name} is a count of events and steps: an int"
-                                 f" of 1 or more, or None for no limit (got {value!r})")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(
+                    f"HistoryLimit.{name} is a count of events and steps: an int"
+                    f" of 1 or more, or None for no limit (got {value!r})"
+                )
         if self.soft is not None and self.hard is not None and self.soft > self.hard:
-            raise UsageError(f"HistoryLimit.soft ({self.soft}) must not exceed hard"
-                             f" ({self.hard}): the warning comes first")
+            raise UsageError(
+                f"HistoryLimit.soft ({self.soft}) must not exceed hard ({self.hard}): the warning comes first"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,12 +260,12 @@ class AttemptRecord:
 
     run_id: str
     step_id: str
-    attempt: int            # counts every call of the step's function, re-reads included
+    attempt: int  # counts every call of the step's function, re-reads included
     kind: StepKind
     name: str
     input_hash: str
-    error: dict[str, Any]   # the failure's type and message
-    retry_at: int           # epoch ms (store clock): the next attempt starts no earlier
+    error: dict[str, Any]  # the failure's type and message
+    retry_at: int  # epoch ms (store clock): the next attempt starts no earlier
     fence: int = 0
     recorded_at: int = 0
 
@@ -289,7 +290,7 @@ class OperationRecord:
     updated_at: int = 0
     approval_required: bool = False  # dispatched only under a valid approval (see ``approve``)
     target_digest: str | None = None  # digest of the target's state as last read at the gate
-    approval_id: str | None = None    # the approval that authorized the latest dispatch
+    approval_id: str | None = None  # the approval that authorized the latest dispatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,9 +312,9 @@ class EventRecord:
 class ResolutionAction(StrEnum):
     """What a person decided about a blocked run's operation."""
 
-    APPLIED = "applied"          # the operation happened: its receipt is the evidence
+    APPLIED = "applied"  # the operation happened: its receipt is the evidence
     NOT_APPLIED = "not_applied"  # it did not: dispatch it again, under the same key
-    ABANDON = "abandon"          # give the run up: it ends cancelled
+    ABANDON = "abandon"  # give the run up: it ends cancelled
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,15 +324,20 @@ class Resolution:
     action: ResolutionAction
     by: str
     operation_id: str | None = None
-    receipt: JSON = None          # ``applied``: what the owner holds
-    evidence: str | None = None   # a link, a ticket, a sentence: why this is known
+    receipt: JSON = None  # ``applied``: what the owner holds
+    evidence: str | None = None  # a link, a ticket, a sentence: why this is known
     # ``not_applied``: whether the effect's owner was asked first, what it said, and whether
     # the person overrode its doubt (``force``)
     owner_check: dict[str, Any] | None = None
 
     def detail(self) -> dict[str, Any]:
-        detail = {"action": self.action.value, "operation_id": self.operation_id,
-                  "by": self.by, "receipt": self.receipt, "evidence": self.evidence}
+        detail = {
+            "action": self.action.value,
+            "operation_id": self.operation_id,
+            "by": self.by,
+            "receipt": self.receipt,
+            "evidence": self.evidence,
+        }
         if self.owner_check is not None:
             detail["owner_check"] = self.owner_check
         return detail
@@ -354,7 +360,7 @@ class ApprovalRecord:
     approved_at: int
     expires_at: int | None = None  # epoch ms; None: does not expire
     evidence: str | None = None
-    revoked_at: int | None = None     # epoch ms (store clock); None: not revoked
+    revoked_at: int | None = None  # epoch ms (store clock); None: not revoked
     revoked_by: str | None = None
     revoke_reason: str | None = None
 
@@ -364,19 +370,22 @@ class ApprovalRecord:
 
     def authorizes(self, payload_digest: str, target_digest: str | None, now: int) -> bool:
         """Whether this approval still authorizes a dispatch of that payload on that target."""
-        return (not self.revoked and self.payload_digest == payload_digest
-                and self.target_digest == target_digest
-                and (self.expires_at is None or now < self.expires_at))
+        return (
+            not self.revoked
+            and self.payload_digest == payload_digest
+            and self.target_digest == target_digest
+            and (self.expires_at is None or now < self.expires_at)
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class ApprovalRequest:
     """A person's approval as asked for (``approve``); the store binds it to the operation."""
 
-    approval_id: str               # minted by the caller, kept only if a new approval is recorded
+    approval_id: str  # minted by the caller, kept only if a new approval is recorded
     by: str
     evidence: str | None = None
-    ttl_ms: int | None = None      # expires this long after it is given, on the store's clock
+    ttl_ms: int | None = None  # expires this long after it is given, on the store's clock
     expires_at: int | None = None  # or at this instant (epoch ms); neither: does not expire
     payload_digest: str | None = None  # only if the operation still carries this payload
 
@@ -455,43 +464,63 @@ class Retry:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
 
     def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) \
-                or self.attempts < 1:
-            raise UsageError(f"Retry(attempts={self.attempts!r}): attempts counts every call,"
-                             " the first included: an int of 1 or more")
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
+            raise UsageError(
+                f"Retry(attempts={self.attempts!r}): attempts counts every call,"
+                " the first included: an int of 1 or more"
+            )
         for name in ("backoff", "multiplier", "max_backoff", "jitter"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise UsageError(f"Retry({name}={value!r}): a finite number of 0 or more"
-                                 " (seconds for backoff and max_backoff)")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise UsageError(
+                    f"Retry({name}={value!r}): a finite number of 0 or more"
+                    " (seconds for backoff and max_backoff)"
+                )
         if self.multiplier < 1:
-            raise UsageError(f"Retry(multiplier={self.multiplier!r}): 1 or more (1 waits the"
-                             " same each time)")
+            raise UsageError(f"Retry(multiplier={self.multiplier!r}): 1 or more (1 waits the same each time)")
         if self.jitter > 1:
             raise UsageError(f"Retry(jitter={self.jitter!r}): a fraction from 0 to 1")
         retry_on = self.retry_on
         if isinstance(retry_on, type):
             retry_on = (retry_on,)
             object.__setattr__(self, "retry_on", retry_on)
-        if not isinstance(retry_on, tuple) or not retry_on or not all(
-                isinstance(t, type) and issubclass(t, Exception) for t in retry_on):
-            raise UsageError(f"Retry(retry_on={self.retry_on!r}): exception classes derived"
-                             " from Exception, e.g. (TimeoutError, ConnectionError)")
+        if (
+            not isinstance(retry_on, tuple)
+            or not retry_on
+            or not all(isinstance(t, type) and issubclass(t, Exception) for t in retry_on)
+        ):
+            raise UsageError(
+                f"Retry(retry_on={self.retry_on!r}): exception classes derived"
+                " from Exception, e.g. (TimeoutError, ConnectionError)"
+            )
 
     def as_json(self) -> dict[str, Any]:
         """The numbers of the policy, as recorded with a run (``retry_on`` is code: not kept)."""
-        return {"attempts": self.attempts, "backoff": self.backoff,
-                "multiplier": self.multiplier, "max_backoff": self.max_backoff,
-                "jitter": self.jitter}
+        return {
+            "attempts": self.attempts,
+            "backoff": self.backoff,
+            "multiplier": self.multiplier,
+            "max_backoff": self.max_backoff,
+            "jitter": self.jitter,
+        }
 
     @classmethod
-    def from_json(cls, value: dict[str, Any],
-                  retry_on: tuple[type[BaseException], ...] = (Exception,)) -> Retry:
-        return cls(attempts=int(value["attempts"]), backoff=float(value["backoff"]),
-                   multiplier=float(value["multiplier"]),
-                   max_backoff=float(value["max_backoff"]),
-                   jitter=float(value.get("jitter", 0.0)), retry_on=retry_on)
+    def from_json(
+        cls, value: dict[str, Any], retry_on: tuple[type[BaseException], ...] = (Exception,)
+    ) -> Retry:
+        return cls(
+            attempts=int(value["attempts"]),
+            backoff=float(value["backoff"]),
+            multiplier=float(value["multiplier"]),
+            max_backoff=float(value["max_backoff"]),
+            jitter=float(value.get("jitter", 0.0)),
+            retry_on=retry_on,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,11 +539,14 @@ class Budget:
     cost: float | None = None
 
     def __post_init__(self) -> None:
-        if self.tokens is not None and (isinstance(self.tokens, bool)
-                                        or not isinstance(self.tokens, int) or self.tokens < 0):
+        if self.tokens is not None and (
+            isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0
+        ):
             raise UsageError(f"Budget(tokens={self.tokens!r}): an int of 0 or more, or None")
-        if self.cost is not None and (isinstance(self.cost, bool)
-                                      or not isinstance(self.cost, (int, float))
-                                      or not math.isfinite(self.cost) or self.cost < 0):
-            raise UsageError(f"Budget(cost={self.cost!r}): a finite number of 0 or more, or"
-                             " None")
+        if self.cost is not None and (
+            isinstance(self.cost, bool)
+            or not isinstance(self.cost, (int, float))
+            or not math.isfinite(self.cost)
+            or self.cost < 0
+        ):
+            raise UsageError(f"Budget(cost={self.cost!r}): a finite number of 0 or more, or None")

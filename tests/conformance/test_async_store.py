@@ -14,8 +14,7 @@ from safepoint.testing import OwnerService, SimulatedCrash
 from safepoint.types import RunRecord, RunStatus
 
 
-def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerService,
-                                             crash_at: Any) -> None:
+def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerService, crash_at: Any) -> None:
     import flows
 
     url = f"{pg_url}?schema=a_{uuid.uuid4().hex[:12]}"
@@ -25,8 +24,7 @@ def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerServic
         try:
             crash_at("effect.after_receiver_commit:effect.charge")
             with pytest.raises(SimulatedCrash):  # the owner committed; the ledger never heard
-                await sp.start_async(store, flows.every_kind_async, "c-1", run_id="r",
-                                     lease_ms=0)
+                await sp.start_async(store, flows.every_kind_async, "c-1", run_id="r", lease_ms=0)
             crash_at(None)
             result = await sp.resume_async(store, "r")
             return result, await store.get_run("r")
@@ -114,6 +112,7 @@ def test_the_async_store_can_refuse_a_schema_that_holds_no_ledger(pg_url: str) -
 
     asyncio.run(main())
     with psycopg.connect(pg_url) as conn:
-        found = conn.execute("SELECT count(*) FROM information_schema.schemata"
-                             " WHERE schema_name = %s", (schema,)).fetchone()
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
     assert found == (0,)

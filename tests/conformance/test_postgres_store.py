@@ -34,8 +34,7 @@ try:
 except ImportError:  # the extra is not installed
     if os.environ.get("CI"):
         raise
-    pytest.skip("psycopg is not installed: pip install 'safepoint[postgres]'",
-                allow_module_level=True)
+    pytest.skip("psycopg is not installed: pip install 'safepoint[postgres]'", allow_module_level=True)
 
 import safepoint as sp
 from conftest import with_database
@@ -90,15 +89,28 @@ def _param(url: str, **params: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}{joined}"
 
 
-def _new_run(run_id: str, owner: str | None, workflow: str = "wf", lease_ms: int = 60_000
-             ) -> NewRun:
-    return NewRun(run_id=run_id, workflow=workflow, workflow_version="v1", input_hash="h",
-                  inputs={"args": [], "kwargs": {}}, owner=owner, lease_ms=lease_ms)
+def _new_run(run_id: str, owner: str | None, workflow: str = "wf", lease_ms: int = 60_000) -> NewRun:
+    return NewRun(
+        run_id=run_id,
+        workflow=workflow,
+        workflow_version="v1",
+        input_hash="h",
+        inputs={"args": [], "kwargs": {}},
+        owner=owner,
+        lease_ms=lease_ms,
+    )
 
 
 def _step(run_id: str, step_id: str) -> StepRecord:
-    return StepRecord(run_id=run_id, step_id=step_id, kind=StepKind.PURE, name="fn",
-                      input_hash="h", result={"ok": True}, seq=1)
+    return StepRecord(
+        run_id=run_id,
+        step_id=step_id,
+        kind=StepKind.PURE,
+        name="fn",
+        input_hash="h",
+        result={"ok": True},
+        seq=1,
+    )
 
 
 def _wait_until_blocked(admin: psycopg.Connection[Any], application_name: str) -> None:
@@ -106,9 +118,9 @@ def _wait_until_blocked(admin: psycopg.Connection[Any], application_name: str) -
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         row = admin.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = %s AND wait_event_type = 'Lock'",
-            (application_name,)).fetchone()
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+            (application_name,),
+        ).fetchone()
         if row and row[0]:
             return
         time.sleep(0.01)
@@ -140,24 +152,39 @@ class Background:
 # -- migrations and opening ------------------------------------------------------------------
 
 
-def test_migrations_are_recorded_with_checksums(schema_url: str, admin: psycopg.Connection[Any],
-                                                opened: Callable[[str], PostgresStore]) -> None:
+def test_migrations_are_recorded_with_checksums(
+    schema_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(schema_url)
     schema = schema_url.rsplit("schema=", 1)[1]
-    rows = admin.execute(sql.SQL("SELECT version, name, checksum FROM {}.safepoint_schema_version"
-                                 " ORDER BY version").format(sql.Identifier(schema))).fetchall()
+    rows = admin.execute(
+        sql.SQL("SELECT version, name, checksum FROM {}.safepoint_schema_version ORDER BY version").format(
+            sql.Identifier(schema)
+        )
+    ).fetchall()
     shipped = load_migrations("postgres")
     assert [(v, n) for v, n, _ in rows] == [(v, n) for v, n, _ in shipped]
     assert all(len(checksum) == 64 for _, _, checksum in rows)
     assert store.schema_version() == len(shipped)
-    tables = {r[0] for r in admin.execute(
-        "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,))}
-    assert tables >= {"safepoint_runs", "safepoint_steps", "safepoint_operations",
-                      "safepoint_events", "safepoint_artifacts", "safepoint_schema_version"}
+    tables = {
+        r[0]
+        for r in admin.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        )
+    }
+    assert tables >= {
+        "safepoint_runs",
+        "safepoint_steps",
+        "safepoint_operations",
+        "safepoint_events",
+        "safepoint_artifacts",
+        "safepoint_schema_version",
+    }
     assert all(t.startswith("safepoint_") for t in tables)
     opened(schema_url)  # opening again applies nothing and raises nothing
-    assert admin.execute(sql.SQL("SELECT count(*) FROM {}.safepoint_schema_version").format(
-        sql.Identifier(schema))).fetchone() == (len(shipped),)
+    assert admin.execute(
+        sql.SQL("SELECT count(*) FROM {}.safepoint_schema_version").format(sql.Identifier(schema))
+    ).fetchone() == (len(shipped),)
 
 
 def test_concurrent_openers_migrate_once(schema_url: str, admin: psycopg.Connection[Any]) -> None:
@@ -181,31 +208,37 @@ def test_concurrent_openers_migrate_once(schema_url: str, admin: psycopg.Connect
         store.close()
     assert errors == []
     schema = schema_url.rsplit("schema=", 1)[1]
-    versions = admin.execute(sql.SQL("SELECT version FROM {}.safepoint_schema_version").format(
-        sql.Identifier(schema))).fetchall()
+    versions = admin.execute(
+        sql.SQL("SELECT version FROM {}.safepoint_schema_version").format(sql.Identifier(schema))
+    ).fetchall()
     assert sorted(v for (v,) in versions) == [v for v, _, _ in load_migrations("postgres")]
 
 
-def test_a_newer_schema_is_refused_and_left_untouched(schema_url: str,
-                                                      admin: psycopg.Connection[Any]) -> None:
+def test_a_newer_schema_is_refused_and_left_untouched(
+    schema_url: str, admin: psycopg.Connection[Any]
+) -> None:
     PostgresStore(schema_url).close()
-    table = sql.SQL("{}.safepoint_schema_version").format(
-        sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
+    table = sql.SQL("{}.safepoint_schema_version").format(sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
     admin.execute(sql.SQL("INSERT INTO {} VALUES (99, '0099_x.sql', 'c', 0)").format(table))
     with pytest.raises(SchemaTooNew) as error:
         PostgresStore(schema_url)
     assert (error.value.found, error.value.known) == (  # type: ignore[attr-defined]
-        99, len(load_migrations("postgres")))
+        99,
+        len(load_migrations("postgres")),
+    )
     assert "upgrade safepoint" in str(error.value)
     assert admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() == (
-        len(load_migrations("postgres")) + 1,)
+        len(load_migrations("postgres")) + 1,
+    )
 
 
 def test_an_edited_migration_is_detected(schema_url: str, admin: psycopg.Connection[Any]) -> None:
     PostgresStore(schema_url).close()
-    admin.execute(sql.SQL("UPDATE {}.safepoint_schema_version SET checksum = 'x'"
-                          " WHERE version = 1").format(
-        sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
+    admin.execute(
+        sql.SQL("UPDATE {}.safepoint_schema_version SET checksum = 'x' WHERE version = 1").format(
+            sql.Identifier(schema_url.rsplit("schema=", 1)[1])
+        )
+    )
     with pytest.raises(MigrationMismatch):
         PostgresStore(schema_url)
 
@@ -234,19 +267,20 @@ def test_bad_url_parameters_are_invalid_store_urls(pg_url: str, query: str) -> N
         PostgresStore(f"{pg_url}?{query}")
 
 
-def test_the_url_shown_has_no_password(pg_url: str,
-                                       opened: Callable[[str], PostgresStore]) -> None:
+def test_the_url_shown_has_no_password(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     parts = urlsplit(pg_url)
-    with_password = urlunsplit(parts._replace(
-        netloc=f"{parts.username}:s3cret@{parts.hostname}:{parts.port}"))
+    with_password = urlunsplit(
+        parts._replace(netloc=f"{parts.username}:s3cret@{parts.hostname}:{parts.port}")
+    )
     store = opened(with_password)  # trust auth ignores the password
     assert "s3cret" not in store.url
     assert ":***@" in store.url
 
 
 @pytest.mark.parametrize(("durability", "expected"), [(None, "off"), ("power_loss", "on")])
-def test_durability_is_stated_per_connection(pg_url: str, durability: str | None, expected: str,
-                                             opened: Callable[[str], PostgresStore]) -> None:
+def test_durability_is_stated_per_connection(
+    pg_url: str, durability: str | None, expected: str, opened: Callable[[str], PostgresStore]
+) -> None:
     # Pretend the server's default is synchronous_commit=off: the default durability keeps the
     # server's setting, power_loss overrides it on every connection.
     url = _param(pg_url, options="-csynchronous_commit%3Doff")
@@ -268,8 +302,7 @@ def test_open_store_opens_postgres_urls(pg_url: str) -> None:
             store.close()
 
 
-def test_without_the_extra_a_postgres_url_says_what_to_install(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_extra_a_postgres_url_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if psycopg were not installed
     for name in [m for m in sys.modules if m.startswith("safepoint.storage.postgres")]:
         monkeypatch.delitem(sys.modules, name)  # the store's modules, imported afresh
@@ -288,8 +321,9 @@ def test_importing_safepoint_does_not_import_psycopg() -> None:
 # -- the database clock ----------------------------------------------------------------------
 
 
-def test_now_is_the_database_clock(pg_url: str, admin: psycopg.Connection[Any],
-                                   opened: Callable[[str], PostgresStore]) -> None:
+def test_now_is_the_database_clock(
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(pg_url)
     for _ in range(5):
         before = admin.execute(CLOCK_SQL).fetchone()
@@ -302,16 +336,18 @@ def test_now_is_the_database_clock(pg_url: str, admin: psycopg.Connection[Any],
 
 
 def test_leases_are_granted_and_judged_on_the_database_clock(
-        schema_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    schema_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """Move this schema's clock a day ahead: leases follow it, not the worker's clock."""
     store = opened(schema_url)
     day = 86_400_000
     schema = sql.Identifier(schema_url.rsplit("schema=", 1)[1])
-    admin.execute(sql.SQL(
-        "CREATE OR REPLACE FUNCTION {}.safepoint_now_ms() RETURNS bigint LANGUAGE sql VOLATILE"
-        " AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 86400000 $$"
-    ).format(schema))
+    admin.execute(
+        sql.SQL(
+            "CREATE OR REPLACE FUNCTION {}.safepoint_now_ms() RETURNS bigint LANGUAGE sql VOLATILE"
+            " AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint + 86400000 $$"
+        ).format(schema)
+    )
     worker_now = int(time.time() * 1000)
     assert store.now() >= worker_now + day - 60_000
     run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1_000))
@@ -327,11 +363,16 @@ def test_leases_are_granted_and_judged_on_the_database_clock(
 # -- a write racing a claim --------------------------------------------------------------------
 
 
-def _racing_stores(pg_url: str, opened: Callable[[str], PostgresStore]
-                   ) -> tuple[PostgresStore, PostgresStore, str, str]:
+def _racing_stores(
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> tuple[PostgresStore, PostgresStore, str, str]:
     writer_app, claimer_app = f"sp-writer-{_uid()}", f"sp-claimer-{_uid()}"
-    return (opened(_param(pg_url, application_name=writer_app)),
-            opened(_param(pg_url, application_name=claimer_app)), writer_app, claimer_app)
+    return (
+        opened(_param(pg_url, application_name=writer_app)),
+        opened(_param(pg_url, application_name=claimer_app)),
+        writer_app,
+        claimer_app,
+    )
 
 
 def _lock_run(pg_url: str, run_id: str) -> psycopg.Connection[Any]:
@@ -342,15 +383,14 @@ def _lock_run(pg_url: str, run_id: str) -> psycopg.Connection[Any]:
 
 
 def test_a_claim_that_queued_first_wins_and_the_waiting_write_is_fenced_out(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     writer, claimer, writer_app, claimer_app = _racing_stores(pg_url, opened)
     run, old = writer.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
     assert old is not None
     time.sleep(0.01)  # the 1 ms lease is over
     blocker = _lock_run(pg_url, run.run_id)
-    claim = Background(lambda: claimer.claim_run(run.run_id, run.state_revision, "worker-b",
-                                                 60_000))
+    claim = Background(lambda: claimer.claim_run(run.run_id, run.state_revision, "worker-b", 60_000))
     _wait_until_blocked(admin, claimer_app)
     write = Background(lambda: writer.record_step(old, _step(run.run_id, "late")))
     _wait_until_blocked(admin, writer_app)  # the write is queued behind the claim
@@ -364,8 +404,8 @@ def test_a_claim_that_queued_first_wins_and_the_waiting_write_is_fenced_out(
 
 
 def test_a_write_that_queued_first_commits_and_the_claim_sees_the_moved_revision(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     writer, claimer, writer_app, claimer_app = _racing_stores(pg_url, opened)
     run, old = writer.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
     assert old is not None
@@ -373,8 +413,7 @@ def test_a_write_that_queued_first_commits_and_the_claim_sees_the_moved_revision
     blocker = _lock_run(pg_url, run.run_id)
     write = Background(lambda: writer.record_step(old, _step(run.run_id, "first")))
     _wait_until_blocked(admin, writer_app)
-    claim = Background(lambda: claimer.claim_run(run.run_id, run.state_revision, "worker-b",
-                                                 60_000))
+    claim = Background(lambda: claimer.claim_run(run.run_id, run.state_revision, "worker-b", 60_000))
     _wait_until_blocked(admin, claimer_app)  # the claim is queued behind the write
     blocker.commit()
     blocker.close()
@@ -384,27 +423,33 @@ def test_a_write_that_queued_first_commits_and_the_claim_sees_the_moved_revision
     assert claimer.get_run(run.run_id).owner == "worker-a"  # nobody took the run over
 
 
-def test_a_stale_worker_cannot_reach_dispatching(pg_url: str,
-                                                 opened: Callable[[str], PostgresStore]) -> None:
+def test_a_stale_worker_cannot_reach_dispatching(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     store = opened(pg_url)
     run, old = store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
     assert old is not None
     payload = b'{"amount":5}'
-    op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="pay",
-                            effect="pay", state=EffectState.PREPARED,
-                            payload_ref=digest(payload), effect_key="k")
+    op = OperationRecord(
+        run_id=run.run_id,
+        operation_id="op",
+        step_id="pay",
+        effect="pay",
+        state=EffectState.PREPARED,
+        payload_ref=digest(payload),
+        effect_key="k",
+    )
     store.prepare_effect(old, op, payload)
     time.sleep(0.01)
-    assert store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-b",
-                           60_000) is not None
+    assert (
+        store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-b", 60_000) is not None
+    )
     with pytest.raises(sp.LostOwnership):
         store.mark_dispatching(old, "op")
     assert store.load_ledger(run.run_id).operations["op"].state is EffectState.PREPARED
 
 
 def test_a_refused_step_write_leaves_no_artifact_behind(
-        pg_url: str, opened: Callable[[str], PostgresStore],
-        admin: psycopg.Connection[Any]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore], admin: psycopg.Connection[Any]
+) -> None:
     """A large step result is stored by the fenced statement itself: a stale worker's write is
     refused whole, its artifact included; the owner's write stores it, and it reads back."""
     from dataclasses import replace
@@ -418,13 +463,13 @@ def test_a_refused_step_write_leaves_no_artifact_behind(
     ref = digest(dumps(large).encode())
     step = replace(_step(run.run_id, "big"), result=large)
     time.sleep(0.01)
-    new = store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-b",
-                          60_000)
+    new = store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-b", 60_000)
     assert new is not None
 
     def stored() -> int:
-        return admin.execute("SELECT count(*) FROM safepoint_artifacts WHERE digest = %s",
-                             (ref,)).fetchone()[0]
+        return admin.execute("SELECT count(*) FROM safepoint_artifacts WHERE digest = %s", (ref,)).fetchone()[
+            0
+        ]
 
     with pytest.raises(sp.LostOwnership):
         store.record_steps(old, [step])
@@ -439,7 +484,8 @@ def test_a_refused_step_write_leaves_no_artifact_behind(
 
 
 def test_claim_next_skips_a_run_being_claimed_instead_of_waiting(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(pg_url)
     workflow = f"wf-{_uid()}"
     first, _ = store.create_run(_new_run(f"a-{_uid()}", None, workflow))
@@ -462,11 +508,11 @@ def test_claim_next_skips_a_run_being_claimed_instead_of_waiting(
 
 
 def test_claim_next_under_threads_never_hands_out_a_run_twice(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     shared = opened(pg_url)  # one pool for half the threads, a store each for the rest
     workflow = f"wf-{_uid()}"
-    mine = {shared.create_run(_new_run(f"r-{_uid()}", None, workflow))[0].run_id
-            for _ in range(60)}
+    mine = {shared.create_run(_new_run(f"r-{_uid()}", None, workflow))[0].run_id for _ in range(60)}
     stores = [shared] * 4 + [opened(pg_url) for _ in range(4)]
     barrier = threading.Barrier(len(stores))
     taken: list[str] = []
@@ -488,8 +534,7 @@ def test_claim_next_under_threads_never_hands_out_a_run_twice(
         assert [e.kind for e in shared.events(run_id)] == ["run.submitted", "run.claimed"]
 
 
-def test_a_released_run_is_claimable_at_once(pg_url: str,
-                                            opened: Callable[[str], PostgresStore]) -> None:
+def test_a_released_run_is_claimable_at_once(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     store = opened(pg_url)
     workflow = f"wf-{_uid()}"
     _, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a", workflow))
@@ -525,38 +570,37 @@ def _wake_time(waiter: PostgresStore, act: Callable[[], Any], timeout: float = 1
 
 
 def test_a_submitted_run_wakes_a_waiting_worker_promptly(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     waiter, submitter = opened(pg_url), opened(pg_url)
     elapsed = _wake_time(waiter, lambda: submitter.create_run(_new_run(f"r-{_uid()}", None)))
     assert elapsed < 1.0
 
 
-def test_a_released_run_wakes_a_waiting_worker(pg_url: str,
-                                               opened: Callable[[str], PostgresStore]) -> None:
+def test_a_released_run_wakes_a_waiting_worker(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     waiter, holder = opened(pg_url), opened(pg_url)
     _, claim = holder.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     assert _wake_time(waiter, lambda: holder.release_run(claim)) < 1.0
 
 
-def test_a_run_started_by_its_owner_wakes_nobody(pg_url: str,
-                                                 opened: Callable[[str], PostgresStore]) -> None:
+def test_a_run_started_by_its_owner_wakes_nobody(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     waiter, starter = opened(pg_url), opened(pg_url)
-    elapsed = _wake_time(waiter, lambda: starter.create_run(_new_run(f"r-{_uid()}", "me")),
-                         timeout=0.5)
+    elapsed = _wake_time(waiter, lambda: starter.create_run(_new_run(f"r-{_uid()}", "me")), timeout=0.5)
     assert elapsed >= 0.45
 
 
 def test_connections_killed_by_the_server_are_replaced(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """What a server restart looks like to a store: every backend gone at once."""
     app = f"sp-victim-{_uid()}"
     store, submitter = opened(_param(pg_url, application_name=app)), opened(pg_url)
     run, _ = store.create_run(_new_run(f"r-{_uid()}", None))
     store.wait_for_work(0.01)  # open this thread's listener too
-    killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
-                           " WHERE application_name = %s", (app,)).fetchone()
+    killed = admin.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (app,)
+    ).fetchone()
     assert killed is not None
     assert killed[0] >= 2
     assert store.get_run(run.run_id) == run  # the pool's check on checkout caught it
@@ -568,16 +612,18 @@ def test_connections_killed_by_the_server_are_replaced(
 # -- sessions the server ends, and round trips ------------------------------------------------
 
 
-@pytest.mark.parametrize(("rested_s", "unsolicited", "verdict"), [
-    (0.001, False, Checkout.USE),
-    (PROBE_AFTER_S - 0.001, False, Checkout.USE),
-    (PROBE_AFTER_S, False, Checkout.PROBE),
-    (None, False, Checkout.PROBE),   # never seen handed back: prove it
-    (0.001, True, Checkout.DISCARD),  # the server spoke unasked: it is ending the session
-    (None, True, Checkout.DISCARD),
-])
-def test_the_check_on_checkout(rested_s: float | None, unsolicited: bool,
-                               verdict: Checkout) -> None:
+@pytest.mark.parametrize(
+    ("rested_s", "unsolicited", "verdict"),
+    [
+        (0.001, False, Checkout.USE),
+        (PROBE_AFTER_S - 0.001, False, Checkout.USE),
+        (PROBE_AFTER_S, False, Checkout.PROBE),
+        (None, False, Checkout.PROBE),  # never seen handed back: prove it
+        (0.001, True, Checkout.DISCARD),  # the server spoke unasked: it is ending the session
+        (None, True, Checkout.DISCARD),
+    ],
+)
+def test_the_check_on_checkout(rested_s: float | None, unsolicited: bool, verdict: Checkout) -> None:
     assert checkout(rested_s, unsolicited) is verdict
 
 
@@ -603,7 +649,8 @@ def high_descriptors() -> Iterator[None]:
 
 
 def test_a_store_works_in_a_process_with_many_open_files(
-        pg_url: str, high_descriptors: None, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, high_descriptors: None, opened: Callable[[str], PostgresStore]
+) -> None:
     """The check on checkout looks at the socket without select(), which refuses descriptors
     numbered 1024 and above."""
     store = opened(pg_url)
@@ -613,17 +660,20 @@ def test_a_store_works_in_a_process_with_many_open_files(
     assert set(store.load_ledger(run.run_id).steps) == {"s"}
 
 
-@pytest.mark.parametrize(("error", "lost"), [
-    (psycopg.OperationalError("server closed the connection unexpectedly"), True),
-    (psycopg.errors.AdminShutdown(), True),
-    (psycopg.errors.ConnectionFailure(), True),
-    (psycopg.errors.IdleSessionTimeout(), True),
-    (psycopg.errors.QueryCanceled(), False),  # a statement timeout: the session lives on
-    (psycopg.errors.LockNotAvailable(), False),
-    (psycopg.errors.UniqueViolation(), False),
-    (PoolTimeout(), False),  # already waited as long as the caller allows
-    (None, False),
-])
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (psycopg.OperationalError("server closed the connection unexpectedly"), True),
+        (psycopg.errors.AdminShutdown(), True),
+        (psycopg.errors.ConnectionFailure(), True),
+        (psycopg.errors.IdleSessionTimeout(), True),
+        (psycopg.errors.QueryCanceled(), False),  # a statement timeout: the session lives on
+        (psycopg.errors.LockNotAvailable(), False),
+        (psycopg.errors.UniqueViolation(), False),
+        (PoolTimeout(), False),  # already waited as long as the caller allows
+        (None, False),
+    ],
+)
 def test_which_failures_ended_the_session(error: BaseException | None, lost: bool) -> None:
     assert connection_lost(error) is lost
 
@@ -639,14 +689,15 @@ def _established(ports: set[int]) -> bool:
     return any(int(row[1].rsplit(":", 1)[1], 16) in ports and row[3] == "01" for row in rows)
 
 
-def _terminate(admin: psycopg.Connection[Any], application_name: str, *,
-               waiting: bool = False) -> int:
+def _terminate(admin: psycopg.Connection[Any], application_name: str, *, waiting: bool = False) -> int:
     """End the backends of ``application_name`` (those waiting on a lock, with ``waiting``)
     and return once the client end of each has received the FATAL and the FIN that follows
     it: a loaded machine can deliver them after the backend is gone."""
     sessions = admin.execute(
         "SELECT pid, client_port FROM pg_stat_activity WHERE application_name = %s"
-        " AND (NOT %s OR wait_event_type = 'Lock')", (application_name, waiting)).fetchall()
+        " AND (NOT %s OR wait_event_type = 'Lock')",
+        (application_name, waiting),
+    ).fetchall()
     for pid, _ in sessions:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
     deadline = time.monotonic() + 10
@@ -657,8 +708,8 @@ def _terminate(admin: psycopg.Connection[Any], application_name: str, *,
 
 
 def test_sessions_the_server_ended_while_idle_cost_the_next_read_and_write_nothing(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """A restart between two steps: the check on checkout finds the dead sessions before
     anything is sent on them, so the next read and the next fenced write just work."""
     app = f"sp-idle-{_uid()}"
@@ -674,8 +725,8 @@ def test_sessions_the_server_ended_while_idle_cost_the_next_read_and_write_nothi
 
 
 def test_a_read_whose_session_ends_under_it_is_read_again(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     app = f"sp-reader-{_uid()}"
     store = opened(_param(pg_url, application_name=app))
     run, _ = store.create_run(_new_run(f"r-{_uid()}", None))
@@ -690,8 +741,8 @@ def test_a_read_whose_session_ends_under_it_is_read_again(
 
 
 def test_a_write_whose_session_ends_in_flight_is_not_sent_again(
-        pg_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """A fenced write whose connection breaks after it was sent may or may not have committed:
     it fails with StoreUnavailable — never re-sent — and the ledger is exactly what committed,
     so the worker (or the next one) carries on from there."""
@@ -711,8 +762,9 @@ def test_a_write_whose_session_ends_in_flight_is_not_sent_again(
     assert "lost" in store.load_ledger(run.run_id).steps
 
 
-def test_load_ledger_reads_one_snapshot(pg_url: str, admin: psycopg.Connection[Any],
-                                        opened: Callable[[str], PostgresStore]) -> None:
+def test_load_ledger_reads_one_snapshot(
+    pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """What commits while the ledger is being read is not in it, though the table it went to
     is read last."""
     app = f"sp-loader-{_uid()}"
@@ -726,36 +778,58 @@ def test_load_ledger_reads_one_snapshot(pg_url: str, admin: psycopg.Connection[A
         blocker.execute(
             "INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash,"
             " error, retry_at, fence, recorded_at) VALUES (%s, 's', 1, 'read', 'fn', 'h', '{}',"
-            " 0, %s, 0)", (run.run_id, claim.fence))
+            " 0, %s, 0)",
+            (run.run_id, claim.fence),
+        )
     assert load.join().error is None
     assert load.result.attempts == {}
     assert "s" in store.load_ledger(run.run_id).attempts
 
 
 def test_recording_a_step_reads_no_other_step_of_the_run(
-        schema_url: str, admin: psycopg.Connection[Any],
-        opened: Callable[[str], PostgresStore]) -> None:
+    schema_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     """A durable step costs the same at the 2000th step as at the first (counting the run's
     new steps used to read every step already recorded: quadratic runs)."""
     store = opened(schema_url)
     run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     for batch in range(4):
-        store.record_steps(claim, [StepRecord(run.run_id, f"s.{batch}.{i}", StepKind.PURE, "fn",
-                                              "h", None, seq=batch * 500 + i)
-                                   for i in range(500)])
-    admin.execute(sql.SQL("SET search_path TO {}").format(
-        sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
-    step = {"step_id": "new", "seq": 2000, "kind": "read", "name": "fn", "input_hash": "h",
-            "step_status": "completed", "attempt": 1}
+        store.record_steps(
+            claim,
+            [
+                StepRecord(run.run_id, f"s.{batch}.{i}", StepKind.PURE, "fn", "h", None, seq=batch * 500 + i)
+                for i in range(500)
+            ],
+        )
+    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
+    step = {
+        "step_id": "new",
+        "seq": 2000,
+        "kind": "read",
+        "name": "fn",
+        "input_hash": "h",
+        "step_status": "completed",
+        "attempt": 1,
+    }
     with admin.transaction():
-        rows = admin.execute(load_queries("postgres")["record_steps"], {
-            "run_id": run.run_id, "fence": claim.fence, "lease_ms": 60_000,
-            "steps": json.dumps([step]), "artifact_refs": [], "artifact_contents": []}).fetchall()
+        rows = admin.execute(
+            load_queries("postgres")["record_steps"],
+            {
+                "run_id": run.run_id,
+                "fence": claim.fence,
+                "lease_ms": 60_000,
+                "steps": json.dumps([step]),
+                "artifact_refs": [],
+                "artifact_contents": [],
+            },
+        ).fetchall()
         assert len(rows) == 1
-        read = admin.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
-                             " FROM pg_stat_xact_user_tables"
-                             " WHERE relname = 'safepoint_steps'").fetchone()
+        read = admin.execute(
+            "SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_xact_user_tables"
+            " WHERE relname = 'safepoint_steps'"
+        ).fetchone()
     assert read is not None
     assert read[0] <= 2
 
@@ -768,8 +842,9 @@ class _RoundTrips:
         target = urlsplit(pg_url)
         self._server = (target.hostname or "127.0.0.1", target.port or 5432)
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = urlunsplit(target._replace(
-            netloc=f"{target.username}@127.0.0.1:{self._listener.getsockname()[1]}"))
+        self.url = urlunsplit(
+            target._replace(netloc=f"{target.username}@127.0.0.1:{self._listener.getsockname()[1]}")
+        )
         self.count = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -828,8 +903,12 @@ def test_a_durable_step_costs_one_round_trip(pg_url: str) -> None:
 # An effect whose "prepared" and "dispatching" are one commit (it reconciles, within the owner's
 # retention), and one whose "prepared" commits on its own (without reconcile, a crash after a
 # "dispatching" commit would block the run for a person).
-_FOLDED = sp.Effect("pg.folded", execute=lambda payload, key: {"id": payload["i"]},
-                    reconcile=lambda key: sp.NotApplied(), dedup_retention=timedelta(hours=1))
+_FOLDED = sp.Effect(
+    "pg.folded",
+    execute=lambda payload, key: {"id": payload["i"]},
+    reconcile=lambda key: sp.NotApplied(),
+    dedup_retention=timedelta(hours=1),
+)
 _APART = sp.Effect("pg.apart", execute=lambda payload, key: {"id": payload["i"]})
 
 
@@ -841,8 +920,7 @@ def _effects(run: sp.Run, n: int, folded: bool) -> int:
 
 
 @pytest.mark.parametrize(("folded", "writes"), [(True, 2), (False, 3)])
-def test_each_write_of_an_effect_costs_one_round_trip(pg_url: str, folded: bool,
-                                                      writes: int) -> None:
+def test_each_write_of_an_effect_costs_one_round_trip(pg_url: str, folded: bool, writes: int) -> None:
     """prepared-and-dispatching (or prepared, then dispatching) and the outcome with its step:
     one statement each, in autocommit."""
     relay = _RoundTrips(pg_url)
@@ -863,8 +941,7 @@ def test_each_write_of_an_effect_costs_one_round_trip(pg_url: str, folded: bool,
 # -- values, artifacts, driver errors --------------------------------------------------------
 
 
-def test_json_comes_back_exactly_as_written(pg_url: str,
-                                            opened: Callable[[str], PostgresStore]) -> None:
+def test_json_comes_back_exactly_as_written(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     """TEXT, not JSONB: JSONB would turn 1e300 into an int, reorder keys, refuse \\u0000."""
     store = opened(pg_url)
     inputs = {"z": 1e300, "a": "nul \x00 here", "m": [0.1, -0.0, 2**53 - 1]}
@@ -880,34 +957,41 @@ def test_json_comes_back_exactly_as_written(pg_url: str,
     assert blocked.recovery_record == {**record, "state_revision": blocked.state_revision}
 
 
-def test_a_tampered_artifact_is_corrupt(schema_url: str, admin: psycopg.Connection[Any],
-                                        opened: Callable[[str], PostgresStore]) -> None:
+def test_a_tampered_artifact_is_corrupt(
+    schema_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(schema_url)  # its own schema: a corrupt row would trouble other tests
-    admin.execute(sql.SQL("SET search_path TO {}").format(
-        sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
+    admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema_url.rsplit("schema=", 1)[1])))
     big = {"text": "x" * 100_000, "id": _uid()}
     run, _ = store.create_run(NewRun(f"r-{_uid()}", "wf", "v1", "h", big, None, 0))
-    row = admin.execute("SELECT inputs, inputs_ref FROM safepoint_runs WHERE run_id = %s",
-                        (run.run_id,)).fetchone()
+    row = admin.execute(
+        "SELECT inputs, inputs_ref FROM safepoint_runs WHERE run_id = %s", (run.run_id,)
+    ).fetchone()
     assert row is not None
     assert row[0] is None
     assert row[1].startswith("sha256:")
-    admin.execute("UPDATE safepoint_artifacts SET content = %s WHERE digest = %s",
-                  (b'{"text":"y"}', row[1]))
+    admin.execute("UPDATE safepoint_artifacts SET content = %s WHERE digest = %s", (b'{"text":"y"}', row[1]))
     with pytest.raises(ArtifactCorrupt) as corrupt:
         store.get_run(run.run_id)
     assert corrupt.value.digest == row[1]  # type: ignore[attr-defined]
 
 
 def test_driver_errors_become_store_errors_with_the_cause_kept(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(pg_url)
     run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     payload = b"{}"
-    op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="s", effect="e",
-                            state=EffectState.PREPARED,
-                            payload_ref=digest(payload), effect_key="k")
+    op = OperationRecord(
+        run_id=run.run_id,
+        operation_id="op",
+        step_id="s",
+        effect="e",
+        state=EffectState.PREPARED,
+        payload_ref=digest(payload),
+        effect_key="k",
+    )
     store.prepare_effect(claim, op, payload)
     before = store.get_run(run.run_id)
     with pytest.raises(sp.StoreError) as error:
@@ -925,11 +1009,11 @@ def _steps_flow(run: sp.Run, n: int) -> int:
 
 
 def test_a_worker_runs_submitted_workflows_on_postgres(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     store = opened(pg_url)
     ids = [sp.submit(store, _steps_flow, 4, run_id=f"pg-{_uid()}") for _ in range(5)]
-    stats = sp.Worker(store, concurrency=3, workflows=["pg-steps"]).run(
-        until_idle=True, handle_signals=False)
+    stats = sp.Worker(store, concurrency=3, workflows=["pg-steps"]).run(until_idle=True, handle_signals=False)
     assert stats.completed >= 5
     for run_id in ids:
         assert sp.resume(store, run_id) == 14
@@ -938,17 +1022,36 @@ def test_a_worker_runs_submitted_workflows_on_postgres(
 
 def _worker_process(url: str, owner: OwnerService, *extra: str) -> subprocess.Popen[str]:
     tests = os.path.dirname(os.path.dirname(__file__))
-    env = {**os.environ, "SAFEPOINT_OWNER_URL": owner.url,
-           "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "safepoint", "--store", url, "worker",
-                             "--import", "flows", "--lease", "1", *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "SAFEPOINT_OWNER_URL": owner.url,
+        "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "safepoint",
+            "--store",
+            url,
+            "worker",
+            "--import",
+            "flows",
+            "--lease",
+            "1",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.kill
 def test_worker_processes_share_the_queue_and_survive_sigkill(
-        schema_url: str, owner_env: OwnerService,
-        opened: Callable[[str], PostgresStore]) -> None:
+    schema_url: str, owner_env: OwnerService, opened: Callable[[str], PostgresStore]
+) -> None:
     """Three worker processes on one database; one is SIGKILLed mid-way; the others finish
     every run, and every effect reached its owner exactly once."""
     import flows
@@ -964,8 +1067,7 @@ def test_worker_processes_share_the_queue_and_survive_sigkill(
         time.sleep(0.05)
     doomed.send_signal(signal.SIGKILL)
     doomed.communicate()
-    interrupted = [run.run_id for run in store.list_runs(limit=100)
-                   if run.status is RunStatus.RUNNING]
+    interrupted = [run.run_id for run in store.list_runs(limit=100) if run.status is RunStatus.RUNNING]
     # killed mid-run holding one — or, rarely, between finishing a run and claiming the next
     assert len(interrupted) <= 1
     # Not --until-idle: the killed worker's run only becomes claimable when its lease expires,
@@ -982,8 +1084,7 @@ def test_worker_processes_share_the_queue_and_survive_sigkill(
     owner_env.client.set_faults(delay=0)
     runs = store.list_runs(limit=100)
     assert len(runs) == 12
-    assert [(r.run_id, r.status, r.error) for r in runs if r.status is not RunStatus.COMPLETED
-            ] == []
+    assert [(r.run_id, r.status, r.error) for r in runs if r.status is not RunStatus.COMPLETED] == []
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (24, 0)
     for run_id in interrupted:
@@ -1023,8 +1124,9 @@ def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: s
     async def body() -> None:
         async with AsyncPostgresStore(pg_url) as store, AsyncPostgresStore(pg_url) as other:
             workflow = f"wf-{_uid()}"
-            mine = {(await store.create_run(_new_run(f"r-{_uid()}", None, workflow)))[0].run_id
-                    for _ in range(40)}
+            mine = {
+                (await store.create_run(_new_run(f"r-{_uid()}", None, workflow)))[0].run_id for _ in range(40)
+            }
 
             async def drain(s: AsyncPostgresStore, owner: str) -> list[str]:
                 got = []
@@ -1033,8 +1135,9 @@ def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: s
                 return got
 
             # four tasks on one pool, two on another, all on this one loop
-            taken = await asyncio.gather(*(drain(s, f"w{i}") for i, s in
-                                           enumerate([store] * 4 + [other] * 2)))
+            taken = await asyncio.gather(
+                *(drain(s, f"w{i}") for i, s in enumerate([store] * 4 + [other] * 2))
+            )
             flat = [run_id for got in taken for run_id in got]
             assert sorted(flat) == sorted(mine)
             assert sum(1 for got in taken if got) >= 2  # they did run side by side
@@ -1043,7 +1146,8 @@ def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: s
 
 
 def test_async_wait_for_work_wakes_every_waiter_on_a_submit_from_another_store(
-        pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
     submitter = opened(pg_url)  # a sync store in another "process", as it were
 
     async def body() -> None:
@@ -1086,21 +1190,20 @@ def test_async_wait_for_work_wakes_on_a_release_by_an_async_store(pg_url: str) -
 
 def test_an_async_worker_loses_ownership_after_a_takeover(pg_url: str) -> None:
     async def body() -> None:
-        async with AsyncPostgresStore(pg_url) as old_store, \
-                AsyncPostgresStore(pg_url) as new_store:
-            run, old = await old_store.create_run(_new_run(f"r-{_uid()}", "worker-a",
-                                                           lease_ms=50))
+        async with AsyncPostgresStore(pg_url) as old_store, AsyncPostgresStore(pg_url) as new_store:
+            run, old = await old_store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=50))
             assert old is not None
             await old_store.record_step(old, _step(run.run_id, "s1"))
             await asyncio.sleep(0.1)  # the lease is over
             moved = await new_store.get_run(run.run_id)
-            new = await new_store.claim_run(run.run_id, moved.state_revision, "worker-b",
-                                            60_000)
+            new = await new_store.claim_run(run.run_id, moved.state_revision, "worker-b", 60_000)
             assert new is not None
             assert new.fence == old.fence + 1
-            for write in (old_store.record_step(old, _step(run.run_id, "late")),
-                          old_store.renew_lease(old),
-                          old_store.finish_run(old, RunStatus.COMPLETED, result=1)):
+            for write in (
+                old_store.record_step(old, _step(run.run_id, "late")),
+                old_store.renew_lease(old),
+                old_store.finish_run(old, RunStatus.COMPLETED, result=1),
+            ):
                 with pytest.raises(sp.LostOwnership) as lost:
                     await write
                 assert (lost.value.run_id, lost.value.fence) == (run.run_id, old.fence)
@@ -1118,9 +1221,15 @@ def test_async_driver_errors_become_store_errors_with_the_cause_kept(pg_url: str
             run, claim = await store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
             assert claim is not None
             payload = b"{}"
-            op = OperationRecord(run_id=run.run_id, operation_id="op", step_id="s",
-                                    effect="e", state=EffectState.PREPARED,
-                                    payload_ref=digest(payload), effect_key="k")
+            op = OperationRecord(
+                run_id=run.run_id,
+                operation_id="op",
+                step_id="s",
+                effect="e",
+                state=EffectState.PREPARED,
+                payload_ref=digest(payload),
+                effect_key="k",
+            )
             await store.prepare_effect(claim, op, payload)
             before = await store.get_run(run.run_id)
             with pytest.raises(sp.StoreError) as error:
@@ -1132,13 +1241,15 @@ def test_async_driver_errors_become_store_errors_with_the_cause_kept(pg_url: str
 
 
 def test_async_store_migrates_a_new_schema_and_refuses_a_newer_one(
-        schema_url: str, admin: psycopg.Connection[Any]) -> None:
+    schema_url: str, admin: psycopg.Connection[Any]
+) -> None:
     async def body() -> None:
         store = await AsyncPostgresStore.open(schema_url)
         assert await store.schema_version() == len(load_migrations("postgres"))
         await store.close()
         table = sql.SQL("{}.safepoint_schema_version").format(
-            sql.Identifier(schema_url.rsplit("schema=", 1)[1]))
+            sql.Identifier(schema_url.rsplit("schema=", 1)[1])
+        )
         admin.execute(sql.SQL("INSERT INTO {} VALUES (99, '0099_x.sql', 'c', 0)").format(table))
         with pytest.raises(SchemaTooNew):
             await AsyncPostgresStore.open(schema_url)
@@ -1170,8 +1281,11 @@ def test_async_store_opening_errors(pg_url: str) -> None:
 
 
 def test_async_connections_killed_by_the_server_are_replaced(
-        pg_url: str, admin: psycopg.Connection[Any], opened: Callable[[str], PostgresStore],
-        caplog: pytest.LogCaptureFixture) -> None:
+    pg_url: str,
+    admin: psycopg.Connection[Any],
+    opened: Callable[[str], PostgresStore],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     app = f"sp-async-victim-{_uid()}"
     submitter = opened(pg_url)
 
@@ -1179,9 +1293,10 @@ def test_async_connections_killed_by_the_server_are_replaced(
         async with AsyncPostgresStore(_param(pg_url, application_name=app)) as store:
             run, _ = await store.create_run(_new_run(f"r-{_uid()}", None))
             await store.wait_for_work(0.01)  # open the listener too
-            killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM"
-                                   " pg_stat_activity WHERE application_name = %s",
-                                   (app,)).fetchone()
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+                (app,),
+            ).fetchone()
             assert killed is not None
             assert killed[0] >= 2
             assert await store.get_run(run.run_id) == run  # the pool's check caught it
@@ -1199,7 +1314,8 @@ def test_async_connections_killed_by_the_server_are_replaced(
 
 
 def test_async_sessions_the_server_ended_cost_the_next_read_and_write_nothing(
-        pg_url: str, admin: psycopg.Connection[Any]) -> None:
+    pg_url: str, admin: psycopg.Connection[Any]
+) -> None:
     app = f"sp-async-idle-{_uid()}"
 
     async def body() -> None:

@@ -42,7 +42,7 @@ def _checks(sql: str) -> list[str]:
             depth += {"(": 1, ")": -1}.get(text[end], 0)
             if depth == 0:
                 break
-        found.append(re.sub(r"\(\s+|\s+\)", lambda m: m.group().strip(), text[match.end():end]))
+        found.append(re.sub(r"\(\s+|\s+\)", lambda m: m.group().strip(), text[match.end() : end]))
         at = end
     return sorted(found)
 
@@ -50,20 +50,24 @@ def _checks(sql: str) -> list[str]:
 def sqlite_dump(conn: sqlite3.Connection) -> dict[str, Any]:
     dump: dict[str, Any] = {}
     for kind, name, table, sql in conn.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-            " AND name <> 'safepoint_schema_version' ORDER BY name").fetchall():
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+        " AND name <> 'safepoint_schema_version' ORDER BY name"
+    ).fetchall():
         entry: dict[str, Any] = {"type": kind, "table": table}
         if kind == "table":
             upper = _folded(sql).upper()
             entry.update(
                 columns=[tuple(r)[1:] for r in conn.execute(f"PRAGMA table_xinfo({name})")],
-                foreign_keys=sorted(tuple(r)[2:] for r in conn.execute(
-                    f"PRAGMA foreign_key_list({name})")),
-                checks=_checks(sql), without_rowid="WITHOUT ROWID" in upper,
-                autoincrement="AUTOINCREMENT" in upper)
+                foreign_keys=sorted(tuple(r)[2:] for r in conn.execute(f"PRAGMA foreign_key_list({name})")),
+                checks=_checks(sql),
+                without_rowid="WITHOUT ROWID" in upper,
+                autoincrement="AUTOINCREMENT" in upper,
+            )
         elif kind == "index":
-            entry.update(columns=[tuple(r)[1:] for r in conn.execute(
-                f"PRAGMA index_xinfo({name})")], sql=_folded(sql) if sql else None)
+            entry.update(
+                columns=[tuple(r)[1:] for r in conn.execute(f"PRAGMA index_xinfo({name})")],
+                sql=_folded(sql) if sql else None,
+            )
         else:
             entry["sql"] = _folded(sql)
         dump[name] = entry
@@ -88,9 +92,16 @@ def test_the_sqlite_migrations_leave_exactly_schema_sql(tmp_path: Path) -> None:
     finally:
         conn.close()
     assert migrated == _sqlite_from_schema(tmp_path / "schema.db", _schema_sql("sqlite"))
-    assert {"safepoint_runs", "safepoint_steps", "safepoint_operations", "safepoint_events",
-            "safepoint_artifacts", "safepoint_attempts", "safepoint_approvals",
-            "safepoint_ledger"} <= set(migrated)
+    assert {
+        "safepoint_runs",
+        "safepoint_steps",
+        "safepoint_operations",
+        "safepoint_events",
+        "safepoint_artifacts",
+        "safepoint_attempts",
+        "safepoint_approvals",
+        "safepoint_ledger",
+    } <= set(migrated)
 
 
 def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
@@ -112,28 +123,30 @@ def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
 
 _PG_DUMP = {
     "columns": "SELECT table_name, column_name, ordinal_position, data_type, is_nullable,"
-               " column_default, is_identity, identity_generation"
-               " FROM information_schema.columns"
-               " WHERE table_schema = %(s)s AND table_name <> 'safepoint_schema_version'"
-               " ORDER BY table_name, ordinal_position",
+    " column_default, is_identity, identity_generation"
+    " FROM information_schema.columns"
+    " WHERE table_schema = %(s)s AND table_name <> 'safepoint_schema_version'"
+    " ORDER BY table_name, ordinal_position",
     "constraints": "SELECT c.relname, k.conname, k.contype,"
-                   " replace(pg_get_constraintdef(k.oid), %(s)s || '.', '')"
-                   " FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
-                   " JOIN pg_namespace n ON n.oid = c.relnamespace"
-                   " WHERE n.nspname = %(s)s AND c.relname <> 'safepoint_schema_version'"
-                   " ORDER BY 1, 2",
+    " replace(pg_get_constraintdef(k.oid), %(s)s || '.', '')"
+    " FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid"
+    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = %(s)s AND c.relname <> 'safepoint_schema_version'"
+    " ORDER BY 1, 2",
     "indexes": "SELECT tablename, indexname, replace(indexdef, %(s)s || '.', '')"
-               " FROM pg_indexes WHERE schemaname = %(s)s"
-               " AND tablename <> 'safepoint_schema_version' ORDER BY 1, 2",
+    " FROM pg_indexes WHERE schemaname = %(s)s"
+    " AND tablename <> 'safepoint_schema_version' ORDER BY 1, 2",
     "functions": "SELECT p.proname, replace(pg_get_functiondef(p.oid), %(s)s || '.', '')"
-                 " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
-                 " WHERE n.nspname = %(s)s ORDER BY 1",
+    " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+    " WHERE n.nspname = %(s)s ORDER BY 1",
 }
 
 
 def postgres_dump(conn: Any, schema: str) -> dict[str, list[tuple[Any, ...]]]:
-    return {part: [tuple(row) for row in conn.execute(query, {"s": schema}).fetchall()]
-            for part, query in _PG_DUMP.items()}
+    return {
+        part: [tuple(row) for row in conn.execute(query, {"s": schema}).fetchall()]
+        for part, query in _PG_DUMP.items()
+    }
 
 
 @pytest.fixture
@@ -199,20 +212,27 @@ def test_the_postgres_comparison_sees_a_drift(pg_admin: Any) -> None:
 
 # What those builds recorded: nine migrations (their checksums do not matter: any one of these
 # names says where the ledger comes from).
-_BEFORE_RELEASE = [(1, "0001_initial.sql"), (2, "0002_resume_budget.sql"),
-                   (3, "0003_cancellation.sql"), (4, "0004_workflow_fingerprint.sql"),
-                   (5, "0005_limits.sql"), (6, "0006_approvals.sql"), (7, "0007_history.sql"),
-                   (8, "0008_approval_revocation.sql"), (9, "0009_ledger_identity.sql")]
+_BEFORE_RELEASE = [
+    (1, "0001_initial.sql"),
+    (2, "0002_resume_budget.sql"),
+    (3, "0003_cancellation.sql"),
+    (4, "0004_workflow_fingerprint.sql"),
+    (5, "0005_limits.sql"),
+    (6, "0006_approvals.sql"),
+    (7, "0007_history.sql"),
+    (8, "0008_approval_revocation.sql"),
+    (9, "0009_ledger_identity.sql"),
+]
 
 
-def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
-        tmp_path: Path) -> None:
+def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(tmp_path: Path) -> None:
     path = tmp_path / "dev.db"
     with sqlite3.connect(path) as conn:
-        conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                     " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
-        conn.executemany("INSERT INTO safepoint_schema_version VALUES (?, ?, 'then', 0)",
-                         _BEFORE_RELEASE)
+        conn.execute(
+            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+        )
+        conn.executemany("INSERT INTO safepoint_schema_version VALUES (?, ?, 'then', 0)", _BEFORE_RELEASE)
     for _ in range(2):  # and again: nothing was changed by the first refusal
         with pytest.raises(MigrationMismatch) as error:
             sp.open_store(f"sqlite:///{path}")
@@ -220,32 +240,37 @@ def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
         assert "before safepoint 0.1.0" in str(error.value)
         assert "move the file aside" in error.value.fix
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall() \
-            == [("safepoint_schema_version",)]
+        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall() == [
+            ("safepoint_schema_version",)
+        ]
         assert conn.execute("SELECT count(*) FROM safepoint_schema_version").fetchone() == (9,)
 
 
 def test_a_postgres_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
-        pg_url: str, pg_admin: Any) -> None:
+    pg_url: str, pg_admin: Any
+) -> None:
     from psycopg import sql
 
     schema = _pg_schema(pg_admin)
     table = sql.SQL("{}.safepoint_schema_version").format(sql.Identifier(schema))
-    pg_admin.execute(sql.SQL("CREATE TABLE {} (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
-                             " checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)").format(table))
+    pg_admin.execute(
+        sql.SQL(
+            "CREATE TABLE {} (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+            " checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+        ).format(table)
+    )
     for version, name in _BEFORE_RELEASE:
-        pg_admin.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 'then', 0)").format(table),
-                         (version, name))
+        pg_admin.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 'then', 0)").format(table), (version, name))
     try:
         with pytest.raises(MigrationMismatch) as error:
             sp.open_store(f"{pg_url}?schema={schema}")
         assert error.value.version == 1
         assert "before safepoint 0.1.0" in str(error.value)
         assert "DROP SCHEMA" in error.value.fix
-        assert pg_admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() \
-            == (9,)
-        tables = pg_admin.execute("SELECT count(*) FROM information_schema.tables"
-                                  " WHERE table_schema = %s", (schema,)).fetchone()
+        assert pg_admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() == (9,)
+        tables = pg_admin.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchone()
         assert tables == (1,)
     finally:
         _drop(pg_admin, schema)

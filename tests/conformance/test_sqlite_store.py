@@ -28,14 +28,18 @@ from safepoint.types import RunStatus
 def test_migrations_are_recorded_with_checksums(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
     store = sp.open_store(str(path))
-    rows = sqlite3.connect(path).execute(
-        "SELECT version, name, checksum FROM safepoint_schema_version").fetchall()
+    rows = (
+        sqlite3.connect(path)
+        .execute("SELECT version, name, checksum FROM safepoint_schema_version")
+        .fetchall()
+    )
     shipped = load_migrations("sqlite")
     assert [(v, n) for v, n, _ in rows] == [(v, n) for v, n, _ in shipped]
     assert all(len(checksum) == 64 for _, _, checksum in rows)
     assert store.schema_version() == len(shipped)
-    tables = {r[0] for r in sqlite3.connect(path).execute(
-        "SELECT name FROM sqlite_master WHERE type='table'")}
+    tables = {
+        r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")
+    }
     assert all(t.startswith(("safepoint_", "sqlite_")) for t in tables)
     sp.open_store(str(path))  # opening again applies nothing and raises nothing
 
@@ -67,11 +71,14 @@ def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
         sp.open_store(str(path))
 
 
-@pytest.mark.parametrize(("url", "durability"), [
-    ("sqlite:///{dir}/a.db", "process_crash"),
-    ("sqlite:///{dir}/a.db?durability=power_loss", "power_loss"),
-    ("{dir}/b.db", "process_crash"),
-])
+@pytest.mark.parametrize(
+    ("url", "durability"),
+    [
+        ("sqlite:///{dir}/a.db", "process_crash"),
+        ("sqlite:///{dir}/a.db?durability=power_loss", "power_loss"),
+        ("{dir}/b.db", "process_crash"),
+    ],
+)
 def test_store_urls_and_durability(tmp_path: Path, url: str, durability: str) -> None:
     store = sp.open_store(url.format(dir=tmp_path))
     assert store.durability.value == durability  # type: ignore[attr-defined]
@@ -81,15 +88,13 @@ def test_store_urls_and_durability(tmp_path: Path, url: str, durability: str) ->
     assert mode == "wal"
 
 
-@pytest.mark.parametrize("url", ["sqlite://host/a.db", "ftp://x",
-                                 "a.db?durability=never"])
+@pytest.mark.parametrize("url", ["sqlite://host/a.db", "ftp://x", "a.db?durability=never"])
 def test_bad_store_urls(url: str) -> None:
     with pytest.raises(InvalidStoreURL):
         sp.open_store(url)
 
 
-def test_default_url_comes_from_the_environment(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_url_comes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SAFEPOINT_URL", f"sqlite:///{tmp_path / 'env.db'}")
     sp.open_store()
     assert (tmp_path / "env.db").exists()
@@ -116,8 +121,7 @@ def test_large_results_are_verified_artifacts(file_store: sp.Store, crash_at: An
         assert row[0] is None
         assert row[1].startswith("sha256:")
         # tamper with the stored bytes
-        conn.execute("UPDATE safepoint_artifacts SET content = ? WHERE digest = ?",
-                     (b'{"text":"y"}', row[1]))
+        conn.execute("UPDATE safepoint_artifacts SET content = ? WHERE digest = ?", (b'{"text":"y"}', row[1]))
     with pytest.raises(ArtifactCorrupt) as corrupt:
         sp.resume(file_store, "r")
     assert corrupt.value.digest == row[1]
@@ -196,8 +200,12 @@ print("ok")
 def test_two_processes_share_one_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     code = _WORKER.format(tests=str(Path(__file__).parents[1]), url=url, runs=15)
-    workers = [subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True) for name in ("a", "b")]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name in ("a", "b")
+    ]
     outputs = [worker.communicate(timeout=120) for worker in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
     store = sp.open_store(url)
@@ -226,14 +234,24 @@ def test_two_processes_resuming_one_run(tmp_path: Path, owner_env: Any) -> None:
     url = f"sqlite:///{tmp_path / 'race.db'}"
     from safepoint.testing import run_child
 
-    first = run_child("flows:every_kind", store_url=url, run_id="contended", args=["c-1"],
-                      crash_at="effect.after_dispatching:effect.charge",
-                      owner_url=owner_env.url, pythonpath=[str(Path(__file__).parents[1])])
+    first = run_child(
+        "flows:every_kind",
+        store_url=url,
+        run_id="contended",
+        args=["c-1"],
+        crash_at="effect.after_dispatching:effect.charge",
+        owner_url=owner_env.url,
+        pythonpath=[str(Path(__file__).parents[1])],
+    )
     assert first.killed
     code = _RACER.format(tests=str(Path(__file__).parents[1]), url=url)
     env = {**__import__("os").environ, "SAFEPOINT_OWNER_URL": owner_env.url}
-    racers = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
     outputs = [racer.communicate(timeout=60) for racer in racers]
     assert all(racer.returncode == 0 for racer in racers), outputs
     results = [__import__("json").loads(out.strip().splitlines()[-1]) for out, _ in outputs]
@@ -253,13 +271,19 @@ def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) 
     version, name, sql = load_migrations("sqlite")[0]
     with sqlite3.connect(path) as conn:
         conn.executescript(sql)
-        conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                     " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
-        conn.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-                     (version, name, sha256_hex(sql.encode())))
-        conn.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-                     " input_hash, inputs, created_at, updated_at) VALUES"
-                     " ('old', 'wf', '1', 'completed', 'h', '{\"args\":[],\"kwargs\":{}}', 0, 0)")
+        conn.execute(
+            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+            (version, name, sha256_hex(sql.encode())),
+        )
+        conn.execute(
+            "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+            " input_hash, inputs, created_at, updated_at) VALUES"
+            " ('old', 'wf', '1', 'completed', 'h', '{\"args\":[],\"kwargs\":{}}', 0, 0)"
+        )
     store = sp.open_store(str(path))
     assert store.schema_version() == len(load_migrations("sqlite")) >= 1
     old = store.get_run("old")

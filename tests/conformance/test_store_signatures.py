@@ -22,8 +22,9 @@ _ASYNC_ONLY = {"renew_lease_blocking"}
 
 
 def _operations(protocol: type) -> dict[str, Callable[..., Any]]:
-    return {name: value for name, value in vars(protocol).items()
-            if callable(value) and not name.startswith("_")}
+    return {
+        name: value for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")
+    }
 
 
 def _shape(fn: Callable[..., Any]) -> list[tuple[str, Any, Any]]:
@@ -41,11 +42,12 @@ def test_the_sync_and_async_protocols_name_the_same_operations_alike() -> None:
     assert isinstance(vars(AsyncStore)["identity"], property)
 
 
-@pytest.mark.parametrize(("protocol", "store"), [
-    (Store, SqliteStore), (Store, PostgresStore), (Store, SyncOverAsync),
-    (AsyncStore, AsyncPostgresStore)], ids=lambda c: c.__name__)
-def test_every_store_implements_every_operation_with_its_signature(protocol: type,
-                                                                   store: type) -> None:
+@pytest.mark.parametrize(
+    ("protocol", "store"),
+    [(Store, SqliteStore), (Store, PostgresStore), (Store, SyncOverAsync), (AsyncStore, AsyncPostgresStore)],
+    ids=lambda c: c.__name__,
+)
+def test_every_store_implements_every_operation_with_its_signature(protocol: type, store: type) -> None:
     for name, operation in _operations(protocol).items():
         implemented = getattr(store, name, None)
         assert implemented is not None, f"{store.__name__} lacks {name}"

@@ -97,20 +97,51 @@ def _pending(store: sp.Store, run_id: str) -> None:
 def _released_with_a_ledger(store: sp.Store, run_id: str) -> None:
     """A run of ``many-steps`` a worker left behind (released): a step, a failed attempt and a
     prepared effect recorded."""
-    _, claim = store.create_run(NewRun(
-        run_id=run_id, workflow="many-steps", workflow_version="1", input_hash="h",
-        inputs={"args": [3], "kwargs": {}}, owner="gone", lease_ms=60_000))
+    _, claim = store.create_run(
+        NewRun(
+            run_id=run_id,
+            workflow="many-steps",
+            workflow_version="1",
+            input_hash="h",
+            inputs={"args": [3], "kwargs": {}},
+            owner="gone",
+            lease_ms=60_000,
+        )
+    )
     assert claim is not None
-    store.record_step(claim, StepRecord(run_id=run_id, step_id="add", kind=StepKind.PURE,
-                                        name="add", input_hash="h", result=0, seq=0))
-    store.record_attempt(claim, AttemptRecord(
-        run_id=run_id, step_id="look", attempt=1, kind=StepKind.READ, name="look",
-        input_hash="h", error={"type": "TimeoutError", "message": "slow"}, retry_at=0))
+    store.record_step(
+        claim,
+        StepRecord(
+            run_id=run_id, step_id="add", kind=StepKind.PURE, name="add", input_hash="h", result=0, seq=0
+        ),
+    )
+    store.record_attempt(
+        claim,
+        AttemptRecord(
+            run_id=run_id,
+            step_id="look",
+            attempt=1,
+            kind=StepKind.READ,
+            name="look",
+            input_hash="h",
+            error={"type": "TimeoutError", "message": "slow"},
+            retry_at=0,
+        ),
+    )
     payload = b'{"amount":5}'
-    store.prepare_effect(claim, OperationRecord(
-        run_id=run_id, operation_id="op-1", step_id="pay", effect="pay",
-        state=EffectState.PREPARED, payload_ref=f"sha256:{hashlib.sha256(payload).hexdigest()}",
-        effect_key="k-1"), payload)
+    store.prepare_effect(
+        claim,
+        OperationRecord(
+            run_id=run_id,
+            operation_id="op-1",
+            step_id="pay",
+            effect="pay",
+            state=EffectState.PREPARED,
+            payload_ref=f"sha256:{hashlib.sha256(payload).hexdigest()}",
+            effect_key="k-1",
+        ),
+        payload,
+    )
     store.release_run(claim)
 
 
@@ -125,8 +156,7 @@ def _work_until_idle(store: sp.Store) -> sp.Worker:
     """A worker in this process, working until nothing is runnable — which never happens while
     a bad run is claimed and given back in a loop: then it is stopped after a while."""
     worker = sp.Worker(store, workflows=["many-steps"])
-    done = threading.Thread(target=worker.run, kwargs={"until_idle": True,
-                                                       "handle_signals": False})
+    done = threading.Thread(target=worker.run, kwargs={"until_idle": True, "handle_signals": False})
     done.start()
     done.join(timeout=20)
     if done.is_alive():
@@ -159,8 +189,9 @@ def _assert_others_completed(store: sp.Store, ids: list[str]) -> None:
         assert (run.status, run.result) == (RunStatus.COMPLETED, 3), run_id
 
 
-def _check_run_row(store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture,
-                   *, store_level: bool = True) -> None:
+def _check_run_row(
+    store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture, *, store_level: bool = True
+) -> None:
     _pending(store, "bad")  # the oldest: claimed first
     for column, value in damage.items():
         assert overwrite(store, "safepoint_runs", column, value, run_id="bad") == 1
@@ -182,26 +213,31 @@ def _check_run_row(store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCa
 
 def _on_stores(both: dict[str, Any], sqlite_only: dict[str, Any]) -> list[Any]:
     """Each case on every store that can hold it: (``store_url``'s kind, the case)."""
-    return [pytest.param(kind, case, id=f"{kind}-{name}")
-            for cases, kinds in ((both, ("sqlite", "postgres")), (sqlite_only, ("sqlite",)))
-            for name, case in cases.items() for kind in kinds]
+    return [
+        pytest.param(kind, case, id=f"{kind}-{name}")
+        for cases, kinds in ((both, ("sqlite", "postgres")), (sqlite_only, ("sqlite",)))
+        for name, case in cases.items()
+        for kind in kinds
+    ]
 
 
-@pytest.mark.parametrize(("store_url", "damage"), _on_stores(RUN_ROW, RUN_ROW_SQLITE),
-                         indirect=["store_url"])
+@pytest.mark.parametrize(("store_url", "damage"), _on_stores(RUN_ROW, RUN_ROW_SQLITE), indirect=["store_url"])
 def test_a_worker_blocks_a_run_whose_row_is_unreadable_and_runs_the_others(
-        store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     _check_run_row(store, damage, caplog)
 
 
 @pytest.mark.parametrize("damage", RUN_INPUTS.values(), ids=RUN_INPUTS.keys())
 def test_a_worker_blocks_a_run_whose_inputs_are_not_a_runs_inputs(
-        store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    store: sp.Store, damage: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     _check_run_row(store, damage, caplog, store_level=False)
 
 
-def _check_ledger_row(store: sp.Store, table: str, column: str, value: Any,
-                      caplog: pytest.LogCaptureFixture) -> None:
+def _check_ledger_row(
+    store: sp.Store, table: str, column: str, value: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     _released_with_a_ledger(store, "bad")
     assert overwrite(store, table, column, value, run_id="bad") == 1
     healthy = _submit_healthy(store)
@@ -217,19 +253,29 @@ def _check_ledger_row(store: sp.Store, table: str, column: str, value: Any,
     assert len(caplog.records) < 10, [r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.parametrize(("store_url", "damage"), _on_stores(LEDGER_ROW, LEDGER_ROW_SQLITE),
-                         indirect=["store_url"])
+@pytest.mark.parametrize(
+    ("store_url", "damage"), _on_stores(LEDGER_ROW, LEDGER_ROW_SQLITE), indirect=["store_url"]
+)
 def test_a_worker_blocks_a_run_whose_ledger_has_an_unreadable_row(
-        store: sp.Store, damage: tuple[str, str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    store: sp.Store, damage: tuple[str, str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
     _check_ledger_row(store, *damage, caplog)
 
 
 def test_a_record_found_unreadable_mid_run_blocks_the_run_too(store: sp.Store) -> None:
     """Wherever a worker meets a record it cannot read — here the cancel request, read only when
     the run stops for it — the run ends blocked, not held until its lease runs out."""
-    _, claim = store.create_run(NewRun(
-        run_id="bad", workflow="many-steps", workflow_version="1", input_hash="h",
-        inputs={"args": [3], "kwargs": {}}, owner="gone", lease_ms=60_000))
+    _, claim = store.create_run(
+        NewRun(
+            run_id="bad",
+            workflow="many-steps",
+            workflow_version="1",
+            input_hash="h",
+            inputs={"args": [3], "kwargs": {}},
+            owner="gone",
+            lease_ms=60_000,
+        )
+    )
     assert claim is not None
     store.request_cancel("bad", by="ana", reason="wrong case")
     store.release_run(claim)
@@ -243,7 +289,8 @@ def test_a_record_found_unreadable_mid_run_blocks_the_run_too(store: sp.Store) -
 
 
 def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(
-        store: sp.Store, caplog: pytest.LogCaptureFixture) -> None:
+    store: sp.Store, caplog: pytest.LogCaptureFixture
+) -> None:
     _pending(store, "bad")
     assert overwrite(store, "safepoint_runs", "status", "teleported", run_id="bad") == 1
     healthy = _submit_healthy(store)
@@ -261,14 +308,21 @@ def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(
     assert "teleported" in found.reason
 
 
-def test_a_run_whose_lease_cannot_be_read_is_taken_over_not_left_running(
-        file_store: sp.Store) -> None:
+def test_a_run_whose_lease_cannot_be_read_is_taken_over_not_left_running(file_store: sp.Store) -> None:
     """SQLite can hold text where a lease's expiry belongs: such a lease counts as expired (it
     can never be compared with the clock), so the run is taken over instead of staying
     "running" for ever."""
-    file_store.create_run(NewRun(
-        run_id="bad", workflow="many-steps", workflow_version="1", input_hash="h",
-        inputs={"args": [3], "kwargs": {}}, owner="gone", lease_ms=60_000))
+    file_store.create_run(
+        NewRun(
+            run_id="bad",
+            workflow="many-steps",
+            workflow_version="1",
+            input_hash="h",
+            inputs={"args": [3], "kwargs": {}},
+            owner="gone",
+            lease_ms=60_000,
+        )
+    )
     overwrite(file_store, "safepoint_runs", "lease_expires_at", "soon", run_id="bad")
     listed = file_store.find_run("bad")
     assert isinstance(listed, UnreadableRun)
@@ -279,8 +333,7 @@ def test_a_run_whose_lease_cannot_be_read_is_taken_over_not_left_running(
     _assert_others_completed(file_store, [*healthy, "bad"])  # the claim wrote a new lease
 
 
-def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
-        store: sp.Store, store_url: str) -> None:
+def test_listings_show_an_unreadable_run_with_what_could_not_be_read(store: sp.Store, store_url: str) -> None:
     _pending(store, "bad")
     overwrite(store, "safepoint_runs", "inputs", "{<b>not json", run_id="bad")
     healthy = _submit_healthy(store)
@@ -295,15 +348,19 @@ def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
     with pytest.raises(RunNotFound):
         store.find_run("nobody")
 
-    result = CliRunner().invoke(cli, ["--store", store_url, "runs"],
-                                env={"COLUMNS": "200", "SAFEPOINT_URL": None},
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["--store", store_url, "runs"],
+        env={"COLUMNS": "200", "SAFEPOINT_URL": None},
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
     [line] = [line for line in result.stdout.splitlines() if line.split()[:1] == ["bad"]]
     assert "unreadable" in line
     assert "inputs" in line
-    shown = CliRunner().invoke(cli, ["--store", store_url, "show", "bad"],
-                               env={"SAFEPOINT_URL": None}, catch_exceptions=False)
+    shown = CliRunner().invoke(
+        cli, ["--store", store_url, "show", "bad"], env={"SAFEPOINT_URL": None}, catch_exceptions=False
+    )
     assert shown.exit_code == 1
     assert "inputs" in shown.stderr
     assert "Traceback" not in shown.output
@@ -313,8 +370,9 @@ def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
 
         with urllib.request.urlopen(board.url + "/", timeout=10) as page:
             html = page.read().decode()
-        asked = urllib.request.Request(board.url + "/api/runs", headers={
-            "Authorization": "Bearer a-token-for-the-tests-only"})  # the JSON API needs it
+        asked = urllib.request.Request(
+            board.url + "/api/runs", headers={"Authorization": "Bearer a-token-for-the-tests-only"}
+        )  # the JSON API needs it
         with urllib.request.urlopen(asked, timeout=10) as answer:
             api = answer.read().decode()
     assert "unreadable" in html
@@ -324,12 +382,14 @@ def test_listings_show_an_unreadable_run_with_what_could_not_be_read(
 
 
 def test_record_shows_the_recovery_record_of_a_blocked_unreadable_run(
-        store: sp.Store, store_url: str) -> None:
+    store: sp.Store, store_url: str
+) -> None:
     _pending(store, "bad")
     overwrite(store, "safepoint_runs", "inputs", "{not json", run_id="bad")
     _work_until_idle(store)
-    result = CliRunner().invoke(cli, ["--store", store_url, "record", "bad"],
-                                env={"SAFEPOINT_URL": None}, catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli, ["--store", store_url, "record", "bad"], env={"SAFEPOINT_URL": None}, catch_exceptions=False
+    )
     assert result.exit_code == 0, result.output
     assert '"unreadable_record"' in result.stdout
 
@@ -354,7 +414,8 @@ class _FailingLedger:
 
 
 def test_a_worker_backs_off_when_the_runs_it_claims_are_interrupted(
-        file_store: sp.Store, caplog: pytest.LogCaptureFixture) -> None:
+    file_store: sp.Store, caplog: pytest.LogCaptureFixture
+) -> None:
     _pending(file_store, "r")
     failing = _FailingLedger(file_store)
     worker = sp.Worker(failing, workflows=["many-steps"])  # type: ignore[arg-type]
@@ -378,7 +439,8 @@ class _Unreachable(_FailingLedger):
 
 
 def test_a_worker_that_cannot_claim_backs_off_and_says_so_once(
-        file_store: sp.Store, caplog: pytest.LogCaptureFixture) -> None:
+    file_store: sp.Store, caplog: pytest.LogCaptureFixture
+) -> None:
     unreachable = _Unreachable(file_store)
     worker = sp.Worker(unreachable, workflows=["many-steps"])  # type: ignore[arg-type]
     slot = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
@@ -396,9 +458,25 @@ def test_a_worker_that_cannot_claim_backs_off_and_says_so_once(
 def _worker_process(url: str, log: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen(
-        [sys.executable, "-m", "safepoint", "--store", url, "worker", "--import", "flows",
-         "--lease", "5", "--concurrency", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
+        [
+            sys.executable,
+            "-m",
+            "safepoint",
+            "--store",
+            url,
+            "worker",
+            "--import",
+            "flows",
+            "--lease",
+            "5",
+            "--concurrency",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -412,11 +490,13 @@ def stop_after() -> Iterator[list[subprocess.Popen[str]]]:
 
 
 def test_a_worker_process_blocks_every_unreadable_run_and_its_log_stays_small(
-        store: sp.Store, store_url: str, tmp_path: Path,
-        stop_after: list[subprocess.Popen[str]]) -> None:
-    bad = {"bad-inputs": ("safepoint_runs", "inputs", "{not json"),
-           "bad-manifest": ("safepoint_runs", "workflow_manifest", "[1]"),
-           "bad-attempts": ("safepoint_runs", "step_attempts", "nope")}
+    store: sp.Store, store_url: str, tmp_path: Path, stop_after: list[subprocess.Popen[str]]
+) -> None:
+    bad = {
+        "bad-inputs": ("safepoint_runs", "inputs", "{not json"),
+        "bad-manifest": ("safepoint_runs", "workflow_manifest", "[1]"),
+        "bad-attempts": ("safepoint_runs", "step_attempts", "nope"),
+    }
     for run_id, (table, column, value) in bad.items():
         _pending(store, run_id)
         overwrite(store, table, column, value, run_id=run_id)
@@ -432,7 +512,8 @@ def test_a_worker_process_blocks_every_unreadable_run_and_its_log_stays_small(
     while time.monotonic() < deadline:
         runs = {run.run_id: run for run in store.list_runs(limit=100)}
         if all(runs[r].status is RunStatus.COMPLETED for r in healthy) and all(
-                runs[r].status is RunStatus.BLOCKED for r in (*bad, "bad-step")):
+            runs[r].status is RunStatus.BLOCKED for r in (*bad, "bad-step")
+        ):
             break
         time.sleep(0.1)
     time.sleep(1.0)  # idle a while: nothing more may be claimed or logged
@@ -444,21 +525,24 @@ def test_a_worker_process_blocks_every_unreadable_run_and_its_log_stays_small(
         _assert_blocked_unreadable(store, run_id)
     assert len(lines) < 50, "\n".join(lines[:60])
     assert sum("bad-inputs" in line for line in lines) == 1, "\n".join(lines)
-    result = CliRunner().invoke(cli, ["--store", store_url, "runs"],
-                                env={"COLUMNS": "200", "SAFEPOINT_URL": None},
-                                catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["--store", store_url, "runs"],
+        env={"COLUMNS": "200", "SAFEPOINT_URL": None},
+        catch_exceptions=False,
+    )
     listed = [line.split()[0] for line in result.stdout.splitlines()[1:] if line.split()]
     assert set(listed) >= {*bad, "bad-step", "bad-status", *healthy}
 
 
-def test_a_record_met_unreadable_mid_run_blocks_as_unreadable(store: sp.Store,
-                                                               crash_at: Any) -> None:
+def test_a_record_met_unreadable_mid_run_blocks_as_unreadable(store: sp.Store, crash_at: Any) -> None:
     """Not only at load: an earlier run of the chain whose settled operation turns out
     unreadable when the successor looks it up blocks the successor (``unreadable_record``),
     never as a store's refusal and never by sending the operation again."""
     sent: list[str] = []
-    charge = sp.Effect("unreadable-mid.charge",
-                       execute=lambda payload, key: sent.append(str(key)) or {"id": "ch_1"})
+    charge = sp.Effect(
+        "unreadable-mid.charge", execute=lambda payload, key: sent.append(str(key)) or {"id": "ch_1"}
+    )
 
     @sp.workflow("unreadable-mid-run")
     def flow(run: sp.Run, generation: int) -> Any:
@@ -471,8 +555,7 @@ def test_a_record_met_unreadable_mid_run_blocks_as_unreadable(store: sp.Store,
     with pytest.raises(BaseException, match="crash"):
         sp.start(store, flow, 0, run_id="c", lease_ms=0)
     crash_at(None)
-    overwrite(store, "safepoint_operations", "receipt", "{not json", run_id="c",
-              operation_id="charge:1")
+    overwrite(store, "safepoint_operations", "receipt", "{not json", run_id="c", operation_id="charge:1")
     with pytest.raises(CorruptRecord):
         sp.resume(store, "c")
     successor = store.get_run("c~1")

@@ -44,7 +44,7 @@ class Block:
     """One fenced code block of a page: its language, title, first line and text."""
 
     page: Path
-    line: int           # the fence's line, 1-based
+    line: int  # the fence's line, 1-based
     lang: str
     title: str | None
     text: str
@@ -56,7 +56,7 @@ class Block:
     @property
     def reason_not_run(self) -> str | None:
         first = self.text.lstrip().splitlines()[0] if self.text.strip() else ""
-        return first[len(NOT_RUN):].strip() if first.startswith(NOT_RUN) else None
+        return first[len(NOT_RUN) :].strip() if first.startswith(NOT_RUN) else None
 
 
 def blocks(page: Path) -> list[Block]:
@@ -73,11 +73,18 @@ def blocks(page: Path) -> list[Block]:
         body: list[str] = []
         j = i + 1
         while j < len(lines) and lines[j].strip() != ticks:
-            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j])
+            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
             j += 1
         title = _TITLE.search(opened["info"])
-        found.append(Block(page, i + 1, opened["lang"].lower(), title["title"] if title else None,
-                           textwrap.dedent("\n".join(body)) + "\n"))
+        found.append(
+            Block(
+                page,
+                i + 1,
+                opened["lang"].lower(),
+                title["title"] if title else None,
+                textwrap.dedent("\n".join(body)) + "\n",
+            )
+        )
         i = j + 1
     return found
 
@@ -85,8 +92,11 @@ def blocks(page: Path) -> list[Block]:
 def _environment(workdir: Path, database_url: str | None) -> dict[str, str]:
     """The reader's shell: this interpreter's ``python`` and ``safepoint`` first on PATH, the
     page's directory importable, nothing of the test run's own safepoint settings."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SAFEPOINT_") and k not in ("DATABASE_URL", "PYTHONPATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SAFEPOINT_") and k not in ("DATABASE_URL", "PYTHONPATH")
+    }
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = str(workdir)
     env["COLUMNS"] = "100"  # the width the pages' terminal output was taken at
@@ -99,12 +109,21 @@ def _environment(workdir: Path, database_url: str | None) -> dict[str, str]:
 def _run_python(block: Block, workdir: Path, env: dict[str, str]) -> None:
     script = workdir / f"_block_{block.line}.py"
     script.write_text(block.text, encoding="utf-8")
-    done = subprocess.run([sys.executable, script.name], cwd=workdir, env=env, text=True,
-                          capture_output=True, timeout=BLOCK_TIMEOUT, check=False)
+    done = subprocess.run(
+        [sys.executable, script.name],
+        cwd=workdir,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=BLOCK_TIMEOUT,
+        check=False,
+    )
     if done.returncode != 0:
-        pytest.fail(f"{block.where}: the python block exited {done.returncode}\n"
-                    f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-5000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"{block.where}: the python block exited {done.returncode}\n"
+            f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-5000:]}",
+            pytrace=False,
+        )
 
 
 def _write_file(block: Block, workdir: Path) -> None:
@@ -135,12 +154,18 @@ def _normal(text: str) -> str:
 
 def _run_console(block: Block, workdir: Path, env: dict[str, str]) -> None:
     for command, shown in _session(block.text):
-        done = subprocess.run(["bash", "-c", command], cwd=workdir, env=env, text=True,
-                              capture_output=True, timeout=BLOCK_TIMEOUT, check=False)
+        done = subprocess.run(
+            ["bash", "-c", command],
+            cwd=workdir,
+            env=env,
+            text=True,
+            capture_output=True,
+            timeout=BLOCK_TIMEOUT,
+            check=False,
+        )
         printed = done.stdout + done.stderr
         expected = [line for line in shown if line.strip()]
-        context = (f"{block.where}: `{command}` exited {done.returncode}\n"
-                   f"--- printed\n{printed[-4000:]}")
+        context = f"{block.where}: `{command}` exited {done.returncode}\n--- printed\n{printed[-4000:]}"
         if command.endswith("echo $?"):
             code = expected.pop() if expected else ""
             last = done.stdout.strip().splitlines()[-1:] or [""]
@@ -159,8 +184,7 @@ def _needs_postgres(page_blocks: list[Block]) -> bool:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_every_example_of_the_page_runs(page: Path, tmp_path: Path,
-                                        request: pytest.FixtureRequest) -> None:
+def test_every_example_of_the_page_runs(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     page_blocks = blocks(page)
     database = request.getfixturevalue("pg_url") if _needs_postgres(page_blocks) else None
     env = _environment(tmp_path, database)
@@ -186,12 +210,18 @@ def test_few_examples_are_not_run_and_each_says_why() -> None:
 
 def test_the_block_reader_finds_titles_indented_blocks_and_reasons(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text('text\n\n```python title="flows.py"\nX = 1\n```\n\n1. a step\n\n'
-                    '    ```python\n    # not run: needs a mail server\n    send()\n    ```\n\n'
-                    "```console\n$ safepoint runs\nrun …\n```\n", encoding="utf-8")
+    page.write_text(
+        'text\n\n```python title="flows.py"\nX = 1\n```\n\n1. a step\n\n'
+        "    ```python\n    # not run: needs a mail server\n    send()\n    ```\n\n"
+        "```console\n$ safepoint runs\nrun …\n```\n",
+        encoding="utf-8",
+    )
     found = blocks(page)
     assert [(b.line, b.lang, b.title) for b in found] == [
-        (3, "python", "flows.py"), (9, "python", None), (14, "console", None)]
+        (3, "python", "flows.py"),
+        (9, "python", None),
+        (14, "console", None),
+    ]
     assert found[1].reason_not_run == "needs a mail server"
     assert found[1].text == "# not run: needs a mail server\nsend()\n"
     assert _session(found[2].text) == [("safepoint runs", ["run …"])]
@@ -200,9 +230,15 @@ def test_the_block_reader_finds_titles_indented_blocks_and_reasons(tmp_path: Pat
 @pytest.mark.timeout(300)
 def test_the_site_builds_strictly_offline_with_every_command(tmp_path: Path) -> None:
     site = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
-                           str(site)], cwd=ROOT, text=True, capture_output=True, timeout=240,
-                          check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=240,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     warnings = [line for line in output.splitlines() if "WARNING" in line]

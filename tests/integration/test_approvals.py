@@ -65,7 +65,8 @@ def _applied(owner: OwnerService) -> int:
 
 
 def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-waits", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval) as waits:
@@ -73,9 +74,13 @@ def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
     assert not isinstance(waits.value, ApprovalInvalid)  # nothing was approved yet
     assert not isinstance(waits.value, sp.RunBlocked)  # a pause, not a failure
     expected = digest(canonical(PAYLOAD))
-    assert (waits.value.run_id, waits.value.step_id, waits.value.operation_id,
-            waits.value.payload_digest, waits.value.target_digest) == (
-        "r", "refund", "refund", expected, None)
+    assert (
+        waits.value.run_id,
+        waits.value.step_id,
+        waits.value.operation_id,
+        waits.value.payload_digest,
+        waits.value.target_digest,
+    ) == ("r", "refund", "refund", expected, None)
     assert "safepoint approve r refund" in waits.value.message
     run = store.get_run("r")
     assert (run.status, run.owner, run.lease_expires_at) == (RunStatus.WAITING, None, None)
@@ -84,8 +89,7 @@ def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
     # the exact payload is durable, for the person to look at
     assert json.loads(store.get_artifact(expected)) == PAYLOAD
     op = store.load_ledger("r").operations["refund"]
-    assert (op.state, op.dispatch_count, op.approval_required) == (EffectState.PREPARED, 0,
-                                                                   True)
+    assert (op.state, op.dispatch_count, op.approval_required) == (EffectState.PREPARED, 0, True)
     assert _applied(owner_env) == 0
     with pytest.raises(sp.AwaitingApproval):  # a resume looks again, and waits again
         sp.resume(store, "r")
@@ -93,16 +97,15 @@ def test_an_effect_that_needs_approval_waits_with_its_prepared_payload(
     store.close()
 
 
-def test_approve_then_resume_dispatches_exactly_once(store_url: str,
-                                                     owner_env: OwnerService) -> None:
+def test_approve_then_resume_dispatches_exactly_once(store_url: str, owner_env: OwnerService) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-dispatches-once", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
-    approval = sp.approve(store, "r", "refund", by="ana", expires=timedelta(hours=2),
-                          evidence="ticket OPS-12")
-    assert (approval.approved_by, approval.payload_digest) == ("ana",
-                                                               digest(canonical(PAYLOAD)))
+    approval = sp.approve(
+        store, "r", "refund", by="ana", expires=timedelta(hours=2), evidence="ticket OPS-12"
+    )
+    assert (approval.approved_by, approval.payload_digest) == ("ana", digest(canonical(PAYLOAD)))
     assert store.get_run("r").status is RunStatus.PENDING  # claimable again
     result = sp.resume(store, "r")
     assert result["amount"] == 40
@@ -110,28 +113,29 @@ def test_approve_then_resume_dispatches_exactly_once(store_url: str,
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
     op = store.load_ledger("r").operations["refund"]
-    assert (op.state, op.dispatch_count, op.approval_id) == (EffectState.ACCEPTED, 1,
-                                                             approval.approval_id)
+    assert (op.state, op.dispatch_count, op.approval_id) == (EffectState.ACCEPTED, 1, approval.approval_id)
     kinds = [e.kind for e in store.events("r")]
-    assert kinds.index("run.waiting") < kinds.index("effect.approved") < kinds.index(
-        "effect.dispatching")
+    assert kinds.index("run.waiting") < kinds.index("effect.approved") < kinds.index("effect.dispatching")
     store.close()
 
 
 def test_a_changed_payload_withdraws_the_approval_and_the_run_waits_again(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     amount = {"value": 40}
-    flow = _refund_flow("approval-payload-changed", owner_effect("refunds"),
-                        lambda: {"account": "acct-1", "amount": amount["value"]})
+    flow = _refund_flow(
+        "approval-payload-changed",
+        owner_effect("refunds"),
+        lambda: {"account": "acct-1", "amount": amount["value"]},
+    )
     with pytest.raises(sp.AwaitingApproval) as first:
         sp.start(store, flow, run_id="r")
     sp.approve(store, "r", "refund", by="ana", payload_digest=first.value.payload_digest)
     amount["value"] = 400  # the agent now wants to send something else
     with pytest.raises(ApprovalInvalid, match="payload changed") as again:
         sp.resume(store, "r")
-    assert again.value.payload_digest == digest(canonical({"account": "acct-1",
-                                                           "amount": 400}))
+    assert again.value.payload_digest == digest(canonical({"account": "acct-1", "amount": 400}))
     assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
     # approving what was seen before is refused: the effect no longer carries it
@@ -143,12 +147,12 @@ def test_a_changed_payload_withdraws_the_approval_and_the_run_waits_again(
     store.close()
 
 
-def test_a_changed_target_state_withdraws_the_approval(store_url: str,
-                                                       owner_env: OwnerService) -> None:
+def test_a_changed_target_state_withdraws_the_approval(store_url: str, owner_env: OwnerService) -> None:
     store = sp.open_store(store_url)
     balances = {"acct-1": 100}
-    effect = replace(owner_effect("refunds"),
-                     target_state=lambda payload: {"balance": balances[payload["account"]]})
+    effect = replace(
+        owner_effect("refunds"), target_state=lambda payload: {"balance": balances[payload["account"]]}
+    )
     flow = _refund_flow("approval-target-changed", effect)
     with pytest.raises(sp.AwaitingApproval) as waits:
         sp.start(store, flow, run_id="r")
@@ -169,7 +173,8 @@ def test_a_changed_target_state_withdraws_the_approval(store_url: str,
 
 
 def test_an_expired_approval_no_longer_authorizes_the_dispatch(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-expired", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
@@ -181,15 +186,15 @@ def test_an_expired_approval_no_longer_authorizes_the_dispatch(
         sp.resume(store, "r")
     assert store.get_run("r").status is RunStatus.WAITING
     assert _applied(owner_env) == 0
-    sp.approve(store, "r", "refund", by="ana",
-               expires=datetime.now(UTC) + timedelta(minutes=5))
+    sp.approve(store, "r", "refund", by="ana", expires=datetime.now(UTC) + timedelta(minutes=5))
     sp.resume(store, "r")
     assert _applied(owner_env) == 1
     store.close()
 
 
 def test_an_approval_given_before_the_run_waits_is_not_lost(
-        store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    store_url: str, owner_env: OwnerService, crash_at: Any
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-before-wait", owner_effect("refunds"))
     crash_at("effect.after_prepared")  # prepared, never reached its gate
@@ -206,14 +211,14 @@ def test_an_approval_given_before_the_run_waits_is_not_lost(
 
 
 def test_a_worker_does_not_take_a_waiting_run_until_it_is_approved(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-worker", owner_effect("refunds"))
     sp.submit(store, flow, run_id="r")
 
     def work() -> Any:
-        return sp.Worker(store, workflows=["approval-worker"]).run(until_idle=True,
-                                                                    handle_signals=False)
+        return sp.Worker(store, workflows=["approval-worker"]).run(until_idle=True, handle_signals=False)
 
     first = work()
     assert (first.claimed, first.waiting, first.failed) == (1, 1, 0)
@@ -227,8 +232,7 @@ def test_a_worker_does_not_take_a_waiting_run_until_it_is_approved(
     store.close()
 
 
-def test_cancelling_a_waiting_run_ends_it_at_once(store_url: str,
-                                                  owner_env: OwnerService) -> None:
+def test_cancelling_a_waiting_run_ends_it_at_once(store_url: str, owner_env: OwnerService) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-cancel", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
@@ -243,8 +247,7 @@ def test_cancelling_a_waiting_run_ends_it_at_once(store_url: str,
     store.close()
 
 
-def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
-        memory_store: sp.Store) -> None:
+def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(memory_store: sp.Store) -> None:
     calls: list[str] = []
 
     def execute(payload: Any, key: sp.EffectKey) -> Any:
@@ -252,9 +255,12 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
         time.sleep(1.5)  # long enough for the approval to lapse
         raise TimeoutError("no answer from the owner")
 
-    effect = sp.Effect("refund", execute=execute,
-                       reconcile=lambda key: calls.append("reconcile") or sp.NotApplied(),
-                       dedup_retention=timedelta(hours=1))
+    effect = sp.Effect(
+        "refund",
+        execute=execute,
+        reconcile=lambda key: calls.append("reconcile") or sp.NotApplied(),
+        dedup_retention=timedelta(hours=1),
+    )
     flow = _refund_flow("approval-redispatch", effect)
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
@@ -264,8 +270,7 @@ def test_a_re_dispatch_after_not_applied_needs_a_still_valid_approval(
     # sent once; the owner says it never arrived, but the approval lapsed: no second send
     assert calls == ["execute", "reconcile"]
     ledger = memory_store.load_ledger("r")
-    assert (ledger.run.status, ledger.operations["refund"].state) == (
-        RunStatus.WAITING, EffectState.UNKNOWN)
+    assert (ledger.run.status, ledger.operations["refund"].state) == (RunStatus.WAITING, EffectState.UNKNOWN)
     # a cancel now settles the uncertain effect first, and still sends nothing
     assert sp.cancel(memory_store, "r", by="ops").status is RunStatus.PENDING
     with pytest.raises(sp.RunCancelled):
@@ -280,8 +285,9 @@ def test_a_target_state_that_cannot_be_read_sends_nothing(memory_store: sp.Store
     def balance(payload: Any) -> Any:
         raise ConnectionError("the ledger service is down")
 
-    effect = sp.Effect("refund", execute=lambda p, k: sent.append(p) or {"id": "re_1", **p},
-                       target_state=balance)
+    effect = sp.Effect(
+        "refund", execute=lambda p, k: sent.append(p) or {"id": "re_1", **p}, target_state=balance
+    )
     flow = _refund_flow("approval-target-unreadable", effect)
     with pytest.raises(sp.RunFailed, match="ConnectionError"):
         sp.start(memory_store, flow, run_id="r")
@@ -289,8 +295,7 @@ def test_a_target_state_that_cannot_be_read_sends_nothing(memory_store: sp.Store
     assert memory_store.load_ledger("r").operations == {}  # not even prepared
 
 
-def test_approving_a_step_that_has_not_prepared_its_effect_is_refused(
-        memory_store: sp.Store) -> None:
+def test_approving_a_step_that_has_not_prepared_its_effect_is_refused(memory_store: sp.Store) -> None:
     @sp.workflow("approval-early")
     def flow(run: sp.Run) -> Any:
         return run.pure("first", lambda: 1)
@@ -309,20 +314,19 @@ def test_approving_a_step_that_has_not_prepared_its_effect_is_refused(
 
 
 def test_an_approval_refuses_credentials_in_who_and_why(memory_store: sp.Store) -> None:
-    flow = _refund_flow("approval-secrets",
-                        sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
+    flow = _refund_flow("approval-secrets", sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     with pytest.raises(SecretRefused):
-        sp.approve(memory_store, "r", "refund", by="ana",
-                   evidence="approved, key sk_live_0123456789abcdefXYZ")
+        sp.approve(
+            memory_store, "r", "refund", by="ana", evidence="approved, key sk_live_0123456789abcdefXYZ"
+        )
     assert memory_store.approvals("r") == []
     assert memory_store.get_run("r").status is RunStatus.WAITING
 
 
 def test_approving_twice_returns_the_same_approval(memory_store: sp.Store) -> None:
-    flow = _refund_flow("approval-twice",
-                        sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
+    flow = _refund_flow("approval-twice", sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     first = sp.approve(memory_store, "r", "refund", by="ana")
@@ -332,15 +336,18 @@ def test_approving_twice_returns_the_same_approval(memory_store: sp.Store) -> No
 
 
 def test_the_recovery_record_names_the_approval_that_authorized_the_dispatch(
-        memory_store: sp.Store, owner_env: OwnerService) -> None:
+    memory_store: sp.Store, owner_env: OwnerService
+) -> None:
     import jsonschema
 
     from safepoint import record_schema
 
     # no read path: a lost response blocks the run for a person
-    flow = _refund_flow("approval-record", owner_effect("notifications", reconcile=False,
-                                                        dedup_retention=None),
-                        {"to": "ops", "amount": 1})
+    flow = _refund_flow(
+        "approval-record",
+        owner_effect("notifications", reconcile=False, dedup_retention=None),
+        {"to": "ops", "amount": 1},
+    )
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     approval = sp.approve(memory_store, "r", "refund", by="ana")
@@ -351,14 +358,14 @@ def test_the_recovery_record_names_the_approval_that_authorized_the_dispatch(
     assert record is not None
     assert record["authorization_ref"] == f"approval:r/refund/{approval.approval_id}"
     assert record["authorization_ref"] in record["evidence_refs"]
-    assert (record["evidence"]["authorization"]["by"],
-            record["evidence"]["authorization"]["payload_digest"]) == (
-        "ana", approval.payload_digest)
+    assert (
+        record["evidence"]["authorization"]["by"],
+        record["evidence"]["authorization"]["payload_digest"],
+    ) == ("ana", approval.payload_digest)
     jsonschema.validate(record, record_schema())
 
 
-def test_approve_show_and_runs_from_the_command_line(file_store: sp.Store,
-                                                     owner_env: OwnerService) -> None:
+def test_approve_show_and_runs_from_the_command_line(file_store: sp.Store, owner_env: OwnerService) -> None:
     flow = _refund_flow("approval-cli", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval) as waits:
         sp.start(file_store, flow, run_id="r")
@@ -381,17 +388,37 @@ def test_approve_show_and_runs_from_the_command_line(file_store: sp.Store,
     resumed = runner.invoke(cli, ["--store", url, "resume", "r"], env=env)
     assert resumed.exit_code == 4, resumed.output
     assert "waits for approval" in resumed.output
-    wrong = runner.invoke(cli, ["--store", url, "approve", "r", "refund", "--by", "ana",
-                                "--payload-digest", "sha256:" + "0" * 64], env=env)
+    wrong = runner.invoke(
+        cli,
+        ["--store", url, "approve", "r", "refund", "--by", "ana", "--payload-digest", "sha256:" + "0" * 64],
+        env=env,
+    )
     assert wrong.exit_code == 1
     assert "refused" in wrong.output
-    bad = runner.invoke(cli, ["--store", url, "approve", "r", "refund", "--by", "ana",
-                              "--expires", "soon"], env=env)
+    bad = runner.invoke(
+        cli, ["--store", url, "approve", "r", "refund", "--by", "ana", "--expires", "soon"], env=env
+    )
     assert bad.exit_code == 2
     assert "--expires" in bad.output
-    done = runner.invoke(cli, ["--store", url, "approve", "r", "refund", "--by", "ana",
-                               "--expires", "2h", "--evidence", "ticket OPS-12",
-                               "--payload-digest", digest_], env=env)
+    done = runner.invoke(
+        cli,
+        [
+            "--store",
+            url,
+            "approve",
+            "r",
+            "refund",
+            "--by",
+            "ana",
+            "--expires",
+            "2h",
+            "--evidence",
+            "ticket OPS-12",
+            "--payload-digest",
+            digest_,
+        ],
+        env=env,
+    )
     assert done.exit_code == 0, done.output
     assert "run now pending" in done.output
     [approval] = file_store.approvals("r")
@@ -403,7 +430,8 @@ def test_approve_show_and_runs_from_the_command_line(file_store: sp.Store,
 
 
 def test_a_verifier_that_times_out_blocks_and_a_resume_never_dispatches_again(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     answer = threading.Event()
     looked: list[str] = []
@@ -440,7 +468,8 @@ def test_a_verifier_that_times_out_blocks_and_a_resume_never_dispatches_again(
 
 
 def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
-        pg_url: str, owner_env: OwnerService) -> None:
+    pg_url: str, owner_env: OwnerService
+) -> None:
     verdicts = {"sync": threading.Event()}
 
     async def async_verifier(receipt: Any) -> bool:
@@ -457,8 +486,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
 
     @sp.workflow("approval-async")
     async def flow(run: sp.AsyncRun) -> Any:
-        one = await run.effect("one", first, payload={"account": "a", "amount": 1},
-                               approval=True)
+        one = await run.effect("one", first, payload={"account": "a", "amount": 1}, approval=True)
         two = await run.effect("two", second, payload={"account": "b", "amount": 2})
         return [one["id"], two["id"]]
 
@@ -480,8 +508,7 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
 
             @sp.workflow("approval-async")
             async def fixed(run: sp.AsyncRun) -> Any:
-                a = await run.effect("one", one, payload={"account": "a", "amount": 1},
-                                     approval=True)
+                a = await run.effect("one", one, payload={"account": "a", "amount": 1}, approval=True)
                 b = await run.effect("two", second, payload={"account": "b", "amount": 2})
                 return [a["id"], b["id"]]
 
@@ -502,8 +529,9 @@ def test_an_async_workflow_waits_for_approval_and_times_out_its_verifiers(
 def test_an_effect_with_a_verify_timeout_that_is_not_positive_is_refused() -> None:
     with pytest.raises(ValueError, match="verify_timeout"):
         sp.Effect("e", execute=lambda p, k: {}, verify_timeout=0)
-    assert sp.Effect("e", execute=lambda p, k: {},
-                     verify_timeout=timedelta(seconds=2)).verify_timeout_s == 2.0
+    assert (
+        sp.Effect("e", execute=lambda p, k: {}, verify_timeout=timedelta(seconds=2)).verify_timeout_s == 2.0
+    )
 
 
 def test_an_existing_sqlite_ledger_holds_waiting_runs_once_opened(tmp_path: Path) -> None:
@@ -515,15 +543,21 @@ def test_an_existing_sqlite_ledger_holds_waiting_runs_once_opened(tmp_path: Path
     before = shipped[:1]
     old = sqlite3.connect(path, isolation_level=None)
     old.execute("PRAGMA journal_mode=WAL")
-    old.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+    old.execute(
+        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
     for version, name, text in before:
         old.executescript(text)
-        old.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-                    (version, name, sha256_hex(text.encode())))
-    old.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-                " input_hash, created_at, updated_at) VALUES ('kept', 'w', '1', 'pending',"
-                " 'h', 0, 0)")
+        old.execute(
+            "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+            (version, name, sha256_hex(text.encode())),
+        )
+    old.execute(
+        "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+        " input_hash, created_at, updated_at) VALUES ('kept', 'w', '1', 'pending',"
+        " 'h', 0, 0)"
+    )
     with pytest.raises(sqlite3.IntegrityError):  # a status no schema knows
         old.execute("UPDATE safepoint_runs SET status = 'paused'")
     store = sp.open_store(f"sqlite:///{path}")
@@ -540,7 +574,8 @@ def test_an_existing_sqlite_ledger_holds_waiting_runs_once_opened(tmp_path: Path
 
 
 def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     """The id ``start`` was given serves the whole chain: an approval given with it reaches the
     successor that waits, sync and async, and the refund is sent once."""
     store = sp.open_store(store_url)
@@ -565,7 +600,8 @@ WITHDRAWN = "the customer withdrew the request"
 
 
 def test_a_revoked_approval_sends_nothing_until_the_effect_is_approved_again(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-revoked", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
@@ -574,7 +610,10 @@ def test_a_revoked_approval_sends_nothing_until_the_effect_is_approved_again(
     assert store.get_run("r").status is RunStatus.PENDING
     [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
     assert (revoked.approval_id, revoked.revoked_by, revoked.revoke_reason) == (
-        first.approval_id, "carol", WITHDRAWN)
+        first.approval_id,
+        "carol",
+        WITHDRAWN,
+    )
     assert revoked.revoked_at is not None
     assert store.approvals("r") == [revoked]
     assert not revoked.authorizes(first.payload_digest, first.target_digest, store.now())
@@ -618,7 +657,8 @@ class _RevokedBeforeDispatch:
 
 
 def test_a_revocation_between_the_gate_and_the_dispatch_makes_the_run_wait(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _refund_flow("approval-revoked-at-dispatch", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
@@ -635,7 +675,8 @@ def test_a_revocation_between_the_gate_and_the_dispatch_makes_the_run_wait(
 
 
 def test_a_revocation_while_the_outcome_is_uncertain_withdraws_the_dispatch_still_to_come(
-        store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    store_url: str, owner_env: OwnerService, crash_at: Any
+) -> None:
     """Killed after "dispatching" committed, before the call: the revocation is taken; the
     resume asks the owner, who has nothing, and the dispatch that would follow waits for a new
     approval instead of going out under the revoked one. Once the outcome is recorded, a
@@ -667,8 +708,9 @@ def test_a_revocation_while_the_outcome_is_uncertain_withdraws_the_dispatch_stil
 
 
 def test_a_revocation_needs_who_and_why_and_refuses_credentials(memory_store: sp.Store) -> None:
-    flow = _refund_flow("approval-revoke-usage",
-                        sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p}))
+    flow = _refund_flow(
+        "approval-revoke-usage", sp.Effect("refund", execute=lambda p, k: {"id": "re_1", **p})
+    )
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
     sp.approve(memory_store, "r", "refund", by="ana")
@@ -677,18 +719,19 @@ def test_a_revocation_needs_who_and_why_and_refuses_credentials(memory_store: sp
         sp.revoke_approval(memory_store, "r", "refund", by="", reason=WITHDRAWN)
     for reason in ("", "   ", None):
         with pytest.raises(sp.UsageError, match="reason="):
-            sp.revoke_approval(memory_store, "r", "refund", by="carol",
-                               reason=reason)  # type: ignore[arg-type]
+            sp.revoke_approval(memory_store, "r", "refund", by="carol", reason=reason)  # type: ignore[arg-type]
     with pytest.raises(SecretRefused):
-        sp.revoke_approval(memory_store, "r", "refund", by="carol",
-                           reason="leaked key sk_live_0123456789abcdefXYZ")
+        sp.revoke_approval(
+            memory_store, "r", "refund", by="carol", reason="leaked key sk_live_0123456789abcdefXYZ"
+        )
     with pytest.raises(RunNotFound):
         sp.revoke_approval(memory_store, "nope", "refund", by="carol", reason=WITHDRAWN)
     assert memory_store.approvals("r") == before
 
 
 def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carries_it_on(
-        store_url: str, owner_env: OwnerService) -> None:
+    store_url: str, owner_env: OwnerService
+) -> None:
     store = sp.open_store(store_url)
     flow = _chained_refund_flow("approval-revoked-in-a-chain")
 
@@ -697,8 +740,7 @@ def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carrie
             sp.start(store, flow, 0, run_id=run_id)
         sp.approve(store, run_id, "refund", by="ana")
     [one] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
-    [two] = asyncio.run(sp.revoke_approval_async(store, "s", "refund", by="carol",
-                                                 reason=WITHDRAWN))
+    [two] = asyncio.run(sp.revoke_approval_async(store, "s", "refund", by="carol", reason=WITHDRAWN))
     assert (one.run_id, two.run_id) == ("r~1", "s~1")
     for run_id in ("r", "s"):
         with pytest.raises(ApprovalInvalid, match="revoked"):
@@ -707,8 +749,7 @@ def test_the_first_run_id_of_a_chain_revokes_the_approval_of_the_run_that_carrie
     store.close()
 
 
-def test_revoke_and_show_from_the_command_line(file_store: sp.Store,
-                                               owner_env: OwnerService) -> None:
+def test_revoke_and_show_from_the_command_line(file_store: sp.Store, owner_env: OwnerService) -> None:
     flow = _refund_flow("approval-revoke-cli", owner_effect("refunds"))
     with pytest.raises(sp.AwaitingApproval):
         sp.start(file_store, flow, run_id="r")
@@ -727,8 +768,7 @@ def test_revoke_and_show_from_the_command_line(file_store: sp.Store,
     unexplained = run("revoke", "r", "refund", "--by", "carol")
     assert unexplained.exit_code == 2
     assert "--reason" in unexplained.output
-    secret = run("revoke", "r", "refund", "--by", "carol", "--reason",
-                 "key sk_live_0123456789abcdefXYZ")
+    secret = run("revoke", "r", "refund", "--by", "carol", "--reason", "key sk_live_0123456789abcdefXYZ")
     assert (secret.exit_code, secret.stdout) == (1, "")
     assert "error:" in secret.stderr
     done = run("revoke", "r", "refund", "--by", "carol", "--reason", WITHDRAWN)
@@ -749,7 +789,8 @@ def test_revoke_and_show_from_the_command_line(file_store: sp.Store,
 
 
 def test_approvals_given_in_a_ledger_of_the_first_schema_are_in_force_after_it_is_opened(
-        store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch) -> None:
+    store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A ledger made by the first migration alone, with an approval in it, is opened at the
     last schema (every later migration applied): the approval is read back as given (not
     revoked), and can be revoked."""

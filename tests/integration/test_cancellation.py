@@ -25,13 +25,13 @@ def test_a_pending_run_is_cancelled_at_once(store_url: str) -> None:
     sp.submit(store, flow, run_id="r")
     run = sp.cancel(store, "r", by="ops", reason="duplicate request")
     assert run.status is RunStatus.CANCELLED
-    assert sp.Worker(store, workflows=["cancel-pending"]).run(
-        until_idle=True, handle_signals=False).claimed == 0
+    assert (
+        sp.Worker(store, workflows=["cancel-pending"]).run(until_idle=True, handle_signals=False).claimed == 0
+    )
     with pytest.raises(sp.RunCancelled):
         sp.resume(store, "r")
     event = store.events("r")[-1]
-    assert (event.kind, event.worker, event.detail["reason"]) == (
-        "run.cancelled", "ops", "duplicate request")
+    assert (event.kind, event.worker, event.detail["reason"]) == ("run.cancelled", "ops", "duplicate request")
 
 
 def test_a_running_run_stops_before_its_next_dispatch(store_url: str) -> None:
@@ -58,16 +58,23 @@ def test_a_running_run_stops_before_its_next_dispatch(store_url: str) -> None:
         sp.resume(store, "r")
 
 
-@pytest.mark.parametrize(("answer", "state"), [
-    (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
-    (sp.NotApplied(), EffectState.PREPARED),
-])
+@pytest.mark.parametrize(
+    ("answer", "state"),
+    [
+        (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
+        (sp.NotApplied(), EffectState.PREPARED),
+    ],
+)
 def test_an_effect_in_flight_is_settled_before_the_run_ends(
-        memory_store: sp.Store, crash_at: Any, answer: Any, state: EffectState) -> None:
+    memory_store: sp.Store, crash_at: Any, answer: Any, state: EffectState
+) -> None:
     calls: list[str] = []
-    effect = sp.Effect("refund", execute=lambda payload, key: calls.append("execute") or {},
-                       reconcile=lambda key: calls.append("reconcile") or answer,
-                       dedup_retention=timedelta(hours=1))
+    effect = sp.Effect(
+        "refund",
+        execute=lambda payload, key: calls.append("execute") or {},
+        reconcile=lambda key: calls.append("reconcile") or answer,
+        dedup_retention=timedelta(hours=1),
+    )
 
     @sp.workflow(f"cancel-in-flight-{state.value}")
     def flow(run: sp.Run) -> Any:
@@ -100,11 +107,13 @@ def test_cancel_from_the_command_line(file_store: sp.Store) -> None:
     assert file_store.get_run("r").status is RunStatus.CANCELLED
 
 
-def test_cancelling_a_blocked_run_never_forgets_its_uncertain_effect(
-        memory_store: sp.Store) -> None:
-    effect = sp.Effect("refund", execute=lambda p, k: (_ for _ in ()).throw(TimeoutError()),
-                       reconcile=lambda key: sp.Unknown("index down"),
-                       dedup_retention=timedelta(hours=1))
+def test_cancelling_a_blocked_run_never_forgets_its_uncertain_effect(memory_store: sp.Store) -> None:
+    effect = sp.Effect(
+        "refund",
+        execute=lambda p, k: (_ for _ in ()).throw(TimeoutError()),
+        reconcile=lambda key: sp.Unknown("index down"),
+        dedup_retention=timedelta(hours=1),
+    )
 
     @sp.workflow("blocked-then-cancelled")
     def flow(run: sp.Run) -> Any:
@@ -116,13 +125,18 @@ def test_cancelling_a_blocked_run_never_forgets_its_uncertain_effect(
     assert marked.status is RunStatus.BLOCKED  # a person settles the effect first
     assert marked.cancel_requested_at is not None
     assert memory_store.load_ledger("r").operations["refund"].state is EffectState.UNKNOWN
-    sp.resolve(memory_store, "r", "abandon", revision=marked.state_revision, by="ops",
-               evidence="refund confirmed absent at the provider")
+    sp.resolve(
+        memory_store,
+        "r",
+        "abandon",
+        revision=marked.state_revision,
+        by="ops",
+        evidence="refund confirmed absent at the provider",
+    )
     assert memory_store.get_run("r").status is RunStatus.CANCELLED
 
 
-def test_a_swallowed_cancel_cannot_complete_the_run(memory_store: sp.Store,
-                                                    crash_at: Any) -> None:
+def test_a_swallowed_cancel_cannot_complete_the_run(memory_store: sp.Store, crash_at: Any) -> None:
     @sp.workflow("swallows-cancel")
     def flow(run: sp.Run) -> str:
         run.pure("first", lambda: 1)

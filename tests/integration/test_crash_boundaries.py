@@ -90,9 +90,9 @@ def _stop_at(store: sp.Store, wf: sp.Workflow, crash_at: Any, point: str, *args:
 def _charge(name: str, effect: sp.Effect) -> sp.Workflow:
     @sp.workflow(name)
     def flow(run: sp.Run, amount: int) -> dict[str, Any]:
-        receipt = run.effect("charge", effect, payload={"amount": amount},
-                             operation_id="charge:1")
+        receipt = run.effect("charge", effect, payload={"amount": amount}, operation_id="charge:1")
         return {"id": receipt["id"], "amount": receipt["amount"]}
+
     return flow
 
 
@@ -109,8 +109,9 @@ def _counted(owner: OwnerService) -> tuple[int, int]:
 # -- the named cases ------------------------------------------------------------------------------
 
 
-def test_stop_after_prepared_intent_dispatches_once(store: sp.Store, owner_env: OwnerService,
-                                                    crash_at: Any) -> None:
+def test_stop_after_prepared_intent_dispatches_once(
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     """Prepared, never dispatching: the resume dispatches, under the prepared key. Only an
     effect recovery could not reconcile alone stops here — this one has no reconcile; one that
     has (with a dedup retention) is prepared and dispatching in one commit, and stops after
@@ -128,8 +129,9 @@ def test_stop_after_prepared_intent_dispatches_once(store: sp.Store, owner_env: 
 
 
 def test_stop_after_dispatching_before_the_call_sends_under_the_same_key(
-        store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
-    """"Dispatch may have happened" is durable, the call was never made: the owner's lookup
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
+    """ "Dispatch may have happened" is durable, the call was never made: the owner's lookup
     says not applied (inside its key retention), so it is sent — under the same key. With a
     reconcile and a retention there was no "prepared" commit before: prepared and dispatching
     were one."""
@@ -138,7 +140,9 @@ def test_stop_after_dispatching_before_the_call_sends_under_the_same_key(
     stopped = store.load_ledger("r").operations["charge:1"]
     assert (stopped.state, stopped.dispatch_count) == (EffectState.DISPATCHING, 1)
     assert [e.kind for e in store.events("r") if e.kind.startswith("effect.")] == [
-        "effect.prepared", "effect.dispatching"]
+        "effect.prepared",
+        "effect.dispatching",
+    ]
     assert _counted(owner_env) == (0, 0)
     key = stopped.effect_key
     assert sp.resume(store, "r") == {"id": "ch_1", "amount": 5}
@@ -148,8 +152,7 @@ def test_stop_after_dispatching_before_the_call_sends_under_the_same_key(
     assert _counted(owner_env) == (1, 0)
 
 
-def test_receiver_commits_and_the_response_is_dropped(store: sp.Store,
-                                                      owner_env: OwnerService) -> None:
+def test_receiver_commits_and_the_response_is_dropped(store: sp.Store, owner_env: OwnerService) -> None:
     owner_env.client.set_faults(drop_after_commit=1)
     flow = _charge("dropped", owner_effect("charges"))
     assert sp.start(store, flow, 5, run_id="r") == {"id": "ch_1", "amount": 5}
@@ -161,7 +164,8 @@ def test_receiver_commits_and_the_response_is_dropped(store: sp.Store,
 
 
 def test_receiver_commits_and_the_worker_dies_before_the_receipt(
-        store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     flow = _charge("committed", owner_effect("charges"))
     _stop_at(store, flow, crash_at, "effect.after_receiver_commit", 5)
     assert _counted(owner_env) == (1, 0)
@@ -171,13 +175,18 @@ def test_receiver_commits_and_the_worker_dies_before_the_receipt(
 
 
 def test_stop_after_the_receipt_before_verification_runs_only_the_verifier(
-        store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     verified: list[Any] = []
     base = owner_effect("tickets", verify=True)
     assert base.verify is not None
-    effect = sp.Effect(base.name, execute=base.execute, reconcile=base.reconcile,
-                       dedup_retention=base.dedup_retention,
-                       verify=lambda receipt: verified.append(receipt) or base.verify(receipt))
+    effect = sp.Effect(
+        base.name,
+        execute=base.execute,
+        reconcile=base.reconcile,
+        dedup_retention=base.dedup_retention,
+        verify=lambda receipt: verified.append(receipt) or base.verify(receipt),
+    )
     flow = _charge("verify", effect)
     _stop_at(store, flow, crash_at, "effect.after_outcome", 5)
     assert store.load_ledger("r").operations["charge:1"].state is EffectState.APPLIED
@@ -189,8 +198,7 @@ def test_stop_after_the_receipt_before_verification_runs_only_the_verifier(
     assert _counted(owner_env) == (1, 0)
 
 
-def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService,
-                                         crash_at: Any) -> None:
+def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
     """Both read the run at the same revision and race on one compare-and-set: one claims and
     sends, the other is refused (or finds the run already ended); nothing is sent twice. The
     process-level version, 1000 trials per store, is test_ownership.py::two_resumers."""
@@ -223,7 +231,8 @@ def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService
 
 
 def test_resume_after_cancellation_never_revives_the_run(
-        store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     flow = _charge("cancelled-at-prepared", _UNRECONCILABLE)  # stops at "prepared" (see above)
     _stop_at(store, flow, crash_at, "effect.after_prepared", 5)
     sp.cancel(store, "r", by="ops", reason="customer withdrew")
@@ -237,11 +246,11 @@ def test_resume_after_cancellation_never_revives_the_run(
 
 
 def test_resume_after_the_dedup_window_expired_blocks_instead_of_resending(
-        store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     """The owner committed; the worker died; by the time a worker resumes, the key may be
     forgotten and the lookup lags: a re-send could charge twice. It blocks."""
-    flow = _charge("retention-expired", owner_effect("charges",
-                                             dedup_retention=timedelta(seconds=0.2)))
+    flow = _charge("retention-expired", owner_effect("charges", dedup_retention=timedelta(seconds=0.2)))
     owner_env.client.set_faults(index_lag=60.0)  # the lookup will not find it for a while
     _stop_at(store, flow, crash_at, "effect.after_receiver_commit", 5)
     threading.Event().wait(0.3)  # past the dedup retention
@@ -253,7 +262,8 @@ def test_resume_after_the_dedup_window_expired_blocks_instead_of_resending(
 
 
 def test_a_removed_artifact_blocks_before_anything_runs(
-        store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any
+) -> None:
     calls: Counter[str] = Counter()
     effect = _UNRECONCILABLE  # stops at "prepared" (see above)
 
@@ -282,8 +292,7 @@ def test_an_unreadable_record_blocks(store: sp.Store, store_url: str, crash_at: 
         return run.pure("one", lambda: 1)
 
     _stop_at(store, flow, crash_at, "run.before_complete")
-    _execute(store_url, "UPDATE safepoint_steps SET result = %s WHERE step_id = %s",
-             "{not json", "one")
+    _execute(store_url, "UPDATE safepoint_steps SET result = %s WHERE step_id = %s", "{not json", "one")
     with pytest.raises(CorruptRecord):
         sp.resume(store, "r")
     assert store.get_run("r").recovery_record["phase"] == "unreadable_record"
@@ -323,10 +332,10 @@ def test_row_pure_step_incomplete_is_recomputed(store: sp.Store, crash_at: Any) 
     assert calls == {"double": 2}  # computed again from its retained inputs
 
 
-def test_row_uncertain_without_a_read_path_blocks(store: sp.Store, owner_env: OwnerService,
-                                                  crash_at: Any) -> None:
-    flow = _charge("no-read-path", owner_effect("notifications", reconcile=False,
-                                                dedup_retention=None))
+def test_row_uncertain_without_a_read_path_blocks(
+    store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
+    flow = _charge("no-read-path", owner_effect("notifications", reconcile=False, dedup_retention=None))
     _stop_at(store, flow, crash_at, "effect.after_dispatching", 5)
     with pytest.raises(sp.NeedsReconciliation) as blocked:
         sp.resume(store, "r")
@@ -334,8 +343,7 @@ def test_row_uncertain_without_a_read_path_blocks(store: sp.Store, owner_env: Ow
     assert _counted(owner_env) == (0, 0)  # never sent: it might have been
 
 
-def test_row_accepted_replays_the_receipt(store: sp.Store, owner_env: OwnerService,
-                                          crash_at: Any) -> None:
+def test_row_accepted_replays_the_receipt(store: sp.Store, owner_env: OwnerService, crash_at: Any) -> None:
     flow = _charge("accepted-row", owner_effect("charges"))
     _stop_at(store, flow, crash_at, "effect.after_accept", 5)
     assert sp.resume(store, "r") == {"id": "ch_1", "amount": 5}

@@ -26,8 +26,7 @@ charges = owner_effect("charges")
 
 @sp.workflow("keys-charge")
 def charge(run: sp.Run, amount: int) -> Any:
-    return run.effect("charge", charges, payload={"amount": amount},
-                      operation_id=f"charge:{amount}")
+    return run.effect("charge", charges, payload={"amount": amount}, operation_id=f"charge:{amount}")
 
 
 def _other_ledger(store_url: str, tmp_path: Any) -> str:
@@ -38,7 +37,8 @@ def _other_ledger(store_url: str, tmp_path: Any) -> str:
 
 
 def test_two_ledgers_with_the_same_run_id_each_get_their_effect(
-        store: sp.Store, store_url: str, tmp_path: Any, owner_env: OwnerService) -> None:
+    store: sp.Store, store_url: str, tmp_path: Any, owner_env: OwnerService
+) -> None:
     other = sp.open_store(_other_ledger(store_url, tmp_path))
     try:
         assert other.identity.ledger_id != store.identity.ledger_id
@@ -69,24 +69,32 @@ def test_a_ledger_keeps_its_identity_and_a_new_one_gets_another(tmp_path: Any) -
 def _alter_key(store_url: str, run_id: str, operation_id: str, key: str) -> None:
     if store_url.startswith("sqlite"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            conn.execute("UPDATE safepoint_operations SET effect_key = ? WHERE run_id = ? AND"
-                         " operation_id = ?", (key, run_id, operation_id))
+            conn.execute(
+                "UPDATE safepoint_operations SET effect_key = ? WHERE run_id = ? AND operation_id = ?",
+                (key, run_id, operation_id),
+            )
         return
     import psycopg
 
     base, _, query = store_url.partition("?")
     schema = query.removeprefix("schema=")
     with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'UPDATE "{schema}".safepoint_operations SET effect_key = %s'
-                     " WHERE run_id = %s AND operation_id = %s", (key, run_id, operation_id))
+        conn.execute(
+            f'UPDATE "{schema}".safepoint_operations SET effect_key = %s'
+            " WHERE run_id = %s AND operation_id = %s",
+            (key, run_id, operation_id),
+        )
 
 
 @pytest.mark.parametrize("crash", ["effect.after_dispatching", "effect.after_prepared"])
 def test_an_altered_key_blocks_the_run_and_nothing_is_sent(
-        store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any,
-        crash: str) -> None:
-    effect = owner_effect("charges") if crash == "effect.after_dispatching" else \
-        owner_effect("charges", dedup_retention=None)  # commits "prepared" on its own
+    store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any, crash: str
+) -> None:
+    effect = (
+        owner_effect("charges")
+        if crash == "effect.after_dispatching"
+        else owner_effect("charges", dedup_retention=None)
+    )  # commits "prepared" on its own
 
     @sp.workflow("keys-altered")
     def flow(run: sp.Run) -> Any:
@@ -113,7 +121,8 @@ def test_an_altered_key_blocks_the_run_and_nothing_is_sent(
 
 
 def test_not_applied_is_not_asked_of_the_owner_under_an_altered_key(
-        store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
+    store: sp.Store, store_url: str, owner_env: OwnerService, crash_at: Any
+) -> None:
     """A person's "not applied" asks the owner by the operation's key first: under a key that
     is not the one minted, the owner knows nothing, and "not found" would be recorded as its
     word. Refused instead, naming the key; nothing recorded, nothing sent."""
@@ -126,7 +135,8 @@ def test_not_applied_is_not_asked_of_the_owner_under_an_altered_key(
         sp.resume(store, "r")
     blocked = store.get_run("r")
     with pytest.raises(ResolutionRefused, match="not the key minted"):
-        sp.resolve(store, "r", "not_applied", revision=blocked.state_revision, by="ana",
-                   operation_id="charge:3")
+        sp.resolve(
+            store, "r", "not_applied", revision=blocked.state_revision, by="ana", operation_id="charge:3"
+        )
     assert store.get_run("r") == blocked
     assert owner_env.client.stats()["applied"] == 1

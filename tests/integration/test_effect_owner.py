@@ -21,11 +21,11 @@ def _charge_flow(name: str, effect: sp.Effect) -> sp.Workflow:
     @sp.workflow(name)
     def flow(run: sp.Run, amount: int) -> str:
         return str(run.effect("charge", effect, payload={"amount": amount})["id"])
+
     return flow
 
 
-def test_dropped_response_is_reconciled_not_repeated(file_store: sp.Store,
-                                                     owner_env: OwnerService) -> None:
+def test_dropped_response_is_reconciled_not_repeated(file_store: sp.Store, owner_env: OwnerService) -> None:
     owner_env.client.set_faults(drop_after_commit=1)
     flow = _charge_flow("drop", owner_effect("charges"))
     assert sp.start(file_store, flow, 500, run_id="r") == "ch_1"
@@ -36,8 +36,7 @@ def test_dropped_response_is_reconciled_not_repeated(file_store: sp.Store,
     assert op.dispatch_count == 1  # reconciled by lookup, never sent again
 
 
-def test_lagging_index_redispatches_under_the_same_key(file_store: sp.Store,
-                                                       owner_env: OwnerService) -> None:
+def test_lagging_index_redispatches_under_the_same_key(file_store: sp.Store, owner_env: OwnerService) -> None:
     """Lookup says "not applied" (the index lags); inside the owner's retention the same key
     is sent again and the owner answers with the saved response: still one charge."""
     owner_env.client.set_faults(drop_after_commit=1, index_lag=5.0)
@@ -52,9 +51,9 @@ def test_lagging_index_redispatches_under_the_same_key(file_store: sp.Store,
     assert "effect.unknown" in events
 
 
-def test_past_dedup_retention_blocks_instead_of_redispatching(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
+def test_past_dedup_retention_blocks_instead_of_redispatching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The owner forgot the key (Stripe prunes after 24 h): a re-send would charge twice."""
     with OwnerService(key_retention=0.3, index_lag=30.0) as owner:
         monkeypatch.setenv("SAFEPOINT_OWNER_URL", owner.url)
@@ -62,9 +61,12 @@ def test_past_dedup_retention_blocks_instead_of_redispatching(tmp_path: Path,
         effect = owner_effect("charges", dedup_retention=timedelta(seconds=0.3))
         flow = _charge_flow("retention", effect)
         store = sp.open_store(f"sqlite:///{tmp_path / 'l.db'}")
-        slow = sp.Effect(effect.name, execute=effect.execute,
-                         reconcile=lambda key: (time.sleep(0.4), effect.reconcile(key))[1],
-                         dedup_retention=effect.dedup_retention)
+        slow = sp.Effect(
+            effect.name,
+            execute=effect.execute,
+            reconcile=lambda key: (time.sleep(0.4), effect.reconcile(key))[1],
+            dedup_retention=effect.dedup_retention,
+        )
         with pytest.raises(sp.NeedsReconciliation) as blocked:
             sp.start(store, _charge_flow("retention2", slow), 900, run_id="r")
         assert "dedup retention" in blocked.value.message
@@ -92,8 +94,9 @@ def test_no_read_path_blocks(file_store: sp.Store, owner_env: OwnerService) -> N
     assert (stats["applied"], stats["duplicates"]) == (1, 0)
 
 
-def test_rejection_is_recorded_and_replayed(file_store: sp.Store, owner_env: OwnerService,
-                                            crash_at: object) -> None:
+def test_rejection_is_recorded_and_replayed(
+    file_store: sp.Store, owner_env: OwnerService, crash_at: object
+) -> None:
     rejecting = sp.Effect("declining", execute=_reject_always)
     seen: list[str] = []
 
@@ -131,11 +134,17 @@ def test_not_sent_is_retried_then_applied(file_store: sp.Store, owner_env: Owner
     assert owner_env.client.stats()["applied"] == 1
 
 
-def test_verifier_failure_blocks_and_never_redispatches(file_store: sp.Store,
-                                                        owner_env: OwnerService) -> None:
+def test_verifier_failure_blocks_and_never_redispatches(
+    file_store: sp.Store, owner_env: OwnerService
+) -> None:
     base = owner_effect("tickets")
-    effect = sp.Effect("tickets", execute=base.execute, reconcile=base.reconcile,
-                       verify=lambda receipt: False, dedup_retention=timedelta(hours=1))
+    effect = sp.Effect(
+        "tickets",
+        execute=base.execute,
+        reconcile=base.reconcile,
+        verify=lambda receipt: False,
+        dedup_retention=timedelta(hours=1),
+    )
 
     @sp.workflow("verify-fails")
     def flow(run: sp.Run) -> str:
@@ -158,9 +167,21 @@ class _CountedWrites:
     method that takes a claim is one atomic operation). The lease heartbeat is left out: it
     renews on a timer, not per effect."""
 
-    WRITES = frozenset({"record_step", "record_steps", "record_attempt", "prepare_effect",
-                        "mark_dispatching", "prepare_and_mark_dispatching", "record_outcome",
-                        "await_approval", "reprepare_effect", "finish_run", "release_run"})
+    WRITES = frozenset(
+        {
+            "record_step",
+            "record_steps",
+            "record_attempt",
+            "prepare_effect",
+            "mark_dispatching",
+            "prepare_and_mark_dispatching",
+            "record_outcome",
+            "await_approval",
+            "reprepare_effect",
+            "finish_run",
+            "release_run",
+        }
+    )
 
     def __init__(self, store: sp.Store) -> None:
         self.store = store
@@ -174,6 +195,7 @@ class _CountedWrites:
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.writes.append(name)
             return found(*args, **kwargs)
+
         return counted
 
 
@@ -184,8 +206,8 @@ def _uid() -> str:
 def _tickets_flow(name: str, effect: sp.Effect, count: int) -> sp.Workflow:
     @sp.workflow(name)
     def flow(run: sp.Run) -> list[str]:
-        return [str(run.effect(f"fx.{index}", effect, payload={"i": index})["id"])
-                for index in range(count)]
+        return [str(run.effect(f"fx.{index}", effect, payload={"i": index})["id"]) for index in range(count)]
+
     return flow
 
 
@@ -195,48 +217,58 @@ def _effect_events(store: sp.Store, run_id: str) -> list[tuple[str, str | None]]
 
 @pytest.mark.parametrize("is_async", [False, True], ids=["def", "async-def"])
 def test_an_effect_its_owner_can_reconcile_costs_two_commits(
-        file_store: sp.Store, owner_env: OwnerService, is_async: bool) -> None:
+    file_store: sp.Store, owner_env: OwnerService, is_async: bool
+) -> None:
     """No gate between "prepared" and "dispatching", and a crash between them is recovered by
     asking the owner: they are one commit, the outcome the other. The history reads as it
     would with three."""
     effect = owner_effect("tickets")  # reconcile and dedup_retention, no approval
     counted = _CountedWrites(file_store)
     if is_async:
+
         @sp.workflow("two-commits-async")
         async def flow(run: sp.AsyncRun) -> list[str]:
-            return [str((await run.effect(f"fx.{index}", effect, payload={"i": index}))["id"])
-                    for index in range(3)]
+            return [
+                str((await run.effect(f"fx.{index}", effect, payload={"i": index}))["id"])
+                for index in range(3)
+            ]
     else:
         flow = _tickets_flow("two-commits", effect, 3)
     assert sp.start(counted, flow, run_id="r") == ["tk_1", "tk_2", "tk_3"]  # type: ignore[arg-type]
-    assert counted.writes == ["prepare_and_mark_dispatching", "record_outcome"] * 3 + [
-        "finish_run"]
+    assert counted.writes == ["prepare_and_mark_dispatching", "record_outcome"] * 3 + ["finish_run"]
     assert _effect_events(file_store, "r") == [
-        (kind, f"fx.{index}") for index in range(3)
-        for kind in ("effect.prepared", "effect.dispatching", "effect.accepted")]
+        (kind, f"fx.{index}")
+        for index in range(3)
+        for kind in ("effect.prepared", "effect.dispatching", "effect.accepted")
+    ]
     for op in file_store.load_ledger("r").operations.values():
         assert (op.state, op.dispatch_count) == (EffectState.ACCEPTED, 1)
     assert owner_env.client.stats()["applied"] == 3
 
 
-@pytest.mark.parametrize("effect", [
-    owner_effect("tickets", reconcile=False),
-    owner_effect("tickets", dedup_retention=None),
-    replace(owner_effect("tickets"), max_dispatches=1),
-], ids=["no-reconcile", "no-dedup-retention", "one-dispatch-only"])
+@pytest.mark.parametrize(
+    "effect",
+    [
+        owner_effect("tickets", reconcile=False),
+        owner_effect("tickets", dedup_retention=None),
+        replace(owner_effect("tickets"), max_dispatches=1),
+    ],
+    ids=["no-reconcile", "no-dedup-retention", "one-dispatch-only"],
+)
 def test_an_effect_recovery_could_not_reconcile_alone_commits_prepared_apart(
-        file_store: sp.Store, owner_env: OwnerService, effect: sp.Effect) -> None:
+    file_store: sp.Store, owner_env: OwnerService, effect: sp.Effect
+) -> None:
     """A crash between one commit and the call would leave "dispatching", which this effect
     cannot settle without a person; "prepared" alone lets recovery dispatch."""
     counted = _CountedWrites(file_store)
     sp.start(counted, _tickets_flow(f"three-commits-{_uid()}", effect, 2), run_id="r")  # type: ignore[arg-type]
-    assert counted.writes == ["prepare_effect", "mark_dispatching", "record_outcome"] * 2 + [
-        "finish_run"]
+    assert counted.writes == ["prepare_effect", "mark_dispatching", "record_outcome"] * 2 + ["finish_run"]
     assert owner_env.client.stats()["applied"] == 2
 
 
 def test_an_effect_that_needs_approval_commits_prepared_before_its_gate(
-        file_store: sp.Store, owner_env: OwnerService) -> None:
+    file_store: sp.Store, owner_env: OwnerService
+) -> None:
     effect = owner_effect("refunds")  # reconcilable, but a gate stands in between
 
     @sp.workflow("approved-apart")
@@ -249,6 +281,5 @@ def test_an_effect_that_needs_approval_commits_prepared_before_its_gate(
     assert counted.writes == ["prepare_effect", "await_approval"]
     sp.approve(file_store, "r", "refund", by="ana")
     assert sp.resume(counted, "r") == "re_1"  # type: ignore[arg-type]
-    assert counted.writes[2:] == ["await_approval", "mark_dispatching", "record_outcome",
-                                  "finish_run"]
+    assert counted.writes[2:] == ["await_approval", "mark_dispatching", "record_outcome", "finish_run"]
     assert owner_env.client.stats()["applied"] == 1

@@ -30,8 +30,9 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _stop_before_completion(store: sp.Store, wf: sp.Workflow, crash_at: Any, *args: Any,
-                            run_id: str = "r") -> None:
+def _stop_before_completion(
+    store: sp.Store, wf: sp.Workflow, crash_at: Any, *args: Any, run_id: str = "r"
+) -> None:
     crash_at("run.before_complete")
     with pytest.raises(SimulatedCrash):
         sp.start(store, wf, *args, run_id=run_id, lease_ms=0)
@@ -41,10 +42,12 @@ def _stop_before_completion(store: sp.Store, wf: sp.Workflow, crash_at: Any, *ar
 # -- fan-out: a branch that releases the run while another branch has an effect in flight ----------
 
 
-def _slow_while_running(store: sp.Store, run_id: str, started: threading.Event,
-                        execute: Callable[[Any, sp.EffectKey], Any]) -> Callable[..., Any]:
+def _slow_while_running(
+    store: sp.Store, run_id: str, started: threading.Event, execute: Callable[[Any, sp.EffectKey], Any]
+) -> Callable[..., Any]:
     """``execute``, called once the run was released by another branch (or half a second
     passed): a dispatch still in flight when its sibling makes the run wait or block."""
+
     def slow(payload: Any, key: sp.EffectKey) -> Any:
         started.set()
         until = time.monotonic() + 0.5
@@ -66,21 +69,26 @@ def _after(started: threading.Event, answer: Any) -> Callable[..., Any]:
 
 
 def test_a_branch_waiting_for_approval_lets_an_effect_in_flight_in_another_record_its_receipt(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     """The gate of branch a would release the run while branch b's charge is on the wire: b's
     receipt could then not be recorded, and a charge that happened would wait for a person."""
     started = threading.Event()
     charges = owner_effect("charges", reconcile=False)
     charge = replace(charges, execute=_slow_while_running(store, "r", started, charges.execute))
-    refund = sp.Effect("refund", execute=lambda payload, key: {"id": "rf_1"},
-                       target_state=_after(started, {"balance": 40}))
+    refund = sp.Effect(
+        "refund", execute=lambda payload, key: {"id": "rf_1"}, target_state=_after(started, {"balance": 40})
+    )
 
     @sp.workflow(_name("fan-approval"))
     def flow(run: sp.Run) -> Any:
-        return run.parallel("fan", {
-            "a": lambda branch: branch.effect("refund", refund, payload={"amount": 1},
-                                              approval=True),
-            "b": lambda branch: branch.effect("charge", charge, payload={"amount": 2})})
+        return run.parallel(
+            "fan",
+            {
+                "a": lambda branch: branch.effect("refund", refund, payload={"amount": 1}, approval=True),
+                "b": lambda branch: branch.effect("charge", charge, payload={"amount": 2}),
+            },
+        )
 
     with pytest.raises(sp.AwaitingApproval):
         sp.start(store, flow, run_id="r")
@@ -95,7 +103,8 @@ def test_a_branch_waiting_for_approval_lets_an_effect_in_flight_in_another_recor
 
 
 def test_a_branch_that_blocks_lets_an_effect_in_flight_in_another_record_its_receipt(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     started = threading.Event()
     charges = owner_effect("charges", reconcile=False)
     charge = replace(charges, execute=_slow_while_running(store, "r", started, charges.execute))
@@ -103,9 +112,13 @@ def test_a_branch_that_blocks_lets_an_effect_in_flight_in_another_record_its_rec
 
     @sp.workflow(_name("fan-block"))
     def flow(run: sp.Run) -> Any:
-        return run.parallel("fan", {
-            "a": lambda branch: branch.effect("mail", lost, payload={"to": "x"}),
-            "b": lambda branch: branch.effect("charge", charge, payload={"amount": 2})})
+        return run.parallel(
+            "fan",
+            {
+                "a": lambda branch: branch.effect("mail", lost, payload={"to": "x"}),
+                "b": lambda branch: branch.effect("charge", charge, payload={"amount": 2}),
+            },
+        )
 
     with pytest.raises(sp.NeedsReconciliation) as blocked:
         sp.start(store, flow, run_id="r")
@@ -117,7 +130,8 @@ def test_a_branch_that_blocks_lets_an_effect_in_flight_in_another_record_its_rec
 
 
 def test_an_async_branch_waiting_for_approval_lets_an_effect_in_flight_record_its_receipt(
-        memory_store: sp.Store) -> None:
+    memory_store: sp.Store,
+) -> None:
     """The same in one event loop: the gate yields to the loop while the sibling's call ends."""
     started = asyncio.Event()
     sent: list[Any] = []
@@ -136,8 +150,7 @@ def test_an_async_branch_waiting_for_approval_lets_an_effect_in_flight_record_it
         return {"balance": 40}
 
     charges = sp.Effect("charge", execute=charge)
-    refund = sp.Effect("refund", execute=lambda payload, key: {"id": "rf_1"},
-                       target_state=balance)
+    refund = sp.Effect("refund", execute=lambda payload, key: {"id": "rf_1"}, target_state=balance)
 
     @sp.workflow(_name("gather-approval"))
     async def flow(run: sp.AsyncRun) -> Any:
@@ -160,7 +173,8 @@ def test_an_async_branch_waiting_for_approval_lets_an_effect_in_flight_record_it
 
 
 def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_next_write(
-        memory_store: sp.Store) -> None:
+    memory_store: sp.Store,
+) -> None:
     """Branch a is in a step when branch b makes the run wait: a's record is refused (the run
     is no longer running). The caller learns that the run waits for approval, not that another
     worker took it over."""
@@ -170,8 +184,7 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
     def slow_read() -> int:
         gated.wait(0.5)
         until = time.monotonic() + 2
-        while time.monotonic() < until and \
-                memory_store.get_run("r").status is RunStatus.RUNNING:
+        while time.monotonic() < until and memory_store.get_run("r").status is RunStatus.RUNNING:
             time.sleep(0.01)
         return 1
 
@@ -181,8 +194,9 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
 
     @sp.workflow(_name("fan-report"))
     def flow(run: sp.Run) -> Any:
-        return run.parallel("fan", {"a": lambda branch: branch.read("slow", slow_read),
-                                    "b": wait_for_approval})
+        return run.parallel(
+            "fan", {"a": lambda branch: branch.read("slow", slow_read), "b": wait_for_approval}
+        )
 
     with pytest.raises(sp.AwaitingApproval):
         sp.start(memory_store, flow, run_id="r")
@@ -190,19 +204,26 @@ def test_a_branch_that_waits_is_reported_even_when_a_branch_before_it_lost_its_n
 
 
 def test_what_parallel_model_steps_spent_is_counted_whole_when_the_run_continues(
-        memory_store: sp.Store) -> None:
+    memory_store: sp.Store,
+) -> None:
     """Branches on threads add their tokens to the run object at once: none may be lost, or the
     successor starts with more budget than the chain has left."""
+
     def model(**_: Any) -> dict[str, Any]:
         return {"usage": {"total_tokens": 1}}
 
     @sp.workflow(_name("fan-budget"), budget=sp.Budget(tokens=100_000))
     def flow(run: sp.Run, round_: int) -> int:
         if round_ == 0:
-            run.parallel("fan", [
-                lambda branch, i=i: [branch.model(f"m{j}", model, model="m", messages=[i, j])
-                                     for j in range(60)]
-                for i in range(8)])
+            run.parallel(
+                "fan",
+                [
+                    lambda branch, i=i: [
+                        branch.model(f"m{j}", model, model="m", messages=[i, j]) for j in range(60)
+                    ]
+                    for i in range(8)
+                ],
+            )
             run.continue_as_new(1)
         return round_
 
@@ -211,8 +232,7 @@ def test_what_parallel_model_steps_spent_is_counted_whole_when_the_run_continues
     try:
         for attempt in range(4):
             sp.start(memory_store, flow, 0, run_id=f"r{attempt}")
-            first, successor = memory_store.get_run(f"r{attempt}"), \
-                memory_store.get_run(f"r{attempt}~1")
+            first, successor = memory_store.get_run(f"r{attempt}"), memory_store.get_run(f"r{attempt}~1")
             assert first.tokens_spent == 480
             assert successor.token_budget == 100_000 - 480
     finally:
@@ -222,8 +242,7 @@ def test_what_parallel_model_steps_spent_is_counted_whole_when_the_run_continues
 # -- re-planning meets attempts, cancels, deadlines and chains ----------------------------------------
 
 
-def test_a_re_planned_step_gets_all_its_attempts_again(memory_store: sp.Store,
-                                                       crash_at: Any) -> None:
+def test_a_re_planned_step_gets_all_its_attempts_again(memory_store: sp.Store, crash_at: Any) -> None:
     """The old question's failed attempts are its history: the new question is asked with the
     attempts its policy gives it."""
     calls: list[str] = []
@@ -237,6 +256,7 @@ def test_a_re_planned_step_gets_all_its_attempts_again(memory_store: sp.Store,
     def plan(question: str) -> Callable[[sp.Run], Any]:
         def body(run: sp.Run) -> Any:
             return run.read("fetch", flaky, question, retry=sp.Retry(attempts=2, backoff=0))
+
         return body
 
     name = _name("replan-attempts")
@@ -247,12 +267,15 @@ def test_a_re_planned_step_gets_all_its_attempts_again(memory_store: sp.Store,
     assert calls == ["a", "a", "b", "b"]
     attempts = memory_store.load_ledger("r").attempts["fetch"]
     assert [(a.attempt, a.input_hash == attempts[0].input_hash) for a in attempts] == [
-        (1, True), (2, False)]  # numbered on after the old question's failures
+        (1, True),
+        (2, False),
+    ]  # numbered on after the old question's failures
     assert memory_store.load_ledger("r").steps["fetch"].attempt == 3
 
 
 def test_a_re_plan_in_one_branch_keeps_what_its_sibling_branches_recorded(
-        memory_store: sp.Store, crash_at: Any) -> None:
+    memory_store: sp.Store, crash_at: Any
+) -> None:
     """Branches are independent: a stale step of branch a abandons a's tail and what follows
     the fan-out, never a sibling's steps recorded in between — b's unchanged question is not
     asked (its model not called) again."""
@@ -264,13 +287,17 @@ def test_a_re_plan_in_one_branch_keeps_what_its_sibling_branches_recorded(
 
     def plan(question: str) -> Callable[[sp.Run], Any]:
         def body(run: sp.Run) -> Any:
-            answers = run.parallel("fan", {
-                "a": lambda branch: branch.model("m", model, model="x", messages=[question]),
-                "b": lambda branch: branch.model("m", model, model="x", messages=["same"])},
-                max_threads=1)
-            summary = run.pure("join", lambda a, b: f"{a['text']}+{b['text']}", answers["a"],
-                               answers["b"])
+            answers = run.parallel(
+                "fan",
+                {
+                    "a": lambda branch: branch.model("m", model, model="x", messages=[question]),
+                    "b": lambda branch: branch.model("m", model, model="x", messages=["same"]),
+                },
+                max_threads=1,
+            )
+            summary = run.pure("join", lambda a, b: f"{a['text']}+{b['text']}", answers["a"], answers["b"])
             return {**answers, "summary": summary}
+
         return body
 
     name = _name("fan-replan")
@@ -285,7 +312,8 @@ def test_a_re_plan_in_one_branch_keeps_what_its_sibling_branches_recorded(
 
 
 def test_a_cancelled_run_whose_code_changed_ends_cancelled_under_replan(
-        store: sp.Store, crash_at: Any) -> None:
+    store: sp.Store, crash_at: Any
+) -> None:
     """Re-planning is new work, refused once a cancel is asked for: the run must end cancelled,
     not stay running with the refusal raised at every resume."""
     name = _name("replan-cancel")
@@ -310,7 +338,8 @@ def test_a_cancelled_run_whose_code_changed_ends_cancelled_under_replan(
 
 
 def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
-        store: sp.Store, crash_at: Any) -> None:
+    store: sp.Store, crash_at: Any
+) -> None:
     name = _name("replan-deadline")
     deadline = datetime.now(UTC) + timedelta(milliseconds=300)
 
@@ -339,6 +368,7 @@ def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
 def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Store) -> None:
     """The store refuses the continue (a successor would outlive the chain's deadline): the run
     ends failed, released — not left running, held by a worker that went away."""
+
     @sp.workflow(_name("late-continue"), deadline=timedelta(milliseconds=300))
     def flow(run: sp.Run, round_: int) -> int:
         run.pure("p", lambda: 1)
@@ -356,7 +386,8 @@ def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Sto
 
 
 def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_payload(
-        memory_store: sp.Store) -> None:
+    memory_store: sp.Store,
+) -> None:
     """Under ``replan`` a settled operation whose payload the new plan computes differently
     returns its receipt (it is never sent again) — in a successor as within one run."""
     sent: list[Any] = []
@@ -364,8 +395,7 @@ def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_pay
 
     @sp.workflow(_name("chain-replan"), compatibility="replan")
     def flow(run: sp.Run, amount: int) -> Any:
-        receipt = run.effect("charge", effect, payload={"amount": amount},
-                             operation_id="charge:1")
+        receipt = run.effect("charge", effect, payload={"amount": amount}, operation_id="charge:1")
         if amount == 5:
             run.continue_as_new(7)  # the same operation id, now with another payload
         return receipt
@@ -378,20 +408,27 @@ def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_pay
 # -- migrations: a ledger of the first schema, with a run in every status, upgraded in place -------
 
 
-_STATUSES = ("pending", "running", "completed", "failed", "blocked", "cancelled", "waiting",
-             "continued")
-_INSERT_RUN = ("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
-               " inputs, state_revision, fence, event_count, created_at, updated_at, chain_id,"
-               " step_count) VALUES ({p}, 'wf', '1', {p}, 'h', '{{\"args\":[],\"kwargs\":{{}}}}',"
-               " 3, 1, 2, 1, 2, {p}, 1)")
-_INSERT_STEP = ("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result,"
-                " fence, recorded_at) VALUES ({p}, 's1', 1, 'pure', 'f', 'h', '1', 1, 1)")
-_INSERT_OP = ("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state,"
-              " payload_ref, effect_key, fence, prepared_at, updated_at, receipt, chain_id)"
-              " VALUES ({p}, 'op', 's2', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1, '{{}}', {p})")
-_INSERT_EVENT = ("INSERT INTO safepoint_events (run_id, at, kind) VALUES ({p}, 1, 'run.started')")
-_ADD_RUN = ("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
-            " created_at, updated_at, chain_id) VALUES ({p}, 'wf', '1', {p}, 'h', 1, 2, 'x')")
+_STATUSES = ("pending", "running", "completed", "failed", "blocked", "cancelled", "waiting", "continued")
+_INSERT_RUN = (
+    "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
+    " inputs, state_revision, fence, event_count, created_at, updated_at, chain_id,"
+    " step_count) VALUES ({p}, 'wf', '1', {p}, 'h', '{{\"args\":[],\"kwargs\":{{}}}}',"
+    " 3, 1, 2, 1, 2, {p}, 1)"
+)
+_INSERT_STEP = (
+    "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result,"
+    " fence, recorded_at) VALUES ({p}, 's1', 1, 'pure', 'f', 'h', '1', 1, 1)"
+)
+_INSERT_OP = (
+    "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state,"
+    " payload_ref, effect_key, fence, prepared_at, updated_at, receipt, chain_id)"
+    " VALUES ({p}, 'op', 's2', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1, '{{}}', {p})"
+)
+_INSERT_EVENT = "INSERT INTO safepoint_events (run_id, at, kind) VALUES ({p}, 1, 'run.started')"
+_ADD_RUN = (
+    "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
+    " created_at, updated_at, chain_id) VALUES ({p}, 'wf', '1', {p}, 'h', 1, 2, 'x')"
+)
 
 
 def _check_migrated(store: sp.Store, dialect: str) -> None:
@@ -400,8 +437,7 @@ def _check_migrated(store: sp.Store, dialect: str) -> None:
     assert sorted(runs) == sorted(_STATUSES)
     for status in _STATUSES:
         run = runs[status]
-        assert (run.status.value, run.state_revision, run.fence, run.event_count) == (
-            status, 3, 1, 2)
+        assert (run.status.value, run.state_revision, run.fence, run.event_count) == (status, 3, 1, 2)
         assert (run.chain_id, run.chain_index, run.step_count) == (status, 0, 1)
         ledger = store.load_ledger(status)
         assert list(ledger.steps) == ["s1"]
@@ -412,20 +448,22 @@ def _check_migrated(store: sp.Store, dialect: str) -> None:
         assert found.run_id == status
 
 
-def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(
-        tmp_path: Path) -> None:
+def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(tmp_path: Path) -> None:
     from safepoint.storage.sqlite.connection import _split_statements
 
     path = tmp_path / "old.db"
     old = sqlite3.connect(path, isolation_level=None)  # stays open across the migration
     old.execute("PRAGMA journal_mode=WAL")
-    old.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+    old.execute(
+        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
     version, name, text = load_migrations("sqlite")[0]
     for statement in _split_statements(text):
         old.execute(statement)
-    old.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-                (version, name, sha256_hex(text.encode())))
+    old.execute(
+        "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)", (version, name, sha256_hex(text.encode()))
+    )
     for status in _STATUSES:
         for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
             old.execute(insert.format(p="?"), (status,) * insert.count("{p}"))
@@ -452,8 +490,7 @@ def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_las
         check.close()
 
 
-def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(
-        pg_url: str) -> None:
+def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(pg_url: str) -> None:
     import psycopg
     from psycopg import sql
 
@@ -461,22 +498,30 @@ def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_l
     with psycopg.connect(pg_url, autocommit=True) as old:  # stays open across the migration
         old.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         old.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        old.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                    " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)")
+        old.execute(
+            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+        )
         version, name, text = load_migrations("postgres")[0]
         old.execute(text)  # type: ignore[arg-type]
-        old.execute("INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
-                    (version, name, sha256_hex(text.encode())))
+        old.execute(
+            "INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
+            (version, name, sha256_hex(text.encode())),
+        )
         for status in _STATUSES:
             for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
-                old.execute(insert.format(p="%s"),  # type: ignore[arg-type]
-                            (status,) * insert.count("{p}"))
+                old.execute(
+                    insert.format(p="%s"),  # type: ignore[arg-type]
+                    (status,) * insert.count("{p}"),
+                )
         store = sp.open_store(f"{pg_url}?schema={schema}")
         try:
             _check_migrated(store, "postgres")
             for status in ("waiting", "continued"):
-                old.execute(_ADD_RUN.format(p="%s"),  # type: ignore[arg-type]
-                            (f"new-{status}", status))
+                old.execute(
+                    _ADD_RUN.format(p="%s"),  # type: ignore[arg-type]
+                    (f"new-{status}", status),
+                )
             with pytest.raises(psycopg.errors.CheckViolation):
                 old.execute(_ADD_RUN.format(p="%s"), ("bad", "finished"))  # type: ignore[arg-type]
             assert store.get_run("new-continued").status is RunStatus.CONTINUED

@@ -105,8 +105,10 @@ def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) 
     assert any("continue_as_new" in action for action in record["next_actions"])
     jsonschema.validate(store.get_run("r").recovery_record, record_schema())
     run = store.get_run("r")
-    assert (run.status, run.recovery_record) == (RunStatus.BLOCKED, {
-        **record, "state_revision": run.state_revision})
+    assert (run.status, run.recovery_record) == (
+        RunStatus.BLOCKED,
+        {**record, "state_revision": run.state_revision},
+    )
     assert sorted(store.load_ledger("r").steps) == [f"s{i}" for i in range(5)]  # s5 refused
     # A resume replays to the limit and blocks again: nothing new ever slips in.
     with pytest.raises(HistoryLimitReached):
@@ -116,13 +118,14 @@ def test_a_run_at_its_hard_limit_blocks_to_be_continued_as_new(store: sp.Store) 
 
 
 def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     charges = owner_effect("charges")
 
     @sp.workflow(_name("in-flight"), history_limit=(None, 3))
     def flow(run: sp.Run) -> Any:
-        run.read("a", _add, 1, 2)                                             # history 2
-        receipt = run.effect("charge", charges, payload={"amount": 5})        # prepared: 3
+        run.read("a", _add, 1, 2)  # history 2
+        receipt = run.effect("charge", charges, payload={"amount": 5})  # prepared: 3
         run.read("b", _add, 3, 4)  # refused: the limit was reached by the prepare
         return receipt
 
@@ -139,7 +142,8 @@ def test_an_effect_in_flight_at_the_hard_limit_is_still_settled(
 
 
 def test_an_effect_refused_at_the_hard_limit_blocks_with_nothing_prepared_or_sent(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     """The effect's owner can reconcile it: prepared and dispatching are one commit, refused
     whole at the limit — and the run blocks (a dispatch it had entered would make the block
     wait for it forever)."""
@@ -147,14 +151,13 @@ def test_an_effect_refused_at_the_hard_limit_blocks_with_nothing_prepared_or_sen
 
     @sp.workflow(_name("refused-effect"), history_limit=(None, 2))
     def flow(run: sp.Run) -> Any:
-        run.read("a", _add, 1, 2)                                             # history 2
+        run.read("a", _add, 1, 2)  # history 2
         return run.effect("charge", charges, payload={"amount": 5})
 
     with pytest.raises(HistoryLimitReached) as blocked:
         sp.start(store, flow, run_id="r")
     assert blocked.value.record is not None
-    assert (blocked.value.record["phase"], blocked.value.record["step_id"]) == (
-        "history_limit", "charge")
+    assert (blocked.value.record["phase"], blocked.value.record["step_id"]) == ("history_limit", "charge")
     assert store.get_run("r").status is RunStatus.BLOCKED
     assert store.load_ledger("r").operations == {}
     assert owner_env.client.stats()["applied"] == 0
@@ -170,7 +173,8 @@ def test_history_limits_are_checked_where_they_are_declared() -> None:
     wf = sp.workflow(_name("limits"), history_limit=(5, None))(lambda run: 1)
     assert wf.history_limit == sp.HistoryLimit(soft=5, hard=None)
     assert sp.workflow(_name("default"))(lambda run: 1).history_limit == sp.HistoryLimit(
-        soft=10_000, hard=50_000)
+        soft=10_000, hard=50_000
+    )
 
 
 # -- continue as new --------------------------------------------------------------------------------
@@ -189,20 +193,17 @@ def _loop(name: str, **options: Any) -> sp.Workflow:
     return loop
 
 
-def test_continue_as_new_carries_its_state_and_start_returns_the_chain_result(
-        store: sp.Store) -> None:
+def test_continue_as_new_carries_its_state_and_start_returns_the_chain_result(store: sp.Store) -> None:
     loop = _loop(_name("loop"))
     assert sp.start(store, loop, 0, 0, 10, 4, run_id="r") == {"total": 45, "runs": 3}
     runs = _chain(store, "r")
     assert [r.run_id for r in runs] == ["r", "r~1", "r~2"]
-    assert [r.status for r in runs] == [RunStatus.CONTINUED, RunStatus.CONTINUED,
-                                        RunStatus.COMPLETED]
+    assert [r.status for r in runs] == [RunStatus.CONTINUED, RunStatus.CONTINUED, RunStatus.COMPLETED]
     assert [r.parent_run_id for r in runs] == [None, "r", "r~1"]
     assert [(r.chain_id, r.chain_index) for r in runs] == [("r", 0), ("r", 1), ("r", 2)]
     assert runs[1].inputs == {"args": [4, 6, 10], "kwargs": {"every": 4}}
     assert [r.resume_count for r in runs] == [0, 0, 0]
-    assert (runs[1].workflow, runs[1].workflow_version) == (runs[0].workflow,
-                                                            runs[0].workflow_version)
+    assert (runs[1].workflow, runs[1].workflow_version) == (runs[0].workflow, runs[0].workflow_version)
     assert [e.kind for e in store.events("r")] == ["run.started", "run.continued"]
     # every way back to the chain gives its result, from the ledger
     assert sp.resume(store, "r") == sp.resume(store, "r~1") == {"total": 45, "runs": 3}
@@ -210,8 +211,7 @@ def test_continue_as_new_carries_its_state_and_start_returns_the_chain_result(
     assert [r.status for r in _chain(store, "r")] == [r.status for r in runs]
 
 
-def test_a_successor_holds_none_of_its_parents_history(store_url: str,
-                                                       store: sp.Store) -> None:
+def test_a_successor_holds_none_of_its_parents_history(store_url: str, store: sp.Store) -> None:
     loop = _loop(_name("no-copy"))
     sp.start(store, loop, 0, 0, 9, 3, run_id="r")
     runs = _chain(store, "r")
@@ -235,8 +235,9 @@ def _rows(store_url: str, table: str, run_id: str | None) -> int:
     if store_url.startswith("sqlite:///"):
         conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
         try:
-            count = conn.execute(f"SELECT count(*) FROM {table}{where.replace('%s', '?')}",
-                                 () if run_id is None else (run_id,)).fetchone()[0]
+            count = conn.execute(
+                f"SELECT count(*) FROM {table}{where.replace('%s', '?')}", () if run_id is None else (run_id,)
+            ).fetchone()[0]
         finally:
             conn.close()
         return int(count)
@@ -246,14 +247,16 @@ def _rows(store_url: str, table: str, run_id: str | None) -> int:
     base, _, schema = store_url.partition("?schema=")
     with psycopg.connect(base) as conn:
         query = sql.SQL("SELECT count(*) FROM {}.{}").format(
-            sql.Identifier(schema), sql.Identifier(table)) + sql.SQL(where)
+            sql.Identifier(schema), sql.Identifier(table)
+        ) + sql.SQL(where)
         row = conn.execute(query, () if run_id is None else (run_id,)).fetchone()
     assert row is not None
     return int(row[0])
 
 
 def test_an_effect_accepted_before_continuing_is_not_sent_again(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     owned = owner_effect("charges")
     keys: list[str] = []
 
@@ -261,14 +264,16 @@ def test_an_effect_accepted_before_continuing_is_not_sent_again(
         keys.append(str(key))
         return owned.execute(payload, key)
 
-    charges = sp.Effect("charges", execute=execute, reconcile=owned.reconcile,
-                        dedup_retention=owned.dedup_retention)
+    charges = sp.Effect(
+        "charges", execute=execute, reconcile=owned.reconcile, dedup_retention=owned.dedup_retention
+    )
 
     @sp.workflow(_name("inherit"))
     def flow(run: sp.Run, generation: int) -> Any:
         # every run of the chain asks for the same charge: only the first sends it
-        receipt = run.effect("charge", charges, payload={"case": "c-1", "amount": 5},
-                             operation_id="charge:c-1")
+        receipt = run.effect(
+            "charge", charges, payload={"case": "c-1", "amount": 5}, operation_id="charge:c-1"
+        )
         if generation < 2:
             run.continue_as_new(generation + 1)
         return {"receipt": receipt["id"], "generation": generation}
@@ -305,19 +310,19 @@ def test_a_rejection_before_continuing_is_raised_again_after(memory_store: sp.St
         return "charged"
 
     assert sp.start(memory_store, flow, 0, run_id="r") == {
-        "rejected": {"status": 402, "reason": "card declined"}, "generation": 1}
+        "rejected": {"status": 402, "reason": "card declined"},
+        "generation": 1,
+    }
     assert len(sent) == 1
 
 
-def test_a_changed_payload_under_an_inherited_operation_id_blocks(
-        memory_store: sp.Store) -> None:
+def test_a_changed_payload_under_an_inherited_operation_id_blocks(memory_store: sp.Store) -> None:
     sent: list[Any] = []
     effect = sp.Effect("charge", execute=lambda payload, key: sent.append(payload) or {"id": 1})
 
     @sp.workflow(_name("changed"))
     def flow(run: sp.Run, amount: int) -> Any:
-        receipt = run.effect("charge", effect, payload={"amount": amount},
-                             operation_id="charge:1")
+        receipt = run.effect("charge", effect, payload={"amount": amount}, operation_id="charge:1")
         if amount == 5:
             run.continue_as_new(7)  # the same operation id, now with another payload
         return receipt
@@ -328,10 +333,12 @@ def test_a_changed_payload_under_an_inherited_operation_id_blocks(
     record = blocked.value.record
     assert record is not None
     assert (record["task_id"], record["phase"], record["operation_id"]) == (
-        "r~1", "stale_checkpoint", "charge:1")
+        "r~1",
+        "stale_checkpoint",
+        "charge:1",
+    )
     assert record["evidence"]["settled_by"] == "r"
-    assert record["effect_key"] == mint_effect_key(memory_store.identity.ledger_id, "r",
-                                                   "charge:1")
+    assert record["effect_key"] == mint_effect_key(memory_store.identity.ledger_id, "r", "charge:1")
     assert memory_store.get_run("r~1").status is RunStatus.BLOCKED
 
 
@@ -361,8 +368,7 @@ def test_an_operation_id_keeps_its_key_across_the_chain(memory_store: sp.Store) 
     assert (op.state, op.effect_key) == (EffectState.ACCEPTED, keys[0])
 
 
-def test_a_step_id_used_as_operation_id_names_an_operation_of_its_run_only(
-        memory_store: sp.Store) -> None:
+def test_a_step_id_used_as_operation_id_names_an_operation_of_its_run_only(memory_store: sp.Store) -> None:
     keys: list[str] = []
 
     def execute(payload: Any, key: sp.EffectKey) -> Any:
@@ -380,8 +386,9 @@ def test_a_step_id_used_as_operation_id_names_an_operation_of_its_run_only(
 
     assert sp.start(memory_store, flow, 0, run_id="r") == [2]
     # each run's "line" is an operation of its own, with a key of its own
-    assert keys == [mint_effect_key(memory_store.identity.ledger_id, run_id, "line")
-                    for run_id in ("r", "r~1", "r~2")]
+    assert keys == [
+        mint_effect_key(memory_store.identity.ledger_id, run_id, "line") for run_id in ("r", "r~1", "r~2")
+    ]
 
 
 def test_a_run_with_an_uncertain_effect_cannot_continue_as_new(memory_store: sp.Store) -> None:
@@ -442,9 +449,18 @@ def test_cancelling_a_continued_run_stops_its_chain(store: sp.Store) -> None:
     sp.submit(store, loop, 0, 0, 4, 2, run_id="r")
     claim = store.claim_next("w", 60_000, [loop.name])
     assert claim is not None
-    store.continue_as_new(claim, NewRun(  # by hand: a successor left for any worker
-        run_id="r~1", workflow=loop.name, workflow_version=loop.version, input_hash="h",
-        inputs={"args": [2, 1, 4, 2], "kwargs": {}}, owner=None, lease_ms=0))
+    store.continue_as_new(
+        claim,
+        NewRun(  # by hand: a successor left for any worker
+            run_id="r~1",
+            workflow=loop.name,
+            workflow_version=loop.version,
+            input_hash="h",
+            inputs={"args": [2, 1, 4, 2], "kwargs": {}},
+            owner=None,
+            lease_ms=0,
+        ),
+    )
     assert store.get_run("r~1").status is RunStatus.PENDING
     stopped = sp.cancel(store, "r", by="ops")
     assert (stopped.run_id, stopped.status) == ("r~1", RunStatus.CANCELLED)
@@ -489,12 +505,16 @@ def test_an_async_workflow_awaits_continue_as_new(store: sp.Store) -> None:
 
     assert asyncio.run(sp.start_async(store, loop, 0, 0, run_id="r")) == 15
     assert [r.status for r in _chain(store, "r")] == [
-        RunStatus.CONTINUED, RunStatus.CONTINUED, RunStatus.COMPLETED]
+        RunStatus.CONTINUED,
+        RunStatus.CONTINUED,
+        RunStatus.COMPLETED,
+    ]
     assert asyncio.run(sp.resume_async(store, "r")) == 15
 
 
 def test_a_run_stopped_at_its_limit_continues_once_its_code_does(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     """The recovery record's advice, followed: the same workflow version, now continuing as new
     every few lines, resumes the blocked run; it continues from an earlier point, and the
     effects already made are found by operation id, never made again."""
@@ -505,8 +525,7 @@ def test_a_run_stopped_at_its_limit_continues_once_its_code_does(
         @sp.workflow(name, history_limit=(None, 16))
         def lines(run: sp.Run, start: int, count: int, ids: list[str]) -> list[str]:
             for index in range(start, count):
-                receipt = run.effect("line", charges, payload={"line": index},
-                                     operation_id=f"line:{index}")
+                receipt = run.effect("line", charges, payload={"line": index}, operation_id=f"line:{index}")
                 ids = [*ids, receipt["id"]]
                 if every and (index + 1) % every == 0 and index + 1 < count:
                     run.continue_as_new(index + 1, count, ids)
@@ -554,8 +573,7 @@ def test_a_long_loop_continuing_every_n_steps_stays_under_its_limit(store: sp.St
     loop = _loop(_name("long"), history_limit=(30, 40))
     with warnings.catch_warnings():
         warnings.simplefilter("error", HistoryWarning)  # not even the soft limit
-        assert sp.start(store, loop, 0, 0, 300, 25, run_id="r") == {"total": 44850,
-                                                                      "runs": 12}
+        assert sp.start(store, loop, 0, 0, 300, 25, run_id="r") == {"total": 44850, "runs": 12}
     runs = _chain(store, "r")
     assert len(runs) == 12
     assert max(r.history_size for r in runs) < 30
@@ -564,8 +582,7 @@ def test_a_long_loop_continuing_every_n_steps_stays_under_its_limit(store: sp.St
         sp.start(store, loop, 0, 0, 300, 1000, run_id="r-once")
 
 
-def test_a_worker_takes_up_a_successor_whose_worker_died(file_store: sp.Store,
-                                                          crash_at: Any) -> None:
+def test_a_worker_takes_up_a_successor_whose_worker_died(file_store: sp.Store, crash_at: Any) -> None:
     loop = _loop(_name("worker-chain"))
     crash_at("run.after_continue")
     with pytest.raises(SimulatedCrash):
@@ -573,10 +590,11 @@ def test_a_worker_takes_up_a_successor_whose_worker_died(file_store: sp.Store,
     crash_at(None)
     runs = _chain(file_store, "r")
     assert [(r.status, r.owner is not None) for r in runs] == [
-        (RunStatus.CONTINUED, False), (RunStatus.RUNNING, True)]  # claimed, then died
+        (RunStatus.CONTINUED, False),
+        (RunStatus.RUNNING, True),
+    ]  # claimed, then died
     time.sleep(0.1)  # its lease runs out
-    stats = sp.Worker(file_store, workflows=[loop.name]).run(until_idle=True,
-                                                             handle_signals=False)
+    stats = sp.Worker(file_store, workflows=[loop.name]).run(until_idle=True, handle_signals=False)
     assert (stats.claimed, stats.completed) == (1, 1)
     assert sp.resume(file_store, "r") == {"total": 15, "runs": 3}
     assert [r.run_id for r in _chain(file_store, "r")] == ["r", "r~1", "r~2"]
@@ -588,23 +606,55 @@ CHAIN_ARGS = [0, 6, 2, []]  # six lines, continuing as new every two: three runs
 
 
 @pytest.mark.kill
-@pytest.mark.parametrize("crash_at", ["run.before_continue", "run.after_continue",
-                                      "run.after_continue@2", "effect.after_receiver_commit@3",
-                                      "effect.after_dispatching@4"])
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        "run.before_continue",
+        "run.after_continue",
+        "run.after_continue@2",
+        "effect.after_receiver_commit@3",
+        "effect.after_dispatching@4",
+    ],
+)
 def test_a_kill_around_continue_as_new_leaves_one_successor(
-        store_url: str, owner_env: OwnerService, crash_at: str) -> None:
-    reference_url = f"sqlite:///{Path(store_url.removeprefix('sqlite:///')).parent}/ref.db" \
-        if store_url.startswith("sqlite") else store_url
-    reference = run_child("flows:chain", store_url=reference_url, run_id="reference",
-                          args=CHAIN_ARGS, owner_url=owner_env.url, pythonpath=[TESTS])
-    assert reference.outcome == {"status": "completed",
-                                 "result": ["ch_1", "ch_2", "ch_3", "ch_4", "ch_5", "ch_6"]}
+    store_url: str, owner_env: OwnerService, crash_at: str
+) -> None:
+    reference_url = (
+        f"sqlite:///{Path(store_url.removeprefix('sqlite:///')).parent}/ref.db"
+        if store_url.startswith("sqlite")
+        else store_url
+    )
+    reference = run_child(
+        "flows:chain",
+        store_url=reference_url,
+        run_id="reference",
+        args=CHAIN_ARGS,
+        owner_url=owner_env.url,
+        pythonpath=[TESTS],
+    )
+    assert reference.outcome == {
+        "status": "completed",
+        "result": ["ch_1", "ch_2", "ch_3", "ch_4", "ch_5", "ch_6"],
+    }
     owner_env.client.reset()
-    killed = run_child("flows:chain", store_url=store_url, run_id="r", args=CHAIN_ARGS,
-                       crash_at=crash_at, owner_url=owner_env.url, pythonpath=[TESTS])
+    killed = run_child(
+        "flows:chain",
+        store_url=store_url,
+        run_id="r",
+        args=CHAIN_ARGS,
+        crash_at=crash_at,
+        owner_url=owner_env.url,
+        pythonpath=[TESTS],
+    )
     assert killed.killed, killed.stderr[-2000:]
-    resumed = run_child("flows:chain", store_url=store_url, run_id="r", resume=True,
-                        owner_url=owner_env.url, pythonpath=[TESTS])
+    resumed = run_child(
+        "flows:chain",
+        store_url=store_url,
+        run_id="r",
+        resume=True,
+        owner_url=owner_env.url,
+        pythonpath=[TESTS],
+    )
     assert resumed.outcome == reference.outcome, resumed.stderr[-2000:]
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (6, 0)
@@ -612,8 +662,7 @@ def test_a_kill_around_continue_as_new_leaves_one_successor(
     try:
         runs = _chain(store, "r")
         assert [r.run_id for r in runs] == ["r", "r~1", "r~2"]
-        assert [r.status for r in runs] == [RunStatus.CONTINUED] * 2 + [
-            RunStatus.COMPLETED]
+        assert [r.status for r in runs] == [RunStatus.CONTINUED] * 2 + [RunStatus.COMPLETED]
         chained = [r for r in store.list_runs(limit=100) if r.chain_id == "r"]
         assert sorted(r.run_id for r in chained) == ["r", "r~1", "r~2"]  # no second successor
     finally:
@@ -629,25 +678,35 @@ def test_a_sqlite_ledger_of_the_first_schema_keeps_its_history_when_opened(tmp_p
 
     path = tmp_path / "old.db"
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                 " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)")
+    conn.execute(
+        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+    )
     before = load_migrations("sqlite")[:1]  # the first schema, as a ledger may have been made
     for version, name, text in before:
         for statement in _split_statements(text):
             conn.execute(statement)
-        conn.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-                     (version, name, sha256_hex(text.encode())))
-    conn.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-                 " input_hash, inputs, state_revision, fence, event_count, created_at,"
-                 " updated_at, resume_budget, chain_id, step_count) VALUES ('old', 'wf', '1',"
-                 " 'blocked', 'h', '{\"args\":[],\"kwargs\":{}}', 7, 2, 4, 1, 2, 20, 'old', 2)")
-    conn.execute("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash,"
-                 " result, fence, recorded_at) VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1',"
-                 " 1, 1), ('old', 's2', 2, 'pure', 'f', 'h', '2', 1, 1)")
-    conn.execute("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-                 " state, payload_ref, effect_key, fence, prepared_at, updated_at, receipt,"
-                 " chain_id) VALUES ('old', 'op', 's3', 'e', 'accepted', 'sha256:x', 'sp_k', 1,"
-                 " 1, 1, '{\"id\":1}', 'old')")
+        conn.execute(
+            "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+            (version, name, sha256_hex(text.encode())),
+        )
+    conn.execute(
+        "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+        " input_hash, inputs, state_revision, fence, event_count, created_at,"
+        " updated_at, resume_budget, chain_id, step_count) VALUES ('old', 'wf', '1',"
+        " 'blocked', 'h', '{\"args\":[],\"kwargs\":{}}', 7, 2, 4, 1, 2, 20, 'old', 2)"
+    )
+    conn.execute(
+        "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash,"
+        " result, fence, recorded_at) VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1',"
+        " 1, 1), ('old', 's2', 2, 'pure', 'f', 'h', '2', 1, 1)"
+    )
+    conn.execute(
+        "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
+        " state, payload_ref, effect_key, fence, prepared_at, updated_at, receipt,"
+        " chain_id) VALUES ('old', 'op', 's3', 'e', 'accepted', 'sha256:x', 'sp_k', 1,"
+        " 1, 1, '{\"id\":1}', 'old')"
+    )
     conn.commit()
     conn.close()
 
@@ -655,10 +714,14 @@ def test_a_sqlite_ledger_of_the_first_schema_keeps_its_history_when_opened(tmp_p
     try:
         assert store.schema_version() == len(load_migrations("sqlite"))
         run = store.get_run("old")
-        assert (run.status, run.state_revision, run.fence, run.event_count, run.resume_budget) \
-            == (RunStatus.BLOCKED, 7, 2, 4, 20)
-        assert (run.chain_id, run.chain_index, run.step_count, run.history_size) == (
-            "old", 0, 2, 6)
+        assert (run.status, run.state_revision, run.fence, run.event_count, run.resume_budget) == (
+            RunStatus.BLOCKED,
+            7,
+            2,
+            4,
+            20,
+        )
+        assert (run.chain_id, run.chain_index, run.step_count, run.history_size) == ("old", 0, 2, 6)
         assert (run.history_soft_limit, run.history_hard_limit) == (None, None)
         assert sorted(store.load_ledger("old").steps) == ["s1", "s2"]
         found = store.chain_operation("old", "op")
@@ -684,28 +747,42 @@ def test_a_postgres_ledger_of_the_first_schema_keeps_its_history_when_opened(pg_
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        admin.execute("CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-                      " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)")
+        admin.execute(
+            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+        )
         for version, name, text in load_migrations("postgres")[:1]:  # the first schema
             admin.execute(text)  # type: ignore[arg-type]
-            admin.execute("INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
-                          (version, name, sha256_hex(text.encode())))
-        admin.execute("INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-                      " input_hash, inputs, state_revision, fence, event_count, created_at,"
-                      " updated_at, chain_id, step_count) VALUES ('old', 'wf', '1', 'completed',"
-                      " 'h', '{\"args\":[],\"kwargs\":{}}', 3, 1, 3, 1, 2, 'old', 1)")
-        admin.execute("INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name,"
-                      " input_hash, result, fence, recorded_at)"
-                      " VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1', 1, 1)")
-        admin.execute("INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-                      " state, payload_ref, effect_key, fence, prepared_at, updated_at, chain_id)"
-                      " VALUES ('old', 'op', 's2', 'e', 'rejected', 'sha256:x', 'sp_k', 1, 1, 1,"
-                      " 'old')")
+            admin.execute(
+                "INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
+                (version, name, sha256_hex(text.encode())),
+            )
+        admin.execute(
+            "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
+            " input_hash, inputs, state_revision, fence, event_count, created_at,"
+            " updated_at, chain_id, step_count) VALUES ('old', 'wf', '1', 'completed',"
+            " 'h', '{\"args\":[],\"kwargs\":{}}', 3, 1, 3, 1, 2, 'old', 1)"
+        )
+        admin.execute(
+            "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name,"
+            " input_hash, result, fence, recorded_at)"
+            " VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1', 1, 1)"
+        )
+        admin.execute(
+            "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
+            " state, payload_ref, effect_key, fence, prepared_at, updated_at, chain_id)"
+            " VALUES ('old', 'op', 's2', 'e', 'rejected', 'sha256:x', 'sp_k', 1, 1, 1,"
+            " 'old')"
+        )
     store = sp.open_store(f"{pg_url}?schema={schema}")
     try:
         run = store.get_run("old")
         assert (run.status, run.chain_id, run.step_count, run.history_size) == (
-            RunStatus.COMPLETED, "old", 1, 4)
+            RunStatus.COMPLETED,
+            "old",
+            1,
+            4,
+        )
         found = store.chain_operation("old", "op")
         assert found is not None
         assert found.state is EffectState.REJECTED
@@ -744,10 +821,10 @@ def test_show_and_runs_tell_the_history_and_the_chain(file_store: sp.Store) -> N
     assert "r~1" not in [row.split()[0] for row in only.output.splitlines()[1:]]
 
 
-def test_continuing_as_new_keeps_the_deadline_and_what_is_left_of_the_budgets(
-        store: sp.Store) -> None:
+def test_continuing_as_new_keeps_the_deadline_and_what_is_left_of_the_budgets(store: sp.Store) -> None:
     """A chain is one task: a successor cannot outlive its parent's deadline or get a fresh
     budget by continuing."""
+
     def model(**_: Any) -> dict[str, Any]:
         return {"text": "ok", "usage": {"input_tokens": 30, "output_tokens": 10}}
 

@@ -36,8 +36,7 @@ T0 = 1_700_000_000_000
 class Calls:
     """A step function that fails its first ``fail`` calls, and counts every call."""
 
-    def __init__(self, fail: int = 0, error: type[Exception] = TimeoutError,
-                 value: Any = "ok") -> None:
+    def __init__(self, fail: int = 0, error: type[Exception] = TimeoutError, value: Any = "ok") -> None:
         self.fail, self.error, self.value, self.count = fail, error, value, 0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -69,8 +68,7 @@ def clocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleN
 # -- attempts --------------------------------------------------------------------------------
 
 
-def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff(
-        store_url: str) -> None:
+def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff(store_url: str) -> None:
     store = sp.open_store(store_url)
     called_at: list[int] = []
 
@@ -87,8 +85,7 @@ def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff
     assert sp.start(store, flow, run_id="r") == 1.0842
     ledger = store.load_ledger("r")
     [failed] = ledger.attempts["quote"]
-    assert (failed.attempt, failed.kind, failed.error["type"]) == (1, StepKind.READ,
-                                                                   "TimeoutError")
+    assert (failed.attempt, failed.kind, failed.error["type"]) == (1, StepKind.READ, "TimeoutError")
     assert 150 <= failed.retry_at - failed.recorded_at <= 200  # back-off from the failure
     assert called_at[1] >= failed.retry_at  # the back-off was waited out
     step = ledger.steps["quote"]
@@ -97,8 +94,9 @@ def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff
     assert step.observed_at >= failed.retry_at  # observed on the attempt that answered
 
 
-def test_exhausted_attempts_fail_the_step_and_the_failure_replays(memory_store: sp.Store,
-                                                                   crash_at: Any) -> None:
+def test_exhausted_attempts_fail_the_step_and_the_failure_replays(
+    memory_store: sp.Store, crash_at: Any
+) -> None:
     read = Calls(fail=99)
 
     @sp.workflow("retry-exhausted")
@@ -124,8 +122,7 @@ def test_exhausted_attempts_fail_the_step_and_the_failure_replays(memory_store: 
     assert [a.attempt for a in ledger.attempts["quote"]] == [1, 2]
 
 
-def test_only_the_named_errors_are_tried_again_and_pure_steps_never(
-        memory_store: sp.Store) -> None:
+def test_only_the_named_errors_are_tried_again_and_pure_steps_never(memory_store: sp.Store) -> None:
     wrong = Calls(fail=1, error=ValueError)
     pure = Calls(fail=1)
 
@@ -135,8 +132,7 @@ def test_only_the_named_errors_are_tried_again_and_pure_steps_never(
         for step_id, fn, kind in (("read", wrong, "read"), ("pure", pure, "pure")):
             try:
                 if kind == "read":
-                    run.read(step_id, fn, retry=sp.Retry(attempts=5, backoff=0,
-                                                         retry_on=(TimeoutError,)))
+                    run.read(step_id, fn, retry=sp.Retry(attempts=5, backoff=0, retry_on=(TimeoutError,)))
                 else:
                     run.pure(step_id, fn)
             except sp.StepFailed as failed:
@@ -153,8 +149,10 @@ def test_the_workflow_default_attempts_are_recorded_with_the_run(memory_store: s
 
     @sp.workflow("retry-default", step_attempts=sp.Retry(attempts=3, backoff=0))
     def flow(run: sp.Run) -> list[Any]:
-        out = [run.read("read", read),
-               run.model("model", model, model="m-1", messages=[{"role": "user", "content": "q"}])]
+        out = [
+            run.read("read", read),
+            run.model("model", model, model="m-1", messages=[{"role": "user", "content": "q"}]),
+        ]
         try:
             run.read("once", once, retry=1)  # its own retry= wins over the run's default
         except sp.StepFailed as failed:
@@ -169,14 +167,12 @@ def test_the_workflow_default_attempts_are_recorded_with_the_run(memory_store: s
     assert memory_store.load_ledger("r").steps["model"].attempt == 2
 
 
-def test_an_expired_observation_read_again_gets_attempts_of_its_own(clocked: Any,
-                                                                    crash_at: Any) -> None:
+def test_an_expired_observation_read_again_gets_attempts_of_its_own(clocked: Any, crash_at: Any) -> None:
     read = Calls()
 
     @sp.workflow("retry-reread")
     def flow(run: sp.Run) -> Any:
-        return run.read("quote", read, max_age=timedelta(seconds=60),
-                        retry=sp.Retry(attempts=2, backoff=1))
+        return run.read("quote", read, max_age=timedelta(seconds=60), retry=sp.Retry(attempts=2, backoff=1))
 
     crash_at("run.before_complete")
     with pytest.raises(SimulatedCrash):
@@ -249,8 +245,7 @@ def test_a_cancel_during_the_backoff_stops_before_the_next_attempt(file_store: s
     assert file_store.get_run("r").status is RunStatus.CANCELLED
 
 
-def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(
-        memory_store: sp.Store) -> None:
+def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(memory_store: sp.Store) -> None:
     read = Calls(fail=99)
 
     @sp.workflow("retry-no-time", deadline=timedelta(seconds=5))
@@ -267,19 +262,24 @@ def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(
     assert step.error["gave_up"] == "no time is left before the run's deadline"
 
 
-@pytest.mark.parametrize(("fail_first", "attempts", "outcome", "calls"), [
-    (99, 2, {"gave_up_after": 2}, 2),
-    (1, 3, {"value": {"quote": 1.0842, "call": 2}}, 2),
-], ids=["exhausted", "succeeds"])
+@pytest.mark.parametrize(
+    ("fail_first", "attempts", "outcome", "calls"),
+    [
+        (99, 2, {"gave_up_after": 2}, 2),
+        (1, 3, {"value": {"quote": 1.0842, "call": 2}}, 2),
+    ],
+    ids=["exhausted", "succeeds"],
+)
 def test_the_attempt_count_survives_a_sigkill_and_is_not_reset(
-        store_url: str, tmp_path: Path, fail_first: int, attempts: int, outcome: Any,
-        calls: int) -> None:
+    store_url: str, tmp_path: Path, fail_first: int, attempts: int, outcome: Any, calls: int
+) -> None:
     """A real process fails its first attempt and is SIGKILLed in the back-off; a fresh
     process continues the count from the ledger and waits out the rest of the back-off."""
     calls_path = tmp_path / "calls.jsonl"
     args = [str(calls_path), fail_first, attempts]
-    child = spawn_child("limit_flows:flaky_read", store_url=store_url, run_id="r", args=args,
-                        pythonpath=[TESTS])
+    child = spawn_child(
+        "limit_flows:flaky_read", store_url=store_url, run_id="r", args=args, pythonpath=[TESTS]
+    )
     store = sp.open_store(store_url)
     try:
         give_up = time.monotonic() + 30
@@ -293,8 +293,14 @@ def test_the_attempt_count_survives_a_sigkill_and_is_not_reset(
         child.send_signal(signal.SIGKILL)
         child.communicate()
         assert child.returncode == -signal.SIGKILL
-        resumed = run_child("limit_flows:flaky_read", store_url=store_url, run_id="r",
-                            args=args, resume=True, pythonpath=[TESTS])
+        resumed = run_child(
+            "limit_flows:flaky_read",
+            store_url=store_url,
+            run_id="r",
+            args=args,
+            resume=True,
+            pythonpath=[TESTS],
+        )
         assert resumed.outcome == {"status": "completed", "result": outcome}, resumed.stderr
         made = [json.loads(line) for line in calls_path.read_text().splitlines()]
         assert len(made) == calls  # a reset count would have called once more
@@ -360,12 +366,16 @@ def test_retries_and_budgets_on_the_async_postgresql_store(pg_url: str) -> None:
 
 
 def anthropic_shaped(*, model: str, messages: Any) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": "ok"}], "model": model,
-            "usage": {"input_tokens": 12, "output_tokens": 5}}
+    return {
+        "content": [{"type": "text", "text": "ok"}],
+        "model": model,
+        "usage": {"input_tokens": 12, "output_tokens": 5},
+    }
 
 
 def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
-        store_url: str, crash_at: Any) -> None:
+    store_url: str, crash_at: Any
+) -> None:
     calls: list[int] = []
 
     def model(**kwargs: Any) -> dict[str, Any]:
@@ -375,8 +385,7 @@ def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
     @sp.workflow("budget-tokens", budget=sp.Budget(tokens=30))
     def flow(run: sp.Run) -> Any:
         for turn in range(5):
-            run.model(f"turn.{turn}", model, model="m-1",
-                      messages=[{"role": "user", "content": str(turn)}])
+            run.model(f"turn.{turn}", model, model="m-1", messages=[{"role": "user", "content": str(turn)}])
         return "never"
 
     store = sp.open_store(store_url)
@@ -389,8 +398,7 @@ def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
     with pytest.raises(BudgetExhausted) as exhausted:
         sp.resume(fresh, "r")
     assert len(calls) == 2  # replayed, and the third call was never made
-    assert (exhausted.value.kind, exhausted.value.limit, exhausted.value.spent) == (
-        "tokens", 30, 34)
+    assert (exhausted.value.kind, exhausted.value.limit, exhausted.value.spent) == ("tokens", 30, 34)
     assert isinstance(exhausted.value, sp.LimitReached)
     run = fresh.get_run("r")
     assert (run.status, run.error["type"]) == (RunStatus.FAILED, "BudgetExhausted")
@@ -403,14 +411,15 @@ def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
     store.close()
 
 
-def test_a_cost_budget_fed_by_a_usage_function_stops_the_next_call(
-        memory_store: sp.Store) -> None:
+def test_a_cost_budget_fed_by_a_usage_function_stops_the_next_call(memory_store: sp.Store) -> None:
     calls: list[int] = []
 
     def openai_shaped(*, model: str, messages: Any) -> dict[str, Any]:
         calls.append(1)
-        return {"choices": [{"message": {"content": "ok"}}],
-                "usage": {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100}}
+        return {
+            "choices": [{"message": {"content": "ok"}}],
+            "usage": {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 100},
+        }
 
     def priced(response: dict[str, Any]) -> dict[str, float]:
         return {"cost": response["usage"]["total_tokens"] * 0.004}
@@ -420,8 +429,13 @@ def test_a_cost_budget_fed_by_a_usage_function_stops_the_next_call(
         spent = 0
         try:
             for turn in range(10):
-                run.model(f"turn.{turn}", openai_shaped, model="m-1", usage=priced,
-                          messages=[{"role": "user", "content": str(turn)}])
+                run.model(
+                    f"turn.{turn}",
+                    openai_shaped,
+                    model="m-1",
+                    usage=priced,
+                    messages=[{"role": "user", "content": str(turn)}],
+                )
                 spent += 1
         except BudgetExhausted:
             return f"swallowed after {spent}"  # agent code cannot carry on past a limit
@@ -450,29 +464,39 @@ def test_a_usage_function_that_returns_nonsense_is_a_usage_error(memory_store: s
     assert "m" not in memory_store.load_ledger("r").steps
 
 
-@pytest.mark.parametrize(("response", "tokens"), [
-    ({"usage": {"input_tokens": 12, "output_tokens": 5}}, 17),
-    ({"usage": {"input_tokens": 3, "output_tokens": 5, "cache_read_input_tokens": 100,
-                "cache_creation_input_tokens": 7}}, 115),
-    ({"usage": {"prompt_tokens": 90, "completion_tokens": 10}}, 100),
-    ({"usage": {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 101}}, 101),
-    ({"usage": {"input_tokens": 3, "output_tokens": 5, "total_tokens": 9}}, 9),
-    ({"usage": {"output_tokens": 5}}, 5),
-    ({"usage": {"input_tokens": "12"}}, None),
-    ({"usage": None}, None),
-    ({"text": "no usage"}, None),
-    ("plain text", None),
-])
-def test_tokens_are_read_from_well_known_response_shapes(response: Any,
-                                                         tokens: int | None) -> None:
+@pytest.mark.parametrize(
+    ("response", "tokens"),
+    [
+        ({"usage": {"input_tokens": 12, "output_tokens": 5}}, 17),
+        (
+            {
+                "usage": {
+                    "input_tokens": 3,
+                    "output_tokens": 5,
+                    "cache_read_input_tokens": 100,
+                    "cache_creation_input_tokens": 7,
+                }
+            },
+            115,
+        ),
+        ({"usage": {"prompt_tokens": 90, "completion_tokens": 10}}, 100),
+        ({"usage": {"prompt_tokens": 90, "completion_tokens": 10, "total_tokens": 101}}, 101),
+        ({"usage": {"input_tokens": 3, "output_tokens": 5, "total_tokens": 9}}, 9),
+        ({"usage": {"output_tokens": 5}}, 5),
+        ({"usage": {"input_tokens": "12"}}, None),
+        ({"usage": None}, None),
+        ({"text": "no usage"}, None),
+        ("plain text", None),
+    ],
+)
+def test_tokens_are_read_from_well_known_response_shapes(response: Any, tokens: int | None) -> None:
     assert _limits.reported_tokens(response) == tokens
 
 
 # -- the deadline ----------------------------------------------------------------------------
 
 
-def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(
-        store_url: str) -> None:
+def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(store_url: str) -> None:
     store = sp.open_store(store_url)
     sent: list[Any] = []
     refund = sp.Effect("refund", execute=lambda payload, key: sent.append(payload) or {"ok": 1})
@@ -490,8 +514,7 @@ def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(
     assert sent == []
     assert ledger.operations == {}
     assert sorted(ledger.steps) == ["fast"]  # the late answer was refused, not recorded
-    assert (ledger.run.status, ledger.run.error["type"]) == (RunStatus.FAILED,
-                                                             "DeadlineExceeded")
+    assert (ledger.run.status, ledger.run.error["type"]) == (RunStatus.FAILED, "DeadlineExceeded")
     with pytest.raises(sp.RunFailed, match="DeadlineExceeded"):
         sp.resume(store, "r")
 
@@ -512,8 +535,7 @@ def test_no_model_call_is_made_after_the_deadline(clocked: Any) -> None:
     assert "read" in clocked.store.load_ledger("r").steps
 
 
-def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: Any,
-                                                                       crash_at: Any) -> None:
+def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: Any, crash_at: Any) -> None:
     read, later = Calls(value="seen"), Calls()
 
     @sp.workflow("deadline-down")
@@ -523,8 +545,13 @@ def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: 
 
     crash_at("step.after_record:read")
     with pytest.raises(SimulatedCrash):
-        sp.start(clocked.store, flow, run_id="r", lease_ms=0,
-                 deadline=datetime.fromtimestamp((T0 + 10_000) / 1000, UTC))
+        sp.start(
+            clocked.store,
+            flow,
+            run_id="r",
+            lease_ms=0,
+            deadline=datetime.fromtimestamp((T0 + 10_000) / 1000, UTC),
+        )
     crash_at(None)
     assert clocked.store.get_run("r").deadline_at == T0 + 10_000
     clocked.now += 10_000
@@ -543,24 +570,30 @@ def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: st
         return int(run.pure("p", lambda: ran.append(1) or 1))
 
     sp.submit(store, flow, run_id="r", deadline=datetime.now(UTC) - timedelta(seconds=1))
-    stats = sp.Worker(store, workflows=["deadline-submitted"]).run(until_idle=True,
-                                                                   handle_signals=False)
+    stats = sp.Worker(store, workflows=["deadline-submitted"]).run(until_idle=True, handle_signals=False)
     assert stats.claimed == 1
     assert ran == []
     run = store.get_run("r")
     assert (run.status, run.error["type"]) == (RunStatus.FAILED, "DeadlineExceeded")
 
 
-@pytest.mark.parametrize(("answer", "state"), [
-    (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
-    (sp.NotApplied(), EffectState.PREPARED),
-])
+@pytest.mark.parametrize(
+    ("answer", "state"),
+    [
+        (sp.Applied({"id": "re_1"}), EffectState.ACCEPTED),
+        (sp.NotApplied(), EffectState.PREPARED),
+    ],
+)
 def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
-        clocked: Any, crash_at: Any, answer: Any, state: EffectState) -> None:
+    clocked: Any, crash_at: Any, answer: Any, state: EffectState
+) -> None:
     calls: list[str] = []
-    refund = sp.Effect("refund", execute=lambda payload, key: calls.append("execute") or {},
-                       reconcile=lambda key: calls.append("reconcile") or answer,
-                       dedup_retention=timedelta(hours=1))
+    refund = sp.Effect(
+        "refund",
+        execute=lambda payload, key: calls.append("execute") or {},
+        reconcile=lambda key: calls.append("reconcile") or answer,
+        dedup_retention=timedelta(hours=1),
+    )
 
     @sp.workflow(f"deadline-in-flight-{state.value}")
     def flow(run: sp.Run) -> Any:
@@ -582,7 +615,8 @@ def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
 
 
 def test_past_the_deadline_an_effect_that_cannot_be_settled_blocks_the_run(
-        clocked: Any, crash_at: Any) -> None:
+    clocked: Any, crash_at: Any
+) -> None:
     import jsonschema
 
     from safepoint import record_schema
@@ -606,21 +640,32 @@ def test_past_the_deadline_an_effect_that_cannot_be_settled_blocks_the_run(
     assert record is not None
     assert record["phase"] == "reconcile_effect"
     assert record["limits_ref"] == {
-        "resume_count": 1, "resume_budget": 20, "deadline_at": T0 + 5_000,
-        "token_budget": 500, "tokens_spent": 0, "cost_budget": None, "cost_spent": 0.0,
-        "step_attempts": None}
+        "resume_count": 1,
+        "resume_budget": 20,
+        "deadline_at": T0 + 5_000,
+        "token_budget": 500,
+        "tokens_spent": 0,
+        "cost_budget": None,
+        "cost_spent": 0.0,
+        "step_attempts": None,
+    }
     jsonschema.validate(record, record_schema())
 
 
 def test_limits_are_refused_when_they_make_no_sense() -> None:
-    for bad in (lambda: sp.Retry(attempts=0), lambda: sp.Retry(backoff=-1),
-                lambda: sp.Retry(multiplier=0.5), lambda: sp.Retry(jitter=2),
-                lambda: sp.Retry(retry_on=(KeyboardInterrupt,)),
-                lambda: sp.Retry(max_backoff=math.inf),
-                lambda: sp.Budget(tokens=-1), lambda: sp.Budget(cost=math.nan),
-                lambda: sp.workflow("bad", step_attempts="3"),  # type: ignore[arg-type]
-                lambda: sp.workflow("bad", deadline=timedelta(0)),
-                lambda: _limits.deadline_of(datetime(2030, 1, 1))):  # no time zone
+    for bad in (
+        lambda: sp.Retry(attempts=0),
+        lambda: sp.Retry(backoff=-1),
+        lambda: sp.Retry(multiplier=0.5),
+        lambda: sp.Retry(jitter=2),
+        lambda: sp.Retry(retry_on=(KeyboardInterrupt,)),
+        lambda: sp.Retry(max_backoff=math.inf),
+        lambda: sp.Budget(tokens=-1),
+        lambda: sp.Budget(cost=math.nan),
+        lambda: sp.workflow("bad", step_attempts="3"),  # type: ignore[arg-type]
+        lambda: sp.workflow("bad", deadline=timedelta(0)),
+        lambda: _limits.deadline_of(datetime(2030, 1, 1)),
+    ):  # no time zone
         with pytest.raises(sp.UsageError):
             bad()
     assert sp.Retry(retry_on=TimeoutError).retry_on == (TimeoutError,)
@@ -631,8 +676,7 @@ def test_limits_are_refused_when_they_make_no_sense() -> None:
 
 def test_backoff_grows_by_its_multiplier_up_to_its_cap() -> None:
     policy = sp.Retry(attempts=10, backoff=0.5, multiplier=2, max_backoff=3)
-    assert [_limits.backoff_ms(policy, n, "s") for n in range(1, 6)] == [500, 1000, 2000,
-                                                                         3000, 3000]
+    assert [_limits.backoff_ms(policy, n, "s") for n in range(1, 6)] == [500, 1000, 2000, 3000, 3000]
 
 
 def test_jitter_is_the_same_for_every_worker_and_within_its_fraction() -> None:
@@ -647,22 +691,21 @@ def test_after_a_failure_the_policy_decides_when_or_why_not() -> None:
     policy = sp.Retry(attempts=3, backoff=1, retry_on=(TimeoutError,))
 
     def decide(exc: Exception, failed: int, deadline: int | None = None) -> Any:
-        return _limits.after_failure(policy, exc, failed_in_round=failed, now=1_000,
-                                     deadline_at=deadline, seed="s")
+        return _limits.after_failure(
+            policy, exc, failed_in_round=failed, now=1_000, deadline_at=deadline, seed="s"
+        )
 
     assert decide(TimeoutError(), 1) == _limits.AfterFailure(2_000)
     assert decide(TimeoutError(), 2) == _limits.AfterFailure(3_000)
     assert decide(TimeoutError(), 3) == _limits.AfterFailure(None)  # attempts used up
     assert decide(ValueError(), 1) == _limits.AfterFailure(None, "not retryable")
-    assert decide(TimeoutError(), 1, deadline=2_000).why == (
-        "no time is left before the run's deadline")
+    assert decide(TimeoutError(), 1, deadline=2_000).why == ("no time is left before the run's deadline")
     assert decide(TimeoutError(), 1, deadline=2_001) == _limits.AfterFailure(2_000)
 
 
 def test_the_next_attempt_counts_on_from_the_ledger() -> None:
     def tried(*numbers: int) -> list[AttemptRecord]:
-        return [AttemptRecord("r", "s", n, StepKind.READ, "f", "h", {}, 0)
-                for n in numbers]
+        return [AttemptRecord("r", "s", n, StepKind.READ, "f", "h", {}, 0) for n in numbers]
 
     assert _limits.next_attempt(0, []) == (1, None)
     assert _limits.next_attempt(0, tried(1, 2)) == (3, tried(2)[0])
@@ -683,24 +726,29 @@ def test_a_runs_default_attempts_keep_their_recorded_numbers_and_the_codes_error
 
 
 def test_a_budget_is_spent_once_what_was_spent_reaches_it() -> None:
-    base = RunRecord("r", "w", "1", RunStatus.RUNNING, "h", None, 1, None, None, 1, 0,
-                        0, None, None, None, 0, 0)
+    base = RunRecord(
+        "r", "w", "1", RunStatus.RUNNING, "h", None, 1, None, None, 1, 0, 0, None, None, None, 0, 0
+    )
     from dataclasses import replace
 
     assert _limits.spent_budget(base) is None
     assert _limits.spent_budget(replace(base, token_budget=10, tokens_spent=9)) is None
-    assert _limits.spent_budget(replace(base, token_budget=10, tokens_spent=10)) == (
-        "tokens", 10, 10)
-    assert _limits.spent_budget(replace(base, cost_budget=1.0, cost_spent=1.5)) == (
-        "cost", 1.0, 1.5)
+    assert _limits.spent_budget(replace(base, token_budget=10, tokens_spent=10)) == ("tokens", 10, 10)
+    assert _limits.spent_budget(replace(base, cost_budget=1.0, cost_spent=1.5)) == ("cost", 1.0, 1.5)
     assert _limits.merged_budget(sp.Budget(tokens=5, cost=1), sp.Budget(cost=2)) == sp.Budget(
-        tokens=5, cost=2)
+        tokens=5, cost=2
+    )
 
 
 def test_the_errors_of_limits_keep_what_callers_read() -> None:
     resumes = BudgetExhausted("r", 2, 3)
     assert (resumes.budget, resumes.resumes, resumes.kind, resumes.limit, resumes.spent) == (
-        2, 3, "resumes", 2, 3)
+        2,
+        3,
+        "resumes",
+        2,
+        3,
+    )
     tokens = BudgetExhausted("r", 30, kind="tokens", spent=34)
     assert "spent 34 tokens of its tokens budget of 30" in tokens.message
     late = DeadlineExceeded("r", T0, step_id="s")
@@ -712,8 +760,7 @@ def test_the_errors_of_limits_keep_what_callers_read() -> None:
 # -- seeing the limits -----------------------------------------------------------------------
 
 
-def test_show_gives_the_runs_limits_and_a_step_waiting_for_its_next_attempt(
-        clocked: Any) -> None:
+def test_show_gives_the_runs_limits_and_a_step_waiting_for_its_next_attempt(clocked: Any) -> None:
     read = Calls(fail=1)
 
     @sp.workflow("limits-shown", budget=sp.Budget(tokens=1_000, cost=2.5), step_attempts=4)

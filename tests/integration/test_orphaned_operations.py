@@ -31,15 +31,16 @@ CHANGES = {
 }
 
 
-def _deploy(name: str, step_id: str, operation_id: str | None, compatibility: str,
-            version: str) -> sp.Workflow:
+def _deploy(
+    name: str, step_id: str, operation_id: str | None, compatibility: str, version: str
+) -> sp.Workflow:
     forget_workflows(name)  # a new process with the new code
 
     @sp.workflow(name, version=version, compatibility=compatibility)
     def flow(run: sp.Run) -> Any:
         run.pure("plan", lambda: "refund 40")
-        return run.effect(step_id, refunds, payload={"account": "a", "amount": 40},
-                          operation_id=operation_id)
+        return run.effect(step_id, refunds, payload={"account": "a", "amount": 40}, operation_id=operation_id)
+
     return flow
 
 
@@ -51,13 +52,17 @@ def _applied(owner: OwnerService) -> int:
 @pytest.mark.parametrize("compatibility", ["refuse", "replan"])
 @pytest.mark.parametrize("change", list(CHANGES))
 def test_a_changed_effect_step_blocks_instead_of_dispatching_anew(
-        store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None],
-        change: str, compatibility: str, crash: str) -> None:
+    store: sp.Store,
+    owner_env: OwnerService,
+    crash_at: Callable[[str | None], None],
+    change: str,
+    compatibility: str,
+    crash: str,
+) -> None:
     (old_step, old_op), (new_step, new_op) = CHANGES[change]
     crash_at(crash)
     with pytest.raises(SimulatedCrash):
-        sp.start(store, _deploy("orphan", old_step, old_op, compatibility, "1"), run_id="r",
-                 lease_ms=0)
+        sp.start(store, _deploy("orphan", old_step, old_op, compatibility, "1"), run_id="r", lease_ms=0)
     crash_at(None)
     before = _applied(owner_env)  # 0 or 1: the owner may have it
     orphan = old_op or old_step
@@ -86,14 +91,14 @@ def test_a_changed_effect_step_blocks_instead_of_dispatching_anew(
 
 
 def test_an_accepted_effect_the_code_no_longer_reaches_blocks_under_refuse(
-        store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]
+) -> None:
     """Under ``refuse`` an applied and accepted operation counts too: the same code, renamed,
     would make the change again under another key. (Under ``replan`` the kept effect ledger is
     what a new plan knowingly diverges from: see the next test.)"""
     crash_at("run.before_complete")
     with pytest.raises(SimulatedCrash):
-        sp.start(store, _deploy("orphan-accepted", "refund", None, "refuse", "1"), run_id="r",
-                 lease_ms=0)
+        sp.start(store, _deploy("orphan-accepted", "refund", None, "refuse", "1"), run_id="r", lease_ms=0)
     crash_at(None)
     assert _applied(owner_env) == 1
     _deploy("orphan-accepted", "refund.renamed", None, "refuse", "1")
@@ -103,11 +108,11 @@ def test_an_accepted_effect_the_code_no_longer_reaches_blocks_under_refuse(
 
 
 def test_a_replanned_run_may_leave_an_accepted_effect_behind(
-        store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]
+) -> None:
     crash_at("run.before_complete")
     with pytest.raises(SimulatedCrash):
-        sp.start(store, _deploy("orphan-replan", "refund", None, "replan", "1"), run_id="r",
-                 lease_ms=0)
+        sp.start(store, _deploy("orphan-replan", "refund", None, "replan", "1"), run_id="r", lease_ms=0)
     crash_at(None)
     _deploy("orphan-replan", "refund.other", "refund:other", "replan", "2")
     assert sp.resume(store, "r")["amount"] == 40
@@ -115,7 +120,8 @@ def test_a_replanned_run_may_leave_an_accepted_effect_behind(
 
 
 def test_a_sibling_branch_may_still_reach_its_operation(
-        store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]) -> None:
+    store: sp.Store, owner_env: OwnerService, crash_at: Callable[[str | None], None]
+) -> None:
     """In a fan-out, a branch asking for a new operation while its sibling's in-flight one is
     not reached yet is no orphan: the sibling reaches it (and reconciles it) in its turn. The
     code deployed for the resume adds an effect to branch a (a compatible change), and branch

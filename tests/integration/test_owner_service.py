@@ -32,8 +32,9 @@ def client(service: OwnerService) -> OwnerClient:
     return service.client
 
 
-def raw_post(url: str, path: str, body: bytes, headers: dict[str, str] | None = None
-             ) -> tuple[int, dict[str, str], Any]:
+def raw_post(
+    url: str, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], Any]:
     host_port = url.removeprefix("http://")
     conn = http.client.HTTPConnection(host_port, timeout=5)
     try:
@@ -230,8 +231,12 @@ def test_reset_clears_everything(client: OwnerClient) -> None:
     client.create("charges", {"amount": 1})
     client.set_faults(delay=0.01, index_lag=5, fail_before_commit=2, drop_after_commit=3)
     client.reset()
-    assert client.faults() == {"drop_after_commit": 0, "fail_before_commit": 0, "delay": 0.0,
-                               "index_lag": 0.0}
+    assert client.faults() == {
+        "drop_after_commit": 0,
+        "fail_before_commit": 0,
+        "delay": 0.0,
+        "index_lag": 0.0,
+    }
     stats = client.stats()
     assert stats["applied"] == 0
     assert stats["duplicates"] == 0
@@ -245,8 +250,10 @@ def test_reset_clears_everything(client: OwnerClient) -> None:
 
 # -- a connection kept alive, as an application's pooled client keeps one ---------------------
 
-def test_a_kept_alive_client_sends_every_request_on_one_connection(service: OwnerService,
-                                                                   client: OwnerClient) -> None:
+
+def test_a_kept_alive_client_sends_every_request_on_one_connection(
+    service: OwnerService, client: OwnerClient
+) -> None:
     pooled = OwnerClient(service.url, keep_alive=True)
     first = pooled.create("tickets", {"n": 1}, idempotency_key="ka-1")
     local = pooled._kept.conn.sock.getsockname()
@@ -257,7 +264,8 @@ def test_a_kept_alive_client_sends_every_request_on_one_connection(service: Owne
 
 
 def test_a_kept_connection_that_breaks_is_an_unknown_outcome_then_a_fresh_one_is_opened(
-        service: OwnerService, client: OwnerClient) -> None:
+    service: OwnerService, client: OwnerClient
+) -> None:
     pooled = OwnerClient(service.url, keep_alive=True)
     pooled.create("charges", {"amount": 1}, idempotency_key="kb-1")
     client.set_faults(drop_after_commit=1)

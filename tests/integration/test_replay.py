@@ -32,8 +32,7 @@ class Counter:
         return value if value is not None else name
 
 
-def _crash_then_resume(store: sp.Store, flow: sp.Workflow, crash_at: Any, point: str,
-                       *args: Any) -> Any:
+def _crash_then_resume(store: sp.Store, flow: sp.Workflow, crash_at: Any, point: str, *args: Any) -> Any:
     crash_at(point)
     with pytest.raises(SimulatedCrash):
         sp.start(store, flow, *args, run_id="r", lease_ms=0)
@@ -51,8 +50,12 @@ def test_every_step_kind_replays_without_calling(memory_store: sp.Store, crash_a
         return {
             "pure": run.pure("p", lambda v: count("pure", v + 1), x),
             "read": run.read("r", lambda: count("read")),
-            "model": run.model("m", lambda **kw: count("model", {"text": "hi"}), model="m-1",
-                               messages=[{"role": "user", "content": "q"}]),
+            "model": run.model(
+                "m",
+                lambda **kw: count("model", {"text": "hi"}),
+                model="m-1",
+                messages=[{"role": "user", "content": "q"}],
+            ),
             "decision": run.decide("d", lambda: count("decision", "next.step")),
             "now": run.now().isoformat(),
             "random": run.random(),
@@ -74,12 +77,10 @@ def test_every_step_kind_replays_without_calling(memory_store: sp.Store, crash_a
     assert steps["m"].model_id == "m-1"
     assert steps["m"].prompt_hash
     assert result["effect"] == {"ok": {"v": 1}}
-    assert set(result) == {"pure", "read", "model", "decision", "now", "random", "uuid",
-                           "effect"}
+    assert set(result) == {"pure", "read", "model", "decision", "now", "random", "uuid", "effect"}
 
 
-def test_recorded_values_are_stable_across_resumes(memory_store: sp.Store,
-                                                   crash_at: Any) -> None:
+def test_recorded_values_are_stable_across_resumes(memory_store: sp.Store, crash_at: Any) -> None:
     seen: list[tuple[str, float, str]] = []
 
     @sp.workflow("values")
@@ -101,8 +102,7 @@ def test_repeated_step_ids_get_occurrence_counters(memory_store: sp.Store) -> No
     assert list(memory_store.load_ledger("r").steps) == ["square", "square#2", "square#3"]
 
 
-def test_changed_inputs_raise_stale_checkpoint_and_block(memory_store: sp.Store,
-                                                         crash_at: Any) -> None:
+def test_changed_inputs_raise_stale_checkpoint_and_block(memory_store: sp.Store, crash_at: Any) -> None:
     factor = {"value": 2}
 
     @sp.workflow("stale")
@@ -125,8 +125,7 @@ def test_changed_inputs_raise_stale_checkpoint_and_block(memory_store: sp.Store,
     assert memory_store.load_ledger("r").steps["scale"].result == 20  # nothing lost
 
 
-def test_another_kind_at_the_same_id_is_a_replay_mismatch(memory_store: sp.Store,
-                                                          crash_at: Any) -> None:
+def test_another_kind_at_the_same_id_is_a_replay_mismatch(memory_store: sp.Store, crash_at: Any) -> None:
     use_read = {"value": False}
 
     @sp.workflow("mismatch")
@@ -151,8 +150,7 @@ def test_read_is_read_again_only_after_max_age(tmp_path: Any, crash_at: Any) -> 
 
     @sp.workflow("fresh")
     def flow(run: sp.Run) -> int:
-        return int(run.read("quote", lambda: reads.append(1) or len(reads),
-                            max_age=timedelta(seconds=60)))
+        return int(run.read("quote", lambda: reads.append(1) or len(reads), max_age=timedelta(seconds=60)))
 
     crash_at("run.before_complete")
     with pytest.raises(SimulatedCrash):
@@ -340,8 +338,13 @@ def test_effect_key_is_minted_once(memory_store: sp.Store, crash_at: Any) -> Non
         keys.append(str(key))
         raise ConnectionResetError("dropped")
 
-    effect = sp.Effect("fx", execute=execute, reconcile=lambda key: sp.NotApplied(),
-                       dedup_retention=timedelta(hours=1), max_dispatches=3)
+    effect = sp.Effect(
+        "fx",
+        execute=execute,
+        reconcile=lambda key: sp.NotApplied(),
+        dedup_retention=timedelta(hours=1),
+        max_dispatches=3,
+    )
 
     @sp.workflow("keys")
     def flow(run: sp.Run) -> Any:
@@ -417,8 +420,7 @@ def test_the_resume_budget_fails_a_run_loudly(memory_store: sp.Store, crash_at: 
     assert run.error["type"] == "BudgetExhausted"
 
 
-def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store,
-                                                        crash_at: Any) -> None:
+def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store, crash_at: Any) -> None:
     effect = sp.Effect("fx", execute=lambda payload, key: {"ok": True})
 
     @sp.workflow("dies-mid-effect", resume_budget=0)
@@ -435,7 +437,8 @@ def test_a_spent_budget_with_an_uncertain_effect_blocks(memory_store: sp.Store,
 
 
 def test_pure_steps_are_written_in_batches_and_computed_again_when_a_crash_loses_them(
-        file_store: sp.Store, crash_at: Any) -> None:
+    file_store: sp.Store, crash_at: Any
+) -> None:
     """Pure steps are recomputable: they are written lazily — with the next step the run
     records, or PURE_BATCH at a time — so a long computation costs a commit per batch, not per
     step. A crash loses at most the batch in progress, and a resume computes it again."""

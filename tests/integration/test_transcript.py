@@ -33,6 +33,7 @@ def chain(items: list[Any]) -> str:
 
 # -- the value --------------------------------------------------------------------------------
 
+
 def test_the_digest_is_the_documented_chain_and_binds_order_and_content() -> None:
     items = [{"role": "user", "content": "hi"}, "plain", 3, [1, {"b": None, "a": True}]]
     transcript = sp.Transcript(items)
@@ -102,8 +103,10 @@ def test_a_transcript_is_not_a_recordable_value(memory_store: sp.Store) -> None:
 
 # -- in a run ---------------------------------------------------------------------------------
 
+
 def test_a_step_given_a_transcript_hashes_a_constant_number_of_bytes(
-        memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    memory_store: sp.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The reason for the type: however long the conversation, a step's hashed inputs are the
     same size — against a plain list, whose hashed inputs grow with every step."""
     encoded: list[int] = []
@@ -131,8 +134,7 @@ def test_a_step_given_a_transcript_hashes_a_constant_number_of_bytes(
     assert with_list[-1] > 100 * with_list[1]
 
 
-def test_replay_gives_the_same_hashes_and_a_changed_item_is_a_mismatch(
-        store_url: str, crash_at: Any) -> None:
+def test_replay_gives_the_same_hashes_and_a_changed_item_is_a_mismatch(store_url: str, crash_at: Any) -> None:
     """On a real SQLite file and PostgreSQL: crashed after the last step, resumed, nothing is
     called again; resumed with an earlier item changed, the next step's inputs no longer
     match the record."""
@@ -143,8 +145,7 @@ def test_replay_gives_the_same_hashes_and_a_changed_item_is_a_mismatch(
     def chat(run: sp.Run) -> str:
         messages = sp.Transcript([first_word["value"]])
         for turn in range(5):
-            messages.append(run.read("reply", lambda m, t: calls.append(t) or f"r{len(m)}",
-                                     messages, turn))
+            messages.append(run.read("reply", lambda m, t: calls.append(t) or f"r{len(m)}", messages, turn))
         return messages.digest
 
     store = sp.open_store(store_url)
@@ -170,8 +171,7 @@ def test_replay_gives_the_same_hashes_and_a_changed_item_is_a_mismatch(
         store.close()
 
 
-def test_a_model_step_gets_a_list_and_its_prompt_hash_follows_the_content(
-        memory_store: sp.Store) -> None:
+def test_a_model_step_gets_a_list_and_its_prompt_hash_follows_the_content(memory_store: sp.Store) -> None:
     seen: list[Any] = []
 
     def model(*, model: str, messages: list[Any]) -> dict[str, Any]:
@@ -199,22 +199,30 @@ def test_an_async_model_step_gets_a_list_too(memory_store: sp.Store) -> None:
     async def flow(run: sp.AsyncRun) -> Any:
         return await run.model("m", model, model="m-1", messages=sp.Transcript(["a", "b"]))
 
-    assert asyncio.run(sp.start_async(memory_store, flow, run_id="r")) == {"kind": "list",
-                                                                           "n": 2}
+    assert asyncio.run(sp.start_async(memory_store, flow, run_id="r")) == {"kind": "list", "n": 2}
 
 
 # -- killed for real --------------------------------------------------------------------------
 
+
 @pytest.mark.kill
-@pytest.mark.parametrize("crash_at", ["step.after_record:model@3", "step.before_record:pure@4",
-                                      "effect.after_dispatching@2",
-                                      "effect.after_receiver_commit@1"])
-def test_a_conversation_killed_mid_run_finishes_the_same(owner: OwnerService, tmp_path: Path,
-                                                        crash_at: str) -> None:
+@pytest.mark.parametrize(
+    "crash_at",
+    [
+        "step.after_record:model@3",
+        "step.before_record:pure@4",
+        "effect.after_dispatching@2",
+        "effect.after_receiver_commit@1",
+    ],
+)
+def test_a_conversation_killed_mid_run_finishes_the_same(
+    owner: OwnerService, tmp_path: Path, crash_at: str
+) -> None:
     """SIGKILLed mid-conversation on a SQLite file; a fresh process rebuilds the transcript
     from the record, reaches the same digest, and files each ticket once."""
-    harness = KillHarness("flows:transcript_loop", ["case-1"], owner=owner, workdir=tmp_path,
-                          pythonpath=[TESTS])
+    harness = KillHarness(
+        "flows:transcript_loop", ["case-1"], owner=owner, workdir=tmp_path, pythonpath=[TESTS]
+    )
     reference, applied = harness.reference()
     assert reference["status"] == "completed"
     assert applied == 3

@@ -32,8 +32,9 @@ def test_a_bad_receipt_is_reconciled_not_failed(memory_store: sp.Store) -> None:
         keys.append(str(key))
         return {"id": "ch_1", "created": dt.datetime.now()}  # an SDK object slipped through
 
-    effect = sp.Effect("charge", execute=execute, dedup_retention=HOUR,
-                       reconcile=lambda key: sp.Applied({"id": "ch_1"}))
+    effect = sp.Effect(
+        "charge", execute=execute, dedup_retention=HOUR, reconcile=lambda key: sp.Applied({"id": "ch_1"})
+    )
 
     @sp.workflow("bad-receipt")
     def flow(run: sp.Run) -> Any:
@@ -67,8 +68,7 @@ def test_a_bad_receipt_without_reconcile_blocks(memory_store: sp.Store, receipt:
     assert run.recovery_record["evidence"]["last_error"]["type"] == "NotJSON"
 
 
-def test_an_interrupted_async_call_blocks_and_a_retry_cannot_mint_a_key(
-        memory_store: sp.Store) -> None:
+def test_an_interrupted_async_call_blocks_and_a_retry_cannot_mint_a_key(memory_store: sp.Store) -> None:
     keys: list[str] = []
 
     async def execute(payload: Any, key: sp.EffectKey) -> Any:
@@ -136,8 +136,13 @@ def test_not_sent_after_an_uncertain_attempt_stays_uncertain(tmp_path: Path) -> 
             raise TimeoutError("read timed out")
         raise sp.NotSent("connection refused")
 
-    effect = sp.Effect("charge", execute=execute, reconcile=lambda key: sp.NotApplied(),
-                       dedup_retention=HOUR, max_dispatches=2)
+    effect = sp.Effect(
+        "charge",
+        execute=execute,
+        reconcile=lambda key: sp.NotApplied(),
+        dedup_retention=HOUR,
+        max_dispatches=2,
+    )
 
     @sp.workflow("notsent-after-unknown")
     def flow(run: sp.Run) -> Any:
@@ -217,8 +222,7 @@ def test_an_observation_already_used_is_not_read_again(tmp_path: Path, crash_at:
     assert sp.resume(store, "r") == {"order": "o1", "price": 100}
 
 
-def test_a_failed_step_is_replayed_as_the_same_failure(memory_store: sp.Store,
-                                                       crash_at: Any) -> None:
+def test_a_failed_step_is_replayed_as_the_same_failure(memory_store: sp.Store, crash_at: Any) -> None:
     calls: list[str] = []
 
     def llm(*, model: str, messages: Any) -> Any:
@@ -266,8 +270,9 @@ def test_an_async_effect_in_a_plain_workflow_prepares_nothing(memory_store: sp.S
     assert memory_store.load_ledger("r").operations == {}
 
 
-def test_the_stored_payload_is_what_every_dispatch_sends(tmp_path: Path, crash_at: Any,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_stored_payload_is_what_every_dispatch_sends(
+    tmp_path: Path, crash_at: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """10.0 canonicalises to 10: the first dispatch and a re-dispatch after a crash send the
     same bytes, so the owner sees one request under one key, not a conflicting second one."""
     with OwnerService(index_lag=5.0) as owner:

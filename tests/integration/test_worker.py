@@ -20,11 +20,30 @@ TESTS = str(Path(__file__).parents[1])
 
 
 def _worker_process(url: str, owner: OwnerService, *extra: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "SAFEPOINT_OWNER_URL": owner.url,
-           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "safepoint", "--store", url, "worker",
-                             "--import", "flows", "--lease", "1", *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "SAFEPOINT_OWNER_URL": owner.url,
+        "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "safepoint",
+            "--store",
+            url,
+            "worker",
+            "--import",
+            "flows",
+            "--lease",
+            "1",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_submit_is_idempotent_per_run_id(memory_store: sp.Store) -> None:
@@ -43,10 +62,10 @@ def test_worker_in_process_drains_the_queue(file_store: sp.Store) -> None:
     for index in range(10):
         sp.submit(file_store, flows.many_steps, index, run_id=f"job-{index}")
     stats = sp.Worker(file_store, concurrency=3, workflows=["many-steps"]).run(
-        until_idle=True, handle_signals=False)
+        until_idle=True, handle_signals=False
+    )
     assert stats.completed == 10
-    assert [file_store.get_run(f"job-{i}").result for i in range(10)] == [
-        sum(range(i)) for i in range(10)]
+    assert [file_store.get_run(f"job-{i}").result for i in range(10)] == [sum(range(i)) for i in range(10)]
 
 
 def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerService) -> None:
@@ -62,8 +81,7 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     time.sleep(1.0)
     doomed.send_signal(signal.SIGKILL)
     doomed.communicate()
-    interrupted = [run.run_id for run in store.list_runs(limit=100)
-                   if run.status is RunStatus.RUNNING]
+    interrupted = [run.run_id for run in store.list_runs(limit=100) if run.status is RunStatus.RUNNING]
     assert len(interrupted) == 1  # killed mid-run, holding exactly one
     # not --until-idle: the killed worker's run becomes runnable only when its lease expires,
     # and nothing announces that; so wait for every run to end, then drain the survivor
@@ -78,8 +96,7 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     survivor.wait(timeout=60)
     owner_env.client.set_faults(delay=0)
     runs = store.list_runs(limit=100)
-    assert all(run.status is RunStatus.COMPLETED for run in runs), [
-        (r.run_id, r.status) for r in runs]
+    assert all(run.status is RunStatus.COMPLETED for run in runs), [(r.run_id, r.status) for r in runs]
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (24, 0)
     assert store.get_run(interrupted[0]).resume_count == 1  # taken over after the lease
@@ -103,4 +120,4 @@ def test_sigterm_drains(tmp_path: Path, owner_env: OwnerService) -> None:
     assert worker.returncode == 0, err
     assert "draining" in err
     assert store.get_run("job-0").status is RunStatus.COMPLETED  # finished, not abandoned
-    assert store.get_run("job-2").status is RunStatus.PENDING    # never claimed
+    assert store.get_run("job-2").status is RunStatus.PENDING  # never claimed

@@ -22,8 +22,9 @@ TOOLS_V1 = [{"name": "lookup", "input_schema": {"type": "object"}}]
 TOOLS_V2 = [{"name": "lookup", "input_schema": {"type": "object", "required": ["id"]}}]
 
 
-def _stop_before_completion(store: sp.Store, wf: sp.Workflow, crash_at: Any,
-                            point: str = "run.before_complete", *args: Any) -> None:
+def _stop_before_completion(
+    store: sp.Store, wf: sp.Workflow, crash_at: Any, point: str = "run.before_complete", *args: Any
+) -> None:
     crash_at(point)
     with pytest.raises(SimulatedCrash):
         sp.start(store, wf, *args, run_id="r", lease_ms=0)
@@ -39,17 +40,25 @@ def _events(store: sp.Store, kind: str) -> list[EventRecord]:
 
 def test_a_manifest_keeps_digests_of_tools_and_prompts_never_their_text() -> None:
     manifest = manifest_of(
-        tools=[{"type": "function", "function": {"name": "search", "parameters": {}}},
-               {"name": "lookup", "input_schema": {}}],
-        models=["m-2", "m-1", "m-2"], prompts={"system": "You are a careful agent."})
+        tools=[
+            {"type": "function", "function": {"name": "search", "parameters": {}}},
+            {"name": "lookup", "input_schema": {}},
+        ],
+        models=["m-2", "m-1", "m-2"],
+        prompts={"system": "You are a careful agent."},
+    )
     assert sorted(manifest["tools"]) == ["lookup", "search"]
     assert manifest["models"] == ["m-1", "m-2"]
     assert "careful" not in str(manifest)
     assert manifest["prompts"]["system"].startswith("sha256:")
     reordered = manifest_of(
-        tools=[{"name": "lookup", "input_schema": {}},
-               {"type": "function", "function": {"name": "search", "parameters": {}}}],
-        models=["m-1", "m-2"], prompts={"system": "You are a careful agent."})
+        tools=[
+            {"name": "lookup", "input_schema": {}},
+            {"type": "function", "function": {"name": "search", "parameters": {}}},
+        ],
+        models=["m-1", "m-2"],
+        prompts={"system": "You are a careful agent."},
+    )
     assert fingerprint(reordered) == fingerprint(manifest)  # order does not matter
     assert fingerprint(manifest_of(models=["m-1"])) != fingerprint(manifest)
 
@@ -64,9 +73,14 @@ def test_changes_say_which_tool_model_and_prompt_moved() -> None:
     before = manifest_of(tools=TOOLS_V1, models=["m-1"], prompts={"system": "a", "old": "x"})
     after = manifest_of(tools=TOOLS_V2, models=["m-2"], prompts={"system": "b", "new": "y"})
     found = changes("1", before, fingerprint(before), "1", after, fingerprint(after))
-    assert found == ["tool 'lookup' changed", "prompt 'old' was removed",
-                     "prompt 'new' was added", "prompt 'system' changed",
-                     "model 'm-1' is no longer used", "model 'm-2' is now used"]
+    assert found == [
+        "tool 'lookup' changed",
+        "prompt 'old' was removed",
+        "prompt 'new' was added",
+        "prompt 'system' changed",
+        "model 'm-1' is no longer used",
+        "model 'm-2' is now used",
+    ]
     assert changes("1", before, fingerprint(before), "1", before, fingerprint(before)) == []
     # a run recorded before fingerprints existed is compared by version only
     assert changes("1", None, None, "1", after, fingerprint(after)) == []
@@ -81,8 +95,7 @@ def test_an_unknown_policy_is_a_usage_error() -> None:
 # -- refuse (the default) -------------------------------------------------------------------------
 
 
-def test_a_changed_tool_schema_blocks_the_run_and_says_what_changed(store: sp.Store,
-                                                                    crash_at: Any) -> None:
+def test_a_changed_tool_schema_blocks_the_run_and_says_what_changed(store: sp.Store, crash_at: Any) -> None:
     forget_workflows("agent")
 
     @sp.workflow("agent", version="3", tools=TOOLS_V1, models=["m-1"])
@@ -129,7 +142,8 @@ def test_a_changed_workflow_version_blocks_the_run(store: sp.Store, crash_at: An
 
 
 def test_replan_abandons_the_stale_tail_and_keeps_the_effect_ledger(
-        store: sp.Store, crash_at: Any, owner_env: OwnerService) -> None:
+    store: sp.Store, crash_at: Any, owner_env: OwnerService
+) -> None:
     """v1 read a case, drafted, decided and refunded, then died before the ticket. v2 reads the
     case another way: every observation and decision from there on is asked again (the old
     ones are kept in the history), and the refund — same operation id, a payload the new plan
@@ -141,10 +155,8 @@ def test_replan_abandons_the_stale_tail_and_keeps_the_effect_ledger(
         first = run.pure("greeting", lambda: "hello")
         case = run.read("case", lambda f: {k: k.upper() for k in f}, fields)
         route = run.decide("route", lambda c: "refund" if c else "close", case)
-        refund = run.effect("refund", refunds, payload={"amount": amount},
-                            operation_id="refund:case-1")
-        ticket = run.effect("ticket", tickets, payload={"route": route},
-                            operation_id="ticket:case-1")
+        refund = run.effect("refund", refunds, payload={"amount": amount}, operation_id="refund:case-1")
+        ticket = run.effect("ticket", tickets, payload={"route": route}, operation_id="ticket:case-1")
         return {"first": first, "case": case, "refund": refund["id"], "ticket": ticket["id"]}
 
     @sp.workflow("agent", version="1")
@@ -177,8 +189,9 @@ def test_replan_abandons_the_stale_tail_and_keeps_the_effect_ledger(
     assert [event.detail.get("abandoned_from") for event in replans[1:]] == ["case", "refund"]
 
 
-def _charge_then_redeploy(store: sp.Store, crash_at: Any, point: str,
-                          charges: sp.Effect | None = None) -> None:
+def _charge_then_redeploy(
+    store: sp.Store, crash_at: Any, point: str, charges: sp.Effect | None = None
+) -> None:
     """v1 charges 10 and stops at ``point``; v2 (``replan``) would charge 11 under the same
     operation id."""
     charges = charges or owner_effect("charges")
@@ -195,11 +208,11 @@ def _charge_then_redeploy(store: sp.Store, crash_at: Any, point: str,
 
 
 def test_replan_prepares_a_never_sent_effect_anew_with_its_changed_payload(
-        store: sp.Store, crash_at: Any, owner_env: OwnerService) -> None:
+    store: sp.Store, crash_at: Any, owner_env: OwnerService
+) -> None:
     """Stopped at "prepared": an effect without reconcile, as one its owner can reconcile is
     prepared and dispatching in one commit, never stopping at "prepared" alone."""
-    _charge_then_redeploy(store, crash_at, "effect.after_prepared",
-                          owner_effect("charges", reconcile=False))
+    _charge_then_redeploy(store, crash_at, "effect.after_prepared", owner_effect("charges", reconcile=False))
     before = store.load_ledger("r").operations["charge:1"]
     receipt = sp.resume(store, "r")
     assert receipt["amount"] == 11
@@ -212,7 +225,8 @@ def test_replan_prepares_a_never_sent_effect_anew_with_its_changed_payload(
 
 
 def test_replan_never_resends_a_changed_payload_that_may_have_been_sent(
-        store: sp.Store, crash_at: Any, owner_env: OwnerService) -> None:
+    store: sp.Store, crash_at: Any, owner_env: OwnerService
+) -> None:
     """Dispatching, then a crash: the owner says it never arrived, but the new plan asks for
     another payload. Resending it under the old key is what a Stripe-like owner refuses (or
     worse); the run blocks for a person instead, and nothing is sent."""
@@ -224,15 +238,15 @@ def test_replan_never_resends_a_changed_payload_that_may_have_been_sent(
 
 
 def test_replan_replays_the_receipt_of_a_changed_payload_the_owner_applied(
-        store: sp.Store, crash_at: Any, owner_env: OwnerService) -> None:
+    store: sp.Store, crash_at: Any, owner_env: OwnerService
+) -> None:
     _charge_then_redeploy(store, crash_at, "effect.after_receiver_commit")
     receipt = sp.resume(store, "r")
     assert receipt["amount"] == 10  # what happened, found by its key; nothing new was sent
     assert owner_env.client.stats()["applied"] == 1
 
 
-def test_replan_under_the_same_version_replaces_a_stale_step(store: sp.Store,
-                                                             crash_at: Any) -> None:
+def test_replan_under_the_same_version_replaces_a_stale_step(store: sp.Store, crash_at: Any) -> None:
     factor = {"value": 2}
 
     @sp.workflow("agent", compatibility="replan")

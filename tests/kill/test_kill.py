@@ -24,12 +24,18 @@ TESTS = str(Path(__file__).parents[1])
 STEP_KINDS = ("read", "model", "pure", "decision", "value")
 MATRIX = [
     "run.after_start",
-    *[f"{point}:{kind}" for point in ("step.before_record", "step.after_record")
-      for kind in STEP_KINDS],
-    *[f"{point}:effect.{step}" for point in (
-        "effect.before_prepare", "effect.after_dispatching", "effect.after_receiver_commit",
-        "effect.after_outcome", "effect.after_accept")
-      for step in ("charge", "ticket")],
+    *[f"{point}:{kind}" for point in ("step.before_record", "step.after_record") for kind in STEP_KINDS],
+    *[
+        f"{point}:effect.{step}"
+        for point in (
+            "effect.before_prepare",
+            "effect.after_dispatching",
+            "effect.after_receiver_commit",
+            "effect.after_outcome",
+            "effect.after_accept",
+        )
+        for step in ("charge", "ticket")
+    ],
     "run.before_complete",
 ]
 
@@ -40,19 +46,30 @@ def kill_owner() -> OwnerService:
         yield service
 
 
-@pytest.fixture(scope="module", params=[("flows:every_kind", "sqlite"),
-                                        ("flows:every_kind_async", "sqlite"),
-                                        ("flows:every_kind", "postgres")],
-                ids=["sync-sqlite", "async-sqlite", "sync-postgres"])
-def harness(request: pytest.FixtureRequest, kill_owner: OwnerService,
-            tmp_path_factory: pytest.TempPathFactory) -> KillHarness:
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("flows:every_kind", "sqlite"),
+        ("flows:every_kind_async", "sqlite"),
+        ("flows:every_kind", "postgres"),
+    ],
+    ids=["sync-sqlite", "async-sqlite", "sync-postgres"],
+)
+def harness(
+    request: pytest.FixtureRequest, kill_owner: OwnerService, tmp_path_factory: pytest.TempPathFactory
+) -> KillHarness:
     workflow, store = request.param
     url = None  # SQLite: a fresh file per trial
     if store == "postgres":
         url = f"{request.getfixturevalue('pg_url')}?schema=kill_{uuid.uuid4().hex[:12]}"
-    return KillHarness(workflow, ["case-8472"], owner=kill_owner,
-                       workdir=tmp_path_factory.mktemp("kill"), pythonpath=[TESTS],
-                       store_url=url)
+    return KillHarness(
+        workflow,
+        ["case-8472"],
+        owner=kill_owner,
+        workdir=tmp_path_factory.mktemp("kill"),
+        pythonpath=[TESTS],
+        store_url=url,
+    )
 
 
 # A workflow that never continues as new cannot reach these: tests/test_history.py kills there.
@@ -66,8 +83,7 @@ PREPARED_POINT = "effect.after_prepared"
 def test_matrix_covers_every_crash_point() -> None:
     from safepoint.testing import CRASH_POINTS
 
-    assert {spec.split(":")[0] for spec in MATRIX} | {PREPARED_POINT} == (
-        set(CRASH_POINTS) - CONTINUE_POINTS)
+    assert {spec.split(":")[0] for spec in MATRIX} | {PREPARED_POINT} == (set(CRASH_POINTS) - CONTINUE_POINTS)
 
 
 @pytest.mark.parametrize("crash_at", MATRIX)
@@ -87,8 +103,10 @@ def test_reference_run_applies_two_effects(harness: KillHarness) -> None:
 def random_kills(harness: KillHarness, seed: int, trials: int, latest: float) -> None:
     """SIGKILL from outside at random instants, with a slow owner to widen the windows."""
     rng = random.Random(seed)
-    reports = [harness.trial(kill_after=rng.uniform(0.05, latest), owner_faults={"delay": 0.05})
-               for _ in range(trials)]
+    reports = [
+        harness.trial(kill_after=rng.uniform(0.05, latest), owner_faults={"delay": 0.05})
+        for _ in range(trials)
+    ]
     for report in reports:
         report.check()
     assert any(report.killed for report in reports)
@@ -100,8 +118,7 @@ def test_kill_at_random_moments(harness: KillHarness) -> None:
 
 def test_kill_in_a_loop_of_effects(kill_owner: OwnerService, tmp_path: Path) -> None:
     """The second occurrence of a repeated step id (effect.line#2) killed mid-dispatch."""
-    harness = KillHarness("flows:lines", [3], owner=kill_owner, workdir=tmp_path,
-                          pythonpath=[TESTS])
+    harness = KillHarness("flows:lines", [3], owner=kill_owner, workdir=tmp_path, pythonpath=[TESTS])
     for spec in ("effect.after_dispatching@2", "effect.after_receiver_commit@3"):
         report = harness.trial(crash_at=spec)
         assert report.killed
@@ -109,34 +126,37 @@ def test_kill_in_a_loop_of_effects(kill_owner: OwnerService, tmp_path: Path) -> 
     assert harness.reference()[0]["result"] == ["ch_1", "ch_2", "ch_3"]
 
 
-@pytest.mark.parametrize(("workflow", "store"), [("flows:notify", "sqlite"),
-                                               ("flows:notify_async", "sqlite"),
-                                               ("flows:notify", "postgres")],
-                         ids=["sync-sqlite", "async-sqlite", "sync-postgres"])
-def test_kill_after_prepared(request: pytest.FixtureRequest, kill_owner: OwnerService,
-                             tmp_path: Path, workflow: str, store: str) -> None:
+@pytest.mark.parametrize(
+    ("workflow", "store"),
+    [("flows:notify", "sqlite"), ("flows:notify_async", "sqlite"), ("flows:notify", "postgres")],
+    ids=["sync-sqlite", "async-sqlite", "sync-postgres"],
+)
+def test_kill_after_prepared(
+    request: pytest.FixtureRequest, kill_owner: OwnerService, tmp_path: Path, workflow: str, store: str
+) -> None:
     """Killed with the operation prepared, never dispatching: the resume dispatches it, once.
     (DESIGN §3: prepared, never dispatching → dispatch.) The effect has no reconcile, so
     "prepared" is a commit of its own: a crash after one commit of both would block the run."""
     url = None
     if store == "postgres":
         url = f"{request.getfixturevalue('pg_url')}?schema=kill_{uuid.uuid4().hex[:12]}"
-    harness = KillHarness(workflow, ["ops@example.com"], owner=kill_owner, workdir=tmp_path,
-                          pythonpath=[TESTS], store_url=url)
+    harness = KillHarness(
+        workflow, ["ops@example.com"], owner=kill_owner, workdir=tmp_path, pythonpath=[TESTS], store_url=url
+    )
     report = harness.trial(crash_at=f"{PREPARED_POINT}:effect.notify")
     assert report.killed, "the crash point was never reached"
     report.check()
     assert (report.applied, report.duplicates) == (1, 0)
 
 
-def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerService,
-                                                          tmp_path: Path) -> None:
+def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerService, tmp_path: Path) -> None:
     """SIGKILL after the one commit of "prepared" and "dispatching", before the call: the
     resume asks the owner, which has nothing under the key, and sends it once — under the
     same key (DESIGN §3: dispatching → reconcile → NotApplied → the same key)."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    harness = KillHarness("flows:lines", [1], owner=kill_owner, workdir=tmp_path,
-                          pythonpath=[TESTS], store_url=url)
+    harness = KillHarness(
+        "flows:lines", [1], owner=kill_owner, workdir=tmp_path, pythonpath=[TESTS], store_url=url
+    )
     report = harness.trial(crash_at="effect.after_dispatching")
     assert report.killed
     report.check()
@@ -144,10 +164,12 @@ def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerServ
     try:
         [run] = [r for r in store.list_runs() if r.run_id.startswith("trial-")]
         op = store.load_ledger(run.run_id).operations["effect.line"]
-        assert [(e.kind, e.fence) for e in store.events(run.run_id)
-                if e.kind.startswith("effect.")] == [
-            ("effect.prepared", 1), ("effect.dispatching", 1),   # one commit, then the kill
-            ("effect.dispatching", 2), ("effect.accepted", 2)]   # reconciled, sent once
+        assert [(e.kind, e.fence) for e in store.events(run.run_id) if e.kind.startswith("effect.")] == [
+            ("effect.prepared", 1),
+            ("effect.dispatching", 1),  # one commit, then the kill
+            ("effect.dispatching", 2),
+            ("effect.accepted", 2),
+        ]  # reconciled, sent once
         assert op.dispatch_count == 2
         assert kill_owner.client.find_by_key("charges", op.effect_key) == op.receipt
     finally:
@@ -155,28 +177,26 @@ def test_kill_after_one_commit_of_prepared_and_dispatching(kill_owner: OwnerServ
     assert (report.applied, report.duplicates) == (1, 0)
 
 
-def test_kill_in_a_loop_of_effects_sent_over_a_kept_connection(kill_owner: OwnerService,
-                                                                tmp_path: Path) -> None:
+def test_kill_in_a_loop_of_effects_sent_over_a_kept_connection(
+    kill_owner: OwnerService, tmp_path: Path
+) -> None:
     """As above, with the effect's client keeping its connection between effects (the
     benchmark's W5): killed at each boundary and at random instants, still 0 duplicates."""
-    harness = KillHarness("flows:kept_lines", [4], owner=kill_owner, workdir=tmp_path,
-                          pythonpath=[TESTS])
+    harness = KillHarness("flows:kept_lines", [4], owner=kill_owner, workdir=tmp_path, pythonpath=[TESTS])
     assert harness.reference()[0]["result"] == ["ch_1", "ch_2", "ch_3", "ch_4"]
-    for spec in ("effect.after_dispatching@3", "effect.after_receiver_commit@2",
-                 "effect.after_outcome@3"):
+    for spec in ("effect.after_dispatching@3", "effect.after_receiver_commit@2", "effect.after_outcome@3"):
         report = harness.trial(crash_at=spec)
         assert report.killed
         report.check()
     random_kills(harness, seed=4711, trials=3, latest=0.4)
 
 
-@pytest.mark.parametrize("crash_at", ["effect.after_dispatching",
-                                      "effect.after_receiver_commit"])
-def test_no_read_path_blocks_visibly(kill_owner: OwnerService, tmp_path: Path,
-                                     crash_at: str) -> None:
+@pytest.mark.parametrize("crash_at", ["effect.after_dispatching", "effect.after_receiver_commit"])
+def test_no_read_path_blocks_visibly(kill_owner: OwnerService, tmp_path: Path, crash_at: str) -> None:
     """An owner with no read path cannot be reconciled: the run blocks, never re-sends."""
-    harness = KillHarness("flows:notify", ["ops@example.com"], owner=kill_owner,
-                          workdir=tmp_path, pythonpath=[TESTS])
+    harness = KillHarness(
+        "flows:notify", ["ops@example.com"], owner=kill_owner, workdir=tmp_path, pythonpath=[TESTS]
+    )
     report = harness.trial(crash_at=crash_at)
     assert report.killed
     assert report.final is not None

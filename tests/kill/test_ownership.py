@@ -49,9 +49,15 @@ for line in sys.stdin:
 
 def _resumer(url: str, owner: OwnerService) -> subprocess.Popen[str]:
     env = {**os.environ, "SAFEPOINT_OWNER_URL": owner.url}
-    return subprocess.Popen([sys.executable, "-c", _RESUMER.format(tests=TESTS, url=url)],
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, bufsize=1)
+    return subprocess.Popen(
+        [sys.executable, "-c", _RESUMER.format(tests=TESTS, url=url)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
 
 
 @pytest.mark.slow
@@ -77,13 +83,15 @@ def test_two_resumers_from_one_revision(store_url: str, owner_env: OwnerService)
                 proc.stdin.write("go\n")  # type: ignore[union-attr]
             outcomes[run_id] = sorted(
                 json.loads(proc.stdout.readline())["outcome"]  # type: ignore[union-attr]
-                for proc in resumers)
+                for proc in resumers
+            )
     finally:
         for proc in resumers:
             proc.stdin.close()  # type: ignore[union-attr]
             proc.wait(timeout=30)
-    assert all(pair in (["owned", "returned"], ["returned", "returned"])
-               for pair in outcomes.values()), outcomes
+    assert all(pair in (["owned", "returned"], ["returned", "returned"]) for pair in outcomes.values()), (
+        outcomes
+    )
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (TRIALS, 0)
     stale = []
@@ -98,12 +106,15 @@ def test_two_resumers_from_one_revision(store_url: str, owner_env: OwnerService)
         if len(claims) != 1 or len(writers) != 1:
             stale.append((run_id, writers))
     assert stale == []
-    figures = {"trials": TRIALS, "claims_won": TRIALS,
-               "refused_owned": sum(pair == ["owned", "returned"] for pair in outcomes.values()),
-               "attached_to_result": sum(pair == ["returned", "returned"]
-                                         for pair in outcomes.values()),
-               "stale_writes_accepted": len(stale), "dispatches": stats["applied"],
-               "duplicates": stats["duplicates"]}
+    figures = {
+        "trials": TRIALS,
+        "claims_won": TRIALS,
+        "refused_owned": sum(pair == ["owned", "returned"] for pair in outcomes.values()),
+        "attached_to_result": sum(pair == ["returned", "returned"] for pair in outcomes.values()),
+        "stale_writes_accepted": len(stale),
+        "dispatches": stats["applied"],
+        "duplicates": stats["duplicates"],
+    }
     print("two-resumer figures:", json.dumps(figures))
 
 
@@ -119,24 +130,43 @@ def _wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
     raise AssertionError("child never reached its stop point")
 
 
-@pytest.mark.parametrize("point", [
-    "step.before_record",        # frozen inside a long step: its record is refused by the fence
-    "effect.after_dispatching",  # frozen between "dispatching" and the call: the owner refuses it
-])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "step.before_record",  # frozen inside a long step: its record is refused by the fence
+        "effect.after_dispatching",  # frozen between "dispatching" and the call: the owner refuses it
+    ],
+)
 def test_a_zombie_worker_writes_nothing_and_dispatches_nothing(
-        store_url: str, owner_env: OwnerService, point: str) -> None:
+    store_url: str, owner_env: OwnerService, point: str
+) -> None:
     """Worker A freezes (SIGSTOP, heartbeat and all) until its lease expires; worker B takes the
     run over and finishes it; A wakes up (SIGCONT) and must neither write nor dispatch."""
     run_id = f"zombie-{time.monotonic_ns()}"
-    zombie = spawn_child("flows:fenced", store_url=store_url, run_id=run_id, args=[run_id],
-                         crash_at=point, crash_mode="stop", owner_url=owner_env.url,
-                         pythonpath=[TESTS], lease_ms=ZOMBIE_LEASE_MS)
+    zombie = spawn_child(
+        "flows:fenced",
+        store_url=store_url,
+        run_id=run_id,
+        args=[run_id],
+        crash_at=point,
+        crash_mode="stop",
+        owner_url=owner_env.url,
+        pythonpath=[TESTS],
+        lease_ms=ZOMBIE_LEASE_MS,
+    )
     _wait_stopped(zombie)
     store = sp.open_store(store_url)
     zombie_owner = store.get_run(run_id).owner
     time.sleep(ZOMBIE_LEASE_MS / 1000 + 0.3)  # frozen, it cannot renew: the lease runs out
-    taken = run_child("flows:fenced", store_url=store_url, run_id=run_id, resume=True,
-                      owner_url=owner_env.url, pythonpath=[TESTS], timeout=90)
+    taken = run_child(
+        "flows:fenced",
+        store_url=store_url,
+        run_id=run_id,
+        resume=True,
+        owner_url=owner_env.url,
+        pythonpath=[TESTS],
+        timeout=90,
+    )
     assert taken.outcome is not None, taken.stderr
     assert taken.outcome["status"] == "completed", taken.outcome
     events_before = len(store.events(run_id))

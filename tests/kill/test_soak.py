@@ -29,22 +29,39 @@ TOP_UP = 20  # runs added when every run has ended before the kills were all mad
 
 
 def _worker(url: str, owner: OwnerService) -> subprocess.Popen[str]:
-    env = {**os.environ, "SAFEPOINT_OWNER_URL": owner.url,
-           "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "SAFEPOINT_OWNER_URL": owner.url,
+        "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "safepoint", "--store", url, "worker", "--import", "flows",
-         "--lease", "1", "--concurrency", "2"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        [
+            sys.executable,
+            "-m",
+            "safepoint",
+            "--store",
+            url,
+            "worker",
+            "--import",
+            "flows",
+            "--lease",
+            "1",
+            "--concurrency",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
-def _victim(store: sp.Store, workers: list[subprocess.Popen[str]],
-            rng: random.Random) -> int | None:
+def _victim(store: sp.Store, workers: list[subprocess.Popen[str]], rng: random.Random) -> int | None:
     """The worker to kill next: one that owns a run in progress, so that every kill interrupts
     work; None while no worker does (killing workers still starting up would test nothing: on a
     slow machine every kill could land before any claim)."""
     try:
-        owning = {run.owner.split(":")[3] for run in store.list_runs(RunStatus.RUNNING, RUNS)
-                  if run.owner}
+        owning = {run.owner.split(":")[3] for run in store.list_runs(RunStatus.RUNNING, RUNS) if run.owner}
     except sp.StoreError:  # the database is restarting under the soak
         return None
     busy = [i for i, proc in enumerate(workers) if str(proc.pid) in owning]
@@ -62,8 +79,9 @@ def _ended(run: RunRecord) -> bool:
     return run.status.terminal or run.status is RunStatus.BLOCKED
 
 
-def soak(url: str, owner: OwnerService, *, seed: int = 8472,
-         midway: Callable[[], None] | None = None) -> dict[str, int]:
+def soak(
+    url: str, owner: OwnerService, *, seed: int = 8472, midway: Callable[[], None] | None = None
+) -> dict[str, int]:
     """Run the soak; ``midway`` is called once, after half the kills (a database restart)."""
     import flows
 
@@ -118,10 +136,17 @@ def soak(url: str, owner: OwnerService, *, seed: int = 8472,
         if charge is None or charge["idempotency_key"] != op.effect_key:
             lost += 1
     stats = owner.client.stats()
-    figures = {"runs": len(ids), "kills": kills, "completed": len(completed),
-               "blocked": len(blocked), "unfinished": len(ids) - len(completed) - len(blocked),
-               "applied": stats["applied"], "duplicates": stats["duplicates"], "lost": lost,
-               "resumes": sum(run.resume_count for run in runs)}
+    figures = {
+        "runs": len(ids),
+        "kills": kills,
+        "completed": len(completed),
+        "blocked": len(blocked),
+        "unfinished": len(ids) - len(completed) - len(blocked),
+        "applied": stats["applied"],
+        "duplicates": stats["duplicates"],
+        "lost": lost,
+        "resumes": sum(run.resume_count for run in runs),
+    }
     print("soak figures:", json.dumps(figures))
     return figures
 
@@ -140,8 +165,12 @@ def test_random_kill_soak(store_url: str, owner_env: OwnerService) -> None:
 
 def _restart_postgres() -> None:
     versions = sorted(os.listdir("/etc/postgresql"))
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main",
-                    "restart"], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
 
 
 def test_soak_survives_a_database_restart(pg_url: str, owner_env: OwnerService) -> None:

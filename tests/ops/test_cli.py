@@ -25,8 +25,12 @@ from safepoint.testing import run_child
 from safepoint.types import EffectState, EventRecord, RunRecord, RunStatus
 
 # rich colours its output when these say so, even into a pipe; the assertions read plain text.
-_PLAIN_ENV: dict[str, str | None] = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None,
-                                     "SAFEPOINT_URL": None, "COLUMNS": "80"}
+_PLAIN_ENV: dict[str, str | None] = {
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "SAFEPOINT_URL": None,
+    "COLUMNS": "80",
+}
 
 
 def lookup(name: str) -> dict[str, str]:
@@ -55,8 +59,7 @@ def greet(run: sp.Run, name: str) -> dict[str, str]:
     # Step ids out of alphabetical order, so the timeline's order can only come from seq.
     person = run.read("lookup", lookup, name)
     text = run.pure("compose", compose, person)
-    receipt = run.effect("send", mail, payload={"to": name, "text": text},
-                         operation_id=f"mail:{name}")
+    receipt = run.effect("send", mail, payload={"to": name, "text": text}, operation_id=f"mail:{name}")
     return {"text": text, "mail": receipt["id"]}
 
 
@@ -98,8 +101,7 @@ def two_runs(ledger: sp.Store) -> sp.Store:
 
 def invoke(url: str, *args: str) -> Result:
     # catch_exceptions=False: a traceback anywhere fails the test instead of hiding in Result.
-    return CliRunner().invoke(cli, ["--store", url, *args], env=_PLAIN_ENV,
-                              catch_exceptions=False)
+    return CliRunner().invoke(cli, ["--store", url, *args], env=_PLAIN_ENV, catch_exceptions=False)
 
 
 def line_of(text: str, first_word: str) -> str:
@@ -112,13 +114,13 @@ def section(text: str, start: str, end: str | None = None) -> list[str]:
     """The non-empty lines after the rule titled ``start`` and before the one titled ``end``."""
     lines = text.splitlines()
     begin = next(i for i, line in enumerate(lines) if line.startswith(f"{start} ─"))
-    stop = next((i for i, line in enumerate(lines) if end and line.startswith(f"{end} ─")),
-                len(lines))
-    return [line for line in lines[begin + 1:stop] if line.strip()]
+    stop = next((i for i, line in enumerate(lines) if end and line.startswith(f"{end} ─")), len(lines))
+    return [line for line in lines[begin + 1 : stop] if line.strip()]
 
 
 def test_runs_lists_each_run_with_its_status_and_the_phase_of_a_blocked_one(
-        two_runs: sp.Store, url: str) -> None:
+    two_runs: sp.Store, url: str
+) -> None:
     result = invoke(url, "runs")
     assert result.exit_code == 0, result.output
     done = line_of(result.stdout, "done").split()
@@ -137,8 +139,7 @@ def test_runs_filters_by_status_and_limits(two_runs: sp.Store, url: str) -> None
     assert "no failed runs" in invoke(url, "runs", "--status", "failed").stdout
 
 
-def test_show_prints_the_header_the_steps_in_order_and_the_events(
-        two_runs: sp.Store, url: str) -> None:
+def test_show_prints_the_header_the_steps_in_order_and_the_events(two_runs: sp.Store, url: str) -> None:
     result = invoke(url, "show", "done")
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -147,17 +148,26 @@ def test_show_prints_the_header_the_steps_in_order_and_the_events(
     assert '{"text":"hello ada","mail":"mail-ada"}' in line_of(out, "result")
     steps = section(out, "steps", "events")[1:]  # below the header
     assert [row.split()[:3] for row in steps] == [
-        ["1", "read", "lookup"], ["2", "pure", "compose"], ["3", "effect", "send"]]
+        ["1", "read", "lookup"],
+        ["2", "pure", "compose"],
+        ["3", "effect", "send"],
+    ]
     key = two_runs.load_ledger("done").operations["mail:ada"].effect_key
     assert steps[2].split()[-3:] == ["mail:ada", "accepted", key]
     events = [row.split()[1] for row in section(out, "events")[1:]]
-    assert events == ["run.started", "effect.prepared", "effect.dispatching", "effect.accepted",
-                      "run.completed"]
+    assert events == [
+        "run.started",
+        "effect.prepared",
+        "effect.dispatching",
+        "effect.accepted",
+        "run.completed",
+    ]
     assert "blocked" not in out
 
 
 def test_show_puts_a_blocked_runs_reason_and_next_actions_before_its_steps(
-        two_runs: sp.Store, url: str) -> None:
+    two_runs: sp.Store, url: str
+) -> None:
     out = invoke(url, "show", "stuck").stdout
     record = two_runs.get_run("stuck").recovery_record
     assert record is not None
@@ -175,8 +185,7 @@ def test_show_puts_a_blocked_runs_reason_and_next_actions_before_its_steps(
     assert in_flight[-3:-1] == ["call:bob", "unknown"]
 
 
-def test_show_gives_a_failed_steps_error_in_place_of_its_result(
-        ledger: sp.Store, url: str) -> None:
+def test_show_gives_a_failed_steps_error_in_place_of_its_result(ledger: sp.Store, url: str) -> None:
     with pytest.raises(sp.SafepointError):
         sp.start(ledger, failing, "zed", run_id="failed")
     out = invoke(url, "show", "failed").stdout
@@ -195,8 +204,7 @@ def test_record_prints_the_recovery_record_as_json(two_runs: sp.Store, url: str)
     assert printed["operation_id"] == "call:bob"
 
 
-def test_record_of_a_run_that_is_not_blocked_fails_on_stderr(
-        two_runs: sp.Store, url: str) -> None:
+def test_record_of_a_run_that_is_not_blocked_fails_on_stderr(two_runs: sp.Store, url: str) -> None:
     result = invoke(url, "record", "done")
     assert result.exit_code == 1
     assert result.stdout == ""
@@ -204,8 +212,7 @@ def test_record_of_a_run_that_is_not_blocked_fails_on_stderr(
 
 
 @pytest.mark.parametrize("command", ["show", "record", "resume"])
-def test_an_unknown_run_is_one_clear_line_and_exit_code_1(ledger: sp.Store, url: str,
-                                                           command: str) -> None:
+def test_an_unknown_run_is_one_clear_line_and_exit_code_1(ledger: sp.Store, url: str, command: str) -> None:
     result = invoke(url, command, "no-such-run")
     assert result.exit_code == 1
     assert result.stderr == f"error: {RunNotFound('no-such-run').message}\n"
@@ -226,15 +233,13 @@ def test_migrate_creates_the_store_and_prints_its_schema_version(tmp_path: Path)
     assert result.stdout.startswith(f"schema version {version} ")
 
 
-def test_resume_of_a_completed_run_prints_its_result_as_json(
-        two_runs: sp.Store, url: str) -> None:
+def test_resume_of_a_completed_run_prints_its_result_as_json(two_runs: sp.Store, url: str) -> None:
     result = invoke(url, "resume", "done")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"text": "hello ada", "mail": "mail-ada"}
 
 
-def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(
-        two_runs: sp.Store, url: str) -> None:
+def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(two_runs: sp.Store, url: str) -> None:
     before = two_runs.get_run("stuck")
     result = invoke(url, "resume", "stuck")
     assert result.exit_code == 3
@@ -250,7 +255,7 @@ def test_resume_of_a_blocked_run_exits_3_and_points_at_the_record(
     assert after.resume_count == before.resume_count
 
 
-RESUMABLE = '''
+RESUMABLE = """
 import safepoint as sp
 
 
@@ -266,16 +271,23 @@ def times_ten(n):
 def resumable(run, n):
     a = run.pure("one", plus_one, n)
     return {"value": run.pure("two", times_ten, a)}
-'''
+"""
 
 
 def test_resume_after_a_real_kill_imports_the_workflow_from_the_working_directory(
-        tmp_path: Path, url: str, ledger: sp.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, url: str, ledger: sp.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     module = "cli_test_resumable_flow"
     assert module not in sys.modules
     (tmp_path / f"{module}.py").write_text(RESUMABLE)
-    killed = run_child(f"{module}:resumable", store_url=url, run_id="killed", args=[4],
-                       crash_at="step.after_record:one", pythonpath=[str(tmp_path)])
+    killed = run_child(
+        f"{module}:resumable",
+        store_url=url,
+        run_id="killed",
+        args=[4],
+        crash_at="step.after_record:one",
+        pythonpath=[str(tmp_path)],
+    )
     assert killed.killed, killed.stderr
 
     # Without the module this process has no such workflow: one line that says --import.
@@ -299,8 +311,9 @@ def test_resume_with_a_module_that_does_not_exist_is_a_usage_error(url: str) -> 
     assert "no module named 'no_such_module_for_cli_tests'" in result.stderr
 
 
-@pytest.mark.parametrize(("seconds", "said"), [(5, "5s ago"), (90, "1m ago"),
-                                               (3 * 3600, "3h ago"), (2 * 86400, "2d ago")])
+@pytest.mark.parametrize(
+    ("seconds", "said"), [(5, "5s ago"), (90, "1m ago"), (3 * 3600, "3h ago"), (2 * 86400, "2d ago")]
+)
 def test_ago_says_how_long_ago_as_a_person_would(seconds: int, said: str) -> None:
     now = 1_800_000_000_000
     assert ago(now - seconds * 1000, now) == said
@@ -308,8 +321,14 @@ def test_ago_says_how_long_ago_as_a_person_would(seconds: int, said: str) -> Non
 
 def demo_process(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
-    return subprocess.run([sys.executable, "-m", "safepoint", "demo", *args], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "safepoint", "demo", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.kill
@@ -351,8 +370,7 @@ def starting_worker(events: list[EventRecord]) -> str | None:
 
 
 def run_cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
-    return CliRunner().invoke(cli, list(args), env={**_PLAIN_ENV, **(env or {})},
-                              catch_exceptions=False)
+    return CliRunner().invoke(cli, list(args), env={**_PLAIN_ENV, **(env or {})}, catch_exceptions=False)
 
 
 def test_store_may_follow_the_command_too(two_runs: sp.Store, url: str, tmp_path: Path) -> None:
@@ -370,12 +388,15 @@ def test_store_may_follow_the_command_too(two_runs: sp.Store, url: str, tmp_path
 
 
 @pytest.mark.parametrize("where", ["before and after", "twice before", "twice after"])
-def test_two_different_stores_are_a_usage_error(two_runs: sp.Store, url: str, tmp_path: Path,
-                                                where: str) -> None:
+def test_two_different_stores_are_a_usage_error(
+    two_runs: sp.Store, url: str, tmp_path: Path, where: str
+) -> None:
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    args = {"before and after": ["--store", url, "runs", "--store", other],
-            "twice before": ["--store", url, "--store", other, "runs"],
-            "twice after": ["runs", "--store", url, "--store", other]}[where]
+    args = {
+        "before and after": ["--store", url, "runs", "--store", other],
+        "twice before": ["--store", url, "--store", other, "runs"],
+        "twice after": ["runs", "--store", url, "--store", other],
+    }[where]
     result = run_cli(*args)
     assert result.exit_code == 2
     assert f"--store names 2 ledgers ({url!r}, {other!r}): name one" in result.stderr
@@ -384,16 +405,22 @@ def test_two_different_stores_are_a_usage_error(two_runs: sp.Store, url: str, tm
     assert run_cli("--store", url, "--store", url, "runs", "--store", url).exit_code == 0
 
 
-LOOKING = [["runs"], ["show", "r"], ["show", "r", "--json"], ["record", "r"], ["resume", "r"],
-           ["cancel", "r", "--by", "ana"], ["approve", "r", "s", "--by", "ana"],
-           ["revoke", "r", "s", "--by", "ana", "--reason", "why"],
-           ["resolve", "r", "--abandon", "--revision", "1", "--by", "ana"]]
+LOOKING = [
+    ["runs"],
+    ["show", "r"],
+    ["show", "r", "--json"],
+    ["record", "r"],
+    ["resume", "r"],
+    ["cancel", "r", "--by", "ana"],
+    ["approve", "r", "s", "--by", "ana"],
+    ["revoke", "r", "s", "--by", "ana", "--reason", "why"],
+    ["resolve", "r", "--abandon", "--revision", "1", "--by", "ana"],
+]
 
 
 @pytest.mark.parametrize("form", ["url", "path", "after"])
 @pytest.mark.parametrize("command", LOOKING, ids=lambda c: " ".join(c[:1] + c[2:3]))
-def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: list[str],
-                                                     form: str) -> None:
+def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: list[str], form: str) -> None:
     where = tmp_path / "typo" / "ledger.db" if form == "path" else tmp_path / "ledger.db"
     if form == "path":
         where.parent.mkdir()
@@ -409,7 +436,8 @@ def test_a_command_about_runs_never_creates_a_ledger(tmp_path: Path, command: li
 
 @pytest.mark.parametrize("command", LOOKING[:4], ids=lambda c: " ".join(c[:1] + c[2:3]))
 def test_a_command_about_runs_never_creates_a_ledger_in_a_postgresql_schema(
-        pg_url: str, command: list[str]) -> None:
+    pg_url: str, command: list[str]
+) -> None:
     """A schema name mistyped is no ledger either: looking at it creates neither the schema nor
     a ledger's tables in it (nor in a schema that holds something else)."""
     import psycopg
@@ -421,16 +449,18 @@ def test_a_command_about_runs_never_creates_a_ledger_in_a_postgresql_schema(
     assert result.stderr.startswith("error: no ledger at "), result.stderr
     assert "safepoint migrate" in result.stderr
     with psycopg.connect(pg_url) as conn:
-        found = conn.execute("SELECT count(*) FROM information_schema.schemata"
-                             " WHERE schema_name = %s", (schema,)).fetchone()
+        found = conn.execute(
+            "SELECT count(*) FROM information_schema.schemata WHERE schema_name = %s", (schema,)
+        ).fetchone()
     assert found == (0,)
     assert run_cli("migrate", "--store", url).exit_code == 0  # and migrate sets it up
     assert run_cli(*command, "--store", url).stderr.startswith(("", "error: no run"))
 
 
 @pytest.mark.parametrize("command", LOOKING[1:], ids=lambda c: " ".join(c[:1] + c[2:3]))
-def test_a_run_id_no_ledger_can_hold_is_one_clear_line(two_runs: sp.Store, url: str,
-                                                       command: list[str]) -> None:
+def test_a_run_id_no_ledger_can_hold_is_one_clear_line(
+    two_runs: sp.Store, url: str, command: list[str]
+) -> None:
     """An argument that is not UTF-8 reaches the command as a lone surrogate: no run can have
     that id, and every command says so as it says it of any malformed id."""
     name, _, *rest = command
@@ -454,8 +484,7 @@ def big_page(size: int) -> dict[str, str]:
 @sp.workflow("cli-test-big")
 def big(run: sp.Run, size: int) -> Any:
     page = run.read("page", big_page, size)
-    return run.effect("send", mail, payload={"to": "ada", "text": page["body"]},
-                      operation_id="mail:big")
+    return run.effect("send", mail, payload={"to": "ada", "text": page["body"]}, operation_id="mail:big")
 
 
 def test_show_json_prints_the_whole_ledger_as_valid_json(ledger: sp.Store, url: str) -> None:
@@ -478,8 +507,7 @@ def test_show_json_prints_the_whole_ledger_as_valid_json(ledger: sp.Store, url: 
 ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
 
-def test_show_prints_times_as_utc_instants_and_how_long_ago(two_runs: sp.Store,
-                                                            url: str) -> None:
+def test_show_prints_times_as_utc_instants_and_how_long_ago(two_runs: sp.Store, url: str) -> None:
     out = invoke(url, "show", "done").stdout
     assert re.fullmatch(rf"created\s+{ISO} \(\d+s ago\)\s*", line_of(out, "created"))
     assert re.fullmatch(rf"updated\s+{ISO} \(\d+s ago\)\s*", line_of(out, "updated"))
@@ -496,8 +524,7 @@ def claimed(store: sp.Store, run_id: str, owner: str, lease_ms: int) -> RunRecor
     return store.get_run(run_id)
 
 
-def test_a_run_held_by_a_live_worker_says_until_when_readably(store: sp.Store,
-                                                              store_url: str) -> None:
+def test_a_run_held_by_a_live_worker_says_until_when_readably(store: sp.Store, store_url: str) -> None:
     claimed(store, "held", "w-live", 600_000)
     listed = invoke(store_url, "runs").stdout
     row = line_of(listed, "held")
@@ -511,8 +538,7 @@ def test_a_run_held_by_a_live_worker_says_until_when_readably(store: sp.Store,
     assert re.search(rf"{ISO} \(in \d+m\)", refused.stderr), refused.stderr
 
 
-def test_a_run_whose_workers_lease_expired_is_shown_as_such(store: sp.Store,
-                                                            store_url: str) -> None:
+def test_a_run_whose_workers_lease_expired_is_shown_as_such(store: sp.Store, store_url: str) -> None:
     run = claimed(store, "orphan", "w-gone", 1)
     assert run.lease_expires_at is not None
     while store.now() <= run.lease_expires_at:  # the store's clock decides, as claims do
@@ -522,19 +548,26 @@ def test_a_run_whose_workers_lease_expired_is_shown_as_such(store: sp.Store,
     assert "w-gone (lease expired" in row
     assert " running " not in row
     shown = invoke(store_url, "show", "orphan").stdout
-    assert line_of(shown, "status").split() == ["status", "lease", "expired", "(status",
-                                                "running)"]
-    assert re.search(rf"owner\s+w-gone, lease expired {ISO} \(\d+s ago\) — its worker is gone",
-                     shown)
+    assert line_of(shown, "status").split() == ["status", "lease", "expired", "(status", "running)"]
+    assert re.search(rf"owner\s+w-gone, lease expired {ISO} \(\d+s ago\) — its worker is gone", shown)
 
 
-def test_a_run_released_by_a_resolution_does_not_claim_to_be_running(
-        store: sp.Store, store_url: str) -> None:
+def test_a_run_released_by_a_resolution_does_not_claim_to_be_running(store: sp.Store, store_url: str) -> None:
     with pytest.raises(sp.NeedsReconciliation):
         sp.start(store, stuck, "bob", run_id="settled")
     revision = store.get_run("settled").state_revision
-    done = invoke(store_url, "resolve", "settled", "--applied", "--receipt", '{"id": "c_1"}',
-                  "--revision", str(revision), "--by", "ana")
+    done = invoke(
+        store_url,
+        "resolve",
+        "settled",
+        "--applied",
+        "--receipt",
+        '{"id": "c_1"}',
+        "--revision",
+        str(revision),
+        "--by",
+        "ana",
+    )
     assert done.exit_code == 0, done.output
     assert "now released" in done.stdout
     run = store.get_run("settled")
@@ -555,14 +588,12 @@ def needs_approval(run: sp.Run) -> Any:
     return run.effect("refund", refundable, payload={"amount": 5}, approval=True)
 
 
-def test_approving_a_step_that_cannot_be_approved_says_which_can(ledger: sp.Store,
-                                                                 url: str) -> None:
+def test_approving_a_step_that_cannot_be_approved_says_which_can(ledger: sp.Store, url: str) -> None:
     with pytest.raises(sp.AwaitingApproval):
         sp.start(ledger, needs_approval, run_id="gated")
     wrong = invoke(url, "approve", "gated", "lookup", "--by", "ana")
     assert wrong.exit_code == 1
-    assert "the steps of run 'gated' that can be approved: 'refund' (the run waits for it)" in (
-        wrong.stderr)
+    assert "the steps of run 'gated' that can be approved: 'refund' (the run waits for it)" in (wrong.stderr)
     sp.start(ledger, greet, "ada", run_id="done")
     nothing = invoke(url, "approve", "done", "send", "--by", "ana")
     assert nothing.exit_code == 1
@@ -584,15 +615,13 @@ def test_a_file_that_holds_no_ledger_is_not_turned_into_one(tmp_path: Path) -> N
     for path in (empty, other):
         result = run_cli("show", "r", "--store", str(path))
         assert result.exit_code == 1
-        assert result.stderr.startswith(f"error: no ledger at '{path}': the file holds no"
-                                        " safepoint ledger")
+        assert result.stderr.startswith(f"error: no ledger at '{path}': the file holds no safepoint ledger")
     assert empty.read_bytes() == b""
     assert other.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.db", "other.db"]
 
 
-def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.Store,
-                                                                    url: str) -> None:
+def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.Store, url: str) -> None:
     run = claimed(ledger, "orphan", "w-gone", 1)
     assert run.lease_expires_at is not None
     while ledger.now() <= run.lease_expires_at:
@@ -606,8 +635,7 @@ def test_cancelling_a_run_no_worker_holds_does_not_promise_a_worker(ledger: sp.S
 @pytest.mark.parametrize("quoted", ["epoch ms 1800000025000", "2027-01-15T08:00:25+00:00"])
 def test_an_error_carrying_a_moment_is_printed_with_how_far_it_is(quoted: str) -> None:
     now = 1_800_000_000_000
-    error = sp.SafepointError(f"held by worker 'w-1' until {quoted}; wait",
-                              lease_expires_at=now + 25_000)
+    error = sp.SafepointError(f"held by worker 'w-1' until {quoted}; wait", lease_expires_at=now + 25_000)
     printed = error_text(error, now)
     assert "2027-01-15T08:00:25Z (in 25s)" in printed
     assert "epoch ms" not in printed

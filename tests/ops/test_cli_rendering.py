@@ -23,10 +23,14 @@ from safepoint.ops.cli import cli
 # CSI (C1) that clears the screen, and a right-to-left override.
 HOSTILE = "\x1b]0;pwned\x07\x1b[31m[/red][bold]x\r\x08\x9b2J\u202e"
 UNSAFE = ("\x1b", "\x07", "\r", "\x08", "\x9b", "\u202e")
-SEEN = ("\\x1b]0;pwned\\x07\\x1b[31m[/red][bold]x\\r\\x08\\x9b2J\\u202e")  # as printed
+SEEN = "\\x1b]0;pwned\\x07\\x1b[31m[/red][bold]x\\r\\x08\\x9b2J\\u202e"  # as printed
 
-_PLAIN_ENV: dict[str, str | None] = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None,
-                                     "SAFEPOINT_URL": None, "COLUMNS": "80"}
+_PLAIN_ENV: dict[str, str | None] = {
+    "FORCE_COLOR": None,
+    "TTY_COMPATIBLE": None,
+    "SAFEPOINT_URL": None,
+    "COLUMNS": "80",
+}
 
 RUN, STEP, OP, WORKFLOW = (f"run{HOSTILE}", f"step{HOSTILE}", f"op{HOSTILE}", f"wf{HOSTILE}")
 
@@ -64,15 +68,19 @@ def forge(path: Path, renames: dict[str, str]) -> None:
     may hold them: nothing that reads a ledger may trust what it finds there."""
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA foreign_keys=OFF")
-        tables = [row[0] for row in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'safepoint_%'")]
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'safepoint_%'"
+            )
+        ]
         for table in tables:
             for column in [row[1] for row in conn.execute(f"PRAGMA table_info({table})")]:
                 if column.endswith(("run_id", "step_id", "operation_id", "chain_id")) or (
-                        column == "workflow"):
+                    column == "workflow"
+                ):
                     for old, new in renames.items():
-                        conn.execute(f"UPDATE {table} SET {column} = ? WHERE {column} = ?",
-                                     (new, old))
+                        conn.execute(f"UPDATE {table} SET {column} = ? WHERE {column} = ?", (new, old))
     conn.close()
 
 
@@ -91,20 +99,27 @@ def hostile(tmp_path: Path) -> str:
             sp.start(store, waiting, run_id="waiting-token")
         with pytest.raises(sp.AwaitingApproval):
             sp.start(store, waiting, run_id="approved-token")
-        sp.approve(store, "approved-token", "gate", by=f"ana{HOSTILE}",
-                   expires=timedelta(hours=1))
+        sp.approve(store, "approved-token", "gate", by=f"ana{HOSTILE}", expires=timedelta(hours=1))
     finally:
         store.close()
-    forge(path, {"run-token": RUN, "fetch-token": STEP, "send-token": f"send{HOSTILE}",
-                 "op-token": OP, "terminal-test-stuck": WORKFLOW,
-                 "failed-token": f"failed{HOSTILE}", "waiting-token": f"waiting{HOSTILE}",
-                 "approved-token": f"approved{HOSTILE}"})
+    forge(
+        path,
+        {
+            "run-token": RUN,
+            "fetch-token": STEP,
+            "send-token": f"send{HOSTILE}",
+            "op-token": OP,
+            "terminal-test-stuck": WORKFLOW,
+            "failed-token": f"failed{HOSTILE}",
+            "waiting-token": f"waiting{HOSTILE}",
+            "approved-token": f"approved{HOSTILE}",
+        },
+    )
     return f"sqlite:///{path}"
 
 
 def invoke(url: str, *args: str) -> Result:
-    return CliRunner().invoke(cli, ["--store", url, *args], env=_PLAIN_ENV,
-                              catch_exceptions=False)
+    return CliRunner().invoke(cli, ["--store", url, *args], env=_PLAIN_ENV, catch_exceptions=False)
 
 
 def assert_inert(result: Result) -> None:
@@ -114,11 +129,17 @@ def assert_inert(result: Result) -> None:
             assert char not in stream, f"{char!r} reached the terminal:\n{stream!r}"
 
 
-@pytest.mark.parametrize("command", [
-    ["runs"], ["show", RUN], ["show", f"failed{HOSTILE}"], ["show", f"waiting{HOSTILE}"],
-    ["show", f"approved{HOSTILE}"]])
-def test_ids_messages_and_payloads_are_printed_as_visible_escapes(
-        hostile: str, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs"],
+        ["show", RUN],
+        ["show", f"failed{HOSTILE}"],
+        ["show", f"waiting{HOSTILE}"],
+        ["show", f"approved{HOSTILE}"],
+    ],
+)
+def test_ids_messages_and_payloads_are_printed_as_visible_escapes(hostile: str, command: list[str]) -> None:
     result = invoke(hostile, *command)
     assert result.exit_code == 0, result.output
     assert_inert(result)
@@ -140,10 +161,12 @@ def test_show_prints_every_hostile_value_of_a_run_visibly(hostile: str) -> None:
     assert '"note": "\\u001b]0;pwned\\u0007' in waiting  # the payload, as JSON escapes it
 
 
-@pytest.mark.parametrize("command", [["show", RUN, "--json"], ["record", RUN],
-                                     ["show", f"waiting{HOSTILE}", "--json"]])
+@pytest.mark.parametrize(
+    "command", [["show", RUN, "--json"], ["record", RUN], ["show", f"waiting{HOSTILE}", "--json"]]
+)
 def test_json_output_escapes_them_the_json_way_and_keeps_every_value(
-        hostile: str, command: list[str]) -> None:
+    hostile: str, command: list[str]
+) -> None:
     result = invoke(hostile, *command)
     assert result.exit_code == 0, result.output
     assert_inert(result)
@@ -177,11 +200,15 @@ def test_errors_that_quote_hostile_values_are_escaped_too(hostile: str) -> None:
 
 
 def test_a_real_terminal_process_receives_no_control_bytes(hostile: str) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "SAFEPOINT_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "SAFEPOINT_URL")}
     for args in (["show", RUN], ["runs"], ["show", f"nope{HOSTILE}"]):
-        done = subprocess.run([sys.executable, "-m", "safepoint", "--store", hostile, *args],
-                              env=env, capture_output=True, timeout=60, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "safepoint", "--store", hostile, *args],
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode in (0, 1), done.stderr
         assert b"Traceback" not in done.stderr
         for stream in (done.stdout, done.stderr):
@@ -197,13 +224,25 @@ def test_the_workers_log_lines_are_escaped_too(tmp_path: Path) -> None:
     finally:
         store.close()
     forge(path, {"queued-token": f"queued{HOSTILE}"})
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "SAFEPOINT_URL")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                      env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "safepoint", "worker", "--store", str(path),
-                           "--import", "test_cli_rendering", "--until-idle"],
-                          env=env, capture_output=True, timeout=60, check=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "SAFEPOINT_URL")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "safepoint",
+            "worker",
+            "--store",
+            str(path),
+            "--import",
+            "test_cli_rendering",
+            "--until-idle",
+        ],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert b"failed 1" in done.stderr
     assert f"run queued{SEEN}".encode() in done.stderr

@@ -42,8 +42,9 @@ def _get(board: Dashboard, path: str) -> tuple[int, str]:
     """A GET as a browser (or, for the JSON API, a token holder) sends it."""
     headers = {"Authorization": f"Bearer {TOKEN}"} if path.startswith("/api/") else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(board.url + path, headers=headers),
-                                    timeout=10) as answer:
+        with urllib.request.urlopen(
+            urllib.request.Request(board.url + path, headers=headers), timeout=10
+        ) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
@@ -52,9 +53,12 @@ def _get(board: Dashboard, path: str) -> tuple[int, str]:
 def _post(board: Dashboard, path: str, form: dict[str, Any]) -> tuple[int, str]:
     """A form POST as the dashboard's own page sends it (its Origin), answered in JSON."""
     data = urllib.parse.urlencode(form).encode()
-    request = urllib.request.Request(board.url + path, data=data, method="POST",
-                                     headers={"Accept": "application/json",
-                                              "Origin": board.url})
+    request = urllib.request.Request(
+        board.url + path,
+        data=data,
+        method="POST",
+        headers={"Accept": "application/json", "Origin": board.url},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as answer:
             return answer.status, answer.read().decode()
@@ -79,8 +83,8 @@ def _blocked_run(store: sp.Store, crash_at: Any, run_id: str = "stuck <script>")
 
 
 def test_it_lists_runs_and_shows_a_blocked_runs_record_escaped(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService,
-        crash_at: Any) -> None:
+    board: Dashboard, file_store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     _blocked_run(file_store, crash_at)
     status, page = _get(board, "/")
     assert status == 200
@@ -108,25 +112,24 @@ def stuck(file_store: sp.Store, owner_env: OwnerService, crash_at: Any) -> RunRe
 
 
 def test_every_action_needs_the_token_and_a_wrong_one_changes_nothing(
-        board: Dashboard, file_store: sp.Store, stuck: RunRecord) -> None:
+    board: Dashboard, file_store: sp.Store, stuck: RunRecord
+) -> None:
     before, path = stuck, RESOLVE_STUCK
-    form = {"action": "not_applied", "revision": before.state_revision, "by": "ana",
-            "operation_id": "n:1"}
+    form = {"action": "not_applied", "revision": before.state_revision, "by": "ana", "operation_id": "n:1"}
     assert _post(board, path, form)[0] == 403
     assert _post(board, path, {**form, "token": "wrong-token-wrong-token"})[0] == 403
     assert file_store.get_run("stuck <script>") == before
-    status, body = _post(board, path, {**form, "revision": before.state_revision - 1,
-                                       "token": TOKEN})
+    status, body = _post(board, path, {**form, "revision": before.state_revision - 1, "token": TOKEN})
     assert status == 409  # a stale revision is refused by the same check as the CLI's
     assert "revision" in json.loads(body)["error"]
     status, body = _post(board, path, {**form, "token": TOKEN})
     assert status == 200
     after = json.loads(body)
     assert after["status"] == "running"  # released: a worker sends it again, same key
-    assert file_store.load_ledger("stuck <script>").operations["n:1"].state is (
-        EffectState.PREPARED)
-    assert [e.detail["by"] for e in file_store.events("stuck <script>")
-            if e.kind == "run.resolved"] == ["ana"]
+    assert file_store.load_ledger("stuck <script>").operations["n:1"].state is (EffectState.PREPARED)
+    assert [e.detail["by"] for e in file_store.events("stuck <script>") if e.kind == "run.resolved"] == [
+        "ana"
+    ]
 
 
 def _waiting_refund(store: sp.Store, workflow: str, run_id: str) -> None:
@@ -142,16 +145,25 @@ def _waiting_refund(store: sp.Store, workflow: str, run_id: str) -> None:
 
 
 def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_board(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
+    board: Dashboard, file_store: sp.Store, owner_env: OwnerService
+) -> None:
     _waiting_refund(file_store, "board-refund", "w")
     status, page = _get(board, "/runs/w")
     assert "waiting for approval" in page
     assert "&quot;amount&quot;: 40" in page  # the payload a person is asked to approve
     waiting = file_store.get_run("w").waiting_for
     assert waiting is not None
-    status, _ = _post(board, "/runs/w/approve", {
-        "step_id": "refund", "payload_digest": waiting["payload_digest"], "by": "ana",
-        "expires_minutes": "30", "token": TOKEN})
+    status, _ = _post(
+        board,
+        "/runs/w/approve",
+        {
+            "step_id": "refund",
+            "payload_digest": waiting["payload_digest"],
+            "by": "ana",
+            "expires_minutes": "30",
+            "token": TOKEN,
+        },
+    )
     assert status == 200
     assert file_store.get_run("w").status is RunStatus.PENDING
     assert sp.resume(file_store, "w")["amount"] == 40
@@ -162,7 +174,8 @@ def test_a_waiting_run_shows_its_payload_and_is_approved_and_cancelled_from_the_
 
 
 def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService) -> None:
+    board: Dashboard, file_store: sp.Store, owner_env: OwnerService
+) -> None:
     _waiting_refund(file_store, "board-revoke", "v")
     sp.approve(file_store, "v", "refund", by="ana")
     _, page = _get(board, "/runs/v")
@@ -172,8 +185,9 @@ def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
     form = {"step_id": "refund", "by": "carol", "reason": "the customer withdrew"}
     assert _post(board, "/runs/v/revoke", form)[0] == 403  # no token
     assert _post(board, "/runs/v/revoke", {**form, "token": "wrong" * 4})[0] == 403
-    assert _post(board, "/runs/v/revoke", {"step_id": "refund", "by": "carol",
-                                           "token": TOKEN})[0] == 400  # why?
+    assert (
+        _post(board, "/runs/v/revoke", {"step_id": "refund", "by": "carol", "token": TOKEN})[0] == 400
+    )  # why?
     assert file_store.approvals("v")[0].revoked_at is None
     status, body = _post(board, "/runs/v/revoke", {**form, "token": TOKEN})
     assert status == 200
@@ -191,15 +205,17 @@ def test_an_approval_is_revoked_from_the_board_with_the_token_and_a_reason(
     assert int(owner_env.client.stats()["applied"]) == 0
 
 
-def test_cancel_from_the_board_and_bad_forms_are_clear_errors(
-        board: Dashboard, file_store: sp.Store) -> None:
+def test_cancel_from_the_board_and_bad_forms_are_clear_errors(board: Dashboard, file_store: sp.Store) -> None:
     _pending(file_store)
     assert _post(board, "/runs/p/cancel", {"token": TOKEN})[0] == 400  # who cancels?
-    assert _post(board, "/runs/p/resolve", {"by": "ana", "action": "abandon",
-                                            "revision": "x", "token": TOKEN})[0] == 400
+    assert (
+        _post(board, "/runs/p/resolve", {"by": "ana", "action": "abandon", "revision": "x", "token": TOKEN})[
+            0
+        ]
+        == 400
+    )
     assert _post(board, "/runs/p/explode", {"token": TOKEN})[0] == 404
-    status, body = _post(board, "/runs/p/cancel", {"by": "ana", "reason": "not needed",
-                                                   "token": TOKEN})
+    status, body = _post(board, "/runs/p/cancel", {"by": "ana", "reason": "not needed", "token": TOKEN})
     assert (status, json.loads(body)["status"]) == (200, "cancelled")
 
 
@@ -211,8 +227,9 @@ def test_it_never_binds_beyond_loopback(file_store: sp.Store, host: str) -> None
 
 
 def test_the_command_refuses_a_public_address(tmp_path: Any) -> None:
-    result = CliRunner().invoke(cli, ["--store", f"sqlite:///{tmp_path / 'l.db'}", "dashboard",
-                                      "--host", "0.0.0.0"])
+    result = CliRunner().invoke(
+        cli, ["--store", f"sqlite:///{tmp_path / 'l.db'}", "dashboard", "--host", "0.0.0.0"]
+    )
     assert result.exit_code == 1
     assert "loopback" in result.output
 
@@ -237,8 +254,9 @@ def _port(board: Dashboard) -> int:
     return port
 
 
-def _http(board: Dashboard, method: str, path: str, body: bytes | None = None,
-          headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], str]:
+def _http(
+    board: Dashboard, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], str]:
     """One request over http.client, with exactly the headers given (a Host among them replaces
     the one http.client would send)."""
     connection = http.client.HTTPConnection("127.0.0.1", _port(board), timeout=10)
@@ -250,49 +268,74 @@ def _http(board: Dashboard, method: str, path: str, body: bytes | None = None,
         connection.close()
 
 
-@pytest.mark.parametrize(("host", "port", "admitted"), [
-    ("127.0.0.1:8470", 8470, True),
-    ("localhost:8470", 8470, True),
-    ("LocalHost:8470", 8470, True),       # host names are case-insensitive
-    ("[::1]:8470", 8470, True),
-    ("localhost", 80, True),              # the default port may go unsaid
-    ("[::1]", 80, True),
-    (None, 8470, False),                  # HTTP/1.0 without Host: nothing says whom it asks
-    ("", 8470, False),
-    ("evil.example:8470", 8470, False),   # a DNS-rebinding page asks under its own name
-    ("evil.example", 8470, False),
-    ("127.0.0.1", 8470, False),           # port 80 is not this dashboard
-    ("localhost", 8470, False),
-    ("127.0.0.1:8471", 8470, False),
-    ("127.0.0.1:08470", 8470, False),
-    ("localhost:8470.evil.example", 8470, False),
-    ("localhost.evil.example:8470", 8470, False),
-    ("127.0.0.1.nip.io:8470", 8470, False),
-    ("user@127.0.0.1:8470", 8470, False),
-    ("0.0.0.0:8470", 8470, False),
-    ("127.1:8470", 8470, False),
-    ("::1:8470", 8470, False),
-    ("[::1]:8470:8470", 8470, False),
-    ("127.0.0.1:8470 ", 8470, False),
-])
+@pytest.mark.parametrize(
+    ("host", "port", "admitted"),
+    [
+        ("127.0.0.1:8470", 8470, True),
+        ("localhost:8470", 8470, True),
+        ("LocalHost:8470", 8470, True),  # host names are case-insensitive
+        ("[::1]:8470", 8470, True),
+        ("localhost", 80, True),  # the default port may go unsaid
+        ("[::1]", 80, True),
+        (None, 8470, False),  # HTTP/1.0 without Host: nothing says whom it asks
+        ("", 8470, False),
+        ("evil.example:8470", 8470, False),  # a DNS-rebinding page asks under its own name
+        ("evil.example", 8470, False),
+        ("127.0.0.1", 8470, False),  # port 80 is not this dashboard
+        ("localhost", 8470, False),
+        ("127.0.0.1:8471", 8470, False),
+        ("127.0.0.1:08470", 8470, False),
+        ("localhost:8470.evil.example", 8470, False),
+        ("localhost.evil.example:8470", 8470, False),
+        ("127.0.0.1.nip.io:8470", 8470, False),
+        ("user@127.0.0.1:8470", 8470, False),
+        ("0.0.0.0:8470", 8470, False),
+        ("127.1:8470", 8470, False),
+        ("::1:8470", 8470, False),
+        ("[::1]:8470:8470", 8470, False),
+        ("127.0.0.1:8470 ", 8470, False),
+    ],
+)
 def test_the_host_decision_admits_only_the_loopback_names_and_port_it_serves(
-        host: str | None, port: int, admitted: bool) -> None:
+    host: str | None, port: int, admitted: bool
+) -> None:
     assert host_allowed(host, port) is admitted
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("GET", "/"), ("GET", "/runs/p"), ("GET", "/api/runs"), ("GET", "/api/runs/p"),
-    ("GET", "/static/style.css"), ("GET", "/nothing-here"), ("POST", "/runs/p/cancel"),
-    ("HEAD", "/"), ("PUT", "/runs/p"), ("DELETE", "/runs/p"), ("OPTIONS", "/api/runs")])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/"),
+        ("GET", "/runs/p"),
+        ("GET", "/api/runs"),
+        ("GET", "/api/runs/p"),
+        ("GET", "/static/style.css"),
+        ("GET", "/nothing-here"),
+        ("POST", "/runs/p/cancel"),
+        ("HEAD", "/"),
+        ("PUT", "/runs/p"),
+        ("DELETE", "/runs/p"),
+        ("OPTIONS", "/api/runs"),
+    ],
+)
 def test_a_request_under_another_host_name_is_refused_whatever_it_asks(
-        board: Dashboard, file_store: sp.Store, method: str, path: str) -> None:
+    board: Dashboard, file_store: sp.Store, method: str, path: str
+) -> None:
     _pending(file_store)
     port = _port(board)
     for host in (f"evil.example:{port}", f"127.0.0.1:{port + 1}", "localhost"):
-        status, _, body = _http(board, method, path, body=b"by=ana&token=" + TOKEN.encode(),
-                                headers={"Host": host, "Origin": f"http://{host}",
-                                         "Authorization": f"Bearer {TOKEN}",
-                                         "Content-Type": "application/x-www-form-urlencoded"})
+        status, _, body = _http(
+            board,
+            method,
+            path,
+            body=b"by=ana&token=" + TOKEN.encode(),
+            headers={
+                "Host": host,
+                "Origin": f"http://{host}",
+                "Authorization": f"Bearer {TOKEN}",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+        )
         assert status == 421, (host, status, body)
         assert "board-pending" not in body  # nothing of the ledger
     assert file_store.get_run("p").status is RunStatus.PENDING
@@ -304,34 +347,42 @@ def test_a_request_under_another_host_name_is_refused_whatever_it_asks(
     assert _http(board, "PUT", "/runs/p")[0] == 405
 
 
-@pytest.mark.parametrize(("origin", "fetch_site", "bearer", "allowed"), [
-    ("http://127.0.0.1:{port}", "same-origin", False, True),   # the dashboard's own form
-    ("http://localhost:{port}", None, False, True),
-    ("http://[::1]:{port}", None, False, True),
-    (None, None, True, True),                                  # a script with the token
-    (None, None, False, False),                                # no Origin, no Bearer
-    ("http://evil.example", "cross-site", False, False),
-    ("http://evil.example", None, True, False),
-    ("http://127.0.0.1:{other}", "same-site", False, False),   # another server on loopback
-    ("https://127.0.0.1:{port}", None, False, False),
-    ("null", None, False, False),                              # a sandboxed or file: page
-    ("http://127.0.0.1:{port}", "cross-site", False, False),
-])
+@pytest.mark.parametrize(
+    ("origin", "fetch_site", "bearer", "allowed"),
+    [
+        ("http://127.0.0.1:{port}", "same-origin", False, True),  # the dashboard's own form
+        ("http://localhost:{port}", None, False, True),
+        ("http://[::1]:{port}", None, False, True),
+        (None, None, True, True),  # a script with the token
+        (None, None, False, False),  # no Origin, no Bearer
+        ("http://evil.example", "cross-site", False, False),
+        ("http://evil.example", None, True, False),
+        ("http://127.0.0.1:{other}", "same-site", False, False),  # another server on loopback
+        ("https://127.0.0.1:{port}", None, False, False),
+        ("null", None, False, False),  # a sandboxed or file: page
+        ("http://127.0.0.1:{port}", "cross-site", False, False),
+    ],
+)
 def test_every_post_must_come_from_the_dashboards_own_origin_or_a_bearer_of_the_token(
-        board: Dashboard, file_store: sp.Store, origin: str | None, fetch_site: str | None,
-        bearer: bool, allowed: bool) -> None:
+    board: Dashboard,
+    file_store: sp.Store,
+    origin: str | None,
+    fetch_site: str | None,
+    bearer: bool,
+    allowed: bool,
+) -> None:
     _pending(file_store)
     port = _port(board)
-    headers = {"Content-Type": "application/x-www-form-urlencoded",
-               "Accept": "application/json"}
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"}
     if origin is not None:
         headers["Origin"] = origin.format(port=port, other=port + 1)
     if fetch_site is not None:
         headers["Sec-Fetch-Site"] = fetch_site
     if bearer:
         headers["Authorization"] = f"Bearer {TOKEN}"
-    status, _, body = _http(board, "POST", "/runs/p/cancel",
-                            body=f"by=ana&token={TOKEN}".encode(), headers=headers)
+    status, _, body = _http(
+        board, "POST", "/runs/p/cancel", body=f"by=ana&token={TOKEN}".encode(), headers=headers
+    )
     if allowed:
         assert (status, json.loads(body)["status"]) == (200, "cancelled")
     else:
@@ -340,19 +391,21 @@ def test_every_post_must_come_from_the_dashboards_own_origin_or_a_bearer_of_the_
         assert file_store.get_run("p").status is RunStatus.PENDING
 
 
-def test_the_json_api_needs_the_token_and_the_pages_do_not(
-        board: Dashboard, file_store: sp.Store) -> None:
+def test_the_json_api_needs_the_token_and_the_pages_do_not(board: Dashboard, file_store: sp.Store) -> None:
     _pending(file_store)
     for path in ("/api/runs", "/api/runs/p"):
-        for headers in ({}, {"Authorization": "Bearer wrong-token-wrong-token"},
-                        {"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong-token-wrong-token"},
+            {"Authorization": f"Basic {TOKEN}"},
+            {"Authorization": TOKEN},
+        ):
             status, answer_headers, body = _http(board, "GET", path, headers=headers)
             assert status == 401, (path, headers)
             assert answer_headers.get("WWW-Authenticate", "").startswith("Bearer")
             assert "board-pending" not in body
             assert "token" in json.loads(body)["error"]
-        status, _, body = _http(board, "GET", path,
-                                headers={"Authorization": f"bearer {TOKEN}"})
+        status, _, body = _http(board, "GET", path, headers={"Authorization": f"bearer {TOKEN}"})
         assert status == 200
         assert "board-pending" in body
     status, _, page = _http(board, "GET", "/runs/p")
@@ -386,12 +439,12 @@ def _links(page: str) -> _Links:
     return links
 
 
-ODD_IDS = ["a/b", "x?y#z", "100%", "with space", "ünï/çødé", "a/../b", "<b>/x", "runs/cancel",
-           "trailing/"]
+ODD_IDS = ["a/b", "x?y#z", "100%", "with space", "ünï/çødé", "a/../b", "<b>/x", "runs/cancel", "trailing/"]
 
 
 def test_a_run_id_with_slashes_or_url_syntax_is_reached_from_every_link_and_form(
-        board: Dashboard, file_store: sp.Store) -> None:
+    board: Dashboard, file_store: sp.Store
+) -> None:
     for run_id in ODD_IDS:
         _pending(file_store, run_id)
     _, page = _get(board, "/")
@@ -400,8 +453,9 @@ def test_a_run_id_with_slashes_or_url_syntax_is_reached_from_every_link_and_form
     for href in hrefs:
         status, run_page = _get(board, href)
         assert status == 200, href
-        run_id = next(r for r in ODD_IDS if f"<h1>{_escaped(r)} —" in run_page
-                      or f"<h1>{_escaped(r)}</h1>" in run_page)
+        run_id = next(
+            r for r in ODD_IDS if f"<h1>{_escaped(r)} —" in run_page or f"<h1>{_escaped(r)}</h1>" in run_page
+        )
         status, api = _get(board, "/api" + href)
         assert (status, json.loads(api)["run"]["run_id"]) == (200, run_id)
         [action] = _links(run_page).actions  # a pending run: its cancel form
@@ -410,10 +464,13 @@ def test_a_run_id_with_slashes_or_url_syntax_is_reached_from_every_link_and_form
         assert file_store.get_run(run_id).status is RunStatus.CANCELLED
     # a browser's form POST is redirected back to the run's own page, reachable too
     _pending(file_store, "c/d?e")
-    status, headers, _ = _http(board, "POST", "/runs/c%2Fd%3Fe/cancel",
-                               body=f"by=ana&token={TOKEN}".encode(),
-                               headers={"Origin": board.url,
-                                        "Content-Type": "application/x-www-form-urlencoded"})
+    status, headers, _ = _http(
+        board,
+        "POST",
+        "/runs/c%2Fd%3Fe/cancel",
+        body=f"by=ana&token={TOKEN}".encode(),
+        headers={"Origin": board.url, "Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert status == 303
     assert _get(board, headers["Location"])[0] == 200
     assert "c/d?e" in _get(board, headers["Location"])[1]
@@ -424,20 +481,27 @@ def _escaped(text: str) -> str:
 
 
 def test_a_blocked_run_whose_id_has_a_slash_is_resolved_from_its_page(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService,
-        crash_at: Any) -> None:
+    board: Dashboard, file_store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     _blocked_run(file_store, crash_at, "tenant/7 #1")
     _, page = _get(board, "/runs/" + urllib.parse.quote("tenant/7 #1", safe=""))
     actions = _links(page).actions
     assert actions
     assert all(a.startswith("/runs/tenant%2F7%20%231/") for a in actions)
     revision = file_store.get_run("tenant/7 #1").state_revision
-    status, body = _post(board, actions[1], {  # "it did not happen"
-        "action": "not_applied", "revision": revision, "operation_id": "n:1", "by": "ana",
-        "token": TOKEN})
+    status, body = _post(
+        board,
+        actions[1],
+        {  # "it did not happen"
+            "action": "not_applied",
+            "revision": revision,
+            "operation_id": "n:1",
+            "by": "ana",
+            "token": TOKEN,
+        },
+    )
     assert status == 200, body
-    assert file_store.load_ledger("tenant/7 #1").operations["n:1"].state is (
-        EffectState.PREPARED)
+    assert file_store.load_ledger("tenant/7 #1").operations["n:1"].state is (EffectState.PREPARED)
 
 
 # -- malformed requests are answered -----------------------------------------------------------
@@ -450,46 +514,57 @@ def quick_board(file_store: sp.Store) -> Iterator[Dashboard]:
         yield served
 
 
-@pytest.mark.parametrize(("body", "content_type", "declared", "status", "says"), [
-    (b"{not json", "application/json", None, 400, "JSON"),
-    (b'["by", "ana"]', "application/json", None, 400, "object"),
-    (b'"ana"', "application/json", None, 400, "object"),
-    (b"42", "application/json", None, 400, "object"),
-    (b"null", "application/json", None, 400, "object"),
-    (b'{"by": ["ana", "bob"]}', "application/json", None, 400, "by"),
-    (b'{"by": "\xff"}', "application/json", None, 400, "UTF-8"),
-    (b"by=\xff", "application/x-www-form-urlencoded", None, 400, "UTF-8"),
-    (b'{"by": "ana"}', "application/json", "abc", 400, "Content-Length"),
-    (b'{"by": "ana"}', "application/json", "-5", 400, "Content-Length"),
-    (b'{"by": "ana"}', "application/json", "+13", 400, "Content-Length"),
-    (b'{"by": "ana"}', "application/json", "1e3", 400, "Content-Length"),
-    (b'{"by": "ana"}', "application/json", "100", 400, "Content-Length"),  # more than sent
-    (b'{"by": "ana"}', "application/json", str(2 * 1024 * 1024), 413, "large"),
-])
+@pytest.mark.parametrize(
+    ("body", "content_type", "declared", "status", "says"),
+    [
+        (b"{not json", "application/json", None, 400, "JSON"),
+        (b'["by", "ana"]', "application/json", None, 400, "object"),
+        (b'"ana"', "application/json", None, 400, "object"),
+        (b"42", "application/json", None, 400, "object"),
+        (b"null", "application/json", None, 400, "object"),
+        (b'{"by": ["ana", "bob"]}', "application/json", None, 400, "by"),
+        (b'{"by": "\xff"}', "application/json", None, 400, "UTF-8"),
+        (b"by=\xff", "application/x-www-form-urlencoded", None, 400, "UTF-8"),
+        (b'{"by": "ana"}', "application/json", "abc", 400, "Content-Length"),
+        (b'{"by": "ana"}', "application/json", "-5", 400, "Content-Length"),
+        (b'{"by": "ana"}', "application/json", "+13", 400, "Content-Length"),
+        (b'{"by": "ana"}', "application/json", "1e3", 400, "Content-Length"),
+        (b'{"by": "ana"}', "application/json", "100", 400, "Content-Length"),  # more than sent
+        (b'{"by": "ana"}', "application/json", str(2 * 1024 * 1024), 413, "large"),
+    ],
+)
 def test_a_malformed_body_gets_a_json_error_and_changes_nothing(
-        request: pytest.FixtureRequest, file_store: sp.Store, body: bytes, content_type: str,
-        declared: str | None, status: int, says: str) -> None:
+    request: pytest.FixtureRequest,
+    file_store: sp.Store,
+    body: bytes,
+    content_type: str,
+    declared: str | None,
+    status: int,
+    says: str,
+) -> None:
     # a body shorter than its length is waited for: not for the default 10 s here
     board = request.getfixturevalue("quick_board" if declared == "100" else "board")
     before = _pending(file_store)
-    headers = {"Content-Type": content_type, "Accept": "application/json",
-               "Authorization": f"Bearer {TOKEN}"}
+    headers = {"Content-Type": content_type, "Accept": "application/json", "Authorization": f"Bearer {TOKEN}"}
     if declared is not None:
         headers["Content-Length"] = declared
-    answer, answer_headers, text = _http(board, "POST", "/runs/p/cancel", body=body,
-                                         headers=headers)
+    answer, answer_headers, text = _http(board, "POST", "/runs/p/cancel", body=body, headers=headers)
     assert answer == status, text
     assert answer_headers["Content-Type"] == "application/json"
     assert says in json.loads(text)["error"]
     assert file_store.get_run("p") == before
 
 
-def test_a_large_body_sent_whole_is_answered_413_not_reset(
-        board: Dashboard, file_store: sp.Store) -> None:
+def test_a_large_body_sent_whole_is_answered_413_not_reset(board: Dashboard, file_store: sp.Store) -> None:
     before = _pending(file_store)
     body = b'{"by": "' + b"a" * (3 * 1024 * 1024) + b'"}'
-    status, _, text = _http(board, "POST", "/runs/p/cancel", body=body, headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"})
+    status, _, text = _http(
+        board,
+        "POST",
+        "/runs/p/cancel",
+        body=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
+    )
     assert status == 413
     assert "large" in json.loads(text)["error"]
     assert file_store.get_run("p") == before
@@ -498,29 +573,56 @@ def test_a_large_body_sent_whole_is_answered_413_not_reset(
 _CANCEL_P = f'{{"by": "ana", "token": "{TOKEN}"}}'
 
 
-@pytest.mark.parametrize(("head", "body", "status", "says"), [
-    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-     "Content-Length: {length}\r\nContent-Length: 2", _CANCEL_P, 400, "Content-Length"),
-    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-     "Transfer-Encoding: chunked", f"{len(_CANCEL_P):x}\r\n{_CANCEL_P}\r\n0\r\n\r\n", 411,
-     "Content-Length"),
-    ("POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n"
-     "Content-Type: application/json\r\nContent-Length: {length}", _CANCEL_P, 421,
-     "more than one Host"),
-    ("POST /runs/p/cancel HTTP/1.0\r\nContent-Type: application/json\r\n"
-     "Content-Length: {length}", _CANCEL_P, 421, "no Host"),
-    ("POST http://evil.example/runs/p/cancel HTTP/1.1\r\nHost: {host}\r\n"
-     "Content-Type: application/json\r\nContent-Length: {length}", _CANCEL_P, 400, "proxy"),
-    ("GET /runs/%ff HTTP/1.1\r\nHost: {host}", "", 400, "UTF-8"),
-])
+@pytest.mark.parametrize(
+    ("head", "body", "status", "says"),
+    [
+        (
+            "POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Content-Length: {length}\r\nContent-Length: 2",
+            _CANCEL_P,
+            400,
+            "Content-Length",
+        ),
+        (
+            "POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked",
+            f"{len(_CANCEL_P):x}\r\n{_CANCEL_P}\r\n0\r\n\r\n",
+            411,
+            "Content-Length",
+        ),
+        (
+            "POST /runs/p/cancel HTTP/1.1\r\nHost: {host}\r\nHost: evil.example\r\n"
+            "Content-Type: application/json\r\nContent-Length: {length}",
+            _CANCEL_P,
+            421,
+            "more than one Host",
+        ),
+        (
+            "POST /runs/p/cancel HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {length}",
+            _CANCEL_P,
+            421,
+            "no Host",
+        ),
+        (
+            "POST http://evil.example/runs/p/cancel HTTP/1.1\r\nHost: {host}\r\n"
+            "Content-Type: application/json\r\nContent-Length: {length}",
+            _CANCEL_P,
+            400,
+            "proxy",
+        ),
+        ("GET /runs/%ff HTTP/1.1\r\nHost: {host}", "", 400, "UTF-8"),
+    ],
+)
 def test_a_request_that_does_not_say_one_thing_is_refused(
-        board: Dashboard, file_store: sp.Store, head: str, body: str, status: int,
-        says: str) -> None:
+    board: Dashboard, file_store: sp.Store, head: str, body: str, status: int, says: str
+) -> None:
     """Over a raw socket: what http.client would not send."""
     before = _pending(file_store)
-    request = (head.format(host=board.url.removeprefix("http://"), length=len(body))
-               + f"\r\nAuthorization: Bearer {TOKEN}\r\nAccept: application/json\r\n\r\n"
-               + body)
+    request = (
+        head.format(host=board.url.removeprefix("http://"), length=len(body))
+        + f"\r\nAuthorization: Bearer {TOKEN}\r\nAccept: application/json\r\n\r\n"
+        + body
+    )
     with socket.create_connection(("127.0.0.1", _port(board)), timeout=10) as raw:
         raw.sendall(request.encode())
         answer = b""
@@ -532,15 +634,15 @@ def test_a_request_that_does_not_say_one_thing_is_refused(
 
 
 def test_an_unexpected_fault_is_answered_500_and_the_board_goes_on(
-        board: Dashboard, file_store: sp.Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    board: Dashboard, file_store: sp.Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _pending(file_store)
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the disk said no")
 
     monkeypatch.setattr(file_store, "list_runs", broken)
-    status, _headers, body = _http(board, "GET", "/api/runs",
-                                  headers={"Authorization": f"Bearer {TOKEN}"})
+    status, _headers, body = _http(board, "GET", "/api/runs", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 500
     assert "RuntimeError" in json.loads(body)["error"]
     monkeypatch.undo()
@@ -551,28 +653,58 @@ def test_an_unexpected_fault_is_answered_500_and_the_board_goes_on(
 
 
 def test_a_resolve_naming_two_resolutions_or_an_unknown_one_is_refused(
-        board: Dashboard, file_store: sp.Store, stuck: RunRecord) -> None:
+    board: Dashboard, file_store: sp.Store, stuck: RunRecord
+) -> None:
     before, path = stuck, RESOLVE_STUCK
     common = f"revision={before.state_revision}&by=ana&operation_id=n%3A1&token={TOKEN}"
-    json_headers = {"Content-Type": "application/json", "Accept": "application/json",
-                    "Origin": board.url}
+    json_headers = {"Content-Type": "application/json", "Accept": "application/json", "Origin": board.url}
     form_headers = {"Content-Type": "application/x-www-form-urlencoded", "Origin": board.url}
     refused: list[tuple[bytes, dict[str, str], str]] = [
         ((common + "&action=not_applied&action=abandon").encode(), form_headers, "action"),
         ((common + "&action=abandon&not_applied=on").encode(), form_headers, "not_applied"),
         ((common + "&action=maybe").encode(), form_headers, "applied, not_applied, abandon"),
         ((common + "&action=not_applied&by=bob").encode(), form_headers, "by"),
-        (json.dumps({"action": ["not_applied", "abandon"], "revision": before.state_revision,
-                     "by": "ana", "token": TOKEN}).encode(), json_headers, "action"),
-        (json.dumps({"action": "maybe", "revision": before.state_revision, "by": "ana",
-                     "token": TOKEN}).encode(), json_headers, "applied, not_applied, abandon"),
+        (
+            json.dumps(
+                {
+                    "action": ["not_applied", "abandon"],
+                    "revision": before.state_revision,
+                    "by": "ana",
+                    "token": TOKEN,
+                }
+            ).encode(),
+            json_headers,
+            "action",
+        ),
+        (
+            json.dumps(
+                {"action": "maybe", "revision": before.state_revision, "by": "ana", "token": TOKEN}
+            ).encode(),
+            json_headers,
+            "applied, not_applied, abandon",
+        ),
         # JSON itself would keep the last of two keys: the dashboard refuses both
-        ((f'{{"action": "not_applied", "action": "abandon", "revision":'
-          f' {before.state_revision}, "by": "ana", "token": "{TOKEN}"}}').encode(),
-         json_headers, "'action' twice"),
-        (json.dumps({"action": "applied", "revision": before.state_revision, "by": "ana",
-                     "receipt": "{not json", "token": TOKEN}).encode(), json_headers,
-         "the receipt is not JSON"),
+        (
+            (
+                f'{{"action": "not_applied", "action": "abandon", "revision":'
+                f' {before.state_revision}, "by": "ana", "token": "{TOKEN}"}}'
+            ).encode(),
+            json_headers,
+            "'action' twice",
+        ),
+        (
+            json.dumps(
+                {
+                    "action": "applied",
+                    "revision": before.state_revision,
+                    "by": "ana",
+                    "receipt": "{not json",
+                    "token": TOKEN,
+                }
+            ).encode(),
+            json_headers,
+            "the receipt is not JSON",
+        ),
     ]
     for body, headers, says in refused:
         status, answer_headers, text = _http(board, "POST", path, body=body, headers=headers)
@@ -583,8 +715,9 @@ def test_a_resolve_naming_two_resolutions_or_an_unknown_one_is_refused(
             assert answer_headers["Content-Type"].startswith("text/html")
             assert _escaped(says) in text
         assert file_store.get_run("stuck <script>") == before
-    status, _, _ = _http(board, "POST", path, body=(common + "&action=not_applied").encode(),
-                         headers=form_headers)
+    status, _, _ = _http(
+        board, "POST", path, body=(common + "&action=not_applied").encode(), headers=form_headers
+    )
     assert status == 303
     assert file_store.get_run("stuck <script>").status is RunStatus.RUNNING
 
@@ -594,10 +727,13 @@ def test_an_error_about_markup_is_shown_as_text(board: Dashboard) -> None:
     assert status == 404
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<script>" not in page
-    status, _, page = _http(board, "POST", "/runs/%3Cscript%3E/cancel",
-                            body=f"by=ana&token={TOKEN}".encode(), headers={
-                                "Origin": board.url,
-                                "Content-Type": "application/x-www-form-urlencoded"})
+    status, _, page = _http(
+        board,
+        "POST",
+        "/runs/%3Cscript%3E/cancel",
+        body=f"by=ana&token={TOKEN}".encode(),
+        headers={"Origin": board.url, "Content-Type": "application/x-www-form-urlencoded"},
+    )
     assert status == 404
     assert "<script>" not in page
     assert "&lt;script&gt;" in page
@@ -606,34 +742,36 @@ def test_an_error_about_markup_is_shown_as_text(board: Dashboard) -> None:
 # -- who holds a run -------------------------------------------------------------------------------
 
 
-def test_a_rows_status_never_says_running_when_no_process_is_at_it(
-        file_store: sp.Store) -> None:
+def test_a_rows_status_never_says_running_when_no_process_is_at_it(file_store: sp.Store) -> None:
     pending = _pending(file_store)
     now = 1_800_000_000_000
-    held = replace(pending, status=RunStatus.RUNNING, owner="w:1",
-                   lease_expires_at=now + 5_000)
+    held = replace(pending, status=RunStatus.RUNNING, owner="w:1", lease_expires_at=now + 5_000)
     assert status_label(held, ownership(held, now)) == "running — held by w:1, lease ends in 5s"
     expired = replace(held, lease_expires_at=now - 42_000)
-    assert status_label(expired, ownership(expired, now)).startswith(
-        "running — lease of w:1 expired 42s ago")
+    assert status_label(expired, ownership(expired, now)).startswith("running — lease of w:1 expired 42s ago")
     released = replace(held, owner=None, lease_expires_at=None)
     assert status_label(released, ownership(released, now)).startswith("runnable — released")
-    for status in (RunStatus.PENDING, RunStatus.WAITING, RunStatus.BLOCKED,
-                   RunStatus.COMPLETED, RunStatus.CANCELLED):
+    for status in (
+        RunStatus.PENDING,
+        RunStatus.WAITING,
+        RunStatus.BLOCKED,
+        RunStatus.COMPLETED,
+        RunStatus.CANCELLED,
+    ):
         quiet = replace(pending, status=status)
         assert status_label(quiet, ownership(quiet, now)) == status.value
 
 
 def test_the_board_says_who_holds_a_run_and_when_its_worker_is_gone(
-        board: Dashboard, file_store: sp.Store, owner_env: OwnerService,
-        crash_at: Any) -> None:
+    board: Dashboard, file_store: sp.Store, owner_env: OwnerService, crash_at: Any
+) -> None:
     @sp.workflow("board-held")
     def flow(run: sp.Run) -> int:
         return 1
 
     crash_at("run.after_start")
     with pytest.raises(SimulatedCrash):
-        sp.start(file_store, flow, run_id="held")           # a 30 s lease, still current
+        sp.start(file_store, flow, run_id="held")  # a 30 s lease, still current
     crash_at("run.after_start")
     with pytest.raises(SimulatedCrash):
         sp.start(file_store, flow, run_id="gone", lease_ms=0)  # its lease ran out at once
@@ -652,8 +790,7 @@ def test_the_board_says_who_holds_a_run_and_when_its_worker_is_gone(
     # released by a person's resolution: runnable, and never "running" while nobody holds it
     _blocked_run(file_store, crash_at)
     run = file_store.get_run("stuck <script>")
-    sp.resolve(file_store, "stuck <script>", "not_applied", revision=run.state_revision,
-               by="ana")
+    sp.resolve(file_store, "stuck <script>", "not_applied", revision=run.state_revision, by="ana")
     _, page = _get(board, "/runs/" + urllib.parse.quote("stuck <script>", safe=""))
     assert "runnable — released: no worker holds it" in page
     _, listing = _get(board, "/")
@@ -668,14 +805,14 @@ def test_the_board_says_who_holds_a_run_and_when_its_worker_is_gone(
 # -- starting it -----------------------------------------------------------------------------------
 
 
-def test_a_busy_port_is_a_clear_error_not_a_traceback(file_store: sp.Store,
-                                                     tmp_path: Any) -> None:
+def test_a_busy_port_is_a_clear_error_not_a_traceback(file_store: sp.Store, tmp_path: Any) -> None:
     with Dashboard(file_store, port=0, token=TOKEN) as first:
         port = _port(first)
         with pytest.raises(sp.UsageError, match=f"port {port} .*in use.*--port"):
             Dashboard(file_store, port=port, token=TOKEN)
-        result = CliRunner().invoke(cli, ["--store", f"sqlite:///{tmp_path / 'l.db'}",
-                                          "dashboard", "--port", str(port)])
+        result = CliRunner().invoke(
+            cli, ["--store", f"sqlite:///{tmp_path / 'l.db'}", "dashboard", "--port", str(port)]
+        )
         assert result.exit_code == 1
         assert "in use" in result.output
         assert "--port" in result.output

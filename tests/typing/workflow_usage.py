@@ -20,6 +20,7 @@ Case = dict[str, str]
 
 # -- what the agent calls ------------------------------------------------------------------------
 
+
 def fetch_case(case_id: str) -> Case:
     return {"id": case_id, "customer": "c-17", "text": "my invoice is wrong"}
 
@@ -32,8 +33,9 @@ def word_count(text: str, *, minimum: int = 0) -> int:
     return max(minimum, len(text.split()))
 
 
-def draft_reply(*, model: str, messages: JSON, tools: JSON = None,
-                temperature: float = 0.0) -> dict[str, Any]:
+def draft_reply(
+    *, model: str, messages: JSON, tools: JSON = None, temperature: float = 0.0
+) -> dict[str, Any]:
     return {"model": model, "content": "We are on it.", "usage": {"total_tokens": 12}}
 
 
@@ -61,35 +63,47 @@ async def create_ticket_async(payload: dict[str, Any], key: sp.EffectKey) -> dic
     return create_ticket(payload, key)
 
 
-tickets = sp.Effect("typing.ticket.create", execute=create_ticket, reconcile=find_ticket,
-                    dedup_retention=timedelta(hours=23))
+tickets = sp.Effect(
+    "typing.ticket.create", execute=create_ticket, reconcile=find_ticket, dedup_retention=timedelta(hours=23)
+)
 async_tickets = sp.Effect("typing.ticket.create.async", execute=create_ticket_async)
 
 
 # -- a plain workflow ----------------------------------------------------------------------------
+
 
 @sp.workflow("typing.support-follow-up", version="v3")
 def follow_up(run: sp.Run, case_id: str) -> dict[str, str]:
     case = run.read("case.fetch", fetch_case, case_id, max_age=timedelta(minutes=10))
     text: str = case["text"]
     words: int = run.pure("count", word_count, text, minimum=1)
-    reply = run.model("draft", draft_reply, model="m-1",
-                      messages=[{"role": "user", "content": text}], temperature=0.2)
+    reply = run.model(
+        "draft", draft_reply, model="m-1", messages=[{"role": "user", "content": text}], temperature=0.2
+    )
     route: str = run.decide("route", choose_route, reply)
     counts: dict[str, int] = {"words": words, "priority": 2}
     payload: JSON = {"title": text, "route": route, "counts": counts}
-    receipt = run.effect("ticket.create", tickets, payload=payload,
-                         operation_id=f"ticket:create:{case_id}")
+    receipt = run.effect("ticket.create", tickets, payload=payload, operation_id=f"ticket:create:{case_id}")
     ticket: str = receipt["id"]
     plain = run.effect("ticket.note", tickets, payload=counts)  # a dict[str, int] is JSON
-    prices = run.parallel("prices", {"eu": lambda branch: branch.read("price", price_of, "eu"),
-                                     "us": lambda branch: branch.read("price", price_of, "us")})
+    prices = run.parallel(
+        "prices",
+        {
+            "eu": lambda branch: branch.read("price", price_of, "eu"),
+            "us": lambda branch: branch.read("price", price_of, "us"),
+        },
+    )
     cheapest: float = min(prices.values())
     listed = run.parallel("listed", [lambda branch: branch.pure("n", word_count, text)])
     first: int = listed[0]
     when: datetime = run.now()
-    return {"ticket": ticket, "note": plain["id"], "at": when.isoformat(),
-            "cheapest": str(cheapest), "first": str(first)}
+    return {
+        "ticket": ticket,
+        "note": plain["id"],
+        "at": when.isoformat(),
+        "cheapest": str(cheapest),
+        "first": str(first),
+    }
 
 
 def plain_mistakes(run: sp.Run, text: str) -> None:
@@ -109,24 +123,25 @@ def plain_mistakes(run: sp.Run, text: str) -> None:
 
 # -- an async workflow ---------------------------------------------------------------------------
 
+
 @sp.workflow("typing.support-follow-up-async", version="v1")
 async def follow_up_async(run: sp.AsyncRun, case_id: str) -> dict[str, str]:
     case = await run.read("case.fetch", fetch_case_async, case_id)  # async def: awaited
     text: str = case["text"]
     words: int = await run.pure("count", word_count, text)  # a plain function in an async run
-    reply = await run.model("draft", draft_reply_async, model="m-1",
-                            messages=[{"role": "user", "content": text}])
+    reply = await run.model(
+        "draft", draft_reply_async, model="m-1", messages=[{"role": "user", "content": text}]
+    )
     route: str = await run.decide("route", choose_route, reply)
-    receipt = await run.effect("ticket.create", async_tickets,
-                               payload={"title": text, "route": route, "words": words})
+    receipt = await run.effect(
+        "ticket.create", async_tickets, payload={"title": text, "route": route, "words": words}
+    )
     ticket: str = receipt["id"]
     synced = await run.effect("ticket.sync", tickets, payload={"title": text})
-    prices = await run.gather("prices", {"eu": lambda branch: branch.read("p", fetch_case_async,
-                                                                          "eu")})
+    prices = await run.gather("prices", {"eu": lambda branch: branch.read("p", fetch_case_async, "eu")})
     customer: str = prices["eu"]["customer"]
     when: datetime = await run.now()
-    return {"ticket": ticket, "synced": synced["id"], "customer": customer,
-            "at": when.isoformat()}
+    return {"ticket": ticket, "synced": synced["id"], "customer": customer, "at": when.isoformat()}
 
 
 async def async_mistakes(run: sp.AsyncRun, text: str) -> None:

@@ -19,11 +19,31 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_the_quickest_benchmark_measures_every_safepoint_workload_and_writes_its_results(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--quick", "--systems", "safepoint", "--backends",
-         "sqlite", "--modes", "defaults", "--no-chart", "--no-profile", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=90, check=False)
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "--quick",
+            "--systems",
+            "safepoint",
+            "--backends",
+            "sqlite",
+            "--modes",
+            "defaults",
+            "--no-chart",
+            "--no-profile",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     [written] = tmp_path.glob("quick-*.json")
     results = json.loads(written.read_text())

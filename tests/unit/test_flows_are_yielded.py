@@ -25,8 +25,7 @@ def _own_nodes(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Iterator[ast.AST]:
     while pending:
         node = pending.pop()
         yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                                 ast.ClassDef)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             pending.extend(ast.iter_child_nodes(node))
 
 
@@ -78,11 +77,15 @@ class Flows:
         for init in (m for m in methods if m.name == "__init__"):
             params = {a.arg: _class_name(a.annotation) for a in init.args.args}
             for node in ast.walk(init):
-                if (isinstance(node, ast.Assign) and len(node.targets) == 1
-                        and isinstance(target := node.targets[0], ast.Attribute)
-                        and isinstance(target.value, ast.Name) and target.value.id == "self"
-                        and isinstance(node.value, ast.Name)
-                        and (kind := params.get(node.value.id))):
+                if (
+                    isinstance(node, ast.Assign)
+                    and len(node.targets) == 1
+                    and isinstance(target := node.targets[0], ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                    and isinstance(node.value, ast.Name)
+                    and (kind := params.get(node.value.id))
+                ):
                     kept[target.attr] = kind
         self.attributes[cls.name] = kept
 
@@ -95,11 +98,13 @@ class Flows:
     def attribute_class(self, cls: str, attr: str) -> str | None:
         if attr in self.attributes.get(cls, {}):
             return self.attributes[cls][attr]
-        return next((found for base in self.bases.get(cls, ())
-                     if (found := self.attribute_class(base, attr))), None)
+        return next(
+            (found for base in self.bases.get(cls, ()) if (found := self.attribute_class(base, attr))), None
+        )
 
-    def receiver_class(self, receiver: ast.expr, cls: str | None,
-                       params: dict[str, str | None]) -> str | None:
+    def receiver_class(
+        self, receiver: ast.expr, cls: str | None, params: dict[str, str | None]
+    ) -> str | None:
         """The class of what a method is called on, when reading says: ``self``, a parameter
         annotated with a class, or an attribute ``__init__`` kept."""
         if isinstance(receiver, ast.Name):
@@ -119,9 +124,13 @@ class Flows:
             if isinstance(node, ast.ClassDef):
                 cls, params = node.name, {}
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                params = {**params, **{a.arg: _class_name(a.annotation)
-                                       for a in [*node.args.posonlyargs, *node.args.args,
-                                                 *node.args.kwonlyargs]}}
+                params = {
+                    **params,
+                    **{
+                        a.arg: _class_name(a.annotation)
+                        for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                    },
+                }
             elif isinstance(node, ast.Expr) and isinstance(call := node.value, ast.Call):
                 if isinstance(call.func, ast.Name) and call.func.id in self.functions:
                     found.append((node.lineno, call.func.id))
@@ -143,9 +152,12 @@ def _package_trees() -> dict[Path, ast.Module]:
 def test_every_flow_called_in_the_package_is_carried_out() -> None:
     trees = _package_trees()
     flows = Flows(list(trees.values()))
-    wrong = [f"{path.relative_to(PACKAGE)}:{line}: {name}(…) is a flow; its result is dropped,"
-             " so it never runs — write `yield from` before it"
-             for path, tree in trees.items() for line, name in flows.discarded_calls(tree)]
+    wrong = [
+        f"{path.relative_to(PACKAGE)}:{line}: {name}(…) is a flow; its result is dropped,"
+        " so it never runs — write `yield from` before it"
+        for path, tree in trees.items()
+        for line, name in flows.discarded_calls(tree)
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -159,7 +171,7 @@ def test_the_flows_it_knows_include_the_engines_own() -> None:
     assert flows.attribute_class("Run", "_core") == "RunCore"  # kept by its base
 
 
-SNIPPET = '''
+SNIPPET = """
 def notify() -> Flow[None]:
     yield Sleep(0.1)
 
@@ -192,7 +204,7 @@ class Dispatch:
         kept = core.flush()
         drive(store, notify())
         return (yield from self.record(kept))
-'''
+"""
 
 
 def test_a_flow_called_without_yield_from_is_caught() -> None:
@@ -201,5 +213,4 @@ def test_a_flow_called_without_yield_from_is_caught() -> None:
     assert flows.functions == {"notify"}
     assert flows.flow_methods("Dispatch") == {"record", "carried_out"}
     # the store's flush and the plain calls are left alone; the flows dropped are caught
-    assert flows.discarded_calls(tree) == [(20, "flush"), (21, "notify"), (28, "record"),
-                                           (29, "flush")]
+    assert flows.discarded_calls(tree) == [(20, "flush"), (21, "notify"), (28, "record"), (29, "flush")]

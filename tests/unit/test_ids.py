@@ -22,8 +22,7 @@ BAD_IDS = [
     pytest.param("x" * 1001, id="too-long"),
 ]
 DOT_SEGMENTS = [pytest.param(".", id="dot"), pytest.param("..", id="dot-dot")]
-NOT_STRINGS = [pytest.param(7, id="int"), pytest.param(b"r", id="bytes"),
-               pytest.param(["r"], id="list")]
+NOT_STRINGS = [pytest.param(7, id="int"), pytest.param(b"r", id="bytes"), pytest.param(["r"], id="list")]
 
 
 @sp.workflow("ids-plain")
@@ -68,8 +67,9 @@ def test_a_malformed_step_id_fails_the_run_at_once(store: sp.Store, bad: Any) ->
 
 
 @pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
-def test_a_malformed_operation_id_dispatches_nothing(store: sp.Store, owner_env: OwnerService,
-                                                     bad: Any) -> None:
+def test_a_malformed_operation_id_dispatches_nothing(
+    store: sp.Store, owner_env: OwnerService, bad: Any
+) -> None:
     charges = owner_effect("charges")
 
     @sp.workflow("ids-operation")
@@ -83,8 +83,9 @@ def test_a_malformed_operation_id_dispatches_nothing(store: sp.Store, owner_env:
     assert owner_env.client.stats()["applied"] == 0
 
 
-def test_an_empty_operation_id_is_not_the_chain_wide_default(store: sp.Store,
-                                                            owner_env: OwnerService) -> None:
+def test_an_empty_operation_id_is_not_the_chain_wide_default(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     """An empty operation id used to fall back to the step id while naming the operation
     across the continue-as-new chain: every later run of the chain got the first receipt."""
     charges = owner_effect("charges")
@@ -101,8 +102,14 @@ def test_an_empty_operation_id_is_not_the_chain_wide_default(store: sp.Store,
     assert owner_env.client.stats()["applied"] == 0
 
 
-@pytest.mark.parametrize("bad", [pytest.param("", id="empty"), pytest.param("b/c", id="slash"),
-                                 pytest.param("a\udc80", id="lone-surrogate")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param("", id="empty"),
+        pytest.param("b/c", id="slash"),
+        pytest.param("a\udc80", id="lone-surrogate"),
+    ],
+)
 def test_a_malformed_branch_name_is_refused(memory_store: sp.Store, bad: str) -> None:
     @sp.workflow("ids-branch")
     def flow(run: sp.Run) -> Any:
@@ -147,10 +154,12 @@ def _operator_verbs(store: sp.Store, run_id: Any, step_id: Any, by: Any) -> dict
         "approve": lambda: sp.approve(store, run_id, step_id, by=by),
         "approve_async": lambda: asyncio.run(sp.approve_async(store, run_id, step_id, by=by)),
         "revoke": lambda: sp.revoke_approval(store, run_id, step_id, by=by, reason="no"),
-        "revoke_async": lambda: asyncio.run(sp.revoke_approval_async(
-            store, run_id, step_id, by=by, reason="no")),
-        "resolve": lambda: sp.resolve(store, run_id, "abandon", revision=revision, by=by,
-                                      operation_id=step_id),
+        "revoke_async": lambda: asyncio.run(
+            sp.revoke_approval_async(store, run_id, step_id, by=by, reason="no")
+        ),
+        "resolve": lambda: sp.resolve(
+            store, run_id, "abandon", revision=revision, by=by, operation_id=step_id
+        ),
         "cancel": lambda: sp.cancel(store, run_id, by=by),
         "cancel_async": lambda: asyncio.run(sp.cancel_async(store, run_id, by=by)),
     }
@@ -158,16 +167,18 @@ def _operator_verbs(store: sp.Store, run_id: Any, step_id: Any, by: Any) -> dict
 
 @pytest.mark.parametrize("bad", BAD_IDS + NOT_STRINGS)
 def test_operator_verbs_refuse_a_malformed_id_or_name_before_anything_is_recorded(
-        store: sp.Store, bad: Any) -> None:
+    store: sp.Store, bad: Any
+) -> None:
     """approve, revoke, resolve and cancel look a run (and a step or operation of it) up by
     the ids a person typed, and record who acted: a malformed one is a ``UsageError`` naming
     it — never a store's encoding error, nor a name that cannot be stored or shown."""
     _waiting_for_approval(store)
     before = (store.get_run("r"), store.events("r"))
-    placements = {"run id": ("invalid run id", dict(run_id=bad, step_id="refund", by="ana")),
-                  "step id": ("invalid (step|operation) id",
-                              dict(run_id="r", step_id=bad, by="ana")),
-                  "by": ("by=", dict(run_id="r", step_id="refund", by=bad))}
+    placements = {
+        "run id": ("invalid run id", dict(run_id=bad, step_id="refund", by="ana")),
+        "step id": ("invalid (step|operation) id", dict(run_id="r", step_id=bad, by="ana")),
+        "by": ("by=", dict(run_id="r", step_id="refund", by=bad)),
+    }
     for placement, (message, ids) in placements.items():
         for verb, call in _operator_verbs(store, **ids).items():
             if placement == "step id" and verb.startswith("cancel"):
@@ -177,17 +188,18 @@ def test_operator_verbs_refuse_a_malformed_id_or_name_before_anything_is_recorde
             assert (store.get_run("r"), store.events("r")) == before, (placement, verb)
 
 
-UNSTORABLE = [pytest.param("bad \udcff name", id="lone-surrogate"),
-              pytest.param("bad \x00 name", id="nul")]
+UNSTORABLE = [pytest.param("bad \udcff name", id="lone-surrogate"), pytest.param("bad \x00 name", id="nul")]
 
 
 @pytest.mark.parametrize("text", UNSTORABLE)
 def test_an_error_message_that_cannot_be_stored_as_it_is_never_leaves_the_run_running(
-        store: sp.Store, text: str) -> None:
+    store: sp.Store, text: str
+) -> None:
     """An exception's message is text safepoint records on the caller's behalf: one holding a
     lone surrogate (an OSError about a file name that is not UTF-8, say) is recorded with it
     escaped — the workflow sees what was recorded, and the run ends as it would otherwise, on
     every store, instead of staying ``running`` while each write is refused."""
+
     def fails() -> Any:
         raise OSError(f"cannot open {text}")
 
@@ -221,31 +233,35 @@ def test_an_error_message_that_cannot_be_stored_as_it_is_never_leaves_the_run_ru
 
 
 @pytest.mark.parametrize("text", UNSTORABLE)
-def test_an_operators_words_that_cannot_be_stored_are_refused(store: sp.Store,
-                                                              text: str) -> None:
+def test_an_operators_words_that_cannot_be_stored_are_refused(store: sp.Store, text: str) -> None:
     """Evidence and reasons are the caller's own words: one that no store can keep as given
     is a ``UsageError`` naming it, on every store alike — never a store's encoding error."""
     _waiting_for_approval(store)
     before = (store.get_run("r"), store.events("r"))
-    for call in (lambda: sp.approve(store, "r", "refund", by="ana", evidence=text),
-                 lambda: sp.revoke_approval(store, "r", "refund", by="ana", reason=text),
-                 lambda: sp.cancel(store, "r", by="ana", reason=text),
-                 lambda: sp.resolve(store, "r", "abandon", revision=before[0].state_revision,
-                                    by="ana", evidence=text)):
+    for call in (
+        lambda: sp.approve(store, "r", "refund", by="ana", evidence=text),
+        lambda: sp.revoke_approval(store, "r", "refund", by="ana", reason=text),
+        lambda: sp.cancel(store, "r", by="ana", reason=text),
+        lambda: sp.resolve(store, "r", "abandon", revision=before[0].state_revision, by="ana", evidence=text),
+    ):
         with pytest.raises(sp.UsageError, match=r"NUL|surrogate"):
             call()
         assert (store.get_run("r"), store.events("r")) == before
 
 
-@pytest.mark.parametrize("evidence", [
-    pytest.param({"why": "no account named bad \udcff name"}, id="lone-surrogate"),
-    pytest.param({"codes": {402}}, id="not-json"),
-    pytest.param(ValueError("declined"), id="an-exception")])
-def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.Store,
-                                                                   evidence: Any) -> None:
+@pytest.mark.parametrize(
+    "evidence",
+    [
+        pytest.param({"why": "no account named bad \udcff name"}, id="lone-surrogate"),
+        pytest.param({"codes": {402}}, id="not-json"),
+        pytest.param(ValueError("declined"), id="an-exception"),
+    ],
+)
+def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.Store, evidence: Any) -> None:
     """``Rejected`` is the owner's definite refusal: its evidence is recorded as every store
     can keep it (text escaped, what is not JSON as its text), and the run raises the rejection
     as recorded — not left ``running`` while the write is refused, nor blocked as uncertain."""
+
     def declines(payload: Any, key: sp.EffectKey) -> Any:
         raise sp.Rejected(evidence)
 
@@ -263,13 +279,12 @@ def test_a_rejection_is_recorded_as_one_whatever_its_evidence_holds(store: sp.St
     assert store.get_run("r").status is RunStatus.FAILED
 
 
-@pytest.mark.parametrize("bad", [pytest.param("r\udcff", id="lone-surrogate"),
-                                 pytest.param("r\x00", id="nul")])
-def test_a_store_looked_up_by_an_id_no_record_can_have_says_so_alike(store: sp.Store,
-                                                                    bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad", [pytest.param("r\udcff", id="lone-surrogate"), pytest.param("r\x00", id="nul")]
+)
+def test_a_store_looked_up_by_an_id_no_record_can_have_says_so_alike(store: sp.Store, bad: str) -> None:
     """The stores themselves, called directly: the same UsageError on both, never a raw
     UnicodeEncodeError on one and a StoreError on the other."""
-    for lookup in (store.get_run, store.find_run, store.load_ledger, store.events,
-                   store.approvals):
+    for lookup in (store.get_run, store.find_run, store.load_ledger, store.events, store.approvals):
         with pytest.raises(sp.UsageError):
             lookup(bad)

@@ -24,9 +24,27 @@ import safepoint
 PACKAGE = Path(safepoint.__file__).parent
 LAYERS = ("rules", "storage", "engine", "facade", "testing", "ops")
 # What the rules may not import: anything that reaches a store, the network, a file or a process.
-IO_MODULES = frozenset({"sqlite3", "psycopg", "psycopg_pool", "socket", "http", "urllib",
-                        "subprocess", "os", "asyncio", "concurrent", "pathlib", "shutil",
-                        "tempfile", "signal", "select", "selectors", "ssl"})
+IO_MODULES = frozenset(
+    {
+        "sqlite3",
+        "psycopg",
+        "psycopg_pool",
+        "socket",
+        "http",
+        "urllib",
+        "subprocess",
+        "os",
+        "asyncio",
+        "concurrent",
+        "pathlib",
+        "shutil",
+        "tempfile",
+        "signal",
+        "select",
+        "selectors",
+        "ssl",
+    }
+)
 
 
 def module_name(path: Path) -> str:
@@ -87,15 +105,21 @@ def test_every_import_goes_down_or_stays_in_its_layer() -> None:
         here = LAYERS.index(layer_of(module))
         for line, target in imports_of(module):
             if internal(target) and LAYERS.index(layer_of(target)) > here:
-                wrong.append(f"{path.relative_to(PACKAGE)}:{line} ({layer_of(module)})"
-                             f" imports {target} ({layer_of(target)})")
+                wrong.append(
+                    f"{path.relative_to(PACKAGE)}:{line} ({layer_of(module)})"
+                    f" imports {target} ({layer_of(target)})"
+                )
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
 def test_the_rules_do_no_io() -> None:
-    wrong = [f"{MODULES[m].relative_to(PACKAGE)}:{line} imports {target}"
-             for m in MODULES if layer_of(m) == "rules"
-             for line, target in imports_of(m) if target.split(".")[0] in IO_MODULES]
+    wrong = [
+        f"{MODULES[m].relative_to(PACKAGE)}:{line} imports {target}"
+        for m in MODULES
+        if layer_of(m) == "rules"
+        for line, target in imports_of(m)
+        if target.split(".")[0] in IO_MODULES
+    ]
     assert not wrong, "the rules decide, they do no I/O:\n" + "\n".join(wrong)
 
 
@@ -110,7 +134,7 @@ def test_no_module_imports_itself_through_others() -> None:
         path.append(node)
         for target in graph[node]:
             if state.get(target) == 1:
-                cycles.append([*path[path.index(target):], target])
+                cycles.append([*path[path.index(target) :], target])
             elif target not in state:
                 visit(target)
         path.pop()

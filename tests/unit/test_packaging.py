@@ -20,9 +20,22 @@ def test_error_fields_type_check_in_user_code(tmp_path: Path) -> None:
     """mypy --strict on a file written as a user would: reading ``e.run_id``, ``e.step_id``,
     ``store.identity`` … must not need a cast or an ignore."""
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
-         str(tmp_path), str(ROOT / "tests" / "typing" / "errors_usage.py")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path),
+            str(ROOT / "tests" / "typing" / "errors_usage.py"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -23,25 +23,70 @@ import safepoint
 import safepoint.errors
 import safepoint.types
 
-PUBLIC_MODULES = ("safepoint", "safepoint.errors", "safepoint.types", "safepoint.storage",
-                  "safepoint.testing")
+PUBLIC_MODULES = (
+    "safepoint",
+    "safepoint.errors",
+    "safepoint.types",
+    "safepoint.storage",
+    "safepoint.testing",
+)
 
 # What a workflow's code uses every day. Adding a name here is a decision about the public API,
 # not a side effect of importing it: everything else has a home in errors, types or testing.
-TOP_LEVEL = frozenset({
-    # the verbs
-    "workflow", "start", "start_async", "submit", "submit_async", "resume", "resume_async",
-    "cancel", "cancel_async", "approve", "approve_async", "revoke_approval",
-    "revoke_approval_async", "resolve", "record_schema", "open_store", "open_async_store",
-    # the types a step is written with
-    "Workflow", "Run", "AsyncRun", "Worker", "Effect", "EffectKey", "Applied", "NotApplied",
-    "Unknown", "NotSent", "Rejected", "Secret", "Transcript", "Budget", "Retry", "HistoryLimit",
-    "Store", "AsyncStore",
-    # the errors worth catching
-    "SafepointError", "UsageError", "RunBlocked", "AwaitingApproval", "RunFailed",
-    "LimitReached", "RunCancelled", "StepFailed", "NeedsReconciliation", "StoreError",
-    "StoreUnavailable", "LostOwnership",
-})
+TOP_LEVEL = frozenset(
+    {
+        # the verbs
+        "workflow",
+        "start",
+        "start_async",
+        "submit",
+        "submit_async",
+        "resume",
+        "resume_async",
+        "cancel",
+        "cancel_async",
+        "approve",
+        "approve_async",
+        "revoke_approval",
+        "revoke_approval_async",
+        "resolve",
+        "record_schema",
+        "open_store",
+        "open_async_store",
+        # the types a step is written with
+        "Workflow",
+        "Run",
+        "AsyncRun",
+        "Worker",
+        "Effect",
+        "EffectKey",
+        "Applied",
+        "NotApplied",
+        "Unknown",
+        "NotSent",
+        "Rejected",
+        "Secret",
+        "Transcript",
+        "Budget",
+        "Retry",
+        "HistoryLimit",
+        "Store",
+        "AsyncStore",
+        # the errors worth catching
+        "SafepointError",
+        "UsageError",
+        "RunBlocked",
+        "AwaitingApproval",
+        "RunFailed",
+        "LimitReached",
+        "RunCancelled",
+        "StepFailed",
+        "NeedsReconciliation",
+        "StoreError",
+        "StoreUnavailable",
+        "LostOwnership",
+    }
+)
 
 
 def public_module(name: str) -> ModuleType:
@@ -62,8 +107,7 @@ def runtime_statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
                 yield from runtime_statements(node.body)
             yield from runtime_statements(node.orelse)
         elif isinstance(node, ast.Try):
-            for block in (node.body, *(h.body for h in node.handlers), node.orelse,
-                          node.finalbody):
+            for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
                 yield from runtime_statements(block)
         else:
             yield node
@@ -84,8 +128,7 @@ def bound_publicly(module: ModuleType) -> set[str]:
             names.add(node.target.id)
         elif isinstance(node, ast.ImportFrom) and is_package:
             source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
-            if source.startswith("safepoint.") and any(
-                    part.startswith("_") for part in source.split(".")):
+            if source.startswith("safepoint.") and any(part.startswith("_") for part in source.split(".")):
                 names.update(alias.asname or alias.name for alias in node.names)
     return {name for name in names if not name.startswith("_")}
 
@@ -104,8 +147,11 @@ def test_the_top_level_holds_exactly_the_chosen_names() -> None:
     assert set(safepoint.__all__) == TOP_LEVEL
     assert isinstance(safepoint.__version__, str)
     # and it imports nothing it does not export (submodules aside)
-    public = {name for name, value in vars(safepoint).items()
-              if not name.startswith("_") and not isinstance(value, ModuleType)}
+    public = {
+        name
+        for name, value in vars(safepoint).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType)
+    }
     assert public - {"annotations"} <= set(safepoint.__all__)
 
 
@@ -132,7 +178,8 @@ def test_every_public_name_has_a_docstring_of_its_own() -> None:
         for name in module.__all__:
             value = getattr(module, name)
             own = (inspect.isclass(value) or inspect.isfunction(value)) and getattr(
-                value, "__module__", "").startswith("safepoint")
+                value, "__module__", ""
+            ).startswith("safepoint")
             if own:
                 doc = (value.__doc__ or "").strip()
                 documented = bool(doc) and not doc.startswith(f"{name}(")
@@ -169,9 +216,17 @@ def test_the_testing_tools_load_when_first_asked_for() -> None:
     import sys
 
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, safepoint.testing;"
-         " print(sorted(m for m in sys.modules if m.startswith('safepoint.testing.')"
-         " or m == 'pytest'))"], capture_output=True, text=True, check=True).stdout
+        [
+            sys.executable,
+            "-c",
+            "import sys, safepoint.testing;"
+            " print(sorted(m for m in sys.modules if m.startswith('safepoint.testing.')"
+            " or m == 'pytest'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert loaded.strip() == "[]"
     from safepoint.testing import KillHarness, StoreConformance
 

@@ -39,33 +39,47 @@ class Credential:
 
 JWT_SIGNATURE = "Jw5Zq8Lm3Xw7Rt2Vn9Kc4Tb6"
 CORPUS = [
-    Credential("anthropic", "sk-ant-api03-Qx7Lm2Np9Rt4Vw8Yz3Bc6Df1Gh5Jk0",
-               ("Qx7Lm2Np9Rt4Vw8Yz3Bc6Df1Gh5Jk0",)),
+    Credential(
+        "anthropic", "sk-ant-api03-Qx7Lm2Np9Rt4Vw8Yz3Bc6Df1Gh5Jk0", ("Qx7Lm2Np9Rt4Vw8Yz3Bc6Df1Gh5Jk0",)
+    ),
     Credential("openai", "sk-proj-Tb3Kx9Qm2Wn7Lp4Rz8Vc1Yd6Hf5Js0", ("Tb3Kx9Qm2Wn7Lp4Rz8Vc1Yd6Hf5Js0",)),
     Credential("stripe", "sk_live_51Hq8Zr3Lm9Xw2Vn7Kc4Tb6Yp", ("51Hq8Zr3Lm9Xw2Vn7Kc4Tb6Yp",)),
-    Credential("github", "ghp_Gh7Zq3Lm9Xw2Vn8Kc4Tb6Yp1Rd5Jf0Hs3Azq",
-               ("Gh7Zq3Lm9Xw2Vn8Kc4Tb6Yp1Rd5Jf0Hs3Azq",)),
+    Credential(
+        "github", "ghp_Gh7Zq3Lm9Xw2Vn8Kc4Tb6Yp1Rd5Jf0Hs3Azq", ("Gh7Zq3Lm9Xw2Vn8Kc4Tb6Yp1Rd5Jf0Hs3Azq",)
+    ),
     Credential("slack", "xoxb-2048-1024-Sl9Zq3Lm7Xw2", ("Sl9Zq3Lm7Xw2",)),
     Credential("aws", "AKIAQ7ZL3MX9RT2VW8YB", ("Q7ZL3MX9RT2VW8YB",)),
     Credential("google", "AIzaGo4Zq8Lm2Xw6Rt9Vn3Kc7Tb1Yp5Hd0Jf3As", ("Go4Zq8Lm2Xw6Rt9Vn3Kc7Tb1Yp5Hd0Jf3As",)),
-    Credential("jwt", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZ2VudC03In0." + JWT_SIGNATURE,
-               (JWT_SIGNATURE, "eyJzdWIiOiJhZ2VudC03In0")),
+    Credential(
+        "jwt",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhZ2VudC03In0." + JWT_SIGNATURE,
+        (JWT_SIGNATURE, "eyJzdWIiOiJhZ2VudC03In0"),
+    ),
     Credential("bearer", "Bearer Br8Kq3Lm9Xw2Vn7Tb4Yc6Pd", ("Br8Kq3Lm9Xw2Vn7Tb4Yc6Pd",)),
     Credential("password=", "password=hunter2Zq9", ("hunter2Zq9",)),
     Credential("url", "postgresql://app:Pw9Zq3Lm@db.internal/app", ("Pw9Zq3Lm",)),
-    Credential("query string", "https://api.example.com/v1/items?api_key=Ak3Zq9Lm7&page=2",
-               ("Ak3Zq9Lm7",)),
+    Credential("query string", "https://api.example.com/v1/items?api_key=Ak3Zq9Lm7&page=2", ("Ak3Zq9Lm7",)),
     Credential("authorization", "Authorization: Token Au7Zq3Lm2", ("Au7Zq3Lm2",)),
     Credential("cookie", "Cookie: sid=Ck7Zq2Lm9Xw", ("Ck7Zq2Lm9Xw",)),
-    Credential("set-cookie", "Set-Cookie: session=Sc4Xq8Lm2; Path=/; HttpOnly", ("Sc4Xq8Lm2",),
-               {"headers": {"Set-Cookie": ["session=Sc4Xq8Lm2; Path=/; HttpOnly"]}}),
-    Credential("pem", "-----BEGIN RSA PRIVATE KEY-----\nMIIEpQIBAAKCAQEAz9Lm3Xw7Rt2\n"
-               "-----END RSA PRIVATE KEY-----", ("MIIEpQIBAAKCAQEAz9Lm3Xw7Rt2",)),
+    Credential(
+        "set-cookie",
+        "Set-Cookie: session=Sc4Xq8Lm2; Path=/; HttpOnly",
+        ("Sc4Xq8Lm2",),
+        {"headers": {"Set-Cookie": ["session=Sc4Xq8Lm2; Path=/; HttpOnly"]}},
+    ),
+    Credential(
+        "pem",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEpQIBAAKCAQEAz9Lm3Xw7Rt2\n-----END RSA PRIVATE KEY-----",
+        ("MIIEpQIBAAKCAQEAz9Lm3Xw7Rt2",),
+    ),
     Credential("json in text", '{"client_secret": "Cs8Zq2Lm4"}', ("Cs8Zq2Lm4",)),
-    Credential("short password", "{'password': 'Zq7#Kp'}", ("Zq7#Kp",),
-               {"config": {"password": "Zq7#Kp"}}),
-    Credential("nested under a key", "{'password': ['Nz4#Qp']}", ("Nz4#Qp",),
-               {"auth": {"password": {"value": ["Nz4#Qp"]}}}),
+    Credential("short password", "{'password': 'Zq7#Kp'}", ("Zq7#Kp",), {"config": {"password": "Zq7#Kp"}}),
+    Credential(
+        "nested under a key",
+        "{'password': ['Nz4#Qp']}",
+        ("Nz4#Qp",),
+        {"auth": {"password": {"value": ["Nz4#Qp"]}}},
+    ),
 ]
 
 
@@ -82,12 +96,14 @@ def ledger_bytes(url: str) -> bytes:
     schema = parse_qs(parts.query)["schema"][0]
     rows: list[str] = []
     with psycopg.connect(urlunsplit(parts._replace(query=""))) as conn:
-        tables = conn.execute("SELECT table_name FROM information_schema.tables"
-                              " WHERE table_schema = %s", (schema,)).fetchall()
+        tables = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (schema,)
+        ).fetchall()
         assert len(tables) >= 5
         for (table,) in tables:
-            query = sql.SQL("SELECT t::text FROM {}.{} t").format(sql.Identifier(schema),
-                                                                  sql.Identifier(table))
+            query = sql.SQL("SELECT t::text FROM {}.{} t").format(
+                sql.Identifier(schema), sql.Identifier(table)
+            )
             rows += [row for (row,) in conn.execute(query)]
     return "\n".join(rows).encode()
 
@@ -144,8 +160,12 @@ def step_result(store: sp.Store, cred: Credential, rid: str) -> None:
 def text_result(store: sp.Store, cred: Credential, rid: str) -> None:
     @sp.workflow("corpus-text-result")
     def flow(run: sp.Run) -> Any:
-        return run.model("draft", lambda **kw: {"content": f"here it is: {cred.text}"},
-                         model="m-1", messages=[{"role": "user", "content": "hi"}])
+        return run.model(
+            "draft",
+            lambda **kw: {"content": f"here it is: {cred.text}"},
+            model="m-1",
+            messages=[{"role": "user", "content": "hi"}],
+        )
 
     _refused(lambda: sp.start(store, flow, run_id=rid), cred)
 
@@ -181,8 +201,12 @@ def effect_payload(store: sp.Store, cred: Credential, rid: str) -> None:
 def model_id(store: sp.Store, cred: Credential, rid: str) -> None:
     @sp.workflow("corpus-model")
     def flow(run: sp.Run) -> Any:
-        return run.model("draft", lambda **kw: {"content": "hi"}, model=cred.text,
-                         messages=[{"role": "user", "content": "hi"}])
+        return run.model(
+            "draft",
+            lambda **kw: {"content": "hi"},
+            model=cred.text,
+            messages=[{"role": "user", "content": "hi"}],
+        )
 
     _refused(lambda: sp.start(store, flow, run_id=rid), cred)
 
@@ -224,10 +248,12 @@ def approval(store: sp.Store, cred: Credential, rid: str) -> None:
     _refused(lambda: sp.revoke_approval(store, rid, "refund", by="ana", reason=cred.text), cred)
 
 
-def _charge(store: sp.Store, rid: str, raises: type[BaseException] = sp.NeedsReconciliation,
-            **effect: Any) -> BaseException:
+def _charge(
+    store: sp.Store, rid: str, raises: type[BaseException] = sp.NeedsReconciliation, **effect: Any
+) -> BaseException:
     """Start a run of one effect step, "charge", that raises ``raises`` (by default: the
     owner never answers, and the run blocks)."""
+
     def execute(payload: Any, key: sp.EffectKey) -> Any:
         raise TimeoutError("no answer")
 
@@ -245,10 +271,13 @@ def _charge(store: sp.Store, rid: str, raises: type[BaseException] = sp.NeedsRec
 def resolution(store: sp.Store, cred: Credential, rid: str) -> None:
     _charge(store, rid)
     revision = store.get_run(rid).state_revision
-    _refused(lambda: sp.resolve(store, rid, "applied", revision=revision, by="ana",
-                                receipt={"id": "ch_1"}, evidence=cred.text), cred)
-    _refused(lambda: sp.resolve(store, rid, "applied", revision=revision, by="ana",
-                                receipt=cred.json), cred)
+    _refused(
+        lambda: sp.resolve(
+            store, rid, "applied", revision=revision, by="ana", receipt={"id": "ch_1"}, evidence=cred.text
+        ),
+        cred,
+    )
+    _refused(lambda: sp.resolve(store, rid, "applied", revision=revision, by="ana", receipt=cred.json), cred)
     _refused(lambda: sp.resolve(store, rid, "abandon", revision=revision, by=cred.text), cred)
 
 
@@ -291,11 +320,18 @@ def operation_id(store: sp.Store, cred: Credential, rid: str) -> None:
 
 
 REFUSED: dict[str, Action] = {
-    "workflow input": workflow_input, "step result": step_result, "text in a result":
-    text_result, "dict key": dict_key, "workflow result": workflow_result,
-    "effect payload": effect_payload, "model id": model_id,
-    "continue-as-new state": continue_as_new_state, "branch name": branch_name,
-    "approval": approval, "resolution": resolution, "cancellation": cancellation,
+    "workflow input": workflow_input,
+    "step result": step_result,
+    "text in a result": text_result,
+    "dict key": dict_key,
+    "workflow result": workflow_result,
+    "effect payload": effect_payload,
+    "model id": model_id,
+    "continue-as-new state": continue_as_new_state,
+    "branch name": branch_name,
+    "approval": approval,
+    "resolution": resolution,
+    "cancellation": cancellation,
 }
 # Ids are checked by the id rules, which refuse what looks like a credential among the rest.
 IDS: dict[str, Action] = {"run id": run_id, "step id": step_id, "operation id": operation_id}
@@ -341,8 +377,13 @@ def usage_error(store: sp.Store, cred: Credential, rid: str) -> None:
 
     @sp.workflow("corpus-usage")
     def flow(run: sp.Run) -> Any:
-        return run.model("draft", lambda **kw: {"content": "hi"}, model="m-1",
-                         messages=[{"role": "user", "content": "hi"}], usage=usage)
+        return run.model(
+            "draft",
+            lambda **kw: {"content": "hi"},
+            model="m-1",
+            messages=[{"role": "user", "content": "hi"}],
+            usage=usage,
+        )
 
     with pytest.raises(sp.UsageError) as failed:
         sp.start(store, flow, run_id=rid)
@@ -351,8 +392,9 @@ def usage_error(store: sp.Store, cred: Credential, rid: str) -> None:
 
 
 def receipt(store: sp.Store, cred: Credential, rid: str) -> None:
-    effect = sp.Effect("corpus.intent", execute=lambda p, k: {"id": "pi_1", "echo": cred.json,
-                                                              "note": cred.text})
+    effect = sp.Effect(
+        "corpus.intent", execute=lambda p, k: {"id": "pi_1", "echo": cred.json, "note": cred.text}
+    )
 
     @sp.workflow("corpus-receipt")
     def flow(run: sp.Run) -> Any:
@@ -421,16 +463,20 @@ def verify_error(store: sp.Store, cred: Credential, rid: str) -> None:
 
 
 REDACTED: dict[str, Action] = {
-    "step error": step_error, "failed workflow": failed_workflow, "usage error": usage_error,
-    "receipt": receipt, "rejection evidence": rejection, "execute error": execute_error,
-    "reconcile error": reconcile_error, "reconcile's unknown": reconcile_unknown,
+    "step error": step_error,
+    "failed workflow": failed_workflow,
+    "usage error": usage_error,
+    "receipt": receipt,
+    "rejection evidence": rejection,
+    "execute error": execute_error,
+    "reconcile error": reconcile_error,
+    "reconcile's unknown": reconcile_unknown,
     "verify error": verify_error,
 }
 
 
 @pytest.mark.parametrize("placement", [*REFUSED, *IDS, *REDACTED])
-def test_no_credential_reaches_the_ledger(store: sp.Store, store_url: str,
-                                          placement: str) -> None:
+def test_no_credential_reaches_the_ledger(store: sp.Store, store_url: str, placement: str) -> None:
     action = {**REFUSED, **IDS, **REDACTED}[placement]
     for index, cred in enumerate(CORPUS):
         action(store, cred, f"corpus-{index}")

@@ -27,9 +27,23 @@ def _usage_module() -> ModuleType:
 
 def test_step_types_and_marked_mistakes_check_in_user_code(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--warn-unused-ignores", "--no-incremental",
-         "--cache-dir", str(tmp_path), str(USAGE)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--warn-unused-ignores",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path),
+            str(USAGE),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -21,15 +21,18 @@ def greet(run: sp.Run, name: str) -> str:
     return str(run.pure("format", lambda n: f"hello {n}", name))
 
 
-@pytest.mark.parametrize("verb", [
-    lambda store: sp.start(store, greet, "ana"),
-    lambda store: sp.submit(store, greet, "ana"),
-    lambda store: sp.resume(store, "r"),
-    lambda store: sp.cancel(store, "r", by="ana"),
-    lambda store: sp.approve(store, "r", "s", by="ana"),
-    lambda store: sp.revoke_approval(store, "r", "s", by="ana", reason="no"),
-    lambda store: sp.resolve(store, "r", "abandon", revision=1, by="ana"),
-])
+@pytest.mark.parametrize(
+    "verb",
+    [
+        lambda store: sp.start(store, greet, "ana"),
+        lambda store: sp.submit(store, greet, "ana"),
+        lambda store: sp.resume(store, "r"),
+        lambda store: sp.cancel(store, "r", by="ana"),
+        lambda store: sp.approve(store, "r", "s", by="ana"),
+        lambda store: sp.revoke_approval(store, "r", "s", by="ana", reason="no"),
+        lambda store: sp.resolve(store, "r", "abandon", revision=1, by="ana"),
+    ],
+)
 @pytest.mark.parametrize("given", [None, "safepoint.db", greet])
 def test_a_missing_or_misplaced_store_is_named(verb: Any, given: Any) -> None:
     with pytest.raises(sp.UsageError, match="takes the store first") as error:
@@ -43,8 +46,7 @@ def test_the_store_forgotten_is_not_mistaken_for_an_undecorated_workflow() -> No
         sp.start(greet, "x")  # type: ignore[arg-type]
 
 
-def test_a_plain_function_where_the_workflow_goes_says_to_decorate_it(
-        memory_store: sp.Store) -> None:
+def test_a_plain_function_where_the_workflow_goes_says_to_decorate_it(memory_store: sp.Store) -> None:
     def undecorated(run: sp.Run) -> int:
         return 1
 
@@ -72,7 +74,8 @@ def test_a_step_called_after_its_workflow_returned_says_so(file_store: sp.Store)
 
 
 def test_a_receipt_that_is_not_json_is_never_sent_again_and_says_why(
-        store: sp.Store, owner_env: OwnerService) -> None:
+    store: sp.Store, owner_env: OwnerService
+) -> None:
     """execute returned (the owner has it), with a receipt that cannot be recorded; the
     owner's search lags, so reconcile finds nothing yet. The effect is not sent again until
     the dispatches run out: the run blocks at once, saying why. Fixed, it is found by key."""
@@ -88,10 +91,15 @@ def test_a_receipt_that_is_not_json_is_never_sent_again_and_says_why(
         @sp.workflow("mistakes-receipt")
         def flow(run: sp.Run) -> Any:
             return run.effect("charge", effect, payload={"amount": 3})["amount"]
+
         return flow
 
-    broken = sp.Effect(found.name, execute=execute, reconcile=lambda key: sp.NotApplied(),
-                       dedup_retention=dt.timedelta(hours=1))
+    broken = sp.Effect(
+        found.name,
+        execute=execute,
+        reconcile=lambda key: sp.NotApplied(),
+        dedup_retention=dt.timedelta(hours=1),
+    )
     with pytest.raises(sp.NeedsReconciliation, match=r"\$\.at is a datetime") as blocked:
         sp.start(store, flow_with(broken), run_id="r")
     assert "not sent again" in blocked.value.message
@@ -130,12 +138,16 @@ def _containing_itself() -> dict[str, Any]:
     return loop
 
 
-@pytest.mark.parametrize(("value", "said"), [
-    (_nested(5000), "nested deeper than"),
-    (_containing_itself(), "contains itself"),
-])
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (_nested(5000), "nested deeper than"),
+        (_containing_itself(), "contains itself"),
+    ],
+)
 def test_inputs_nested_too_deep_or_containing_themselves_are_not_json(
-        memory_store: sp.Store, value: Any, said: str) -> None:
+    memory_store: sp.Store, value: Any, said: str
+) -> None:
     with pytest.raises(NotJSON, match=said):
         sp.start(memory_store, greet, value)
 
@@ -164,6 +176,7 @@ def test_a_second_workflow_under_one_name_and_version_is_refused() -> None:
         return 1
 
     with pytest.raises(sp.UsageError, match="registered already"):
+
         @sp.workflow("mistakes-twice")
         def second(run: sp.Run) -> int:
             return 2
@@ -175,8 +188,7 @@ def test_a_second_workflow_under_one_name_and_version_is_refused() -> None:
         return 3
 
 
-def test_a_wait_for_approval_is_raised_without_the_engines_frames(
-        memory_store: sp.Store) -> None:
+def test_a_wait_for_approval_is_raised_without_the_engines_frames(memory_store: sp.Store) -> None:
     effect = sp.Effect("gated", execute=lambda payload, key: {"ok": True})
 
     @sp.workflow("mistakes-wait")
@@ -190,10 +202,13 @@ def test_a_wait_for_approval_is_raised_without_the_engines_frames(
 
 
 @pytest.mark.parametrize("retention", [3600, "23h", dt.timedelta(0), dt.timedelta(hours=-1)])
-def test_a_dedup_retention_that_is_not_a_positive_timedelta_is_refused_at_once(
-        retention: Any) -> None:
+def test_a_dedup_retention_that_is_not_a_positive_timedelta_is_refused_at_once(retention: Any) -> None:
     """Said when the effect is made, not found only when a crash is reconciled (where a number
     raised AttributeError with the effect in flight, and the run blocked)."""
     with pytest.raises(ValueError, match="dedup_retention"):
-        sp.Effect("mistakes.retention", execute=lambda payload, key: {"id": "x"},
-                  reconcile=lambda key: sp.NotApplied(), dedup_retention=retention)
+        sp.Effect(
+            "mistakes.retention",
+            execute=lambda payload, key: {"id": "x"},
+            reconcile=lambda key: sp.NotApplied(),
+            dedup_retention=retention,
+        )

@@ -87,11 +87,19 @@ _TURN_POLL_S = 0.005
 class RunCore:
     """The state one worker holds while it executes a run it has claimed."""
 
-    def __init__(self, store: Store | AsyncStore, claim: Claim, run: RunRecord,
-                 steps: dict[str, StepRecord], operations: dict[str, OperationRecord], *,
-                 is_async: bool, replans: bool = False,
-                 attempts: dict[str, list[AttemptRecord]] | None = None,
-                 default_retry: Retry | None = None) -> None:
+    def __init__(
+        self,
+        store: Store | AsyncStore,
+        claim: Claim,
+        run: RunRecord,
+        steps: dict[str, StepRecord],
+        operations: dict[str, OperationRecord],
+        *,
+        is_async: bool,
+        replans: bool = False,
+        attempts: dict[str, list[AttemptRecord]] | None = None,
+        default_retry: Retry | None = None,
+    ) -> None:
         self.store = store
         self.is_async = is_async
         self.replans = replans  # compatibility policy "replan": stale steps are asked again
@@ -165,7 +173,9 @@ class RunCore:
             f"run {self.run.run_id!r} is over for this run object (its workflow function"
             " returned, or the run stopped): no step can be recorded through it any more —"
             " call steps only inside the workflow function, not from a thread, callback or"
-            " object that outlives it", run_id=self.run.run_id)
+            " object that outlives it",
+            run_id=self.run.run_id,
+        )
 
     def check_halt(self) -> None:
         if self.halted is not None:
@@ -206,6 +216,7 @@ class RunCore:
         it cannot carry on; the run is then ended (failed, or blocked) by ``_execute_flow``."""
         self.halted = error
         return error
+
     def continue_as_new(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ContinueAsNew:
         """The signal that ends this run and starts its successor with ``args``/``kwargs``,
         kept: agent code that swallows it cannot carry on. A run asked to stop cannot escape
@@ -241,8 +252,7 @@ class RunCore:
         """Write the pure steps still pending, in one commit (see ``_record_result``)."""
         batch = self.take_pending()
         if batch:
-            yield from self.append_new(io(Store.record_steps, self.claim, batch),
-                                       batch[0].step_id)
+            yield from self.append_new(io(Store.record_steps, self.claim, batch), batch[0].step_id)
 
     def write(self, request: Flow[R]) -> Flow[R]:
         """A write of the run (``io(Store…)``, not started yet): the pure steps before it
@@ -261,14 +271,20 @@ class RunCore:
 
     def block_at_history_limit(self, limit: HistoryLimitReached, sid: str) -> Flow[None]:
         """Block the run: the store refused new work at its hard history limit."""
-        yield from self.block(limit, phase="history_limit", step_id=sid,
-                              evidence={"history": limit.size, "hard_limit": limit.limit})
+        yield from self.block(
+            limit,
+            phase="history_limit",
+            step_id=sid,
+            evidence={"history": limit.size, "hard_limit": limit.limit},
+        )
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
-        return [op for op in self.operations.values()
-                if op.state in (EffectState.DISPATCHING, EffectState.UNKNOWN,
-                                EffectState.APPLIED)]
+        return [
+            op
+            for op in self.operations.values()
+            if op.state in (EffectState.DISPATCHING, EffectState.UNKNOWN, EffectState.APPLIED)
+        ]
 
     def may_reread(self, recorded: StepRecord) -> bool:
         """An expired observation is refreshed only while nothing was built on it: it is the
@@ -276,34 +292,50 @@ class RunCore:
         (re-reading would make every later step answer another question)."""
         return recorded.seq == self.seq_at_load and not self.open_at_load
 
-    def record_block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-                     op: OperationRecord | None = None,
-                     evidence: dict[str, Any] | None = None) -> Flow[None]:
+    def record_block(
+        self,
+        error: RunBlocked,
+        *,
+        phase: str,
+        step_id: str | None = None,
+        op: OperationRecord | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> Flow[None]:
         """Record the block with its recovery record and halt this run object."""
         authorization = None
         if op is not None and op.approval_id is not None:  # the record names what authorized it
             authorization = self.approvals.get(op.operation_id)
             if authorization is None or authorization.approval_id != op.approval_id:
                 given = yield from io(Store.approvals, self.run.run_id)
-                authorization = next((a for a in given if a.approval_id == op.approval_id),
-                                     None)
-        record = build_record(self.run, phase=phase, reason=error.message, step_id=step_id,
-                              op=op, evidence=evidence, authorization=authorization)
+                authorization = next((a for a in given if a.approval_id == op.approval_id), None)
+        record = build_record(
+            self.run,
+            phase=phase,
+            reason=error.message,
+            step_id=step_id,
+            op=op,
+            evidence=evidence,
+            authorization=authorization,
+        )
         yield from self.release_turn()
         try:
-            yield from self.write(
-                io(Store.finish_run, self.claim, RunStatus.BLOCKED, recovery_record=record))
+            yield from self.write(io(Store.finish_run, self.claim, RunStatus.BLOCKED, recovery_record=record))
             error.record = record
             self.halted = error
         finally:
             self.end_turn()
 
-    def block(self, error: RunBlocked, *, phase: str, step_id: str | None = None,
-              op: OperationRecord | None = None, evidence: dict[str, Any] | None = None,
-              ) -> Flow[NoReturn]:
+    def block(
+        self,
+        error: RunBlocked,
+        *,
+        phase: str,
+        step_id: str | None = None,
+        op: OperationRecord | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> Flow[NoReturn]:
         """``record_block``, then raise ``error``."""
-        yield from self.record_block(error, phase=phase, step_id=step_id, op=op,
-                                     evidence=evidence)
+        yield from self.record_block(error, phase=phase, step_id=step_id, op=op, evidence=evidence)
         raise error
 
     def check_replay(self, sid: str, kind: StepKind, name: str, hashed: str) -> StepRecord | None:
@@ -313,16 +345,19 @@ class RunCore:
             return None
         if recorded.kind is not kind or recorded.name != name:
             raise ReplayMismatch(
-                self.run.run_id, sid,
-                f"recorded as {recorded.kind.value} {recorded.name!r}, now called as"
-                f" {kind.value} {name!r}")
+                self.run.run_id,
+                sid,
+                f"recorded as {recorded.kind.value} {recorded.name!r}, now called as {kind.value} {name!r}",
+            )
         if recorded.input_hash != hashed:
-            raise StaleCheckpoint(self.run.run_id, sid,
-                                  f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…")
+            raise StaleCheckpoint(
+                self.run.run_id, sid, f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…"
+            )
         return recorded
 
-    def replay_lookup(self, sid: str, kind: StepKind, name: str, hashed: str,
-                      op: OperationRecord | None = None) -> Flow[StepRecord | None]:
+    def replay_lookup(
+        self, sid: str, kind: StepKind, name: str, hashed: str, op: OperationRecord | None = None
+    ) -> Flow[StepRecord | None]:
         """The recorded step that answers this call, or None. A recorded step that answers
         another question blocks the run (``refuse``) or is abandoned with the stale tail after
         it (``replan``)."""
@@ -330,8 +365,7 @@ class RunCore:
             return self.check_replay(sid, kind, name, hashed)
         except StaleCheckpoint as stale:
             if not self.replans:
-                phase = ("replay_mismatch" if isinstance(stale, ReplayMismatch)
-                         else "stale_checkpoint")
+                phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
                 yield from self.block(stale, phase=phase, step_id=sid, op=op)
             yield from self.abandon_tail(sid, stale)
             return None
@@ -347,42 +381,71 @@ class RunCore:
         # execution recorded (with a later seq) already answers the new question. Inside a
         # fan-out, a sibling branch's steps never asked about this one: they stay.
         start, through = self.steps[sid].seq, self.seq_at_load
-        siblings = tuple(prefix for branches in list(self.fanouts)
-                         if any(sid.startswith(branch) for branch in branches)
-                         for prefix in branches if not sid.startswith(prefix))
-        stale_tail = [key for key, step in list(self.steps.items())
-                      if start <= step.seq <= through
-                      and (step.kind is not StepKind.EFFECT or key == sid)]
+        siblings = tuple(
+            prefix
+            for branches in list(self.fanouts)
+            if any(sid.startswith(branch) for branch in branches)
+            for prefix in branches
+            if not sid.startswith(prefix)
+        )
+        stale_tail = [
+            key
+            for key, step in list(self.steps.items())
+            if start <= step.seq <= through and (step.kind is not StepKind.EFFECT or key == sid)
+        ]
         keep = tuple(key for key in stale_tail if key.startswith(siblings))
         yield from self.flush()
-        yield from io(Store.replan, self.claim, Replan(reason=stale.message, step_id=sid,
-                                               through_seq=through, keep=keep))
+        yield from io(
+            Store.replan,
+            self.claim,
+            Replan(reason=stale.message, step_id=sid, through_seq=through, keep=keep),
+        )
         for key in stale_tail:
             if key not in keep:
                 self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
 
     # -- flows ---------------------------------------------------------------------------------
 
-    def step_flow(self, kind: StepKind, step_id: str, fn: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any], *, hashed_inputs: JSON, name: str | None = None,
-                  max_age: timedelta | None = None, model_id: str | None = None,
-                  prompt_hash: str | None = None, retry: Retry | None = None,
-                  usage: UsageFn | None = None, prefix: str = "") -> Flow[Any]:
+    def step_flow(
+        self,
+        kind: StepKind,
+        step_id: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        hashed_inputs: JSON,
+        name: str | None = None,
+        max_age: timedelta | None = None,
+        model_id: str | None = None,
+        prompt_hash: str | None = None,
+        retry: Retry | None = None,
+        usage: UsageFn | None = None,
+        prefix: str = "",
+    ) -> Flow[Any]:
         """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
         self.check_halt()
         sid = self.occurrence(step_id, prefix)
         name = name or callable_name(fn)
         if not self.is_async and is_async_callable(fn):
-            raise UsageError(f"step {sid!r} calls {name}, which is async: call it from an async"
-                             " def workflow (AsyncRun), or pass a plain function", step_id=sid)
+            raise UsageError(
+                f"step {sid!r} calls {name}, which is async: call it from an async"
+                " def workflow (AsyncRun), or pass a plain function",
+                step_id=sid,
+            )
         hashed = _input_hash(hashed_inputs, sid)
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
                 error = recorded.error or {}
-                raise StepFailed(self.run.run_id, sid, str(error.get("type")),
-                                 str(error.get("message")), int(error.get("attempts", 1)))
+                raise StepFailed(
+                    self.run.run_id,
+                    sid,
+                    str(error.get("type")),
+                    str(error.get("message")),
+                    int(error.get("attempts", 1)),
+                )
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 return recorded.result
             now = yield from io(Store.now)
@@ -391,15 +454,33 @@ class RunCore:
             round_start = recorded.attempt  # the observation expired: read again
         if self.cancelling:
             raise self.cancelled()  # before calling anything new
-        base = StepRecord(run_id=self.run.run_id, step_id=sid, kind=kind, name=name,
-                          input_hash=hashed, result=None, seq=self.next_seq(sid),
-                          model_id=model_id, prompt_hash=prompt_hash)
-        return (yield from self._call_step(base, fn, args, kwargs, round_start,
-                                           step_policy(kind, retry, self.default_retry), usage))
+        base = StepRecord(
+            run_id=self.run.run_id,
+            step_id=sid,
+            kind=kind,
+            name=name,
+            input_hash=hashed,
+            result=None,
+            seq=self.next_seq(sid),
+            model_id=model_id,
+            prompt_hash=prompt_hash,
+        )
+        return (
+            yield from self._call_step(
+                base, fn, args, kwargs, round_start, step_policy(kind, retry, self.default_retry), usage
+            )
+        )
 
-    def _call_step(self, base: StepRecord, fn: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any], round_start: int, policy: Retry,
-                   usage: UsageFn | None) -> Flow[Any]:
+    def _call_step(
+        self,
+        base: StepRecord,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        round_start: int,
+        policy: Retry,
+        usage: UsageFn | None,
+    ) -> Flow[Any]:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
         failure recorded before its back-off — and record the result or the failure."""
         sid, kind = base.step_id, base.kind
@@ -412,22 +493,24 @@ class RunCore:
             if pending is not None:
                 if attempt - round_start > policy.attempts:
                     # The code now allows fewer attempts than were made: no further call.
-                    yield from self._fail_step(base, pending.error, attempt - 1 - round_start,
-                                               None)
+                    yield from self._fail_step(base, pending.error, attempt - 1 - round_start, None)
                 yield from self._wait_for_retry(pending)
             now = None
-            if kind is StepKind.READ or (self.run.deadline_at is not None
-                                         and kind in (StepKind.MODEL, StepKind.DECISION)):
+            if kind is StepKind.READ or (
+                self.run.deadline_at is not None and kind in (StepKind.MODEL, StepKind.DECISION)
+            ):
                 now = yield from io(Store.now)
                 if past_deadline(self.run, now):
-                    raise self.limit_reached(DeadlineExceeded(
-                        self.run.run_id, self.run.deadline_at or 0, sid))
+                    raise self.limit_reached(
+                        DeadlineExceeded(self.run.run_id, self.run.deadline_at or 0, sid)
+                    )
             if kind is StepKind.MODEL:
                 spent = spent_budget(self.run)
                 if spent is not None:
                     which, limit, amount = spent
-                    raise self.limit_reached(BudgetExhausted(self.run.run_id, limit,
-                                                             kind=which, spent=amount))
+                    raise self.limit_reached(
+                        BudgetExhausted(self.run.run_id, limit, kind=which, spent=amount)
+                    )
             if kind is StepKind.READ:
                 base = replace(base, observed_at=now)
             try:
@@ -436,19 +519,31 @@ class RunCore:
                 raise  # a mistake in how the step is called, not an outcome to record
             except Exception as exc:
                 now = yield from io(Store.now)
-                decided = after_failure(policy, exc, failed_in_round=attempt - round_start,
-                                        now=now, deadline_at=self.run.deadline_at,
-                                        seed=f"{self.run.run_id}/{sid}/{attempt}")
+                decided = after_failure(
+                    policy,
+                    exc,
+                    failed_in_round=attempt - round_start,
+                    now=now,
+                    deadline_at=self.run.deadline_at,
+                    seed=f"{self.run.run_id}/{sid}/{attempt}",
+                )
                 if decided.retry_at is None:
                     # Recorded, so that a resume takes the path this run took: the same
                     # StepFailed is raised again instead of asking again.
-                    yield from self._fail_step(base, error_evidence(exc),
-                                               attempt - round_start, decided.why, exc)
+                    yield from self._fail_step(
+                        base, error_evidence(exc), attempt - round_start, decided.why, exc
+                    )
                     raise  # unreachable: _fail_step raises
                 pending = AttemptRecord(
-                    run_id=self.run.run_id, step_id=sid, attempt=attempt, kind=kind,
-                    name=base.name, input_hash=base.input_hash, error=error_evidence(exc),
-                    retry_at=decided.retry_at)
+                    run_id=self.run.run_id,
+                    step_id=sid,
+                    attempt=attempt,
+                    kind=kind,
+                    name=base.name,
+                    input_hash=base.input_hash,
+                    error=error_evidence(exc),
+                    retry_at=decided.retry_at,
+                )
                 # Durable before the wait: a restart continues the count and waits the rest.
                 yield from self.write(io(Store.record_attempt, self.claim, pending))
                 self.attempts.setdefault(sid, []).append(pending)
@@ -471,8 +566,14 @@ class RunCore:
             self.cancelling = True
             raise self.cancelled()
 
-    def _fail_step(self, base: StepRecord, error: dict[str, str], attempts: int,
-                   why: str | None, cause: BaseException | None = None) -> Flow[NoReturn]:
+    def _fail_step(
+        self,
+        base: StepRecord,
+        error: dict[str, str],
+        attempts: int,
+        why: str | None,
+        cause: BaseException | None = None,
+    ) -> Flow[NoReturn]:
         """Record the step failed (its last error, how many attempts, why no more) and raise
         ``StepFailed``; a resume raises the same from the ledger."""
         evidence: dict[str, Any] = dict(error)
@@ -484,8 +585,7 @@ class RunCore:
         yield from self.flush()
         yield from self.append_new(io(Store.record_step, self.claim, failed), base.step_id)
         self.steps[base.step_id] = failed
-        raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"],
-                         attempts) from cause
+        raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"], attempts) from cause
 
     def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow[Any]:
         sid = base.step_id
@@ -497,9 +597,11 @@ class RunCore:
                 try:
                     reported = yield Call(usage, (value,))
                 except Exception as exc:
-                    raise UsageError(f"the usage= function of step {sid!r} raised"
-                                     f" {type(exc).__name__}: {redact_text(str(exc))}",
-                                     step_id=sid) from exc
+                    raise UsageError(
+                        f"the usage= function of step {sid!r} raised"
+                        f" {type(exc).__name__}: {redact_text(str(exc))}",
+                        step_id=sid,
+                    ) from exc
                 tokens, cost = checked_usage(reported, sid)
             if tokens is None:
                 tokens = reported_tokens(value)
@@ -515,14 +617,20 @@ class RunCore:
                 yield from self.flush()
         else:
             batch = self.take_pending()
-            request = (io(Store.record_steps, self.claim, [*batch, step]) if batch
-                       else io(Store.record_step, self.claim, step))
+            request = (
+                io(Store.record_steps, self.claim, [*batch, step])
+                if batch
+                else io(Store.record_step, self.claim, step)
+            )
             yield from self.append_new(request, sid)
             self.steps[sid] = step
         if tokens or cost:  # the store added the same to the run's totals, in that commit
             with self.seq_lock:  # fan-out branches on threads add theirs at the same time
-                self.run = replace(self.run, tokens_spent=self.run.tokens_spent + (tokens or 0),
-                                   cost_spent=self.run.cost_spent + (cost or 0.0))
+                self.run = replace(
+                    self.run,
+                    tokens_spent=self.run.tokens_spent + (tokens or 0),
+                    cost_spent=self.run.cost_spent + (cost or 0.0),
+                )
         crashpoint("step.after_record", sid)
         return value
 
@@ -548,4 +656,3 @@ def _input_hash(inputs: Any, sid: str) -> str:
             raise
         encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
     return sha256_hex(encoded)
-

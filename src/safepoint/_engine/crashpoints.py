@@ -22,20 +22,20 @@ import signal
 # Every boundary, in protocol order. Tests iterate over this tuple, so a new point is tested
 # as soon as it is listed here.
 POINTS: tuple[str, ...] = (
-    "run.after_start",              # the run row exists, nothing else
-    "step.before_record",           # a step's function returned, its result not yet recorded
-    "step.after_record",            # a step's result is recorded
-    "effect.before_prepare",        # before intent: nothing about the effect is durable
-    "effect.after_prepared",        # payload, operation id and key durable; not dispatching
-                                    # (only where "prepared" is a commit of its own, see
-                                    # _rules.effects.one_commit_to_dispatching)
-    "effect.after_dispatching",     # "dispatch may have happened" durable; call not made
-    "effect.after_receiver_commit", # execute returned (the owner committed); outcome not stored
-    "effect.after_outcome",         # receipt stored (applied), before verification
-    "effect.after_accept",          # accepted and the step recorded
-    "run.before_complete",          # the workflow returned; completion not recorded
-    "run.before_continue",          # the workflow continued as new; nothing of it recorded
-    "run.after_continue",           # continued, and its successor created; successor not run
+    "run.after_start",  # the run row exists, nothing else
+    "step.before_record",  # a step's function returned, its result not yet recorded
+    "step.after_record",  # a step's result is recorded
+    "effect.before_prepare",  # before intent: nothing about the effect is durable
+    # payload, operation id and key durable; not dispatching (only where "prepared" is a commit
+    # of its own, see _rules.effects.one_commit_to_dispatching)
+    "effect.after_prepared",
+    "effect.after_dispatching",  # "dispatch may have happened" durable; call not made
+    "effect.after_receiver_commit",  # execute returned (the owner committed); outcome not stored
+    "effect.after_outcome",  # receipt stored (applied), before verification
+    "effect.after_accept",  # accepted and the step recorded
+    "run.before_complete",  # the workflow returned; completion not recorded
+    "run.before_continue",  # the workflow continued as new; nothing of it recorded
+    "run.after_continue",  # continued, and its successor created; successor not run
 )
 
 

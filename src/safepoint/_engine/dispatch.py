@@ -66,17 +66,22 @@ _NOT_SENT_BACKOFF_S = 0.05
 _GATE_ATTEMPTS = 3
 
 
-def effect_flow(core: RunCore, step_id: str, effect: Effect, payload: JSON,
-                operation_id: str | None, approval: bool = False,
-                prefix: str = "") -> Flow[Any]:
+def effect_flow(
+    core: RunCore,
+    step_id: str,
+    effect: Effect,
+    payload: JSON,
+    operation_id: str | None,
+    approval: bool = False,
+    prefix: str = "",
+) -> Flow[Any]:
     """An effect step: replay, or walk the dispatch protocol from wherever the ledger stands.
     With ``approval``, no dispatch without a person's valid approval (see ``authorize``)."""
     core.check_halt()
     sid = core.occurrence(step_id, prefix)
     if not core.is_async:
         _refuse_async_callables(effect)
-    return (yield from EffectDispatch(core, sid, effect).carry_out(payload, operation_id,
-                                                                   approval, prefix))
+    return (yield from EffectDispatch(core, sid, effect).carry_out(payload, operation_id, approval, prefix))
 
 
 class EffectDispatch:
@@ -90,8 +95,7 @@ class EffectDispatch:
         self.sid = sid
         self.effect = effect
 
-    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool,
-                  prefix: str) -> Flow[Any]:
+    def carry_out(self, payload: JSON, operation_id: str | None, approval: bool, prefix: str) -> Flow[Any]:
         """Replay the step, or take its operation from where the ledger stands to accepted;
         return the receipt (as recorded)."""
         core, sid, effect = self.core, self.sid, self.effect
@@ -104,10 +108,10 @@ class EffectDispatch:
         # step's id while it names the operation across the run's chain.
         op_id = sid if operation_id is None else check_id(operation_id, "operation id")
         core.unreached.discard(op_id)
-        hashed = input_hash({"effect": effect.name, "operation_id": op_id,
-                             "payload": payload_ref})
-        recorded = yield from core.replay_lookup(sid, StepKind.EFFECT, effect.name, hashed,
-                                                 core.operations.get(op_id))
+        hashed = input_hash({"effect": effect.name, "operation_id": op_id, "payload": payload_ref})
+        recorded = yield from core.replay_lookup(
+            sid, StepKind.EFFECT, effect.name, hashed, core.operations.get(op_id)
+        )
         if recorded is not None:
             return recorded.result
 
@@ -124,20 +128,20 @@ class EffectDispatch:
         key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
         if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
             # Nothing stands between prepared and dispatching: one commit, then the call.
-            op = yield from self.prepare_dispatching(op_id, payload_ref, payload_bytes,
-                                                     key_scope)
+            op = yield from self.prepare_dispatching(op_id, payload_ref, payload_bytes, key_scope)
             step = self.accepted_step(op, hashed)  # recorded on acceptance
             op = yield from self.call_owner(op, payload, step)
         else:
-            op, payload = yield from self.prepared(op_id, payload, payload_bytes, approval,
-                                                   key_scope)
+            op, payload = yield from self.prepared(op_id, payload, payload_bytes, approval, key_scope)
             step = self.accepted_step(op, hashed)
         while True:
-            decided = next_action(op.state, can_reconcile=effect.reconcile is not None,
-                                  can_verify=effect.verify is not None)
+            decided = next_action(
+                op.state, can_reconcile=effect.reconcile is not None, can_verify=effect.verify is not None
+            )
             if decided.action is Action.DISPATCH and payload is None:
-                yield from core.block(_changed_payload(core.run.run_id, sid, op),
-                                      phase="reconcile_effect", op=op)
+                yield from core.block(
+                    _changed_payload(core.run.run_id, sid, op), phase="reconcile_effect", op=op
+                )
             if decided.action is Action.DISPATCH:
                 op = yield from self.dispatch(op, payload, step)
             elif decided.action is Action.RECONCILE:
@@ -145,8 +149,7 @@ class EffectDispatch:
             elif decided.action is Action.VERIFY:
                 op = yield from self.verify(op, step)
             elif decided.action is Action.ACCEPT:
-                op = yield from self.record(op, EffectState.ACCEPTED, receipt=op.receipt,
-                                            step=step)
+                op = yield from self.record(op, EffectState.ACCEPTED, receipt=op.receipt, step=step)
             elif decided.action is Action.REPLAY:
                 if core.replans and sid not in core.steps and not core.cancelling:
                     # kept from before a re-plan: the step now points at it, so later replays
@@ -159,46 +162,77 @@ class EffectDispatch:
             else:
                 yield from core.block(
                     NeedsReconciliation(core.run.run_id, sid, op_id, _with_cause(decided, op)),
-                    phase="reconcile_effect", op=op)
+                    phase="reconcile_effect",
+                    op=op,
+                )
 
     def refuse_beside_orphans(self, op_id: str, prefix: str) -> Flow[None]:
         """Before a new operation is prepared: block the run (``replay_mismatch``) while it holds
         an operation that may have happened and that this code no longer reaches (see
         ``orphaned``) — under a fresh key, the same change would be made twice."""
-        found = orphaned([self.core.operations[op_id] for op_id in sorted(self.core.unreached)],
-                         self.core.open_branches, prefix, replans=self.core.replans)
+        found = orphaned(
+            [self.core.operations[op_id] for op_id in sorted(self.core.unreached)],
+            self.core.open_branches,
+            prefix,
+            replans=self.core.replans,
+        )
         if not found:
             return
         orphan = found[0]
         asked = {"step_id": self.sid, "effect": self.effect.name, "operation_id": op_id}
         yield from self.core.block(
             ReplayMismatch(
-                self.core.run.run_id, self.sid,
+                self.core.run.run_id,
+                self.sid,
                 f"the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
                 f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
                 f" reaches, and the code asks for a new operation {op_id!r} (step {self.sid!r},"
                 f" effect {self.effect.name!r}) instead; nothing new is dispatched beside it, under"
                 " a fresh key — deploy the code that reaches it (the effect step's id, operation_id and"
-                " place as recorded), or settle the run by hand"),
-            phase="replay_mismatch", op=orphan,
-            evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked})
+                " place as recorded), or settle the run by hand",
+            ),
+            phase="replay_mismatch",
+            op=orphan,
+            evidence={"orphaned": [op.operation_id for op in found], "asked_instead": asked},
+        )
 
     def accepted_step(self, op: OperationRecord, hashed: str) -> StepRecord:
-        return StepRecord(run_id=self.core.run.run_id, step_id=self.sid, kind=StepKind.EFFECT,
-                          name=self.effect.name, input_hash=hashed, result=op.receipt,
-                          seq=self.core.next_seq(self.sid), operation_id=op.operation_id)
+        return StepRecord(
+            run_id=self.core.run.run_id,
+            step_id=self.sid,
+            kind=StepKind.EFFECT,
+            name=self.effect.name,
+            input_hash=hashed,
+            result=op.receipt,
+            seq=self.core.next_seq(self.sid),
+            operation_id=op.operation_id,
+        )
 
-    def new_operation(self, op_id: str, payload_ref: str, key_scope: str, *,
-                      approval: bool = False, target: str | None = None) -> OperationRecord:
+    def new_operation(
+        self,
+        op_id: str,
+        payload_ref: str,
+        key_scope: str,
+        *,
+        approval: bool = False,
+        target: str | None = None,
+    ) -> OperationRecord:
         ledger_id = self.core.store.identity.ledger_id
         return OperationRecord(
-            run_id=self.core.run.run_id, operation_id=op_id, step_id=self.sid,
-            effect=self.effect.name, state=EffectState.PREPARED, payload_ref=payload_ref,
+            run_id=self.core.run.run_id,
+            operation_id=op_id,
+            step_id=self.sid,
+            effect=self.effect.name,
+            state=EffectState.PREPARED,
+            payload_ref=payload_ref,
             effect_key=mint_effect_key(ledger_id, key_scope, op_id),  # minted once
-            approval_required=approval, target_digest=target)
+            approval_required=approval,
+            target_digest=target,
+        )
 
-    def prepare_dispatching(self, op_id: str, payload_ref: str,
-                            payload_bytes: bytes, key_scope: str) -> Flow[OperationRecord]:
+    def prepare_dispatching(
+        self, op_id: str, payload_ref: str, payload_bytes: bytes, key_scope: str
+    ) -> Flow[OperationRecord]:
         """A new operation prepared and committed "dispatching" at once, no gate standing
         between (see ``one_commit_to_dispatching``): so there is no "prepared" to crash after.
         Enters the dispatch (``enter_dispatch``), for ``call_owner`` to leave."""
@@ -211,8 +245,7 @@ class EffectDispatch:
         yield from self.core.flush()
         yield from self.core.enter_dispatch()
         try:
-            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op,
-                               payload_bytes)
+            op = yield from io(Store.prepare_and_mark_dispatching, self.core.claim, op, payload_bytes)
         except BaseException as exc:
             self.core.leave_dispatch()  # nothing was written: no dispatch in flight
             if isinstance(exc, HistoryLimitReached):
@@ -220,8 +253,9 @@ class EffectDispatch:
             raise
         return op
 
-    def prepared(self, op_id: str, payload: JSON, payload_bytes: bytes, approval: bool,
-                 key_scope: str) -> Flow[tuple[OperationRecord, JSON]]:
+    def prepared(
+        self, op_id: str, payload: JSON, payload_bytes: bytes, approval: bool, key_scope: str
+    ) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation, prepared now or as the ledger has it, and the payload it carries."""
         payload_ref = digest(payload_bytes)
         op = self.core.operations.get(op_id)
@@ -232,11 +266,11 @@ class EffectDispatch:
             # Read now too, so that an approval given before the run reaches its gate (it
             # crashed in between) is bound to the target's state it will find there.
             target = (yield from self.target_digest(payload)) if approval else None
-            op = self.new_operation(op_id, payload_ref, key_scope, approval=approval,
-                                    target=target)
+            op = self.new_operation(op_id, payload_ref, key_scope, approval=approval, target=target)
             yield from self.core.flush()
             yield from self.core.append_new(
-                io(Store.prepare_effect, self.core.claim, op, payload_bytes), self.sid)
+                io(Store.prepare_effect, self.core.claim, op, payload_bytes), self.sid
+            )
             self.core.operations[op_id] = op
             crashpoint("effect.after_prepared", self.sid)
         else:
@@ -247,8 +281,9 @@ class EffectDispatch:
             op = replace(op, approval_required=True)  # the gate records it in the store too
         return op, payload
 
-    def reprepare(self, op: OperationRecord, payload: JSON,
-                  payload_bytes: bytes, payload_ref: str) -> Flow[OperationRecord]:
+    def reprepare(
+        self, op: OperationRecord, payload: JSON, payload_bytes: bytes, payload_ref: str
+    ) -> Flow[OperationRecord]:
         """The payload changed before it ever left — of an effect that waits for approval, or
         under ``replan``: it is prepared anew, under the same key (never sent), and must be
         approved anew where it needs approval."""
@@ -276,7 +311,8 @@ class EffectDispatch:
         try:
             self.core.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
             gate = yield from self.core.write(
-                io(Store.await_approval, self.core.claim, op.operation_id, target))
+                io(Store.await_approval, self.core.claim, op.operation_id, target)
+            )
             if gate.approval is None:
                 assert gate.waiting_for is not None  # a run made to wait says what for
                 error = awaiting(self.core.run.run_id, gate.waiting_for)
@@ -297,8 +333,9 @@ class EffectDispatch:
                 op = yield from self.authorize(op, payload)
             yield from self.core.enter_dispatch()  # left by call_owner with the outcome
             try:
-                return (yield from self.core.write(
-                    io(Store.mark_dispatching, self.core.claim, op.operation_id)))
+                return (
+                    yield from self.core.write(io(Store.mark_dispatching, self.core.claim, op.operation_id))
+                )
             except BaseException as exc:
                 self.core.leave_dispatch()
                 if not isinstance(exc, ApprovalInvalid) or attempt == _GATE_ATTEMPTS:
@@ -321,58 +358,95 @@ class EffectDispatch:
             return None
         if settled.effect != self.effect.name:
             yield from self.core.block(
-                ReplayMismatch(self.core.run.run_id, self.sid,
-                               f"operation {op_id!r} was settled by run {settled.run_id!r} of"
-                               f" this chain for effect {settled.effect!r}"),
-                phase="replay_mismatch", op=settled)
+                ReplayMismatch(
+                    self.core.run.run_id,
+                    self.sid,
+                    f"operation {op_id!r} was settled by run {settled.run_id!r} of"
+                    f" this chain for effect {settled.effect!r}",
+                ),
+                phase="replay_mismatch",
+                op=settled,
+            )
         if settled.payload_ref != payload_ref and not self.core.replans:
             yield from self.core.block(
-                StaleCheckpoint(self.core.run.run_id, self.sid,
-                                f"the payload of {op_id!r} changed since run"
-                                f" {settled.run_id!r} of this chain settled it; it is never"
-                                " sent again under its key"),
-                phase="stale_checkpoint", op=settled,
-                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id})
+                StaleCheckpoint(
+                    self.core.run.run_id,
+                    self.sid,
+                    f"the payload of {op_id!r} changed since run"
+                    f" {settled.run_id!r} of this chain settled it; it is never"
+                    " sent again under its key",
+                ),
+                phase="stale_checkpoint",
+                op=settled,
+                evidence={"new_payload_ref": payload_ref, "settled_by": settled.run_id},
+            )
         if settled.state is EffectState.REJECTED:
             raise EffectRejected(self.core.run.run_id, self.sid, op_id, settled.error)
         return settled
 
-    def prepared_payload(self, op: OperationRecord,
-                         payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
+    def prepared_payload(self, op: OperationRecord, payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation and the payload it may be sent with: the payload as it was prepared (a
         replacement worker never regenerates it). Under ``replan`` a payload changed after it
         may have been sent is never sent again (None): its outcome is reconciled, a receipt is
         replayed, and a dispatch would block."""
         if op.effect != self.effect.name or (op.step_id != self.sid and not self.core.replans):
             yield from self.core.block(
-                ReplayMismatch(self.core.run.run_id, self.sid,
-                               f"operation {op.operation_id!r} was prepared by step"
-                               f" {op.step_id!r} for effect {op.effect!r}"),
-                phase="replay_mismatch", op=op)
+                ReplayMismatch(
+                    self.core.run.run_id,
+                    self.sid,
+                    f"operation {op.operation_id!r} was prepared by step"
+                    f" {op.step_id!r} for effect {op.effect!r}",
+                ),
+                phase="replay_mismatch",
+                op=op,
+            )
         if op.payload_ref != payload_ref:
             if not self.core.replans:
                 yield from self.core.block(
-                    StaleCheckpoint(self.core.run.run_id, self.sid,
-                                    f"the payload of {op.operation_id!r} changed since it was"
-                                    " prepared; it is never resent under the old key"),
-                    phase="stale_checkpoint", op=op, evidence={"new_payload_ref": payload_ref})
+                    StaleCheckpoint(
+                        self.core.run.run_id,
+                        self.sid,
+                        f"the payload of {op.operation_id!r} changed since it was"
+                        " prepared; it is never resent under the old key",
+                    ),
+                    phase="stale_checkpoint",
+                    op=op,
+                    evidence={"new_payload_ref": payload_ref},
+                )
             return op, None  # may have been sent (a never-sent one was prepared anew)
         try:
             stored = yield from io(Store.get_artifact, op.payload_ref)
         except (ArtifactMissing, ArtifactCorrupt) as exc:
             yield from self.core.block(
                 NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id, exc.message),
-                phase="unreadable_record", op=op, evidence=error_evidence(exc))
+                phase="unreadable_record",
+                op=op,
+                evidence=error_evidence(exc),
+            )
         return op, loads(stored)
 
-    def record(self, op: OperationRecord, state: EffectState, *, receipt: JSON = None,
-               error: JSON = None, step: StepRecord | None = None) -> Flow[OperationRecord]:
+    def record(
+        self,
+        op: OperationRecord,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> Flow[OperationRecord]:
         kept_receipt = receipt if receipt is not None else op.receipt
         if step is not None:
             step = replace(step, result=kept_receipt)
         yield from self.core.flush()
-        yield from io(Store.record_outcome, self.core.claim, op.operation_id, state,
-                      receipt=receipt, error=error, step=step)
+        yield from io(
+            Store.record_outcome,
+            self.core.claim,
+            op.operation_id,
+            state,
+            receipt=receipt,
+            error=error,
+            step=step,
+        )
         op = replace(op, state=state, receipt=kept_receipt, error=error)
         self.core.operations[op.operation_id] = op
         if step is not None:
@@ -380,11 +454,9 @@ class EffectDispatch:
         return op
 
     def key(self, op: OperationRecord) -> EffectKey:
-        return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id,
-                         self.core.claim.fence)
+        return EffectKey(op.effect_key, op.operation_id, self.core.run.run_id, self.core.claim.fence)
 
-    def dispatch(self, op: OperationRecord, payload: JSON,
-                 step: StepRecord) -> Flow[OperationRecord]:
+    def dispatch(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         """prepared → dispatching → call → applied / accepted / rejected / unknown.
 
         From the moment "dispatching" is committed until an outcome is, every way out leaves
@@ -402,8 +474,7 @@ class EffectDispatch:
             raise
         return (yield from self.call_owner(op, payload, step))
 
-    def call_owner(self, op: OperationRecord, payload: JSON,
-                   step: StepRecord) -> Flow[OperationRecord]:
+    def call_owner(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         """The call of a dispatch committed as "dispatching", and its recorded outcome; then
         the dispatch entered before that commit (``enter_dispatch``, by ``mark_dispatching``
         or ``prepare_dispatching``) is left."""
@@ -412,8 +483,7 @@ class EffectDispatch:
         finally:
             self.core.leave_dispatch()
 
-    def call_and_record(self, op: OperationRecord, payload: JSON,
-                        step: StepRecord) -> Flow[OperationRecord]:
+    def call_and_record(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         self.core.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", self.sid)
         try:
@@ -421,12 +491,11 @@ class EffectDispatch:
         except NotSent as exc:
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
-                return (yield from self.record(op, EffectState.UNKNOWN,
-                                               error=error_evidence(exc)))
+                return (yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc)))
             op = yield from self.record(op, EffectState.PREPARED, error=error_evidence(exc))
             if op.dispatch_count >= self.effect.max_dispatches:
                 raise
-            yield Sleep(_NOT_SENT_BACKOFF_S * 2 ** op.dispatch_count)
+            yield Sleep(_NOT_SENT_BACKOFF_S * 2**op.dispatch_count)
             return op
         except Rejected as exc:
             # Raised as recorded: a replay raises the rejection from the ledger, the same.
@@ -444,8 +513,11 @@ class EffectDispatch:
         except NotJSON as exc:
             # The owner answered, so the effect most likely happened; but what execute returned
             # cannot be recorded. Uncertain, and said so at once (see _unusable_receipt).
-            return (yield from self.record(
-                op, EffectState.UNKNOWN, error={**error_evidence(exc), "receipt_not_json": True}))
+            return (
+                yield from self.record(
+                    op, EffectState.UNKNOWN, error={**error_evidence(exc), "receipt_not_json": True}
+                )
+            )
         # A receipt is the owner's word that it happened: keep it, with any credential in it (a
         # client_secret, say) masked, rather than lose the outcome.
         receipt = redact_json(receipt)
@@ -461,13 +533,15 @@ class EffectDispatch:
         # Agent code that swallows the interrupt gets this from its next step; the run is then
         # released, not blocked: the next worker's reconcile may well settle it on its own.
         self.core.halted = NeedsReconciliation(
-            self.core.run.run_id, self.sid, op.operation_id,
-            f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it")
+            self.core.run.run_id,
+            self.sid,
+            op.operation_id,
+            f"the call was interrupted ({type(exc).__name__}); resume the run to reconcile it",
+        )
         self.core.release_on_halt = True
         yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc))
 
-    def applied(self, op: OperationRecord, receipt: JSON,
-                step: StepRecord) -> Flow[OperationRecord]:
+    def applied(self, op: OperationRecord, receipt: JSON, step: StepRecord) -> Flow[OperationRecord]:
         if self.effect.verify is None:  # nothing to verify: applied and accepted are one commit
             op = yield from self.record(op, EffectState.ACCEPTED, receipt=receipt, step=step)
             crashpoint("effect.after_outcome", self.sid)
@@ -477,8 +551,7 @@ class EffectDispatch:
             crashpoint("effect.after_outcome", self.sid)
         return op
 
-    def reconcile(self, op: OperationRecord, payload: JSON,
-                  step: StepRecord) -> Flow[OperationRecord]:
+    def reconcile(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.reconcile is not None
         try:
             answer = yield Call(self.effect.reconcile, (self.key(op),))
@@ -487,10 +560,14 @@ class EffectDispatch:
         if isinstance(answer, Unknown):  # the owner's words go into the recovery record
             answer = Unknown(redact_text(str(answer.reason)))
         now = yield from io(Store.now)
-        decided = after_reconcile(answer, now=now, first_dispatched_at=op.first_dispatched_at,
-                                  dedup_retention=self.effect.dedup_retention,
-                                  dispatch_count=op.dispatch_count,
-                                  max_dispatches=self.effect.max_dispatches)
+        decided = after_reconcile(
+            answer,
+            now=now,
+            first_dispatched_at=op.first_dispatched_at,
+            dedup_retention=self.effect.dedup_retention,
+            dispatch_count=op.dispatch_count,
+            max_dispatches=self.effect.max_dispatches,
+        )
         if decided.action is Action.RECORD_APPLIED:
             try:
                 require_json(answer.receipt, "reconciled receipt", self.sid)
@@ -507,13 +584,15 @@ class EffectDispatch:
                 yield from self.record(op, EffectState.PREPARED)
                 raise self.core.cancelled()
             if payload is None:
-                yield from self.core.block(_changed_payload(self.core.run.run_id, self.sid, op),
-                                           phase="reconcile_effect", op=op)
+                yield from self.core.block(
+                    _changed_payload(self.core.run.run_id, self.sid, op), phase="reconcile_effect", op=op
+                )
             return (yield from self.dispatch(op, payload, step))
         yield from self.core.block(
-            NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id,
-                                _with_cause(decided, op)),
-            phase="reconcile_effect", op=op)
+            NeedsReconciliation(self.core.run.run_id, self.sid, op.operation_id, _with_cause(decided, op)),
+            phase="reconcile_effect",
+            op=op,
+        )
         raise AssertionError("unreachable")
 
     def verify(self, op: OperationRecord, step: StepRecord) -> Flow[OperationRecord]:
@@ -522,14 +601,15 @@ class EffectDispatch:
             ok = yield Call(self.effect.verify, (op.receipt,), timeout=self.effect.verify_timeout_s)
             reason = "the verifier returned a false value"
         except CallTimedOut:
-            ok, reason = False, (f"the verifier did not answer within"
-                                 f" {self.effect.verify_timeout_s:g}s")
+            ok, reason = False, (f"the verifier did not answer within {self.effect.verify_timeout_s:g}s")
         except Exception as exc:
             ok, reason = False, redact_text(f"the verifier raised {type(exc).__name__}: {exc}")
         if not ok:
             yield from self.core.block(
                 VerificationFailed(self.core.run.run_id, self.sid, op.operation_id, reason),
-                phase="verify_effect", op=op)
+                phase="verify_effect",
+                op=op,
+            )
         op = yield from self.record(op, EffectState.ACCEPTED, step=step)
         crashpoint("effect.after_accept", self.sid)
         return op
@@ -543,10 +623,12 @@ def _unusable_receipt(op: OperationRecord) -> str | None:
     error = op.error if isinstance(op.error, dict) else {}
     if op.state is not EffectState.UNKNOWN or not error.get("receipt_not_json"):
         return None
-    return (f"execute returned, but its receipt cannot be recorded ({error.get('message')});"
-            " the owner answered, so the effect most likely happened and is not sent again —"
-            " make execute return JSON (a dict of the owner's object, say), then resume the"
-            " run (it asks the owner by key), or resolve it")
+    return (
+        f"execute returned, but its receipt cannot be recorded ({error.get('message')});"
+        " the owner answered, so the effect most likely happened and is not sent again —"
+        " make execute return JSON (a dict of the owner's object, say), then resume the"
+        " run (it asks the owner by key), or resolve it"
+    )
 
 
 def _with_cause(decided: Next, op: OperationRecord) -> str:
@@ -560,10 +642,13 @@ def _with_cause(decided: Next, op: OperationRecord) -> str:
 
 def _changed_payload(run_id: str, sid: str, op: OperationRecord) -> NeedsReconciliation:
     return NeedsReconciliation(
-        run_id, sid, op.operation_id,
+        run_id,
+        sid,
+        op.operation_id,
         "the re-planned workflow asks for another payload than the one that may already have"
         " been sent under this key, and the owner says it did not happen: it is never resent"
-        " under the old key; settle it (resolve --not-applied prepares it anew) or abandon")
+        " under the old key; settle it (resolve --not-applied prepares it anew) or abandon",
+    )
 
 
 def _refuse_async_callables(effect: Effect) -> None:
@@ -571,5 +656,7 @@ def _refuse_async_callables(effect: Effect) -> None:
     and finding out during dispatch would look like an uncertain outcome."""
     for role in ("execute", "reconcile", "verify", "target_state"):
         if is_async_callable(getattr(effect, role)):
-            raise UsageError(f"effect {effect.name!r} has an async {role}; use it from an"
-                             " async def workflow (AsyncRun)", effect=effect.name)
+            raise UsageError(
+                f"effect {effect.name!r} has an async {role}; use it from an async def workflow (AsyncRun)",
+                effect=effect.name,
+            )

@@ -80,8 +80,7 @@ Request = Io | Call | Sleep
 Flow = Generator[Request, Any, R]
 
 
-def io(method: Callable[Concatenate[Store, P], R], /, *args: P.args,
-       **kwargs: P.kwargs) -> Flow[R]:
+def io(method: Callable[Concatenate[Store, P], R], /, *args: P.args, **kwargs: P.kwargs) -> Flow[R]:
     """Ask the store to call ``method`` — a ``Store`` method, named as such (``Store.get_run``)
     — with these arguments, and return what it returned: ``yield from io(Store.get_run, id)``.
     An async store's method of the same name is called instead, and awaited, by ``adrive``."""
@@ -108,9 +107,12 @@ def require_store(store: object, verb: str) -> None:
     given = type(store).__name__
     if hasattr(store, "fn") and hasattr(store, "version"):
         given = f"the workflow {getattr(store, 'name', '?')!r}"
-    raise UsageError(f"safepoint.{verb} takes the store first, and got {given} there:"
-                     f" call safepoint.{verb}(store, …) with store = safepoint.open_store()"
-                     " (or open_async_store(…) in async code)", verb=verb)
+    raise UsageError(
+        f"safepoint.{verb} takes the store first, and got {given} there:"
+        f" call safepoint.{verb}(store, …) with store = safepoint.open_store()"
+        " (or open_async_store(…) in async code)",
+        verb=verb,
+    )
 
 
 def callable_name(fn: Callable[..., Any]) -> str:
@@ -131,14 +133,13 @@ def _is_async_function(fn: FunctionType) -> bool:
 
 
 def _timed_out(request: Call) -> CallTimedOut:
-    return CallTimedOut(f"{callable_name(request.fn)} did not return within"
-                        f" {request.timeout:g}s")
+    return CallTimedOut(f"{callable_name(request.fn)} did not return within {request.timeout:g}s")
 
 
-def _on_daemon_thread(request: Call,
-                      done: Callable[[Any, BaseException | None], None]) -> None:
+def _on_daemon_thread(request: Call, done: Callable[[Any, BaseException | None], None]) -> None:
     """Run a call on a daemon thread of its own and hand its outcome to ``done`` (from that
     thread). A call that hangs keeps only its own thread, and never holds up process exit."""
+
     def body() -> None:
         try:
             value = request.fn(*request.args, **request.kwargs)
@@ -147,8 +148,7 @@ def _on_daemon_thread(request: Call,
         else:
             done(value, None)
 
-    threading.Thread(target=body, name=f"safepoint-call-{callable_name(request.fn)}",
-                     daemon=True).start()
+    threading.Thread(target=body, name=f"safepoint-call-{callable_name(request.fn)}", daemon=True).start()
 
 
 def _call_timed(request: Call) -> Any:
@@ -220,9 +220,14 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
     run here: agent code that catches everything must not carry on with a step the ledger never
     heard of. The run stays as the store last saw it, for this or another worker to resume.
     A store that refuses new work (a cancel asked for, the deadline passed) stops it too."""
-    if halt is not None and halt.halted is None and (
+    if (
+        halt is not None
+        and halt.halted is None
+        and (
             isinstance(exc, (LostOwnership, Cancelled, DeadlineExceeded))
-            or (isinstance(request, Io) and isinstance(exc, StoreError))):
+            or (isinstance(request, Io) and isinstance(exc, StoreError))
+        )
+    ):
         # A stale worker, too, must not run one more step function. A halt already set stays:
         # a fan-out branch refused because its sibling blocked the run, or made it wait, must
         # not turn that ending into another.
@@ -245,15 +250,22 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
                 send = getattr(store, request.method.__name__)(*request.args, **request.kwargs)
                 if inspect.isawaitable(send):
                     _discard(send)
-                    raise UsageError("this store is async: use it from async code"
-                                     " (start_async / resume_async, async def workflows)")
+                    raise UsageError(
+                        "this store is async: use it from async code"
+                        " (start_async / resume_async, async def workflows)"
+                    )
             elif isinstance(request, Call):
-                send = (request.fn(*request.args, **request.kwargs) if request.timeout is None
-                        else _call_timed(request))
+                send = (
+                    request.fn(*request.args, **request.kwargs)
+                    if request.timeout is None
+                    else _call_timed(request)
+                )
                 if inspect.isawaitable(send):
                     _discard(send)
-                    raise UsageError(f"{callable_name(request.fn)} returned an awaitable: call"
-                                     " it from an async def workflow (AsyncRun)")
+                    raise UsageError(
+                        f"{callable_name(request.fn)} returned an awaitable: call"
+                        " it from an async def workflow (AsyncRun)"
+                    )
             else:
                 time.sleep(request.seconds)
         except BaseException as exc:
@@ -274,8 +286,11 @@ async def adrive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
             if isinstance(request, Io):
                 send = getattr(store, request.method.__name__)(*request.args, **request.kwargs)
             elif isinstance(request, Call):
-                send = (request.fn(*request.args, **request.kwargs) if request.timeout is None
-                        else _acall_timed(request))
+                send = (
+                    request.fn(*request.args, **request.kwargs)
+                    if request.timeout is None
+                    else _acall_timed(request)
+                )
             else:
                 send = asyncio.sleep(request.seconds)
             if inspect.isawaitable(send):

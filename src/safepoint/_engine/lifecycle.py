@@ -97,37 +97,76 @@ def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
 Deadline = timedelta | datetime | None
 
 
-def _new_run(wf: Workflow, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str | None,
-             owner: str | None, lease_ms: int, budget: Budget | None = None,
-             deadline: Deadline = None) -> NewRun:
+def _new_run(
+    wf: Workflow,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    run_id: str | None,
+    owner: str | None,
+    lease_ms: int,
+    budget: Budget | None = None,
+    deadline: Deadline = None,
+) -> NewRun:
     if not isinstance(wf, Workflow):
-        hint = (" (it is a plain function: decorate it with @safepoint.workflow(\"name\"))"
-                if callable(wf) else "")
-        raise UsageError(f"the workflow to run goes after the store, and got"
-                         f" {type(wf).__name__} there{hint}: pass the function decorated with"
-                         " @safepoint.workflow(...)")
+        hint = (
+            ' (it is a plain function: decorate it with @safepoint.workflow("name"))' if callable(wf) else ""
+        )
+        raise UsageError(
+            f"the workflow to run goes after the store, and got"
+            f" {type(wf).__name__} there{hint}: pass the function decorated with"
+            " @safepoint.workflow(...)"
+        )
     run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
     spend = merged_budget(wf.budget, budget)
     deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
-    return _new_run_record(wf, _run_inputs(args, kwargs), run_id, owner,
-                           lease_ms, deadline_at=deadline_at, deadline_ms=deadline_ms,
-                           token_budget=spend.tokens, cost_budget=spend.cost)
+    return _new_run_record(
+        wf,
+        _run_inputs(args, kwargs),
+        run_id,
+        owner,
+        lease_ms,
+        deadline_at=deadline_at,
+        deadline_ms=deadline_ms,
+        token_budget=spend.tokens,
+        cost_budget=spend.cost,
+    )
 
 
-def _new_run_record(wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None,
-                    lease_ms: int, **limits: Any) -> NewRun:
+def _new_run_record(
+    wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None, lease_ms: int, **limits: Any
+) -> NewRun:
     """A run of ``wf`` as the store records it, with ``limits`` (deadline, budgets) and what
     the workflow itself says (versions, fingerprint, attempts, history limits)."""
-    return NewRun(run_id=run_id, workflow=wf.name, workflow_version=wf.version,
-                  input_hash=input_hash(inputs), inputs=inputs, owner=owner, lease_ms=lease_ms,
-                  resume_budget=wf.resume_budget, history_soft_limit=wf.history_limit.soft,
-                  history_hard_limit=wf.history_limit.hard, workflow_fingerprint=wf.fingerprint,
-                  workflow_manifest=wf.manifest, step_attempts=wf.step_attempts, **limits)
+    return NewRun(
+        run_id=run_id,
+        workflow=wf.name,
+        workflow_version=wf.version,
+        input_hash=input_hash(inputs),
+        inputs=inputs,
+        owner=owner,
+        lease_ms=lease_ms,
+        resume_budget=wf.resume_budget,
+        history_soft_limit=wf.history_limit.soft,
+        history_hard_limit=wf.history_limit.hard,
+        workflow_fingerprint=wf.fingerprint,
+        workflow_manifest=wf.manifest,
+        step_attempts=wf.step_attempts,
+        **limits,
+    )
 
 
-def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
-          lease_ms: int = DEFAULT_LEASE_MS, attach_timeout: float = 300.0,
-          budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> Any:
+def start(
+    store: Store,
+    wf: Workflow,
+    /,
+    *args: Any,
+    run_id: str | None = None,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    attach_timeout: float = 300.0,
+    budget: Budget | None = None,
+    deadline: Deadline = None,
+    **kwargs: Any,
+) -> Any:
     """Start a run of ``wf`` and execute it here; return its result.
 
     Starting a run id that exists never creates a second run: with the same workflow and inputs
@@ -142,10 +181,18 @@ def start(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
 
 
-async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
-                      run_id: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
-                      attach_timeout: float = 300.0, budget: Budget | None = None,
-                      deadline: Deadline = None, **kwargs: Any) -> Any:
+async def start_async(
+    store: Store | AsyncStore,
+    wf: Workflow,
+    /,
+    *args: Any,
+    run_id: str | None = None,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    attach_timeout: float = 300.0,
+    budget: Budget | None = None,
+    deadline: Deadline = None,
+    **kwargs: Any,
+) -> Any:
     """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
     an async store (``open_async_store``) is awaited, never blocking it."""
     require_store(store, "start_async")
@@ -153,8 +200,16 @@ async def start_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
     return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
 
 
-def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
-           budget: Budget | None = None, deadline: Deadline = None, **kwargs: Any) -> str:
+def submit(
+    store: Store,
+    wf: Workflow,
+    /,
+    *args: Any,
+    run_id: str | None = None,
+    budget: Budget | None = None,
+    deadline: Deadline = None,
+    **kwargs: Any,
+) -> str:
     """Enqueue a run of ``wf`` for any worker (``safepoint worker``) to execute; return its id.
 
     Submitting a run id that exists never creates a second run: with the same workflow and
@@ -166,9 +221,16 @@ def submit(store: Store, wf: Workflow, /, *args: Any, run_id: str | None = None,
     return str(drive(store, _submit_flow(new)))
 
 
-async def submit_async(store: Store | AsyncStore, wf: Workflow, /, *args: Any,
-                       run_id: str | None = None, budget: Budget | None = None,
-                       deadline: Deadline = None, **kwargs: Any) -> str:
+async def submit_async(
+    store: Store | AsyncStore,
+    wf: Workflow,
+    /,
+    *args: Any,
+    run_id: str | None = None,
+    budget: Budget | None = None,
+    deadline: Deadline = None,
+    **kwargs: Any,
+) -> str:
     """``submit`` from async code."""
     require_store(store, "submit_async")
     new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
@@ -198,8 +260,7 @@ def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS
     return _carry_out(store, wf, _resume_flow(store, wf, run, lease_ms))
 
 
-async def resume_async(store: Store | AsyncStore, run_id: str, /, *,
-                       lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+async def resume_async(store: Store | AsyncStore, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
     """``resume`` in the caller's event loop."""
     require_store(store, "resume_async")
     run = await adrive(store, _get_run_flow(check_run_id(run_id)))
@@ -228,8 +289,9 @@ def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) 
     return run
 
 
-async def cancel_async(store: Store | AsyncStore, run_id: str, /, *, by: str,
-                       reason: str | None = None) -> RunRecord:
+async def cancel_async(
+    store: Store | AsyncStore, run_id: str, /, *, by: str, reason: str | None = None
+) -> RunRecord:
     """``cancel`` from async code."""
     require_store(store, "cancel_async")
     check_who(by, "cancels the run")
@@ -296,8 +358,10 @@ def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:
     except _OUTCOMES as outcome:
         raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
     flow.close()
-    raise UsageError("an async workflow was started from inside a running event loop; use"
-                     " `await safepoint.start_async(...)` / `resume_async(...)` there")
+    raise UsageError(
+        "an async workflow was started from inside a running event loop; use"
+        " `await safepoint.start_async(...)` / `resume_async(...)` there"
+    )
 
 
 async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow[R]) -> R:
@@ -306,8 +370,10 @@ async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow[R
             return await adrive(store, flow)
         if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
             flow.close()
-            raise UsageError("a plain def workflow cannot use an async store; make the"
-                             " workflow async def, or use a sync store")
+            raise UsageError(
+                "a plain def workflow cannot use an async store; make the"
+                " workflow async def, or use a sync store"
+            )
         # A plain workflow blocks while it runs: give it a thread, keep the loop free.
         return await asyncio.to_thread(drive, store, flow)
     except _OUTCOMES as outcome:
@@ -353,8 +419,7 @@ def _ended(run: RunRecord) -> Any:
     raise RunFailed(run.run_id, str(error.get("type", "error")), str(error.get("message", "")))
 
 
-def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int,
-                 timeout: float) -> Flow[Any]:
+def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int, timeout: float) -> Flow[Any]:
     """Wait for a live worker to finish the run (or die, and then take it over)."""
     deadline = time.monotonic() + timeout
     pause = 0.02
@@ -377,8 +442,9 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
         now = yield from io(Store.now)
         plan = plan_claim(run, now, owner_gone=run.owner is not None and owner_is_gone(run.owner))
-        claim = yield from io(Store.claim_run, run.run_id, run.state_revision, worker_id(),
-                              lease_ms, dead_owner=plan.dead_owner)
+        claim = yield from io(
+            Store.claim_run, run.run_id, run.state_revision, worker_id(), lease_ms, dead_owner=plan.dead_owner
+        )
         if claim is not None:
             break
         run = yield from chain_head((yield from io(Store.get_run, run.run_id)))
@@ -406,30 +472,39 @@ def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flo
     ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
         yield from _limit_at_claim(
-            store, wf, claim, ledger,
+            store,
+            wf,
+            claim,
+            ledger,
             BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
-            f"the resume budget ({run.resume_budget}) ran out")
+            f"the resume budget ({run.resume_budget}) ran out",
+        )
     if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
         core = _core(store, wf, claim, ledger)
         if not core.uncertain_operations():
-            yield from _limit_at_claim(store, wf, claim, ledger,
-                                       DeadlineExceeded(run.run_id, run.deadline_at),
-                                       "the deadline passed")
+            yield from _limit_at_claim(
+                store, wf, claim, ledger, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
+            )
         # else: replay and settle the uncertain effect; the store refuses anything new, and
         # the run then ends failed (or blocked, if the effect stays uncertain)
-    return (yield from _execute_flow(store, wf, claim, run, dict(ledger.steps),
-                                     dict(ledger.operations), ledger.attempts))
+    return (
+        yield from _execute_flow(
+            store, wf, claim, run, dict(ledger.steps), dict(ledger.operations), ledger.attempts
+        )
+    )
 
 
 def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> None:
     """``CorruptRecord`` unless ``op`` holds the key minted for it (see ``key_is_minted``)."""
     if not key_is_minted(op, run, identity):
         raise CorruptRecord(
-            "safepoint_operations", f"{run.run_id}/{op.operation_id}",
+            "safepoint_operations",
+            f"{run.run_id}/{op.operation_id}",
             f"its effect_key {op.effect_key!r} is not the key minted for operation"
             f" {op.operation_id!r}: it was altered after it was recorded, and nothing is"
             " reconciled or sent under it — put the minted key back (from a backup), or look"
-            " the operation up at its owner and resolve the run")
+            " the operation up at its owner and resolve the run",
+        )
 
 
 def _load_intact(claim: Claim, run: RunRecord, identity: LedgerIdentity) -> Flow[Ledger]:
@@ -454,49 +529,82 @@ def _check_inputs(run: RunRecord) -> None:
     """A run's stored inputs are what ``_run_inputs`` records; any other value (readable JSON
     of another shape) is a record the workflow cannot be called with."""
     inputs = run.inputs
-    if not (isinstance(inputs, dict) and isinstance(inputs.get("args"), list)
-            and isinstance(inputs.get("kwargs"), dict)):
-        raise CorruptRecord("safepoint_runs", f"run_id={run.run_id}",
-                            f"inputs: {str(inputs)[:200]!r} are not a workflow run's inputs"
-                            " (an object of args and kwargs)")
+    if not (
+        isinstance(inputs, dict)
+        and isinstance(inputs.get("args"), list)
+        and isinstance(inputs.get("kwargs"), dict)
+    ):
+        raise CorruptRecord(
+            "safepoint_runs",
+            f"run_id={run.run_id}",
+            f"inputs: {str(inputs)[:200]!r} are not a workflow run's inputs (an object of args and kwargs)",
+        )
 
 
 def _block_unreadable(claim: Claim, run: RunRecord | UnreadableRun, exc: StoreError) -> Flow[None]:
     """Block the claimed run for a person: ``exc`` says what of its record cannot be read."""
-    record = build_record(run, phase="unreadable_record", reason=exc.message,
-                          evidence={"type": type(exc).__name__, **{
-                              k: str(v) for k, v in vars(exc).items() if k != "message"}})
+    record = build_record(
+        run,
+        phase="unreadable_record",
+        reason=exc.message,
+        evidence={"type": type(exc).__name__, **{k: str(v) for k, v in vars(exc).items() if k != "message"}},
+    )
     yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
 
 
 def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow[RunRecord]:
     """The run as this code continues it: unchanged, re-planned under this code's version and
     fingerprint (``replan``), or blocked with what changed (``refuse``)."""
-    differences = changes(run.workflow_version, run.workflow_manifest, run.workflow_fingerprint,
-                          wf.version, wf.manifest, wf.fingerprint)
+    differences = changes(
+        run.workflow_version,
+        run.workflow_manifest,
+        run.workflow_fingerprint,
+        wf.version,
+        wf.manifest,
+        wf.fingerprint,
+    )
     if not differences:
         return run
     if wf.compatibility is Compatibility.REPLAN:
-        yield from io(Store.replan, claim, Replan(
-            reason="the workflow changed: " + "; ".join(differences),
-            workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
-            workflow_manifest=wf.manifest))
-        return replace(run, workflow_version=wf.version, workflow_fingerprint=wf.fingerprint,
-                       workflow_manifest=wf.manifest)
-    error = IncompatibleWorkflow(run.run_id, f"{run.workflow}@{run.workflow_version}",
-                                 f"{wf.name}@{wf.version}", changes=differences)
-    record = build_record(run, phase="incompatible_workflow", reason=error.message,
-                          evidence={"changes": differences})
+        yield from io(
+            Store.replan,
+            claim,
+            Replan(
+                reason="the workflow changed: " + "; ".join(differences),
+                workflow_version=wf.version,
+                workflow_fingerprint=wf.fingerprint,
+                workflow_manifest=wf.manifest,
+            ),
+        )
+        return replace(
+            run,
+            workflow_version=wf.version,
+            workflow_fingerprint=wf.fingerprint,
+            workflow_manifest=wf.manifest,
+        )
+    error = IncompatibleWorkflow(
+        run.run_id, f"{run.workflow}@{run.workflow_version}", f"{wf.name}@{wf.version}", changes=differences
+    )
+    record = build_record(
+        run, phase="incompatible_workflow", reason=error.message, evidence={"changes": differences}
+    )
     yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
     error.record = record
     raise error
 
 
 def _core(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> RunCore:
-    return RunCore(store, claim, ledger.run, dict(ledger.steps), dict(ledger.operations),
-                   is_async=wf.is_async, replans=wf.compatibility is Compatibility.REPLAN,
-                   attempts=ledger.attempts,
-                   default_retry=run_default(ledger.run.step_attempts, wf.step_attempts))
+    return RunCore(
+        store,
+        claim,
+        ledger.run,
+        dict(ledger.steps),
+        dict(ledger.operations),
+        is_async=wf.is_async,
+        replans=wf.compatibility is Compatibility.REPLAN,
+        attempts=ledger.attempts,
+        default_retry=run_default(ledger.run.step_attempts, wf.step_attempts),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,9 +616,15 @@ class _Continued:
     claim: Claim | None
 
 
-def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
-                  steps: dict[str, Any], operations: dict[str, Any],
-                  attempts: dict[str, Any] | None = None) -> Flow[Any]:
+def _execute_flow(
+    store: Any,
+    wf: Workflow,
+    claim: Claim,
+    run: RunRecord,
+    steps: dict[str, Any],
+    operations: dict[str, Any],
+    attempts: dict[str, Any] | None = None,
+) -> Flow[Any]:
     """Run the workflow function against the ledger and record how it ended. A run that
     continues as new is followed by its successor, executed here in turn (a loop, not a
     recursion: a chain may be long), so the caller gets the chain's result."""
@@ -523,9 +637,15 @@ def _execute_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
         claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
 
 
-def _execute_run_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord,
-                      steps: dict[str, Any], operations: dict[str, Any],
-                      attempts: dict[str, Any] | None) -> Flow[Any]:
+def _execute_run_flow(
+    store: Any,
+    wf: Workflow,
+    claim: Claim,
+    run: RunRecord,
+    steps: dict[str, Any],
+    operations: dict[str, Any],
+    attempts: dict[str, Any] | None,
+) -> Flow[Any]:
     """One run of the workflow function against the ledger, and how it ended. Once it ended,
     its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
@@ -581,8 +701,12 @@ def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRec
         require_json(result, "workflow result")
         refuse_secrets(result, "the workflow result")
     except UsageError as exc:
-        yield from io(Store.finish_run, claim, RunStatus.FAILED,
-                      error={"type": type(exc).__name__, "message": redact_text(exc.message)})
+        yield from io(
+            Store.finish_run,
+            claim,
+            RunStatus.FAILED,
+            error={"type": type(exc).__name__, "message": redact_text(exc.message)},
+        )
         raise
     crashpoint("run.before_complete")
     yield from io(Store.finish_run, claim, RunStatus.COMPLETED, result=result)
@@ -593,7 +717,8 @@ def _end_failed(core: RunCore, exc: BaseException) -> Flow[NoReturn]:
     """The workflow raised: the run ends failed with the error (or blocks, while an effect of it
     is uncertain), and the error goes on — as ``RunFailed`` unless safepoint raised it."""
     yield from _block_if_uncertain(
-        core, f"the workflow raised {type(exc).__name__}: {redact_text(str(exc))}", exc)
+        core, f"the workflow raised {type(exc).__name__}: {redact_text(str(exc))}", exc
+    )
     with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
         yield from core.flush()  # best effort: what was computed, for the person reading
     error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
@@ -607,8 +732,7 @@ def _end_cancelled(core: RunCore, signal: Cancelled) -> Flow[NoReturn]:
     """The run was asked to stop and nothing new was started: it ends cancelled — unless an
     effect of it is still uncertain, which a person must settle first (it blocks)."""
     yield from _block_if_uncertain(core, "the run was cancelled", signal)
-    asked = [e for e in (yield from io(Store.events, core.run.run_id))
-             if e.kind == "run.cancel_requested"]
+    asked = [e for e in (yield from io(Store.events, core.run.run_id)) if e.kind == "run.cancel_requested"]
     detail = asked[-1].detail if asked else {}
     error = cancelled_error(str(detail.get("by", "?")), detail.get("reason"))
     yield from io(Store.finish_run, core.claim, RunStatus.CANCELLED, error=error)
@@ -635,9 +759,14 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_
     passed (refused too: the run fails)."""
     yield from _block_if_uncertain(core, "the workflow continued as new", signal)
     # The chain is one task: its successor keeps the deadline and what is left of the budgets.
-    successor = _new_run_record(wf, signal.inputs, successor_run_id(core.run),
-                                core.claim.owner, core.claim.lease_ms,
-                                **carried_limits(core.run))
+    successor = _new_run_record(
+        wf,
+        signal.inputs,
+        successor_run_id(core.run),
+        core.claim.owner,
+        core.claim.lease_ms,
+        **carried_limits(core.run),
+    )
     crashpoint("run.before_continue")
     try:
         # the run's record stays whole (its pure steps written), though nothing replays it
@@ -648,8 +777,7 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_
     except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
         yield from _end_for_limit(core, exc)
     except RunConflict as exc:
-        yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id),
-                              phase="continue_as_new")
+        yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id), phase="continue_as_new")
         raise
     crashpoint("run.after_continue")
     return _Continued(run, claim)
@@ -659,8 +787,11 @@ def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
     """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
     refused because its sibling had blocked the run, or made it wait for approval, under this
     very fence: that is how the run stopped."""
-    if (isinstance(exc, LostOwnership) and isinstance(core.halted, (RunBlocked, AwaitingApproval))
-            and not core.release_on_halt):
+    if (
+        isinstance(exc, LostOwnership)
+        and isinstance(core.halted, (RunBlocked, AwaitingApproval))
+        and not core.release_on_halt
+    ):
         return core.halted
     return exc
 
@@ -691,32 +822,43 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow[None]:
         with contextlib.suppress(StoreError, LostOwnership):
             yield from _block_unreadable(core.claim, core.run, exc)
         return
-    record = build_record(core.run, phase="store_refused", reason=exc.message,
-                          evidence={"type": type(exc).__name__,
-                                    "cause": redacted_message(repr(exc.__cause__), 2000)})
+    record = build_record(
+        core.run,
+        phase="store_refused",
+        reason=exc.message,
+        evidence={"type": type(exc).__name__, "cause": redacted_message(repr(exc.__cause__), 2000)},
+    )
     with contextlib.suppress(StoreError, LostOwnership):
         yield from io(Store.finish_run, core.claim, RunStatus.BLOCKED, recovery_record=record)
 
 
-def _limit_at_claim(store: Any, wf: Workflow, claim: Claim, ledger: Ledger,
-                    error: LimitReached, how: str) -> Flow[NoReturn]:
+def _limit_at_claim(
+    store: Any, wf: Workflow, claim: Claim, ledger: Ledger, error: LimitReached, how: str
+) -> Flow[NoReturn]:
     """A limit found spent when the run is taken over: fail the run loudly — unless an effect of
     it is uncertain: that still needs settling, so the run blocks for a person instead of being
     forgotten."""
     core = _core(store, wf, claim, ledger)
     yield from _block_if_uncertain(core, how, error)
-    yield from io(Store.finish_run, claim, RunStatus.FAILED,
-                  error={"type": type(error).__name__, "message": error.message})
+    yield from io(
+        Store.finish_run,
+        claim,
+        RunStatus.FAILED,
+        error={"type": type(error).__name__, "message": error.message},
+    )
     raise error
 
 
 def _end_for_limit(core: RunCore, error: LimitReached) -> Flow[NoReturn]:
     """A limit was reached while the run executed (a budget spent, the deadline passed): nothing
     new was started after it. The run ends failed — or blocks, while an effect is uncertain."""
-    yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})",
-                                   error)
-    yield from io(Store.finish_run, core.claim, RunStatus.FAILED,
-                  error={"type": type(error).__name__, "message": error.message})
+    yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})", error)
+    yield from io(
+        Store.finish_run,
+        core.claim,
+        RunStatus.FAILED,
+        error={"type": type(error).__name__, "message": error.message},
+    )
     raise error
 
 
@@ -727,8 +869,9 @@ def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) ->
     if not uncertain:
         return
     op = uncertain[0]
-    error = NeedsReconciliation(core.run.run_id, op.step_id, op.operation_id,
-                                f"{how} while this effect was still {op.state.value}")
+    error = NeedsReconciliation(
+        core.run.run_id, op.step_id, op.operation_id, f"{how} while this effect was still {op.state.value}"
+    )
     # applied: the owner's receipt is there, only acceptance is missing — never "not applied"
     phase = "verify_effect" if op.state is EffectState.APPLIED else "reconcile_effect"
     yield from core.record_block(error, phase=phase, op=op)

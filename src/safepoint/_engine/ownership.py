@@ -108,14 +108,14 @@ class Heartbeat:
         # connection of its own for this.
         renew = getattr(store, "renew_lease_blocking", None) or store.renew_lease
         if inspect.iscoroutinefunction(renew):
-            raise TypeError(f"{type(store).__name__} has no blocking renew_lease_blocking()"
-                            " for the heartbeat")
+            raise TypeError(
+                f"{type(store).__name__} has no blocking renew_lease_blocking() for the heartbeat"
+            )
         self._renew: Callable[[Claim], None] = renew
 
     def __enter__(self) -> Heartbeat:
         if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
-            self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat", daemon=True)
             self._thread.start()
         return self
 
@@ -130,8 +130,9 @@ class Heartbeat:
             except Exception:
                 continue
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

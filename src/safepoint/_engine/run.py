@@ -36,8 +36,9 @@ P = ParamSpec("P")
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
 
 
-def _model_inputs(model: str, messages: JSON, tools: JSON,
-                  params: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, Any]]:
+def _model_inputs(
+    model: str, messages: JSON, tools: JSON, params: dict[str, Any]
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """(hashed inputs, prompt hash, call kwargs) of a model step."""
     hashed_params = {k: v for k, v in params.items() if k not in _UNHASHED_MODEL_PARAMS}
     call = {"model": model, "messages": messages, **params}
@@ -56,12 +57,15 @@ def _model_inputs(model: str, messages: JSON, tools: JSON,
 def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` called with its ``messages`` transcript as a plain list."""
     if is_async_callable(fn):
+
         async def listing_async(*, messages: Transcript, **kwargs: Any) -> Any:
             return await fn(messages=list(messages), **kwargs)
+
         return listing_async
 
     def listing(*, messages: Transcript, **kwargs: Any) -> Any:
         return fn(messages=list(messages), **kwargs)
+
     return listing
 
 
@@ -89,23 +93,27 @@ def _branches(group: str, branches: Any) -> list[tuple[str, Callable[[Any], Any]
     elif isinstance(branches, Sequence) and not isinstance(branches, str):
         named = [(str(index), fn) for index, fn in enumerate(branches)]
     else:
-        raise UsageError(f"fan-out {group!r} takes a mapping name → function or a list of"
-                         " functions, each called with the branch's run")
+        raise UsageError(
+            f"fan-out {group!r} takes a mapping name → function or a list of"
+            " functions, each called with the branch's run"
+        )
     for name, fn in named:
         refuse_secrets(name, f"a branch name of {group!r}")  # part of its steps' ids
-        problem = id_problem(name) or (
-            "it contains '/' or '#'" if any(c in name for c in "/#") else None)
+        problem = id_problem(name) or ("it contains '/' or '#'" if any(c in name for c in "/#") else None)
         if problem is not None:
-            raise UsageError(f"branch name {name!r} of {group!r}: {problem}; a branch name is a"
-                             " non-empty string without '/', '#', NUL or lone surrogates (it"
-                             " becomes part of every step id in the branch)")
+            raise UsageError(
+                f"branch name {name!r} of {group!r}: {problem}; a branch name is a"
+                " non-empty string without '/', '#', NUL or lone surrogates (it"
+                " becomes part of every step id in the branch)"
+            )
         if not callable(fn):
             raise UsageError(f"branch {name!r} of {group!r} is not callable")
     return named
 
 
-def _outcome(named: list[tuple[str, Any]], results: list[Any],
-             errors: list[BaseException | None], as_mapping: bool) -> Any:
+def _outcome(
+    named: list[tuple[str, Any]], results: list[Any], errors: list[BaseException | None], as_mapping: bool
+) -> Any:
     """The branches' results in their order — or the first branch's error, in branch order, so
     which error a fan-out raises does not depend on timing."""
     for error in errors:
@@ -138,32 +146,55 @@ class _RunBase:
 
     # The flows of each step method, shared by Run and AsyncRun.
 
-    def _step(self, kind: StepKind, step_id: str, fn: Callable[..., R], args: tuple[Any, ...],
-              kwargs: dict[str, Any], **options: Any) -> Flow[R]:
+    def _step(
+        self,
+        kind: StepKind,
+        step_id: str,
+        fn: Callable[..., R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        **options: Any,
+    ) -> Flow[R]:
         options.setdefault("hashed_inputs", [args, kwargs])
-        return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix,
-                                    **options)
+        return self._core.step_flow(kind, step_id, fn, args, kwargs, prefix=self._prefix, **options)
 
-    def _model(self, step_id: str, fn: Callable[..., R], model: str, messages: JSON,
-               tools: JSON, params: dict[str, Any], retry: Retry | int | None,
-               usage: UsageFn | None) -> Flow[R]:
+    def _model(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        model: str,
+        messages: JSON,
+        tools: JSON,
+        params: dict[str, Any],
+        retry: Retry | int | None,
+        usage: UsageFn | None,
+    ) -> Flow[R]:
         refuse_secrets(model, "the model id", step_id)  # recorded with the step
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
         name = callable_name(fn)
         if isinstance(messages, Transcript):
             fn = _listing_messages(fn)  # model SDKs want a list; built only if it is called
-        return self._step(StepKind.MODEL, step_id, fn, (), call, hashed_inputs=hashed,
-                          name=name, model_id=model, prompt_hash=prompt_hash,
-                          retry=as_retry(retry, "retry"), usage=usage)
+        return self._step(
+            StepKind.MODEL,
+            step_id,
+            fn,
+            (),
+            call,
+            hashed_inputs=hashed,
+            name=name,
+            model_id=model,
+            prompt_hash=prompt_hash,
+            retry=as_retry(retry, "retry"),
+            usage=usage,
+        )
 
-    def _effect(self, step_id: str, effect: Effect[Any], payload: JSON,
-                operation_id: str | None, approval: bool) -> Flow[Any]:
-        return effect_flow(self._core, step_id, effect, payload, operation_id, approval,
-                           self._prefix)
+    def _effect(
+        self, step_id: str, effect: Effect[Any], payload: JSON, operation_id: str | None, approval: bool
+    ) -> Flow[Any]:
+        return effect_flow(self._core, step_id, effect, payload, operation_id, approval, self._prefix)
 
     def _value(self, kind: str, step_id: str) -> Flow[Any]:
-        return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={},
-                          name=kind)
+        return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={}, name=kind)
 
     def _group(self, step_id: str, branches: Any) -> tuple[list[tuple[str, Any]], list[str]]:
         """The branches of a fan-out and the step-id prefix of each: ``group.name/``."""
@@ -192,20 +223,45 @@ class Run(_RunBase):
         """A deterministic computation; recorded so a resume need not recompute it."""
         return self._sync(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
-    def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
-             max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-             **kwargs: Any) -> R:
+    def read(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        max_age: timedelta | float | None = None,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R:
         """An observation of the world; replayed until ``max_age`` says it expired.
 
         ``retry`` (a ``Retry``, or a number of attempts) overrides the run's ``step_attempts``:
         a failed attempt is recorded, then tried again after its back-off."""
-        return self._sync(self._step(StepKind.READ, step_id, fn, args, kwargs,
-                                     max_age=_as_max_age(max_age),
-                                     retry=as_retry(retry, "retry")))
+        return self._sync(
+            self._step(
+                StepKind.READ,
+                step_id,
+                fn,
+                args,
+                kwargs,
+                max_age=_as_max_age(max_age),
+                retry=as_retry(retry, "retry"),
+            )
+        )
 
-    def model(self, step_id: str, fn: Callable[..., R], /, *, model: str, messages: JSON,
-              tools: JSON = None, retry: Retry | int | None = None,
-              usage: UsageFn | None = None, **params: Any) -> R:
+    def model(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *,
+        model: str,
+        messages: JSON,
+        tools: JSON = None,
+        retry: Retry | int | None = None,
+        usage: UsageFn | None = None,
+        **params: Any,
+    ) -> R:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated.
 
         The tokens it used are recorded (read from a ``usage`` field of the response, or from
@@ -213,14 +269,21 @@ class Run(_RunBase):
         budget. ``retry`` as for ``read``."""
         return self._sync(self._model(step_id, fn, model, messages, tools, params, retry, usage))
 
-    def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
-               **kwargs: P.kwargs) -> R:
+    def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
         ``next_step_id``); the choice is replayed, never asked again."""
         return self._sync(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
-    def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
-               operation_id: str | None = None, approval: bool = False) -> R:
+    def effect(
+        self,
+        step_id: str,
+        effect: Effect[R],
+        /,
+        *,
+        payload: JSON,
+        operation_id: str | None = None,
+        approval: bool = False,
+    ) -> R:
         """A change in another system, dispatched at most once; returns the owner's receipt.
 
         With ``approval=True`` it is prepared, then dispatched only under a person's approval
@@ -242,14 +305,21 @@ class Run(_RunBase):
         return str(self._sync(self._value("uuid", step_id)))
 
     @overload
-    def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], R]], /, *,
-                 max_threads: int = ...) -> dict[str, R]: ...
+    def parallel(
+        self, step_id: str, branches: Mapping[str, Callable[[Run], R]], /, *, max_threads: int = ...
+    ) -> dict[str, R]: ...
     @overload
-    def parallel(self, step_id: str, branches: Sequence[Callable[[Run], R]], /, *,
-                 max_threads: int = ...) -> list[R]: ...
-    def parallel(self, step_id: str, branches: Mapping[str, Callable[[Run], Any]]
-                 | Sequence[Callable[[Run], Any]], /, *,
-                 max_threads: int = _DEFAULT_PARALLEL_THREADS) -> Any:
+    def parallel(
+        self, step_id: str, branches: Sequence[Callable[[Run], R]], /, *, max_threads: int = ...
+    ) -> list[R]: ...
+    def parallel(
+        self,
+        step_id: str,
+        branches: Mapping[str, Callable[[Run], Any]] | Sequence[Callable[[Run], Any]],
+        /,
+        *,
+        max_threads: int = _DEFAULT_PARALLEL_THREADS,
+    ) -> Any:
         """Fan out: call each branch with a run of its own, at once, and return their results
         (a dict for a mapping of branches, a list for a list).
 
@@ -267,10 +337,13 @@ class Run(_RunBase):
             raise UsageError("max_threads must be 1 or more")
         results: list[Any] = [None] * len(named)
         errors: list[BaseException | None] = [None] * len(named)
-        with ThreadPoolExecutor(max_workers=min(max_threads, len(named) or 1),
-                                thread_name_prefix=f"safepoint-{step_id}") as pool:
-            futures = [pool.submit(self._core.branch, fn, Run(self._core, prefix), prefix)
-                       for (_, fn), prefix in zip(named, prefixes, strict=True)]
+        with ThreadPoolExecutor(
+            max_workers=min(max_threads, len(named) or 1), thread_name_prefix=f"safepoint-{step_id}"
+        ) as pool:
+            futures = [
+                pool.submit(self._core.branch, fn, Run(self._core, prefix), prefix)
+                for (_, fn), prefix in zip(named, prefixes, strict=True)
+            ]
             for index, future in enumerate(futures):
                 errors[index] = future.exception()  # waits; BaseExceptions included
                 if errors[index] is None:
@@ -299,64 +372,143 @@ class AsyncRun(_RunBase):
     function may be plain or ``async``; the step returns what it returned, awaited."""
 
     @overload
-    async def pure(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
-                   **kwargs: P.kwargs) -> R: ...
+    async def pure(
+        self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
     @overload
-    async def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
-                   **kwargs: P.kwargs) -> R: ...
-    async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
-                   **kwargs: Any) -> Any:
+    async def pure(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    async def pure(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.PURE, step_id, fn, args, kwargs))
 
     @overload
-    async def read(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *args: Any,
-                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-                   **kwargs: Any) -> R: ...
+    async def read(
+        self,
+        step_id: str,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        max_age: timedelta | float | None = None,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R: ...
     @overload
-    async def read(self, step_id: str, fn: Callable[..., R], /, *args: Any,
-                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-                   **kwargs: Any) -> R: ...
-    async def read(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
-                   max_age: timedelta | float | None = None, retry: Retry | int | None = None,
-                   **kwargs: Any) -> Any:
-        return await self._async(self._step(StepKind.READ, step_id, fn, args, kwargs,
-                                            max_age=_as_max_age(max_age),
-                                            retry=as_retry(retry, "retry")))
+    async def read(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        max_age: timedelta | float | None = None,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R: ...
+    async def read(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        max_age: timedelta | float | None = None,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return await self._async(
+            self._step(
+                StepKind.READ,
+                step_id,
+                fn,
+                args,
+                kwargs,
+                max_age=_as_max_age(max_age),
+                retry=as_retry(retry, "retry"),
+            )
+        )
 
     @overload
-    async def model(self, step_id: str, fn: Callable[..., Awaitable[R]], /, *, model: str,
-                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
-                    usage: UsageFn | None = None, **params: Any) -> R: ...
+    async def model(
+        self,
+        step_id: str,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *,
+        model: str,
+        messages: JSON,
+        tools: JSON = None,
+        retry: Retry | int | None = None,
+        usage: UsageFn | None = None,
+        **params: Any,
+    ) -> R: ...
     @overload
-    async def model(self, step_id: str, fn: Callable[..., R], /, *, model: str,
-                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
-                    usage: UsageFn | None = None, **params: Any) -> R: ...
-    async def model(self, step_id: str, fn: Callable[..., Any], /, *, model: str,
-                    messages: JSON, tools: JSON = None, retry: Retry | int | None = None,
-                    usage: UsageFn | None = None, **params: Any) -> Any:
-        return await self._async(self._model(step_id, fn, model, messages, tools, params,
-                                             retry, usage))
+    async def model(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *,
+        model: str,
+        messages: JSON,
+        tools: JSON = None,
+        retry: Retry | int | None = None,
+        usage: UsageFn | None = None,
+        **params: Any,
+    ) -> R: ...
+    async def model(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        /,
+        *,
+        model: str,
+        messages: JSON,
+        tools: JSON = None,
+        retry: Retry | int | None = None,
+        usage: UsageFn | None = None,
+        **params: Any,
+    ) -> Any:
+        return await self._async(self._model(step_id, fn, model, messages, tools, params, retry, usage))
 
     @overload
-    async def decide(self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args,
-                     **kwargs: P.kwargs) -> R: ...
+    async def decide(
+        self, step_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
     @overload
-    async def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args,
-                     **kwargs: P.kwargs) -> R: ...
-    async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any,
-                     **kwargs: Any) -> Any:
+    async def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R: ...
+    async def decide(self, step_id: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return await self._async(self._step(StepKind.DECISION, step_id, fn, args, kwargs))
 
     @overload
-    async def effect(self, step_id: str, effect: Effect[Awaitable[R]], /, *, payload: JSON,
-                     operation_id: str | None = None, approval: bool = False) -> R: ...
+    async def effect(
+        self,
+        step_id: str,
+        effect: Effect[Awaitable[R]],
+        /,
+        *,
+        payload: JSON,
+        operation_id: str | None = None,
+        approval: bool = False,
+    ) -> R: ...
     @overload
-    async def effect(self, step_id: str, effect: Effect[R], /, *, payload: JSON,
-                     operation_id: str | None = None, approval: bool = False) -> R: ...
-    async def effect(self, step_id: str, effect: Effect[Any], /, *, payload: JSON,
-                     operation_id: str | None = None, approval: bool = False) -> Any:
-        return await self._async(self._effect(step_id, effect, payload, operation_id,
-                                              approval))
+    async def effect(
+        self,
+        step_id: str,
+        effect: Effect[R],
+        /,
+        *,
+        payload: JSON,
+        operation_id: str | None = None,
+        approval: bool = False,
+    ) -> R: ...
+    async def effect(
+        self,
+        step_id: str,
+        effect: Effect[Any],
+        /,
+        *,
+        payload: JSON,
+        operation_id: str | None = None,
+        approval: bool = False,
+    ) -> Any:
+        return await self._async(self._effect(step_id, effect, payload, operation_id, approval))
 
     # Recording a value is a ledger write, which an async store can only do awaited.
     async def now(self, step_id: str = "now") -> datetime:
@@ -369,21 +521,32 @@ class AsyncRun(_RunBase):
         return str(await self._async(self._value("uuid", step_id)))
 
     @overload
-    async def gather(self, step_id: str,
-                     branches: Mapping[str, Callable[[AsyncRun], Awaitable[R]]], /,
-                     ) -> dict[str, R]: ...
+    async def gather(
+        self,
+        step_id: str,
+        branches: Mapping[str, Callable[[AsyncRun], Awaitable[R]]],
+        /,
+    ) -> dict[str, R]: ...
     @overload
-    async def gather(self, step_id: str, branches: Sequence[Callable[[AsyncRun], Awaitable[R]]],
-                     /) -> list[R]: ...
-    async def gather(self, step_id: str, branches: Mapping[str, Callable[[AsyncRun], Any]]
-                     | Sequence[Callable[[AsyncRun], Any]], /) -> Any:
+    async def gather(
+        self, step_id: str, branches: Sequence[Callable[[AsyncRun], Awaitable[R]]], /
+    ) -> list[R]: ...
+    async def gather(
+        self,
+        step_id: str,
+        branches: Mapping[str, Callable[[AsyncRun], Any]] | Sequence[Callable[[AsyncRun], Any]],
+        /,
+    ) -> Any:
         """``Run.parallel`` for async workflows: each branch is a coroutine function called
         with a run of its own, all awaited together on this event loop."""
         named, prefixes = self._group(step_id, branches)
         settled = await asyncio.gather(
-            *(self._core.branch_async(fn, AsyncRun(self._core, prefix), prefix)
-              for (_, fn), prefix in zip(named, prefixes, strict=True)),
-            return_exceptions=True)
+            *(
+                self._core.branch_async(fn, AsyncRun(self._core, prefix), prefix)
+                for (_, fn), prefix in zip(named, prefixes, strict=True)
+            ),
+            return_exceptions=True,
+        )
         errors = [r if isinstance(r, BaseException) else None for r in settled]
         return _outcome(named, list(settled), errors, isinstance(branches, Mapping))
 

@@ -45,17 +45,22 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 # -- approvals --------------------------------------------------------------------------------
 
-def _request(by: str, expires: timedelta | datetime | None, evidence: str | None,
-             payload_digest: str | None) -> ApprovalRequest:
+
+def _request(
+    by: str, expires: timedelta | datetime | None, evidence: str | None, payload_digest: str | None
+) -> ApprovalRequest:
     check_who(by, "approves")
     if evidence is not None and not isinstance(evidence, str):
         raise UsageError("evidence is a sentence, a link or a ticket id: a string")
     check_words(evidence, "the approval's evidence")
     refuse_secrets([by, evidence], "the approval")
-    if payload_digest is not None and not (isinstance(payload_digest, str)
-                                           and _DIGEST.fullmatch(payload_digest)):
-        raise UsageError(f"payload_digest {payload_digest!r} is not a digest: it reads"
-                         " 'sha256:' and 64 hex digits (as `safepoint show RUN` prints it)")
+    if payload_digest is not None and not (
+        isinstance(payload_digest, str) and _DIGEST.fullmatch(payload_digest)
+    ):
+        raise UsageError(
+            f"payload_digest {payload_digest!r} is not a digest: it reads"
+            " 'sha256:' and 64 hex digits (as `safepoint show RUN` prints it)"
+        )
     ttl_ms = expires_at = None
     if isinstance(expires, timedelta):
         ttl_ms = int(expires.total_seconds() * 1000)
@@ -66,15 +71,30 @@ def _request(by: str, expires: timedelta | datetime | None, evidence: str | None
             raise UsageError("expires needs a timezone-aware datetime (e.g. with tzinfo=UTC)")
         expires_at = int(expires.timestamp() * 1000)
     elif expires is not None:
-        raise UsageError("expires is a timedelta (from now, on the store's clock), a datetime,"
-                         " or None (does not expire)")
-    return ApprovalRequest(approval_id=uuid.uuid4().hex, by=by, evidence=evidence,
-                           ttl_ms=ttl_ms, expires_at=expires_at, payload_digest=payload_digest)
+        raise UsageError(
+            "expires is a timedelta (from now, on the store's clock), a datetime, or None (does not expire)"
+        )
+    return ApprovalRequest(
+        approval_id=uuid.uuid4().hex,
+        by=by,
+        evidence=evidence,
+        ttl_ms=ttl_ms,
+        expires_at=expires_at,
+        payload_digest=payload_digest,
+    )
 
 
-def approve(store: Store, run_id: str, step_id: str, /, *, by: str,
-            expires: timedelta | datetime | None = None, evidence: str | None = None,
-            payload_digest: str | None = None) -> ApprovalRecord:
+def approve(
+    store: Store,
+    run_id: str,
+    step_id: str,
+    /,
+    *,
+    by: str,
+    expires: timedelta | datetime | None = None,
+    evidence: str | None = None,
+    payload_digest: str | None = None,
+) -> ApprovalRecord:
     """Approve the effect that step ``step_id`` of ``run_id`` prepared; return the approval.
 
     The approval is bound to the payload the effect carries and to the state its target was
@@ -92,19 +112,28 @@ def approve(store: Store, run_id: str, step_id: str, /, *, by: str,
     >>> approve(store, "refund-8472", "refund", by="ana", expires=timedelta(hours=2))  # doctest: +SKIP
     """
     require_store(store, "approve")
-    approval: ApprovalRecord = drive(store, _approve_flow(
-        run_id, step_id, _request(by, expires, evidence, payload_digest)))
+    approval: ApprovalRecord = drive(
+        store, _approve_flow(run_id, step_id, _request(by, expires, evidence, payload_digest))
+    )
     return approval
 
 
-async def approve_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *, by: str,
-                        expires: timedelta | datetime | None = None,
-                        evidence: str | None = None,
-                        payload_digest: str | None = None) -> ApprovalRecord:
+async def approve_async(
+    store: Store | AsyncStore,
+    run_id: str,
+    step_id: str,
+    /,
+    *,
+    by: str,
+    expires: timedelta | datetime | None = None,
+    evidence: str | None = None,
+    payload_digest: str | None = None,
+) -> ApprovalRecord:
     """``approve`` from async code."""
     require_store(store, "approve_async")
-    approval: ApprovalRecord = await adrive(store, _approve_flow(
-        run_id, step_id, _request(by, expires, evidence, payload_digest)))
+    approval: ApprovalRecord = await adrive(
+        store, _approve_flow(run_id, step_id, _request(by, expires, evidence, payload_digest))
+    )
     return approval
 
 
@@ -125,15 +154,17 @@ def _carried_on_by(run_id: str, step_id: str) -> Flow[str]:
 def _revocation(by: str, reason: str) -> ApprovalRevocation:
     check_who(by, "revokes the approval")
     if not isinstance(reason, str) or not reason.strip():
-        raise UsageError("say why the approval is revoked: reason='…' (recorded, and shown"
-                         " to whoever looks at the run)")
+        raise UsageError(
+            "say why the approval is revoked: reason='…' (recorded, and shown to whoever looks at the run)"
+        )
     check_words(reason, "the revocation's reason")
     refuse_secrets([by, reason], "the revocation")
     return ApprovalRevocation(by=by, reason=reason)
 
 
-def revoke_approval(store: Store, run_id: str, step_id: str, /, *, by: str,
-                    reason: str) -> list[ApprovalRecord]:
+def revoke_approval(
+    store: Store, run_id: str, step_id: str, /, *, by: str, reason: str
+) -> list[ApprovalRecord]:
     """Take back the approval of the effect step ``step_id`` of ``run_id`` prepared, before it
     is dispatched; return the approvals revoked (every one still in force).
 
@@ -151,17 +182,18 @@ def revoke_approval(store: Store, run_id: str, step_id: str, /, *, by: str,
     ...                 reason="customer withdrew the request")  # doctest: +SKIP
     """
     require_store(store, "revoke_approval")
-    revoked: list[ApprovalRecord] = drive(store, _revoke_flow(
-        run_id, step_id, _revocation(by, reason)))
+    revoked: list[ApprovalRecord] = drive(store, _revoke_flow(run_id, step_id, _revocation(by, reason)))
     return revoked
 
 
-async def revoke_approval_async(store: Store | AsyncStore, run_id: str, step_id: str, /, *,
-                                by: str, reason: str) -> list[ApprovalRecord]:
+async def revoke_approval_async(
+    store: Store | AsyncStore, run_id: str, step_id: str, /, *, by: str, reason: str
+) -> list[ApprovalRecord]:
     """``revoke_approval`` from async code."""
     require_store(store, "revoke_approval_async")
-    revoked: list[ApprovalRecord] = await adrive(store, _revoke_flow(
-        run_id, step_id, _revocation(by, reason)))
+    revoked: list[ApprovalRecord] = await adrive(
+        store, _revoke_flow(run_id, step_id, _revocation(by, reason))
+    )
     return revoked
 
 
@@ -171,6 +203,7 @@ def _revoke_flow(run_id: str, step_id: str, revocation: ApprovalRevocation) -> F
 
 
 # -- resolutions ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class Settled:
@@ -182,9 +215,18 @@ class Settled:
     effect_key: str | None = None
 
 
-def resolve(store: Store, run_id: str, action: ResolutionAction | str, *, revision: int,
-            by: str, operation_id: str | None = None, receipt: Any = None,
-            evidence: str | None = None, force: bool = False) -> RunRecord:
+def resolve(
+    store: Store,
+    run_id: str,
+    action: ResolutionAction | str,
+    *,
+    revision: int,
+    by: str,
+    operation_id: str | None = None,
+    receipt: Any = None,
+    evidence: str | None = None,
+    force: bool = False,
+) -> RunRecord:
     """Apply a person's decision to a blocked run and return the run as it now stands.
 
     ``applied``: the operation happened; ``receipt`` is what its owner holds, and the run
@@ -202,17 +244,35 @@ def resolve(store: Store, run_id: str, action: ResolutionAction | str, *, revisi
     and a ``UserWarning`` says so.
     """
     require_store(store, "resolve")
-    settled = settle(store, run_id, action, revision=revision, by=by,
-                     operation_id=operation_id, receipt=receipt, evidence=evidence, force=force)
+    settled = settle(
+        store,
+        run_id,
+        action,
+        revision=revision,
+        by=by,
+        operation_id=operation_id,
+        receipt=receipt,
+        evidence=evidence,
+        force=force,
+    )
     check = settled.decision.owner_check
     if check is not None and check.get("not_asked") == NOT_IMPORTED:
         warnings.warn(check["note"], UserWarning, stacklevel=2)
     return settled.run
 
 
-def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revision: int,
-           by: str, operation_id: str | None = None, receipt: Any = None,
-           evidence: str | None = None, force: bool = False) -> Settled:
+def settle(
+    store: Store,
+    run_id: str,
+    action: ResolutionAction | str,
+    *,
+    revision: int,
+    by: str,
+    operation_id: str | None = None,
+    receipt: Any = None,
+    evidence: str | None = None,
+    force: bool = False,
+) -> Settled:
     """``resolve``, returning what the operator tools show: the decision as recorded (with the
     owner check) and the effect key it is sent again under."""
     chosen = one_action(action)
@@ -222,8 +282,10 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
     check_who(by, "resolves the run")
     if chosen is ResolutionAction.APPLIED:
         if receipt is None:
-            raise UsageError("marking an operation applied needs its receipt as evidence: the"
-                             " object the owner holds (e.g. the charge it returns by key)")
+            raise UsageError(
+                "marking an operation applied needs its receipt as evidence: the"
+                " object the owner holds (e.g. the charge it returns by key)"
+            )
         require_json(receipt, "the receipt")
         refuse_secrets(receipt, "the receipt")
     elif receipt is not None:
@@ -231,13 +293,14 @@ def settle(store: Store, run_id: str, action: ResolutionAction | str, *, revisio
     if not isinstance(force, bool):
         raise UsageError(f"force is True or False, not {force!r}")
     if force and chosen is not ResolutionAction.NOT_APPLIED:
-        raise UsageError(f"force=True contradicts {chosen.value!r}: it only overrides the"
-                         " owner's doubt about a not_applied resolution (and sends the effect"
-                         " again regardless)")
+        raise UsageError(
+            f"force=True contradicts {chosen.value!r}: it only overrides the"
+            " owner's doubt about a not_applied resolution (and sends the effect"
+            " again regardless)"
+        )
     check_words(evidence, "the resolution's evidence")
     refuse_secrets([by, evidence], "the resolution")
-    decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt,
-                          evidence=evidence)
+    decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt, evidence=evidence)
     if operation_id is None and chosen is not ResolutionAction.ABANDON:
         decision = _with_named_operation(store, run_id, revision, decision)
     key = None
@@ -253,40 +316,49 @@ def one_action(action: Any) -> ResolutionAction:
         return ResolutionAction(action)
     except (ValueError, TypeError):
         choices = ", ".join(repr(a.value) for a in ResolutionAction)
-        raise UsageError(f"a resolution is exactly one of {choices}, not {action!r}: they"
-                         " contradict each other", action=action) from None
+        raise UsageError(
+            f"a resolution is exactly one of {choices}, not {action!r}: they contradict each other",
+            action=action,
+        ) from None
 
 
-def _checked_with_owner(store: Store, run_id: str, revision: int, decision: Resolution,
-                        force: bool) -> tuple[Resolution, str | None]:
+def _checked_with_owner(
+    store: Store, run_id: str, revision: int, decision: Resolution, force: bool
+) -> tuple[Resolution, str | None]:
     """``decision`` (not applied) with what the effect's owner said; refused when the owner
     has the effect, or doubts and nobody forced it."""
     ledger = store.load_ledger(run_id)
     op = ledger.operations.get(decision.operation_id or "")
     key = None if op is None else op.effect_key
-    if (op is None or ledger.run.status is not RunStatus.BLOCKED
-            or ledger.run.state_revision != revision
-            or op.state not in (EffectState.DISPATCHING, EffectState.UNKNOWN)):
+    if (
+        op is None
+        or ledger.run.status is not RunStatus.BLOCKED
+        or ledger.run.state_revision != revision
+        or op.state not in (EffectState.DISPATCHING, EffectState.UNKNOWN)
+    ):
         # The store refuses it as it stands — unless it repeats the resolution recorded, which
         # carries that one's owner check: asking again now would ask after the re-dispatch.
         return _as_recorded(store, run_id, decision), key
     if not key_is_minted(op, ledger.run, store.identity):
         # The owner knows the operation by the key minted: asked under another, it can only
         # say "not found", which must not stand as its word.
-        raise ResolutionRefused(run_id, f"the owner was not asked: operation {op.operation_id!r}"
-                                f" holds {op.effect_key!r}, which is not the key minted for"
-                                " it (altered after it was recorded) — put the minted key back"
-                                " (from a backup) and resolve again, or look it up at its owner"
-                                " and mark it --applied or --abandon")
+        raise ResolutionRefused(
+            run_id,
+            f"the owner was not asked: operation {op.operation_id!r}"
+            f" holds {op.effect_key!r}, which is not the key minted for"
+            " it (altered after it was recorded) — put the minted key back"
+            " (from a backup) and resolve again, or look it up at its owner"
+            " and mark it --applied or --abandon",
+        )
     found = lookup(op.effect)
     check = unasked(found, force=force)
     if check is None:
         effect = found.effect
         assert effect is not None
-        answer = _ask(effect, EffectKey(op.effect_key, op.operation_id, run_id,
-                                        ledger.run.fence))
-        check = owner_says(answer, effect=effect, now=store.now(),
-                           first_dispatched_at=op.first_dispatched_at, force=force)
+        answer = _ask(effect, EffectKey(op.effect_key, op.operation_id, run_id, ledger.run.fence))
+        check = owner_says(
+            answer, effect=effect, now=store.now(), first_dispatched_at=op.first_dispatched_at, force=force
+        )
     if check.refused:
         raise ResolutionRefused(run_id, check.note)
     return replace(decision, owner_check=check.detail()), key
@@ -307,6 +379,7 @@ def _ask(effect: Effect, key: EffectKey) -> Any:
 def _awaited(awaitable: Awaitable[Any]) -> Any:
     """An async reconcile's answer, from plain code — on a thread of its own when this thread
     already runs an event loop (``sp.resolve`` called from async code)."""
+
     async def wait() -> Any:
         return await awaitable
 
@@ -330,8 +403,7 @@ def _as_recorded(store: Store, run_id: str, decision: Resolution) -> Resolution:
     return decision
 
 
-def _with_named_operation(store: Store, run_id: str, revision: int,
-                          decision: Resolution) -> Resolution:
+def _with_named_operation(store: Store, run_id: str, revision: int, decision: Resolution) -> Resolution:
     """The operation the recovery record names — or, once resolved, the one the last
     resolution named (so that repeating it stays harmless)."""
     run = store.get_run(run_id)
@@ -340,8 +412,11 @@ def _with_named_operation(store: Store, run_id: str, revision: int,
         resolved = [e for e in store.events(run_id) if e.kind == "run.resolved"]
         operation_id = resolved[-1].operation_id if resolved else None
     if operation_id is None:
-        reason = ("its recovery record names no operation; name one"
-                  if run.status is RunStatus.BLOCKED else refusal(run, revision, decision))
+        reason = (
+            "its recovery record names no operation; name one"
+            if run.status is RunStatus.BLOCKED
+            else refusal(run, revision, decision)
+        )
         raise ResolutionRefused(run_id, reason)
     return replace(decision, operation_id=operation_id)
 

@@ -98,8 +98,15 @@ class Worker:
     >>> Worker(store, concurrency=4).run()          # doctest: +SKIP
     """
 
-    def __init__(self, store: Store, *, concurrency: int = 1, lease_ms: int = DEFAULT_LEASE_MS,
-                 workflows: list[str] | None = None, rescan: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        concurrency: int = 1,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        workflows: list[str] | None = None,
+        rescan: float = 1.0,
+    ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.store = store
@@ -121,13 +128,17 @@ class Worker:
         # name@version: in a rolling deploy, old workers leave new versions' runs alone
         names = self.workflows or registered_versions()
         if not names:
-            raise SafepointError("no workflows registered: import the modules that define them"
-                                 " (CLI: --import your.module)")
+            raise SafepointError(
+                "no workflows registered: import the modules that define them (CLI: --import your.module)"
+            )
         if handle_signals and threading.current_thread() is threading.main_thread():
             self._install_signal_handlers()
-        slots = [threading.Thread(target=self._slot, args=(names, until_idle),
-                                  name=f"safepoint-slot-{index}", daemon=True)
-                 for index in range(self.concurrency)]
+        slots = [
+            threading.Thread(
+                target=self._slot, args=(names, until_idle), name=f"safepoint-slot-{index}", daemon=True
+            )
+            for index in range(self.concurrency)
+        ]
         for slot in slots:
             slot.start()
         for slot in slots:
@@ -146,16 +157,17 @@ class Worker:
         signal.signal(signal.SIGINT, drain)
 
     def _slot(self, names: list[str], until_idle: bool) -> None:
-        unclaimable = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)   # claims the store failed
-        interrupted = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)   # runs it failed under, given back
+        unclaimable = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)  # claims the store failed
+        interrupted = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)  # runs it failed under, given back
         idle = Backoff(FIRST_PAUSE_S, max(FIRST_PAUSE_S, self.rescan))  # wake-ups for nothing
         while not self._draining.is_set():
             try:
                 claim = self.store.claim_next(self.owner, self.lease_ms, names)
             except StoreError as exc:  # the database restarting, say: wait and try again
                 if not unclaimable.streak:
-                    log.warning("cannot claim: %s; trying again, pausing up to %gs between"
-                                " tries", exc, MAX_PAUSE_S)
+                    log.warning(
+                        "cannot claim: %s; trying again, pausing up to %gs between tries", exc, MAX_PAUSE_S
+                    )
                 self._draining.wait(unclaimable.pause())
                 continue
             if unclaimable.reset():
@@ -216,8 +228,8 @@ class Worker:
             # need not wait out the lease once the store answers again.
             self.stats.count("interrupted")
             (log.debug if quiet else log.warning)(
-                "run %s: the store failed (%s); released for another attempt", run_id,
-                exc.message)
+                "run %s: the store failed (%s); released for another attempt", run_id, exc.message
+            )
             with contextlib.suppress(StoreError, LostOwnership):
                 self.store.release_run(claim)
             return True

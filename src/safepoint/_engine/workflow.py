@@ -35,8 +35,8 @@ class Workflow:
     compatibility: Compatibility = Compatibility.REFUSE
     manifest: dict[str, Any] = field(default_factory=manifest_of)
     step_attempts: Retry | None = None  # default attempts of its read and model steps
-    budget: Budget | None = None        # model tokens / cost a run may spend
-    deadline: timedelta | None = None   # how long after its creation a run may start new work
+    budget: Budget | None = None  # model tokens / cost a run may spend
+    deadline: timedelta | None = None  # how long after its creation a run may start new work
     history_limit: HistoryLimit = DEFAULT_HISTORY_LIMIT
 
     @property
@@ -51,22 +51,31 @@ class Workflow:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """A workflow runs against a ledger, never as a plain call: say how to run it."""
         verb = "start_async" if self.is_async else "start"
-        raise UsageError(f"workflow {self.name!r} is not called directly: run it with"
-                         f" safepoint.{verb}(store, {self.fn.__name__}, *args, run_id=…) (or"
-                         " safepoint.submit(...) for a worker); the ledger gives it its run",
-                         workflow=self.name)
+        raise UsageError(
+            f"workflow {self.name!r} is not called directly: run it with"
+            f" safepoint.{verb}(store, {self.fn.__name__}, *args, run_id=…) (or"
+            " safepoint.submit(...) for a worker); the ledger gives it its run",
+            workflow=self.name,
+        )
 
 
 _registry: dict[str, Workflow] = {}
 
 
-def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
-             compatibility: Compatibility | str = Compatibility.REFUSE, tools: Any = None,
-             models: list[str] | None = None, prompts: dict[str, str] | None = None,
-             step_attempts: Retry | int | None = None, budget: Budget | None = None,
-             deadline: timedelta | None = None,
-             history_limit: HistoryLimit | tuple[int | None, int | None] | None = None,
-             ) -> Callable[[Callable[..., Any]], Workflow]:
+def workflow(
+    name: str,
+    *,
+    version: str = "1",
+    resume_budget: int | None = None,
+    compatibility: Compatibility | str = Compatibility.REFUSE,
+    tools: Any = None,
+    models: list[str] | None = None,
+    prompts: dict[str, str] | None = None,
+    step_attempts: Retry | int | None = None,
+    budget: Budget | None = None,
+    deadline: timedelta | None = None,
+    history_limit: HistoryLimit | tuple[int | None, int | None] | None = None,
+) -> Callable[[Callable[..., Any]], Workflow]:
     """Register a workflow under a stable name and an explicit version.
 
     The version is yours to bump: nothing is inferred from source code, so a deploy strands
@@ -110,17 +119,25 @@ def workflow(name: str, *, version: str = "1", resume_budget: int | None = None,
     if budget is not None and not isinstance(budget, Budget):
         raise UsageError(f"budget={budget!r}: pass safepoint.Budget(tokens=..., cost=...)")
     if deadline is not None and not isinstance(deadline, timedelta):
-        raise UsageError(f"deadline={deadline!r}: a workflow's deadline is a timedelta, counted"
-                         " from each run's creation")
+        raise UsageError(
+            f"deadline={deadline!r}: a workflow's deadline is a timedelta, counted from each run's creation"
+        )
     deadline_of(deadline)  # validated here, not at the first start
     limit = as_history_limit(history_limit)
 
     def register(fn: Callable[..., Any]) -> Workflow:
-        registered = Workflow(name, str(version), fn,
-                              DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
-                              compatibility=policy, manifest=manifest,
-                              step_attempts=attempts, budget=budget, deadline=deadline,
-                              history_limit=limit)
+        registered = Workflow(
+            name,
+            str(version),
+            fn,
+            DEFAULT_RESUME_BUDGET if resume_budget is None else resume_budget,
+            compatibility=policy,
+            manifest=manifest,
+            step_attempts=attempts,
+            budget=budget,
+            deadline=deadline,
+            history_limit=limit,
+        )
         _register(registered)
         return registered
 
@@ -133,12 +150,19 @@ def _register(wf: Workflow) -> None:
     again. Another function under the same name and version is refused: one of the two would
     silently never run, and runs recorded by one would be replayed by the other."""
     known = _registry.get(wf.name)
-    if (known is not None and known.version == wf.version and known.fn is not wf.fn
-            and _code_name(known.fn) != _code_name(wf.fn)):
-        raise UsageError(f"workflow {wf.name!r} version {wf.version!r} is registered already,"
-                         f" by {_code_name(known.fn)}; {_code_name(wf.fn)} cannot take the"
-                         " same name and version — give it a name of its own, or bump the"
-                         " version if it replaces the first", workflow=wf.name)
+    if (
+        known is not None
+        and known.version == wf.version
+        and known.fn is not wf.fn
+        and _code_name(known.fn) != _code_name(wf.fn)
+    ):
+        raise UsageError(
+            f"workflow {wf.name!r} version {wf.version!r} is registered already,"
+            f" by {_code_name(known.fn)}; {_code_name(wf.fn)} cannot take the"
+            " same name and version — give it a name of its own, or bump the"
+            " version if it replaces the first",
+            workflow=wf.name,
+        )
     _registry[wf.name] = wf
 
 
@@ -161,8 +185,10 @@ def registered(name: str) -> Workflow | None:
 def registered_versions() -> list[str]:
     """What this process's code can continue: ``name@version`` of each registered workflow, or
     just ``name`` (any version) for one whose compatibility policy is ``replan``."""
-    return sorted(wf.name if wf.compatibility is Compatibility.REPLAN else f"{wf.name}@{wf.version}"
-                  for wf in _registry.values())
+    return sorted(
+        wf.name if wf.compatibility is Compatibility.REPLAN else f"{wf.name}@{wf.version}"
+        for wf in _registry.values()
+    )
 
 
 def workflow_of(run: RunRecord) -> Workflow:
@@ -172,4 +198,3 @@ def workflow_of(run: RunRecord) -> Workflow:
     if wf is None:
         raise WorkflowNotFound(run.workflow, run.run_id)
     return wf
-

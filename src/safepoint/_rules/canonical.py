@@ -41,8 +41,7 @@ def _scan(value: Any, allow_tuples: bool) -> bool:
     kind = type(value)
     if kind is dict or (kind is not list and isinstance(value, dict)):
         pairs: Iterable[tuple[Any, Any]] = value.items()
-    elif (kind is list or isinstance(value, list)
-          or (allow_tuples and isinstance(value, tuple))):
+    elif kind is list or isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
         pairs = zip(repeat(""), value)  # "" stands for no key: it needs no check
     else:
         return _scan_leaf(value)
@@ -107,8 +106,7 @@ def find_non_json(value: Any, *, allow_tuples: bool = False, path: str = "$") ->
         return (path, f"value nested deeper than {sys.getrecursionlimit()} levels")
 
 
-def _locate(value: Any, allow_tuples: bool, path: str,
-            around: frozenset[int]) -> tuple[str, str] | None:
+def _locate(value: Any, allow_tuples: bool, path: str, around: frozenset[int]) -> tuple[str, str] | None:
     """The slow walk that names where ``value`` stops being JSON; ``around`` holds the ids
     of the containers it is inside, so a value that contains itself is named as such."""
     if isinstance(value, (list, tuple, dict)):
@@ -148,8 +146,7 @@ def _locate(value: Any, allow_tuples: bool, path: str,
     return (path, type(value).__name__)
 
 
-def require_json(value: Any, what: str, step_id: str | None = None, *,
-                 allow_tuples: bool = False) -> None:
+def require_json(value: Any, what: str, step_id: str | None = None, *, allow_tuples: bool = False) -> None:
     """Raise ``NotJSON`` naming the step and the offending part unless ``value`` is JSON."""
     found = find_non_json(value, allow_tuples=allow_tuples)
     if found:
@@ -166,8 +163,9 @@ def canonical(value: JSON) -> bytes:
     return _encode(value, bool(_plain(value, allow_tuples=True)))
 
 
-def checked_canonical(value: Any, what: str, step_id: str | None = None, *,
-                      allow_tuples: bool = False) -> bytes:
+def checked_canonical(
+    value: Any, what: str, step_id: str | None = None, *, allow_tuples: bool = False
+) -> bytes:
     """``require_json`` and ``canonical`` in one walk of the value: a step's inputs and an
     effect's payload are checked and encoded on every call, and may be large."""
     plain = _plain(value, allow_tuples)
@@ -184,8 +182,9 @@ def canonical_if_json(value: Any, *, allow_tuples: bool = False) -> bytes | None
 
 
 # Built once: ``json.dumps`` with any option but the defaults builds an encoder per call.
-_PLAIN_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
-                                    allow_nan=False)
+_PLAIN_CANONICAL = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+)
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 

@@ -26,8 +26,9 @@ from .canonical import canonical, digest, input_hash, require_json
 from .secrets import refuse_secrets
 
 
-def manifest_of(tools: JSON = None, models: Iterable[str] | None = None,
-                prompts: Mapping[str, str] | None = None) -> dict[str, Any]:
+def manifest_of(
+    tools: JSON = None, models: Iterable[str] | None = None, prompts: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The parts of a fingerprint, each as a digest: ``{"tools": {name: digest},
     "models": [id, …], "prompts": {name: digest}}``.
 
@@ -41,10 +42,15 @@ def manifest_of(tools: JSON = None, models: Iterable[str] | None = None,
         refuse_secrets(schema, f"tool schema {name!r}")
         tool_digests[name] = digest(canonical(schema))
     model_ids = sorted({_text(model, "a model id") for model in (models or ())})
-    prompt_digests = {_text(name, "a prompt name"): digest(_text(text, "a prompt").encode())
-                      for name, text in (prompts or {}).items()}
-    return {"tools": dict(sorted(tool_digests.items())), "models": model_ids,
-            "prompts": dict(sorted(prompt_digests.items()))}
+    prompt_digests = {
+        _text(name, "a prompt name"): digest(_text(text, "a prompt").encode())
+        for name, text in (prompts or {}).items()
+    }
+    return {
+        "tools": dict(sorted(tool_digests.items())),
+        "models": model_ids,
+        "prompts": dict(sorted(prompt_digests.items())),
+    }
 
 
 def fingerprint(manifest: Mapping[str, Any]) -> str:
@@ -52,9 +58,14 @@ def fingerprint(manifest: Mapping[str, Any]) -> str:
     return input_hash(dict(manifest))
 
 
-def changes(recorded_version: str, recorded_manifest: Mapping[str, Any] | None,
-            recorded_fingerprint: str | None, version: str, manifest: Mapping[str, Any],
-            fingerprint_now: str) -> list[str]:
+def changes(
+    recorded_version: str,
+    recorded_manifest: Mapping[str, Any] | None,
+    recorded_fingerprint: str | None,
+    version: str,
+    manifest: Mapping[str, Any],
+    fingerprint_now: str,
+) -> list[str]:
     """What differs between the code that recorded a run and this code, in words; empty when
     this code may continue it as it is. A run recorded before fingerprints existed (None) is
     compared by version only."""
@@ -68,8 +79,9 @@ def changes(recorded_version: str, recorded_manifest: Mapping[str, Any] | None,
         old, new = dict(before.get(part) or {}), dict(manifest.get(part) or {})
         found += [f"{label} {name!r} was removed" for name in sorted(old.keys() - new.keys())]
         found += [f"{label} {name!r} was added" for name in sorted(new.keys() - old.keys())]
-        found += [f"{label} {name!r} changed" for name in sorted(old.keys() & new.keys())
-                  if old[name] != new[name]]
+        found += [
+            f"{label} {name!r} changed" for name in sorted(old.keys() & new.keys()) if old[name] != new[name]
+        ]
     old_models, new_models = set(before.get("models") or ()), set(manifest.get("models") or ())
     found += [f"model {m!r} is no longer used" for m in sorted(old_models - new_models)]
     found += [f"model {m!r} is now used" for m in sorted(new_models - old_models)]
@@ -90,11 +102,12 @@ def _named_tools(tools: JSON) -> list[tuple[str, JSON]]:
         name = None
         if isinstance(schema, Mapping):
             function = schema.get("function")
-            name = schema.get("name") or (function.get("name")
-                                          if isinstance(function, Mapping) else None)
+            name = schema.get("name") or (function.get("name") if isinstance(function, Mapping) else None)
         if not isinstance(name, str) or not name:
-            raise UsageError("each tool schema in tools= needs a name ('name', or"
-                             " 'function': {'name': …}); or pass a mapping name → schema")
+            raise UsageError(
+                "each tool schema in tools= needs a name ('name', or"
+                " 'function': {'name': …}); or pass a mapping name → schema"
+            )
         named.append((name, schema))
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
@@ -106,4 +119,3 @@ def _text(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise UsageError(f"{what} must be a non-empty string, not {value!r}")
     return value
-

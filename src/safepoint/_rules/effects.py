@@ -132,12 +132,14 @@ class Effect(Generic[ReceiptT_co]):
         if self.max_dispatches < 1:
             raise ValueError("max_dispatches must be at least 1")
         if self.dedup_retention is not None and not (
-                isinstance(self.dedup_retention, timedelta)
-                and self.dedup_retention > timedelta(0)):
+            isinstance(self.dedup_retention, timedelta) and self.dedup_retention > timedelta(0)
+        ):
             # Read only when a crash is reconciled: a wrong one must be said now, not then.
-            raise ValueError(f"dedup_retention={self.dedup_retention!r}: give how long the"
-                             " owner remembers a key as a positive timedelta (e.g."
-                             " timedelta(hours=23)), or None")
+            raise ValueError(
+                f"dedup_retention={self.dedup_retention!r}: give how long the"
+                " owner remembers a key as a positive timedelta (e.g."
+                " timedelta(hours=23)), or None"
+            )
         if self.verify_timeout is not None and seconds(self.verify_timeout) <= 0:
             raise ValueError("verify_timeout must be a positive duration")
         declare(self)
@@ -183,13 +185,13 @@ def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity)
 # that may have happened or did happen would be done twice under a fresh key if the code now
 # asks for the same change under another name. Under ``replan`` an accepted operation is part
 # of the kept effect ledger that a new plan may knowingly diverge from.
-_MAY_HAVE_HAPPENED = frozenset({EffectState.DISPATCHING, EffectState.UNKNOWN,
-                                EffectState.APPLIED})
+_MAY_HAVE_HAPPENED = frozenset({EffectState.DISPATCHING, EffectState.UNKNOWN, EffectState.APPLIED})
 _HAPPENED = _MAY_HAVE_HAPPENED | {EffectState.ACCEPTED}
 
 
-def orphaned(unreached: Iterable[OperationRecord], open_branches: Iterable[str], here: str, *,
-             replans: bool) -> list[OperationRecord]:
+def orphaned(
+    unreached: Iterable[OperationRecord], open_branches: Iterable[str], here: str, *, replans: bool
+) -> list[OperationRecord]:
     """The operations of a run that forbid a new dispatch at ``here`` (the step-id prefix of
     the code asking, "" outside a fan-out), among those the code resuming the run has not
     reached yet: ones that may have happened (or, under ``refuse``, did) — unless they belong
@@ -199,8 +201,9 @@ def orphaned(unreached: Iterable[OperationRecord], open_branches: Iterable[str],
     operation id changed)."""
     kept = _MAY_HAVE_HAPPENED if replans else _HAPPENED
     siblings = [branch for branch in open_branches if not here.startswith(branch)]
-    return [op for op in unreached
-            if op.state in kept and not any(op.step_id.startswith(b) for b in siblings)]
+    return [
+        op for op in unreached if op.state in kept and not any(op.step_id.startswith(b) for b in siblings)
+    ]
 
 
 class Action(StrEnum):
@@ -236,8 +239,12 @@ def one_commit_to_dispatching(effect: Effect, *, approval: bool) -> bool:
     (An owner that answers ``Unknown``, or a resume past the retention, still blocks — as after
     a crash between a separate "dispatching" commit and the call.)
     """
-    return (not approval and effect.reconcile is not None
-            and effect.dedup_retention is not None and effect.max_dispatches > 1)
+    return (
+        not approval
+        and effect.reconcile is not None
+        and effect.dedup_retention is not None
+        and effect.max_dispatches > 1
+    )
 
 
 def next_action(state: EffectState, *, can_reconcile: bool, can_verify: bool) -> Next:
@@ -247,8 +254,10 @@ def next_action(state: EffectState, *, can_reconcile: bool, can_verify: bool) ->
     if state in (EffectState.DISPATCHING, EffectState.UNKNOWN):
         if can_reconcile:
             return Next(Action.RECONCILE)
-        return Next(Action.BLOCK, "the dispatch may have happened and the effect has no"
-                                  " reconcile function to ask its owner")
+        return Next(
+            Action.BLOCK,
+            "the dispatch may have happened and the effect has no reconcile function to ask its owner",
+        )
     if state is EffectState.APPLIED:
         return Next(Action.VERIFY) if can_verify else Next(Action.ACCEPT)
     if state is EffectState.ACCEPTED:
@@ -256,9 +265,15 @@ def next_action(state: EffectState, *, can_reconcile: bool, can_verify: bool) ->
     return Next(Action.REPLAY_REJECTION)
 
 
-def after_reconcile(answer: Any, *, now: int, first_dispatched_at: int | None,
-                    dedup_retention: timedelta | None, dispatch_count: int,
-                    max_dispatches: int) -> Next:
+def after_reconcile(
+    answer: Any,
+    *,
+    now: int,
+    first_dispatched_at: int | None,
+    dedup_retention: timedelta | None,
+    dispatch_count: int,
+    max_dispatches: int,
+) -> Next:
     """What the owner's answer allows. Never a fresh key; re-dispatch only under the old one,
     only after an authoritative ``NotApplied``, and only while the owner still remembers it."""
     if isinstance(answer, Applied):
@@ -266,18 +281,25 @@ def after_reconcile(answer: Any, *, now: int, first_dispatched_at: int | None,
     if isinstance(answer, Unknown):
         return Next(Action.BLOCK, f"reconcile could not settle it: {answer.reason}")
     if not isinstance(answer, NotApplied):
-        return Next(Action.BLOCK, f"reconcile returned {type(answer).__name__}, not"
-                                  " Applied, NotApplied or Unknown")
+        return Next(
+            Action.BLOCK, f"reconcile returned {type(answer).__name__}, not Applied, NotApplied or Unknown"
+        )
     if dedup_retention is None:
-        return Next(Action.BLOCK, "the owner reports it not applied, but the effect declares no"
-                                  " dedup_retention, so a re-dispatch could apply it twice if"
-                                  " that report lags")
+        return Next(
+            Action.BLOCK,
+            "the owner reports it not applied, but the effect declares no"
+            " dedup_retention, so a re-dispatch could apply it twice if"
+            " that report lags",
+        )
     retention_ms = int(dedup_retention.total_seconds() * 1000)
     if first_dispatched_at is not None and now - first_dispatched_at >= retention_ms:
-        return Next(Action.BLOCK, f"the owner reports it not applied, but the first dispatch was"
-                                  f" {(now - first_dispatched_at) / 1000:.0f}s ago, past the"
-                                  f" owner's dedup retention of {dedup_retention}: the key may be"
-                                  " forgotten, so a re-dispatch is not safe")
+        return Next(
+            Action.BLOCK,
+            f"the owner reports it not applied, but the first dispatch was"
+            f" {(now - first_dispatched_at) / 1000:.0f}s ago, past the"
+            f" owner's dedup retention of {dedup_retention}: the key may be"
+            " forgotten, so a re-dispatch is not safe",
+        )
     if dispatch_count >= max_dispatches:
         return Next(Action.BLOCK, f"dispatched {dispatch_count} times without an outcome")
     return Next(Action.DISPATCH)
@@ -315,7 +337,7 @@ class Declared:
     """What this process knows of the effect named ``name``."""
 
     name: str
-    effect: Effect | None          # the one declaration, when there is exactly one
+    effect: Effect | None  # the one declaration, when there is exactly one
     origins: tuple[str, ...] = ()  # where each reconcile was defined, when ambiguous
 
     @property
@@ -331,8 +353,7 @@ def lookup(name: str) -> Declared:
     """The live declaration(s) of the effect called ``name`` in this process."""
     with _lock:
         entries = _declared.get(name, {})
-        live = {key: found for key, ref in list(entries.items())
-                if (found := ref()) is not None}
+        live = {key: found for key, ref in list(entries.items()) if (found := ref()) is not None}
         if not live:
             _declared.pop(name, None)
         else:

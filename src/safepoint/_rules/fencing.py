@@ -64,10 +64,19 @@ def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:
     return fence == claim.fence and status == "running"
 
 
-def refused_write(claim: Claim, fence: int | None, status: str | None,
-                  cancel_requested_at: int | None, deadline_at: int | None = None,
-                  now: int | None = None, *, new_work: bool = True, limited: bool = False,
-                  history: int | None = None, hard_limit: int | None = None) -> BaseException:
+def refused_write(
+    claim: Claim,
+    fence: int | None,
+    status: str | None,
+    cancel_requested_at: int | None,
+    deadline_at: int | None = None,
+    now: int | None = None,
+    *,
+    new_work: bool = True,
+    limited: bool = False,
+    history: int | None = None,
+    hard_limit: int | None = None,
+) -> BaseException:
     """Why a fenced worker write matched nothing, from the run's row as it now stands: for new
     work (``new_work``, refused once a cancel is asked for or past the deadline) while this
     worker's fence still holds, a cancel request (``Cancelled``) or its deadline passed
@@ -85,8 +94,7 @@ def refused_write(claim: Claim, fence: int | None, status: str | None,
 
 def cancelled_error(by: str, reason: str | None) -> dict[str, str]:
     """The error a cancelled run ends with."""
-    return {"type": "Cancelled", "message": f"cancelled by {by}" + (f": {reason}" if reason
-                                                                     else "")}
+    return {"type": "Cancelled", "message": f"cancelled by {by}" + (f": {reason}" if reason else "")}
 
 
 def abandoned_error(resolution: Resolution) -> dict[str, str]:

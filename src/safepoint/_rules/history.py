@@ -36,8 +36,9 @@ def as_history_limit(value: HistoryLimit | tuple[int | None, int | None] | None)
         soft, hard = value
         return HistoryLimit(soft=soft, hard=hard)
     except (TypeError, ValueError, UsageError) as exc:
-        raise UsageError(f"history_limit takes HistoryLimit(soft=, hard=) or a (soft, hard)"
-                         f" pair: {exc}") from exc
+        raise UsageError(
+            f"history_limit takes HistoryLimit(soft=, hard=) or a (soft, hard) pair: {exc}"
+        ) from exc
 
 
 def warning_due(size: int, soft: int | None, warned_at: int | None) -> bool:
@@ -46,13 +47,13 @@ def warning_due(size: int, soft: int | None, warned_at: int | None) -> bool:
     return soft is not None and warned_at is None and size >= soft
 
 
-def history_warning(run_id: str, size: int, soft: int | None,
-                    hard: int | None) -> HistoryWarning:
+def history_warning(run_id: str, size: int, soft: int | None, hard: int | None) -> HistoryWarning:
     until = f"; at {hard} it stops recording anything new" if hard is not None else ""
     return HistoryWarning(
         f"run {run_id!r} has {size} events and steps, past its soft history limit of {soft}"
         f"{until}: have the workflow call run.continue_as_new(state) to carry on in a fresh"
-        " run")
+        " run"
+    )
 
 
 def warn(warning: HistoryWarning | None) -> None:

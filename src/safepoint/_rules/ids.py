@@ -17,8 +17,10 @@ from .secrets import refuse_secrets, storable_text
 
 MAX_ID_LENGTH = 1000
 
-_ALLOWED = (f"a non-empty string of at most {MAX_ID_LENGTH} characters, storable as UTF-8"
-            " (no lone surrogate), without NUL")
+_ALLOWED = (
+    f"a non-empty string of at most {MAX_ID_LENGTH} characters, storable as UTF-8"
+    " (no lone surrogate), without NUL"
+)
 
 
 def id_problem(value: object) -> str | None:
@@ -48,8 +50,13 @@ def check_id(value: object, what: str) -> str:
     problem = id_problem(value)
     if problem is not None:
         article = "an" if what[0] in "aeiou" else "a"
-        raise UsageError(f"invalid {what} {value!r}: {problem}; {article} {what} is {_ALLOWED},"
-                         " e.g. 'case-8472-follow-up'", id=value, what=what, problem=problem)
+        raise UsageError(
+            f"invalid {what} {value!r}: {problem}; {article} {what} is {_ALLOWED},"
+            " e.g. 'case-8472-follow-up'",
+            id=value,
+            what=what,
+            problem=problem,
+        )
     assert isinstance(value, str)
     return value
 
@@ -58,9 +65,13 @@ def check_run_id(value: object) -> str:
     """A run id: an id that is also a path segment of the dashboard's pages, where ``.`` and
     ``..`` cannot be addressed (browsers resolve them away, even percent-encoded)."""
     if value in (".", ".."):
-        raise UsageError(f"invalid run id {value!r}: it cannot be addressed in a URL; a run id"
-                         f" is {_ALLOWED}, other than '.' and '..'", id=value, what="run id",
-                         problem="a dot segment")
+        raise UsageError(
+            f"invalid run id {value!r}: it cannot be addressed in a URL; a run id"
+            f" is {_ALLOWED}, other than '.' and '..'",
+            id=value,
+            what="run id",
+            problem="a dot segment",
+        )
     return check_id(value, "run id")
 
 
@@ -78,11 +89,19 @@ def check_words(value: object, what: str) -> None:
     store can keep — NUL, or a lone surrogate — the same on every store."""
     if not isinstance(value, str):
         return  # None, or a mistake its verb names
-    problem = ("it contains NUL" if "\x00" in value
-               else None if storable_text(value) == value else "it contains a lone surrogate")
+    problem = (
+        "it contains NUL"
+        if "\x00" in value
+        else None
+        if storable_text(value) == value
+        else "it contains a lone surrogate"
+    )
     if problem is not None:
-        raise UsageError(f"{what} {value!r} cannot be recorded: {problem}; write it as plain"
-                         " text", what=what, problem=problem)
+        raise UsageError(
+            f"{what} {value!r} cannot be recorded: {problem}; write it as plain text",
+            what=what,
+            problem=problem,
+        )
 
 
 def check_step_id(value: object) -> str:

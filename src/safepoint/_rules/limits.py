@@ -58,8 +58,7 @@ def round_start_for(round_start: int, failed: list[AttemptRecord], input_hash: s
     """Where a round of attempts of a step asked with ``input_hash`` starts: ``round_start`` —
     or after the last attempt made for other inputs. Those asked another question (a re-plan
     abandoned it): their failures are its history, not this question's."""
-    return max([round_start, *(tried.attempt for tried in failed
-                               if tried.input_hash != input_hash)])
+    return max([round_start, *(tried.attempt for tried in failed if tried.input_hash != input_hash)])
 
 
 def next_attempt(round_start: int, failed: list[AttemptRecord]) -> tuple[int, AttemptRecord | None]:
@@ -93,8 +92,9 @@ class AfterFailure:
     why: str | None = None
 
 
-def after_failure(policy: Retry, exc: BaseException, *, failed_in_round: int, now: int,
-                  deadline_at: int | None, seed: str) -> AfterFailure:
+def after_failure(
+    policy: Retry, exc: BaseException, *, failed_in_round: int, now: int, deadline_at: int | None, seed: str
+) -> AfterFailure:
     """Try again, and when — or give up, and why."""
     if not isinstance(exc, policy.retry_on):
         return AfterFailure(None, "not retryable" if policy.attempts > 1 else None)
@@ -110,8 +110,7 @@ def after_failure(policy: Retry, exc: BaseException, *, failed_in_round: int, no
 
 
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
-        else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def reported_tokens(result: JSON) -> int | None:
@@ -126,8 +125,10 @@ def reported_tokens(result: JSON) -> int | None:
     total = _count(usage.get("total_tokens"))
     if total is not None:
         return total
-    for parts in (("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                   "cache_read_input_tokens"), ("prompt_tokens", "completion_tokens")):
+    for parts in (
+        ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"),
+        ("prompt_tokens", "completion_tokens"),
+    ):
         counts = [_count(usage.get(part)) for part in parts]
         if counts[0] is not None or counts[1] is not None:
             return sum(count or 0 for count in counts)
@@ -137,17 +138,22 @@ def reported_tokens(result: JSON) -> int | None:
 def checked_usage(value: Any, step_id: str) -> tuple[int | None, float | None]:
     """(tokens, cost) from what a ``usage=`` function returned."""
     if not isinstance(value, dict) or not set(value) <= {"tokens", "cost"}:
-        raise UsageError(f"the usage= function of step {step_id!r} returned {value!r}; return"
-                         " a dict with 'tokens' (an int) and/or 'cost' (a number)",
-                         step_id=step_id)
+        raise UsageError(
+            f"the usage= function of step {step_id!r} returned {value!r}; return"
+            " a dict with 'tokens' (an int) and/or 'cost' (a number)",
+            step_id=step_id,
+        )
     tokens, cost = value.get("tokens"), value.get("cost")
     if tokens is not None and _count(tokens) is None:
-        raise UsageError(f"usage of step {step_id!r}: tokens={tokens!r} is not an int of 0 or"
-                         " more", step_id=step_id)
-    if cost is not None and (isinstance(cost, bool) or not isinstance(cost, (int, float))
-                             or not math.isfinite(cost) or cost < 0):
-        raise UsageError(f"usage of step {step_id!r}: cost={cost!r} is not a finite number of"
-                         " 0 or more", step_id=step_id)
+        raise UsageError(
+            f"usage of step {step_id!r}: tokens={tokens!r} is not an int of 0 or more", step_id=step_id
+        )
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, (int, float)) or not math.isfinite(cost) or cost < 0
+    ):
+        raise UsageError(
+            f"usage of step {step_id!r}: cost={cost!r} is not a finite number of 0 or more", step_id=step_id
+        )
     return tokens, None if cost is None else float(cost)
 
 
@@ -168,8 +174,10 @@ def merged_budget(in_code: Budget | None, given: Budget | None) -> Budget:
     base, over = in_code or Budget(), given or Budget()
     if not isinstance(over, Budget):
         raise UsageError(f"budget={given!r}: pass safepoint.Budget(tokens=..., cost=...)")
-    return Budget(tokens=over.tokens if over.tokens is not None else base.tokens,
-                  cost=over.cost if over.cost is not None else base.cost)
+    return Budget(
+        tokens=over.tokens if over.tokens is not None else base.tokens,
+        cost=over.cost if over.cost is not None else base.cost,
+    )
 
 
 # -- the deadline --------------------------------------------------------------------------------
@@ -182,16 +190,16 @@ def deadline_of(value: timedelta | datetime | None) -> tuple[int | None, int | N
         return None, None
     if isinstance(value, timedelta):
         if value <= timedelta(0):
-            raise UsageError(f"deadline={value!r}: a span after the run's creation must be"
-                             " positive")
+            raise UsageError(f"deadline={value!r}: a span after the run's creation must be positive")
         return None, math.ceil(value.total_seconds() * 1000)
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            raise UsageError(f"deadline={value!r} has no time zone; pass an aware datetime"
-                             " (e.g. datetime.now(UTC) + timedelta(hours=1)) or a timedelta")
+            raise UsageError(
+                f"deadline={value!r} has no time zone; pass an aware datetime"
+                " (e.g. datetime.now(UTC) + timedelta(hours=1)) or a timedelta"
+            )
         return math.floor(value.astimezone(UTC).timestamp() * 1000), None
-    raise UsageError(f"deadline={value!r}: pass a timedelta (from the run's creation) or an"
-                     " aware datetime")
+    raise UsageError(f"deadline={value!r}: pass a timedelta (from the run's creation) or an aware datetime")
 
 
 def past_deadline(run: RunRecord, now: int) -> bool:
@@ -215,10 +223,13 @@ def limits_ref(run: RunRecord) -> dict[str, Any]:
 def carried_limits(run: RunRecord) -> dict[str, Any]:
     """The limits a run's successor (continue as new) starts with: the same deadline, and what
     is left of the token and cost budgets — continuing is never a way around a limit."""
+
     def left(budget: float | None, spent: float) -> float | None:
         return None if budget is None else max(budget - spent, 0)
 
     tokens = left(run.token_budget, run.tokens_spent)
-    return {"deadline_at": run.deadline_at,
-            "token_budget": None if tokens is None else int(tokens),
-            "cost_budget": left(run.cost_budget, run.cost_spent)}
+    return {
+        "deadline_at": run.deadline_at,
+        "token_budget": None if tokens is None else int(tokens),
+        "cost_budget": left(run.cost_budget, run.cost_spent),
+    }

@@ -14,20 +14,20 @@ from dataclasses import dataclass
 from ..types import RunRecord, RunStatus
 from .moments import span
 
-HELD = "held"                    # a worker holds the lease, and the lease has not expired
+HELD = "held"  # a worker holds the lease, and the lease has not expired
 LEASE_EXPIRED = "lease_expired"  # the worker that held it stopped renewing: it is taken over
-RELEASED = "released"            # running, but no worker holds it: the next claim carries it on
-NONE = "none"                    # nobody holds it, and its status says why (pending, ended, …)
+RELEASED = "released"  # running, but no worker holds it: the next claim carries it on
+NONE = "none"  # nobody holds it, and its status says why (pending, ended, …)
 
 
 @dataclass(frozen=True, slots=True)
 class Ownership:
     """A run's ownership as an operator is shown it."""
 
-    state: str                    # HELD, LEASE_EXPIRED, RELEASED or NONE
-    owner: str | None             # the worker that holds (or held, lease expired) the run
+    state: str  # HELD, LEASE_EXPIRED, RELEASED or NONE
+    owner: str | None  # the worker that holds (or held, lease expired) the run
     lease_expires_at: int | None  # epoch ms on the store's clock
-    label: str                    # a short human text: "held by w-1, lease ends in 25s"
+    label: str  # a short human text: "held by w-1, lease ends in 25s"
 
 
 def ownership(run: RunRecord, now: int) -> Ownership:
@@ -36,14 +36,19 @@ def ownership(run: RunRecord, now: int) -> Ownership:
     lease = run.lease_expires_at
     if run.owner is not None:
         if lease is not None and lease <= now:
-            return Ownership(LEASE_EXPIRED, run.owner, lease,
-                             f"lease of {run.owner} expired {span(now - lease)} ago: its worker"
-                             " is gone or stalled; any worker (or a resume) takes the run over")
+            return Ownership(
+                LEASE_EXPIRED,
+                run.owner,
+                lease,
+                f"lease of {run.owner} expired {span(now - lease)} ago: its worker"
+                " is gone or stalled; any worker (or a resume) takes the run over",
+            )
         ends = "no lease expiry" if lease is None else f"lease ends in {span(lease - now)}"
         return Ownership(HELD, run.owner, lease, f"held by {run.owner}, {ends}")
     if run.status is RunStatus.RUNNING:
-        return Ownership(RELEASED, None, None,
-                         "released: no worker holds it; a worker (or a resume) carries it on")
+        return Ownership(
+            RELEASED, None, None, "released: no worker holds it; a worker (or a resume) carries it on"
+        )
     if run.status is RunStatus.PENDING:
         return Ownership(NONE, None, None, "not claimed yet: a worker (or a resume) starts it")
     return Ownership(NONE, None, None, "")

@@ -39,6 +39,7 @@ def record_schema() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(text.read_text("utf-8"))
     return loaded
 
+
 # What a person can do about each phase; shown by the CLI beside the record.
 _NEXT_ACTIONS: dict[str, list[str]] = {
     "reconcile_effect": [
@@ -76,19 +77,16 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         "restore the named row or artifact from a backup, then resume",
     ],
     "store_refused": [
-        "read the store's refusal in the evidence; fix the data or code that caused it,"
-        " then resume",
+        "read the store's refusal in the evidence; fix the data or code that caused it, then resume",
     ],
     "history_limit": [
-        "the run's history (its events and steps) reached its hard limit: it records nothing"
-        " new",
+        "the run's history (its events and steps) reached its hard limit: it records nothing new",
         "have the workflow carry its state into a successor before the limit: call"
         " run.continue_as_new(state) at a deterministic point (every N iterations, say);"
         " deploy that under the same workflow version, then resume RUN — it replays to that"
         " point and continues as new (effects with an explicit operation_id are not sent"
         " again)",
-        "or give the run up: safepoint resolve RUN --abandon --revision <state_revision>"
-        " --by <you>",
+        "or give the run up: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
     ],
     "continue_as_new": [
         "the successor's run id is taken by another run: rename or remove that run, then"
@@ -98,11 +96,16 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
 }
 
 
-def build_record(run: RunRecord | UnreadableRun, *, phase: str, reason: str,
-                 step_id: str | None = None,
-                 op: OperationRecord | None = None,
-                 evidence: dict[str, Any] | None = None,
-                 authorization: ApprovalRecord | None = None) -> dict[str, Any]:
+def build_record(
+    run: RunRecord | UnreadableRun,
+    *,
+    phase: str,
+    reason: str,
+    step_id: str | None = None,
+    op: OperationRecord | None = None,
+    evidence: dict[str, Any] | None = None,
+    authorization: ApprovalRecord | None = None,
+) -> dict[str, Any]:
     """The recovery record of DESIGN §4 as a JSON-ready dict. ``authorization`` is the approval
     under which ``op`` was dispatched (``op.approval_id``), named by ``authorization_ref``. A run
     whose row cannot be read (``UnreadableRun``) gets what of it can be read ("?" for a name
@@ -118,12 +121,17 @@ def build_record(run: RunRecord | UnreadableRun, *, phase: str, reason: str,
     if op is not None and op.approval_id is not None:
         authorization_ref = f"approval:{op.run_id}/{op.operation_id}/{op.approval_id}"
         if authorization is not None:
-            evidence.setdefault("authorization", {
-                "approval_id": authorization.approval_id, "by": authorization.approved_by,
-                "payload_digest": authorization.payload_digest,
-                "target_digest": authorization.target_digest,
-                "approved_at": authorization.approved_at,
-                "expires_at": authorization.expires_at})
+            evidence.setdefault(
+                "authorization",
+                {
+                    "approval_id": authorization.approval_id,
+                    "by": authorization.approved_by,
+                    "payload_digest": authorization.payload_digest,
+                    "target_digest": authorization.target_digest,
+                    "approved_at": authorization.approved_at,
+                    "expires_at": authorization.expires_at,
+                },
+            )
     return {
         "schema_version": RECORD_SCHEMA_VERSION,
         "task_id": run.run_id,
@@ -140,8 +148,9 @@ def build_record(run: RunRecord | UnreadableRun, *, phase: str, reason: str,
         "effect_status": op.state.value if op else None,
         "dispatch_count": op.dispatch_count if op else None,
         "first_dispatched_at": op.first_dispatched_at if op else None,
-        "receipt_ref": (f"operation:{op.run_id}/{op.operation_id}/receipt"
-                        if op and op.receipt is not None else None),
+        "receipt_ref": (
+            f"operation:{op.run_id}/{op.operation_id}/receipt" if op and op.receipt is not None else None
+        ),
         "authorization_ref": authorization_ref,
         "limits_ref": limits_ref(run) if isinstance(run, RunRecord) else None,
         "evidence_refs": ([f"operation:{op.run_id}/{op.operation_id}"] if op else [])
@@ -156,32 +165,41 @@ def refusal(run: RunRecord, expected_revision: int, resolution: Resolution) -> s
     if run.status is not RunStatus.BLOCKED:
         return f"the run is {run.status.value}, not blocked"
     if run.state_revision != expected_revision:
-        return (f"the run moved on: it is at revision {run.state_revision}, the record you"
-                f" resolved was at revision {expected_revision}")
-    return (f"operation {resolution.operation_id!r} is not uncertain (dispatching, unknown or"
-            " applied) in this run")
+        return (
+            f"the run moved on: it is at revision {run.state_revision}, the record you"
+            f" resolved was at revision {expected_revision}"
+        )
+    return (
+        f"operation {resolution.operation_id!r} is not uncertain (dispatching, unknown or"
+        " applied) in this run"
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class OwnerCheck:
     """What the effect's owner said before a person's "not applied" sends an effect again."""
 
-    asked: bool               # its reconcile was called
-    answer: str | None        # "applied", "not_applied", "unknown"; None when not asked
-    refused: bool             # the resolution must not go ahead
-    forced: bool              # it goes ahead only because the person overrode a doubt
-    note: str                 # what the person is told, and what is recorded
-    receipt: Any = None       # "applied": what the owner holds
+    asked: bool  # its reconcile was called
+    answer: str | None  # "applied", "not_applied", "unknown"; None when not asked
+    refused: bool  # the resolution must not go ahead
+    forced: bool  # it goes ahead only because the person overrode a doubt
+    note: str  # what the person is told, and what is recorded
+    receipt: Any = None  # "applied": what the owner holds
     not_asked: str | None = None  # why not: NOT_IMPORTED, AMBIGUOUS or NO_RECONCILE
 
     def detail(self) -> dict[str, Any]:
-        return {"asked": self.asked, "answer": self.answer, "forced": self.forced,
-                "not_asked": self.not_asked, "note": self.note}
+        return {
+            "asked": self.asked,
+            "answer": self.answer,
+            "forced": self.forced,
+            "not_asked": self.not_asked,
+            "note": self.note,
+        }
 
 
 # Why an owner was not asked.
 NOT_IMPORTED = "not_imported"  # the effect's code is not imported in the resolving process
-AMBIGUOUS = "ambiguous"        # effects of that name with different reconcile functions
+AMBIGUOUS = "ambiguous"  # effects of that name with different reconcile functions
 NO_RECONCILE = "no_reconcile"  # the effect has no way to ask its owner
 
 
@@ -189,27 +207,40 @@ def unasked(found: Declared, *, force: bool) -> OwnerCheck | None:
     """Why the owner of ``found`` cannot be asked; None when it can (it has a reconcile)."""
     name = found.name
     if not found.known:
-        return OwnerCheck(False, None, False, False,
-                          f"the owner was not asked: effect {name!r} is not declared in this"
-                          " process (its code is not imported: resolve with --import MODULE,"
-                          " or call sp.resolve where the application is imported)",
-                          not_asked=NOT_IMPORTED)
+        return OwnerCheck(
+            False,
+            None,
+            False,
+            False,
+            f"the owner was not asked: effect {name!r} is not declared in this"
+            " process (its code is not imported: resolve with --import MODULE,"
+            " or call sp.resolve where the application is imported)",
+            not_asked=NOT_IMPORTED,
+        )
     if found.ambiguous:
-        doubt = (f"the owner was not asked: effects named {name!r} with different reconcile"
-                 f" functions are declared in this process ({'; '.join(found.origins)}), so"
-                 " which owner holds the operation is unknown; give each effect a name of its"
-                 " own")
+        doubt = (
+            f"the owner was not asked: effects named {name!r} with different reconcile"
+            f" functions are declared in this process ({'; '.join(found.origins)}), so"
+            " which owner holds the operation is unknown; give each effect a name of its"
+            " own"
+        )
         return _doubt(doubt, asked=False, answer=None, force=force, not_asked=AMBIGUOUS)
     assert found.effect is not None
     if found.effect.reconcile is None:
-        return OwnerCheck(False, None, False, False,
-                          f"the owner was not asked: effect {name!r} has no reconcile"
-                          " function", not_asked=NO_RECONCILE)
+        return OwnerCheck(
+            False,
+            None,
+            False,
+            False,
+            f"the owner was not asked: effect {name!r} has no reconcile function",
+            not_asked=NO_RECONCILE,
+        )
     return None
 
 
-def owner_says(answer: Any, *, effect: Effect, now: int, first_dispatched_at: int | None,
-               force: bool) -> OwnerCheck:
+def owner_says(
+    answer: Any, *, effect: Effect, now: int, first_dispatched_at: int | None, force: bool
+) -> OwnerCheck:
     """What the owner's answer to ``reconcile(key)`` allows a person's "not applied" to do.
 
     ``Applied`` refuses it, whatever ``force`` says: the owner holds the effect, and sending it
@@ -219,35 +250,66 @@ def owner_says(answer: Any, *, effect: Effect, now: int, first_dispatched_at: in
     if isinstance(answer, Applied):
         receipt = redact_json(answer.receipt)
         shown = json.dumps(receipt, ensure_ascii=False, separators=(",", ":"), default=str)
-        return OwnerCheck(True, "applied", True, False,
-                          f"the owner has it: {effect.name!r} reconcile reports the operation"
-                          f" applied, with receipt {shown}; it must not be sent again — mark"
-                          f" it applied instead: --applied --receipt {shlex.quote(shown)}",
-                          receipt)
+        return OwnerCheck(
+            True,
+            "applied",
+            True,
+            False,
+            f"the owner has it: {effect.name!r} reconcile reports the operation"
+            f" applied, with receipt {shown}; it must not be sent again — mark"
+            f" it applied instead: --applied --receipt {shlex.quote(shown)}",
+            receipt,
+        )
     if isinstance(answer, NotApplied):
         retention = effect.dedup_retention
-        if (retention is not None and first_dispatched_at is not None
-                and now - first_dispatched_at >= retention.total_seconds() * 1000):
-            return _doubt(f"the owner reports it not applied, but the first dispatch was"
-                          f" {(now - first_dispatched_at) / 1000:.0f}s ago, past the owner's"
-                          f" dedup retention of {retention}: it may have forgotten the key",
-                          asked=True, answer="not_applied", force=force)
-        return OwnerCheck(True, "not_applied", False, False,
-                          "the owner was asked and reports it not applied")
+        if (
+            retention is not None
+            and first_dispatched_at is not None
+            and now - first_dispatched_at >= retention.total_seconds() * 1000
+        ):
+            return _doubt(
+                f"the owner reports it not applied, but the first dispatch was"
+                f" {(now - first_dispatched_at) / 1000:.0f}s ago, past the owner's"
+                f" dedup retention of {retention}: it may have forgotten the key",
+                asked=True,
+                answer="not_applied",
+                force=force,
+            )
+        return OwnerCheck(True, "not_applied", False, False, "the owner was asked and reports it not applied")
     if isinstance(answer, Unknown):
-        return _doubt(f"the owner could not say: {redact_text(answer.reason)}", asked=True,
-                      answer="unknown", force=force)
-    return _doubt(f"reconcile returned {type(answer).__name__}, not Applied, NotApplied or"
-                  " Unknown", asked=True, answer="unknown", force=force)
+        return _doubt(
+            f"the owner could not say: {redact_text(answer.reason)}",
+            asked=True,
+            answer="unknown",
+            force=force,
+        )
+    return _doubt(
+        f"reconcile returned {type(answer).__name__}, not Applied, NotApplied or Unknown",
+        asked=True,
+        answer="unknown",
+        force=force,
+    )
 
 
-def _doubt(reason: str, *, asked: bool, answer: str | None, force: bool,
-           not_asked: str | None = None) -> OwnerCheck:
+def _doubt(
+    reason: str, *, asked: bool, answer: str | None, force: bool, not_asked: str | None = None
+) -> OwnerCheck:
     if force:
-        return OwnerCheck(asked, answer, False, True,
-                          f"{reason}; sent again all the same: the person forced it",
-                          not_asked=not_asked)
-    return OwnerCheck(asked, answer, True, False,
-                      f"{reason}; to send it again under the same key regardless, resolve"
-                      " again with force=True (CLI: --force), or mark it --applied or"
-                      " --abandon", not_asked=not_asked)
+        return OwnerCheck(
+            asked,
+            answer,
+            False,
+            True,
+            f"{reason}; sent again all the same: the person forced it",
+            not_asked=not_asked,
+        )
+    return OwnerCheck(
+        asked,
+        answer,
+        True,
+        False,
+        f"{reason}; to send it again under the same key regardless, resolve"
+        " again with force=True (CLI: --force), or mark it --applied or"
+        " --abandon",
+        not_asked=not_asked,
+    )

@@ -52,17 +52,56 @@ from .transcript import Transcript
 # credentials: exact names, and endings (so "stripe_api_key", "db_password" and "X-Api-Key"
 # count, but "input_tokens" does not). A bare "token" is left out on purpose: model outputs
 # (logprobs) and paging cursors use it; so is "pwd", a working directory as often as not.
-_SECRET_KEYS = frozenset({
-    "password", "passwd", "passphrase", "secret", "apikey", "apisecret", "apitoken",
-    "accesstoken", "refreshtoken", "authtoken", "idtoken", "sessiontoken", "bearertoken",
-    "privatekey", "secretkey", "accesskey", "clientsecret", "authorization", "credential",
-    "credentials", "cookie", "setcookie",
-})
-_SECRET_KEY_ENDINGS = ("password", "passwd", "passphrase", "apikey", "apisecret", "apitoken",
-                       "secretkey", "secretaccesskey", "privatekey", "clientsecret",
-                       "accesstoken", "refreshtoken", "authtoken", "sessiontoken",
-                       "privatetoken", "bottoken", "hftoken", "csrftoken", "xsrftoken",
-                       "webhooksecret", "signingsecret", "authorization")
+_SECRET_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "passphrase",
+        "secret",
+        "apikey",
+        "apisecret",
+        "apitoken",
+        "accesstoken",
+        "refreshtoken",
+        "authtoken",
+        "idtoken",
+        "sessiontoken",
+        "bearertoken",
+        "privatekey",
+        "secretkey",
+        "accesskey",
+        "clientsecret",
+        "authorization",
+        "credential",
+        "credentials",
+        "cookie",
+        "setcookie",
+    }
+)
+_SECRET_KEY_ENDINGS = (
+    "password",
+    "passwd",
+    "passphrase",
+    "apikey",
+    "apisecret",
+    "apitoken",
+    "secretkey",
+    "secretaccesskey",
+    "privatekey",
+    "clientsecret",
+    "accesstoken",
+    "refreshtoken",
+    "authtoken",
+    "sessiontoken",
+    "privatetoken",
+    "bottoken",
+    "hftoken",
+    "csrftoken",
+    "xsrftoken",
+    "webhooksecret",
+    "signingsecret",
+    "authorization",
+)
 # In text only (``token=…``, ``pwd=…``), where such an assignment is a credential.
 _ASSIGNED_NAMES = frozenset({"token", "pwd"})
 # Keys whose value is a cookie: a credential when it looks like one (``sid=…``, an opaque
@@ -77,34 +116,43 @@ _TOKEN_FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("an OpenAI API key", ("sk-",), r"sk-(?!ant-)(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}"),
     ("a Stripe secret key", ("_live_", "_test_"), r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}"),
     ("a Stripe webhook secret", ("whsec_",), r"whsec_[A-Za-z0-9]{20,}"),
-    ("a GitHub token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-     r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})"),
+    (
+        "a GitHub token",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
+    ),
     ("a GitLab token", ("glpat-",), r"glpat-[A-Za-z0-9_-]{20,}"),
     ("a Slack token", ("xox", "xapp-"), r"(?:xox[abposr]|xapp)-[A-Za-z0-9-]{10,}"),
     ("an AWS access key id", ("AKIA", "ASIA"), r"(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"),
     ("a Google API key", ("AIza",), r"AIza[0-9A-Za-z_-]{35}"),
-    ("a Google OAuth credential", ("ya29.", "GOCSPX-"),
-     r"(?:ya29\.[0-9A-Za-z_-]{20,}|GOCSPX-[0-9A-Za-z_-]{20,})"),
+    (
+        "a Google OAuth credential",
+        ("ya29.", "GOCSPX-"),
+        r"(?:ya29\.[0-9A-Za-z_-]{20,}|GOCSPX-[0-9A-Za-z_-]{20,})",
+    ),
     ("a Hugging Face token", ("hf_",), r"hf_[A-Za-z0-9]{30,}"),
     ("an npm token", ("npm_",), r"npm_[A-Za-z0-9]{36}"),
     ("a PyPI token", ("pypi-",), r"pypi-[A-Za-z0-9_-]{50,}"),
     ("a SendGrid key", ("SG.",), r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
-    ("a JSON Web Token", ("eyJ",),
-     r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
+    ("a JSON Web Token", ("eyJ",), r"eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"),
     ("a bearer credential", ("earer", "EARER"), r"(?i:bearer)\s+(?P<s>[A-Za-z0-9._~+/-]{20,}=*)"),
     ("a basic credential", ("asic", "ASIC"), r"(?i:basic)\s+(?P<s>[A-Za-z0-9+/]{12,}=*)"),
     ("a password in a URL", ("://",), r"://[^/\s:@'\"]*:(?P<s>[^/\s@'\"]+)@"),
-    ("a private key", ("-----BEGIN",),
-     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-     r"(?:(?!-----)[\s\S])*(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)?"),
+    (
+        "a private key",
+        ("-----BEGIN",),
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:(?!-----)[\s\S])*(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)?",
+    ),
 )
 _FORMATS = tuple((kind, anchors, re.compile(pattern)) for kind, anchors, pattern in _TOKEN_FORMATS)
 _ANCHORS = tuple(anchor for _, anchors, _ in _TOKEN_FORMATS for anchor in anchors)
 # Formats that begin a word (a match inside one, "task-…", is none): all but a URL's and a
 # PEM block's; and those whose credential follows a scheme word, which prose also has
 # ("basic understanding").
-_WORD_START = frozenset(kind for kind, anchors, _ in _TOKEN_FORMATS
-                        if anchors not in (("://",), ("-----BEGIN",)))
+_WORD_START = frozenset(
+    kind for kind, anchors, _ in _TOKEN_FORMATS if anchors not in (("://",), ("-----BEGIN",))
+)
 _SCHEME_KINDS = frozenset({"a bearer credential", "a basic credential"})
 
 # Where a credential name may be given a value in text: at a ":" or "=" (found fast, in C);
@@ -114,9 +162,25 @@ _LONGEST_NAME = 64
 # Every credential's name above holds one of these: a text without any is not read further.
 _NAME_WORDS = ("pass", "pwd", "secret", "key", "token", "auth", "credential", "cookie")
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-_SCHEMES = frozenset({"bearer", "basic", "token", "bot", "digest", "negotiate", "ntlm",
-                      "apikey", "key", "sharedkey", "oauth", "hawk", "aws4-hmac-sha256",
-                      "sso-key", "ssws"})
+_SCHEMES = frozenset(
+    {
+        "bearer",
+        "basic",
+        "token",
+        "bot",
+        "digest",
+        "negotiate",
+        "ntlm",
+        "apikey",
+        "key",
+        "sharedkey",
+        "oauth",
+        "hawk",
+        "aws4-hmac-sha256",
+        "sso-key",
+        "ssws",
+    }
+)
 _HEADERS = frozenset({"authorization", "proxyauthorization", "cookie", "setcookie"})
 _QUOTE = re.compile(r"b?(\\*[\"'])")
 _BARE_VALUE = re.compile(r"\$\{[^{}\s]*\}|[^\s&;,'\"<>()\[\]{}]+")
@@ -124,7 +188,8 @@ _HEADER_VALUE = re.compile(r"[^\r\n'\"]+")
 _CODE_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # settings.API_KEY, os.environ
 
 # Not credentials: what stands in for one.
-_PLACEHOLDER = re.compile(r"""
+_PLACEHOLDER = re.compile(
+    r"""
       [\s*•·._-]* | x{3,16} | X{3,16}                       # empty, or a mask: ****, ••••, xxxx
     | [\[<(]?(?i:redacted|hidden|masked|removed|omitted|filtered|censored)[\]>)]?
     | sp_redacted:sha256:[0-9a-f]{0,16}                    # a marked digest (even cut short)
@@ -135,7 +200,9 @@ _PLACEHOLDER = re.compile(r"""
     | (?i:your)[\w\s-]* | (?i:insert|enter|replace)[-_\s][\w\s-]*  # your-api-key, enter key
     | [\w-]*[-_](?i:here)                                 # key_here, api-key-goes-here
     | (?:\w{0,8}[-_])*(?:\.\.\.|…)                        # sk-proj-...: an example cut short
-""", re.VERBOSE)
+""",
+    re.VERBOSE,
+)
 # "reset", "Practice", "chocolate chip": words, not a credential
 _PROSE_WORDS = re.compile(r"[A-Za-z][a-z]*(?:[ -][A-Za-z][a-z]*)*")
 
@@ -157,7 +224,7 @@ def _normal(name: str) -> str:
 def credential_name(name: str) -> bool:
     """Whether a key (or a name in text) names a credential: ``password``, ``X-Api-Key``, …"""
     normal = _normal(name)
-    for form in ((normal, normal[:-1]) if normal.endswith("s") else (normal,)):
+    for form in (normal, normal[:-1]) if normal.endswith("s") else (normal,):
         if form in _SECRET_KEYS or form.endswith(_SECRET_KEY_ENDINGS):
             return True
     return False
@@ -198,8 +265,7 @@ def _formats(text: str, first: bool) -> list[Span]:
             continue
         for match in pattern.finditer(text):
             start = match.start()
-            if kind in _WORD_START and start and text[start - 1].isascii() \
-                    and text[start - 1].isalnum():
+            if kind in _WORD_START and start and text[start - 1].isascii() and text[start - 1].isalnum():
                 continue  # inside a word: "task-…" is no key
             if "s" in pattern.groupindex:
                 part = match.group("s")
@@ -215,8 +281,7 @@ def _formats(text: str, first: bool) -> list[Span]:
 
 def _assignments(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
-    if ("=" not in text and ":" not in text) \
-            or not any(map(text.lower().__contains__, _NAME_WORDS)):
+    if ("=" not in text and ":" not in text) or not any(map(text.lower().__contains__, _NAME_WORDS)):
         return found
     for match in _SEPARATORS.finditer(text):
         span = _assigned_value(text, match.start())
@@ -245,8 +310,7 @@ def _assigned_value(text: str, at: int) -> Span | None:
     if begin == end or end - begin > _LONGEST_NAME:
         return None  # no name, or a run of text no credential's name is as long as
     name = text[begin:end]
-    if not credential_name(name) and begin >= 2 and text[begin - 1] == " " \
-            and text[begin - 2] in _NAME_CHARS:
+    if not credential_name(name) and begin >= 2 and text[begin - 1] == " " and text[begin - 2] in _NAME_CHARS:
         before = begin - 1  # two words: "API key: …", "access token = …"
         while before > bound and text[before - 1] in _NAME_CHARS:
             before -= 1
@@ -265,8 +329,9 @@ def _assigned_value(text: str, at: int) -> Span | None:
     return value[0], value[1], f"it gives {shown!r} a value"
 
 
-def _value_after(text: str, at: int, normal: str, sep: str, quoted_name: bool,
-                 in_query: bool) -> tuple[int, int] | None:
+def _value_after(
+    text: str, at: int, normal: str, sep: str, quoted_name: bool, in_query: bool
+) -> tuple[int, int] | None:
     """(start, end) of the credential after a credential name's ``:`` or ``=`` at ``at``."""
     while at < len(text) and text[at] in " \t":
         at += 1
@@ -284,7 +349,7 @@ def _value_after(text: str, at: int, normal: str, sep: str, quoted_name: bool,
         return start, stop
     if text[at] in "[{(" and quoted_name:  # a repr or JSON: {'password': ['…']}
         stop = _closing(text, at)
-        inner = text[at + 1:stop - 1].strip(" \t\r\n,")
+        inner = text[at + 1 : stop - 1].strip(" \t\r\n,")
         return None if not inner or _placeholder(inner) else (at, stop)
     if sep == ":" and not quoted_name and normal in _HEADERS:
         return _header_value(text, at, normal)
@@ -329,12 +394,11 @@ def _code(text: str, stop: int, part: str, normal: str) -> bool:
         return True
     if _CODE_PATH.fullmatch(part):
         return True
-    return _normal(part) == normal or (credential_name(part)
-                                       and ("_" in part or part.isupper()))
+    return _normal(part) == normal or (credential_name(part) and ("_" in part or part.isupper()))
 
 
 def _more_words(text: str, stop: int) -> bool:
-    return (stop + 1 < len(text) and text[stop] == " " and text[stop + 1].isalpha())
+    return stop + 1 < len(text) and text[stop] == " " and text[stop + 1].isalpha()
 
 
 def _closing(text: str, at: int) -> int:
@@ -412,14 +476,18 @@ def _unlinked(link: Path) -> tuple[Any, ...]:
     return tuple(reversed(steps))
 
 
-def _scalar(value: Any, under: str | None, first: bool,
-            direct: bool = False) -> tuple[str, list[Span] | None] | None:
+def _scalar(
+    value: Any, under: str | None, first: bool, direct: bool = False
+) -> tuple[str, list[Span] | None] | None:
     """(why, spans) of a credential in a scalar (or a Secret), held under the credential key
     ``under`` (if any; ``direct``: as its very value); None when it holds none. ``spans``
     None: the whole value is one."""
     if isinstance(value, str):
-        if under is not None and not _placeholder(value) \
-                and not (direct and _normal(under) in _COOKIE_KEYS and _prose(value)):
+        if (
+            under is not None
+            and not _placeholder(value)
+            and not (direct and _normal(under) in _COOKIE_KEYS and _prose(value))
+        ):
             return f"the key {redact_text(under)!r} names a credential", None
         spans = text_spans(value, first)
         return (spans[0][2], spans) if spans else None
@@ -452,13 +520,16 @@ def findings(value: Any, first: bool = False) -> Iterator[Finding]:
             if type(key) is str or isinstance(key, str):
                 key_spans = _key_spans(key)
                 if key_spans:
-                    yield Finding(_unlinked((link, key)), f"the key itself: {key_spans[0][2]}",
-                                  list(key_spans), in_key=True)
+                    yield Finding(
+                        _unlinked((link, key)),
+                        f"the key itself: {key_spans[0][2]}",
+                        list(key_spans),
+                        in_key=True,
+                    )
                     if first:
                         return
                 if under is None:
-                    item_under = key if credential_name(key) else (
-                        pair if key == "value" else None)
+                    item_under = key if credential_name(key) else (pair if key == "value" else None)
             if isinstance(item, (dict, list, tuple)):
                 stack.append((item, (link, key), item_under))
             elif item is not None and item is not True and item is not False:
@@ -565,8 +636,7 @@ def redact_json(value: Any) -> Any:
         done.add((id(parent), step, finding.in_key))
         if finding.in_key:
             new_key = _redacted(step, finding.spans or [])
-            parent_copy = {(new_key if key == step else key): item
-                           for key, item in parent.items()}
+            parent_copy = {(new_key if key == step else key): item for key, item in parent.items()}
             parent.clear()
             parent.update(parent_copy)
         else:
@@ -606,7 +676,7 @@ def error_evidence(exc: BaseException, limit: int = 2000) -> dict[str, str]:
 def redacted_message(text: str, limit: int = 4000) -> str:
     """``text`` redacted, then cut to ``limit`` characters (cut after redaction, so that no
     credential is cut short of what makes it recognisable)."""
-    return redact_text(text[:limit + 8192])[:limit]
+    return redact_text(text[: limit + 8192])[:limit]
 
 
 # -- Secret ----------------------------------------------------------------------------------------

@@ -48,8 +48,10 @@ class Transcript(Sequence[JSON]):
 
     def __init__(self, items: Iterable[JSON] = ()) -> None:
         if isinstance(items, (str, bytes, Mapping)):  # iterable, but surely one item, not many
-            raise UsageError(f"Transcript takes a list of items; wrap one {type(items).__name__}"
-                             " in a list: Transcript([message])")
+            raise UsageError(
+                f"Transcript takes a list of items; wrap one {type(items).__name__}"
+                " in a list: Transcript([message])"
+            )
         self._items: list[str] = []
         self._link = _EMPTY_LINK
         self.extend(items)
@@ -63,8 +65,9 @@ class Transcript(Sequence[JSON]):
 
     def extend(self, items: Iterable[JSON]) -> None:
         if isinstance(items, (str, bytes, Mapping)):
-            raise UsageError(f"extend takes a list of items; append one {type(items).__name__}"
-                             " with append(item)")
+            raise UsageError(
+                f"extend takes a list of items; append one {type(items).__name__} with append(item)"
+            )
         for item in items:
             self.append(item)
 

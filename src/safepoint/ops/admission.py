@@ -41,30 +41,38 @@ def host_allowed(host: str | None, port: int, names: Iterable[str] = LOOPBACK_NA
 
 def origins_of(port: int, names: Iterable[str] = LOOPBACK_NAMES) -> frozenset[str]:
     """The origins the dashboard's own pages send their forms from."""
-    return frozenset({f"http://{name.lower()}:{port}" for name in names}
-                     | ({f"http://{name.lower()}" for name in names} if port == 80 else set()))
+    return frozenset(
+        {f"http://{name.lower()}:{port}" for name in names}
+        | ({f"http://{name.lower()}" for name in names} if port == 80 else set())
+    )
 
 
-def post_refusal(origin: str | None, fetch_site: str | None, has_bearer: bool,
-                 origins: Collection[str]) -> str | None:
+def post_refusal(
+    origin: str | None, fetch_site: str | None, has_bearer: bool, origins: Collection[str]
+) -> str | None:
     """Why a POST may not act (None: it may). Browsers send ``Origin`` with every POST, so a
     form another site submits through the operator's browser names that site; a request
     without ``Origin`` is a program's, and must then carry the token as a Bearer header, which
     no cross-site form can set."""
     if fetch_site is not None and fetch_site.strip().lower() not in ("same-origin", "none"):
-        return (f"a {fetch_site.strip()} request cannot act on the dashboard: use the"
-                " dashboard's own page, or send the token as `Authorization: Bearer …`"
-                " without an Origin")
+        return (
+            f"a {fetch_site.strip()} request cannot act on the dashboard: use the"
+            " dashboard's own page, or send the token as `Authorization: Bearer …`"
+            " without an Origin"
+        )
     if origin is None:
         if has_bearer:
             return None
-        return ("a request without an Origin header must send the dashboard's token as"
-                " `Authorization: Bearer …`")
+        return (
+            "a request without an Origin header must send the dashboard's token as `Authorization: Bearer …`"
+        )
     if origin.strip().lower() in origins:
         return None
-    return (f"a page of {origin.strip()[:100]!r} cannot act on the dashboard: only its own"
-            f" pages ({', '.join(sorted(origins))}) or a program sending"
-            " `Authorization: Bearer …` can")
+    return (
+        f"a page of {origin.strip()[:100]!r} cannot act on the dashboard: only its own"
+        f" pages ({', '.join(sorted(origins))}) or a program sending"
+        " `Authorization: Bearer …` can"
+    )
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -78,8 +86,7 @@ def bearer_token(authorization: str | None) -> str | None:
 class Refusal(Exception):
     """A request answered with an error before it reached the ledger: nothing changed."""
 
-    def __init__(self, status: HTTPStatus, message: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -96,17 +103,16 @@ def body_length(declared: list[str], limit: int = MAX_BODY_BYTES) -> int:
         raise Refusal(HTTPStatus.BAD_REQUEST, "the request has more than one Content-Length")
     text = declared[0].strip()
     if not (text.isascii() and text.isdigit()):
-        raise Refusal(HTTPStatus.BAD_REQUEST,
-                      f"Content-Length {text[:40]!r} is not a number of bytes")
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"Content-Length {text[:40]!r} is not a number of bytes")
     length = int(text)
     if length > limit:
-        raise Refusal(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                      f"the body is too large: {length} bytes, at most {limit}")
+        raise Refusal(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body is too large: {length} bytes, at most {limit}"
+        )
     return length
 
 
-def parse_form(body: bytes, content_type: str, action: str,
-               fields: Collection[str]) -> dict[str, str]:
+def parse_form(body: bytes, content_type: str, action: str, fields: Collection[str]) -> dict[str, str]:
     """The fields of ``action``'s form, from a urlencoded form or a JSON object.
 
     Nothing ambiguous is guessed at: a field given twice (two resolutions, two names), a field
@@ -124,19 +130,22 @@ def parse_form(body: bytes, content_type: str, action: str,
         except ValueError as exc:
             raise Refusal(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from None
         if not isinstance(loaded, dict):
-            raise Refusal(HTTPStatus.BAD_REQUEST, "the body must be a JSON object of the"
-                          f" form's fields, not {_kind(loaded)}")
+            raise Refusal(
+                HTTPStatus.BAD_REQUEST,
+                f"the body must be a JSON object of the form's fields, not {_kind(loaded)}",
+            )
         for key, value in loaded.items():
             if value is None:
                 continue  # null: the field is not given
             if isinstance(value, str):
                 pairs.append((key, value))
-            elif key in JSON_FIELDS or (isinstance(value, int | float)
-                                         and not isinstance(value, bool)):
+            elif key in JSON_FIELDS or (isinstance(value, int | float) and not isinstance(value, bool)):
                 pairs.append((key, json.dumps(value)))
             else:
-                raise Refusal(HTTPStatus.BAD_REQUEST, f"the field {key!r} takes one value, not"
-                              f" {_kind(value)} ({json.dumps(value)[:60]})")
+                raise Refusal(
+                    HTTPStatus.BAD_REQUEST,
+                    f"the field {key!r} takes one value, not {_kind(value)} ({json.dumps(value)[:60]})",
+                )
     else:
         try:
             pairs = parse_qsl(text, errors="strict")
@@ -145,11 +154,12 @@ def parse_form(body: bytes, content_type: str, action: str,
     form: dict[str, str] = {}
     for key, value in pairs:
         if key not in fields:
-            raise Refusal(HTTPStatus.BAD_REQUEST, f"the {action} form has no field {key!r}: it"
-                          f" takes {', '.join(sorted(fields))}")
+            raise Refusal(
+                HTTPStatus.BAD_REQUEST,
+                f"the {action} form has no field {key!r}: it takes {', '.join(sorted(fields))}",
+            )
         if key in form:
-            raise Refusal(HTTPStatus.BAD_REQUEST, f"the field {key!r} is given twice: say one"
-                          " thing")
+            raise Refusal(HTTPStatus.BAD_REQUEST, f"the field {key!r} is given twice: say one thing")
         form[key] = value
     return form
 

@@ -71,7 +71,7 @@ EXIT_WAITING = 4
 # -- the group, its store and its errors ----------------------------------------------------------
 
 _STORE_URL = "safepoint.store_url"  # ctx.meta: the --store given after the command
-_OPENED = "safepoint.store"         # ctx.meta: the store the command opened
+_OPENED = "safepoint.store"  # ctx.meta: the store the command opened
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -118,13 +118,13 @@ def _one_store_url(given: tuple[str, ...], ctx: click.Context) -> str | None:
     names two."""
     named = list(dict.fromkeys(given))
     if len(named) > 1:
-        raise click.UsageError(f"--store names {len(named)} ledgers"
-                               f" ({', '.join(map(repr, named))}): name one", ctx=ctx)
+        raise click.UsageError(
+            f"--store names {len(named)} ledgers ({', '.join(map(repr, named))}): name one", ctx=ctx
+        )
     return named[0] if named else None
 
 
-def _take_store_url(ctx: click.Context, param: click.Parameter,
-                    values: tuple[str, ...]) -> None:
+def _take_store_url(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
     """``--store`` after the command: the same option as before it, naming the same ledger."""
     if not values:
         return
@@ -137,17 +137,23 @@ def _take_store_url(ctx: click.Context, param: click.Parameter,
 
 def store_option(command: F) -> F:
     """``--store URL`` on a command, so that it may follow the command's name too."""
-    return click.option("--store", type=_StoreURL(), multiple=True, expose_value=False,
-                        callback=_take_store_url,
-                        help="The ledger (as before the command).")(command)
+    return click.option(
+        "--store",
+        type=_StoreURL(),
+        multiple=True,
+        expose_value=False,
+        callback=_take_store_url,
+        help="The ledger (as before the command).",
+    )(command)
 
 
 def run_argument(command: F) -> F:
     """The RUN argument of a command, checked as every verb checks a run id — before a store
     is opened (an argument that is not UTF-8 arrives holding a lone surrogate, which no ledger
     can hold)."""
-    return click.argument("run_id", metavar="RUN",
-                          callback=lambda ctx, param, value: check_run_id(value))(command)
+    return click.argument("run_id", metavar="RUN", callback=lambda ctx, param, value: check_run_id(value))(
+        command
+    )
 
 
 def _store(ctx: click.Context, *, create: bool = False) -> Store:
@@ -170,10 +176,16 @@ def _stdout(*, markup: bool = False) -> Console:
 
 
 @click.group(cls=_SafepointGroup)
-@click.option("--store", "store_url", envvar="SAFEPOINT_URL", show_envvar=True,
-              type=_StoreURL(), multiple=True,
-              help="The ledger: sqlite:///file.db or a file path (also accepted after the"
-                   " command).  [default: safepoint.db in the working directory]")
+@click.option(
+    "--store",
+    "store_url",
+    envvar="SAFEPOINT_URL",
+    show_envvar=True,
+    type=_StoreURL(),
+    multiple=True,
+    help="The ledger: sqlite:///file.db or a file path (also accepted after the"
+    " command).  [default: safepoint.db in the working directory]",
+)
 @click.version_option(__version__, prog_name="safepoint")
 @click.pass_context
 def cli(ctx: click.Context, store_url: tuple[str, ...]) -> None:
@@ -185,10 +197,14 @@ def cli(ctx: click.Context, store_url: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.option("--status", type=click.Choice([s.value for s in RunStatus]),
-              help="Only runs with this status.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
-              help="At most this many runs, most recently changed first.")
+@click.option("--status", type=click.Choice([s.value for s in RunStatus]), help="Only runs with this status.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="At most this many runs, most recently changed first.",
+)
 @store_option
 @click.pass_context
 def runs(ctx: click.Context, status: str | None, limit: int) -> None:
@@ -211,9 +227,12 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
 
 @cli.command()
 @run_argument
-@click.option("--json", "as_document", is_flag=True,
-              help="Print everything the ledger holds about the run as one JSON document,"
-                   " whole (times in epoch ms).")
+@click.option(
+    "--json",
+    "as_document",
+    is_flag=True,
+    help="Print everything the ledger holds about the run as one JSON document, whole (times in epoch ms).",
+)
 @store_option
 @click.pass_context
 def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
@@ -244,12 +263,16 @@ def record(ctx: click.Context, run_id: str) -> None:
     if isinstance(run, UnreadableRun) and run.recovery_record is None:
         _fail(ctx, f"run {run_id!r} cannot be read: {run.reason}")
     if isinstance(run, RunRecord) and run.status is RunStatus.WAITING:
-        _fail(ctx, f"run {run_id!r} is not blocked: it waits for approval of step"
-                   f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`")
+        _fail(
+            ctx,
+            f"run {run_id!r} is not blocked: it waits for approval of step"
+            f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`",
+        )
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         status = run.status.value if run.status else "unreadable"
-        _fail(ctx, f"run {run_id!r} is not blocked (status: {status});"
-                   " only a blocked run has a recovery record")
+        _fail(
+            ctx, f"run {run_id!r} is not blocked (status: {status}); only a blocked run has a recovery record"
+        )
     click.echo(as_json(run.recovery_record))
 
 
@@ -258,8 +281,13 @@ def record(ctx: click.Context, run_id: str) -> None:
 
 @cli.command()
 @run_argument
-@click.option("--import", "modules", multiple=True, metavar="MODULE",
-              help="Import MODULE first so its @workflow registrations exist (repeatable).")
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first so its @workflow registrations exist (repeatable).",
+)
 @store_option
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
@@ -299,23 +327,41 @@ def _import_modules(modules: tuple[str, ...]) -> None:
             # the user's module is their bug, and its traceback is the useful answer.
             if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
                 raise
-            raise click.BadParameter(f"no module named {name!r} (run from the project"
-                                     " directory or set PYTHONPATH)",
-                                     param_hint="--import") from exc
+            raise click.BadParameter(
+                f"no module named {name!r} (run from the project directory or set PYTHONPATH)",
+                param_hint="--import",
+            ) from exc
 
 
 @cli.command()
-@click.option("--import", "modules", multiple=True, required=True, metavar="MODULE",
-              help="Import MODULE so its @workflow registrations exist (repeatable).")
-@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Runs executed at once by this process.")
-@click.option("--lease", type=click.FloatRange(min=1), default=30.0, show_default=True,
-              help="Seconds a claim holds without a heartbeat before others may take over.")
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    required=True,
+    metavar="MODULE",
+    help="Import MODULE so its @workflow registrations exist (repeatable).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs executed at once by this process.",
+)
+@click.option(
+    "--lease",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds a claim holds without a heartbeat before others may take over.",
+)
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable.")
 @store_option
 @click.pass_context
-def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease: float,
-           until_idle: bool) -> None:
+def worker(
+    ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease: float, until_idle: bool
+) -> None:
     """Claim and execute runnable runs until stopped.
 
     Runnable: submitted runs, and runs whose worker's lease expired (it died). Start one per
@@ -327,12 +373,14 @@ def worker(ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     store = _store(ctx, create=True)
     found = Worker(store, concurrency=concurrency, lease_ms=int(lease * 1000))
-    click.echo(shown(f"worker {found.owner} on {store.url}, concurrency {concurrency}"),
-               err=True)
+    click.echo(shown(f"worker {found.owner} on {store.url}, concurrency {concurrency}"), err=True)
     stats = found.run(until_idle=until_idle)
-    click.echo(f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
-               f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
-               f" lost {stats.lost}", err=True)
+    click.echo(
+        f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
+        f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
+        f" lost {stats.lost}",
+        err=True,
+    )
 
 
 class _ShownFormatter(logging.Formatter):
@@ -345,8 +393,11 @@ class _ShownFormatter(logging.Formatter):
 
 # -- a person's decisions ------------------------------------------------------------------------
 
-_RESOLUTIONS = {"applied": ResolutionAction.APPLIED, "not_applied": ResolutionAction.NOT_APPLIED,
-                "abandon": ResolutionAction.ABANDON}
+_RESOLUTIONS = {
+    "applied": ResolutionAction.APPLIED,
+    "not_applied": ResolutionAction.NOT_APPLIED,
+    "abandon": ResolutionAction.ABANDON,
+}
 
 
 def one_resolution(chosen: dict[str, bool], *, receipt: bool, force: bool) -> ResolutionAction:
@@ -356,45 +407,69 @@ def one_resolution(chosen: dict[str, bool], *, receipt: bool, force: bool) -> Re
     said = [name for name, given in chosen.items() if given]
     flags = ", ".join("--" + name.replace("_", "-") for name in said)
     if not said:
-        raise click.UsageError("say what happened: one of --applied, --not-applied or"
-                               " --abandon")
+        raise click.UsageError("say what happened: one of --applied, --not-applied or --abandon")
     if len(said) > 1:
-        raise click.UsageError(f"{flags} contradict each other: say exactly one of --applied,"
-                               " --not-applied or --abandon")
+        raise click.UsageError(
+            f"{flags} contradict each other: say exactly one of --applied, --not-applied or --abandon"
+        )
     action = _RESOLUTIONS[said[0]]
     if receipt and action is not ResolutionAction.APPLIED:
         raise click.UsageError(f"--receipt is the owner's object for --applied, not for {flags}")
     if force and action is not ResolutionAction.NOT_APPLIED:
-        raise click.UsageError(f"--force only overrides the owner's doubt about --not-applied,"
-                               f" not {flags}")
+        raise click.UsageError(f"--force only overrides the owner's doubt about --not-applied, not {flags}")
     return action
 
 
 @cli.command()
 @run_argument
-@click.option("--applied", is_flag=True,
-              help="The operation happened: give its receipt with --receipt.")
-@click.option("--not-applied", is_flag=True,
-              help="It did not happen: send it again, under the same key (its owner is asked"
-                   " first when the effect's code is imported: --import).")
+@click.option("--applied", is_flag=True, help="The operation happened: give its receipt with --receipt.")
+@click.option(
+    "--not-applied",
+    is_flag=True,
+    help="It did not happen: send it again, under the same key (its owner is asked"
+    " first when the effect's code is imported: --import).",
+)
 @click.option("--abandon", is_flag=True, help="Give the run up (cancelled).")
-@click.option("--revision", type=int, required=True,
-              help="The state_revision of the recovery record you decided on.")
+@click.option(
+    "--revision", type=int, required=True, help="The state_revision of the recovery record you decided on."
+)
 @click.option("--by", required=True, help="Who decides (recorded).")
 @click.option("--receipt", metavar="JSON", help="With --applied: the object the owner holds.")
 @click.option("--evidence", help="Why this is known: a link, a ticket, a sentence (recorded).")
-@click.option("--operation", "operation_id", metavar="OP",
-              help="The operation (default: the one the recovery record names).")
-@click.option("--import", "modules", multiple=True, metavar="MODULE",
-              help="Import MODULE first, so that the effect's owner can be asked (repeatable).")
-@click.option("--force", is_flag=True,
-              help="With --not-applied: send it again even though its owner could not say"
-                   " (recorded).")
+@click.option(
+    "--operation",
+    "operation_id",
+    metavar="OP",
+    help="The operation (default: the one the recovery record names).",
+)
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first, so that the effect's owner can be asked (repeatable).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="With --not-applied: send it again even though its owner could not say (recorded).",
+)
 @store_option
 @click.pass_context
-def resolve(ctx: click.Context, run_id: str, applied: bool, not_applied: bool, abandon: bool,
-            revision: int, by: str, receipt: str | None, evidence: str | None,
-            operation_id: str | None, modules: tuple[str, ...], force: bool) -> None:
+def resolve(
+    ctx: click.Context,
+    run_id: str,
+    applied: bool,
+    not_applied: bool,
+    abandon: bool,
+    revision: int,
+    by: str,
+    receipt: str | None,
+    evidence: str | None,
+    operation_id: str | None,
+    modules: tuple[str, ...],
+    force: bool,
+) -> None:
     """Settle a blocked run: exactly one of --applied, --not-applied or --abandon.
 
     The decision is checked against --revision (a run that moved since is refused), recorded in
@@ -404,22 +479,42 @@ def resolve(ctx: click.Context, run_id: str, applied: bool, not_applied: bool, a
     cannot say, unless --force. An applied or not-applied run is released: resume it, or let a
     worker take it.
     """
-    action = one_resolution({"applied": applied, "not_applied": not_applied,
-                             "abandon": abandon}, receipt=receipt is not None, force=force)
+    action = one_resolution(
+        {"applied": applied, "not_applied": not_applied, "abandon": abandon},
+        receipt=receipt is not None,
+        force=force,
+    )
     try:
         parsed = json.loads(receipt) if receipt is not None else None
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--receipt") from None
     _import_modules(modules)
-    settled = settle(_store(ctx), run_id, action, revision=revision, by=by,
-                     operation_id=operation_id, receipt=parsed, evidence=evidence, force=force)
+    settled = settle(
+        _store(ctx),
+        run_id,
+        action,
+        revision=revision,
+        by=by,
+        operation_id=operation_id,
+        receipt=parsed,
+        evidence=evidence,
+        force=force,
+    )
     run, decision = settled.run, settled.decision
-    click.echo(shown(f"run {run_id!r} resolved ({action.value}): now {_plain_status(run)},"
-                     f" revision {run.state_revision}"))
+    click.echo(
+        shown(
+            f"run {run_id!r} resolved ({action.value}): now {_plain_status(run)},"
+            f" revision {run.state_revision}"
+        )
+    )
     if action is ResolutionAction.NOT_APPLIED:
-        click.echo(shown(f"operation {decision.operation_id!r} will be sent again, under the"
-                         f" same effect key {settled.effect_key}, when the run is carried on"
-                         " (safepoint resume, or a worker)"))
+        click.echo(
+            shown(
+                f"operation {decision.operation_id!r} will be sent again, under the"
+                f" same effect key {settled.effect_key}, when the run is carried on"
+                " (safepoint resume, or a worker)"
+            )
+        )
         check = decision.owner_check or {}
         click.echo(shown(str(check.get("note", "the owner was not asked"))))
 
@@ -446,9 +541,11 @@ def parse_expiry(text: str) -> timedelta | datetime:
     except ValueError:
         moment = None
     if moment is None or moment.tzinfo is None:
-        raise click.BadParameter(f"{text!r} is neither a duration (90s, 15m, 2h, 1d, 1h30m)"
-                                 " nor an ISO 8601 instant with a time zone",
-                                 param_hint="--expires")
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (90s, 15m, 2h, 1d, 1h30m)"
+            " nor an ISO 8601 instant with a time zone",
+            param_hint="--expires",
+        )
     return moment
 
 
@@ -456,17 +553,29 @@ def parse_expiry(text: str) -> timedelta | datetime:
 @run_argument
 @click.argument("step_id", metavar="STEP")
 @click.option("--by", required=True, help="Who approves (recorded).")
-@click.option("--expires", metavar="WHEN",
-              help="How long the approval holds (90s, 15m, 2h, 1d) or until when (ISO 8601"
-                   " with a time zone).  [default: no expiry]")
+@click.option(
+    "--expires",
+    metavar="WHEN",
+    help="How long the approval holds (90s, 15m, 2h, 1d) or until when (ISO 8601"
+    " with a time zone).  [default: no expiry]",
+)
 @click.option("--evidence", help="Why: a ticket, a link, a sentence (recorded).")
-@click.option("--payload-digest", metavar="DIGEST",
-              help="Approve only if the effect still carries this payload (as `safepoint show"
-                   " RUN` prints it).")
+@click.option(
+    "--payload-digest",
+    metavar="DIGEST",
+    help="Approve only if the effect still carries this payload (as `safepoint show RUN` prints it).",
+)
 @store_option
 @click.pass_context
-def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str | None,
-            evidence: str | None, payload_digest: str | None) -> None:
+def approve(
+    ctx: click.Context,
+    run_id: str,
+    step_id: str,
+    by: str,
+    expires: str | None,
+    evidence: str | None,
+    payload_digest: str | None,
+) -> None:
     """Approve the effect STEP of RUN prepared, so that it may be dispatched.
 
     The approval is bound to the payload it carries and to the state its target was seen in
@@ -475,9 +584,15 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
     """
     store = _store(ctx)
     try:
-        approval = approve_step(store, run_id, step_id, by=by, evidence=evidence,
-                                expires=parse_expiry(expires) if expires else None,
-                                payload_digest=payload_digest)
+        approval = approve_step(
+            store,
+            run_id,
+            step_id,
+            by=by,
+            evidence=evidence,
+            expires=parse_expiry(expires) if expires else None,
+            payload_digest=payload_digest,
+        )
     except ApprovalRefused as exc:
         head = _carried_on(store, run_id)
         steps = approvable(head, store.load_ledger(head.run_id).operations)
@@ -485,12 +600,15 @@ def approve(ctx: click.Context, run_id: str, step_id: str, by: str, expires: str
             raise
         _fail(ctx, f"{error_text(exc, _now(ctx))}; {_choices(head, steps, 'approved')}")
     now = store.now()
-    expiry = ("no expiry" if approval.expires_at is None
-              else f"until {when(approval.expires_at, now)}")
-    click.echo(shown(f"approved {approval.operation_id!r} (step {approval.step_id!r}) of run"
-                     f" {run_id!r} by {approval.approved_by}, {expiry}: payload"
-                     f" {approval.payload_digest}; run now"
-                     f" {store.get_run(approval.run_id).status.value}"))
+    expiry = "no expiry" if approval.expires_at is None else f"until {when(approval.expires_at, now)}"
+    click.echo(
+        shown(
+            f"approved {approval.operation_id!r} (step {approval.step_id!r}) of run"
+            f" {run_id!r} by {approval.approved_by}, {expiry}: payload"
+            f" {approval.payload_digest}; run now"
+            f" {store.get_run(approval.run_id).status.value}"
+        )
+    )
 
 
 def _carried_on(store: Store, run_id: str) -> RunRecord:
@@ -504,8 +622,7 @@ def _choices(run: RunRecord, steps: list[str], verb: str) -> str:
     if not steps:
         return f"no step of run {run.run_id!r} can be {verb} now (status {run.status.value})"
     waiting = (run.waiting_for or {}).get("step_id") if run.status is RunStatus.WAITING else None
-    named = ", ".join(repr(step) + (" (the run waits for it)" if step == waiting else "")
-                      for step in steps)
+    named = ", ".join(repr(step) + (" (the run waits for it)" if step == waiting else "") for step in steps)
     return f"the steps of run {run.run_id!r} that can be {verb}: {named}"
 
 
@@ -528,17 +645,20 @@ def revoke(ctx: click.Context, run_id: str, step_id: str, by: str, reason: str) 
         revoked = revoke_step(store, run_id, step_id, by=by, reason=reason)
     except ApprovalRefused as exc:
         head = _carried_on(store, run_id)
-        steps = revocable(head, store.load_ledger(head.run_id).operations,
-                          store.approvals(head.run_id))
+        steps = revocable(head, store.load_ledger(head.run_id).operations, store.approvals(head.run_id))
         if step_id in steps:
             raise
         _fail(ctx, f"{error_text(exc, _now(ctx))}; {_choices(head, steps, 'revoked')}")
     of = revoked[0]
     given = ", ".join(a.approved_by for a in revoked)
-    click.echo(shown(f"revoked {len(revoked)} approval(s) of {of.operation_id!r} (step"
-                     f" {of.step_id!r}) of run {run_id!r}, given by {given}; it is not"
-                     " dispatched unless approved anew (run now"
-                     f" {store.get_run(of.run_id).status.value})"))
+    click.echo(
+        shown(
+            f"revoked {len(revoked)} approval(s) of {of.operation_id!r} (step"
+            f" {of.step_id!r}) of run {run_id!r}, given by {given}; it is not"
+            " dispatched unless approved anew (run now"
+            f" {store.get_run(of.run_id).status.value})"
+        )
+    )
 
 
 @cli.command()
@@ -558,10 +678,12 @@ def cancel(ctx: click.Context, run_id: str, by: str, reason: str | None) -> None
     run = cancel_run(store, run_id, by=by, reason=reason)
     state = f"now {run.status.value}"
     if run.status is RunStatus.RUNNING:
-        state = ("cancel requested: its worker stops before its next step or dispatch"
-                 if ownership(run, store.now()).state == HELD else
-                 "cancel requested: no worker holds it now; the next to take it (a worker, or"
-                 " a resume) settles what is in flight and ends it")
+        state = (
+            "cancel requested: its worker stops before its next step or dispatch"
+            if ownership(run, store.now()).state == HELD
+            else "cancel requested: no worker holds it now; the next to take it (a worker, or"
+            " a resume) settles what is in flight and ends it"
+        )
     chain = f" (its chain goes on in {run.run_id!r})" if run.run_id != run_id else ""
     click.echo(shown(f"run {run_id!r}{chain}: {state}"))
 
@@ -584,27 +706,44 @@ def migrate(ctx: click.Context) -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="A loopback address: the dashboard never listens on another.")
-@click.option("--port", type=click.IntRange(min=0, max=65535), default=DEFAULT_PORT,
-              show_default=True, help="0: any free port.")
-@click.option("--token", envvar="SAFEPOINT_DASHBOARD_TOKEN", show_envvar=True,
-              help="The token every action and the JSON API need.  [default: a new random one,"
-                   " printed]")
-@click.option("--import", "modules", multiple=True, metavar="MODULE",
-              help="Import MODULE so that a resolution 'not applied' asks the effect's owner"
-                   " first, as `resolve --import` does (repeatable).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="A loopback address: the dashboard never listens on another.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="0: any free port.",
+)
+@click.option(
+    "--token",
+    envvar="SAFEPOINT_DASHBOARD_TOKEN",
+    show_envvar=True,
+    help="The token every action and the JSON API need.  [default: a new random one, printed]",
+)
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE so that a resolution 'not applied' asks the effect's owner"
+    " first, as `resolve --import` does (repeatable).",
+)
 @store_option
 @click.pass_context
-def dashboard(ctx: click.Context, host: str, port: int, token: str | None,
-              modules: tuple[str, ...]) -> None:
+def dashboard(ctx: click.Context, host: str, port: int, token: str | None, modules: tuple[str, ...]) -> None:
     """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
     cancel, resolve, approve and revoke (each needs the token, as does the JSON API under
     /api/). Loopback only; Ctrl-C stops it."""
     _import_modules(modules)
     board = Dashboard(_store(ctx, create=True), host=host, port=port, token=token)
-    click.echo(shown(f"safepoint dashboard on {board.url}  (actions and /api/ need the token:"
-                     f" {board.token})"))
+    click.echo(
+        shown(f"safepoint dashboard on {board.url}  (actions and /api/ need the token: {board.token})")
+    )
     try:
         board.serve_forever()
     except KeyboardInterrupt:
@@ -614,8 +753,11 @@ def dashboard(ctx: click.Context, host: str, port: int, token: str | None,
 
 
 @cli.command()
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
-              help="Keep the demo's ledger here (default: a temporary directory).")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep the demo's ledger here (default: a temporary directory).",
+)
 @click.option("--keep", is_flag=True, help="Keep the temporary directory and print its path.")
 @click.pass_context
 def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:

@@ -100,11 +100,15 @@ def is_loopback(host: str) -> bool:
 
 def _bind_refusal(host: str, port: int, exc: OSError) -> UsageError:
     if exc.errno == errno.EADDRINUSE:
-        message = (f"port {port} on {host} is in use (another dashboard, or another program):"
-                   " choose another with --port (0: any free port), or stop what holds it")
+        message = (
+            f"port {port} on {host} is in use (another dashboard, or another program):"
+            " choose another with --port (0: any free port), or stop what holds it"
+        )
     else:
-        message = (f"the dashboard cannot listen on {host} port {port}:"
-                   f" {exc.strerror or exc}; choose another --host or --port")
+        message = (
+            f"the dashboard cannot listen on {host} port {port}:"
+            f" {exc.strerror or exc}; choose another --host or --port"
+        )
     return UsageError(message, host=host, port=port)
 
 
@@ -128,13 +132,22 @@ class Dashboard:
     ...     print(board.url, board.token)
     """
 
-    def __init__(self, store: Store, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
-                 token: str | None = None, read_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        read_timeout: float = 10.0,
+    ) -> None:
         if not is_loopback(host):
-            raise UsageError(f"the dashboard binds to loopback only (127.0.0.1, ::1, localhost),"
-                             f" not {host!r}: reach it from elsewhere through an SSH tunnel"
-                             f" that keeps the port (ssh -L {port or DEFAULT_PORT}:127.0.0.1:"
-                             f"{port or DEFAULT_PORT} HOST)")
+            raise UsageError(
+                f"the dashboard binds to loopback only (127.0.0.1, ::1, localhost),"
+                f" not {host!r}: reach it from elsewhere through an SSH tunnel"
+                f" that keeps the port (ssh -L {port or DEFAULT_PORT}:127.0.0.1:"
+                f"{port or DEFAULT_PORT} HOST)"
+            )
         if token is not None and len(token) < 16:
             raise UsageError("a dashboard token needs 16 characters or more")
         self.store = store
@@ -171,8 +184,9 @@ class Dashboard:
 
     def __enter__(self) -> Dashboard:
         # A short poll: leaving the block should not wait half a second for the server.
-        self._thread = threading.Thread(target=self.serve_forever, args=(0.05,),
-                                        name="safepoint-dashboard", daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(0.05,), name="safepoint-dashboard", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -212,13 +226,21 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, handle: Callable[[list[str], dict[str, str]], None]) -> None:
         try:
             hosts = self.headers.get_all("Host") or []
-            if len(hosts) != 1 or not host_allowed(hosts[0], self.dashboard.port,
-                                                   self.dashboard.names):
-                named = (f"as {hosts[0][:100]!r}" if len(hosts) == 1 else
-                         "under no Host" if not hosts else "under more than one Host")
-                raise Refusal(HTTPStatus.MISDIRECTED_REQUEST, (
-                    f"this dashboard answers only as {self.dashboard.url} (or localhost, [::1]"
-                    f" on port {self.dashboard.port}); the request asked {named}"))
+            if len(hosts) != 1 or not host_allowed(hosts[0], self.dashboard.port, self.dashboard.names):
+                named = (
+                    f"as {hosts[0][:100]!r}"
+                    if len(hosts) == 1
+                    else "under no Host"
+                    if not hosts
+                    else "under more than one Host"
+                )
+                raise Refusal(
+                    HTTPStatus.MISDIRECTED_REQUEST,
+                    (
+                        f"this dashboard answers only as {self.dashboard.url} (or localhost, [::1]"
+                        f" on port {self.dashboard.port}); the request asked {named}"
+                    ),
+                )
             handle(*self._target())
         except Refusal as refusal:
             self._error(refusal.status, refusal.message, refusal.headers)
@@ -226,18 +248,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as exc:  # a fault of the dashboard's: answer it, keep serving
             traceback.print_exc(file=sys.stderr)
-            self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
-                        f"the dashboard failed: {type(exc).__name__}: {exc}")
+            self._error(
+                HTTPStatus.INTERNAL_SERVER_ERROR, f"the dashboard failed: {type(exc).__name__}: {exc}"
+            )
 
     def _unsupported(self, segments: list[str], query: dict[str, str]) -> None:
-        raise Refusal(HTTPStatus.METHOD_NOT_ALLOWED, f"the dashboard answers GET and POST,"
-                      f" not {self.command}", {"Allow": "GET, POST"})
+        raise Refusal(
+            HTTPStatus.METHOD_NOT_ALLOWED,
+            f"the dashboard answers GET and POST, not {self.command}",
+            {"Allow": "GET, POST"},
+        )
 
     def _require_bearer(self) -> None:
         if not self.dashboard.authorized(bearer_token(self.headers.get("Authorization"))):
-            raise Refusal(HTTPStatus.UNAUTHORIZED,
-                          f"the JSON API needs {_NEEDS_TOKEN}, sent as `Authorization: Bearer …`",
-                          {"WWW-Authenticate": 'Bearer realm="safepoint-dashboard"'})
+            raise Refusal(
+                HTTPStatus.UNAUTHORIZED,
+                f"the JSON API needs {_NEEDS_TOKEN}, sent as `Authorization: Bearer …`",
+                {"WWW-Authenticate": 'Bearer realm="safepoint-dashboard"'},
+            )
 
     # -- routing -------------------------------------------------------------------------------
 
@@ -250,26 +278,33 @@ class _Handler(BaseHTTPRequestHandler):
                 case [""]:
                     status = query.get("status")
                     if status and status not in {s.value for s in RunStatus}:
-                        raise Refusal(HTTPStatus.BAD_REQUEST, f"no status {status[:40]!r}: one"
-                                      f" of {', '.join(s.value for s in RunStatus)}")
+                        raise Refusal(
+                            HTTPStatus.BAD_REQUEST,
+                            f"no status {status[:40]!r}: one of {', '.join(s.value for s in RunStatus)}",
+                        )
                     runs = store.list_runs(RunStatus(status) if status else None, _LIST_LIMIT)
                     self._html(HTTPStatus.OK, _runs_page(runs, status, store.now()))
                 case ["api", "runs"]:
                     now = store.now()
-                    self._json(HTTPStatus.OK, [_run_json(run, now)
-                                               for run in store.list_runs(None, _LIST_LIMIT)])
+                    self._json(
+                        HTTPStatus.OK, [_run_json(run, now) for run in store.list_runs(None, _LIST_LIMIT)]
+                    )
                 case ["api", "runs", run_id]:
                     ledger = store.load_ledger(run_id)
-                    self._json(HTTPStatus.OK, {
-                        "run": _run_json(ledger.run, store.now()),
-                        "steps": [_plain(step) for step in _ordered(ledger)],
-                        "operations": [_plain(op) for op in ledger.operations.values()],
-                        "events": [_plain(event) for event in store.events(ledger.run.run_id)]})
+                    self._json(
+                        HTTPStatus.OK,
+                        {
+                            "run": _run_json(ledger.run, store.now()),
+                            "steps": [_plain(step) for step in _ordered(ledger)],
+                            "operations": [_plain(op) for op in ledger.operations.values()],
+                            "events": [_plain(event) for event in store.events(ledger.run.run_id)],
+                        },
+                    )
                 case ["runs", run_id]:
                     ledger = store.load_ledger(run_id)
-                    self._html(HTTPStatus.OK, _run_page(store, ledger,
-                                                        store.events(ledger.run.run_id),
-                                                        store.now()))
+                    self._html(
+                        HTTPStatus.OK, _run_page(store, ledger, store.events(ledger.run.run_id), store.now())
+                    )
                 case _:
                     self._error(HTTPStatus.NOT_FOUND, f"nothing at {'/' + '/'.join(segments)}")
         except RunNotFound as exc:
@@ -279,21 +314,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _post(self, segments: list[str], query: dict[str, str]) -> None:
         origins = self.headers.get_all("Origin") or []
-        refusal = ("the request has more than one Origin" if len(origins) > 1 else post_refusal(
-            origins[0] if origins else None, self.headers.get("Sec-Fetch-Site"),
-            bearer_token(self.headers.get("Authorization")) is not None,
-            self.dashboard.origins))
+        refusal = (
+            "the request has more than one Origin"
+            if len(origins) > 1
+            else post_refusal(
+                origins[0] if origins else None,
+                self.headers.get("Sec-Fetch-Site"),
+                bearer_token(self.headers.get("Authorization")) is not None,
+                self.dashboard.origins,
+            )
+        )
         if refusal is not None:
             raise Refusal(HTTPStatus.FORBIDDEN, refusal)
         match segments:
             case ["runs", run_id, action] if action in _ACTIONS:
                 pass
             case _:
-                raise Refusal(HTTPStatus.NOT_FOUND,
-                              f"no action at {'/' + '/'.join(segments)}")
+                raise Refusal(HTTPStatus.NOT_FOUND, f"no action at {'/' + '/'.join(segments)}")
         act, fields = _ACTIONS[action]
-        form = parse_form(self._body(), self.headers.get("Content-Type", ""), action,
-                          fields | {"token"})
+        form = parse_form(self._body(), self.headers.get("Content-Type", ""), action, fields | {"token"})
         bearer = bearer_token(self.headers.get("Authorization"))
         if not self.dashboard.authorized(form.get("token") or bearer):
             raise Refusal(HTTPStatus.FORBIDDEN, f"a dashboard action needs {_NEEDS_TOKEN}")
@@ -327,29 +366,28 @@ class _Handler(BaseHTTPRequestHandler):
         the query's last value of each name."""
         path, _, query = self.path.partition("?")
         if not path.startswith("/"):
-            raise Refusal(HTTPStatus.BAD_REQUEST, "the dashboard is not a proxy: ask for a"
-                          " path")
+            raise Refusal(HTTPStatus.BAD_REQUEST, "the dashboard is not a proxy: ask for a path")
         try:
             segments = [unquote(part, errors="strict") for part in path.split("/")[1:]]
             values = parse_qs(query, errors="strict")
         except UnicodeDecodeError:
-            raise Refusal(HTTPStatus.BAD_REQUEST,
-                          "the address is not percent-encoded UTF-8") from None
+            raise Refusal(HTTPStatus.BAD_REQUEST, "the address is not percent-encoded UTF-8") from None
         return segments, {key: found[-1] for key, found in values.items()}
 
     def _body(self) -> bytes:
         if "Transfer-Encoding" in self.headers:
-            raise Refusal(HTTPStatus.LENGTH_REQUIRED,
-                          "send the body with a Content-Length, not a Transfer-Encoding")
+            raise Refusal(
+                HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length, not a Transfer-Encoding"
+            )
         length = body_length(self.headers.get_all("Content-Length") or [])
-        short = Refusal(HTTPStatus.BAD_REQUEST, f"the body ended before its Content-Length"
-                        f" of {length} bytes")
+        short = Refusal(HTTPStatus.BAD_REQUEST, f"the body ended before its Content-Length of {length} bytes")
         try:
             body = self.rfile.read(length)
         except TimeoutError:
             self._body_settled = True  # nothing more is coming
-            raise Refusal(HTTPStatus.BAD_REQUEST, f"{short.message}: nothing more came within"
-                          f" {self.timeout} s") from None
+            raise Refusal(
+                HTTPStatus.BAD_REQUEST, f"{short.message}: nothing more came within {self.timeout} s"
+            ) from None
         self._body_settled = True
         if len(body) < length:
             raise short
@@ -359,9 +397,11 @@ class _Handler(BaseHTTPRequestHandler):
         """Before closing, read (and drop) what remains of a body that was refused unread:
         closing on unread bytes resets the connection, and the client could lose the answer."""
         headers = getattr(self, "headers", None)
-        if (not self._body_settled and headers is not None
-                and ("Transfer-Encoding" in headers
-                     or headers.get("Content-Length", "0").strip() != "0")):
+        if (
+            not self._body_settled
+            and headers is not None
+            and ("Transfer-Encoding" in headers or headers.get("Content-Length", "0").strip() != "0")
+        ):
             try:
                 self.wfile.flush()
                 self.connection.shutdown(socket.SHUT_WR)
@@ -373,20 +413,25 @@ class _Handler(BaseHTTPRequestHandler):
         super().finish()
 
     def _wants_json(self) -> bool:
-        return ("application/json" in self.headers.get("Accept", "")
-                or "application/json" in self.headers.get("Content-Type", "")
-                or self.path == "/api" or self.path.startswith(("/api/", "/api?")))
+        return (
+            "application/json" in self.headers.get("Accept", "")
+            or "application/json" in self.headers.get("Content-Type", "")
+            or self.path == "/api"
+            or self.path.startswith(("/api/", "/api?"))
+        )
 
-    def _send(self, status: HTTPStatus, body: bytes, content_type: str,
-              headers: dict[str, str] | None = None) -> None:
+    def _send(
+        self, status: HTTPStatus, body: bytes, content_type: str, headers: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         # Nothing on these pages runs scripts or is framed by another site.
-        self.send_header("Content-Security-Policy",
-                         "default-src 'none'; style-src 'unsafe-inline'; form-action 'self';"
-                         " frame-ancestors 'none'")
+        self.send_header(
+            "Content-Security-Policy",
+            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+        )
         self.send_header("X-Content-Type-Options", "nosniff")
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -398,18 +443,21 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, page.encode(), "text/html; charset=utf-8")
 
     def _json(self, status: HTTPStatus, value: Any) -> None:
-        self._send(status, json.dumps(value, default=str, indent=2).encode(),
-                   "application/json")
+        self._send(status, json.dumps(value, default=str, indent=2).encode(), "application/json")
 
-    def _error(self, status: HTTPStatus, message: str,
-               headers: dict[str, str] | None = None) -> None:
+    def _error(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
         if self._wants_json():
-            self._send(status, json.dumps({"error": message}, indent=2).encode(),
-                       "application/json", headers)
+            self._send(status, json.dumps({"error": message}, indent=2).encode(), "application/json", headers)
         else:
-            self._send(status, _page(f"{status.value} {status.phrase}",
-                                     f"<p class=err>{_e(message)}</p><p><a href='/'>runs</a>"
-                                     "</p>").encode(), "text/html; charset=utf-8", headers)
+            self._send(
+                status,
+                _page(
+                    f"{status.value} {status.phrase}",
+                    f"<p class=err>{_e(message)}</p><p><a href='/'>runs</a></p>",
+                ).encode(),
+                "text/html; charset=utf-8",
+                headers,
+            )
 
 
 # -- actions: the same functions as the API and the CLI ------------------------------------------
@@ -424,24 +472,37 @@ _RESOLUTIONS = ", ".join(action.value for action in ResolutionAction)
 
 def _resolve(store: Store, run_id: str, form: dict[str, str]) -> None:
     if form["action"] not in {action.value for action in ResolutionAction}:
-        raise Refusal(HTTPStatus.BAD_REQUEST, f"no resolution {form['action'][:40]!r}: name"
-                      f" one of {_RESOLUTIONS}")
+        raise Refusal(
+            HTTPStatus.BAD_REQUEST, f"no resolution {form['action'][:40]!r}: name one of {_RESOLUTIONS}"
+        )
     receipt = form.get("receipt")
     try:
         held = json.loads(receipt) if receipt else None
     except ValueError as exc:
         raise Refusal(HTTPStatus.BAD_REQUEST, f"the receipt is not JSON: {exc}") from None
-    resolve(store, run_id, form["action"], revision=int(form["revision"]), by=form["by"],
-            operation_id=form.get("operation_id") or None, receipt=held,
-            evidence=form.get("evidence") or None)
+    resolve(
+        store,
+        run_id,
+        form["action"],
+        revision=int(form["revision"]),
+        by=form["by"],
+        operation_id=form.get("operation_id") or None,
+        receipt=held,
+        evidence=form.get("evidence") or None,
+    )
 
 
 def _approve(store: Store, run_id: str, form: dict[str, str]) -> None:
     minutes = form.get("expires_minutes")
-    approve(store, run_id, form["step_id"], by=form["by"],
-            expires=timedelta(minutes=float(minutes)) if minutes else None,
-            evidence=form.get("evidence") or None,
-            payload_digest=form.get("payload_digest") or None)
+    approve(
+        store,
+        run_id,
+        form["step_id"],
+        by=form["by"],
+        expires=timedelta(minutes=float(minutes)) if minutes else None,
+        evidence=form.get("evidence") or None,
+        payload_digest=form.get("payload_digest") or None,
+    )
 
 
 def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
@@ -453,10 +514,8 @@ _Action = Callable[[Store, str, dict[str, str]], None]
 # Each action with the fields its form takes (besides the token): any other field is refused.
 _ACTIONS: dict[str, tuple[_Action, frozenset[str]]] = {
     "cancel": (_cancel, frozenset({"by", "reason"})),
-    "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt",
-                                     "evidence"})),
-    "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence",
-                                     "payload_digest"})),
+    "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
+    "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
 }
 
@@ -476,7 +535,7 @@ def _when(ms: int | None) -> str:
 
 def _short(value: Any, width: int = 80) -> str:
     text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}
@@ -489,9 +548,11 @@ input,select{margin:.1em}section{margin:1.2em 0}.lease_expired{color:#b60;font-w
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)} — safepoint"
-            f"</title><style>{_STYLE}</style></head><body><h1>{_e(title)}</h1>{body}</body>"
-            "</html>")
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)} — safepoint"
+        f"</title><style>{_STYLE}</style></head><body><h1>{_e(title)}</h1>{body}</body>"
+        "</html>"
+    )
 
 
 def _run_path(run_id: str, action: str | None = None) -> str:
@@ -503,8 +564,9 @@ def _run_path(run_id: str, action: str | None = None) -> str:
 def _status(run: RunRecord, now: int) -> str:
     """The run's status as it reads now: who holds a running run, or that nobody does."""
     presence = ownership(run, now)
-    return (f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(status_label(run, presence))}"
-            "</span>")
+    return (
+        f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(status_label(run, presence))}</span>"
+    )
 
 
 def _needs(run: RunRecord) -> str:
@@ -513,36 +575,42 @@ def _needs(run: RunRecord) -> str:
     if run.status is RunStatus.WAITING:
         return f"approval of {_e((run.waiting_for or {}).get('step_id'))}"
     if run.successor_run_id:
-        return (f"→ <a href='{_e(_run_path(run.successor_run_id))}'>"
-                f"{_e(run.successor_run_id)}</a>")
+        return f"→ <a href='{_e(_run_path(run.successor_run_id))}'>{_e(run.successor_run_id)}</a>"
     return ""
 
 
 def _unreadable_row(run: UnreadableRun) -> str:
     """A run whose row cannot be read: what could, and why the rest cannot."""
     known = "" if run.status is None else f"{run.status.value}: "
-    return (f"<tr><td>{_e(run.run_id)}</td>"
-            f"<td>{_e(run.workflow or '?')}@{_e(run.workflow_version or '?')}</td>"
-            f"<td><span class=blocked>unreadable</span></td>"
-            f"<td class=blocked>{_e(known + run.reason)}</td>"
-            + "".join(f"<td>{'?' if value is None else value}</td>"
-                      for value in (run.resume_count, run.fence))
-            + f"<td>{_when(run.updated_at)}</td></tr>")
+    return (
+        f"<tr><td>{_e(run.run_id)}</td>"
+        f"<td>{_e(run.workflow or '?')}@{_e(run.workflow_version or '?')}</td>"
+        f"<td><span class=blocked>unreadable</span></td>"
+        f"<td class=blocked>{_e(known + run.reason)}</td>"
+        + "".join(f"<td>{'?' if value is None else value}</td>" for value in (run.resume_count, run.fence))
+        + f"<td>{_when(run.updated_at)}</td></tr>"
+    )
 
 
 def _runs_page(runs: list[RunRecord | UnreadableRun], status: str | None, now: int) -> str:
-    filters = " · ".join(
-        f"<a href='/?status={s.value}'>{s.value}</a>" for s in RunStatus)
+    filters = " · ".join(f"<a href='/?status={s.value}'>{s.value}</a>" for s in RunStatus)
     rows = "".join(
-        _unreadable_row(run) if isinstance(run, UnreadableRun) else
-        f"<tr><td><a href='{_e(_run_path(run.run_id))}'>{_e(run.run_id)}</a></td>"
+        _unreadable_row(run)
+        if isinstance(run, UnreadableRun)
+        else f"<tr><td><a href='{_e(_run_path(run.run_id))}'>{_e(run.run_id)}</a></td>"
         f"<td>{_e(run.workflow)}@{_e(run.workflow_version)}</td><td>{_status(run, now)}</td>"
         f"<td>{_needs(run)}</td><td>{run.resume_count}</td><td>{run.fence}</td>"
-        f"<td>{_when(run.updated_at)}</td></tr>" for run in runs)
-    return _page("runs" + (f": {status}" if status else ""), (
-        f"<p><a href='/'>all</a> · {filters}</p><table><tr><th>run</th><th>workflow</th>"
-        f"<th>status</th><th>needs</th><th>resumes</th><th>fence</th><th>updated (UTC)</th></tr>"
-        f"{rows}</table>"))
+        f"<td>{_when(run.updated_at)}</td></tr>"
+        for run in runs
+    )
+    return _page(
+        "runs" + (f": {status}" if status else ""),
+        (
+            f"<p><a href='/'>all</a> · {filters}</p><table><tr><th>run</th><th>workflow</th>"
+            f"<th>status</th><th>needs</th><th>resumes</th><th>fence</th><th>updated (UTC)</th></tr>"
+            f"{rows}</table>"
+        ),
+    )
 
 
 def _ordered(ledger: Ledger) -> list[StepRecord]:
@@ -552,14 +620,22 @@ def _ordered(ledger: Ledger) -> list[StepRecord]:
 def _run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
     run = ledger.run
     rid = _e(_run_path(run.run_id))
-    header = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in (
-        ("status", _status(run, now)), ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
-        ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
-        ("revision", str(run.state_revision)), ("fence", str(run.fence)),
-        ("resumes", _e(f"{run.resume_count} of {run.resume_budget}")),
-        ("result" if run.result is not None else "error",
-         f"<code>{_e(_short(run.result if run.result is not None else run.error, 300))}</code>"),
-        ("updated (UTC)", _when(run.updated_at))))
+    header = "".join(
+        f"<tr><th>{_e(k)}</th><td>{v}</td></tr>"
+        for k, v in (
+            ("status", _status(run, now)),
+            ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
+            ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
+            ("revision", str(run.state_revision)),
+            ("fence", str(run.fence)),
+            ("resumes", _e(f"{run.resume_count} of {run.resume_budget}")),
+            (
+                "result" if run.result is not None else "error",
+                f"<code>{_e(_short(run.result if run.result is not None else run.error, 300))}</code>",
+            ),
+            ("updated (UTC)", _when(run.updated_at)),
+        )
+    )
     parts = [f"<p><a href='/'>runs</a></p><table>{header}</table>"]
     if run.status is RunStatus.BLOCKED and run.recovery_record:
         parts.append(_blocked_section(rid, run.recovery_record))
@@ -569,29 +645,42 @@ def _run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int)
     if approvals:
         parts.append(_approvals_section(rid, ledger, approvals))
     if not run.status.terminal:
-        parts.append(f"<section><h2>cancel</h2><form method=post action='{rid}/cancel'>"
-                     f"{_who()}<input name=reason placeholder='why'>{_token()}"
-                     "<button>cancel the run</button></form></section>")
+        parts.append(
+            f"<section><h2>cancel</h2><form method=post action='{rid}/cancel'>"
+            f"{_who()}<input name=reason placeholder='why'>{_token()}"
+            "<button>cancel the run</button></form></section>"
+        )
     steps = "".join(
         f"<tr><td>{step.seq}</td><td>{_e(step.kind.value)}</td><td>{_e(step.step_id)}</td>"
         f"<td>{_e(step.status.value)}</td><td><code>{_e(_short(step.result))}</code></td>"
-        f"<td>{_e(step.operation_id or '')}</td></tr>" for step in _ordered(ledger))
+        f"<td>{_e(step.operation_id or '')}</td></tr>"
+        for step in _ordered(ledger)
+    )
     ops = "".join(
         f"<tr><td>{_e(op.operation_id)}</td><td>{_e(op.effect)}</td><td>{_e(op.state.value)}"
         f"</td><td>{op.dispatch_count}</td><td><code>{_e(op.effect_key)}</code></td></tr>"
-        for op in ledger.operations.values())
+        for op in ledger.operations.values()
+    )
     history = "".join(
         f"<tr><td>{_when(event.at)}</td><td>{_e(event.kind)}</td><td>{_e(event.step_id or '')}"
         f"</td><td>{_e(event.operation_id or '')}</td><td>{_e(event.fence or '')}</td>"
-        f"<td><code>{_e(_short(event.detail))}</code></td></tr>" for event in events)
-    parts.append(f"<section><h2>steps</h2><table><tr><th>#</th><th>kind</th><th>step</th>"
-                 f"<th>status</th><th>result</th><th>operation</th></tr>{steps}</table></section>")
-    parts.append(f"<section><h2>operations</h2><table><tr><th>operation</th><th>effect</th>"
-                 f"<th>state</th><th>dispatches</th><th>effect key</th></tr>{ops}</table>"
-                 "</section>")
-    parts.append(f"<section><h2>events</h2><table><tr><th>at (UTC)</th><th>event</th>"
-                 f"<th>step</th><th>operation</th><th>fence</th><th>detail</th></tr>{history}"
-                 "</table></section>")
+        f"<td><code>{_e(_short(event.detail))}</code></td></tr>"
+        for event in events
+    )
+    parts.append(
+        f"<section><h2>steps</h2><table><tr><th>#</th><th>kind</th><th>step</th>"
+        f"<th>status</th><th>result</th><th>operation</th></tr>{steps}</table></section>"
+    )
+    parts.append(
+        f"<section><h2>operations</h2><table><tr><th>operation</th><th>effect</th>"
+        f"<th>state</th><th>dispatches</th><th>effect key</th></tr>{ops}</table>"
+        "</section>"
+    )
+    parts.append(
+        f"<section><h2>events</h2><table><tr><th>at (UTC)</th><th>event</th>"
+        f"<th>step</th><th>operation</th><th>fence</th><th>detail</th></tr>{history}"
+        "</table></section>"
+    )
     return _page(run.run_id, "".join(parts))
 
 
@@ -607,75 +696,92 @@ def _blocked_section(rid: str, record: dict[str, Any]) -> str:
     revision = _e(record.get("state_revision"))
     operation = _e(record.get("operation_id") or "")
     actions = "".join(f"<li>{_e(action)}</li>" for action in record.get("next_actions", []))
-    common = (f"<input type=hidden name=revision value='{revision}'>"
-              f"<input type=hidden name=operation_id value='{operation}'>{_who()}")
+    common = (
+        f"<input type=hidden name=revision value='{revision}'>"
+        f"<input type=hidden name=operation_id value='{operation}'>{_who()}"
+    )
     forms = (
-        f"<form method=post action='{rid}/resolve'>{common}"
-        "<input type=hidden name=action value=applied>"
-        "<input name=receipt placeholder='receipt JSON the owner holds' required>"
-        f"<input name=evidence placeholder='how you know'>{_token()}"
-        "<button>it happened</button></form>"
-        f"<form method=post action='{rid}/resolve'>{common}"
-        f"<input type=hidden name=action value=not_applied>{_token()}"
-        "<button>it did not happen</button></form>"
-        f"<form method=post action='{rid}/resolve'>{common}"
-        f"<input type=hidden name=action value=abandon>{_token()}"
-        "<button>abandon the run</button></form>") if record.get("operation_id") else (
-        f"<form method=post action='{rid}/resolve'>{common}"
-        f"<input type=hidden name=action value=abandon>{_token()}"
-        "<button>abandon the run</button></form>")
-    return (f"<section><h2 class=blocked>blocked: {_e(record.get('phase'))}</h2>"
-            f"<p><b>{_e(record.get('reason'))}</b></p>"
-            f"<p>operation {operation} ({_e(record.get('effect_status') or '')}), effect key "
-            f"<code>{_e(record.get('effect_key') or '')}</code>, revision {revision}</p>"
-            f"<ol>{actions}</ol>{forms}<pre>{_e(json.dumps(record, indent=2))}</pre></section>")
+        (
+            f"<form method=post action='{rid}/resolve'>{common}"
+            "<input type=hidden name=action value=applied>"
+            "<input name=receipt placeholder='receipt JSON the owner holds' required>"
+            f"<input name=evidence placeholder='how you know'>{_token()}"
+            "<button>it happened</button></form>"
+            f"<form method=post action='{rid}/resolve'>{common}"
+            f"<input type=hidden name=action value=not_applied>{_token()}"
+            "<button>it did not happen</button></form>"
+            f"<form method=post action='{rid}/resolve'>{common}"
+            f"<input type=hidden name=action value=abandon>{_token()}"
+            "<button>abandon the run</button></form>"
+        )
+        if record.get("operation_id")
+        else (
+            f"<form method=post action='{rid}/resolve'>{common}"
+            f"<input type=hidden name=action value=abandon>{_token()}"
+            "<button>abandon the run</button></form>"
+        )
+    )
+    return (
+        f"<section><h2 class=blocked>blocked: {_e(record.get('phase'))}</h2>"
+        f"<p><b>{_e(record.get('reason'))}</b></p>"
+        f"<p>operation {operation} ({_e(record.get('effect_status') or '')}), effect key "
+        f"<code>{_e(record.get('effect_key') or '')}</code>, revision {revision}</p>"
+        f"<ol>{actions}</ol>{forms}<pre>{_e(json.dumps(record, indent=2))}</pre></section>"
+    )
 
 
 def _waiting_section(store: Store, rid: str, waiting: dict[str, Any]) -> str:
     digest = str(waiting.get("payload_digest"))
     try:
-        payload = json.dumps(json.loads(store.get_artifact(digest)), indent=2,
-                             ensure_ascii=False)
+        payload = json.dumps(json.loads(store.get_artifact(digest)), indent=2, ensure_ascii=False)
     except SafepointError as exc:
         payload = f"(the payload cannot be read: {exc.message})"
-    return (f"<section><h2 class=waiting>waiting for approval</h2>"
-            f"<p><b>{_e(waiting.get('reason', ''))}</b></p>"
-            f"<p>step {_e(waiting.get('step_id'))}, operation {_e(waiting.get('operation_id'))}"
-            f" ({_e(waiting.get('effect'))}); payload <code>{_e(digest)}</code>, target state "
-            f"<code>{_e(waiting.get('target_digest') or 'none')}</code></p>"
-            f"<pre>{_e(payload)}</pre>"
-            f"<form method=post action='{rid}/approve'>"
-            f"<input type=hidden name=step_id value='{_e(waiting.get('step_id'))}'>"
-            f"<input type=hidden name=payload_digest value='{_e(digest)}'>{_who()}"
-            "<input name=expires_minutes placeholder='expires in minutes' size=16>"
-            f"<input name=evidence placeholder='why'>{_token()}"
-            "<button>approve this payload</button></form></section>")
+    return (
+        f"<section><h2 class=waiting>waiting for approval</h2>"
+        f"<p><b>{_e(waiting.get('reason', ''))}</b></p>"
+        f"<p>step {_e(waiting.get('step_id'))}, operation {_e(waiting.get('operation_id'))}"
+        f" ({_e(waiting.get('effect'))}); payload <code>{_e(digest)}</code>, target state "
+        f"<code>{_e(waiting.get('target_digest') or 'none')}</code></p>"
+        f"<pre>{_e(payload)}</pre>"
+        f"<form method=post action='{rid}/approve'>"
+        f"<input type=hidden name=step_id value='{_e(waiting.get('step_id'))}'>"
+        f"<input type=hidden name=payload_digest value='{_e(digest)}'>{_who()}"
+        "<input name=expires_minutes placeholder='expires in minutes' size=16>"
+        f"<input name=evidence placeholder='why'>{_token()}"
+        "<button>approve this payload</button></form></section>"
+    )
 
 
-def _approvals_section(rid: str, ledger: Ledger,
-                       approvals: list[ApprovalRecord]) -> str:
+def _approvals_section(rid: str, ledger: Ledger, approvals: list[ApprovalRecord]) -> str:
     """Every approval of the run, revoked ones marked; a revoke form for each effect not yet
     dispatched whose approval is in force."""
     rows = "".join(
         f"<tr><td>{_e(a.step_id)}</td><td>{_e(a.approved_by)}</td><td>{_when(a.approved_at)}"
         f"</td><td>{_when(a.expires_at) or 'never'}</td><td><code>{_e(a.payload_digest[:19])}…"
-        f"</code></td><td>{_revoked(a)}</td></tr>" for a in approvals)
+        f"</code></td><td>{_revoked(a)}</td></tr>"
+        for a in approvals
+    )
     forms = "".join(
         f"<form method=post action='{rid}/revoke'>"
         f"<input type=hidden name=step_id value='{_e(step)}'>{_who()}"
         f"<input name=reason placeholder='why' required>{_token()}"
         f"<button>revoke the approval of {_e(step)}</button></form>"
-        for step in revocable(ledger.run, ledger.operations, approvals))
-    return (f"<section><h2>approvals</h2><table><tr><th>step</th><th>approved by</th>"
-            f"<th>at (UTC)</th><th>expires (UTC)</th><th>payload</th><th>revoked</th></tr>"
-            f"{rows}</table>{forms}</section>")
+        for step in revocable(ledger.run, ledger.operations, approvals)
+    )
+    return (
+        f"<section><h2>approvals</h2><table><tr><th>step</th><th>approved by</th>"
+        f"<th>at (UTC)</th><th>expires (UTC)</th><th>payload</th><th>revoked</th></tr>"
+        f"{rows}</table>{forms}</section>"
+    )
 
 
 def _revoked(approval: ApprovalRecord) -> str:
     if not approval.revoked:
         return ""
-    return (f"<span class=revoked>revoked by {_e(approval.revoked_by)} at"
-            f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>")
+    return (
+        f"<span class=revoked>revoked by {_e(approval.revoked_by)} at"
+        f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>"
+    )
 
 
 def _run_json(run: RunRecord | UnreadableRun, now: int) -> dict[str, Any]:

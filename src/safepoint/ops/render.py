@@ -77,11 +77,11 @@ _PRESENCE: dict[str, tuple[str, str]] = {
 # C0 controls (ESC, BEL, CR, backspace, newline, …), DEL, the C1 controls (U+009B is CSI to some
 # terminals), and the characters that reorder or hide text: bidi marks, embeddings, overrides
 # and isolates, zero-width characters, line and paragraph separators, the byte-order mark.
-_TERMINAL_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                              "\u2060-\u2064\u2066-\u2069\ufeff]")
+_TERMINAL_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]"
+)
 # The same, less what JSON already escapes (C0): what may appear raw inside a JSON string.
-_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                          "\u2060-\u2064\u2066-\u2069\ufeff]")
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069\ufeff]")
 
 
 def shown(value: object) -> str:
@@ -105,8 +105,13 @@ def _visible(match: re.Match[str]) -> str:
 def as_json(value: Any, *, indent: int | None = 2) -> str:
     """``value`` as whole, valid JSON that is safe to print: non-ASCII text stays readable,
     control and invisible characters are ``\\u`` escapes."""
-    text = json.dumps(value, indent=indent, ensure_ascii=False, default=_json_default,
-                      separators=None if indent else (",", ":"))
+    text = json.dumps(
+        value,
+        indent=indent,
+        ensure_ascii=False,
+        default=_json_default,
+        separators=None if indent else (",", ":"),
+    )
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
@@ -168,17 +173,19 @@ def error_text(exc: SafepointError, now: int) -> str:
     for name, value in sorted(vars(exc).items()):
         if name.endswith("_at") and type(value) is int:
             readable, found = re.subn(_RAW_INSTANT.format(value), when(value, now), message)
-            message = (readable if found
-                       else f"{message} ({name.replace('_', ' ')} {when(value, now)})")
+            message = readable if found else f"{message} ({name.replace('_', ' ')} {when(value, now)})"
     return shown(message)
 
 
 def _readable_times(value: Any) -> Any:
     """An event's detail with each ``…_at`` moment as an instant, for its preview."""
     if isinstance(value, dict):
-        return {key: instant(item) if isinstance(key, str) and key.endswith("_at")
-                and type(item) is int else _readable_times(item)
-                for key, item in value.items()}
+        return {
+            key: instant(item)
+            if isinstance(key, str) and key.endswith("_at") and type(item) is int
+            else _readable_times(item)
+            for key, item in value.items()
+        }
     if isinstance(value, list):
         return [_readable_times(item) for item in value]
     return value
@@ -251,8 +258,17 @@ def owner_cell(run: RunRecord, now: int) -> str:
 def runs_table(found: Iterable[RunRecord | UnreadableRun], now: int) -> Table:
     """The runs, one row each: who holds a running one, and what a blocked or waiting one
     needs; a run whose row cannot be read, as such."""
-    table = _table("run", "workflow", "status", "owner", "resumes", "fence", "updated",
-                   "phase", squeeze=("workflow", "owner", "phase"))
+    table = _table(
+        "run",
+        "workflow",
+        "status",
+        "owner",
+        "resumes",
+        "fence",
+        "updated",
+        "phase",
+        squeeze=("workflow", "owner", "phase"),
+    )
     for run in found:
         if isinstance(run, UnreadableRun):
             _unreadable_row(table, run, now)
@@ -264,9 +280,17 @@ def runs_table(found: Iterable[RunRecord | UnreadableRun], now: int) -> Table:
             phase = text(f"approval of {(run.waiting_for or {}).get('step_id')}", "magenta")
         elif run.successor_run_id:
             phase = text(f"→ {run.successor_run_id}")
-        _row(table, run.run_id, f"{run.workflow}@{run.workflow_version}",
-             status_cell(run, now), owner_cell(run, now), str(run.resume_count),
-             str(run.fence), ago(run.updated_at, now), phase)
+        _row(
+            table,
+            run.run_id,
+            f"{run.workflow}@{run.workflow_version}",
+            status_cell(run, now),
+            owner_cell(run, now),
+            str(run.resume_count),
+            str(run.fence),
+            ago(run.updated_at, now),
+            phase,
+        )
     return table
 
 
@@ -274,11 +298,16 @@ def _unreadable_row(table: Table, run: UnreadableRun, now: int) -> None:
     """A run whose row cannot be read: what could, and why the rest cannot (its status, when
     that can be read, leads the reason)."""
     known = "" if run.status is None else f"{run.status.value}: "
-    _row(table, run.run_id, f"{run.workflow or '?'}@{run.workflow_version or '?'}",
-         Text("unreadable", style="bold red"), text(run.owner or ""),
-         *("?" if value is None else str(value) for value in (run.resume_count, run.fence)),
-         "?" if run.updated_at is None else ago(run.updated_at, now),
-         text(known + run.reason, "red"))
+    _row(
+        table,
+        run.run_id,
+        f"{run.workflow or '?'}@{run.workflow_version or '?'}",
+        Text("unreadable", style="bold red"),
+        text(run.owner or ""),
+        *("?" if value is None else str(value) for value in (run.resume_count, run.fence)),
+        "?" if run.updated_at is None else ago(run.updated_at, now),
+        text(known + run.reason, "red"),
+    )
 
 
 def timeline_table(ledger: Ledger, now: int | None = None) -> Table:
@@ -288,8 +317,9 @@ def timeline_table(ledger: Ledger, now: int | None = None) -> Table:
     prepared, dispatching, unknown, applied or rejected has no step yet: it is listed after the
     steps, because that is exactly what a person resolving a blocked run needs to see.
     """
-    table = _table("#", "kind", "step", "result", "operation", "effect", "effect key",
-                   squeeze=("result", "effect key"))
+    table = _table(
+        "#", "kind", "step", "result", "operation", "effect", "effect key", squeeze=("result", "effect key")
+    )
     shown_ops: set[str] = set()
     for step in sorted(ledger.steps.values(), key=lambda s: s.seq):
         operation = effect = key = Text("")
@@ -314,9 +344,16 @@ def timeline_table(ledger: Ledger, now: int | None = None) -> Table:
         evidence = op.error if op.state is EffectState.REJECTED else "(no outcome recorded)"
         if op.state is EffectState.PREPARED and op.approval_required and op.dispatch_count == 0:
             evidence = "(not dispatched: needs approval)"
-        _row(table, "…", StepKind.EFFECT.value, op.step_id, preview(evidence),
-             op.operation_id, Text(op.state.value, style=EFFECT_STYLES[op.state]),
-             text(op.effect_key, "dim"))
+        _row(
+            table,
+            "…",
+            StepKind.EFFECT.value,
+            op.step_id,
+            preview(evidence),
+            op.operation_id,
+            Text(op.state.value, style=EFFECT_STYLES[op.state]),
+            text(op.effect_key, "dim"),
+        )
     _retry_rows(table, ledger, ledger.run.updated_at if now is None else now)
     return table
 
@@ -328,21 +365,38 @@ def _retry_rows(table: Table, ledger: Ledger, now: int) -> None:
         if step is not None and step.attempt > last.attempt:
             continue  # it was recorded after this attempt: its row above says how it ended
         error = last.error
-        _row(table, "…", last.kind.value, step_id,
-             text(f"⟳ attempt {last.attempt} failed ({error.get('type', 'error')}:"
-                  f" {error.get('message', '')}); next at {when(last.retry_at, now)}",
-                  "yellow"), "", "", "")
+        _row(
+            table,
+            "…",
+            last.kind.value,
+            step_id,
+            text(
+                f"⟳ attempt {last.attempt} failed ({error.get('type', 'error')}:"
+                f" {error.get('message', '')}); next at {when(last.retry_at, now)}",
+                "yellow",
+            ),
+            "",
+            "",
+            "",
+        )
 
 
 def events_table(events: Iterable[EventRecord]) -> Table:
     """What happened to a run, when (UTC), by which worker under which fence."""
-    table = _table("at", "event", "step", "operation", "worker", "fence", "detail",
-                   squeeze=("worker", "detail"))
+    table = _table(
+        "at", "event", "step", "operation", "worker", "fence", "detail", squeeze=("worker", "detail")
+    )
     for event in events:
-        _row(table, instant(event.at, millis=True), event.kind, event.step_id or "",
-             event.operation_id or "", event.worker or "",
-             "" if event.fence is None else str(event.fence),
-             "" if event.detail is None else preview(_readable_times(event.detail)))
+        _row(
+            table,
+            instant(event.at, millis=True),
+            event.kind,
+            event.step_id or "",
+            event.operation_id or "",
+            event.worker or "",
+            "" if event.fence is None else str(event.fence),
+            "" if event.detail is None else preview(_readable_times(event.detail)),
+        )
     return table
 
 
@@ -370,18 +424,18 @@ def _header(run: RunRecord, now: int) -> Table:
     if run.status is RunStatus.COMPLETED:
         row("result", preview(run.result, 200))
     if run.error:
-        row("error", text(f"{run.error.get('type', 'error')}: {run.error.get('message', '')}",
-                          "red"))
+        row("error", text(f"{run.error.get('type', 'error')}: {run.error.get('message', '')}", "red"))
     if run.cancel_requested_at is not None and not run.status.terminal:
         row("cancel", f"requested {when(run.cancel_requested_at, now)}")
     if run.parent_run_id:
-        row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain"
-                         f" {run.chain_id})")
+        row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain {run.chain_id})")
     if run.successor_run_id:
         row("continued as", run.successor_run_id)
     row("history", _history(run))
-    row("resumes", str(run.resume_count) + (f" of {run.resume_budget}"
-                                            if run.resume_budget is not None else ""))
+    row(
+        "resumes",
+        str(run.resume_count) + (f" of {run.resume_budget}" if run.resume_budget is not None else ""),
+    )
     _limit_rows(row, run, now)
     row("fence", str(run.fence))
     row("revision", str(run.state_revision))
@@ -394,13 +448,19 @@ def _owner_line(held: Ownership, now: int) -> Text:
     """The owner row: who, until when, and what that means for the run."""
     if held.owner is None:
         return text(held.label, "yellow")
-    lease = "" if held.lease_expires_at is None else (
-        f", lease {'expired' if held.state == LEASE_EXPIRED else 'until'}"
-        f" {when(held.lease_expires_at, now)}")
+    lease = (
+        ""
+        if held.lease_expires_at is None
+        else (
+            f", lease {'expired' if held.state == LEASE_EXPIRED else 'until'}"
+            f" {when(held.lease_expires_at, now)}"
+        )
+    )
     line = text(f"{held.owner}{lease}")
     if held.state == LEASE_EXPIRED:
-        line.append(" — its worker is gone or stalled: any worker (or a resume) takes the run"
-                    " over", style="yellow")
+        line.append(
+            " — its worker is gone or stalled: any worker (or a resume) takes the run over", style="yellow"
+        )
     return line
 
 
@@ -421,9 +481,11 @@ def _limit_rows(row: Any, run: RunRecord, now: int) -> None:
 def _history(run: RunRecord) -> Text:
     """``812 events and steps (limits: soft 10000, hard 50000)``: the run's history."""
     line = Text(f"{run.history_size} events and steps")
-    limits = [f"{name} {value}" for name, value in (("soft", run.history_soft_limit),
-                                                     ("hard", run.history_hard_limit))
-              if value is not None]
+    limits = [
+        f"{name} {value}"
+        for name, value in (("soft", run.history_soft_limit), ("hard", run.history_hard_limit))
+        if value is not None
+    ]
     line.append(f" (limits: {', '.join(limits)})" if limits else " (no limit)")
     if run.history_warned_at is not None:
         line.append(" past the soft limit: continue it as new", style="yellow")
@@ -435,8 +497,11 @@ def _print_blocked(console: Console, run: RunRecord) -> None:
     console.rule(text(f"blocked: {record.get('phase', '?')}", "bold red"), align="left")
     say(console, text(record.get("reason", "no reason recorded"), "bold"))
     if record.get("operation_id"):
-        say(console, f"operation {record['operation_id']} ({record.get('effect')},"
-                     f" {record.get('effect_status')}) effect key {record.get('effect_key')}")
+        say(
+            console,
+            f"operation {record['operation_id']} ({record.get('effect')},"
+            f" {record.get('effect_status')}) effect key {record.get('effect_key')}",
+        )
     console.print(Text("next actions:", style="bold"))
     for action in record.get("next_actions", []):
         say(console, f"  • {_filled_in(str(action), run.run_id, record)}")
@@ -457,8 +522,7 @@ def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
     console.rule(Text("waiting for approval", style="bold magenta"), align="left")
     say(console, text(waiting.get("reason", ""), "bold"))
     step = str(waiting.get("step_id"))
-    say(console, f"step {step}, operation {waiting.get('operation_id')}"
-                 f" ({waiting.get('effect')})")
+    say(console, f"step {step}, operation {waiting.get('operation_id')} ({waiting.get('effect')})")
     digest = str(waiting.get("payload_digest"))
     say(console, f"payload {digest}:")
     try:
@@ -470,22 +534,30 @@ def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
     target = waiting.get("target_digest")
     say(console, f"target state {target or '(the effect reads none)'}")
     console.print(Text("approve it:", style="bold"))
-    say(console, f"  safepoint approve {shlex.quote(run.run_id)} {shlex.quote(step)} --by <you>"
-                 f" --payload-digest {digest} [--expires 2h] [--evidence '<why>']")
-    say(console, "  then a worker carries it on, or: safepoint resume"
-                 f" {shlex.quote(run.run_id)} --import <module>")
+    say(
+        console,
+        f"  safepoint approve {shlex.quote(run.run_id)} {shlex.quote(step)} --by <you>"
+        f" --payload-digest {digest} [--expires 2h] [--evidence '<why>']",
+    )
+    say(
+        console,
+        f"  then a worker carries it on, or: safepoint resume {shlex.quote(run.run_id)} --import <module>",
+    )
 
 
 def approval_line(approval: ApprovalRecord, now: int) -> str:
     """One approval as `safepoint show` lists it: who, when, what for — and a revocation."""
-    expiry = ("no expiry" if approval.expires_at is None
-              else f"expires {when(approval.expires_at, now)}")
-    line = (f"step {approval.step_id}: approved by {approval.approved_by} at"
-            f" {when(approval.approved_at, now)}, {expiry}, for payload"
-            f" {approval.payload_digest[:19]}… target {(approval.target_digest or 'none')[:19]}")
+    expiry = "no expiry" if approval.expires_at is None else f"expires {when(approval.expires_at, now)}"
+    line = (
+        f"step {approval.step_id}: approved by {approval.approved_by} at"
+        f" {when(approval.approved_at, now)}, {expiry}, for payload"
+        f" {approval.payload_digest[:19]}… target {(approval.target_digest or 'none')[:19]}"
+    )
     if approval.revoked_at is not None:
-        line += (f" — REVOKED by {approval.revoked_by} at {when(approval.revoked_at, now)}:"
-                 f" {approval.revoke_reason}")
+        line += (
+            f" — REVOKED by {approval.revoked_by} at {when(approval.revoked_at, now)}:"
+            f" {approval.revoke_reason}"
+        )
     return line
 
 
@@ -500,8 +572,11 @@ def _print_approvals(console: Console, store: Store, ledger: Ledger, now: int) -
     for approval in given:
         say(console, f"  {approval_line(approval, now)}")
     for step in revocable(ledger.run, ledger.operations, given):
-        say(console, f"  take it back: safepoint revoke {shlex.quote(ledger.run.run_id)}"
-                     f" {shlex.quote(step)} --by <you> --reason '<why>'")
+        say(
+            console,
+            f"  take it back: safepoint revoke {shlex.quote(ledger.run.run_id)}"
+            f" {shlex.quote(step)} --by <you> --reason '<why>'",
+        )
 
 
 def print_run(console: Console, store: Store, run_id: str) -> None:
@@ -544,8 +619,9 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
         "ownership": asdict(ownership(ledger.run, now)),
         "steps": [asdict(s) for s in sorted(ledger.steps.values(), key=lambda s: s.seq)],
         "operations": operations,
-        "attempts": {step_id: [asdict(a) for a in tried]
-                     for step_id, tried in sorted(ledger.attempts.items())},
+        "attempts": {
+            step_id: [asdict(a) for a in tried] for step_id, tried in sorted(ledger.attempts.items())
+        },
         "approvals": [asdict(a) for a in store.approvals(run_id)],
         "events": [asdict(e) for e in store.events(run_id)],
     }

@@ -19,8 +19,9 @@ DEFAULT_URL = "sqlite:///safepoint.db"
 __all__ = ["DEFAULT_URL", "SqliteStore", "Store", "open_store"]
 
 
-def open_store(url: str | None = None, *, durability: Durability | str | None = None,
-               create: bool = True) -> Store:
+def open_store(
+    url: str | None = None, *, durability: Durability | str | None = None, create: bool = True
+) -> Store:
     """Open (and migrate) the ledger at ``url``.
 
     ``url`` defaults to ``$SAFEPOINT_URL``, else ``safepoint.db`` in the working directory.
@@ -41,8 +42,9 @@ def open_store(url: str | None = None, *, durability: Durability | str | None = 
     try:
         level = Durability(chosen)
     except ValueError:
-        raise InvalidStoreURL(url, f"unknown durability {chosen!r}; use "
-                              + " or ".join(d.value for d in Durability)) from None
+        raise InvalidStoreURL(
+            url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
+        ) from None
     if url == "memory:":
         return SqliteStore(":memory:", durability=level)
     if parts.scheme in ("postgres", "postgresql"):
@@ -68,13 +70,21 @@ def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
         # Checked before the store connects: connecting creates the file (and its -wal and
         # -shm), and opening migrates, which would turn any SQLite file into a ledger.
         where = Path(path).absolute()
-        missing = ("the file does not exist" if not where.is_file()
-                   else "the file holds no safepoint ledger" if _holds_no_ledger(where)
-                   else None)
+        missing = (
+            "the file does not exist"
+            if not where.is_file()
+            else "the file holds no safepoint ledger"
+            if _holds_no_ledger(where)
+            else None
+        )
         if missing:
-            raise UsageError(f"no ledger at {str(where)!r}: {missing}; check --store (or"
-                             " SAFEPOINT_URL), or create a ledger there with `safepoint"
-                             " migrate`", url=f"sqlite:///{where}", path=str(where))
+            raise UsageError(
+                f"no ledger at {str(where)!r}: {missing}; check --store (or"
+                " SAFEPOINT_URL), or create a ledger there with `safepoint"
+                " migrate`",
+                url=f"sqlite:///{where}",
+                path=str(where),
+            )
     return SqliteStore(path, durability=durability)
 
 
@@ -85,8 +95,10 @@ def _holds_no_ledger(path: Path) -> bool:
     try:
         conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
         try:
-            return conn.execute("SELECT 1 FROM sqlite_master"
-                                " WHERE name = 'safepoint_schema_version'").fetchone() is None
+            return (
+                conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'safepoint_schema_version'").fetchone()
+                is None
+            )
         finally:
             conn.close()
     except sqlite3.DatabaseError:

@@ -215,8 +215,7 @@ class _Never:
     """The class of no stored value: the column is always read by its reader."""
 
 
-_KEPT: dict[Callable[[Any], Any], type] = {text: str, text_or_null: str, integer: int,
-                                           integer_or_null: int}
+_KEPT: dict[Callable[[Any], Any], type] = {text: str, text_or_null: str, integer: int, integer_or_null: int}
 
 
 def _columns(*pairs: tuple[str, Callable[[Any], Any]]) -> Columns:
@@ -224,61 +223,131 @@ def _columns(*pairs: tuple[str, Callable[[Any], Any]]) -> Columns:
 
 
 _RUN = _columns(
-    ("run_id", text), ("workflow", text), ("workflow_version", text),
-    ("status", member(RunStatus)), ("input_hash", text), ("inputs", json_value),
-    ("state_revision", integer), ("owner", text_or_null), ("lease_expires_at", integer_or_null),
-    ("fence", integer), ("resume_count", integer), ("event_count", integer),
-    ("result", json_value), ("error", json_object_or_null),
-    ("recovery_record", json_object_or_null), ("created_at", integer),
-    ("updated_at", integer), ("resume_budget", integer_or_null),
-    ("cancel_requested_at", integer_or_null), ("workflow_fingerprint", text_or_null),
-    ("workflow_manifest", workflow_manifest), ("deadline_at", integer_or_null),
-    ("token_budget", integer_or_null), ("cost_budget", number_or_null),
-    ("tokens_spent", integer), ("cost_spent", number), ("step_attempts", retry_policy),
-    ("waiting_for", json_object_or_null), ("step_count", integer),
-    ("history_soft_limit", integer_or_null), ("history_hard_limit", integer_or_null),
-    ("history_warned_at", integer_or_null), ("chain_id", text_or_null),
-    ("chain_index", integer), ("parent_run_id", text_or_null),
-    ("successor_run_id", text_or_null))
+    ("run_id", text),
+    ("workflow", text),
+    ("workflow_version", text),
+    ("status", member(RunStatus)),
+    ("input_hash", text),
+    ("inputs", json_value),
+    ("state_revision", integer),
+    ("owner", text_or_null),
+    ("lease_expires_at", integer_or_null),
+    ("fence", integer),
+    ("resume_count", integer),
+    ("event_count", integer),
+    ("result", json_value),
+    ("error", json_object_or_null),
+    ("recovery_record", json_object_or_null),
+    ("created_at", integer),
+    ("updated_at", integer),
+    ("resume_budget", integer_or_null),
+    ("cancel_requested_at", integer_or_null),
+    ("workflow_fingerprint", text_or_null),
+    ("workflow_manifest", workflow_manifest),
+    ("deadline_at", integer_or_null),
+    ("token_budget", integer_or_null),
+    ("cost_budget", number_or_null),
+    ("tokens_spent", integer),
+    ("cost_spent", number),
+    ("step_attempts", retry_policy),
+    ("waiting_for", json_object_or_null),
+    ("step_count", integer),
+    ("history_soft_limit", integer_or_null),
+    ("history_hard_limit", integer_or_null),
+    ("history_warned_at", integer_or_null),
+    ("chain_id", text_or_null),
+    ("chain_index", integer),
+    ("parent_run_id", text_or_null),
+    ("successor_run_id", text_or_null),
+)
 # What an unreadable run's listing shows of it, when those columns can be read.
 _LISTED = frozenset(UnreadableRun.__dataclass_fields__) - {"run_id", "reason", "columns"}
 
 _STEP = _columns(
-    ("step_id", text), ("kind", member(StepKind)), ("name", text), ("input_hash", text),
-    ("result", json_value), ("seq", integer), ("status", member(StepStatus)),
-    ("error", json_object_or_null), ("next_step_id", text_or_null), ("attempt", integer),
-    ("model_id", text_or_null), ("prompt_hash", text_or_null),
-    ("observed_at", integer_or_null), ("operation_id", text_or_null), ("fence", integer),
-    ("recorded_at", integer), ("tokens", integer_or_null), ("cost", number_or_null))
+    ("step_id", text),
+    ("kind", member(StepKind)),
+    ("name", text),
+    ("input_hash", text),
+    ("result", json_value),
+    ("seq", integer),
+    ("status", member(StepStatus)),
+    ("error", json_object_or_null),
+    ("next_step_id", text_or_null),
+    ("attempt", integer),
+    ("model_id", text_or_null),
+    ("prompt_hash", text_or_null),
+    ("observed_at", integer_or_null),
+    ("operation_id", text_or_null),
+    ("fence", integer),
+    ("recorded_at", integer),
+    ("tokens", integer_or_null),
+    ("cost", number_or_null),
+)
 
 _ATTEMPT = _columns(
-    ("step_id", text), ("attempt", integer), ("kind", member(StepKind)), ("name", text),
-    ("input_hash", text), ("error", json_object), ("retry_at", integer), ("fence", integer),
-    ("recorded_at", integer))
+    ("step_id", text),
+    ("attempt", integer),
+    ("kind", member(StepKind)),
+    ("name", text),
+    ("input_hash", text),
+    ("error", json_object),
+    ("retry_at", integer),
+    ("fence", integer),
+    ("recorded_at", integer),
+)
 
 _OPERATION = _columns(
-    ("run_id", text), ("operation_id", text), ("step_id", text), ("effect", text),
-    ("state", member(EffectState)), ("payload_ref", text), ("effect_key", text),
-    ("dispatch_count", integer), ("first_dispatched_at", integer_or_null),
-    ("receipt", json_value), ("error", json_value), ("fence", integer),
-    ("prepared_at", integer), ("updated_at", integer), ("approval_required", flag),
-    ("target_digest", text_or_null), ("approval_id", text_or_null))
+    ("run_id", text),
+    ("operation_id", text),
+    ("step_id", text),
+    ("effect", text),
+    ("state", member(EffectState)),
+    ("payload_ref", text),
+    ("effect_key", text),
+    ("dispatch_count", integer),
+    ("first_dispatched_at", integer_or_null),
+    ("receipt", json_value),
+    ("error", json_value),
+    ("fence", integer),
+    ("prepared_at", integer),
+    ("updated_at", integer),
+    ("approval_required", flag),
+    ("target_digest", text_or_null),
+    ("approval_id", text_or_null),
+)
 
 _EVENT = _columns(
-    ("event_id", integer), ("run_id", text), ("at", integer), ("kind", text),
-    ("step_id", text_or_null), ("operation_id", text_or_null), ("fence", integer_or_null),
-    ("worker", text_or_null), ("detail", json_value))
+    ("event_id", integer),
+    ("run_id", text),
+    ("at", integer),
+    ("kind", text),
+    ("step_id", text_or_null),
+    ("operation_id", text_or_null),
+    ("fence", integer_or_null),
+    ("worker", text_or_null),
+    ("detail", json_value),
+)
 
 _APPROVAL = _columns(
-    ("approval_id", text), ("run_id", text), ("operation_id", text), ("step_id", text),
-    ("payload_digest", text), ("target_digest", text_or_null), ("approved_by", text),
-    ("approved_at", integer), ("expires_at", integer_or_null), ("evidence", text_or_null),
-    ("revoked_at", integer_or_null), ("revoked_by", text_or_null),
-    ("revoke_reason", text_or_null))
+    ("approval_id", text),
+    ("run_id", text),
+    ("operation_id", text),
+    ("step_id", text),
+    ("payload_digest", text),
+    ("target_digest", text_or_null),
+    ("approved_by", text),
+    ("approved_at", integer),
+    ("expires_at", integer_or_null),
+    ("evidence", text_or_null),
+    ("revoked_at", integer_or_null),
+    ("revoked_by", text_or_null),
+    ("revoke_reason", text_or_null),
+)
 
 
-def _read(columns: Columns, row: Row,
-          values: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def _read(
+    columns: Columns, row: Row, values: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Every column read: the fields that could be, and (column, why) for each that could
     not. (One ``try`` for a whole good row: replay reads thousands of them.)"""
     fields: dict[str, Any] = {}
@@ -321,8 +390,7 @@ def _plain(value: Any) -> str:
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
-def _whole(table: str, columns: Columns, row: Row, values: Mapping[str, Any],
-           *key: str) -> dict[str, Any]:
+def _whole(table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str) -> dict[str, Any]:
     fields, problems = _read(columns, row, values)
     if problems:
         raise CorruptRecord(table, _key(row, *key), _reason(problems))
@@ -341,33 +409,43 @@ def listed_run(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord | U
     if not problems:
         return RunRecord(**fields)
     return UnreadableRun(
-        run_id=fields.get("run_id") or _plain(_column(row, "run_id")), reason=_reason(problems),
+        run_id=fields.get("run_id") or _plain(_column(row, "run_id")),
+        reason=_reason(problems),
         columns=tuple(column for column, _ in problems),
-        **{name: value for name, value in fields.items() if name in _LISTED})
+        **{name: value for name, value in fields.items() if name in _LISTED},
+    )
 
 
-def ledger(run: RunRecord, steps: Iterable[tuple[Row, Mapping[str, Any]]],
-           operations: Iterable[Row], attempts: Iterable[Row]) -> Ledger:
+def ledger(
+    run: RunRecord,
+    steps: Iterable[tuple[Row, Mapping[str, Any]]],
+    operations: Iterable[Row],
+    attempts: Iterable[Row],
+) -> Ledger:
     """A run's ledger from its rows: its steps (each with the stored JSON of its result when
     that is an artifact), operations and failed attempts."""
     found = Ledger(run)
     for row, values in steps:
-        step = StepRecord(run_id=run.run_id, **_whole("safepoint_steps", _STEP, row, values,
-                                                      "run_id", "step_id"))
+        step = StepRecord(
+            run_id=run.run_id, **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id")
+        )
         found.steps[step.step_id] = step
     for row in operations:
         op = operation_record(row)
         found.operations[op.operation_id] = op
     for row in attempts:
-        attempt = AttemptRecord(run_id=run.run_id, **_whole(
-            "safepoint_attempts", _ATTEMPT, row, NO_VALUES, "run_id", "step_id", "attempt"))
+        attempt = AttemptRecord(
+            run_id=run.run_id,
+            **_whole("safepoint_attempts", _ATTEMPT, row, NO_VALUES, "run_id", "step_id", "attempt"),
+        )
         found.attempts.setdefault(attempt.step_id, []).append(attempt)
     return found
 
 
 def operation_record(row: Row) -> OperationRecord:
-    return OperationRecord(**_whole("safepoint_operations", _OPERATION, row, NO_VALUES,
-                                    "run_id", "operation_id"))
+    return OperationRecord(
+        **_whole("safepoint_operations", _OPERATION, row, NO_VALUES, "run_id", "operation_id")
+    )
 
 
 def event_record(row: Row) -> EventRecord:
@@ -375,8 +453,7 @@ def event_record(row: Row) -> EventRecord:
 
 
 def approval_record(row: Row) -> ApprovalRecord:
-    return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES,
-                                   "approval_id"))
+    return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES, "approval_id"))
 
 
 def stored_json(value: Any, table: str, key: str) -> Any:

@@ -50,9 +50,24 @@ from .migrations import load_migrations
 from .plans import load_queries
 
 # Decisions and loaders other modules (and tests) have long imported from here.
-__all__ = ["INLINE_LIMIT", "AsyncStore", "NewRun", "Replan", "Store", "abandoned_error",
-           "cancelled_error", "cannot_store", "check_payload", "fence_holds", "load_migrations",
-           "load_queries", "refuse_gated", "refused_write", "retry_json", "unstorable"]
+__all__ = [
+    "INLINE_LIMIT",
+    "AsyncStore",
+    "NewRun",
+    "Replan",
+    "Store",
+    "abandoned_error",
+    "cancelled_error",
+    "cannot_store",
+    "check_payload",
+    "fence_holds",
+    "load_migrations",
+    "load_queries",
+    "refuse_gated",
+    "refused_write",
+    "retry_json",
+    "unstorable",
+]
 
 # JSON values larger than this are stored as artifacts and referenced by digest, so that hot
 # rows stay small and repeated content is stored once.
@@ -66,11 +81,11 @@ class NewRun:
     workflow_version: str
     input_hash: str
     inputs: JSON
-    owner: str | None   # None: enqueue the run (pending) for any worker to claim
+    owner: str | None  # None: enqueue the run (pending) for any worker to claim
     lease_ms: int
     resume_budget: int | None = None  # takeovers allowed before BudgetExhausted; None: no limit
-    deadline_at: int | None = None   # epoch ms; or, when None,
-    deadline_ms: int | None = None   # ms after the run's creation on the store's clock
+    deadline_at: int | None = None  # epoch ms; or, when None,
+    deadline_ms: int | None = None  # ms after the run's creation on the store's clock
     token_budget: int | None = None
     cost_budget: float | None = None
     step_attempts: Retry | None = None
@@ -96,15 +111,21 @@ class Replan:
     workflow_version: str | None = None
     workflow_fingerprint: str | None = None
     workflow_manifest: dict[str, Any] | None = None
-    step_id: str | None = None        # abandon from this step's seq on …
-    through_seq: int | None = None    # … to this seq (what was recorded before the re-plan)
-    keep: tuple[str, ...] = ()        # step ids in that range that stay
+    step_id: str | None = None  # abandon from this step's seq on …
+    through_seq: int | None = None  # … to this seq (what was recorded before the re-plan)
+    keep: tuple[str, ...] = ()  # step ids in that range that stay
 
     def detail(self) -> dict[str, Any]:
-        return {key: value for key, value in (
-            ("reason", self.reason), ("workflow_version", self.workflow_version),
-            ("workflow_fingerprint", self.workflow_fingerprint),
-            ("abandoned_from", self.step_id)) if value is not None}
+        return {
+            key: value
+            for key, value in (
+                ("reason", self.reason),
+                ("workflow_version", self.workflow_version),
+                ("workflow_fingerprint", self.workflow_fingerprint),
+                ("abandoned_from", self.step_id),
+            )
+            if value is not None
+        }
 
 
 class Store(Protocol):
@@ -145,14 +166,14 @@ class Store(Protocol):
         ``UnreadableRun`` saying what could not be read; ``RunNotFound`` when there is none."""
         ...
 
-    def list_runs(self, status: RunStatus | None = None,
-                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         """Most recently changed first, optionally of one status. A row that cannot be read is
         listed as an ``UnreadableRun``: one bad row never fails the listing."""
         ...
 
-    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                  dead_owner: str | None = None) -> Claim | None:
+    def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
         """Compare-and-set ownership; None when another worker got there first."""
         ...
 
@@ -209,8 +230,9 @@ class Store(Protocol):
         Never held to the history limit: the operation was prepared already."""
         ...
 
-    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                     payload: bytes) -> OperationRecord:
+    def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         """``prepare_effect`` then ``mark_dispatching`` of a new operation, in one commit, for
         an effect with no gate between the two (see ``_rules.effects.one_commit_to_dispatching``):
         the same rows, both events (``effect.prepared``, ``effect.dispatching``), the same
@@ -219,16 +241,29 @@ class Store(Protocol):
         that needs approval has a gate there: refused with ``ValueError``, nothing written."""
         ...
 
-    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON = None, error: JSON = None,
-                       step: StepRecord | None = None) -> None:
+    def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
         """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit.
         Never held to the history limit: what happened is always recorded."""
         ...
 
-    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                   error: dict[str, Any] | None = None,
-                   recovery_record: dict[str, Any] | None = None) -> None:
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
         """Complete, fail or block the run and release ownership."""
         ...
 
@@ -272,8 +307,7 @@ class Store(Protocol):
         the old payload authorizes the new one. ``StoreError`` for any other operation."""
         ...
 
-    def await_approval(self, claim: Claim, operation_id: str,
-                       target_digest: str | None) -> ApprovalGate:
+    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
         """The approval gate, in one atomic step: mark the operation as needing approval and
         record ``target_digest`` as its target's state; then return the newest approval that
         authorizes it (same payload and target digests, not expired on the store's clock) — or,
@@ -289,8 +323,9 @@ class Store(Protocol):
         ``ApprovalRefused`` when it does not fit the run."""
         ...
 
-    def revoke_approval(self, run_id: str, step_id: str,
-                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         """Revoke, in one atomic step, every approval still in force of the effect step
         ``step_id`` prepared, stamped with the store's clock and ``revocation``'s who and why,
         with an ``effect.approval_revoked`` event; return them as revoked. The run's status
@@ -307,8 +342,7 @@ class Store(Protocol):
         ...
 
     # a person's decision about a blocked run
-    def resolve(self, run_id: str, expected_revision: int,
-                resolution: Resolution) -> RunRecord:
+    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         """Settle a blocked run in one atomic step, compare-and-set on ``expected_revision``:
         ``applied`` accepts the operation with the receipt and releases the run, ``not_applied``
         puts it back to prepared and releases the run, ``abandon`` cancels the run; a
@@ -365,13 +399,15 @@ class AsyncStore(Protocol):
         """See ``Store.find_run``."""
         ...
 
-    async def list_runs(self, status: RunStatus | None = None,
-                        limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    async def list_runs(
+        self, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord | UnreadableRun]:
         """See ``Store.list_runs``."""
         ...
 
-    async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                        dead_owner: str | None = None) -> Claim | None:
+    async def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
         """Compare-and-set ownership; None when another worker got there first."""
         ...
 
@@ -413,20 +449,34 @@ class AsyncStore(Protocol):
         """Commit "dispatch may have happened"; returns the operation as it now stands."""
         ...
 
-    async def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                           payload: bytes) -> OperationRecord:
+    async def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         """See ``Store.prepare_and_mark_dispatching``."""
         ...
 
-    async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                             receipt: JSON = None, error: JSON = None,
-                             step: StepRecord | None = None) -> None:
+    async def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
         """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
         ...
 
-    async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                         error: dict[str, Any] | None = None,
-                         recovery_record: dict[str, Any] | None = None) -> None:
+    async def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
         """Complete, fail or block the run and release ownership."""
         ...
 
@@ -434,44 +484,40 @@ class AsyncStore(Protocol):
 
     async def replan(self, claim: Claim, change: Replan) -> None: ...
 
-    async def continue_as_new(self, claim: Claim,
-                              successor: NewRun) -> tuple[RunRecord, Claim | None]:
+    async def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         """See ``Store.continue_as_new``."""
         ...
 
-    async def chain_operation(self, chain_id: str,
-                              operation_id: str) -> OperationRecord | None:
+    async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         """See ``Store.chain_operation``."""
         ...
 
-    async def resolve(self, run_id: str, expected_revision: int,
-                      resolution: Resolution) -> RunRecord:
+    async def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         """See ``Store.resolve``."""
         ...
 
-    async def request_cancel(self, run_id: str, by: str,
-                             reason: str | None = None) -> RunRecord:
+    async def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         """See ``Store.request_cancel``."""
         ...
 
     # approvals
-    async def reprepare_effect(self, claim: Claim, op: OperationRecord,
-                               payload: bytes) -> None:
+    async def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         """See ``Store.reprepare_effect``."""
         ...
 
-    async def await_approval(self, claim: Claim, operation_id: str,
-                             target_digest: str | None) -> ApprovalGate:
+    async def await_approval(
+        self, claim: Claim, operation_id: str, target_digest: str | None
+    ) -> ApprovalGate:
         """See ``Store.await_approval``."""
         ...
 
-    async def approve(self, run_id: str, step_id: str,
-                      request: ApprovalRequest) -> ApprovalRecord:
+    async def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         """See ``Store.approve``."""
         ...
 
-    async def revoke_approval(self, run_id: str, step_id: str,
-                              revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    async def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         """See ``Store.revoke_approval``."""
         ...
 
@@ -499,9 +545,10 @@ def unstorable(exc: BaseException) -> UsageError | None:
 
 
 def cannot_store(detail: str) -> UsageError:
-    return UsageError(f"a value given to the store cannot be stored ({detail}): ids and text are"
-                      " stored as UTF-8, without lone surrogates or NUL — check the id")
-
+    return UsageError(
+        f"a value given to the store cannot be stored ({detail}): ids and text are"
+        " stored as UTF-8, without lone surrogates or NUL — check the id"
+    )
 
 
 def check_payload(op: OperationRecord, payload: bytes) -> None:
@@ -516,8 +563,10 @@ def refuse_gated(op: OperationRecord) -> None:
     """``prepare_and_mark_dispatching`` makes one commit of what an approval gate would stand
     between: an operation that needs approval is refused before anything is written."""
     if op.approval_required:
-        raise ValueError(f"operation {op.operation_id!r} needs approval: it is prepared, then"
-                         " dispatched through the gate, never both in one commit")
+        raise ValueError(
+            f"operation {op.operation_id!r} needs approval: it is prepared, then"
+            " dispatched through the gate, never both in one commit"
+        )
 
 
 def retry_json(policy: Retry | None) -> str | None:

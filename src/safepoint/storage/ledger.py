@@ -72,8 +72,11 @@ def verified(digest: str, rows: list[Row]) -> bytes:
 def identity(rows: list[Row]) -> LedgerIdentity:
     """The ledger's identity from its singleton row."""
     if len(rows) != 1:
-        raise CorruptRecord("safepoint_ledger", "singleton", "the ledger's identity row is"
-                            " missing: it is minted once, by migration 1, and never removed")
+        raise CorruptRecord(
+            "safepoint_ledger",
+            "singleton",
+            "the ledger's identity row is missing: it is minted once, by migration 1, and never removed",
+        )
     return LedgerIdentity(str(rows[0]["ledger_id"]), int(rows[0]["keyed_since"]))
 
 
@@ -88,8 +91,7 @@ class LedgerReads:
     def get_artifact(self, digest: str) -> Plan[bytes]:
         return verified(digest, (yield self.q("get_artifact", digest=digest)))
 
-    def artifact_values(self, row: Row, *columns: str,
-                        listing: bool = False) -> Plan[dict[str, Any]]:
+    def artifact_values(self, row: Row, *columns: str, listing: bool = False) -> Plan[dict[str, Any]]:
         """The stored JSON of each of these columns kept in an artifact (``<column>_ref``): for
         a listing, one that cannot be had is a value to show unreadable, not an error."""
         values: dict[str, Any] = {}
@@ -116,8 +118,7 @@ class LedgerReads:
         return run_record(row, (yield from self.artifact_values(row, "inputs", "result")))
 
     def listed(self, row: Row) -> Plan[RunRecord | UnreadableRun]:
-        return listed_run(row, (yield from self.artifact_values(row, "inputs", "result",
-                                                                listing=True)))
+        return listed_run(row, (yield from self.artifact_values(row, "inputs", "result", listing=True)))
 
     def get_run(self, run_id: str) -> Plan[RunRecord]:
         return (yield from self.run_record((yield from self.run_row(run_id))))
@@ -125,8 +126,7 @@ class LedgerReads:
     def find_run(self, run_id: str) -> Plan[RunRecord | UnreadableRun]:
         return (yield from self.listed((yield from self.run_row(run_id))))
 
-    def list_runs(self, status: RunStatus | None,
-                  limit: int) -> Plan[list[RunRecord | UnreadableRun]]:
+    def list_runs(self, status: RunStatus | None, limit: int) -> Plan[list[RunRecord | UnreadableRun]]:
         runs = []
         rows = yield self.q("list_runs", status=status.value if status else None, limit=limit)
         for row in rows:
@@ -145,8 +145,14 @@ class LedgerReads:
         run = yield from self.run_record(run_rows[0])
         steps = []
         for row in step_rows:  # most results are inline: no generator step for them
-            steps.append((row, NO_VALUES if row["result_ref"] is None
-                          else (yield from self.artifact_values(row, "result"))))
+            steps.append(
+                (
+                    row,
+                    NO_VALUES
+                    if row["result_ref"] is None
+                    else (yield from self.artifact_values(row, "result")),
+                )
+            )
         return ledger(run, steps, op_rows, attempt_rows)
 
     def events(self, run_id: str) -> Plan[list[EventRecord]]:
@@ -162,9 +168,11 @@ class LedgerReads:
     def resolved_already(self, run_id: str, resolution: Resolution) -> Plan[bool]:
         """Whether the run's last event is this very resolution (repeating it is a no-op)."""
         last = yield self.q("resolve_last_event", run_id=run_id)
-        return (bool(last) and last[0]["kind"] == "run.resolved"
-                and stored_json(last[0]["detail"], "safepoint_events",
-                                f"run_id={run_id}") == resolution.detail())
+        return (
+            bool(last)
+            and last[0]["kind"] == "run.resolved"
+            and stored_json(last[0]["detail"], "safepoint_events", f"run_id={run_id}") == resolution.detail()
+        )
 
     # -- approvals -----------------------------------------------------------------------------
 
@@ -175,8 +183,9 @@ class LedgerReads:
         rows = yield self.q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
         return [approval_record(row) for row in rows]
 
-    def step_approvals(self, run_id: str, step_id: str) -> Plan[
-            tuple[RunRecord, OperationRecord | None, list[ApprovalRecord]]]:
+    def step_approvals(
+        self, run_id: str, step_id: str
+    ) -> Plan[tuple[RunRecord, OperationRecord | None, list[ApprovalRecord]]]:
         """The run — its row locked until the transaction ends (``lock_run``), which serialises
         a person's approval with the gate and the dispatch — the operation its step
         ``step_id`` prepared, and that one's approvals."""

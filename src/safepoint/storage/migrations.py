@@ -54,18 +54,28 @@ def load_migrations(dialect: str) -> list[Migration]:
 
 # What the builds before 0.1.0 recorded: their migrations after the first, by name, and the
 # checksums of their first (it was edited once). None of them ships any more.
-_BEFORE_RELEASE = frozenset({
-    "0002_resume_budget.sql", "0003_cancellation.sql", "0004_workflow_fingerprint.sql",
-    "0005_limits.sql", "0006_approvals.sql", "0007_history.sql",
-    "0008_approval_revocation.sql", "0009_ledger_identity.sql"})
-_BEFORE_RELEASE_FIRST = frozenset({
-    "3782896277be5dc6572eaaee13fa2e50b4092211c777319c168e5d5e4b331b95",  # SQLite
-    "d9cc93770819330bf506e15a6275db856219b21edcea48d475e54246211a7d06",  # PostgreSQL
-})
+_BEFORE_RELEASE = frozenset(
+    {
+        "0002_resume_budget.sql",
+        "0003_cancellation.sql",
+        "0004_workflow_fingerprint.sql",
+        "0005_limits.sql",
+        "0006_approvals.sql",
+        "0007_history.sql",
+        "0008_approval_revocation.sql",
+        "0009_ledger_identity.sql",
+    }
+)
+_BEFORE_RELEASE_FIRST = frozenset(
+    {
+        "3782896277be5dc6572eaaee13fa2e50b4092211c777319c168e5d5e4b331b95",  # SQLite
+        "d9cc93770819330bf506e15a6275db856219b21edcea48d475e54246211a7d06",  # PostgreSQL
+    }
+)
 _FRESH_LEDGER = {
     "sqlite": "move the file aside (or delete it) and open it again for a new, empty ledger",
     "postgres": "drop that schema (DROP SCHEMA … CASCADE), or name another with ?schema=, for a"
-                " new, empty ledger",
+    " new, empty ledger",
 }
 
 
@@ -76,16 +86,21 @@ def to_apply(dialect: str, applied: Iterable[tuple[int, str, str]]) -> list[Migr
     shipped = load_migrations(dialect)
     recorded = list(applied)
     before_release = any(name in _BEFORE_RELEASE for _, name, _ in recorded) or any(
-        version == 1 and checksum in _BEFORE_RELEASE_FIRST for version, _, checksum in recorded)
+        version == 1 and checksum in _BEFORE_RELEASE_FIRST for version, _, checksum in recorded
+    )
     if before_release:
-        raise MigrationMismatch(1, fix=(
-            "this ledger was created by a development build from before safepoint 0.1.0, whose"
-            " migrations were squashed into one before the release, so it cannot be upgraded in"
-            " place. Finish (or read out) its runs with the build that made it, then "
-            + _FRESH_LEDGER[dialect]))
+        raise MigrationMismatch(
+            1,
+            fix=(
+                "this ledger was created by a development build from before safepoint 0.1.0, whose"
+                " migrations were squashed into one before the release, so it cannot be upgraded in"
+                " place. Finish (or read out) its runs with the build that made it, then "
+                + _FRESH_LEDGER[dialect]
+            ),
+        )
     for version, _, checksum in recorded:
         if version <= len(shipped) and checksum != shipped[version - 1].checksum:
             raise MigrationMismatch(version)
     if recorded and recorded[-1][0] > len(shipped):
         raise SchemaTooNew(recorded[-1][0], len(shipped))
-    return shipped[len(recorded):]
+    return shipped[len(recorded) :]

@@ -15,8 +15,9 @@ from .base import AsyncStore
 __all__ = ["open_async_store"]
 
 
-async def open_async_store(url: str, *, durability: Durability | str | None = None,
-                           create: bool = True) -> AsyncStore:
+async def open_async_store(
+    url: str, *, durability: Durability | str | None = None, create: bool = True
+) -> AsyncStore:
     """Open (and migrate) the ledger at ``url`` for asyncio code; call it inside the event loop
     that will use the store, and ``await store.close()`` when done.
 
@@ -28,9 +29,12 @@ async def open_async_store(url: str, *, durability: Durability | str | None = No
     >>> store = await open_async_store("postgresql://worker@db.internal/app")  # doctest: +SKIP
     """
     if urlsplit(url).scheme not in ("postgres", "postgresql"):
-        raise InvalidStoreURL(url, "the async store supports postgresql:// URLs only; SQLite"
-                              " is used through the sync open_store (its calls are fast local"
-                              " commits)")
+        raise InvalidStoreURL(
+            url,
+            "the async store supports postgresql:// URLs only; SQLite"
+            " is used through the sync open_store (its calls are fast local"
+            " commits)",
+        )
     try:  # lazily: `import safepoint` never needs psycopg
         from .postgres_async import AsyncPostgresStore
     except ImportError as exc:

@@ -81,21 +81,36 @@ class AsyncPostgresStore:
     >>> claim = await store.claim_next("worker-1", 30_000, ["triage"])  # doctest: +SKIP
     """
 
-    def __init__(self, url: str, *, durability: Durability | str | None = None,
-                 inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
-                 connect_timeout: float = 5.0, pool_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        durability: Durability | str | None = None,
+        inline_limit: int = INLINE_LIMIT,
+        max_connections: int = 8,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 10.0,
+    ) -> None:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
         self._clock = ClockEstimate()
         self._resting = Resting()
-        self._ledger = PostgresLedger(url, durability=durability, inline_limit=inline_limit,
-                                      connect_timeout=connect_timeout)
+        self._ledger = PostgresLedger(
+            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+        )
         self.url, self.durability = self._ledger.url, self._ledger.durability
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
-            self._ledger.conninfo, connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
-            max_size=max_connections, open=False, configure=self._configure,
-            check=self._check, timeout=pool_timeout, name=f"safepoint-async:{self.url}")
+            self._ledger.conninfo,
+            connection_class=psycopg.AsyncConnection[DictRow],
+            kwargs={"row_factory": dict_row, "autocommit": True},
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            configure=self._configure,
+            check=self._check,
+            timeout=pool_timeout,
+            name=f"safepoint-async:{self.url}",
+        )
         self._opened = False
         self._beat_conn: psycopg.Connection[DictRow] | None = None
         self._beat_lock = threading.Lock()
@@ -107,16 +122,28 @@ class AsyncPostgresStore:
         self._listen_lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, url: str, *, durability: Durability | str | None = None,
-                   inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
-                   connect_timeout: float = 5.0, pool_timeout: float = 10.0,
-                   create: bool = True) -> AsyncPostgresStore:
+    async def open(
+        cls,
+        url: str,
+        *,
+        durability: Durability | str | None = None,
+        inline_limit: int = INLINE_LIMIT,
+        max_connections: int = 8,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 10.0,
+        create: bool = True,
+    ) -> AsyncPostgresStore:
         """Open (and migrate) the store at ``url``; call it inside the event loop that will
         use the store. ``create=False``: a schema that holds no ledger is refused
         (``UsageError``) instead of being set up as one."""
-        store = cls(url, durability=durability, inline_limit=inline_limit,
-                    max_connections=max_connections, connect_timeout=connect_timeout,
-                    pool_timeout=pool_timeout)
+        store = cls(
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            max_connections=max_connections,
+            connect_timeout=connect_timeout,
+            pool_timeout=pool_timeout,
+        )
         await store.open_pool(create=create)
         return store
 
@@ -143,8 +170,9 @@ class AsyncPostgresStore:
         await self.open_pool()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     @property
@@ -173,7 +201,8 @@ class AsyncPostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = await psycopg.AsyncConnection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row)
+                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+            )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
         try:
@@ -189,8 +218,10 @@ class AsyncPostgresStore:
         A write is never sent twice (``PostgresStore._run`` says why)."""
         if not self._opened:
             plan.close()
-            raise UsageError("this AsyncPostgresStore is not open: use"
-                             " `await AsyncPostgresStore.open(url)` or `async with`")
+            raise UsageError(
+                "this AsyncPostgresStore is not open: use"
+                " `await AsyncPostgresStore.open(url)` or `async with`"
+            )
         self._ledger.check_process()
         try:
             async with self._pool.connection() as conn:
@@ -202,8 +233,9 @@ class AsyncPostgresStore:
                 finally:
                     self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
         except DRIVER_ERRORS as exc:
-            raise unstorable(exc) or self._ledger.failure(exc, self._pool.timeout,
-                                                         self._pool.max_size) from exc
+            raise unstorable(exc) or self._ledger.failure(
+                exc, self._pool.timeout, self._pool.max_size
+            ) from exc
 
     async def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, run once more on a fresh connection when the server ended
@@ -224,7 +256,8 @@ class AsyncPostgresStore:
             try:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
-                        self._ledger.conninfo, row_factory=dict_row)
+                        self._ledger.conninfo, row_factory=dict_row
+                    )
                     run_plan_on(self._beat_conn, self._ledger.configure())
                     self._beat_conn.commit()
                 with self._beat_conn.transaction():
@@ -233,8 +266,7 @@ class AsyncPostgresStore:
                 if self._beat_conn is not None:
                     self._beat_conn.close()
                     self._beat_conn = None
-                raise self._ledger.failure(exc, self._pool.timeout,
-                                           self._pool.max_size) from exc
+                raise self._ledger.failure(exc, self._pool.timeout, self._pool.max_size) from exc
 
     async def close(self) -> None:
         with self._beat_lock:
@@ -274,14 +306,15 @@ class AsyncPostgresStore:
     async def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
         return await self._read(lambda: self._ledger.find_run(run_id))
 
-    async def list_runs(self, status: RunStatus | None = None,
-                        limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    async def list_runs(
+        self, status: RunStatus | None = None, limit: int = 100
+    ) -> list[RunRecord | UnreadableRun]:
         return await self._read(lambda: self._ledger.list_runs(status, limit))
 
-    async def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                        dead_owner: str | None = None) -> Claim | None:
-        return await self._run(self._ledger.claim_run(run_id, expected_revision, owner,
-                                                      lease_ms, dead_owner))
+    async def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
+        return await self._run(self._ledger.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
 
     async def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
         return await self._run(self._ledger.claim_next(owner, lease_ms, workflows))
@@ -308,41 +341,60 @@ class AsyncPostgresStore:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id),
-                                     atomic=False)
+        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
         if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
-            dispatched = await self._run(self._ledger.mark_dispatching_gated(claim,
-                                                                             operation_id))
+            dispatched = await self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
         op, due = dispatched
         warn(due)
         return op
 
-    async def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                           payload: bytes) -> OperationRecord:
+    async def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         dispatching, due = await self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False)
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
+        )
         warn(due)
         return dispatching
 
-    async def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                             receipt: JSON = None, error: JSON = None,
-                             step: StepRecord | None = None) -> None:
-        warn(await self._run(self._ledger.record_outcome(claim, operation_id, state,
-                                                         receipt=receipt, error=error,
-                                                         step=step), atomic=False))
+    async def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
+        warn(
+            await self._run(
+                self._ledger.record_outcome(
+                    claim, operation_id, state, receipt=receipt, error=error, step=step
+                ),
+                atomic=False,
+            )
+        )
 
-    async def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                         error: dict[str, Any] | None = None,
-                         recovery_record: dict[str, Any] | None = None) -> None:
-        await self._run(self._ledger.finish_run(claim, status, result=result, error=error,
-                                                recovery_record=recovery_record))
+    async def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
+        await self._run(
+            self._ledger.finish_run(
+                claim, status, result=result, error=error, recovery_record=recovery_record
+            )
+        )
 
-    async def resolve(self, run_id: str, expected_revision: int,
-                      resolution: Resolution) -> RunRecord:
+    async def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         return await self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
-    async def request_cancel(self, run_id: str, by: str,
-                             reason: str | None = None) -> RunRecord:
+    async def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         return await self._run(self._ledger.request_cancel(run_id, by, reason))
 
     async def replan(self, claim: Claim, change: Replan) -> None:
@@ -351,32 +403,30 @@ class AsyncPostgresStore:
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))
 
-    async def reprepare_effect(self, claim: Claim, op: OperationRecord,
-                               payload: bytes) -> None:
+    async def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         await self._run(self._ledger.reprepare_effect(claim, op, payload))
 
-    async def await_approval(self, claim: Claim, operation_id: str,
-                             target_digest: str | None) -> ApprovalGate:
+    async def await_approval(
+        self, claim: Claim, operation_id: str, target_digest: str | None
+    ) -> ApprovalGate:
         return await self._run(self._ledger.await_approval(claim, operation_id, target_digest))
 
-    async def approve(self, run_id: str, step_id: str,
-                      request: ApprovalRequest) -> ApprovalRecord:
+    async def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         return await self._run(self._ledger.approve(run_id, step_id, request))
 
-    async def revoke_approval(self, run_id: str, step_id: str,
-                              revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    async def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         return await self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
 
     async def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return await self._read(lambda: self._ledger.approvals(run_id))
-    async def continue_as_new(self, claim: Claim,
-                              successor: NewRun) -> tuple[RunRecord, Claim | None]:
+
+    async def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return await self._run(self._ledger.continue_as_new(claim, successor))
 
-    async def chain_operation(self, chain_id: str,
-                              operation_id: str) -> OperationRecord | None:
-        return await self._read(
-            lambda: self._ledger.chain_operation(chain_id, operation_id))
+    async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
+        return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
 
     # -- waiting for work ----------------------------------------------------------------------
 
@@ -415,7 +465,8 @@ class AsyncPostgresStore:
                 await conn.close()
                 raise
             self._reader = asyncio.get_running_loop().create_task(
-                self._read_notifications(conn), name=f"safepoint-listen:{self.url}")
+                self._read_notifications(conn), name=f"safepoint-listen:{self.url}"
+            )
 
     async def _read_notifications(self, conn: AsyncConn) -> None:
         try:

@@ -97,12 +97,22 @@ CRASH_POINTS = _crashpoints.POINTS
 # Loaded when first asked for: every child process a kill test starts imports this package, and
 # the conformance suite needs pytest, which running a workflow never should.
 _LOADED_LATER = {
-    "StoreConformance": "conformance", "SyncOverAsync": "sync_over_async",
-    "owner_client": "effects", "owner_effect": "effects",
-    "ChildOutcome": "kill", "KillHarness": "kill", "KillReport": "kill",
-    "child_outcome": "kill", "run_child": "kill", "spawn_child": "kill",
-    "OwnerClient": "owner", "OwnerConnectionLost": "owner", "OwnerError": "owner",
-    "OwnerRejected": "owner", "OwnerService": "owner", "OwnerUnavailable": "owner",
+    "StoreConformance": "conformance",
+    "SyncOverAsync": "sync_over_async",
+    "owner_client": "effects",
+    "owner_effect": "effects",
+    "ChildOutcome": "kill",
+    "KillHarness": "kill",
+    "KillReport": "kill",
+    "child_outcome": "kill",
+    "run_child": "kill",
+    "spawn_child": "kill",
+    "OwnerClient": "owner",
+    "OwnerConnectionLost": "owner",
+    "OwnerError": "owner",
+    "OwnerRejected": "owner",
+    "OwnerService": "owner",
+    "OwnerUnavailable": "owner",
 }
 
 

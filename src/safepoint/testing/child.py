@@ -37,12 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         if opts.resume:
             result = resume(store, opts.run_id, lease_ms=opts.lease_ms)
         else:
-            result = start(store, wf, *json.loads(opts.args), run_id=opts.run_id,
-                           lease_ms=opts.lease_ms)
+            result = start(store, wf, *json.loads(opts.args), run_id=opts.run_id, lease_ms=opts.lease_ms)
         outcome = {"status": "completed", "result": result}
     except errors.RunBlocked as exc:
-        outcome = {"status": "blocked", "error": type(exc).__name__, "message": exc.message,
-                   "record": exc.record}
+        outcome = {
+            "status": "blocked",
+            "error": type(exc).__name__,
+            "message": exc.message,
+            "record": exc.record,
+        }
     except errors.SafepointError as exc:
         outcome = {"status": "error", "error": type(exc).__name__, "message": exc.message}
     except errors.LostOwnership as exc:

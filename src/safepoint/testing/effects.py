@@ -33,8 +33,7 @@ def owner_client(*, keep_alive: bool = False) -> OwnerClient:
     process's client for that URL, which keeps one connection per thread."""
     url = os.environ.get(OWNER_URL_ENV)
     if not url:
-        raise RuntimeError(f"set {OWNER_URL_ENV} to the effect owner's URL"
-                           " (OwnerService().url)")
+        raise RuntimeError(f"set {OWNER_URL_ENV} to the effect owner's URL (OwnerService().url)")
     if not keep_alive:
         return OwnerClient(url)
     with _kept_lock:
@@ -43,10 +42,16 @@ def owner_client(*, keep_alive: bool = False) -> OwnerClient:
         return _kept_clients[url]
 
 
-def owner_effect(resource: str, *, name: str | None = None,
-                 dedup_retention: timedelta | None = timedelta(hours=23),
-                 verify: bool = False, reconcile: bool = True, fenced: bool = False,
-                 keep_alive: bool = False) -> Effect:
+def owner_effect(
+    resource: str,
+    *,
+    name: str | None = None,
+    dedup_retention: timedelta | None = timedelta(hours=23),
+    verify: bool = False,
+    reconcile: bool = True,
+    fenced: bool = False,
+    keep_alive: bool = False,
+) -> Effect:
     """An effect that creates one object of ``resource`` at the local owner (``keep_alive``:
     through a connection kept per thread, as an application's pooled HTTP client sends)."""
 
@@ -54,9 +59,12 @@ def owner_effect(resource: str, *, name: str | None = None,
         try:
             # Fence tokens grow per run, so the owner compares them per run and resource.
             return owner_client(keep_alive=keep_alive).create(
-                resource, payload, idempotency_key=str(key),
+                resource,
+                payload,
+                idempotency_key=str(key),
                 fence=key.fence if fenced else None,
-                fence_resource=f"{resource}:{key.run_id}" if fenced else None)
+                fence_resource=f"{resource}:{key.run_id}" if fenced else None,
+            )
         except OwnerUnavailable as exc:
             raise NotSent(str(exc)) from exc
         except OwnerRejected as exc:
@@ -76,6 +84,10 @@ def owner_effect(resource: str, *, name: str | None = None,
     def exists(receipt: Any) -> bool:
         return owner_client().get(resource, receipt["id"]) is not None
 
-    return Effect(name or f"owner.{resource}", execute=execute,
-                  reconcile=find if reconcile else None, verify=exists if verify else None,
-                  dedup_retention=dedup_retention)
+    return Effect(
+        name or f"owner.{resource}",
+        execute=execute,
+        reconcile=find if reconcile else None,
+        verify=exists if verify else None,
+        dedup_retention=dedup_retention,
+    )

@@ -44,46 +44,81 @@ class ChildOutcome:
         return self.returncode == -signal.SIGKILL
 
 
-def spawn_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any] = (),
-                resume: bool = False, crash_at: str | None = None, crash_mode: str = "kill",
-                owner_url: str | None = None, pythonpath: Sequence[str] = (),
-                lease_ms: int | None = None) -> subprocess.Popen[str]:
+def spawn_child(
+    workflow: str,
+    *,
+    store_url: str,
+    run_id: str,
+    args: Sequence[Any] = (),
+    resume: bool = False,
+    crash_at: str | None = None,
+    crash_mode: str = "kill",
+    owner_url: str | None = None,
+    pythonpath: Sequence[str] = (),
+    lease_ms: int | None = None,
+) -> subprocess.Popen[str]:
     """Start (or resume) ``run_id`` in a new Python process and return it, running.
 
     ``crash_at`` arms a crash point; ``crash_mode`` is ``kill`` (the child SIGKILLs itself
     there), ``stop`` (it freezes with SIGSTOP: a zombie-to-be) or ``raise``.
     """
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
+    env = {k: v for k, v in os.environ.items() if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
     env["PYTHONPATH"] = os.pathsep.join(
-        [_PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+        [_PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])]
+    )
     if crash_at:
         env["SAFEPOINT_CRASH_AT"] = crash_at
         env["SAFEPOINT_CRASH_MODE"] = crash_mode
     if owner_url:
         env[OWNER_URL_ENV] = owner_url
-    command = [sys.executable, "-m", "safepoint.testing.child", "--store", store_url,
-               "--workflow", workflow, "--run-id", run_id, "--args", json.dumps(list(args))]
+    command = [
+        sys.executable,
+        "-m",
+        "safepoint.testing.child",
+        "--store",
+        store_url,
+        "--workflow",
+        workflow,
+        "--run-id",
+        run_id,
+        "--args",
+        json.dumps(list(args)),
+    ]
     if resume:
         command.append("--resume")
     if lease_ms is not None:
         command += ["--lease-ms", str(lease_ms)]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run_child(workflow: str, *, store_url: str, run_id: str, args: Sequence[Any] = (),
-              resume: bool = False, crash_at: str | None = None, kill_after: float | None = None,
-              owner_url: str | None = None, pythonpath: Sequence[str] = (),
-              timeout: float = 60.0) -> ChildOutcome:
+def run_child(
+    workflow: str,
+    *,
+    store_url: str,
+    run_id: str,
+    args: Sequence[Any] = (),
+    resume: bool = False,
+    crash_at: str | None = None,
+    kill_after: float | None = None,
+    owner_url: str | None = None,
+    pythonpath: Sequence[str] = (),
+    timeout: float = 60.0,
+) -> ChildOutcome:
     """Start or resume ``run_id`` in a new Python process, wait for it; optionally kill it.
 
     ``crash_at`` arms a crash point (the child SIGKILLs itself exactly there); ``kill_after``
     sends SIGKILL from here after that many seconds, at whatever the child is doing.
     """
-    process = spawn_child(workflow, store_url=store_url, run_id=run_id, args=args,
-                          resume=resume, crash_at=crash_at, owner_url=owner_url,
-                          pythonpath=pythonpath)
+    process = spawn_child(
+        workflow,
+        store_url=store_url,
+        run_id=run_id,
+        args=args,
+        resume=resume,
+        crash_at=crash_at,
+        owner_url=owner_url,
+        pythonpath=pythonpath,
+    )
     if kill_after is not None:
         deadline = time.monotonic() + kill_after
         while process.poll() is None and time.monotonic() < deadline:
@@ -138,15 +173,24 @@ class KillReport:
             f" (killed={self.killed}, resumes={self.resumes}):\n"
             f"  result    {self.final}\n  reference {self.reference}\n"
             f"  effects applied {self.applied} (reference {self.reference_applied}),"
-            f" duplicates {self.duplicates}\n  stderr: {''.join(self.stderr)[-3000:]}")
+            f" duplicates {self.duplicates}\n  stderr: {''.join(self.stderr)[-3000:]}"
+        )
 
 
 class KillHarness:
     """Kill trials of one workflow with fixed arguments against one effect owner."""
 
-    def __init__(self, workflow: str, args: Sequence[Any], *, owner: OwnerService,
-                 workdir: Path, pythonpath: Sequence[str] = (), timeout: float = 60.0,
-                 store_url: str | None = None) -> None:
+    def __init__(
+        self,
+        workflow: str,
+        args: Sequence[Any],
+        *,
+        owner: OwnerService,
+        workdir: Path,
+        pythonpath: Sequence[str] = (),
+        timeout: float = 60.0,
+        store_url: str | None = None,
+    ) -> None:
         """``store_url``: one store for every trial (each trial uses its own run ids); by
         default each trial gets a fresh SQLite file in ``workdir``."""
         self.store_url = store_url
@@ -159,9 +203,16 @@ class KillHarness:
         self._reference: tuple[dict[str, Any], int] | None = None
 
     def _child(self, store_url: str, run_id: str, **options: Any) -> ChildOutcome:
-        return run_child(self.workflow, store_url=store_url, run_id=run_id, args=self.args,
-                         owner_url=self.owner.url, pythonpath=self.pythonpath,
-                         timeout=self.timeout, **options)
+        return run_child(
+            self.workflow,
+            store_url=store_url,
+            run_id=run_id,
+            args=self.args,
+            owner_url=self.owner.url,
+            pythonpath=self.pythonpath,
+            timeout=self.timeout,
+            **options,
+        )
 
     def _fresh_store(self) -> str:
         if self.store_url is not None:
@@ -178,8 +229,14 @@ class KillHarness:
             self._reference = (ended.outcome, int(self.owner.client.stats()["applied"]))
         return self._reference
 
-    def trial(self, *, crash_at: str | None = None, kill_after: float | None = None,
-              max_resumes: int = 3, owner_faults: dict[str, float] | None = None) -> KillReport:
+    def trial(
+        self,
+        *,
+        crash_at: str | None = None,
+        kill_after: float | None = None,
+        max_resumes: int = 3,
+        owner_faults: dict[str, float] | None = None,
+    ) -> KillReport:
         """Kill one run (at a crash point or after a delay), resume until it ends, compare.
         ``owner_faults`` are set on the owner for the trial (e.g. ``{"delay": 0.05}``, a slow
         owner that widens the windows a random kill can hit); the reset before it clears them."""
@@ -202,7 +259,15 @@ class KillHarness:
             if again.stderr:
                 stderr.append(again.stderr)
         stats = self.owner.client.stats()
-        return KillReport(crash_at=crash_at, kill_after=kill_after, killed=first.killed,
-                          resumes=resumes, final=final, applied=int(stats["applied"]),
-                          duplicates=int(stats["duplicates"]), reference=reference,
-                          reference_applied=reference_applied, stderr=stderr)
+        return KillReport(
+            crash_at=crash_at,
+            kill_after=kill_after,
+            killed=first.killed,
+            resumes=resumes,
+            final=final,
+            applied=int(stats["applied"]),
+            duplicates=int(stats["duplicates"]),
+            reference=reference,
+            reference_applied=reference_applied,
+            stderr=stderr,
+        )

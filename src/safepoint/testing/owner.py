@@ -48,8 +48,15 @@ from typing import IO, Any, Final
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 __all__ = [
-    "IDEMPOTENT_RESOURCES", "NO_READ_PATH_RESOURCES", "OwnerClient", "OwnerConnectionLost",
-    "OwnerError", "OwnerRejected", "OwnerService", "OwnerUnavailable", "main",
+    "IDEMPOTENT_RESOURCES",
+    "NO_READ_PATH_RESOURCES",
+    "OwnerClient",
+    "OwnerConnectionLost",
+    "OwnerError",
+    "OwnerRejected",
+    "OwnerService",
+    "OwnerUnavailable",
+    "main",
 ]
 
 JSONObject = dict[str, Any]
@@ -189,8 +196,14 @@ class _OwnerState:
             ]
         return _Reply(200, {"data": data})
 
-    def mutate(self, resource: str, raw_body: bytes, key: str | None,
-               fence_token: str | None, fence_resource: str | None) -> _Reply:
+    def mutate(
+        self,
+        resource: str,
+        raw_body: bytes,
+        key: str | None,
+        fence_token: str | None,
+        fence_resource: str | None,
+    ) -> _Reply:
         with self._lock:
             faults = self._faults
             if faults.fail_before_commit > 0:
@@ -208,8 +221,9 @@ class _OwnerState:
 
             fence: tuple[str, int] | None = None
             if (fence_token is None) != (fence_resource is None):
-                return _Reply(400, _error("invalid_request_error",
-                                          "Fence-Token and Fence-Resource go together"))
+                return _Reply(
+                    400, _error("invalid_request_error", "Fence-Token and Fence-Resource go together")
+                )
             if fence_token is not None and fence_resource is not None:
                 try:
                     fence = (fence_resource, int(fence_token))
@@ -233,8 +247,9 @@ class _OwnerState:
                     if record.digest != digest:
                         return _Reply(409, _error("idempotency_error", _KEY_REUSE_MESSAGE))
                     self._accept_fence(fence)
-                    return _Reply(200, dict(record.response), (("Idempotent-Replayed", "true"),),
-                                  drop=self._take_drop())
+                    return _Reply(
+                        200, dict(record.response), (("Idempotent-Replayed", "true"),), drop=self._take_drop()
+                    )
 
             obj = self._create(resource, params, key, now)
             if key is not None:
@@ -328,8 +343,7 @@ class _OwnerHandler(BaseHTTPRequestHandler):
         if segments == ["_faults"]:
             return self._send(_Reply(200, state.faults()))
         if segments and segments[0] in NO_READ_PATH_RESOURCES:
-            return self._send(_Reply(404, _error("no_read_path",
-                                                 f"{segments[0]} cannot be read back")))
+            return self._send(_Reply(404, _error("no_read_path", f"{segments[0]} cannot be read back")))
         if len(segments) == 1 and segments[0] in IDEMPOTENT_RESOURCES:
             keys = query.get("idempotency_key")
             return self._send(state.search(segments[0], keys[0] if keys else None))
@@ -355,8 +369,13 @@ class _OwnerHandler(BaseHTTPRequestHandler):
         delay = state.current_delay()
         if delay > 0:
             time.sleep(delay)  # outside the lock: a slow owner is not a stalled one
-        reply = state.mutate(segments[0], body, self.headers.get("Idempotency-Key"),
-                             self.headers.get("Fence-Token"), self.headers.get("Fence-Resource"))
+        reply = state.mutate(
+            segments[0],
+            body,
+            self.headers.get("Idempotency-Key"),
+            self.headers.get("Fence-Token"),
+            self.headers.get("Fence-Resource"),
+        )
         if reply.drop:
             # Committed, but the answer is lost: the caller cannot tell
             # whether the effect happened, which is what it must reconcile.
@@ -367,13 +386,17 @@ class _OwnerHandler(BaseHTTPRequestHandler):
 
 def main(argv: list[str] | None = None) -> int:
     """Run the service until SIGTERM or SIGINT."""
-    parser = argparse.ArgumentParser(prog="python -m safepoint.testing.owner",
-                                     description="Local effect-owner service for safepoint tests.")
+    parser = argparse.ArgumentParser(
+        prog="python -m safepoint.testing.owner",
+        description="Local effect-owner service for safepoint tests.",
+    )
     parser.add_argument("--port", type=int, default=0, help="TCP port on 127.0.0.1 (0 picks a free one)")
-    parser.add_argument("--key-retention", type=float, default=86400.0,
-                        help="seconds an idempotency key is remembered")
-    parser.add_argument("--index-lag", type=float, default=0.0,
-                        help="seconds before a new object is visible to search by key")
+    parser.add_argument(
+        "--key-retention", type=float, default=86400.0, help="seconds an idempotency key is remembered"
+    )
+    parser.add_argument(
+        "--index-lag", type=float, default=0.0, help="seconds before a new object is visible to search by key"
+    )
     args = parser.parse_args(argv)
 
     server = _OwnerHTTPServer(args.port, _OwnerState(args.key_retention, args.index_lag))
@@ -463,8 +486,9 @@ class OwnerClient:
             raise OwnerUnavailable(f"cannot connect to {self.base_url}: {exc!r}") from exc
         return conn
 
-    def _request(self, method: str, path: str, body: Any = None,
-                 headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    def _request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
         payload = None if body is None else json.dumps(body).encode("utf-8")
         all_headers = {"Accept": "application/json", **(headers or {})}
         if payload is not None:
@@ -479,7 +503,8 @@ class OwnerClient:
             conn.close()
             # Includes timeouts: the owner may still be committing.
             raise OwnerConnectionLost(
-                f"{method} {path}: connection lost after sending, outcome unknown: {exc!r}") from exc
+                f"{method} {path}: connection lost after sending, outcome unknown: {exc!r}"
+            ) from exc
         if self.keep_alive and not response.will_close:
             self._kept.conn = conn
         else:
@@ -500,14 +525,20 @@ class OwnerClient:
             raise OwnerRejected(status, body)
         raise OwnerError(f"{method} {path}: unexpected HTTP {status} {body!r}", status=status, body=body)
 
-    def _call(self, method: str, path: str, body: Any = None,
-              headers: dict[str, str] | None = None) -> Any:
+    def _call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
         status, decoded = self._request(method, path, body, headers)
         self._check(method, path, status, decoded)
         return decoded
 
-    def create(self, resource: str, params: JSONObject, *, idempotency_key: str | None = None,
-               fence: int | None = None, fence_resource: str | None = None) -> JSONObject:
+    def create(
+        self,
+        resource: str,
+        params: JSONObject,
+        *,
+        idempotency_key: str | None = None,
+        fence: int | None = None,
+        fence_resource: str | None = None,
+    ) -> JSONObject:
         """Create an object; returns it (fresh, or replayed for a known key).
 
         ``fence_resource`` defaults to ``resource`` when ``fence`` is given.
@@ -581,8 +612,9 @@ class OwnerService:
     a dead port); ``start()`` may be called again after ``stop()``.
     """
 
-    def __init__(self, key_retention: float = 86400.0, index_lag: float = 0.0, *,
-                 startup_timeout: float = 10.0) -> None:
+    def __init__(
+        self, key_retention: float = 86400.0, index_lag: float = 0.0, *, startup_timeout: float = 10.0
+    ) -> None:
         self.key_retention = key_retention
         self.index_lag = index_lag
         self.startup_timeout = startup_timeout
@@ -610,15 +642,24 @@ class OwnerService:
         env = dict(os.environ)
         existing = env.get("PYTHONPATH")
         env["PYTHONPATH"] = _PACKAGE_PARENT + (os.pathsep + existing if existing else "")
-        command = [sys.executable, "-m", "safepoint.testing.owner", "--port", "0",
-                   "--key-retention", repr(float(self.key_retention)),
-                   "--index-lag", repr(float(self.index_lag))]
+        command = [
+            sys.executable,
+            "-m",
+            "safepoint.testing.owner",
+            "--port",
+            "0",
+            "--key-retention",
+            repr(float(self.key_retention)),
+            "--index-lag",
+            repr(float(self.index_lag)),
+        ]
         # stderr goes to a file, not a pipe: nobody drains it while the
         # service runs, and it is only read to explain a failed start.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.returncode = None
-        self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=self._stderr, env=env, text=True)
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
+        )
         try:
             line = self._first_line(self._process)
             if not line.startswith(_LISTENING_PREFIX):
@@ -626,7 +667,7 @@ class OwnerService:
         except BaseException:
             self.stop()
             raise
-        self._url = line[len(_LISTENING_PREFIX):].strip()
+        self._url = line[len(_LISTENING_PREFIX) :].strip()
         self._client = OwnerClient(self._url)
         return self
 
@@ -640,8 +681,9 @@ class OwnerService:
         try:
             return lines.get(timeout=self.startup_timeout)
         except queue.Empty:
-            raise RuntimeError(f"owner service gave no listening line within {self.startup_timeout}s: "
-                               f"{self._stderr_text()}") from None
+            raise RuntimeError(
+                f"owner service gave no listening line within {self.startup_timeout}s: {self._stderr_text()}"
+            ) from None
 
     def _stderr_text(self) -> str:
         if self._stderr is None:
@@ -670,8 +712,9 @@ class OwnerService:
     def __enter__(self) -> OwnerService:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

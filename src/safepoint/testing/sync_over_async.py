@@ -49,8 +49,9 @@ class SyncOverAsync:
 
     def __init__(self, store_factory: Callable[[], Awaitable[AsyncStore]]) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="safepoint-sync-over-async")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="safepoint-sync-over-async"
+        )
         self._thread.start()
 
         async def open_() -> AsyncStore:
@@ -93,14 +94,13 @@ class SyncOverAsync:
     def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
         return self._call(self.store.find_run(run_id))
 
-    def list_runs(self, status: RunStatus | None = None,
-                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._call(self.store.list_runs(status, limit))
 
-    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                  dead_owner: str | None = None) -> Claim | None:
-        return self._call(self.store.claim_run(run_id, expected_revision, owner, lease_ms,
-                                               dead_owner))
+    def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
+        return self._call(self.store.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
 
     def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
         return self._call(self.store.claim_next(owner, lease_ms, workflows))
@@ -132,24 +132,39 @@ class SyncOverAsync:
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         return self._call(self.store.mark_dispatching(claim, operation_id))
 
-    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                     payload: bytes) -> OperationRecord:
+    def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         return self._call(self.store.prepare_and_mark_dispatching(claim, op, payload))
 
-    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON = None, error: JSON = None,
-                       step: StepRecord | None = None) -> None:
-        self._call(self.store.record_outcome(claim, operation_id, state, receipt=receipt,
-                                             error=error, step=step))
+    def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
+        self._call(
+            self.store.record_outcome(claim, operation_id, state, receipt=receipt, error=error, step=step)
+        )
 
-    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                   error: dict[str, Any] | None = None,
-                   recovery_record: dict[str, Any] | None = None) -> None:
-        self._call(self.store.finish_run(claim, status, result=result, error=error,
-                                         recovery_record=recovery_record))
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
+        self._call(
+            self.store.finish_run(claim, status, result=result, error=error, recovery_record=recovery_record)
+        )
 
-    def resolve(self, run_id: str, expected_revision: int,
-                resolution: Resolution) -> RunRecord:
+    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         return self._call(self.store.resolve(run_id, expected_revision, resolution))
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
@@ -164,19 +179,20 @@ class SyncOverAsync:
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._call(self.store.reprepare_effect(claim, op, payload))
 
-    def await_approval(self, claim: Claim, operation_id: str,
-                       target_digest: str | None) -> ApprovalGate:
+    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
         return self._call(self.store.await_approval(claim, operation_id, target_digest))
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         return self._call(self.store.approve(run_id, step_id, request))
 
-    def revoke_approval(self, run_id: str, step_id: str,
-                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         return self._call(self.store.revoke_approval(run_id, step_id, revocation))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._call(self.store.approvals(run_id))
+
     def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._call(self.store.continue_as_new(claim, successor))
 

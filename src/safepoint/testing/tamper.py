@@ -29,8 +29,9 @@ __all__ = ["overwrite"]
 _NAME = re.compile(r"safepoint_[a-z_]+|[a-z_]+")
 
 
-def overwrite(store: Any, table: str, column: str, value: str | bytes | float | None,
-              **where: str | int) -> int:
+def overwrite(
+    store: Any, table: str, column: str, value: str | bytes | float | None, **where: str | int
+) -> int:
     """Set ``column`` of the rows of ``table`` that match ``where`` (column=value, all of them)
     to ``value``, bypassing the store; return how many rows changed."""
     for name in (table, column, *where):
@@ -44,26 +45,26 @@ def overwrite(store: Any, table: str, column: str, value: str | bytes | float | 
         return _overwrite_postgres(ledger, table, column, value, where)
     target = getattr(inner, "_target", None)
     if isinstance(target, str):
-        return _overwrite_sqlite(target, bool(getattr(inner, "_uri", False)), table, column,
-                                 value, where)
+        return _overwrite_sqlite(target, bool(getattr(inner, "_uri", False)), table, column, value, where)
     raise UsageError(f"overwrite knows safepoint's own stores only, not {type(store).__name__}")
 
 
-def _overwrite_sqlite(target: str, uri: bool, table: str, column: str, value: Any,
-                      where: dict[str, Any]) -> int:
+def _overwrite_sqlite(
+    target: str, uri: bool, table: str, column: str, value: Any, where: dict[str, Any]
+) -> int:
     conn = sqlite3.connect(target, uri=uri, timeout=30, isolation_level=None)
     try:
         conn.execute("PRAGMA ignore_check_constraints = ON")
         slot = "CAST(? AS TEXT)" if isinstance(value, bytes) else "?"
         condition = " AND ".join(f"{name} = ?" for name in where)
-        return conn.execute(f"UPDATE {table} SET {column} = {slot} WHERE {condition}",
-                            (value, *where.values())).rowcount
+        return conn.execute(
+            f"UPDATE {table} SET {column} = {slot} WHERE {condition}", (value, *where.values())
+        ).rowcount
     finally:
         conn.close()
 
 
-def _overwrite_postgres(ledger: Any, table: str, column: str, value: Any,
-                        where: dict[str, Any]) -> int:
+def _overwrite_postgres(ledger: Any, table: str, column: str, value: Any, where: dict[str, Any]) -> int:
     """One transaction: the table's CHECK constraints come off, the row changes, and they are
     put back NOT VALID — enforced for every later write, not for the row just damaged."""
     import psycopg
@@ -76,16 +77,26 @@ def _overwrite_postgres(ledger: Any, table: str, column: str, value: Any,
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(ledger.schema)))
         checks = conn.execute(
             "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-            " WHERE conrelid = to_regclass(%s) AND contype = 'c'", (table,)).fetchall()
+            " WHERE conrelid = to_regclass(%s) AND contype = 'c'",
+            (table,),
+        ).fetchall()
         for name, _ in checks:
-            conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-                sql.Identifier(table), sql.Identifier(name)))
-        condition = sql.SQL(" AND ").join(
-            sql.SQL("{} = %s").format(sql.Identifier(name)) for name in where)
-        changed = conn.execute(sql.SQL("UPDATE {} SET {} = %s WHERE {}").format(
-            sql.Identifier(table), sql.Identifier(column), condition),
-            (value, *where.values())).rowcount
+            conn.execute(
+                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                    sql.Identifier(table), sql.Identifier(name)
+                )
+            )
+        condition = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(name)) for name in where)
+        changed = conn.execute(
+            sql.SQL("UPDATE {} SET {} = %s WHERE {}").format(
+                sql.Identifier(table), sql.Identifier(column), condition
+            ),
+            (value, *where.values()),
+        ).rowcount
         for name, definition in checks:
-            conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {} NOT VALID").format(
-                sql.Identifier(table), sql.Identifier(name), sql.SQL(definition)))
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {} NOT VALID").format(
+                    sql.Identifier(table), sql.Identifier(name), sql.SQL(definition)
+                )
+            )
         return changed

@@ -37,4 +37,3 @@ class ClockEstimate:
             assert self._offset_ms is not None, "sample the server's clock first"
             self._last = max(self._last, round(time.time() * 1000 + self._offset_ms))
             return self._last
-

@@ -57,18 +57,22 @@ Dispatched: TypeAlias = tuple[OperationRecord, HistoryWarning | None]
 
 def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
     """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+
     def execute(stmt: Stmt) -> list[Row]:
         cur = conn.execute(stmt.text, stmt.params)
         return cur.fetchall() if cur.description is not None else []
+
     return run_plan(execute, plan)
 
 
 async def run_plan_on_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
     """``run_plan_on`` for an async connection."""
+
     async def execute(stmt: Stmt) -> list[Row]:
         cur = await conn.execute(stmt.text, stmt.params)
         rows: list[Row] = await cur.fetchall() if cur.description is not None else []
         return rows
+
     return await run_plan_async(execute, plan)
 
 
@@ -78,8 +82,14 @@ class PostgresBase(LedgerReads):
 
     identity: LedgerIdentity  # read by ``prepare``, when the store opens
 
-    def __init__(self, url: str, *, durability: Durability | str | None = None,
-                 inline_limit: int = INLINE_LIMIT, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        durability: Durability | str | None = None,
+        inline_limit: int = INLINE_LIMIT,
+        connect_timeout: float = 5.0,
+    ) -> None:
         super().__init__(QUERIES, snapshot=_SNAPSHOT)
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
@@ -89,8 +99,9 @@ class PostgresBase(LedgerReads):
         try:
             self.durability = Durability(chosen)
         except ValueError:
-            raise InvalidStoreURL(self.url, f"unknown durability {chosen!r}; use "
-                                  + " or ".join(d.value for d in Durability)) from None
+            raise InvalidStoreURL(
+                self.url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
+            ) from None
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
@@ -99,10 +110,13 @@ class PostgresBase(LedgerReads):
             given = conninfo_to_dict(libpq_url)
         except psycopg.ProgrammingError as exc:
             raise InvalidStoreURL(self.url, reason(exc)) from exc
-        defaults: dict[str, str | int] = {"connect_timeout": max(1, round(connect_timeout)),
-                                          "application_name": "safepoint"}
-        self.conninfo = make_conninfo(libpq_url, **{
-            key: value for key, value in defaults.items() if key not in given})
+        defaults: dict[str, str | int] = {
+            "connect_timeout": max(1, round(connect_timeout)),
+            "application_name": "safepoint",
+        }
+        self.conninfo = make_conninfo(
+            libpq_url, **{key: value for key, value in defaults.items() if key not in given}
+        )
         self.inline_limit = inline_limit
         self.pid = os.getpid()
 
@@ -110,8 +124,10 @@ class PostgresBase(LedgerReads):
 
     def check_process(self) -> None:
         if os.getpid() != self.pid:
-            raise StoreError("this PostgreSQL store was opened in a parent process; open a new"
-                             " store in the child (connections cannot cross a fork)")
+            raise StoreError(
+                "this PostgreSQL store was opened in a parent process; open a new"
+                " store in the child (connections cannot cross a fork)"
+            )
 
     def failure(self, exc: BaseException, pool_timeout: float, pool_size: int) -> StoreError:
         """The StoreError for a driver error raised while running a plan (raise it ``from``
@@ -121,12 +137,16 @@ class PostgresBase(LedgerReads):
                 f"no usable connection to the store at {self.url} within {pool_timeout:g}s"
                 f" ({reason(exc)}): the server is down or unreachable, or every one of the"
                 f" {pool_size} pooled connections stayed busy; try again once it is back (or"
-                " open the store with more connections)", url=self.url)
+                " open the store with more connections)",
+                url=self.url,
+            )
         if isinstance(exc, psycopg.OperationalError):
             return StoreUnavailable(
                 f"the connection to the store at {self.url} broke during the operation"
                 f" ({reason(exc)}); it may or may not have committed — try again once the"
-                " server is reachable (the ledger tells which)", url=self.url)
+                " server is reachable (the ledger tells which)",
+                url=self.url,
+            )
         return StoreError(f"the store refused the operation: {reason(exc)}", url=self.url)
 
     def connect_failure(self, exc: psycopg.Error) -> SafepointError:
@@ -136,15 +156,15 @@ class PostgresBase(LedgerReads):
         return InvalidStoreURL(self.url, reason(exc))
 
     def setup_failure(self, exc: psycopg.Error) -> StoreError:
-        return StoreError(f"cannot prepare a connection to {self.url}: {reason(exc)}",
-                          url=self.url)
+        return StoreError(f"cannot prepare a connection to {self.url}: {reason(exc)}", url=self.url)
 
     def migration_failure(self, exc: psycopg.Error) -> StoreError:
         return StoreError(
             f"cannot migrate the store at {self.url}: {reason(exc)}; check that the schema"
             " exists (or name it with ?schema=, which is created for you) and that this user"
             " may create tables in it, or run `safepoint migrate` as a user who can",
-            url=self.url)
+            url=self.url,
+        )
 
     # -- connections and migrations ------------------------------------------------------------
 
@@ -166,25 +186,33 @@ class PostgresBase(LedgerReads):
         pending = yield from self._to_apply()
         if pending and pending[0].version == 1 and not create:
             where = f"schema {self.schema!r}" if self.schema else "database"
-            raise UsageError(f"no ledger at {self.url}: the {where} holds no safepoint ledger;"
-                             " check --store (or SAFEPOINT_URL), or create a ledger there with"
-                             " `safepoint migrate`", url=self.url)
+            raise UsageError(
+                f"no ledger at {self.url}: the {where} holds no safepoint ledger;"
+                " check --store (or SAFEPOINT_URL), or create a ledger there with"
+                " `safepoint migrate`",
+                url=self.url,
+            )
         if pending:
             yield _q("migration_lock")
             if self.schema:
-                yield Stmt(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(
-                    sql.Identifier(self.schema)))
+                yield Stmt(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
             yield _q("create_version_table")
             for migration in (yield from self._to_apply()):
                 yield Stmt(migration.sql)
-                yield _q("record_migration", version=migration.version, name=migration.name,
-                         checksum=migration.checksum)
+                yield _q(
+                    "record_migration",
+                    version=migration.version,
+                    name=migration.name,
+                    checksum=migration.checksum,
+                )
         self.identity = yield from self.read_identity()
         if self.durability is Durability.POWER_LOSS:
             fsync = yield Stmt("SHOW fsync")
             if fsync and fsync[0]["fsync"] != "on":
-                log.warning("durability=power_loss asked, but the server runs with"
-                            " fsync=off: commits will not survive a power loss")
+                log.warning(
+                    "durability=power_loss asked, but the server runs with"
+                    " fsync=off: commits will not survive a power loss"
+                )
 
     @staticmethod
     def _to_apply() -> Plan[list[Migration]]:
@@ -215,45 +243,81 @@ class PostgresBase(LedgerReads):
         return text, ref
 
     @staticmethod
-    def _step_params(step: StepRecord | None, result: str | None,
-                     result_ref: str | None) -> dict[str, Any]:
+    def _step_params(step: StepRecord | None, result: str | None, result_ref: str | None) -> dict[str, Any]:
         """A step's columns as statement parameters, its result stored as ``result`` (inline)
         or ``result_ref`` (an artifact)."""
         if step is None:
             return dict.fromkeys(_STEP_PARAMS)
         return {
-            "step_id": step.step_id, "seq": step.seq, "kind": step.kind.value, "name": step.name,
-            "input_hash": step.input_hash, "step_status": step.status.value, "result": result,
+            "step_id": step.step_id,
+            "seq": step.seq,
+            "kind": step.kind.value,
+            "name": step.name,
+            "input_hash": step.input_hash,
+            "step_status": step.status.value,
+            "result": result,
             "result_ref": result_ref,
             "step_error": None if step.error is None else dumps(step.error),
-            "next_step_id": step.next_step_id, "attempt": step.attempt,
-            "model_id": step.model_id, "prompt_hash": step.prompt_hash,
-            "observed_at": step.observed_at, "step_operation_id": step.operation_id,
-            "tokens": step.tokens, "cost": step.cost}
+            "next_step_id": step.next_step_id,
+            "attempt": step.attempt,
+            "model_id": step.model_id,
+            "prompt_hash": step.prompt_hash,
+            "observed_at": step.observed_at,
+            "step_operation_id": step.operation_id,
+            "tokens": step.tokens,
+            "cost": step.cost,
+        }
 
     @staticmethod
-    def _fenced(claim: Claim, query: str, /, *, new_work: bool = True, limited: bool = False,
-                needs_operation: bool = False, **params: Any) -> Plan[Row]:
+    def _fenced(
+        claim: Claim,
+        query: str,
+        /,
+        *,
+        new_work: bool = True,
+        limited: bool = False,
+        needs_operation: bool = False,
+        **params: Any,
+    ) -> Plan[Row]:
         """Run a fenced statement: its one row. When it matched nothing, why, from the run as
         it now stands (``refused_write``): while the fence holds, ``Cancelled`` or
         ``DeadlineExceeded`` for ``new_work``, ``HistoryLimitReached`` for a write held to the
         history limit (``limited``); else ``LostOwnership``. A statement that writes only with
         its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
         when nothing else explains it: the caller says what the operation lacked."""
-        rows = yield _q(query, run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms,
-                        worker=claim.owner, **params)
+        rows = yield _q(
+            query,
+            run_id=claim.run_id,
+            fence=claim.fence,
+            lease_ms=claim.lease_ms,
+            worker=claim.owner,
+            **params,
+        )
         if rows:
             return rows[0]
-        state = yield _q("fence_state", run_id=claim.run_id,
-                         operation_id=params["operation_id"] if needs_operation else None)
+        state = yield _q(
+            "fence_state",
+            run_id=claim.run_id,
+            operation_id=params["operation_id"] if needs_operation else None,
+        )
         row = state[0] if state else {}
-        refused = refused_write(claim, row.get("fence"), row.get("status"),
-                                row.get("cancel_requested_at"), row.get("deadline_at"),
-                                row.get("now"), new_work=new_work, limited=limited,
-                                history=row.get("history"),
-                                hard_limit=row.get("history_hard_limit"))
-        if (needs_operation and isinstance(refused, LostOwnership)
-                and fence_holds(claim, row.get("fence"), row.get("status"))):
+        refused = refused_write(
+            claim,
+            row.get("fence"),
+            row.get("status"),
+            row.get("cancel_requested_at"),
+            row.get("deadline_at"),
+            row.get("now"),
+            new_work=new_work,
+            limited=limited,
+            history=row.get("history"),
+            hard_limit=row.get("history_hard_limit"),
+        )
+        if (
+            needs_operation
+            and isinstance(refused, LostOwnership)
+            and fence_holds(claim, row.get("fence"), row.get("status"))
+        ):
             raise _Unfit(bool(row["approval_required"]))
         raise refused
 
@@ -264,12 +328,17 @@ class PostgresBase(LedgerReads):
         executor to issue once the write committed."""
         if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
             return None
-        warned = yield _q("record_history_warning", run_id=claim.run_id, fence=claim.fence,
-                          worker=claim.owner)
+        warned = yield _q(
+            "record_history_warning", run_id=claim.run_id, fence=claim.fence, worker=claim.owner
+        )
         if not warned:
             return None
-        return history_warning(claim.run_id, warned[0]["history"],
-                               warned[0]["history_soft_limit"], warned[0]["history_hard_limit"])
+        return history_warning(
+            claim.run_id,
+            warned[0]["history"],
+            warned[0]["history_soft_limit"],
+            warned[0]["history_hard_limit"],
+        )
 
 
 class _Unfit(Exception):
@@ -283,19 +352,36 @@ class _Unfit(Exception):
 
 
 def not_dispatchable(claim: Claim, operation_id: str) -> StoreError:
-    return StoreError(f"operation {operation_id!r} is not in a dispatchable state",
-                      run_id=claim.run_id, operation_id=operation_id)
+    return StoreError(
+        f"operation {operation_id!r} is not in a dispatchable state",
+        run_id=claim.run_id,
+        operation_id=operation_id,
+    )
 
 
-
-_STEP_PARAMS = ("step_id", "seq", "kind", "name", "input_hash", "step_status", "result",
-                "result_ref", "step_error", "next_step_id", "attempt", "model_id",
-                "prompt_hash", "observed_at", "step_operation_id", "tokens", "cost")
+_STEP_PARAMS = (
+    "step_id",
+    "seq",
+    "kind",
+    "name",
+    "input_hash",
+    "step_status",
+    "result",
+    "result_ref",
+    "step_error",
+    "next_step_id",
+    "attempt",
+    "model_id",
+    "prompt_hash",
+    "observed_at",
+    "step_operation_id",
+    "tokens",
+    "cost",
+)
 
 
 def _claim(row: Row, owner: str, lease_ms: int) -> Claim:
-    return Claim(row["run_id"], owner, row["fence"], row["state_revision"],
-                 row["lease_expires_at"], lease_ms)
+    return Claim(row["run_id"], owner, row["fence"], row["state_revision"], row["lease_expires_at"], lease_ms)
 
 
 def redacted(url: str) -> str:
@@ -317,5 +403,7 @@ def unreachable(url: str, exc: BaseException) -> StoreError:
     return StoreUnavailable(
         f"cannot reach the PostgreSQL store at {url}: {why}; check that the server is"
         " running and that the URL (SAFEPOINT_URL) names the right host, port, database and"
-        " user", url=url, reason=why)
-
+        " user",
+        url=url,
+        reason=why,
+    )

@@ -21,29 +21,40 @@ from .connection import Dispatched, PostgresBase, _Unfit, not_dispatchable
 class PostgresEffects(PostgresBase):
     """The PostgreSQL store's effects: an operation walking the dispatch protocol, one fenced."""
 
-    def prepare_effect(self, claim: Claim, op: OperationRecord,
-                       payload: bytes) -> Plan[HistoryWarning | None]:
+    def prepare_effect(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> Plan[HistoryWarning | None]:
         _, due = yield from self._prepare(claim, op, payload, dispatching=False)
         return due
 
-    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                     payload: bytes) -> Plan[Dispatched]:
+    def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> Plan[Dispatched]:
         """Both in one statement: the operation is inserted "dispatching", with both events."""
         refuse_gated(op)
         return (yield from self._prepare(claim, op, payload, dispatching=True))
 
-    def _prepare(self, claim: Claim, op: OperationRecord, payload: bytes, *,
-                 dispatching: bool) -> Plan[Dispatched]:
+    def _prepare(
+        self, claim: Claim, op: OperationRecord, payload: bytes, *, dispatching: bool
+    ) -> Plan[Dispatched]:
         check_payload(op, payload)  # before anything is sent
         row = yield from self._fenced(
-            claim, "prepare_effect", limited=True, operation_id=op.operation_id,
-            step_id=op.step_id, effect=op.effect, payload_ref=op.payload_ref,
-            payload=payload, size=len(payload), effect_key=op.effect_key,
+            claim,
+            "prepare_effect",
+            limited=True,
+            operation_id=op.operation_id,
+            step_id=op.step_id,
+            effect=op.effect,
+            payload_ref=op.payload_ref,
+            payload=payload,
+            size=len(payload),
+            effect_key=op.effect_key,
             approval_required=op.approval_required,
             target_digest=op.target_digest if op.approval_required else None,
             dispatching=dispatching,
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
-            dispatching_detail=dumps({"dispatch": 1}) if dispatching else None)
+            dispatching_detail=dumps({"dispatch": 1}) if dispatching else None,
+        )
         prepared = operation_record(row)
         return prepared, (yield from self._history_warning(claim, row))
 
@@ -51,8 +62,9 @@ class PostgresEffects(PostgresBase):
         """One statement for an operation that needs no approval. None for one that does,
         having written nothing: the store runs ``mark_dispatching_gated`` instead."""
         try:
-            row = yield from self._fenced(claim, "mark_dispatching", needs_operation=True,
-                                          operation_id=operation_id, gate=False)
+            row = yield from self._fenced(
+                claim, "mark_dispatching", needs_operation=True, operation_id=operation_id, gate=False
+            )
         except _Unfit as unfit:
             if unfit.gated:
                 return None
@@ -66,51 +78,81 @@ class PostgresEffects(PostgresBase):
         approvals are read, and the one that authorizes the dispatch is kept on the operation
         — or the refusal rolls it all back."""
         try:
-            row = yield from self._fenced(claim, "mark_dispatching", needs_operation=True,
-                                          operation_id=operation_id, gate=True)
+            row = yield from self._fenced(
+                claim, "mark_dispatching", needs_operation=True, operation_id=operation_id, gate=True
+            )
         except _Unfit:
             raise not_dispatchable(claim, operation_id) from None
         op = operation_record(row)
         if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
             approvals = yield from self.approvals_of(claim.run_id, operation_id)
-            approval = authorizing(approvals, payload_digest=op.payload_ref,
-                                   target_digest=op.target_digest, now=op.updated_at)
+            approval = authorizing(
+                approvals, payload_digest=op.payload_ref, target_digest=op.target_digest, now=op.updated_at
+            )
             if approval is None:
                 raise refused_dispatch(op, approvals, op.updated_at)
-            yield _q("mark_dispatching_approved", run_id=claim.run_id, operation_id=operation_id,
-                     approval_id=approval.approval_id)
+            yield _q(
+                "mark_dispatching_approved",
+                run_id=claim.run_id,
+                operation_id=operation_id,
+                approval_id=approval.approval_id,
+            )
             op = replace(op, approval_id=approval.approval_id)
         return op, (yield from self._history_warning(claim, row))
 
-    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON, error: JSON,
-                       step: StepRecord | None) -> Plan[HistoryWarning | None]:
-        result, result_ref, content = (None, None, None) if step is None else stored(
-            step.result, self.inline_limit)
+    def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON,
+        error: JSON,
+        step: StepRecord | None,
+    ) -> Plan[HistoryWarning | None]:
+        result, result_ref, content = (
+            (None, None, None) if step is None else stored(step.result, self.inline_limit)
+        )
         try:
             row = yield from self._fenced(
-                claim, "record_outcome", new_work=False, needs_operation=True,
-                **self._step_params(step, result, result_ref), result_content=content,
+                claim,
+                "record_outcome",
+                new_work=False,
+                needs_operation=True,
+                **self._step_params(step, result, result_ref),
+                result_content=content,
                 result_size=None if content is None else len(content),
-                operation_id=operation_id, state=state.value,
+                operation_id=operation_id,
+                state=state.value,
                 receipt=None if receipt is None else dumps(receipt),
                 error=None if error is None else dumps(error),
                 event_kind=f"effect.{state.value}",
-                detail=dumps({"error": error}) if error is not None else None)
+                detail=dumps({"error": error}) if error is not None else None,
+            )
         except _Unfit:
-            raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
-                             run_id=claim.run_id, operation_id=operation_id) from None
+            raise StoreError(
+                f"no operation {operation_id!r} in run {claim.run_id!r}",
+                run_id=claim.run_id,
+                operation_id=operation_id,
+            ) from None
         return (yield from self._history_warning(claim, row))
 
-    def reprepare_effect(self, claim: Claim, op: OperationRecord,
-                         payload: bytes) -> Plan[None]:
+    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> Plan[None]:
         check_payload(op, payload)
         yield from self._put_artifact(op.payload_ref, payload)
         row = yield from self._fenced(
-            claim, "reprepare_effect", operation_id=op.operation_id, step_id=op.step_id,
-            payload_ref=op.payload_ref, target_digest=op.target_digest,
-            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref, "revised": True}))
+            claim,
+            "reprepare_effect",
+            operation_id=op.operation_id,
+            step_id=op.step_id,
+            payload_ref=op.payload_ref,
+            target_digest=op.target_digest,
+            detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref, "revised": True}),
+        )
         if row["operation_id"] is None:
-            raise StoreError(f"operation {op.operation_id!r} is no longer prepared: its payload"
-                             " cannot change (it may have been sent)",
-                             run_id=claim.run_id, operation_id=op.operation_id)
+            raise StoreError(
+                f"operation {op.operation_id!r} is no longer prepared: its payload"
+                " cannot change (it may have been sent)",
+                run_id=claim.run_id,
+                operation_id=op.operation_id,
+            )

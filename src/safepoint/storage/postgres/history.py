@@ -18,35 +18,59 @@ class PostgresHistory(PostgresBase):
 
     def replan(self, claim: Claim, change: Replan) -> Plan[None]:
         yield from self._fenced(
-            claim, "replan", workflow_version=change.workflow_version,
+            claim,
+            "replan",
+            workflow_version=change.workflow_version,
             workflow_fingerprint=change.workflow_fingerprint,
             workflow_manifest=json_or_none(change.workflow_manifest),
-            step_id=change.step_id, operation_id=None,
-            detail=dumps(change.detail()))
+            step_id=change.step_id,
+            operation_id=None,
+            detail=dumps(change.detail()),
+        )
         if change.step_id is not None:
-            yield _q("replan_abandon_steps", run_id=claim.run_id, step_id=change.step_id,
-                     through_seq=change.through_seq, fence=claim.fence, worker=claim.owner,
-                     reason=change.reason, keep=list(change.keep))
+            yield _q(
+                "replan_abandon_steps",
+                run_id=claim.run_id,
+                step_id=change.step_id,
+                through_seq=change.through_seq,
+                fence=claim.fence,
+                worker=claim.owner,
+                reason=change.reason,
+                keep=list(change.keep),
+            )
 
-    def continue_as_new(self, claim: Claim,
-                        successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
+    def continue_as_new(self, claim: Claim, successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
         inputs, inputs_ref = yield from self._put_value(successor.inputs)
         row = yield from self._fenced(
-            claim, "continue_as_new", successor_run_id=successor.run_id,
-            workflow=successor.workflow, workflow_version=successor.workflow_version,
-            input_hash=successor.input_hash, inputs=inputs, inputs_ref=inputs_ref,
-            owner=successor.owner, successor_lease_ms=successor.lease_ms,
+            claim,
+            "continue_as_new",
+            successor_run_id=successor.run_id,
+            workflow=successor.workflow,
+            workflow_version=successor.workflow_version,
+            input_hash=successor.input_hash,
+            inputs=inputs,
+            inputs_ref=inputs_ref,
+            owner=successor.owner,
+            successor_lease_ms=successor.lease_ms,
             resume_budget=successor.resume_budget,
             history_soft_limit=successor.history_soft_limit,
             history_hard_limit=successor.history_hard_limit,
             workflow_fingerprint=successor.workflow_fingerprint,
             workflow_manifest=json_or_none(successor.workflow_manifest),
-            deadline_at=successor.deadline_at, deadline_ms=successor.deadline_ms,
-            token_budget=successor.token_budget, cost_budget=successor.cost_budget,
+            deadline_at=successor.deadline_at,
+            deadline_ms=successor.deadline_ms,
+            token_budget=successor.token_budget,
+            cost_budget=successor.cost_budget,
             step_attempts=retry_json(successor.step_attempts),
             parent_detail=dumps({"successor": successor.run_id}),
-            detail=dumps({"workflow": successor.workflow, "version": successor.workflow_version,
-                          "continues": claim.run_id}))
+            detail=dumps(
+                {
+                    "workflow": successor.workflow,
+                    "version": successor.workflow_version,
+                    "continues": claim.run_id,
+                }
+            ),
+        )
         if row["successor"] is None:
             # Never our own successor: the run would have ended continued with it. Raising
             # rolls the whole statement back.
@@ -55,5 +79,11 @@ class PostgresHistory(PostgresBase):
         if successor.owner is None:  # left for any worker: wake one
             yield _q("notify_work", workflow=successor.workflow)
             return run, None
-        return run, Claim(run.run_id, successor.owner, run.fence, run.state_revision,
-                          int(row["lease_expires_at"]), successor.lease_ms)
+        return run, Claim(
+            run.run_id,
+            successor.owner,
+            run.fence,
+            run.state_revision,
+            int(row["lease_expires_at"]),
+            successor.lease_ms,
+        )

@@ -28,7 +28,6 @@ from .steps import PostgresSteps
 __all__ = ["PostgresLedger"]
 
 
-class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals,
-                     PostgresHistory):
+class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

@@ -45,8 +45,8 @@ _SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05")
 class Checkout(Enum):
     """What the check on checkout does with a pooled connection."""
 
-    USE = "use"          # it answered moments ago and nothing arrived since
-    PROBE = "probe"      # it rested long: one round trip proves it first
+    USE = "use"  # it answered moments ago and nothing arrived since
+    PROBE = "probe"  # it rested long: one round trip proves it first
     DISCARD = "discard"  # the server spoke on it unasked (FATAL, then EOF): it is gone
 
 
@@ -90,11 +90,9 @@ class Resting:
     def rested(self, conn: object) -> None:
         self._since[conn] = time.monotonic()
 
-    def checkout(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-                 ) -> Checkout:
+    def checkout(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Checkout:
         since = self._since.get(conn)
-        return checkout(None if since is None else time.monotonic() - since,
-                        unsolicited_input(conn))
+        return checkout(None if since is None else time.monotonic() - since, unsolicited_input(conn))
 
 
 class Discarded(psycopg.OperationalError):

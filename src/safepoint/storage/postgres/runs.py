@@ -23,16 +23,27 @@ class PostgresRuns(PostgresBase):
     def create_run(self, new: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
         inputs, inputs_ref = yield from self._put_value(new.inputs)
         created = yield _q(
-            "create_run", run_id=new.run_id, workflow=new.workflow,
-            workflow_version=new.workflow_version, input_hash=new.input_hash, inputs=inputs,
-            inputs_ref=inputs_ref, owner=new.owner, lease_ms=new.lease_ms,
-            resume_budget=new.resume_budget, workflow_fingerprint=new.workflow_fingerprint,
-            workflow_manifest=json_or_none(new.workflow_manifest), deadline_at=new.deadline_at,
-            deadline_ms=new.deadline_ms, token_budget=new.token_budget,
-            cost_budget=new.cost_budget, step_attempts=retry_json(new.step_attempts),
+            "create_run",
+            run_id=new.run_id,
+            workflow=new.workflow,
+            workflow_version=new.workflow_version,
+            input_hash=new.input_hash,
+            inputs=inputs,
+            inputs_ref=inputs_ref,
+            owner=new.owner,
+            lease_ms=new.lease_ms,
+            resume_budget=new.resume_budget,
+            workflow_fingerprint=new.workflow_fingerprint,
+            workflow_manifest=json_or_none(new.workflow_manifest),
+            deadline_at=new.deadline_at,
+            deadline_ms=new.deadline_ms,
+            token_budget=new.token_budget,
+            cost_budget=new.cost_budget,
+            step_attempts=retry_json(new.step_attempts),
             history_soft_limit=new.history_soft_limit,
             history_hard_limit=new.history_hard_limit,
-            detail=dumps({"workflow": new.workflow, "version": new.workflow_version}))
+            detail=dumps({"workflow": new.workflow, "version": new.workflow_version}),
+        )
         if created:
             row = created[0]
             if new.owner is None:
@@ -42,15 +53,23 @@ class PostgresRuns(PostgresBase):
         run = yield from self.run_record(row)
         if not created or new.owner is None:
             return run, None
-        return run, Claim(run.run_id, new.owner, run.fence, run.state_revision,
-                          int(row["lease_expires_at"]), new.lease_ms)
+        return run, Claim(
+            run.run_id, new.owner, run.fence, run.state_revision, int(row["lease_expires_at"]), new.lease_ms
+        )
 
     @staticmethod
-    def claim_run(run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                  dead_owner: str | None) -> Plan[Claim | None]:
-        rows = yield _q("claim_run", run_id=run_id, expected_revision=expected_revision,
-                        owner=owner, lease_ms=lease_ms, dead_owner=dead_owner,
-                        detail=dumps({"took_over_from": dead_owner}) if dead_owner else None)
+    def claim_run(
+        run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None
+    ) -> Plan[Claim | None]:
+        rows = yield _q(
+            "claim_run",
+            run_id=run_id,
+            expected_revision=expected_revision,
+            owner=owner,
+            lease_ms=lease_ms,
+            dead_owner=dead_owner,
+            detail=dumps({"took_over_from": dead_owner}) if dead_owner else None,
+        )
         return _claim(rows[0], owner, lease_ms) if rows else None
 
     @staticmethod
@@ -59,25 +78,42 @@ class PostgresRuns(PostgresBase):
         return _claim(rows[0], owner, lease_ms) if rows else None
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
-        rows = yield _q("request_cancel", run_id=run_id, by=by,
-                        detail=dumps({"by": by, "reason": reason}),
-                        error=dumps(cancelled_error(by, reason)))
+        rows = yield _q(
+            "request_cancel",
+            run_id=run_id,
+            by=by,
+            detail=dumps({"by": by, "reason": reason}),
+            error=dumps(cancelled_error(by, reason)),
+        )
         if rows and rows[0]["status"] == RunStatus.PENDING.value:  # to settle: wake a worker
             yield _q("notify_work", workflow=rows[0]["workflow"])
         return (yield from self.get_run(run_id))
 
-    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON,
-                   error: dict[str, Any] | None,
-                   recovery_record: dict[str, Any] | None) -> Plan[None]:
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON,
+        error: dict[str, Any] | None,
+        recovery_record: dict[str, Any] | None,
+    ) -> Plan[None]:
         record = None
         if recovery_record is not None:  # the statement puts in the revision it creates
             record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
         detail = error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
         result_text, result_ref = yield from self._put_value(result)
         yield from self._fenced(
-            claim, "finish_run", status=status.value, result=result_text, result_ref=result_ref,
-            error=None if error is None else dumps(error), recovery_record=record,
-            event_kind=f"run.{status.value}", detail=None if detail is None else dumps(detail))
+            claim,
+            "finish_run",
+            status=status.value,
+            result=result_text,
+            result_ref=result_ref,
+            error=None if error is None else dumps(error),
+            recovery_record=record,
+            event_kind=f"run.{status.value}",
+            detail=None if detail is None else dumps(detail),
+        )
 
     @staticmethod
     def release_run(claim: Claim) -> Plan[None]:
@@ -85,20 +121,28 @@ class PostgresRuns(PostgresBase):
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
-    def resolve(self, run_id: str, expected_revision: int,
-                resolution: Resolution) -> Plan[RunRecord]:
+    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> Plan[RunRecord]:
         detail = dumps(resolution.detail())
-        common = {"run_id": run_id, "expected_revision": expected_revision,
-                  "operation_id": resolution.operation_id, "by": resolution.by,
-                  "detail": detail}
+        common = {
+            "run_id": run_id,
+            "expected_revision": expected_revision,
+            "operation_id": resolution.operation_id,
+            "by": resolution.by,
+            "detail": detail,
+        }
         if resolution.action is ResolutionAction.ABANDON:
-            rows = yield _q("resolve_abandon", **common,
-                            error=dumps(abandoned_error(resolution)))
+            rows = yield _q("resolve_abandon", **common, error=dumps(abandoned_error(resolution)))
         else:
-            rows = yield _q("resolve", **common, to_state=(
-                EffectState.ACCEPTED if resolution.action is ResolutionAction.APPLIED
-                else EffectState.PREPARED).value,
-                receipt=None if resolution.receipt is None else dumps(resolution.receipt))
+            rows = yield _q(
+                "resolve",
+                **common,
+                to_state=(
+                    EffectState.ACCEPTED
+                    if resolution.action is ResolutionAction.APPLIED
+                    else EffectState.PREPARED
+                ).value,
+                receipt=None if resolution.receipt is None else dumps(resolution.receipt),
+            )
             if rows:  # released: wake a waiting worker
                 yield _q("notify_work", workflow=rows[0]["workflow"])
         run = yield from self.get_run(run_id)

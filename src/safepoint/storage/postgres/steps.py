@@ -17,8 +17,7 @@ class PostgresSteps(PostgresBase):
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[HistoryWarning | None]:
         return (yield from self.record_steps(claim, [step]))
 
-    def record_steps(self, claim: Claim,
-                     steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
+    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
         if not steps:
             return None
         batch, refs, contents = [], [], []
@@ -28,16 +27,28 @@ class PostgresSteps(PostgresBase):
                 refs.append(result_ref)
                 contents.append(data)
             batch.append(self._step_params(step, result, result_ref))
-        row = yield from self._fenced(claim, "record_steps", limited=True,
-                                      steps=dumps(batch), artifact_refs=refs,
-                                      artifact_contents=contents)
+        row = yield from self._fenced(
+            claim,
+            "record_steps",
+            limited=True,
+            steps=dumps(batch),
+            artifact_refs=refs,
+            artifact_contents=contents,
+        )
         return (yield from self._history_warning(claim, row))
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> Plan[None]:
         yield from self._fenced(
-            claim, "record_attempt", step_id=attempt.step_id, attempt=attempt.attempt,
-            kind=attempt.kind.value, name=attempt.name, input_hash=attempt.input_hash,
-            error=dumps(attempt.error), retry_at=attempt.retry_at)
+            claim,
+            "record_attempt",
+            step_id=attempt.step_id,
+            attempt=attempt.attempt,
+            kind=attempt.kind.value,
+            name=attempt.name,
+            input_hash=attempt.input_hash,
+            error=dumps(attempt.error),
+            retry_at=attempt.retry_at,
+        )
 
     def renew_lease(self, claim: Claim) -> Plan[None]:
         yield from self._fenced(claim, "renew_lease")

@@ -73,13 +73,20 @@ class PostgresStore:
     """The ledger in a PostgreSQL database, shared by any number of workers (sync; see
     ``AsyncPostgresStore`` for asyncio)."""
 
-    def __init__(self, url: str, *, durability: Durability | str | None = None,
-                 inline_limit: int = INLINE_LIMIT, max_connections: int = 8,
-                 connect_timeout: float = 5.0, pool_timeout: float = 10.0,
-                 create: bool = True) -> None:
-        self._ledger = ledger = PostgresLedger(url, durability=durability,
-                                               inline_limit=inline_limit,
-                                               connect_timeout=connect_timeout)
+    def __init__(
+        self,
+        url: str,
+        *,
+        durability: Durability | str | None = None,
+        inline_limit: int = INLINE_LIMIT,
+        max_connections: int = 8,
+        connect_timeout: float = 5.0,
+        pool_timeout: float = 10.0,
+        create: bool = True,
+    ) -> None:
+        self._ledger = ledger = PostgresLedger(
+            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+        )
         self.url, self.durability = ledger.url, ledger.durability
         self._local = threading.local()
         self._listeners: list[Conn] = []
@@ -94,11 +101,17 @@ class PostgresStore:
             except psycopg.Error as exc:
                 raise ledger.migration_failure(exc) from exc
         self._pool: ConnectionPool[Conn] = ConnectionPool(
-            ledger.conninfo, connection_class=psycopg.Connection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True}, min_size=1,
+            ledger.conninfo,
+            connection_class=psycopg.Connection[DictRow],
+            kwargs={"row_factory": dict_row, "autocommit": True},
+            min_size=1,
             max_size=max_connections,
-            open=False, configure=self._configure, check=self._check,
-            timeout=pool_timeout, name=f"safepoint:{self.url}")
+            open=False,
+            configure=self._configure,
+            check=self._check,
+            timeout=pool_timeout,
+            name=f"safepoint:{self.url}",
+        )
         try:
             self._pool.open(wait=True, timeout=pool_timeout)
         except PoolTimeout as exc:
@@ -132,7 +145,8 @@ class PostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = psycopg.Connection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row)
+                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+            )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
         try:
@@ -172,8 +186,9 @@ class PostgresStore:
                     # hands every returned connection to a worker thread (~0.1 ms a step).
                     self._resting.rested(conn)
         except DRIVER_ERRORS as exc:
-            raise unstorable(exc) or self._ledger.failure(exc, self._pool.timeout,
-                                                         self._pool.max_size) from exc
+            raise unstorable(exc) or self._ledger.failure(
+                exc, self._pool.timeout, self._pool.max_size
+            ) from exc
 
     def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, made by ``plan()``: run once more, on a fresh connection,
@@ -221,14 +236,13 @@ class PostgresStore:
     def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
         return self._read(lambda: self._ledger.find_run(run_id))
 
-    def list_runs(self, status: RunStatus | None = None,
-                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._read(lambda: self._ledger.list_runs(status, limit))
 
-    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                  dead_owner: str | None = None) -> Claim | None:
-        return self._run(self._ledger.claim_run(run_id, expected_revision, owner, lease_ms,
-                                                dead_owner))
+    def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
+        return self._run(self._ledger.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
 
     def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
         return self._run(self._ledger.claim_next(owner, lease_ms, workflows))
@@ -262,27 +276,50 @@ class PostgresStore:
         warn(due)
         return op
 
-    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                     payload: bytes) -> OperationRecord:
+    def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         dispatching, due = self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False)
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
+        )
         warn(due)
         return dispatching
 
-    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON = None, error: JSON = None,
-                       step: StepRecord | None = None) -> None:
-        warn(self._run(self._ledger.record_outcome(claim, operation_id, state, receipt=receipt,
-                                                   error=error, step=step), atomic=False))
+    def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
+        warn(
+            self._run(
+                self._ledger.record_outcome(
+                    claim, operation_id, state, receipt=receipt, error=error, step=step
+                ),
+                atomic=False,
+            )
+        )
 
-    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                   error: dict[str, Any] | None = None,
-                   recovery_record: dict[str, Any] | None = None) -> None:
-        self._run(self._ledger.finish_run(claim, status, result=result, error=error,
-                                          recovery_record=recovery_record))
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
+        self._run(
+            self._ledger.finish_run(
+                claim, status, result=result, error=error, recovery_record=recovery_record
+            )
+        )
 
-    def resolve(self, run_id: str, expected_revision: int,
-                resolution: Resolution) -> RunRecord:
+    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         return self._run(self._ledger.resolve(run_id, expected_revision, resolution))
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
@@ -297,19 +334,20 @@ class PostgresStore:
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._run(self._ledger.reprepare_effect(claim, op, payload))
 
-    def await_approval(self, claim: Claim, operation_id: str,
-                       target_digest: str | None) -> ApprovalGate:
+    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
         return self._run(self._ledger.await_approval(claim, operation_id, target_digest))
 
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         return self._run(self._ledger.approve(run_id, step_id, request))
 
-    def revoke_approval(self, run_id: str, step_id: str,
-                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         return self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._read(lambda: self._ledger.approvals(run_id))
+
     def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         return self._run(self._ledger.continue_as_new(claim, successor))
 

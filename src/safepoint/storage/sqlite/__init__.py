@@ -18,4 +18,3 @@ __all__ = ["SqliteStore"]
 
 class SqliteStore(SqliteHistory, SqliteEffects, SqliteApprovals):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""
-

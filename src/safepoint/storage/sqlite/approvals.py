@@ -32,31 +32,48 @@ class SqliteApprovals(SqliteConnection):
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         return self._reading(self._reads.approvals(run_id))
 
-    def await_approval(self, claim: Claim, operation_id: str,
-                       target_digest: str | None) -> ApprovalGate:
+    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
         now = self.now()
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=0, new_work=True)
-            row = conn.execute(SQL["await_approval"], {
-                "run_id": claim.run_id, "operation_id": operation_id,
-                "target_digest": target_digest, "now": now}).fetchone()
+            row = conn.execute(
+                SQL["await_approval"],
+                {
+                    "run_id": claim.run_id,
+                    "operation_id": operation_id,
+                    "target_digest": target_digest,
+                    "now": now,
+                },
+            ).fetchone()
             if row is None:
-                raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
-                                 run_id=claim.run_id, operation_id=operation_id)
+                raise StoreError(
+                    f"operation {operation_id!r} is not in a dispatchable state",
+                    run_id=claim.run_id,
+                    operation_id=operation_id,
+                )
             op = operation_record(row)
             approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
-            approval = authorizing(approvals, payload_digest=op.payload_ref,
-                                   target_digest=target_digest, now=now)
+            approval = authorizing(
+                approvals, payload_digest=op.payload_ref, target_digest=target_digest, now=now
+            )
             gate = ApprovalGate(approval)
             if approval is None:
-                waiting = waiting_record(op, target_digest=target_digest, approvals=approvals,
-                                         now=now)
-                conn.execute(SQL["wait_for_approval"], {
-                    "run_id": claim.run_id, "fence": claim.fence,
-                    "waiting_for": dumps(waiting), "now": now})
-                self._event(conn, claim.run_id, now, "run.waiting", step_id=op.step_id,
-                            operation_id=operation_id, fence=claim.fence, worker=claim.owner,
-                            detail=waiting)
+                waiting = waiting_record(op, target_digest=target_digest, approvals=approvals, now=now)
+                conn.execute(
+                    SQL["wait_for_approval"],
+                    {"run_id": claim.run_id, "fence": claim.fence, "waiting_for": dumps(waiting), "now": now},
+                )
+                self._event(
+                    conn,
+                    claim.run_id,
+                    now,
+                    "run.waiting",
+                    step_id=op.step_id,
+                    operation_id=operation_id,
+                    fence=claim.fence,
+                    worker=claim.owner,
+                    detail=waiting,
+                )
                 gate = ApprovalGate(None, waiting)
         warn(due)
         return gate
@@ -67,33 +84,63 @@ class SqliteApprovals(SqliteConnection):
             run, op, approvals = self._within(conn, self._reads.step_approvals(run_id, step_id))
             new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
             if new is not None:
-                conn.execute(SQL["approve"], {
-                    "approval_id": new.approval_id, "run_id": run_id,
-                    "operation_id": new.operation_id, "step_id": new.step_id,
-                    "payload_digest": new.payload_digest, "target_digest": new.target_digest,
-                    "approved_by": new.approved_by, "evidence": new.evidence,
-                    "approved_at": new.approved_at, "expires_at": new.expires_at})
+                conn.execute(
+                    SQL["approve"],
+                    {
+                        "approval_id": new.approval_id,
+                        "run_id": run_id,
+                        "operation_id": new.operation_id,
+                        "step_id": new.step_id,
+                        "payload_digest": new.payload_digest,
+                        "target_digest": new.target_digest,
+                        "approved_by": new.approved_by,
+                        "evidence": new.evidence,
+                        "approved_at": new.approved_at,
+                        "expires_at": new.expires_at,
+                    },
+                )
             if new is not None or release:
-                conn.execute(SQL["approve_run"], {"run_id": run_id, "release": release,
-                                                 "now": now})
-                self._event(conn, run_id, now, "effect.approved", step_id=approval.step_id,
-                            operation_id=approval.operation_id, worker=approval.approved_by,
-                            detail=approved_detail(approval, released=release))
+                conn.execute(SQL["approve_run"], {"run_id": run_id, "release": release, "now": now})
+                self._event(
+                    conn,
+                    run_id,
+                    now,
+                    "effect.approved",
+                    step_id=approval.step_id,
+                    operation_id=approval.operation_id,
+                    worker=approval.approved_by,
+                    detail=approved_detail(approval, released=release),
+                )
         return approval
 
-    def revoke_approval(self, run_id: str, step_id: str,
-                        revocation: ApprovalRevocation) -> list[ApprovalRecord]:
+    def revoke_approval(
+        self, run_id: str, step_id: str, revocation: ApprovalRevocation
+    ) -> list[ApprovalRecord]:
         now = self.now()
         # BEGIN IMMEDIATE: serialised with mark_dispatching, so whichever commits first wins
         with self._write() as conn:
             run, op, approvals = self._within(conn, self._reads.step_approvals(run_id, step_id))
             revoked = plan_revocation(run, step_id, op, approvals, revocation, now)
             of = revoked[0]  # never empty: plan_revocation refuses when nothing is in force
-            conn.execute(SQL["revoke_approval"], {
-                "run_id": run_id, "operation_id": of.operation_id, "now": now,
-                "revoked_by": revocation.by, "revoke_reason": revocation.reason})
+            conn.execute(
+                SQL["revoke_approval"],
+                {
+                    "run_id": run_id,
+                    "operation_id": of.operation_id,
+                    "now": now,
+                    "revoked_by": revocation.by,
+                    "revoke_reason": revocation.reason,
+                },
+            )
             conn.execute(SQL["revoke_approval_run"], {"run_id": run_id, "now": now})
-            self._event(conn, run_id, now, "effect.approval_revoked", step_id=of.step_id,
-                        operation_id=of.operation_id, worker=revocation.by,
-                        detail=revocation_detail(revoked))
+            self._event(
+                conn,
+                run_id,
+                now,
+                "effect.approval_revoked",
+                step_id=of.step_id,
+                operation_id=of.operation_id,
+                worker=revocation.by,
+                detail=revocation_detail(revoked),
+            )
         return revoked

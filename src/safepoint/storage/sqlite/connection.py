@@ -49,10 +49,14 @@ class SqliteConnection:
 
     url: str
 
-    def __init__(self, path: str | os.PathLike[str], *,
-                 durability: Durability = Durability.PROCESS_CRASH,
-                 clock: Callable[[], int] = _wall_clock_ms,
-                 inline_limit: int = INLINE_LIMIT) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = Durability.PROCESS_CRASH,
+        clock: Callable[[], int] = _wall_clock_ms,
+        inline_limit: int = INLINE_LIMIT,
+    ) -> None:
         self.durability = Durability(durability)
         self._clock = clock
         self._inline_limit = inline_limit
@@ -80,8 +84,13 @@ class SqliteConnection:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self._target, timeout=_BUSY_TIMEOUT_S, uri=self._uri,
-                                   isolation_level=None, check_same_thread=True)
+            conn = sqlite3.connect(
+                self._target,
+                timeout=_BUSY_TIMEOUT_S,
+                uri=self._uri,
+                isolation_level=None,
+                check_same_thread=True,
+            )
             conn.row_factory = sqlite3.Row
             if not self._uri:
                 _enable_wal(conn)
@@ -91,7 +100,9 @@ class SqliteConnection:
         except sqlite3.DatabaseError as exc:
             raise StoreError(
                 f"cannot open SQLite store {self._target}: {exc}; check the path and that it"
-                " is a safepoint database", path=self._target) from exc
+                " is a safepoint database",
+                path=self._target,
+            ) from exc
         return conn
 
     def _conn(self) -> sqlite3.Connection:
@@ -155,8 +166,7 @@ class SqliteConnection:
     @staticmethod
     def _within(conn: sqlite3.Connection, plan: Plan[T]) -> T:
         """Carry out a plan in the caller's write transaction."""
-        return run_plan(lambda stmt: conn.execute(stmt.text, stmt.params or {}).fetchall(),
-                        plan)
+        return run_plan(lambda stmt: conn.execute(stmt.text, stmt.params or {}).fetchall(), plan)
 
     def now(self) -> int:
         return self._clock()
@@ -168,15 +178,18 @@ class SqliteConnection:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS safepoint_schema_version ("
             " version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,"
-            " applied_at INTEGER NOT NULL)")
+            " applied_at INTEGER NOT NULL)"
+        )
         if not to_apply("sqlite", _applied(conn)):
             return
         with self._write() as conn:  # re-check under the write lock: another process may race us
             for migration in to_apply("sqlite", _applied(conn)):
                 for statement in _split_statements(migration.sql):
                     conn.execute(statement)
-                conn.execute("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, ?)",
-                             (*migration[:2], migration.checksum, self.now()))
+                conn.execute(
+                    "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, ?)",
+                    (*migration[:2], migration.checksum, self.now()),
+                )
 
     def schema_version(self) -> int:
         row = self._conn().execute("SELECT MAX(version) FROM safepoint_schema_version").fetchone()
@@ -184,8 +197,7 @@ class SqliteConnection:
 
     # -- what the writes share -----------------------------------------------------------------
 
-    def _put_value(self, conn: sqlite3.Connection, value: JSON,
-                   now: int) -> tuple[str | None, str | None]:
+    def _put_value(self, conn: sqlite3.Connection, value: JSON, now: int) -> tuple[str | None, str | None]:
         """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
         text, ref, data = stored(value, self._inline_limit)
         if ref is not None and data is not None:
@@ -193,69 +205,119 @@ class SqliteConnection:
         return text, ref
 
     @staticmethod
-    def _put_artifact(conn: sqlite3.Connection, data: bytes, now: int,
-                      ref: str | None = None) -> str:
+    def _put_artifact(conn: sqlite3.Connection, data: bytes, now: int, ref: str | None = None) -> str:
         """Store ``data`` under its digest (``ref``, when the caller computed or checked it)."""
         ref = ref or content_digest(data)
-        conn.execute(SQL["insert_artifact"],
-                     {"digest": ref, "size": len(data), "content": data, "now": now})
+        conn.execute(SQL["insert_artifact"], {"digest": ref, "size": len(data), "content": data, "now": now})
         return ref
 
     @staticmethod
-    def _event(conn: sqlite3.Connection, run_id: str, now: int, kind: str, *,
-               step_id: str | None = None, operation_id: str | None = None,
-               fence: int | None = None, worker: str | None = None,
-               detail: JSON = None) -> None:
-        conn.execute(SQL["insert_event"], {
-            "run_id": run_id, "now": now, "kind": kind, "step_id": step_id,
-            "operation_id": operation_id, "fence": fence, "worker": worker,
-            "detail": None if detail is None else dumps(detail)})
+    def _event(
+        conn: sqlite3.Connection,
+        run_id: str,
+        now: int,
+        kind: str,
+        *,
+        step_id: str | None = None,
+        operation_id: str | None = None,
+        fence: int | None = None,
+        worker: str | None = None,
+        detail: JSON = None,
+    ) -> None:
+        conn.execute(
+            SQL["insert_event"],
+            {
+                "run_id": run_id,
+                "now": now,
+                "kind": kind,
+                "step_id": step_id,
+                "operation_id": operation_id,
+                "fence": fence,
+                "worker": worker,
+                "detail": None if detail is None else dumps(detail),
+            },
+        )
 
-    def _fence_check(self, conn: sqlite3.Connection, claim: Claim, now: int, events: int,
-                     *, step: StepRecord | None = None, new_work: bool = False,
-                     limited: bool = False) -> HistoryWarning | None:
+    def _fence_check(
+        self,
+        conn: sqlite3.Connection,
+        claim: Claim,
+        now: int,
+        events: int,
+        *,
+        step: StepRecord | None = None,
+        new_work: bool = False,
+        limited: bool = False,
+    ) -> HistoryWarning | None:
         """The fence of a worker write, counting the history it adds (``events`` events, and
         ``step`` when it is a new row). ``new_work``: refused once a cancel is asked for;
         ``limited``: also refused past the hard history limit. Records the soft limit's warning
         when it falls due, and returns it, to be issued once the transaction committed."""
         query = "fence_check_new_work" if new_work else "fence_check"
-        row = conn.execute(SQL[query], {
-            "run_id": claim.run_id, "fence": claim.fence, "lease_expires_at": now + claim.lease_ms,
-            "events": events, "step_id": step.step_id if step else None,
-            "limited": int(limited), "now": now}).fetchone()
+        row = conn.execute(
+            SQL[query],
+            {
+                "run_id": claim.run_id,
+                "fence": claim.fence,
+                "lease_expires_at": now + claim.lease_ms,
+                "events": events,
+                "step_id": step.step_id if step else None,
+                "limited": int(limited),
+                "now": now,
+            },
+        ).fetchone()
         if row is None:
             raise self._refused(conn, claim, now, limited=limited)
         return self._soft_limit_warning(conn, claim, row, now)
 
-    def _soft_limit_warning(self, conn: sqlite3.Connection, claim: Claim, row: sqlite3.Row,
-                            now: int) -> HistoryWarning | None:
+    def _soft_limit_warning(
+        self, conn: sqlite3.Connection, claim: Claim, row: sqlite3.Row, now: int
+    ) -> HistoryWarning | None:
         """After a fenced write: record the soft limit's warning once it falls due, and return
         it, to be issued once the transaction committed."""
         if not warning_due(row["history"], row["history_soft_limit"], row["history_warned_at"]):
             return None
-        conn.execute(SQL["record_history_warning"], {"run_id": claim.run_id,
-                                                      "fence": claim.fence, "now": now})
+        conn.execute(
+            SQL["record_history_warning"], {"run_id": claim.run_id, "fence": claim.fence, "now": now}
+        )
         size, soft, hard = row["history"] + 1, row["history_soft_limit"], row["history_hard_limit"]
-        self._event(conn, claim.run_id, now, "run.history_warning", fence=claim.fence,
-                    worker=claim.owner, detail={"history": size, "soft": soft, "hard": hard})
+        self._event(
+            conn,
+            claim.run_id,
+            now,
+            "run.history_warning",
+            fence=claim.fence,
+            worker=claim.owner,
+            detail={"history": size, "soft": soft, "hard": hard},
+        )
         return history_warning(claim.run_id, size, soft, hard)
 
     @staticmethod
-    def _refused(conn: sqlite3.Connection, claim: Claim, now: int, *,
-                 limited: bool = False) -> BaseException:
+    def _refused(conn: sqlite3.Connection, claim: Claim, now: int, *, limited: bool = False) -> BaseException:
         """Why a fenced statement matched nothing (see ``_rules.fencing.refused_write``)."""
         state = conn.execute(SQL["fence_state"], {"run_id": claim.run_id}).fetchone()
         if state is None:
             return LostOwnership(claim.run_id, claim.fence)
-        return refused_write(claim, state["fence"], state["status"],
-                             state["cancel_requested_at"], state["deadline_at"], now,
-                             limited=limited, history=state["history"],
-                             hard_limit=state["history_hard_limit"])
+        return refused_write(
+            claim,
+            state["fence"],
+            state["status"],
+            state["cancel_requested_at"],
+            state["deadline_at"],
+            now,
+            limited=limited,
+            history=state["history"],
+            hard_limit=state["history_hard_limit"],
+        )
 
 
 def _applied(conn: sqlite3.Connection) -> list[tuple[int, str, str]]:
-    return [tuple(row) for row in conn.execute(
-        "SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version")]
+    return [
+        tuple(row)
+        for row in conn.execute(
+            "SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version"
+        )
+    ]
 
 
 @contextmanager

@@ -34,8 +34,9 @@ class SqliteEffects(SqliteSteps):
         warn(due)
         return op
 
-    def prepare_and_mark_dispatching(self, claim: Claim, op: OperationRecord,
-                                     payload: bytes) -> OperationRecord:
+    def prepare_and_mark_dispatching(
+        self, claim: Claim, op: OperationRecord, payload: bytes
+    ) -> OperationRecord:
         refuse_gated(op)
         now = self.now()
         with self._write() as conn:
@@ -44,73 +45,136 @@ class SqliteEffects(SqliteSteps):
         warn(due or prepared_due)  # the soft limit warns once: at most one of them is due
         return dispatching
 
-    def _prepare(self, conn: sqlite3.Connection, claim: Claim, op: OperationRecord,
-                 payload: bytes, now: int) -> HistoryWarning | None:
+    def _prepare(
+        self, conn: sqlite3.Connection, claim: Claim, op: OperationRecord, payload: bytes, now: int
+    ) -> HistoryWarning | None:
         """``prepare_effect``'s statements, in the caller's transaction."""
         check_payload(op, payload)
         due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
         self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
-        conn.execute(SQL["prepare_effect"], {
-            "run_id": claim.run_id, "operation_id": op.operation_id, "step_id": op.step_id,
-            "effect": op.effect, "payload_ref": op.payload_ref,
-            "effect_key": op.effect_key, "fence": claim.fence, "now": now})
+        conn.execute(
+            SQL["prepare_effect"],
+            {
+                "run_id": claim.run_id,
+                "operation_id": op.operation_id,
+                "step_id": op.step_id,
+                "effect": op.effect,
+                "payload_ref": op.payload_ref,
+                "effect_key": op.effect_key,
+                "fence": claim.fence,
+                "now": now,
+            },
+        )
         if op.approval_required:
-            conn.execute(SQL["await_approval"], {
-                "run_id": claim.run_id, "operation_id": op.operation_id,
-                "target_digest": op.target_digest, "now": now})
-        self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
-                    operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
-                    detail={"effect": op.effect, "payload_ref": op.payload_ref})
+            conn.execute(
+                SQL["await_approval"],
+                {
+                    "run_id": claim.run_id,
+                    "operation_id": op.operation_id,
+                    "target_digest": op.target_digest,
+                    "now": now,
+                },
+            )
+        self._event(
+            conn,
+            claim.run_id,
+            now,
+            "effect.prepared",
+            step_id=op.step_id,
+            operation_id=op.operation_id,
+            fence=claim.fence,
+            worker=claim.owner,
+            detail={"effect": op.effect, "payload_ref": op.payload_ref},
+        )
         return due
 
-    def _mark_dispatching(self, conn: sqlite3.Connection, claim: Claim, operation_id: str,
-                          now: int) -> tuple[OperationRecord, HistoryWarning | None]:
+    def _mark_dispatching(
+        self, conn: sqlite3.Connection, claim: Claim, operation_id: str, now: int
+    ) -> tuple[OperationRecord, HistoryWarning | None]:
         """``mark_dispatching``'s statements, in the caller's transaction."""
         # an operation already prepared is sent whatever the history: never held to it
         due = self._fence_check(conn, claim, now, events=1, new_work=True)
-        row = conn.execute(SQL["mark_dispatching"], {
-            "run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence,
-            "now": now}).fetchone()
+        row = conn.execute(
+            SQL["mark_dispatching"],
+            {"run_id": claim.run_id, "operation_id": operation_id, "fence": claim.fence, "now": now},
+        ).fetchone()
         if row is None:
-            raise StoreError(f"operation {operation_id!r} is not in a dispatchable state",
-                             run_id=claim.run_id, operation_id=operation_id)
+            raise StoreError(
+                f"operation {operation_id!r} is not in a dispatchable state",
+                run_id=claim.run_id,
+                operation_id=operation_id,
+            )
         op = operation_record(row)
         if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
             approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
-            approval = authorizing(approvals, payload_digest=op.payload_ref,
-                                   target_digest=op.target_digest, now=now)
+            approval = authorizing(
+                approvals, payload_digest=op.payload_ref, target_digest=op.target_digest, now=now
+            )
             if approval is None:
                 raise refused_dispatch(op, approvals, now)
-            conn.execute(SQL["mark_dispatching_approved"], {
-                "run_id": claim.run_id, "operation_id": operation_id,
-                "approval_id": approval.approval_id})
+            conn.execute(
+                SQL["mark_dispatching_approved"],
+                {"run_id": claim.run_id, "operation_id": operation_id, "approval_id": approval.approval_id},
+            )
             op = replace(op, approval_id=approval.approval_id)
-        self._event(conn, claim.run_id, now, "effect.dispatching", step_id=op.step_id,
-                    operation_id=operation_id, fence=claim.fence, worker=claim.owner,
-                    detail={"dispatch": op.dispatch_count})
+        self._event(
+            conn,
+            claim.run_id,
+            now,
+            "effect.dispatching",
+            step_id=op.step_id,
+            operation_id=operation_id,
+            fence=claim.fence,
+            worker=claim.owner,
+            detail={"dispatch": op.dispatch_count},
+        )
         return op, due
 
-    def record_outcome(self, claim: Claim, operation_id: str, state: EffectState, *,
-                       receipt: JSON = None, error: JSON = None,
-                       step: StepRecord | None = None) -> None:
+    def record_outcome(
+        self,
+        claim: Claim,
+        operation_id: str,
+        state: EffectState,
+        *,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
+    ) -> None:
         now = self.now()
         with self._write() as conn:
             # an outcome is never held to the history limit: what happened is always recorded
             due = self._fence_check(conn, claim, now, events=1, step=step)
-            cursor = conn.execute(SQL["record_outcome"], {
-                "run_id": claim.run_id, "operation_id": operation_id, "state": state.value,
-                "receipt": None if receipt is None else dumps(receipt),
-                "error": None if error is None else dumps(error), "fence": claim.fence,
-                "now": now})
+            cursor = conn.execute(
+                SQL["record_outcome"],
+                {
+                    "run_id": claim.run_id,
+                    "operation_id": operation_id,
+                    "state": state.value,
+                    "receipt": None if receipt is None else dumps(receipt),
+                    "error": None if error is None else dumps(error),
+                    "fence": claim.fence,
+                    "now": now,
+                },
+            )
             if cursor.rowcount != 1:
-                raise StoreError(f"no operation {operation_id!r} in run {claim.run_id!r}",
-                                 run_id=claim.run_id, operation_id=operation_id)
+                raise StoreError(
+                    f"no operation {operation_id!r} in run {claim.run_id!r}",
+                    run_id=claim.run_id,
+                    operation_id=operation_id,
+                )
             if step is not None:
                 self._upsert_step(conn, claim, step, now)
-            self._event(conn, claim.run_id, now, f"effect.{state.value}",
-                        step_id=step.step_id if step else None, operation_id=operation_id,
-                        fence=claim.fence, worker=claim.owner,
-                        detail={"error": error} if error is not None else None)
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                f"effect.{state.value}",
+                step_id=step.step_id if step else None,
+                operation_id=operation_id,
+                fence=claim.fence,
+                worker=claim.owner,
+                detail={"error": error} if error is not None else None,
+            )
         warn(due)
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
@@ -119,15 +183,35 @@ class SqliteEffects(SqliteSteps):
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=1, new_work=True)
             self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
-            if conn.execute(SQL["reprepare_effect"], {
-                    "run_id": claim.run_id, "operation_id": op.operation_id,
-                    "payload_ref": op.payload_ref, "target_digest": op.target_digest,
-                    "fence": claim.fence, "now": now}).rowcount != 1:
-                raise StoreError(f"operation {op.operation_id!r} is no longer prepared: its"
-                                 " payload cannot change (it may have been sent)",
-                                 run_id=claim.run_id, operation_id=op.operation_id)
-            self._event(conn, claim.run_id, now, "effect.prepared", step_id=op.step_id,
-                        operation_id=op.operation_id, fence=claim.fence, worker=claim.owner,
-                        detail={"effect": op.effect, "payload_ref": op.payload_ref,
-                                "revised": True})
+            if (
+                conn.execute(
+                    SQL["reprepare_effect"],
+                    {
+                        "run_id": claim.run_id,
+                        "operation_id": op.operation_id,
+                        "payload_ref": op.payload_ref,
+                        "target_digest": op.target_digest,
+                        "fence": claim.fence,
+                        "now": now,
+                    },
+                ).rowcount
+                != 1
+            ):
+                raise StoreError(
+                    f"operation {op.operation_id!r} is no longer prepared: its"
+                    " payload cannot change (it may have been sent)",
+                    run_id=claim.run_id,
+                    operation_id=op.operation_id,
+                )
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                "effect.prepared",
+                step_id=op.step_id,
+                operation_id=op.operation_id,
+                fence=claim.fence,
+                worker=claim.owner,
+                detail={"effect": op.effect, "payload_ref": op.payload_ref, "revised": True},
+            )
         warn(due)

@@ -21,35 +21,70 @@ class SqliteHistory(SqliteRuns):
         common = {"run_id": claim.run_id, "fence": claim.fence, "now": now}
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=1, new_work=True)
-            self._event(conn, claim.run_id, now, "run.replanned", step_id=change.step_id,
-                        fence=claim.fence, worker=claim.owner, detail=change.detail())
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                "run.replanned",
+                step_id=change.step_id,
+                fence=claim.fence,
+                worker=claim.owner,
+                detail=change.detail(),
+            )
             if change.workflow_version is not None:
-                conn.execute(SQL["replan_adopt_workflow"], {
-                    **common, "workflow_version": change.workflow_version,
-                    "workflow_fingerprint": change.workflow_fingerprint,
-                    "workflow_manifest": json_or_none(change.workflow_manifest)})
+                conn.execute(
+                    SQL["replan_adopt_workflow"],
+                    {
+                        **common,
+                        "workflow_version": change.workflow_version,
+                        "workflow_fingerprint": change.workflow_fingerprint,
+                        "workflow_manifest": json_or_none(change.workflow_manifest),
+                    },
+                )
             if change.step_id is not None:
-                params = {**common, "step_id": change.step_id, "worker": claim.owner,
-                          "through_seq": change.through_seq, "reason": change.reason,
-                          "keep": dumps(list(change.keep))}
+                params = {
+                    **common,
+                    "step_id": change.step_id,
+                    "worker": claim.owner,
+                    "through_seq": change.through_seq,
+                    "reason": change.reason,
+                    "keep": dumps(list(change.keep)),
+                }
                 moved = conn.execute(SQL["replan_abandon_steps"], params).rowcount
                 deleted = conn.execute(SQL["replan_delete_abandoned_steps"], params).rowcount
-                conn.execute(SQL["replan_count_events"], {"run_id": claim.run_id, "events": moved,
-                                                  "steps": deleted})
+                conn.execute(
+                    SQL["replan_count_events"], {"run_id": claim.run_id, "events": moved, "steps": deleted}
+                )
         warn(due)
 
     def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
         now = self.now()
         with self._write() as conn:
-            ended = conn.execute(SQL["continue_as_new"], {
-                "run_id": claim.run_id, "fence": claim.fence,
-                "successor_run_id": successor.run_id, "now": now}).fetchone()
+            ended = conn.execute(
+                SQL["continue_as_new"],
+                {
+                    "run_id": claim.run_id,
+                    "fence": claim.fence,
+                    "successor_run_id": successor.run_id,
+                    "now": now,
+                },
+            ).fetchone()
             if ended is None:
                 raise self._refused(conn, claim, now)
-            self._event(conn, claim.run_id, now, "run.continued", fence=claim.fence,
-                        worker=claim.owner, detail={"successor": successor.run_id})
-            parent = {"run_id": claim.run_id, "chain_id": ended["chain_id"],
-                      "chain_index": ended["chain_index"]}
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                "run.continued",
+                fence=claim.fence,
+                worker=claim.owner,
+                detail={"successor": successor.run_id},
+            )
+            parent = {
+                "run_id": claim.run_id,
+                "chain_id": ended["chain_id"],
+                "chain_index": ended["chain_index"],
+            }
             if not self._insert_run(conn, successor, now, parent=parent):
                 # Never our own successor: the run would have ended continued with it. Raising
                 # rolls the whole continue back.

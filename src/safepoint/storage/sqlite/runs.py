@@ -40,45 +40,64 @@ class SqliteRuns(SqliteConnection):
             created = self._insert_run(conn, new, now)
         return self._created(new, created, now)
 
-    def _insert_run(self, conn: sqlite3.Connection, new: NewRun, now: int, *,
-                    parent: Mapping[str, Any] | None = None) -> bool:
+    def _insert_run(
+        self, conn: sqlite3.Connection, new: NewRun, now: int, *, parent: Mapping[str, Any] | None = None
+    ) -> bool:
         """Insert ``new`` with its first event — a successor of ``parent`` (its chain's row,
         continue as new) or a chain of its own; False when the run id exists."""
         claimed = new.owner is not None
         fence = 1 if claimed else 0
         inputs, inputs_ref = self._put_value(conn, new.inputs, now)
-        cursor = conn.execute(SQL["create_run"], {
-            "run_id": new.run_id, "workflow": new.workflow,
-            "workflow_version": new.workflow_version,
-            "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
-            "input_hash": new.input_hash, "inputs": inputs, "inputs_ref": inputs_ref,
-            "owner": new.owner, "lease_expires_at": now + new.lease_ms if claimed else None,
-            "fence": fence, "resume_budget": new.resume_budget,
-            "workflow_fingerprint": new.workflow_fingerprint,
-            "workflow_manifest": json_or_none(new.workflow_manifest),
-            "deadline_at": new.deadline_at, "deadline_ms": new.deadline_ms,
-            "token_budget": new.token_budget, "cost_budget": new.cost_budget,
-            "step_attempts": retry_json(new.step_attempts),
-            "history_soft_limit": new.history_soft_limit,
-            "history_hard_limit": new.history_hard_limit,
-            "chain_id": parent["chain_id"] if parent else None,
-            "chain_index": parent["chain_index"] + 1 if parent else 0,
-            "parent_run_id": parent["run_id"] if parent else None, "now": now})
+        cursor = conn.execute(
+            SQL["create_run"],
+            {
+                "run_id": new.run_id,
+                "workflow": new.workflow,
+                "workflow_version": new.workflow_version,
+                "status": (RunStatus.RUNNING if claimed else RunStatus.PENDING).value,
+                "input_hash": new.input_hash,
+                "inputs": inputs,
+                "inputs_ref": inputs_ref,
+                "owner": new.owner,
+                "lease_expires_at": now + new.lease_ms if claimed else None,
+                "fence": fence,
+                "resume_budget": new.resume_budget,
+                "workflow_fingerprint": new.workflow_fingerprint,
+                "workflow_manifest": json_or_none(new.workflow_manifest),
+                "deadline_at": new.deadline_at,
+                "deadline_ms": new.deadline_ms,
+                "token_budget": new.token_budget,
+                "cost_budget": new.cost_budget,
+                "step_attempts": retry_json(new.step_attempts),
+                "history_soft_limit": new.history_soft_limit,
+                "history_hard_limit": new.history_hard_limit,
+                "chain_id": parent["chain_id"] if parent else None,
+                "chain_index": parent["chain_index"] + 1 if parent else 0,
+                "parent_run_id": parent["run_id"] if parent else None,
+                "now": now,
+            },
+        )
         if cursor.rowcount != 1:
             return False
         detail = {"workflow": new.workflow, "version": new.workflow_version}
         if parent is not None:
             detail["continues"] = parent["run_id"]
-        self._event(conn, new.run_id, now, "run.started" if claimed else "run.submitted",
-                    fence=fence, worker=new.owner, detail=detail)
+        self._event(
+            conn,
+            new.run_id,
+            now,
+            "run.started" if claimed else "run.submitted",
+            fence=fence,
+            worker=new.owner,
+            detail=detail,
+        )
         return True
 
     def _created(self, new: NewRun, created: bool, now: int) -> tuple[RunRecord, Claim | None]:
         run = self.get_run(new.run_id)
         if not (created and new.owner):
             return run, None
-        return run, Claim(new.run_id, new.owner, 1, run.state_revision, now + new.lease_ms,
-                          new.lease_ms)
+        return run, Claim(new.run_id, new.owner, 1, run.state_revision, now + new.lease_ms, new.lease_ms)
 
     def get_run(self, run_id: str) -> RunRecord:
         return self._reading(self._reads.get_run(run_id))
@@ -86,8 +105,7 @@ class SqliteRuns(SqliteConnection):
     def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
         return self._reading(self._reads.find_run(run_id))
 
-    def list_runs(self, status: RunStatus | None = None,
-                  limit: int = 100) -> list[RunRecord | UnreadableRun]:
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._reading(self._reads.list_runs(status, limit))
 
     def load_ledger(self, run_id: str) -> Ledger:
@@ -99,37 +117,56 @@ class SqliteRuns(SqliteConnection):
     def get_artifact(self, digest: str) -> bytes:
         return self._reading(self._reads.get_artifact(digest))
 
-    def claim_run(self, run_id: str, expected_revision: int, owner: str, lease_ms: int,
-                  dead_owner: str | None = None) -> Claim | None:
+    def claim_run(
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
+    ) -> Claim | None:
         now = self.now()
         with self._write() as conn:
-            row = conn.execute(SQL["claim_run"], {
-                "run_id": run_id, "expected_revision": expected_revision, "owner": owner,
-                "lease_expires_at": now + lease_ms, "now": now,
-                "dead_owner": dead_owner}).fetchone()
+            row = conn.execute(
+                SQL["claim_run"],
+                {
+                    "run_id": run_id,
+                    "expected_revision": expected_revision,
+                    "owner": owner,
+                    "lease_expires_at": now + lease_ms,
+                    "now": now,
+                    "dead_owner": dead_owner,
+                },
+            ).fetchone()
             if row is None:
                 return None
-            self._event(conn, run_id, now, "run.claimed", fence=row["fence"], worker=owner,
-                        detail={"took_over_from": dead_owner} if dead_owner else None)
-        return Claim(run_id, owner, row["fence"], row["state_revision"],
-                     row["lease_expires_at"], lease_ms)
+            self._event(
+                conn,
+                run_id,
+                now,
+                "run.claimed",
+                fence=row["fence"],
+                worker=owner,
+                detail={"took_over_from": dead_owner} if dead_owner else None,
+            )
+        return Claim(run_id, owner, row["fence"], row["state_revision"], row["lease_expires_at"], lease_ms)
 
     def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
         now = self.now()
         with self._write() as conn:
-            row = conn.execute(SQL["claim_next"], {"now": now,
-                                                     "workflows": dumps(workflows)}).fetchone()
+            row = conn.execute(SQL["claim_next"], {"now": now, "workflows": dumps(workflows)}).fetchone()
             if row is None:
                 return None
-            taken = conn.execute(SQL["claim_run"], {
-                "run_id": row["run_id"], "expected_revision": row["state_revision"],
-                "owner": owner, "lease_expires_at": now + lease_ms,
-                "now": now,
-                "dead_owner": None}).fetchone()
-            self._event(conn, row["run_id"], now, "run.claimed", fence=taken["fence"],
-                        worker=owner)
-        return Claim(row["run_id"], owner, taken["fence"], taken["state_revision"],
-                     taken["lease_expires_at"], lease_ms)
+            taken = conn.execute(
+                SQL["claim_run"],
+                {
+                    "run_id": row["run_id"],
+                    "expected_revision": row["state_revision"],
+                    "owner": owner,
+                    "lease_expires_at": now + lease_ms,
+                    "now": now,
+                    "dead_owner": None,
+                },
+            ).fetchone()
+            self._event(conn, row["run_id"], now, "run.claimed", fence=taken["fence"], worker=owner)
+        return Claim(
+            row["run_id"], owner, taken["fence"], taken["state_revision"], taken["lease_expires_at"], lease_ms
+        )
 
     def wait_for_work(self, timeout: float) -> None:
         """SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another
@@ -144,41 +181,66 @@ class SqliteRuns(SqliteConnection):
 
     # -- the run's end -----------------------------------------------------------------------
 
-    def finish_run(self, claim: Claim, status: RunStatus, *, result: JSON = None,
-                   error: dict[str, Any] | None = None,
-                   recovery_record: dict[str, Any] | None = None) -> None:
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
         now = self.now()
         with self._write() as conn:
             result_text, result_ref = self._put_value(conn, result, now)
-            cursor = conn.execute(SQL["finish_run"], {
-                "run_id": claim.run_id, "fence": claim.fence, "status": status.value,
-                "result": result_text, "result_ref": result_ref,
-                "error": None if error is None else dumps(error),
-                "recovery_record": None if recovery_record is None else dumps(recovery_record),
-                "now": now})
+            cursor = conn.execute(
+                SQL["finish_run"],
+                {
+                    "run_id": claim.run_id,
+                    "fence": claim.fence,
+                    "status": status.value,
+                    "result": result_text,
+                    "result_ref": result_ref,
+                    "error": None if error is None else dumps(error),
+                    "recovery_record": None if recovery_record is None else dumps(recovery_record),
+                    "now": now,
+                },
+            )
             if cursor.rowcount != 1:
                 raise LostOwnership(claim.run_id, claim.fence)
-            self._event(conn, claim.run_id, now, f"run.{status.value}", fence=claim.fence,
-                        worker=claim.owner,
-                        detail=error or ({"phase": recovery_record.get("phase")}
-                                         if recovery_record else None))
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                f"run.{status.value}",
+                fence=claim.fence,
+                worker=claim.owner,
+                detail=error or ({"phase": recovery_record.get("phase")} if recovery_record else None),
+            )
 
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:
-            conn.execute(SQL["release_run"], {"run_id": claim.run_id, "fence": claim.fence,
-                                             "now": self.now()})
+            conn.execute(
+                SQL["release_run"], {"run_id": claim.run_id, "fence": claim.fence, "now": self.now()}
+            )
 
     def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
         now = self.now()
         detail = {"by": by, "reason": reason}
         with self._write() as conn:
-            row = conn.execute(SQL["request_cancel"], {
-                "run_id": run_id, "now": now,
-                "error": dumps(cancelled_error(by, reason))
-            }).fetchone()
+            row = conn.execute(
+                SQL["request_cancel"],
+                {"run_id": run_id, "now": now, "error": dumps(cancelled_error(by, reason))},
+            ).fetchone()
             if row is not None:
-                self._event(conn, run_id, now, "run.cancelled" if row["status"] == "cancelled"
-                            else "run.cancel_requested", worker=by, detail=detail)
+                self._event(
+                    conn,
+                    run_id,
+                    now,
+                    "run.cancelled" if row["status"] == "cancelled" else "run.cancel_requested",
+                    worker=by,
+                    detail=detail,
+                )
             return self._read_back(run_id)
 
     def _read_back(self, run_id: str) -> RunRecord:
@@ -187,35 +249,59 @@ class SqliteRuns(SqliteConnection):
         store, nothing changes a run nobody can read but the worker that blocks it."""
         return self.get_run(run_id)
 
-    def resolve(self, run_id: str, expected_revision: int,
-                resolution: Resolution) -> RunRecord:
+    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
         now = self.now()
         abandon = resolution.action is ResolutionAction.ABANDON
         try:
             with self._write() as conn:
-                if conn.execute(SQL["resolve"], {
-                        "run_id": run_id, "expected_revision": expected_revision, "now": now,
-                        "status": (RunStatus.CANCELLED if abandon else RunStatus.RUNNING).value,
-                        "error": dumps(abandoned_error(resolution)) if abandon else None,
-                        }).rowcount != 1:
+                if (
+                    conn.execute(
+                        SQL["resolve"],
+                        {
+                            "run_id": run_id,
+                            "expected_revision": expected_revision,
+                            "now": now,
+                            "status": (RunStatus.CANCELLED if abandon else RunStatus.RUNNING).value,
+                            "error": dumps(abandoned_error(resolution)) if abandon else None,
+                        },
+                    ).rowcount
+                    != 1
+                ):
                     raise _NotApplicable
-                if not abandon and conn.execute(SQL["resolve_operation"], {
-                        "run_id": run_id, "operation_id": resolution.operation_id, "now": now,
-                        "to_state": (EffectState.ACCEPTED if resolution.action
-                                     is ResolutionAction.APPLIED else EffectState.PREPARED).value,
-                        "receipt": None if resolution.receipt is None
-                        else dumps(resolution.receipt)}).rowcount != 1:
+                if (
+                    not abandon
+                    and conn.execute(
+                        SQL["resolve_operation"],
+                        {
+                            "run_id": run_id,
+                            "operation_id": resolution.operation_id,
+                            "now": now,
+                            "to_state": (
+                                EffectState.ACCEPTED
+                                if resolution.action is ResolutionAction.APPLIED
+                                else EffectState.PREPARED
+                            ).value,
+                            "receipt": None if resolution.receipt is None else dumps(resolution.receipt),
+                        },
+                    ).rowcount
+                    != 1
+                ):
                     raise _NotApplicable  # rolls the run's update back with it
-                self._event(conn, run_id, now, "run.resolved",
-                            operation_id=resolution.operation_id, worker=resolution.by,
-                            detail=resolution.detail())
+                self._event(
+                    conn,
+                    run_id,
+                    now,
+                    "run.resolved",
+                    operation_id=resolution.operation_id,
+                    worker=resolution.by,
+                    detail=resolution.detail(),
+                )
                 return self._read_back(run_id)
         except _NotApplicable:
             # the same decision twice is harmless; anything else is refused
             if not self._reading(self._reads.resolved_already(run_id, resolution)):
                 run = self.get_run(run_id)
-                raise ResolutionRefused(
-                    run_id, refusal(run, expected_revision, resolution)) from None
+                raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution)) from None
         return self.get_run(run_id)
 
 

@@ -15,28 +15,44 @@ from .connection import SQL, SqliteConnection
 class SqliteSteps(SqliteConnection):
     """A run's steps, as its worker records them."""
 
-    def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord,
-                     now: int) -> None:
+    def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord, now: int) -> None:
         result, result_ref = self._put_value(conn, step.result, now)
-        conn.execute(SQL["record_step"], {
-            "run_id": claim.run_id, "step_id": step.step_id, "seq": step.seq,
-            "kind": step.kind.value, "name": step.name, "input_hash": step.input_hash,
-            "status": step.status.value, "result": result, "result_ref": result_ref,
-            "error": None if step.error is None else dumps(step.error), "next_step_id": step.next_step_id,
-            "attempt": step.attempt, "model_id": step.model_id,
-            "prompt_hash": step.prompt_hash, "observed_at": step.observed_at,
-            "operation_id": step.operation_id, "fence": claim.fence, "now": now,
-            "tokens": step.tokens, "cost": step.cost})
+        conn.execute(
+            SQL["record_step"],
+            {
+                "run_id": claim.run_id,
+                "step_id": step.step_id,
+                "seq": step.seq,
+                "kind": step.kind.value,
+                "name": step.name,
+                "input_hash": step.input_hash,
+                "status": step.status.value,
+                "result": result,
+                "result_ref": result_ref,
+                "error": None if step.error is None else dumps(step.error),
+                "next_step_id": step.next_step_id,
+                "attempt": step.attempt,
+                "model_id": step.model_id,
+                "prompt_hash": step.prompt_hash,
+                "observed_at": step.observed_at,
+                "operation_id": step.operation_id,
+                "fence": claim.fence,
+                "now": now,
+                "tokens": step.tokens,
+                "cost": step.cost,
+            },
+        )
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()
         with self._write() as conn:
-            due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True,
-                                    limited=True)
+            due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True, limited=True)
             self._upsert_step(conn, claim, step, now)
             if step.tokens or step.cost:
-                conn.execute(SQL["record_step_usage"], {"run_id": claim.run_id, "tokens": step.tokens,
-                                               "cost": step.cost})
+                conn.execute(
+                    SQL["record_step_usage"],
+                    {"run_id": claim.run_id, "tokens": step.tokens, "cost": step.cost},
+                )
         warn(due)
 
     def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
@@ -44,10 +60,16 @@ class SqliteSteps(SqliteConnection):
             return
         now = self.now()
         with self._write() as conn:
-            row = conn.execute(SQL["record_steps"], {
-                "run_id": claim.run_id, "fence": claim.fence,
-                "lease_expires_at": now + claim.lease_ms, "now": now,
-                "step_ids": dumps([step.step_id for step in steps])}).fetchone()
+            row = conn.execute(
+                SQL["record_steps"],
+                {
+                    "run_id": claim.run_id,
+                    "fence": claim.fence,
+                    "lease_expires_at": now + claim.lease_ms,
+                    "now": now,
+                    "step_ids": dumps([step.step_id for step in steps]),
+                },
+            ).fetchone()
             if row is None:
                 raise self._refused(conn, claim, now, limited=True)
             due = self._soft_limit_warning(conn, claim, row, now)
@@ -56,25 +78,41 @@ class SqliteSteps(SqliteConnection):
             tokens = sum(step.tokens or 0 for step in steps)
             cost = sum(step.cost or 0 for step in steps)
             if tokens or cost:
-                conn.execute(SQL["record_step_usage"], {"run_id": claim.run_id, "tokens": tokens,
-                                               "cost": cost})
+                conn.execute(
+                    SQL["record_step_usage"], {"run_id": claim.run_id, "tokens": tokens, "cost": cost}
+                )
         warn(due)
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         now = self.now()
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=0, new_work=True)
-            conn.execute(SQL["record_attempt"], {
-                "run_id": claim.run_id, "step_id": attempt.step_id, "attempt": attempt.attempt,
-                "kind": attempt.kind.value, "name": attempt.name,
-                "input_hash": attempt.input_hash, "error": dumps(attempt.error),
-                "retry_at": attempt.retry_at, "fence": claim.fence, "now": now})
+            conn.execute(
+                SQL["record_attempt"],
+                {
+                    "run_id": claim.run_id,
+                    "step_id": attempt.step_id,
+                    "attempt": attempt.attempt,
+                    "kind": attempt.kind.value,
+                    "name": attempt.name,
+                    "input_hash": attempt.input_hash,
+                    "error": dumps(attempt.error),
+                    "retry_at": attempt.retry_at,
+                    "fence": claim.fence,
+                    "now": now,
+                },
+            )
         warn(due)
 
     def renew_lease(self, claim: Claim) -> None:
         with self._write() as conn:
-            cursor = conn.execute(SQL["renew_lease"], {
-                "run_id": claim.run_id, "fence": claim.fence,
-                "lease_expires_at": self.now() + claim.lease_ms})
+            cursor = conn.execute(
+                SQL["renew_lease"],
+                {
+                    "run_id": claim.run_id,
+                    "fence": claim.fence,
+                    "lease_expires_at": self.now() + claim.lease_ms,
+                },
+            )
             if cursor.rowcount != 1:
                 raise LostOwnership(claim.run_id, claim.fence)

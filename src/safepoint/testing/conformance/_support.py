@@ -34,10 +34,10 @@ from ..tamper import overwrite
 
 T = TypeVar("T")
 
-LONG_LEASE_MS = 60_000   # a lease that outlives any test
-SHORT_LEASE_MS = 40      # a lease that a test lets expire ...
-EXPIRY_WAIT_S = 0.1      # ... by sleeping this long
-LARGE = "é" + "x" * INLINE_LIMIT   # any value holding this is larger than INLINE_LIMIT
+LONG_LEASE_MS = 60_000  # a lease that outlives any test
+SHORT_LEASE_MS = 40  # a lease that a test lets expire ...
+EXPIRY_WAIT_S = 0.1  # ... by sleeping this long
+LARGE = "é" + "x" * INLINE_LIMIT  # any value holding this is larger than INLINE_LIMIT
 # A store may estimate its database's clock between readings (the PostgreSQL stores do, to
 # within half a round trip and a rounding): a time the server stamped is compared with
 # readings of ``now()`` taken around it with this much slack.
@@ -68,9 +68,15 @@ def make_step(run_id: str, step_id: str, seq: int, **fields: Any) -> StepRecord:
 
 def make_operation(run_id: str, operation_id: str, payload: JSON = None) -> tuple[OperationRecord, bytes]:
     data = canonical(payload if payload is not None else {"op": operation_id, "amount": 5})
-    op = OperationRecord(run_id=run_id, operation_id=operation_id, step_id=f"step.{operation_id}",
-                         effect="ticket.create", state=EffectState.PREPARED,
-                         payload_ref=digest(data), effect_key=f"key-{_uid()}")
+    op = OperationRecord(
+        run_id=run_id,
+        operation_id=operation_id,
+        step_id=f"step.{operation_id}",
+        effect="ticket.create",
+        state=EffectState.PREPARED,
+        payload_ref=digest(data),
+        effect_key=f"key-{_uid()}",
+    )
     return op, data
 
 
@@ -142,28 +148,46 @@ class ConformanceBase(abc.ABC):
         self._opened.append(store)
         return store
 
-    def new_run(self, store: Store, *, owner: str | None = "worker-a",
-                lease_ms: int = LONG_LEASE_MS, inputs: JSON = None, workflow: str | None = None,
-                run_id: str | None = None,
-                history: tuple[int | None, int | None] = (None, None),
-                ) -> tuple[RunRecord, Claim | None]:
-        new = NewRun(run_id=run_id or f"run-{_uid()}", workflow=workflow or self.workflow,
-                     workflow_version="v1", input_hash=f"inputs-{_uid()}",
-                     inputs={"args": [1], "kwargs": {}} if inputs is None else inputs,
-                     owner=owner, lease_ms=lease_ms, history_soft_limit=history[0],
-                     history_hard_limit=history[1])
+    def new_run(
+        self,
+        store: Store,
+        *,
+        owner: str | None = "worker-a",
+        lease_ms: int = LONG_LEASE_MS,
+        inputs: JSON = None,
+        workflow: str | None = None,
+        run_id: str | None = None,
+        history: tuple[int | None, int | None] = (None, None),
+    ) -> tuple[RunRecord, Claim | None]:
+        new = NewRun(
+            run_id=run_id or f"run-{_uid()}",
+            workflow=workflow or self.workflow,
+            workflow_version="v1",
+            input_hash=f"inputs-{_uid()}",
+            inputs={"args": [1], "kwargs": {}} if inputs is None else inputs,
+            owner=owner,
+            lease_ms=lease_ms,
+            history_soft_limit=history[0],
+            history_hard_limit=history[1],
+        )
         return store.create_run(new)
 
-    def successor(self, run_id: str, *, owner: str | None = "worker-a", n: int = 1,
-                  **fields: Any) -> NewRun:
+    def successor(self, run_id: str, *, owner: str | None = "worker-a", n: int = 1, **fields: Any) -> NewRun:
         """The NewRun that continues ``run_id`` (its id as the engine would choose it)."""
         fields.setdefault("inputs", {"args": [n], "kwargs": {}})
-        return NewRun(run_id=f"{run_id}~{n}", workflow=self.workflow, workflow_version="v1",
-                      input_hash=f"inputs-{_uid()}", owner=owner, lease_ms=LONG_LEASE_MS,
-                      **fields)
+        return NewRun(
+            run_id=f"{run_id}~{n}",
+            workflow=self.workflow,
+            workflow_version="v1",
+            input_hash=f"inputs-{_uid()}",
+            owner=owner,
+            lease_ms=LONG_LEASE_MS,
+            **fields,
+        )
 
-    def start(self, store: Store, *, owner: str = "worker-a", lease_ms: int = LONG_LEASE_MS,
-              **kw: Any) -> tuple[RunRecord, Claim]:
+    def start(
+        self, store: Store, *, owner: str = "worker-a", lease_ms: int = LONG_LEASE_MS, **kw: Any
+    ) -> tuple[RunRecord, Claim]:
         run, claim = self.new_run(store, owner=owner, lease_ms=lease_ms, **kw)
         assert claim is not None
         return run, claim
@@ -180,8 +204,16 @@ class ConformanceBase(abc.ABC):
         assert claim is not None
         return claim
 
-    def damage(self, store: Store, table: str, column: str, value: str | None, *,
-               repair: str | int | None, **where: str | int) -> None:
+    def damage(
+        self,
+        store: Store,
+        table: str,
+        column: str,
+        value: str | None,
+        *,
+        repair: str | int | None,
+        **where: str | int,
+    ) -> None:
         """Overwrite one stored column behind the store's back, as a bad restore or a failing
         disk would, and put ``repair`` there once the test ends (the suite may share its
         database between tests, whose listings must stay readable). safepoint's own stores are
@@ -201,10 +233,11 @@ class ConformanceBase(abc.ABC):
     # The approval helpers, shared by the effects, approvals and revocation tests.
 
     TARGET = "sha256:" + "7" * 64  # a target's state as the gate read it
-    MOVED = "sha256:" + "8" * 64   # the same target, changed
+    MOVED = "sha256:" + "8" * 64  # the same target, changed
 
-    def _gated(self, store: Store, *, target: str | None = TARGET,
-               **kw: Any) -> tuple[RunRecord, Claim, OperationRecord]:
+    def _gated(
+        self, store: Store, *, target: str | None = TARGET, **kw: Any
+    ) -> tuple[RunRecord, Claim, OperationRecord]:
         """A running run with a prepared operation that needs approval."""
         run, claim = self.start(store, **kw)
         op, payload = make_operation(run.run_id, f"op-{_uid()}")

@@ -31,7 +31,10 @@ class ApprovalTests(ConformanceBase):
         run, _, op = self._gated(store)
         stored = store.load_ledger(run.run_id).operations[op.operation_id]
         assert (stored.approval_required, stored.target_digest, stored.approval_id) == (
-            True, self.TARGET, None)
+            True,
+            self.TARGET,
+            None,
+        )
         assert store.approvals(run.run_id) == []
 
     def test_the_gate_without_an_approval_makes_the_run_wait_released(self) -> None:
@@ -41,21 +44,23 @@ class ApprovalTests(ConformanceBase):
         assert isinstance(gate, ApprovalGate)
         assert gate.approval is None
         waiting = store.get_run(run.run_id)
-        assert (waiting.status, waiting.owner, waiting.lease_expires_at) == (
-            RunStatus.WAITING, None, None)
+        assert (waiting.status, waiting.owner, waiting.lease_expires_at) == (RunStatus.WAITING, None, None)
         assert waiting.waiting_for == gate.waiting_for
         assert gate.waiting_for is not None
-        assert {k: gate.waiting_for[k] for k in ("operation_id", "step_id", "payload_digest",
-                                                 "target_digest", "invalidated")} == {
-            "operation_id": op.operation_id, "step_id": op.step_id,
-            "payload_digest": op.payload_ref, "target_digest": self.MOVED,
-            "invalidated": False}
+        assert {
+            k: gate.waiting_for[k]
+            for k in ("operation_id", "step_id", "payload_digest", "target_digest", "invalidated")
+        } == {
+            "operation_id": op.operation_id,
+            "step_id": op.step_id,
+            "payload_digest": op.payload_ref,
+            "target_digest": self.MOVED,
+            "invalidated": False,
+        }
         # the gate records the target's state it read: what an approval will be bound to
-        assert store.load_ledger(run.run_id).operations[op.operation_id].target_digest == (
-            self.MOVED)
+        assert store.load_ledger(run.run_id).operations[op.operation_id].target_digest == (self.MOVED)
         event = store.events(run.run_id)[-1]
-        assert (event.kind, event.operation_id, event.fence) == (
-            "run.waiting", op.operation_id, claim.fence)
+        assert (event.kind, event.operation_id, event.fence) == ("run.waiting", op.operation_id, claim.fence)
         assert waiting.event_count == len(store.events(run.run_id))
         with pytest.raises(LostOwnership):  # the worker let the run go
             store.record_step(claim, make_step(run.run_id, "after", 1))
@@ -67,23 +72,31 @@ class ApprovalTests(ConformanceBase):
         run, claim, op = self._gated(store)
         store.await_approval(claim, op.operation_id, self.MOVED)
         t0 = store.now()
-        approval = store.approve(run.run_id, op.step_id,
-                                 self._request(ttl_ms=60_000, evidence="ticket 12"))
+        approval = store.approve(run.run_id, op.step_id, self._request(ttl_ms=60_000, evidence="ticket 12"))
         t1 = store.now()
         assert (approval.run_id, approval.operation_id, approval.step_id) == (
-            run.run_id, op.operation_id, op.step_id)
-        assert (approval.payload_digest, approval.target_digest, approval.approved_by,
-                approval.evidence) == (op.payload_ref, self.MOVED, "ana", "ticket 12")
+            run.run_id,
+            op.operation_id,
+            op.step_id,
+        )
+        assert (approval.payload_digest, approval.target_digest, approval.approved_by, approval.evidence) == (
+            op.payload_ref,
+            self.MOVED,
+            "ana",
+            "ticket 12",
+        )
         assert stamped_between(t0, approval.approved_at, t1)
         assert approval.expires_at == approval.approved_at + 60_000
         assert store.approvals(run.run_id) == [approval]
         released = store.get_run(run.run_id)
-        assert (released.status, released.waiting_for, released.owner) == (
-            RunStatus.PENDING, None, None)
+        assert (released.status, released.waiting_for, released.owner) == (RunStatus.PENDING, None, None)
         event = store.events(run.run_id)[-1]
-        assert (event.kind, event.worker, event.detail["approval_id"],
-                event.detail["released"]) == ("effect.approved", "ana", approval.approval_id,
-                                              True)
+        assert (event.kind, event.worker, event.detail["approval_id"], event.detail["released"]) == (
+            "effect.approved",
+            "ana",
+            approval.approval_id,
+            True,
+        )
         taken = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
         assert taken is not None
         assert taken.run_id == run.run_id
@@ -102,18 +115,15 @@ class ApprovalTests(ConformanceBase):
         assert gate.approval == approval
         assert store.get_run(run.run_id).status is RunStatus.RUNNING
         dispatching = store.mark_dispatching(claim, op.operation_id)
-        assert (dispatching.state, dispatching.approval_id) == (EffectState.DISPATCHING,
-                                                                approval.approval_id)
+        assert (dispatching.state, dispatching.approval_id) == (EffectState.DISPATCHING, approval.approval_id)
 
     def test_a_gate_racing_an_approval_never_loses_it(self) -> None:
         """Whichever commits first, the run either passes its gate or is released."""
         stores = [self.store(), self.store()]
         for _ in range(8):
             run, claim, op = self._gated(stores[0])
-            gate_it = functools.partial(stores[0].await_approval, claim, op.operation_id,
-                                        self.TARGET)
-            approve_it = functools.partial(stores[1].approve, run.run_id, op.step_id,
-                                           self._request())
+            gate_it = functools.partial(stores[0].await_approval, claim, op.operation_id, self.TARGET)
+            approve_it = functools.partial(stores[1].approve, run.run_id, op.step_id, self._request())
             gate, _ = in_threads(gate_it, approve_it)
             now = stores[0].get_run(run.run_id)
             assert isinstance(gate, ApprovalGate)
@@ -128,8 +138,7 @@ class ApprovalTests(ConformanceBase):
         before = self.snapshot(store, run.run_id)
         with pytest.raises(ApprovalInvalid) as refused:
             store.mark_dispatching(claim, op.operation_id)
-        assert (refused.value.operation_id, refused.value.payload_digest) == (
-            op.operation_id, op.payload_ref)
+        assert (refused.value.operation_id, refused.value.payload_digest) == (op.operation_id, op.payload_ref)
         assert self.snapshot(store, run.run_id) == before
         # an approval of another target's state does not authorize it either
         store.approve(run.run_id, op.step_id, self._request())
@@ -173,18 +182,18 @@ class ApprovalTests(ConformanceBase):
         before = self.snapshot(store, run.run_id)
         wrong_payload = "sha256:" + "0" * 64
         for step_id, request, why in [
-                (f"step.never-{_uid()}", self._request(), "no prepared effect"),
-                (plain.step_id, self._request(), "does not ask for approval"),
-                (op.step_id, self._request(payload_digest=wrong_payload), "now carries"),
-                (op.step_id, self._request(expires_at=store.now() - 1), "expire")]:
+            (f"step.never-{_uid()}", self._request(), "no prepared effect"),
+            (plain.step_id, self._request(), "does not ask for approval"),
+            (op.step_id, self._request(payload_digest=wrong_payload), "now carries"),
+            (op.step_id, self._request(expires_at=store.now() - 1), "expire"),
+        ]:
             with pytest.raises(ApprovalRefused, match=why):
                 store.approve(run.run_id, step_id, request)
         assert self.snapshot(store, run.run_id) == before
         assert store.approvals(run.run_id) == []
         with pytest.raises(RunNotFound):
             store.approve(f"missing-{_uid()}", op.step_id, self._request())
-        approval = store.approve(run.run_id, op.step_id,
-                                 self._request(payload_digest=op.payload_ref))
+        approval = store.approve(run.run_id, op.step_id, self._request(payload_digest=op.payload_ref))
         store.mark_dispatching(claim, op.operation_id)
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
         with pytest.raises(ApprovalRefused, match="already accepted"):
@@ -194,8 +203,7 @@ class ApprovalTests(ConformanceBase):
             store.approve(run.run_id, op.step_id, self._request(by="bo"))
         assert store.approvals(run.run_id) == [approval]
 
-    def test_an_approval_of_an_operation_the_run_does_not_wait_for_releases_nothing(
-            self) -> None:
+    def test_an_approval_of_an_operation_the_run_does_not_wait_for_releases_nothing(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
         second, data = make_operation(run.run_id, f"op-{_uid()}")
@@ -216,7 +224,11 @@ class ApprovalTests(ConformanceBase):
         assert again is not None
         now = store.get_run(run.run_id)
         assert (now.status, now.owner, now.waiting_for, now.resume_count) == (
-            RunStatus.RUNNING, "worker-b", None, 0)
+            RunStatus.RUNNING,
+            "worker-b",
+            None,
+            0,
+        )
 
     def test_reprepare_gives_a_never_dispatched_operation_a_new_payload(self) -> None:
         store = self.store()
@@ -227,11 +239,13 @@ class ApprovalTests(ConformanceBase):
         store.reprepare_effect(claim, revised, data)
         stored = store.load_ledger(run.run_id).operations[op.operation_id]
         assert (stored.payload_ref, stored.target_digest, stored.effect_key) == (
-            revised.payload_ref, self.MOVED, op.effect_key)  # the key never changes
+            revised.payload_ref,
+            self.MOVED,
+            op.effect_key,
+        )  # the key never changes
         assert store.get_artifact(revised.payload_ref) == data
         event = store.events(run.run_id)[-1]
-        assert (event.kind, event.detail["payload_ref"]) == ("effect.prepared",
-                                                             revised.payload_ref)
+        assert (event.kind, event.detail["payload_ref"]) == ("effect.prepared", revised.payload_ref)
         with pytest.raises(ApprovalInvalid, match="payload changed"):
             store.mark_dispatching(claim, op.operation_id)  # the approval was of the old one
         # an operation that may have been dispatched keeps its payload
@@ -254,13 +268,11 @@ class ApprovalTests(ConformanceBase):
         run, claim, op = self._gated(store)
         store.approve(run.run_id, op.step_id, self._request(ttl_ms=SHORT_LEASE_MS))
         store.mark_dispatching(claim, op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN,
-                             error={"type": "Timeout"})
+        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN, error={"type": "Timeout"})
         expire()
         assert store.await_approval(claim, op.operation_id, self.TARGET).approval is None
         marked = store.request_cancel(run.run_id, "ops")
-        assert (marked.status, marked.cancel_requested_at is not None) == (RunStatus.PENDING,
-                                                                           True)
+        assert (marked.status, marked.cancel_requested_at is not None) == (RunStatus.PENDING, True)
         taken = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
         assert taken is not None
         assert taken.run_id == run.run_id

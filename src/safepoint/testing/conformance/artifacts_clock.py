@@ -75,10 +75,15 @@ class ArtifactClockTests(ConformanceBase):
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
         store.finish_run(claim, RunStatus.COMPLETED, result=None)
         events = store.events(run.run_id)
-        assert events[:len(early)] == early
-        assert [e.kind for e in events] == ["run.started", "effect.prepared", "run.claimed",
-                                            "effect.dispatching", "effect.accepted",
-                                            "run.completed"]
+        assert events[: len(early)] == early
+        assert [e.kind for e in events] == [
+            "run.started",
+            "effect.prepared",
+            "run.claimed",
+            "effect.dispatching",
+            "effect.accepted",
+            "run.completed",
+        ]
         assert {e.run_id for e in events} == {run.run_id}
         ids = [e.event_id for e in events]
         assert ids == sorted(set(ids))

@@ -50,13 +50,10 @@ class ClaimTests(ConformanceBase):
         t1 = store.now()
         assert claim is not None
         now = store.get_run(run.run_id)
-        assert (claim.owner, claim.fence, claim.lease_ms) == ("worker-b", old.fence + 1,
-                                                              LONG_LEASE_MS)
-        assert (now.status, now.owner, now.fence, now.resume_count) == (
-            RunStatus.RUNNING, "worker-b", 2, 1)
+        assert (claim.owner, claim.fence, claim.lease_ms) == ("worker-b", old.fence + 1, LONG_LEASE_MS)
+        assert (now.status, now.owner, now.fence, now.resume_count) == (RunStatus.RUNNING, "worker-b", 2, 1)
         assert now.state_revision > moved.state_revision
-        assert (claim.state_revision, claim.lease_expires_at) == (now.state_revision,
-                                                                  now.lease_expires_at)
+        assert (claim.state_revision, claim.lease_expires_at) == (now.state_revision, now.lease_expires_at)
         assert stamped_between(t0 + LONG_LEASE_MS, claim.lease_expires_at, t1 + LONG_LEASE_MS)
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.fence, event.worker) == ("run.claimed", 2, "worker-b")
@@ -65,11 +62,16 @@ class ClaimTests(ConformanceBase):
         store = self.store()
         run, _ = self.start(store, owner="worker-a")
         for dead_owner in (None, "worker-x"):
-            assert store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS,
-                                   dead_owner=dead_owner) is None
+            assert (
+                store.claim_run(
+                    run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS, dead_owner=dead_owner
+                )
+                is None
+            )
         assert store.get_run(run.run_id) == run
-        claim = store.claim_run(run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS,
-                                dead_owner="worker-a")
+        claim = store.claim_run(
+            run.run_id, run.state_revision, "worker-b", LONG_LEASE_MS, dead_owner="worker-a"
+        )
         assert claim is not None
         assert (claim.fence, store.get_run(run.run_id).owner) == (2, "worker-b")
         assert store.events(run.run_id)[-1].kind == "run.claimed"
@@ -78,12 +80,20 @@ class ClaimTests(ConformanceBase):
     def test_an_ended_run_cannot_be_claimed(self, status: RunStatus) -> None:
         store = self.store()
         run, claim = self.start(store)
-        store.finish_run(claim, status, result=1 if status is RunStatus.COMPLETED else None,
-                         error={"type": "E", "message": "m"} if status is RunStatus.FAILED else None)
+        store.finish_run(
+            claim,
+            status,
+            result=1 if status is RunStatus.COMPLETED else None,
+            error={"type": "E", "message": "m"} if status is RunStatus.FAILED else None,
+        )
         ended = store.get_run(run.run_id)
         assert store.claim_run(run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS) is None
-        assert store.claim_run(run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS,
-                               dead_owner="worker-a") is None
+        assert (
+            store.claim_run(
+                run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS, dead_owner="worker-a"
+            )
+            is None
+        )
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
         assert store.get_run(run.run_id) == ended
 
@@ -93,10 +103,16 @@ class ClaimTests(ConformanceBase):
         runs += [self.start(stores[0], lease_ms=SHORT_LEASE_MS)[0] for _ in range(10)]
         expire()
         for run in runs:
-            claims = in_threads(*[
-                (lambda s=s, w=f"worker-{i}", r=run: s.claim_run(r.run_id, r.state_revision, w,
-                                                                 LONG_LEASE_MS))
-                for i, s in enumerate(stores)])
+            claims = in_threads(
+                *[
+                    (
+                        lambda s=s, w=f"worker-{i}", r=run: s.claim_run(
+                            r.run_id, r.state_revision, w, LONG_LEASE_MS
+                        )
+                    )
+                    for i, s in enumerate(stores)
+                ]
+            )
             winners = [c for c in claims if c is not None]
             assert len(winners) == 1, f"{len(winners)} winners for {run.run_id}"
             now = stores[0].get_run(run.run_id)
@@ -127,8 +143,9 @@ class ClaimTests(ConformanceBase):
         ended: list[str] = []
         for status in (RunStatus.BLOCKED, RunStatus.COMPLETED, RunStatus.FAILED):
             _, claim = self.start(store)
-            store.finish_run(claim, status, recovery_record={"phase": "x"}
-                             if status is RunStatus.BLOCKED else None)
+            store.finish_run(
+                claim, status, recovery_record={"phase": "x"} if status is RunStatus.BLOCKED else None
+            )
             ended.append(claim.run_id)
         pause()
         newest = self.submit(store, run_id=f"a-{_uid()}")
@@ -143,8 +160,7 @@ class ClaimTests(ConformanceBase):
         assert [c.fence for c in taken] == [2, 1, 1]
         for claim in taken:
             run = store.get_run(claim.run_id)
-            assert (run.status, run.owner, run.fence) == (RunStatus.RUNNING, "worker-b",
-                                                          claim.fence)
+            assert (run.status, run.owner, run.fence) == (RunStatus.RUNNING, "worker-b", claim.fence)
             assert (claim.owner, claim.state_revision) == ("worker-b", run.state_revision)
             assert store.events(claim.run_id)[-1].kind == "run.claimed"
         # resume_count counts takeovers only: a pending run's first claim is not a resume
@@ -167,11 +183,15 @@ class ClaimTests(ConformanceBase):
     def test_resolving_applied_accepts_the_operation_and_releases_the_run(self) -> None:
         store = self.store()
         run, op_id = self._blocked_mid_dispatch(store)
-        decision = Resolution(ResolutionAction.APPLIED, by="ana", operation_id=op_id,
-                              receipt={"id": "tk_9"}, evidence="owner log")
+        decision = Resolution(
+            ResolutionAction.APPLIED,
+            by="ana",
+            operation_id=op_id,
+            receipt={"id": "tk_9"},
+            evidence="owner log",
+        )
         resolved = store.resolve(run.run_id, run.state_revision, decision)
-        assert (resolved.status, resolved.owner, resolved.recovery_record) == (
-            RunStatus.RUNNING, None, None)
+        assert (resolved.status, resolved.owner, resolved.recovery_record) == (RunStatus.RUNNING, None, None)
         assert resolved.state_revision == run.state_revision + 1
         op = store.load_ledger(run.run_id).operations[op_id]
         assert (op.state, op.receipt) == (EffectState.ACCEPTED, {"id": "tk_9"})
@@ -181,8 +201,9 @@ class ClaimTests(ConformanceBase):
         again = store.resolve(run.run_id, run.state_revision, decision)  # harmless repeat
         assert again.state_revision == resolved.state_revision
         with pytest.raises(ResolutionRefused):  # another decision on the old revision
-            store.resolve(run.run_id, run.state_revision,
-                          replace(decision, action=ResolutionAction.NOT_APPLIED))
+            store.resolve(
+                run.run_id, run.state_revision, replace(decision, action=ResolutionAction.NOT_APPLIED)
+            )
         taken = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
         assert taken is not None
         assert taken.run_id == run.run_id  # released: any worker may carry it on
@@ -190,25 +211,32 @@ class ClaimTests(ConformanceBase):
     def test_resolving_not_applied_prepares_the_operation_afresh(self) -> None:
         store = self.store()
         run, op_id = self._blocked_mid_dispatch(store)
-        store.resolve(run.run_id, run.state_revision,
-                      Resolution(ResolutionAction.NOT_APPLIED, by="bo", operation_id=op_id))
+        store.resolve(
+            run.run_id,
+            run.state_revision,
+            Resolution(ResolutionAction.NOT_APPLIED, by="bo", operation_id=op_id),
+        )
         op = store.load_ledger(run.run_id).operations[op_id]
-        assert (op.state, op.first_dispatched_at, op.dispatch_count) == (
-            EffectState.PREPARED, None, 1)
+        assert (op.state, op.first_dispatched_at, op.dispatch_count) == (EffectState.PREPARED, None, 1)
 
     def test_abandoning_cancels_and_a_stale_or_wrong_decision_changes_nothing(self) -> None:
         store = self.store()
         run, op_id = self._blocked_mid_dispatch(store)
         with pytest.raises(ResolutionRefused):  # an operation that is not uncertain
-            store.resolve(run.run_id, run.state_revision, Resolution(
-                ResolutionAction.APPLIED, by="cy", operation_id="no-such-op", receipt={}))
+            store.resolve(
+                run.run_id,
+                run.state_revision,
+                Resolution(ResolutionAction.APPLIED, by="cy", operation_id="no-such-op", receipt={}),
+            )
         with pytest.raises(ResolutionRefused):  # a revision the run has left
-            store.resolve(run.run_id, run.state_revision - 1,
-                          Resolution(ResolutionAction.ABANDON, by="cy"))
+            store.resolve(run.run_id, run.state_revision - 1, Resolution(ResolutionAction.ABANDON, by="cy"))
         assert store.get_run(run.run_id).state_revision == run.state_revision
         assert store.load_ledger(run.run_id).operations[op_id].state is EffectState.DISPATCHING
-        ended = store.resolve(run.run_id, run.state_revision,
-                              Resolution(ResolutionAction.ABANDON, by="cy", evidence="withdrawn"))
+        ended = store.resolve(
+            run.run_id,
+            run.state_revision,
+            Resolution(ResolutionAction.ABANDON, by="cy", evidence="withdrawn"),
+        )
         assert ended.status is RunStatus.CANCELLED
         assert ended.error == {"type": "Abandoned", "message": "abandoned by cy: withdrawn"}
 
@@ -235,8 +263,9 @@ class ClaimTests(ConformanceBase):
         with pytest.raises(Cancelled):  # the cancel is what refuses a dispatch, whatever the op
             store.mark_dispatching(claim, f"no-such-op-{_uid()}")
         with pytest.raises(StoreError):  # settling is not new work: a wrong op is the error
-            store.record_outcome(claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED,
-                                 step=make_step(run.run_id, "orphan", 9))
+            store.record_outcome(
+                claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED, step=make_step(run.run_id, "orphan", 9)
+            )
         assert self.snapshot(store, run.run_id) == refused
         # what was in flight may still be settled, and the run ended
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
@@ -251,24 +280,49 @@ class ClaimTests(ConformanceBase):
 
     def test_the_resume_budget_is_recorded_with_the_run(self) -> None:
         store = self.store()
-        run, _ = store.create_run(NewRun(
-            run_id=f"budget-{_uid()}", workflow=self.workflow, workflow_version="v1",
-            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0,
-            resume_budget=3))
+        run, _ = store.create_run(
+            NewRun(
+                run_id=f"budget-{_uid()}",
+                workflow=self.workflow,
+                workflow_version="v1",
+                input_hash="h",
+                inputs={"args": [], "kwargs": {}},
+                owner=None,
+                lease_ms=0,
+                resume_budget=3,
+            )
+        )
         assert run.resume_budget == 3
         assert store.get_run(run.run_id).resume_budget == 3
-        unlimited, _ = store.create_run(NewRun(
-            run_id=f"budget-{_uid()}", workflow=self.workflow, workflow_version="v1",
-            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0))
+        unlimited, _ = store.create_run(
+            NewRun(
+                run_id=f"budget-{_uid()}",
+                workflow=self.workflow,
+                workflow_version="v1",
+                input_hash="h",
+                inputs={"args": [], "kwargs": {}},
+                owner=None,
+                lease_ms=0,
+            )
+        )
         assert unlimited.resume_budget is None
 
     def test_the_workflow_fingerprint_and_manifest_are_recorded_with_the_run(self) -> None:
         store = self.store()
         manifest = {"tools": {"lookup": "sha256:ab"}, "models": ["m-1"], "prompts": {}}
-        run, _ = store.create_run(NewRun(
-            run_id=f"fp-{_uid()}", workflow=self.workflow, workflow_version="v1",
-            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=None, lease_ms=0,
-            workflow_fingerprint="sha256:f1", workflow_manifest=manifest))
+        run, _ = store.create_run(
+            NewRun(
+                run_id=f"fp-{_uid()}",
+                workflow=self.workflow,
+                workflow_version="v1",
+                input_hash="h",
+                inputs={"args": [], "kwargs": {}},
+                owner=None,
+                lease_ms=0,
+                workflow_fingerprint="sha256:f1",
+                workflow_manifest=manifest,
+            )
+        )
         again = store.get_run(run.run_id)
         assert (again.workflow_fingerprint, again.workflow_manifest) == ("sha256:f1", manifest)
         older = self.submit(store)  # a run recorded without one
@@ -278,11 +332,21 @@ class ClaimTests(ConformanceBase):
         store = self.store()
         run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
         manifest = {"tools": {}, "models": ["m-2"], "prompts": {}}
-        store.replan(old, Replan(reason="the workflow changed", workflow_version="v2",
-                                 workflow_fingerprint="sha256:f2", workflow_manifest=manifest))
+        store.replan(
+            old,
+            Replan(
+                reason="the workflow changed",
+                workflow_version="v2",
+                workflow_fingerprint="sha256:f2",
+                workflow_manifest=manifest,
+            ),
+        )
         now = store.get_run(run.run_id)
         assert (now.workflow_version, now.workflow_fingerprint, now.workflow_manifest) == (
-            "v2", "sha256:f2", manifest)
+            "v2",
+            "sha256:f2",
+            manifest,
+        )
         assert now.state_revision > run.state_revision
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.fence, event.worker) == ("run.replanned", old.fence, "worker-a")
@@ -297,12 +361,14 @@ class ClaimTests(ConformanceBase):
         store = self.store()
         run, claim = self.start(store)
         store.record_step(claim, make_step(run.run_id, "kept", 1))
-        store.record_step(claim, make_step(run.run_id, "stale", 2, kind=StepKind.READ,
-                                           result={"seen": 1}, observed_at=5))
-        store.record_step(claim, make_step(run.run_id, "paid", 3, kind=StepKind.EFFECT,
-                                           operation_id="op-1"))
-        store.record_step(claim, make_step(run.run_id, "route", 4, kind=StepKind.DECISION,
-                                           result="next", next_step_id="next"))
+        store.record_step(
+            claim, make_step(run.run_id, "stale", 2, kind=StepKind.READ, result={"seen": 1}, observed_at=5)
+        )
+        store.record_step(claim, make_step(run.run_id, "paid", 3, kind=StepKind.EFFECT, operation_id="op-1"))
+        store.record_step(
+            claim,
+            make_step(run.run_id, "route", 4, kind=StepKind.DECISION, result="next", next_step_id="next"),
+        )
         store.record_step(claim, make_step(run.run_id, "fresh", 5))
         store.replan(claim, Replan(reason="inputs moved", step_id="stale", through_seq=4))
         ledger = store.load_ledger(run.run_id)
@@ -332,8 +398,7 @@ class ClaimTests(ConformanceBase):
         store.mark_dispatching(claim, op.operation_id)
         with pytest.raises(StoreError, match="no longer prepared"):
             store.reprepare_effect(claim, op, payload)
-        assert store.load_ledger(run.run_id).operations[op.operation_id].payload_ref == digest(
-            changed)
+        assert store.load_ledger(run.run_id).operations[op.operation_id].payload_ref == digest(changed)
 
     def test_claim_next_by_version_leaves_other_versions_alone(self) -> None:
         """In a rolling deploy an old worker must not take (and then block) a newer run."""
@@ -354,8 +419,7 @@ class ClaimTests(ConformanceBase):
                 got.append(claim.run_id)
             return got
 
-        taken = in_threads(*[(lambda s=s, w=f"worker-{i}": drain(s, w))
-                             for i, s in enumerate(stores)])
+        taken = in_threads(*[(lambda s=s, w=f"worker-{i}": drain(s, w)) for i, s in enumerate(stores)])
         flat = [run_id for got in taken for run_id in got]
         assert len(flat) == len(set(flat)), "a run was claimed twice"
         assert set(flat) == mine

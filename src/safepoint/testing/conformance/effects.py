@@ -25,10 +25,14 @@ class EffectTests(ConformanceBase):
         t1 = store.now()
         stored = store.load_ledger(run.run_id).operations[op.operation_id]
         assert stamped_between(t0, stored.prepared_at, t1)
-        assert stored == replace(op, fence=claim.fence, prepared_at=stored.prepared_at,
-                                 updated_at=stored.updated_at)
+        assert stored == replace(
+            op, fence=claim.fence, prepared_at=stored.prepared_at, updated_at=stored.updated_at
+        )
         assert (stored.state, stored.dispatch_count, stored.first_dispatched_at) == (
-            EffectState.PREPARED, 0, None)
+            EffectState.PREPARED,
+            0,
+            None,
+        )
         assert store.get_artifact(op.payload_ref) == payload
         raw = b"\x00\xff not utf-8 \xfe"
         op2 = replace(op, operation_id=f"raw-{_uid()}", payload_ref=digest(raw))
@@ -59,8 +63,7 @@ class EffectTests(ConformanceBase):
         t0 = store.now()
         first = store.mark_dispatching(claim, op.operation_id)
         t1 = store.now()
-        assert (first.state, first.dispatch_count, first.fence) == (
-            EffectState.DISPATCHING, 1, claim.fence)
+        assert (first.state, first.dispatch_count, first.fence) == (EffectState.DISPATCHING, 1, claim.fence)
         assert first.first_dispatched_at is not None
         assert stamped_between(t0, first.first_dispatched_at, t1)
         assert store.load_ledger(run.run_id).operations[op.operation_id] == first
@@ -75,8 +78,7 @@ class EffectTests(ConformanceBase):
             assert (again.effect_key, again.payload_ref) == (op.effect_key, op.payload_ref)
             assert store.load_ledger(run.run_id).operations[op.operation_id] == again
 
-    @pytest.mark.parametrize("settled", [EffectState.ACCEPTED, EffectState.REJECTED,
-                                         EffectState.APPLIED])
+    @pytest.mark.parametrize("settled", [EffectState.ACCEPTED, EffectState.REJECTED, EffectState.APPLIED])
     def test_a_settled_operation_is_never_dispatched_again(self, settled: EffectState) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -105,32 +107,43 @@ class EffectTests(ConformanceBase):
         t0 = store.now()
         got = store.prepare_and_mark_dispatching(claim, op, data)
         t1 = store.now()
-        assert (got.state, got.dispatch_count, got.fence) == (
-            EffectState.DISPATCHING, 1, claim.fence)
+        assert (got.state, got.dispatch_count, got.fence) == (EffectState.DISPATCHING, 1, claim.fence)
         assert got.first_dispatched_at is not None
         assert stamped_between(t0, got.prepared_at, t1)
         assert stamped_between(t0, got.first_dispatched_at, t1)
         assert got.prepared_at <= (got.first_dispatched_at or 0)  # both the server's clock
         assert (got.effect_key, got.payload_ref, got.step_id, got.effect) == (
-            op.effect_key, op.payload_ref, op.step_id, op.effect)
+            op.effect_key,
+            op.payload_ref,
+            op.step_id,
+            op.effect,
+        )
         ledger, events = self.snapshot(store, run.run_id)
         assert ledger.operations[op.operation_id] == got
         assert store.get_artifact(op.payload_ref) == data
-        assert [(e.kind, e.step_id, e.fence, e.worker, e.detail) for e in events
-                if e.operation_id == op.operation_id] == [
-            ("effect.prepared", op.step_id, claim.fence, "worker-a",
-             {"effect": op.effect, "payload_ref": op.payload_ref}),
-            ("effect.dispatching", op.step_id, claim.fence, "worker-a", {"dispatch": 1})]
+        assert [
+            (e.kind, e.step_id, e.fence, e.worker, e.detail)
+            for e in events
+            if e.operation_id == op.operation_id
+        ] == [
+            (
+                "effect.prepared",
+                op.step_id,
+                claim.fence,
+                "worker-a",
+                {"effect": op.effect, "payload_ref": op.payload_ref},
+            ),
+            ("effect.dispatching", op.step_id, claim.fence, "worker-a", {"dispatch": 1}),
+        ]
         # the history and the revision move as the two writes move them
         assert ledger.run.event_count == len(events) == before.event_count + 2
         assert ledger.run.state_revision - before.state_revision == (
-            before.state_revision - run.state_revision)
+            before.state_revision - run.state_revision
+        )
         # the operation goes on as any other: an outcome, or another dispatch
-        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN,
-                             error={"type": "Timeout"})
+        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN, error={"type": "Timeout"})
         again = store.mark_dispatching(claim, op.operation_id)
-        assert (again.dispatch_count, again.first_dispatched_at) == (2,
-                                                                     got.first_dispatched_at)
+        assert (again.dispatch_count, again.first_dispatched_at) == (2, got.first_dispatched_at)
 
     def test_prepare_and_mark_dispatching_refuses_whole(self) -> None:
         store = self.store()
@@ -141,7 +154,8 @@ class EffectTests(ConformanceBase):
             store.prepare_and_mark_dispatching(claim, op, b'{"other":"bytes"}')
         with pytest.raises(ValueError, match="approval"):  # a gate stands between the two
             store.prepare_and_mark_dispatching(
-                claim, replace(op, approval_required=True, target_digest=self.TARGET), payload)
+                claim, replace(op, approval_required=True, target_digest=self.TARGET), payload
+            )
         assert self.snapshot(store, run.run_id) == before
         store.prepare_effect(claim, op, payload)
         prepared = self.snapshot(store, run.run_id)
@@ -149,11 +163,10 @@ class EffectTests(ConformanceBase):
             store.prepare_and_mark_dispatching(claim, op, payload)
         assert self.snapshot(store, run.run_id) == prepared
 
-    def test_prepare_and_mark_dispatching_is_held_to_the_history_limit_as_a_prepare(
-            self) -> None:
+    def test_prepare_and_mark_dispatching_is_held_to_the_history_limit_as_a_prepare(self) -> None:
         store = self.store()
-        run, claim = self.start(store, history=(None, 3))   # history 1: run.started
-        store.record_step(claim, make_step(run.run_id, "s1", 1))              # 2
+        run, claim = self.start(store, history=(None, 3))  # history 1: run.started
+        store.record_step(claim, make_step(run.run_id, "s1", 1))  # 2
         # The prepare fits (3); its "dispatching" is never held to the limit: it goes in too.
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         assert store.prepare_and_mark_dispatching(claim, op, payload).dispatch_count == 1
@@ -172,23 +185,32 @@ class EffectTests(ConformanceBase):
         store.mark_dispatching(claim, op.operation_id)
         store.record_outcome(claim, op.operation_id, EffectState.APPLIED, receipt={"id": "T-9"})
         applied = store.load_ledger(run.run_id).operations[op.operation_id]
-        assert (applied.state, applied.receipt, applied.error) == (EffectState.APPLIED,
-                                                                   {"id": "T-9"}, None)
-        step = make_step(run.run_id, op.step_id, 1, kind=StepKind.EFFECT, name=op.effect,
-                         result={"id": "T-9"}, operation_id=op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": "T-9"},
-                             step=step)
+        assert (applied.state, applied.receipt, applied.error) == (EffectState.APPLIED, {"id": "T-9"}, None)
+        step = make_step(
+            run.run_id,
+            op.step_id,
+            1,
+            kind=StepKind.EFFECT,
+            name=op.effect,
+            result={"id": "T-9"},
+            operation_id=op.operation_id,
+        )
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": "T-9"}, step=step)
         ledger = store.load_ledger(run.run_id)
         accepted = ledger.operations[op.operation_id]
         assert (accepted.state, accepted.receipt, accepted.dispatch_count) == (
-            EffectState.ACCEPTED, {"id": "T-9"}, 1)
+            EffectState.ACCEPTED,
+            {"id": "T-9"},
+            1,
+        )
         loaded = ledger.steps[op.step_id]
         assert loaded == replace(step, fence=claim.fence, recorded_at=loaded.recorded_at)
         # atomic: an outcome for an operation that does not exist writes no step either
         before = self.snapshot(store, run.run_id)
         with pytest.raises(StoreError):
-            store.record_outcome(claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED,
-                                 step=make_step(run.run_id, "orphan", 2))
+            store.record_outcome(
+                claim, f"no-such-op-{_uid()}", EffectState.ACCEPTED, step=make_step(run.run_id, "orphan", 2)
+            )
         assert self.snapshot(store, run.run_id) == before
 
     def test_an_outcome_with_a_large_result_keeps_it_as_an_artifact(self) -> None:
@@ -197,14 +219,21 @@ class EffectTests(ConformanceBase):
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         store.prepare_and_mark_dispatching(claim, op, payload)
         receipt = {"id": "T-1", "blob": LARGE, "op": op.operation_id}
-        step = make_step(run.run_id, op.step_id, 1, kind=StepKind.EFFECT, name=op.effect,
-                         result=receipt, operation_id=op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt=receipt,
-                             step=step)
+        step = make_step(
+            run.run_id,
+            op.step_id,
+            1,
+            kind=StepKind.EFFECT,
+            name=op.effect,
+            result=receipt,
+            operation_id=op.operation_id,
+        )
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt=receipt, step=step)
         ledger = store.load_ledger(run.run_id)
         assert ledger.operations[op.operation_id].receipt == receipt
-        assert ledger.steps[op.step_id] == replace(step, fence=claim.fence,
-                                                   recorded_at=ledger.steps[op.step_id].recorded_at)
+        assert ledger.steps[op.step_id] == replace(
+            step, fence=claim.fence, recorded_at=ledger.steps[op.step_id].recorded_at
+        )
         text = dumps(receipt).encode()
         assert store.get_artifact(digest(text)) == text
 
@@ -218,10 +247,15 @@ class EffectTests(ConformanceBase):
         claim = self.take_over(store, run.run_id, owner="worker-b")
         store.mark_dispatching(claim, op.operation_id)
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
-        got = [(e.kind, e.operation_id, e.fence, e.worker) for e in store.events(run.run_id)
-               if e.kind.startswith("effect.")]
-        assert got == [("effect.prepared", op.operation_id, 1, "worker-a"),
-                       ("effect.dispatching", op.operation_id, 1, "worker-a"),
-                       ("effect.unknown", op.operation_id, 1, "worker-a"),
-                       ("effect.dispatching", op.operation_id, 2, "worker-b"),
-                       ("effect.accepted", op.operation_id, 2, "worker-b")]
+        got = [
+            (e.kind, e.operation_id, e.fence, e.worker)
+            for e in store.events(run.run_id)
+            if e.kind.startswith("effect.")
+        ]
+        assert got == [
+            ("effect.prepared", op.operation_id, 1, "worker-a"),
+            ("effect.dispatching", op.operation_id, 1, "worker-a"),
+            ("effect.unknown", op.operation_id, 1, "worker-a"),
+            ("effect.dispatching", op.operation_id, 2, "worker-b"),
+            ("effect.accepted", op.operation_id, 2, "worker-b"),
+        ]

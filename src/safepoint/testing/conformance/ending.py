@@ -19,8 +19,7 @@ class EndingTests(ConformanceBase):
         run, claim = self.start(store)
         store.finish_run(claim, RunStatus.COMPLETED, result=result)
         done = store.get_run(run.run_id)
-        assert (done.status, done.result, done.error, done.owner) == (
-            RunStatus.COMPLETED, result, None, None)
+        assert (done.status, done.result, done.error, done.owner) == (RunStatus.COMPLETED, result, None, None)
         assert done.state_revision > claim.state_revision
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.fence, event.worker) == ("run.completed", 1, "worker-a")
@@ -32,15 +31,24 @@ class EndingTests(ConformanceBase):
         store.finish_run(claim, RunStatus.FAILED, error=error)
         failed = store.get_run(run.run_id)
         assert (failed.status, failed.error, failed.result, failed.owner) == (
-            RunStatus.FAILED, error, None, None)
+            RunStatus.FAILED,
+            error,
+            None,
+            None,
+        )
         assert store.events(run.run_id)[-1].kind == "run.failed"
 
     def test_finish_run_blocked_stamps_the_new_revision_into_the_recovery_record(self) -> None:
         store = self.store()
         run, claim = self.start(store)
         store.record_step(claim, make_step(run.run_id, "s1", 1))
-        record = {"schema_version": 1, "phase": "reconcile_effect", "state_revision": 0,
-                  "operation_id": "op-1", "evidence_refs": []}
+        record = {
+            "schema_version": 1,
+            "phase": "reconcile_effect",
+            "state_revision": 0,
+            "operation_id": "op-1",
+            "evidence_refs": [],
+        }
         store.finish_run(claim, RunStatus.BLOCKED, recovery_record=record)
         blocked = store.get_run(run.run_id)
         assert (blocked.status, blocked.owner) == (RunStatus.BLOCKED, None)

@@ -27,8 +27,9 @@ from ._support import (
 class FenceTests(ConformanceBase):
     """The conformance tests of fencing."""
 
-    def _stale_writes(self, store: Store, claim: Claim,
-                      op_id: str) -> tuple[dict[str, Callable[[], Any]], list[str]]:
+    def _stale_writes(
+        self, store: Store, claim: Claim, op_id: str
+    ) -> tuple[dict[str, Callable[[], Any]], list[str]]:
         """Every worker write, as ``claim`` would make it, and the artifacts they would store
         (unique to this call: a refused write stores none of them)."""
         run_id = claim.run_id
@@ -37,23 +38,31 @@ class FenceTests(ConformanceBase):
         return {
             "record_step (new)": lambda: store.record_step(claim, make_step(run_id, "s2", 2)),
             "record_step (re-record)": lambda: store.record_step(
-                claim, make_step(run_id, "s1", 1, result="stale")),
+                claim, make_step(run_id, "s1", 1, result="stale")
+            ),
             "record_attempt": lambda: store.record_attempt(claim, make_attempt(run_id, "s9", 1)),
             "prepare_effect": lambda: store.prepare_effect(claim, new_op, payload),
             "mark_dispatching": lambda: store.mark_dispatching(claim, op_id),
             "prepare_and_mark_dispatching": lambda: store.prepare_and_mark_dispatching(
-                claim, new_op, payload),
+                claim, new_op, payload
+            ),
             "record_outcome": lambda: store.record_outcome(
-                claim, op_id, EffectState.ACCEPTED, receipt={"id": 1},
-                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id)),
+                claim,
+                op_id,
+                EffectState.ACCEPTED,
+                receipt={"id": 1},
+                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id),
+            ),
             "record_outcome (large result)": lambda: store.record_outcome(
-                claim, op_id, EffectState.ACCEPTED, receipt=large,
-                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id,
-                               result=large)),
+                claim,
+                op_id,
+                EffectState.ACCEPTED,
+                receipt=large,
+                step=make_step(run_id, "step.x", 3, kind=StepKind.EFFECT, operation_id=op_id, result=large),
+            ),
             "finish_run": lambda: store.finish_run(claim, RunStatus.COMPLETED, result="stale"),
             "renew_lease": lambda: store.renew_lease(claim),
-            "continue_as_new": lambda: store.continue_as_new(
-                claim, self.successor(run_id, n=99)),
+            "continue_as_new": lambda: store.continue_as_new(claim, self.successor(run_id, n=99)),
         }, [new_op.payload_ref, digest(dumps(large).encode())]
 
     def _assert_stale_claim_writes_nothing(self, store: Store, claim: Claim, op_id: str) -> None:
@@ -90,8 +99,9 @@ class FenceTests(ConformanceBase):
         store.record_step(claim, make_step(run.run_id, "s1", 1))
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         store.prepare_effect(claim, op, payload)
-        store.finish_run(claim, status, recovery_record={"phase": "x"}
-                         if status is RunStatus.BLOCKED else None)
+        store.finish_run(
+            claim, status, recovery_record={"phase": "x"} if status is RunStatus.BLOCKED else None
+        )
         self._assert_stale_claim_writes_nothing(store, claim, op.operation_id)
 
     def test_release_run_gives_the_run_up_and_a_stale_release_does_nothing(self) -> None:

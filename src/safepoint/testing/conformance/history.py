@@ -34,11 +34,9 @@ class HistoryTests(ConformanceBase):
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
         store.prepare_effect(claim, op, payload)
         store.mark_dispatching(claim, op.operation_id)
-        step = make_step(run.run_id, op.step_id, 3, kind=StepKind.EFFECT,
-                         operation_id=op.operation_id)
+        step = make_step(run.run_id, op.step_id, 3, kind=StepKind.EFFECT, operation_id=op.operation_id)
         for _ in range(2):  # the second outcome is an event, its step row is replaced
-            store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED,
-                                 receipt={"id": 1}, step=step)
+            store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1}, step=step)
         ledger, events = self.snapshot(store, run.run_id)
         assert (ledger.run.event_count, ledger.run.step_count) == (len(events), len(ledger.steps))
         assert (len(events), len(ledger.steps)) == (5, 3)
@@ -47,10 +45,13 @@ class HistoryTests(ConformanceBase):
     def test_history_limits_and_the_chain_are_recorded_with_the_run(self) -> None:
         store = self.store()
         run, _ = self.start(store, history=(100, 500))
-        assert (run.history_soft_limit, run.history_hard_limit, run.history_warned_at) == (
-            100, 500, None)
+        assert (run.history_soft_limit, run.history_hard_limit, run.history_warned_at) == (100, 500, None)
         assert (run.chain_id, run.chain_index, run.parent_run_id, run.successor_run_id) == (
-            run.run_id, 0, None, None)
+            run.run_id,
+            0,
+            None,
+            None,
+        )
         assert store.get_run(run.run_id) == run
         unlimited = self.submit(store)
         assert (unlimited.history_soft_limit, unlimited.history_hard_limit) == (None, None)
@@ -59,14 +60,13 @@ class HistoryTests(ConformanceBase):
         store = self.store()
         run, claim = self.start(store, history=(None, 5))
         op, payload = make_operation(run.run_id, f"op-{_uid()}")
-        store.prepare_effect(claim, op, payload)                       # history 2
+        store.prepare_effect(claim, op, payload)  # history 2
         for seq in (1, 2, 3):
             store.record_step(claim, make_step(run.run_id, f"s{seq}", seq))  # 3, 4, 5
         before = self.snapshot(store, run.run_id)
         with pytest.raises(HistoryLimitReached) as refused:
             store.record_step(claim, make_step(run.run_id, "s4", 4))
-        assert (refused.value.run_id, refused.value.size, refused.value.limit) == (
-            run.run_id, 5, 5)
+        assert (refused.value.run_id, refused.value.size, refused.value.limit) == (run.run_id, 5, 5)
         second, data = make_operation(run.run_id, f"op-{_uid()}")
         with pytest.raises(HistoryLimitReached):
             store.prepare_effect(claim, second, data)
@@ -75,10 +75,8 @@ class HistoryTests(ConformanceBase):
         # run ends, whatever the history.
         store.record_step(claim, make_step(run.run_id, "s3", 3, result="re-read"))
         store.mark_dispatching(claim, op.operation_id)
-        step = make_step(run.run_id, op.step_id, 5, kind=StepKind.EFFECT,
-                         operation_id=op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1},
-                             step=step)
+        step = make_step(run.run_id, op.step_id, 5, kind=StepKind.EFFECT, operation_id=op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1}, step=step)
         store.finish_run(claim, RunStatus.BLOCKED, recovery_record={"phase": "history_limit"})
         ledger, events = self.snapshot(store, run.run_id)
         assert ledger.operations[op.operation_id].state is EffectState.ACCEPTED
@@ -106,7 +104,10 @@ class HistoryTests(ConformanceBase):
         ledger, events = self.snapshot(store, run.run_id)
         [event] = [e for e in events if e.kind == "run.history_warning"]
         assert (event.fence, event.worker, event.detail) == (
-            claim.fence, "worker-a", {"history": 4, "soft": 3, "hard": 50})
+            claim.fence,
+            "worker-a",
+            {"history": 4, "soft": 3, "hard": 50},
+        )
         assert ledger.run.history_warned_at == warned.history_warned_at
         assert ledger.run.event_count == len(events)
 
@@ -119,25 +120,41 @@ class HistoryTests(ConformanceBase):
         store.mark_dispatching(claim, op.operation_id)
         store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
         kept, _ = self.snapshot(store, run.run_id)
-        successor = self.successor(run.run_id, inputs={"args": [{"carried": LARGE}],
-                                                       "kwargs": {}},
-                                   resume_budget=3, history_soft_limit=10,
-                                   history_hard_limit=20)
+        successor = self.successor(
+            run.run_id,
+            inputs={"args": [{"carried": LARGE}], "kwargs": {}},
+            resume_budget=3,
+            history_soft_limit=10,
+            history_hard_limit=20,
+        )
         t0 = store.now()
         child, child_claim = store.continue_as_new(claim, successor)
         t1 = store.now()
-        assert child_claim == Claim(successor.run_id, "worker-a", 1, child.state_revision,
-                                    child.lease_expires_at or 0, LONG_LEASE_MS)
+        assert child_claim == Claim(
+            successor.run_id, "worker-a", 1, child.state_revision, child.lease_expires_at or 0, LONG_LEASE_MS
+        )
         assert stamped_between(t0 + LONG_LEASE_MS, child.lease_expires_at, t1 + LONG_LEASE_MS)
         assert (child.status, child.owner, child.fence, child.resume_count, child.inputs) == (
-            RunStatus.RUNNING, "worker-a", 1, 0, successor.inputs)
+            RunStatus.RUNNING,
+            "worker-a",
+            1,
+            0,
+            successor.inputs,
+        )
         assert (child.parent_run_id, child.chain_id, child.chain_index, child.successor_run_id) == (
-            run.run_id, run.run_id, 1, None)
-        assert (child.resume_budget, child.history_soft_limit, child.history_hard_limit) == (
-            3, 10, 20)
+            run.run_id,
+            run.run_id,
+            1,
+            None,
+        )
+        assert (child.resume_budget, child.history_soft_limit, child.history_hard_limit) == (3, 10, 20)
         ended = store.get_run(run.run_id)
         assert (ended.status, ended.successor_run_id, ended.owner, ended.lease_expires_at) == (
-            RunStatus.CONTINUED, successor.run_id, None, None)
+            RunStatus.CONTINUED,
+            successor.run_id,
+            None,
+            None,
+        )
         assert ended.status.terminal
         # nothing of the parent's history is carried: the successor has its own, fresh
         ledger, events = self.snapshot(store, child.run_id)
@@ -147,16 +164,20 @@ class HistoryTests(ConformanceBase):
         parent, parent_events = self.snapshot(store, run.run_id)
         assert (parent.steps, parent.operations) == (kept.steps, kept.operations)
         assert (parent_events[-1].kind, parent_events[-1].detail) == (
-            "run.continued", {"successor": successor.run_id})
+            "run.continued",
+            {"successor": successor.run_id},
+        )
         assert parent.run.event_count == len(parent_events)
         with pytest.raises(LostOwnership):  # the parent's worker moved on to the successor
             store.record_step(claim, make_step(run.run_id, "late", 9))
-        assert store.claim_run(run.run_id, ended.state_revision, "worker-b",
-                               LONG_LEASE_MS) is None
+        assert store.claim_run(run.run_id, ended.state_revision, "worker-b", LONG_LEASE_MS) is None
         # the chain goes on from the successor
         grandchild, _ = store.continue_as_new(child_claim, self.successor(run.run_id, n=2))
         assert (grandchild.parent_run_id, grandchild.chain_id, grandchild.chain_index) == (
-            child.run_id, run.run_id, 2)
+            child.run_id,
+            run.run_id,
+            2,
+        )
         assert store.get_run(child.run_id).successor_run_id == grandchild.run_id
 
     def test_continue_as_new_is_refused_once_a_cancel_is_asked(self) -> None:
@@ -189,9 +210,13 @@ class HistoryTests(ConformanceBase):
             store.prepare_effect(claim, op, payload)
             if state is not EffectState.PREPARED:
                 store.mark_dispatching(claim, op.operation_id)
-                store.record_outcome(claim, op.operation_id, state, receipt={"id": 7},
-                                     error={"status": 402} if state is EffectState.REJECTED
-                                     else None)
+                store.record_outcome(
+                    claim,
+                    op.operation_id,
+                    state,
+                    receipt={"id": 7},
+                    error={"status": 402} if state is EffectState.REJECTED else None,
+                )
             settled[state] = op.operation_id
         parent = store.load_ledger(run.run_id)
         child, child_claim = store.continue_as_new(claim, self.successor(run.run_id))
@@ -208,8 +233,7 @@ class HistoryTests(ConformanceBase):
         op, payload = make_operation(child.run_id, f"op-child-{_uid()}")
         store.prepare_effect(child_claim, op, payload)
         store.mark_dispatching(child_claim, op.operation_id)
-        store.record_outcome(child_claim, op.operation_id, EffectState.ACCEPTED,
-                             receipt={"id": 8})
+        store.record_outcome(child_claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": 8})
         found = store.chain_operation(run.run_id, op.operation_id)
         assert found is not None
         assert (found.run_id, found.receipt) == (child.run_id, {"id": 8})
@@ -249,10 +273,11 @@ class HistoryTests(ConformanceBase):
         run, claim = self.start(store)
         for seq, sid in enumerate(("fan.a/s", "fan.b/s", "fan.a/t", "fan.b/t", "join"), 1):
             store.record_step(claim, make_step(run.run_id, sid, seq))
-        store.replan(claim, Replan(reason="inputs moved", step_id="fan.a/s", through_seq=5,
-                                   keep=("fan.b/s", "fan.b/t")))
+        store.replan(
+            claim,
+            Replan(reason="inputs moved", step_id="fan.a/s", through_seq=5, keep=("fan.b/s", "fan.b/t")),
+        )
         ledger, events = self.snapshot(store, run.run_id)
         assert sorted(ledger.steps) == ["fan.b/s", "fan.b/t"]
-        assert [e.step_id for e in events if e.kind == "step.abandoned"] == [
-            "fan.a/s", "fan.a/t", "join"]
+        assert [e.step_id for e in events if e.kind == "step.abandoned"] == ["fan.a/s", "fan.a/t", "join"]
         assert (ledger.run.step_count, ledger.run.event_count) == (2, len(events))

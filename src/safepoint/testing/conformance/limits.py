@@ -25,19 +25,28 @@ from ._support import (
 class LimitTests(ConformanceBase):
     """The conformance tests of limits that survive restarts."""
 
-    def _new_limited_run(self, store: Store, *, owner: str | None = "worker-a",
-                         **limits: Any) -> tuple[RunRecord, Claim | None]:
-        return store.create_run(NewRun(
-            run_id=f"limits-{_uid()}", workflow=self.workflow, workflow_version="v1",
-            input_hash="h", inputs={"args": [], "kwargs": {}}, owner=owner,
-            lease_ms=LONG_LEASE_MS if owner else 0, **limits))
+    def _new_limited_run(
+        self, store: Store, *, owner: str | None = "worker-a", **limits: Any
+    ) -> tuple[RunRecord, Claim | None]:
+        return store.create_run(
+            NewRun(
+                run_id=f"limits-{_uid()}",
+                workflow=self.workflow,
+                workflow_version="v1",
+                input_hash="h",
+                inputs={"args": [], "kwargs": {}},
+                owner=owner,
+                lease_ms=LONG_LEASE_MS if owner else 0,
+                **limits,
+            )
+        )
 
     def test_limits_are_recorded_with_the_run(self) -> None:
         store = self.store()
         policy = Retry(attempts=4, backoff=0.25, multiplier=3.0, max_backoff=9.0, jitter=0.5)
-        run, _ = self._new_limited_run(store, owner=None, deadline_ms=60_000,
-                                       token_budget=1_000, cost_budget=2.5,
-                                       step_attempts=policy)
+        run, _ = self._new_limited_run(
+            store, owner=None, deadline_ms=60_000, token_budget=1_000, cost_budget=2.5, step_attempts=policy
+        )
         for seen in (run, store.get_run(run.run_id), store.load_ledger(run.run_id).run):
             assert seen.deadline_at == seen.created_at + 60_000  # counted from its creation
             assert (seen.token_budget, seen.cost_budget) == (1_000, 2.5)
@@ -47,17 +56,19 @@ class LimitTests(ConformanceBase):
         fixed, _ = self._new_limited_run(store, owner=None, deadline_at=1_234_567_890_123)
         assert fixed.deadline_at == 1_234_567_890_123
         plain, _ = self._new_limited_run(store, owner=None)
-        assert (plain.deadline_at, plain.token_budget, plain.cost_budget,
-                plain.step_attempts) == (None, None, None, None)
+        assert (plain.deadline_at, plain.token_budget, plain.cost_budget, plain.step_attempts) == (
+            None,
+            None,
+            None,
+            None,
+        )
 
     def test_model_usage_adds_up_on_the_run_in_the_commit_of_its_step(self) -> None:
         store = self.store()
         run, claim = self.start(store, lease_ms=SHORT_LEASE_MS)
-        store.record_step(claim, make_step(run.run_id, "m1", 1, kind=StepKind.MODEL,
-                                           tokens=120, cost=0.25))
+        store.record_step(claim, make_step(run.run_id, "m1", 1, kind=StepKind.MODEL, tokens=120, cost=0.25))
         store.record_step(claim, make_step(run.run_id, "p1", 2))  # no usage: adds nothing
-        store.record_step(claim, make_step(run.run_id, "m2", 3, kind=StepKind.MODEL,
-                                           tokens=30, cost=None))
+        store.record_step(claim, make_step(run.run_id, "m2", 3, kind=StepKind.MODEL, tokens=30, cost=None))
         ledger = store.load_ledger(run.run_id)
         assert (ledger.steps["m1"].tokens, ledger.steps["m1"].cost) == (120, 0.25)
         assert (ledger.steps["p1"].tokens, ledger.steps["p1"].cost) == (None, None)
@@ -80,7 +91,12 @@ class LimitTests(ConformanceBase):
         assert [a.attempt for a in attempts["quote"]] == [1, 2]
         loaded = attempts["quote"][0]
         assert (loaded.kind, loaded.name, loaded.input_hash, loaded.error, loaded.retry_at) == (
-            first.kind, first.name, first.input_hash, first.error, first.retry_at)
+            first.kind,
+            first.name,
+            first.input_hash,
+            first.error,
+            first.retry_at,
+        )
         assert loaded.fence == claim.fence
         assert loaded.recorded_at > 0
         assert attempts["quote"][1].kind is StepKind.MODEL
@@ -108,22 +124,18 @@ class LimitTests(ConformanceBase):
         second, more = make_operation(run.run_id, f"op-{_uid()}")
         refused: dict[str, Callable[[], Any]] = {
             "record_step": lambda: store.record_step(claim, make_step(run.run_id, "s2", 2)),
-            "record_attempt": lambda: store.record_attempt(
-                claim, make_attempt(run.run_id, "s2", 1)),
+            "record_attempt": lambda: store.record_attempt(claim, make_attempt(run.run_id, "s2", 1)),
             "prepare_effect": lambda: store.prepare_effect(claim, second, more),
             "mark_dispatching": lambda: store.mark_dispatching(claim, op.operation_id),
-            "prepare_and_mark_dispatching": lambda: store.prepare_and_mark_dispatching(
-                claim, second, more),
+            "prepare_and_mark_dispatching": lambda: store.prepare_and_mark_dispatching(claim, second, more),
         }
         for name, write in refused.items():
             with pytest.raises(DeadlineExceeded) as late:
                 write()
-            assert (late.value.run_id, late.value.deadline_at) == (run.run_id,
-                                                                     run.deadline_at), name
+            assert (late.value.run_id, late.value.deadline_at) == (run.run_id, run.deadline_at), name
             assert self.snapshot(store, run.run_id) == before, f"{name} wrote past the deadline"
         # what was in flight is still settled, and the run still ends
-        store.record_outcome(claim, in_flight.operation_id, EffectState.ACCEPTED,
-                             receipt={"id": 1})
+        store.record_outcome(claim, in_flight.operation_id, EffectState.ACCEPTED, receipt={"id": 1})
         store.renew_lease(claim)
         store.finish_run(claim, RunStatus.FAILED, error={"type": "DeadlineExceeded"})
         ledger = store.load_ledger(run.run_id)

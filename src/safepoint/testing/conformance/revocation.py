@@ -16,8 +16,7 @@ class RevocationTests(ConformanceBase):
 
     WITHDRAWN = ApprovalRevocation(by="carol", reason="the customer withdrew the request")
 
-    def test_revoking_withdraws_every_approval_in_force_and_the_dispatch_is_refused(
-            self) -> None:
+    def test_revoking_withdraws_every_approval_in_force_and_the_dispatch_is_refused(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
         ana = store.approve(run.run_id, op.step_id, self._request(ttl_ms=60_000))
@@ -28,24 +27,35 @@ class RevocationTests(ConformanceBase):
         t1 = store.now()
         assert [(a.approval_id, a.revoked_by, a.revoke_reason) for a in revoked] == [
             (ana.approval_id, "carol", self.WITHDRAWN.reason),
-            (bo.approval_id, "carol", self.WITHDRAWN.reason)]
+            (bo.approval_id, "carol", self.WITHDRAWN.reason),
+        ]
         assert all(stamped_between(t0, a.revoked_at, t1) for a in revoked)
-        assert revoked == [replace(ana, revoked_at=revoked[0].revoked_at, revoked_by="carol",
-                                   revoke_reason=self.WITHDRAWN.reason),
-                           replace(bo, revoked_at=revoked[0].revoked_at, revoked_by="carol",
-                                   revoke_reason=self.WITHDRAWN.reason)]
+        assert revoked == [
+            replace(
+                ana, revoked_at=revoked[0].revoked_at, revoked_by="carol", revoke_reason=self.WITHDRAWN.reason
+            ),
+            replace(
+                bo, revoked_at=revoked[0].revoked_at, revoked_by="carol", revoke_reason=self.WITHDRAWN.reason
+            ),
+        ]
         assert store.approvals(run.run_id) == revoked  # read back with every field
         after = store.get_run(run.run_id)
         # the status stays: the gate decides whether the run waits
-        assert (after.status, after.owner, after.fence) == (RunStatus.RUNNING, "worker-a",
-                                                            claim.fence)
+        assert (after.status, after.owner, after.fence) == (RunStatus.RUNNING, "worker-a", claim.fence)
         assert after.state_revision > before.state_revision
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.step_id, event.operation_id, event.worker, event.fence) == (
-            "effect.approval_revoked", op.step_id, op.operation_id, "carol", None)
-        assert event.detail == {"approval_ids": [ana.approval_id, bo.approval_id],
-                                "approved_by": ["ana", "bo"],
-                                "reason": self.WITHDRAWN.reason}
+            "effect.approval_revoked",
+            op.step_id,
+            op.operation_id,
+            "carol",
+            None,
+        )
+        assert event.detail == {
+            "approval_ids": [ana.approval_id, bo.approval_id],
+            "approved_by": ["ana", "bo"],
+            "reason": self.WITHDRAWN.reason,
+        }
         assert after.event_count == len(store.events(run.run_id))
         # the dispatch is refused, naming the revocation, and writes nothing
         unchanged = self.snapshot(store, run.run_id)
@@ -123,8 +133,12 @@ class RevocationTests(ConformanceBase):
         again, again_claim, again_op = self._gated(store)
         store.approve(again.run_id, again_op.step_id, self._request())
         store.mark_dispatching(again_claim, again_op.operation_id)
-        store.record_outcome(again_claim, again_op.operation_id, EffectState.PREPARED,
-                             error={"type": "NotSent", "message": "connection refused"})
+        store.record_outcome(
+            again_claim,
+            again_op.operation_id,
+            EffectState.PREPARED,
+            error={"type": "NotSent", "message": "connection refused"},
+        )
         store.revoke_approval(again.run_id, again_op.step_id, self.WITHDRAWN)
         with pytest.raises(ApprovalInvalid, match="revoked"):
             store.mark_dispatching(again_claim, again_op.operation_id)
@@ -134,8 +148,12 @@ class RevocationTests(ConformanceBase):
         store.approve(unsure.run_id, unsure_op.step_id, self._request())
         store.mark_dispatching(unsure_claim, unsure_op.operation_id)
         store.revoke_approval(unsure.run_id, unsure_op.step_id, self.WITHDRAWN)
-        store.record_outcome(unsure_claim, unsure_op.operation_id, EffectState.UNKNOWN,
-                             error={"type": "TimeoutError", "message": "no answer"})
+        store.record_outcome(
+            unsure_claim,
+            unsure_op.operation_id,
+            EffectState.UNKNOWN,
+            error={"type": "TimeoutError", "message": "no answer"},
+        )
         with pytest.raises(ApprovalInvalid, match="revoked"):
             store.mark_dispatching(unsure_claim, unsure_op.operation_id)
         # a cancelled run dispatches nothing: there is nothing to take back
@@ -154,10 +172,8 @@ class RevocationTests(ConformanceBase):
         store.mark_dispatching(claim, op.operation_id)
         store.revoke_approval(run.run_id, op.step_id, self.WITHDRAWN)
         dispatched = store.load_ledger(run.run_id).operations[op.operation_id]
-        assert (dispatched.state, dispatched.approval_id) == (EffectState.DISPATCHING,
-                                                              approval.approval_id)
-        assert [a.approval_id for a in store.approvals(run.run_id)
-                if a.revoked] == [approval.approval_id]
+        assert (dispatched.state, dispatched.approval_id) == (EffectState.DISPATCHING, approval.approval_id)
+        assert [a.approval_id for a in store.approvals(run.run_id) if a.revoked] == [approval.approval_id]
         # the revocation first: the dispatch is refused and nothing leaves
         run, claim, op = self._gated(store)
         store.approve(run.run_id, op.step_id, self._request())
@@ -192,10 +208,12 @@ class RevocationTests(ConformanceBase):
             outcome = tuple(in_threads(dispatch, revoke))
             assert outcome in {("dispatched", "revoked"), ("refused", "revoked")}, outcome
             now = stores[0].load_ledger(run.run_id).operations[op.operation_id]
-            assert [a.revoked_at is not None
-                    for a in stores[0].approvals(run.run_id)] == [True]
-            kinds = [e.kind for e in stores[0].events(run.run_id)
-                     if e.kind in ("effect.dispatching", "effect.approval_revoked")]
+            assert [a.revoked_at is not None for a in stores[0].approvals(run.run_id)] == [True]
+            kinds = [
+                e.kind
+                for e in stores[0].events(run.run_id)
+                if e.kind in ("effect.dispatching", "effect.approval_revoked")
+            ]
             if outcome[0] == "dispatched":
                 assert (now.state, now.dispatch_count) == (EffectState.DISPATCHING, 1)
                 assert kinds == ["effect.dispatching", "effect.approval_revoked"]

@@ -20,16 +20,15 @@ class RunTests(ConformanceBase):
         t0 = store.now()
         run, claim = self.start(store, owner="worker-a", inputs={"case": "8472"})
         t1 = store.now()
-        assert (run.status, run.owner, run.fence, run.resume_count) == (
-            RunStatus.RUNNING, "worker-a", 1, 0)
-        assert (run.workflow, run.workflow_version, run.inputs) == (self.workflow, "v1",
-                                                                    {"case": "8472"})
+        assert (run.status, run.owner, run.fence, run.resume_count) == (RunStatus.RUNNING, "worker-a", 1, 0)
+        assert (run.workflow, run.workflow_version, run.inputs) == (self.workflow, "v1", {"case": "8472"})
         assert run.lease_expires_at is not None
         assert stamped_between(t0 + LONG_LEASE_MS, run.lease_expires_at, t1 + LONG_LEASE_MS)
         assert stamped_between(t0, run.created_at, t1)
         assert (run.result, run.error, run.recovery_record) == (None, None, None)
-        assert claim == Claim(run.run_id, "worker-a", 1, run.state_revision,
-                              run.lease_expires_at, LONG_LEASE_MS)
+        assert claim == Claim(
+            run.run_id, "worker-a", 1, run.state_revision, run.lease_expires_at, LONG_LEASE_MS
+        )
         assert store.get_run(run.run_id) == run
         [event] = store.events(run.run_id)
         assert (event.kind, event.fence, event.worker) == ("run.started", 1, "worker-a")
@@ -39,7 +38,12 @@ class RunTests(ConformanceBase):
         run, claim = self.new_run(store, owner=None)
         assert claim is None
         assert (run.status, run.owner, run.lease_expires_at, run.fence, run.resume_count) == (
-            RunStatus.PENDING, None, None, 0, 0)
+            RunStatus.PENDING,
+            None,
+            None,
+            0,
+            0,
+        )
         assert store.get_run(run.run_id) == run
 
     def test_creating_an_existing_run_returns_it_unchanged_without_a_claim(self) -> None:
@@ -47,8 +51,13 @@ class RunTests(ConformanceBase):
         for owner in ("worker-a", None):
             first, _ = self.new_run(store, owner=owner, inputs={"n": 1})
             before = self.snapshot(store, first.run_id)
-            again, claim = self.new_run(store, owner="worker-b", inputs={"n": 2},
-                                        workflow=f"{self.workflow}-other", run_id=first.run_id)
+            again, claim = self.new_run(
+                store,
+                owner="worker-b",
+                inputs={"n": 2},
+                workflow=f"{self.workflow}-other",
+                run_id=first.run_id,
+            )
             assert claim is None
             assert again == first
             assert self.snapshot(store, first.run_id) == before

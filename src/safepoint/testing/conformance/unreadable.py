@@ -41,18 +41,17 @@ LEDGER_COLUMNS = [
     ("safepoint_operations", "state", "teleported", "prepared"),
     ("safepoint_operations", "receipt", "{", None),
     ("safepoint_attempts", "kind", "nope", "read"),
-    ("safepoint_attempts", "error", "[1]",
-     dumps({"type": "TimeoutError", "message": "attempt 1"})),
+    ("safepoint_attempts", "error", "[1]", dumps({"type": "TimeoutError", "message": "attempt 1"})),
 ]
 
 
 class UnreadableTests(ConformanceBase):
     """The conformance tests of rows that cannot be read."""
 
-    @pytest.mark.parametrize(("column", "value", "repair"), RUN_COLUMNS,
-                             ids=[c for c, _, _ in RUN_COLUMNS])
+    @pytest.mark.parametrize(("column", "value", "repair"), RUN_COLUMNS, ids=[c for c, _, _ in RUN_COLUMNS])
     def test_a_run_row_that_cannot_be_read_is_a_corrupt_record_naming_the_column(
-            self, column: str, value: str, repair: Any) -> None:
+        self, column: str, value: str, repair: Any
+    ) -> None:
         store = self.store()
         run = self.submit(store)
         self.damage(store, "safepoint_runs", column, value, repair=repair, run_id=run.run_id)
@@ -68,11 +67,14 @@ class UnreadableTests(ConformanceBase):
         with pytest.raises(CorruptRecord):  # kept as it is: still unreadable
             store.get_run(run.run_id)
 
-    @pytest.mark.parametrize(("table", "column", "value", "repair"), LEDGER_COLUMNS,
-                             ids=[f"{t.removeprefix('safepoint_')}.{c}"
-                                  for t, c, _, _ in LEDGER_COLUMNS])
+    @pytest.mark.parametrize(
+        ("table", "column", "value", "repair"),
+        LEDGER_COLUMNS,
+        ids=[f"{t.removeprefix('safepoint_')}.{c}" for t, c, _, _ in LEDGER_COLUMNS],
+    )
     def test_a_ledger_row_that_cannot_be_read_is_a_corrupt_record_naming_the_column(
-            self, table: str, column: str, value: str, repair: Any) -> None:
+        self, table: str, column: str, value: str, repair: Any
+    ) -> None:
         store = self.store()
         run, claim = self.start(store)
         store.record_step(claim, make_step(run.run_id, "s1", 1))
@@ -90,8 +92,7 @@ class UnreadableTests(ConformanceBase):
         store = self.store()
         run = self.submit(store)
         [event] = store.events(run.run_id)
-        self.damage(store, "safepoint_events", "detail", "{", repair=None,
-                    event_id=event.event_id)
+        self.damage(store, "safepoint_events", "detail", "{", repair=None, event_id=event.event_id)
         with pytest.raises(CorruptRecord) as corrupt:
             store.events(run.run_id)
         assert corrupt.value.table == "safepoint_events"
@@ -101,18 +102,31 @@ class UnreadableTests(ConformanceBase):
         store = self.store()
         bad = self.submit(store)
         good = self.submit(store)
-        self.damage(store, "safepoint_runs", "inputs", "{not json", repair=INPUTS,
-                    run_id=bad.run_id)
+        self.damage(store, "safepoint_runs", "inputs", "{not json", repair=INPUTS, run_id=bad.run_id)
         listed = {run.run_id: run for run in store.list_runs(limit=100)}
         assert listed[good.run_id] == store.get_run(good.run_id)
         unreadable = listed[bad.run_id]
         assert unreadable == store.find_run(bad.run_id)
         assert isinstance(unreadable, UnreadableRun)
-        assert (unreadable.workflow, unreadable.workflow_version, unreadable.status,
-                unreadable.state_revision, unreadable.fence, unreadable.owner,
-                unreadable.created_at, unreadable.columns) == (
-            self.workflow, "v1", RunStatus.PENDING, bad.state_revision, 0, None,
-            bad.created_at, ("inputs",))
+        assert (
+            unreadable.workflow,
+            unreadable.workflow_version,
+            unreadable.status,
+            unreadable.state_revision,
+            unreadable.fence,
+            unreadable.owner,
+            unreadable.created_at,
+            unreadable.columns,
+        ) == (
+            self.workflow,
+            "v1",
+            RunStatus.PENDING,
+            bad.state_revision,
+            0,
+            None,
+            bad.created_at,
+            ("inputs",),
+        )
         assert "inputs" in unreadable.reason
         assert "{not json" in unreadable.reason
         pending = {run.run_id for run in store.list_runs(RunStatus.PENDING, 100)}
@@ -123,13 +137,17 @@ class UnreadableTests(ConformanceBase):
     def test_an_unreadable_run_is_claimed_once_and_blocked_without_reading_it(self) -> None:
         store = self.store()
         bad = self.submit(store)
-        self.damage(store, "safepoint_runs", "workflow_manifest", "[1]", repair=None,
-                    run_id=bad.run_id)
+        self.damage(store, "safepoint_runs", "workflow_manifest", "[1]", repair=None, run_id=bad.run_id)
         claim = store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
         assert claim is not None
         assert claim.run_id == bad.run_id
-        record = {"schema_version": 1, "phase": "unreadable_record", "reason": "manifest",
-                  "state_revision": None, "evidence_refs": []}
+        record = {
+            "schema_version": 1,
+            "phase": "unreadable_record",
+            "reason": "manifest",
+            "state_revision": None,
+            "evidence_refs": [],
+        }
         store.finish_run(claim, RunStatus.BLOCKED, recovery_record=record)
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
         blocked = store.find_run(bad.run_id)
@@ -142,8 +160,7 @@ class UnreadableTests(ConformanceBase):
     def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(self) -> None:
         store = self.store()
         bad = self.submit(store)
-        self.damage(store, "safepoint_runs", "status", "teleported", repair="pending",
-                    run_id=bad.run_id)
+        self.damage(store, "safepoint_runs", "status", "teleported", repair="pending", run_id=bad.run_id)
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
         with pytest.raises(CorruptRecord, match="status"):
             store.get_run(bad.run_id)
@@ -157,17 +174,20 @@ class UnreadableTests(ConformanceBase):
         store = self.store()
         pending = self.submit(store)
         _, claim = self.start(store)
-        store.finish_run(claim, RunStatus.BLOCKED, recovery_record={
-            "schema_version": 1, "phase": "unreadable_record", "state_revision": None})
+        store.finish_run(
+            claim,
+            RunStatus.BLOCKED,
+            recovery_record={"schema_version": 1, "phase": "unreadable_record", "state_revision": None},
+        )
         blocked = store.get_run(claim.run_id)
         for run in (pending, blocked):
-            self.damage(store, "safepoint_runs", "inputs", "{not json", repair=INPUTS,
-                        run_id=run.run_id)
+            self.damage(store, "safepoint_runs", "inputs", "{not json", repair=INPUTS, run_id=run.run_id)
         with pytest.raises(CorruptRecord):
             store.request_cancel(pending.run_id, by="ana")
         with pytest.raises(CorruptRecord):
-            store.resolve(blocked.run_id, blocked.state_revision,
-                          Resolution(ResolutionAction.ABANDON, by="ana"))
+            store.resolve(
+                blocked.run_id, blocked.state_revision, Resolution(ResolutionAction.ABANDON, by="ana")
+            )
         for run in (pending, blocked):
             found = store.find_run(run.run_id)
             assert (found.status, found.state_revision) == (run.status, run.state_revision)
