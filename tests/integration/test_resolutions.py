@@ -677,3 +677,60 @@ def test_resolving_and_resuming_a_blocked_run_spends_no_resume_budget(memory_sto
     sp.resolve(memory_store, "r", "not_applied", revision=revision, by="bo")
     assert sp.resume(memory_store, "r") == {"id": "tk_1"}
     assert memory_store.get_run("r").resume_count == 0
+
+
+def test_the_error_a_block_raises_carries_the_record_as_stored(
+    store_url: str, owner_env: OwnerService
+) -> None:
+    """The recovery record on the raised ``NeedsReconciliation`` names the state revision the block
+    created, as the stored one does, so that a person can resolve straight from the error."""
+    store = sp.open_store(store_url)
+    effect = owner_effect("notifications", reconcile=False, dedup_retention=None)
+
+    @sp.workflow("resolve-from-the-error")
+    def flow(run: sp.Run) -> Any:
+        return run.effect("notify", effect, payload={"to": "ops"})["id"]
+
+    owner_env.client.set_faults(drop_after_commit=1)
+    with pytest.raises(sp.NeedsReconciliation) as blocked:
+        sp.start(store, flow, run_id="r")
+    stored = store.get_run("r").recovery_record
+    assert blocked.value.record == stored
+    assert isinstance(blocked.value.record["state_revision"], int)
+    resolved = sp.resolve(
+        store,
+        "r",
+        "applied",
+        revision=blocked.value.record["state_revision"],
+        by="ana",
+        receipt={"id": "nt_1"},
+        evidence="seen in the provider's log",
+    )
+    assert resolved.status is RunStatus.RUNNING
+
+
+def test_an_async_block_raises_the_record_as_stored(store_url: str, owner_env: OwnerService) -> None:
+    """The same through the async driver: an async store on PostgreSQL, the sync one on SQLite."""
+    effect = owner_effect("notifications", reconcile=False, dedup_retention=None)
+
+    @sp.workflow("resolve-from-the-async-error")
+    async def flow(run: sp.AsyncRun) -> Any:
+        return (await run.effect("notify", effect, payload={"to": "ops"}))["id"]
+
+    async def main() -> None:
+        owner_env.client.set_faults(drop_after_commit=1)
+        if store_url.startswith("postgresql"):
+            store = await sp.open_async_store(store_url)
+            with pytest.raises(sp.NeedsReconciliation) as blocked:
+                await sp.start_async(store, flow, run_id="r")
+            record = (await store.get_run("r")).recovery_record
+            await store.close()
+        else:
+            sync_store = sp.open_store(store_url)
+            with pytest.raises(sp.NeedsReconciliation) as blocked:
+                await sp.start_async(sync_store, flow, run_id="r")
+            record = sync_store.get_run("r").recovery_record
+        assert blocked.value.record == record
+        assert isinstance(record["state_revision"], int)
+
+    asyncio.run(main())

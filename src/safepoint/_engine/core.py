@@ -55,6 +55,7 @@ from ..errors import (
     RunBlocked,
     StaleCheckpoint,
     StepFailed,
+    StoreError,
     UsageError,
 )
 from ..storage.base import Replan, Store
@@ -319,8 +320,7 @@ class RunCore:
         )
         yield from self.release_turn()
         try:
-            yield from self.write(io(Store.finish_run, self.claim, RunStatus.BLOCKED, recovery_record=record))
-            error.record = record
+            error.record = yield from self.write(finish_blocked(self.claim, record))
             self.halted = error
         finally:
             self.end_turn()
@@ -656,3 +656,16 @@ def _input_hash(inputs: Any, sid: str) -> str:
             raise
         encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
     return sha256_hex(encoded)
+
+
+def finish_blocked(claim: Claim, record: dict[str, Any]) -> Flow[dict[str, Any]]:
+    """Block the claimed run with its recovery record, and return the record as the store keeps
+    it: with the ``state_revision`` the block created (the store fills it in, in the statement
+    that blocks), which a person's resolution must name. The error raised to the caller carries
+    this one, so that resolving from it works; the record as built when it cannot be read back."""
+    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
+    try:
+        stored = yield from io(Store.get_run, claim.run_id)
+    except StoreError:
+        return record
+    return stored.recovery_record if stored.recovery_record is not None else record

@@ -73,7 +73,7 @@ from ..types import (
     RunStatus,
     UnreadableRun,
 )
-from .core import RunCore
+from .core import RunCore, finish_blocked
 from .crashpoints import SimulatedCrash, crashpoint
 from .flow import Call, Flow, R, Sleep, adrive, drive, io, require_store
 from .ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, worker_id
@@ -588,8 +588,7 @@ def _check_compatible(wf: Workflow, claim: Claim, run: RunRecord) -> Flow[RunRec
     record = build_record(
         run, phase="incompatible_workflow", reason=error.message, evidence={"changes": differences}
     )
-    yield from io(Store.finish_run, claim, RunStatus.BLOCKED, recovery_record=record)
-    error.record = record
+    error.record = yield from finish_blocked(claim, record)
     raise error
 
 
