@@ -13,7 +13,9 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
-from ._engine.lifecycle import (
+from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.run import AsyncRun, Run
+from ._engine.verbs import (
     cancel,
     cancel_async,
     resume,
@@ -23,8 +25,6 @@ from ._engine.lifecycle import (
     submit,
     submit_async,
 )
-from ._engine.run import AsyncRun, Run
-from ._engine.verbs import approve, approve_async, resolve, revoke_approval, revoke_approval_async
 from ._engine.worker import Worker
 from ._engine.workflow import Workflow, workflow
 from ._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown

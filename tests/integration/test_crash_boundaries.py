@@ -60,7 +60,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pytest
 
 import safepoint as sp
-from safepoint._engine.lifecycle import resume_record
+from safepoint._engine.verbs import resume_record
 from safepoint.errors import ArtifactMissing, CorruptRecord, IncompatibleWorkflow, RunOwned
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
 from safepoint.types import EffectState, RunStatus

@@ -29,7 +29,7 @@ _RESUMER = """
 import json, sys
 sys.path.insert(0, {tests!r})
 import flows, safepoint as sp
-from safepoint._engine import lifecycle as _lifecycle
+from safepoint._engine import verbs as _verbs
 from safepoint.errors import RunOwned
 store = sp.open_store({url!r})
 for line in sys.stdin:
@@ -37,7 +37,7 @@ for line in sys.stdin:
     print("ready", flush=True)
     sys.stdin.readline()
     try:
-        _lifecycle.resume_record(store, run, 30_000)
+        _verbs.resume_record(store, run, 30_000)
         outcome = "returned"  # executed it, or found it finished by the other one
     except RunOwned:
         outcome = "owned"

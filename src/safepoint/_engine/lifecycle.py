@@ -1,21 +1,19 @@
-"""The run lifecycle: ``start``, ``submit``, ``resume`` and ``cancel``, and the flows of a
-claimed run.
+"""The run lifecycle, as flows: starting a run, claiming it, loading its ledger, executing the
+workflow, and ending it.
 
-``start`` creates a run (or finds the one with this run id) and executes it; ``resume`` takes
-over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which runs
-the workflow function from its start against the ledger — replay makes that cheap — and
+``start_flow`` creates a run (or finds the one with this run id) and executes it; ``resume_flow``
+takes over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which
+runs the workflow function from its start against the ledger — replay makes that cheap — and
 records how it ended: completed, failed, blocked, or continued as new (and then executes the
-successor too, so the first run's caller gets the chain's result). Like the steps, these are
-flows (see ``flow``), carried out synchronously or in the caller's event loop by the same code.
-Reading order: the verbs, then ``_start_flow`` / ``_resume_flow``, ``_claimed_flow`` (the resume
-procedure), ``_executed`` and the endings.
+successor too, so the first run's caller gets the chain's result). The verbs that carry these
+flows out, sync or async, are in ``verbs``. Reading order: ``start_flow`` / ``resume_flow``,
+``claimed_flow`` (the resume procedure), ``_executed`` and the endings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -27,7 +25,7 @@ from .._rules.compat import changes
 from .._rules.effects import key_is_minted
 from .._rules.fencing import plan_claim
 from .._rules.history import successor_run_id
-from .._rules.ids import check_run_id, check_who, check_words
+from .._rules.ids import check_run_id
 from .._rules.limits import (
     carried_limits,
     deadline_of,
@@ -75,14 +73,13 @@ from ..types import (
 )
 from .core import RunCore, finish_blocked
 from .crashpoints import SimulatedCrash, crashpoint
-from .flow import Call, Flow, R, Sleep, adrive, drive, io, require_store
-from .ownership import DEFAULT_LEASE_MS, Heartbeat, owner_is_gone, worker_id
+from .flow import Call, Flow, Sleep, io
+from .ownership import Heartbeat, owner_is_gone, worker_id
 from .run import AsyncRun, Run
-from .verbs import chain_head
-from .workflow import Workflow, workflow_of
+from .workflow import Workflow
 
 if TYPE_CHECKING:
-    from ..storage.base import AsyncStore
+    pass
 
 _ATTACH_POLL_MAX_S = 1.0
 
@@ -97,7 +94,7 @@ def _run_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]
 Deadline = timedelta | datetime | None
 
 
-def _new_run(
+def new_run(
     wf: Workflow,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -155,153 +152,7 @@ def _new_run_record(
     )
 
 
-def start(
-    store: Store,
-    wf: Workflow,
-    /,
-    *args: Any,
-    run_id: str | None = None,
-    lease_ms: int = DEFAULT_LEASE_MS,
-    attach_timeout: float = 300.0,
-    budget: Budget | None = None,
-    deadline: Deadline = None,
-    **kwargs: Any,
-) -> Any:
-    """Start a run of ``wf`` and execute it here; return its result.
-
-    Starting a run id that exists never creates a second run: with the same workflow and inputs
-    it attaches (returns the recorded result, resumes a run whose worker died, or waits up to
-    ``attach_timeout`` seconds for a live worker); otherwise it raises ``RunConflict``.
-    An ``async def`` workflow runs in an event loop of its own (use ``start_async`` inside one).
-    ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
-    or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
-    """
-    require_store(store, "start")
-    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
-    return _carry_out(store, wf, _start_flow(store, wf, new, attach_timeout))
-
-
-async def start_async(
-    store: Store | AsyncStore,
-    wf: Workflow,
-    /,
-    *args: Any,
-    run_id: str | None = None,
-    lease_ms: int = DEFAULT_LEASE_MS,
-    attach_timeout: float = 300.0,
-    budget: Budget | None = None,
-    deadline: Deadline = None,
-    **kwargs: Any,
-) -> Any:
-    """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
-    an async store (``open_async_store``) is awaited, never blocking it."""
-    require_store(store, "start_async")
-    new = _new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
-    return await _carry_out_async(store, wf, _start_flow(store, wf, new, attach_timeout))
-
-
-def submit(
-    store: Store,
-    wf: Workflow,
-    /,
-    *args: Any,
-    run_id: str | None = None,
-    budget: Budget | None = None,
-    deadline: Deadline = None,
-    **kwargs: Any,
-) -> str:
-    """Enqueue a run of ``wf`` for any worker (``safepoint worker``) to execute; return its id.
-
-    Submitting a run id that exists never creates a second run: with the same workflow and
-    inputs it returns the id; otherwise it raises ``RunConflict``. ``budget`` and ``deadline``
-    as for ``start`` (a relative deadline counts from now, not from when a worker claims it).
-    """
-    require_store(store, "submit")
-    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
-    return str(drive(store, _submit_flow(new)))
-
-
-async def submit_async(
-    store: Store | AsyncStore,
-    wf: Workflow,
-    /,
-    *args: Any,
-    run_id: str | None = None,
-    budget: Budget | None = None,
-    deadline: Deadline = None,
-    **kwargs: Any,
-) -> str:
-    """``submit`` from async code."""
-    require_store(store, "submit_async")
-    new = _new_run(wf, args, kwargs, run_id, None, 0, budget, deadline)
-    return str(await adrive(store, _submit_flow(new)))
-
-
-def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """Take over ``run_id`` and carry it on from its ledger; return its result.
-
-    A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
-    run is tried again (the block is re-established if its cause remains); a waiting run looks
-    at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
-    approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
-    """
-    require_store(store, "resume")
-    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
-
-
-def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """``resume`` from a run record read earlier: the claim compares against *its* revision,
-    so two resumers holding the same record race on one compare-and-set."""
-    if run.status is RunStatus.CONTINUED:
-        run = drive(store, chain_head(run))
-    if run.status.terminal:
-        return _ended(run)  # needs no workflow code: the ending is recorded
-    wf = workflow_of(run)
-    return _carry_out(store, wf, _resume_flow(store, wf, run, lease_ms))
-
-
-async def resume_async(store: Store | AsyncStore, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """``resume`` in the caller's event loop."""
-    require_store(store, "resume_async")
-    run = await adrive(store, _get_run_flow(check_run_id(run_id)))
-    if run.status is RunStatus.CONTINUED:
-        run = await adrive(store, chain_head(run))
-    if run.status.terminal:
-        return _ended(run)
-    wf = workflow_of(run)
-    return await _carry_out_async(store, wf, _resume_flow(store, wf, run, lease_ms))
-
-
-def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) -> RunRecord:
-    """Ask a run to stop, for good, and return it as it now stands.
-
-    A pending, waiting or blocked run ends cancelled at once. A running one is marked: its worker
-    starts nothing new (no step, no dispatch, no continue-as-new) and ends it cancelled — an
-    effect already in flight is recorded or reconciled first, never forgotten. No resume revives
-    a cancelled run. An ended run is left as it is; a run that continued as new passes the
-    request on to the run that carries its chain on, which is returned.
-    """
-    require_store(store, "cancel")
-    check_who(by, "cancels the run")
-    check_words(reason, "the cancellation's reason")
-    refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = drive(store, _cancel_flow(check_run_id(run_id), by, reason))
-    return run
-
-
-async def cancel_async(
-    store: Store | AsyncStore, run_id: str, /, *, by: str, reason: str | None = None
-) -> RunRecord:
-    """``cancel`` from async code."""
-    require_store(store, "cancel_async")
-    check_who(by, "cancels the run")
-    check_words(reason, "the cancellation's reason")
-    refuse_secrets([by, reason], "the cancellation")
-    run: RunRecord = await adrive(store, _cancel_flow(check_run_id(run_id), by, reason))
-    return run
-
-
-def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow[RunRecord]:
+def cancel_flow(run_id: str, by: str, reason: str | None) -> Flow[RunRecord]:
     run = yield from io(Store.request_cancel, run_id, by, reason)
     # A continued run's work goes on in its successor (which may continue again meanwhile).
     while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
@@ -309,85 +160,22 @@ def _cancel_flow(run_id: str, by: str, reason: str | None) -> Flow[RunRecord]:
     return run
 
 
-def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
-    """Carry on a run this worker has just claimed (a worker's entry point)."""
-    return _carry_out(store, wf, _claimed_flow(store, wf, claim, run))
-
-
-def claimed_run(store: Store, claim: Claim) -> RunRecord:
-    """The run a worker has just claimed (``claim_next``), read back; ``CorruptRecord`` when its
-    own row cannot be read (for ``block_unreadable``)."""
-    found = store.find_run(claim.run_id)
-    if isinstance(found, UnreadableRun):
-        raise CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
-    return found
-
-
-def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
-    """Block a claimed run whose record (``error`` says which) cannot be read — phase
-    ``unreadable_record`` — unless the flow that found it did already (then the fence refuses
-    this write). ``finish_run`` needs nothing of the row but the claim's fence, so even a run
-    whose own row cannot be read is blocked, by the first worker that claims it, and never
-    claimed again. Best effort: a store that fails here leaves the run to its lease."""
-    with contextlib.suppress(SafepointError, LostOwnership):
-        drive(store, _block_claimed(claim, error))
-
-
-def _block_claimed(claim: Claim, error: StoreError) -> Flow[None]:
+def block_claimed(claim: Claim, error: StoreError) -> Flow[None]:
     found = yield from io(Store.find_run, claim.run_id)
     yield from _block_unreadable(claim, found, error)
 
 
 # -- carrying flows out --------------------------------------------------------------------------
 
-# How a run may end that is an answer, not a fault of safepoint's: raised to the caller with
-# no traceback through the flows and drivers behind it (dozens of frames that say nothing about
-# the caller's code). Their causes keep their own tracebacks.
-_OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
-
-
-def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:
-    """Run a flow from sync code: plainly, or in an event loop of its own for async code."""
-    try:
-        if not wf.is_async:
-            return drive(store, flow)
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(adrive(store, flow))
-    except _OUTCOMES as outcome:
-        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
-    flow.close()
-    raise UsageError(
-        "an async workflow was started from inside a running event loop; use"
-        " `await safepoint.start_async(...)` / `resume_async(...)` there"
-    )
-
-
-async def _carry_out_async(store: Store | AsyncStore, wf: Workflow, flow: Flow[R]) -> R:
-    try:
-        if wf.is_async:
-            return await adrive(store, flow)
-        if inspect.iscoroutinefunction(getattr(store, "get_run", None)):
-            flow.close()
-            raise UsageError(
-                "a plain def workflow cannot use an async store; make the"
-                " workflow async def, or use a sync store"
-            )
-        # A plain workflow blocks while it runs: give it a thread, keep the loop free.
-        return await asyncio.to_thread(drive, store, flow)
-    except _OUTCOMES as outcome:
-        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
-
 
 # -- the flows ------------------------------------------------------------------------------------
 
 
-def _get_run_flow(run_id: str) -> Flow[RunRecord]:
+def get_run_flow(run_id: str) -> Flow[RunRecord]:
     return (yield from io(Store.get_run, run_id))
 
 
-def _submit_flow(new: NewRun) -> Flow[str]:
+def submit_flow(new: NewRun) -> Flow[str]:
     run, _ = yield from io(Store.create_run, new)
     _check_same_run(run, new)
     return run.run_id
@@ -400,7 +188,7 @@ def _check_same_run(run: RunRecord, new: NewRun) -> None:
         raise RunConflict(run.run_id, "with other inputs")
 
 
-def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow[Any]:
+def start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow[Any]:
     run, claim = yield from io(Store.create_run, new)
     if claim is None:
         _check_same_run(run, new)
@@ -409,7 +197,7 @@ def _start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) ->
     return (yield from _execute_flow(store, wf, claim, run, {}, {}))
 
 
-def _ended(run: RunRecord) -> Any:
+def outcome_of(run: RunRecord) -> Any:
     """The outcome of a run that needs no worker: its result, or the error it ended with."""
     if run.status is RunStatus.COMPLETED:
         return run.result
@@ -425,7 +213,7 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int, timeou
     pause = 0.02
     while True:
         try:
-            return (yield from _resume_flow(store, wf, run, lease_ms))
+            return (yield from resume_flow(store, wf, run, lease_ms))
         except RunOwned:
             if time.monotonic() >= deadline:
                 raise
@@ -434,10 +222,10 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int, timeou
         run = yield from io(Store.get_run, run.run_id)
 
 
-def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow[Any]:
+def resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow[Any]:
     run = yield from chain_head(run)  # a continued run: resume the chain where it is
     if run.status.terminal:
-        return _ended(run)
+        return outcome_of(run)
     claim = None
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
         now = yield from io(Store.now)
@@ -449,13 +237,13 @@ def _resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flo
             break
         run = yield from chain_head((yield from io(Store.get_run, run.run_id)))
         if run.status.terminal:
-            return _ended(run)
+            return outcome_of(run)
     if claim is None:
         raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
-    return (yield from _claimed_flow(store, wf, claim, run))
+    return (yield from claimed_flow(store, wf, claim, run))
 
 
-def _claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
+def claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
     """The resume procedure, once this worker owns the run: load the ledger in one batch and
     check that every record and artifact the run needs is there and intact; check that this
     code may continue it (version and fingerprint, by the compatibility policy); check its
@@ -632,7 +420,7 @@ def _execute_flow(
         if not isinstance(ended, _Continued):
             return ended
         if ended.claim is None:  # not claimed here: take it like any other run
-            return (yield from _resume_flow(store, wf, ended.run, claim.lease_ms))
+            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms))
         claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
 
 
@@ -875,3 +663,11 @@ def _block_if_uncertain(core: RunCore, how: str, cause: BaseException | None) ->
     phase = "verify_effect" if op.state is EffectState.APPLIED else "reconcile_effect"
     yield from core.record_block(error, phase=phase, op=op)
     raise error from cause
+
+
+def chain_head(run: RunRecord) -> Flow[RunRecord]:
+    """The run that carries ``run``'s chain on: ``run`` itself unless it continued as new (its
+    successor may have continued again meanwhile)."""
+    while run.status is RunStatus.CONTINUED and run.successor_run_id is not None:
+        run = yield from io(Store.get_run, run.successor_run_id)
+    return run

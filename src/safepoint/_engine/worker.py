@@ -42,8 +42,8 @@ from ..errors import (
     StoreError,
 )
 from ..types import Claim
-from .lifecycle import block_unreadable, claimed_run, run_claimed
 from .ownership import DEFAULT_LEASE_MS, worker_id
+from .verbs import block_unreadable, claimed_run, run_claimed
 from .workflow import registered, registered_versions
 
 if TYPE_CHECKING:

@@ -33,11 +33,12 @@ from rich.console import Console
 
 from .. import __version__
 from .._engine.flow import drive
-from .._engine.lifecycle import cancel as cancel_run
-from .._engine.lifecycle import resume as resume_run
-from .._engine.verbs import approve as approve_step
-from .._engine.verbs import chain_head, settle
-from .._engine.verbs import revoke_approval as revoke_step
+from .._engine.lifecycle import chain_head
+from .._engine.operator import approve as approve_step
+from .._engine.operator import revoke_approval as revoke_step
+from .._engine.operator import settle
+from .._engine.verbs import cancel as cancel_run
+from .._engine.verbs import resume as resume_run
 from .._engine.worker import Worker
 from .._rules.approvals import approvable, revocable
 from .._rules.ids import check_run_id

@@ -55,8 +55,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
-from .._engine.lifecycle import cancel
-from .._engine.verbs import approve, resolve, revoke_approval
+from .._engine.operator import approve, resolve, revoke_approval
+from .._engine.verbs import cancel
 from .._rules.approvals import revocable
 from .._rules.presence import ownership, status_label
 from ..errors import RunNotFound, SafepointError, UsageError

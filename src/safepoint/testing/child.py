@@ -13,8 +13,8 @@ import json
 import sys
 
 from .. import errors
-from .._engine.lifecycle import resume, start
 from .._engine.ownership import DEFAULT_LEASE_MS
+from .._engine.verbs import resume, start
 from .._engine.workflow import Workflow
 from ..storage import open_store
 
