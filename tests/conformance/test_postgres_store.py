@@ -41,8 +41,10 @@ from conftest import with_database
 from safepoint._rules.canonical import digest
 from safepoint.errors import ArtifactCorrupt, InvalidStoreURL, MigrationMismatch, SchemaTooNew
 from safepoint.storage import Store
-from safepoint.storage.base import NewRun, load_migrations, load_queries
+from safepoint.storage.base import NewRun
+from safepoint.storage.migrations import load_migrations
 from safepoint.storage.open_async import open_async_store
+from safepoint.storage.plans import load_queries
 from safepoint.storage.postgres import PostgresStore
 from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.postgres_async import AsyncPostgresStore

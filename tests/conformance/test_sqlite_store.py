@@ -20,7 +20,7 @@ from safepoint.errors import (
     SchemaTooNew,
     WorkflowNotFound,
 )
-from safepoint.storage.base import load_migrations
+from safepoint.storage.migrations import load_migrations
 from safepoint.testing import SimulatedCrash
 from safepoint.types import RunStatus
 

@@ -26,8 +26,7 @@ import safepoint as sp
 from safepoint._rules.canonical import canonical, digest, sha256_hex
 from safepoint.errors import ApprovalInvalid, ApprovalRefused, RunNotFound, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
-from safepoint.storage.base import load_migrations
-from safepoint.storage.migrations import Migration
+from safepoint.storage.migrations import Migration, load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
 from safepoint.types import EffectState, RunStatus
 

@@ -3,7 +3,7 @@
 Every test stops a run at one boundary (the crash point raises in this process: nothing after
 it runs, the lease is 0, so the resume takes over as a new worker would), then resumes it
 against the real effect owner over HTTP and checks what the owner counted. The same boundaries
-are killed for real, with SIGKILL in a child process, in ``test_kill.py``.
+are killed for real, with SIGKILL in a child process, in ``tests/kill/test_kill.py``.
 
 The named cases and where they are tested (here unless a file is named):
 
@@ -16,7 +16,7 @@ The named cases and where they are tested (here unless a file is named):
 - stop after the receipt, before verification:
   test_stop_after_the_receipt_before_verification_runs_only_the_verifier
 - two workers resume one revision: test_two_workers_resume_one_revision (and, 1000 trials per
-  store in real processes, test_ownership.py::test_two_resumers_from_one_revision)
+  store in real processes, tests/kill/test_ownership.py::test_two_resumers_from_one_revision)
 - resume after cancellation: test_resume_after_cancellation_never_revives_the_run
 - resume after approval expiry:
   test_approvals.py::test_an_expired_approval_no_longer_authorizes_the_dispatch
@@ -24,7 +24,7 @@ The named cases and where they are tested (here unless a file is named):
   test_resume_after_the_dedup_window_expired_blocks_instead_of_resending
 - a removed artifact: test_a_removed_artifact_blocks_before_anything_runs
 - a changed workflow version: test_a_changed_workflow_version_blocks (and, for a changed
-  fingerprint, test_compat.py::test_a_changed_tool_schema_blocks_the_run_and_says_what_changed)
+  fingerprint, test_workflow_versions.py::test_a_changed_tool_schema_blocks_the_run_and_says_what_changed)
 
 DESIGN §3, row by row (evidence → allowed direction: test):
 
@@ -42,7 +42,7 @@ DESIGN §3, row by row (evidence → allowed direction: test):
   test_stop_after_the_receipt_before_verification_runs_only_the_verifier
 - accepted → replay the receipt: test_row_accepted_replays_the_receipt
 - partial batch (fan-out) → each operation on its own:
-  test_parallel.py::test_a_partial_batch_of_effects_is_recovered_operation_by_operation
+  test_fan_out.py::test_a_partial_batch_of_effects_is_recovered_operation_by_operation
 - missing artifact, unreadable record, incompatible version → blocked:
   test_a_removed_artifact_blocks_before_anything_runs, test_an_unreadable_record_blocks,
   test_a_changed_workflow_version_blocks
@@ -201,7 +201,8 @@ def test_stop_after_the_receipt_before_verification_runs_only_the_verifier(
 def test_two_workers_resume_one_revision(store_url: str, owner_env: OwnerService, crash_at: Any) -> None:
     """Both read the run at the same revision and race on one compare-and-set: one claims and
     sends, the other is refused (or finds the run already ended); nothing is sent twice. The
-    process-level version, 1000 trials per store, is test_ownership.py::two_resumers."""
+    process-level version, 1000 trials per store, is
+    tests/kill/test_ownership.py::test_two_resumers_from_one_revision."""
     first = sp.open_store(store_url)
     flow = _charge("two-workers", _UNRECONCILABLE)  # stops at "prepared" (see above)
     _stop_at(first, flow, crash_at, "effect.after_prepared", 5)

@@ -21,7 +21,7 @@ import pytest
 import safepoint as sp
 from safepoint._rules.canonical import sha256_hex
 from safepoint.errors import DeadlineExceeded
-from safepoint.storage.base import load_migrations
+from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
 from safepoint.types import EffectState, RunStatus
 

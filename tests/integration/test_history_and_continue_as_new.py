@@ -28,7 +28,8 @@ from safepoint.errors import (
     StaleCheckpoint,
 )
 from safepoint.ops.cli import cli
-from safepoint.storage.base import NewRun, load_migrations
+from safepoint.storage.base import NewRun
+from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect, run_child
 from safepoint.types import EffectState, RunRecord, RunStatus
 

@@ -72,7 +72,8 @@ def harness(
     )
 
 
-# A workflow that never continues as new cannot reach these: tests/test_history.py kills there.
+# A workflow that never continues as new cannot reach these: they are killed in
+# tests/integration/test_history_and_continue_as_new.py.
 CONTINUE_POINTS = {"run.before_continue", "run.after_continue"}
 # The effects of flows.every_kind can be reconciled by their owner, within a dedup retention:
 # each is prepared and dispatching in one commit, never stopping at "prepared" alone.

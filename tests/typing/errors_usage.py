@@ -1,4 +1,4 @@
-"""Checked by mypy from the user's side (tests/test_packaging.py): the structured fields of the
+"""Checked by mypy from the user's side (tests/unit/test_packaging.py): the structured fields of the
 errors users catch are typed attributes, and the public verbs are typed."""
 
 from __future__ import annotations

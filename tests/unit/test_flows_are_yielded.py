@@ -114,6 +114,26 @@ class Flows:
             return None if owner is None else self.attribute_class(owner, receiver.attr)
         return None
 
+    def local_aliases(
+        self, fn: ast.FunctionDef | ast.AsyncFunctionDef, cls: str | None, params: dict[str, str | None]
+    ) -> dict[str, str]:
+        """The local names ``fn`` binds to an object whose class reading knows (``core =
+        self.core``, ``core, sid = self.core, self.sid``), so that ``core.flush()`` is known too."""
+        aliases: dict[str, str] = {}
+        for node in _own_nodes(fn):
+            if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+                continue
+            target, value = node.targets[0], node.value
+            pairs = (
+                zip(target.elts, value.elts, strict=False)
+                if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                else [(target, value)]
+            )
+            for name, source in pairs:
+                if isinstance(name, ast.Name) and (kind := self.receiver_class(source, cls, params)):
+                    aliases[name.id] = kind
+        return aliases
+
     def discarded_calls(self, tree: ast.Module) -> list[tuple[int, str]]:
         """(line, name) of every call of a flow whose result is dropped: the call is a
         statement of its own. Anywhere else the call stands (``yield from``, ``yield``,
@@ -131,6 +151,7 @@ class Flows:
                         for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
                     },
                 }
+                params.update(self.local_aliases(node, cls, params))
             elif isinstance(node, ast.Expr) and isinstance(call := node.value, ast.Call):
                 if isinstance(call.func, ast.Name) and call.func.id in self.functions:
                     found.append((node.lineno, call.func.id))
@@ -203,6 +224,8 @@ class Dispatch:
         yield self.core.flush()
         kept = core.flush()
         drive(store, notify())
+        mine, n = self.core, 1
+        mine.flush()
         return (yield from self.record(kept))
 """
 
@@ -213,4 +236,10 @@ def test_a_flow_called_without_yield_from_is_caught() -> None:
     assert flows.functions == {"notify"}
     assert flows.flow_methods("Dispatch") == {"record", "carried_out"}
     # the store's flush and the plain calls are left alone; the flows dropped are caught
-    assert flows.discarded_calls(tree) == [(20, "flush"), (21, "notify"), (28, "record"), (29, "flush")]
+    assert flows.discarded_calls(tree) == [
+        (20, "flush"),
+        (21, "notify"),
+        (28, "record"),
+        (29, "flush"),
+        (34, "flush"),  # through a local name for self.core
+    ]

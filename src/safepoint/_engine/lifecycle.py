@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .._rules.canonical import input_hash, require_json
 from .._rules.compat import changes
 from .._rules.effects import key_is_minted
-from .._rules.fencing import plan_claim
+from .._rules.fencing import cancelled_error, plan_claim
 from .._rules.history import successor_run_id
 from .._rules.ids import check_run_id
 from .._rules.limits import (
@@ -58,7 +58,7 @@ from ..errors import (
     StoreUnavailable,
     UsageError,
 )
-from ..storage.base import NewRun, Replan, Store, cancelled_error
+from ..storage.base import NewRun, Replan, Store
 from ..types import (
     Budget,
     Claim,

@@ -585,9 +585,6 @@ def redact_text(text: str) -> str:
     return _redacted(text, spans) if spans else text
 
 
-redact = redact_text  # the name the engine's modules have used
-
-
 def storable_text(text: str) -> str:
     """``text`` as every store can keep it: its lone surrogates backslash-escaped."""
     try:

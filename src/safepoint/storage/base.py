@@ -24,7 +24,6 @@ from typing import Any, Protocol
 
 from .._rules.canonical import digest as content_digest
 from .._rules.canonical import dumps
-from .._rules.fencing import abandoned_error, cancelled_error, fence_holds, refused_write
 from ..errors import UsageError
 from ..types import (
     JSON,
@@ -46,25 +45,16 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
-from .migrations import load_migrations
-from .plans import load_queries
 
-# Decisions and loaders other modules (and tests) have long imported from here.
 __all__ = [
     "INLINE_LIMIT",
     "AsyncStore",
     "NewRun",
     "Replan",
     "Store",
-    "abandoned_error",
-    "cancelled_error",
     "cannot_store",
     "check_payload",
-    "fence_holds",
-    "load_migrations",
-    "load_queries",
     "refuse_gated",
-    "refused_write",
     "retry_json",
     "unstorable",
 ]
