@@ -175,11 +175,7 @@ class SqliteConnection:
 
     def _migrate(self) -> None:
         conn = self._conn()
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS safepoint_schema_version ("
-            " version INTEGER PRIMARY KEY, name TEXT NOT NULL, checksum TEXT NOT NULL,"
-            " applied_at INTEGER NOT NULL)"
-        )
+        conn.execute(SQL["create_version_table"])
         if not to_apply("sqlite", _applied(conn)):
             return
         with self._write() as conn:  # re-check under the write lock: another process may race us
@@ -187,13 +183,18 @@ class SqliteConnection:
                 for statement in _split_statements(migration.sql):
                     conn.execute(statement)
                 conn.execute(
-                    "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, ?)",
-                    (*migration[:2], migration.checksum, self.now()),
+                    SQL["record_migration"],
+                    {
+                        "version": migration.version,
+                        "name": migration.name,
+                        "checksum": migration.checksum,
+                        "applied_at": self.now(),
+                    },
                 )
 
     def schema_version(self) -> int:
-        row = self._conn().execute("SELECT MAX(version) FROM safepoint_schema_version").fetchone()
-        return int(row[0] or 0)
+        row = self._conn().execute(SQL["schema_version"]).fetchone()
+        return int(row["version"])
 
     # -- what the writes share -----------------------------------------------------------------
 
@@ -312,12 +313,7 @@ class SqliteConnection:
 
 
 def _applied(conn: sqlite3.Connection) -> list[tuple[int, str, str]]:
-    return [
-        tuple(row)
-        for row in conn.execute(
-            "SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version"
-        )
-    ]
+    return [tuple(row) for row in conn.execute(SQL["applied_migrations"])]
 
 
 @contextmanager

@@ -12,6 +12,28 @@
 -- transaction: SQLite serialises writers, so the check and the write cannot interleave with
 -- another worker's claim (safepoint/_rules/fencing.py tells fencing end to end).
 
+-- name: create_version_table
+-- The ledger of applied migrations.
+CREATE TABLE IF NOT EXISTS safepoint_schema_version (
+    version     INTEGER PRIMARY KEY,
+    name        TEXT    NOT NULL,
+    checksum    TEXT    NOT NULL,
+    applied_at  INTEGER NOT NULL
+);
+
+-- name: applied_migrations
+-- Every applied migration with the checksum of its SQL text.
+SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version;
+
+-- name: record_migration
+-- Remember one applied migration, in the transaction that applied it.
+INSERT INTO safepoint_schema_version (version, name, checksum, applied_at)
+VALUES (:version, :name, :checksum, :applied_at);
+
+-- name: schema_version
+-- The highest migration applied.
+SELECT COALESCE(MAX(version), 0) AS version FROM safepoint_schema_version;
+
 -- name: create_run
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0);
 -- does nothing if the run id exists. A relative deadline counts from its creation. A first run
