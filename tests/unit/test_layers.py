@@ -7,6 +7,7 @@ The layers, bottom to top (ARCHITECTURE.md says what each holds):
     storage   safepoint.storage.*                                       the ledger's stores
     engine    safepoint._engine.*                                       runs against a store
     facade    safepoint (its __init__)                                  the public names
+    integrations  safepoint.integrations.*                              one module per agent SDK
     testing   safepoint.testing.*                                       tools to prove workflows
     ops       safepoint.ops.*, safepoint.__main__                       the CLI, dashboard, demo
 """
@@ -22,7 +23,12 @@ import pytest
 import safepoint
 
 PACKAGE = Path(safepoint.__file__).parent
-LAYERS = ("rules", "storage", "engine", "facade", "testing", "ops")
+LAYERS = ("rules", "storage", "engine", "facade", "integrations", "testing", "ops")
+# An integration is written on the public API alone, as a user's code would be: what it needs
+# from below the facade is a public name missing, not a reason to reach into the engine.
+PUBLIC_MODULES = frozenset(
+    {"safepoint", "safepoint.errors", "safepoint.types", "safepoint.storage", "safepoint.storage.base"}
+)
 # What the rules may not import: anything that reaches a store, the network, a file or a process.
 IO_MODULES = frozenset(
     {
@@ -61,6 +67,8 @@ def layer_of(module: str) -> str:
         return {"storage": "storage", "_engine": "engine", "testing": "testing"}[top]
     if top in ("ops", "__main__"):
         return "ops"
+    if top == "integrations":
+        return "integrations"
     if top == "":
         return "facade"
     raise AssertionError(f"{module} sits in no layer: put it in one of the subpackages")
@@ -69,12 +77,14 @@ def layer_of(module: str) -> str:
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def imports_of(module: str) -> Iterator[tuple[int, str]]:
+def imports_of(module: str, source: str | None = None) -> Iterator[tuple[int, str]]:
     """(line, module imported) for every import the module makes, wherever it is written
-    (at the top, inside a function, under TYPE_CHECKING)."""
-    path = MODULES[module]
+    (at the top, inside a function, under TYPE_CHECKING); ``source``: the module's text, read
+    from its file unless given."""
+    path = MODULES[module] if source is None else PACKAGE / "_given.py"
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    text = path.read_text() if source is None else source
+    for node in ast.walk(ast.parse(text, str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -148,6 +158,32 @@ def test_no_module_imports_itself_through_others() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("layer", LAYERS)
+def private_reaches(module: str, source: str | None = None) -> list[str]:
+    """The imports by which an integration reaches below the public API."""
+    return [
+        f"{module}:{line} imports {target}"
+        for line, target in imports_of(module, source)
+        if internal(target) and target not in PUBLIC_MODULES and layer_of(target) != "integrations"
+    ]
+
+
+def test_integrations_use_the_public_api_only() -> None:
+    wrong = [found for m in MODULES if layer_of(m) == "integrations" for found in private_reaches(m)]
+    assert not wrong, "an integration uses the public API only:\n" + "\n".join(wrong)
+
+
+def test_an_integration_reaching_below_the_facade_is_caught() -> None:
+    source = (
+        "import safepoint as sp\n"
+        "from safepoint.types import JSON\n"
+        "from safepoint._engine.core import RunCore\n"
+    )
+    assert private_reaches("safepoint.integrations.example", source) == [
+        "safepoint.integrations.example:3 imports safepoint._engine.core"
+    ]
+
+
+# The integrations layer is empty until the first SDK integration lands.
+@pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "integrations"])
 def test_each_layer_holds_modules(layer: str) -> None:
     assert any(layer_of(m) == layer for m in MODULES)
