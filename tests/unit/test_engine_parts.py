@@ -7,7 +7,7 @@ import pytest
 
 import safepoint as sp
 from safepoint._engine import crashpoints as _crashpoints
-from safepoint.errors import CorruptRecord
+from safepoint.errors import CorruptRecord, UsageError
 from safepoint.types import EffectState
 
 
@@ -22,8 +22,14 @@ def test_crash_points_are_free_and_precise() -> None:
             _crashpoints.crashpoint("effect.after_dispatching", "pay#2")
     finally:
         _crashpoints.arm(None)
-    with pytest.raises(ValueError, match="unknown crash point"):
+    with pytest.raises(UsageError, match="unknown crash point"):
         _crashpoints.arm("effect.nowhere")
+    # a misspelt mode or occurrence is refused, never taken for "kill" or for the first time
+    with pytest.raises(UsageError, match="crash mode 'rasie'"):
+        _crashpoints.arm("effect.after_dispatching", mode="rasie")
+    for spec in ("effect.after_dispatching@0", "effect.after_dispatching@two"):
+        with pytest.raises(UsageError, match="occurrence"):
+            _crashpoints.arm(spec, mode="raise")
 
 
 def test_errors_carry_fields_and_advice() -> None:

@@ -204,7 +204,7 @@ def test_crash_at_arms_one_point_for_its_block_and_disarms_it_on_leaving() -> No
         safepoint.start(store, flow, run_id="r", lease_ms=0)
     assert (crashed.value.point, crashed.value.step_id) == ("step.after_record", "first")
     assert safepoint.resume(store, "r") == "done"  # disarmed: the resume runs to the end
-    with pytest.raises(ValueError, match="unknown crash point"), crash_at("step.nowhere"):
+    with pytest.raises(safepoint.UsageError, match="unknown crash point"), crash_at("step.nowhere"):
         pass
     store.close()
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import signal
 
+from ..errors import UsageError
+
 # Every boundary, in protocol order. Tests iterate over this tuple, so a new point is tested
 # as soon as it is listed here.
 POINTS: tuple[str, ...] = (
@@ -48,6 +50,10 @@ class SimulatedCrash(BaseException):
         self.step_id = step_id
 
 
+# How an armed point stops the process: SIGKILL, SimulatedCrash, or SIGSTOP.
+_MODES = ("kill", "raise", "stop")
+
+
 class _Armed:
     __slots__ = ("hits", "mode", "nth", "point", "step_prefix")
 
@@ -55,7 +61,14 @@ class _Armed:
         point, _, nth = spec.partition("@")
         point, _, step_prefix = point.partition(":")
         if point not in POINTS:
-            raise ValueError(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
+            raise UsageError(
+                f"unknown crash point {point!r}: name one of {', '.join(POINTS)}"
+                " (optionally point:step-id-prefix, point@n)"
+            )
+        if nth and not (nth.isdigit() and int(nth) > 0):
+            raise UsageError(f"crash point {spec!r}: after '@' comes the occurrence, 1 or more")
+        if mode not in _MODES:
+            raise UsageError(f"crash mode {mode!r}: one of {', '.join(_MODES)} (SAFEPOINT_CRASH_MODE)")
         self.point = point
         self.step_prefix = step_prefix
         self.nth = int(nth) if nth else 1

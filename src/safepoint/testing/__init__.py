@@ -134,7 +134,7 @@ def crash_at(point: str) -> Iterator[None]:
     ``SimulatedCrash`` there, as SIGKILL would stop the process, for a fast in-process kill test.
 
     ``point`` is a name from ``CRASH_POINTS``, optionally narrowed (``point:step-id-prefix``,
-    ``point@n`` for the ``n``-th time it is reached); an unknown name is a ``ValueError``.
+    ``point@n`` for the ``n``-th time it is reached); an unknown name is a ``UsageError``.
     One point is armed at a time, and leaving the block disarms it, crash or not.
     """
     _crashpoints.arm(point, mode="raise")
