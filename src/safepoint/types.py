@@ -80,8 +80,9 @@ class RunStatus(StrEnum):
     FAILED = "failed"  # the workflow raised; the error is recorded
     BLOCKED = "blocked"  # stopped visibly for a person; see the recovery record
     CANCELLED = "cancelled"
-    WAITING = "waiting"  # paused until a person approves an effect; see ``waiting_for``
+    WAITING = "waiting"  # paused for an approval, a message or a timer; see ``waiting_for``
     CONTINUED = "continued"  # continued as new: its successor (successor_run_id) carries on
+    STOPPED = "stopped"  # reached a limit; resumable once a person raises it (extend_limits)
 
     @property
     def terminal(self) -> bool:
@@ -99,6 +100,7 @@ class StepKind(StrEnum):
     DECISION = "decision"  # the planner's choice of the next step; replayed
     EFFECT = "effect"  # a change in another system; replayed or reconciled
     VALUE = "value"  # a recorded now(), random() or uuid()
+    WAIT = "wait"  # a wait for the outside world: the message received, or the timer that ran
 
 
 class StepStatus(StrEnum):
@@ -161,6 +163,11 @@ class RunRecord:
     chain_index: int = 0  # its place in the chain (0: the first run)
     parent_run_id: str | None = None  # the run it continues
     successor_run_id: str | None = None  # the run that continues it (status continued)
+    model_call_budget: int | None = None  # model steps (turns) the run may make (None: no limit)
+    model_calls_spent: int = 0  # model steps made; never reset by a restart
+    step_attempt_limit: int | None = None  # a person raised every step's attempts to this
+    wake_at: int | None = None  # a waiting run is due then (its sleep ends, its wait times out)
+    forked_from: dict[str, Any] | None = None  # a fork: {"run_id", "step_id"} it started from
 
     @property
     def history_size(self) -> int:
@@ -291,6 +298,7 @@ class OperationRecord:
     approval_required: bool = False  # dispatched only under a valid approval (see ``approve``)
     target_digest: str | None = None  # digest of the target's state as last read at the gate
     approval_id: str | None = None  # the approval that authorized the latest dispatch
+    key_attempt: int = 1  # the attempt its effect_key was minted for (a re-sent rejection: 2, …)
 
 
 @dataclass(frozen=True, slots=True)

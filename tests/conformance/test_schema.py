@@ -109,7 +109,7 @@ def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
     text = _schema_sql("sqlite")
     base = _sqlite_from_schema(tmp_path / "base.db", text)
     drifts = [
-        text.replace("    successor_run_id     TEXT\n", "    successor_run_id     INTEGER\n"),
+        text.replace("    successor_run_id     TEXT,\n", "    successor_run_id     INTEGER,\n"),
         text.replace("attempt       INTEGER NOT NULL DEFAULT 1", "attempt INTEGER NOT NULL"),
         text.replace("'waiting', 'continued'", "'waiting'"),
         text.replace("ON safepoint_runs (status, updated_at)", "ON safepoint_runs (status)"),
@@ -193,7 +193,7 @@ def test_the_postgres_comparison_sees_a_drift(pg_admin: Any) -> None:
     text = _schema_sql("postgres")
     base = _pg_schema(pg_admin, text)
     drifts = [
-        text.replace("    successor_run_id     TEXT\n", "    successor_run_id     BIGINT\n"),
+        text.replace("    successor_run_id     TEXT,\n", "    successor_run_id     BIGINT,\n"),
         text.replace("'waiting', 'continued'", "'waiting'"),
         text.replace("    WHERE status IN ('pending', 'running');", ";"),
         text.replace("extract(epoch FROM clock_timestamp())", "extract(epoch FROM now())"),

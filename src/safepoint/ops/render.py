@@ -51,7 +51,8 @@ RUN_STYLES: dict[RunStatus, str] = {
     RunStatus.FAILED: "red",
     RunStatus.BLOCKED: "bold red",
     RunStatus.CANCELLED: "dim",
-    RunStatus.WAITING: "bold magenta",  # a person's approval is awaited
+    RunStatus.WAITING: "bold magenta",  # an approval, a message or a timer is awaited
+    RunStatus.STOPPED: "bold yellow",  # a limit was reached: raise it to carry on
     RunStatus.CONTINUED: "green dim",
 }
 

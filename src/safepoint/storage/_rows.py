@@ -259,6 +259,11 @@ _RUN = _columns(
     ("chain_index", integer),
     ("parent_run_id", text_or_null),
     ("successor_run_id", text_or_null),
+    ("model_call_budget", integer_or_null),
+    ("model_calls_spent", integer),
+    ("step_attempt_limit", integer_or_null),
+    ("wake_at", integer_or_null),
+    ("forked_from", json_object_or_null),
 )
 # What an unreadable run's listing shows of it, when those columns can be read.
 _LISTED = frozenset(UnreadableRun.__dataclass_fields__) - {"run_id", "reason", "columns"}
@@ -314,6 +319,7 @@ _OPERATION = _columns(
     ("approval_required", flag),
     ("target_digest", text_or_null),
     ("approval_id", text_or_null),
+    ("key_attempt", integer),
 )
 
 _EVENT = _columns(

@@ -78,6 +78,8 @@ class NewRun:
     deadline_ms: int | None = None  # ms after the run's creation on the store's clock
     token_budget: int | None = None
     cost_budget: float | None = None
+    model_call_budget: int | None = None  # model steps (turns) the run may make
+    step_attempt_limit: int | None = None  # a raised attempt limit a successor carries on
     step_attempts: Retry | None = None
     history_soft_limit: int | None = None  # see HistoryLimit; None: no limit
     history_hard_limit: int | None = None

@@ -60,6 +60,8 @@ class PostgresHistory(PostgresBase):
             deadline_at=successor.deadline_at,
             deadline_ms=successor.deadline_ms,
             token_budget=successor.token_budget,
+            model_call_budget=successor.model_call_budget,
+            step_attempt_limit=successor.step_attempt_limit,
             cost_budget=successor.cost_budget,
             step_attempts=retry_json(successor.step_attempts),
             parent_detail=dumps({"successor": successor.run_id}),

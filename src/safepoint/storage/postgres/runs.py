@@ -38,6 +38,8 @@ class PostgresRuns(PostgresBase):
             deadline_at=new.deadline_at,
             deadline_ms=new.deadline_ms,
             token_budget=new.token_budget,
+            model_call_budget=new.model_call_budget,
+            step_attempt_limit=new.step_attempt_limit,
             cost_budget=new.cost_budget,
             step_attempts=retry_json(new.step_attempts),
             history_soft_limit=new.history_soft_limit,

@@ -178,19 +178,34 @@ class SqliteConnection:
         conn.execute(SQL["create_version_table"])
         if not to_apply("sqlite", _applied(conn)):
             return
-        with self._write() as conn:  # re-check under the write lock: another process may race us
-            for migration in to_apply("sqlite", _applied(conn)):
-                for statement in _split_statements(migration.sql):
-                    conn.execute(statement)
-                conn.execute(
-                    SQL["record_migration"],
-                    {
-                        "version": migration.version,
-                        "name": migration.name,
-                        "checksum": migration.checksum,
-                        "applied_at": self.now(),
-                    },
-                )
+        # Foreign keys are off while a migration runs — SQLite's documented way to rebuild a
+        # table others refer to (a CHECK constraint cannot change in place) — and checked
+        # before the transaction commits. The pragma is a no-op inside a transaction.
+        conn.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with self._write() as conn:  # re-check under the write lock: another process may race us
+                for migration in to_apply("sqlite", _applied(conn)):
+                    for statement in _split_statements(migration.sql):
+                        conn.execute(statement)
+                    conn.execute(
+                        SQL["record_migration"],
+                        {
+                            "version": migration.version,
+                            "name": migration.name,
+                            "checksum": migration.checksum,
+                            "applied_at": self.now(),
+                        },
+                    )
+                broken = conn.execute("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise StoreError(
+                        f"migrating the ledger left {len(broken)} rows whose run is missing"
+                        f" (first: {tuple(broken[0])}); nothing was changed — restore the file"
+                        " from a backup, or report it",
+                        path=self._target,
+                    )
+        finally:
+            conn.execute("PRAGMA foreign_keys=ON")
 
     def schema_version(self) -> int:
         row = self._conn().execute(SQL["schema_version"]).fetchone()

@@ -68,6 +68,8 @@ class SqliteRuns(SqliteConnection):
                 "deadline_ms": new.deadline_ms,
                 "token_budget": new.token_budget,
                 "cost_budget": new.cost_budget,
+                "model_call_budget": new.model_call_budget,
+                "step_attempt_limit": new.step_attempt_limit,
                 "step_attempts": retry_json(new.step_attempts),
                 "history_soft_limit": new.history_soft_limit,
                 "history_hard_limit": new.history_hard_limit,

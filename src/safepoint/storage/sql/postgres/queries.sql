@@ -71,7 +71,8 @@ created AS (
                                 resume_count, event_count, resume_budget, created_at,
                                 updated_at, workflow_fingerprint, workflow_manifest,
                                 deadline_at, token_budget, cost_budget, step_attempts,
-                                history_soft_limit, history_hard_limit, chain_id)
+                                history_soft_limit, history_hard_limit, chain_id,
+                                model_call_budget, step_attempt_limit)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
@@ -81,7 +82,8 @@ created AS (
            %(workflow_manifest)s,
            COALESCE(%(deadline_at)s::bigint, clock.now + %(deadline_ms)s::bigint),
            %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s,
-           %(history_soft_limit)s, %(history_hard_limit)s, %(run_id)s
+           %(history_soft_limit)s, %(history_hard_limit)s, %(run_id)s,
+           %(model_call_budget)s, %(step_attempt_limit)s
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *
@@ -815,7 +817,7 @@ created AS (
                                 history_hard_limit, chain_id, chain_index, parent_run_id,
                                 created_at, updated_at, workflow_fingerprint,
                                 workflow_manifest, deadline_at, token_budget, cost_budget,
-                                step_attempts)
+                                step_attempts, model_call_budget, step_attempt_limit)
     SELECT %(successor_run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
@@ -826,7 +828,8 @@ created AS (
            ended.chain_id, ended.chain_index + 1, ended.run_id, ended.now, ended.now,
            %(workflow_fingerprint)s, %(workflow_manifest)s,
            COALESCE(%(deadline_at)s::bigint, ended.now + %(deadline_ms)s::bigint),
-           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s
+           %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s,
+           %(model_call_budget)s, %(step_attempt_limit)s
     FROM ended
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, fence, owner, lease_expires_at, created_at

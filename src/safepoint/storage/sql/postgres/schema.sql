@@ -43,11 +43,13 @@ CREATE TABLE safepoint_runs (
     run_id               TEXT    PRIMARY KEY,
     workflow             TEXT    NOT NULL,
     workflow_version     TEXT    NOT NULL,
-    -- waiting: for a person's approval (released, not claimable by workers);
+    -- waiting: for a person's approval, a message or a timer (released; workers take it once
+    -- wake_at is due); stopped: a limit was reached, resumable once a person raises it;
     -- continued: ended by continue-as-new, pointing at its successor
     status               TEXT    NOT NULL
                          CHECK (status IN ('pending', 'running', 'completed', 'failed',
-                                           'blocked', 'cancelled', 'waiting', 'continued')),
+                                           'blocked', 'cancelled', 'waiting', 'continued',
+                                           'stopped')),
     input_hash           TEXT    NOT NULL,
     inputs               TEXT,
     inputs_ref           TEXT,
@@ -97,7 +99,16 @@ CREATE TABLE safepoint_runs (
     chain_id             TEXT    NOT NULL,
     chain_index          INTEGER NOT NULL DEFAULT 0,
     parent_run_id        TEXT,
-    successor_run_id     TEXT
+    successor_run_id     TEXT,
+    -- TURNS: the model steps the run may make (NULL: no limit) and has made; a person may
+    -- raise every read and model step's attempts to at least step_attempt_limit
+    model_call_budget    INTEGER,
+    model_calls_spent    INTEGER NOT NULL DEFAULT 0,
+    step_attempt_limit   INTEGER,
+    -- a waiting run is due at wake_at (its sleep ends, its wait times out): workers take it then
+    wake_at              BIGINT,
+    -- a fork: the run and step it was forked from (JSON); it holds copies of the steps before it
+    forked_from          TEXT
 );
 
 CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
@@ -105,6 +116,9 @@ CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
 -- What claim_next scans: runs a worker may take, oldest first.
 CREATE INDEX safepoint_runs_runnable ON safepoint_runs (created_at, run_id)
     WHERE status IN ('pending', 'running');
+
+-- What claim_next looks at for waiting runs: those due (a sleep ended, a wait timed out).
+CREATE INDEX safepoint_runs_due ON safepoint_runs (wake_at) WHERE status = 'waiting';
 
 -- The runs of a chain, in order: following a chain, and its next run's place.
 CREATE INDEX safepoint_runs_chain ON safepoint_runs (chain_id, chain_index);
@@ -114,7 +128,8 @@ CREATE TABLE safepoint_steps (
     step_id       TEXT    NOT NULL,
     seq           INTEGER NOT NULL,         -- order of first record within the run
     kind          TEXT    NOT NULL
-                  CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value')),
+                  CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value',
+                                'wait')),
     name          TEXT    NOT NULL,
     input_hash    TEXT    NOT NULL,
     status        TEXT    NOT NULL DEFAULT 'completed'
@@ -160,6 +175,9 @@ CREATE TABLE safepoint_operations (
     -- the run's chain: a successor finds an operation an earlier run settled by
     -- (chain_id, operation_id)
     chain_id             TEXT    NOT NULL,
+    -- which attempt of the operation its effect_key was minted for: 1, unless a person had an
+    -- operation the owner rejected sent again (retry), under a key derived from the attempt
+    key_attempt          INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (run_id, operation_id)
 );
 
@@ -230,6 +248,30 @@ CREATE TABLE safepoint_approvals (
 );
 
 CREATE INDEX safepoint_approvals_operation ON safepoint_approvals (run_id, operation_id);
+
+-- A MESSAGE is a JSON payload sent to a run from outside (a person's answer, a webhook's body)
+-- under a name its workflow waits for (run.wait_for). Kept from the moment it is sent, whether
+-- the run waits yet or not; each wait takes the oldest message of its name not yet taken, and
+-- records it as the wait step's result (taken_by), so a second message of the name is there for
+-- the next wait. A message_id the sender gives is kept once per run: a webhook delivered twice
+-- is one message.
+CREATE TABLE safepoint_messages (
+    seq          BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- the order sent in
+    run_id       TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
+    name         TEXT    NOT NULL,
+    message_id   TEXT,               -- the sender's id for it; NULL: none given
+    payload      TEXT,
+    payload_ref  TEXT,
+    sent_by      TEXT,
+    sent_at      BIGINT  NOT NULL,
+    taken_by     TEXT,               -- the wait step that received it; NULL: not yet taken
+    taken_at     BIGINT
+);
+
+CREATE UNIQUE INDEX safepoint_messages_id ON safepoint_messages (run_id, message_id);
+
+-- A wait looks for the oldest message of its name not yet taken.
+CREATE INDEX safepoint_messages_name ON safepoint_messages (run_id, name, seq);
 
 -- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
 -- it, so that two ledgers (dev and prod, two tenants, a schema dropped and created again) never

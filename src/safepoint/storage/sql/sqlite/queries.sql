@@ -44,13 +44,14 @@ INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_ha
                             resume_count, event_count, resume_budget, created_at, updated_at,
                             workflow_fingerprint, workflow_manifest, deadline_at, token_budget,
                             cost_budget, step_attempts, history_soft_limit, history_hard_limit,
-                            chain_id, chain_index, parent_run_id)
+                            chain_id, chain_index, parent_run_id, model_call_budget,
+                            step_attempt_limit)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
         :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now,
         :workflow_fingerprint, :workflow_manifest,
         COALESCE(:deadline_at, :now + :deadline_ms), :token_budget, :cost_budget,
         :step_attempts, :history_soft_limit, :history_hard_limit, COALESCE(:chain_id, :run_id),
-        :chain_index, :parent_run_id)
+        :chain_index, :parent_run_id, :model_call_budget, :step_attempt_limit)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: claim_next
