@@ -347,6 +347,14 @@ class Store(Protocol):
         """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
         ...
 
+    # carrying a stopped run on: limits
+
+    # carrying a stopped run on: retry
+
+    # carrying a stopped run on: fork
+
+    # carrying a stopped run on: waits (messages, sleeps)
+
 
 class AsyncStore(Protocol):
     """``Store`` for asyncio: the same operations, with the same meaning, as coroutines.
@@ -521,6 +529,14 @@ class AsyncStore(Protocol):
     async def get_artifact(self, digest: str) -> bytes:
         """The bytes under ``digest``, verified; ArtifactMissing / ArtifactCorrupt otherwise."""
         ...
+
+    # carrying a stopped run on: limits
+
+    # carrying a stopped run on: retry
+
+    # carrying a stopped run on: fork
+
+    # carrying a stopped run on: waits (messages, sleeps)
 
 
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------

@@ -928,3 +928,11 @@ SELECT * FROM owned;
 -- name: ledger_identity
 -- The ledger's id and since when effect keys include it (migration 1), read once on open.
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
+
+-- == carrying a stopped run on: limits (stopped runs, extend_limits) ==========================
+
+-- == carrying a stopped run on: retry ===========================================================
+
+-- == carrying a stopped run on: fork ============================================================
+
+-- == carrying a stopped run on: waits (messages, sleeps) =======================================

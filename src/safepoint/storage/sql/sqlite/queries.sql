@@ -471,3 +471,11 @@ SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
 -- One run, for a person's decision about it (an approval, a revocation): BEGIN IMMEDIATE has
 -- locked the whole ledger already, so that it is serialised with the gate and the dispatch.
 SELECT * FROM safepoint_runs WHERE run_id = :run_id;
+
+-- == carrying a stopped run on: limits (stopped runs, extend_limits) ==========================
+
+-- == carrying a stopped run on: retry ===========================================================
+
+-- == carrying a stopped run on: fork ============================================================
+
+-- == carrying a stopped run on: waits (messages, sleeps) =======================================
