@@ -13,6 +13,7 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
+from ._engine.messages import send, send_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
@@ -33,17 +34,20 @@ from ._rules.secrets import Secret
 from ._rules.transcript import Transcript
 from .errors import (
     AwaitingApproval,
+    AwaitingMessage,
     LimitReached,
     LostOwnership,
     NeedsReconciliation,
     RunBlocked,
     RunCancelled,
     RunFailed,
+    RunWaiting,
     SafepointError,
     StepFailed,
     StoreError,
     StoreUnavailable,
     UsageError,
+    WaitTimedOut,
 )
 from .storage import open_store
 from .storage.base import AsyncStore, Store
@@ -57,6 +61,7 @@ __all__ = [
     "AsyncRun",
     "AsyncStore",
     "AwaitingApproval",
+    "AwaitingMessage",
     "Budget",
     "Effect",
     "EffectKey",
@@ -72,6 +77,7 @@ __all__ = [
     "RunBlocked",
     "RunCancelled",
     "RunFailed",
+    "RunWaiting",
     "SafepointError",
     "Secret",
     "StepFailed",
@@ -81,6 +87,7 @@ __all__ = [
     "Transcript",
     "Unknown",
     "UsageError",
+    "WaitTimedOut",
     "Worker",
     "Workflow",
     "approve",
@@ -95,6 +102,8 @@ __all__ = [
     "resume_async",
     "revoke_approval",
     "revoke_approval_async",
+    "send",
+    "send_async",
     "start",
     "start_async",
     "submit",

@@ -19,6 +19,7 @@ The tree::
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
+        │   ├── MessageRefused          a message the run cannot take (it ended; a message id reused)
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -29,8 +30,12 @@ The tree::
         ├── RunCancelled                the run was cancelled; it never runs again
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
-        ├── AwaitingApproval            the run waits for a person to approve an effect (a pause)
-        │   └── ApprovalInvalid         an approval was given but no longer authorizes the dispatch
+        ├── RunWaiting                  the run waits (status waiting, released): a pause, not a fault
+        │   ├── AwaitingApproval        for a person to approve an effect
+        │   │   └── ApprovalInvalid     an approval was given but no longer authorizes the dispatch
+        │   ├── AwaitingMessage         for a message (run.wait_for; safepoint.send delivers it)
+        │   └── Sleeping                for its timer (run.sleep) to fall due
+        ├── WaitTimedOut                a wait's timeout passed with no message; recorded, replayed
         ├── StoreError                  the ledger itself is unusable
         │   ├── StoreUnavailable        the database cannot be reached (yet): retry later
         │   ├── SchemaTooNew            the database was migrated by a newer safepoint
@@ -56,9 +61,10 @@ The tree::
         └── HistoryWarning              a run's history crossed its soft limit: continue it as new
 
 ``LostOwnership``, ``Cancelled`` and ``ContinueAsNew`` derive from ``BaseException`` so that
-``except Exception`` in agent code cannot swallow them. ``AwaitingApproval`` is not a
-``RunBlocked``: nothing went wrong and there is no recovery record; the run is paused (status
-``waiting``) until a person approves, and any worker carries it on after that. Like a block, it
+``except Exception`` in agent code cannot swallow them. ``RunWaiting`` (``AwaitingApproval``,
+``AwaitingMessage``, ``Sleeping``) is not a ``RunBlocked``: nothing went wrong and there is no
+recovery record; the run is paused (status ``waiting``, released) until a person approves, a
+message comes or its timer falls due, and any worker carries it on after that. Like a block, it
 halts the run object: agent code that swallows it gets it again from its next step. The
 ``RunBlocked`` family is ordinary: once a run blocks, the run object refuses every further step
 and the run cannot complete, so swallowing the exception gains nothing.
@@ -76,6 +82,7 @@ __all__ = [
     "ArtifactCorrupt",
     "ArtifactMissing",
     "AwaitingApproval",
+    "AwaitingMessage",
     "BudgetExhausted",
     "Cancelled",
     "ContinueAsNew",
@@ -90,6 +97,7 @@ __all__ = [
     "InvalidStoreURL",
     "LimitReached",
     "LostOwnership",
+    "MessageRefused",
     "MigrationMismatch",
     "MissingExtra",
     "NeedsReconciliation",
@@ -102,15 +110,18 @@ __all__ = [
     "RunFailed",
     "RunNotFound",
     "RunOwned",
+    "RunWaiting",
     "SafepointError",
     "SchemaTooNew",
     "SecretRefused",
+    "Sleeping",
     "StaleCheckpoint",
     "StepFailed",
     "StoreError",
     "StoreUnavailable",
     "UsageError",
     "VerificationFailed",
+    "WaitTimedOut",
     "WorkflowNotFound",
 ]
 
@@ -282,6 +293,24 @@ class ApprovalRefused(UsageError):
             step_id=step_id,
             reason=reason,
             revoking=revoking,
+        )
+
+
+class MessageRefused(UsageError):
+    """A message ``safepoint.send`` cannot deliver; nothing was written. ``reason`` says why: the
+    run has ended (a message to it would never be received), or the sender's ``message_id`` was
+    used already for another message (another name or payload) in this run."""
+
+    run_id: str
+    name: str
+    reason: str
+
+    def __init__(self, run_id: str, name: str, reason: str) -> None:
+        super().__init__(
+            f"message {name!r} to run {run_id!r} refused: {reason}",
+            run_id=run_id,
+            name=name,
+            reason=reason,
         )
 
 
@@ -478,7 +507,16 @@ class EffectRejected(SafepointError):
         )
 
 
-class AwaitingApproval(SafepointError):
+class RunWaiting(SafepointError):
+    """The run waits (status ``waiting``, released by its worker): for a person's approval
+    (``AwaitingApproval``), a message (``AwaitingMessage``) or its timer (``Sleeping``). An
+    expected pause, not a failure; any worker carries the run on once it may go on."""
+
+    run_id: str
+    step_id: str
+
+
+class AwaitingApproval(RunWaiting):
     """The run waits (status ``waiting``) for a person to approve an effect before it is
     dispatched: an expected pause, not a failure. ``payload_digest`` and ``target_digest`` are
     what an approval must be bound to; ``reason`` says why no approval authorizes it yet."""
@@ -517,6 +555,69 @@ class ApprovalInvalid(AwaitingApproval):
     """An approval was given, but it no longer authorizes the dispatch: the payload or the
     target's state changed since, it expired, or it was revoked. Nothing was dispatched; the run
     waits again."""
+
+
+class AwaitingMessage(RunWaiting):
+    """The run waits (status ``waiting``) for a message named ``name`` at its wait step
+    ``step_id`` (``run.wait_for``): ``safepoint.send`` (or ``safepoint send``) delivers one and
+    makes the run runnable again. ``timeout_at`` (epoch ms, the store's clock; None: none) is
+    when the wait gives up — recorded when it first started, so no restart moves it; a worker
+    takes the run then and the wait raises ``WaitTimedOut``."""
+
+    name: str
+    timeout_at: int | None
+
+    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int | None = None) -> None:
+        until = "" if timeout_at is None else f" until {instant(timeout_at, millis=True)}"
+        super().__init__(
+            f"run {run_id!r} waits for message {name!r} (step {step_id!r}){until}; send it with"
+            f" `safepoint send {run_id} {name} --payload '<json>'` (or safepoint.send), then a"
+            " worker carries the run on (or resume it)",
+            run_id=run_id,
+            step_id=step_id,
+            name=name,
+            timeout_at=timeout_at,
+        )
+
+
+class Sleeping(RunWaiting):
+    """The run sleeps (status ``waiting``) at its sleep step ``step_id`` (``run.sleep``) until
+    ``until`` (epoch ms, the store's clock, recorded when the sleep first started: no restart
+    shortens or restarts it). A worker takes it once it is due."""
+
+    until: int
+
+    def __init__(self, run_id: str, step_id: str, until: int) -> None:
+        super().__init__(
+            f"run {run_id!r} sleeps (step {step_id!r}) until {instant(until, millis=True)};"
+            " a worker carries it on once it is due (`safepoint worker`), or resume it then",
+            run_id=run_id,
+            step_id=step_id,
+            until=until,
+        )
+
+
+class WaitTimedOut(SafepointError):
+    """A wait (``run.wait_for(name, timeout=…)``) reached its timeout with no message: the wait
+    step is recorded failed, so a resume raises this again here instead of waiting again. Catch
+    it in the workflow to go on without the message; a message sent after the timeout is kept
+    for the next wait of that name."""
+
+    run_id: str
+    step_id: str
+    name: str
+    timeout_at: int
+
+    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int) -> None:
+        super().__init__(
+            f"wait {step_id!r} of run {run_id!r} for message {name!r} timed out at"
+            f" {instant(timeout_at, millis=True)} with no message; the timeout is recorded and"
+            " replayed — catch WaitTimedOut in the workflow to go on without it",
+            run_id=run_id,
+            step_id=step_id,
+            name=name,
+            timeout_at=timeout_at,
+        )
 
 
 class StoreError(SafepointError):

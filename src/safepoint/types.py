@@ -34,6 +34,7 @@ __all__ = [
     "HistoryLimit",
     "Ledger",
     "LedgerIdentity",
+    "MessageRecord",
     "OperationRecord",
     "Recorded",
     "Resolution",
@@ -45,6 +46,7 @@ __all__ = [
     "StepRecord",
     "StepStatus",
     "UnreadableRun",
+    "WaitGate",
 ]
 
 # A JSON value, wherever one is passed in (a payload, messages, a receipt, a result to record):
@@ -152,8 +154,10 @@ class RunRecord:
     tokens_spent: int = 0  # recorded by model steps; never reset by a restart
     cost_spent: float = 0.0
     step_attempts: Retry | None = None  # the run's default attempts for read and model steps
-    # A waiting run: the effect it waits to have approved (operation_id, step_id, effect,
-    # payload_digest, target_digest, reason, invalidated, since).
+    # A waiting run: what for, by "kind" (a missing kind is "approval"): an effect to be
+    # approved (operation_id, step_id, effect, payload_digest, target_digest, reason,
+    # invalidated, since); a "message" (name, step_id, timeout_at, since); a "sleep" (step_id,
+    # until, since).
     waiting_for: dict[str, Any] | None = None
     step_count: int = 0  # steps recorded; with event_count, the history
     history_soft_limit: int | None = None  # history that records one run.history_warning
@@ -414,6 +418,35 @@ class ApprovalGate:
 
     approval: ApprovalRecord | None
     waiting_for: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A message sent to a run from outside (``safepoint.send``): a JSON payload under a name its
+    workflow waits for (``run.wait_for(name)``). Kept from the moment it is sent, whether the run
+    waits yet or not; a wait takes the oldest message of its name not yet taken and records it
+    as its step's result (``taken_by``, the wait step's id)."""
+
+    seq: int  # the order messages were sent in (store-wide)
+    run_id: str
+    name: str
+    payload: Recorded
+    sent_at: int  # epoch ms, the store's clock
+    message_id: str | None = None  # the sender's id for it: a re-delivery is the same message
+    sent_by: str | None = None
+    taken_by: str | None = None  # the wait step that received it; None: not taken yet
+    taken_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitGate:
+    """A wait step's answer (``Store.await_message``, ``Store.await_timer``): the wait step as
+    the store recorded it — the message received, the timeout reached (failed), or the sleep's
+    due instant — and, when the run now waits (released, status ``waiting``), what for."""
+
+    step: StepRecord | None = None
+    waiting_for: dict[str, Any] | None = None
+    message: MessageRecord | None = None  # the message the step received, marked taken
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,6 @@ from .._rules.secrets import redact_text, redacted_message, refuse_secrets
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
-    AwaitingApproval,
     BudgetExhausted,
     Cancelled,
     ContinueAsNew,
@@ -53,6 +52,7 @@ from ..errors import (
     RunConflict,
     RunFailed,
     RunOwned,
+    RunWaiting,
     SafepointError,
     StoreError,
     StoreUnavailable,
@@ -572,11 +572,12 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_
 
 def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
     """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
-    refused because its sibling had blocked the run, or made it wait for approval, under this
+    refused because its sibling had blocked the run, or made it wait (an approval, a message,
+    a timer), under this
     very fence: that is how the run stopped."""
     if (
         isinstance(exc, LostOwnership)
-        and isinstance(core.halted, (RunBlocked, AwaitingApproval))
+        and isinstance(core.halted, (RunBlocked, RunWaiting))
         and not core.release_on_halt
     ):
         return core.halted

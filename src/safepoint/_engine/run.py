@@ -29,6 +29,7 @@ from ..types import JSON, Retry, StepKind
 from .core import RunCore
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
+from .waits import sleep_flow, wait_flow
 
 P = ParamSpec("P")
 
@@ -193,6 +194,12 @@ class _RunBase:
     ) -> Flow[Any]:
         return effect_flow(self._core, step_id, effect, payload, operation_id, approval, self._prefix)
 
+    def _wait(self, name: str, timeout: timedelta | float | None, step_id: str | None) -> Flow[Any]:
+        return wait_flow(self._core, step_id, name, timeout, self._prefix)
+
+    def _sleep(self, duration: timedelta | float, step_id: str | None) -> Flow[None]:
+        return sleep_flow(self._core, step_id, duration, self._prefix)
+
     def _value(self, kind: str, step_id: str) -> Flow[Any]:
         return self._step(StepKind.VALUE, step_id, _VALUES[kind], (), {}, hashed_inputs={}, name=kind)
 
@@ -303,6 +310,36 @@ class Run(_RunBase):
     def uuid(self, step_id: str = "uuid") -> str:
         """A random UUID string, recorded."""
         return str(self._sync(self._value("uuid", step_id)))
+
+    def wait_for(
+        self, name: str, *, timeout: timedelta | float | None = None, step_id: str | None = None
+    ) -> Any:
+        """Wait for a message named ``name`` (``safepoint.send``): return its JSON payload,
+        recorded as this step's result and replayed.
+
+        A message sent before the run got here is taken at once (the oldest of that name not
+        taken yet; a second one waits for the next wait). With none, the run waits — status
+        ``waiting``, released, no worker holds it — and the caller of ``start`` / ``resume``
+        gets ``AwaitingMessage``; the send makes it runnable again. ``timeout`` (a timedelta,
+        or seconds) counts from when the wait first waited, on the store's clock, and no
+        restart moves it: once it passed with no message, a worker takes the run, the step is
+        recorded failed and ``WaitTimedOut`` is raised here — on every replay too. The step id
+        is ``name`` unless ``step_id`` says otherwise.
+
+        >>> answer = run.wait_for("manager.answer", timeout=timedelta(days=2))
+        """
+        return self._sync(self._wait(name, timeout, step_id))
+
+    def sleep(self, duration: timedelta | float, *, step_id: str | None = None) -> None:
+        """Sleep durably for ``duration`` (a timedelta, or seconds): the run is released, and
+        a worker carries it on once it is due. The due instant is recorded at the first run, on
+        the store's clock, so a restart neither shortens nor restarts the sleep; the caller of
+        ``start`` / ``resume`` meanwhile gets ``Sleeping``. The step id is ``sleep`` unless
+        ``step_id`` says otherwise.
+
+        >>> run.sleep(timedelta(hours=1))
+        """
+        self._sync(self._sleep(duration, step_id))
 
     @overload
     def parallel(
@@ -519,6 +556,16 @@ class AsyncRun(_RunBase):
 
     async def uuid(self, step_id: str = "uuid") -> str:
         return str(await self._async(self._value("uuid", step_id)))
+
+    async def wait_for(
+        self, name: str, *, timeout: timedelta | float | None = None, step_id: str | None = None
+    ) -> Any:
+        """``Run.wait_for``, awaited: ``answer = await run.wait_for("manager.answer")``."""
+        return await self._async(self._wait(name, timeout, step_id))
+
+    async def sleep(self, duration: timedelta | float, *, step_id: str | None = None) -> None:
+        """``Run.sleep``, awaited: ``await run.sleep(timedelta(hours=1))``."""
+        await self._async(self._sleep(duration, step_id))
 
     @overload
     async def gather(

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from .._rules.ids import check_run_id, check_who, check_words
 from .._rules.secrets import refuse_secrets
 from ..errors import (
-    AwaitingApproval,
     CorruptRecord,
     LimitReached,
     LostOwnership,
@@ -25,6 +24,7 @@ from ..errors import (
     RunCancelled,
     RunFailed,
     RunOwned,
+    RunWaiting,
     SafepointError,
     StoreError,
     UsageError,
@@ -146,8 +146,10 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
 
     A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
     run is tried again (the block is re-established if its cause remains); a waiting run looks
-    at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
-    approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
+    at its gate again and, while it still cannot go on, waits on as it was (raising
+    ``AwaitingApproval`` / ``ApprovalInvalid`` while no approval authorizes the effect,
+    ``AwaitingMessage`` while no message came, ``Sleeping`` until its timer is due — its
+    timeout and due instant unchanged); a run held by a live worker raises ``RunOwned``.
     """
     require_store(store, "resume")
     return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
@@ -232,7 +234,7 @@ def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
 # How a run may end that is an answer, not a fault of safepoint's: raised to the caller with
 # no traceback through the flows and drivers behind it (dozens of frames that say nothing about
 # the caller's code). Their causes keep their own tracebacks.
-_OUTCOMES = (AwaitingApproval, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
+_OUTCOMES = (RunWaiting, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
 
 
 def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:

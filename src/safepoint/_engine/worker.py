@@ -1,9 +1,10 @@
 """Workers: processes that claim runnable runs from a store and execute them.
 
 A worker runs ``concurrency`` slots (threads), each looping: claim the oldest runnable run
-(pending, or left behind by a worker whose lease expired), execute it, repeat; with nothing to
-claim, wait on the store's wake-up signal (LISTEN/NOTIFY on PostgreSQL, a cheap change counter
-on SQLite). Expired leases send no signal, so an idle slot also looks again every
+(pending, left behind by a worker whose lease expired, or waiting and due: its sleep ended, its
+wait timed out), execute it, repeat; with nothing to claim, wait on the store's wake-up signal
+(LISTEN/NOTIFY on PostgreSQL, a cheap change counter on SQLite) — no longer than until the next
+waiting run falls due. Expired leases send no signal, so an idle slot also looks again every
 ``rescan`` seconds.
 
 A slot never spins. A claim that fails, or a run given back because the store failed under it,
@@ -34,10 +35,12 @@ from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
     AwaitingApproval,
+    AwaitingMessage,
     CorruptRecord,
     LostOwnership,
     RunBlocked,
     RunCancelled,
+    RunWaiting,
     SafepointError,
     StoreError,
 )
@@ -84,7 +87,7 @@ class WorkerStats:
     lost: int = 0
     interrupted: int = 0  # the store failed mid-run; the run was given back
     cancelled: int = 0
-    waiting: int = 0  # paused for a person's approval of an effect; released, not failed
+    waiting: int = 0  # paused for an approval, a message or a timer; released, not failed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -235,9 +238,14 @@ class Worker:
             return True
         except RunCancelled:
             self.stats.count("cancelled")
-        except AwaitingApproval as exc:
+        except RunWaiting as exc:
             self.stats.count("waiting")
-            log.info("run %s waits for approval: %s", run_id, exc.reason)
+            if isinstance(exc, AwaitingApproval):
+                log.info("run %s waits for approval: %s", run_id, exc.reason)
+            elif isinstance(exc, AwaitingMessage):
+                log.info("run %s waits for message %r", run_id, exc.name)
+            else:
+                log.info("run %s sleeps: %s", run_id, exc.message)
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

@@ -40,6 +40,7 @@ from ..types import (
     RunStatus,
 )
 from .moments import instant
+from .waits import APPROVAL, waiting_kind
 
 if TYPE_CHECKING:
     pass
@@ -99,6 +100,7 @@ def waiting_record(
         approvals, payload_digest=op.payload_ref, target_digest=target_digest, now=now
     )
     return {
+        "kind": APPROVAL,
         "operation_id": op.operation_id,
         "step_id": op.step_id,
         "effect": op.effect,
@@ -307,8 +309,12 @@ def approvable(run: RunRecord, operations: Mapping[str, OperationRecord]) -> lis
     steps = sorted(
         {op.step_id for op in operations.values() if op.approval_required and op.state in _APPROVABLE}
     )
-    waiting = (run.waiting_for or {}).get("step_id") if run.status is RunStatus.WAITING else None
-    if isinstance(waiting, str):
+    waiting = (
+        (run.waiting_for or {}).get("step_id")
+        if run.status is RunStatus.WAITING and waiting_kind(run.waiting_for) == APPROVAL
+        else None
+    )
+    if isinstance(waiting, str) and waiting in steps:
         steps = [waiting] + [step for step in steps if step != waiting]
     return steps
 

@@ -29,6 +29,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    MessageRecord,
     OperationRecord,
     Retry,
     RunRecord,
@@ -351,6 +352,19 @@ _APPROVAL = _columns(
 )
 
 
+_MESSAGE = _columns(
+    ("seq", integer),
+    ("run_id", text),
+    ("name", text),
+    ("payload", json_value),
+    ("sent_at", integer),
+    ("message_id", text_or_null),
+    ("sent_by", text_or_null),
+    ("taken_by", text_or_null),
+    ("taken_at", integer_or_null),
+)
+
+
 def _read(
     columns: Columns, row: Row, values: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -460,6 +474,12 @@ def event_record(row: Row) -> EventRecord:
 
 def approval_record(row: Row) -> ApprovalRecord:
     return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES, "approval_id"))
+
+
+def message_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> MessageRecord:
+    """A ``safepoint_messages`` row as a ``MessageRecord`` (``values``: its payload's stored
+    JSON when an artifact holds it)."""
+    return MessageRecord(**_whole("safepoint_messages", _MESSAGE, row, values, "run_id", "seq"))
 
 
 def stored_json(value: Any, table: str, key: str) -> Any:

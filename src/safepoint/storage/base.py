@@ -37,6 +37,7 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    MessageRecord,
     OperationRecord,
     Resolution,
     Retry,
@@ -44,6 +45,7 @@ from ..types import (
     RunStatus,
     StepRecord,
     UnreadableRun,
+    WaitGate,
 )
 
 __all__ = [
@@ -180,7 +182,9 @@ class Store(Protocol):
         ...
 
     def wait_for_work(self, timeout: float) -> None:
-        """Block up to ``timeout`` seconds, returning early once the store may have new work."""
+        """Block up to ``timeout`` seconds, returning early once the store may have new work —
+        and no later than the next waiting run falls due (``wake_at``: a sleep ends, a wait
+        times out)."""
         ...
 
     def load_ledger(self, run_id: str) -> Ledger:
@@ -354,6 +358,42 @@ class Store(Protocol):
     # carrying a stopped run on: fork
 
     # carrying a stopped run on: waits (messages, sleeps)
+    def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        """Keep a message for the run, in one atomic step (see ``_rules.waits``): refused
+        (``NotJSON``, ``SecretRefused``) when its payload is no JSON or holds a credential,
+        ``RunNotFound`` for no such run, ``MessageRefused`` for a run that ended; a
+        ``message_id`` kept already returns that message (the same message delivered twice) —
+        or is ``MessageRefused`` when it names another. A run waiting for a message of this
+        name becomes pending in the same transaction (workers are woken), which takes the
+        run's row as ``await_message`` does: a message is never lost to a run about to wait.
+        A ``message.sent`` event records it."""
+        ...
+
+    def messages(self, run_id: str) -> list[MessageRecord]:
+        """Every message sent to the run, oldest first, taken ones included (by which step)."""
+        ...
+
+    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
+        """A wait's gate, in one atomic step under the claim's fence (new work: refused once a
+        cancel is asked for or past the deadline; not held to the history limit): the oldest
+        message ``name`` not yet taken — sent before the wait's timeout instant — is marked
+        taken by ``step`` (its id), and ``step`` is recorded with its payload as result and a
+        ``message.received`` event. With none: past the timeout instant (recorded when the
+        wait first waited; else ``timeout_ms`` from now) ``step`` is recorded failed
+        (``_rules.waits.timed_out_evidence``, a ``wait.timed_out`` event); before it, the run
+        becomes ``waiting`` (released, ``waiting_for`` and ``wake_at`` recorded, a
+        ``run.waiting`` event), a first wait with a timeout recording its instant as the
+        step's attempt."""
+        ...
+
+    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        """A sleep's gate, in one atomic step under the claim's fence (as ``await_message``):
+        ``step`` recorded at its first run with its due instant (``duration_ms`` from now, on
+        the store's clock) as result, never again; not yet due, the run becomes ``waiting``
+        until then (``wake_at``; a ``run.waiting`` event). Returns the step as recorded."""
+        ...
 
 
 class AsyncStore(Protocol):
@@ -537,6 +577,25 @@ class AsyncStore(Protocol):
     # carrying a stopped run on: fork
 
     # carrying a stopped run on: waits (messages, sleeps)
+    async def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        """See ``Store.send_message``."""
+        ...
+
+    async def messages(self, run_id: str) -> list[MessageRecord]:
+        """See ``Store.messages``."""
+        ...
+
+    async def await_message(
+        self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None
+    ) -> WaitGate:
+        """See ``Store.await_message``."""
+        ...
+
+    async def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        """See ``Store.await_timer``."""
+        ...
 
 
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------

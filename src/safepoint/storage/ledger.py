@@ -22,6 +22,7 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    MessageRecord,
     OperationRecord,
     Resolution,
     RunRecord,
@@ -36,6 +37,7 @@ from ._rows import (
     event_record,
     ledger,
     listed_run,
+    message_record,
     operation_record,
     run_record,
     stored_json,
@@ -194,3 +196,20 @@ class LedgerReads:
         op = operation_record(found[0]) if found else None
         approvals = (yield from self.approvals_of(run_id, op.operation_id)) if op else []
         return run, op, approvals
+
+    # -- messages (see safepoint._rules.waits) --------------------------------------------------
+
+    def locked_run(self, run_id: str) -> Plan[RunRecord]:
+        """The run, its row locked until the transaction ends (``lock_run``): a message sent
+        is serialised with the gate of a wait, as an approval is with the dispatch."""
+        return (yield from self.run_record((yield from self.run_row(run_id, "lock_run"))))
+
+    def message(self, row: Row) -> Plan[MessageRecord]:
+        """A message from its row, its payload read from its artifact when it is large."""
+        return message_record(row, (yield from self.artifact_values(row, "payload")))
+
+    def messages(self, run_id: str) -> Plan[list[MessageRecord]]:
+        found = []
+        for row in (yield self.q("messages", run_id=run_id)):
+            found.append((yield from self.message(row)))
+        return found

@@ -47,12 +47,14 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    MessageRecord,
     OperationRecord,
     Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
     UnreadableRun,
+    WaitGate,
 )
 from .base import INLINE_LIMIT, NewRun, Replan, unstorable
 from .plans import Plan
@@ -428,18 +430,41 @@ class AsyncPostgresStore:
     async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
 
+    async def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        return await self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
+
+    async def messages(self, run_id: str) -> list[MessageRecord]:
+        return await self._read(lambda: self._ledger.messages(run_id))
+
+    async def await_message(
+        self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None
+    ) -> WaitGate:
+        gate, due = await self._run(self._ledger.await_message(claim, step, name, timeout_ms))
+        warn(due)
+        return gate
+
+    async def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        gate, due = await self._run(self._ledger.await_timer(claim, step, duration_ms))
+        warn(due)
+        return gate
+
     # -- waiting for work ----------------------------------------------------------------------
 
     async def wait_for_work(self, timeout: float) -> None:
-        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released) or
-        ``timeout`` seconds, without blocking the loop. Any number of tasks may wait at once;
-        a burst of news is one wake-up. Never raises: when the server cannot be reached the
-        time is slept, the next call reconnects, and the caller's next claim reports a server
-        that stays away."""
+        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
+        next waiting run falls due, or ``timeout`` seconds, without blocking the loop. Any
+        number of tasks may wait at once; a burst of news is one wake-up. Never raises: when
+        the server cannot be reached the time is slept, the next call reconnects, and the
+        caller's next claim reports a server that stays away."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
             await self._listen()
+            due = await self._read(self._ledger.wait_for_work_due)
+            if due is not None:  # no NOTIFY announces a waiting run falling due
+                deadline = min(deadline, loop.time() + due)
         except (psycopg.Error, StoreError) as exc:
             log.warning("cannot listen for work on %s: %s", self.url, exc)
             await asyncio.sleep(max(0.0, deadline - loop.time()))

@@ -22,12 +22,14 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    MessageRecord,
     OperationRecord,
     Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
     UnreadableRun,
+    WaitGate,
 )
 
 __all__ = ["SyncOverAsync"]
@@ -201,3 +203,17 @@ class SyncOverAsync:
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
+
+    def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        return self._call(self.store.send_message(run_id, name, payload, message_id, by))
+
+    def messages(self, run_id: str) -> list[MessageRecord]:
+        return self._call(self.store.messages(run_id))
+
+    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
+        return self._call(self.store.await_message(claim, step, name, timeout_ms))
+
+    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        return self._call(self.store.await_timer(claim, step, duration_ms))

@@ -49,12 +49,14 @@ from ...types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    MessageRecord,
     OperationRecord,
     Resolution,
     RunRecord,
     RunStatus,
     StepRecord,
     UnreadableRun,
+    WaitGate,
 )
 from ..base import INLINE_LIMIT, NewRun, Replan, unstorable
 from ..plans import Plan
@@ -354,17 +356,37 @@ class PostgresStore:
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
 
+    def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        return self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
+
+    def messages(self, run_id: str) -> list[MessageRecord]:
+        return self._read(lambda: self._ledger.messages(run_id))
+
+    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
+        gate, due = self._run(self._ledger.await_message(claim, step, name, timeout_ms))
+        warn(due)
+        return gate
+
+    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        gate, due = self._run(self._ledger.await_timer(claim, step, duration_ms))
+        warn(due)
+        return gate
+
     # -- waiting for work ----------------------------------------------------------------------
 
     def wait_for_work(self, timeout: float) -> None:
-        """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released) or
-        ``timeout`` seconds. Each thread listens on its own connection, kept between calls so
-        that a notification sent while the caller was busy still wakes the next wait. Never
+        """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
+        next waiting run falls due, or ``timeout`` seconds. Each thread listens on its own
+        connection, kept between calls so that a notification sent while the caller was busy
+        still wakes the next wait. Never
         raises: a broken connection is dropped (and the time slept), the next call reconnects,
         and the caller's next claim reports a server that stays away."""
         deadline = time.monotonic() + timeout
         try:
             conn = self._listener()
+            timeout = self._until_due(timeout)
             for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
                 pass
             for _ in conn.notifies(timeout=0.0):  # a burst of news is one wake-up, not many
@@ -373,6 +395,11 @@ class PostgresStore:
             self._drop_listener()
             log.warning("cannot listen for work on %s: %s", self.url, exc)
             time.sleep(max(0.0, deadline - time.monotonic()))
+
+    def _until_due(self, timeout: float) -> float:
+        """``timeout``, or less: until the next waiting run falls due (no NOTIFY announces it)."""
+        due = self._read(self._ledger.wait_for_work_due)
+        return timeout if due is None else max(0.0, min(timeout, due))
 
     def _listener(self) -> Conn:
         conn: Conn | None = getattr(self._local, "listener", None)

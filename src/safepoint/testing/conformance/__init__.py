@@ -40,8 +40,9 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new) and ``unreadable`` (rows that cannot be read: damaged through
-``ConformanceBase.damage``, which a store of your own overrides). ``_support`` holds what they
+continue-as-new), ``unreadable`` (rows that cannot be read: damaged through
+``ConformanceBase.damage``, which a store of your own overrides) and ``waits`` (messages, and
+the gates of wait and sleep steps). ``_support`` holds what they
 share: the base class with ``make_store`` and the helpers, the constants and the record
 factories.
 """
@@ -62,6 +63,7 @@ from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
 from .unreadable import UnreadableTests
+from .waits import WaitTests
 
 __all__ = ["StoreConformance", "SyncOverAsync"]
 
@@ -69,6 +71,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    WaitTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,

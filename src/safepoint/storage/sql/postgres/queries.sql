@@ -225,8 +225,8 @@ LIMIT %(limit)s;
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired on the database clock, that
 -- has no owner, or whose owner is known to be dead; bump the fence and the resume count.
--- A waiting run is claimed only by name (a resume looks at its approval gate again), never by
--- claim_next.
+-- A waiting run is claimed by name (a resume looks at its gate again: an approval, a message,
+-- its timer), and by claim_next only once it is due (wake_at).
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 claimed AS (
     UPDATE safepoint_runs
@@ -234,7 +234,8 @@ claimed AS (
         fence = fence + 1, state_revision = state_revision + 1,
         resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
                                            THEN 1 ELSE 0 END,
-        event_count = event_count + 1, waiting_for = NULL, updated_at = clock.now
+        event_count = event_count + 1, waiting_for = NULL, wake_at = NULL,
+        updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
       AND status IN ('pending', 'running', 'blocked', 'waiting')
@@ -249,15 +250,16 @@ SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
 
 -- name: claim_next
 -- Take the oldest runnable run of these workflows ("name", any version, or "name@version") —
--- pending, released, or left by a worker whose
--- lease expired — skipping rows another worker is claiming right now (SKIP LOCKED). Only a
--- takeover of a running run counts as a resume.
+-- pending, released, left by a worker whose lease expired, or waiting and due (its sleep
+-- ended, its wait timed out: wake_at passed) — skipping rows another worker is claiming right
+-- now (SKIP LOCKED). Only a takeover of a running run counts as a resume.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 candidate AS (
     SELECT run_id FROM safepoint_runs
     WHERE (status = 'pending'
            OR (status = 'running'
-               AND (lease_expires_at IS NULL OR lease_expires_at <= (SELECT now FROM clock))))
+               AND (lease_expires_at IS NULL OR lease_expires_at <= (SELECT now FROM clock)))
+           OR (status = 'waiting' AND wake_at <= (SELECT now FROM clock)))
       AND (workflow = ANY(%(workflows)s)
            OR workflow || '@' || workflow_version = ANY(%(workflows)s))
     ORDER BY created_at, run_id
@@ -270,7 +272,8 @@ claimed AS (
         fence = r.fence + 1, state_revision = r.state_revision + 1,
         resume_count = r.resume_count + CASE WHEN r.status = 'running' AND r.owner IS NOT NULL
                                              THEN 1 ELSE 0 END,
-        event_count = r.event_count + 1, updated_at = clock.now
+        event_count = r.event_count + 1, waiting_for = NULL, wake_at = NULL,
+        updated_at = clock.now
     FROM candidate, clock
     WHERE r.run_id = candidate.run_id
     RETURNING r.run_id, r.fence, r.state_revision, r.lease_expires_at, r.updated_at
@@ -936,3 +939,138 @@ SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
 -- == carrying a stopped run on: fork ============================================================
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
+-- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for
+-- its timer), released; a message sent finds it waiting and makes it pending. Both sides take
+-- the runs row lock FIRST, in a statement of its own — the gate with `wait_fence`, a send with
+-- `lock_run` — and look at messages and the run's status only in LATER statements of that
+-- transaction: under READ COMMITTED each statement reads a snapshot of its own, so whichever
+-- comes second sees what the first committed. A send racing a worker about to wait is found by
+-- the wait, or finds the run waiting — never neither (safepoint/_rules/waits.py).
+
+-- name: send_message_existing
+-- The message this run already keeps under the sender's message id (a re-delivery).
+SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s AND message_id = %(message_id)s;
+
+-- name: send_message
+-- Keep a message for the run, whether it waits yet or not (sent_at: the database clock).
+INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
+VALUES (%(run_id)s, %(name)s, %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s,
+        safepoint_now_ms())
+RETURNING *;
+
+-- name: send_message_wake
+-- A message moves the run's revision and is appended as an event; a run waiting for a message
+-- of its name is released: pending, for a worker (or a resume) to carry on. Runs after
+-- lock_run, in its transaction.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = CASE WHEN %(wake)s THEN 'pending' ELSE status END,
+        waiting_for = CASE WHEN %(wake)s THEN NULL ELSE waiting_for END,
+        wake_at = CASE WHEN %(wake)s THEN NULL ELSE wake_at END,
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s
+    RETURNING run_id, workflow, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
+    SELECT run_id, now, 'message.sent', %(by)s, %(detail)s FROM run
+)
+SELECT workflow FROM run;
+
+-- name: messages
+-- Every message sent to a run, in the order they were sent.
+SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: wait_fence
+-- The fence of a wait's gate (await_message, await_timer), alone: new work (refused once a
+-- cancel is asked for or past the deadline). It takes the runs row lock for the rest of the
+-- transaction, before the statements that look for messages.
+WITH clock AS (SELECT safepoint_now_ms() AS now)
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+    updated_at = clock.now
+FROM clock
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+RETURNING run_id, updated_at AS now;
+
+-- name: await_message_timeout
+-- When a wait that has waited before times out: the instant recorded as its attempt then.
+SELECT retry_at FROM safepoint_attempts
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND input_hash = %(input_hash)s
+ORDER BY attempt LIMIT 1;
+
+-- name: await_message_oldest
+-- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+SELECT * FROM safepoint_messages
+WHERE run_id = %(run_id)s AND name = %(name)s AND taken_by IS NULL
+  AND (%(timeout_at)s::bigint IS NULL OR sent_at < %(timeout_at)s::bigint)
+ORDER BY seq LIMIT 1;
+
+-- name: await_message_take
+-- The wait step takes the message: it is its result from now on, never another step's.
+UPDATE safepoint_messages SET taken_by = %(step_id)s, taken_at = %(now)s
+WHERE seq = %(seq)s AND taken_by IS NULL;
+
+-- name: await_message_started
+-- A wait with a timeout waits for the first time: its timeout instant is recorded, as the
+-- wait step's attempt (retry_at), so that no restart shortens or restarts it.
+INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
+                                retry_at, fence, recorded_at)
+VALUES (%(run_id)s, %(step_id)s, 1, 'wait', %(name)s, %(input_hash)s, %(error)s, %(retry_at)s,
+        %(fence)s, %(now)s);
+
+-- name: await_timer_step
+-- A sleep recorded already: its result holds when it is due.
+SELECT result FROM safepoint_steps WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: wait_step
+-- Record a wait step: the message it received, its timeout (failed), or a sleep's due instant.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, fence, recorded_at)
+VALUES (%(run_id)s, %(step_id)s, %(seq)s, 'wait', %(name)s, %(input_hash)s, %(status)s,
+        %(result)s, %(result_ref)s, %(error)s, %(fence)s, %(now)s);
+
+-- name: wait_event
+-- Append what a wait's gate did to the run's history (counted by wait_count).
+INSERT INTO safepoint_events (run_id, at, kind, step_id, fence, worker, detail)
+VALUES (%(run_id)s, %(now)s, %(kind)s, %(step_id)s, %(fence)s, %(worker)s, %(detail)s);
+
+-- name: wait_count
+-- The history a wait's gate added: its event, and its step when it recorded one. Runs after
+-- wait_fence, in its transaction (the runs row lock held).
+UPDATE safepoint_runs
+SET event_count = event_count + %(events)s, step_count = step_count + %(steps)s
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
+          history_warned_at;
+
+-- name: wait_until_woken
+-- The run waits, released, for a message or its timer (waiting_for); due at wake_at, when
+-- workers take it (NULL: only a message wakes it). The event says so.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+waiting AS (
+    UPDATE safepoint_runs
+    SET status = 'waiting', owner = NULL, lease_expires_at = NULL,
+        waiting_for = %(waiting_for)s, wake_at = %(wake_at)s::bigint,
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, workflow, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, fence, worker, detail)
+    SELECT run_id, now, 'run.waiting', %(step_id)s, %(fence)s, %(worker)s, %(waiting_for)s
+    FROM waiting
+)
+SELECT workflow, now FROM waiting;
+
+-- name: wait_for_work_due
+-- How long until the next waiting run falls due (a worker waiting for work wakes then at the
+-- latest), in milliseconds on the database clock.
+SELECT MIN(wake_at) - safepoint_now_ms() AS due_ms FROM safepoint_runs
+WHERE status = 'waiting' AND wake_at > safepoint_now_ms();

@@ -56,13 +56,15 @@ ON CONFLICT (run_id) DO NOTHING;
 
 -- name: claim_next
 -- The oldest run of these workflows ("name", any version, or "name@version") a worker may
--- take: pending, released, or abandoned by a worker whose lease expired.
+-- take: pending, released, abandoned by a worker whose lease expired, or waiting and due (its
+-- sleep ended, its wait timed out: wake_at passed).
 -- (SQLite serialises writers, so selecting inside BEGIN IMMEDIATE is already exclusive.)
 -- A lease that is not an integer (none, or a damaged value no clock compares with) is expired.
 SELECT run_id, state_revision, status FROM safepoint_runs
 WHERE (status = 'pending'
        OR (status = 'running'
-           AND (typeof(lease_expires_at) <> 'integer' OR lease_expires_at <= :now)))
+           AND (typeof(lease_expires_at) <> 'integer' OR lease_expires_at <= :now))
+       OR (status = 'waiting' AND wake_at <= :now))
   AND (workflow IN (SELECT value FROM json_each(:workflows))
        OR workflow || '@' || workflow_version IN (SELECT value FROM json_each(:workflows)))
 ORDER BY created_at, run_id
@@ -109,14 +111,15 @@ LIMIT :limit;
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired, that has no owner, or
 -- whose owner is known to be dead (or whose lease is not an integer: damaged, it never
--- expires otherwise); bump the fence and the resume count. A waiting run is claimed only by
--- name (a resume looks at its approval gate again), never by claim_next.
+-- expires otherwise); bump the fence and the resume count. A waiting run is claimed by name
+-- (a resume looks at its gate again: an approval, a message, its timer), and by claim_next
+-- only once it is due (wake_at).
 UPDATE safepoint_runs
 SET status = 'running', owner = :owner, lease_expires_at = :lease_expires_at,
     fence = fence + 1, state_revision = state_revision + 1,
     resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
                                        THEN 1 ELSE 0 END,  -- only a takeover is a resume
-    event_count = event_count + 1, waiting_for = NULL,
+    event_count = event_count + 1, waiting_for = NULL, wake_at = NULL,
     updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision
   AND status IN ('pending', 'running', 'blocked', 'waiting')
@@ -479,3 +482,82 @@ SELECT * FROM safepoint_runs WHERE run_id = :run_id;
 -- == carrying a stopped run on: fork ============================================================
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
+-- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for
+-- its timer), released; a message sent finds it waiting and makes it pending. Every statement
+-- below runs in one BEGIN IMMEDIATE transaction with the others of its operation, so a send
+-- and a worker about to wait are serialised: the wait finds the message, or the send finds
+-- the run waiting (safepoint/_rules/waits.py).
+
+-- name: send_message_existing
+-- The message this run already keeps under the sender's message id (a re-delivery).
+SELECT * FROM safepoint_messages WHERE run_id = :run_id AND message_id = :message_id;
+
+-- name: send_message
+-- Keep a message for the run, whether it waits yet or not.
+INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
+VALUES (:run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now)
+RETURNING *;
+
+-- name: send_message_wake
+-- A message moves the run's revision and counts its event; a run waiting for a message of
+-- its name is released: pending, for a worker (or a resume) to carry on.
+UPDATE safepoint_runs
+SET status = CASE WHEN :wake THEN 'pending' ELSE status END,
+    waiting_for = CASE WHEN :wake THEN NULL ELSE waiting_for END,
+    wake_at = CASE WHEN :wake THEN NULL ELSE wake_at END,
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id;
+
+-- name: messages
+-- Every message sent to a run, in the order they were sent.
+SELECT * FROM safepoint_messages WHERE run_id = :run_id ORDER BY seq;
+
+-- name: await_message_timeout
+-- When a wait that has waited before times out: the instant recorded as its attempt then.
+SELECT retry_at FROM safepoint_attempts
+WHERE run_id = :run_id AND step_id = :step_id AND input_hash = :input_hash
+ORDER BY attempt LIMIT 1;
+
+-- name: await_message_oldest
+-- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+SELECT * FROM safepoint_messages
+WHERE run_id = :run_id AND name = :name AND taken_by IS NULL
+  AND (:timeout_at IS NULL OR sent_at < :timeout_at)
+ORDER BY seq LIMIT 1;
+
+-- name: await_message_take
+-- The wait step takes the message: it is its result from now on, never another step's.
+UPDATE safepoint_messages SET taken_by = :step_id, taken_at = :now
+WHERE seq = :seq AND taken_by IS NULL;
+
+-- name: await_message_started
+-- A wait with a timeout waits for the first time: its timeout instant is recorded, as the
+-- wait step's attempt (retry_at), so that no restart shortens or restarts it.
+INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
+                                retry_at, fence, recorded_at)
+VALUES (:run_id, :step_id, 1, 'wait', :name, :input_hash, :error, :retry_at, :fence, :now);
+
+-- name: await_timer_step
+-- A sleep recorded already: its result holds when it is due.
+SELECT result FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
+
+-- name: wait_step
+-- Record a wait step: the message it received, its timeout (failed), or a sleep's due instant.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, fence, recorded_at)
+VALUES (:run_id, :step_id, :seq, 'wait', :name, :input_hash, :status, :result, :result_ref,
+        :error, :fence, :now);
+
+-- name: wait_until_woken
+-- The run waits, released, for a message or its timer (waiting_for); due at wake_at, when
+-- workers take it (NULL: only a message wakes it).
+UPDATE safepoint_runs
+SET status = 'waiting', owner = NULL, lease_expires_at = NULL, waiting_for = :waiting_for,
+    wake_at = :wake_at, state_revision = state_revision + 1, event_count = event_count + 1,
+    updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running';
+
+-- name: wait_for_work_due
+-- When the next waiting run falls due (a worker waiting for work wakes then at the latest).
+SELECT MIN(wake_at) AS wake_at FROM safepoint_runs
+WHERE status = 'waiting' AND wake_at > :now;

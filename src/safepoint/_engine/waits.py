@@ -1,0 +1,99 @@
+"""Waits for the outside world: the flows of ``run.wait_for`` and ``run.sleep`` (the verb that
+delivers a message, ``send``, is ``messages``').
+
+A wait step replays like any step: recorded, it returns the payload it received (or raises its
+recorded ``WaitTimedOut``) without asking anything. Not recorded yet, it asks the store's gate
+(``Store.await_message``), which in one transaction either records the step with the oldest
+message of its name not yet taken — or makes the run ``waiting``, released, and this run object
+halts with ``AwaitingMessage``: the caller of ``start`` / ``resume`` gets it, and whoever sends
+the message makes the run runnable again. A sleep (``Store.await_timer``) records its due
+instant at its first run, so a restart neither shortens nor restarts it; replaying a sleep that
+is due writes nothing. The decisions are ``_rules.waits``'.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .._rules.canonical import input_hash
+from .._rules.waits import (
+    SLEEP_INPUTS,
+    SLEEP_STEP,
+    as_ms,
+    message_name,
+    received,
+    sleep_until,
+    wait_inputs,
+    wait_step_name,
+    waiting_error,
+)
+from ..errors import UsageError
+from ..storage.base import Store
+from ..types import StepKind, StepRecord, WaitGate
+from .core import RunCore
+from .crashpoints import crashpoint
+from .flow import Flow, io
+
+
+def wait_flow(
+    core: RunCore, step_id: str | None, name: str, timeout: timedelta | float | None, prefix: str
+) -> Flow[Any]:
+    """``run.wait_for(name, timeout=…)``: the payload of the message received, recorded."""
+    core.check_halt()
+    name = message_name(name)
+    timeout_ms = as_ms(timeout, "timeout")
+    sid = core.occurrence(name if step_id is None else step_id, prefix)
+    step_name, hashed = wait_step_name(name), input_hash(wait_inputs(name))
+    recorded = yield from core.replay_lookup(sid, StepKind.WAIT, step_name, hashed)
+    if recorded is not None:
+        return received(core.run.run_id, recorded, name)
+    if core.cancelling:
+        raise core.cancelled()  # waiting is new work
+    base = StepRecord(core.run.run_id, sid, StepKind.WAIT, step_name, hashed, None, seq=core.next_seq(sid))
+    crashpoint("step.before_record", sid)
+    gate = yield from _gate(core, io(Store.await_message, core.claim, base, name, timeout_ms), sid)
+    assert gate.step is not None  # a gate that does not make the run wait records the step
+    crashpoint("step.after_record", sid)
+    return received(core.run.run_id, gate.step, name)
+
+
+def sleep_flow(core: RunCore, step_id: str | None, duration: timedelta | float, prefix: str) -> Flow[None]:
+    """``run.sleep(duration)``: returns once the due instant recorded at its first run passed."""
+    core.check_halt()
+    duration_ms = as_ms(duration, "duration")
+    if duration_ms is None:
+        raise UsageError("run.sleep needs a duration: a timedelta, or a number of seconds")
+    sid = core.occurrence(SLEEP_STEP if step_id is None else step_id, prefix)
+    hashed = input_hash(SLEEP_INPUTS)
+    recorded = yield from core.replay_lookup(sid, StepKind.WAIT, SLEEP_STEP, hashed)
+    if recorded is not None:
+        if (yield from io(Store.now)) >= sleep_until(recorded.result):
+            return  # due: nothing to write
+        yield from _gate(core, io(Store.await_timer, core.claim, recorded, duration_ms), sid)
+        return  # due after all, on the store's own reading of its clock
+    if core.cancelling:
+        raise core.cancelled()  # a sleep not started yet is new work
+    base = StepRecord(core.run.run_id, sid, StepKind.WAIT, SLEEP_STEP, hashed, None, seq=core.next_seq(sid))
+    crashpoint("step.before_record", sid)
+    yield from _gate(core, io(Store.await_timer, core.claim, base, duration_ms), sid)
+    crashpoint("step.after_record", sid)
+
+
+def _gate(core: RunCore, request: Flow[WaitGate], sid: str) -> Flow[WaitGate]:
+    """Ask a wait's gate, which may release the run: no fan-out branch starts a dispatch
+    meanwhile (``release_turn``). A run made to wait halts this run object with the error its
+    caller gets."""
+    yield from core.release_turn()
+    try:
+        core.check_halt()  # a sibling branch stopped the run meanwhile: nothing new
+        gate = yield from core.write(request)
+        if gate.step is not None:
+            core.steps[sid] = gate.step
+        if gate.waiting_for is not None:
+            error = waiting_error(core.run.run_id, gate.waiting_for)
+            core.halted = error  # the run is released: this run object does no more
+            raise error
+    finally:
+        core.end_turn()
+    return gate

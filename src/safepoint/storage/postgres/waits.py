@@ -1,0 +1,175 @@
+"""The PostgreSQL store's waits: messages sent to a run, and the gates of its wait and sleep
+steps. A send and a gate each take the run's row lock first, in a statement of its own, and
+look at messages and the run's status only in later statements (READ COMMITTED: each statement
+reads its own snapshot), so whichever commits second sees the first (the decisions are in
+``safepoint._rules.waits``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..._rules.canonical import dumps
+from ..._rules.waits import (
+    GatePlan,
+    check_message,
+    plan_sleep,
+    plan_wait,
+    redelivered,
+    refused_send,
+    sent_detail,
+    timeout_instant,
+    wake_at,
+    wakes,
+)
+from ...errors import HistoryWarning
+from ...types import JSON, Claim, MessageRecord, StepRecord, WaitGate
+from .._rows import stored_json
+from ..plans import Plan
+from .connection import QUERIES as _q
+from .connection import PostgresBase
+
+
+class PostgresWaits(PostgresBase):
+    """The PostgreSQL store's messages, and the gates of wait and sleep steps."""
+
+    def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None, by: str | None
+    ) -> Plan[MessageRecord]:
+        check_message(run_id, name, payload, message_id, by)
+        # The row lock first, in a statement of its own: a gate holding it has committed (its
+        # run waits, or took what was there) by the time the statements below read.
+        run = yield from self.locked_run(run_id)
+        if message_id is not None:
+            kept = yield _q("send_message_existing", run_id=run_id, message_id=message_id)
+            if kept:
+                return redelivered((yield from self.message(kept[0])), name, payload)
+        refused = refused_send(run_id, name, run.status)
+        if refused is not None:
+            raise refused
+        text, ref = yield from self._put_value(payload)
+        rows = yield _q(
+            "send_message",
+            run_id=run_id,
+            name=name,
+            message_id=message_id,
+            payload=text,
+            payload_ref=ref,
+            sent_by=by,
+        )
+        message = yield from self.message(rows[0])
+        woke = wakes(run.status, run.waiting_for, name)
+        yield _q(
+            "send_message_wake", run_id=run_id, wake=woke, by=by, detail=dumps(sent_detail(message, woke))
+        )
+        if woke:  # claimable again: wake a waiting worker
+            yield _q("notify_work", workflow=run.workflow)
+        return message
+
+    def await_message(
+        self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None
+    ) -> Plan[tuple[WaitGate, HistoryWarning | None]]:
+        owned = yield from self._fenced(claim, "wait_fence")  # the row lock, before any look
+        now = int(owned["now"])
+        started = yield _q(
+            "await_message_timeout", run_id=claim.run_id, step_id=step.step_id, input_hash=step.input_hash
+        )
+        timeout_at = timeout_instant(started[0]["retry_at"] if started else None, now, timeout_ms)
+        rows = yield _q("await_message_oldest", run_id=claim.run_id, name=name, timeout_at=timeout_at)
+        oldest = (yield from self.message(rows[0])) if rows else None
+        plan = plan_wait(step, claim.fence, name, now, timeout_at, first=not started, oldest=oldest)
+        stored = (rows[0]["payload"], rows[0]["payload_ref"]) if rows else (None, None)
+        due = yield from self._carry_out(claim, plan, now, stored)
+        return plan.gate, due
+
+    def await_timer(
+        self, claim: Claim, step: StepRecord, duration_ms: int
+    ) -> Plan[tuple[WaitGate, HistoryWarning | None]]:
+        owned = yield from self._fenced(claim, "wait_fence")
+        now = int(owned["now"])
+        found = yield _q("await_timer_step", run_id=claim.run_id, step_id=step.step_id)
+        key = f"{claim.run_id}/{step.step_id}"
+        recorded = stored_json(found[0]["result"], "safepoint_steps", key) if found else None
+        plan = plan_sleep(step, claim.fence, now, recorded, duration_ms)
+        assert plan.gate.step is not None
+        due = yield from self._carry_out(claim, plan, now, (dumps(plan.gate.step.result), None))
+        return plan.gate, due
+
+    def _carry_out(
+        self, claim: Claim, plan: GatePlan, now: int, stored: tuple[str | None, str | None]
+    ) -> Plan[HistoryWarning | None]:
+        """Write what a gate decided (``stored``: the recorded step's result as text or
+        artifact reference), under the row lock ``wait_fence`` took; the history it adds is
+        counted, with the soft limit's warning when it falls due."""
+        gate, due = plan.gate, None
+        if gate.message is not None:
+            yield _q("await_message_take", seq=gate.message.seq, step_id=gate.message.taken_by, now=now)
+        if plan.record and gate.step is not None:
+            yield from self._wait_step(gate.step, *stored)
+            if plan.event is not None:
+                kind, detail = plan.event
+                yield _q(
+                    "wait_event",
+                    run_id=claim.run_id,
+                    now=now,
+                    kind=kind,
+                    step_id=gate.step.step_id,
+                    fence=claim.fence,
+                    worker=claim.owner,
+                    detail=dumps(detail),
+                )
+            events = int(plan.event is not None)
+            counted = yield _q("wait_count", run_id=claim.run_id, fence=claim.fence, events=events, steps=1)
+            due = yield from self._history_warning(claim, counted[0])
+        if plan.started is not None:
+            started = plan.started
+            yield _q(
+                "await_message_started",
+                run_id=started.run_id,
+                step_id=started.step_id,
+                name=started.name,
+                input_hash=started.input_hash,
+                error=dumps(started.error),
+                retry_at=started.retry_at,
+                fence=started.fence,
+                now=started.recorded_at,
+            )
+        if gate.waiting_for is not None:
+            yield from self._wait_until_woken(claim, gate.waiting_for)
+        return due
+
+    @staticmethod
+    def _wait_step(step: StepRecord, result: str | None, ref: str | None) -> Plan[None]:
+        yield _q(
+            "wait_step",
+            run_id=step.run_id,
+            step_id=step.step_id,
+            seq=step.seq,
+            name=step.name,
+            input_hash=step.input_hash,
+            status=step.status.value,
+            result=result,
+            result_ref=ref,
+            error=None if step.error is None else dumps(step.error),
+            fence=step.fence,
+            now=step.recorded_at,
+        )
+
+    def _wait_until_woken(self, claim: Claim, waiting: dict[str, Any]) -> Plan[None]:
+        due = wake_at(waiting)
+        row = yield from self._fenced(
+            claim,
+            "wait_until_woken",
+            new_work=False,
+            waiting_for=dumps(waiting),
+            wake_at=due,
+            step_id=str(waiting["step_id"]),
+        )
+        if due is not None:  # idle workers wait no longer than until it is due: tell them
+            yield _q("notify_work", workflow=row["workflow"])
+
+    @staticmethod
+    def wait_for_work_due() -> Plan[float | None]:
+        """Seconds until the next waiting run falls due (None: none is due at a time)."""
+        rows = yield _q("wait_for_work_due")
+        due = rows[0]["due_ms"] if rows else None
+        return None if due is None else int(due) / 1000

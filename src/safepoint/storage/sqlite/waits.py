@@ -1,0 +1,217 @@
+"""The SQLite store's waits: messages sent to a run, and the gates of its wait and sleep steps —
+each one ``BEGIN IMMEDIATE`` transaction, so a send and a worker about to wait are serialised
+(the decisions are in ``safepoint._rules.waits``)."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from ..._rules.canonical import dumps
+from ..._rules.history import warn
+from ..._rules.waits import (
+    GatePlan,
+    check_message,
+    plan_sleep,
+    plan_wait,
+    redelivered,
+    refused_send,
+    sent_detail,
+    timeout_instant,
+    wake_at,
+    wakes,
+)
+from ...errors import HistoryWarning
+from ...types import JSON, AttemptRecord, Claim, MessageRecord, StepRecord, WaitGate
+from .._rows import stored_json
+from .connection import SQL
+from .runs import SqliteRuns
+
+
+class SqliteWaits(SqliteRuns):
+    """Messages, and the gates of wait and sleep steps."""
+
+    def messages(self, run_id: str) -> list[MessageRecord]:
+        return self._reading(self._reads.messages(run_id))
+
+    def send_message(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
+    ) -> MessageRecord:
+        check_message(run_id, name, payload, message_id, by)
+        now = self.now()
+        with self._write() as conn:  # BEGIN IMMEDIATE: serialised with await_message
+            run = self._within(conn, self._reads.locked_run(run_id))
+            if message_id is not None:
+                kept = conn.execute(
+                    SQL["send_message_existing"], {"run_id": run_id, "message_id": message_id}
+                ).fetchone()
+                if kept is not None:
+                    return redelivered(self._message(conn, kept), name, payload)
+            refused = refused_send(run_id, name, run.status)
+            if refused is not None:
+                raise refused
+            text, ref = self._put_value(conn, payload, now)
+            row = conn.execute(
+                SQL["send_message"],
+                {
+                    "run_id": run_id,
+                    "name": name,
+                    "message_id": message_id,
+                    "payload": text,
+                    "payload_ref": ref,
+                    "sent_by": by,
+                    "now": now,
+                },
+            ).fetchone()
+            message = self._message(conn, row)
+            woke = wakes(run.status, run.waiting_for, name)
+            conn.execute(SQL["send_message_wake"], {"run_id": run_id, "wake": woke, "now": now})
+            self._event(conn, run_id, now, "message.sent", worker=by, detail=sent_detail(message, woke))
+        return message
+
+    def _message(self, conn: sqlite3.Connection, row: sqlite3.Row) -> MessageRecord:
+        return self._within(conn, self._reads.message(row))
+
+    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
+        now = self.now()
+        keys = {"run_id": claim.run_id, "step_id": step.step_id}
+        with self._write() as conn:  # BEGIN IMMEDIATE: serialised with send_message
+            # Reads first: the whole ledger is this transaction's, so the fence checked below
+            # (which counts what the write adds) cannot be overtaken by anyone.
+            started = conn.execute(
+                SQL["await_message_timeout"], {**keys, "input_hash": step.input_hash}
+            ).fetchone()
+            timeout_at = timeout_instant(started["retry_at"] if started else None, now, timeout_ms)
+            row = conn.execute(
+                SQL["await_message_oldest"], {"run_id": claim.run_id, "name": name, "timeout_at": timeout_at}
+            ).fetchone()
+            oldest = None if row is None else self._message(conn, row)
+            plan = plan_wait(step, claim.fence, name, now, timeout_at, first=started is None, oldest=oldest)
+            stored = (None, None) if row is None else (row["payload"], row["payload_ref"])
+            due = self._carry_out(conn, claim, plan, now, stored)
+        warn(due)
+        return plan.gate
+
+    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
+        now = self.now()
+        with self._write() as conn:
+            found = conn.execute(
+                SQL["await_timer_step"], {"run_id": claim.run_id, "step_id": step.step_id}
+            ).fetchone()
+            key = f"{claim.run_id}/{step.step_id}"
+            recorded = None if found is None else stored_json(found["result"], "safepoint_steps", key)
+            plan = plan_sleep(step, claim.fence, now, recorded, duration_ms)
+            assert plan.gate.step is not None
+            due = self._carry_out(conn, claim, plan, now, (dumps(plan.gate.step.result), None))
+        warn(due)
+        return plan.gate
+
+    def _carry_out(
+        self,
+        conn: sqlite3.Connection,
+        claim: Claim,
+        plan: GatePlan,
+        now: int,
+        stored: tuple[str | None, str | None],
+    ) -> HistoryWarning | None:
+        """Write what a gate decided (``stored``: the recorded step's result as text or
+        artifact reference), after the fence, which counts it."""
+        gate, step = plan.gate, plan.gate.step
+        new = step if plan.record else None
+        due = self._fence_check(conn, claim, now, events=int(plan.event is not None), step=new, new_work=True)
+        if gate.message is not None:
+            conn.execute(
+                SQL["await_message_take"],
+                {"seq": gate.message.seq, "step_id": gate.message.taken_by, "now": now},
+            )
+        if new is not None:
+            self._wait_step(conn, new, *stored)
+        if new is not None and plan.event is not None:
+            kind, detail = plan.event
+            self._event(
+                conn,
+                claim.run_id,
+                now,
+                kind,
+                step_id=new.step_id,
+                fence=claim.fence,
+                worker=claim.owner,
+                detail=detail,
+            )
+        if plan.started is not None:
+            self._record_start(conn, plan.started)
+        if gate.waiting_for is not None:
+            self._wait_until_woken(conn, claim, gate.waiting_for, now)
+        return due
+
+    @staticmethod
+    def _record_start(conn: sqlite3.Connection, started: AttemptRecord) -> None:
+        conn.execute(
+            SQL["await_message_started"],
+            {
+                "run_id": started.run_id,
+                "step_id": started.step_id,
+                "name": started.name,
+                "input_hash": started.input_hash,
+                "error": dumps(started.error),
+                "retry_at": started.retry_at,
+                "fence": started.fence,
+                "now": started.recorded_at,
+            },
+        )
+
+    @staticmethod
+    def _wait_step(conn: sqlite3.Connection, step: StepRecord, result: str | None, ref: str | None) -> None:
+        conn.execute(
+            SQL["wait_step"],
+            {
+                "run_id": step.run_id,
+                "step_id": step.step_id,
+                "seq": step.seq,
+                "name": step.name,
+                "input_hash": step.input_hash,
+                "status": step.status.value,
+                "result": result,
+                "result_ref": ref,
+                "error": None if step.error is None else dumps(step.error),
+                "fence": step.fence,
+                "now": step.recorded_at,
+            },
+        )
+
+    def _wait_until_woken(
+        self, conn: sqlite3.Connection, claim: Claim, waiting: dict[str, Any], now: int
+    ) -> None:
+        conn.execute(
+            SQL["wait_until_woken"],
+            {
+                "run_id": claim.run_id,
+                "fence": claim.fence,
+                "waiting_for": dumps(waiting),
+                "wake_at": wake_at(waiting),
+                "now": now,
+            },
+        )
+        self._event(
+            conn,
+            claim.run_id,
+            now,
+            "run.waiting",
+            step_id=str(waiting["step_id"]),
+            fence=claim.fence,
+            worker=claim.owner,
+            detail=waiting,
+        )
+
+    def wait_for_work(self, timeout: float) -> None:
+        """``SqliteRuns.wait_for_work`` — a commit anywhere wakes it — for no longer than until
+        the next waiting run falls due (its sleep ends, its wait times out), which no commit
+        announces."""
+        now = self.now()
+        try:
+            row = self._conn().execute(SQL["wait_for_work_due"], {"now": now}).fetchone()
+        except sqlite3.Error:  # never raises: the caller's next claim reports a broken store
+            row = None
+        if row is not None and row["wake_at"] is not None:
+            timeout = max(0.0, min(timeout, (int(row["wake_at"]) - now) / 1000))
+        super().wait_for_work(timeout)
