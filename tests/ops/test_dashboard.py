@@ -819,3 +819,40 @@ def test_a_busy_port_is_a_clear_error_not_a_traceback(file_store: sp.Store, tmp_
         assert "Traceback" not in result.output
         assert not isinstance(result.exception, OSError)
         assert _get(first, "/")[0] == 200  # the first one still serves
+
+
+def test_the_board_sends_a_waiting_run_its_message_with_the_token(
+    board: Dashboard, file_store: sp.Store
+) -> None:
+    @sp.workflow("board-waits-answer")
+    def answer(run: sp.Run) -> Any:
+        return {"said": run.wait_for("manager.answer", timeout=3600)}
+
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(file_store, answer, run_id="w")
+    assert "message &#x27;manager.answer&#x27;" in _get(board, "/")[1]
+    page = _get(board, "/runs/w")[1]
+    assert "waiting for a message" in page
+    assert "action='/runs/w/send'" in page
+    assert TOKEN not in page
+    form = {"name": "manager.answer", "payload": '{"ok": 1}', "by": "ana"}
+    assert _post(board, "/runs/w/send", form)[0] == 403  # no token: nothing is sent
+    assert _post(board, "/runs/w/send", {**form, "token": "wrong-token-wrong-token"})[0] == 403
+    assert file_store.messages("w") == []
+    status, body = _post(board, "/runs/w/send", {**form, "payload": "{nope", "token": TOKEN})
+    assert status == 400
+    assert "not JSON" in json.loads(body)["error"]
+    credential = '{"k": "sk_live_a1B2c3D4e5F6g7H8i9J0k1L2"}'
+    status, body = _post(board, "/runs/w/send", {**form, "payload": credential, "token": TOKEN})
+    assert status == 409  # refused by the verb, as a UsageError is
+    assert "looks like a credential" in json.loads(body)["error"]
+    assert file_store.messages("w") == []
+    status, body = _post(board, "/runs/w/send", {**form, "token": TOKEN})
+    assert status == 200, body
+    assert json.loads(body)["status"] == "pending"
+    [message] = file_store.messages("w")
+    assert (message.payload, message.sent_by) == ({"ok": 1}, "ana")
+    assert sp.resume(file_store, "w") == {"said": {"ok": 1}}
+    page = _get(board, "/runs/w")[1]
+    assert "<h2>messages</h2>" in page
+    assert "waiting for a message" not in page

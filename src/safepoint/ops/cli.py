@@ -23,7 +23,7 @@ import click
 from .. import __version__
 from .._engine.verbs import resume as resume_run
 from .._engine.worker import Worker
-from ..errors import AwaitingApproval, RunBlocked
+from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, UnreadableRun
 from . import carry_commands, operator_commands
 from .cli_support import (
@@ -49,6 +49,7 @@ from .render import (
     run_document,
     runs_table,
     shown,
+    waiting_summary,
 )
 
 
@@ -88,8 +89,9 @@ def runs(ctx: click.Context, status: str | None, limit: int) -> None:
     """List runs, most recently changed first.
 
     Columns: run id, workflow@version, status, owner, resume count, fence, when it last
-    changed, and for a blocked run the phase of its recovery record (for a waiting run: the
-    step whose approval it waits for; for a continued run: its successor). A running run whose
+    changed, and for a blocked run the phase of its recovery record (for a waiting run: what
+    it waits for — the step whose approval, the message, the end of its sleep; for a continued
+    run: its successor). A running run whose
     worker's lease expired says "lease expired" (any worker takes it over); one that nobody
     holds — released after a resolution — says "released".
     """
@@ -118,7 +120,9 @@ def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
     Steps are listed in the order they were recorded; effect steps carry their operation id,
     effect state and effect key (the idempotency key to look up at the effect's owner).
     A blocked run shows its recovery record's reason and next actions first; a running one,
-    who holds it and until when.
+    who holds it and until when; a waiting one, what it waits for (the payload to approve, the
+    message and its timeout, the end of its sleep). The messages sent to the run are listed,
+    each with the wait step that took it.
     """
     store = open_cli_store(ctx)
     if as_document:
@@ -142,8 +146,8 @@ def record(ctx: click.Context, run_id: str) -> None:
     if isinstance(run, RunRecord) and run.status is RunStatus.WAITING:
         fail(
             ctx,
-            f"run {run_id!r} is not blocked: it waits for approval of step"
-            f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`",
+            f"run {run_id!r} is not blocked: it waits for"
+            f" {waiting_summary(run.waiting_for, now_ms(ctx))}; see `safepoint show {run_id}`",
         )
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         status = run.status.value if run.status else "unreadable"
@@ -171,8 +175,8 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     """Resume a run from its ledger; print its result as JSON.
 
     Exit code 0 when the run completed, 3 when it is blocked and needs a person
-    (see `safepoint record RUN`), 4 when it waits for a person's approval of an effect
-    (see `safepoint show RUN`), 1 on any other error.
+    (see `safepoint record RUN`), 4 when it waits — for a person's approval of an effect, a
+    message (`safepoint send`) or its timer (see `safepoint show RUN`) — 1 on any other error.
     """
     import_modules(modules)
     store = open_cli_store(ctx)
@@ -182,7 +186,7 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
         click.echo(shown(f"run {run_id!r} is blocked: {error_text(exc, now_ms(ctx))}"), err=True)
         click.echo(shown(f"see `safepoint record {run_id}`"), err=True)
         ctx.exit(EXIT_BLOCKED)
-    except AwaitingApproval as exc:
+    except RunWaiting as exc:
         click.echo(error_text(exc, now_ms(ctx)), err=True)
         ctx.exit(EXIT_WAITING)
     click.echo(as_json(result))

@@ -5,11 +5,12 @@
 - ``/`` — the runs, newest first, with what a blocked run needs, what a waiting run waits for
   and who holds a running one (or that its worker is gone);
 - ``/runs/RUN`` — one run: its recovery record with the next actions, the payload a waiting run
-  asks a person to approve, its steps and its events;
+  asks a person to approve (or the message it waits for), its messages, its steps and its
+  events;
 - ``/api/runs`` and ``/api/runs/RUN`` — the same as JSON, for holders of the token;
 - forms that cancel a run, resolve a blocked one (applied / not applied / abandon, checked
-  against the record's revision), approve a waiting effect and revoke an approval while its
-  effect's outcome is open.
+  against the record's revision), approve a waiting effect, revoke an approval while its
+  effect's outcome is open, and send a run waiting for a message that message.
 
 Who is asking is checked before anything else:
 
@@ -286,6 +287,7 @@ class _Handler(BaseHTTPRequestHandler):
                             "run": run_json(ledger.run, store.now()),
                             "steps": [plain(step) for step in ordered_steps(ledger)],
                             "operations": [plain(op) for op in ledger.operations.values()],
+                            "messages": [plain(m) for m in store.messages(ledger.run.run_id)],
                             "events": [plain(event) for event in store.events(ledger.run.run_id)],
                         },
                     )

@@ -2,7 +2,7 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``), so a decision made in the browser is checked and recorded
+``approve``, ``revoke_approval``, ``send``), so a decision made in the browser is checked and recorded
 as one made anywhere else. A new action is a function here and an entry in ``ACTIONS``; the
 dashboard's request handling (admission, the token, the answer) does not change.
 """
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from http import HTTPStatus
 
+from .._engine.messages import send
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.verbs import cancel
 from ..storage.base import Store
@@ -67,6 +68,21 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
     revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
 
 
+def _send(store: Store, run_id: str, form: dict[str, str]) -> None:
+    try:
+        payload = json.loads(form["payload"])
+    except ValueError as exc:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"the message is not JSON: {exc}") from None
+    send(
+        store,
+        run_id,
+        form["name"],
+        payload,
+        message_id=form.get("message_id") or None,
+        by=form.get("by") or None,
+    )
+
+
 Action = Callable[[Store, str, dict[str, str]], None]
 """An action: given the store, the run id and the fields of its form."""
 
@@ -76,4 +92,5 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
     "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+    "send": (_send, frozenset({"name", "payload", "message_id", "by"})),
 }

@@ -19,9 +19,19 @@ from urllib.parse import quote
 
 from .._rules.approvals import revocable
 from .._rules.presence import ownership, status_label
+from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
 from ..storage.base import Store
-from ..types import ApprovalRecord, EventRecord, Ledger, RunRecord, RunStatus, StepRecord, UnreadableRun
+from ..types import (
+    ApprovalRecord,
+    EventRecord,
+    Ledger,
+    MessageRecord,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    UnreadableRun,
+)
 
 
 def _e(value: object) -> str:
@@ -79,10 +89,22 @@ def _needs(run: RunRecord) -> str:
     if run.status is RunStatus.BLOCKED:
         return _e((run.recovery_record or {}).get("phase", ""))
     if run.status is RunStatus.WAITING:
-        return f"approval of {_e((run.waiting_for or {}).get('step_id'))}"
+        return _e(waits_for(run.waiting_for))
     if run.successor_run_id:
         return f"→ <a href='{_e(run_path(run.successor_run_id))}'>{_e(run.successor_run_id)}</a>"
     return ""
+
+
+def waits_for(waiting_for: dict[str, Any] | None) -> str:
+    """What a waiting run waits for, in a few words (times in UTC)."""
+    waiting = waiting_for or {}
+    kind = waiting_kind(waiting)
+    if kind == MESSAGE:
+        timeout = waiting.get("timeout_at")
+        return f"message {waiting.get('name')!r}" + (f" (times out {_when(timeout)})" if timeout else "")
+    if kind == SLEEP:
+        return f"sleep until {_when(waiting.get('until'))}"
+    return f"approval of {waiting.get('step_id')}"
 
 
 def _unreadable_row(run: UnreadableRun) -> str:
@@ -154,9 +176,23 @@ def _blocked(view: RunView) -> str:
 
 def _waiting(view: RunView) -> str:
     run = view.run
-    if run.status is RunStatus.WAITING and run.waiting_for:
-        return _waiting_section(view.store, view.path, run.waiting_for)
-    return ""
+    if run.status is not RunStatus.WAITING or not run.waiting_for:
+        return ""
+    kind = waiting_kind(run.waiting_for)
+    if kind == MESSAGE:
+        return _message_section(view.path, run.waiting_for)
+    if kind == SLEEP:
+        return (
+            f"<section><h2 class=waiting>sleeping</h2><p>step {_e(run.waiting_for.get('step_id'))}"
+            f" sleeps until {_when(run.waiting_for.get('until'))} UTC: a worker carries the run on"
+            " then</p></section>"
+        )
+    return _waiting_section(view.store, view.path, run.waiting_for)
+
+
+def _messages(view: RunView) -> str:
+    sent = view.store.messages(view.run.run_id)
+    return _messages_section(sent) if sent else ""
 
 
 def _approvals(view: RunView) -> str:
@@ -180,7 +216,7 @@ def _cancel_form(view: RunView) -> str:
 # status is not the section's. A new form for a run's status (a stopped run's "raise limits",
 # say) is a Section function added to this tuple, with its action in dashboard_actions.ACTIONS:
 # run_page itself does not change.
-STATUS_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _approvals, _cancel_form)
+STATUS_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _approvals, _messages, _cancel_form)
 
 
 def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
@@ -306,6 +342,38 @@ def _waiting_section(store: Store, rid: str, waiting: dict[str, Any]) -> str:
         "<input name=expires_minutes placeholder='expires in minutes' size=16>"
         f"<input name=evidence placeholder='why'>{_token()}"
         "<button>approve this payload</button></form></section>"
+    )
+
+
+def _message_section(rid: str, waiting: dict[str, Any]) -> str:
+    """A run waiting for a message: which, until when, and the form that sends it."""
+    name = waiting.get("name")
+    timeout = waiting.get("timeout_at")
+    until = f"; it times out {_when(timeout)} UTC" if timeout else ""
+    return (
+        f"<section><h2 class=waiting>waiting for a message</h2><p>step"
+        f" {_e(waiting.get('step_id'))} waits for message <b>{_e(name)}</b> since"
+        f" {_when(waiting.get('since'))} UTC{until}</p>"
+        f"<form method=post action='{rid}/send'>"
+        f"<input type=hidden name=name value='{_e(name)}'>"
+        "<textarea name=payload placeholder='the message: JSON' rows=3 cols=50 required></textarea>"
+        f"<input name=message_id placeholder='message id (optional)'>{_who()}{_token()}"
+        f"<button>send {_e(name)}</button></form></section>"
+    )
+
+
+def _messages_section(sent: list[MessageRecord]) -> str:
+    """Every message sent to the run, and the wait step that took each one."""
+    rows = "".join(
+        f"<tr><td>{m.seq}</td><td>{_e(m.name)}</td><td>{_e(m.sent_by or '')}</td>"
+        f"<td>{_when(m.sent_at)}</td><td>{_e(m.message_id or '')}</td>"
+        f"<td>{_e(m.taken_by or 'not taken yet')}</td><td><code>{_e(_short(m.payload))}</code></td></tr>"
+        for m in sent
+    )
+    return (
+        f"<section><h2>messages</h2><table><tr><th>#</th><th>name</th><th>sent by</th>"
+        f"<th>at (UTC)</th><th>message id</th><th>taken by</th><th>payload</th></tr>{rows}"
+        "</table></section>"
     )
 
 

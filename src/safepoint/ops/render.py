@@ -27,6 +27,7 @@ from rich.text import Text
 from .._rules.approvals import revocable
 from .._rules.moments import instant, relative, when
 from .._rules.presence import HELD, LEASE_EXPIRED, RELEASED, Ownership, ownership
+from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
 from ..storage.base import Store
 from ..types import (
@@ -34,6 +35,7 @@ from ..types import (
     EffectState,
     EventRecord,
     Ledger,
+    MessageRecord,
     RunRecord,
     RunStatus,
     StepKind,
@@ -278,7 +280,7 @@ def runs_table(found: Iterable[RunRecord | UnreadableRun], now: int) -> Table:
         if run.status is RunStatus.BLOCKED:
             phase = text((run.recovery_record or {}).get("phase", ""), "red")
         elif run.status is RunStatus.WAITING:
-            phase = text(f"approval of {(run.waiting_for or {}).get('step_id')}", "magenta")
+            phase = text(waiting_summary(run.waiting_for, now), "magenta")
         elif run.successor_run_id:
             phase = text(f"→ {run.successor_run_id}")
         _row(
@@ -363,6 +365,12 @@ def _retry_rows(table: Table, ledger: Ledger, now: int) -> None:
     """A step waiting to be tried again has no step row yet: show its last failed attempt."""
     for step_id, tried in sorted(ledger.attempts.items()):
         last, step = tried[-1], ledger.steps.get(step_id)
+        if last.kind is StepKind.WAIT:  # not a failure: the instant a wait times out at
+            if step is None:
+                when_out = when(last.retry_at, now)
+                waits = text(f"⧗ waiting; times out {when_out}", "magenta")
+                _row(table, "…", last.kind.value, step_id, waits, "", "", "")
+            continue
         if step is not None and step.attempt > last.attempt:
             continue  # it was recorded after this attempt: its row above says how it ended
         error = last.error
@@ -516,10 +524,27 @@ def _filled_in(action: str, run_id: str, record: dict[str, Any]) -> str:
     return action if revision is None else action.replace("<state_revision>", str(revision))
 
 
-def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
-    """What a waiting run waits for: the exact payload a person is asked to approve, its
-    digest, and the command that approves it."""
+def waiting_summary(waiting_for: dict[str, Any] | None, now: int) -> str:
+    """What a waiting run waits for, in a few words: an approval of a step, a message (and
+    when it stops waiting for it), or the end of a sleep."""
+    waiting = waiting_for or {}
+    kind = waiting_kind(waiting)
+    if kind == MESSAGE:
+        timeout = waiting.get("timeout_at")
+        until = "" if timeout is None else f", times out {when(int(timeout), now)}"
+        return f"message {waiting.get('name')!r}{until}"
+    if kind == SLEEP:
+        return f"sleep until {when(int(waiting.get('until') or 0), now)}"
+    return f"approval of {waiting.get('step_id')}"
+
+
+def _print_waiting(console: Console, store: Store, run: RunRecord, now: int) -> None:
+    """What a waiting run waits for: a message (and how to send it), its timer, or the exact
+    payload a person is asked to approve, its digest, and the command that approves it."""
     waiting = run.waiting_for or {}
+    if waiting_kind(waiting) in (MESSAGE, SLEEP):
+        _print_waiting_outside(console, run, waiting, now)
+        return
     console.rule(Text("waiting for approval", style="bold magenta"), align="left")
     say(console, text(waiting.get("reason", ""), "bold"))
     step = str(waiting.get("step_id"))
@@ -544,6 +569,58 @@ def _print_waiting(console: Console, store: Store, run: RunRecord) -> None:
         console,
         f"  then a worker carries it on, or: safepoint resume {shlex.quote(run.run_id)} --import <module>",
     )
+
+
+def _print_waiting_outside(console: Console, run: RunRecord, waiting: dict[str, Any], now: int) -> None:
+    """A run waiting for a message (and how to send it), or sleeping (until when)."""
+    rid, step = shlex.quote(run.run_id), str(waiting.get("step_id"))
+    if waiting_kind(waiting) == SLEEP:
+        console.rule(Text("sleeping", style="bold magenta"), align="left")
+        say(console, f"step {step} sleeps until {when(int(waiting.get('until') or 0), now)}")
+        say(console, "a worker carries the run on once it is due (safepoint worker --import <module>)")
+        return
+    name = str(waiting.get("name"))
+    console.rule(Text("waiting for a message", style="bold magenta"), align="left")
+    since = waiting.get("since")
+    say(
+        console,
+        f"step {step} waits for message {name!r}" + ("" if since is None else f" since {when(since, now)}"),
+    )
+    timeout = waiting.get("timeout_at")
+    if timeout is not None:
+        say(console, f"it times out {when(int(timeout), now)}: a worker then carries the run on without it")
+    console.print(Text("send it:", style="bold"))
+    say(
+        console,
+        f"  safepoint send {rid} {shlex.quote(name)} --payload '<json>' [--message-id <id>] [--by <you>]",
+    )
+
+
+def message_line(message: MessageRecord, now: int) -> str:
+    """One message as `safepoint show` lists it: its name, who sent it when, whether a wait
+    took it, and its payload (shortened)."""
+    sender = f" by {message.sent_by}" if message.sent_by else ""
+    delivery = f" (message id {message.message_id})" if message.message_id else ""
+    taken = (
+        f"taken by step {message.taken_by} {when(message.taken_at or 0, now)}"
+        if message.taken_by
+        else "kept: no wait took it yet"
+    )
+    payload = as_json(message.payload, indent=None)
+    if len(payload) > _PREVIEW_WIDTH * 2:
+        payload = payload[: _PREVIEW_WIDTH * 2] + "…"
+    return f"#{message.seq} {message.name}{sender} {when(message.sent_at, now)}{delivery}: {taken}; {payload}"
+
+
+def _print_messages(console: Console, store: Store, run_id: str, now: int) -> None:
+    """Every message sent to the run, oldest first."""
+    sent = store.messages(run_id)
+    if not sent:
+        return
+    console.print()
+    console.rule("messages", align="left")
+    for message in sent:
+        say(console, f"  {message_line(message, now)}")
 
 
 def approval_line(approval: ApprovalRecord, now: int) -> str:
@@ -590,8 +667,9 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
         _print_blocked(console, ledger.run)
     if ledger.run.status is RunStatus.WAITING:
         console.print()
-        _print_waiting(console, store, ledger.run)
+        _print_waiting(console, store, ledger.run, now)
     _print_approvals(console, store, ledger, now)
+    _print_messages(console, store, run_id, now)
     console.print()
     console.rule("steps", align="left")
     print_table(console, timeline_table(ledger, now))
@@ -624,5 +702,6 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
             step_id: [asdict(a) for a in tried] for step_id, tried in sorted(ledger.attempts.items())
         },
         "approvals": [asdict(a) for a in store.approvals(run_id)],
+        "messages": [asdict(m) for m in store.messages(run_id)],
         "events": [asdict(e) for e in store.events(run_id)],
     }
