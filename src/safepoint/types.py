@@ -94,7 +94,7 @@ class RunStatus(StrEnum):
 
 class StepKind(StrEnum):
     """What a recorded step is, which decides how it replays: pure, read, model, decision, effect,
-    value."""
+    value, wait."""
 
     PURE = "pure"  # recomputable; recorded as an optimisation
     READ = "read"  # an observation; replayed until max_age says it expired

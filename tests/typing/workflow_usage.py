@@ -152,5 +152,30 @@ async def async_mistakes(run: sp.AsyncRun, text: str) -> None:
     del case, number
 
 
+@sp.workflow("typing.waits", version="v1")
+def waits(run: sp.Run) -> object:
+    answer = run.wait_for("manager.answer", timeout=timedelta(days=2))
+    run.sleep(30, step_id="pause")
+    run.wait_for("manager.answer", timeout="2d")  # type: ignore[arg-type]
+    return answer
+
+
+@sp.workflow("typing.waits-async", version="v1")
+async def waits_async(run: sp.AsyncRun) -> object:
+    try:
+        answer = await run.wait_for("manager.answer", timeout=60.0)
+    except sp.WaitTimedOut as timed_out:
+        at: int = timed_out.timeout_at
+        return at
+    await run.sleep(timedelta(hours=1))
+    return answer
+
+
+def sent(store: sp.Store) -> str | None:
+    message = sp.send(store, "refund-8472", "manager.answer", {"approved": True}, message_id="d-1", by="ana")
+    sp.send(store, "refund-8472", "manager.answer", {1, 2})  # type: ignore[arg-type]
+    return message.taken_by
+
+
 def carried_out(store: sp.Store) -> object:
     return sp.start(store, follow_up, "case-8472", run_id="case-8472-follow-up")
