@@ -326,3 +326,28 @@ def test_waits_on_the_async_store(pg_url: str, owner_env: OwnerService) -> None:
     assert slept == "woke"
     assert message.message_id == "m-1"
     assert _applied(owner_env) == (1, 0)
+
+
+def test_a_wait_inside_a_fan_out_makes_the_whole_run_wait(store: sp.Store, owner_env: OwnerService) -> None:
+    """One branch waits for a message while its sibling sends an effect: the run waits
+    (released) only once the sibling's dispatch in flight has its outcome recorded, and once
+    the message comes a resume finishes — the effect sent once."""
+    import wait_flows
+
+    @sp.workflow("waits-fan-out")
+    def fan(run: sp.Run) -> Any:
+        return run.parallel(
+            "gather",
+            {
+                "reply": lambda branch: branch.effect("refund", wait_flows.replies, payload={"n": 1})["id"],
+                "answer": lambda branch: branch.wait_for("answer"),
+            },
+        )
+
+    with pytest.raises(AwaitingMessage) as waits:
+        sp.start(store, fan, run_id="r")
+    assert waits.value.step_id == "gather.answer/answer"
+    assert store.get_run("r").status is RunStatus.WAITING
+    sp.send(store, "r", "answer", "yes")
+    assert sp.resume(store, "r") == {"reply": "re_1", "answer": "yes"}
+    assert _applied(owner_env) == (1, 0)

@@ -572,9 +572,8 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_
 
 def _how_it_stopped(core: RunCore, exc: BaseException) -> BaseException:
     """What a worker that must stop raises: ``exc`` — unless a fan-out branch's write was
-    refused because its sibling had blocked the run, or made it wait (an approval, a message,
-    a timer), under this
-    very fence: that is how the run stopped."""
+    refused because its sibling had blocked the run, or made it wait (for an approval, a
+    message, a timer), under this very fence: that is how the run stopped."""
     if (
         isinstance(exc, LostOwnership)
         and isinstance(core.halted, (RunBlocked, RunWaiting))

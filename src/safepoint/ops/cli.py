@@ -23,6 +23,7 @@ import click
 from .. import __version__
 from .._engine.verbs import resume as resume_run
 from .._engine.worker import Worker
+from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, UnreadableRun
 from . import carry_commands, operator_commands
@@ -144,11 +145,12 @@ def record(ctx: click.Context, run_id: str) -> None:
     if isinstance(run, UnreadableRun) and run.recovery_record is None:
         fail(ctx, f"run {run_id!r} cannot be read: {run.reason}")
     if isinstance(run, RunRecord) and run.status is RunStatus.WAITING:
-        fail(
-            ctx,
-            f"run {run_id!r} is not blocked: it waits for"
-            f" {waiting_summary(run.waiting_for, now_ms(ctx))}; see `safepoint show {run_id}`",
+        waits = (
+            f"approval of step {(run.waiting_for or {}).get('step_id')!r}"
+            if waiting_kind(run.waiting_for) == APPROVAL
+            else waiting_summary(run.waiting_for, now_ms(ctx))
         )
+        fail(ctx, f"run {run_id!r} is not blocked: it waits for {waits}; see `safepoint show {run_id}`")
     if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
         status = run.status.value if run.status else "unreadable"
         fail(
