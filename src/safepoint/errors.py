@@ -19,6 +19,7 @@ The tree::
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
+        │   ├── ForkRefused             a fork that cannot be made from that run and step
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -44,6 +45,7 @@ The tree::
             ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
             │   └── ReplayMismatch      the step at this id has another kind or name
             ├── IncompatibleWorkflow    the run was recorded by another version or fingerprint
+            ├── SentBySource            a fork's effect that the run it was forked from sent
             └── HistoryLimitReached     the run's history reached its hard limit: nothing new is recorded
 
     BaseException
@@ -82,6 +84,7 @@ __all__ = [
     "CorruptRecord",
     "DeadlineExceeded",
     "EffectRejected",
+    "ForkRefused",
     "HistoryLimitReached",
     "HistoryWarning",
     "IncompatibleWorkflow",
@@ -105,6 +108,7 @@ __all__ = [
     "SafepointError",
     "SchemaTooNew",
     "SecretRefused",
+    "SentBySource",
     "StaleCheckpoint",
     "StepFailed",
     "StoreError",
@@ -282,6 +286,28 @@ class ApprovalRefused(UsageError):
             step_id=step_id,
             reason=reason,
             revoking=revoking,
+        )
+
+
+class ForkRefused(UsageError):
+    """A fork that cannot be made as asked (``safepoint.fork``); nothing was written. ``reason``
+    says why; ``choices`` lists what could be asked instead (the steps a fork can start from,
+    the operations ``resend`` can name), ``operation_id`` names the operation in the way."""
+
+    run_id: str
+    reason: str
+    choices: tuple[str, ...]
+    operation_id: str | None
+
+    def __init__(
+        self, run_id: str, reason: str, *, choices: tuple[str, ...] = (), operation_id: str | None = None
+    ) -> None:
+        super().__init__(
+            f"cannot fork run {run_id!r}: {reason}",
+            run_id=run_id,
+            reason=reason,
+            choices=tuple(choices),
+            operation_id=operation_id,
         )
 
 
@@ -727,6 +753,40 @@ class IncompatibleWorkflow(RunBlocked):
             recorded=recorded,
             current=current,
             changes=changes,
+            record=record,
+        )
+
+
+class SentBySource(RunBlocked):
+    """An effect step of a fork asks for an operation that the run it was forked from (or that
+    run's own source) sent — with another payload, or with an outcome not settled there. A fork
+    never sends such an operation again under a key of its own unless the operator named it in
+    ``resend``: the run blocks instead. ``source_run_id`` is the run that holds it."""
+
+    step_id: str
+    operation_id: str
+    source_run_id: str
+    reason: str
+
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        operation_id: str,
+        source_run_id: str,
+        reason: str,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) of fork {run_id!r} is not sent: {reason};"
+            " a fork never sends again what the run it was forked from sent, unless the operator"
+            f" names it — fork {source_run_id!r} again with resend=[{operation_id!r}] (CLI:"
+            f" --resend {operation_id}) to send it under the fork's own key",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            source_run_id=source_run_id,
+            reason=reason,
             record=record,
         )
 

@@ -291,8 +291,8 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
 
     storage = Path(sp.__file__).parent / "storage"
 
-    def asked(*paths: Path) -> set[str]:  # SQL["name"], _q("name", …), self.q("name", …)
-        pattern = re.compile(r'(?:SQL\[|_q\(|self\.q\()\s*"([a-z_]+)"')
+    def asked(*paths: Path) -> set[str]:  # SQL["name"], _q("name", …), self.q("name", …), q(…)
+        pattern = re.compile(r'(?:SQL\[|\b_?q\(|self\.q\()\s*"([a-z_]+)"')
         return {name for path in paths for name in pattern.findall(path.read_text())}
 
     def mentioned(*paths: Path) -> set[str]:  # any name in quotes (a fenced statement's, …)
@@ -300,6 +300,7 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
 
     for dialect in ("sqlite", "postgres"):
         named = set(load_queries(dialect))
-        code = [storage / "ledger.py", *sorted((storage / dialect).glob("*.py"))]
+        # the plans both dialects share (ledger.py: the reads; forks.py: forks) and the dialect's
+        code = [storage / "ledger.py", storage / "forks.py", *sorted((storage / dialect).glob("*.py"))]
         assert asked(*code) - named == set(), f"{dialect}: asked for but not in queries.sql"
         assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"

@@ -54,7 +54,7 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
-from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
@@ -427,6 +427,12 @@ class AsyncPostgresStore:
 
     async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    async def fork_run(self, fork: ForkRun) -> RunRecord:
+        return await self._run(self._ledger.fork_run(fork))
+
+    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return await self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
 
     # -- waiting for work ----------------------------------------------------------------------
 

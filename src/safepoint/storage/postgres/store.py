@@ -56,7 +56,7 @@ from ...types import (
     StepRecord,
     UnreadableRun,
 )
-from ..base import INLINE_LIMIT, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..plans import Plan
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
@@ -353,6 +353,12 @@ class PostgresStore:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        return self._run(self._ledger.fork_run(fork))
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
 
     # -- waiting for work ----------------------------------------------------------------------
 
