@@ -116,7 +116,7 @@ def plan_fork(
         if (
             op.state in _MAY_HAVE_HAPPENED
             and op.operation_id not in copied_ops
-            and op.prepared_at <= start.recorded_at
+            and op.prepared_at < start.recorded_at
         ):
             raise ForkRefused(
                 source.run_id,

@@ -388,7 +388,8 @@ class Store(Protocol):
         """The operation ``operation_id`` as the runs ``run_id`` was forked from hold it — the
         fork's source, that run's source, …, the nearest first (a successor's forks are its
         chain's first run's) — or None. ``chained``: an operation id the caller chose, looked
-        up in each source's chain; else a step's own, in each source run itself. Settled
+        up in each source's chain; else a step's own, in each source run itself. Only an
+        operation that may have been sent counts (one only prepared does not); settled
         (accepted, rejected) before unsettled within one run."""
         ...
 

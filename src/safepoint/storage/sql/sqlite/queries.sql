@@ -552,8 +552,9 @@ UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = :source_r
 -- An operation as the nearest run of a run's fork ancestry holds it: from the run (depth 0)
 -- through the source its chain's first run was forked from, that run's, … An id the caller
 -- chose is looked up in each run's chain (index safepoint_operations_chain); a step's own id
--- in each run itself, while the ancestry is forks of forks (not through a successor). Settled
--- before unsettled within one run.
+-- in each run itself, while the ancestry is forks of forks (not through a successor). Only an
+-- operation that may have been sent counts (not one only prepared); settled before unsettled
+-- within one run.
 WITH RECURSIVE ancestry (run_id, chain_id, direct, depth) AS (
     SELECT run_id, COALESCE(chain_id, run_id), 1, 0 FROM safepoint_runs WHERE run_id = :run_id
     UNION ALL
@@ -576,7 +577,7 @@ found AS (
       ON o.run_id = a.run_id AND o.operation_id = :operation_id
     WHERE :by_run AND a.direct AND a.depth >= :min_depth
 )
-SELECT * FROM found
+SELECT * FROM found WHERE state <> 'prepared'
 ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, prepared_at DESC
 LIMIT 1;
 
