@@ -174,13 +174,32 @@ def _cancel_form(view: RunView) -> str:
     )
 
 
+def _fork_form(view: RunView) -> str:
+    """A fork of the run from one of its steps (any run but one a live worker holds, which
+    the store refuses): the step, the fork's id, the operations it sends again, the code."""
+    steps = ordered_steps(view.ledger)
+    if not steps:
+        return ""
+    options = "".join(f"<option value='{_e(step.step_id)}'>{_e(step.step_id)}</option>" for step in steps)
+    return (
+        f"<section><h2>fork</h2><p>A new run with copies of the steps before the one chosen,"
+        " which executes from there; what this run sent is not sent again, unless named.</p>"
+        f"<form method=post action='{view.path}/fork'><select name=from_step>{options}</select>"
+        "<input name=new_run_id placeholder='fork id (default: minted)'>"
+        "<input name=resend placeholder='operations to send again (ids)'>"
+        "<label><input type=checkbox name=current_code value=1> on the current code</label>"
+        f"{_who()}<input name=reason placeholder='why'>{_token()}"
+        "<button>fork from this step</button></form></section>"
+    )
+
+
 # -- the run's status sections: add a new one HERE ------------------------------------------------
 # What a run needs from a person and the forms that give it, in the order the page shows them,
 # between the run's header and its steps. Each section looks at the run and answers "" when its
 # status is not the section's. A new form for a run's status (a stopped run's "raise limits",
 # say) is a Section function added to this tuple, with its action in dashboard_actions.ACTIONS:
 # run_page itself does not change.
-STATUS_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _approvals, _cancel_form)
+STATUS_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _approvals, _cancel_form, _fork_form)
 
 
 def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
@@ -193,6 +212,7 @@ def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) 
         for k, v in (
             ("status", _status(run, now)),
             ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
+            *([("forked from", _forked_from(run.forked_from))] if run.forked_from else []),
             ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
             ("revision", str(run.state_revision)),
             ("fence", str(run.fence)),
@@ -208,6 +228,14 @@ def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) 
     parts.extend(section(view) for section in STATUS_SECTIONS)
     parts.append(_ledger_tables(ledger, events))
     return _page(run.run_id, "".join(parts))
+
+
+def _forked_from(forked: dict[str, Any]) -> str:
+    source = str(forked.get("run_id"))
+    resend = ", ".join(map(str, forked.get("resend") or []))
+    return f"<a href='{_e(run_path(source))}'>{_e(source)}</a> at step {_e(forked.get('step_id'))}" + (
+        f" (sends again: {_e(resend)})" if resend else ""
+    )
 
 
 def _ledger_tables(ledger: Ledger, events: list[EventRecord]) -> str:
