@@ -349,11 +349,8 @@ def _reject_then_accept() -> Callable[[Any, sp.EffectKey], Any]:
     return execute
 
 
-def test_fork_async_makes_the_same_fork_for_an_async_workflow(
-    store: sp.Store, owner_env: OwnerService
-) -> None:
+def _async_tickets(asked: list[int]) -> sp.Workflow:
     tickets = owner_effect("tickets")
-    asked: list[int] = []
 
     async def look(index: int) -> int:
         asked.append(index)
@@ -367,6 +364,37 @@ def test_fork_async_makes_the_same_fork_for_an_async_workflow(
             made.append((await run.effect(f"ticket.{index}", tickets, payload={"index": index}))["id"])
         return made
 
+    return flow
+
+
+def test_fork_async_on_the_async_postgres_store(pg_url: str, owner_env: OwnerService) -> None:
+    asked: list[int] = []
+    flow = _async_tickets(asked)
+
+    async def main() -> tuple[Any, Any, Any]:
+        store = await sp.open_async_store(f"{pg_url}?schema=f_{uuid.uuid4().hex[:12]}")
+        try:
+            made = await sp.start_async(store, flow, run_id="source")
+            asked.clear()
+            fork = await sp.fork_async(store, "source", from_step="read.1", resend=["ticket.2"], by="ana")
+            return made, await sp.resume_async(store, fork.run_id), await store.load_ledger(fork.run_id)
+        finally:
+            await store.close()
+
+    made, again, ledger = asyncio.run(main())
+    assert again[:2] == made[:2]
+    assert again[2] != made[2]
+    assert asked == [1, 2]
+    assert sorted(ledger.operations) == ["ticket.0", "ticket.2"]
+    assert _stats(owner_env) == (4, 1)  # ticket.2 once more, with its payload: as named
+
+
+def test_fork_async_makes_the_same_fork_for_an_async_workflow(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    asked: list[int] = []
+    flow = _async_tickets(asked)
+
     async def main() -> tuple[Any, Any]:
         made = await sp.start_async(store, flow, run_id="source")
         asked.clear()
@@ -377,3 +405,35 @@ def test_fork_async_makes_the_same_fork_for_an_async_workflow(
     assert made == again
     assert asked == [1, 2]
     assert _stats(owner_env) == (3, 0)
+
+
+def test_a_forks_successors_send_none_of_the_sources_chain_effects_either(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    """The source continued as new twice; its fork, from a step of the first run, continues as
+    new too: its successors find what the source's chain sent by operation id, through the
+    fork's first run."""
+    calls = Calls()
+    lines = owner_effect("tickets")
+
+    @sp.workflow(_name("fork-chain"))
+    def chain(run: sp.Run, start: int, count: int, made: list[str]) -> list[str]:
+        for index in range(start, count):
+            run.read(f"read.{index}", calls.look_up, "case", index)
+            receipt = run.effect(
+                f"line.{index}", lines, payload={"index": index}, operation_id=f"line:{index}"
+            )
+            made = [*made, receipt["id"]]
+            if (index + 1) % 2 == 0 and index + 1 < count:
+                run.continue_as_new(index + 1, count, made)
+        return made
+
+    made = sp.start(store, chain, 0, 6, [], run_id="source")
+    assert store.get_run("source~2").status is RunStatus.COMPLETED
+    calls.made.clear()
+    fork = sp.fork(store, "source", from_step="read.1", new_run_id="fork", by="ana")
+    assert fork.forked_from == {"run_id": "source", "step_id": "read.1"}
+    assert sp.resume(store, "fork") == made
+    assert store.get_run("fork~2").status is RunStatus.COMPLETED  # the fork's own chain
+    assert calls.made == [f"read.{i}" for i in range(1, 6)]
+    assert _stats(owner_env) == (6, 0)
