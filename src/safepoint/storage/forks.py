@@ -40,10 +40,11 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
     steps = [source_step(row) for row in (yield q("fork_run_steps", run_id=source.run_id))]
     operations = [operation_record(row) for row in (yield q("load_ledger_operations", run_id=source.run_id))]
     plan = plan_fork(source, steps, operations, fork.from_step)
-    held = {}
+    held = {op.operation_id: True for op in operations}
     for name in fork.resend:  # the source itself, and every run it was forked from
-        found = yield from fork_operation(q, source.run_id, name, chained=None, min_depth=0)
-        held[name] = found is not None
+        if name not in held:
+            found = yield from fork_operation(q, source.run_id, name, chained=None, min_depth=0)
+            held[name] = found is not None
     resend = check_resend(source, fork.resend, plan, held, (op.operation_id for op in operations))
     version = fork.workflow_version if fork.current_code else source.workflow_version
     created = yield q(
