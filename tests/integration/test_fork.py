@@ -437,3 +437,12 @@ def test_a_forks_successors_send_none_of_the_sources_chain_effects_either(
     assert store.get_run("fork~2").status is RunStatus.COMPLETED  # the fork's own chain
     assert calls.made == [f"read.{i}" for i in range(1, 6)]
     assert _stats(owner_env) == (6, 0)
+    # what the operator names in resend is sent again by the fork's successor that reaches it,
+    # under the fork's chain's key
+    sp.fork(store, "source", from_step="read.1", new_run_id="named", resend=["line:4"], by="ana")
+    again = sp.resume(store, "named")
+    assert (again[:4], again[5]) == (made[:4], made[5])
+    assert again[4] != made[4]
+    assert _stats(owner_env) == (7, 1)
+    op = store.load_ledger("named~2").operations["line:4"]
+    assert op.effect_key == mint_effect_key(store.identity.ledger_id, "named", "line:4")

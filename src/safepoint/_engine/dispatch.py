@@ -418,10 +418,17 @@ class EffectDispatch:
         fork (``SentBySource``) — unless the operator named it in ``resend``."""
         core = self.core
         found = yield from io(Store.fork_operation, core.run.run_id, op_id, chained)
+        if found is None:
+            return None
+        # What the operator named in resend is recorded with the fork: a successor of it
+        # (continue-as-new) reads it from its chain's first run.
+        fork = core.run
+        if fork.parent_run_id is not None and fork.chain_id is not None:
+            fork = yield from io(Store.get_run, fork.chain_id)
         decided = forked_effect(
-            found, effect=self.effect.name, payload_ref=payload_ref, resend=op_id in resend_of(core.run)
+            found, effect=self.effect.name, payload_ref=payload_ref, resend=op_id in resend_of(fork)
         )
-        if decided is Forked.SEND or found is None:
+        if decided is Forked.SEND:
             return None
         if decided is Forked.ADOPT:
             return found
