@@ -87,14 +87,19 @@ def _stats(owner: OwnerService) -> tuple[int, int]:
     return stats["applied"], stats["duplicates"]
 
 
+def _source(store: sp.Store, name: str, **code: Any) -> tuple[Calls, list[str]]:
+    """A run "source" of ``_support`` (under ``name``) done, and what it called, to count on."""
+    calls = Calls()
+    made: list[str] = sp.start(store, _support(name, calls, **code), name, run_id="source")
+    calls.made.clear()
+    return calls, made
+
+
 def test_a_fork_from_the_middle_runs_only_the_tail_and_sends_none_of_the_sources_effects(
     store: sp.Store, owner_env: OwnerService
 ) -> None:
-    calls = Calls()
-    flow = _support(_name("fork-middle"), calls)
-    made = sp.start(store, flow, "case-1", run_id="source")
+    calls, made = _source(store, _name("fork-middle"))
     assert _stats(owner_env) == (EFFECTS, 0)
-    calls.made.clear()
 
     fork = sp.fork(store, "source", from_step="read.3", by="ana", reason="the reply went wrong")
     assert (fork.status, fork.forked_from) == (RunStatus.PENDING, {"run_id": "source", "step_id": "read.3"})
@@ -129,9 +134,7 @@ def test_a_fork_from_the_middle_runs_only_the_tail_and_sends_none_of_the_sources
 def test_an_operation_named_in_resend_is_sent_once_under_the_forks_own_key(
     store: sp.Store, owner_env: OwnerService
 ) -> None:
-    calls = Calls()
-    flow = _support(_name("fork-resend"), calls)
-    made = sp.start(store, flow, "case-2", run_id="source")
+    _, made = _source(store, _name("fork-resend"))
     fork = sp.fork(store, "source", from_step="read.3", new_run_id="retake", resend=["ticket.4"], by="ana")
     assert fork.forked_from == {"run_id": "source", "step_id": "read.3", "resend": ["ticket.4"]}
     again = sp.resume(store, "retake")
@@ -204,9 +207,7 @@ def test_a_fork_on_the_current_code_is_run_by_a_worker_of_that_code(
 def test_a_fork_of_a_fork_sends_none_of_its_ancestors_effects(
     store: sp.Store, owner_env: OwnerService
 ) -> None:
-    calls = Calls()
-    flow = _support(_name("fork-of-fork"), calls)
-    made = sp.start(store, flow, "case-5", run_id="source")
+    calls, made = _source(store, _name("fork-of-fork"))
     sp.fork(store, "source", from_step="read.1", new_run_id="first", by="ana")
     assert sp.resume(store, "first") == made
     calls.made.clear()
@@ -231,9 +232,7 @@ def test_a_fork_of_a_fork_sends_none_of_its_ancestors_effects(
 def test_a_fork_is_refused_when_it_cannot_be_made_and_nothing_is_written(
     store: sp.Store, owner_env: OwnerService
 ) -> None:
-    calls = Calls()
-    flow = _support(_name("fork-refused"), calls)
-    sp.start(store, flow, "case-6", run_id="source")
+    calls, _ = _source(store, _name("fork-refused"))
     before = store.events("source")
     with pytest.raises(ForkRefused) as unknown:
         sp.fork(store, "source", from_step="read.9", by="ana")

@@ -59,15 +59,13 @@ def flow(run):
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'fork.db'}"
+def ledger(file_store: sp.Store) -> sp.Store:
+    return file_store
 
 
 @pytest.fixture
-def ledger(url: str) -> Iterator[sp.Store]:
-    store = sp.open_store(url)
-    yield store
-    store.close()
+def url(file_store: sp.Store) -> str:
+    return file_store.url
 
 
 @pytest.fixture

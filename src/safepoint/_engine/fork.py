@@ -17,7 +17,7 @@ from ..errors import ForkRefused, UsageError
 from ..storage.base import ForkRun, Store
 from ..types import RunRecord
 from .flow import Flow, adrive, drive, io, require_store
-from .workflow import Workflow
+from .workflow import Workflow, workflow_of
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
@@ -84,6 +84,13 @@ async def fork_async(
     request, name = _request(run_id, from_step, new_run_id, workflow, resend, by, reason)
     forked: RunRecord = await adrive(store, _fork_flow(request, name))
     return forked
+
+
+def current_code(store: Store, run_id: str) -> Workflow:
+    """The workflow of ``run_id`` as this process has it imported: what a fork "on the current
+    code" is recorded under (``fork(..., workflow=current_code(store, run_id))``, the CLI's
+    ``--current-code``); ``WorkflowNotFound`` when its module is not imported."""
+    return workflow_of(store.get_run(check_run_id(run_id)))
 
 
 def _request(

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import click
 
+from .._engine.fork import current_code as current_workflow
 from .._engine.fork import fork as fork_run
-from .._engine.workflow import registered
-from ..errors import WorkflowNotFound
 from .cli_support import import_modules, open_cli_store, run_argument, store_option
 from .render import shown
 
@@ -78,22 +77,16 @@ def fork(
     """
     import_modules(modules)
     store = open_cli_store(ctx)
-    workflow = None
-    if current_code:
-        if not modules:
-            raise click.UsageError(
-                "--current-code records the fork under the code you deploy: name its module with --import"
-            )
-        name = store.get_run(run_id).workflow
-        workflow = registered(name)
-        if workflow is None:
-            raise WorkflowNotFound(name, run_id)
+    if current_code and not modules:
+        raise click.UsageError(
+            "--current-code records the fork under the code you deploy: name its module with --import"
+        )
     made = fork_run(
         store,
         run_id,
         from_step=from_step,
         new_run_id=new_run_id,
-        workflow=workflow,
+        workflow=current_workflow(store, run_id) if current_code else None,
         resend=resend,
         by=by,
         reason=reason,

@@ -16,11 +16,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from http import HTTPStatus
 
-from .._engine.fork import fork
+from .._engine.fork import current_code, fork
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.verbs import cancel
-from .._engine.workflow import registered
-from ..errors import WorkflowNotFound
 from ..storage.base import Store
 from ..types import ResolutionAction
 from .admission import Refusal
@@ -73,18 +71,13 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
 
 
 def _fork(store: Store, run_id: str, form: dict[str, str]) -> str:
-    workflow = None
-    if form.get("current_code"):  # the code the dashboard's process imported (--import)
-        name = store.get_run(run_id).workflow
-        workflow = registered(name)
-        if workflow is None:
-            raise WorkflowNotFound(name, run_id)
     made = fork(
         store,
         run_id,
         from_step=form["from_step"],
         new_run_id=form.get("new_run_id") or None,
-        workflow=workflow,
+        # the code the dashboard's process imported (--import)
+        workflow=current_code(store, run_id) if form.get("current_code") else None,
         resend=form.get("resend", "").replace(",", " ").split(),
         by=form["by"],
         reason=form.get("reason") or None,
