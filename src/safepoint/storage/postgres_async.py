@@ -50,6 +50,7 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -427,6 +428,9 @@ class AsyncPostgresStore:
 
     async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 

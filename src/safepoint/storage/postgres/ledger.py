@@ -22,12 +22,15 @@ from __future__ import annotations
 from .approvals import PostgresApprovals
 from .effects import PostgresEffects
 from .history import PostgresHistory
+from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .steps import PostgresSteps
 
 __all__ = ["PostgresLedger"]
 
 
-class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory):
+class PostgresLedger(
+    PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory, PostgresRetry
+):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

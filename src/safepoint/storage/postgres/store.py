@@ -52,6 +52,7 @@ from ...types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -353,6 +354,9 @@ class PostgresStore:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 
