@@ -40,8 +40,9 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new) and ``unreadable`` (rows that cannot be read: damaged through
-``ConformanceBase.damage``, which a store of your own overrides). ``_support`` holds what they
+continue-as-new), ``unreadable`` (rows that cannot be read: damaged through
+``ConformanceBase.damage``, which a store of your own overrides) and ``retry`` (a failed run
+retried by a person). ``_support`` holds what they
 share: the base class with ``make_store`` and the helpers, the constants and the record
 factories.
 """
@@ -58,6 +59,7 @@ from .ending import EndingTests
 from .fencing import FenceTests
 from .history import HistoryTests
 from .limits import LimitTests
+from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
@@ -69,6 +71,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    RetryTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,
