@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._rules.ids import check_id, check_run_id, check_who, check_words
 from .._rules.retry import kept_rejected, plan_retry
@@ -30,12 +30,14 @@ if TYPE_CHECKING:
 class Retried:
     """A retry as it was carried out, for the operator tools to show: the run as it now
     stands, the retry recorded, the failed records it moved into the history (as they were),
-    and the rejected operations it left rejected (the run replays their rejection)."""
+    the rejected operations it left rejected (the run replays their rejection), and the error
+    the run had failed with."""
 
     run: RunRecord
     retry: RunRetry
     moved: tuple[StepRecord, ...] = ()
     kept_rejected: tuple[OperationRecord, ...] = ()
+    failed_with: dict[str, Any] | None = None
 
 
 def retry(
@@ -142,4 +144,4 @@ def retry_flow(
     )
     now = yield from io(Store.retry_run, run.run_id, revision, planned)
     moved = tuple(ledger.steps[sid] for sid in planned.moved if sid in ledger.steps)
-    return Retried(now, planned, moved, tuple(kept_rejected(ledger, planned)))
+    return Retried(now, planned, moved, tuple(kept_rejected(ledger, planned)), ledger.run.error)

@@ -2,7 +2,7 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``), so a decision made in the browser is checked and recorded
+``approve``, ``revoke_approval``, ``retry``), so a decision made in the browser is checked and recorded
 as one made anywhere else. A new action is a function here and an entry in ``ACTIONS``; the
 dashboard's request handling (admission, the token, the answer) does not change.
 """
@@ -15,6 +15,7 @@ from datetime import timedelta
 from http import HTTPStatus
 
 from .._engine.operator import approve, resolve, revoke_approval
+from .._engine.retry import retry
 from .._engine.verbs import cancel
 from ..storage.base import Store
 from ..types import ResolutionAction
@@ -67,6 +68,19 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
     revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
 
 
+def _retry(store: Store, run_id: str, form: dict[str, str]) -> None:
+    resend = form.get("resend")
+    retry(
+        store,
+        run_id,
+        by=form["by"],
+        reason=form.get("reason") or None,
+        resend=(resend,) if resend else (),
+        step=form.get("step") or None,
+        expected_revision=int(form["revision"]),
+    )
+
+
 Action = Callable[[Store, str, dict[str, str]], None]
 """An action: given the store, the run id and the fields of its form."""
 
@@ -76,4 +90,5 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
     "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+    "retry": (_retry, frozenset({"revision", "by", "reason", "resend", "step"})),
 }
