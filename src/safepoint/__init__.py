@@ -15,6 +15,7 @@ Everything in a module whose name starts with an underscore is private.
 
 from ._engine.fork import fork, fork_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.retry import retry, retry_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
     cancel,
@@ -96,6 +97,8 @@ __all__ = [
     "resolve",
     "resume",
     "resume_async",
+    "retry",
+    "retry_async",
     "revoke_approval",
     "revoke_approval_async",
     "start",

@@ -20,6 +20,7 @@ The tree::
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
         │   ├── ForkRefused             a fork that cannot be made from that run and step
+        │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -99,6 +100,7 @@ __all__ = [
     "NotJSON",
     "ReplayMismatch",
     "ResolutionRefused",
+    "RetryRefused",
     "RunBlocked",
     "RunCancelled",
     "RunConflict",
@@ -311,6 +313,23 @@ class ForkRefused(UsageError):
         )
 
 
+class RetryRefused(UsageError):
+    """A retry (``safepoint.retry``) that does not fit the run as it now stands — it is not
+    failed, it moved since the revision given, or ``step`` / ``resend`` name something it
+    cannot retry or send again; ``reason`` says which, and what can be named. Nothing was
+    changed."""
+
+    run_id: str
+    reason: str
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"retry of run {run_id!r} refused: {reason}",
+            run_id=run_id,
+            reason=reason,
+        )
+
+
 class InvalidStoreURL(UsageError):
     """A store URL that names no store safepoint can open."""
 
@@ -359,7 +378,8 @@ class RunOwned(SafepointError):
 
 
 class RunFailed(SafepointError):
-    """The run ended failed; resuming it raises this again from the ledger."""
+    """The run ended failed; resuming it raises this again from the ledger, and
+    ``safepoint.retry`` carries it on once the cause is fixed."""
 
     run_id: str
     error_type: str
@@ -368,7 +388,9 @@ class RunFailed(SafepointError):
     def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
         super().__init__(
             f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
-            " and resuming replays it; start a new run id to try again",
+            " and resuming replays it; once its cause is fixed, retry the run (`safepoint retry"
+            f" {run_id} --by <you>`, or safepoint.retry): what it did is kept and not done"
+            " again, where a new run id would do it all again",
             run_id=run_id,
             error_type=error_type,
             error_message=error_message,

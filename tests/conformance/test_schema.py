@@ -286,7 +286,7 @@ def test_a_migration_that_ships_is_numbered_and_read_as_written() -> None:
 
 def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
     """Queries are named after the store methods that run them: each dialect's queries.sql
-    holds exactly the names its store (and the reading plans both share) asks for."""
+    holds exactly the names its store (and the plans both share) asks for."""
     from safepoint.storage.plans import load_queries
 
     storage = Path(sp.__file__).parent / "storage"
@@ -300,7 +300,7 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
 
     for dialect in ("sqlite", "postgres"):
         named = set(load_queries(dialect))
-        # the plans both dialects share (ledger.py: the reads; forks.py: forks) and the dialect's
-        code = [storage / "ledger.py", storage / "forks.py", *sorted((storage / dialect).glob("*.py"))]
+        # the plans both dialects share (storage/*.py: the reads, forks, retries …) and the dialect's
+        code = [*sorted(storage.glob("*.py")), *sorted((storage / dialect).glob("*.py"))]
         assert asked(*code) - named == set(), f"{dialect}: asked for but not in queries.sql"
         assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"

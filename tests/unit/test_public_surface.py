@@ -52,6 +52,8 @@ TOP_LEVEL = frozenset(
         "resolve",
         "fork",
         "fork_async",
+        "retry",
+        "retry_async",
         "record_schema",
         "open_store",
         "open_async_store",

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import click
 
+from .._engine.flow import drive
 from .._engine.fork import current_code as current_workflow
 from .._engine.fork import fork as fork_run
+from .._engine.retry import Retried, names, retry_flow
 from .cli_support import import_modules, open_cli_store, run_argument, store_option
 from .render import shown
 
@@ -102,4 +104,101 @@ def fork(
     click.echo(shown(f"a worker carries it on; or: safepoint resume {made.run_id}"))
 
 
-COMMANDS: tuple[click.Command, ...] = (fork,)
+# -- retry ------------------------------------------------------------------------------------------
+
+
+@click.command()
+@run_argument
+@click.option("--by", required=True, help="Who retries the run (recorded).")
+@click.option("--reason", help="Why: the service is back, the bug is fixed (recorded).")
+@click.option(
+    "--resend",
+    multiple=True,
+    metavar="OP",
+    help="Send again an operation its owner rejected — its operation id or step id — as its next"
+    " attempt, under a key derived from it (repeatable). Applied and uncertain operations are"
+    " never sent again.",
+)
+@click.option(
+    "--step", metavar="STEP", help="The failed step to run again (default: the one the run failed at)."
+)
+@click.option(
+    "--revision",
+    type=int,
+    help="The state_revision you looked at: refused if the run moved since (default: now).",
+)
+@store_option
+@click.pass_context
+def retry(
+    ctx: click.Context,
+    run_id: str,
+    by: str,
+    reason: str | None,
+    resend: tuple[str, ...],
+    step: str | None,
+    revision: int | None,
+) -> None:
+    """Carry a failed run on from its failed step, keeping what it did.
+
+    The failed step's record moves into the run's history and the run becomes pending: a
+    worker takes it (or `safepoint resume RUN`). Everything recorded before it replays, the
+    step runs again. A run whose workflow itself raised (a bug since fixed and deployed) is
+    retried the same way, with no step moved. Nothing that was applied, and nothing whose
+    outcome is uncertain, is sent again; an operation its owner rejected only with --resend.
+    """
+    store = open_cli_store(ctx)
+    done: Retried = drive(
+        store, retry_flow(store.identity, run_id, by, reason, names(resend), step, revision)
+    )
+    for line in retried_lines(done):
+        click.echo(shown(line))
+
+
+def retried_lines(done: Retried) -> list[str]:
+    """What a retry did, for a person: the run as it now stands, the failed records moved into
+    the history, the operations sent again and under which key, and the rejections kept."""
+    run, retry = done.run, done.retry
+    lines = [
+        f"run {run.run_id!r} retried: now {run.status.value}, revision {run.state_revision}"
+        f" (a worker takes it, or: safepoint resume {run.run_id})"
+    ]
+    recorded = {step.step_id: step for step in done.moved}
+    for step_id in retry.moved:
+        step = recorded.get(step_id)
+        error = (step.error or {}) if step is not None else {}
+        what = f"failed with {error.get('type')}: {error.get('message')}" if error else "its failed attempts"
+        lines.append(f"moved into the history: step {step_id!r} ({what}); it runs again")
+    if not retry.moved:
+        lines.append(f"no step moved: {_why_none(done)}")
+    for again in retry.resend:
+        lines.append(
+            f"will be sent again: operation {again.operation_id!r} (step {again.step_id!r}),"
+            f" attempt {again.key_attempt}, under effect key {again.effect_key}"
+        )
+    for op in done.kept_rejected:
+        lines.append(
+            f"kept rejected, not sent again: operation {op.operation_id!r} (step {op.step_id!r})"
+            " — the run meets its rejection again; name it with --resend to send it again"
+        )
+    lines.append("every effect that was applied, or whose outcome is uncertain, is kept: none is sent again")
+    return lines
+
+
+def _why_none(done: Retried) -> str:
+    """Why a retry moved no step: where the run had failed, if not at a step."""
+    error = done.failed_with or {}
+    if error.get("type") == "EffectRejected":
+        return (
+            f"the run failed at operation {error.get('operation_id')!r}, which its owner rejected"
+            " (a rejection is no failed step)"
+        )
+    return (
+        f"the workflow itself raised ({error.get('type')}: {error.get('message')}); it runs again"
+        " as the code now deployed says"
+    )
+
+
+COMMANDS: tuple[click.Command, ...] = (
+    fork,
+    retry,
+)

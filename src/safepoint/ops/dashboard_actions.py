@@ -2,7 +2,7 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``, ``fork``), so a decision made in the browser is checked and
+``approve``, ``revoke_approval``, ``fork``, ``retry``), so a decision made in the browser is checked and
 recorded as one made anywhere else. An action answers with the run it acted on — or, when it
 made another (a fork), that one's id, whose page the answer then shows. A new action is a
 function here and an entry in ``ACTIONS``; the dashboard's request handling (admission, the
@@ -18,6 +18,7 @@ from http import HTTPStatus
 
 from .._engine.fork import current_code, fork
 from .._engine.operator import approve, resolve, revoke_approval
+from .._engine.retry import retry
 from .._engine.verbs import cancel
 from ..storage.base import Store
 from ..types import ResolutionAction
@@ -85,6 +86,19 @@ def _fork(store: Store, run_id: str, form: dict[str, str]) -> str:
     return made.run_id
 
 
+def _retry(store: Store, run_id: str, form: dict[str, str]) -> None:
+    resend = form.get("resend")
+    retry(
+        store,
+        run_id,
+        by=form["by"],
+        reason=form.get("reason") or None,
+        resend=(resend,) if resend else (),
+        step=form.get("step") or None,
+        expected_revision=int(form["revision"]),
+    )
+
+
 Action = Callable[[Store, str, dict[str, str]], str | None]
 """An action: given the store, the run id and the fields of its form; it answers with the id
 of the run to show when that is not the one acted on (a fork it made)."""
@@ -96,4 +110,5 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
     "fork": (_fork, frozenset({"from_step", "new_run_id", "resend", "current_code", "by", "reason"})),
+    "retry": (_retry, frozenset({"revision", "by", "reason", "resend", "step"})),
 }

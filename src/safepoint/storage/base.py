@@ -41,6 +41,7 @@ from ..types import (
     Resolution,
     Retry,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -371,6 +372,17 @@ class Store(Protocol):
     # carrying a stopped run on: limits
 
     # carrying a stopped run on: retry
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        """Retry a failed run in one atomic step, compare-and-set on ``expected_revision``
+        (see ``safepoint.storage.retry``): each step ``retry.moved`` names moves into the
+        history — its failed record and failed attempts as one ``step.retried`` event — each
+        operation in ``retry.resend`` (rejected, at the attempt before the one named) becomes
+        that attempt, prepared under its derived key with its outcome and dispatch count
+        cleared, and the run becomes pending (error and recovery record cleared; workers are
+        woken) with a ``run.retried`` event. A run that is not failed (or stopped at a step's
+        attempts), has moved, or no longer holds what ``retry`` names raises ``RetryRefused``
+        and changes nothing. Returns the run as it now stands."""
+        ...
 
     # carrying a stopped run on: fork
     def fork_run(self, fork: ForkRun) -> RunRecord:
@@ -573,6 +585,9 @@ class AsyncStore(Protocol):
     # carrying a stopped run on: limits
 
     # carrying a stopped run on: retry
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        """See ``Store.retry_run``."""
+        ...
 
     # carrying a stopped run on: fork
     async def fork_run(self, fork: ForkRun) -> RunRecord:

@@ -50,6 +50,7 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -433,6 +434,9 @@ class AsyncPostgresStore:
 
     async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from .approvals import PostgresApprovals
 from .effects import PostgresEffects
 from .forks import PostgresForks
 from .history import PostgresHistory
+from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .steps import PostgresSteps
 
@@ -30,7 +31,13 @@ __all__ = ["PostgresLedger"]
 
 
 class PostgresLedger(
-    PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory, PostgresForks
+    PostgresRuns,
+    PostgresSteps,
+    PostgresEffects,
+    PostgresApprovals,
+    PostgresHistory,
+    PostgresForks,
+    PostgresRetry,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

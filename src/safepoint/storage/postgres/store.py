@@ -52,6 +52,7 @@ from ...types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -359,6 +360,9 @@ class PostgresStore:
 
     def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
         return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 

@@ -40,9 +40,9 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new), ``forks`` (a run forked from another's prefix) and ``unreadable`` (rows that
+continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
-overrides). ``_support`` holds what they
+overrides) and ``retry`` (a failed run retried by a person). ``_support`` holds what they
 share: the base class with ``make_store`` and the helpers, the constants and the record
 factories.
 """
@@ -60,6 +60,7 @@ from .fencing import FenceTests
 from .forks import ForkTests
 from .history import HistoryTests
 from .limits import LimitTests
+from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
@@ -72,6 +73,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # that they run in reading order, creating runs first.
 class StoreConformance(
     ForkTests,
+    RetryTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,

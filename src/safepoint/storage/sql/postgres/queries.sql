@@ -933,6 +933,62 @@ SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
 
 -- == carrying a stopped run on: retry ===========================================================
 
+-- name: retry_run_step
+-- A retry: the failed record of a step it takes up (it runs again).
+SELECT * FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND status = 'failed';
+
+-- name: retry_run_attempts
+-- A retry: the failed attempts of a step it takes up (its attempts start again from one).
+SELECT * FROM safepoint_attempts
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s ORDER BY attempt;
+
+-- name: retry_run_event
+-- A retry's events: each step it takes up (step.retried, with what it had recorded) and the
+-- retry itself (run.retried), by the person who asked.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+VALUES (%(run_id)s, %(now)s, %(kind)s, %(step_id)s, %(operation_id)s, NULL, %(worker)s,
+        %(detail)s);
+
+-- name: retry_run_forget_step
+-- The failed record retry_run_event just moved into the history.
+DELETE FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND status = 'failed';
+
+-- name: retry_run_forget_attempts
+-- The failed attempts retry_run_event just moved into the history.
+DELETE FROM safepoint_attempts WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: retry_run_operation
+-- A rejected operation a retry sends again, as its last attempt ended.
+SELECT * FROM safepoint_operations
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
+
+-- name: retry_run_resend
+-- A rejected operation sent again as its next attempt: prepared, under the key derived for
+-- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
+-- new to the owner) — only the rejected attempt the retry was planned on.
+UPDATE safepoint_operations
+SET state = 'prepared', key_attempt = %(key_attempt)s, effect_key = %(effect_key)s,
+    receipt = NULL, error = NULL, dispatch_count = 0, first_dispatched_at = NULL,
+    approval_id = NULL, updated_at = %(now)s
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND state = 'rejected'
+  AND key_attempt = %(key_attempt)s - 1
+RETURNING operation_id;
+
+-- name: retry_run
+-- The retried run becomes pending for any worker: its error and recovery record cleared,
+-- compare-and-set on the revision the retry was planned on; events appended, failed records
+-- moved from the steps into them (both counted).
+UPDATE safepoint_runs
+SET status = 'pending', error = NULL, recovery_record = NULL, owner = NULL,
+    lease_expires_at = NULL, waiting_for = NULL, state_revision = state_revision + 1,
+    event_count = event_count + %(events)s, step_count = step_count - %(steps)s,
+    updated_at = %(now)s
+WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
+  AND status IN ('failed', 'stopped') AND cancel_requested_at IS NULL
+RETURNING workflow;
+
 -- == carrying a stopped run on: fork ============================================================
 
 -- name: fork_run_source
