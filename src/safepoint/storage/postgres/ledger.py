@@ -14,7 +14,7 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``slices``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,14 @@ from .approvals import PostgresApprovals
 from .effects import PostgresEffects
 from .history import PostgresHistory
 from .runs import PostgresRuns
+from .slices import PostgresSlices
 from .steps import PostgresSteps
 
 __all__ = ["PostgresLedger"]
 
 
-class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory):
+class PostgresLedger(
+    PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory, PostgresSlices
+):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""
