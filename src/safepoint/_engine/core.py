@@ -101,7 +101,6 @@ class RunCore:
         replans: bool = False,
         attempts: dict[str, list[AttemptRecord]] | None = None,
         default_retry: Retry | None = None,
-        slice_clock: SliceClock | None = None,
     ) -> None:
         self.store = store
         self.is_async = is_async
@@ -144,7 +143,7 @@ class RunCore:
         self.open_branches: set[str] = set()
         # The slice of time the call that carries the run on may spend (``slices``): once it
         # is spent, no new step starts.
-        self.slice_clock = slice_clock
+        self.slice_clock: SliceClock | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
 

@@ -83,7 +83,8 @@ def start(
     or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
     ``slice`` (a ``timedelta`` or seconds, measured from this call) bounds how long this call
     carries the run on: once it is spent the run stops at its next step boundary, is released
-    at once, and ``Unfinished`` is returned instead of the result (see ``resume``).
+    at once, and ``Unfinished`` is returned instead of the result (see ``resume``); a run held
+    by a live worker is waited for within the slice only.
     """
     clock = SliceClock.of(slice)  # from when the call began
     require_store(store, "start")
