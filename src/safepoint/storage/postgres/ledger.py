@@ -14,7 +14,8 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``slices``; what they read is every store's
+(``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .forks import PostgresForks
 from .history import PostgresHistory
 from .retry import PostgresRetry
 from .runs import PostgresRuns
+from .slices import PostgresSlices
 from .steps import PostgresSteps
 
 __all__ = ["PostgresLedger"]
@@ -38,6 +40,7 @@ class PostgresLedger(
     PostgresHistory,
     PostgresForks,
     PostgresRetry,
+    PostgresSlices,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

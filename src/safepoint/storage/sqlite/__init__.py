@@ -3,7 +3,7 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks`` and ``retry``. What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry`` and ``slices``. What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -14,9 +14,10 @@ from .effects import SqliteEffects
 from .forks import SqliteForks
 from .history import SqliteHistory
 from .retry import SqliteRetry
+from .slices import SqliteSlices
 
 __all__ = ["SqliteStore"]
 
 
-class SqliteStore(SqliteHistory, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry):
+class SqliteStore(SqliteHistory, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry, SqliteSlices):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""
