@@ -13,8 +13,10 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
+from ._engine.fork import fork, fork_async
 from ._engine.messages import send, send_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.retry import retry, retry_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
     cancel,
@@ -52,7 +54,7 @@ from .errors import (
 from .storage import open_store
 from .storage.base import AsyncStore, Store
 from .storage.open_async import open_async_store
-from .types import Budget, HistoryLimit, Retry
+from .types import Budget, HistoryLimit, Retry, Unfinished
 
 __version__ = "0.1.0"
 
@@ -85,6 +87,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "Transcript",
+    "Unfinished",
     "Unknown",
     "UsageError",
     "WaitTimedOut",
@@ -94,12 +97,16 @@ __all__ = [
     "approve_async",
     "cancel",
     "cancel_async",
+    "fork",
+    "fork_async",
     "open_async_store",
     "open_store",
     "record_schema",
     "resolve",
     "resume",
     "resume_async",
+    "retry",
+    "retry_async",
     "revoke_approval",
     "revoke_approval_async",
     "send",

@@ -37,14 +37,17 @@ __all__ = [
     "MessageRecord",
     "OperationRecord",
     "Recorded",
+    "Resend",
     "Resolution",
     "ResolutionAction",
     "Retry",
     "RunRecord",
+    "RunRetry",
     "RunStatus",
     "StepKind",
     "StepRecord",
     "StepStatus",
+    "Unfinished",
     "UnreadableRun",
     "WaitGate",
 ]
@@ -207,6 +210,32 @@ class UnreadableRun:
     created_at: int | None = None
     updated_at: int | None = None
     recovery_record: dict[str, Any] | None = None  # a blocked run's, when it can be read
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """What ``start``, ``resume`` (and their async forms) return instead of the workflow's
+    result when the ``slice=`` they were given was spent before the run ended.
+
+    The run stopped at a step boundary — never inside an effect's dispatch — with its pure
+    steps written, and was released at once: ``status`` is how it stands now (``running`` with
+    no owner), so the next ``resume`` (or any worker) claims it without waiting for a lease to
+    expire and carries it on. ``reason`` says when and before which step it stopped; the run's
+    history records it as a ``run.slice_ended`` event. ``run_id`` is the run that stopped: the
+    one given, or the run that continues its chain (``continue_as_new``) — resuming either id
+    carries the chain on.
+
+    An ``Unfinished`` is truthy, like any object: a workflow's own result may be falsy (``None``,
+    ``0``, ``{}``), so test for it by type, not by truth::
+
+        outcome = sp.resume(store, run_id, slice=timedelta(seconds=25))
+        if isinstance(outcome, sp.Unfinished):
+            schedule_again(outcome.run_id)  # the next invocation carries it on at once
+    """
+
+    run_id: str
+    status: RunStatus
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +476,31 @@ class WaitGate:
     step: StepRecord | None = None
     waiting_for: dict[str, Any] | None = None
     message: MessageRecord | None = None  # the message the step received, marked taken
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """An operation its owner rejected, sent again by a retry as its next attempt: under
+    ``effect_key``, the key derived for attempt ``key_attempt`` from the key minted for it."""
+
+    operation_id: str
+    step_id: str
+    key_attempt: int
+    effect_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRetry:
+    """A person's retry of a failed run (``safepoint.retry``), as the store carries it out:
+    the failed step chosen (``step_id``; None when the workflow itself raised), the steps
+    whose failed record and failed attempts move into the history (``moved``), and the
+    rejected operations sent again (``resend``)."""
+
+    by: str
+    reason: str | None = None
+    step_id: str | None = None
+    moved: tuple[str, ...] = ()
+    resend: tuple[Resend, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

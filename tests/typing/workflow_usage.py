@@ -179,3 +179,27 @@ def sent(store: sp.Store) -> str | None:
 
 def carried_out(store: sp.Store) -> object:
     return sp.start(store, follow_up, "case-8472", run_id="case-8472-follow-up")
+
+
+def forked(store: sp.Store) -> str:
+    fork: sp.types.RunRecord = sp.fork(
+        store, "case-8472-follow-up", from_step="draft", workflow=follow_up, resend=["ticket.sync"], by="ana"
+    )
+    sp.fork(store, "case-8472-follow-up", from_step="draft")  # type: ignore[call-arg]
+    return fork.run_id
+
+
+async def forked_async(store: sp.AsyncStore) -> str:
+    fork = await sp.fork_async(store, "case-8472-follow-up", from_step="draft", by="ana", reason="retry")
+    return fork.run_id
+
+
+def carried_in_slices(store: sp.Store) -> str | None:
+    outcome = sp.resume(store, "case-8472-follow-up", slice=timedelta(seconds=25))
+    if isinstance(outcome, sp.Unfinished):
+        status: sp.types.RunStatus = outcome.status
+        return f"{outcome.run_id} {status.value}: {outcome.reason}"
+    stats = sp.Worker(store).run(slice=25.0, handle_signals=False)
+    unfinished: int = stats.unfinished
+    sp.resume(store, "r", slice="25s")  # type: ignore[arg-type]
+    return None if unfinished else "done"

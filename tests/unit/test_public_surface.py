@@ -50,6 +50,10 @@ TOP_LEVEL = frozenset(
         "revoke_approval",
         "revoke_approval_async",
         "resolve",
+        "fork",
+        "fork_async",
+        "retry",
+        "retry_async",
         "send",
         "send_async",
         "record_schema",
@@ -72,6 +76,7 @@ TOP_LEVEL = frozenset(
         "Budget",
         "Retry",
         "HistoryLimit",
+        "Unfinished",  # what a call given slice= returns when the run goes on
         "Store",
         "AsyncStore",
         # the errors worth catching

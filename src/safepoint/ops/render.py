@@ -440,6 +440,8 @@ def _header(run: RunRecord, now: int) -> Table:
         row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain {run.chain_id})")
     if run.successor_run_id:
         row("continued as", run.successor_run_id)
+    if run.forked_from:
+        row("forked from", fork_line(run.forked_from))
     row("history", _history(run))
     row(
         "resumes",
@@ -451,6 +453,14 @@ def _header(run: RunRecord, now: int) -> Table:
     row("created", when(run.created_at, now))
     row("updated", when(run.updated_at, now))
     return grid
+
+
+def fork_line(forked: dict[str, Any]) -> str:
+    """A fork's origin as a person reads it: the run and step, and what it sends again."""
+    line = f"{forked.get('run_id')} at step {forked.get('step_id')}"
+    if forked.get("resend"):
+        line += f" (sends again, under its own key: {', '.join(map(str, forked['resend']))})"
+    return line
 
 
 def _owner_line(held: Ownership, now: int) -> Text:
@@ -657,11 +667,35 @@ def _print_approvals(console: Console, store: Store, ledger: Ledger, now: int) -
         )
 
 
+def slices_line(run: RunRecord, events: Iterable[EventRecord], now: int) -> str | None:
+    """What the run's slices came to (``slice=``, ``--slice``): how many ended, the last one
+    when, before which step and after how long, and — while the run stands released where the
+    last one left it — that the next call carries it on. None for a run never cut in slices."""
+    events = list(events)
+    ended = [e for e in events if e.kind == "run.slice_ended"]
+    if not ended:
+        return None
+    last, detail = ended[-1], ended[-1].detail or {}
+    claimed_since = any(e.kind == "run.claimed" and e.event_id > last.event_id for e in events)
+    before = f" before step {last.step_id}" if last.step_id else ""
+    line = (
+        f"{len(ended)} slice{'s' if len(ended) > 1 else ''} ended; the last {when(last.at, now)}{before},"
+        f" {detail.get('elapsed_ms', '?')} ms into a slice of {detail.get('slice_ms', '?')} ms"
+    )
+    if run.status is RunStatus.RUNNING and run.owner is None and not claimed_since:
+        line += " — released there: the next resume (or a worker) carries it on at once"
+    return line
+
+
 def print_run(console: Console, store: Store, run_id: str) -> None:
     """The run header, its step timeline and its events: the body of `safepoint show`."""
     ledger = store.load_ledger(run_id)
     now = store.now()
+    events = store.events(run_id)
     print_table(console, _header(ledger.run, now))  # whole lines in a pipe, too
+    if (sliced := slices_line(ledger.run, events, now)) is not None:
+        console.print()
+        say(console, text("slices: ", "bold"), sliced)
     if ledger.run.status is RunStatus.BLOCKED:
         console.print()
         _print_blocked(console, ledger.run)
@@ -675,7 +709,7 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     print_table(console, timeline_table(ledger, now))
     console.print()
     console.rule("events", align="left")
-    print_table(console, events_table(store.events(run_id)))
+    print_table(console, events_table(events))
 
 
 def run_document(store: Store, run_id: str) -> dict[str, Any]:

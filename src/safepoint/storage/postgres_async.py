@@ -51,12 +51,13 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
     WaitGate,
 )
-from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
@@ -405,6 +406,9 @@ class AsyncPostgresStore:
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))
 
+    async def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        await self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
+
     async def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         await self._run(self._ledger.reprepare_effect(claim, op, payload))
 
@@ -429,6 +433,15 @@ class AsyncPostgresStore:
 
     async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    async def fork_run(self, fork: ForkRun) -> RunRecord:
+        return await self._run(self._ledger.fork_run(fork))
+
+    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return await self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     async def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..storage.base import AsyncStore, NewRun, Replan
+from ..storage.base import AsyncStore, ForkRun, NewRun, Replan
 from ..types import (
     JSON,
     ApprovalGate,
@@ -26,6 +26,7 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -178,6 +179,9 @@ class SyncOverAsync:
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))
 
+    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        self._call(self.store.end_slice(claim, step_id=step_id, detail=detail))
+
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._call(self.store.reprepare_effect(claim, op, payload))
 
@@ -201,6 +205,12 @@ class SyncOverAsync:
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._call(self.store.chain_operation(chain_id, operation_id))
 
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        return self._call(self.store.fork_run(fork))
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return self._call(self.store.fork_operation(run_id, operation_id, chained))
+
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
 
@@ -217,3 +227,6 @@ class SyncOverAsync:
 
     def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
         return self._call(self.store.await_timer(claim, step, duration_ms))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._call(self.store.retry_run(run_id, expected_revision, retry))

@@ -14,15 +14,19 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``waits``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``slices``, ``waits``; what they read is every store's
+(``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
 
 from .approvals import PostgresApprovals
 from .effects import PostgresEffects
+from .forks import PostgresForks
 from .history import PostgresHistory
+from .retry import PostgresRetry
 from .runs import PostgresRuns
+from .slices import PostgresSlices
 from .steps import PostgresSteps
 from .waits import PostgresWaits
 
@@ -30,7 +34,15 @@ __all__ = ["PostgresLedger"]
 
 
 class PostgresLedger(
-    PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory, PostgresWaits
+    PostgresRuns,
+    PostgresSteps,
+    PostgresEffects,
+    PostgresApprovals,
+    PostgresHistory,
+    PostgresForks,
+    PostgresRetry,
+    PostgresSlices,
+    PostgresWaits,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

@@ -53,12 +53,13 @@ from ...types import (
     OperationRecord,
     Resolution,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
     WaitGate,
 )
-from ..base import INLINE_LIMIT, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..plans import Plan
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
@@ -333,6 +334,9 @@ class PostgresStore:
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))
 
+    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
+
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._run(self._ledger.reprepare_effect(claim, op, payload))
 
@@ -355,6 +359,15 @@ class PostgresStore:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        return self._run(self._ledger.fork_run(fork))
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None

@@ -40,11 +40,12 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new), ``unreadable`` (rows that cannot be read: damaged through
-``ConformanceBase.damage``, which a store of your own overrides) and ``waits`` (messages, and
-the gates of wait and sleep steps). ``_support`` holds what they
-share: the base class with ``make_store`` and the helpers, the constants and the record
-factories.
+continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
+cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
+overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
+end of a slice) and ``waits`` (messages, and the gates of wait and sleep steps). ``_support``
+holds what they share: the base class with ``make_store`` and the
+helpers, the constants and the record factories.
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ from .claiming import ClaimTests
 from .effects import EffectTests
 from .ending import EndingTests
 from .fencing import FenceTests
+from .forks import ForkTests
 from .history import HistoryTests
 from .limits import LimitTests
+from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
+from .slices import SliceTests
 from .steps import StepTests
 from .unreadable import UnreadableTests
 from .waits import WaitTests
@@ -72,6 +76,9 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # that they run in reading order, creating runs first.
 class StoreConformance(
     WaitTests,
+    ForkTests,
+    RetryTests,
+    SliceTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,
