@@ -351,3 +351,23 @@ def test_a_wait_inside_a_fan_out_makes_the_whole_run_wait(store: sp.Store, owner
     sp.send(store, "r", "answer", "yes")
     assert sp.resume(store, "r") == {"reply": "re_1", "answer": "yes"}
     assert _applied(owner_env) == (1, 0)
+
+
+def test_a_run_failed_by_a_wait_timing_out_is_retried_into_a_fresh_wait(store: sp.Store) -> None:
+    @sp.workflow("waits-retried")
+    def uncaught(run: sp.Run) -> Any:
+        return run.wait_for("answer", timeout=0.3)
+
+    with pytest.raises(AwaitingMessage) as first:
+        sp.start(store, uncaught, run_id="r")
+    time.sleep(0.4)
+    with pytest.raises(sp.WaitTimedOut):
+        sp.resume(store, "r")
+    sp.retry(store, "r", by="ana", reason="the manager is back")  # the timed-out wait moves out
+    with pytest.raises(AwaitingMessage) as again:
+        sp.resume(store, "r")
+    assert again.value.timeout_at is not None
+    assert first.value.timeout_at is not None
+    assert again.value.timeout_at > first.value.timeout_at  # a wait of its own, its own timeout
+    sp.send(store, "r", "answer", "here")
+    assert sp.resume(store, "r") == "here"

@@ -60,6 +60,7 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
     UsageError,
+    WaitTimedOut,
 )
 from ..storage.base import NewRun, Replan, Store
 from ..types import (
@@ -539,7 +540,7 @@ def _end_failed(core: RunCore, exc: BaseException) -> Flow[NoReturn]:
     with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
         yield from core.flush()  # best effort: what was computed, for the person reading
     error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
-    if isinstance(exc, (StepFailed, EffectRejected)):  # where it failed: what a retry takes up
+    if isinstance(exc, (StepFailed, EffectRejected, WaitTimedOut)):  # what a retry takes up
         error["step_id"] = exc.step_id
         if isinstance(exc, EffectRejected):
             error["operation_id"] = exc.operation_id

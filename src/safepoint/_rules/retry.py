@@ -123,7 +123,7 @@ def failed_step(ledger: Ledger) -> str | None:
         _, at = stopped_at(run)
         return at if at in retriable else None
     error = run.error or {}
-    if error.get("type") != "StepFailed":
+    if error.get("type") not in ("StepFailed", "WaitTimedOut"):  # a wait's timeout: waits again
         return None
     if error.get("step_id") in retriable:
         return str(error["step_id"])
