@@ -13,6 +13,7 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
+from ._engine.limits import extend_limits, extend_limits_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
@@ -87,6 +88,8 @@ __all__ = [
     "approve_async",
     "cancel",
     "cancel_async",
+    "extend_limits",
+    "extend_limits_async",
     "open_async_store",
     "open_store",
     "record_schema",

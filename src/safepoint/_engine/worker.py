@@ -35,6 +35,7 @@ from ..errors import (
     ArtifactMissing,
     AwaitingApproval,
     CorruptRecord,
+    LimitReached,
     LostOwnership,
     RunBlocked,
     RunCancelled,
@@ -85,6 +86,7 @@ class WorkerStats:
     interrupted: int = 0  # the store failed mid-run; the run was given back
     cancelled: int = 0
     waiting: int = 0  # paused for a person's approval of an effect; released, not failed
+    stopped: int = 0  # reached a limit: resumable once a person raises it, not failed
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -238,6 +240,9 @@ class Worker:
         except AwaitingApproval as exc:
             self.stats.count("waiting")
             log.info("run %s waits for approval: %s", run_id, exc.reason)
+        except LimitReached as exc:
+            self.stats.count("stopped")
+            log.info("run %s stopped at a limit: %s", run_id, exc.message)
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

@@ -22,8 +22,10 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    LimitChange,
     OperationRecord,
     Resolution,
+    RunLimits,
     RunRecord,
     RunStatus,
     StepRecord,
@@ -201,3 +203,13 @@ class SyncOverAsync:
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
+
+    # carrying a stopped run on: limits
+
+    def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        return self._call(self.store.stop_run(claim, seen, error=error, recovery_record=recovery_record))
+
+    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
+        return self._call(self.store.extend_limits(run_id, expected_revision, change))

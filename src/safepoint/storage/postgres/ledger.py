@@ -14,7 +14,7 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``limits``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from __future__ import annotations
 from .approvals import PostgresApprovals
 from .effects import PostgresEffects
 from .history import PostgresHistory
+from .limits import PostgresLimits
 from .runs import PostgresRuns
 from .steps import PostgresSteps
 
 __all__ = ["PostgresLedger"]
 
 
-class PostgresLedger(PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory):
+class PostgresLedger(
+    PostgresLimits, PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory
+):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

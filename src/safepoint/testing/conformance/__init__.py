@@ -40,10 +40,10 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new) and ``unreadable`` (rows that cannot be read: damaged through
-``ConformanceBase.damage``, which a store of your own overrides). ``_support`` holds what they
-share: the base class with ``make_store`` and the helpers, the constants and the record
-factories.
+continue-as-new), ``stopped`` (runs stopped at a limit, limits raised) and ``unreadable``
+(rows that cannot be read: damaged through ``ConformanceBase.damage``, which a store of your
+own overrides). ``_support`` holds what they share: the base class with ``make_store`` and the
+helpers, the constants and the record factories.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ from .limits import LimitTests
 from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
+from .stopped import StoppedTests
 from .unreadable import UnreadableTests
 
 __all__ = ["StoreConformance", "SyncOverAsync"]
@@ -69,6 +70,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    StoppedTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,
