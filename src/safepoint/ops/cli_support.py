@@ -1,0 +1,161 @@
+"""What every ``safepoint`` command shares: the group that prints errors, the store it opens, the
+options and arguments most commands take, and the console it prints to.
+
+The commands live in ``cli`` (looking at runs, workers, the ledger itself),
+``operator_commands`` (a person's decisions) and ``carry_commands`` (carrying a stopped run on);
+each imports only this module from the command line's plumbing, never ``cli``, which registers
+them all on its group.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
+
+import click
+from click.core import ParameterSource
+from rich.console import Console
+
+from .._rules.ids import check_run_id
+from ..errors import LostOwnership, SafepointError
+from ..storage import open_store
+from ..storage.base import Store
+from .render import error_text, shown
+
+EXIT_ERROR = 1
+EXIT_BLOCKED = 3
+EXIT_WAITING = 4
+
+_STORE_URL = "safepoint.store_url"  # ctx.meta: the --store given after the command
+_OPENED = "safepoint.store"  # ctx.meta: the store the command opened
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SafepointGroup(click.Group):
+    """Prints safepoint's own errors as one safe line on stderr instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SafepointError as exc:
+            fail(ctx, error_text(exc, now_ms(ctx)))
+        except LostOwnership as exc:  # a BaseException: another worker took the run over
+            fail(ctx, str(exc))
+
+
+def fail(ctx: click.Context, message: str) -> NoReturn:
+    """Print ``error: <message>`` (escaped) on stderr and exit with code 1."""
+    click.echo(f"error: {shown(message)}", err=True)
+    ctx.exit(EXIT_ERROR)
+
+
+def now_ms(ctx: click.Context) -> int:
+    """The store's clock (leases are on it), or this machine's when no store answers."""
+    store = ctx.meta.get(_OPENED)
+    if store is not None:
+        try:
+            return int(store.now())
+        except Exception:  # the error being reported may be that the store is unusable
+            pass
+    return time.time_ns() // 1_000_000
+
+
+class StoreURL(click.types.StringParamType):
+    """A store URL; ``$SAFEPOINT_URL`` is one URL, never split (a path may hold spaces)."""
+
+    name = "url"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [rv]
+
+
+def one_store_url(given: tuple[str, ...], ctx: click.Context) -> str | None:
+    """The one ledger ``--store`` names, however often it is given; a usage error when it
+    names two."""
+    named = list(dict.fromkeys(given))
+    if len(named) > 1:
+        raise click.UsageError(
+            f"--store names {len(named)} ledgers ({', '.join(map(repr, named))}): name one", ctx=ctx
+        )
+    return named[0] if named else None
+
+
+def _take_store_url(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> None:
+    """``--store`` after the command: the same option as before it, naming the same ledger."""
+    if not values:
+        return
+    root = ctx.find_root()
+    before: tuple[str, ...] = ()
+    if root.get_parameter_source("store_url") is ParameterSource.COMMANDLINE:
+        before = tuple(root.params.get("store_url") or ())
+    ctx.meta[_STORE_URL] = one_store_url(before + tuple(values), ctx)
+
+
+def store_option(command: F) -> F:
+    """``--store URL`` on a command, so that it may follow the command's name too."""
+    return click.option(
+        "--store",
+        type=StoreURL(),
+        multiple=True,
+        expose_value=False,
+        callback=_take_store_url,
+        help="The ledger (as before the command).",
+    )(command)
+
+
+def run_argument(command: F) -> F:
+    """The RUN argument of a command, checked as every verb checks a run id — before a store
+    is opened (an argument that is not UTF-8 arrives holding a lone surrogate, which no ledger
+    can hold)."""
+    return click.argument("run_id", metavar="RUN", callback=lambda ctx, param, value: check_run_id(value))(
+        command
+    )
+
+
+def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
+    """The store named by --store, opened (and so migrated) once, closed when the command ends.
+
+    Only the commands that set a ledger up (``migrate``, ``worker``, ``dashboard``) create one
+    (``create``): every other one looks at runs that exist, and a missing ledger is an error
+    that leaves no file behind."""
+    url = ctx.meta.get(_STORE_URL) or ctx.find_root().obj
+    store = open_store(url, create=create)
+    ctx.meta[_OPENED] = store
+    ctx.find_root().call_on_close(store.close)  # open while the error handler reads its clock
+    return store
+
+
+def stdout_console(*, markup: bool = False) -> Console:
+    """The console a command prints to."""
+    # Built per command, not at import: the stream may be swapped (tests, redirection). Markup
+    # and emoji codes are off: what is printed is the ledger's data, never read as markup.
+    return Console(highlight=False, markup=markup, emoji=False)
+
+
+def import_modules(modules: tuple[str, ...]) -> None:
+    """Import the modules ``--import`` names (so their @workflow registrations and effects
+    exist), from the working directory too; a usage error when one of them is not there."""
+    if not modules:
+        return
+    # A console script does not put the working directory on sys.path (`python -m` does), yet
+    # workflows usually live in the project the person is standing in.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            # Only the named module being absent is a usage error; a missing import *inside*
+            # the user's module is their bug, and its traceback is the useful answer.
+            if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):
+                raise
+            raise click.BadParameter(
+                f"no module named {name!r} (run from the project directory or set PYTHONPATH)",
+                param_hint="--import",
+            ) from exc

@@ -1,0 +1,79 @@
+"""The dashboard's actions: what each POST to ``/runs/RUN/<action>`` does, and the fields its
+form may carry.
+
+Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
+``approve``, ``revoke_approval``), so a decision made in the browser is checked and recorded
+as one made anywhere else. A new action is a function here and an entry in ``ACTIONS``; the
+dashboard's request handling (admission, the token, the answer) does not change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from http import HTTPStatus
+
+from .._engine.operator import approve, resolve, revoke_approval
+from .._engine.verbs import cancel
+from ..storage.base import Store
+from ..types import ResolutionAction
+from .admission import Refusal
+
+
+def _cancel(store: Store, run_id: str, form: dict[str, str]) -> None:
+    cancel(store, run_id, by=form["by"], reason=form.get("reason") or None)
+
+
+_RESOLUTIONS = ", ".join(action.value for action in ResolutionAction)
+
+
+def _resolve(store: Store, run_id: str, form: dict[str, str]) -> None:
+    if form["action"] not in {action.value for action in ResolutionAction}:
+        raise Refusal(
+            HTTPStatus.BAD_REQUEST, f"no resolution {form['action'][:40]!r}: name one of {_RESOLUTIONS}"
+        )
+    receipt = form.get("receipt")
+    try:
+        held = json.loads(receipt) if receipt else None
+    except ValueError as exc:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"the receipt is not JSON: {exc}") from None
+    resolve(
+        store,
+        run_id,
+        form["action"],
+        revision=int(form["revision"]),
+        by=form["by"],
+        operation_id=form.get("operation_id") or None,
+        receipt=held,
+        evidence=form.get("evidence") or None,
+    )
+
+
+def _approve(store: Store, run_id: str, form: dict[str, str]) -> None:
+    minutes = form.get("expires_minutes")
+    approve(
+        store,
+        run_id,
+        form["step_id"],
+        by=form["by"],
+        expires=timedelta(minutes=float(minutes)) if minutes else None,
+        evidence=form.get("evidence") or None,
+        payload_digest=form.get("payload_digest") or None,
+    )
+
+
+def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
+    revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
+
+
+Action = Callable[[Store, str, dict[str, str]], None]
+"""An action: given the store, the run id and the fields of its form."""
+
+# Each action with the fields its form takes (besides the token): any other field is refused.
+ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
+    "cancel": (_cancel, frozenset({"by", "reason"})),
+    "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
+    "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
+    "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+}
