@@ -20,15 +20,18 @@ from .._rules.secrets import refuse_secrets
 from ..errors import LimitsRefused, UsageError
 from ..storage.base import Store
 from ..types import RunRecord
-from .flow import Flow, adrive, drive, io, require_store
+from .flow import Flow, Sleep, adrive, drive, io, require_store
 from .lifecycle import chain_head
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
 
 # How often a change asked without a revision is computed again when a worker moved the run
-# between its read and its write (each step moves a running run's revision).
-_TRIES = 8
+# between its read and its write (each step moves a running run's revision), and the pause
+# before each new try: doubling from 2 ms, at most 50 ms — a running run's worker writes in
+# bursts, and the change lands in a gap between them.
+_TRIES = 25
+_FIRST_PAUSE_S, _MAX_PAUSE_S = 0.002, 0.05
 
 
 def extend_limits(
@@ -139,7 +142,9 @@ def _extend_flow(
     """Read the run, decide the change, write it compare-and-set on the revision read (or the
     one the person looked at); when a worker moved the run in between, decide again on the run
     as it then stands — unless the person named the revision: then the change is refused."""
-    for _ in range(1 if expected_revision is not None else _TRIES):
+    for tried in range(1 if expected_revision is not None else _TRIES):
+        if tried:
+            yield Sleep(min(_MAX_PAUSE_S, _FIRST_PAUSE_S * 2 ** (tried - 1)))
         run = yield from io(Store.get_run, run_id)
         if expected_revision is None:  # the chain's head; a named revision is of the run named
             run = yield from chain_head(run)

@@ -29,6 +29,7 @@ from ..errors import (
     UsageError,
 )
 from ..types import JSON, AttemptRecord, Budget, LimitChange, Retry, RunLimits, RunRecord, RunStatus, StepKind
+from .moments import instant
 
 # Only observations and model calls are tried again: a pure step would fail the same way, a
 # decision is the planner's (recorded once), and an effect has its own protocol.
@@ -416,6 +417,26 @@ def stop_holds(stop: Stop, run: RunRecord, limits: RunLimits, now: int) -> bool:
     if stop.limit == STEP_ATTEMPTS:
         return limits.step_attempts is None or limits.step_attempts <= (stop.spent or 0)
     return False
+
+
+def stop_words(record: Mapping[str, Any]) -> str:
+    """A stopped run's limit as a person reads it (the CLI, the dashboard):
+    ``tokens: 34 spent of 30, before step 'turn.2'``."""
+    limit, step = record.get("limit"), record.get("step_id")
+    allowed: Any = record.get("allowed")
+    spent: Any = record.get("spent")
+    try:
+        if limit == DEADLINE:
+            what = f"deadline: {instant(int(allowed), millis=True)} passed (stopped {instant(int(spent))})"
+        elif limit == STEP_ATTEMPTS:
+            what = f"step attempts: all {spent:g} of {allowed:g} made"
+        elif limit == RESUME_BUDGET:
+            what = f"resume budget: resumed {spent:g} times, {allowed:g} allowed"
+        else:
+            what = f"{str(limit).replace('_', ' ')}: {spent:g} spent of {allowed:g}"
+    except (TypeError, ValueError):  # a record this version cannot read: say what it holds
+        what = f"{limit}: {spent} spent of {allowed}"
+    return what + (f", before step {step!r}" if step else ", at a takeover")
 
 
 def recorded_stop(run: RunRecord) -> Stop | None:

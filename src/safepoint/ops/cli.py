@@ -132,9 +132,9 @@ def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
 @store_option
 @click.pass_context
 def record(ctx: click.Context, run_id: str) -> None:
-    """Print a blocked run's recovery record as JSON.
+    """Print the recovery record of a blocked run (or of one stopped at a limit) as JSON.
 
-    Exit code 1 (with a note on stderr) when RUN is not blocked.
+    Exit code 1 (with a note on stderr) when RUN is neither.
     """
     run = open_cli_store(ctx).find_run(run_id)
     if isinstance(run, UnreadableRun) and run.recovery_record is None:
@@ -145,7 +145,7 @@ def record(ctx: click.Context, run_id: str) -> None:
             f"run {run_id!r} is not blocked: it waits for approval of step"
             f" {(run.waiting_for or {}).get('step_id')!r}; see `safepoint show {run_id}`",
         )
-    if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
+    if run.status not in (RunStatus.BLOCKED, RunStatus.STOPPED) or run.recovery_record is None:
         status = run.status.value if run.status else "unreadable"
         fail(
             ctx, f"run {run_id!r} is not blocked (status: {status}); only a blocked run has a recovery record"

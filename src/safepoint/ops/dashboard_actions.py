@@ -2,9 +2,10 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``), so a decision made in the browser is checked and recorded
-as one made anywhere else. A new action is a function here and an entry in ``ACTIONS``; the
-dashboard's request handling (admission, the token, the answer) does not change.
+``approve``, ``revoke_approval``, ``extend_limits``), so a decision made in the browser is
+checked and recorded as one made anywhere else. A new action is a function here and an entry
+in ``ACTIONS``; the dashboard's request handling (admission, the token, the answer) does not
+change.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from http import HTTPStatus
 
+from .._engine.limits import extend_limits
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.verbs import cancel
 from ..storage.base import Store
@@ -67,6 +69,28 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
     revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
 
 
+def _limits(store: Store, run_id: str, form: dict[str, str]) -> None:
+    """Raise (or set) the limits the form fills in; an empty field stays as it is."""
+
+    def whole(name: str) -> int | None:
+        return int(form[name]) if form.get(name) else None
+
+    minutes = form.get("deadline_minutes")
+    extend_limits(
+        store,
+        run_id,
+        tokens=whole("tokens"),
+        cost=float(form["cost"]) if form.get("cost") else None,
+        model_calls=whole("model_calls"),
+        deadline=timedelta(minutes=float(minutes)) if minutes else None,
+        step_attempts=whole("step_attempts"),
+        resume_budget=whole("resume_budget"),
+        by=form["by"],
+        reason=form.get("reason") or None,
+        expected_revision=whole("revision"),
+    )
+
+
 Action = Callable[[Store, str, dict[str, str]], None]
 """An action: given the store, the run id and the fields of its form."""
 
@@ -76,4 +100,20 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
     "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+    "limits": (
+        _limits,
+        frozenset(
+            {
+                "tokens",
+                "cost",
+                "model_calls",
+                "deadline_minutes",
+                "step_attempts",
+                "resume_budget",
+                "by",
+                "reason",
+                "revision",
+            }
+        ),
+    ),
 }

@@ -10,7 +10,6 @@ registers every command in ``COMMANDS`` on its group: a new one is added here, t
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timedelta
 
 import click
@@ -27,7 +26,15 @@ from .._rules.presence import HELD, ownership
 from ..errors import ApprovalRefused
 from ..storage.base import Store
 from ..types import ResolutionAction, RunRecord, RunStatus
-from .cli_support import fail, import_modules, now_ms, open_cli_store, run_argument, store_option
+from .cli_support import (
+    fail,
+    import_modules,
+    now_ms,
+    open_cli_store,
+    parse_when,
+    run_argument,
+    store_option,
+)
 from .render import error_text, shown
 
 _RESOLUTIONS = {
@@ -163,27 +170,10 @@ def _plain_status(run: RunRecord) -> str:
     return run.status.value
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
-
-
 def parse_expiry(text: str) -> timedelta | datetime:
     """``--expires``: a duration (``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``) or an ISO 8601
     instant with its time zone (``2030-01-31T17:00:00+01:00``)."""
-    parts = _DURATION.findall(text)
-    if parts and "".join(f"{n}{u}" for n, u in parts) == text:
-        return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise click.BadParameter(
-            f"{text!r} is neither a duration (90s, 15m, 2h, 1d, 1h30m)"
-            " nor an ISO 8601 instant with a time zone",
-            param_hint="--expires",
-        )
-    return moment
+    return parse_when(text, "--expires")
 
 
 @click.command()
