@@ -232,8 +232,8 @@ def worker(
     stats = found.run(until_idle=until_idle)
     click.echo(
         f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
-        f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
-        f" lost {stats.lost}",
+        f" blocked {stats.blocked}, waiting {stats.waiting}, stopped {stats.stopped},"
+        f" failed {stats.failed}, lost {stats.lost}",
         err=True,
     )
 
