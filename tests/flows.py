@@ -6,6 +6,7 @@ Step ids are prefixed by their kind so a crash point can target one kind:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import safepoint as sp
@@ -237,3 +238,26 @@ def transcript_loop(run: sp.Run, case_id: str) -> dict[str, Any]:
         "tickets": tickets_filed,
         "last": messages[-1]["content"],
     }
+
+
+RETRY_RACE_DIR = "SAFEPOINT_RETRY_RACE_DIR"  # where the race's lookups are counted, and allowed
+
+
+def race_lookup(run_id: str) -> dict[str, Any]:
+    """Counts each call (a line per call, appended by every process alike) and fails until the
+    test has put a file named after the run in the directory: the service is back."""
+    folder = os.environ[RETRY_RACE_DIR]
+    with open(os.path.join(folder, "calls"), "a", encoding="utf-8") as calls:
+        calls.write(run_id + "\n")
+    if not os.path.exists(os.path.join(folder, run_id)):
+        raise ConnectionRefusedError(f"the lookup service is down for {run_id}")
+    return {"run": run_id}
+
+
+@sp.workflow("retry-race", version="1")
+def retry_race(run: sp.Run, run_id: str) -> dict[str, Any]:
+    """A ticket, then a lookup that fails until its service is back: retried, the run finishes
+    with the ticket sent once and the lookup asked once more."""
+    ticket = run.effect("effect.ticket", charges, payload={"run": run_id}, operation_id=f"ticket:{run_id}")
+    found = run.read("read.lookup", race_lookup, run_id)
+    return {"ticket": ticket["id"], "found": found["run"]}

@@ -13,8 +13,10 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
+from ._engine.fork import fork, fork_async
 from ._engine.limits import extend_limits, extend_limits_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.retry import retry, retry_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
     cancel,
@@ -90,12 +92,16 @@ __all__ = [
     "cancel_async",
     "extend_limits",
     "extend_limits_async",
+    "fork",
+    "fork_async",
     "open_async_store",
     "open_store",
     "record_schema",
     "resolve",
     "resume",
     "resume_async",
+    "retry",
+    "retry_async",
     "revoke_approval",
     "revoke_approval_async",
     "start",

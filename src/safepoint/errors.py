@@ -20,6 +20,8 @@ The tree::
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
         │   ├── LimitsRefused           a change of limits that does not fit the run (moved, below spent)
+        │   ├── ForkRefused             a fork that cannot be made from that run and step
+        │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -46,6 +48,7 @@ The tree::
             ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
             │   └── ReplayMismatch      the step at this id has another kind or name
             ├── IncompatibleWorkflow    the run was recorded by another version or fingerprint
+            ├── SentBySource            a fork's effect that the run it was forked from sent
             └── HistoryLimitReached     the run's history reached its hard limit: nothing new is recorded
 
     BaseException
@@ -84,6 +87,7 @@ __all__ = [
     "CorruptRecord",
     "DeadlineExceeded",
     "EffectRejected",
+    "ForkRefused",
     "HistoryLimitReached",
     "HistoryWarning",
     "IncompatibleWorkflow",
@@ -99,6 +103,7 @@ __all__ = [
     "NotJSON",
     "ReplayMismatch",
     "ResolutionRefused",
+    "RetryRefused",
     "RunBlocked",
     "RunCancelled",
     "RunConflict",
@@ -108,6 +113,7 @@ __all__ = [
     "SafepointError",
     "SchemaTooNew",
     "SecretRefused",
+    "SentBySource",
     "StaleCheckpoint",
     "StepAttemptsExhausted",
     "StepFailed",
@@ -317,6 +323,45 @@ class LimitsRefused(UsageError):
         )
 
 
+class ForkRefused(UsageError):
+    """A fork that cannot be made as asked (``safepoint.fork``); nothing was written. ``reason``
+    says why; ``choices`` lists what could be asked instead (the steps a fork can start from,
+    the operations ``resend`` can name), ``operation_id`` names the operation in the way."""
+
+    run_id: str
+    reason: str
+    choices: tuple[str, ...]
+    operation_id: str | None
+
+    def __init__(
+        self, run_id: str, reason: str, *, choices: tuple[str, ...] = (), operation_id: str | None = None
+    ) -> None:
+        super().__init__(
+            f"cannot fork run {run_id!r}: {reason}",
+            run_id=run_id,
+            reason=reason,
+            choices=tuple(choices),
+            operation_id=operation_id,
+        )
+
+
+class RetryRefused(UsageError):
+    """A retry (``safepoint.retry``) that does not fit the run as it now stands — it is not
+    failed, it moved since the revision given, or ``step`` / ``resend`` name something it
+    cannot retry or send again; ``reason`` says which, and what can be named. Nothing was
+    changed."""
+
+    run_id: str
+    reason: str
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"retry of run {run_id!r} refused: {reason}",
+            run_id=run_id,
+            reason=reason,
+        )
+
+
 class InvalidStoreURL(UsageError):
     """A store URL that names no store safepoint can open."""
 
@@ -365,7 +410,8 @@ class RunOwned(SafepointError):
 
 
 class RunFailed(SafepointError):
-    """The run ended failed; resuming it raises this again from the ledger."""
+    """The run ended failed; resuming it raises this again from the ledger, and
+    ``safepoint.retry`` carries it on once the cause is fixed."""
 
     run_id: str
     error_type: str
@@ -374,7 +420,9 @@ class RunFailed(SafepointError):
     def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
         super().__init__(
             f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
-            " and resuming replays it; start a new run id to try again",
+            " and resuming replays it; once its cause is fixed, retry the run (`safepoint retry"
+            f" {run_id} --by <you>`, or safepoint.retry): what it did is kept and not done"
+            " again, where a new run id would do it all again",
             run_id=run_id,
             error_type=error_type,
             error_message=error_message,
@@ -826,6 +874,40 @@ class IncompatibleWorkflow(RunBlocked):
             recorded=recorded,
             current=current,
             changes=changes,
+            record=record,
+        )
+
+
+class SentBySource(RunBlocked):
+    """An effect step of a fork asks for an operation that the run it was forked from (or that
+    run's own source) sent — with another payload, or with an outcome not settled there. A fork
+    never sends such an operation again under a key of its own unless the operator named it in
+    ``resend``: the run blocks instead. ``source_run_id`` is the run that holds it."""
+
+    step_id: str
+    operation_id: str
+    source_run_id: str
+    reason: str
+
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        operation_id: str,
+        source_run_id: str,
+        reason: str,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) of fork {run_id!r} is not sent: {reason};"
+            " a fork never sends again what the run it was forked from sent, unless the operator"
+            f" names it — fork {source_run_id!r} again with resend=[{operation_id!r}] (CLI:"
+            f" --resend {operation_id}) to send it under the fork's own key",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            source_run_id=source_run_id,
+            reason=reason,
             record=record,
         )
 

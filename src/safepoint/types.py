@@ -37,11 +37,13 @@ __all__ = [
     "LimitChange",
     "OperationRecord",
     "Recorded",
+    "Resend",
     "Resolution",
     "ResolutionAction",
     "Retry",
     "RunLimits",
     "RunRecord",
+    "RunRetry",
     "RunStatus",
     "StepKind",
     "StepRecord",
@@ -416,6 +418,31 @@ class ApprovalGate:
 
     approval: ApprovalRecord | None
     waiting_for: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """An operation its owner rejected, sent again by a retry as its next attempt: under
+    ``effect_key``, the key derived for attempt ``key_attempt`` from the key minted for it."""
+
+    operation_id: str
+    step_id: str
+    key_attempt: int
+    effect_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRetry:
+    """A person's retry of a failed run (``safepoint.retry``), as the store carries it out:
+    the failed step chosen (``step_id``; None when the workflow itself raised), the steps
+    whose failed record and failed attempts move into the history (``moved``), and the
+    rejected operations sent again (``resend``)."""
+
+    by: str
+    reason: str | None = None
+    step_id: str | None = None
+    moved: tuple[str, ...] = ()
+    resend: tuple[Resend, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

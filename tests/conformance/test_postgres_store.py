@@ -50,7 +50,16 @@ from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, c
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import OwnerService
 from safepoint.testing.conformance import StoreConformance, SyncOverAsync
-from safepoint.types import Claim, Durability, EffectState, OperationRecord, RunStatus, StepKind, StepRecord
+from safepoint.types import (
+    Claim,
+    Durability,
+    EffectState,
+    OperationRecord,
+    RunRetry,
+    RunStatus,
+    StepKind,
+    StepRecord,
+)
 
 CLOCK_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now"
 
@@ -584,6 +593,16 @@ def test_a_released_run_wakes_a_waiting_worker(pg_url: str, opened: Callable[[st
     _, claim = holder.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     assert _wake_time(waiter, lambda: holder.release_run(claim)) < 1.0
+
+
+def test_a_retried_run_wakes_a_waiting_worker(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
+    waiter, person = opened(pg_url), opened(pg_url)
+    _, claim = person.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    person.finish_run(claim, RunStatus.FAILED, error={"type": "ValueError", "message": "no"})
+    failed = person.get_run(claim.run_id)
+    retry = RunRetry(by="ana")
+    assert _wake_time(waiter, lambda: person.retry_run(failed.run_id, failed.state_revision, retry)) < 1.0
 
 
 def test_a_run_started_by_its_owner_wakes_nobody(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:

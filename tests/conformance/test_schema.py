@@ -286,13 +286,13 @@ def test_a_migration_that_ships_is_numbered_and_read_as_written() -> None:
 
 def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
     """Queries are named after the store methods that run them: each dialect's queries.sql
-    holds exactly the names its store (and the reading plans both share) asks for."""
+    holds exactly the names its store (and the plans both share) asks for."""
     from safepoint.storage.plans import load_queries
 
     storage = Path(sp.__file__).parent / "storage"
 
-    def asked(*paths: Path) -> set[str]:  # SQL["name"], _q("name", …), self.q("name", …)
-        pattern = re.compile(r'(?:SQL\[|_q\(|self\.q\()\s*"([a-z_]+)"')
+    def asked(*paths: Path) -> set[str]:  # SQL["name"], _q("name", …), self.q("name", …), q(…)
+        pattern = re.compile(r'(?:SQL\[|\b_?q\(|self\.q\()\s*"([a-z_]+)"')
         return {name for path in paths for name in pattern.findall(path.read_text())}
 
     def mentioned(*paths: Path) -> set[str]:  # any name in quotes (a fenced statement's, …)
@@ -300,6 +300,7 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
 
     for dialect in ("sqlite", "postgres"):
         named = set(load_queries(dialect))
-        code = [storage / "ledger.py", *sorted((storage / dialect).glob("*.py"))]
+        # the plans both dialects share (storage/*.py: the reads, forks, retries …) and the dialect's
+        code = [*sorted(storage.glob("*.py")), *sorted((storage / dialect).glob("*.py"))]
         assert asked(*code) - named == set(), f"{dialect}: asked for but not in queries.sql"
         assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"

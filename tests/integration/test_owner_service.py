@@ -149,6 +149,18 @@ def test_fail_before_commit_is_unavailable_and_not_applied(client: OwnerClient) 
     assert client.create("charges", {"amount": 1}, idempotency_key="f-1")["id"] == "ch_1"
 
 
+def test_a_decline_is_answered_again_under_its_key_and_applies_nothing(client: OwnerClient) -> None:
+    client.set_faults(decline=1)
+    for _ in range(2):  # the refusal is kept under its key, as Stripe keeps a declined request's
+        with pytest.raises(OwnerRejected) as declined:
+            client.create("charges", {"amount": 7}, idempotency_key="d-1")
+        assert (declined.value.status, declined.value.error_type) == (402, "card_error")
+    assert client.stats()["applied"] == 0
+    # under another key the same request is a new one, and the owner takes it
+    assert client.create("charges", {"amount": 7}, idempotency_key="d-2")["idempotency_key"] == "d-2"
+    assert client.stats()["applied"] == 1
+
+
 def test_index_lag_fault_hides_from_search_not_from_get(client: OwnerClient) -> None:
     client.set_faults(index_lag=0.4)
     obj = client.create("tickets", {"subject": "lagging"}, idempotency_key="lag-1")
@@ -234,6 +246,7 @@ def test_reset_clears_everything(client: OwnerClient) -> None:
     assert client.faults() == {
         "drop_after_commit": 0,
         "fail_before_commit": 0,
+        "decline": 0,
         "delay": 0.0,
         "index_lag": 0.0,
     }

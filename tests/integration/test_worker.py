@@ -78,7 +78,13 @@ def test_workers_in_processes_survive_sigkill(tmp_path: Path, owner_env: OwnerSe
     for index in range(12):
         sp.submit(store, flows.every_kind, f"case-{index}", run_id=f"job-{index}")
     doomed = _worker_process(url, owner_env)
-    time.sleep(1.0)
+    # killed once it holds a run (a loaded machine may take seconds to start a process)
+    holding = time.monotonic() + 60
+    while time.monotonic() < holding and not any(
+        run.status is RunStatus.RUNNING for run in store.list_runs(limit=100)
+    ):
+        time.sleep(0.02)
+    time.sleep(0.15)  # mid-run: past its first steps, inside a slow effect
     doomed.send_signal(signal.SIGKILL)
     doomed.communicate()
     interrupted = [run.run_id for run in store.list_runs(limit=100) if run.status is RunStatus.RUNNING]

@@ -118,6 +118,123 @@ def test_two_resumers_from_one_revision(store_url: str, owner_env: OwnerService)
     print("two-resumer figures:", json.dumps(figures))
 
 
+RETRY_TRIALS = 200
+
+# A retrier process: for each run id on stdin, read the failed run (its revision), say "ready",
+# wait for "go", then retry it from that revision and resume it.
+_RETRIER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import flows, safepoint as sp
+from safepoint.errors import RetryRefused, RunOwned
+store = sp.open_store({url!r})
+for line in sys.stdin:
+    run = store.get_run(line.strip())
+    print("ready", flush=True)
+    sys.stdin.readline()
+    try:
+        sp.retry(store, run.run_id, by={who!r}, expected_revision=run.state_revision)
+        retried = "retried"
+    except RetryRefused:
+        retried = "refused"
+    try:
+        sp.resume(store, run.run_id, lease_ms=30_000)
+        resumed = "returned"  # executed it, or found it finished by another
+    except RunOwned:
+        resumed = "owned"
+    print(json.dumps({{"run": run.run_id, "retry": retried, "resume": resumed}}), flush=True)
+"""
+
+# A worker process, claiming every runnable run of the race as soon as one is retried.
+_WORKER = """
+import sys
+sys.path.insert(0, {tests!r})
+import flows, safepoint as sp
+sp.Worker(sp.open_store({url!r}), workflows=["retry-race"], rescan=0.05).run()
+"""
+
+
+def _python(script: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
+
+
+def test_retries_racing_each_other_and_a_worker(
+    store_url: str, owner_env: OwnerService, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each trial: a run failed at a lookup after sending its ticket; two processes read it at
+    the same revision and both retry it from there, then resume it, while a worker process
+    claims whatever becomes runnable. One retry wins, the other is refused; one process
+    executes the run; the lookup is asked once more and the ticket is never sent again."""
+    import flows
+
+    monkeypatch.setenv(flows.RETRY_RACE_DIR, str(tmp_path))
+    env = {**os.environ, "SAFEPOINT_OWNER_URL": owner_env.url}
+    store = sp.open_store(store_url)
+    prefix = f"retry-race-{time.monotonic_ns()}"
+    ids = [f"{prefix}-{i}" for i in range(RETRY_TRIALS)]
+    for run_id in ids:
+        with pytest.raises(sp.StepFailed):
+            sp.start(store, flows.retry_race, run_id, run_id=run_id)
+        (tmp_path / run_id).touch()  # the lookup's service is back for it
+    racers = [_python(_RETRIER.format(tests=TESTS, url=store_url, who=who), env) for who in ("ana", "bo")]
+    worker = _python(_WORKER.format(tests=TESTS, url=store_url), env)
+    outcomes: dict[str, list[dict[str, str]]] = {}
+    try:
+        for run_id in ids:
+            for proc in racers:
+                proc.stdin.write(run_id + "\n")  # type: ignore[union-attr]
+            for proc in racers:
+                assert proc.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+            for proc in racers:
+                proc.stdin.write("go\n")  # type: ignore[union-attr]
+            outcomes[run_id] = [
+                json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+                for proc in racers
+            ]
+    finally:
+        for proc in racers:
+            proc.stdin.close()  # type: ignore[union-attr]
+            proc.wait(timeout=30)
+        worker.send_signal(signal.SIGTERM)  # drains: what it holds goes on to its end
+        worker.communicate(timeout=60)
+    assert all(sorted(o["retry"] for o in pair) == ["refused", "retried"] for pair in outcomes.values()), (
+        outcomes
+    )
+    calls = (tmp_path / "calls").read_text().split()
+    asked_twice = [run_id for run_id in ids if calls.count(run_id) != 2]
+    assert asked_twice == []  # failed once, asked once more after the retry: never twice
+    stats = owner_env.client.stats()
+    assert (stats["applied"], stats["duplicates"]) == (RETRY_TRIALS, 0)
+    unfenced, executors = [], {"worker": 0, "resumer": 0}
+    for run_id in ids:
+        run = store.get_run(run_id)
+        assert run.status is RunStatus.COMPLETED, (run_id, run.status, run.error)
+        assert run.result == {"ticket": run.result["ticket"], "found": run_id}
+        events = store.events(run_id)
+        kinds = [e.kind for e in events]
+        assert kinds.count("run.retried") == 1
+        after = events[kinds.index("run.retried") + 1 :]
+        claims = [e for e in after if e.kind == "run.claimed"]
+        writers = {(e.worker, e.fence) for e in after}
+        if len(claims) != 1 or len(writers) != 1:
+            unfenced.append((run_id, writers))
+        by_worker = bool(claims) and f":{worker.pid}:" in str(claims[0].worker)
+        executors["worker" if by_worker else "resumer"] += 1
+    assert unfenced == []
+    print(
+        "retry-race figures:",
+        json.dumps({"trials": RETRY_TRIALS, **executors, "dispatches": stats["applied"]}),
+    )
+
+
 def _wait_stopped(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

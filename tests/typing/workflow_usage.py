@@ -154,3 +154,16 @@ async def async_mistakes(run: sp.AsyncRun, text: str) -> None:
 
 def carried_out(store: sp.Store) -> object:
     return sp.start(store, follow_up, "case-8472", run_id="case-8472-follow-up")
+
+
+def forked(store: sp.Store) -> str:
+    fork: sp.types.RunRecord = sp.fork(
+        store, "case-8472-follow-up", from_step="draft", workflow=follow_up, resend=["ticket.sync"], by="ana"
+    )
+    sp.fork(store, "case-8472-follow-up", from_step="draft")  # type: ignore[call-arg]
+    return fork.run_id
+
+
+async def forked_async(store: sp.AsyncStore) -> str:
+    fork = await sp.fork_async(store, "case-8472-follow-up", from_step="draft", by="ana", reason="retry")
+    return fork.run_id

@@ -37,6 +37,7 @@ from .._rules.effects import (
     one_commit_to_dispatching,
     orphaned,
 )
+from .._rules.fork import Forked, forked_effect, resend_of
 from .._rules.ids import check_id
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from ..errors import (
@@ -50,6 +51,7 @@ from ..errors import (
     NeedsReconciliation,
     NotJSON,
     ReplayMismatch,
+    SentBySource,
     StaleCheckpoint,
     UsageError,
     VerificationFailed,
@@ -117,12 +119,12 @@ class EffectDispatch:
 
         # An operation id the caller chose names the operation across the run's chain: one an
         # earlier run of the chain settled is never dispatched again (nor keyed afresh). A
-        # step's own id, the default, names it within this run only.
+        # step's own id, the default, names it within this run only. Nor does a fork send what
+        # the runs it was forked from sent.
         chained = operation_id is not None
-        if op_id not in core.operations and chained and core.run.parent_run_id is not None:
-            settled = yield from self.settled_in_chain(op_id, payload_ref)
-            if settled is not None:
-                return settled.receipt
+        settled = yield from self.settled_before(op_id, payload_ref, chained, hashed)
+        if settled is not None:
+            return settled.receipt
         if op_id not in core.operations and core.unreached:
             yield from self.refuse_beside_orphans(op_id, prefix)
         key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
@@ -383,6 +385,82 @@ class EffectDispatch:
         if settled.state is EffectState.REJECTED:
             raise EffectRejected(self.core.run.run_id, self.sid, op_id, settled.error)
         return settled
+
+    def settled_before(
+        self, op_id: str, payload_ref: str, chained: bool, hashed: str
+    ) -> Flow[OperationRecord | None]:
+        """The operation as another run settled it for this one — an earlier run of its chain
+        (``settled_in_chain``), or a run it was forked from (``settled_in_ancestry``) — or
+        None: it is this run's own to prepare."""
+        core = self.core
+        if op_id in core.operations:
+            return None
+        if chained and core.run.parent_run_id is not None:
+            settled = yield from self.settled_in_chain(op_id, payload_ref)
+            if settled is not None:
+                return settled
+        if not (core.run.forked_from or core.run.parent_run_id):
+            return None
+        settled = yield from self.settled_in_ancestry(op_id, payload_ref, chained)
+        if settled is not None and not core.cancelling:  # recorded: a fork of this run copies it
+            step = self.accepted_step(settled, hashed)
+            yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
+            core.steps[self.sid] = step
+        return settled
+
+    def settled_in_ancestry(
+        self, op_id: str, payload_ref: str, chained: bool
+    ) -> Flow[OperationRecord | None]:
+        """The operation as a run this fork was forked from accepted it (its receipt stands for
+        the fork, recorded as the step's), or None: it is then the fork's own to send (see
+        ``_rules.fork.forked_effect``). One that run rejected raises
+        that rejection again; one sent with another payload, or not settled there, blocks the
+        fork (``SentBySource``) — unless the operator named it in ``resend``."""
+        core = self.core
+        found = yield from io(Store.fork_operation, core.run.run_id, op_id, chained)
+        if found is None:
+            return None
+        # What the operator named in resend is recorded with the fork: a successor of it
+        # (continue-as-new) reads it from its chain's first run.
+        fork = core.run
+        if fork.parent_run_id is not None and fork.chain_id is not None:
+            fork = yield from io(Store.get_run, fork.chain_id)
+        decided = forked_effect(
+            found, effect=self.effect.name, payload_ref=payload_ref, resend=op_id in resend_of(fork)
+        )
+        if decided is Forked.SEND:
+            return None
+        if decided is Forked.ADOPT:
+            return found
+        if decided is Forked.REJECTED:
+            raise EffectRejected(core.run.run_id, self.sid, op_id, found.error)
+        if decided is Forked.OTHER_EFFECT:
+            yield from core.block(
+                ReplayMismatch(
+                    core.run.run_id,
+                    self.sid,
+                    f"operation {op_id!r} was sent by run {found.run_id!r}, which this run was"
+                    f" forked from, for effect {found.effect!r}",
+                ),
+                phase="replay_mismatch",
+                op=found,
+            )
+        if decided is Forked.UNSETTLED:
+            reason = (
+                f"run {found.run_id!r}, which this run was forked from, holds it"
+                f" {found.state.value}: it may have happened there — settle it in that run"
+                f" (`safepoint record {found.run_id}`), then resume this fork, which takes the"
+                " outcome settled there"
+            )
+        else:
+            reason = f"run {found.run_id!r}, which this run was forked from, sent it with another payload"
+        yield from core.block(
+            SentBySource(core.run.run_id, self.sid, op_id, found.run_id, reason),
+            phase="forked_effect",
+            op=found,
+            evidence={"new_payload_ref": payload_ref, "sent_by": found.run_id},
+        )
+        raise AssertionError("unreachable")
 
     def prepared_payload(self, op: OperationRecord, payload_ref: str) -> Flow[tuple[OperationRecord, JSON]]:
         """The operation and the payload it may be sent with: the payload as it was prepared (a

@@ -47,6 +47,7 @@ from ..errors import (
     ContinueAsNew,
     CorruptRecord,
     DeadlineExceeded,
+    EffectRejected,
     IncompatibleWorkflow,
     LimitReached,
     LostOwnership,
@@ -58,6 +59,7 @@ from ..errors import (
     RunOwned,
     SafepointError,
     StepAttemptsExhausted,
+    StepFailed,
     StoreError,
     StoreUnavailable,
     UsageError,
@@ -528,6 +530,10 @@ def _end_failed(core: RunCore, exc: BaseException) -> Flow[NoReturn]:
     with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
         yield from core.flush()  # best effort: what was computed, for the person reading
     error = {"type": type(exc).__name__, "message": redacted_message(str(exc), 4000)}
+    if isinstance(exc, (StepFailed, EffectRejected)):  # where it failed: what a retry takes up
+        error["step_id"] = exc.step_id
+        if isinstance(exc, EffectRejected):
+            error["operation_id"] = exc.operation_id
     yield from io(Store.finish_run, core.claim, RunStatus.FAILED, error=error)
     if isinstance(exc, SafepointError):
         raise exc

@@ -171,14 +171,43 @@ def mint_effect_key(ledger_id: str, scope: str, operation_id: str) -> str:
     return "sp_" + sha256_hex(f"{ledger_id}\x00{scope}\x00{operation_id}".encode())[:40]
 
 
+def attempt_key(minted: str, key_attempt: int) -> str:
+    """The key of attempt ``key_attempt`` of an operation whose first key was ``minted``: that
+    key itself for the first attempt; for a later one (a person had an operation its owner
+    rejected sent again, ``safepoint.retry(resend=…)``), a key derived from the minted key and
+    the attempt — new to the owner, so that it does not answer with the rejection it keeps for
+    the first key, and still bound to the one operation of the one ledger."""
+    if key_attempt == 1:
+        return minted
+    return "sp_" + sha256_hex(f"{minted}\x00attempt\x00{key_attempt}".encode())[:40]
+
+
+def _minted_keys(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> set[str]:
+    scopes = {run.run_id, run.chain_id or run.run_id}
+    return {mint_effect_key(identity.ledger_id, scope, op.operation_id) for scope in scopes}
+
+
 def key_is_minted(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> bool:
     """Whether ``op``'s stored key is the key that was minted for it: the key of its operation
-    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger.
-    A key altered after it was recorded (a hand edit, a corrupted row) is neither: it must not be
-    reconciled nor sent, since the owner knows the operation by the key minted."""
-    scopes = {run.run_id, run.chain_id or run.run_id}
-    minted = {mint_effect_key(identity.ledger_id, scope, op.operation_id) for scope in scopes}
-    return op.effect_key in minted
+    id in its run (or in its run's chain, for an operation id the caller chose) in this ledger —
+    for a later attempt of the operation (``key_attempt`` above 1), exactly the key derived from
+    that one for that attempt (``attempt_key``), and not the first. A key altered after it was
+    recorded (a hand edit, a corrupted row) is none of these: it must not be reconciled nor
+    sent, since the owner knows the operation by the key minted."""
+    if isinstance(op.key_attempt, bool) or not isinstance(op.key_attempt, int) or op.key_attempt < 1:
+        return False
+    return op.effect_key in {attempt_key(m, op.key_attempt) for m in _minted_keys(op, run, identity)}
+
+
+def next_attempt_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> str | None:
+    """The key the next attempt of ``op`` is sent under (``key_attempt + 1``), derived from the
+    key minted for it; None when its stored key is not the one minted (then nothing may be
+    derived from it, nor sent)."""
+    if not key_is_minted(op, run, identity):
+        return None
+    keys = _minted_keys(op, run, identity)
+    minted = next(m for m in keys if attempt_key(m, op.key_attempt) == op.effect_key)
+    return attempt_key(minted, op.key_attempt + 1)
 
 
 # Operations a new dispatch must not go out beside, when the code no longer reaches them: one

@@ -95,6 +95,16 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         " (or safepoint.extend_limits); a worker then carries the run on, or: safepoint resume RUN",
         "or give the run up: safepoint cancel RUN --by <you>",
     ],
+    "forked_effect": [
+        "this run is a fork, and its code asks for an operation that the run it was forked from"
+        " sent (see the reason): a fork never sends it again under a key of its own unless told",
+        "to send it as the fork's own: fork that run again from the same step with --resend"
+        " <operation_id> (sp.fork(..., resend=[...])), and run the new fork; give this one up:"
+        " safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
+        "if that run holds it unsettled: settle it there first, then resume RUN — the fork takes"
+        " the outcome settled there",
+        "or deploy code that asks for it with the payload that run sent, then resume RUN",
+    ],
     "continue_as_new": [
         "the successor's run id is taken by another run: rename or remove that run, then"
         " resume RUN; or give the run up: safepoint resolve RUN --abandon --revision"

@@ -1,5 +1,5 @@
 """The commands that carry a stopped run on: raise its limits, retry it, fork it, send it a
-message (``limits``; ``retry``, ``fork``, ``send`` — to be added).
+message (``limits``, ``retry``, ``fork``, ``send``).
 
 ``cli`` registers every command in ``COMMANDS`` on its group, so a new command is written here
 and added to the tuple; neither ``cli`` nor the other command modules change. Build a command
@@ -14,10 +14,14 @@ import shlex
 
 import click
 
+from .._engine.flow import drive
+from .._engine.fork import current_code as current_workflow
+from .._engine.fork import fork as fork_run
 from .._engine.limits import extend_limits
+from .._engine.retry import Retried, names, retry_flow
 from .._rules.moments import when
 from ..types import RunRecord, RunStatus
-from .cli_support import open_cli_store, parse_when, run_argument, store_option
+from .cli_support import import_modules, open_cli_store, parse_when, run_argument, store_option
 from .render import shown
 
 
@@ -109,4 +113,186 @@ def _limits_line(run: RunRecord, now: int) -> str:
     return ", ".join(parts) or "none"
 
 
-COMMANDS: tuple[click.Command, ...] = (limits,)
+@click.command()
+@run_argument
+@click.option(
+    "--from-step",
+    "from_step",
+    required=True,
+    metavar="STEP",
+    help="The step the fork starts from: it and every step after it run again"
+    " (`safepoint show RUN` lists the steps).",
+)
+@click.option(
+    "--run-id", "new_run_id", metavar="NEW", help="The fork's run id.  [default: minted from RUN's]"
+)
+@click.option(
+    "--import",
+    "modules",
+    multiple=True,
+    metavar="MODULE",
+    help="Import MODULE first (repeatable): the code --current-code records the fork under.",
+)
+@click.option(
+    "--current-code",
+    is_flag=True,
+    help="Record the fork under RUN's workflow as the imported code has it (its version and"
+    " fingerprint), so that a worker of that code carries it on.  [default: RUN's own code]",
+)
+@click.option(
+    "--resend",
+    multiple=True,
+    metavar="OP",
+    help="An operation RUN sent that the fork sends again, as its own, under its own key (repeatable).",
+)
+@click.option("--by", required=True, help="Who forks the run (recorded).")
+@click.option("--reason", help="Why (recorded).")
+@store_option
+@click.pass_context
+def fork(
+    ctx: click.Context,
+    run_id: str,
+    from_step: str,
+    new_run_id: str | None,
+    modules: tuple[str, ...],
+    current_code: bool,
+    resend: tuple[str, ...],
+    by: str,
+    reason: str | None,
+) -> None:
+    """Fork RUN from its step --from-step: a new run whose ledger starts with copies of RUN's
+    steps before it, and which executes from there once a worker takes it (or `safepoint
+    resume` it).
+
+    An effect RUN sent is not sent again by the fork: its effect step takes RUN's receipt (the
+    same operation id, the same payload). One the fork asks for with another payload blocks
+    it, unless --resend names it: the fork then sends it as its own operation, under its own
+    key, which no key of RUN's can be. The fork is recorded under RUN's code, or with
+    --current-code under the code --import brings in.
+    """
+    import_modules(modules)
+    store = open_cli_store(ctx)
+    if current_code and not modules:
+        raise click.UsageError(
+            "--current-code records the fork under the code you deploy: name its module with --import"
+        )
+    made = fork_run(
+        store,
+        run_id,
+        from_step=from_step,
+        new_run_id=new_run_id,
+        workflow=current_workflow(store, run_id) if current_code else None,
+        resend=resend,
+        by=by,
+        reason=reason,
+    )
+    click.echo(
+        shown(
+            f"run {run_id!r} forked from step {from_step!r}: {made.run_id} (pending),"
+            f" {made.step_count} steps copied, under {made.workflow}@{made.workflow_version}"
+        )
+    )
+    if resend:
+        click.echo(shown(f"sent again by the fork, under its own key: {', '.join(resend)}"))
+    click.echo(shown(f"a worker carries it on; or: safepoint resume {made.run_id}"))
+
+
+# -- retry ------------------------------------------------------------------------------------------
+
+
+@click.command()
+@run_argument
+@click.option("--by", required=True, help="Who retries the run (recorded).")
+@click.option("--reason", help="Why: the service is back, the bug is fixed (recorded).")
+@click.option(
+    "--resend",
+    multiple=True,
+    metavar="OP",
+    help="Send again an operation its owner rejected — its operation id or step id — as its next"
+    " attempt, under a key derived from it (repeatable). Applied and uncertain operations are"
+    " never sent again.",
+)
+@click.option(
+    "--step", metavar="STEP", help="The failed step to run again (default: the one the run failed at)."
+)
+@click.option(
+    "--revision",
+    type=int,
+    help="The state_revision you looked at: refused if the run moved since (default: now).",
+)
+@store_option
+@click.pass_context
+def retry(
+    ctx: click.Context,
+    run_id: str,
+    by: str,
+    reason: str | None,
+    resend: tuple[str, ...],
+    step: str | None,
+    revision: int | None,
+) -> None:
+    """Carry a failed run on from its failed step, keeping what it did.
+
+    The failed step's record moves into the run's history and the run becomes pending: a
+    worker takes it (or `safepoint resume RUN`). Everything recorded before it replays, the
+    step runs again. A run whose workflow itself raised (a bug since fixed and deployed) is
+    retried the same way, with no step moved. Nothing that was applied, and nothing whose
+    outcome is uncertain, is sent again; an operation its owner rejected only with --resend.
+    """
+    store = open_cli_store(ctx)
+    done: Retried = drive(
+        store, retry_flow(store.identity, run_id, by, reason, names(resend), step, revision)
+    )
+    for line in retried_lines(done):
+        click.echo(shown(line))
+
+
+def retried_lines(done: Retried) -> list[str]:
+    """What a retry did, for a person: the run as it now stands, the failed records moved into
+    the history, the operations sent again and under which key, and the rejections kept."""
+    run, retry = done.run, done.retry
+    lines = [
+        f"run {run.run_id!r} retried: now {run.status.value}, revision {run.state_revision}"
+        f" (a worker takes it, or: safepoint resume {run.run_id})"
+    ]
+    recorded = {step.step_id: step for step in done.moved}
+    for step_id in retry.moved:
+        step = recorded.get(step_id)
+        error = (step.error or {}) if step is not None else {}
+        what = f"failed with {error.get('type')}: {error.get('message')}" if error else "its failed attempts"
+        lines.append(f"moved into the history: step {step_id!r} ({what}); it runs again")
+    if not retry.moved:
+        lines.append(f"no step moved: {_why_none(done)}")
+    for again in retry.resend:
+        lines.append(
+            f"will be sent again: operation {again.operation_id!r} (step {again.step_id!r}),"
+            f" attempt {again.key_attempt}, under effect key {again.effect_key}"
+        )
+    for op in done.kept_rejected:
+        lines.append(
+            f"kept rejected, not sent again: operation {op.operation_id!r} (step {op.step_id!r})"
+            " — the run meets its rejection again; name it with --resend to send it again"
+        )
+    lines.append("every effect that was applied, or whose outcome is uncertain, is kept: none is sent again")
+    return lines
+
+
+def _why_none(done: Retried) -> str:
+    """Why a retry moved no step: where the run had failed, if not at a step."""
+    error = done.failed_with or {}
+    if error.get("type") == "EffectRejected":
+        return (
+            f"the run failed at operation {error.get('operation_id')!r}, which its owner rejected"
+            " (a rejection is no failed step)"
+        )
+    return (
+        f"the workflow itself raised ({error.get('type')}: {error.get('message')}); it runs again"
+        " as the code now deployed says"
+    )
+
+
+COMMANDS: tuple[click.Command, ...] = (
+    limits,
+    fork,
+    retry,
+)

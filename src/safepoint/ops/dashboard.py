@@ -326,7 +326,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.dashboard.authorized(form.get("token") or bearer):
             raise Refusal(HTTPStatus.FORBIDDEN, f"a dashboard action needs {_NEEDS_TOKEN}")
         try:
-            act(self.dashboard.store, run_id, form)
+            run_id = act(self.dashboard.store, run_id, form) or run_id  # a fork: show the fork
         except RunNotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, exc.message)
             return

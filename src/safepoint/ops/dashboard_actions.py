@@ -2,10 +2,11 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``, ``extend_limits``), so a decision made in the browser is
-checked and recorded as one made anywhere else. A new action is a function here and an entry
-in ``ACTIONS``; the dashboard's request handling (admission, the token, the answer) does not
-change.
+``approve``, ``revoke_approval``, ``fork``, ``retry``, ``extend_limits``), so a decision made
+in the browser is checked and recorded as one made anywhere else. An action answers with the
+run it acted on — or, when it made another (a fork), that one's id, whose page the answer then
+shows. A new action is a function here and an entry in ``ACTIONS``; the dashboard's request
+handling (admission, the token, the answer) does not change.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from http import HTTPStatus
 
+from .._engine.fork import current_code, fork
 from .._engine.limits import extend_limits
 from .._engine.operator import approve, resolve, revoke_approval
+from .._engine.retry import retry
 from .._engine.verbs import cancel
 from ..storage.base import Store
 from ..types import ResolutionAction
@@ -91,8 +94,37 @@ def _limits(store: Store, run_id: str, form: dict[str, str]) -> None:
     )
 
 
-Action = Callable[[Store, str, dict[str, str]], None]
-"""An action: given the store, the run id and the fields of its form."""
+def _fork(store: Store, run_id: str, form: dict[str, str]) -> str:
+    made = fork(
+        store,
+        run_id,
+        from_step=form["from_step"],
+        new_run_id=form.get("new_run_id") or None,
+        # the code the dashboard's process imported (--import)
+        workflow=current_code(store, run_id) if form.get("current_code") else None,
+        resend=form.get("resend", "").replace(",", " ").split(),
+        by=form["by"],
+        reason=form.get("reason") or None,
+    )
+    return made.run_id
+
+
+def _retry(store: Store, run_id: str, form: dict[str, str]) -> None:
+    resend = form.get("resend")
+    retry(
+        store,
+        run_id,
+        by=form["by"],
+        reason=form.get("reason") or None,
+        resend=(resend,) if resend else (),
+        step=form.get("step") or None,
+        expected_revision=int(form["revision"]),
+    )
+
+
+Action = Callable[[Store, str, dict[str, str]], str | None]
+"""An action: given the store, the run id and the fields of its form; it answers with the id
+of the run to show when that is not the one acted on (a fork it made)."""
 
 # Each action with the fields its form takes (besides the token): any other field is refused.
 ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
@@ -116,4 +148,6 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
             }
         ),
     ),
+    "fork": (_fork, frozenset({"from_step", "new_run_id", "resend", "current_code", "by", "reason"})),
+    "retry": (_retry, frozenset({"revision", "by", "reason", "resend", "step"})),
 }

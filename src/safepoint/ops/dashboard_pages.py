@@ -20,9 +20,19 @@ from urllib.parse import quote
 from .._rules.approvals import revocable
 from .._rules.limits import stop_words
 from .._rules.presence import ownership, status_label
+from .._rules.retry import failed_step, retriable_steps, retry_refusal
 from ..errors import SafepointError
 from ..storage.base import Store
-from ..types import ApprovalRecord, EventRecord, Ledger, RunRecord, RunStatus, StepRecord, UnreadableRun
+from ..types import (
+    ApprovalRecord,
+    EffectState,
+    EventRecord,
+    Ledger,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    UnreadableRun,
+)
 
 
 def _e(value: object) -> str:
@@ -206,13 +216,80 @@ def _cancel_form(view: RunView) -> str:
     )
 
 
+def _fork_form(view: RunView) -> str:
+    """A fork of the run from one of its steps (any run but one a live worker holds, which
+    the store refuses): the step, the fork's id, the operations it sends again, the code."""
+    steps = ordered_steps(view.ledger)
+    if not steps:
+        return ""
+    options = "".join(f"<option value='{_e(step.step_id)}'>{_e(step.step_id)}</option>" for step in steps)
+    return (
+        f"<section><h2>fork</h2><p>A new run with copies of the steps before the one chosen,"
+        " which executes from there; what this run sent is not sent again, unless named.</p>"
+        f"<form method=post action='{view.path}/fork'><select name=from_step>{options}</select>"
+        "<input name=new_run_id placeholder='fork id (default: minted)'>"
+        "<input name=resend placeholder='operations to send again (ids)'>"
+        "<label><input type=checkbox name=current_code value=1> on the current code</label>"
+        f"{_who()}<input name=reason placeholder='why'>{_token()}"
+        "<button>fork from this step</button></form></section>"
+    )
+
+
+def _retry_form(view: RunView) -> str:
+    """A failed run (or one stopped at a step that used its attempts): the form that retries it
+    from its failed step, naming — if the person chooses — a rejected operation to send again."""
+    run = view.run
+    if retry_refusal(run, run.state_revision) is not None:
+        return ""
+    at = failed_step(view.ledger)
+    steps = "".join(
+        f"<option value='{_e(sid)}'>run {_e(sid)} again instead</option>"
+        for sid in retriable_steps(view.ledger)
+        if sid != at
+    )
+    default = (
+        f"run {_e(at)} again (the step it failed at)" if at else "no step moved (the workflow itself raised)"
+    )
+    rejected = [op for op in view.ledger.operations.values() if op.state is EffectState.REJECTED]
+    resend = "".join(
+        f"<option value='{_e(op.operation_id)}'>send {_e(op.operation_id)} ({_e(op.step_id)}) again,"
+        " under a key derived from its attempt</option>"
+        for op in rejected
+    )
+    choose_resend = (
+        f"<select name=resend><option value=''>send no rejected operation again</option>{resend}</select>"
+        if rejected
+        else ""
+    )
+    why = (run.error or {}).get("message") or (run.recovery_record or {}).get("reason", "")
+    return (
+        f"<section><h2 class=failed>{_e(run.status.value)}: retry</h2><p><b>{_e(why)}</b></p>"
+        "<p>The failed step's record moves into the history and the run is carried on from it:"
+        " what it recorded before replays. Nothing applied, and nothing whose outcome is"
+        " uncertain, is sent again; an operation its owner rejected only if you choose it.</p>"
+        f"<form method=post action='{view.path}/retry'>"
+        f"<input type=hidden name=revision value='{run.state_revision}'>"
+        f"<select name=step><option value=''>{default}</option>{steps}</select>{choose_resend}"
+        f"{_who()}<input name=reason placeholder='why (the cause is fixed)'>{_token()}"
+        "<button>retry the run</button></form></section>"
+    )
+
+
 # -- the run's status sections: add a new one HERE ------------------------------------------------
 # What a run needs from a person and the forms that give it, in the order the page shows them,
 # between the run's header and its steps. Each section looks at the run and answers "" when its
 # status is not the section's. A new form for a run's status (a stopped run's "raise limits",
 # say) is a Section function added to this tuple, with its action in dashboard_actions.ACTIONS:
 # run_page itself does not change.
-STATUS_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _stopped, _approvals, _cancel_form)
+STATUS_SECTIONS: tuple[Section, ...] = (
+    _blocked,
+    _waiting,
+    _stopped,
+    _retry_form,
+    _approvals,
+    _cancel_form,
+    _fork_form,
+)
 
 
 def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
@@ -225,6 +302,7 @@ def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) 
         for k, v in (
             ("status", _status(run, now)),
             ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
+            *([("forked from", _forked_from(run.forked_from))] if run.forked_from else []),
             ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
             ("revision", str(run.state_revision)),
             ("fence", str(run.fence)),
@@ -240,6 +318,14 @@ def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) 
     parts.extend(section(view) for section in STATUS_SECTIONS)
     parts.append(_ledger_tables(ledger, events))
     return _page(run.run_id, "".join(parts))
+
+
+def _forked_from(forked: dict[str, Any]) -> str:
+    source = str(forked.get("run_id"))
+    resend = ", ".join(map(str, forked.get("resend") or []))
+    return f"<a href='{_e(run_path(source))}'>{_e(source)}</a> at step {_e(forked.get('step_id'))}" + (
+        f" (sends again: {_e(resend)})" if resend else ""
+    )
 
 
 def _ledger_tables(ledger: Ledger, events: list[EventRecord]) -> str:

@@ -435,6 +435,8 @@ def _header(run: RunRecord, now: int) -> Table:
         row("continues", f"{run.parent_run_id} (run {run.chain_index + 1} of chain {run.chain_id})")
     if run.successor_run_id:
         row("continued as", run.successor_run_id)
+    if run.forked_from:
+        row("forked from", fork_line(run.forked_from))
     row("history", _history(run))
     row(
         "resumes",
@@ -446,6 +448,14 @@ def _header(run: RunRecord, now: int) -> Table:
     row("created", when(run.created_at, now))
     row("updated", when(run.updated_at, now))
     return grid
+
+
+def fork_line(forked: dict[str, Any]) -> str:
+    """A fork's origin as a person reads it: the run and step, and what it sends again."""
+    line = f"{forked.get('run_id')} at step {forked.get('step_id')}"
+    if forked.get("resend"):
+        line += f" (sends again, under its own key: {', '.join(map(str, forked['resend']))})"
+    return line
 
 
 def _owner_line(held: Ownership, now: int) -> Text:

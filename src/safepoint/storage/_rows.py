@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any, Protocol, TypeVar
 
 from .._rules.canonical import loads
+from .._rules.fork import SourceStep
 from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, UsageError
 from ..types import (
     ApprovalRecord,
@@ -469,3 +470,20 @@ def stored_json(value: Any, table: str, key: str) -> Any:
         return json_value(value)
     except Unread as exc:
         raise CorruptRecord(table, key, str(exc)) from None
+
+
+_SOURCE_STEP = _columns(
+    ("step_id", text),
+    ("seq", integer),
+    ("kind", text),
+    ("operation_id", text_or_null),
+    ("tokens", integer_or_null),
+    ("cost", number_or_null),
+    ("recorded_at", integer),
+)
+
+
+def source_step(row: Row) -> SourceStep:
+    """A ``safepoint_steps`` row as a fork reads it (``fork_run_steps``): where it stands and
+    what it spent."""
+    return SourceStep(**_whole("safepoint_steps", _SOURCE_STEP, row, NO_VALUES, "run_id", "step_id"))

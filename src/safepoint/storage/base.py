@@ -43,6 +43,7 @@ from ..types import (
     Retry,
     RunLimits,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -51,6 +52,7 @@ from ..types import (
 __all__ = [
     "INLINE_LIMIT",
     "AsyncStore",
+    "ForkRun",
     "NewRun",
     "Replan",
     "Store",
@@ -85,6 +87,26 @@ class NewRun:
     step_attempts: Retry | None = None
     history_soft_limit: int | None = None  # see HistoryLimit; None: no limit
     history_hard_limit: int | None = None
+    workflow_fingerprint: str | None = None
+    workflow_manifest: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkRun:
+    """A fork as the store makes it (``Store.fork_run``): a new pending run ``run_id`` of
+    ``source_run_id``'s workflow and inputs, holding copies of the source's steps recorded
+    before ``from_step`` (and their operations), recorded under the source's code — or, with
+    ``current_code``, under this ``workflow_version`` / fingerprint / manifest. ``resend`` names
+    the operations the fork sends under its own key although its source sent them."""
+
+    source_run_id: str
+    from_step: str
+    run_id: str
+    by: str
+    reason: str | None = None
+    resend: tuple[str, ...] = ()
+    current_code: bool = False
+    workflow_version: str | None = None
     workflow_fingerprint: str | None = None
     workflow_manifest: dict[str, Any] | None = None
 
@@ -374,8 +396,38 @@ class Store(Protocol):
         ...
 
     # carrying a stopped run on: retry
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        """Retry a failed run in one atomic step, compare-and-set on ``expected_revision``
+        (see ``safepoint.storage.retry``): each step ``retry.moved`` names moves into the
+        history — its failed record and failed attempts as one ``step.retried`` event — each
+        operation in ``retry.resend`` (rejected, at the attempt before the one named) becomes
+        that attempt, prepared under its derived key with its outcome and dispatch count
+        cleared, and the run becomes pending (error and recovery record cleared; workers are
+        woken) with a ``run.retried`` event. A run that is not failed (or stopped at a step's
+        attempts), has moved, or no longer holds what ``retry`` names raises ``RetryRefused``
+        and changes nothing. Returns the run as it now stands."""
+        ...
 
     # carrying a stopped run on: fork
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        """Make a fork (see ``ForkRun``) in one atomic step and return it, pending: its own chain,
+        ``forked_from`` naming the source and step, the source's steps recorded before
+        ``from_step`` (by seq) copied with the operations of the copied effect steps, as they
+        are, and what those steps spent counted as spent; a ``run.forked`` event on the fork
+        and a ``run.fork_made`` event on the source (who, why). ``ForkRefused`` (nothing
+        written) when the source runs under a live lease, ``from_step`` is not a step it
+        recorded, the prefix holds an operation not settled, or ``resend`` names no operation
+        of the source's tail; ``RunConflict`` when ``run_id`` exists."""
+        ...
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        """The operation ``operation_id`` as the runs ``run_id`` was forked from hold it — the
+        fork's source, that run's source, …, the nearest first (a successor's forks are its
+        chain's first run's) — or None. ``chained``: an operation id the caller chose, looked
+        up in each source's chain; else a step's own, in each source run itself. Only an
+        operation that may have been sent counts (one only prepared does not); settled
+        (accepted, rejected) before unsettled within one run."""
+        ...
 
     # carrying a stopped run on: waits (messages, sleeps)
 
@@ -581,8 +633,18 @@ class AsyncStore(Protocol):
         ...
 
     # carrying a stopped run on: retry
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        """See ``Store.retry_run``."""
+        ...
 
     # carrying a stopped run on: fork
+    async def fork_run(self, fork: ForkRun) -> RunRecord:
+        """See ``Store.fork_run``."""
+        ...
+
+    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        """See ``Store.fork_operation``."""
+        ...
 
     # carrying a stopped run on: waits (messages, sleeps)
 

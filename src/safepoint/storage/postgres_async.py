@@ -52,11 +52,12 @@ from ..types import (
     Resolution,
     RunLimits,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
 )
-from .base import INLINE_LIMIT, NewRun, Replan, unstorable
+from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
@@ -443,6 +444,15 @@ class AsyncPostgresStore:
         self, run_id: str, expected_revision: int, change: LimitChange
     ) -> RunRecord | None:
         return await self._run(self._ledger.extend_limits(run_id, expected_revision, change))
+
+    async def fork_run(self, fork: ForkRun) -> RunRecord:
+        return await self._run(self._ledger.fork_run(fork))
+
+    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return await self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ one, stdlib only:
   idempotency keys on ``charges``, ``refunds`` and ``tickets``; a
   ``notifications`` resource with no read path at all; an eventually
   consistent search index; optional fencing tokens; and injectable faults
-  (lost responses, outages, delays, index lag);
+  (lost responses, outages, declines kept under their key, delays, index
+  lag);
 * :class:`OwnerClient`, which maps every failure onto what it means for
   recovery: rejected (definitely not applied), unavailable (definitely not
   applied) or connection lost (outcome unknown -- reconcile before retrying);
@@ -73,6 +74,7 @@ _KEY_REUSE_MESSAGE: Final[str] = (
     "Keys for idempotent requests can only be used with the same parameters they were first used with."
 )
 _LISTENING_PREFIX: Final[str] = "listening on "
+_DECLINED: Final[int] = 402  # the "decline" fault's answer: the owner refused, nothing applied
 
 
 def _canonical(value: Any) -> str:
@@ -93,6 +95,7 @@ def _error(error_type: str, message: str | None = None) -> JSONObject:
 class _Faults:
     drop_after_commit: int = 0
     fail_before_commit: int = 0
+    decline: int = 0
     delay: float = 0.0
     index_lag: float = 0.0
 
@@ -102,6 +105,7 @@ class _KeyRecord:
     digest: str
     response: JSONObject
     first_seen: float  # time.monotonic(), immune to wall-clock jumps
+    status: int = 201  # what was answered under the key: a refusal is answered again too
 
 
 @dataclass
@@ -150,7 +154,7 @@ class _OwnerState:
     def set_faults(self, changes: Any) -> _Reply:
         if not isinstance(changes, dict):
             return _Reply(400, _error("invalid_request_error", "faults must be a JSON object"))
-        counts = {"drop_after_commit", "fail_before_commit"}
+        counts = {"drop_after_commit", "fail_before_commit", "decline"}
         seconds = {"delay", "index_lag"}
         for name, value in changes.items():
             if name not in counts | seconds:
@@ -246,10 +250,19 @@ class _OwnerState:
                 if record is not None:
                     if record.digest != digest:
                         return _Reply(409, _error("idempotency_error", _KEY_REUSE_MESSAGE))
+                    replayed = (("Idempotent-Replayed", "true"),)
+                    if record.status == _DECLINED:  # as Stripe keeps a declined request's answer
+                        return _Reply(_DECLINED, dict(record.response), replayed)
                     self._accept_fence(fence)
-                    return _Reply(
-                        200, dict(record.response), (("Idempotent-Replayed", "true"),), drop=self._take_drop()
-                    )
+                    return _Reply(200, dict(record.response), replayed, drop=self._take_drop())
+            if faults.decline > 0:
+                # A definite refusal, nothing applied — kept under its key, which answers it
+                # again: only a request under another key can be accepted.
+                faults.decline -= 1
+                refusal = _error("card_error", "injected decline: nothing was applied")
+                if key is not None:
+                    self._keys[(resource, key)] = _KeyRecord(digest, refusal, now, _DECLINED)
+                return _Reply(_DECLINED, refusal)
 
             obj = self._create(resource, params, key, now)
             if key is not None:

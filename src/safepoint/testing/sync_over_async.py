@@ -9,7 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..storage.base import AsyncStore, NewRun, Replan
+from ..storage.base import AsyncStore, ForkRun, NewRun, Replan
 from ..types import (
     JSON,
     ApprovalGate,
@@ -27,6 +27,7 @@ from ..types import (
     Resolution,
     RunLimits,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
@@ -201,6 +202,12 @@ class SyncOverAsync:
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._call(self.store.chain_operation(chain_id, operation_id))
 
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        return self._call(self.store.fork_run(fork))
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return self._call(self.store.fork_operation(run_id, operation_id, chained))
+
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
 
@@ -213,3 +220,6 @@ class SyncOverAsync:
 
     def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
         return self._call(self.store.extend_limits(run_id, expected_revision, change))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._call(self.store.retry_run(run_id, expected_revision, retry))

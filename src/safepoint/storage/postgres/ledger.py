@@ -14,15 +14,18 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``limits``; what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``limits``; what they read is every store's
+(``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
 
 from .approvals import PostgresApprovals
 from .effects import PostgresEffects
+from .forks import PostgresForks
 from .history import PostgresHistory
 from .limits import PostgresLimits
+from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .steps import PostgresSteps
 
@@ -30,7 +33,14 @@ __all__ = ["PostgresLedger"]
 
 
 class PostgresLedger(
-    PostgresLimits, PostgresRuns, PostgresSteps, PostgresEffects, PostgresApprovals, PostgresHistory
+    PostgresLimits,
+    PostgresRuns,
+    PostgresSteps,
+    PostgresEffects,
+    PostgresApprovals,
+    PostgresHistory,
+    PostgresForks,
+    PostgresRetry,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

@@ -54,11 +54,12 @@ from ...types import (
     Resolution,
     RunLimits,
     RunRecord,
+    RunRetry,
     RunStatus,
     StepRecord,
     UnreadableRun,
 )
-from ..base import INLINE_LIMIT, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..plans import Plan
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
@@ -365,6 +366,15 @@ class PostgresStore:
 
     def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
         return self._run(self._ledger.extend_limits(run_id, expected_revision, change))
+
+    def fork_run(self, fork: ForkRun) -> RunRecord:
+        return self._run(self._ledger.fork_run(fork))
+
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
+        return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
+        return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
 
     # -- waiting for work ----------------------------------------------------------------------
 

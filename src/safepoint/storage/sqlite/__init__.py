@@ -3,7 +3,7 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history`` and ``limits``. What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry`` and ``limits``. What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from .approvals import SqliteApprovals
 from .effects import SqliteEffects
+from .forks import SqliteForks
 from .history import SqliteHistory
 from .limits import SqliteLimits
+from .retry import SqliteRetry
 
 __all__ = ["SqliteStore"]
 
 
-class SqliteStore(SqliteHistory, SqliteLimits, SqliteEffects, SqliteApprovals):
+class SqliteStore(SqliteHistory, SqliteLimits, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -40,10 +40,12 @@ The tests of one topic live in a module of their own, as a mixin that ``StoreCon
 composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
-continue-as-new), ``stopped`` (runs stopped at a limit, limits raised) and ``unreadable``
-(rows that cannot be read: damaged through ``ConformanceBase.damage``, which a store of your
-own overrides). ``_support`` holds what they share: the base class with ``make_store`` and the
-helpers, the constants and the record factories.
+continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
+cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
+overrides), ``retry`` (a failed run retried by a person) and ``stopped`` (runs stopped at a
+limit, limits raised). ``_support`` holds what they
+share: the base class with ``make_store`` and the helpers, the constants and the record
+factories.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ from .claiming import ClaimTests
 from .effects import EffectTests
 from .ending import EndingTests
 from .fencing import FenceTests
+from .forks import ForkTests
 from .history import HistoryTests
 from .limits import LimitTests
+from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
 from .steps import StepTests
@@ -70,6 +74,8 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    ForkTests,
+    RetryTests,
     StoppedTests,
     UnreadableTests,
     HistoryTests,

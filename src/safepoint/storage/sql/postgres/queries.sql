@@ -976,6 +976,165 @@ SELECT run_id FROM run;
 
 -- == carrying a stopped run on: retry ===========================================================
 
+-- name: retry_run_step
+-- A retry: the failed record of a step it takes up (it runs again).
+SELECT * FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND status = 'failed';
+
+-- name: retry_run_attempts
+-- A retry: the failed attempts of a step it takes up (its attempts start again from one).
+SELECT * FROM safepoint_attempts
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s ORDER BY attempt;
+
+-- name: retry_run_event
+-- A retry's events: each step it takes up (step.retried, with what it had recorded) and the
+-- retry itself (run.retried), by the person who asked.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+VALUES (%(run_id)s, %(now)s, %(kind)s, %(step_id)s, %(operation_id)s, NULL, %(worker)s,
+        %(detail)s);
+
+-- name: retry_run_forget_step
+-- The failed record retry_run_event just moved into the history.
+DELETE FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND status = 'failed';
+
+-- name: retry_run_forget_attempts
+-- The failed attempts retry_run_event just moved into the history.
+DELETE FROM safepoint_attempts WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: retry_run_operation
+-- A rejected operation a retry sends again, as its last attempt ended.
+SELECT * FROM safepoint_operations
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
+
+-- name: retry_run_resend
+-- A rejected operation sent again as its next attempt: prepared, under the key derived for
+-- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
+-- new to the owner) — only the rejected attempt the retry was planned on.
+UPDATE safepoint_operations
+SET state = 'prepared', key_attempt = %(key_attempt)s, effect_key = %(effect_key)s,
+    receipt = NULL, error = NULL, dispatch_count = 0, first_dispatched_at = NULL,
+    approval_id = NULL, updated_at = %(now)s
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND state = 'rejected'
+  AND key_attempt = %(key_attempt)s - 1
+RETURNING operation_id;
+
+-- name: retry_run
+-- The retried run becomes pending for any worker: its error and recovery record cleared,
+-- compare-and-set on the revision the retry was planned on; events appended, failed records
+-- moved from the steps into them (both counted).
+UPDATE safepoint_runs
+SET status = 'pending', error = NULL, recovery_record = NULL, owner = NULL,
+    lease_expires_at = NULL, waiting_for = NULL, state_revision = state_revision + 1,
+    event_count = event_count + %(events)s, step_count = step_count - %(steps)s,
+    updated_at = %(now)s
+WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
+  AND status IN ('failed', 'stopped') AND cancel_requested_at IS NULL
+RETURNING workflow;
+
 -- == carrying a stopped run on: fork ============================================================
+
+-- name: fork_run_source
+-- The run a fork is made from, its row locked until the fork commits (a worker's fenced write,
+-- a claim, waits for it), with the clock the fork is stamped with.
+SELECT *, safepoint_now_ms() AS now FROM safepoint_runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: fork_run_steps
+-- What a fork needs of each step of its source, in ledger order.
+SELECT run_id, step_id, seq, kind, operation_id, tokens, cost, recorded_at
+FROM safepoint_steps WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: fork_run
+-- A fork: a pending run of the source's workflow, inputs and limits — under the source's code,
+-- or this code's version, fingerprint and manifest — with what its copied steps spent, a chain
+-- of its own (named by its own id) and the run and step it was forked from. Nothing if the id
+-- exists.
+INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
+                            inputs_ref, state_revision, owner, lease_expires_at, fence,
+                            resume_count, event_count, resume_budget, created_at, updated_at,
+                            workflow_fingerprint, workflow_manifest, deadline_at, token_budget,
+                            cost_budget, tokens_spent, cost_spent, step_attempts, step_count,
+                            history_soft_limit, history_hard_limit, chain_id, chain_index,
+                            model_call_budget, model_calls_spent, step_attempt_limit,
+                            forked_from)
+SELECT %(run_id)s, workflow,
+       CASE WHEN %(current_code)s THEN %(workflow_version)s::text ELSE workflow_version END,
+       'pending', input_hash, inputs, inputs_ref, 1, NULL, NULL, 0, 0, 1, resume_budget,
+       %(now)s, %(now)s,
+       CASE WHEN %(current_code)s THEN %(workflow_fingerprint)s::text
+            ELSE workflow_fingerprint END,
+       CASE WHEN %(current_code)s THEN %(workflow_manifest)s::text ELSE workflow_manifest END,
+       deadline_at, token_budget, cost_budget, %(tokens_spent)s, %(cost_spent)s, step_attempts,
+       %(step_count)s, history_soft_limit, history_hard_limit, %(run_id)s, 0,
+       model_call_budget, %(model_calls_spent)s, step_attempt_limit, %(forked_from)s
+FROM safepoint_runs WHERE run_id = %(source_run_id)s
+ON CONFLICT (run_id) DO NOTHING
+RETURNING run_id;
+
+-- name: fork_run_copy_steps
+-- A fork's prefix: the source's steps recorded before the step it was forked from, as they are.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
+SELECT %(run_id)s, step_id, seq, kind, name, input_hash, status, result, result_ref, error,
+       next_step_id, attempt, model_id, prompt_hash, observed_at, operation_id, fence,
+       recorded_at, tokens, cost
+FROM safepoint_steps WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s;
+
+-- name: fork_run_copy_operations
+-- The operations of a fork's copied effect steps, as they are (settled, keys included), filed
+-- under the fork's own chain.
+INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
+                                  effect_key, dispatch_count, first_dispatched_at, receipt,
+                                  error, fence, prepared_at, updated_at, approval_required,
+                                  target_digest, approval_id, chain_id, key_attempt)
+SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key,
+       dispatch_count, first_dispatched_at, receipt, error, fence, prepared_at, updated_at,
+       approval_required, target_digest, approval_id, %(run_id)s, key_attempt
+FROM safepoint_operations
+WHERE run_id = %(source_run_id)s AND operation_id IN (
+    SELECT operation_id FROM safepoint_steps
+    WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s AND kind = 'effect');
+
+-- name: fork_run_events
+-- The fork's first event (run.forked) and its source's (run.fork_made): who made it, and why.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, worker, detail)
+VALUES (%(run_id)s, %(now)s, 'run.forked', %(from_step)s, %(by)s, %(detail)s),
+       (%(source_run_id)s, %(now)s, 'run.fork_made', %(from_step)s, %(by)s, %(source_detail)s);
+
+-- name: fork_run_count_source_event
+-- The source's history counts its run.fork_made event (nothing else of it changes).
+UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = %(source_run_id)s;
+
+-- name: fork_operation
+-- An operation as the nearest run of a run's fork ancestry holds it: from the run (depth 0)
+-- through the source its chain's first run was forked from, that run's, … An id the caller
+-- chose is looked up in each run's chain (index safepoint_operations_chain); a step's own id
+-- in each run itself, while the ancestry is forks of forks (not through a successor). Only an
+-- operation that may have been sent counts (not one only prepared); settled before unsettled
+-- within one run.
+WITH RECURSIVE ancestry (run_id, chain_id, direct, depth) AS (
+    SELECT run_id, chain_id, true, 0 FROM safepoint_runs WHERE run_id = %(run_id)s
+    UNION ALL
+    SELECT source.run_id, source.chain_id, a.direct AND a.chain_id = a.run_id, a.depth + 1
+    FROM ancestry AS a
+    JOIN safepoint_runs AS head ON head.run_id = a.chain_id
+    JOIN safepoint_runs AS source ON source.run_id = head.forked_from::jsonb ->> 'run_id'
+    WHERE head.forked_from IS NOT NULL AND a.depth < 100
+),
+found AS (
+    SELECT o.*, a.depth FROM ancestry AS a
+    JOIN safepoint_operations AS o
+      ON o.chain_id = a.chain_id AND o.operation_id = %(operation_id)s
+    WHERE %(by_chain)s AND a.depth >= %(min_depth)s
+    UNION ALL
+    SELECT o.*, a.depth FROM ancestry AS a
+    JOIN safepoint_operations AS o
+      ON o.run_id = a.run_id AND o.operation_id = %(operation_id)s
+    WHERE %(by_run)s AND a.direct AND a.depth >= %(min_depth)s
+)
+SELECT * FROM found WHERE state <> 'prepared'
+ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, prepared_at DESC
+LIMIT 1;
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
