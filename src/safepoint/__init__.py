@@ -51,7 +51,7 @@ from .errors import (
 from .storage import open_store
 from .storage.base import AsyncStore, Store
 from .storage.open_async import open_async_store
-from .types import Budget, HistoryLimit, Retry
+from .types import Budget, HistoryLimit, Retry, Unfinished
 
 __version__ = "0.1.0"
 
@@ -82,6 +82,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "Transcript",
+    "Unfinished",
     "Unknown",
     "UsageError",
     "Worker",

@@ -54,7 +54,8 @@ The tree::
     BaseException
     ├── LostOwnership                   this worker's fence is stale: it must stop at once
     ├── Cancelled                       the run was asked to stop: start nothing new
-    └── ContinueAsNew                   run.continue_as_new(...): end the run, start its successor
+    ├── ContinueAsNew                   run.continue_as_new(...): end the run, start its successor
+    └── SliceEnded                      the call's slice (``slice=``) was spent: stop, release the run
 
     Warning
     └── UserWarning
@@ -114,6 +115,7 @@ __all__ = [
     "SchemaTooNew",
     "SecretRefused",
     "SentBySource",
+    "SliceEnded",
     "StaleCheckpoint",
     "StepAttemptsExhausted",
     "StepFailed",
@@ -982,3 +984,27 @@ class ContinueAsNew(BaseException):
         super().__init__(f"run {run_id!r} continues as new; its successor carries on")
         self.run_id = run_id
         self.inputs = inputs
+
+
+class SliceEnded(BaseException):
+    """The slice of time the call was given (``resume(..., slice=...)``, ``start``, a worker's
+    ``run``) was spent: the run stops at this step boundary — before ``step_id``, which did not
+    start — and is released at once, for the next call to carry on. The call returns
+    ``safepoint.types.Unfinished``; this signal never reaches its caller. A ``BaseException``,
+    so that agent code's ``except Exception`` cannot swallow it; there is nothing to catch."""
+
+    run_id: str
+    step_id: str | None
+    slice_s: float
+    elapsed_s: float
+
+    def __init__(self, run_id: str, step_id: str | None, slice_s: float, elapsed_s: float) -> None:
+        before = f" before step {step_id!r}" if step_id is not None else ""
+        super().__init__(
+            f"run {run_id!r}: the slice of {slice_s:g}s was spent ({elapsed_s:.2f}s since the"
+            f" call began); it stops{before} and is released for the next call to carry on"
+        )
+        self.run_id = run_id
+        self.step_id = step_id
+        self.slice_s = slice_s
+        self.elapsed_s = elapsed_s

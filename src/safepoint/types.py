@@ -48,6 +48,7 @@ __all__ = [
     "StepKind",
     "StepRecord",
     "StepStatus",
+    "Unfinished",
     "UnreadableRun",
 ]
 
@@ -207,6 +208,32 @@ class UnreadableRun:
     created_at: int | None = None
     updated_at: int | None = None
     recovery_record: dict[str, Any] | None = None  # a blocked run's, when it can be read
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """What ``start``, ``resume`` (and their async forms) return instead of the workflow's
+    result when the ``slice=`` they were given was spent before the run ended.
+
+    The run stopped at a step boundary — never inside an effect's dispatch — with its pure
+    steps written, and was released at once: ``status`` is how it stands now (``running`` with
+    no owner), so the next ``resume`` (or any worker) claims it without waiting for a lease to
+    expire and carries it on. ``reason`` says when and before which step it stopped; the run's
+    history records it as a ``run.slice_ended`` event. ``run_id`` is the run that stopped: the
+    one given, or the run that continues its chain (``continue_as_new``) — resuming either id
+    carries the chain on.
+
+    An ``Unfinished`` is truthy, like any object: a workflow's own result may be falsy (``None``,
+    ``0``, ``{}``), so test for it by type, not by truth::
+
+        outcome = sp.resume(store, run_id, slice=timedelta(seconds=25))
+        if isinstance(outcome, sp.Unfinished):
+            schedule_again(outcome.run_id)  # the next invocation carries it on at once
+    """
+
+    run_id: str
+    status: RunStatus
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

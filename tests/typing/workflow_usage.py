@@ -167,3 +167,14 @@ def forked(store: sp.Store) -> str:
 async def forked_async(store: sp.AsyncStore) -> str:
     fork = await sp.fork_async(store, "case-8472-follow-up", from_step="draft", by="ana", reason="retry")
     return fork.run_id
+
+
+def carried_in_slices(store: sp.Store) -> str | None:
+    outcome = sp.resume(store, "case-8472-follow-up", slice=timedelta(seconds=25))
+    if isinstance(outcome, sp.Unfinished):
+        status: sp.types.RunStatus = outcome.status
+        return f"{outcome.run_id} {status.value}: {outcome.reason}"
+    stats = sp.Worker(store).run(slice=25.0, handle_signals=False)
+    unfinished: int = stats.unfinished
+    sp.resume(store, "r", slice="25s")  # type: ignore[arg-type]
+    return None if unfinished else "done"

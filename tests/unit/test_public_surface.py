@@ -76,6 +76,7 @@ TOP_LEVEL = frozenset(
         "Budget",
         "Retry",
         "HistoryLimit",
+        "Unfinished",  # what a call given slice= returns when the run goes on
         "Store",
         "AsyncStore",
         # the errors worth catching

@@ -78,6 +78,7 @@ from ..types import (
 )
 from .crashpoints import crashpoint
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
+from .slices import SliceClock
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
@@ -143,6 +144,9 @@ class RunCore:
         # prefixes of the fan-out branches still running: what ``_rules.effects.orphaned`` needs.
         self.unreached: set[str] = set(operations)
         self.open_branches: set[str] = set()
+        # The slice of time the call that carries the run on may spend (``slices``): once it
+        # is spent, no new step starts.
+        self.slice_clock: SliceClock | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -214,6 +218,15 @@ class RunCore:
     def leave_dispatch(self) -> None:
         with self.seq_lock:
             self.in_flight -= 1
+
+    def check_slice(self, sid: str) -> None:
+        """Before a new step (or a new operation) starts: once the call's slice is spent, the
+        run stops here — kept, like a cancel, so that every fan-out branch stops at its next
+        step and agent code swallowing it cannot carry on; the run is then released
+        (``slices.end_slice``)."""
+        if self.slice_clock is not None and self.slice_clock.ends_before_step():
+            self.halted = self.slice_clock.ended(self.run.run_id, sid)
+            raise self.halted
 
     def limit_reached(self, error: LimitReached) -> LimitReached:
         """A limit of the run was reached: kept, like a cancel, so that agent code swallowing
@@ -457,6 +470,7 @@ class RunCore:
             round_start = recorded.attempt  # the observation expired: read again
         if self.cancelling:
             raise self.cancelled()  # before calling anything new
+        self.check_slice(sid)
         base = StepRecord(
             run_id=self.run.run_id,
             step_id=sid,
@@ -598,6 +612,10 @@ class RunCore:
         now = yield from io(Store.now)
         if pending.retry_at <= now:
             return
+        if self.slice_clock is not None and self.slice_clock.outlasts((pending.retry_at - now) / 1000):
+            # the failed attempt is recorded: the next call waits out the rest
+            self.halted = self.slice_clock.ended(self.run.run_id, pending.step_id)
+            raise self.halted
         yield Sleep((pending.retry_at - now) / 1000)
         fresh = yield from io(Store.get_run, self.run.run_id)
         if fresh.fence != self.claim.fence or fresh.status is not RunStatus.RUNNING:

@@ -240,6 +240,7 @@ class EffectDispatch:
         Enters the dispatch (``enter_dispatch``), for ``call_owner`` to leave."""
         if self.core.cancelling:
             raise self.core.cancelled()  # the store would refuse it too
+        self.core.check_slice(self.sid)
         crashpoint("effect.before_prepare", self.sid)
         op = self.new_operation(op_id, payload_ref, key_scope)
         # Flushed before the dispatch is entered: a flush refused at the history limit blocks
@@ -264,6 +265,7 @@ class EffectDispatch:
         if op is None:
             if self.core.cancelling:
                 raise self.core.cancelled()
+            self.core.check_slice(self.sid)
             crashpoint("effect.before_prepare", self.sid)
             # Read now too, so that an approval given before the run reaches its gate (it
             # crashed in between) is bound to the target's state it will find there.

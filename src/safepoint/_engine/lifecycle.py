@@ -58,6 +58,7 @@ from ..errors import (
     RunFailed,
     RunOwned,
     SafepointError,
+    SliceEnded,
     StepAttemptsExhausted,
     StepFailed,
     StoreError,
@@ -82,6 +83,7 @@ from .crashpoints import SimulatedCrash, crashpoint
 from .flow import Call, Flow, Sleep, io
 from .ownership import Heartbeat, owner_is_gone, worker_id
 from .run import AsyncRun, Run
+from .slices import SliceClock, end_slice
 from .workflow import Workflow
 
 if TYPE_CHECKING:
@@ -196,13 +198,17 @@ def _check_same_run(run: RunRecord, new: NewRun) -> None:
         raise RunConflict(run.run_id, "with other inputs")
 
 
-def start_flow(store: Any, wf: Workflow, new: NewRun, attach_timeout: float) -> Flow[Any]:
+def start_flow(
+    store: Any, wf: Workflow, new: NewRun, attach_timeout: float, slice_clock: SliceClock | None = None
+) -> Flow[Any]:
     run, claim = yield from io(Store.create_run, new)
     if claim is None:
         _check_same_run(run, new)
-        return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout))
+        if slice_clock is not None:  # a live worker is waited for within the slice only
+            attach_timeout = min(attach_timeout, slice_clock.remaining())
+        return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout, slice_clock))
     crashpoint("run.after_start")
-    return (yield from _execute_flow(store, wf, claim, run, {}, {}))
+    return (yield from _execute_flow(store, wf, claim, run, {}, {}, slice_clock=slice_clock))
 
 
 def outcome_of(run: RunRecord) -> Any:
@@ -218,13 +224,20 @@ def outcome_of(run: RunRecord) -> Any:
     raise RunFailed(run.run_id, str(error.get("type", "error")), str(error.get("message", "")))
 
 
-def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int, timeout: float) -> Flow[Any]:
+def _attach_flow(
+    store: Any,
+    wf: Workflow,
+    run: RunRecord,
+    lease_ms: int,
+    timeout: float,
+    slice_clock: SliceClock | None = None,
+) -> Flow[Any]:
     """Wait for a live worker to finish the run (or die, and then take it over)."""
     deadline = time.monotonic() + timeout
     pause = 0.02
     while True:
         try:
-            return (yield from resume_flow(store, wf, run, lease_ms))
+            return (yield from resume_flow(store, wf, run, lease_ms, slice_clock))
         except RunOwned:
             if time.monotonic() >= deadline:
                 raise
@@ -233,7 +246,9 @@ def _attach_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int, timeou
         run = yield from io(Store.get_run, run.run_id)
 
 
-def resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow[Any]:
+def resume_flow(
+    store: Any, wf: Workflow, run: RunRecord, lease_ms: int, slice_clock: SliceClock | None = None
+) -> Flow[Any]:
     run = yield from chain_head(run)  # a continued run: resume the chain where it is
     if run.status.terminal or run.status is RunStatus.STOPPED:
         return outcome_of(run)
@@ -251,10 +266,12 @@ def resume_flow(store: Any, wf: Workflow, run: RunRecord, lease_ms: int) -> Flow
             return outcome_of(run)
     if claim is None:
         raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
-    return (yield from claimed_flow(store, wf, claim, run))
+    return (yield from claimed_flow(store, wf, claim, run, slice_clock))
 
 
-def claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow[Any]:
+def claimed_flow(
+    store: Any, wf: Workflow, claim: Claim, run: RunRecord, slice_clock: SliceClock | None = None
+) -> Flow[Any]:
     """The resume procedure, once this worker owns the run: load the ledger in one batch and
     check that every record and artifact the run needs is there and intact; check that this
     code may continue it (version and fingerprint, by the compatibility policy); check its
@@ -268,7 +285,7 @@ def claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow
         return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
     except DeadlineExceeded as exc:  # … or once the deadline passed
         again = yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
-        return (yield from resume_flow(store, wf, again.run, claim.lease_ms))
+        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
     ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
         again = yield from _end_for_limit(
@@ -276,19 +293,26 @@ def claimed_flow(store: Any, wf: Workflow, claim: Claim, run: RunRecord) -> Flow
             BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
             f"the resume budget ({run.resume_budget}) ran out",
         )
-        return (yield from resume_flow(store, wf, again.run, claim.lease_ms))
+        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
     if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
         core = _core(store, wf, claim, ledger)
         if not core.uncertain_operations():
             again = yield from _end_for_limit(
                 core, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
             )
-            return (yield from resume_flow(store, wf, again.run, claim.lease_ms))
+            return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
         # else: replay and settle the uncertain effect; the store refuses anything new, and
         # the run then stops (or blocks, if the effect stays uncertain)
     return (
         yield from _execute_flow(
-            store, wf, claim, run, dict(ledger.steps), dict(ledger.operations), ledger.attempts
+            store,
+            wf,
+            claim,
+            run,
+            dict(ledger.steps),
+            dict(ledger.operations),
+            ledger.attempts,
+            slice_clock=slice_clock,
         )
     )
 
@@ -430,18 +454,20 @@ def _execute_flow(
     steps: dict[str, Any],
     operations: dict[str, Any],
     attempts: dict[str, Any] | None = None,
+    *,
+    slice_clock: SliceClock | None = None,
 ) -> Flow[Any]:
     """Run the workflow function against the ledger and record how it ended. A run that
     continues as new is followed by its successor, executed here in turn (a loop, not a
     recursion: a chain may be long), so the caller gets the chain's result."""
     while True:
-        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts)
+        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts, slice_clock)
         if isinstance(ended, _Again):  # a limit raised as the run stopped: carry it on
-            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms))
+            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms, slice_clock))
         if not isinstance(ended, _Continued):
             return ended
         if ended.claim is None:  # not claimed here: take it like any other run
-            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms))
+            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms, slice_clock))
         claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
 
 
@@ -453,10 +479,12 @@ def _execute_run_flow(
     steps: dict[str, Any],
     operations: dict[str, Any],
     attempts: dict[str, Any] | None,
+    slice_clock: SliceClock | None = None,
 ) -> Flow[Any]:
     """One run of the workflow function against the ledger, and how it ended. Once it ended,
     its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
+    core.slice_clock = slice_clock
     try:
         return (yield from _executed(core, store, wf, claim, run))
     finally:
@@ -560,6 +588,8 @@ def _signalled(core: RunCore, wf: Workflow) -> Flow[Any] | None:
         return _end_for_limit(core, core.halted)
     if isinstance(core.halted, ContinueAsNew):
         return _continue_flow(core, wf, core.halted)
+    if isinstance(core.halted, SliceEnded):  # the call's slice was spent: released, unfinished
+        return end_slice(core.flush(), core.claim, core.halted)
     return None
 
 

@@ -40,6 +40,7 @@ from ..types import (
 from .flow import Flow, R, adrive, drive, require_store
 from .lifecycle import chain_head
 from .ownership import DEFAULT_LEASE_MS, worker_id
+from .slices import Slice, SliceClock
 from .workflow import Workflow, workflow_of
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def start(
     attach_timeout: float = 300.0,
     budget: Budget | None = None,
     deadline: Deadline = None,
+    slice: Slice | None = None,
     **kwargs: Any,
 ) -> Any:
     """Start a run of ``wf`` and execute it here; return its result.
@@ -79,10 +81,15 @@ def start(
     An ``async def`` workflow runs in an event loop of its own (use ``start_async`` inside one).
     ``budget`` (its fields override the workflow's) and ``deadline`` (a ``timedelta`` from now,
     or an aware ``datetime``) are recorded with a new run; an existing run keeps its own.
+    ``slice`` (a ``timedelta`` or seconds, measured from this call) bounds how long this call
+    carries the run on: once it is spent the run stops at its next step boundary, is released
+    at once, and ``Unfinished`` is returned instead of the result (see ``resume``); a run held
+    by a live worker is waited for within the slice only.
     """
+    clock = SliceClock.of(slice)  # from when the call began
     require_store(store, "start")
     new = new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
-    return _carry_out(store, wf, start_flow(store, wf, new, attach_timeout))
+    return _carry_out(store, wf, start_flow(store, wf, new, attach_timeout, clock))
 
 
 async def start_async(
@@ -95,13 +102,15 @@ async def start_async(
     attach_timeout: float = 300.0,
     budget: Budget | None = None,
     deadline: Deadline = None,
+    slice: Slice | None = None,
     **kwargs: Any,
 ) -> Any:
     """``start`` in the caller's event loop: an ``async def`` workflow runs on this loop, and
     an async store (``open_async_store``) is awaited, never blocking it."""
+    clock = SliceClock.of(slice)
     require_store(store, "start_async")
     new = new_run(wf, args, kwargs, run_id, worker_id(), lease_ms, budget, deadline)
-    return await _carry_out_async(store, wf, start_flow(store, wf, new, attach_timeout))
+    return await _carry_out_async(store, wf, start_flow(store, wf, new, attach_timeout, clock))
 
 
 def submit(
@@ -141,7 +150,14 @@ async def submit_async(
     return str(await adrive(store, submit_flow(new)))
 
 
-def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+def resume(
+    store: Store,
+    run_id: str,
+    /,
+    *,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    slice: Slice | None = None,
+) -> Any:
     """Take over ``run_id`` and carry it on from its ledger; return its result.
 
     A completed run returns its recorded result; a failed run raises ``RunFailed``; a run
@@ -150,12 +166,23 @@ def resume(store: Store, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) ->
     run is tried again (the block is re-established if its cause remains); a waiting run looks
     at its approval gate again (and raises ``AwaitingApproval`` / ``ApprovalInvalid`` while no
     approval authorizes the effect); a run held by a live worker raises ``RunOwned``.
+
+    ``slice`` (a ``timedelta`` or seconds, measured from this call on the monotonic clock)
+    bounds how long this call carries the run on — for a serverless function or a job runner
+    whose platform cuts it at a ceiling. Once it is spent, the run stops at its next step
+    boundary (never inside an effect's dispatch; in a fan-out, at each branch's next step),
+    writes its pending pure steps, is released at once (the next call claims it without
+    waiting for a lease to expire) and ``Unfinished`` is returned instead of the result. A call
+    always moves the run at least one new step on, however short its slice.
     """
+    clock = SliceClock.of(slice)
     require_store(store, "resume")
-    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms)
+    return resume_record(store, store.get_run(check_run_id(run_id)), lease_ms, clock)
 
 
-def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
+def resume_record(
+    store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS, slice_clock: SliceClock | None = None
+) -> Any:
     """``resume`` from a run record read earlier: the claim compares against *its* revision,
     so two resumers holding the same record race on one compare-and-set."""
     if run.status is RunStatus.CONTINUED:
@@ -163,11 +190,19 @@ def resume_record(store: Store, run: RunRecord, lease_ms: int = DEFAULT_LEASE_MS
     if run.status.terminal or run.status is RunStatus.STOPPED:
         return _outcome(run)  # needs no workflow code: the ending (or the stop) is recorded
     wf = workflow_of(run)
-    return _carry_out(store, wf, resume_flow(store, wf, run, lease_ms))
+    return _carry_out(store, wf, resume_flow(store, wf, run, lease_ms, slice_clock))
 
 
-async def resume_async(store: Store | AsyncStore, run_id: str, /, *, lease_ms: int = DEFAULT_LEASE_MS) -> Any:
-    """``resume`` in the caller's event loop."""
+async def resume_async(
+    store: Store | AsyncStore,
+    run_id: str,
+    /,
+    *,
+    lease_ms: int = DEFAULT_LEASE_MS,
+    slice: Slice | None = None,
+) -> Any:
+    """``resume`` in the caller's event loop (``slice`` as for ``resume``)."""
+    clock = SliceClock.of(slice)
     require_store(store, "resume_async")
     run = await adrive(store, get_run_flow(check_run_id(run_id)))
     if run.status is RunStatus.CONTINUED:
@@ -175,7 +210,7 @@ async def resume_async(store: Store | AsyncStore, run_id: str, /, *, lease_ms: i
     if run.status.terminal or run.status is RunStatus.STOPPED:
         return _outcome(run)
     wf = workflow_of(run)
-    return await _carry_out_async(store, wf, resume_flow(store, wf, run, lease_ms))
+    return await _carry_out_async(store, wf, resume_flow(store, wf, run, lease_ms, clock))
 
 
 def cancel(store: Store, run_id: str, /, *, by: str, reason: str | None = None) -> RunRecord:
@@ -207,9 +242,11 @@ async def cancel_async(
     return run
 
 
-def run_claimed(store: Store, wf: Workflow, claim: Claim, run: RunRecord) -> Any:
+def run_claimed(
+    store: Store, wf: Workflow, claim: Claim, run: RunRecord, slice_clock: SliceClock | None = None
+) -> Any:
     """Carry on a run this worker has just claimed (a worker's entry point)."""
-    return _carry_out(store, wf, claimed_flow(store, wf, claim, run))
+    return _carry_out(store, wf, claimed_flow(store, wf, claim, run, slice_clock))
 
 
 def claimed_run(store: Store, claim: Claim) -> RunRecord:

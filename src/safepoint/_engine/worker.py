@@ -13,6 +13,11 @@ once for the streak, not once per try. A run whose record cannot be read is bloc
 that claimed it (``unreadable_record``) and never claimed again: one bad row never stops the
 others.
 
+Given a ``slice`` (``run(slice=...)``), a worker carries runs on for that long, then returns: once
+the slice is spent no slot claims again, a run in progress stops at its next step boundary and is
+released at once (``slices``: counted ``unfinished``), and ``run`` returns what the worker did —
+for a job runner that cuts processes at a ceiling.
+
 SIGTERM drains: no new claims, running runs go on to their end, then the process exits. A
 second SIGTERM (or SIGINT) stops at once; the runs it held are taken over by other workers when
 their leases expire, exactly as after SIGKILL — which is always safe, since every write and
@@ -42,8 +47,9 @@ from ..errors import (
     SafepointError,
     StoreError,
 )
-from ..types import Claim
+from ..types import Claim, Unfinished
 from .ownership import DEFAULT_LEASE_MS, worker_id
+from .slices import Slice, SliceClock
 from .verbs import block_unreadable, claimed_run, run_claimed
 from .workflow import registered, registered_versions
 
@@ -87,6 +93,7 @@ class WorkerStats:
     cancelled: int = 0
     waiting: int = 0  # paused for a person's approval of an effect; released, not failed
     stopped: int = 0  # reached a limit: resumable once a person raises it, not failed
+    unfinished: int = 0  # stopped at a step boundary when the slice was spent; released, runnable
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, what: str) -> None:
@@ -119,14 +126,22 @@ class Worker:
         self.owner = worker_id()
         self.stats = WorkerStats()
         self._draining = threading.Event()
+        self._slice: SliceClock | None = None  # the slice of the current run(), if given
 
     def stop(self) -> None:
         """Drain: claim nothing more; runs in progress finish."""
         self._draining.set()
 
-    def run(self, *, until_idle: bool = False, handle_signals: bool = True) -> WorkerStats:
+    def run(
+        self, *, until_idle: bool = False, handle_signals: bool = True, slice: Slice | None = None
+    ) -> WorkerStats:
         """Work until ``stop()`` (or SIGTERM); with ``until_idle``, also stop once nothing is
-        runnable. Returns what this worker did."""
+        runnable; with ``slice`` (a ``timedelta`` or seconds, from this call), also once that
+        much time is spent: no slot claims after that, and a run in progress stops at its next
+        step boundary, released at once for the next worker (or resume) to carry on. Returns
+        what this worker did: ``WorkerStats``, whose ``unfinished`` counts the runs the slice
+        cut (0: nothing was left half-way)."""
+        self._slice = SliceClock.of(slice)
         # name@version: in a rolling deploy, old workers leave new versions' runs alone
         names = self.workflows or registered_versions()
         if not names:
@@ -162,7 +177,7 @@ class Worker:
         unclaimable = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)  # claims the store failed
         interrupted = Backoff(FIRST_PAUSE_S, MAX_PAUSE_S)  # runs it failed under, given back
         idle = Backoff(FIRST_PAUSE_S, max(FIRST_PAUSE_S, self.rescan))  # wake-ups for nothing
-        while not self._draining.is_set():
+        while not self._draining.is_set() and not self._slice_spent():
             try:
                 claim = self.store.claim_next(self.owner, self.lease_ms, names)
             except StoreError as exc:  # the database restarting, say: wait and try again
@@ -186,17 +201,23 @@ class Worker:
             else:
                 interrupted.reset()
 
+    def _slice_spent(self) -> bool:
+        return self._slice is not None and self._slice.spent()
+
     def _idle(self, idle: Backoff) -> None:
         """Wait for work: a wake-up, or ``rescan`` seconds — and, after wake-ups in a row that
         brought nothing (on SQLite every commit anywhere wakes a slot), no sooner than the idle
-        pause since the wait began."""
+        pause since the wait began; never past the end of the slice."""
         began = time.monotonic()
         pause = idle.pause()
+        rescan = self.rescan if self._slice is None else min(self.rescan, self._slice.remaining())
         try:
-            self.store.wait_for_work(self.rescan)
+            self.store.wait_for_work(rescan)
         except Exception as exc:  # a slot must never die quietly: look again later
             log.warning("waiting for work failed: %s", exc)
-            self._draining.wait(self.rescan)
+            self._draining.wait(rescan)
+        if self._slice is not None:
+            pause = min(pause, self._slice.remaining())
         rest = pause - (time.monotonic() - began)
         if rest > 0:
             self._draining.wait(rest)
@@ -213,8 +234,12 @@ class Worker:
                 log.error("run %s: workflow %s is not registered here", run_id, run.workflow)
                 self.store.release_run(claim)
                 return False
-            run_claimed(self.store, wf, claim, run)
-            self.stats.count("completed")
+            ended = run_claimed(self.store, wf, claim, run, self._slice and self._slice.for_run())
+            if isinstance(ended, Unfinished):
+                self.stats.count("unfinished")
+                log.info("run %s: %s", run_id, ended.reason)
+            else:
+                self.stats.count("completed")
         except LostOwnership:
             self.stats.count("lost")
             log.warning("run %s: taken over by another worker; stopped without writing", run_id)

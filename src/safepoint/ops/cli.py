@@ -7,7 +7,8 @@ and no file is left behind. An error safepoint raises on purpose is printed as o
 ``error: <message>``, with exit code 1 — its message already says what to do, so a traceback
 would only bury it; a command that contradicts itself is a usage error, exit code 2. ``resume``
 exits 3 when the run is blocked and 4 when it waits for an approval, so a script can tell "a
-person must decide" from "something is broken".
+person must decide" from "something is broken"; ``resume`` and ``worker`` exit 75 when their
+``--slice`` was spent with a run unfinished (released: call again to carry it on).
 
 What is printed is data from the ledger, never instructions to the terminal: ``render`` escapes
 every value (see ``shown``) and prints times as UTC instants beside how long ago they were.
@@ -16,6 +17,7 @@ every value (see ``shown``) and prints times as UTC instants beside how long ago
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from pathlib import Path
 
 import click
@@ -24,10 +26,11 @@ from .. import __version__
 from .._engine.verbs import resume as resume_run
 from .._engine.worker import Worker
 from ..errors import AwaitingApproval, RunBlocked
-from ..types import RunRecord, RunStatus, UnreadableRun
+from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
 from . import carry_commands, operator_commands
 from .cli_support import (
     EXIT_BLOCKED,
+    EXIT_UNFINISHED,
     EXIT_WAITING,
     SafepointGroup,
     StoreURL,
@@ -37,6 +40,7 @@ from .cli_support import (
     one_store_url,
     open_cli_store,
     run_argument,
+    slice_option,
     stdout_console,
     store_option,
 )
@@ -165,19 +169,22 @@ def record(ctx: click.Context, run_id: str) -> None:
     metavar="MODULE",
     help="Import MODULE first so its @workflow registrations exist (repeatable).",
 )
+@slice_option
 @store_option
 @click.pass_context
-def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
+def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...], slice_length: timedelta | None) -> None:
     """Resume a run from its ledger; print its result as JSON.
 
     Exit code 0 when the run completed, 3 when it is blocked and needs a person
     (see `safepoint record RUN`), 4 when it waits for a person's approval of an effect
-    (see `safepoint show RUN`), 1 on any other error.
+    (see `safepoint show RUN`), 75 when --slice was spent before the run ended (it stopped
+    at a step boundary and was released: resume it again, at once, to carry it on;
+    nothing is printed on stdout), 1 on any other error.
     """
     import_modules(modules)
     store = open_cli_store(ctx)
     try:
-        result = resume_run(store, run_id)
+        result = resume_run(store, run_id, slice=slice_length)
     except RunBlocked as exc:
         click.echo(shown(f"run {run_id!r} is blocked: {error_text(exc, now_ms(ctx))}"), err=True)
         click.echo(shown(f"see `safepoint record {run_id}`"), err=True)
@@ -185,6 +192,9 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     except AwaitingApproval as exc:
         click.echo(error_text(exc, now_ms(ctx)), err=True)
         ctx.exit(EXIT_WAITING)
+    if isinstance(result, Unfinished):
+        click.echo(shown(f"run {result.run_id!r} is not finished: {result.reason}"), err=True)
+        ctx.exit(EXIT_UNFINISHED)
     click.echo(as_json(result))
 
 
@@ -212,15 +222,24 @@ def resume(ctx: click.Context, run_id: str, modules: tuple[str, ...]) -> None:
     help="Seconds a claim holds without a heartbeat before others may take over.",
 )
 @click.option("--until-idle", is_flag=True, help="Exit once nothing is runnable.")
+@slice_option
 @store_option
 @click.pass_context
 def worker(
-    ctx: click.Context, modules: tuple[str, ...], concurrency: int, lease: float, until_idle: bool
+    ctx: click.Context,
+    modules: tuple[str, ...],
+    concurrency: int,
+    lease: float,
+    until_idle: bool,
+    slice_length: timedelta | None,
 ) -> None:
     """Claim and execute runnable runs until stopped.
 
     Runnable: submitted runs, and runs whose worker's lease expired (it died). Start one per
     machine against one store; SIGTERM drains (finishes the runs in progress, claims no more).
+    With --slice, it also stops once that much time is spent: it claims no more, stops the runs
+    in progress at their next step boundary and releases them at once, then exits — 75 when it
+    left a run unfinished (another call carries it on at once), 0 otherwise.
     """
     import_modules(modules)
     handler = logging.StreamHandler()
@@ -229,13 +248,15 @@ def worker(
     store = open_cli_store(ctx, create=True)
     found = Worker(store, concurrency=concurrency, lease_ms=int(lease * 1000))
     click.echo(shown(f"worker {found.owner} on {store.url}, concurrency {concurrency}"), err=True)
-    stats = found.run(until_idle=until_idle)
+    stats = found.run(until_idle=until_idle, slice=slice_length)
     click.echo(
         f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
         f" blocked {stats.blocked}, waiting {stats.waiting}, stopped {stats.stopped},"
-        f" failed {stats.failed}, lost {stats.lost}",
+        f" failed {stats.failed}, lost {stats.lost}, unfinished {stats.unfinished}",
         err=True,
     )
+    if stats.unfinished:
+        ctx.exit(EXIT_UNFINISHED)
 
 
 class _ShownFormatter(logging.Formatter):

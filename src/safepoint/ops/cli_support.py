@@ -31,6 +31,9 @@ from .render import error_text, shown
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
 EXIT_WAITING = 4
+# ``--slice`` was spent and the run goes on: released, to be carried on by the next call at once
+# (sysexits' EX_TEMPFAIL, "try again later", which job runners and shells know).
+EXIT_UNFINISHED = 75
 
 _STORE_URL = "safepoint.store_url"  # ctx.meta: the --store given after the command
 _OPENED = "safepoint.store"  # ctx.meta: the store the command opened
@@ -132,6 +135,50 @@ def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
     return store
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhd])")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3_600, "d": 86_400}
+
+
+def parse_duration(text: str) -> timedelta | None:
+    """A duration as people type one (``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``, ``500ms``);
+    None when ``text`` is not one."""
+    parts = _DURATION.findall(text)
+    if parts and "".join(f"{n}{u}" for n, u in parts) == text:
+        return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
+    return None
+
+
+def _slice_length(ctx: click.Context, param: click.Parameter, value: str | None) -> timedelta | None:
+    """``--slice``: how long the command carries runs on — a duration (``25s``, ``1m30s``,
+    ``500ms``) or a number of seconds, longer than zero."""
+    if value is None:
+        return None
+    text = value.strip()
+    length = parse_duration(text)
+    if length is None:
+        try:
+            length = timedelta(seconds=float(text))
+        except (ValueError, OverflowError):
+            raise click.BadParameter(
+                f"{text!r} is neither a duration (25s, 1m30s, 500ms) nor seconds", ctx, param
+            ) from None
+    if not length > timedelta(0):
+        raise click.BadParameter(f"{text!r}: a slice must be longer than zero", ctx, param)
+    return length
+
+
+def slice_option(command: F) -> F:
+    """``--slice DURATION`` on a command that carries runs on (``resume``, ``worker``)."""
+    return click.option(
+        "--slice",
+        "slice_length",
+        metavar="DURATION",
+        callback=_slice_length,
+        help="Carry on for at most this long (25s, 1m30s, or seconds), then stop at the next step"
+        " boundary, release the run at once and exit 75: the next call carries it on.",
+    )(command)
+
+
 def stdout_console(*, markup: bool = False) -> Console:
     """The console a command prints to."""
     # Built per command, not at import: the stream may be swapped (tests, redirection). Markup
@@ -163,18 +210,13 @@ def import_modules(modules: tuple[str, ...]) -> None:
             ) from exc
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
-
-
 def parse_when(text: str, option: str) -> timedelta | datetime:
     """A moment an option names: a duration from now (``90s``, ``15m``, ``2h``, ``1d``,
     ``1h30m``, with or without a leading ``+``) or an ISO 8601 instant with its time zone
     (``2030-01-31T17:00:00+01:00``); a usage error naming ``option`` otherwise."""
-    spoken = text.removeprefix("+")
-    parts = _DURATION.findall(spoken)
-    if parts and "".join(f"{n}{u}" for n, u in parts) == spoken:
-        return timedelta(seconds=sum(float(n) * _UNIT_SECONDS[u] for n, u in parts))
+    length = parse_duration(text.removeprefix("+"))
+    if length is not None:
+        return length
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

@@ -612,11 +612,35 @@ def _print_approvals(console: Console, store: Store, ledger: Ledger, now: int) -
         )
 
 
+def slices_line(run: RunRecord, events: Iterable[EventRecord], now: int) -> str | None:
+    """What the run's slices came to (``slice=``, ``--slice``): how many ended, the last one
+    when, before which step and after how long, and — while the run stands released where the
+    last one left it — that the next call carries it on. None for a run never cut in slices."""
+    events = list(events)
+    ended = [e for e in events if e.kind == "run.slice_ended"]
+    if not ended:
+        return None
+    last, detail = ended[-1], ended[-1].detail or {}
+    claimed_since = any(e.kind == "run.claimed" and e.event_id > last.event_id for e in events)
+    before = f" before step {last.step_id}" if last.step_id else ""
+    line = (
+        f"{len(ended)} slice{'s' if len(ended) > 1 else ''} ended; the last {when(last.at, now)}{before},"
+        f" {detail.get('elapsed_ms', '?')} ms into a slice of {detail.get('slice_ms', '?')} ms"
+    )
+    if run.status is RunStatus.RUNNING and run.owner is None and not claimed_since:
+        line += " — released there: the next resume (or a worker) carries it on at once"
+    return line
+
+
 def print_run(console: Console, store: Store, run_id: str) -> None:
     """The run header, its step timeline and its events: the body of `safepoint show`."""
     ledger = store.load_ledger(run_id)
     now = store.now()
+    events = store.events(run_id)
     print_table(console, _header(ledger.run, now))  # whole lines in a pipe, too
+    if (sliced := slices_line(ledger.run, events, now)) is not None:
+        console.print()
+        say(console, text("slices: ", "bold"), sliced)
     if ledger.run.status is RunStatus.BLOCKED:
         console.print()
         _print_blocked(console, ledger.run)
@@ -632,7 +656,7 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     print_table(console, timeline_table(ledger, now))
     console.print()
     console.rule("events", align="left")
-    print_table(console, events_table(store.events(run_id)))
+    print_table(console, events_table(events))
 
 
 def run_document(store: Store, run_id: str) -> dict[str, Any]:

@@ -431,6 +431,16 @@ class Store(Protocol):
 
     # carrying a stopped run on: waits (messages, sleeps)
 
+    # carrying a run on in slices
+
+    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        """Release the claimed run at the end of a slice: no owner and no lease, its status as
+        it is (``running``: the next claim takes it at once), and a ``run.slice_ended`` event
+        (``step_id``: the step it stopped before; ``detail``) — in one transaction, fenced:
+        ``LostOwnership`` when the claim's fence is stale (nothing is written then). Wakes a
+        waiting worker, as a release does."""
+        ...
+
 
 class AsyncStore(Protocol):
     """``Store`` for asyncio: the same operations, with the same meaning, as coroutines.
@@ -647,6 +657,12 @@ class AsyncStore(Protocol):
         ...
 
     # carrying a stopped run on: waits (messages, sleeps)
+
+    # carrying a run on in slices
+
+    async def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        """See ``Store.end_slice``."""
+        ...
 
 
 # -- decisions every store makes the same way (I/O-free) ----------------------------------------

@@ -406,6 +406,9 @@ class AsyncPostgresStore:
     async def release_run(self, claim: Claim) -> None:
         await self._run(self._ledger.release_run(claim))
 
+    async def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        await self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
+
     async def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         await self._run(self._ledger.reprepare_effect(claim, op, payload))
 

@@ -56,11 +56,14 @@ def spawn_child(
     owner_url: str | None = None,
     pythonpath: Sequence[str] = (),
     lease_ms: int | None = None,
+    slice: float | None = None,
 ) -> subprocess.Popen[str]:
     """Start (or resume) ``run_id`` in a new Python process and return it, running.
 
     ``crash_at`` arms a crash point; ``crash_mode`` is ``kill`` (the child SIGKILLs itself
-    there), ``stop`` (it freezes with SIGSTOP: a zombie-to-be) or ``raise``.
+    there), ``stop`` (it freezes with SIGSTOP: a zombie-to-be) or ``raise``. ``slice``: the
+    seconds the child's ``start`` / ``resume`` may spend (its outcome is then ``unfinished``
+    when the run goes on).
     """
     env = {k: v for k, v in os.environ.items() if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -88,6 +91,8 @@ def spawn_child(
         command.append("--resume")
     if lease_ms is not None:
         command += ["--lease-ms", str(lease_ms)]
+    if slice is not None:
+        command += ["--slice", repr(float(slice))]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -103,11 +108,14 @@ def run_child(
     owner_url: str | None = None,
     pythonpath: Sequence[str] = (),
     timeout: float = 60.0,
+    slice: float | None = None,
+    lease_ms: int | None = None,
 ) -> ChildOutcome:
     """Start or resume ``run_id`` in a new Python process, wait for it; optionally kill it.
 
     ``crash_at`` arms a crash point (the child SIGKILLs itself exactly there); ``kill_after``
-    sends SIGKILL from here after that many seconds, at whatever the child is doing.
+    sends SIGKILL from here after that many seconds, at whatever the child is doing; ``slice``
+    and ``lease_ms`` as for ``spawn_child``.
     """
     process = spawn_child(
         workflow,
@@ -118,6 +126,8 @@ def run_child(
         crash_at=crash_at,
         owner_url=owner_url,
         pythonpath=pythonpath,
+        slice=slice,
+        lease_ms=lease_ms,
     )
     if kill_after is not None:
         deadline = time.monotonic() + kill_after

@@ -179,6 +179,9 @@ class SyncOverAsync:
     def release_run(self, claim: Claim) -> None:
         self._call(self.store.release_run(claim))
 
+    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        self._call(self.store.end_slice(claim, step_id=step_id, detail=detail))
+
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._call(self.store.reprepare_effect(claim, op, payload))
 

@@ -14,7 +14,7 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``limits``; what they read is every store's
+``history``, ``forks``, ``retry``, ``slices``, ``limits``; what they read is every store's
 (``safepoint.storage.ledger.LedgerReads``).
 """
 
@@ -27,6 +27,7 @@ from .history import PostgresHistory
 from .limits import PostgresLimits
 from .retry import PostgresRetry
 from .runs import PostgresRuns
+from .slices import PostgresSlices
 from .steps import PostgresSteps
 
 __all__ = ["PostgresLedger"]
@@ -41,6 +42,7 @@ class PostgresLedger(
     PostgresHistory,
     PostgresForks,
     PostgresRetry,
+    PostgresSlices,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

@@ -334,6 +334,9 @@ class PostgresStore:
     def release_run(self, claim: Claim) -> None:
         self._run(self._ledger.release_run(claim))
 
+    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
+        self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
+
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._run(self._ledger.reprepare_effect(claim, op, payload))
 

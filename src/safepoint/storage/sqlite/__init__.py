@@ -3,8 +3,8 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry`` and ``limits``. What it reads, it reads as every store does
-(``safepoint.storage.ledger``).
+``approvals``, ``history``, ``forks``, ``retry``, ``slices`` and ``limits``. What it reads, it
+reads as every store does (``safepoint.storage.ledger``).
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from .forks import SqliteForks
 from .history import SqliteHistory
 from .limits import SqliteLimits
 from .retry import SqliteRetry
+from .slices import SqliteSlices
 
 __all__ = ["SqliteStore"]
 
 
-class SqliteStore(SqliteHistory, SqliteLimits, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry):
+class SqliteStore(
+    SqliteHistory, SqliteLimits, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry, SqliteSlices
+):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -42,10 +42,10 @@ composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``ste
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
 continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
-overrides), ``retry`` (a failed run retried by a person) and ``stopped`` (runs stopped at a
-limit, limits raised). ``_support`` holds what they
-share: the base class with ``make_store`` and the helpers, the constants and the record
-factories.
+overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
+end of a slice) and ``stopped`` (runs stopped at a limit, limits raised). ``_support`` holds
+what they share: the base class with ``make_store`` and the helpers, the constants and the
+record factories.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from .limits import LimitTests
 from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
+from .slices import SliceTests
 from .steps import StepTests
 from .stopped import StoppedTests
 from .unreadable import UnreadableTests
@@ -76,6 +77,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 class StoreConformance(
     ForkTests,
     RetryTests,
+    SliceTests,
     StoppedTests,
     UnreadableTests,
     HistoryTests,

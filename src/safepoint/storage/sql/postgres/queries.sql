@@ -1138,3 +1138,25 @@ ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, p
 LIMIT 1;
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
+
+-- == carrying a run on in slices ================================================================
+
+-- name: end_slice
+-- Release the run at the end of a slice and log it (run.slice_ended): no owner, no lease, the
+-- status kept (running: the next claim takes it at once, and the caller NOTIFYs the workers).
+-- Only the holder of the fence can; a stale one matches nothing (fence_state tells why).
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+owned AS (
+    UPDATE safepoint_runs
+    SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+        event_count = event_count + 1, updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+    RETURNING run_id, workflow, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, step_id, fence, worker, detail)
+    SELECT run_id, now, 'run.slice_ended', %(step_id)s, %(fence)s, %(worker)s, %(detail)s
+    FROM owned
+)
+SELECT workflow FROM owned;

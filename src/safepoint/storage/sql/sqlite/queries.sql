@@ -660,3 +660,15 @@ ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, p
 LIMIT 1;
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
+
+-- == carrying a run on in slices ================================================================
+
+-- name: end_slice
+-- Release the run at the end of a slice: no owner, no lease, the status kept (running: the
+-- next claim takes it at once); counts the run.slice_ended event written with it. Only the
+-- holder of the fence can.
+UPDATE safepoint_runs
+SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+    event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+RETURNING run_id;
