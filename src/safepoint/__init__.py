@@ -14,6 +14,7 @@ Everything in a module whose name starts with an underscore is private.
 """
 
 from ._engine.fork import fork, fork_async
+from ._engine.limits import extend_limits, extend_limits_async
 from ._engine.messages import send, send_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
 from ._engine.retry import retry, retry_async
@@ -97,6 +98,8 @@ __all__ = [
     "approve_async",
     "cancel",
     "cancel_async",
+    "extend_limits",
+    "extend_limits_async",
     "fork",
     "fork_async",
     "open_async_store",

@@ -19,6 +19,7 @@ The tree::
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
+        │   ├── LimitsRefused           a change of limits that does not fit the run (moved, below spent)
         │   ├── ForkRefused             a fork that cannot be made from that run and step
         │   ├── MessageRefused          a message the run cannot take (it ended; a message id reused)
         │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
@@ -26,9 +27,10 @@ The tree::
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
         ├── RunFailed                   the run ended with an error; resuming replays that ending
-        ├── LimitReached                the run reached a limit of its own; it ends failed
-        │   ├── BudgetExhausted         resumes, model tokens or model cost ran out
-        │   └── DeadlineExceeded        the run's deadline passed: nothing new is started
+        ├── LimitReached                the run reached a limit of its own; it is stopped, resumably
+        │   ├── BudgetExhausted         resumes, model tokens, model cost or model calls ran out
+        │   ├── DeadlineExceeded        the run's deadline passed: nothing new is started
+        │   └── StepAttemptsExhausted   a step used every attempt its Retry allows
         ├── RunCancelled                the run was cancelled; it never runs again
         ├── StepFailed                  a step's function raised; recorded, and raised again on replay
         ├── EffectRejected              the effect owner refused the operation (a definite "no")
@@ -101,6 +103,7 @@ __all__ = [
     "InvalidStepId",
     "InvalidStoreURL",
     "LimitReached",
+    "LimitsRefused",
     "LostOwnership",
     "MessageRefused",
     "MigrationMismatch",
@@ -124,6 +127,7 @@ __all__ = [
     "Sleeping",
     "SliceEnded",
     "StaleCheckpoint",
+    "StepAttemptsExhausted",
     "StepFailed",
     "StoreError",
     "StoreUnavailable",
@@ -322,6 +326,34 @@ class MessageRefused(UsageError):
         )
 
 
+class LimitsRefused(UsageError):
+    """A change of a run's limits (``extend_limits``) that does not fit the run as it now
+    stands: the run moved on from the revision it was asked at (``state_revision`` is where it
+    now is, ``expected_revision`` what was given), a limit would be lowered below what the run
+    already spent, or the run has ended. Nothing was changed."""
+
+    run_id: str
+    reason: str
+    state_revision: int | None
+    expected_revision: int | None
+
+    def __init__(
+        self,
+        run_id: str,
+        reason: str,
+        *,
+        state_revision: int | None = None,
+        expected_revision: int | None = None,
+    ) -> None:
+        super().__init__(
+            f"the limits of run {run_id!r} were not changed: {reason}",
+            run_id=run_id,
+            reason=reason,
+            state_revision=state_revision,
+            expected_revision=expected_revision,
+        )
+
+
 class ForkRefused(UsageError):
     """A fork that cannot be made as asked (``safepoint.fork``); nothing was written. ``reason``
     says why; ``choices`` lists what could be asked instead (the steps a fork can start from,
@@ -429,24 +461,40 @@ class RunFailed(SafepointError):
 
 
 class LimitReached(SafepointError):
-    """The run reached one of its limits (a budget, its deadline). The limit is recorded with
-    the run, so no restart lifts it: the run ends failed — or blocks, when one of its effects
-    is still uncertain and a person must settle it first."""
+    """The run reached one of its limits: a budget (tokens, cost, model calls), its deadline,
+    a step's attempts or its resume budget. The limit is recorded with the run, so no restart
+    lifts it: the run *stops* (status ``stopped``, resumable, never failed) until a person
+    raises the limit (``safepoint.extend_limits``, ``safepoint limits RUN``); a worker then
+    carries it on. A run one of whose effects is still uncertain blocks instead, for a person
+    to settle the effect first. ``record`` is the stopped run's recovery record (phase
+    ``limit_reached``: which ``limit``, ``allowed``, ``spent``, ``step_id``) once the stop is
+    recorded — a resume of the stopped run raises the same error with it."""
 
     run_id: str
+    record: dict[str, Any] | None = None
+
+
+def _raise_hint(run_id: str, option: str) -> str:
+    return (
+        f"raise it to carry the run on: safepoint limits {run_id} {option} …"
+        " (or safepoint.extend_limits), and a worker (or a resume) continues it"
+    )
 
 
 class BudgetExhausted(LimitReached):
     """A run spent one of its budgets: ``kind`` says which (``resumes``: taken over more often
     than its resume budget allows — something kills its workers each time; ``tokens`` or
-    ``cost``: its model calls spent what it may spend). ``limit`` (also ``budget``) and
-    ``spent`` say how far; ``resumes`` is the resume count for the resume budget."""
+    ``cost``: its model calls spent what it may spend; ``model_calls``: it made as many model
+    calls — turns — as it may). ``limit`` (also ``budget``) and ``spent`` say how far;
+    ``resumes`` is the resume count for the resume budget; ``step_id`` the step it stopped
+    before (None at a takeover)."""
 
     kind: str
     budget: float
     limit: float
     spent: float
     resumes: int | None
+    step_id: str | None
 
     def __init__(
         self,
@@ -456,22 +504,34 @@ class BudgetExhausted(LimitReached):
         *,
         kind: str = "resumes",
         spent: float | None = None,
+        step_id: str | None = None,
     ) -> None:
         if kind == "resumes":
             spent = resumes if spent is None else spent
             message = (
                 f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
-                f" {budget}; it is failed rather than retried forever — find what stops"
-                f" its workers (see `safepoint show {run_id}`), then start a new run"
+                f" {budget}; it is stopped rather than retried forever — find what stops"
+                f" its workers (see `safepoint show {run_id}`), then "
+                + _raise_hint(run_id, "--resume-budget")
             )
         else:
+            what = "model calls" if kind == "model_calls" else kind
+            option = "--model-calls" if kind == "model_calls" else f"--{kind}"
+            where = f" before step {step_id!r}" if step_id else ""
             message = (
-                f"run {run_id!r} spent {spent:g} {kind} of its {kind} budget of"
-                f" {budget:g}; no further model call is made — start a new run with a"
-                " larger budget if the work must go on"
+                f"run {run_id!r} spent {spent:g} {what} of its {what} budget of"
+                f" {budget:g}; it is stopped{where} and no further model call is made — "
+                + _raise_hint(run_id, option)
             )
         super().__init__(
-            message, run_id=run_id, budget=budget, resumes=resumes, kind=kind, limit=budget, spent=spent
+            message,
+            run_id=run_id,
+            budget=budget,
+            resumes=resumes,
+            kind=kind,
+            limit=budget,
+            spent=spent,
+            step_id=step_id,
         )
 
 
@@ -482,17 +542,56 @@ class DeadlineExceeded(LimitReached):
 
     deadline_at: int
     step_id: str | None
+    retry_at: int | None
 
-    def __init__(self, run_id: str, deadline_at: int, step_id: str | None = None) -> None:
+    def __init__(
+        self, run_id: str, deadline_at: int, step_id: str | None = None, *, retry_at: int | None = None
+    ) -> None:
         moment = instant(deadline_at, millis=True)
-        where = f" at step {step_id!r}" if step_id else ""
+        if retry_at is not None:  # a step's next attempt would come too late
+            what = (
+                f"the next attempt of step {step_id!r} of run {run_id!r} would come at"
+                f" {instant(retry_at, millis=True)}, past its deadline ({moment})"
+            )
+        else:
+            where = f" at step {step_id!r}" if step_id else ""
+            what = f"run {run_id!r} passed its deadline ({moment}){where}"
         super().__init__(
-            f"run {run_id!r} passed its deadline ({moment}){where}; nothing new is started after"
-            " a deadline — start a new run with a later deadline if the work must still be"
-            " done",
+            f"{what}; nothing new is started after a deadline, and the run is stopped — "
+            + _raise_hint(run_id, "--deadline"),
             run_id=run_id,
             deadline_at=deadline_at,
             step_id=step_id,
+            retry_at=retry_at,
+        )
+
+
+class StepAttemptsExhausted(LimitReached):
+    """A read or model step whose ``Retry`` allows more than one attempt used them all on an
+    error it retries: the run stops before trying it again (the failure is not recorded as the
+    step's outcome), so that a person who raises the attempts (``step_attempts``) lets the
+    attempts go on from the count recorded. ``attempts`` were made, ``allowed`` were allowed;
+    ``error_type`` and ``error_message`` are the last attempt's error."""
+
+    step_id: str
+    attempts: int
+    allowed: int
+    error_type: str
+    error_message: str
+
+    def __init__(
+        self, run_id: str, step_id: str, attempts: int, allowed: int, error_type: str, error_message: str
+    ) -> None:
+        super().__init__(
+            f"step {step_id!r} of run {run_id!r} failed all {attempts} of its {allowed} attempts"
+            f" (last: {error_type}: {error_message}); the run is stopped before it — "
+            + _raise_hint(run_id, "--step-attempts"),
+            run_id=run_id,
+            step_id=step_id,
+            attempts=attempts,
+            allowed=allowed,
+            error_type=error_type,
+            error_message=error_message,
         )
 
 

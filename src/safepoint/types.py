@@ -34,6 +34,7 @@ __all__ = [
     "HistoryLimit",
     "Ledger",
     "LedgerIdentity",
+    "LimitChange",
     "MessageRecord",
     "OperationRecord",
     "Recorded",
@@ -41,6 +42,7 @@ __all__ = [
     "Resolution",
     "ResolutionAction",
     "Retry",
+    "RunLimits",
     "RunRecord",
     "RunRetry",
     "RunStatus",
@@ -620,24 +622,27 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """What a run may spend on model calls: ``tokens`` (as the calls report them) and ``cost``
-    (in whatever unit your ``usage=`` function reports). ``None`` is no limit.
+    """What a run may spend on model calls: ``tokens`` (as the calls report them), ``cost`` (in
+    whatever unit your ``usage=`` function reports) and ``model_calls`` (the model steps — turns —
+    it may make: the agent SDKs' "max turns", made durable). ``None`` is no limit.
 
     Spending is recorded with each model step, so a restart never resets it. Before each new
-    model call the run checks what it has spent; once a limit is reached the run fails with
-    ``BudgetExhausted`` (a call already running is never cut short, so one call may overshoot).
+    model call the run checks what it has spent; once a limit is reached the run stops
+    (``BudgetExhausted``; status ``stopped``) — a call already running is never cut short, so
+    one call may overshoot. Raise the limit (``extend_limits``) and the run carries on.
 
-    >>> @workflow("triage", budget=Budget(tokens=200_000, cost=2.50))
+    >>> @workflow("triage", budget=Budget(tokens=200_000, cost=2.50, model_calls=40))
     """
 
     tokens: int | None = None
     cost: float | None = None
+    model_calls: int | None = None
 
     def __post_init__(self) -> None:
-        if self.tokens is not None and (
-            isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 0
-        ):
-            raise UsageError(f"Budget(tokens={self.tokens!r}): an int of 0 or more, or None")
+        for name in ("tokens", "model_calls"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise UsageError(f"Budget({name}={value!r}): an int of 0 or more, or None")
         if self.cost is not None and (
             isinstance(self.cost, bool)
             or not isinstance(self.cost, (int, float))
@@ -645,3 +650,44 @@ class Budget:
             or self.cost < 0
         ):
             raise UsageError(f"Budget(cost={self.cost!r}): a finite number of 0 or more, or None")
+
+
+@dataclass(frozen=True, slots=True)
+class RunLimits:
+    """A run's limits as the ledger records them (``None``: no limit): its token, cost and
+    model-call budgets, its deadline (epoch ms on the store's clock), the attempts a person
+    raised every retried step to (``step_attempts``), and its resume budget."""
+
+    tokens: int | None = None
+    cost: float | None = None
+    model_calls: int | None = None
+    deadline: int | None = None
+    step_attempts: int | None = None
+    resume_budget: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The limits by the names ``extend_limits`` takes, as recorded in its event."""
+        return {
+            "tokens": self.tokens,
+            "cost": self.cost,
+            "model_calls": self.model_calls,
+            "deadline": self.deadline,
+            "step_attempts": self.step_attempts,
+            "resume_budget": self.resume_budget,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LimitChange:
+    """A person's change of a run's limits (``extend_limits``), as a store applies it: the
+    limits the run had (``old``) and has from now on (``new``), who changed them and why. What
+    the run spent is never part of it: a change never resets a spent amount."""
+
+    old: RunLimits
+    new: RunLimits
+    by: str
+    reason: str | None = None
+
+    def detail(self) -> dict[str, Any]:
+        """The ``run.limits_extended`` event's detail."""
+        return {"by": self.by, "reason": self.reason, "old": self.old.as_json(), "new": self.new.as_json()}

@@ -337,7 +337,7 @@ def test_a_cancelled_run_whose_code_changed_ends_cancelled_under_replan(
         sp.resume(store, "r")
 
 
-def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
+def test_a_run_past_its_deadline_whose_code_changed_stops_under_replan(
     store: sp.Store, crash_at: Any
 ) -> None:
     name = _name("replan-deadline")
@@ -360,14 +360,14 @@ def test_a_run_past_its_deadline_whose_code_changed_fails_under_replan(
     with pytest.raises(DeadlineExceeded):
         sp.resume(store, "r", lease_ms=0)
     run = store.get_run("r")
-    assert (run.status, run.owner) == (RunStatus.FAILED, None)
+    assert (run.status, run.owner) == (RunStatus.STOPPED, None)
     assert run.error is not None
     assert run.error["type"] == "DeadlineExceeded"
 
 
-def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Store) -> None:
+def test_a_continue_as_new_refused_past_the_deadline_stops_the_run(store: sp.Store) -> None:
     """The store refuses the continue (a successor would outlive the chain's deadline): the run
-    ends failed, released — not left running, held by a worker that went away."""
+    stops, released — not left running, held by a worker that went away."""
 
     @sp.workflow(_name("late-continue"), deadline=timedelta(milliseconds=300))
     def flow(run: sp.Run, round_: int) -> int:
@@ -380,7 +380,7 @@ def test_a_continue_as_new_refused_past_the_deadline_fails_the_run(store: sp.Sto
     with pytest.raises(DeadlineExceeded):
         sp.start(store, flow, 0, run_id="r")
     run = store.get_run("r")
-    assert (run.status, run.owner, run.successor_run_id) == (RunStatus.FAILED, None, None)
+    assert (run.status, run.owner, run.successor_run_id) == (RunStatus.STOPPED, None, None)
     assert run.error is not None
     assert run.error["type"] == "DeadlineExceeded"
 

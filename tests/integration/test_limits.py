@@ -23,7 +23,7 @@ from click.testing import CliRunner
 import safepoint as sp
 from safepoint._engine import flow as _flow
 from safepoint._rules import limits as _limits
-from safepoint.errors import BudgetExhausted, DeadlineExceeded, RunNotFound
+from safepoint.errors import BudgetExhausted, DeadlineExceeded, RunNotFound, StepAttemptsExhausted
 from safepoint.ops.cli import cli
 from safepoint.storage.sqlite import SqliteStore
 from safepoint.testing import SimulatedCrash, run_child, spawn_child
@@ -94,32 +94,46 @@ def test_a_read_that_fails_once_succeeds_on_its_second_attempt_after_its_backoff
     assert step.observed_at >= failed.retry_at  # observed on the attempt that answered
 
 
-def test_exhausted_attempts_fail_the_step_and_the_failure_replays(
-    memory_store: sp.Store, crash_at: Any
+def test_exhausted_attempts_stop_the_run_and_a_raised_limit_continues_the_count(
+    memory_store: sp.Store,
 ) -> None:
-    read = Calls(fail=99)
+    read = Calls(fail=4)
 
     @sp.workflow("retry-exhausted")
     def flow(run: sp.Run) -> dict[str, Any]:
         try:
-            run.read("quote", read, retry=sp.Retry(attempts=3, backoff=0))
-        except sp.StepFailed as failed:
-            return {"attempts": failed.attempts, "message": failed.message}
-        return {"attempts": 0}
+            return {"value": run.read("quote", read, retry=sp.Retry(attempts=3, backoff=0))}
+        except sp.StepFailed as failed:  # not raised: the attempts are a limit, not an outcome
+            return {"attempts": failed.attempts}
 
-    crash_at("run.before_complete")
-    with pytest.raises(SimulatedCrash):
-        sp.start(memory_store, flow, run_id="r", lease_ms=0)
-    crash_at(None)
-    result = sp.resume(memory_store, "r")
-    assert read.count == 3  # the replay asked nobody again
-    assert result["attempts"] == 3
-    assert "the last of 3 attempts" in result["message"]
+    with pytest.raises(StepAttemptsExhausted) as stopped:
+        sp.start(memory_store, flow, run_id="r")
+    assert (stopped.value.step_id, stopped.value.attempts, stopped.value.allowed) == ("quote", 3, 3)
+    assert read.count == 3
     ledger = memory_store.load_ledger("r")
-    step = ledger.steps["quote"]
-    assert (step.status, step.attempt) == (StepStatus.FAILED, 3)
-    assert step.error == {"type": "TimeoutError", "message": "call 3 failed", "attempts": 3}
-    assert [a.attempt for a in ledger.attempts["quote"]] == [1, 2]
+    assert ledger.run.status is RunStatus.STOPPED
+    assert "quote" not in ledger.steps  # the failure is not the step's recorded outcome
+    assert [a.attempt for a in ledger.attempts["quote"]] == [1, 2, 3]
+    record = ledger.run.recovery_record
+    assert record is not None
+    assert (record["phase"], record["limit"], record["allowed"], record["spent"], record["step_id"]) == (
+        "limit_reached",
+        "step_attempts",
+        3,
+        3,
+        "quote",
+    )
+    assert record["evidence"]["last_error"] == {"type": "TimeoutError", "message": "call 3 failed"}
+    assert stopped.value.record == record
+    with pytest.raises(StepAttemptsExhausted):  # a resume changes nothing while it stands
+        sp.resume(memory_store, "r")
+    assert memory_store.get_run("r").state_revision == ledger.run.state_revision
+    assert read.count == 3
+    sp.extend_limits(memory_store, "r", step_attempts=5, by="ops")
+    assert sp.resume(memory_store, "r") == {"value": "ok"}
+    assert read.count == 5  # attempts 4 and 5: the count went on, nothing was asked twice
+    step = memory_store.load_ledger("r").steps["quote"]
+    assert (step.status, step.attempt) == (StepStatus.COMPLETED, 5)
 
 
 def test_only_the_named_errors_are_tried_again_and_pure_steps_never(memory_store: sp.Store) -> None:
@@ -245,7 +259,7 @@ def test_a_cancel_during_the_backoff_stops_before_the_next_attempt(file_store: s
     assert file_store.get_run("r").status is RunStatus.CANCELLED
 
 
-def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(memory_store: sp.Store) -> None:
+def test_a_backoff_that_would_outlast_the_deadline_stops_the_run_at_once(memory_store: sp.Store) -> None:
     read = Calls(fail=99)
 
     @sp.workflow("retry-no-time", deadline=timedelta(seconds=5))
@@ -256,17 +270,28 @@ def test_a_backoff_that_would_outlast_the_deadline_gives_up_at_once(memory_store
             return failed.attempts
 
     started = time.monotonic()
-    assert sp.start(memory_store, flow, run_id="r") == 1
+    with pytest.raises(DeadlineExceeded) as late:
+        sp.start(memory_store, flow, run_id="r")
     assert time.monotonic() - started < 2
-    step = memory_store.load_ledger("r").steps["quote"]
-    assert step.error["gave_up"] == "no time is left before the run's deadline"
+    ledger = memory_store.load_ledger("r")
+    [tried] = ledger.attempts["quote"]
+    assert late.value.retry_at == tried.retry_at
+    assert "quote" not in ledger.steps
+    assert ledger.run.status is RunStatus.STOPPED
+    record = ledger.run.recovery_record
+    assert record is not None
+    assert (record["limit"], record["allowed"], record["step_id"]) == (
+        "deadline",
+        ledger.run.deadline_at,
+        "quote",
+    )
 
 
 @pytest.mark.parametrize(
     ("fail_first", "attempts", "outcome", "calls"),
     [
-        (99, 2, {"gave_up_after": 2}, 2),
-        (1, 3, {"value": {"quote": 1.0842, "call": 2}}, 2),
+        (99, 2, {"status": "stopped", "error": "StepAttemptsExhausted"}, 2),
+        (1, 3, {"status": "completed", "result": {"value": {"quote": 1.0842, "call": 2}}}, 2),
     ],
     ids=["exhausted", "succeeds"],
 )
@@ -301,14 +326,20 @@ def test_the_attempt_count_survives_a_sigkill_and_is_not_reset(
             resume=True,
             pythonpath=[TESTS],
         )
-        assert resumed.outcome == {"status": "completed", "result": outcome}, resumed.stderr
+        assert resumed.outcome is not None, resumed.stderr
+        assert {k: resumed.outcome[k] for k in outcome} == outcome, resumed.stderr
         made = [json.loads(line) for line in calls_path.read_text().splitlines()]
         assert len(made) == calls  # a reset count would have called once more
         assert made[0]["pid"] != made[1]["pid"]
         assert made[1]["at_ms"] >= tried[0].retry_at - 20  # the rest of the back-off was kept
-        step = store.load_ledger("r").steps["read.quote"]
-        assert step.attempt == 2
-        assert [a.attempt for a in store.load_ledger("r").attempts["read.quote"]] == [1]
+        ledger = store.load_ledger("r")
+        if outcome["status"] == "stopped":  # both attempts failed: the run stopped before a third
+            assert "read.quote" not in ledger.steps
+            assert [a.attempt for a in ledger.attempts["read.quote"]] == [1, 2]
+            assert ledger.run.status is RunStatus.STOPPED
+        else:
+            assert ledger.steps["read.quote"].attempt == 2
+            assert [a.attempt for a in ledger.attempts["read.quote"]] == [1]
     finally:
         if child.poll() is None:
             child.kill()
@@ -359,7 +390,11 @@ def test_retries_and_budgets_on_the_async_postgresql_store(pg_url: str) -> None:
     ledger = asyncio.run(main())
     assert (read.count, len(calls)) == (2, 2)  # 17 tokens, then 34: the third call never made
     assert [a.attempt for a in ledger.attempts["quote"]] == [1]
-    assert (ledger.run.status, ledger.run.tokens_spent) == (RunStatus.FAILED, 34)
+    assert (ledger.run.status, ledger.run.tokens_spent, ledger.run.model_calls_spent) == (
+        RunStatus.STOPPED,
+        34,
+        2,
+    )
 
 
 # -- budgets ---------------------------------------------------------------------------------
@@ -401,12 +436,22 @@ def test_a_spent_token_budget_stops_the_next_model_call_and_survives_a_resume(
     assert (exhausted.value.kind, exhausted.value.limit, exhausted.value.spent) == ("tokens", 30, 34)
     assert isinstance(exhausted.value, sp.LimitReached)
     run = fresh.get_run("r")
-    assert (run.status, run.error["type"]) == (RunStatus.FAILED, "BudgetExhausted")
+    assert (run.status, run.error["type"]) == (RunStatus.STOPPED, "BudgetExhausted")
     assert (run.token_budget, run.tokens_spent) == (30, 34)
     assert fresh.load_ledger("r").steps["turn.1"].tokens == 17
     assert "turn.2" not in fresh.load_ledger("r").steps
-    with pytest.raises(sp.RunFailed, match="BudgetExhausted"):
+    assert run.recovery_record is not None
+    assert {k: run.recovery_record[k] for k in ("phase", "limit", "allowed", "spent", "step_id")} == {
+        "phase": "limit_reached",
+        "limit": "tokens",
+        "allowed": 30,
+        "spent": 34,
+        "step_id": "turn.2",
+    }
+    with pytest.raises(BudgetExhausted) as again:  # a resume raises it again, and changes nothing
         sp.resume(fresh, "r")
+    assert again.value.record == run.recovery_record
+    assert fresh.get_run("r").state_revision == run.state_revision
     fresh.close()
     store.close()
 
@@ -449,7 +494,7 @@ def test_a_cost_budget_fed_by_a_usage_function_stops_the_next_call(memory_store:
     run = memory_store.get_run("r")
     assert (run.token_budget, run.cost_budget, run.tokens_spent) == (10_000, 1.0, 300)
     assert run.cost_spent == pytest.approx(1.2)
-    assert run.status is RunStatus.FAILED
+    assert run.status is RunStatus.STOPPED
     step = memory_store.load_ledger("r").steps["turn.0"]
     assert (step.tokens, step.cost) == (100, pytest.approx(0.4))
 
@@ -496,7 +541,7 @@ def test_tokens_are_read_from_well_known_response_shapes(response: Any, tokens: 
 # -- the deadline ----------------------------------------------------------------------------
 
 
-def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(store_url: str) -> None:
+def test_a_deadline_passing_during_a_step_stops_the_run_before_anything_new(store_url: str) -> None:
     store = sp.open_store(store_url)
     sent: list[Any] = []
     refund = sp.Effect("refund", execute=lambda payload, key: sent.append(payload) or {"ok": 1})
@@ -514,8 +559,13 @@ def test_a_deadline_passing_during_a_step_fails_the_run_before_anything_new(stor
     assert sent == []
     assert ledger.operations == {}
     assert sorted(ledger.steps) == ["fast"]  # the late answer was refused, not recorded
-    assert (ledger.run.status, ledger.run.error["type"]) == (RunStatus.FAILED, "DeadlineExceeded")
-    with pytest.raises(sp.RunFailed, match="DeadlineExceeded"):
+    assert (ledger.run.status, ledger.run.error["type"]) == (RunStatus.STOPPED, "DeadlineExceeded")
+    assert ledger.run.recovery_record is not None
+    assert (ledger.run.recovery_record["limit"], ledger.run.recovery_record["allowed"]) == (
+        "deadline",
+        ledger.run.deadline_at,
+    )
+    with pytest.raises(DeadlineExceeded):
         sp.resume(store, "r")
 
 
@@ -531,11 +581,11 @@ def test_no_model_call_is_made_after_the_deadline(clocked: Any) -> None:
     with pytest.raises(DeadlineExceeded):
         sp.start(clocked.store, flow, run_id="r", deadline=timedelta(minutes=1))
     assert model.count == 0
-    assert clocked.store.get_run("r").status is RunStatus.FAILED
+    assert clocked.store.get_run("r").status is RunStatus.STOPPED
     assert "read" in clocked.store.load_ledger("r").steps
 
 
-def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: Any, crash_at: Any) -> None:
+def test_a_deadline_passed_while_the_run_was_down_stops_it_at_takeover(clocked: Any, crash_at: Any) -> None:
     read, later = Calls(value="seen"), Calls()
 
     @sp.workflow("deadline-down")
@@ -558,10 +608,17 @@ def test_a_deadline_passed_while_the_run_was_down_fails_it_at_takeover(clocked: 
     with pytest.raises(DeadlineExceeded):
         sp.resume(clocked.store, "r")
     assert (read.count, later.count) == (1, 0)
-    assert clocked.store.get_run("r").status is RunStatus.FAILED
+    run = clocked.store.get_run("r")
+    assert run.status is RunStatus.STOPPED
+    assert run.recovery_record is not None
+    assert (run.recovery_record["limit"], run.recovery_record["spent"], run.recovery_record["step_id"]) == (
+        "deadline",
+        T0 + 10_000,
+        None,  # found passed at the takeover, before any step
+    )
 
 
-def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: str) -> None:
+def test_a_submitted_run_past_its_deadline_is_stopped_by_the_worker(store_url: str) -> None:
     store = sp.open_store(store_url)
     ran: list[int] = []
 
@@ -574,7 +631,7 @@ def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: st
     assert stats.claimed == 1
     assert ran == []
     run = store.get_run("r")
-    assert (run.status, run.error["type"]) == (RunStatus.FAILED, "DeadlineExceeded")
+    assert (run.status, run.error["type"]) == (RunStatus.STOPPED, "DeadlineExceeded")
 
 
 @pytest.mark.parametrize(
@@ -584,7 +641,7 @@ def test_a_submitted_run_past_its_deadline_is_failed_by_the_worker(store_url: st
         (sp.NotApplied(), EffectState.PREPARED),
     ],
 )
-def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
+def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_stops(
     clocked: Any, crash_at: Any, answer: Any, state: EffectState
 ) -> None:
     calls: list[str] = []
@@ -610,7 +667,7 @@ def test_past_the_deadline_an_effect_in_flight_is_settled_then_the_run_fails(
     assert calls == ["reconcile"]  # settled through its owner, never sent again
     ledger = clocked.store.load_ledger("r")
     assert ledger.operations["refund"].state is state
-    assert ledger.run.status is RunStatus.FAILED
+    assert ledger.run.status is RunStatus.STOPPED
     assert "after" not in ledger.steps
 
 
@@ -647,8 +704,12 @@ def test_past_the_deadline_an_effect_that_cannot_be_settled_blocks_the_run(
         "tokens_spent": 0,
         "cost_budget": None,
         "cost_spent": 0.0,
+        "model_call_budget": None,
+        "model_calls_spent": 0,
         "step_attempts": None,
+        "step_attempt_limit": None,
     }
+    assert (record["limit"], record["allowed"], record["spent"]) == (None, None, None)
     jsonschema.validate(record, record_schema())
 
 
@@ -697,10 +758,17 @@ def test_after_a_failure_the_policy_decides_when_or_why_not() -> None:
 
     assert decide(TimeoutError(), 1) == _limits.AfterFailure(2_000)
     assert decide(TimeoutError(), 2) == _limits.AfterFailure(3_000)
-    assert decide(TimeoutError(), 3) == _limits.AfterFailure(None)  # attempts used up
+    # attempts used up: a limit the run stops at (the next attempt would be due at 5_000)
+    assert decide(TimeoutError(), 3) == _limits.AfterFailure(5_000, None, "step_attempts")
     assert decide(ValueError(), 1) == _limits.AfterFailure(None, "not retryable")
-    assert decide(TimeoutError(), 1, deadline=2_000).why == ("no time is left before the run's deadline")
+    assert decide(TimeoutError(), 1, deadline=2_000) == _limits.AfterFailure(
+        2_000, "no time is left before the run's deadline", "deadline"
+    )
     assert decide(TimeoutError(), 1, deadline=2_001) == _limits.AfterFailure(2_000)
+    once = sp.Retry(attempts=1)  # a step tried once fails: no limit stands in its way
+    assert _limits.after_failure(
+        once, TimeoutError(), failed_in_round=1, now=0, deadline_at=None, seed="s"
+    ) == _limits.AfterFailure(None)
 
 
 def test_the_next_attempt_counts_on_from_the_ledger() -> None:

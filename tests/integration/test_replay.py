@@ -397,7 +397,7 @@ def test_a_plain_workflow_from_async_code_runs_in_a_thread(memory_store: sp.Stor
     assert asyncio.run(sp.start_async(memory_store, flow, run_id="r")) == 5
 
 
-def test_the_resume_budget_fails_a_run_loudly(memory_store: sp.Store, crash_at: Any) -> None:
+def test_the_resume_budget_stops_a_run_loudly(memory_store: sp.Store, crash_at: Any) -> None:
     """A run whose worker dies every time is not re-claimed forever."""
 
     @sp.workflow("always-dies", resume_budget=2)
@@ -416,7 +416,7 @@ def test_the_resume_budget_fails_a_run_loudly(memory_store: sp.Store, crash_at: 
         sp.resume(memory_store, "r")
     assert (exhausted.value.budget, exhausted.value.resumes) == (2, 3)
     run = memory_store.get_run("r")
-    assert (run.status, run.resume_budget) == (RunStatus.FAILED, 2)
+    assert (run.status, run.resume_budget) == (RunStatus.STOPPED, 2)  # resumable once raised
     assert run.error["type"] == "BudgetExhausted"
 
 

@@ -411,6 +411,8 @@ def test_a_named_failed_step_runs_again_with_its_attempts_counted_from_one(store
 
     def quote(n: int) -> int:
         calls.append(n)
+        if len(calls) == 2:  # not an error the step retries: it fails, on its second attempt
+            raise ConnectionError("call 2 was refused")
         if len(calls) <= 3:
             raise TimeoutError(f"call {len(calls)} timed out")
         return 42
@@ -418,7 +420,8 @@ def test_a_named_failed_step_runs_again_with_its_attempts_counted_from_one(store
     @sp.workflow("retry-named-step")
     def flow(run: sp.Run) -> int:
         try:
-            return int(run.read("quote", quote, 1, retry=sp.Retry(attempts=2, backoff=0)))
+            policy = sp.Retry(attempts=2, backoff=0, retry_on=(TimeoutError,))
+            return int(run.read("quote", quote, 1, retry=policy))
         except sp.StepFailed:
             raise ValueError("no quote, no offer") from None  # the workflow's own error
 

@@ -8,6 +8,7 @@ receipts, evidence, reasons), each credential is replaced by its marked digest."
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import pytest
 
 import safepoint as sp
-from safepoint.errors import EffectRejected, SecretRefused, VerificationFailed
+from safepoint.errors import EffectRejected, SecretRefused, StepAttemptsExhausted, VerificationFailed
 
 MARK = "sp_redacted:sha256:"
 
@@ -347,7 +348,7 @@ def step_error(store: sp.Store, cred: Credential, rid: str) -> None:
     @sp.workflow("corpus-step-error")
     def flow(run: sp.Run) -> Any:
         try:
-            run.read("call", call, retry=sp.Retry(attempts=2, backoff=0, retry_on=(Exception,)))
+            run.read("call", call, retry=sp.Retry(attempts=2, backoff=0, retry_on=(TimeoutError,)))
         except sp.StepFailed as failed:
             return failed.error_message  # what the workflow sees, first run and replay
         return "unreachable"
@@ -356,6 +357,25 @@ def step_error(store: sp.Store, cred: Credential, rid: str) -> None:
     assert MARK in seen
     clean(seen, cred)
     assert store.load_ledger(rid).steps["call"].error["message"] == seen
+
+
+def attempts_stop(store: sp.Store, cred: Credential, rid: str) -> None:
+    """A step's every attempt failed quoting a credential: the run stops at its attempts, and
+    the stop's error and recovery record quote it redacted."""
+
+    def call() -> Any:
+        raise PermissionError(f"401 for {cred.text}")
+
+    @sp.workflow("corpus-attempts-stop")
+    def flow(run: sp.Run) -> Any:
+        return run.read("call", call, retry=sp.Retry(attempts=2, backoff=0))
+
+    with pytest.raises(StepAttemptsExhausted) as stopped:
+        sp.start(store, flow, run_id=rid)
+    clean(stopped.value.message, cred)
+    record = store.get_run(rid).recovery_record
+    assert MARK in record["evidence"]["last_error"]["message"]
+    clean(json.dumps(record), cred)
 
 
 def failed_workflow(store: sp.Store, cred: Credential, rid: str) -> None:
@@ -464,6 +484,7 @@ def verify_error(store: sp.Store, cred: Credential, rid: str) -> None:
 
 REDACTED: dict[str, Action] = {
     "step error": step_error,
+    "attempts stop": attempts_stop,
     "failed workflow": failed_workflow,
     "usage error": usage_error,
     "receipt": receipt,

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import safepoint as sp
 from safepoint._rules.presence import ownership, status_label
-from safepoint.errors import ApprovalInvalid
+from safepoint.errors import ApprovalInvalid, BudgetExhausted
 from safepoint.ops.admission import host_allowed
 from safepoint.ops.cli import cli
 from safepoint.ops.dashboard import Dashboard, is_loopback
@@ -819,6 +819,57 @@ def test_a_busy_port_is_a_clear_error_not_a_traceback(file_store: sp.Store, tmp_
         assert "Traceback" not in result.output
         assert not isinstance(result.exception, OSError)
         assert _get(first, "/")[0] == 200  # the first one still serves
+
+
+# -- a run stopped at a limit ---------------------------------------------------------------------
+
+
+def _stopped_run(store: sp.Store, run_id: str) -> None:
+    """A run stopped before its third model call: 34 tokens spent of 30."""
+
+    def answer(**kwargs: Any) -> dict[str, Any]:
+        return {"text": "ok", "usage": {"input_tokens": 12, "output_tokens": 5}}
+
+    @sp.workflow("board-limits", budget=sp.Budget(tokens=30))
+    def flow(run: sp.Run) -> int:
+        for turn in range(3):
+            run.model(f"turn.{turn}", answer, model="m-1", messages=[])
+        return 3
+
+    with pytest.raises(BudgetExhausted):
+        sp.start(store, flow, run_id=run_id)
+
+
+def test_a_stopped_run_shows_its_limit_and_a_form_with_the_token_raises_it(
+    board: Dashboard, file_store: sp.Store
+) -> None:
+    run_id = "triage <1>"
+    path = "/runs/" + urllib.parse.quote(run_id, safe="")
+    _stopped_run(file_store, run_id)
+    status, listed = _get(board, "/")
+    assert "tokens: 34 spent of 30, before step &#x27;turn.2&#x27;" in listed
+    status, page = _get(board, path)
+    assert "stopped: its tokens limit" in page
+    assert f"action='{path}/limits'" in page
+    assert TOKEN not in page
+    run = file_store.get_run(run_id)
+    form = {"tokens": "200", "by": "ana", "reason": "long case", "revision": run.state_revision}
+    assert _post(board, f"{path}/limits", form)[0] == 403  # no token
+    assert _post(board, f"{path}/limits", {**form, "token": "wrong" * 5})[0] == 403
+    status, body = _post(
+        board, f"{path}/limits", {**form, "revision": run.state_revision - 1, "token": TOKEN}
+    )
+    assert status == 409  # the same check as the API's
+    assert "moved on" in json.loads(body)["error"]
+    assert _post(board, f"{path}/limits", {**form, "tokens": "many", "token": TOKEN})[0] == 400
+    assert file_store.get_run(run_id) == run  # nothing refused changed anything
+    status, body = _post(board, f"{path}/limits", {**form, "deadline_minutes": "45", "token": TOKEN})
+    assert status == 200, body
+    after = json.loads(body)
+    assert (after["status"], after["token_budget"]) == ("pending", 200)
+    assert after["deadline_at"] - file_store.now() > 44 * 60_000
+    assert [e.worker for e in file_store.events(run_id) if e.kind == "run.limits_extended"] == ["ana"]
+    assert sp.resume(file_store, run_id) == 3
 
 
 def test_the_board_sends_a_waiting_run_its_message_with_the_token(

@@ -23,6 +23,11 @@ def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
         seen += [owned.run_id, owned.owner, expires]
     except sp.RunFailed as failed:
         seen += [failed.run_id, failed.error_type, failed.error_message]
+    except sp.LimitReached as stopped:  # the run is stopped: raise the limit to carry it on
+        stop: dict[str, object] | None = stopped.record
+        seen += [stopped.run_id, stop]
+        run: sp.types.RunRecord = sp.extend_limits(store, stopped.run_id, model_calls=40, by="ana")
+        seen += [run.model_call_budget, run.model_calls_spent]
     except sp.StepFailed as step_failed:
         attempts: int = step_failed.attempts
         seen += [step_failed.step_id, step_failed.error_type, attempts]

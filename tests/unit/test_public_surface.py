@@ -50,6 +50,8 @@ TOP_LEVEL = frozenset(
         "revoke_approval",
         "revoke_approval_async",
         "resolve",
+        "extend_limits",
+        "extend_limits_async",
         "fork",
         "fork_async",
         "retry",

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._rules.canonical import (
@@ -32,18 +33,19 @@ from .._rules.ids import check_step_id
 from .._rules.limits import (
     UsageFn,
     after_failure,
+    attempts_allowed,
     checked_usage,
+    limit_before_step,
+    limits_of,
     next_attempt,
-    past_deadline,
     reported_tokens,
     round_start_for,
-    spent_budget,
     step_policy,
+    with_limits,
 )
 from .._rules.recovery import build_record
 from .._rules.secrets import error_evidence, hashed_form, redact_text, refuse_secrets
 from ..errors import (
-    BudgetExhausted,
     Cancelled,
     ContinueAsNew,
     DeadlineExceeded,
@@ -54,6 +56,7 @@ from ..errors import (
     ReplayMismatch,
     RunBlocked,
     StaleCheckpoint,
+    StepAttemptsExhausted,
     StepFailed,
     StoreError,
     UsageError,
@@ -496,7 +499,9 @@ class RunCore:
         usage: UsageFn | None,
     ) -> Flow[Any]:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
-        failure recorded before its back-off — and record the result or the failure."""
+        failure recorded before its back-off — and record the result or the failure. A limit
+        in the way (the deadline, a budget, the step's attempts) stops the run before the call:
+        ``LimitReached``, once the run's limits, read again, still say so."""
         sid, kind = base.step_id, base.kind
         tried = self.attempts.get(sid, [])
         round_start = round_start_for(round_start, tried, base.input_hash)
@@ -505,26 +510,19 @@ class RunCore:
             if base.attempt != attempt:
                 base = replace(base, attempt=attempt)
             if pending is not None:
-                if attempt - round_start > policy.attempts:
-                    # The code now allows fewer attempts than were made: no further call.
+                if policy.attempts <= 1 and attempt - round_start > 1:
+                    # The code now tries it once, and it was tried: no further call.
                     yield from self._fail_step(base, pending.error, attempt - 1 - round_start, None)
+                yield from self._stop_at(
+                    partial(self._before_retry, policy, sid, attempt - 1 - round_start, pending)
+                )
                 yield from self._wait_for_retry(pending)
             now = None
             if kind is StepKind.READ or (
                 self.run.deadline_at is not None and kind in (StepKind.MODEL, StepKind.DECISION)
             ):
                 now = yield from io(Store.now)
-                if past_deadline(self.run, now):
-                    raise self.limit_reached(
-                        DeadlineExceeded(self.run.run_id, self.run.deadline_at or 0, sid)
-                    )
-            if kind is StepKind.MODEL:
-                spent = spent_budget(self.run)
-                if spent is not None:
-                    which, limit, amount = spent
-                    raise self.limit_reached(
-                        BudgetExhausted(self.run.run_id, limit, kind=which, spent=amount)
-                    )
+            yield from self._stop_at(partial(self._before_call, kind, sid, now))
             if kind is StepKind.READ:
                 base = replace(base, observed_at=now)
             try:
@@ -534,7 +532,7 @@ class RunCore:
             except Exception as exc:
                 now = yield from io(Store.now)
                 decided = after_failure(
-                    policy,
+                    attempts_allowed(policy, self.run.step_attempt_limit),
                     exc,
                     failed_in_round=attempt - round_start,
                     now=now,
@@ -548,6 +546,9 @@ class RunCore:
                         base, error_evidence(exc), attempt - round_start, decided.why, exc
                     )
                     raise  # unreachable: _fail_step raises
+                # Another attempt is due at retry_at — or a limit (its attempts, the deadline)
+                # stands before it: then the run stops there, and a person who raises the
+                # limit lets the attempts go on from this count.
                 pending = AttemptRecord(
                     run_id=self.run.run_id,
                     step_id=sid,
@@ -564,6 +565,46 @@ class RunCore:
                 attempt += 1
                 continue
             return (yield from self._record_result(base, value, usage))
+
+    def _stop_at(self, reached: Callable[[], LimitReached | None]) -> Flow[None]:
+        """Go on unless a limit stands before the next call (``reached()``): then read the
+        run's limits again — a person may have raised them since this worker read them — and
+        stop the run if it still stands."""
+        if reached() is None:
+            return
+        yield from self.reread_limits()
+        still = reached()
+        if still is not None:
+            raise self.limit_reached(still)
+
+    def _before_retry(
+        self, policy: Retry, sid: str, made: int, pending: AttemptRecord
+    ) -> LimitReached | None:
+        """The limit before another attempt of a step that failed ``made`` attempts of this
+        round (the last, ``pending``, due again at its ``retry_at``): its attempts, or the
+        deadline that attempt would come after."""
+        allowed = attempts_allowed(policy, self.run.step_attempt_limit).attempts
+        if made >= allowed:
+            error = pending.error
+            return StepAttemptsExhausted(
+                self.run.run_id, sid, made, allowed, str(error.get("type")), str(error.get("message"))
+            )
+        if self.run.deadline_at is not None and pending.retry_at >= self.run.deadline_at:
+            return DeadlineExceeded(self.run.run_id, self.run.deadline_at, sid, retry_at=pending.retry_at)
+        return None
+
+    def _before_call(self, kind: StepKind, sid: str, now: int | None) -> LimitReached | None:
+        return limit_before_step(self.run, kind, sid, now)
+
+    def reread_limits(self) -> Flow[None]:
+        """Take the run's limits as they now stand in the store (``extend_limits`` changes them
+        while the run runs); what it spent stays as this worker counts it."""
+        fresh = yield from io(Store.get_run, self.run.run_id)
+        if fresh.fence != self.claim.fence or fresh.status is not RunStatus.RUNNING:
+            self.halted = LostOwnership(self.run.run_id, self.claim.fence)
+            raise self.halted
+        with self.seq_lock:
+            self.run = with_limits(self.run, limits_of(fresh))
 
     def _wait_for_retry(self, pending: AttemptRecord) -> Flow[None]:
         """Wait out what remains of a failed attempt's back-off (on the store's clock); a
@@ -603,7 +644,20 @@ class RunCore:
         yield from self.flush()
         yield from self.append_new(io(Store.record_step, self.claim, failed), base.step_id)
         self.steps[base.step_id] = failed
+        if failed.kind is StepKind.MODEL:  # a model call made, as the store counted it
+            self._spent(None, None)
         raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"], attempts) from cause
+
+    def _spent(self, tokens: int | None, cost: float | None) -> None:
+        """A model step was recorded: what it spent (one model call, its tokens and cost) is
+        the run's, as the store added it in that commit."""
+        with self.seq_lock:  # fan-out branches on threads add theirs at the same time
+            self.run = replace(
+                self.run,
+                tokens_spent=self.run.tokens_spent + (tokens or 0),
+                cost_spent=self.run.cost_spent + (cost or 0.0),
+                model_calls_spent=self.run.model_calls_spent + 1,
+            )
 
     def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow[Any]:
         sid = base.step_id
@@ -642,13 +696,8 @@ class RunCore:
             )
             yield from self.append_new(request, sid)
             self.steps[sid] = step
-        if tokens or cost:  # the store added the same to the run's totals, in that commit
-            with self.seq_lock:  # fan-out branches on threads add theirs at the same time
-                self.run = replace(
-                    self.run,
-                    tokens_spent=self.run.tokens_spent + (tokens or 0),
-                    cost_spent=self.run.cost_spent + (cost or 0.0),
-                )
+        if step.kind is StepKind.MODEL:  # the store added the same to the run's totals, in that commit
+            self._spent(tokens, cost)
         crashpoint("step.after_record", sid)
         return value
 

@@ -4,9 +4,9 @@ workflow, and ending it.
 ``start_flow`` creates a run (or finds the one with this run id) and executes it; ``resume_flow``
 takes over an existing run from wherever its ledger stands. Both end in ``_execute_flow``, which
 runs the workflow function from its start against the ledger — replay makes that cheap — and
-records how it ended: completed, failed, blocked, or continued as new (and then executes the
-successor too, so the first run's caller gets the chain's result). The verbs that carry these
-flows out, sync or async, are in ``verbs``. Reading order: ``start_flow`` / ``resume_flow``,
+records how it ended: completed, failed, blocked, stopped at a limit, or continued as new (and
+then executes the successor too, so the first run's caller gets the chain's result). The verbs
+that carry these flows out, sync or async, are in ``verbs``. Reading order: ``start_flow`` / ``resume_flow``,
 ``claimed_flow`` (the resume procedure), ``_executed`` and the endings.
 """
 
@@ -29,9 +29,12 @@ from .._rules.ids import check_run_id
 from .._rules.limits import (
     carried_limits,
     deadline_of,
+    limits_of,
     merged_budget,
     past_deadline,
     run_default,
+    stop_error,
+    stop_of,
 )
 from .._rules.recovery import build_record
 from .._rules.secrets import redact_text, redacted_message, refuse_secrets
@@ -56,6 +59,7 @@ from ..errors import (
     RunWaiting,
     SafepointError,
     SliceEnded,
+    StepAttemptsExhausted,
     StepFailed,
     StoreError,
     StoreUnavailable,
@@ -131,14 +135,17 @@ def new_run(
         deadline_ms=deadline_ms,
         token_budget=spend.tokens,
         cost_budget=spend.cost,
+        model_call_budget=spend.model_calls,
     )
 
 
 def _new_run_record(
     wf: Workflow, inputs: dict[str, Any], run_id: str, owner: str | None, lease_ms: int, **limits: Any
 ) -> NewRun:
-    """A run of ``wf`` as the store records it, with ``limits`` (deadline, budgets) and what
-    the workflow itself says (versions, fingerprint, attempts, history limits)."""
+    """A run of ``wf`` as the store records it, with ``limits`` (deadline, budgets, and for a
+    successor the limits its chain carries on) and what the workflow itself says (versions,
+    fingerprint, attempts, history limits, the resume budget unless carried)."""
+    limits.setdefault("resume_budget", wf.resume_budget)
     return NewRun(
         run_id=run_id,
         workflow=wf.name,
@@ -147,7 +154,6 @@ def _new_run_record(
         inputs=inputs,
         owner=owner,
         lease_ms=lease_ms,
-        resume_budget=wf.resume_budget,
         history_soft_limit=wf.history_limit.soft,
         history_hard_limit=wf.history_limit.hard,
         workflow_fingerprint=wf.fingerprint,
@@ -207,9 +213,12 @@ def start_flow(
 
 
 def outcome_of(run: RunRecord) -> Any:
-    """The outcome of a run that needs no worker: its result, or the error it ended with."""
+    """The outcome of a run that needs no worker: its result, or the error it ended with (a
+    stopped run: the ``LimitReached`` it stopped with, its recovery record attached)."""
     if run.status is RunStatus.COMPLETED:
         return run.result
+    if run.status is RunStatus.STOPPED:  # until a person raises its limit: it changes nothing
+        raise stop_error(run)
     error = run.error or {}
     if run.status is RunStatus.CANCELLED:
         raise RunCancelled(run.run_id, str(error.get("message", "cancelled")))
@@ -242,7 +251,7 @@ def resume_flow(
     store: Any, wf: Workflow, run: RunRecord, lease_ms: int, slice_clock: SliceClock | None = None
 ) -> Flow[Any]:
     run = yield from chain_head(run)  # a continued run: resume the chain where it is
-    if run.status.terminal:
+    if run.status.terminal or run.status is RunStatus.STOPPED:
         return outcome_of(run)
     claim = None
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
@@ -254,7 +263,7 @@ def resume_flow(
         if claim is not None:
             break
         run = yield from chain_head((yield from io(Store.get_run, run.run_id)))
-        if run.status.terminal:
+        if run.status.terminal or run.status is RunStatus.STOPPED:
             return outcome_of(run)
     if claim is None:
         raise RunOwned(run.run_id, run.owner or "?", run.lease_expires_at or 0)
@@ -267,34 +276,34 @@ def claimed_flow(
     """The resume procedure, once this worker owns the run: load the ledger in one batch and
     check that every record and artifact the run needs is there and intact; check that this
     code may continue it (version and fingerprint, by the compatibility policy); check its
-    limits (resume budget, deadline); then execute — replay classifies each recorded step and
-    operation by DESIGN §3 as the workflow reaches it. Anything that cannot go on blocks with
-    the recovery record."""
+    limits (resume budget, deadline: a spent one stops the run); then execute — replay
+    classifies each recorded step and operation by DESIGN §3 as the workflow reaches it.
+    Anything that cannot go on blocks with the recovery record."""
     ledger = yield from _load_intact(claim, run, store.identity)
     try:
         run = yield from _check_compatible(wf, claim, ledger.run)
     except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
         return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
     except DeadlineExceeded as exc:  # … or once the deadline passed
-        yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
+        again = yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
+        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
     ledger = replace(ledger, run=run)
     if run.resume_budget is not None and run.resume_count > run.resume_budget:
-        yield from _limit_at_claim(
-            store,
-            wf,
-            claim,
-            ledger,
+        again = yield from _end_for_limit(
+            _core(store, wf, claim, ledger),
             BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
             f"the resume budget ({run.resume_budget}) ran out",
         )
+        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
     if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
         core = _core(store, wf, claim, ledger)
         if not core.uncertain_operations():
-            yield from _limit_at_claim(
-                store, wf, claim, ledger, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
+            again = yield from _end_for_limit(
+                core, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
             )
+            return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
         # else: replay and settle the uncertain effect; the store refuses anything new, and
-        # the run then ends failed (or blocked, if the effect stays uncertain)
+        # the run then stops (or blocks, if the effect stays uncertain)
     return (
         yield from _execute_flow(
             store,
@@ -422,6 +431,14 @@ def _core(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> RunCore:
 
 
 @dataclass(frozen=True, slots=True)
+class _Again:
+    """How a run ended that was stopping at a limit a person raised in that very moment: it is
+    released (``run``, as it now stands), to be carried on."""
+
+    run: RunRecord
+
+
+@dataclass(frozen=True, slots=True)
 class _Continued:
     """How a run ended that continued as new: its successor, and this worker's claim on it
     (None for a successor left for any worker)."""
@@ -446,6 +463,8 @@ def _execute_flow(
     recursion: a chain may be long), so the caller gets the chain's result."""
     while True:
         ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts, slice_clock)
+        if isinstance(ended, _Again):  # a limit raised as the run stopped: carry it on
+            return (yield from resume_flow(store, wf, ended.run, claim.lease_ms, slice_clock))
         if not isinstance(ended, _Continued):
             return ended
         if ended.claim is None:  # not claimed here: take it like any other run
@@ -575,12 +594,12 @@ def _signalled(core: RunCore, wf: Workflow) -> Flow[Any] | None:
     return None
 
 
-def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_Continued]:
+def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_Continued | _Again]:
     """The run ends continued and its successor starts with the carried state, in one store
     transaction — unless an effect of the run is still uncertain (it blocks: a successor must
     not start while the chain's effect ledger has a hole) or a cancel was asked for (the store
     refuses, and the run ends cancelled: continuing cannot escape the request), or the deadline
-    passed (refused too: the run fails)."""
+    passed (refused too: the run stops)."""
     yield from _block_if_uncertain(core, "the workflow continued as new", signal)
     # The chain is one task: its successor keeps the deadline and what is left of the budgets.
     successor = _new_run_record(
@@ -599,7 +618,7 @@ def _continue_flow(core: RunCore, wf: Workflow, signal: ContinueAsNew) -> Flow[_
     except Cancelled as exc:
         return (yield from _end_cancelled(core, exc))
     except DeadlineExceeded as exc:  # a successor cannot outlive the chain's deadline
-        yield from _end_for_limit(core, exc)
+        return (yield from _end_for_limit(core, exc))
     except RunConflict as exc:
         yield from core.block(RunBlocked(exc.message, run_id=core.run.run_id), phase="continue_as_new")
         raise
@@ -656,33 +675,35 @@ def _store_refused(core: RunCore, exc: StoreError) -> Flow[None]:
         yield from io(Store.finish_run, core.claim, RunStatus.BLOCKED, recovery_record=record)
 
 
-def _limit_at_claim(
-    store: Any, wf: Workflow, claim: Claim, ledger: Ledger, error: LimitReached, how: str
-) -> Flow[NoReturn]:
-    """A limit found spent when the run is taken over: fail the run loudly — unless an effect of
-    it is uncertain: that still needs settling, so the run blocks for a person instead of being
-    forgotten."""
-    core = _core(store, wf, claim, ledger)
-    yield from _block_if_uncertain(core, how, error)
-    yield from io(
-        Store.finish_run,
-        claim,
-        RunStatus.FAILED,
-        error={"type": type(error).__name__, "message": error.message},
-    )
-    raise error
-
-
-def _end_for_limit(core: RunCore, error: LimitReached) -> Flow[NoReturn]:
-    """A limit was reached while the run executed (a budget spent, the deadline passed): nothing
-    new was started after it. The run ends failed — or blocks, while an effect is uncertain."""
-    yield from _block_if_uncertain(core, f"the run reached a limit ({type(error).__name__})", error)
-    yield from io(
-        Store.finish_run,
+def _end_for_limit(core: RunCore, error: LimitReached, how: str | None = None) -> Flow[_Again]:
+    """A limit was reached — while the run executed (a budget spent, the deadline passed, a
+    step's attempts used up) or found spent when it was taken over (the resume budget, the
+    deadline): nothing new was started after it. The run stops, resumably (status
+    ``stopped``, recovery record phase ``limit_reached``), and ``error`` goes on with that
+    record — or it blocks, while an effect is uncertain. A person who raised the limit in the
+    moment it stopped wins: nothing is stopped, the run is released and carried on
+    (``_Again``)."""
+    yield from _block_if_uncertain(core, how or f"the run reached a limit ({type(error).__name__})", error)
+    with contextlib.suppress(SafepointError, Cancelled, LostOwnership):
+        yield from core.flush()  # best effort: what was computed, kept for the run's next turn
+    stop = stop_of(error, (yield from io(Store.now)))
+    evidence = {}
+    if isinstance(error, StepAttemptsExhausted):
+        evidence["last_error"] = {"type": error.error_type, "message": error.error_message}
+    record = build_record(core.run, phase="limit_reached", reason=error.message, stop=stop, evidence=evidence)
+    stopped = yield from io(
+        Store.stop_run,
         core.claim,
-        RunStatus.FAILED,
+        limits_of(core.run),
         error={"type": type(error).__name__, "message": error.message},
+        recovery_record=record,
     )
+    if not stopped:  # its limits moved since this worker read them: look again, from the ledger
+        yield from _release(core.claim)
+        return _Again((yield from io(Store.get_run, core.run.run_id)))
+    with contextlib.suppress(StoreError):
+        record = (yield from io(Store.get_run, core.run.run_id)).recovery_record or record
+    error.record = record
     raise error
 
 

@@ -160,7 +160,9 @@ def resume(
 ) -> Any:
     """Take over ``run_id`` and carry it on from its ledger; return its result.
 
-    A completed run returns its recorded result; a failed run raises ``RunFailed``; a blocked
+    A completed run returns its recorded result; a failed run raises ``RunFailed``; a run
+    stopped at a limit raises the ``LimitReached`` it stopped with (its recovery record
+    attached) and changes nothing, until a person raises the limit (``extend_limits``); a blocked
     run is tried again (the block is re-established if its cause remains); a waiting run looks
     at its gate again and, while it still cannot go on, waits on as it was (raising
     ``AwaitingApproval`` / ``ApprovalInvalid`` while no approval authorizes the effect,
@@ -187,8 +189,8 @@ def resume_record(
     so two resumers holding the same record race on one compare-and-set."""
     if run.status is RunStatus.CONTINUED:
         run = drive(store, chain_head(run))
-    if run.status.terminal:
-        return outcome_of(run)  # needs no workflow code: the ending is recorded
+    if run.status.terminal or run.status is RunStatus.STOPPED:
+        return _outcome(run)  # needs no workflow code: the ending (or the stop) is recorded
     wf = workflow_of(run)
     return _carry_out(store, wf, resume_flow(store, wf, run, lease_ms, slice_clock))
 
@@ -207,8 +209,8 @@ async def resume_async(
     run = await adrive(store, get_run_flow(check_run_id(run_id)))
     if run.status is RunStatus.CONTINUED:
         run = await adrive(store, chain_head(run))
-    if run.status.terminal:
-        return outcome_of(run)
+    if run.status.terminal or run.status is RunStatus.STOPPED:
+        return _outcome(run)
     wf = workflow_of(run)
     return await _carry_out_async(store, wf, resume_flow(store, wf, run, lease_ms, clock))
 
@@ -272,6 +274,13 @@ def block_unreadable(store: Store, claim: Claim, error: StoreError) -> None:
 # no traceback through the flows and drivers behind it (dozens of frames that say nothing about
 # the caller's code). Their causes keep their own tracebacks.
 _OUTCOMES = (RunWaiting, RunBlocked, RunOwned, RunCancelled, RunFailed, LimitReached)
+
+
+def _outcome(run: RunRecord) -> Any:
+    try:
+        return outcome_of(run)
+    except _OUTCOMES as outcome:
+        raise outcome.with_traceback(None)  # noqa: B904 (the outcome itself, trimmed)
 
 
 def _carry_out(store: Store, wf: Workflow, flow: Flow[R]) -> R:

@@ -42,6 +42,7 @@ from ..errors import (
     AwaitingApproval,
     AwaitingMessage,
     CorruptRecord,
+    LimitReached,
     LostOwnership,
     RunBlocked,
     RunCancelled,
@@ -94,6 +95,7 @@ class WorkerStats:
     interrupted: int = 0  # the store failed mid-run; the run was given back
     cancelled: int = 0
     waiting: int = 0  # paused for an approval, a message or a timer; released, not failed
+    stopped: int = 0  # reached a limit: resumable once a person raises it, not failed
     unfinished: int = 0  # stopped at a step boundary when the slice was spent; released, runnable
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -271,6 +273,9 @@ class Worker:
                 log.info("run %s waits for message %r", run_id, exc.name)
             else:
                 log.info("run %s sleeps: %s", run_id, exc.message)
+        except LimitReached as exc:
+            self.stats.count("stopped")
+            log.info("run %s stopped at a limit: %s", run_id, exc.message)
         except SafepointError as exc:
             self.stats.count("failed")
             log.warning("run %s: %s", run_id, exc.message)

@@ -21,7 +21,7 @@ from ..types import (
     UnreadableRun,
 )
 from .effects import Applied, Declared, Effect, NotApplied, Unknown
-from .limits import limits_ref
+from .limits import OPTIONS, Stop, limits_ref
 from .secrets import redact_json, redact_text
 
 if TYPE_CHECKING:
@@ -88,6 +88,13 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         " again)",
         "or give the run up: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
     ],
+    "limit_reached": [
+        "the run stopped at a limit a person may raise; nothing of it is lost, and no step or"
+        " effect done is done again when it goes on",
+        "raise it: safepoint limits RUN <option> <more> --by <you> [--reason '<why>']"
+        " (or safepoint.extend_limits); a worker then carries the run on, or: safepoint resume RUN",
+        "or give the run up: safepoint cancel RUN --by <you>",
+    ],
     "forked_effect": [
         "this run is a fork, and its code asks for an operation that the run it was forked from"
         " sent (see the reason): a fork never sends it again under a key of its own unless told",
@@ -115,11 +122,13 @@ def build_record(
     op: OperationRecord | None = None,
     evidence: dict[str, Any] | None = None,
     authorization: ApprovalRecord | None = None,
+    stop: Stop | None = None,
 ) -> dict[str, Any]:
     """The recovery record of DESIGN §4 as a JSON-ready dict. ``authorization`` is the approval
     under which ``op`` was dispatched (``op.approval_id``), named by ``authorization_ref``. A run
     whose row cannot be read (``UnreadableRun``) gets what of it can be read ("?" for a name
-    that cannot, no limits)."""
+    that cannot, no limits). A run stopped at a limit (phase ``limit_reached``) names it:
+    ``stop`` gives ``limit``, ``allowed``, ``spent`` and the ``step_id`` it stopped before."""
     evidence = dict(evidence or {})
     if op is not None and op.error is not None:
         evidence.setdefault("last_error", op.error)
@@ -150,7 +159,10 @@ def build_record(
         "state_revision": None,  # set by the store when it commits the block
         "phase": phase,
         "reason": reason,
-        "step_id": step_id if op is None else op.step_id,
+        "step_id": (stop.step_id if stop else step_id) if op is None else op.step_id,
+        "limit": stop.limit if stop else None,
+        "allowed": stop.allowed if stop else None,
+        "spent": stop.spent if stop else None,
         "operation_id": op.operation_id if op else None,
         "effect": op.effect if op else None,
         "effect_key": op.effect_key if op else None,
@@ -166,8 +178,17 @@ def build_record(
         "evidence_refs": ([f"operation:{op.run_id}/{op.operation_id}"] if op else [])
         + ([authorization_ref] if authorization_ref else []),
         "evidence": evidence,
-        "next_actions": _NEXT_ACTIONS.get(phase, []),
+        "next_actions": _next_actions(phase, stop),
     }
+
+
+def _next_actions(phase: str, stop: Stop | None) -> list[str]:
+    """What a person can do: the phase's actions, a stop's naming the option that raises it."""
+    actions = _NEXT_ACTIONS.get(phase, [])
+    if stop is None or stop.limit not in OPTIONS:
+        return actions
+    more = "<a later moment: ISO or +30m>" if stop.limit == "deadline" else f"<more than {stop.spent:g}>"
+    return [action.replace("<option> <more>", f"{OPTIONS[stop.limit]} {more}") for action in actions]
 
 
 def refusal(run: RunRecord, expected_revision: int, resolution: Resolution) -> str:

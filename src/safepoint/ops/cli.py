@@ -141,9 +141,9 @@ def show(ctx: click.Context, run_id: str, as_document: bool) -> None:
 @store_option
 @click.pass_context
 def record(ctx: click.Context, run_id: str) -> None:
-    """Print a blocked run's recovery record as JSON.
+    """Print the recovery record of a blocked run (or of one stopped at a limit) as JSON.
 
-    Exit code 1 (with a note on stderr) when RUN is not blocked.
+    Exit code 1 (with a note on stderr) when RUN is neither.
     """
     run = open_cli_store(ctx).find_run(run_id)
     if isinstance(run, UnreadableRun) and run.recovery_record is None:
@@ -155,7 +155,7 @@ def record(ctx: click.Context, run_id: str) -> None:
             else waiting_summary(run.waiting_for, now_ms(ctx))
         )
         fail(ctx, f"run {run_id!r} is not blocked: it waits for {waits}; see `safepoint show {run_id}`")
-    if run.status is not RunStatus.BLOCKED or run.recovery_record is None:
+    if run.status not in (RunStatus.BLOCKED, RunStatus.STOPPED) or run.recovery_record is None:
         status = run.status.value if run.status else "unreadable"
         fail(
             ctx, f"run {run_id!r} is not blocked (status: {status}); only a blocked run has a recovery record"
@@ -257,8 +257,8 @@ def worker(
     stats = found.run(until_idle=until_idle, slice=slice_length)
     click.echo(
         f"worker stopped: claimed {stats.claimed}, completed {stats.completed},"
-        f" blocked {stats.blocked}, waiting {stats.waiting}, failed {stats.failed},"
-        f" lost {stats.lost}, unfinished {stats.unfinished}",
+        f" blocked {stats.blocked}, waiting {stats.waiting}, stopped {stats.stopped},"
+        f" failed {stats.failed}, lost {stats.lost}, unfinished {stats.unfinished}",
         err=True,
     )
     if stats.unfinished:

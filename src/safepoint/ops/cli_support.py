@@ -15,7 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -208,3 +208,23 @@ def import_modules(modules: tuple[str, ...]) -> None:
                 f"no module named {name!r} (run from the project directory or set PYTHONPATH)",
                 param_hint="--import",
             ) from exc
+
+
+def parse_when(text: str, option: str) -> timedelta | datetime:
+    """A moment an option names: a duration from now (``90s``, ``15m``, ``2h``, ``1d``,
+    ``1h30m``, with or without a leading ``+``) or an ISO 8601 instant with its time zone
+    (``2030-01-31T17:00:00+01:00``); a usage error naming ``option`` otherwise."""
+    length = parse_duration(text.removeprefix("+"))
+    if length is not None:
+        return length
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise click.BadParameter(
+            f"{text!r} is neither a duration (90s, 15m, +2h, 1d, 1h30m)"
+            " nor an ISO 8601 instant with a time zone",
+            param_hint=option,
+        )
+    return moment

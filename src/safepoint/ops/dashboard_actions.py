@@ -2,11 +2,11 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``, ``fork``, ``retry``, ``send``), so a decision made in the
-browser is checked and recorded as one made anywhere else. An action answers with the run it
-acted on — or, when it made another (a fork), that one's id, whose page the answer then shows.
-A new action is a function here and an entry in ``ACTIONS``; the dashboard's request handling
-(admission, the token, the answer) does not change.
+``approve``, ``revoke_approval``, ``fork``, ``retry``, ``extend_limits``, ``send``), so a
+decision made in the browser is checked and recorded as one made anywhere else. An action answers with the
+run it acted on — or, when it made another (a fork), that one's id, whose page the answer then
+shows. A new action is a function here and an entry in ``ACTIONS``; the dashboard's request
+handling (admission, the token, the answer) does not change.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from datetime import timedelta
 from http import HTTPStatus
 
 from .._engine.fork import current_code, fork
+from .._engine.limits import extend_limits
 from .._engine.messages import send
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.retry import retry
@@ -72,6 +73,28 @@ def _revoke(store: Store, run_id: str, form: dict[str, str]) -> None:
     revoke_approval(store, run_id, form["step_id"], by=form["by"], reason=form["reason"])
 
 
+def _limits(store: Store, run_id: str, form: dict[str, str]) -> None:
+    """Raise (or set) the limits the form fills in; an empty field stays as it is."""
+
+    def whole(name: str) -> int | None:
+        return int(form[name]) if form.get(name) else None
+
+    minutes = form.get("deadline_minutes")
+    extend_limits(
+        store,
+        run_id,
+        tokens=whole("tokens"),
+        cost=float(form["cost"]) if form.get("cost") else None,
+        model_calls=whole("model_calls"),
+        deadline=timedelta(minutes=float(minutes)) if minutes else None,
+        step_attempts=whole("step_attempts"),
+        resume_budget=whole("resume_budget"),
+        by=form["by"],
+        reason=form.get("reason") or None,
+        expected_revision=whole("revision"),
+    )
+
+
 def _fork(store: Store, run_id: str, form: dict[str, str]) -> str:
     made = fork(
         store,
@@ -125,6 +148,22 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "resolve": (_resolve, frozenset({"action", "revision", "by", "operation_id", "receipt", "evidence"})),
     "approve": (_approve, frozenset({"step_id", "by", "expires_minutes", "evidence", "payload_digest"})),
     "revoke": (_revoke, frozenset({"step_id", "by", "reason"})),
+    "limits": (
+        _limits,
+        frozenset(
+            {
+                "tokens",
+                "cost",
+                "model_calls",
+                "deadline_minutes",
+                "step_attempts",
+                "resume_budget",
+                "by",
+                "reason",
+                "revision",
+            }
+        ),
+    ),
     "fork": (_fork, frozenset({"from_step", "new_run_id", "resend", "current_code", "by", "reason"})),
     "retry": (_retry, frozenset({"revision", "by", "reason", "resend", "step"})),
     "send": (_send, frozenset({"name", "payload", "message_id", "by"})),

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .._rules.approvals import revocable
+from .._rules.limits import stop_words
 from .._rules.presence import ownership, status_label
 from .._rules.retry import failed_step, retriable_steps, retry_refusal
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
@@ -55,7 +56,7 @@ _STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;
 text-align:left;vertical-align:top}th{background:#f4f4f4}code,pre{font:12px ui-monospace,monospace}
 pre{background:#f8f8f8;padding:.6em;overflow:auto}.blocked{color:#b00}.waiting{color:#a0a}
-.completed{color:#070}.failed{color:#b60}.cancelled,.continued{color:#777}.err,.revoked{color:#b00}
+.completed{color:#070}.failed{color:#b60}.stopped{color:#a60}.cancelled,.continued{color:#777}.err,.revoked{color:#b00}
 form{display:inline-block;margin:.4em 1em .4em 0;padding:.5em;border:1px solid #ddd}
 input,select{margin:.1em}section{margin:1.2em 0}.lease_expired{color:#b60;font-weight:bold}"""
 
@@ -92,6 +93,8 @@ def _needs(run: RunRecord) -> str:
         return _e((run.recovery_record or {}).get("phase", ""))
     if run.status is RunStatus.WAITING:
         return _e(waits_for(run.waiting_for))
+    if run.status is RunStatus.STOPPED:
+        return f"a raised limit: {_e(stop_words(run.recovery_record or {}))}"
     if run.successor_run_id:
         return f"→ <a href='{_e(run_path(run.successor_run_id))}'>{_e(run.successor_run_id)}</a>"
     return ""
@@ -202,6 +205,35 @@ def _approvals(view: RunView) -> str:
     return _approvals_section(view.path, view.ledger, approvals) if approvals else ""
 
 
+def _stopped(view: RunView) -> str:
+    """A run stopped at a limit: which, how far it spent, and the form that raises its limits
+    (each field left empty stays as it is), checked against the revision shown."""
+    run = view.run
+    if run.status is not RunStatus.STOPPED:
+        return ""
+    record = run.recovery_record or {}
+    fields = "".join(
+        f"<label>{_e(label)} <input name={name} size=8 placeholder='{_e(now)}'></label> "
+        for name, label, now in (
+            ("tokens", "tokens", run.token_budget),
+            ("cost", "cost", run.cost_budget),
+            ("model_calls", "model calls", run.model_call_budget),
+            ("deadline_minutes", "deadline in minutes from now", ""),
+            ("step_attempts", "step attempts", run.step_attempt_limit or ""),
+            ("resume_budget", "resume budget", run.resume_budget),
+        )
+    )
+    return (
+        f"<section><h2 class=stopped>stopped: its {_e(record.get('limit', '?'))} limit</h2>"
+        f"<p><b>{_e(stop_words(record))}</b></p><p>{_e(record.get('reason', ''))}</p>"
+        f"<form method=post action='{view.path}/limits'>"
+        f"<input type=hidden name=revision value='{run.state_revision}'>{fields}<br>{_who()}"
+        f"<input name=reason placeholder='why'>{_token()}"
+        "<button>raise the limits and carry the run on</button></form>"
+        f"<pre>{_e(json.dumps(record, indent=2))}</pre></section>"
+    )
+
+
 def _cancel_form(view: RunView) -> str:
     if view.run.status.terminal:
         return ""
@@ -280,6 +312,7 @@ def _retry_form(view: RunView) -> str:
 STATUS_SECTIONS: tuple[Section, ...] = (
     _blocked,
     _waiting,
+    _stopped,
     _retry_form,
     _approvals,
     _messages,

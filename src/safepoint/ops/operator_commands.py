@@ -31,7 +31,7 @@ from .cli_support import (
     import_modules,
     now_ms,
     open_cli_store,
-    parse_duration,
+    parse_when,
     run_argument,
     store_option,
 )
@@ -173,20 +173,7 @@ def _plain_status(run: RunRecord) -> str:
 def parse_expiry(text: str) -> timedelta | datetime:
     """``--expires``: a duration (``90s``, ``15m``, ``2h``, ``1d``, ``1h30m``) or an ISO 8601
     instant with its time zone (``2030-01-31T17:00:00+01:00``)."""
-    length = parse_duration(text)
-    if length is not None:
-        return length
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
-        raise click.BadParameter(
-            f"{text!r} is neither a duration (90s, 15m, 2h, 1d, 1h30m)"
-            " nor an ISO 8601 instant with a time zone",
-            param_hint="--expires",
-        )
-    return moment
+    return parse_when(text, "--expires")
 
 
 @click.command()

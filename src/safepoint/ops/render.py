@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._rules.approvals import revocable
+from .._rules.limits import stop_words
 from .._rules.moments import instant, relative, when
 from .._rules.presence import HELD, LEASE_EXPIRED, RELEASED, Ownership, ownership
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
@@ -281,6 +282,8 @@ def runs_table(found: Iterable[RunRecord | UnreadableRun], now: int) -> Table:
             phase = text((run.recovery_record or {}).get("phase", ""), "red")
         elif run.status is RunStatus.WAITING:
             phase = text(waiting_summary(run.waiting_for, now), "magenta")
+        elif run.status is RunStatus.STOPPED:
+            phase = text(stop_words(run.recovery_record or {}), "yellow")
         elif run.successor_run_id:
             phase = text(f"→ {run.successor_run_id}")
         _row(
@@ -493,8 +496,13 @@ def _limit_rows(row: Any, run: RunRecord, now: int) -> None:
     if run.cost_budget is not None or run.cost_spent:
         limit = "" if run.cost_budget is None else f" of {run.cost_budget:g}"
         row("cost", f"{run.cost_spent:g}{limit} spent")
-    if run.step_attempts is not None:
-        row("step attempts", str(run.step_attempts.attempts))
+    if run.model_call_budget is not None or run.model_calls_spent:
+        limit = "" if run.model_call_budget is None else f" of {run.model_call_budget}"
+        row("model calls", f"{run.model_calls_spent}{limit} made")
+    if run.step_attempts is not None or run.step_attempt_limit is not None:
+        attempts = "" if run.step_attempts is None else str(run.step_attempts.attempts)
+        raised = "" if run.step_attempt_limit is None else f"raised to {run.step_attempt_limit}"
+        row("step attempts", " ".join(part for part in (attempts, raised) if part))
 
 
 def _history(run: RunRecord) -> Text:
@@ -527,9 +535,23 @@ def _print_blocked(console: Console, run: RunRecord) -> None:
     say(console, f"full recovery record: safepoint record {shlex.quote(run.run_id)}")
 
 
+def _print_stopped(console: Console, run: RunRecord) -> None:
+    """A run stopped at a limit: which, how far it spent, the step it stopped before, and the
+    command that raises it."""
+    record = run.recovery_record or {}
+    console.rule(text(f"stopped: its {record.get('limit', '?')} limit", "bold yellow"), align="left")
+    say(console, text(stop_words(record), "bold"))
+    say(console, text(record.get("reason", "no reason recorded")))
+    console.print(Text("next actions:", style="bold"))
+    for action in record.get("next_actions", []):
+        say(console, f"  • {_filled_in(str(action), run.run_id, record)}")
+    say(console, f"full recovery record: safepoint record {shlex.quote(run.run_id)}")
+
+
 def _filled_in(action: str, run_id: str, record: dict[str, Any]) -> str:
     """A next action as a command to copy: this run's id and the revision the block made."""
-    action = action.replace("safepoint resolve RUN ", f"safepoint resolve {shlex.quote(run_id)} ")
+    for verb in ("resolve", "limits", "resume", "cancel"):
+        action = action.replace(f"safepoint {verb} RUN", f"safepoint {verb} {shlex.quote(run_id)}")
     revision = record.get("state_revision")
     return action if revision is None else action.replace("<state_revision>", str(revision))
 
@@ -702,6 +724,9 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     if ledger.run.status is RunStatus.WAITING:
         console.print()
         _print_waiting(console, store, ledger.run, now)
+    if ledger.run.status is RunStatus.STOPPED:
+        console.print()
+        _print_stopped(console, ledger.run)
     _print_approvals(console, store, ledger, now)
     _print_messages(console, store, run_id, now)
     console.print()

@@ -37,10 +37,12 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    LimitChange,
     MessageRecord,
     OperationRecord,
     Resolution,
     Retry,
+    RunLimits,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -375,6 +377,28 @@ class Store(Protocol):
 
     # carrying a stopped run on: limits
 
+    def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        """End the claimed run ``stopped`` at a limit — released, with ``error`` and its
+        recovery record (phase ``limit_reached``; its ``state_revision`` filled in as
+        ``finish_run`` does) and a ``run.stopped`` event — unless its limits are no longer
+        ``seen``, the limits its worker last read: a person changed them since
+        (``extend_limits``). Then nothing is written and the answer is False: the worker reads
+        the run again, and carries it on if the limit was raised. Fenced: ``LostOwnership``
+        when stale. A stopped run is never claimed (``claim_run``, ``claim_next``)."""
+        ...
+
+    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
+        """Give a run the limits ``change.new`` and append a ``run.limits_extended`` event (who,
+        why, the old and new limits), compare-and-set on ``expected_revision``, in one
+        transaction; return the run as it now stands. What the run spent stays as it is. A
+        stopped run becomes pending — its error and recovery record cleared, idle workers woken
+        as for a new run; any other run keeps its status (a running run's worker reads the new
+        limits before it stops at one). None when the revision moved or the run has ended:
+        nothing is changed. ``RunNotFound`` when there is no such run."""
+        ...
+
     # carrying a stopped run on: retry
     def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         """Retry a failed run in one atomic step, compare-and-set on ``expected_revision``
@@ -633,6 +657,30 @@ class AsyncStore(Protocol):
         ...
 
     # carrying a stopped run on: limits
+
+    async def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        """End the claimed run ``stopped`` at a limit — released, with ``error`` and its
+        recovery record (phase ``limit_reached``; its ``state_revision`` filled in as
+        ``finish_run`` does) and a ``run.stopped`` event — unless its limits are no longer
+        ``seen``, the limits its worker last read: a person changed them since
+        (``extend_limits``). Then nothing is written and the answer is False: the worker reads
+        the run again, and carries it on if the limit was raised. Fenced: ``LostOwnership``
+        when stale. A stopped run is never claimed (``claim_run``, ``claim_next``)."""
+        ...
+
+    async def extend_limits(
+        self, run_id: str, expected_revision: int, change: LimitChange
+    ) -> RunRecord | None:
+        """Give a run the limits ``change.new`` and append a ``run.limits_extended`` event (who,
+        why, the old and new limits), compare-and-set on ``expected_revision``, in one
+        transaction; return the run as it now stands. What the run spent stays as it is. A
+        stopped run becomes pending — its error and recovery record cleared, idle workers woken
+        as for a new run; any other run keeps its status (a running run's worker reads the new
+        limits before it stops at one). None when the revision moved or the run has ended:
+        nothing is changed. ``RunNotFound`` when there is no such run."""
+        ...
 
     # carrying a stopped run on: retry
     async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:

@@ -47,9 +47,11 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    LimitChange,
     MessageRecord,
     OperationRecord,
     Resolution,
+    RunLimits,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -433,6 +435,20 @@ class AsyncPostgresStore:
 
     async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    # carrying a stopped run on: limits
+
+    async def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        return await self._run(
+            self._ledger.stop_run(claim, seen, error=error, recovery_record=recovery_record)
+        )
+
+    async def extend_limits(
+        self, run_id: str, expected_revision: int, change: LimitChange
+    ) -> RunRecord | None:
+        return await self._run(self._ledger.extend_limits(run_id, expected_revision, change))
 
     async def fork_run(self, fork: ForkRun) -> RunRecord:
         return await self._run(self._ledger.fork_run(fork))

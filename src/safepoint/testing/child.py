@@ -61,6 +61,13 @@ def main(argv: list[str] | None = None) -> int:
             "message": exc.message,
             "record": exc.record,
         }
+    except errors.LimitReached as exc:  # stopped, resumably, until a person raises the limit
+        outcome = {
+            "status": "stopped",
+            "error": type(exc).__name__,
+            "message": exc.message,
+            "record": exc.record,
+        }
     except errors.SafepointError as exc:
         outcome = {"status": "error", "error": type(exc).__name__, "message": exc.message}
     except errors.LostOwnership as exc:

@@ -22,9 +22,11 @@ from ..types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    LimitChange,
     MessageRecord,
     OperationRecord,
     Resolution,
+    RunLimits,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -213,6 +215,18 @@ class SyncOverAsync:
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))
+
+    # carrying a stopped run on: limits
+
+    def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        return self._call(self.store.stop_run(claim, seen, error=error, recovery_record=recovery_record))
+
+    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
+        return self._call(self.store.extend_limits(run_id, expected_revision, change))
+
+    # carrying a stopped run on: waits (messages, sleeps)
 
     def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None

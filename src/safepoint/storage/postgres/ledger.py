@@ -14,7 +14,7 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``slices``, ``waits``; what they read is every store's
+``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``; what they read is every store's
 (``safepoint.storage.ledger.LedgerReads``).
 """
 
@@ -24,6 +24,7 @@ from .approvals import PostgresApprovals
 from .effects import PostgresEffects
 from .forks import PostgresForks
 from .history import PostgresHistory
+from .limits import PostgresLimits
 from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .slices import PostgresSlices
@@ -34,6 +35,7 @@ __all__ = ["PostgresLedger"]
 
 
 class PostgresLedger(
+    PostgresLimits,
     PostgresRuns,
     PostgresSteps,
     PostgresEffects,

@@ -99,11 +99,13 @@ class PostgresRuns(PostgresBase):
         result: JSON,
         error: dict[str, Any] | None,
         recovery_record: dict[str, Any] | None,
+        detail: dict[str, Any] | None = None,
     ) -> Plan[None]:
+        """(``detail``: the event's, when not the error or the recovery record's phase.)"""
         record = None
         if recovery_record is not None:  # the statement puts in the revision it creates
             record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
-        detail = error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
+        detail = detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
         result_text, result_ref = yield from self._put_value(result)
         yield from self._fenced(
             claim,

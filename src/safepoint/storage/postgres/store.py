@@ -49,9 +49,11 @@ from ...types import (
     EventRecord,
     Ledger,
     LedgerIdentity,
+    LimitChange,
     MessageRecord,
     OperationRecord,
     Resolution,
+    RunLimits,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -359,6 +361,16 @@ class PostgresStore:
 
     def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
         return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
+
+    # carrying a stopped run on: limits
+
+    def stop_run(
+        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
+    ) -> bool:
+        return self._run(self._ledger.stop_run(claim, seen, error=error, recovery_record=recovery_record))
+
+    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
+        return self._run(self._ledger.extend_limits(run_id, expected_revision, change))
 
     def fork_run(self, fork: ForkRun) -> RunRecord:
         return self._run(self._ledger.fork_run(fork))

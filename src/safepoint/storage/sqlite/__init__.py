@@ -3,8 +3,8 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry``, ``slices`` and ``waits`` (messages, and the
-gates of wait and sleep steps). What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry``, ``slices``, ``limits`` and ``waits`` (messages,
+and the gates of wait and sleep steps). What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -14,6 +14,7 @@ from .approvals import SqliteApprovals
 from .effects import SqliteEffects
 from .forks import SqliteForks
 from .history import SqliteHistory
+from .limits import SqliteLimits
 from .retry import SqliteRetry
 from .slices import SqliteSlices
 from .waits import SqliteWaits
@@ -22,6 +23,13 @@ __all__ = ["SqliteStore"]
 
 
 class SqliteStore(
-    SqliteWaits, SqliteHistory, SqliteEffects, SqliteApprovals, SqliteForks, SqliteRetry, SqliteSlices
+    SqliteWaits,
+    SqliteHistory,
+    SqliteLimits,
+    SqliteEffects,
+    SqliteApprovals,
+    SqliteForks,
+    SqliteRetry,
+    SqliteSlices,
 ):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -194,31 +194,49 @@ class SqliteRuns(SqliteConnection):
     ) -> None:
         now = self.now()
         with self._write() as conn:
-            result_text, result_ref = self._put_value(conn, result, now)
-            cursor = conn.execute(
-                SQL["finish_run"],
-                {
-                    "run_id": claim.run_id,
-                    "fence": claim.fence,
-                    "status": status.value,
-                    "result": result_text,
-                    "result_ref": result_ref,
-                    "error": None if error is None else dumps(error),
-                    "recovery_record": None if recovery_record is None else dumps(recovery_record),
-                    "now": now,
-                },
+            self._finish(
+                conn, claim, status, now, result=result, error=error, recovery_record=recovery_record
             )
-            if cursor.rowcount != 1:
-                raise LostOwnership(claim.run_id, claim.fence)
-            self._event(
-                conn,
-                claim.run_id,
-                now,
-                f"run.{status.value}",
-                fence=claim.fence,
-                worker=claim.owner,
-                detail=error or ({"phase": recovery_record.get("phase")} if recovery_record else None),
-            )
+
+    def _finish(
+        self,
+        conn: sqlite3.Connection,
+        claim: Claim,
+        status: RunStatus,
+        now: int,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+        detail: JSON = None,
+    ) -> None:
+        """``finish_run`` in the caller's write transaction; ``detail``: its event's, when not
+        the error (or the recovery record's phase)."""
+        result_text, result_ref = self._put_value(conn, result, now)
+        cursor = conn.execute(
+            SQL["finish_run"],
+            {
+                "run_id": claim.run_id,
+                "fence": claim.fence,
+                "status": status.value,
+                "result": result_text,
+                "result_ref": result_ref,
+                "error": None if error is None else dumps(error),
+                "recovery_record": None if recovery_record is None else dumps(recovery_record),
+                "now": now,
+            },
+        )
+        if cursor.rowcount != 1:
+            raise LostOwnership(claim.run_id, claim.fence)
+        self._event(
+            conn,
+            claim.run_id,
+            now,
+            f"run.{status.value}",
+            fence=claim.fence,
+            worker=claim.owner,
+            detail=detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None),
+        )
 
     def release_run(self, claim: Claim) -> None:
         with self._write() as conn:

@@ -8,7 +8,7 @@ import sqlite3
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
 from ...errors import LostOwnership
-from ...types import AttemptRecord, Claim, StepRecord
+from ...types import AttemptRecord, Claim, StepKind, StepRecord
 from .connection import SQL, SqliteConnection
 
 
@@ -48,12 +48,21 @@ class SqliteSteps(SqliteConnection):
         with self._write() as conn:
             due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True, limited=True)
             self._upsert_step(conn, claim, step, now)
-            if step.tokens or step.cost:
-                conn.execute(
-                    SQL["record_step_usage"],
-                    {"run_id": claim.run_id, "tokens": step.tokens, "cost": step.cost},
-                )
+            self._add_usage(conn, claim, [step])
         warn(due)
+
+    @staticmethod
+    def _add_usage(conn: sqlite3.Connection, claim: Claim, steps: list[StepRecord]) -> None:
+        """Add what the model steps among ``steps`` spent to the run's totals: tokens, cost, and
+        each model call (a turn), in the commit that records them."""
+        tokens = sum(step.tokens or 0 for step in steps)
+        cost = sum(step.cost or 0 for step in steps)
+        calls = sum(step.kind is StepKind.MODEL for step in steps)
+        if tokens or cost or calls:
+            conn.execute(
+                SQL["record_step_usage"],
+                {"run_id": claim.run_id, "tokens": tokens, "cost": cost, "model_calls": calls},
+            )
 
     def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
         if not steps:
@@ -75,12 +84,7 @@ class SqliteSteps(SqliteConnection):
             due = self._soft_limit_warning(conn, claim, row, now)
             for step in steps:
                 self._upsert_step(conn, claim, step, now)
-            tokens = sum(step.tokens or 0 for step in steps)
-            cost = sum(step.cost or 0 for step in steps)
-            if tokens or cost:
-                conn.execute(
-                    SQL["record_step_usage"], {"run_id": claim.run_id, "tokens": tokens, "cost": cost}
-                )
+            self._add_usage(conn, claim, steps)
         warn(due)
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:

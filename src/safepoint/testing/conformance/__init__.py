@@ -43,9 +43,9 @@ composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``ste
 continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
 overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
-end of a slice) and ``waits`` (messages, and the gates of wait and sleep steps). ``_support``
-holds what they share: the base class with ``make_store`` and the
-helpers, the constants and the record factories.
+end of a slice), ``stopped`` (runs stopped at a limit, limits raised) and ``waits`` (messages,
+and the gates of wait and sleep steps). ``_support`` holds what they share: the base class with
+``make_store`` and the helpers, the constants and the record factories.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from .revocation import RevocationTests
 from .runs import RunTests
 from .slices import SliceTests
 from .steps import StepTests
+from .stopped import StoppedTests
 from .unreadable import UnreadableTests
 from .waits import WaitTests
 
@@ -79,6 +80,7 @@ class StoreConformance(
     ForkTests,
     RetryTests,
     SliceTests,
+    StoppedTests,
     UnreadableTests,
     HistoryTests,
     RevocationTests,

@@ -158,7 +158,10 @@ class ConformanceBase(abc.ABC):
         workflow: str | None = None,
         run_id: str | None = None,
         history: tuple[int | None, int | None] = (None, None),
+        **limits: Any,
     ) -> tuple[RunRecord, Claim | None]:
+        """A new run (claimed by ``owner``, or pending), with ``limits`` (``NewRun``'s budgets,
+        deadline, attempts)."""
         new = NewRun(
             run_id=run_id or f"run-{_uid()}",
             workflow=workflow or self.workflow,
@@ -169,6 +172,7 @@ class ConformanceBase(abc.ABC):
             lease_ms=lease_ms,
             history_soft_limit=history[0],
             history_hard_limit=history[1],
+            **limits,
         )
         return store.create_run(new)
 

@@ -176,8 +176,8 @@ LEFT JOIN safepoint_operations AS o
 WHERE r.run_id = %(run_id)s;
 
 -- name: request_cancel
--- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
--- running one is marked, and its worker stops before its next step or dispatch. An ended run is
+-- Ask a run to stop. A run nobody holds (pending, blocked, waiting, stopped) ends cancelled at
+-- once; a running one is marked, and its worker stops before its next step or dispatch. An ended run is
 -- left as it is. The request is appended as an event.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
 run AS (
@@ -186,20 +186,22 @@ run AS (
     -- the effect first (resolve), never a cancel that would forget it; a waiting one (its
     -- approval lapsed before a re-dispatch) becomes pending, marked: a worker settles the
     -- effect with its owner and ends the run, dispatching nothing
-    SET status = CASE WHEN status = 'pending' OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
+    SET status = CASE WHEN status IN ('pending', 'stopped')
+                        OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
                      SELECT 1 FROM safepoint_operations o
                      WHERE o.run_id = safepoint_runs.run_id
                        AND o.state IN ('dispatching', 'unknown', 'applied')))
                  THEN 'cancelled'
                  WHEN status = 'waiting' THEN 'pending'
                  ELSE status END,
-        error = CASE WHEN status IN ('pending', 'blocked', 'waiting') THEN %(error)s ELSE error END,
+        error = CASE WHEN status IN ('pending', 'blocked', 'waiting', 'stopped') THEN %(error)s
+                ELSE error END,
         owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
         waiting_for = NULL,
         cancel_requested_at = COALESCE(cancel_requested_at, (SELECT now FROM clock)),
         state_revision = state_revision + 1, event_count = event_count + 1,
         updated_at = (SELECT now FROM clock)
-    WHERE run_id = %(run_id)s AND status IN ('pending', 'blocked', 'running', 'waiting')
+    WHERE run_id = %(run_id)s AND status IN ('pending', 'blocked', 'running', 'waiting', 'stopped')
     RETURNING run_id, status, workflow
 ),
 event AS (
@@ -475,7 +477,7 @@ event AS (
 SELECT * FROM owned;
 
 -- name: finish_run
--- End the run (completed, failed or blocked), release ownership and log it. A recovery record
+-- End the run (completed, failed, blocked, or stopped at a limit), release ownership and log it. A recovery record
 -- gets the revision this very statement creates, spliced in as text so the stored record is
 -- exactly the JSON the worker wrote (the worker leaves state_revision out of it).
 WITH clock AS (SELECT safepoint_now_ms() AS now),
@@ -864,8 +866,9 @@ LIMIT 1;
 -- Fence, renew the lease and record a batch of steps (one, or pure steps written lazily with the
 -- next step of the run), in one statement. Recording a step id again (a re-read of an expired
 -- observation, a re-plan) replaces every recorded field and keeps the seq (the worker numbers
--- steps: it alone writes them while its fence holds). What model steps spent is added to the
--- run's totals in the same statement: a restart never resets them. New steps grow the history,
+-- steps: it alone writes them while its fence holds). What model steps spent (tokens, cost, and
+-- the model calls themselves: turns) is added to the run's totals in the same statement: a
+-- restart never resets them. New steps grow the history,
 -- and are refused when that would take it past the run's hard limit. The batch is JSON, one
 -- object per step.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
@@ -888,7 +891,9 @@ owned AS (
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
         step_count = step_count + growth.steps, updated_at = clock.now,
         tokens_spent = tokens_spent + (SELECT COALESCE(sum(tokens), 0) FROM batch),
-        cost_spent = cost_spent + (SELECT COALESCE(sum(cost), 0) FROM batch)
+        cost_spent = cost_spent + (SELECT COALESCE(sum(cost), 0) FROM batch),
+        model_calls_spent = model_calls_spent
+                            + (SELECT count(*) FROM batch WHERE kind = 'model')
     FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
@@ -933,6 +938,44 @@ SELECT * FROM owned;
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
 
 -- == carrying a stopped run on: limits (stopped runs, extend_limits) ==========================
+
+-- name: stop_run_limits
+-- A worker stopping its run at a limit: whether its fence holds, and the limits as they stand,
+-- to compare with those it last read (a person may have raised one since). The row lock is held
+-- until the stop (finish_run, status 'stopped') commits in the same transaction, so a change of
+-- limits waits for it, or it waits for the change and then sees it.
+SELECT fence, status, token_budget, cost_budget, model_call_budget, deadline_at,
+       step_attempt_limit, resume_budget
+FROM safepoint_runs WHERE run_id = %(run_id)s FOR UPDATE;
+
+-- name: extend_limits
+-- A person's new limits, compare-and-set on the revision they were asked at (the row is locked
+-- by lock_run in the same transaction), with the run.limits_extended event; what was spent
+-- stays. A stopped run becomes pending (its error and recovery record cleared: workers take it
+-- again); any other run keeps its status. SET reads the row as it was, so each CASE sees the
+-- old status.
+WITH clock AS (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET token_budget = %(tokens)s::bigint, cost_budget = %(cost)s::double precision,
+        model_call_budget = %(model_calls)s::integer, deadline_at = %(deadline)s::bigint,
+        step_attempt_limit = %(step_attempts)s::integer,
+        resume_budget = %(resume_budget)s::integer,
+        status = CASE WHEN status = 'stopped' THEN 'pending' ELSE status END,
+        error = CASE WHEN status = 'stopped' THEN NULL ELSE error END,
+        recovery_record = CASE WHEN status = 'stopped' THEN NULL ELSE recovery_record END,
+        state_revision = state_revision + 1, event_count = event_count + 1,
+        updated_at = clock.now
+    FROM clock
+    WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s
+      AND status IN ('pending', 'running', 'waiting', 'blocked', 'stopped')
+    RETURNING run_id, updated_at AS now
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
+    SELECT run_id, now, 'run.limits_extended', %(by)s, %(detail)s FROM run
+)
+SELECT run_id FROM run;
 
 -- == carrying a stopped run on: retry ===========================================================
 

@@ -170,29 +170,31 @@ SELECT fence, status, cancel_requested_at, deadline_at, event_count + step_count
 FROM safepoint_runs WHERE run_id = :run_id;
 
 -- name: request_cancel
--- Ask a run to stop. A run nobody holds (pending, blocked, waiting) ends cancelled at once; a
+-- Ask a run to stop. A run nobody holds (pending, blocked, waiting, stopped) ends cancelled at once; a
 -- running one is marked, and its worker stops before its next step or dispatch. An ended run is
 -- left. A blocked run whose effect is still uncertain stays blocked, marked: a person settles the
 -- effect first (resolve), never a cancel that would forget it. A waiting run whose effect is
 -- uncertain (approval lapsed before a re-dispatch) becomes pending, marked: a worker settles
 -- the effect with its owner and ends the run, dispatching nothing.
 UPDATE safepoint_runs
-SET status = CASE WHEN status = 'pending' OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
+SET status = CASE WHEN status IN ('pending', 'stopped')
+                    OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
                  SELECT 1 FROM safepoint_operations o WHERE o.run_id = safepoint_runs.run_id
                    AND o.state IN ('dispatching', 'unknown', 'applied')))
              THEN 'cancelled'
              WHEN status = 'waiting' THEN 'pending'
              ELSE status END,
-    error = CASE WHEN status IN ('pending', 'blocked', 'waiting') THEN :error ELSE error END,
+    error = CASE WHEN status IN ('pending', 'blocked', 'waiting', 'stopped') THEN :error
+            ELSE error END,
     owner = CASE WHEN status IN ('pending', 'blocked') THEN NULL ELSE owner END,
     waiting_for = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, :now),
     state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
-WHERE run_id = :run_id AND status IN ('pending', 'blocked', 'running', 'waiting')
+WHERE run_id = :run_id AND status IN ('pending', 'blocked', 'running', 'waiting', 'stopped')
 RETURNING status;
 
 -- name: finish_run
--- End the run (completed, failed or blocked) and release ownership. A recovery record gets
+-- End the run (completed, failed, blocked, or stopped at a limit) and release ownership. A recovery record gets
 -- the revision this very statement creates.
 UPDATE safepoint_runs
 SET status = :status, result = :result, result_ref = :result_ref, error = :error,
@@ -326,11 +328,13 @@ WHERE run_id = :run_id;
 
 
 -- name: record_step_usage
--- What a model step spent, added to the run's totals in the commit that records the step
--- (after its fence_check): a restart never resets them, and what was spent stays spent.
+-- What model steps spent — tokens, cost, and the model calls (turns) themselves — added to the
+-- run's totals in the commit that records the steps (after its fence_check): a restart never
+-- resets them, and what was spent stays spent.
 UPDATE safepoint_runs
 SET tokens_spent = tokens_spent + COALESCE(:tokens, 0),
-    cost_spent = cost_spent + COALESCE(:cost, 0)
+    cost_spent = cost_spent + COALESCE(:cost, 0),
+    model_calls_spent = model_calls_spent + :model_calls
 WHERE run_id = :run_id;
 
 -- name: record_attempt
@@ -476,6 +480,30 @@ SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
 SELECT * FROM safepoint_runs WHERE run_id = :run_id;
 
 -- == carrying a stopped run on: limits (stopped runs, extend_limits) ==========================
+
+-- name: stop_run_limits
+-- A worker stopping its run at a limit: whether its fence holds, and the limits as they stand,
+-- to compare with those it last read (a person may have raised one since). BEGIN IMMEDIATE has
+-- locked the ledger, so nothing changes them before the stop (finish_run, status 'stopped')
+-- commits in the same transaction.
+SELECT fence, status, token_budget, cost_budget, model_call_budget, deadline_at,
+       step_attempt_limit, resume_budget
+FROM safepoint_runs WHERE run_id = :run_id;
+
+-- name: extend_limits
+-- A person's new limits, compare-and-set on the revision they were asked at; what was spent
+-- stays. A stopped run becomes pending (its error and recovery record cleared: workers take it
+-- again); any other run keeps its status. SET reads the row as it was, so each CASE sees the
+-- old status.
+UPDATE safepoint_runs
+SET token_budget = :tokens, cost_budget = :cost, model_call_budget = :model_calls,
+    deadline_at = :deadline, step_attempt_limit = :step_attempts, resume_budget = :resume_budget,
+    status = CASE WHEN status = 'stopped' THEN 'pending' ELSE status END,
+    error = CASE WHEN status = 'stopped' THEN NULL ELSE error END,
+    recovery_record = CASE WHEN status = 'stopped' THEN NULL ELSE recovery_record END,
+    state_revision = state_revision + 1, event_count = event_count + 1, updated_at = :now
+WHERE run_id = :run_id AND state_revision = :expected_revision
+  AND status IN ('pending', 'running', 'waiting', 'blocked', 'stopped');
 
 -- == carrying a stopped run on: retry ===========================================================
 
