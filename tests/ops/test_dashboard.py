@@ -907,3 +907,27 @@ def test_the_board_sends_a_waiting_run_its_message_with_the_token(
     page = _get(board, "/runs/w")[1]
     assert "<h2>messages</h2>" in page
     assert "waiting for a message" not in page
+
+
+def test_control_characters_in_what_a_run_recorded_are_shown_as_escapes_never_raw(
+    board: Dashboard, file_store: sp.Store
+) -> None:
+    """A failure's message holding a terminal escape and a bell (a read's error, a limit's
+    record) reaches the page as visible escapes, as it reaches the terminal — never raw."""
+
+    def refused() -> None:
+        raise ConnectionRefusedError("\x1b[31mred\x07 and \u202eevil")
+
+    @sp.workflow("board-controls")
+    def flow(run: sp.Run) -> None:
+        run.read("look", refused, retry=sp.Retry(attempts=2, backoff=0.0))
+
+    with pytest.raises(sp.LimitReached):
+        sp.start(file_store, flow, run_id="controls")
+    status, page = _get(board, "/runs/controls")
+    assert status == 200
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in page
+    for visible in ("\\x1b[31mred\\x07", "\\u202e"):
+        assert visible in page
+    assert "placeholder='None'" not in page  # an unset limit says so

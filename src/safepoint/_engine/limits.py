@@ -67,7 +67,10 @@ def extend_limits(
     ``expected_revision``: the state revision you looked at (``safepoint show``); if the run
     moved since, the change is refused. Without it, the change is computed on the run as it is
     read, and again if a worker moved it meanwhile. A run that continued as new passes the
-    change on to the run that carries its chain on.
+    change on to the run that carries its chain on — whose budgets are what the chain had left
+    when it started (continuing is never a way around a limit) — so there a budget set is what
+    the chain may spend *from that run on*, and ``safepoint show`` of that run says how much of
+    it is spent.
 
     >>> extend_limits(store, "triage-8472", tokens=400_000, by="ana", reason="long case")  # doctest: +SKIP
     """

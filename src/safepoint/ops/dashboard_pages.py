@@ -35,10 +35,14 @@ from ..types import (
     StepRecord,
     UnreadableRun,
 )
+from .render import shown
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """``value`` as HTML text: escaped, and every control or invisible character but a line
+    break (a ``<pre>`` keeps those) shown as a visible escape (``\\x1b``), as the terminal
+    shows it."""
+    return html.escape("\n".join(map(shown, str(value).split("\n"))), quote=True)
 
 
 def _when(ms: int | None) -> str:
@@ -213,7 +217,8 @@ def _stopped(view: RunView) -> str:
         return ""
     record = run.recovery_record or {}
     fields = "".join(
-        f"<label>{_e(label)} <input name={name} size=8 placeholder='{_e(now)}'></label> "
+        f"<label>{_e(label)} <input name={name} size=8"
+        f" placeholder='{_e('no limit' if now is None else now)}'></label> "
         for name, label, now in (
             ("tokens", "tokens", run.token_budget),
             ("cost", "cost", run.cost_budget),
