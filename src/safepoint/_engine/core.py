@@ -522,7 +522,9 @@ class RunCore:
                 self.run.deadline_at is not None and kind in (StepKind.MODEL, StepKind.DECISION)
             ):
                 now = yield from io(Store.now)
-            yield from self._stop_at(partial(self._before_call, kind, sid, now))
+            if kind is StepKind.MODEL or (now is not None and self.run.deadline_at is not None):
+                # only a model step has budgets, only a deadline is read off the clock
+                yield from self._stop_at(partial(self._before_call, kind, sid, now))
             if kind is StepKind.READ:
                 base = replace(base, observed_at=now)
             try:

@@ -55,10 +55,11 @@ class SqliteSteps(SqliteConnection):
     def _add_usage(conn: sqlite3.Connection, claim: Claim, steps: list[StepRecord]) -> None:
         """Add what the model steps among ``steps`` spent to the run's totals: tokens, cost, and
         each model call (a turn), in the commit that records them."""
-        tokens = sum(step.tokens or 0 for step in steps)
-        cost = sum(step.cost or 0 for step in steps)
-        calls = sum(step.kind is StepKind.MODEL for step in steps)
-        if tokens or cost or calls:
+        tokens, cost, calls = 0, 0.0, 0
+        for step in steps:  # one pass, no generators: this is on every step's commit
+            if step.kind is StepKind.MODEL:
+                tokens, cost, calls = tokens + (step.tokens or 0), cost + (step.cost or 0), calls + 1
+        if calls:
             conn.execute(
                 SQL["record_step_usage"],
                 {"run_id": claim.run_id, "tokens": tokens, "cost": cost, "model_calls": calls},
