@@ -1,0 +1,189 @@
+"""``RunBlocked`` and its family: the run stopped visibly and carries a recovery record.
+
+Private: import these from ``safepoint.errors``, which sets their ``__module__`` to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._base import SafepointError
+
+
+class RunBlocked(SafepointError):
+    """The run stopped visibly; ``record`` is its recovery record (a JSON-ready dict)."""
+
+    run_id: str
+    record: dict[str, Any] | None
+
+    def __init__(
+        self, message: str, *, run_id: str, record: dict[str, Any] | None = None, **fields: Any
+    ) -> None:
+        super().__init__(message, run_id=run_id, record=record, **fields)
+
+
+class NeedsReconciliation(RunBlocked):
+    """An effect may have happened and could not be settled: the run blocks for a person."""
+
+    step_id: str
+    operation_id: str
+    reason: str
+
+    def __init__(
+        self, run_id: str, step_id: str, operation_id: str, reason: str, record: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) may have happened and could not be"
+            f" settled: {reason}; check the effect owner, then resolve the run"
+            f" (see `safepoint record {run_id}`)",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class VerificationFailed(RunBlocked):
+    """An applied effect was not accepted by its verifier: the run blocks, nothing is sent again."""
+
+    step_id: str
+    operation_id: str
+    reason: str
+
+    def __init__(
+        self, run_id: str, step_id: str, operation_id: str, reason: str, record: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) was applied but its verifier did not"
+            f" accept it: {reason}; it will not be dispatched again — inspect it and resolve"
+            " the run by hand",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class StaleCheckpoint(RunBlocked):
+    """A recorded step answers another question than the one now asked (its input hash moved)."""
+
+    step_id: str
+    reason: str
+
+    def __init__(self, run_id: str, step_id: str, reason: str, record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"step {step_id!r} was recorded for other inputs ({reason}); the stored answer is to"
+            " another question — the run is blocked under the 'refuse' policy: revert the"
+            " change, or start a new run",
+            run_id=run_id,
+            step_id=step_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class ReplayMismatch(StaleCheckpoint):
+    """The code path changed under the run: the step recorded at this id has another kind or
+    name, or the code no longer reaches an operation the ledger holds and asks for another.
+    Raised under either compatibility policy: no answer of the ledger fits this path."""
+
+    def __init__(self, run_id: str, step_id: str, reason: str, record: dict[str, Any] | None = None) -> None:
+        RunBlocked.__init__(
+            self,
+            f"step {step_id!r} is not on the path the ledger recorded ({reason}); the run is"
+            " blocked rather than replay or send anything along another path: deploy the code"
+            " that recorded it, or settle the run by hand (see"
+            f" `safepoint record {run_id}`)",
+            run_id=run_id,
+            step_id=step_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class IncompatibleWorkflow(RunBlocked):
+    """The run was recorded by another workflow version or fingerprint than this process has."""
+
+    recorded: str
+    current: str
+    changes: list[str]
+
+    def __init__(
+        self,
+        run_id: str,
+        recorded: str,
+        current: str,
+        record: dict[str, Any] | None = None,
+        changes: list[str] | None = None,
+    ) -> None:
+        changes = list(changes or [f"{recorded} became {current}"])
+        super().__init__(
+            f"run {run_id!r} was recorded by other code than this process has ({recorded} →"
+            f" {current}: {'; '.join(changes)}); deploy the recorded code to finish it, register"
+            " the workflow with compatibility='replan' to carry it on under this code, or start"
+            " a new run",
+            run_id=run_id,
+            recorded=recorded,
+            current=current,
+            changes=changes,
+            record=record,
+        )
+
+
+class SentBySource(RunBlocked):
+    """An effect step of a fork asks for an operation that the run it was forked from (or that
+    run's own source) sent — with another payload, or with an outcome not settled there. A fork
+    never sends such an operation again under a key of its own unless the operator named it in
+    ``resend``: the run blocks instead. ``source_run_id`` is the run that holds it."""
+
+    step_id: str
+    operation_id: str
+    source_run_id: str
+    reason: str
+
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        operation_id: str,
+        source_run_id: str,
+        reason: str,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) of fork {run_id!r} is not sent: {reason};"
+            " a fork never sends again what the run it was forked from sent, unless the operator"
+            f" names it — fork {source_run_id!r} again with resend=[{operation_id!r}] (CLI:"
+            f" --resend {operation_id}) to send it under the fork's own key",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            source_run_id=source_run_id,
+            reason=reason,
+            record=record,
+        )
+
+
+class HistoryLimitReached(RunBlocked):
+    """The run's history — its events and recorded steps — reached its hard limit: the store
+    records nothing new for it (no step, no effect). Outcomes of effects already in flight and
+    the run's ending are still recorded. Continue long runs as new before this point."""
+
+    size: int | None
+    limit: int | None
+
+    def __init__(
+        self, run_id: str, size: int | None, limit: int | None, record: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(
+            f"run {run_id!r} reached its hard history limit ({size} of {limit} events and"
+            " steps): nothing new is recorded for it — have the workflow call"
+            " run.continue_as_new(state) before the limit (every N iterations, say), then"
+            f" resume it (see `safepoint record {run_id}`)",
+            run_id=run_id,
+            size=size,
+            limit=limit,
+            record=record,
+        )

@@ -1,0 +1,359 @@
+"""The errors a run's own course raises: another worker holds it, it failed, it reached a limit,
+it was cancelled, a step failed, an effect was rejected, it waits, or a wait timed out.
+
+Private: import these from ``safepoint.errors``, which sets their ``__module__`` to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._rules.moments import instant, when
+from ._base import SafepointError
+
+
+class RunOwned(SafepointError):
+    """A live worker holds the run's lease; ``lease_expires_at`` says until when (epoch ms)."""
+
+    run_id: str
+    owner: str
+    lease_expires_at: int
+
+    def __init__(self, run_id: str, owner: str, lease_expires_at: int) -> None:
+        super().__init__(
+            f"run {run_id!r} is held by worker {owner!r}, whose lease runs until"
+            f" {when(lease_expires_at)}; a live worker is carrying it on — wait for it (or stop"
+            " that worker) and resume after the lease",
+            run_id=run_id,
+            owner=owner,
+            lease_expires_at=lease_expires_at,
+        )
+
+
+class RunFailed(SafepointError):
+    """The run ended failed; resuming it raises this again from the ledger, and
+    ``safepoint.retry`` carries it on once the cause is fixed."""
+
+    run_id: str
+    error_type: str
+    error_message: str
+
+    def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
+        super().__init__(
+            f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
+            " and resuming replays it; once its cause is fixed, retry the run (`safepoint retry"
+            f" {run_id} --by <you>`, or safepoint.retry): what it did is kept and not done"
+            " again, where a new run id would do it all again",
+            run_id=run_id,
+            error_type=error_type,
+            error_message=error_message,
+        )
+
+
+class LimitReached(SafepointError):
+    """The run reached one of its limits: a budget (tokens, cost, model calls), its deadline,
+    a step's attempts or its resume budget. The limit is recorded with the run, so no restart
+    lifts it: the run *stops* (status ``stopped``, resumable, never failed) until a person
+    raises the limit (``safepoint.extend_limits``, ``safepoint limits RUN``); a worker then
+    carries it on. A run one of whose effects is still uncertain blocks instead, for a person
+    to settle the effect first. ``record`` is the stopped run's recovery record (phase
+    ``limit_reached``: which ``limit``, ``allowed``, ``spent``, ``step_id``) once the stop is
+    recorded — a resume of the stopped run raises the same error with it."""
+
+    run_id: str
+    record: dict[str, Any] | None = None
+
+
+def _raise_hint(run_id: str, option: str) -> str:
+    return (
+        f"raise it to carry the run on: safepoint limits {run_id} {option} …"
+        " (or safepoint.extend_limits), and a worker (or a resume) continues it"
+    )
+
+
+class BudgetExhausted(LimitReached):
+    """A run spent one of its budgets: ``kind`` says which (``resumes``: taken over more often
+    than its resume budget allows — something kills its workers each time; ``tokens`` or
+    ``cost``: its model calls spent what it may spend; ``model_calls``: it made as many model
+    calls — turns — as it may). ``limit`` (also ``budget``) and ``spent`` say how far;
+    ``resumes`` is the resume count for the resume budget; ``step_id`` the step it stopped
+    before (None at a takeover)."""
+
+    kind: str
+    budget: float
+    limit: float
+    spent: float
+    resumes: int | None
+    step_id: str | None
+
+    def __init__(
+        self,
+        run_id: str,
+        budget: float,
+        resumes: int | None = None,
+        *,
+        kind: str = "resumes",
+        spent: float | None = None,
+        step_id: str | None = None,
+    ) -> None:
+        if kind == "resumes":
+            spent = resumes if spent is None else spent
+            message = (
+                f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
+                f" {budget}; it is stopped rather than retried forever — find what stops"
+                f" its workers (see `safepoint show {run_id}`), then "
+                + _raise_hint(run_id, "--resume-budget")
+            )
+        else:
+            what = "model calls" if kind == "model_calls" else kind
+            option = "--model-calls" if kind == "model_calls" else f"--{kind}"
+            where = f" before step {step_id!r}" if step_id else ""
+            message = (
+                f"run {run_id!r} spent {spent:g} {what} of its {what} budget of"
+                f" {budget:g}; it is stopped{where} and no further model call is made — "
+                + _raise_hint(run_id, option)
+            )
+        super().__init__(
+            message,
+            run_id=run_id,
+            budget=budget,
+            resumes=resumes,
+            kind=kind,
+            limit=budget,
+            spent=spent,
+            step_id=step_id,
+        )
+
+
+class DeadlineExceeded(LimitReached):
+    """The run's deadline passed (``deadline_at``, epoch ms on the store's clock): no new step
+    and no new dispatch is started. Steps already recorded still replay, and an effect in
+    flight is still settled."""
+
+    deadline_at: int
+    step_id: str | None
+    retry_at: int | None
+
+    def __init__(
+        self, run_id: str, deadline_at: int, step_id: str | None = None, *, retry_at: int | None = None
+    ) -> None:
+        moment = instant(deadline_at, millis=True)
+        if retry_at is not None:  # a step's next attempt would come too late
+            what = (
+                f"the next attempt of step {step_id!r} of run {run_id!r} would come at"
+                f" {instant(retry_at, millis=True)}, past its deadline ({moment})"
+            )
+        else:
+            where = f" at step {step_id!r}" if step_id else ""
+            what = f"run {run_id!r} passed its deadline ({moment}){where}"
+        super().__init__(
+            f"{what}; nothing new is started after a deadline, and the run is stopped — "
+            + _raise_hint(run_id, "--deadline"),
+            run_id=run_id,
+            deadline_at=deadline_at,
+            step_id=step_id,
+            retry_at=retry_at,
+        )
+
+
+class StepAttemptsExhausted(LimitReached):
+    """A read or model step whose ``Retry`` allows more than one attempt used them all on an
+    error it retries: the run stops before trying it again (the failure is not recorded as the
+    step's outcome), so that a person who raises the attempts (``step_attempts``) lets the
+    attempts go on from the count recorded. ``attempts`` were made, ``allowed`` were allowed;
+    ``error_type`` and ``error_message`` are the last attempt's error."""
+
+    step_id: str
+    attempts: int
+    allowed: int
+    error_type: str
+    error_message: str
+
+    def __init__(
+        self, run_id: str, step_id: str, attempts: int, allowed: int, error_type: str, error_message: str
+    ) -> None:
+        super().__init__(
+            f"step {step_id!r} of run {run_id!r} failed all {attempts} of its {allowed} attempts"
+            f" (last: {error_type}: {error_message}); the run is stopped before it — "
+            + _raise_hint(run_id, "--step-attempts"),
+            run_id=run_id,
+            step_id=step_id,
+            attempts=attempts,
+            allowed=allowed,
+            error_type=error_type,
+            error_message=error_message,
+        )
+
+
+class RunCancelled(SafepointError):
+    """The run was cancelled (or abandoned): it ends here, and no resume revives it."""
+
+    run_id: str
+    reason: str
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        super().__init__(
+            f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
+            " resumed into activity — start a new run",
+            run_id=run_id,
+            reason=reason,
+        )
+
+
+class StepFailed(SafepointError):
+    """A step's function raised. The failure is recorded, so a resume raises it again here
+    instead of asking again: the run takes the same path it took the first time.
+
+    On the first run ``__cause__`` is the original exception; on replay only ``error_type`` and
+    ``error_message`` remain. Branch on those, not on the original class.
+    """
+
+    run_id: str
+    step_id: str
+    error_type: str
+    error_message: str
+    attempts: int
+
+    def __init__(
+        self, run_id: str, step_id: str, error_type: str, error_message: str, attempts: int = 1
+    ) -> None:
+        tries = f" (the last of {attempts} attempts)" if attempts > 1 else ""
+        super().__init__(
+            f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}{tries}",
+            run_id=run_id,
+            step_id=step_id,
+            error_type=error_type,
+            error_message=error_message,
+            attempts=attempts,
+        )
+
+
+class EffectRejected(SafepointError):
+    """The effect owner refused the operation; it did not happen and will not be retried."""
+
+    run_id: str
+    step_id: str
+    operation_id: str
+    evidence: Any
+
+    def __init__(self, run_id: str, step_id: str, operation_id: str, evidence: Any) -> None:
+        super().__init__(
+            f"effect {operation_id!r} (step {step_id!r}) was rejected by its owner: {evidence}",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            evidence=evidence,
+        )
+
+
+class RunWaiting(SafepointError):
+    """The run waits (status ``waiting``, released by its worker): for a person's approval
+    (``AwaitingApproval``), a message (``AwaitingMessage``) or its timer (``Sleeping``). An
+    expected pause, not a failure; any worker carries the run on once it may go on."""
+
+    run_id: str
+    step_id: str
+
+
+class AwaitingApproval(RunWaiting):
+    """The run waits (status ``waiting``) for a person to approve an effect before it is
+    dispatched: an expected pause, not a failure. ``payload_digest`` and ``target_digest`` are
+    what an approval must be bound to; ``reason`` says why no approval authorizes it yet."""
+
+    run_id: str
+    step_id: str
+    operation_id: str
+    payload_digest: str
+    target_digest: str | None
+    reason: str
+
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        operation_id: str,
+        payload_digest: str,
+        target_digest: str | None,
+        reason: str,
+    ) -> None:
+        super().__init__(
+            f"run {run_id!r} waits for approval of effect {operation_id!r} (step {step_id!r},"
+            f" payload {payload_digest}): {reason}; see what it would send with"
+            f" `safepoint show {run_id}`, approve it with `safepoint approve {run_id}"
+            f" {step_id} --by NAME`, then resume it (or let a worker take it)",
+            run_id=run_id,
+            step_id=step_id,
+            operation_id=operation_id,
+            payload_digest=payload_digest,
+            target_digest=target_digest,
+            reason=reason,
+        )
+
+
+class ApprovalInvalid(AwaitingApproval):
+    """An approval was given, but it no longer authorizes the dispatch: the payload or the
+    target's state changed since, it expired, or it was revoked. Nothing was dispatched; the run
+    waits again."""
+
+
+class AwaitingMessage(RunWaiting):
+    """The run waits (status ``waiting``) for a message named ``name`` at its wait step
+    ``step_id`` (``run.wait_for``): ``safepoint.send`` (or ``safepoint send``) delivers one and
+    makes the run runnable again. ``timeout_at`` (epoch ms, the store's clock; None: none) is
+    when the wait gives up — recorded when it first started, so no restart moves it; a worker
+    takes the run then and the wait raises ``WaitTimedOut``."""
+
+    name: str
+    timeout_at: int | None
+
+    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int | None = None) -> None:
+        until = "" if timeout_at is None else f" until {instant(timeout_at, millis=True)}"
+        super().__init__(
+            f"run {run_id!r} waits for message {name!r} (step {step_id!r}){until}; send it with"
+            f" `safepoint send {run_id} {name} --payload '<json>'` (or safepoint.send), then a"
+            " worker carries the run on (or resume it)",
+            run_id=run_id,
+            step_id=step_id,
+            name=name,
+            timeout_at=timeout_at,
+        )
+
+
+class Sleeping(RunWaiting):
+    """The run sleeps (status ``waiting``) at its sleep step ``step_id`` (``run.sleep``) until
+    ``until`` (epoch ms, the store's clock, recorded when the sleep first started: no restart
+    shortens or restarts it). A worker takes it once it is due."""
+
+    until: int
+
+    def __init__(self, run_id: str, step_id: str, until: int) -> None:
+        super().__init__(
+            f"run {run_id!r} sleeps (step {step_id!r}) until {instant(until, millis=True)};"
+            " a worker carries it on once it is due (`safepoint worker`), or resume it then",
+            run_id=run_id,
+            step_id=step_id,
+            until=until,
+        )
+
+
+class WaitTimedOut(SafepointError):
+    """A wait (``run.wait_for(name, timeout=…)``) reached its timeout with no message: the wait
+    step is recorded failed, so a resume raises this again here instead of waiting again. Catch
+    it in the workflow to go on without the message; a message sent after the timeout is kept
+    for the next wait of that name."""
+
+    run_id: str
+    step_id: str
+    name: str
+    timeout_at: int
+
+    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int) -> None:
+        super().__init__(
+            f"wait {step_id!r} of run {run_id!r} for message {name!r} timed out at"
+            f" {instant(timeout_at, millis=True)} with no message; the timeout is recorded and"
+            " replayed — catch WaitTimedOut in the workflow to go on without it",
+            run_id=run_id,
+            step_id=step_id,
+            name=name,
+            timeout_at=timeout_at,
+        )
