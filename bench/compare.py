@@ -9,6 +9,10 @@ server's, and far less moved by whatever else the machine runs than wall time) a
 The medians of each tree are printed side by side, with after/before. This is the judge of a
 change to the hot path; ``bench.run`` measures the peers and the floors.
 
+On a busy machine CPU time still moves by ±10-25 %. ``--calls`` adds what does not move: the
+Python function calls each tree makes in the workload (counted by ``cProfile`` in one more
+process per tree), a deterministic measure of the work a change adds to every step.
+
 The workloads use only the oldest public API (``open_store``, ``workflow``, ``run.read``,
 ``run.effect``, ``start``, the testing owner), so any two trees of the project can be compared:
 - ``w1``: 1000 ``run.read`` steps, each durable before the next, in one run;
@@ -50,11 +54,20 @@ with contextlib.ExitStack() as stack:
         @sp.workflow("compare-w5")
         def flow(run):
             return [run.effect(f"e{i}", effect, payload={"n": i}) for i in range(100)][-1]
+    calls = None
+    if os.environ.get("SP_COMPARE_CALLS"):
+        import cProfile, pstats
+        sp.start(store, flow, run_id="warm-" + uuid.uuid4().hex)  # imports and caches first
+        profile = cProfile.Profile()
+        profile.enable()
     cpu, wall = time.process_time(), time.perf_counter()
     sp.start(store, flow, run_id=workload + "-" + uuid.uuid4().hex)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if os.environ.get("SP_COMPARE_CALLS"):
+        profile.disable()
+        calls = pstats.Stats(profile).total_calls
 store.close()
-print(json.dumps({"cpu_ms": cpu * 1000, "wall_ms": wall * 1000}))
+print(json.dumps({"cpu_ms": cpu * 1000, "wall_ms": wall * 1000, "calls": calls}))
 """
 
 
@@ -79,10 +92,10 @@ def _drop(name: str | None) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def measure(src: Path, workload: str, backend: str, workdir: Path) -> dict[str, float]:
+def measure(src: Path, workload: str, backend: str, workdir: Path, calls: bool = False) -> dict[str, float]:
     url, database = _store_url(backend, workdir)
     try:
-        env = {**os.environ, "PYTHONPATH": str(src)}
+        env = {**os.environ, "PYTHONPATH": str(src), **({"SP_COMPARE_CALLS": "1"} if calls else {})}
         done = subprocess.run(
             [sys.executable, "-c", _CHILD, workload, url],
             env=env,
@@ -104,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--calls", action="store_true", help="also count Python function calls")
     args = parser.parse_args(argv)
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / ("sp-compare-" + uuid.uuid4().hex[:8])
     workdir.mkdir(parents=True)
@@ -131,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
             f" | {med['after', 'cpu_ms'] / med['before', 'cpu_ms']:.3f}"
             f" | {med['before', 'wall_ms']:.1f} | {med['after', 'wall_ms']:.1f} |"
         )
+    if args.calls:
+        print("\n| workload | backend | calls before | calls after | after/before |")
+        print("|---|---|---|---|---|")
+        for workload, backend in cells:
+            before, after = (
+                measure(src.resolve(), workload, backend, workdir, calls=True)["calls"]
+                for src in (args.before, args.after)
+            )
+            print(f"| {workload} | {backend} | {before:.0f} | {after:.0f} | {after / before:.4f} |")
     return 0
 
 
