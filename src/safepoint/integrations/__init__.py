@@ -1,0 +1,10 @@
+"""Agent SDKs on the ledger: one module per SDK, each behind its own extra, each built on the
+public API only (``safepoint``, ``safepoint.errors``, ``safepoint.types``).
+
+- ``safepoint.integrations.tools`` — tools declared ``pure``, ``read`` or ``effect`` from plain
+  functions, their definitions for each SDK, and each tool call run through its step;
+- ``safepoint.integrations.anthropic`` (``safepoint[anthropic]``) — a client bound to a run whose
+  ``messages.create`` / ``parse`` / ``stream`` are model steps, and a ready tool loop;
+- ``safepoint.integrations.openai`` (``safepoint[openai]``) — the same for Chat Completions and
+  Responses.
+"""
