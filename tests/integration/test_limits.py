@@ -848,3 +848,63 @@ def test_show_gives_the_runs_limits_and_a_step_waiting_for_its_next_attempt(cloc
     assert "step attempts 4" in text
     assert "deadline" in text
     assert "⟳ attempt 1 failed (TimeoutError: call 1 failed); next at" in text
+
+
+# -- transient failures -----------------------------------------------------------------------
+
+
+def test_a_transient_failure_waits_what_the_server_asked_when_that_is_longer(clocked: Any) -> None:
+    from safepoint.errors import TransientFailure
+
+    calls = {"n": 0}
+
+    def rate_limited() -> str:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise TransientFailure("429 from the model API", retry_after=7.5)
+        if calls["n"] == 2:
+            raise TransientFailure("503 from the model API", retry_after=0.1)  # shorter: back-off wins
+        return "answer"
+
+    @sp.workflow("transient-wait")
+    def flow(run: sp.Run) -> Any:
+        return run.read(
+            "quote", rate_limited, retry=sp.Retry(attempts=4, backoff=1, retry_on=TransientFailure)
+        )
+
+    assert sp.start(clocked.store, flow, run_id="r") == "answer"
+    assert clocked.slept == [7.5, 2.0]
+    first, second = clocked.store.load_ledger("r").attempts["quote"]
+    assert first.retry_at - first.recorded_at == 7_500
+    assert first.error["type"] == "TransientFailure"
+    assert second.retry_at - second.recorded_at == 2_000
+
+
+def test_a_transient_failure_whose_attempts_ran_out_stops_the_run_resumably(clocked: Any) -> None:
+    from safepoint.errors import TransientFailure
+
+    outage = {"over": False}
+
+    def model_call() -> str:
+        if not outage["over"]:
+            raise TransientFailure("529 overloaded", retry_after=1)
+        return "reply"
+
+    @sp.workflow("transient-outage")
+    def flow(run: sp.Run) -> Any:
+        return run.read("reply", model_call, retry=sp.Retry(attempts=2, backoff=0, retry_on=TransientFailure))
+
+    with pytest.raises(StepAttemptsExhausted):
+        sp.start(clocked.store, flow, run_id="r")
+    assert clocked.store.get_run("r").status is RunStatus.STOPPED  # stopped, not failed
+    outage["over"] = True
+    sp.extend_limits(clocked.store, "r", step_attempts=4, by="ops", reason="the outage is over")
+    assert sp.resume(clocked.store, "r") == "reply"
+
+
+def test_an_unusable_retry_after_is_ignored_not_fatal() -> None:
+    from safepoint.errors import TransientFailure
+
+    assert TransientFailure("x", retry_after=-1).retry_after is None
+    assert TransientFailure("x", retry_after=True).retry_after is None  # type: ignore[arg-type]
+    assert TransientFailure("x", retry_after=3).retry_after == 3

@@ -161,12 +161,7 @@ def step_result(store: sp.Store, cred: Credential, rid: str) -> None:
 def text_result(store: sp.Store, cred: Credential, rid: str) -> None:
     @sp.workflow("corpus-text-result")
     def flow(run: sp.Run) -> Any:
-        return run.model(
-            "draft",
-            lambda **kw: {"content": f"here it is: {cred.text}"},
-            model="m-1",
-            messages=[{"role": "user", "content": "hi"}],
-        )
+        return run.read("fetch", lambda: {"content": f"here it is: {cred.text}"})
 
     _refused(lambda: sp.start(store, flow, run_id=rid), cred)
 
@@ -359,6 +354,38 @@ def step_error(store: sp.Store, cred: Credential, rid: str) -> None:
     assert store.load_ledger(rid).steps["call"].error["message"] == seen
 
 
+def model_reply(store: sp.Store, cred: Credential, rid: str) -> None:
+    """A model's reply quotes a credential (a user pasted a key): recorded redacted, and the
+    workflow sees what was recorded — the same on replay."""
+
+    @sp.workflow("corpus-model-reply")
+    def flow(run: sp.Run) -> Any:
+        reply = run.model(
+            "draft",
+            lambda **kw: {"content": f"here it is: {cred.text}", "meta": cred.json},
+            model="m-1",
+            messages=[{"role": "user", "content": "hi"}],
+        )
+        return reply["content"]
+
+    seen = sp.start(store, flow, run_id=rid)
+    assert MARK in seen
+    assert seen.startswith("here it is: ")
+    clean(seen, cred)
+    assert sp.resume(store, rid) == seen
+    assert store.load_ledger(rid).steps["draft"].result["content"] == seen
+
+
+def redacted_read(store: sp.Store, cred: Credential, rid: str) -> None:
+    @sp.workflow("corpus-redacted-read")
+    def flow(run: sp.Run) -> Any:
+        return run.read("inbox", lambda: {"body": cred.text, "raw": cred.json}, secrets="redact")
+
+    seen = sp.start(store, flow, run_id=rid)
+    clean(json.dumps(seen), cred)
+    assert store.load_ledger(rid).steps["inbox"].result == seen
+
+
 def attempts_stop(store: sp.Store, cred: Credential, rid: str) -> None:
     """A step's every attempt failed quoting a credential: the run stops at its attempts, and
     the stop's error and recovery record quote it redacted."""
@@ -483,6 +510,8 @@ def verify_error(store: sp.Store, cred: Credential, rid: str) -> None:
 
 
 REDACTED: dict[str, Action] = {
+    "model reply": model_reply,
+    "observation that opted in": redacted_read,
     "step error": step_error,
     "attempts stop": attempts_stop,
     "failed workflow": failed_workflow,

@@ -61,6 +61,8 @@ TOP_LEVEL = frozenset(
         "record_schema",
         "open_store",
         "open_async_store",
+        # the run whose workflow is executing (for helpers and integrations)
+        "current_run",
         # the types a step is written with
         "Workflow",
         "Run",

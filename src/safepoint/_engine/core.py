@@ -44,7 +44,7 @@ from .._rules.limits import (
     with_limits,
 )
 from .._rules.recovery import build_record
-from .._rules.secrets import error_evidence, hashed_form, redact_text, refuse_secrets
+from .._rules.secrets import error_evidence, hashed_form, redact_json, redact_text, refuse_secrets
 from ..errors import (
     Cancelled,
     ContinueAsNew,
@@ -77,6 +77,7 @@ from ..types import (
     StepStatus,
 )
 from .crashpoints import crashpoint
+from .current import running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 from .slices import SliceClock
 
@@ -248,14 +249,16 @@ class RunCore:
     def branch(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
         """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
         try:
-            return fn(run)
+            with running(run):  # a thread of the pool: the branch's run is its current run
+                return fn(run)
         finally:
             with self.seq_lock:
                 self.open_branches.discard(prefix)
 
     async def branch_async(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
         try:
-            return await fn(run)
+            with running(run):  # a task of its own, holding a copy of the caller's context
+                return await fn(run)
         finally:
             with self.seq_lock:
                 self.open_branches.discard(prefix)
@@ -438,8 +441,11 @@ class RunCore:
         retry: Retry | None = None,
         usage: UsageFn | None = None,
         prefix: str = "",
+        redact: bool = False,
     ) -> Flow[Any]:
-        """Pure, read, model, decision and value steps: replay if recorded, else call and record."""
+        """Pure, read, model, decision and value steps: replay if recorded, else call and record.
+        With ``redact``, a credential in the result is recorded (and returned) as its marked
+        digest instead of refusing the result: for what the world said, not what the caller chose."""
         self.check_halt()
         sid = self.occurrence(step_id, prefix)
         name = name or callable_name(fn)
@@ -484,7 +490,14 @@ class RunCore:
         )
         return (
             yield from self._call_step(
-                base, fn, args, kwargs, round_start, step_policy(kind, retry, self.default_retry), usage
+                base,
+                fn,
+                args,
+                kwargs,
+                round_start,
+                step_policy(kind, retry, self.default_retry),
+                usage,
+                redact,
             )
         )
 
@@ -497,6 +510,7 @@ class RunCore:
         round_start: int,
         policy: Retry,
         usage: UsageFn | None,
+        redact: bool = False,
     ) -> Flow[Any]:
         """Call a step's function — again after a failed attempt, as ``policy`` allows, each
         failure recorded before its back-off — and record the result or the failure. A limit
@@ -566,7 +580,7 @@ class RunCore:
                 self.attempts.setdefault(sid, []).append(pending)
                 attempt += 1
                 continue
-            return (yield from self._record_result(base, value, usage))
+            return (yield from self._record_result(base, value, usage, redact))
 
     def _stop_at(self, reached: Callable[[], LimitReached | None]) -> Flow[None]:
         """Go on unless a limit stands before the next call (``reached()``): then read the
@@ -661,10 +675,13 @@ class RunCore:
                 model_calls_spent=self.run.model_calls_spent + 1,
             )
 
-    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None) -> Flow[Any]:
+    def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None, redact: bool) -> Flow[Any]:
         sid = base.step_id
         require_json(value, "result", sid)
-        refuse_secrets(value, "the result", sid)
+        if redact:
+            value = redact_json(value)  # what is recorded is what the workflow sees, now and on replay
+        else:
+            refuse_secrets(value, "the result", sid)
         tokens = cost = None
         if base.kind is StepKind.MODEL:
             if usage is not None:

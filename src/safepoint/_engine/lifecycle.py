@@ -81,6 +81,7 @@ from ..types import (
 )
 from .core import RunCore, finish_blocked
 from .crashpoints import SimulatedCrash, crashpoint
+from .current import running
 from .flow import Call, Flow, Sleep, io
 from .ownership import Heartbeat, owner_is_gone, worker_id
 from .run import AsyncRun, Run
@@ -496,7 +497,7 @@ def _executed(core: RunCore, store: Any, wf: Workflow, claim: Claim, run: RunRec
     args, kwargs = run.inputs["args"], run.inputs["kwargs"]
     handle = AsyncRun(core) if wf.is_async else Run(core)
     try:
-        with Heartbeat(store, claim):
+        with Heartbeat(store, claim), running(handle):
             result = yield Call(wf.fn, (handle, *args), kwargs)
             yield from core.flush()  # the pure steps still pending, before the run ends
     except (LostOwnership, SimulatedCrash) as exc:

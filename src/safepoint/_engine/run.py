@@ -16,7 +16,7 @@ import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn, ParamSpec, overload
+from typing import Any, Literal, NoReturn, ParamSpec, overload
 
 from .._rules.canonical import input_hash, require_json
 from .._rules.effects import Effect
@@ -32,6 +32,9 @@ from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
 from .waits import sleep_flow, wait_flow
 
 P = ParamSpec("P")
+
+# What a read or model step does with a credential in its result (see ``_redacts``).
+SecretsPolicy = Literal["redact", "refuse"]
 
 # Parameters of a model call that vary between identical requests and must not move its hash.
 _UNHASHED_MODEL_PARAMS = frozenset({"request_id", "timeout", "extra_headers", "stream_options"})
@@ -68,6 +71,17 @@ def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(messages=list(messages), **kwargs)
 
     return listing
+
+
+def _redacts(secrets: SecretsPolicy, step_id: str) -> bool:
+    """The ``secrets=`` policy of a read or model step: ``"redact"`` or ``"refuse"``."""
+    if secrets not in ("redact", "refuse"):
+        raise UsageError(
+            f'step {step_id!r}: secrets={secrets!r}; say "redact" (a credential in the result is'
+            ' recorded as its marked digest) or "refuse" (the step fails with SecretRefused)',
+            step_id=step_id,
+        )
+    return secrets == "redact"
 
 
 def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
@@ -169,10 +183,15 @@ class _RunBase:
         params: dict[str, Any],
         retry: Retry | int | None,
         usage: UsageFn | None,
+        name: str | None = None,
+        secrets: SecretsPolicy = "redact",
     ) -> Flow[R]:
         refuse_secrets(model, "the model id", step_id)  # recorded with the step
+        redact = _redacts(secrets, step_id)
         hashed, prompt_hash, call = _model_inputs(model, messages, tools, params)
-        name = callable_name(fn)
+        if name is not None:
+            refuse_secrets(name, "the step's name", step_id)  # recorded with the step
+        name = name or callable_name(fn)
         if isinstance(messages, Transcript):
             fn = _listing_messages(fn)  # model SDKs want a list; built only if it is called
         return self._step(
@@ -187,6 +206,28 @@ class _RunBase:
             prompt_hash=prompt_hash,
             retry=as_retry(retry, "retry"),
             usage=usage,
+            redact=redact,
+        )
+
+    def _read(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        max_age: timedelta | float | None,
+        retry: Retry | int | None,
+        secrets: SecretsPolicy,
+    ) -> Flow[R]:
+        return self._step(
+            StepKind.READ,
+            step_id,
+            fn,
+            args,
+            kwargs,
+            max_age=_as_max_age(max_age),
+            retry=as_retry(retry, "retry"),
+            redact=_redacts(secrets, step_id),
         )
 
     def _effect(
@@ -238,23 +279,17 @@ class Run(_RunBase):
         *args: Any,
         max_age: timedelta | float | None = None,
         retry: Retry | int | None = None,
+        secrets: SecretsPolicy = "refuse",
         **kwargs: Any,
     ) -> R:
         """An observation of the world; replayed until ``max_age`` says it expired.
 
         ``retry`` (a ``Retry``, or a number of attempts) overrides the run's ``step_attempts``:
-        a failed attempt is recorded, then tried again after its back-off."""
-        return self._sync(
-            self._step(
-                StepKind.READ,
-                step_id,
-                fn,
-                args,
-                kwargs,
-                max_age=_as_max_age(max_age),
-                retry=as_retry(retry, "retry"),
-            )
-        )
+        a failed attempt is recorded, then tried again after its back-off. ``secrets="redact"``
+        records a credential the observation holds (an inbox quoting an API key) as its marked
+        digest, and returns that, on the first run as on replay; by default such a result is
+        refused (``SecretRefused``)."""
+        return self._sync(self._read(step_id, fn, args, kwargs, max_age, retry, secrets))
 
     def model(
         self,
@@ -267,14 +302,24 @@ class Run(_RunBase):
         tools: JSON = None,
         retry: Retry | int | None = None,
         usage: UsageFn | None = None,
+        name: str | None = None,
+        secrets: SecretsPolicy = "redact",
         **params: Any,
     ) -> R:
         """A model call, ``fn(model=, messages=, tools=, **params)``; replayed, never re-generated.
 
+        The input hash covers ``model``, ``messages``, ``tools`` and ``params`` (but for
+        ``request_id``, ``timeout``, ``extra_headers`` and ``stream_options``): pass what
+        identifies the request, and hand ``fn`` the rest (transport, billing) through a closure.
         The tokens it used are recorded (read from a ``usage`` field of the response, or from
         ``usage(response) -> {"tokens": int, "cost": float}``) and count against the run's
-        budget. ``retry`` as for ``read``."""
-        return self._sync(self._model(step_id, fn, model, messages, tools, params, retry, usage))
+        budget. ``retry`` as for ``read``. ``name`` is the step's recorded name (by default the
+        function's qualified name); a replay checks it. A credential the reply quotes is recorded
+        as its marked digest and returned so (``secrets="redact"``, the default: a model's words
+        are an observation), or refused (``secrets="refuse"``)."""
+        return self._sync(
+            self._model(step_id, fn, model, messages, tools, params, retry, usage, name, secrets)
+        )
 
     def decide(self, step_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
         """The planner's choice: ``fn`` returns the next step id (or a dict with
@@ -426,6 +471,7 @@ class AsyncRun(_RunBase):
         *args: Any,
         max_age: timedelta | float | None = None,
         retry: Retry | int | None = None,
+        secrets: SecretsPolicy = "refuse",
         **kwargs: Any,
     ) -> R: ...
     @overload
@@ -437,6 +483,7 @@ class AsyncRun(_RunBase):
         *args: Any,
         max_age: timedelta | float | None = None,
         retry: Retry | int | None = None,
+        secrets: SecretsPolicy = "refuse",
         **kwargs: Any,
     ) -> R: ...
     async def read(
@@ -447,19 +494,10 @@ class AsyncRun(_RunBase):
         *args: Any,
         max_age: timedelta | float | None = None,
         retry: Retry | int | None = None,
+        secrets: SecretsPolicy = "refuse",
         **kwargs: Any,
     ) -> Any:
-        return await self._async(
-            self._step(
-                StepKind.READ,
-                step_id,
-                fn,
-                args,
-                kwargs,
-                max_age=_as_max_age(max_age),
-                retry=as_retry(retry, "retry"),
-            )
-        )
+        return await self._async(self._read(step_id, fn, args, kwargs, max_age, retry, secrets))
 
     @overload
     async def model(
@@ -473,6 +511,8 @@ class AsyncRun(_RunBase):
         tools: JSON = None,
         retry: Retry | int | None = None,
         usage: UsageFn | None = None,
+        name: str | None = None,
+        secrets: SecretsPolicy = "redact",
         **params: Any,
     ) -> R: ...
     @overload
@@ -487,6 +527,8 @@ class AsyncRun(_RunBase):
         tools: JSON = None,
         retry: Retry | int | None = None,
         usage: UsageFn | None = None,
+        name: str | None = None,
+        secrets: SecretsPolicy = "redact",
         **params: Any,
     ) -> R: ...
     async def model(
@@ -500,9 +542,13 @@ class AsyncRun(_RunBase):
         tools: JSON = None,
         retry: Retry | int | None = None,
         usage: UsageFn | None = None,
+        name: str | None = None,
+        secrets: SecretsPolicy = "redact",
         **params: Any,
     ) -> Any:
-        return await self._async(self._model(step_id, fn, model, messages, tools, params, retry, usage))
+        return await self._async(
+            self._model(step_id, fn, model, messages, tools, params, retry, usage, name, secrets)
+        )
 
     @overload
     async def decide(

@@ -26,6 +26,7 @@ from ..errors import (
     LimitReached,
     LimitsRefused,
     StepAttemptsExhausted,
+    TransientFailure,
     UsageError,
 )
 from ..types import JSON, AttemptRecord, Budget, LimitChange, Retry, RunLimits, RunRecord, RunStatus, StepKind
@@ -115,12 +116,19 @@ def after_failure(
         return AfterFailure(None, "not retryable" if policy.attempts > 1 else None)
     if failed_in_round >= policy.attempts and policy.attempts <= 1:
         return AfterFailure(None, None)  # a step that is tried once fails; only retries are a limit
-    retry_at = now + backoff_ms(policy, failed_in_round, seed)
+    retry_at = now + max(backoff_ms(policy, failed_in_round, seed), _asked_wait_ms(exc))
     if failed_in_round >= policy.attempts:
         return AfterFailure(retry_at, None, STEP_ATTEMPTS)
     if deadline_at is not None and retry_at >= deadline_at:
         return AfterFailure(retry_at, "no time is left before the run's deadline", DEADLINE)
     return AfterFailure(retry_at)
+
+
+def _asked_wait_ms(exc: BaseException) -> int:
+    """How long the failure itself asked to wait (a server's ``retry-after``), in ms."""
+    if isinstance(exc, TransientFailure) and exc.retry_after is not None:
+        return math.ceil(exc.retry_after * 1000)
+    return 0
 
 
 def attempts_allowed(policy: Retry, raised: int | None) -> Retry:

@@ -40,6 +40,7 @@ The tree::
         │   ├── AwaitingMessage         for a message (run.wait_for; safepoint.send delivers it)
         │   └── Sleeping                for its timer (run.sleep) to fall due
         ├── WaitTimedOut                a wait's timeout passed with no message; recorded, replayed
+        ├── TransientFailure            a step's attempt failed in a way another may not (429, 5xx)
         ├── StoreError                  the ledger itself is unusable
         │   ├── StoreUnavailable        the database cannot be reached (yet): retry later
         │   ├── SchemaTooNew            the database was migrated by a newer safepoint
@@ -116,6 +117,7 @@ from ._runs import (
     AwaitingMessage,
     Sleeping,
     WaitTimedOut,
+    TransientFailure,
 )
 from ._store import (
     StoreError,
@@ -194,6 +196,7 @@ __all__ = [
     "StepFailed",
     "StoreError",
     "StoreUnavailable",
+    "TransientFailure",
     "UsageError",
     "VerificationFailed",
     "WaitTimedOut",

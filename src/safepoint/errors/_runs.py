@@ -357,3 +357,24 @@ class WaitTimedOut(SafepointError):
             name=name,
             timeout_at=timeout_at,
         )
+
+
+class TransientFailure(SafepointError):
+    """Raised by a read or model step's function (or an integration on its behalf): this attempt
+    failed in a way another attempt may not — a rate limit, an overloaded or unreachable server,
+    a stream cut mid-body. With ``Retry(retry_on=(TransientFailure,))`` the attempt is recorded
+    and the step tried again after its back-off, or after ``retry_after`` seconds when the
+    server said how long to wait (whichever is longer). Raise it ``from`` the original error, so
+    that the first run still has the cause.
+
+    >>> raise TransientFailure("model API answered 429", retry_after=2.0) from exc
+    """
+
+    retry_after: float | None
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        if retry_after is not None and (
+            isinstance(retry_after, bool) or not isinstance(retry_after, int | float) or retry_after < 0
+        ):
+            retry_after = None  # a server's bad header is no reason to lose the failure itself
+        super().__init__(message, retry_after=retry_after)

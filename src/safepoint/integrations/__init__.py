@@ -1,5 +1,10 @@
-"""Integrations with agent SDKs, written on safepoint's public API alone: ``tools`` (a registry
-that declares each tool as a pure, read or effect step, offers its definitions to a model and
-runs the model's tool calls through the ledger), and one module per SDK that makes its model
-calls recorded steps of a run — replayed on a resume, never generated again.
+"""Agent SDKs on the ledger: one module per SDK, each behind its own extra, each built on the
+public API only (``safepoint``, ``safepoint.errors``, ``safepoint.types``).
+
+- ``safepoint.integrations.tools`` — tools declared ``pure``, ``read`` or ``effect`` from plain
+  functions, their definitions for each SDK, and each tool call run through its step;
+- ``safepoint.integrations.anthropic`` (``safepoint[anthropic]``) — a client bound to a run whose
+  ``messages.create`` / ``parse`` / ``stream`` are model steps, and a ready tool loop;
+- ``safepoint.integrations.openai`` (``safepoint[openai]``) — the same for Chat Completions and
+  Responses.
 """

@@ -1,0 +1,187 @@
+"""What the model SDK integrations share: SDK objects as the API's JSON, the model step's retry
+policy and how an SDK failure becomes a recorded attempt, the user's price function as a step's
+usage, and what a tool loop returns.
+
+Nothing here imports an SDK: each integration hands in its own classes.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
+
+import safepoint as sp
+from safepoint.errors import TransientFailure, UsageError
+
+T = TypeVar("T")
+
+# Statuses the providers document as worth another attempt (timeouts, lock conflicts, rate limits,
+# server errors and Anthropic's 529 "overloaded"); their own SDKs retry exactly these.
+_RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+def to_json(value: Any) -> Any:
+    """An SDK value as the API's JSON: SDK models by ``to_dict(mode="json")`` (the wire names,
+    only the fields set, unknown fields kept — never ``model_dump``, which writes Python names
+    such as ``async_``), other pydantic models by their aliases, containers recursively; the
+    SDKs' "not given" markers are dropped."""
+    if isinstance(value, dict):
+        return {str(k): to_json(v) for k, v in value.items() if not _not_given(v)}
+    if isinstance(value, list | tuple):
+        return [to_json(item) for item in value if not _not_given(item)]
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict) and hasattr(value, "model_fields"):
+        return to_dict(mode="json")
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return model_dump(mode="json", by_alias=True, exclude_none=True)
+    return value
+
+
+def _not_given(value: Any) -> bool:
+    # anthropic and openai mark an omitted argument with NotGiven / Omit instances
+    return type(value).__name__ in ("NotGiven", "Omit")
+
+
+def without_none(value: Any) -> Any:
+    """A JSON value with its ``None``-valued entries removed, at any depth: a recorded reply in
+    the shape to send back as input (the APIs answer ``null`` for fields an input must omit)."""
+    if isinstance(value, dict):
+        return {k: without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_none(item) for item in value]
+    return value
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float | None:
+    """Seconds the server asked to wait: ``retry-after-ms``, else ``retry-after`` (seconds or an
+    HTTP date); ``None`` when it said nothing usable."""
+    if not headers:
+        return None
+    lowered = {k.lower(): v for k, v in headers.items()}
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        raw = lowered.get(name)
+        if raw is None:
+            continue
+        try:
+            seconds = float(raw) / scale
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(raw) if scale == 1.0 else None
+            if when is None:
+                continue
+            seconds = when.timestamp() - time.time()
+        if math.isfinite(seconds):
+            return max(seconds, 0.0)
+    return None
+
+
+def transient(
+    exc: BaseException,
+    provider: str,
+    *,
+    status_errors: tuple[type[BaseException], ...],
+    connection_errors: tuple[type[BaseException], ...],
+) -> TransientFailure | None:
+    """The recorded attempt an SDK failure becomes, or ``None`` when another attempt would fail
+    the same way (a 400 stays a 400). Retryable: the statuses in ``_RETRYABLE_STATUSES`` and
+    every 5xx, or what the server's ``x-should-retry`` says; connection and timeout errors; and
+    the HTTP library's transport errors, which is how a stream cut mid-body surfaces (a model
+    call changes nothing, so asking again is safe)."""
+    if isinstance(exc, status_errors):
+        status = getattr(exc, "status_code", None)
+        response = getattr(exc, "response", None)
+        headers = getattr(response, "headers", None)
+        should = headers.get("x-should-retry") if headers is not None else None
+        retryable_status = isinstance(status, int) and (status in _RETRYABLE_STATUSES or status >= 500)
+        if should == "false" or (should != "true" and not retryable_status):
+            return None
+        return TransientFailure(
+            f"{provider} answered {status} ({type(exc).__name__}): {exc}", retry_after=retry_after(headers)
+        )
+    if isinstance(exc, connection_errors):
+        return TransientFailure(f"{provider} could not be reached ({type(exc).__name__}): {exc}")
+    return None
+
+
+DEFAULT_MODEL_RETRY = sp.Retry(
+    attempts=6, backoff=1.0, multiplier=2.0, max_backoff=60.0, jitter=0.2, retry_on=(TransientFailure,)
+)
+
+
+def model_retry(retry: sp.Retry | int | None) -> sp.Retry:
+    """A model step's attempts: ``DEFAULT_MODEL_RETRY``, with ``attempts`` set by an int; a
+    ``Retry`` as given, ``TransientFailure`` added to what it retries (the integration turns the
+    SDK's retryable failures into that, as its own retries are off)."""
+    if retry is None:
+        return DEFAULT_MODEL_RETRY
+    if isinstance(retry, int) and not isinstance(retry, bool):
+        return replace(DEFAULT_MODEL_RETRY, attempts=retry)
+    if not isinstance(retry, sp.Retry):
+        raise UsageError(f"retry={retry!r}: a safepoint.Retry, or a number of attempts")
+    if any(issubclass(TransientFailure, kind) for kind in retry.retry_on):
+        return retry
+    return replace(retry, retry_on=(*retry.retry_on, TransientFailure))
+
+
+def price_usage(
+    price: Callable[[Any], float] | None, tokens_of: Callable[[Any], int | None]
+) -> Callable[[Any], dict[str, Any]] | None:
+    """A model step's ``usage=`` from the user's ``price(reply_json) -> cost``: the reply's tokens
+    as the provider counts them, and its cost as the user prices it (no price table is shipped:
+    it would go stale)."""
+    if price is None:
+        return None
+    if not callable(price):
+        raise UsageError(f"price={price!r}: a function of a reply (its JSON) that returns its cost")
+
+    def usage(reply: Any) -> dict[str, Any]:
+        cost = price(reply)
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+            raise UsageError(f"price() returned {cost!r}: a finite number of 0 or more")
+        found: dict[str, Any] = {"cost": float(cost)}
+        tokens = tokens_of(reply)
+        if tokens is not None:
+            found["tokens"] = tokens
+        return found
+
+    return usage
+
+
+@dataclass(frozen=True)
+class LoopResult(Generic[T]):
+    """How a tool loop ended.
+
+    ``final`` is the last reply (the SDK's own type), ``transcript`` the whole conversation —
+    the messages it was given, then every assistant turn and tool-result turn in order, valid to
+    carry on with — ``stop`` why it ended (the provider's stop or finish reason, or
+    ``"max_turns"``), ``turns`` the model calls this loop made, and ``text`` the final reply's
+    text."""
+
+    final: T
+    transcript: sp.Transcript
+    stop: str
+    turns: int
+    text: str
+
+
+def check_turns(max_turns: int) -> int:
+    """``max_turns`` of a tool loop: the model calls it may make, 1 or more."""
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise UsageError(f"max_turns={max_turns!r}: the model calls the loop may make, an int of 1 or more")
+    return max_turns
+
+
+def as_transcript(messages: Any, what: str) -> sp.Transcript:
+    """The loop's conversation: a ``Transcript`` given is carried on in place; a list is copied
+    into a new one (SDK objects in it become their JSON)."""
+    if isinstance(messages, sp.Transcript):
+        return messages
+    if isinstance(messages, str) or not isinstance(messages, list | tuple):
+        raise UsageError(
+            f"{what} is a list of messages (or a safepoint.Transcript), not {type(messages).__name__}"
+        )
+    return sp.Transcript(to_json(list(messages)))
