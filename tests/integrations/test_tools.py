@@ -59,7 +59,9 @@ ORDER = {
 def test_a_schema_comes_from_the_signature_without_titles_and_without_the_key() -> None:
     tools = declared()
     assert tools.names() == ["get_order", "add_numbers", "ship"]
-    assert "ship" in tools and "refund" not in tools and len(tools) == 3
+    assert "ship" in tools
+    assert "refund" not in tools
+    assert len(tools) == 3
     get_order, add, ship = tools.anthropic()
     assert get_order == {
         "name": "get_order",
@@ -312,11 +314,13 @@ def test_a_read_that_declares_retries_stops_the_run_when_they_run_out(file_store
         (ToolCall("toolu_9", "add", {"a": 1}), "invalid arguments for tool 'add': b: Field required"),
         (
             ToolCall("toolu_9", "add", {"a": "one", "b": 2, "c": 3}),
-            "invalid arguments for tool 'add': a: Input should be a valid integer, unable to parse string as an integer; c: Extra inputs are not permitted",
+            "invalid arguments for tool 'add': a: Input should be a valid integer, unable to parse"
+            " string as an integer; c: Extra inputs are not permitted",
         ),
         (
             ToolCall("call_9", "add", '{"a": 1, '),
-            "invalid arguments for tool 'add': the arguments are not valid JSON (Expecting property name enclosed in double quotes at position 9)",
+            "invalid arguments for tool 'add': the arguments are not valid JSON (Expecting property"
+            " name enclosed in double quotes at position 9)",
         ),
         (
             ToolCall("call_9", "add", "[1, 2]"),
@@ -395,7 +399,8 @@ def test_a_read_redacts_a_credential_it_returns(file_store: sp.Store) -> None:
         return tools.call(run, ToolCall("toolu_1", "config", {})).value
 
     value = sp.start(file_store, agent, run_id="r")
-    assert value["region"] == "eu" and value["token"].startswith("sp_redacted:sha256:")
+    assert value["region"] == "eu"
+    assert value["token"].startswith("sp_redacted:sha256:")
     assert token not in str(file_store.load_ledger("r").steps)
 
 

@@ -93,7 +93,8 @@ def test_two_call_ids_with_the_same_key_fields_are_one_operation(
         },
     ]
     assert sp.resume(file_store, "r") == expected
-    assert applied(owner_env) == 2 and len(refunds.keys) == 2
+    assert applied(owner_env) == 2
+    assert len(refunds.keys) == 2
     ledger = file_store.load_ledger("r")
     assert sorted(op.step_id for op in ledger.operations.values()) == ["tool.toolu_1", "tool.toolu_3"]
     assert all(
@@ -112,10 +113,8 @@ def test_the_same_key_fields_with_other_arguments_are_refused_not_made_again(
 
     first, second = sp.start(file_store, agent, run_id="r")
     assert first["value"]["amount_cents"] == 500
-    assert (
-        second["is_error"]
-        and "call 'toolu_1' already asked for this operation (the same order_id)" in second["value"]
-    )
+    assert second["is_error"]
+    assert "call 'toolu_1' already asked for this operation (the same order_id)" in second["value"]
     assert applied(owner_env) == 1
 
 
@@ -134,8 +133,10 @@ def test_key_fields_name_the_operation_across_a_continued_chain(
         return outcome.value
 
     receipt = sp.start(file_store, agent, 1, run_id="r")
-    assert receipt["id"] == "re_1" and receipt["order_id"] == "A1"
-    assert applied(owner_env) == 1 and len(refunds.keys) == 1
+    assert receipt["id"] == "re_1"
+    assert receipt["order_id"] == "A1"
+    assert applied(owner_env) == 1
+    assert len(refunds.keys) == 1
 
 
 def test_an_answer_lost_after_the_owner_applied_it_is_reconciled_to_its_receipt(
@@ -158,7 +159,8 @@ def test_an_answer_lost_after_the_owner_applied_it_is_reconciled_to_its_receipt(
             "value": {"id": "re_1", "order_id": "A1", "amount_cents": 500},
         }
     ]
-    assert len(refunds.keys) == 1 and applied(owner_env) == 1  # asked, not sent again
+    assert len(refunds.keys) == 1
+    assert applied(owner_env) == 1
 
 
 def test_a_dispatch_the_owner_never_got_is_sent_again_under_the_same_key(
@@ -175,7 +177,8 @@ def test_a_dispatch_the_owner_never_got_is_sent_again_under_the_same_key(
         sp.start(file_store, agent, run_id="r", lease_ms=0)
     crash_at(None)
     op = next(iter(file_store.load_ledger("r").operations.values()))
-    assert op.state is EffectState.DISPATCHING and refunds.keys == []
+    assert op.state is EffectState.DISPATCHING
+    assert refunds.keys == []
     assert sp.resume(file_store, "r")[0]["value"]["id"] == "re_1"
     assert refunds.keys == [op.effect_key]  # NotApplied: sent under the key minted first
     assert applied(owner_env) == 1
@@ -200,7 +203,8 @@ def test_an_uncertain_dispatch_without_reconcile_blocks_the_run(
     with pytest.raises(sp.NeedsReconciliation, match="no reconcile"):
         sp.resume(file_store, "r")
     assert file_store.get_run("r").status is RunStatus.BLOCKED
-    assert refunds.keys == [] and applied(owner_env) == 0
+    assert refunds.keys == []
+    assert applied(owner_env) == 0
 
 
 def test_an_effect_that_needs_approval_waits_for_it(file_store: sp.Store, owner_env: OwnerService) -> None:
@@ -214,7 +218,8 @@ def test_an_effect_that_needs_approval_waits_for_it(file_store: sp.Store, owner_
         sp.start(file_store, agent, run_id="r")
     assert waiting.value.step_id == "tool.toolu_1"
     assert file_store.get_run("r").status is RunStatus.WAITING
-    assert refunds.keys == [] and applied(owner_env) == 0
+    assert refunds.keys == []
+    assert applied(owner_env) == 0
     sp.approve(file_store, "r", "tool.toolu_1", by="ana")
     assert sp.resume(file_store, "r")[0]["value"]["id"] == "re_1"
     assert applied(owner_env) == 1
@@ -247,8 +252,11 @@ def test_a_refusal_by_the_owner_is_an_error_outcome_now_and_on_replay(
         sp.start(file_store, agent, run_id="r", lease_ms=0)
     crash_at(None)
     is_error, content = sp.resume(file_store, "r")
-    assert is_error and content.startswith('Rejected: {"declined":') and "injected decline" in content
-    assert calls == ["c1"] and int(owner_env.client.stats()["applied"]) == 0
+    assert is_error
+    assert content.startswith('Rejected: {"declined":')
+    assert "injected decline" in content
+    assert calls == ["c1"]
+    assert int(owner_env.client.stats()["applied"]) == 0
 
 
 def test_an_existing_effect_is_a_tool_with_the_arguments_as_its_payload(
@@ -292,4 +300,5 @@ def test_an_existing_effect_is_a_tool_with_the_arguments_as_its_payload(
     ]
     assert payloads == [{"title": "Refund A1", "body": "late"}]
     (op,) = file_store.load_ledger("r").operations.values()
-    assert op.effect == "ticket.open" and op.operation_id.startswith("open_ticket:")
+    assert op.effect == "ticket.open"
+    assert op.operation_id.startswith("open_ticket:")
