@@ -102,6 +102,18 @@ def test_two_call_ids_with_the_same_key_fields_are_one_operation(
     )
 
 
+def test_one_key_field_may_be_named_alone(file_store: sp.Store, owner_env: OwnerService) -> None:
+    refunds = Refunds(key_fields="order_id")
+
+    @sp.workflow("tool-effect-one-key-field")
+    def agent(run: sp.Run) -> list[dict[str, Any]]:
+        return outcomes(refunds, run, [refund_call("toolu_1"), refund_call("toolu_2")])
+
+    first, second = sp.start(file_store, agent, run_id="r")
+    assert first["value"] == second["value"]
+    assert applied(owner_env) == 1
+
+
 def test_the_same_key_fields_with_other_arguments_are_refused_not_made_again(
     file_store: sp.Store, owner_env: OwnerService
 ) -> None:

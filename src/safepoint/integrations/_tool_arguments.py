@@ -82,6 +82,7 @@ class Signature:
 
     model: Any  # a pydantic model class, made at declaration
     parameters: tuple[str, ...]
+    json_schema: dict[str, Any]  # generated once: the definitions are sent every turn
 
     @classmethod
     def of(
@@ -100,16 +101,15 @@ class Signature:
             model = pydantic.create_model(
                 f"{tool}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
             )
-            model.model_json_schema()  # a type pydantic cannot describe is said now
+            json_schema = without_titles(model.model_json_schema())  # what pydantic cannot describe, said now
         except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as exc:
             raise UsageError(
                 f"tool {tool!r}: no JSON schema for the parameters of {fn.__qualname__}: {exc}"
             ) from exc
-        return cls(model, tuple(p.name for p in parameters))
+        return cls(model, tuple(p.name for p in parameters), json_schema)
 
     def schema(self) -> dict[str, Any]:
-        schema: dict[str, Any] = without_titles(self.model.model_json_schema())
-        return schema
+        return copy.deepcopy(self.json_schema)  # the caller's own: a change stays there
 
     def validate(self, arguments: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the arguments as JSON, as recorded; the keyword arguments to call the function with)."""

@@ -33,7 +33,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal, TypeVar, overload
@@ -62,25 +62,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Both APIs accept this much of a function tool's name, and no more.
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
-# What each kind takes besides a name and a description; an effect given as an ``sp.Effect``
-# carries its own owner's options and takes only the two the call decides.
+# What each kind takes besides a name and a description: an effect built from a function takes
+# the options of ``sp.Effect`` itself; one given as an ``sp.Effect`` carries its owner's options
+# already and takes only the two each call decides.
+_GIVEN_EFFECT_OPTIONS = frozenset({"key_fields", "approval"})
 _OPTIONS: dict[str, frozenset[str]] = {
     "pure": frozenset(),
     "read": frozenset({"max_age", "retry"}),
-    "effect": frozenset(
-        {
-            "key_fields",
-            "approval",
-            "reconcile",
-            "verify",
-            "verify_timeout",
-            "dedup_retention",
-            "max_dispatches",
-            "target_state",
-        }
-    ),
+    "effect": _GIVEN_EFFECT_OPTIONS
+    | {f.name for f in fields(sp.Effect) if f.name not in ("name", "execute")},
 }
-_GIVEN_EFFECT_OPTIONS = frozenset({"key_fields", "approval"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +145,8 @@ class _Tool:
         (a model re-planning mints new ones); without, None (the call's step names it)."""
         if not self.key_fields:
             return None
-        fields = {name: arguments.get(name) for name in self.key_fields}
-        text = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        named = {name: arguments.get(name) for name in self.key_fields}
+        text = json.dumps(named, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         return f"{self.name}:{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
@@ -167,7 +158,10 @@ def _calling(
     the arguments again — what was recorded is what they run on — and return JSON."""
 
     def with_key(payload: Any, effect_key: sp.EffectKey) -> dict[str, Any]:
-        kwargs = kwargs_of(payload)
+        try:
+            kwargs = kwargs_of(payload)
+        except Invalid as exc:  # before anything left: the owner was not asked
+            raise sp.NotSent(f"the recorded arguments of tool {name!r} no longer fit it: {exc}") from exc
         if key is not None:
             kwargs[key] = effect_key
         return kwargs
@@ -608,7 +602,8 @@ def _declare(
         )
     else:
         arguments = Written(checked_schema(name, schema))
-    key_fields = tuple(options.pop("key_fields", ()) or ())
+    given = options.pop("key_fields", ()) or ()
+    key_fields = (given,) if isinstance(given, str) else tuple(given)
     properties = arguments.schema().get("properties", {})
     missing = [field for field in key_fields if field not in properties]
     if missing or any(not isinstance(field, str) for field in key_fields):
