@@ -23,7 +23,7 @@ class Refunds:
     the keys it was called with."""
 
     def __init__(
-        self, *, reconcile: bool = True, key_fields: tuple[str, ...] = ("order_id",), **options: Any
+        self, *, reconcile: bool = True, key_fields: tuple[str, ...] | str = ("order_id",), **options: Any
     ):
         self.keys: list[str] = []
         self.tools = Tools()
