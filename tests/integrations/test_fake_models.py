@@ -153,6 +153,8 @@ def test_anthropic_parse_and_the_beta_path() -> None:
     with FakeModelServer(lambda request: Turn.text(ORDER_JSON)) as fake:
         client = claude(fake)
         parsed = client.messages.parse(model="m", max_tokens=50, messages=ASK, output_format=Order)
+        with client.messages.stream(model="m", max_tokens=50, messages=ASK, output_format=Order) as stream:
+            streamed = stream.get_final_message()
         beta = client.beta.messages.create(
             model="m", max_tokens=50, messages=ASK, betas=["files-api-2025-04-14"]
         )
@@ -160,10 +162,11 @@ def test_anthropic_parse_and_the_beta_path() -> None:
         cli = client.beta.messages.create(
             model="m", max_tokens=50, messages=ASK, extra_query={"beta": "true"}
         )
-    assert parsed.parsed_output == Order(order_id="A1", refunded=True)
+    assert parsed.parsed_output == streamed.parsed_output == Order(order_id="A1", refunded=True)
+    assert fake.requests[0].body["output_config"]["format"]["type"] == "json_schema"
     assert beta.content[0].text == cli.content[0].text == ORDER_JSON
-    assert [r.path for r in fake.requests] == ["/v1/messages", "/v1/messages", "/v1/messages?beta=true"]
-    assert fake.requests[1].headers["anthropic-beta"] == "files-api-2025-04-14"
+    assert [r.path for r in fake.requests[2:]] == ["/v1/messages", "/v1/messages?beta=true"]
+    assert fake.requests[2].headers["anthropic-beta"] == "files-api-2025-04-14"
     assert {r.api for r in fake.requests} == {"anthropic"}
 
 
@@ -575,6 +578,22 @@ def test_on_request_sees_each_request_before_it_is_answered() -> None:
         first = claude(fake).messages.create(model="m", max_tokens=5, messages=ASK)
         claude(fake).messages.create(model="m", max_tokens=5, messages=claude_history(first))
     assert seen == [(0, 1), (1, 2)]
+
+
+def test_a_callback_that_raises_has_the_request_answered_500() -> None:
+    fake = FakeModelServer([Turn.text("never")])
+
+    def broken(request: FakeRequest) -> None:
+        raise RuntimeError("boom")
+
+    def ask(fake: FakeModelServer) -> None:
+        with pytest.raises(openai.InternalServerError, match="boom"):
+            gpt(fake).responses.create(model="m", input="hi")
+
+    fake.on_request(broken)
+    with pytest.raises(UsageError, match="on_request callback raised RuntimeError"), fake:
+        ask(fake)
+    assert len(fake.requests) == 1
 
 
 # ---- the script, ids and the log ----

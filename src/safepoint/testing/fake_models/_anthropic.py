@@ -14,6 +14,7 @@ from ._wire import (
     Refused,
     ScriptProblem,
     WireApi,
+    assistant_messages,
     blocks,
     input_tokens,
     missing_field,
@@ -60,10 +61,7 @@ class AnthropicMessages(WireApi):
     request_id_header = "request-id"
 
     def turn_of(self, body: JSON) -> int:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return 0
-        return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        return assistant_messages(body)
 
     def check(self, body: JSON) -> None:
         missing = missing_field(body, ("max_tokens", "messages", "model"))

@@ -11,6 +11,7 @@ from ._wire import (
     Refused,
     ScriptProblem,
     WireApi,
+    assistant_messages,
     input_tokens,
     missing_field,
     output_tokens,
@@ -70,10 +71,7 @@ class ChatCompletions(WireApi):
     request_id_header = "x-request-id"
 
     def turn_of(self, body: JSON) -> int:
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return 0
-        return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        return assistant_messages(body)
 
     def check(self, body: JSON) -> None:
         missing = missing_field(body, ("messages", "model"))

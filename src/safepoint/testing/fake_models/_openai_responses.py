@@ -126,6 +126,7 @@ class Responses(WireApi):
             "id": "resp_" + ids.hex("response", 48),
             "object": "response",
             "created_at": ids.created,
+            "completed_at": ids.created if status == "completed" else None,
             "status": status,
             "background": False,
             "error": None,
@@ -170,7 +171,8 @@ class Responses(WireApi):
         def event(kind: str, **fields: Any) -> None:
             out.append(sse({"type": kind, "sequence_number": len(out), **fields}, kind))
 
-        started = {**reply, "status": "in_progress", "output": [], "incomplete_details": None, "usage": None}
+        started = {**reply, "status": "in_progress", "output": [], "usage": None}
+        started.update(completed_at=None, incomplete_details=None)
         event("response.created", response=started)
         event("response.in_progress", response=started)
         for index, item in enumerate(reply["output"]):

@@ -4,6 +4,7 @@ the script, in the wire format of the API asked, and injects the faults a test a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import socket
@@ -107,7 +108,9 @@ class FakeModelServer:
         self._closing.clear()
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._http.fake = self
-        self._thread = threading.Thread(target=self._http.serve_forever, name="fake-models", daemon=True)
+        # a short poll: close() waits for the loop to notice, and a test closes a server often
+        serve = functools.partial(self._http.serve_forever, poll_interval=0.01)
+        self._thread = threading.Thread(target=serve, name="fake-models", daemon=True)
         self._thread.start()
         return self
 

@@ -147,6 +147,14 @@ def blocks(message: Any) -> list[JSON]:
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
+def assistant_messages(body: JSON) -> int:
+    """How many assistant messages the body's ``messages`` hold (Anthropic's and Chat's turn)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return 0
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+
 def missing_field(body: JSON, names: tuple[str, ...]) -> str | None:
     """The first of ``names`` the body lacks, if any."""
     return next((name for name in names if name not in body), None)
