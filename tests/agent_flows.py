@@ -36,8 +36,8 @@ SCRIPT = [
 TICKET = "Order A1 never arrived; please refund it."
 SYSTEM = "You are a support agent. Refund orders that did not arrive."
 
-refunds = owner_effect("refunds")
-emails = owner_effect("emails")
+refunds = owner_effect("refunds", name="refunds")
+emails = owner_effect("notifications", name="emails")  # the owner keeps e-mails as notifications
 tools = Tools()
 
 
@@ -73,12 +73,26 @@ tools.add(
 )
 
 
+# Each request names the process that sent it, so that a kill test can SIGKILL that process from
+# the fake server while its request is in flight (a header: never part of the request's hash).
+PID_HEADER = "x-kill-test-pid"
+
+
 def _url() -> str:
     return os.environ[FAKE_MODEL_URL_ENV]
 
 
+def _headers() -> dict[str, str]:
+    return {PID_HEADER: str(os.getpid())}
+
+
 def _ending(result: Any) -> dict[str, Any]:
-    return {"text": result.text, "stop": result.stop, "turns": result.turns, "messages": len(result.transcript)}
+    return {
+        "text": result.text,
+        "stop": result.stop,
+        "turns": result.turns,
+        "messages": len(result.transcript),
+    }
 
 
 @sp.workflow("support-anthropic", version="1")
@@ -87,7 +101,7 @@ def support_anthropic(run: sp.Run, ticket: str) -> dict[str, Any]:
 
     from safepoint.integrations import anthropic as spa
 
-    client = anthropic.Anthropic(api_key="sk-test-not-real", base_url=_url())
+    client = anthropic.Anthropic(api_key="sk-test-not-real", base_url=_url(), default_headers=_headers())
     result = spa.tool_loop(
         run,
         client,
@@ -106,7 +120,7 @@ async def support_anthropic_async(run: sp.AsyncRun, ticket: str) -> dict[str, An
 
     from safepoint.integrations import anthropic as spa
 
-    client = anthropic.AsyncAnthropic(api_key="sk-test-not-real", base_url=_url())
+    client = anthropic.AsyncAnthropic(api_key="sk-test-not-real", base_url=_url(), default_headers=_headers())
     result = await spa.tool_loop_async(
         run,
         client,
@@ -125,7 +139,7 @@ def support_openai_chat(run: sp.Run, ticket: str) -> dict[str, Any]:
 
     from safepoint.integrations import openai as spo
 
-    client = openai.OpenAI(api_key="sk-test-not-real", base_url=_url() + "/v1")
+    client = openai.OpenAI(api_key="sk-test-not-real", base_url=_url() + "/v1", default_headers=_headers())
     result = spo.tool_loop(
         run,
         client,
@@ -142,7 +156,7 @@ def support_openai_responses(run: sp.Run, ticket: str) -> dict[str, Any]:
 
     from safepoint.integrations import openai as spo
 
-    client = openai.OpenAI(api_key="sk-test-not-real", base_url=_url() + "/v1")
+    client = openai.OpenAI(api_key="sk-test-not-real", base_url=_url() + "/v1", default_headers=_headers())
     result = spo.responses_tool_loop(
         run,
         client,

@@ -1,5 +1,6 @@
 """Agent loops on the real Anthropic and OpenAI SDKs, killed with SIGKILL at every boundary of a
-turn: after a model request came back but before its reply was recorded, after it was recorded,
+turn: while a model request is in flight, after it came back but before its reply was recorded,
+after it was recorded,
 after a read tool, between the two effects of one turn, inside an effect's dispatch (intent
 written, the owner committed, the receipt stored) and before the run completes.
 
@@ -15,6 +16,7 @@ assertions (the result of an uninterrupted run; each effect applied once, counte
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -22,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_flows import FAKE_MODEL_URL_ENV, SCRIPT, TICKET
-from safepoint.testing import FakeModelServer, KillHarness, OwnerService
+from agent_flows import FAKE_MODEL_URL_ENV, PID_HEADER, SCRIPT, TICKET
+from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService
 
 pytestmark = pytest.mark.kill
 
@@ -40,9 +42,10 @@ BOUNDARIES = [
     ("effect.after_receiver_commit:tool", 0),  # the owner committed, the receipt lost
     ("effect.after_outcome:tool@2", 0),  # the receipt stored, the step not accepted
     ("run.before_complete", 0),
+    ("in-flight@2", 1),  # SIGKILLed by the model server while it holds the second request: sent again
 ]
 # A few boundaries for the other variants: the full matrix runs on the first two.
-SHORT = [BOUNDARIES[0], BOUNDARIES[3], BOUNDARIES[5], BOUNDARIES[7]]
+SHORT = [BOUNDARIES[0], BOUNDARIES[3], BOUNDARIES[5], BOUNDARIES[8]]
 
 VARIANTS = [
     ("agent_flows:support_anthropic", "sqlite", BOUNDARIES),
@@ -96,6 +99,19 @@ def _harness(
     return _harnesses[workflow, store]
 
 
+def kill_in_flight(fake: FakeModelServer, turn: int) -> None:
+    """SIGKILL the process whose request for ``turn`` the fake holds, once: the model is
+    "generating" when its caller dies."""
+    armed = [True]
+
+    @fake.on_request
+    def kill(request: FakeRequest) -> None:
+        pid = request.headers.get(PID_HEADER)
+        if armed[0] and request.turn == turn and pid is not None:
+            armed[0] = False
+            os.kill(int(pid), signal.SIGKILL)
+
+
 @pytest.mark.parametrize(("workflow", "store", "crash_at", "again"), TRIALS)
 def test_an_agent_loop_killed_at_a_turn_boundary(
     request: pytest.FixtureRequest,
@@ -112,7 +128,11 @@ def test_an_agent_loop_killed_at_a_turn_boundary(
     assert reference["status"] == "completed", reference
     assert applied == 3  # one refund, two e-mails
     before = len(fake.requests)
-    report = harness.trial(crash_at=crash_at)
+    if crash_at.startswith("in-flight@"):
+        kill_in_flight(fake, turn=int(crash_at.partition("@")[2]))
+        report = harness.trial()
+    else:
+        report = harness.trial(crash_at=crash_at)
     assert report.killed, f"the crash point {crash_at} was never reached"
     report.check()
     sent = fake.requests[before:]
