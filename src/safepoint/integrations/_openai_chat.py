@@ -57,10 +57,10 @@ def ended(recorded: dict[str, Any]) -> dict[str, Any]:
     return recorded
 
 
-def _streamed_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def _with_usage(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     # usage on the stream's last chunk: the step's tokens count against the run's budget
     options = {"include_usage": True, **(kwargs.get("stream_options") or {})}
-    return {**kwargs, "stream": True, "stream_options": options}
+    return {**kwargs, "stream_options": options}
 
 
 def rebuild(recorded: dict[str, Any]) -> ChatCompletion:
@@ -93,7 +93,7 @@ def _create(client: Any, kwargs: dict[str, Any]) -> Any:
 
 def _create_streamed(client: Any, kwargs: dict[str, Any]) -> Any:
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    with client.chat.completions.create(**_streamed_kwargs(kwargs)) as chunks:
+    with client.chat.completions.create(**_with_usage(kwargs), stream=True) as chunks:
         for chunk in chunks:
             state.handle_chunk(chunk)
     return _accumulated(state)
@@ -108,7 +108,7 @@ def _parse(client: Any, kwargs: dict[str, Any]) -> Any:
 
 def _stream(client: Any, kwargs: dict[str, Any]) -> Any:
     try:
-        with client.chat.completions.stream(**_streamed_kwargs(kwargs)) as stream:
+        with client.chat.completions.stream(**_with_usage(kwargs)) as stream:
             return _read_stream(stream)
     except _CUT_SHORT as exc:
         return ended(plain_completion(exc.completion))
@@ -135,7 +135,7 @@ async def _create_async(client: Any, kwargs: dict[str, Any]) -> Any:
 
 async def _create_streamed_async(client: Any, kwargs: dict[str, Any]) -> Any:
     state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-    async with await client.chat.completions.create(**_streamed_kwargs(kwargs)) as chunks:
+    async with await client.chat.completions.create(**_with_usage(kwargs), stream=True) as chunks:
         async for chunk in chunks:
             state.handle_chunk(chunk)
     return _accumulated(state)
@@ -150,7 +150,7 @@ async def _parse_async(client: Any, kwargs: dict[str, Any]) -> Any:
 
 async def _stream_async(client: Any, kwargs: dict[str, Any]) -> Any:
     try:
-        async with client.chat.completions.stream(**_streamed_kwargs(kwargs)) as stream:
+        async with client.chat.completions.stream(**_with_usage(kwargs)) as stream:
             read = 0
             async for _ in stream:
                 read += 1
@@ -202,7 +202,9 @@ class Completions:
 
         def opened() -> ChatCompletionReplay:
             recorded = self._binding.record("chat", "stream", kwargs, _stream)
-            return ChatCompletionReplay(recorded, _stream_state(kwargs), lambda: rebuild_parsed(recorded, kwargs))
+            return ChatCompletionReplay(
+                recorded, _stream_state(kwargs), lambda: rebuild_parsed(recorded, kwargs)
+            )
 
         return StreamManager(opened)
 
@@ -214,7 +216,9 @@ class AsyncCompletions:
         self._binding = binding
 
     @overload
-    async def create(self, *, stream: Literal[True], **kwargs: Any) -> ReplayedStream[ChatCompletionChunk]: ...
+    async def create(
+        self, *, stream: Literal[True], **kwargs: Any
+    ) -> ReplayedStream[ChatCompletionChunk]: ...
     @overload
     async def create(self, *, stream: Literal[False] = False, **kwargs: Any) -> ChatCompletion: ...
     async def create(self, *, stream: bool = False, **kwargs: Any) -> Any:

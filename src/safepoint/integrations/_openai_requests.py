@@ -128,7 +128,9 @@ def prepare(api: Api, kwargs: Mapping[str, Any]) -> Prepared:
     tools: Any = None
     if "tools" in live:
         if isinstance(live["tools"], str | bytes | Mapping):
-            raise UsageError("tools= is a list of tool definitions (tools.openai_chat() / tools.openai_responses())")
+            raise UsageError(
+                "tools= is a list of tool definitions (tools.openai_chat() / tools.openai_responses())"
+            )
         live["tools"] = list(live["tools"])  # an iterable is read once: hashed and sent alike
         tools = to_json(live["tools"])
     params: dict[str, Any] = {}
@@ -160,7 +162,9 @@ def _conversation(value: Any, key: str) -> Any:
     if isinstance(value, sp.Transcript | str):
         return value
     if isinstance(value, bytes | Mapping) or not hasattr(value, "__iter__"):
-        raise UsageError(f"{key}= is a list of messages (or a safepoint.Transcript), not {type(value).__name__}")
+        raise UsageError(
+            f"{key}= is a list of messages (or a safepoint.Transcript), not {type(value).__name__}"
+        )
     return to_json(list(value))
 
 
@@ -219,10 +223,11 @@ class Binding:
         return run
 
     def _step_args(self, api: Api, method: str, kwargs: Mapping[str, Any]) -> tuple[Any, Prepared, str]:
-        refuse_server_state(api, kwargs, self.server_state)
-        prepared = prepare(api, kwargs)
+        resource = self.client.chat.completions if api == "chat" else self.client.responses
         name = f"openai.chat.completions.{method}" if api == "chat" else f"openai.responses.{method}"
-        return self.run(), prepared, name
+        check_arguments(getattr(resource, method), kwargs, name)
+        refuse_server_state(api, kwargs, self.server_state)
+        return self.run(), prepare(api, kwargs), name
 
     def record(
         self, api: Api, method: str, kwargs: Mapping[str, Any], call: Callable[[Any, dict[str, Any]], Any]
@@ -282,6 +287,15 @@ class Binding:
             name=name,
             **prepared.params,
         )
+
+
+def check_arguments(method: Callable[..., Any], kwargs: Mapping[str, Any], name: str) -> None:
+    """Refuse arguments the SDK method does not take before any step: a misspelt argument is a
+    mistake in the code, not a failed model call to record."""
+    try:
+        inspect.signature(method).bind(**kwargs)
+    except TypeError as exc:
+        raise UsageError(f"{name}(): {exc}") from None
 
 
 def _check_run(run: Any, is_async: bool) -> None:

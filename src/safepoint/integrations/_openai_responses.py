@@ -50,7 +50,11 @@ def plain_response(response: Any) -> dict[str, Any]:
             if isinstance(part, dict):
                 part.pop("parsed", None)
     error = recorded.get("error")
-    if recorded.get("status") == "failed" and isinstance(error, dict) and error.get("code") in _TRANSIENT_CODES:
+    if (
+        recorded.get("status") == "failed"
+        and isinstance(error, dict)
+        and error.get("code") in _TRANSIENT_CODES
+    ):
         raise TransientFailure(f"the response failed ({error.get('code')}): {error.get('message')}")
     return recorded
 
@@ -71,12 +75,16 @@ def rebuild_parsed(recorded: dict[str, Any], kwargs: Mapping[str, Any]) -> Parse
     """A recorded response parsed as ``.parse()`` / ``.stream()`` parse it: its final text into
     the ``text_format`` class, strict tools' arguments into theirs."""
     return parse_response(
-        text_format=_text_format(kwargs), input_tools=_make_tools(kwargs.get("tools", omit)), response=rebuild(recorded)
+        text_format=_text_format(kwargs),
+        input_tools=_make_tools(kwargs.get("tools", omit)),
+        response=rebuild(recorded),
     )
 
 
 def _stream_state(kwargs: Mapping[str, Any]) -> ResponseStreamState[Any]:
-    return ResponseStreamState(input_tools=_make_tools(kwargs.get("tools", omit)), text_format=_text_format(kwargs))
+    return ResponseStreamState(
+        input_tools=_make_tools(kwargs.get("tools", omit)), text_format=_text_format(kwargs)
+    )
 
 
 def _last(event: Any, final: Any) -> Any:
@@ -209,7 +217,9 @@ class AsyncResponses:
     async def parse(self, **kwargs: Any) -> ParsedResponse[Any]:
         """``Responses.parse``, awaited."""
         kwargs = _checked(kwargs, "parse")
-        return rebuild_parsed(await self._binding.record_async("responses", "parse", kwargs, _parse_async), kwargs)
+        return rebuild_parsed(
+            await self._binding.record_async("responses", "parse", kwargs, _parse_async), kwargs
+        )
 
     def stream(self, **kwargs: Any) -> AsyncStreamManager[AsyncResponseReplay]:
         """``async with gpt.responses.stream(...) as stream``: ``Responses.stream``."""
@@ -217,6 +227,8 @@ class AsyncResponses:
 
         async def opened() -> AsyncResponseReplay:
             recorded = await self._binding.record_async("responses", "stream", kwargs, _stream_async)
-            return AsyncResponseReplay(recorded, _stream_state(kwargs), lambda: rebuild_parsed(recorded, kwargs))
+            return AsyncResponseReplay(
+                recorded, _stream_state(kwargs), lambda: rebuild_parsed(recorded, kwargs)
+            )
 
         return AsyncStreamManager(opened)

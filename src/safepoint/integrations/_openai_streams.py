@@ -50,7 +50,7 @@ S = TypeVar("S")
 def completion_chunks(recorded: dict[str, Any]) -> list[ChatCompletionChunk]:
     """The chunks a chat completion streams as: per choice its role and content, its refusal,
     each tool call, its finish; then the usage, as a stream asked to include it ends."""
-    base = {
+    base: dict[str, Any] = {
         key: recorded[key]
         for key in ("id", "created", "model", "system_fingerprint", "service_tier")
         if key in recorded
@@ -131,7 +131,11 @@ def _item_events(emit: Callable[..., None], index: int, item: dict[str, Any]) ->
     kind, item_id = item.get("type"), item.get("id", "")
     where = {"item_id": item_id, "output_index": index}
     if kind == "message":
-        emit("response.output_item.added", output_index=index, item={**item, "content": [], "status": "in_progress"})
+        emit(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "content": [], "status": "in_progress"},
+        )
         for part_index, part in enumerate(item.get("content") or []):
             at = {**where, "content_index": part_index}
             if part.get("type") == "output_text":
@@ -147,7 +151,11 @@ def _item_events(emit: Callable[..., None], index: int, item: dict[str, Any]) ->
                 emit("response.content_part.added", **at, part=part)
             emit("response.content_part.done", **at, part=part)
     elif kind == "function_call":
-        emit("response.output_item.added", output_index=index, item={**item, "arguments": "", "status": "in_progress"})
+        emit(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "arguments": "", "status": "in_progress"},
+        )
         arguments = item.get("arguments", "")
         emit("response.function_call_arguments.delta", **where, delta=arguments)
         emit("response.function_call_arguments.done", **where, arguments=arguments, name=item.get("name"))
@@ -222,7 +230,7 @@ def _chat_events(chunks: list[ChatCompletionChunk], state: ChatCompletionStreamS
         yield from state.handle_chunk(chunk)
 
 
-class ChatCompletionReplay(_Replay[ChatCompletionStreamEvent[Any], ParsedChatCompletion[Any]]):
+class ChatCompletionReplay(_Replay[Any, ParsedChatCompletion[Any]]):  # events: a typing-only alias
     """What ``with gpt.chat.completions.stream(...) as stream`` gives: the SDK's stream events
     (``chunk``, ``content.delta``, ``tool_calls.function.arguments.done``, …) synthesized from
     the recorded completion, and ``get_final_completion()``, ``until_done()``,
@@ -288,7 +296,7 @@ def _response_events(events: list[RawResponseEvent], state: ResponseStreamState[
         yield from state.handle_event(event)
 
 
-class ResponseReplay(_Replay[ResponseStreamEvent[Any], ParsedResponse[Any]]):
+class ResponseReplay(_Replay[Any, ParsedResponse[Any]]):  # events: a typing-only alias
     """What ``with gpt.responses.stream(...) as stream`` gives: the SDK's stream events
     (``response.created``, ``response.output_text.delta``, …, ``response.completed``)
     synthesized from the recorded response, and ``get_final_response()`` and ``until_done()``
@@ -296,7 +304,10 @@ class ResponseReplay(_Replay[ResponseStreamEvent[Any], ParsedResponse[Any]]):
     returned by ``get_final_response()`` as recorded (the SDK's own stream raises there)."""
 
     def __init__(
-        self, recorded: dict[str, Any], state: ResponseStreamState[Any], final: Callable[[], ParsedResponse[Any]]
+        self,
+        recorded: dict[str, Any],
+        state: ResponseStreamState[Any],
+        final: Callable[[], ParsedResponse[Any]],
     ) -> None:
         super().__init__(_response_events(response_events(recorded), state), final)
 

@@ -71,7 +71,7 @@ from collections.abc import Callable, Generator
 from typing import Any, Literal, overload
 
 from openai.types.chat import ChatCompletion
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseFunctionToolCall
 
 import safepoint as sp
 from safepoint.errors import UsageError
@@ -179,11 +179,27 @@ def bind(
     """
     if isinstance(client, openai.AsyncOpenAI):
         return BoundAsyncOpenAI(
-            Binding(run, client, is_async=True, retry=retry, price=price, step_id=step_id, server_state=server_state)
+            Binding(
+                run,
+                client,
+                is_async=True,
+                retry=retry,
+                price=price,
+                step_id=step_id,
+                server_state=server_state,
+            )
         )
     if isinstance(client, openai.OpenAI):
         return BoundOpenAI(
-            Binding(run, client, is_async=False, retry=retry, price=price, step_id=step_id, server_state=server_state)
+            Binding(
+                run,
+                client,
+                is_async=False,
+                retry=retry,
+                price=price,
+                step_id=step_id,
+                server_state=server_state,
+            )
         )
     raise UsageError(f"bind takes an openai.OpenAI or openai.AsyncOpenAI client, not {type(client).__name__}")
 
@@ -281,7 +297,7 @@ def response_tool_calls(response: Response) -> list[ToolCall]:
     return [
         ToolCall(item.call_id, item.name, item.arguments)
         for item in response.output or []
-        if getattr(item, "type", None) == "function_call"
+        if isinstance(item, ResponseFunctionToolCall)
     ]
 
 
@@ -345,7 +361,9 @@ def _chat_loop(messages: Any, max_turns: int, request: dict[str, Any]) -> _Loop:
 
 def _responses_loop(input: Any, max_turns: int, request: dict[str, Any]) -> _Loop:
     turns = check_turns(max_turns)
-    transcript = as_transcript([{"role": "user", "content": input}] if isinstance(input, str) else input, "input")
+    transcript = as_transcript(
+        [{"role": "user", "content": input}] if isinstance(input, str) else input, "input"
+    )
     response: Response | None = None
     for turn in range(1, turns + 1):
         response = yield "model", {**request, "input": transcript}
@@ -356,7 +374,9 @@ def _responses_loop(input: Any, max_turns: int, request: dict[str, Any]) -> _Loo
             reason = getattr(details, "reason", None) or "unknown"
             return LoopResult(response, transcript, f"incomplete:{reason}", turn, response.output_text)
         if not response_tool_calls(response):
-            return LoopResult(response, transcript, str(response.status or "completed"), turn, response.output_text)
+            return LoopResult(
+                response, transcript, str(response.status or "completed"), turn, response.output_text
+            )
         transcript.extend((yield "tools", response))
     assert response is not None
     return LoopResult(response, transcript, "max_turns", turns, response.output_text)
@@ -368,16 +388,20 @@ def _drive(flow: _Loop, model: Callable[..., Any], answer: Callable[[Any], Any])
         while True:
             kind, value = flow.send(model(**value) if kind == "model" else answer(value))
     except StopIteration as done:
-        return done.value
+        result: LoopResult[Any] = done.value
+        return result
 
 
-async def _drive_async(flow: _Loop, model: Callable[..., Any], answer: Callable[[Any], Any]) -> LoopResult[Any]:
+async def _drive_async(
+    flow: _Loop, model: Callable[..., Any], answer: Callable[[Any], Any]
+) -> LoopResult[Any]:
     try:
         kind, value = next(flow)
         while True:
             kind, value = flow.send(await (model(**value) if kind == "model" else answer(value)))
     except StopIteration as done:
-        return done.value
+        result: LoopResult[Any] = done.value
+        return result
 
 
 def tool_loop(
@@ -406,7 +430,9 @@ def tool_loop(
     gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
     request = {"model": model, **_loop_params(params, tools, "openai_chat")}
     flow = _chat_loop(messages, max_turns, request)
-    return _drive(flow, gpt.chat.completions.create, lambda reply: chat_tool_results(run, reply, _registry(tools)))
+    return _drive(
+        flow, gpt.chat.completions.create, lambda reply: chat_tool_results(run, reply, _registry(tools))
+    )
 
 
 async def tool_loop_async(
@@ -431,7 +457,9 @@ async def tool_loop_async(
     )
 
 
-def _responses_request(model: str, instructions: str | None, params: dict[str, Any], tools: Tools | None) -> Any:
+def _responses_request(
+    model: str, instructions: str | None, params: dict[str, Any], tools: Tools | None
+) -> Any:
     request = {"model": model, **_loop_params(params, tools, "openai_responses")}
     if instructions is not None:
         request["instructions"] = instructions
@@ -463,7 +491,9 @@ def responses_tool_loop(
     ``max_turns`` model calls (``"max_turns"``, the last calls answered first)."""
     gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
     flow = _responses_loop(input, max_turns, _responses_request(model, instructions, params, tools))
-    return _drive(flow, gpt.responses.create, lambda reply: response_tool_results(run, reply, _registry(tools)))
+    return _drive(
+        flow, gpt.responses.create, lambda reply: response_tool_results(run, reply, _registry(tools))
+    )
 
 
 async def responses_tool_loop_async(
