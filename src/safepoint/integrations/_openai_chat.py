@@ -20,8 +20,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCom
 
 from safepoint.errors import TransientFailure
 
-from ._common import to_json
-from ._openai_requests import Binding, materialized
+from ._openai_requests import Binding, materialized, wire
 from ._openai_streams import (
     AsyncChatCompletionReplay,
     AsyncStreamManager,
@@ -37,7 +36,7 @@ _CUT_SHORT = (LengthFinishReasonError, ContentFilterFinishReasonError)
 def plain_completion(completion: Any) -> dict[str, Any]:
     """A completion (or the snapshot a stream added up to) as the API's JSON: without the SDK's
     parsing (``parsed``, ``parsed_arguments``) or the stream's tool-call ``index``."""
-    recorded: dict[str, Any] = to_json(completion)
+    recorded: dict[str, Any] = wire(completion)
     for choice in recorded.get("choices") or []:
         message = choice.get("message") or {}
         message.pop("parsed", None)
@@ -88,7 +87,7 @@ def _stream_state(kwargs: Mapping[str, Any]) -> ChatCompletionStreamState[Any]:
 
 
 def _create(client: Any, kwargs: dict[str, Any]) -> Any:
-    return to_json(client.chat.completions.create(**kwargs))
+    return wire(client.chat.completions.create(**kwargs))
 
 
 def _create_streamed(client: Any, kwargs: dict[str, Any]) -> Any:
@@ -130,7 +129,7 @@ def _accumulated(state: ChatCompletionStreamState[Any]) -> Any:
 
 
 async def _create_async(client: Any, kwargs: dict[str, Any]) -> Any:
-    return to_json(await client.chat.completions.create(**kwargs))
+    return wire(await client.chat.completions.create(**kwargs))
 
 
 async def _create_streamed_async(client: Any, kwargs: dict[str, Any]) -> Any:

@@ -181,6 +181,15 @@ def failure(exc: Exception) -> Exception:
     return exc if found is None else found
 
 
+def wire(value: Any) -> Any:
+    """An SDK reply as the API's JSON (``to_dict``: wire names, fields the server set). The SDK's
+    parsed replies declare their ``parsed`` fields loosely: pydantic's warning about them is
+    noise here, as those fields are dropped from the record."""
+    if isinstance(value, openai.BaseModel):
+        return value.to_dict(mode="json", warnings=False)
+    return to_json(value)
+
+
 def tokens_of(reply: Any) -> int | None:
     """The tokens a reply used, as OpenAI counts them (both APIs report ``total_tokens``)."""
     usage = reply.get("usage") if isinstance(reply, dict) else None

@@ -22,8 +22,7 @@ from openai.types.responses import ResponseStreamEvent as RawResponseEvent
 
 from safepoint.errors import TransientFailure, UsageError
 
-from ._common import to_json
-from ._openai_requests import Binding, materialized
+from ._openai_requests import Binding, materialized, wire
 from ._openai_streams import (
     AsyncResponseReplay,
     AsyncStreamManager,
@@ -42,7 +41,7 @@ _TRANSIENT_CODES = frozenset({"server_error", "rate_limit_exceeded"})
 def plain_response(response: Any) -> dict[str, Any]:
     """A response as the API's JSON, without the SDK's parsing (``parsed``,
     ``parsed_arguments``), and refused when it failed in a way another attempt may not."""
-    recorded: dict[str, Any] = to_json(response)
+    recorded: dict[str, Any] = wire(response)
     for item in recorded.get("output") or []:
         item.pop("parsed_arguments", None)
         content = item.get("content")

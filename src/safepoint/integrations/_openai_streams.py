@@ -249,7 +249,8 @@ class ChatCompletionReplay(_Replay[Any, ParsedChatCompletion[Any]]):  # events: 
         return self._events
 
     def __next__(self) -> ChatCompletionStreamEvent[Any]:
-        return next(self._events)
+        event: ChatCompletionStreamEvent[Any] = next(self._events)
+        return event
 
     def until_done(self) -> ChatCompletionReplay:
         """Read the remaining events."""
@@ -277,7 +278,8 @@ class AsyncChatCompletionReplay(ChatCompletionReplay):
         return _async_iter(self._events)
 
     async def __anext__(self) -> ChatCompletionStreamEvent[Any]:
-        return _next_or_stop(self._events)
+        event: ChatCompletionStreamEvent[Any] = _next_or_stop(self._events)
+        return event
 
     async def until_done(self) -> AsyncChatCompletionReplay:  # type: ignore[override]  # awaited here
         self._drain()
@@ -315,7 +317,8 @@ class ResponseReplay(_Replay[Any, ParsedResponse[Any]]):  # events: a typing-onl
         return self._events
 
     def __next__(self) -> ResponseStreamEvent[Any]:
-        return next(self._events)
+        event: ResponseStreamEvent[Any] = next(self._events)
+        return event
 
     def until_done(self) -> ResponseReplay:
         """Read the remaining events."""
@@ -338,7 +341,8 @@ class AsyncResponseReplay(ResponseReplay):
         return _async_iter(self._events)
 
     async def __anext__(self) -> ResponseStreamEvent[Any]:
-        return _next_or_stop(self._events)
+        event: ResponseStreamEvent[Any] = _next_or_stop(self._events)
+        return event
 
     async def until_done(self) -> AsyncResponseReplay:  # type: ignore[override]  # awaited here
         self._drain()

@@ -77,9 +77,9 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
-from ._common import LoopResult, as_transcript, check_turns, to_json, without_none
+from ._common import LoopResult, as_transcript, check_turns, without_none
 from ._openai_chat import AsyncCompletions, Completions
-from ._openai_requests import Binding
+from ._openai_requests import Binding, wire
 from ._openai_responses import AsyncResponses, Responses
 
 __all__ = [
@@ -217,7 +217,7 @@ def chat_turn(completion: ChatCompletion) -> dict[str, Any]:
     """The completion's assistant message as the next request's input: JSON, without the
     ``None`` fields and the fields an input message does not take (annotations, the SDK's
     parsing); an audio reply as the ``{"id"}`` the API takes back."""
-    found = without_none(to_json(_message(completion)))
+    found = without_none(wire(_message(completion)))
     turn: dict[str, Any] = {"role": "assistant"}
     for key in ("content", "refusal", "name", "function_call"):
         if key in found:
@@ -282,7 +282,7 @@ def response_items(response: Response) -> list[dict[str, Any]]:
     """The response's output items as the next request's input: JSON by their wire names
     (``call_id``, ``async`` kept exactly), without ``None`` fields or the SDK's parsing."""
     items = []
-    for item in to_json(list(response.output or [])):
+    for item in [wire(item) for item in response.output or []]:
         item.pop("parsed_arguments", None)
         content = item.get("content")
         for part in content if isinstance(content, list) else []:
