@@ -124,7 +124,7 @@ def prepare(api: Api, kwargs: Mapping[str, Any]) -> Prepared:
     conversation: str | None = None
     if key in live:
         conversation = key
-        messages = _conversation(live.pop(key), key)
+        messages = _conversation(live.pop(key), key, text_allowed=api == "responses")
     tools: Any = None
     if "tools" in live:
         if isinstance(live["tools"], str | bytes | Mapping):
@@ -158,10 +158,10 @@ def materialized(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _conversation(value: Any, key: str) -> Any:
-    if isinstance(value, sp.Transcript | str):
+def _conversation(value: Any, key: str, *, text_allowed: bool) -> Any:
+    if isinstance(value, sp.Transcript) or (text_allowed and isinstance(value, str)):
         return value
-    if isinstance(value, bytes | Mapping) or not hasattr(value, "__iter__"):
+    if isinstance(value, str | bytes | Mapping) or not hasattr(value, "__iter__"):
         raise UsageError(
             f"{key}= is a list of messages (or a safepoint.Transcript), not {type(value).__name__}"
         )
