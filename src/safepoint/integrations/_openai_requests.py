@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import httpx2
 import openai
@@ -238,6 +238,17 @@ class Binding:
         refuse_server_state(api, kwargs, self.server_state)
         return self.run(), prepare(api, kwargs), name
 
+    def _model_args(self, prepared: Prepared, name: str) -> dict[str, Any]:
+        return {
+            "model": prepared.model,
+            "messages": prepared.messages,
+            "tools": prepared.tools,
+            "retry": self.retry,
+            "usage": self.usage,
+            "name": name,
+            **prepared.params,
+        }
+
     def record(
         self, api: Api, method: str, kwargs: Mapping[str, Any], call: Callable[[Any, dict[str, Any]], Any]
     ) -> Any:
@@ -249,22 +260,9 @@ class Binding:
             try:
                 return call(self.client, prepared.call_kwargs(messages))
             except Exception as exc:
-                found = failure(exc)
-                if found is exc:
-                    raise
-                raise found from exc
+                raise_attempt_failed(exc)
 
-        return run.model(
-            self.step_id,
-            step,
-            model=prepared.model,
-            messages=prepared.messages,
-            tools=prepared.tools,
-            retry=self.retry,
-            usage=self.usage,
-            name=name,
-            **prepared.params,
-        )
+        return run.model(self.step_id, step, **self._model_args(prepared, name))
 
     async def record_async(
         self,
@@ -280,22 +278,18 @@ class Binding:
             try:
                 return await call(self.client, prepared.call_kwargs(messages))
             except Exception as exc:
-                found = failure(exc)
-                if found is exc:
-                    raise
-                raise found from exc
+                raise_attempt_failed(exc)
 
-        return await run.model(
-            self.step_id,
-            step,
-            model=prepared.model,
-            messages=prepared.messages,
-            tools=prepared.tools,
-            retry=self.retry,
-            usage=self.usage,
-            name=name,
-            **prepared.params,
-        )
+        return await run.model(self.step_id, step, **self._model_args(prepared, name))
+
+
+def raise_attempt_failed(exc: Exception) -> NoReturn:
+    """Raise what a failed attempt is (``failure``): the ``TransientFailure`` chained from the
+    SDK's error, or the error itself."""
+    found = failure(exc)
+    if found is exc:
+        raise exc
+    raise found from exc
 
 
 def check_arguments(method: Callable[..., Any], kwargs: Mapping[str, Any], name: str) -> None:
