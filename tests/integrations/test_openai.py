@@ -171,6 +171,7 @@ def test_an_async_workflow_replays_every_call_without_a_request(file_store: sp.S
 # -- the fingerprint ---------------------------------------------------------------------------
 
 TOOL = {"type": "function", "name": "get_order", "parameters": {"type": "object", "properties": {}}}
+CHAT_TOOL = {"type": "function", "function": {"name": "get_order", "parameters": {"type": "object"}}}
 CARRIERS = {
     "metadata": {"ticket": "T-2"},
     "user": "user-2",
@@ -180,26 +181,38 @@ CARRIERS = {
     "prompt_cache_key": "cache-2",
     "store": False,
 }
+DESCRIBED = {"function": {**CHAT_TOOL["function"], "description": "Find an order."}}
 
 
 @pytest.mark.parametrize(
-    ("changed", "stale"),
+    ("api", "changed", "stale"),
     [
-        pytest.param(CARRIERS, False, id="what-carries-the-request"),
-        pytest.param({"instructions": "Answer in French."}, True, id="instructions"),
-        pytest.param({"tools": [{**TOOL, "description": "Find an order."}]}, True, id="tool-schema"),
+        pytest.param("responses", CARRIERS, False, id="responses-what-carries-the-request"),
+        pytest.param("responses", {"instructions": "Answer in French."}, True, id="responses-instructions"),
+        pytest.param(
+            "responses", {"tools": [{**TOOL, "description": "Find an order."}]}, True, id="responses-tool"
+        ),
+        pytest.param("chat", CARRIERS, False, id="chat-what-carries-the-request"),
+        pytest.param("chat", {"tools": [{**CHAT_TOOL, **DESCRIBED}]}, True, id="chat-tool-schema"),
     ],
 )
 def test_what_the_fingerprint_covers(
-    file_store: sp.Store, crash_at: Any, changed: dict[str, Any], stale: bool
+    file_store: sp.Store, crash_at: Any, api: str, changed: dict[str, Any], stale: bool
 ) -> None:
-    request: dict[str, Any] = {"instructions": "Be brief.", "tools": [TOOL], "metadata": {"ticket": "T-1"}}
+    request: dict[str, Any] = {"metadata": {"ticket": "T-1"}, "user": "user-1", "store": True}
+    if api == "responses":
+        request.update(instructions="Be brief.", tools=[TOOL])
+    else:
+        request.update(tools=[CHAT_TOOL])
     with FakeModelServer(lambda r: Turn.text("It shipped.")) as fake:
 
-        @sp.workflow(f"openai-fingerprint-{len(changed)}-{stale}")
+        @sp.workflow(f"openai-fingerprint-{api}-{sorted(changed)}")
         def ask(run: sp.Run) -> str:
             gpt = spo.bind(run, client(fake))
-            return gpt.responses.create(model="gpt-test", input="Where is A1?", **request).output_text
+            if api == "responses":
+                return gpt.responses.create(model="gpt-test", input="Where is A1?", **request).output_text
+            reply = gpt.chat.completions.create(model="gpt-test", messages=ASK, **request)
+            return reply.choices[0].message.content or ""
 
         crash_at("run.before_complete")
         with pytest.raises(SimulatedCrash):

@@ -296,3 +296,8 @@ def test_a_loop_refuses_what_it_sets_itself() -> None:
     assert "Tools registry" in not_a_registry.value.message
     with pytest.raises(UsageError):
         spo.tool_loop(None, client, model="m", messages=[], max_turns=0)
+    with pytest.raises(UsageError) as twin:
+        spo.tool_loop(
+            None, AsyncOpenAI(api_key=KEY, base_url="http://127.0.0.1:9/v1"), model="m", messages=[]
+        )  # type: ignore[arg-type]
+    assert "_async twin" in twin.value.message

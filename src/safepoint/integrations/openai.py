@@ -341,6 +341,14 @@ def _loop_params(params: dict[str, Any], tools: Tools | None, definitions: str) 
     return found
 
 
+def _loop_binding(run: Any, client: Any, *, is_async: bool, **options: Any) -> Any:
+    if isinstance(client, openai.AsyncOpenAI) is not is_async:
+        wanted = "an AsyncOpenAI client (the loop is async)" if is_async else "an OpenAI client"
+        other = "the plain loop" if is_async else "its _async twin, awaited, in an async def workflow"
+        raise UsageError(f"this tool loop takes {wanted}; for {type(client).__name__}, call {other}")
+    return bind(run, client, **options)
+
+
 def _chat_text(completion: ChatCompletion) -> str:
     return (completion.choices[0].message.content or "") if completion.choices else ""
 
@@ -429,7 +437,7 @@ def tool_loop(
     the last turn's tool calls answered first, so the transcript is valid to carry on).
     ``params`` go to every ``chat.completions.create``; ``price``, ``retry``, ``step_id`` as
     for ``bind``."""
-    gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
+    gpt = _loop_binding(run, client, is_async=False, retry=retry, price=price, step_id=step_id)
     request = {"model": model, **_loop_params(params, tools, "openai_chat")}
     flow = _chat_loop(messages, max_turns, request)
     return _drive(
@@ -451,7 +459,7 @@ async def tool_loop_async(
     **params: Any,
 ) -> LoopResult[ChatCompletion]:
     """``tool_loop`` in an async workflow, with an ``AsyncOpenAI`` client."""
-    gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
+    gpt = _loop_binding(run, client, is_async=True, retry=retry, price=price, step_id=step_id)
     request = {"model": model, **_loop_params(params, tools, "openai_chat")}
     flow = _chat_loop(messages, max_turns, request)
     return await _drive_async(
@@ -491,7 +499,7 @@ def responses_tool_loop(
     stops on a response without one (``LoopResult.stop`` is its status, ``"completed"``), on an
     incomplete one (``"incomplete:<reason>"``, e.g. ``incomplete:max_output_tokens``), or after
     ``max_turns`` model calls (``"max_turns"``, the last calls answered first)."""
-    gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
+    gpt = _loop_binding(run, client, is_async=False, retry=retry, price=price, step_id=step_id)
     flow = _responses_loop(input, max_turns, _responses_request(model, instructions, params, tools))
     return _drive(
         flow, gpt.responses.create, lambda reply: response_tool_results(run, reply, _registry(tools))
@@ -513,7 +521,7 @@ async def responses_tool_loop_async(
     **params: Any,
 ) -> LoopResult[Response]:
     """``responses_tool_loop`` in an async workflow, with an ``AsyncOpenAI`` client."""
-    gpt = bind(run, client, retry=retry, price=price, step_id=step_id)
+    gpt = _loop_binding(run, client, is_async=True, retry=retry, price=price, step_id=step_id)
     flow = _responses_loop(input, max_turns, _responses_request(model, instructions, params, tools))
     return await _drive_async(
         flow, gpt.responses.create, lambda reply: response_tool_results_async(run, reply, _registry(tools))
