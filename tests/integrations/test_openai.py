@@ -158,14 +158,17 @@ def test_an_async_workflow_replays_every_call_without_a_request(file_store: sp.S
                 out.append((await (await events.until_done()).get_final_response()).output_text)
             chunks = await gpt.chat.completions.create(model="gpt-test", messages=ASK, stream=True)
             out.append(len([chunk async for chunk in chunks]))
+            events = await gpt.responses.create(model="gpt-test", input="A1?", stream=True)
+            out.append([event.type async for event in events][-1])
             seen.append(out)
             return len(seen)
 
         assert crashed_then_resumed(file_store, calls, crash_at) == 2
-        assert len(fake.requests) == 7
+        assert len(fake.requests) == 8
     assert seen[0] == seen[1]
     assert seen[0][1] == Order(order_id="A1", total=42)
     assert seen[0][3] == seen[0][4] == seen[0][6] == ORDER_JSON
+    assert seen[0][8] == "response.completed"
 
 
 # -- the fingerprint ---------------------------------------------------------------------------
