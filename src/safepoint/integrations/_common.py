@@ -34,7 +34,7 @@ def to_json(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [to_json(item) for item in value if not _not_given(item)]
     to_dict = getattr(value, "to_dict", None)
-    if callable(to_dict) and hasattr(value, "model_fields"):
+    if callable(to_dict) and hasattr(type(value), "model_fields"):  # on the class: pydantic 2.11
         return to_dict(mode="json")
     model_dump = getattr(value, "model_dump", None)
     if callable(model_dump):
