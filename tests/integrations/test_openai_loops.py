@@ -236,6 +236,35 @@ def test_a_reply_cut_short_stops_the_loop_with_its_reason(
     assert result["text"] == ending.content
 
 
+@pytest.mark.parametrize(("api", "reason"), [("chat", "length"), ("responses", "max_tokens")])
+def test_the_calls_of_a_reply_cut_short_get_results_without_running(
+    file_store: sp.Store, api: str, reason: str
+) -> None:
+    """A reply that hit its token limit in the middle of asking for a tool: the call is not
+    run (its arguments may be cut), but answered, so the transcript can be carried on."""
+    cut = Turn(content="", calls=(("get_order", '{"order_id": "A1"}'),), stop_reason=reason)
+    with FakeModelServer([cut, Turn.text("Looked it up.")]) as fake:
+
+        @sp.workflow(f"openai-cut-calls-{api}")
+        def agent(run: sp.Run, url: str) -> list[Any]:
+            first = loop(api, run, url)
+            answered = first.transcript[-1]  # the carried-on loop appends to the same transcript
+            carried = None
+            if api == "chat":
+                client = OpenAI(api_key=KEY, base_url=url, max_retries=0)
+                carried = spo.tool_loop(run, client, model="gpt-test", messages=first.transcript, tools=tools)
+            return [first.stop, answered, carried.text if carried else None]
+
+        looked_up.clear()
+        stop, last, carried = sp.start(file_store, agent, fake.openai_url, run_id="r")
+        assert fake.orphans == []
+    assert stop in ("length", "incomplete:max_output_tokens")
+    assert looked_up == []  # not run
+    assert "not run" in (last.get("content") or last.get("output"))
+    if api == "chat":
+        assert carried == "Looked it up."  # the transcript was valid to send on
+
+
 @pytest.mark.parametrize("api", APIS)
 def test_max_turns_answers_the_last_calls_and_stops(file_store: sp.Store, api: str) -> None:
     again = Turn.tool_calls(("get_order", {"order_id": "A1"}))

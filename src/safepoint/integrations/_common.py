@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 
 import safepoint as sp
 from safepoint.errors import TransientFailure, UsageError
+from safepoint.integrations.tools import ToolCall, ToolOutcome
 
 T = TypeVar("T")
 
@@ -166,6 +167,15 @@ class LoopResult(Generic[T]):
     stop: str
     turns: int
     text: str
+
+
+def not_run(calls: list[ToolCall], stop: str) -> list[ToolOutcome]:
+    """Error results, without a step, for the tool calls of a reply the loop stops on (cut short
+    by its token limit, filtered): the calls may be incomplete, so none is run — but each gets a
+    result, so that the transcript the loop returns is valid to carry on with (the APIs refuse a
+    request holding a tool call without its result)."""
+    why = f"not run: the reply ended with {stop!r} before the turn was complete; ask again"
+    return [ToolOutcome.of(call, why, is_error=True) for call in calls]
 
 
 def check_turns(max_turns: int) -> int:

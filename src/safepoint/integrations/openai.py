@@ -77,7 +77,7 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
-from ._common import LoopResult, as_transcript, check_turns, without_none
+from ._common import LoopResult, as_transcript, check_turns, not_run, without_none
 from ._openai_chat import AsyncCompletions, Completions
 from ._openai_requests import Binding, wire
 from ._openai_responses import AsyncResponses, Responses
@@ -363,6 +363,7 @@ def _chat_loop(messages: Any, max_turns: int, request: dict[str, Any]) -> _Loop:
         transcript.append(chat_turn(completion))
         reason = completion.choices[0].finish_reason if completion.choices else None
         if reason != "tool_calls" and not (reason == "stop" and chat_tool_calls(completion)):
+            transcript.extend(_tool_messages(not_run(chat_tool_calls(completion), str(reason))))
             return LoopResult(completion, transcript, str(reason), turn, _chat_text(completion))
         transcript.extend((yield "tools", completion))
     assert completion is not None
@@ -381,8 +382,9 @@ def _responses_loop(input: Any, max_turns: int, request: dict[str, Any]) -> _Loo
         transcript.extend(response_items(response))
         if response.status == "incomplete":
             details = response.incomplete_details
-            reason = getattr(details, "reason", None) or "unknown"
-            return LoopResult(response, transcript, f"incomplete:{reason}", turn, response.output_text)
+            stop = f"incomplete:{getattr(details, 'reason', None) or 'unknown'}"
+            transcript.extend(_outputs(not_run(response_tool_calls(response), stop)))
+            return LoopResult(response, transcript, stop, turn, response.output_text)
         if not response_tool_calls(response):
             return LoopResult(
                 response, transcript, str(response.status or "completed"), turn, response.output_text

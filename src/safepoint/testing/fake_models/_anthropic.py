@@ -106,7 +106,12 @@ class AnthropicMessages(WireApi):
                     "input": _tool_input(name, arguments),
                 }
             )
-        stop_reason = "tool_use" if turn.calls else _STOPS.get(turn.stop_reason or "", turn.stop_reason)
+        # a reason given with calls: a reply cut short in the middle of asking for a tool
+        stop_reason = (
+            "tool_use"
+            if turn.calls and turn.stop_reason is None
+            else _STOPS.get(turn.stop_reason or "", turn.stop_reason)
+        )
         stop_sequences = body.get("stop_sequences") or [None]
         return {
             "id": "msg_01" + ids.base62("message", 22),

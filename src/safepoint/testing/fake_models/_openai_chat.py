@@ -36,7 +36,7 @@ ANTHROPIC_ONLY = frozenset({"pause_turn", "compaction"})
 
 def finish_reason(turn: Turn, api: str) -> str:
     """The ``finish_reason`` (or Responses ending) ``turn`` has in the OpenAI API ``api``."""
-    if turn.calls:
+    if turn.calls and turn.stop_reason is None:  # a reason given with calls: a reply cut short
         return "tool_calls"
     reason = turn.stop_reason or "stop"
     if reason in ANTHROPIC_ONLY:

@@ -214,7 +214,7 @@ class Responses(WireApi):
 def _ending(turn: Turn) -> tuple[str, str | None]:
     """The response's ``status`` and ``incomplete_details.reason`` for ``turn``."""
     reason = turn.stop_reason
-    if turn.calls or reason is None or reason in _COMPLETED:
+    if reason is None or reason in _COMPLETED:  # a reason given with calls: a reply cut short
         return "completed", None
     if reason.startswith("incomplete:"):
         return "incomplete", reason.partition(":")[2]
