@@ -908,3 +908,16 @@ def test_an_unusable_retry_after_is_ignored_not_fatal() -> None:
     assert TransientFailure("x", retry_after=-1).retry_after is None
     assert TransientFailure("x", retry_after=True).retry_after is None  # type: ignore[arg-type]
     assert TransientFailure("x", retry_after=3).retry_after == 3
+
+
+def test_a_transient_failure_is_retried_whatever_retry_on_names(clocked: Any) -> None:
+    from safepoint.errors import TransientFailure
+
+    calls = Calls(fail=1, error=TransientFailure)
+
+    @sp.workflow("transient-any")
+    def flow(run: sp.Run) -> Any:
+        return run.read("quote", calls, retry=sp.Retry(attempts=2, backoff=0, retry_on=TimeoutError))
+
+    assert sp.start(clocked.store, flow, run_id="r") == "ok"
+    assert calls.count == 2

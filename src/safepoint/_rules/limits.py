@@ -112,7 +112,7 @@ def after_failure(
     policy: Retry, exc: BaseException, *, failed_in_round: int, now: int, deadline_at: int | None, seed: str
 ) -> AfterFailure:
     """Try again, and when — or give up, and why — or stop at a limit."""
-    if not isinstance(exc, policy.retry_on):
+    if not isinstance(exc, policy.retry_on) and not isinstance(exc, TransientFailure):
         return AfterFailure(None, "not retryable" if policy.attempts > 1 else None)
     if failed_in_round >= policy.attempts and policy.attempts <= 1:
         return AfterFailure(None, None)  # a step that is tried once fails; only retries are a limit
