@@ -88,7 +88,9 @@ class _Messages:
     async def _take_async(self, method: Method, kwargs: dict[str, Any]) -> Any:
         b = self._binding
         planned = plan(method, kwargs, beta=self._beta, binding=b)
-        recorded = await b.current_run().model(b.step_id, planned.ask_async(b.client), **planned.step_options(b))
+        recorded = await b.current_run().model(
+            b.step_id, planned.ask_async(b.client), **planned.step_options(b)
+        )
         return planned.result(recorded, is_async=True)
 
     def _manager(self, kwargs: dict[str, Any]) -> RecordedStreamManager[Any]:

@@ -54,7 +54,11 @@ def tool_calls(message: Any) -> list[ToolCall]:
 def _results_turn(outcomes: list[ToolOutcome]) -> dict[str, Any]:
     content = []
     for outcome in outcomes:
-        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": outcome.call_id, "content": outcome.content}
+        result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": outcome.call_id,
+            "content": outcome.content,
+        }
         if outcome.is_error:
             result["is_error"] = True
         content.append(result)
@@ -93,7 +97,8 @@ def _bound(
         raise UsageError(
             "tool_loop_async takes an AsyncAnthropic client, in an async def workflow"
             if is_async
-            else "tool_loop takes an Anthropic client, in a plain def workflow (use tool_loop_async for AsyncAnthropic)"
+            else "tool_loop takes an Anthropic client, in a plain def workflow"
+            " (an AsyncAnthropic client: tool_loop_async)"
         )
     return bound
 
@@ -102,7 +107,9 @@ def _definitions(tools: Tools | None) -> dict[str, Any]:
     if tools is None:
         return {}
     if not isinstance(tools, Tools):
-        raise UsageError("tools= is a safepoint.integrations.tools.Tools: the tools the model may call, declared")
+        raise UsageError(
+            "tools= is a safepoint.integrations.tools.Tools: the tools the model may call, declared"
+        )
     return {"tools": tools.anthropic()}
 
 

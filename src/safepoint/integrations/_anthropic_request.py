@@ -101,7 +101,9 @@ def fingerprint(request: Mapping[str, Any]) -> Fingerprint:
         raise UsageError(f"model={model!r}: the model's id, a non-empty string")
     messages = request.get("messages")
     if messages is None:
-        raise UsageError("messages= is required: the conversation, a list of messages or a safepoint.Transcript")
+        raise UsageError(
+            "messages= is required: the conversation, a list of messages or a safepoint.Transcript"
+        )
     if not isinstance(messages, sp.Transcript):
         messages = [_without_cache_control(m) for m in to_json(list(messages))]
     tools = request.get("tools")
@@ -113,7 +115,9 @@ def fingerprint(request: Mapping[str, Any]) -> Fingerprint:
         if key == "output_format":
             params[key] = output_schema(value)
         elif key == "system":
-            params[key] = value if isinstance(value, str) else [_without_cache_control(b) for b in to_json(value)]
+            params[key] = (
+                value if isinstance(value, str) else [_without_cache_control(b) for b in to_json(value)]
+            )
         else:
             params[key] = to_json(value)
     extra_body = request.get("extra_body")
@@ -162,9 +166,8 @@ def tools_json(tools: Any) -> list[Any]:
     found = []
     for tool in tools:
         to_dict = getattr(tool, "to_dict", None)
-        if callable(to_dict) and not hasattr(tool, "model_fields"):
-            tool = to_dict()  # the SDK's function tools (beta_tool) are not pydantic models
-        found.append(to_json(tool))
+        # the SDK's function tools (beta_tool) are not pydantic models: their to_dict is the param
+        found.append(to_json(to_dict() if callable(to_dict) and not hasattr(tool, "model_fields") else tool))
     return found
 
 
@@ -254,7 +257,9 @@ def rebuild(recorded: dict[str, Any], *, beta: bool, parsed: bool, output_format
 
 def text_of(message: Any) -> str:
     """The text blocks of a reply, joined."""
-    return "".join(b.text for b in message.content if b.type == "text" and isinstance(getattr(b, "text", None), str))
+    return "".join(
+        b.text for b in message.content if b.type == "text" and isinstance(getattr(b, "text", None), str)
+    )
 
 
 def usage_tokens(reply: Any) -> int | None:

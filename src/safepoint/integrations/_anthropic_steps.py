@@ -12,6 +12,7 @@ from functools import cache
 from typing import Any, Literal
 
 import anthropic
+from anthropic.resources import AsyncMessages, Messages
 
 import safepoint as sp
 from safepoint.errors import UsageError
@@ -59,15 +60,20 @@ def make_binding(
 ) -> Binding:
     """A ``Binding`` of ``client`` to ``run``, checked."""
     messages = getattr(client, "messages", None)
-    if messages is None or not callable(getattr(messages, "create", None)) or not hasattr(client, "with_options"):
+    if not isinstance(messages, Messages | AsyncMessages) or not callable(
+        getattr(client, "with_options", None)
+    ):
         raise UsageError(
-            f"bind() takes an anthropic.Anthropic or anthropic.AsyncAnthropic client, not {type(client).__name__}"
+            "bind() takes an anthropic.Anthropic or anthropic.AsyncAnthropic client,"
+            f" not {type(client).__name__}"
         )
-    is_async = inspect.iscoroutinefunction(messages.create)
+    is_async = isinstance(messages, AsyncMessages)  # also the platforms' clients (Bedrock, Vertex)
     if run is not None and not isinstance(run, sp.AsyncRun if is_async else sp.Run):
         raise UsageError(_mismatch(is_async))
     if not isinstance(step_id, str) or not step_id:
-        raise UsageError(f"step_id={step_id!r}: the model steps' id, a non-empty string (numbered model, model#2, …)")
+        raise UsageError(
+            f"step_id={step_id!r}: the model steps' id, a non-empty string (numbered model, model#2, …)"
+        )
     return Binding(
         run=run,
         # Every attempt is the ledger's to count and wait for: a retry inside the SDK would be

@@ -67,8 +67,9 @@ def event_dicts(recorded: dict[str, Any], *, beta: bool) -> list[dict[str, Any]]
     for key in ("stop_details", "container"):
         if recorded.get(key) is not None:
             delta[key] = recorded[key]
-    usage = recorded.get("usage") if isinstance(recorded.get("usage"), dict) else {}
-    events.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+    usage = recorded.get("usage")
+    output_tokens = usage.get("output_tokens", 0) if isinstance(usage, dict) else 0
+    events.append({"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}})
     events.append({"type": "message_stop"})
     return events
 
@@ -81,7 +82,9 @@ def _opening(block: Any, beta: bool) -> tuple[Any, list[dict[str, Any]]]:
     kind = block.get("type")
     if kind == "text" and isinstance(block.get("text"), str):
         opened = {k: v for k, v in block.items() if k != "citations"}
-        deltas: list[dict[str, Any]] = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+        deltas: list[dict[str, Any]] = (
+            [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
+        )
         deltas += [{"type": "citations_delta", "citation": c} for c in block.get("citations") or []]
         return {**opened, "text": ""}, deltas
     if kind in _TOOL_INPUTS[beta] and "input" in block:
