@@ -436,7 +436,8 @@ def test_overloaded_until_the_attempts_run_out_stops_the_run_and_more_attempts_c
 
         @sp.workflow("anthropic-529")
         def agent(run: sp.Run) -> str:
-            reply = spa.bind(run, client, retry=2).messages.create(model=MODEL, max_tokens=64, messages=HELLO)
+            claude = spa.bind(run, client, retry=sp.Retry(attempts=2, backoff=0.01))
+            reply = claude.messages.create(model=MODEL, max_tokens=64, messages=HELLO)
             return str(reply.content[0].text)
 
         with pytest.raises(StepAttemptsExhausted):

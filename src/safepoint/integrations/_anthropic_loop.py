@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from anthropic.resources import AsyncMessages
 from anthropic.types import Message
 
 import safepoint as sp
@@ -90,16 +91,19 @@ def _bound(
     if isinstance(client, BoundAnthropic | AsyncBoundAnthropic):
         if retry is not None or price is not None:
             raise UsageError("the client is already bound: give retry= and price= to bind(), not to the loop")
-        bound = client
+        client_is_async = isinstance(client, AsyncBoundAnthropic)
     else:
-        bound = bind(run, client, retry=retry, price=price, step_id=step_id)
-    if isinstance(bound, AsyncBoundAnthropic) is not is_async:
+        client_is_async = isinstance(getattr(client, "messages", None), AsyncMessages)
+    if client_is_async is not is_async:
         raise UsageError(
             "tool_loop_async takes an AsyncAnthropic client, in an async def workflow"
             if is_async
             else "tool_loop takes an Anthropic client, in a plain def workflow"
             " (an AsyncAnthropic client: tool_loop_async)"
         )
+    if isinstance(client, BoundAnthropic | AsyncBoundAnthropic):
+        return client
+    bound: BoundAnthropic | AsyncBoundAnthropic = bind(run, client, retry=retry, price=price, step_id=step_id)
     return bound
 
 

@@ -60,11 +60,13 @@ from safepoint.integrations._anthropic_loop import (
     tool_results_async,
 )
 from safepoint.integrations._anthropic_stream import AsyncRecordedEvents, RecordedEvents
+from safepoint.integrations._common import LoopResult
 
 __all__ = [
     "AsyncBoundAnthropic",
     "AsyncRecordedEvents",
     "BoundAnthropic",
+    "LoopResult",
     "RecordedEvents",
     "assistant_turn",
     "bind",
