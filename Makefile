@@ -16,8 +16,11 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resumed, 0 duplicates
 	$(BIN)/safepoint demo
 
+# The suite runs on every core, file by file, but for the tests that restart the PostgreSQL
+# server under everyone else: those run alone, after.
 test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --dist loadfile -m "not serial"
+	$(BIN)/pytest -m serial
 
 test-fast: $(BIN)/.installed     ## for development: everything but the kill tests and soaks (~3 min)
 	$(BIN)/pytest -m "not kill and not slow"

@@ -21,7 +21,7 @@ import safepoint as sp
 from safepoint.testing import OwnerService
 from safepoint.types import RunRecord, RunStatus
 
-pytestmark = [pytest.mark.kill, pytest.mark.slow]
+pytestmark = [pytest.mark.kill, pytest.mark.slow, pytest.mark.serial]
 
 TESTS = str(Path(__file__).parents[1])
 WORKERS, RUNS, KILLS = 4, 200, 100

@@ -36,6 +36,8 @@ optionally narrowed: ``point:prefix`` only at step ids starting ``prefix``, ``po
 - ``OwnerService``, ``OwnerClient``, ``owner_effect``, ``owner_client`` and the ``Owner…``
   errors — a real HTTP effect owner with idempotency keys that counts what it applied (effects
   reach it at ``$SAFEPOINT_OWNER_URL``);
+- ``FakeModelServer``, ``Turn``, ``FakeRequest`` — a fake of the Anthropic and OpenAI model APIs
+  that the real SDK clients talk to over HTTP, answering from a script, with faults to inject;
 - ``StoreConformance``, ``SyncOverAsync`` — the suite that defines a correct store (needs pytest);
 - ``forget_workflows`` — forget registered workflows, as a new process would not know them.
 """
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
     from .conformance import StoreConformance as StoreConformance
     from .effects import owner_client as owner_client
     from .effects import owner_effect as owner_effect
+    from .fake_models import FakeModelServer as FakeModelServer
+    from .fake_models import FakeRequest as FakeRequest
+    from .fake_models import Turn as Turn
     from .kill import ChildOutcome as ChildOutcome
     from .kill import KillHarness as KillHarness
     from .kill import KillReport as KillReport
@@ -72,6 +77,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CRASH_POINTS",
     "ChildOutcome",
+    "FakeModelServer",
+    "FakeRequest",
     "KillHarness",
     "KillReport",
     "OwnerClient",
@@ -83,6 +90,7 @@ __all__ = [
     "SimulatedCrash",
     "StoreConformance",
     "SyncOverAsync",
+    "Turn",
     "child_outcome",
     "crash_at",
     "forget_workflows",
@@ -101,6 +109,9 @@ _LOADED_LATER = {
     "SyncOverAsync": "sync_over_async",
     "owner_client": "effects",
     "owner_effect": "effects",
+    "FakeModelServer": "fake_models",
+    "FakeRequest": "fake_models",
+    "Turn": "fake_models",
     "ChildOutcome": "kill",
     "KillHarness": "kill",
     "KillReport": "kill",
