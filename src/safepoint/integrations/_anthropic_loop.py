@@ -9,7 +9,8 @@ model is never sent a tool call without its result.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Generator
+from typing import Any, cast
 
 from anthropic.resources import AsyncMessages
 from anthropic.types import Message
@@ -138,6 +139,36 @@ def _ended(message: Any, transcript: sp.Transcript, stop: str | None, turns: int
     )
 
 
+# The loop, written once for both drivers: it yields what it needs — ("model", None): the next
+# reply; ("tools", reply): the user turn answering the reply's tool calls — and is sent it.
+Conversation = Generator[tuple[str, Any], Any, LoopResult[Message]]
+
+
+def _conversation(transcript: sp.Transcript, tools: Tools | None, max_turns: int) -> Conversation:
+    turns = 0
+    while True:
+        reply = yield ("model", None)
+        turns += 1
+        transcript.append(assistant_turn(reply))
+        then = _next(reply, tools)
+        if then is None:
+            return _ended(reply, transcript, None, turns)
+        if then == "tools":
+            answered = yield ("tools", reply)
+            if answered is not None:
+                transcript.append(answered)
+        if turns >= max_turns:
+            return _ended(reply, transcript, "max_turns", turns)
+
+
+def _loop_inputs(
+    messages: Any, tools: Tools | None, max_turns: int, what: str
+) -> tuple[sp.Transcript, dict[str, Any], Conversation]:
+    check_turns(max_turns)
+    transcript = as_transcript(messages, f"{what}(messages=...)")
+    return transcript, _definitions(tools), _conversation(transcript, tools, max_turns)
+
+
 def tool_loop(
     run: sp.Run | None,
     client: Any,
@@ -162,28 +193,21 @@ def tool_loop(
     transcript is valid to carry on). ``pause_turn`` is sent back as is, for the model to go on.
     ``params`` go to every ``create`` (``system=``, ``tool_choice=``, ``thinking=``, …);
     ``price``, ``retry`` and ``step_id`` as for ``bind``."""
-    check_turns(max_turns)
     bound = _bound(run, client, retry, price, step_id, is_async=False)
     assert isinstance(bound, BoundAnthropic)
-    transcript = as_transcript(messages, "tool_loop(messages=...)")
-    definitions = _definitions(tools)
-    turns = 0
+    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop")
+    need, reply = next(conversation)  # the first thing it needs: a reply
     while True:
-        reply = bound.messages.create(
-            model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
-        )
-        turns += 1
-        transcript.append(assistant_turn(reply))
-        then = _next(reply, tools)
-        if then is None:
-            return _ended(reply, transcript, None, turns)
-        if then == "tools":
-            assert tools is not None
-            answered = tool_results(run, reply, tools)
-            if answered is not None:
-                transcript.append(answered)
-        if turns >= max_turns:
-            return _ended(reply, transcript, "max_turns", turns)
+        if need == "model":
+            answer: Any = bound.messages.create(
+                model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
+            )
+        else:
+            answer = tool_results(run, reply, cast(Tools, tools))
+        try:
+            need, reply = conversation.send(answer)
+        except StopIteration as ended:
+            return cast(LoopResult[Message], ended.value)
 
 
 async def tool_loop_async(
@@ -201,25 +225,18 @@ async def tool_loop_async(
     **params: Any,
 ) -> LoopResult[Message]:
     """``tool_loop`` with an ``AsyncAnthropic`` client, in an ``async def`` workflow."""
-    check_turns(max_turns)
     bound = _bound(run, client, retry, price, step_id, is_async=True)
     assert isinstance(bound, AsyncBoundAnthropic)
-    transcript = as_transcript(messages, "tool_loop_async(messages=...)")
-    definitions = _definitions(tools)
-    turns = 0
+    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop_async")
+    need, reply = next(conversation)  # the first thing it needs: a reply
     while True:
-        reply = await bound.messages.create(
-            model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
-        )
-        turns += 1
-        transcript.append(assistant_turn(reply))
-        then = _next(reply, tools)
-        if then is None:
-            return _ended(reply, transcript, None, turns)
-        if then == "tools":
-            assert tools is not None
-            answered = await tool_results_async(run, reply, tools)
-            if answered is not None:
-                transcript.append(answered)
-        if turns >= max_turns:
-            return _ended(reply, transcript, "max_turns", turns)
+        if need == "model":
+            answer: Any = await bound.messages.create(
+                model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
+            )
+        else:
+            answer = await tool_results_async(run, reply, cast(Tools, tools))
+        try:
+            need, reply = conversation.send(answer)
+        except StopIteration as ended:
+            return cast(LoopResult[Message], ended.value)

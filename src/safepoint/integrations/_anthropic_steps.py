@@ -144,10 +144,8 @@ class Plan:
                         return reply_json(stream.get_final_message())
                 return reply_json(getattr(resource, self.method)(**arguments))
             except Exception as exc:
-                failure = transient_failure(exc)
-                if failure is None:
-                    raise
-                raise failure from exc
+                _raise_transient(exc)
+                raise
 
         return ask
 
@@ -163,10 +161,8 @@ class Plan:
                         return reply_json(await stream.get_final_message())
                 return reply_json(await getattr(resource, self.method)(**arguments))
             except Exception as exc:
-                failure = transient_failure(exc)
-                if failure is None:
-                    raise
-                raise failure from exc
+                _raise_transient(exc)
+                raise
 
         return ask
 
@@ -212,6 +208,14 @@ def plan(method: Method, kwargs: dict[str, Any], *, beta: bool, binding: Binding
         arguments=arguments,
         output_format=output_format,
     )
+
+
+def _raise_transient(exc: Exception) -> None:
+    """An SDK failure another attempt may get past, raised as the ``TransientFailure`` the
+    model step retries; any other failure is left to its caller to raise as it is."""
+    failure = transient_failure(exc)
+    if failure is not None:
+        raise failure from exc
 
 
 def _resource(client: Any, beta: bool) -> Any:

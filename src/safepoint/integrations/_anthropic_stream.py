@@ -165,53 +165,44 @@ class AsyncRecordedEvents:
         await self.close()
 
 
-class RecordedMessageStream(MessageStream[T]):
+class _Recorded:
+    """What the recorded streams add to the SDK's: the reply rebuilt from the record, which
+    ``get_final_message()`` returns once the events are read."""
+
+    _recorded: Any
+
+    def __init__(self, events: RecordedEvents | AsyncRecordedEvents, output_format: Any) -> None:
+        super().__init__(cast(Any, events), output_format=output_format)  # type: ignore[call-arg]
+        self._recorded = events.message
+
+
+class _RecordedSync(_Recorded):
+    def get_final_message(self) -> Any:
+        cast(Any, self).until_done()
+        return self._recorded
+
+
+class _RecordedAsync(_Recorded):
+    async def get_final_message(self) -> Any:
+        await cast(Any, self).until_done()
+        return self._recorded
+
+
+class RecordedMessageStream(_RecordedSync, MessageStream[T]):
     """The SDK's ``MessageStream`` over a recorded reply; ``get_final_message()`` is the
     reply rebuilt from the record."""
 
-    def __init__(self, events: RecordedEvents, output_format: Any) -> None:
-        super().__init__(cast(Any, events), output_format=output_format)
-        self._recorded = events.message
 
-    def get_final_message(self) -> Any:
-        self.until_done()
-        return self._recorded
-
-
-class RecordedBetaMessageStream(BetaMessageStream[T]):
+class RecordedBetaMessageStream(_RecordedSync, BetaMessageStream[T]):
     """``RecordedMessageStream`` of the beta API."""
 
-    def __init__(self, events: RecordedEvents, output_format: Any) -> None:
-        super().__init__(cast(Any, events), output_format=output_format)
-        self._recorded = events.message
 
-    def get_final_message(self) -> Any:
-        self.until_done()
-        return self._recorded
-
-
-class AsyncRecordedMessageStream(AsyncMessageStream[T]):
+class AsyncRecordedMessageStream(_RecordedAsync, AsyncMessageStream[T]):
     """The SDK's ``AsyncMessageStream`` over a recorded reply."""
 
-    def __init__(self, events: AsyncRecordedEvents, output_format: Any) -> None:
-        super().__init__(cast(Any, events), output_format=output_format)
-        self._recorded = events.message
 
-    async def get_final_message(self) -> Any:
-        await self.until_done()
-        return self._recorded
-
-
-class AsyncRecordedBetaMessageStream(BetaAsyncMessageStream[T]):
+class AsyncRecordedBetaMessageStream(_RecordedAsync, BetaAsyncMessageStream[T]):
     """``AsyncRecordedMessageStream`` of the beta API."""
-
-    def __init__(self, events: AsyncRecordedEvents, output_format: Any) -> None:
-        super().__init__(cast(Any, events), output_format=output_format)
-        self._recorded = events.message
-
-    async def get_final_message(self) -> Any:
-        await self.until_done()
-        return self._recorded
 
 
 class RecordedStreamManager(Generic[T]):
