@@ -11,13 +11,23 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations._anthropic_steps import Binding, Method, make_binding, plan
 from safepoint.integrations._anthropic_stream import (
+    AsyncRecordedBetaMessageStream,
     AsyncRecordedEvents,
+    AsyncRecordedMessageStream,
     AsyncRecordedStreamManager,
+    RecordedBetaMessageStream,
     RecordedEvents,
+    RecordedMessageStream,
     RecordedStreamManager,
 )
 
 if TYPE_CHECKING:
+    from anthropic.lib.streaming import (
+        AsyncMessageStream,
+        BetaAsyncMessageStream,
+        BetaMessageStream,
+        MessageStream,
+    )
     from anthropic.types import Message, ParsedMessage
     from anthropic.types.beta import BetaMessage
     from anthropic.types.beta.parsed_beta_message import ParsedBetaMessage
@@ -93,17 +103,13 @@ class _Messages:
         )
         return planned.result(recorded, is_async=True)
 
-    def _manager(self, kwargs: dict[str, Any]) -> RecordedStreamManager[Any]:
+    def _manager(self, kwargs: dict[str, Any], stream: Any) -> Any:
         plan("stream", kwargs, beta=self._beta, binding=self._binding)  # a mistake shows at the call
-        return RecordedStreamManager(
-            lambda: self._take("stream", kwargs), beta=self._beta, output_format=_format(kwargs)
-        )
+        return RecordedStreamManager(lambda: self._take("stream", kwargs), stream, _format(kwargs))
 
-    def _async_manager(self, kwargs: dict[str, Any]) -> AsyncRecordedStreamManager[Any]:
+    def _async_manager(self, kwargs: dict[str, Any], stream: Any) -> Any:
         plan("stream", kwargs, beta=self._beta, binding=self._binding)
-        return AsyncRecordedStreamManager(
-            lambda: self._take_async("stream", kwargs), beta=self._beta, output_format=_format(kwargs)
-        )
+        return AsyncRecordedStreamManager(lambda: self._take_async("stream", kwargs), stream, _format(kwargs))
 
 
 def _format(kwargs: dict[str, Any]) -> Any:
@@ -131,10 +137,11 @@ class Messages(_Messages):
         found: ParsedMessage[Any] = self._take("parse", kwargs)
         return found
 
-    def stream(self, **kwargs: Any) -> RecordedStreamManager[Any]:
+    def stream(self, **kwargs: Any) -> RecordedStreamManager[MessageStream[Any]]:
         """``with client.messages.stream(...) as stream:`` as a model step, taken on entering:
         the SDK's ``MessageStream`` over the recorded final message."""
-        return self._manager(kwargs)
+        found: RecordedStreamManager[MessageStream[Any]] = self._manager(kwargs, RecordedMessageStream)
+        return found
 
 
 class BetaMessages(_Messages):
@@ -154,9 +161,12 @@ class BetaMessages(_Messages):
         found: ParsedBetaMessage[Any] = self._take("parse", kwargs)
         return found
 
-    def stream(self, **kwargs: Any) -> RecordedStreamManager[Any]:
+    def stream(self, **kwargs: Any) -> RecordedStreamManager[BetaMessageStream[Any]]:
         """``with client.beta.messages.stream(...) as stream:`` as a model step."""
-        return self._manager(kwargs)
+        found: RecordedStreamManager[BetaMessageStream[Any]] = self._manager(
+            kwargs, RecordedBetaMessageStream
+        )
+        return found
 
 
 class AsyncMessages(_Messages):
@@ -176,9 +186,12 @@ class AsyncMessages(_Messages):
         found: ParsedMessage[Any] = await self._take_async("parse", kwargs)
         return found
 
-    def stream(self, **kwargs: Any) -> AsyncRecordedStreamManager[Any]:
+    def stream(self, **kwargs: Any) -> AsyncRecordedStreamManager[AsyncMessageStream[Any]]:
         """``async with client.messages.stream(...) as stream:`` as a model step."""
-        return self._async_manager(kwargs)
+        found: AsyncRecordedStreamManager[AsyncMessageStream[Any]] = self._async_manager(
+            kwargs, AsyncRecordedMessageStream
+        )
+        return found
 
 
 class AsyncBetaMessages(_Messages):
@@ -198,9 +211,12 @@ class AsyncBetaMessages(_Messages):
         found: ParsedBetaMessage[Any] = await self._take_async("parse", kwargs)
         return found
 
-    def stream(self, **kwargs: Any) -> AsyncRecordedStreamManager[Any]:
+    def stream(self, **kwargs: Any) -> AsyncRecordedStreamManager[BetaAsyncMessageStream[Any]]:
         """``async with client.beta.messages.stream(...) as stream:`` as a model step."""
-        return self._async_manager(kwargs)
+        found: AsyncRecordedStreamManager[BetaAsyncMessageStream[Any]] = self._async_manager(
+            kwargs, AsyncRecordedBetaMessageStream
+        )
+        return found
 
 
 class BetaNamespace:

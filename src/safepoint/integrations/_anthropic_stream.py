@@ -205,20 +205,28 @@ class AsyncRecordedBetaMessageStream(_RecordedAsync, BetaAsyncMessageStream[T]):
     """``AsyncRecordedMessageStream`` of the beta API."""
 
 
-class RecordedStreamManager(Generic[T]):
+S = TypeVar("S", bound="MessageStream[Any] | BetaMessageStream[Any]")
+A = TypeVar("A", bound="AsyncMessageStream[Any] | BetaAsyncMessageStream[Any]")
+
+
+class RecordedStreamManager(Generic[S]):
     """What ``messages.stream(...)`` returns: entering it takes the model step (replayed, or
-    asked and recorded), then gives the stream of its reply."""
+    asked and recorded), then gives the stream of its reply — a ``MessageStream`` (or the
+    beta's ``BetaMessageStream``)."""
 
-    def __init__(self, take_step: Callable[[], RecordedEvents], *, beta: bool, output_format: Any) -> None:
+    def __init__(
+        self,
+        take_step: Callable[[], RecordedEvents],
+        stream: Callable[[RecordedEvents, Any], S],
+        output_format: Any,
+    ) -> None:
         self._take_step = take_step
-        self._beta = beta
+        self._make_stream: Callable[[RecordedEvents, Any], S] = stream
         self._output_format = output_format
-        self._stream: MessageStream[T] | BetaMessageStream[T] | None = None
+        self._stream: S | None = None
 
-    def __enter__(self) -> Any:
-        events = self._take_step()
-        kind = RecordedBetaMessageStream if self._beta else RecordedMessageStream
-        self._stream = kind(events, self._output_format)
+    def __enter__(self) -> S:
+        self._stream = self._make_stream(self._take_step(), self._output_format)
         return self._stream
 
     def __exit__(
@@ -228,21 +236,22 @@ class RecordedStreamManager(Generic[T]):
             self._stream.close()
 
 
-class AsyncRecordedStreamManager(Generic[T]):
+class AsyncRecordedStreamManager(Generic[A]):
     """``RecordedStreamManager`` for the async client: ``async with``."""
 
     def __init__(
-        self, take_step: Callable[[], Awaitable[AsyncRecordedEvents]], *, beta: bool, output_format: Any
+        self,
+        take_step: Callable[[], Awaitable[AsyncRecordedEvents]],
+        stream: Callable[[AsyncRecordedEvents, Any], A],
+        output_format: Any,
     ) -> None:
         self._take_step = take_step
-        self._beta = beta
+        self._make_stream: Callable[[AsyncRecordedEvents, Any], A] = stream
         self._output_format = output_format
-        self._stream: AsyncMessageStream[T] | BetaAsyncMessageStream[T] | None = None
+        self._stream: A | None = None
 
-    async def __aenter__(self) -> Any:
-        events = await self._take_step()
-        kind = AsyncRecordedBetaMessageStream if self._beta else AsyncRecordedMessageStream
-        self._stream = kind(events, self._output_format)
+    async def __aenter__(self) -> A:
+        self._stream = self._make_stream(await self._take_step(), self._output_format)
         return self._stream
 
     async def __aexit__(
