@@ -78,7 +78,12 @@ def _url() -> str:
 
 
 def _ending(result: Any) -> dict[str, Any]:
-    return {"text": result.text, "stop": result.stop, "turns": result.turns, "messages": len(result.transcript)}
+    return {
+        "text": result.text,
+        "stop": result.stop,
+        "turns": result.turns,
+        "messages": len(result.transcript),
+    }
 
 
 @sp.workflow("support-anthropic", version="1")

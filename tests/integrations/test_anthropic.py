@@ -467,26 +467,31 @@ def test_a_stream_cut_mid_body_is_tried_again(file_store: sp.Store) -> None:
         assert len(fake.requests) == 2
     (failed,) = file_store.load_ledger("r").attempts["model"]
     assert failed.error["type"] == "TransientFailure"
+    assert "RemoteProtocolError" in failed.error["message"]  # httpx2's: the body ended mid-way
 
 
 def test_a_400_is_the_steps_recorded_failure_replayed_identically(
     file_store: sp.Store, crash_at: Any
 ) -> None:
+    seen: list[Any] = []
     with FakeModelServer([Turn.text("Hi.")]) as fake:
         fake.fail(400, retry_after=None, message="max_tokens: too large for this model")
         client = sync_client(fake.url)
 
         @sp.workflow("anthropic-400")
-        def agent(run: sp.Run) -> list[Any]:
+        def agent(run: sp.Run) -> str:
             try:
                 spa.bind(run, client).messages.create(model=MODEL, max_tokens=64, messages=HELLO)
             except sp.StepFailed as failed:
-                return [failed.step_id, failed.error_type, failed.attempts, "too large" in failed.message]
-            return []
+                seen.append((failed.step_id, failed.error_type, failed.attempts, failed.message))
+            return "handled"
 
-        first = crash_then_resume(file_store, agent, crash_at)
+        assert crash_then_resume(file_store, agent, crash_at) == "handled"
         assert len(fake.requests) == 1  # tried once: a 400 is a 400 on every attempt
-    assert first == ["model", "BadRequestError", 1, True]
+    first, replayed = seen
+    assert first == replayed
+    assert first[:3] == ("model", "BadRequestError", 1)
+    assert "too large for this model" in first[3]
 
 
 # -- credentials -------------------------------------------------------------------------------
