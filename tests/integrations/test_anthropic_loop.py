@@ -280,6 +280,8 @@ def test_the_loop_takes_what_it_needs_and_says_what_was_wrong(file_store: sp.Sto
                 spa.tool_loop(run, client, model=MODEL, messages=ASK, max_turns=0)
             elif case == "tools":
                 spa.tool_loop(run, client, model=MODEL, messages=ASK, tools=[{"name": "x"}])
+            elif case == "stream":
+                spa.tool_loop(run, client, model=MODEL, messages=ASK, stream=True)
             else:
                 spa.tool_loop(run, spa.bind(run, client), model=MODEL, messages=ASK, retry=3)
 
@@ -287,6 +289,7 @@ def test_the_loop_takes_what_it_needs_and_says_what_was_wrong(file_store: sp.Sto
             ("async client", "tool_loop_async"),
             ("turns", "max_turns=0"),
             ("tools", "Tools"),
+            ("stream", "no stream="),
             ("bound", "already bound"),
         ]:
             with pytest.raises(sp.UsageError, match=message):

@@ -162,9 +162,13 @@ def _conversation(transcript: sp.Transcript, tools: Tools | None, max_turns: int
 
 
 def _loop_inputs(
-    messages: Any, tools: Tools | None, max_turns: int, what: str
+    messages: Any, tools: Tools | None, max_turns: int, what: str, params: dict[str, Any]
 ) -> tuple[sp.Transcript, dict[str, Any], Conversation]:
     check_turns(max_turns)
+    if "stream" in params:
+        raise UsageError(
+            f"{what} reads each reply whole: it takes no stream= (each turn is recorded either way)"
+        )
     transcript = as_transcript(messages, f"{what}(messages=...)")
     return transcript, _definitions(tools), _conversation(transcript, tools, max_turns)
 
@@ -195,7 +199,7 @@ def tool_loop(
     ``price``, ``retry`` and ``step_id`` as for ``bind``."""
     bound = _bound(run, client, retry, price, step_id, is_async=False)
     assert isinstance(bound, BoundAnthropic)
-    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop")
+    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop", params)
     need, reply = next(conversation)  # the first thing it needs: a reply
     while True:
         if need == "model":
@@ -227,7 +231,9 @@ async def tool_loop_async(
     """``tool_loop`` with an ``AsyncAnthropic`` client, in an ``async def`` workflow."""
     bound = _bound(run, client, retry, price, step_id, is_async=True)
     assert isinstance(bound, AsyncBoundAnthropic)
-    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop_async")
+    transcript, definitions, conversation = _loop_inputs(
+        messages, tools, max_turns, "tool_loop_async", params
+    )
     need, reply = next(conversation)  # the first thing it needs: a reply
     while True:
         if need == "model":
