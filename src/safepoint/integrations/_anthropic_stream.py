@@ -106,7 +106,7 @@ def raw_events(recorded: dict[str, Any], *, beta: bool) -> list[Any]:
 
 
 def _stand_in_response() -> httpx2.Response:
-    # The SDK's stream helpers read the request's headers off the response; a recorded stream
+    # The SDK's stream classes read the request's headers off the response; a recorded stream
     # came from no response of this process, so it gets an empty one (no request id).
     return httpx2.Response(200, request=httpx2.Request("POST", "http://recorded.invalid/v1/messages"))
 
