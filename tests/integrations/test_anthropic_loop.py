@@ -185,6 +185,31 @@ def test_the_loop_stops_on_any_other_stop_reason_and_says_which(file_store: sp.S
     assert (done["stop"], done["turns"], done["text"]) == (reason, 1, "Partial answer")
 
 
+def test_the_tool_use_of_a_reply_cut_short_is_answered_without_running(file_store: sp.Store) -> None:
+    """A reply that hit max_tokens in the middle of a tool_use: the call is not run (its input
+    may be cut), but answered, so the transcript the loop returns is valid to carry on."""
+    shop = Shop()
+    cut = Turn(content="", calls=(("get_order", '{"order_id": "O1"}'),), stop_reason="max_tokens")
+    with FakeModelServer([cut, Turn.text("Found it.")]) as fake:
+        client = client_of(fake)
+
+        @sp.workflow("anthropic-cut-tool-use")
+        def agent(run: sp.Run) -> list[Any]:
+            first = spa.tool_loop(run, client, model=MODEL, messages=ASK, tools=shop.tools)
+            answered = first.transcript[-1]
+            again = spa.tool_loop(run, client, model=MODEL, messages=first.transcript, tools=shop.tools)
+            return [first.stop, answered, again.text]
+
+        stop, answered, text = sp.start(file_store, agent, run_id="r")
+        assert fake.orphans == []
+    assert stop == "max_tokens"
+    [result] = answered["content"]
+    assert result["is_error"] is True
+    assert "not run" in result["content"]
+    assert text == "Found it."
+    assert shop.looked_up == []
+
+
 def test_max_turns_answers_the_last_calls_and_the_transcript_carries_on(file_store: sp.Store) -> None:
     shop = Shop()
 

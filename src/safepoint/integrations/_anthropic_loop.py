@@ -19,7 +19,7 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations._anthropic_client import AsyncBoundAnthropic, BoundAnthropic, bind
 from safepoint.integrations._anthropic_request import reply_json, text_of
-from safepoint.integrations._common import LoopResult, as_transcript, check_turns, without_none
+from safepoint.integrations._common import LoopResult, as_transcript, check_turns, not_run, without_none
 from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
 # Stop reasons after which the loop asks the model again: it called tools (answered first),
@@ -152,6 +152,9 @@ def _conversation(transcript: sp.Transcript, tools: Tools | None, max_turns: int
         transcript.append(assistant_turn(reply))
         then = _next(reply, tools)
         if then is None:
+            unanswered = tool_calls(reply)  # a reply cut short (max_tokens) mid tool_use: answered,
+            if unanswered:  # not run, so the transcript is valid to carry on
+                transcript.append(_results_turn(not_run(unanswered, str(reply.stop_reason))))
             return _ended(reply, transcript, None, turns)
         if then == "tools":
             answered = yield ("tools", reply)
