@@ -5,7 +5,7 @@ PYTHON ?= python3
 
 BENCH_VENV := bench/.venv
 
-.PHONY: demo test test-fast check lint docs bench bench-quick clean
+.PHONY: demo examples test test-fast check lint docs bench bench-quick clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resume
 
 # The suite runs on every core, file by file, but for the tests that restart the PostgreSQL
 # server under everyone else: those run alone, after.
+examples: $(BIN)/.installed      ## a support agent on each SDK, crashed and resumed: no key, no network
+	$(BIN)/python examples/anthropic_support.py
+	$(BIN)/python examples/openai_support.py
+
 test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
 	$(BIN)/pytest -n auto --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
@@ -26,8 +30,8 @@ test-fast: $(BIN)/.installed     ## for development: everything but the kill tes
 	$(BIN)/pytest -m "not kill and not slow"
 
 lint: $(BIN)/.installed          ## style, formatting and types
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 
 check: lint test

@@ -37,7 +37,7 @@ TICKET = "Order A1 never arrived; please refund it."
 SYSTEM = "You are a support agent. Refund orders that did not arrive."
 
 refunds = owner_effect("refunds", name="refunds")
-emails = owner_effect("notifications", name="emails")  # the owner keeps e-mails as notifications
+emails = owner_effect("tickets", name="emails")  # the owner files e-mails as tickets (it can look them up)
 tools = Tools()
 
 
