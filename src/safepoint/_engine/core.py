@@ -679,7 +679,9 @@ class RunCore:
         sid = base.step_id
         require_json(value, "result", sid)
         if redact:
-            value = redact_json(value)  # what is recorded is what the workflow sees, now and on replay
+            # what is recorded is what the workflow sees, now and on replay; a model's
+            # encrypted reasoning and thinking signatures go back to it as they came
+            value = redact_json(value, keep_opaque=base.kind is StepKind.MODEL)
         else:
             refuse_secrets(value, "the result", sid)
         tokens = cost = None

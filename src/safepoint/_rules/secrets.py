@@ -611,12 +611,44 @@ def storable_json(value: Any) -> Any:
     return storable_text(repr(value))
 
 
-def redact_json(value: Any) -> Any:
+# Provider state a model's reply carries for the next request, sent back byte for byte: it is
+# encrypted or signed by the provider, not a credential, however its characters happen to fall
+# (a Fernet token is url-safe base64, where "-sk-" and 20 more characters turn up now and then).
+# Field name -> the block types it is opaque in (None: any).
+_OPAQUE_FIELDS: dict[str, tuple[str, ...] | None] = {
+    "encrypted_content": None,  # OpenAI reasoning items, Anthropic compaction blocks
+    "signature": ("thinking",),  # Anthropic thinking blocks
+    "data": ("redacted_thinking",),  # Anthropic redacted thinking blocks
+}
+
+
+def _opaque(value: Any, finding: Finding) -> bool:
+    """Whether ``finding`` is the whole of a provider's opaque field (``_OPAQUE_FIELDS``)."""
+    if finding.in_key or not finding.path or finding.path[-1] not in _OPAQUE_FIELDS:
+        return False
+    parent = value
+    try:
+        for step in finding.path[:-1]:
+            parent = parent[step]
+    except (KeyError, IndexError, TypeError):
+        return False
+    key = finding.path[-1]
+    if not isinstance(parent, dict) or not isinstance(parent.get(key), str):
+        return False
+    types = _OPAQUE_FIELDS[key]
+    return types is None or parent.get("type") in types
+
+
+def redact_json(value: Any, *, keep_opaque: bool = False) -> Any:
     """A JSON value with every credential in it replaced by its marked digest — in strings,
     keys, and every value under a credential's key: for receipts and evidence we must keep.
     A value without credentials is returned as it is; otherwise only the containers on the
-    way to a credential are copied (tuples become lists, as JSON has them)."""
+    way to a credential are copied (tuples become lists, as JSON has them). With
+    ``keep_opaque`` (a model's reply), a provider's encrypted or signed state
+    (``_OPAQUE_FIELDS``) is kept as it is: the next request must send it back unchanged."""
     found = list(findings(value))
+    if keep_opaque:
+        found = [f for f in found if not _opaque(value, f)]
     if not found:
         return value
     if not isinstance(value, (dict, list, tuple)):

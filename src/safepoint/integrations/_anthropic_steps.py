@@ -141,7 +141,7 @@ class Plan:
             try:
                 if self.streamed:
                     with resource.stream(**arguments) as stream:
-                        return reply_json(stream.get_final_message())
+                        return _finished(reply_json(stream.get_final_message()))
                 return reply_json(getattr(resource, self.method)(**arguments))
             except Exception as exc:
                 _raise_transient(exc)
@@ -158,7 +158,7 @@ class Plan:
             try:
                 if self.streamed:
                     async with resource.stream(**arguments) as stream:
-                        return reply_json(await stream.get_final_message())
+                        return _finished(reply_json(await stream.get_final_message()))
                 return reply_json(await getattr(resource, self.method)(**arguments))
             except Exception as exc:
                 _raise_transient(exc)
@@ -208,6 +208,15 @@ def plan(method: Method, kwargs: dict[str, Any], *, beta: bool, binding: Binding
         arguments=arguments,
         output_format=output_format,
     )
+
+
+def _finished(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A streamed reply, refused unless the stream reached its end: a body that stopped before
+    ``message_delta`` gave the stop reason (a proxy's timeout, a restart) is an attempt that
+    failed, tried again — not a reply to record, cut, for good."""
+    if recorded.get("stop_reason") is None:
+        raise sp.errors.TransientFailure("the Anthropic stream ended before the message did (no stop_reason)")
+    return recorded
 
 
 def _raise_transient(exc: Exception) -> None:

@@ -7,6 +7,7 @@ Nothing here imports an SDK: each integration hands in its own classes.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import math
 import time
@@ -71,9 +72,14 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
         try:
             seconds = float(raw) / scale
         except ValueError:
-            when = email.utils.parsedate_to_datetime(raw) if scale == 1.0 else None
-            if when is None:
+            if scale != 1.0:
                 continue
+            try:  # an HTTP date; anything else is a header to ignore, not a failure of its own
+                when = email.utils.parsedate_to_datetime(raw)
+            except (TypeError, ValueError, IndexError):
+                continue
+            if when.tzinfo is None:  # RFC 9110 dates are GMT
+                when = when.replace(tzinfo=datetime.UTC)
             seconds = when.timestamp() - time.time()
         if math.isfinite(seconds):
             return max(seconds, 0.0)
@@ -116,16 +122,26 @@ DEFAULT_MODEL_RETRY = sp.Retry(
 def model_retry(retry: sp.Retry | int | None) -> sp.Retry:
     """A model step's attempts: ``DEFAULT_MODEL_RETRY``, with ``attempts`` set by an int; a
     ``Retry`` as given, ``TransientFailure`` added to what it retries (the integration turns the
-    SDK's retryable failures into that, as its own retries are off)."""
+    SDK's retryable failures into that, as its own retries are off) — and, when its
+    ``retry_on`` is left at ``Retry``'s default (any ``Exception``), only ``TransientFailure``:
+    a 400 is then the step's failure, as documented, not a retry loop."""
     if retry is None:
         return DEFAULT_MODEL_RETRY
     if isinstance(retry, int) and not isinstance(retry, bool):
         return replace(DEFAULT_MODEL_RETRY, attempts=retry)
     if not isinstance(retry, sp.Retry):
         raise UsageError(f"retry={retry!r}: a safepoint.Retry, or a number of attempts")
+    if retry.retry_on == _ANY_FAILURE:
+        # Retry's own default (every Exception) would send a 400 again and again, then stop the
+        # run as if it could go on: the integration already says which failures are transient.
+        return replace(retry, retry_on=(TransientFailure,))
     if any(issubclass(TransientFailure, kind) for kind in retry.retry_on):
         return retry
     return replace(retry, retry_on=(*retry.retry_on, TransientFailure))
+
+
+# What a Retry retries when its retry_on is left as it is.
+_ANY_FAILURE = sp.Retry().retry_on
 
 
 def price_usage(

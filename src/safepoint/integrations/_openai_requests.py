@@ -21,7 +21,7 @@ from openai.lib._parsing import type_to_response_format_param  # what .parse() i
 from openai.lib._parsing._responses import type_to_text_format_param
 
 import safepoint as sp
-from safepoint.errors import UsageError
+from safepoint.errors import TransientFailure, UsageError
 
 from ._common import model_retry, price_usage, to_json, transient
 
@@ -178,7 +178,27 @@ def failure(exc: Exception) -> Exception:
         status_errors=(openai.APIStatusError,),
         connection_errors=(openai.APIConnectionError, httpx2.TransportError),
     )
+    if found is None:
+        found = _stream_error(exc)
     return exc if found is None else found
+
+
+# The error types of an ``{"error": ...}`` event in a stream that another attempt may get past.
+# It comes after a 200, so there is no status to read: the SDK raises a bare ``APIError``.
+_TRANSIENT_STREAM_ERRORS = frozenset(
+    {"server_error", "rate_limit_exceeded", "rate_limit_error", "overloaded_error", "service_unavailable"}
+)
+
+
+def _stream_error(exc: Exception) -> TransientFailure | None:
+    """A stream that failed mid-body with a server-side error event (``server_error``, …)."""
+    if type(exc) is not openai.APIError:  # not a status, connection or validation error
+        return None
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    kinds = {body.get("type"), body.get("code")}
+    if kinds & _TRANSIENT_STREAM_ERRORS:
+        return TransientFailure(f"OpenAI's stream ended with {body.get('type') or body.get('code')}: {exc}")
+    return None
 
 
 def wire(value: Any) -> Any:
