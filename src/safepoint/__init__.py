@@ -13,7 +13,7 @@ own, each module's ``__all__`` saying exactly what it holds:
 Everything in a module whose name starts with an underscore is private.
 """
 
-from ._engine.current import current_run
+from ._engine.current import current_effect_key, current_run
 from ._engine.fork import fork, fork_async
 from ._engine.limits import extend_limits, extend_limits_async
 from ._engine.messages import send, send_async
@@ -99,6 +99,7 @@ __all__ = [
     "approve_async",
     "cancel",
     "cancel_async",
+    "current_effect_key",
     "current_run",
     "extend_limits",
     "extend_limits_async",

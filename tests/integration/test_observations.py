@@ -149,3 +149,45 @@ def test_current_run_outside_a_workflow_says_so(memory_store: sp.Store) -> None:
     sp.start(memory_store, flow, run_id="r")
     with pytest.raises(UsageError, match="outside a workflow"):
         sp.current_run()  # the workflow returned: no run is current any more
+
+
+# -- current_effect_key -----------------------------------------------------------------------
+
+
+def test_code_an_effect_runs_finds_its_key_without_being_handed_it(memory_store: sp.Store) -> None:
+    sent: list[str] = []
+
+    def create_ticket(title: str) -> dict[str, Any]:  # a framework's tool: arguments only
+        sent.append(str(sp.current_effect_key()))
+        return {"id": "T-1", "title": title}
+
+    tickets = sp.Effect("tickets", execute=lambda payload, key: create_ticket(payload["title"]))
+
+    @sp.workflow("effect-key-sync")
+    def flow(run: sp.Run) -> Any:
+        receipt = run.effect("ticket", tickets, payload={"title": "refund"})
+        return [receipt["id"], str(run.effect("again", tickets, payload={"title": "other"})["id"])]
+
+    sp.start(memory_store, flow, run_id="r")
+    keys = [op.effect_key for op in memory_store.load_ledger("r").operations.values()]
+    assert sent == keys
+    assert len(set(sent)) == 2
+    with pytest.raises(UsageError, match="outside an effect"):
+        sp.current_effect_key()
+
+
+def test_an_async_effect_finds_its_key_while_its_coroutine_runs(memory_store: sp.Store) -> None:
+    sent: list[str] = []
+
+    async def execute(payload: Any, key: sp.EffectKey) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        sent.append(str(sp.current_effect_key()))
+        return {"id": "T-1"}
+
+    @sp.workflow("effect-key-async")
+    async def flow(run: sp.AsyncRun) -> Any:
+        return await run.effect("ticket", sp.Effect("tickets-async", execute=execute), payload={})
+
+    asyncio.run(sp.start_async(memory_store, flow, run_id="r"))
+    [op] = memory_store.load_ledger("r").operations.values()
+    assert sent == [op.effect_key]

@@ -547,6 +547,15 @@ def test_a_thread_held_by_the_server_is_refused_unless_allowed(file_store: sp.St
         assert sp.start(file_store, agent, True, run_id="allowed") == "Hi."
         assert fake.requests[0].body["thread"] == {"type": "create"}
 
+        @sp.workflow("anthropic-no-thread")
+        def whole(run: sp.Run) -> str:  # thread=False: the whole history every turn, replayable
+            reply = spa.bind(run, client).beta.messages.create(
+                model=MODEL, max_tokens=64, messages=HELLO, thread=False
+            )
+            return str(reply.content[0].text)
+
+        assert sp.start(file_store, whole, run_id="whole") == "Hi."
+
 
 def test_a_client_and_a_run_must_match(file_store: sp.Store) -> None:
     with FakeModelServer([Turn.text("Hi.")]) as fake:

@@ -63,6 +63,7 @@ TOP_LEVEL = frozenset(
         "open_async_store",
         # the run whose workflow is executing (for helpers and integrations)
         "current_run",
+        "current_effect_key",
         # the types a step is written with
         "Workflow",
         "Run",

@@ -60,6 +60,7 @@ from ..storage.base import Store
 from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
+from .current import keyed
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 
 _NOT_SENT_BACKOFF_S = 0.05
@@ -567,7 +568,7 @@ class EffectDispatch:
         self.core.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", self.sid)
         try:
-            receipt = yield Call(self.effect.execute, (payload, self.key(op)))
+            receipt = yield Call(keyed(self.effect.execute), (payload, self.key(op)))
         except NotSent as exc:
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.

@@ -146,13 +146,13 @@ def refuse_server_state(request: Mapping[str, Any], server_state: bool, method: 
     crash the ledger would replay replies whose context lives elsewhere, and a resume could not
     rebuild it. ``server_state=True`` accepts that dependency."""
     thread = request.get("thread")
-    if server_state or thread is None or _omitted(thread):
-        return
+    if server_state or thread is None or thread is False or _omitted(thread):
+        return  # thread=False: the full history every turn, as the ledger replays it
     raise UsageError(
         f"{method}(thread=...) keeps the conversation on Anthropic's servers, where a resumed run"
-        " cannot replay it: send the whole conversation every turn (a safepoint.Transcript keeps"
-        " that cheap to hash), or bind the client with server_state=True to accept the server's"
-        " thread as a dependency of the run"
+        " cannot replay it: send the whole conversation every turn (thread=False, or no thread;"
+        " a safepoint.Transcript keeps that cheap to hash), or bind the client with"
+        " server_state=True to accept the server's thread as a dependency of the run"
     )
 
 
