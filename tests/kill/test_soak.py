@@ -21,7 +21,8 @@ import safepoint as sp
 from safepoint.testing import OwnerService
 from safepoint.types import RunRecord, RunStatus
 
-pytestmark = [pytest.mark.kill, pytest.mark.slow, pytest.mark.serial]
+# A soak kills and restarts for minutes on a busy machine: more than the suite's 120 s per test.
+pytestmark = [pytest.mark.kill, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(360)]
 
 TESTS = str(Path(__file__).parents[1])
 WORKERS, RUNS, KILLS = 4, 200, 100
