@@ -25,7 +25,7 @@ from .._rules.limits import UsageFn, as_retry
 from .._rules.secrets import refuse_secrets
 from .._rules.transcript import Transcript
 from ..errors import UsageError
-from ..types import JSON, Retry, StepKind
+from ..types import JSON, Budget, Retry, StepKind
 from .core import RunCore
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
@@ -152,6 +152,25 @@ class _RunBase:
     def fence(self) -> int:
         """This worker's fence token for the run (grows with every takeover)."""
         return self._core.claim.fence
+
+    def budget_left(self) -> Budget:
+        """What the run may still spend on model calls: each of its budgets (as they stand,
+        raised or not) less what its model steps recorded, ``None`` where it has no limit. For a
+        loop that counts its own turns or cost per call (an agent CLI's ``max_turns`` and
+        ``max_budget_usd``): give it what is left of the run's, so that a resume does not
+        grant the whole budget again."""
+        record = self._core.run
+
+        def left(budget: float | None, spent: float) -> float | None:
+            return None if budget is None else max(budget - spent, 0)
+
+        tokens = left(record.token_budget, record.tokens_spent)
+        calls = left(record.model_call_budget, record.model_calls_spent)
+        return Budget(
+            tokens=None if tokens is None else int(tokens),
+            cost=left(record.cost_budget, record.cost_spent),
+            model_calls=None if calls is None else int(calls),
+        )
 
     def _sync(self, flow: Flow[R]) -> R:
         return drive(self._core.store, flow, self._core)

@@ -1,0 +1,277 @@
+"""Claude Agent SDK on the ledger: the loop runs in the Claude Code CLI, its effects in the run.
+
+The SDK's agent loop runs in another process (the bundled CLI), so safepoint cannot record its
+model calls one by one. It records what it can answer for instead:
+
+- each ``query`` *segment* (one CLI call, until it ends or stops at a limit) is a model step
+  ``claude.query``, recorded with its cost, so a replay of a finished query asks nothing and the
+  run's ``sp.Budget`` counts what the CLI spent, across resumes;
+- your tools are in-process SDK MCP tools whose handler answers through
+  ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``): an effect is dispatched once,
+  and a resumed session gets the ledger's receipt;
+- a PreToolUse hook records the intent (which call id the CLI is about to run) and refuses every
+  call once the run must stop (an uncertain effect, an approval to wait for);
+- the session transcript is mirrored into the ledger (``LedgerSessionStore``), so another
+  machine resumes the session; on that resume a call the CLI ran but never recorded (a budget
+  stop between the tool and its result) is given its receipt from the ledger, where the CLI
+  would tell the model "its outcome is unknown";
+- ``max_turns`` and ``max_budget_usd``, counted per call by the CLI, are given what is left of
+  the run's budget (``run.budget_left()``) on every resume, and the CLI's ``error_max_turns`` /
+  ``error_max_budget_usd`` become the run's resumable stop (``BudgetExhausted``, status
+  ``stopped``): raise the limit (``safepoint.extend_limits``) and the session carries on.
+
+>>> result = await spc.query(run, "Refund order A1", tools=tools, base=ClaudeAgentOptions(...))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, cast
+
+from claude_agent_sdk import (
+    ClaudeAgentOptions,
+    HookMatcher,
+    ResultMessage,
+    SdkMcpTool,
+    create_sdk_mcp_server,
+)
+from claude_agent_sdk import query as sdk_query
+from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput, SessionStore
+
+import safepoint as sp
+from safepoint.errors import UsageError
+from safepoint.integrations._claude_agent_session import LedgerSessionStore, session_id_of
+from safepoint.integrations.tools import ToolCall, Tools
+
+__all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
+
+# What the CLI is told when a segment resumes a session that stopped part-way.
+CONTINUE = "Continue where you left off."
+_LIMIT_STOPS = ("error_max_turns", "error_max_budget_usd")
+
+
+@dataclasses.dataclass
+class Session:
+    """The safepoint side of one CLI session: the run, its tools, the intents the PreToolUse
+    hook saw (call ids by tool and arguments, for the handler that does not see its call id)
+    and the signal that must end the workflow once the CLI has stopped."""
+
+    run: sp.AsyncRun
+    tools: Tools
+    server: str
+    store: LedgerSessionStore
+    intents: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    halted: BaseException | None = None
+
+    def tool_name(self, name: str) -> str:
+        """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
+        return f"mcp__{self.server}__{name}"
+
+    def call_id(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """The tool_use id of this call, as the PreToolUse hook saw it; without one (a call the
+        hook did not see), an id made of the call's content, the same on every replay."""
+        waiting = self.intents.get(_intent(name, arguments))
+        if waiting:
+            return waiting.pop(0)
+        digest = hashlib.sha256(_intent(name, arguments).encode()).hexdigest()[:16]
+        return f"content_{digest}"
+
+    async def answer(
+        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
+    ) -> dict[str, Any]:
+        """Answer one call through the ledger (the SDK MCP handler, or a resume giving a call
+        the CLI ran but never recorded its result). A signal that must end the workflow is
+        kept for the driver, and the CLI is told the run stopped."""
+        if self.halted is not None:
+            return _error(f"the run stopped: {self.halted}")
+        call = ToolCall(call_id or self.call_id(name, arguments), name, arguments)
+        try:
+            outcome = await self.tools.call_async(self.run, call)
+        except BaseException as signal:
+            self.halted = signal
+            return _error(f"the run stopped: {signal}")
+        return {"content": [{"type": "text", "text": outcome.content}], "is_error": outcome.is_error}
+
+    async def pre_tool_use(
+        self, data: HookInput, tool_use_id: str | None, context: HookContext
+    ) -> HookJSONOutput:
+        """PreToolUse: record the intent (the call id the handler will use) and refuse every
+        call once the run must stop, so nothing new starts while an effect is uncertain."""
+        if self.halted is not None:
+            return cast("HookJSONOutput", _deny(f"the run stopped and must be settled first: {self.halted}"))
+        prefix = f"mcp__{self.server}__"
+        fields = cast("dict[str, Any]", data)  # a TypedDict union: PreToolUse's has these keys
+        name = str(fields.get("tool_name", ""))
+        if tool_use_id and name.startswith(prefix):
+            intent = _intent(name[len(prefix) :], fields.get("tool_input") or {})
+            self.intents.setdefault(intent, []).append(tool_use_id)
+        return {}
+
+
+def options(
+    run: sp.AsyncRun, base: ClaudeAgentOptions | None = None, *, tools: Tools, server: str = "tools"
+) -> tuple[ClaudeAgentOptions, Session]:
+    """``base`` with the run's tools as in-process MCP tools answered through the ledger, the
+    PreToolUse hook, the ledger-backed session store and the session id the run fixes (the
+    same on every resume), and the ``Session`` that holds the safepoint side. ``query`` calls
+    it; call it yourself to drive ``claude_agent_sdk.query`` with your own loop."""
+    if not isinstance(run, sp.AsyncRun):
+        raise UsageError("the Claude Agent SDK runs in an async def workflow: pass its AsyncRun")
+    base = base or ClaudeAgentOptions()
+    store = LedgerSessionStore(run)
+    session = Session(run, tools, server, store)
+    store.answer_orphan = session.answer
+    store.tool_prefix = f"mcp__{server}__"
+    mcp_tools = [_mcp_tool(session, d) for d in tools.anthropic()]
+    hooks = dict(base.hooks or {})
+    hooks["PreToolUse"] = [HookMatcher(hooks=[session.pre_tool_use]), *hooks.get("PreToolUse", [])]
+    made = dataclasses.replace(
+        base,
+        mcp_servers={**_servers(base), server: create_sdk_mcp_server(server, tools=mcp_tools)},
+        allowed_tools=[*base.allowed_tools, *(session.tool_name(n) for n in tools.names())],
+        hooks=hooks,
+        # the Protocol's optional listing methods are left out (the SDK probes for them)
+        session_store=cast("SessionStore", store),
+        session_store_flush="eager",  # every frame in the ledger before the CLI goes on
+    )
+    return made, session
+
+
+async def query(
+    run: sp.AsyncRun,
+    prompt: str,
+    *,
+    tools: Tools,
+    base: ClaudeAgentOptions | None = None,
+    server: str = "tools",
+    model: str = "claude",
+) -> dict[str, Any]:
+    """Run ``prompt`` in the CLI as one durable query and return its result (``result``,
+    ``num_turns``, ``total_cost_usd``, ``session_id``, ``subtype``).
+
+    Each CLI call is a model step ``claude.query``: a replay of a finished query returns it
+    without starting the CLI. A query cut off by a crash resumes its session from the ledger;
+    one stopped at the CLI's turn or budget limit stops the run (``BudgetExhausted``) until
+    the limit is raised, then resumes the session with what is left."""
+    made, session = options(run, base, tools=tools, server=server)
+    asked = prompt
+    while True:
+        segment = await run.model(
+            "claude.query",
+            _segment(session, made),
+            model=model,
+            messages=[{"role": "user", "content": asked}],
+            name="claude_agent.query",
+            usage=_usage,
+        )
+        asked = CONTINUE  # what every later segment of the query asks
+        session.store.cost_so_far = float(segment["total_cost_usd"])  # replayed or just made
+        if session.halted is not None:
+            raise session.halted
+        for _ in range(int(segment["num_turns"] or 1) - 1):
+            # The CLI's turns past the segment's own, each a model call of the run's budget
+            # (``model_calls``: the run's max turns): recorded, so a resume counts them.
+            await run.model("claude.turn", _turn, model=model, messages=[], name="claude_agent.turn")
+        if segment["subtype"] == "success" or segment["subtype"] not in _LIMIT_STOPS:
+            if segment.get("is_error"):
+                raise UsageError(f"the Claude Code CLI ended with {segment['subtype']}: {segment['result']}")
+            return dict(segment)
+        # A limit stop: the next model step finds the run's budget spent and stops the run;
+        # once a person raised it, the loop resumes the session with what is left.
+
+
+def _segment(session: Session, made: ClaudeAgentOptions) -> Any:
+    """The function of one ``claude.query`` step: one CLI call, from the session's start or
+    resuming it, with what is left of the run's turns and cost as the CLI's limits."""
+
+    async def segment(**request: Any) -> dict[str, Any]:
+        run = session.run
+        sid = session_id_of(run)
+        resuming = bool(await session.store.load_session(sid))
+        left = run.budget_left()
+        before = session.store.cost_so_far
+        call = dataclasses.replace(
+            made,
+            session_id=None if resuming else sid,
+            resume=sid if resuming else None,
+            max_turns=left.model_calls if left.model_calls is not None else made.max_turns,
+            max_budget_usd=left.cost if left.cost is not None else made.max_budget_usd,
+        )
+        # A session already under way (a segment stopped, or cut off by a crash) is resumed
+        # and told to go on; the prompt itself is in its transcript.
+        text = CONTINUE if resuming else request["messages"][-1]["content"]
+        result: ResultMessage | None = None
+        try:
+            async for message in sdk_query(prompt=text, options=call):
+                if isinstance(message, ResultMessage):
+                    result = message
+        except Exception as failure:  # the SDK raises after an error result it yielded
+            if result is None:
+                raise
+            del failure
+        if result is None:
+            raise UsageError("the Claude Code CLI ended without a result message")
+        total = float(result.total_cost_usd or 0.0)
+        session.store.cost_so_far = total
+        return {
+            "subtype": result.subtype,
+            "is_error": bool(result.is_error),
+            "result": result.result,
+            "num_turns": result.num_turns,
+            "session_id": result.session_id,
+            "total_cost_usd": total,
+            "cost": max(total - before, 0.0),  # the CLI's cost is cumulative across resumes
+        }
+
+    return segment
+
+
+def _turn(**request: Any) -> dict[str, Any]:
+    """A turn the CLI made inside a segment: nothing to ask, only to count."""
+    return {}
+
+
+def _usage(segment: Any) -> dict[str, Any]:
+    """A segment's spending, as the run's budget counts it: the cost it added."""
+    return {"cost": float(segment.get("cost", 0.0))}
+
+
+def _mcp_tool(session: Session, definition: Mapping[str, Any]) -> SdkMcpTool[Any]:
+    name = str(definition["name"])
+
+    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
+        return await session.answer(name, arguments)
+
+    return SdkMcpTool(
+        name=name,
+        description=str(definition.get("description", "")),
+        input_schema=dict(definition["input_schema"]),
+        handler=handler,
+    )
+
+
+def _servers(base: ClaudeAgentOptions) -> dict[str, Any]:
+    if isinstance(base.mcp_servers, Mapping):
+        return dict(base.mcp_servers)
+    raise UsageError("options: give mcp_servers as a dict (a config file path cannot be extended)")
+
+
+def _intent(name: str, arguments: Mapping[str, Any]) -> str:
+    return name + ":" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "is_error": True}
+
+
+def _deny(reason: str) -> dict[str, Any]:
+    return {
+        "hookSpecificOutput": {
+            "hookEventName": "PreToolUse",
+            "permissionDecision": "deny",
+            "permissionDecisionReason": reason,
+        }
+    }

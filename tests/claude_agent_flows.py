@@ -1,0 +1,156 @@
+"""Workflows and plain-SDK runs for the Claude Agent SDK tests, run as a child process inside a
+network namespace with only loopback (``unshare -n``): the Claude Code CLI, the fake model
+server and the ledger all live there. Prints one JSON line: what the test asserts on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, create_sdk_mcp_server, query, tool
+
+import safepoint as sp
+from safepoint.integrations import claude_agent as spc
+from safepoint.integrations.tools import Tools
+from safepoint.testing import FakeModelServer, Turn
+
+SCRIPT = [
+    Turn.tool_calls(("mcp__tools__create_ticket", {"title": "Refund A1"})),
+    Turn.text("Ticket created."),
+    Turn.text("Ticket created."),
+]
+UNKNOWN = "outcome is unknown"
+
+
+def cli_env(url: str, config: str) -> dict[str, str]:
+    """The CLI's environment: the fake API, a fake key, its own config dir, no other traffic."""
+    return {
+        "ANTHROPIC_BASE_URL": url,
+        "ANTHROPIC_API_KEY": "sk-ant-test-fake",
+        "CLAUDE_CONFIG_DIR": config,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+    }
+
+
+class Desk:
+    """The tickets' owner: one line per ticket in a file, deduplicated by idempotency key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def tickets(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+    def create(self, title: str, key: str | None) -> dict[str, Any]:
+        for ticket in self.tickets():
+            if key is not None and ticket["key"] == key:
+                return ticket
+        ticket = {"id": f"T-{len(self.tickets()) + 1}", "title": title, "key": key}
+        with self.path.open("a") as f:
+            f.write(json.dumps(ticket) + "\n")
+        return ticket
+
+
+def plain(work: Path) -> dict[str, Any]:
+    """The plain SDK: a budget stop on the tool's turn, then a resume of the same session."""
+    desk = Desk(work / "tickets.jsonl")
+
+    @tool("create_ticket", "Create a support ticket.", {"title": str})
+    async def create_ticket(args: dict[str, Any]) -> dict[str, Any]:
+        ticket = desk.create(args["title"], None)
+        return {"content": [{"type": "text", "text": json.dumps(ticket)}]}
+
+    async def main() -> dict[str, Any]:
+        with FakeModelServer(SCRIPT) as fake:
+            config = tempfile.mkdtemp()
+            base = ClaudeAgentOptions(
+                mcp_servers={"tools": create_sdk_mcp_server("tools", tools=[create_ticket])},
+                allowed_tools=["mcp__tools__create_ticket"],
+                env=cli_env(fake.url, config),
+                cwd=config,
+            )
+            subtypes = []
+            session = None
+            for budget in (0.01, 1.0):  # stopped on the tool's turn, then resumed
+                options = ClaudeAgentOptions(**{**base.__dict__, "resume": session, "max_budget_usd": budget})
+                try:
+                    async for message in query(
+                        prompt="continue" if session else "Refund A1", options=options
+                    ):
+                        if isinstance(message, ResultMessage):
+                            subtypes.append(message.subtype)
+                            session = message.session_id
+                except Exception:  # the SDK raises after an error result it yielded
+                    pass
+            bodies = [json.dumps(r.body) for r in fake.requests]
+        return {
+            "subtypes": subtypes,
+            "tickets": len(desk.tickets()),
+            "unknown": [UNKNOWN in b for b in bodies],
+        }
+
+    return asyncio.run(main())
+
+
+def make_tools(desk: Desk) -> Tools:
+    tools = Tools()
+
+    @tools.effect(key_fields=("title",))
+    def create_ticket(title: str, key: sp.EffectKey) -> dict[str, Any]:
+        """Create a support ticket."""
+        return desk.create(title, str(key))
+
+    return tools
+
+
+def durable(work: Path, step: str) -> dict[str, Any]:
+    """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on."""
+    desk = Desk(work / "tickets.jsonl")
+    tools = make_tools(desk)
+    store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
+
+    @sp.workflow("support-claude", budget=sp.Budget(cost=0.01))
+    async def support(run: sp.AsyncRun) -> dict[str, Any]:
+        config = work / "claude-config"
+        config.mkdir(exist_ok=True)
+        base = ClaudeAgentOptions(env=cli_env(fake_url, str(config)), cwd=str(config))
+        return await spc.query(run, "Refund A1", tools=tools, base=base)
+
+    async def main() -> dict[str, Any]:
+        nonlocal fake_url
+        with FakeModelServer(SCRIPT) as fake:
+            fake_url = fake.url
+            out: dict[str, Any] = {}
+            try:
+                if step == "start":
+                    out["result"] = await sp.start_async(store, support, run_id="claude-1")
+                else:
+                    await sp.extend_limits_async(store, "claude-1", cost=1.0, by="test")
+                    out["result"] = await sp.resume_async(store, "claude-1")
+            except sp.LimitReached as stop:
+                out["stopped"] = type(stop).__name__
+            bodies = [json.dumps(r.body) for r in fake.requests]
+            out["requests"] = len(bodies)
+            out["unknown"] = [UNKNOWN in b for b in bodies]
+            out["receipt"] = ['\\"T-1\\"' in b or '"T-1"' in b for b in bodies]
+        out["status"] = store.get_run("claude-1").status.value
+        out["tickets"] = len(desk.tickets())
+        return out
+
+    fake_url = ""
+    return asyncio.run(main())
+
+
+if __name__ == "__main__":
+    kind, work = sys.argv[1], Path(sys.argv[2])
+    os.chdir(work)
+    answer = plain(work) if kind == "plain" else durable(work, kind)
+    print(json.dumps(answer))

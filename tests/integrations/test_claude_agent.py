@@ -1,0 +1,116 @@
+"""The Claude Agent SDK on the ledger, with the real Claude Code CLI against the loopback fake.
+
+The CLI, the fake model server and the ledger run in a child process inside a network namespace
+with only loopback (``unshare -n``, as root, ``ip link set lo up``): the CLI can reach nothing
+but the fake. Each CLI run takes seconds, so these tests make four."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import safepoint as sp
+from safepoint.integrations import claude_agent as spc
+from safepoint.integrations.tools import Tools
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def in_loopback_namespace(kind: str, work: Path) -> dict[str, Any]:
+    """Run ``claude_agent_flows.py kind work`` inside ``unshare -n`` and return its JSON line."""
+    command = (
+        f'ip link set lo up && exec "{sys.executable}" "{TESTS / "claude_agent_flows.py"}" {kind} "{work}"'
+    )
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", command],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_plain_sdk_runs_the_tool_at_a_budget_stop_and_its_resume_calls_the_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    seen = in_loopback_namespace("plain", tmp_path)
+    assert seen["subtypes"] == ["error_max_budget_usd", "success"]
+    assert seen["tickets"] == 1  # the tool ran before the stop...
+    assert seen["unknown"] == [False, True]  # ...and the resumed session is told it is unknown
+
+
+def test_with_safepoint_the_budget_stop_is_a_resumable_stop_and_the_resume_sees_the_receipt(
+    tmp_path: Path,
+) -> None:
+    first = in_loopback_namespace("start", tmp_path)
+    assert first["stopped"] == "BudgetExhausted"
+    assert first["status"] == "stopped"
+    assert first["tickets"] == 1
+    assert first["requests"] == 1
+
+    then = in_loopback_namespace("resume", tmp_path)  # a new process: limit raised, resumed
+    assert then["status"] == "completed"
+    assert then["result"]["result"] == "Ticket created."
+    assert then["tickets"] == 1  # applied once
+    assert then["unknown"] == [False]
+    assert then["receipt"] == [True]
+    assert then["result"]["total_cost_usd"] > then["result"]["cost"] > 0  # cumulative vs this segment
+
+
+def test_the_session_store_records_entries_once_by_uuid_and_gives_a_lost_result_from_the_ledger(
+    file_store: sp.Store,
+) -> None:
+    tools = Tools()
+    made: list[str] = []
+
+    @tools.effect(key_fields=("title",))
+    def create_ticket(title: str, key: sp.EffectKey) -> dict[str, str]:
+        """Create a support ticket."""
+        made.append(str(key))
+        return {"id": "T-1"}
+
+    key = {"project_key": "p", "session_id": "s-1"}
+    use = {
+        "uuid": "a-1",
+        "type": "assistant",
+        "sessionId": "s-1",
+        "message": {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "mcp__tools__create_ticket",
+                    "input": {"title": "x"},
+                }
+            ],
+        },
+    }
+
+    @sp.workflow("claude-store")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        await session.answer("create_ticket", {"title": "x"}, call_id="toolu_1")  # the CLI ran it
+        await session.store.append(key, [{"uuid": "u-1", "type": "user"}, use])
+        await session.store.append(key, [use])  # a retried batch: recorded once
+        return await session.store.load(key)
+
+    entries = asyncio.run(sp.start_async(file_store, flow, run_id="c-1"))
+    assert [e["uuid"] for e in entries][:2] == ["u-1", "a-1"]
+    result = entries[2]["message"]["content"][0]
+    assert result["tool_use_id"] == "toolu_1"
+    assert result["content"][0]["text"] == '{"id":"T-1"}'
+    assert entries[2]["parentUuid"] == "a-1"
+    assert len(made) == 1
+    steps = list(file_store.load_ledger("c-1").steps)
+    assert steps.count("tool.toolu_1") == 1
+    assert sum(s.startswith("claude.session.") for s in steps) == 2  # the end marker and one batch
