@@ -36,6 +36,7 @@ would without the capability.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -175,6 +176,11 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         )
         self._tools = tools
         self._retry = model_retry(retry)
+        # Per run object (one execution of the workflow): the effect operations its calls made,
+        # by operation id, with their arguments and results — rebuilt as a resume replays them.
+        self._made: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, object]]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def execute(
         self,
@@ -261,7 +267,19 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
                 retry=1 if retry is None else retry,
                 secrets="redact",
             )
-        return await _effect(run, sid, tool_name, body, identity, declared)
+        key_fields = list(declared.get("key_fields") or ())
+        arguments = identity["arguments"] if isinstance(identity["arguments"], dict) else {}
+        missing = [field for field in key_fields if field not in arguments]
+        if missing:
+            raise UsageError(f"tool {tool_name!r}: key_fields {missing!r} are not among its arguments")
+        operation_id = key_digest(tool_name, arguments, key_fields) if key_fields else None
+        made = self._made.setdefault(run, {})
+        if operation_id in made:
+            return _again(tool_name, key_fields, arguments, *made[operation_id])
+        result = await _effect(run, sid, tool_name, body, arguments, operation_id, declared)
+        if operation_id is not None:
+            made[operation_id] = (arguments, result)
+        return result
 
 
 async def _effect(
@@ -269,7 +287,8 @@ async def _effect(
     sid: str,
     tool_name: str,
     body: Callable[[], Awaitable[object]],
-    identity: dict[str, Any],
+    arguments: dict[str, Any],
+    operation_id: str | None,
     declared: Mapping[str, Any],
 ) -> object:
     """An effect tool's call: ``body`` runs as the effect's execute, with the operation's key
@@ -291,18 +310,26 @@ async def _effect(
         reconcile=_as_tool_return(reconcile) if reconcile is not None else None,
         **options,
     )
-    key_fields = list(declared.get("key_fields") or ())
-    arguments = identity["arguments"] if isinstance(identity["arguments"], dict) else {}
-    missing = [field for field in key_fields if field not in arguments]
-    if missing:
-        raise UsageError(f"tool {tool_name!r}: key_fields {missing!r} are not among its arguments")
     return await run.effect(
         sid,
         owner,
         payload={"name": tool_name, "arguments": arguments},
-        operation_id=key_digest(tool_name, arguments, key_fields) if key_fields else None,
+        operation_id=operation_id,
         approval=bool(declared.get("approval", False)),
     )
+
+
+def _again(tool_name: str, key_fields: list[str], arguments: Any, first: Any, result: object) -> object:
+    """A second call for an operation this run already made (the same key fields, another call
+    id): the first call's result — the operation is made once — or, asked with other arguments,
+    a failure the model is told of (as an owner refuses a key reused with other parameters)."""
+    if arguments == first:
+        return result
+    why = (
+        f"tool {tool_name!r}: this operation (the same {', '.join(key_fields)}) was already asked for"
+        " with other arguments in this run; it is made once, as first asked, and not again"
+    )
+    return {"kind": "tool_failed", "message": why}
 
 
 def _as_tool_return(reconcile: Callable[[sp.EffectKey], Any]) -> Callable[[sp.EffectKey], Any]:
