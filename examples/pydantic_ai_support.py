@@ -26,6 +26,7 @@ import safepoint as sp
 from safepoint.integrations import pydantic_ai as sppa
 from safepoint.testing import FakeModelServer, SimulatedCrash, Turn, crash_at
 
+DAY = timedelta(hours=23)  # how long the desk keeps idempotency keys
 refunds: dict[str, dict[str, Any]] = {}  # the refund desk: refunds by idempotency key
 
 
