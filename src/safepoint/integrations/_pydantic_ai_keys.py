@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["NOISE", "call_identity", "jsonable", "key_digest", "model_identity", "projected"]
+__all__ = ["NOISE", "call_identity", "jsonable", "key_digest", "model_identity", "projected", "unit_identity"]
 
 # Fields minted per run or per reply that say nothing about what was asked: a resume in another
 # process sees other values for each of them.
