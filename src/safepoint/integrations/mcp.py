@@ -44,7 +44,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is the way in
     raise ImportError("safepoint.integrations.mcp needs the MCP SDK: pip install 'safepoint[mcp]'") from exc
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types
@@ -75,6 +76,7 @@ __all__ = [
     "DurableMcp",
     "McpToolError",
     "ToolPolicy",
+    "connect",
     "effect",
     "idempotent",
     "read",
@@ -107,6 +109,32 @@ def wrap(
     return DurableMcp(
         run, client, server_id, dict(kinds or {}), default, trust_idempotent_hint, read_timeout_seconds
     )
+
+
+@asynccontextmanager
+async def connect(
+    run: sp.AsyncRun | None, client: Any, *, server_id: str, **options: Any
+) -> AsyncIterator[DurableMcp]:
+    """``async with connect(run, mcp.Client(server), server_id="crm") as crm:`` — enter the
+    client and ``wrap`` it (``options`` are ``wrap``'s). The client's task group wraps whatever
+    leaves its block in an ``ExceptionGroup``; this gives back the one exception instead, so
+    that a run that blocks, waits for an approval or reaches a limit stops as that, not as a
+    failure of the run."""
+    try:
+        async with client as entered:
+            yield wrap(run, entered, server_id=server_id, **options)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1:
+            raise
+        raise leaves[0] from None
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 class DurableMcp:
