@@ -31,15 +31,13 @@ def server_params() -> mcp.StdioServerParameters:
     return mcp.StdioServerParameters(command=sys.executable, args=[SERVER], env=dict(os.environ))
 
 
-def find_ticket(client: mcp.Client) -> Any:
-    """A reconcile that asks the server itself for the ticket made under the key."""
-
-    async def find(key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
+async def find_ticket(key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
+    """A reconcile that asks the server itself, over a connection of its own, for the ticket
+    made under the key."""
+    async with mcp.Client(server_params()) as client:
         result = await client.call_tool("find_ticket", {"key": str(key)})
-        found = json.loads(result.content[0].text)  # type: ignore[union-attr]
-        return sp.Applied(found) if found is not None else sp.NotApplied()
-
-    return find
+    found = first_json(result)
+    return sp.Applied(found) if found is not None else sp.NotApplied()
 
 
 def first_json(result: Any) -> Any:
@@ -49,16 +47,15 @@ def first_json(result: Any) -> Any:
 
 @sp.workflow("mcp-support", version="1")
 async def support_mcp(run: sp.AsyncRun, subject: str) -> dict[str, Any]:
-    async with mcp.Client(server_params()) as client:
-        crm = spm.wrap(
-            run,
-            client,
-            server_id="crm",
-            kinds={
-                "create_ticket": spm.effect(reconcile=find_ticket(client)),
-                "send_email": spm.effect(dedup_retention=timedelta(hours=23)),
-            },
-        )
+    async with spm.connect(
+        run,
+        mcp.Client(server_params()),
+        server_id="crm",
+        kinds={
+            "create_ticket": spm.effect(reconcile=find_ticket),
+            "send_email": spm.effect(dedup_retention=timedelta(hours=23)),
+        },
+    ) as crm:
         listing = await crm.list_tools()
         order = first_json(await crm.call_tool("get_order", {"order_id": "A1"}))
         ticket = first_json(await crm.call_tool("create_ticket", {"subject": subject}))

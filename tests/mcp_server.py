@@ -74,5 +74,12 @@ def slow_ticket(subject: str, ctx: Context) -> str:
     return json.dumps(created)
 
 
+@server.tool()
+def ticket_then_exit(subject: str, ctx: Context) -> str:
+    """Open a ticket, then die before answering: the transport drops after the change."""
+    owner_client().create("tickets", {"subject": subject}, idempotency_key=_key(ctx))
+    os._exit(1)
+
+
 if __name__ == "__main__":
     server.run("stdio")
