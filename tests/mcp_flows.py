@@ -52,7 +52,7 @@ async def support_mcp(run: sp.AsyncRun, subject: str) -> dict[str, Any]:
         mcp.Client(server_params()),
         server_id="crm",
         kinds={
-            "create_ticket": spm.effect(reconcile=find_ticket),
+            "create_ticket": spm.effect(reconcile=find_ticket, dedup_retention=timedelta(hours=23)),
             "send_email": spm.effect(dedup_retention=timedelta(hours=23)),
         },
     ) as crm:

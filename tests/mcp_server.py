@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from mcp_types import ToolAnnotations
 from safepoint.testing import owner_client
 
 META_KEY = "dev.safepoint/idempotency-key"
+KILL_FLAG_ENV = "MCP_TEST_KILL_FLAG"
 ORDERS = {"A1": {"order_id": "A1", "customer": "ada@example.com", "total_cents": 4200}}
 
 server = MCPServer("crm")
@@ -48,13 +50,28 @@ def find_ticket(key: str) -> str:
     return json.dumps(owner_client().find_by_key("tickets", key))
 
 
+def _kill_the_client_once() -> None:
+    # A kill test's "in flight" trial: the ticket is made, and the client dies before it hears
+    # so. The flag file is taken by whoever removes it first: one kill per trial.
+    flag = os.environ.get(KILL_FLAG_ENV)
+    if flag:
+        try:
+            os.remove(flag)
+        except FileNotFoundError:
+            return
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(5)  # the answer never leaves: stdin closes and the server ends
+
+
 @server.tool()
 def create_ticket(subject: str, ctx: Context, idempotency_key: str = "") -> str:
     """Open a support ticket."""
     key = _key(ctx)
     if idempotency_key != key:
         raise ValueError("the key argument and the _meta key differ")
-    return json.dumps(owner_client().create("tickets", {"subject": subject}, idempotency_key=key))
+    created = owner_client().create("tickets", {"subject": subject}, idempotency_key=key)
+    _kill_the_client_once()
+    return json.dumps(created)
 
 
 @server.tool()
