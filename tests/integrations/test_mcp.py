@@ -305,3 +305,35 @@ async def test_misuse_is_told_what_to_do(file_store: sp.Store, crm: Crm) -> None
 
     with pytest.raises(UsageError, match="a kind is"):
         await sp.start_async(file_store, workflow(crm, read, kinds={"get_order": "write"}), run_id="x2")
+
+
+async def test_the_servers_tools_in_an_openai_responses_loop(file_store: sp.Store, crm: Crm) -> None:
+    import openai
+
+    from safepoint.integrations import openai as spo
+
+    script = [
+        Turn.tool_calls(("create_ticket", {"subject": "A1 late"}), ("get_order", {"order_id": "A1"})),
+        Turn.text("Opened T-1."),
+    ]
+    with FakeModelServer(script) as fake:
+
+        async def body(c: spm.DurableMcp) -> str:
+            client = openai.AsyncOpenAI(api_key="sk-test-not-real", base_url=fake.url + "/v1")
+            result = await spo.responses_tool_loop_async(
+                None,
+                client,
+                model="gpt-test",
+                input=[{"role": "user", "content": "A1?"}],
+                tools=await c.tools(),
+            )
+            return result.text
+
+        wf = workflow(crm, body)  # create_ticket: an effect by default, that blocks when uncertain
+        with crashing("step.after_record:tool"), pytest.raises(SimulatedCrash):
+            await sp.start_async(file_store, wf, run_id="o1", lease_ms=0)
+        assert await sp.resume_async(file_store, "o1") == "Opened T-1."
+    assert crm.calls["create_ticket"] == 1
+    assert crm.calls["get_order"] == 1
+    assert fake.repeated() == []
+    assert fake.orphans == []

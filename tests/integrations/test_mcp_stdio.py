@@ -51,3 +51,29 @@ async def test_a_dropped_transport_leaves_the_outcome_unknown_and_the_run_blocke
     with pytest.raises(sp.NeedsReconciliation):  # a resume does not send it again either
         await sp.resume_async(store, "d1")
     assert owner_env.client.stats()["applied"] == 1
+
+
+@sp.workflow("mcp-session")
+async def over_a_session(run: sp.AsyncRun) -> list[Any]:
+    from mcp import ClientSession
+    from mcp.client.stdio import stdio_client
+
+    async with stdio_client(server_params()) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        crm = spm.wrap(run, session, server_id="crm")
+        order = await crm.call_tool("get_order", {"order_id": "A1"})
+        ticket = await crm.call_tool("create_ticket", {"subject": "by session"})
+        return [order.content[0].text, ticket.content[0].text]  # type: ignore[union-attr]
+
+
+async def test_a_client_session_is_wrapped_as_a_client_is(store: sp.Store, owner_env: OwnerService) -> None:
+    order, ticket = await sp.start_async(store, over_a_session, run_id="cs1")
+    assert '"A1"' in order
+    assert '"tk_1"' in ticket
+    assert await sp.resume_async(store, "cs1") == [order, ticket]  # replayed from the ledger
+    assert owner_env.client.stats()["applied"] == 1
+    assert list(store.load_ledger("cs1").steps) == [
+        "mcp.crm.list_tools",
+        "mcp.crm.get_order",
+        "mcp.crm.create_ticket",
+    ]
