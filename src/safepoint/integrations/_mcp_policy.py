@@ -78,21 +78,6 @@ class ToolPolicy:
             max_dispatches=self.max_dispatches,
         )
 
-    def tool_options(self) -> dict[str, Any]:
-        """The options of ``Tools.add`` for this kind, with the reconcile ``effect_of`` gives."""
-        if self.kind == "read":
-            return {"max_age": self.max_age, "retry": self.retry}
-        options: dict[str, Any] = {
-            "reconcile": self.reconcile,
-            "key_fields": self.key_fields,
-            "approval": self.approval,
-            "dedup_retention": self.dedup_retention,
-            "max_dispatches": self.max_dispatches,
-        }
-        if self.reconcile is None and self.dedup_retention is not None:
-            options["reconcile"] = _send_again
-        return options
-
 
 def _send_again(key: sp.EffectKey) -> sp.NotApplied:
     # The server deduplicates by the key (or the tool is idempotent): sending again under the

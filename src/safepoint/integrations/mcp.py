@@ -44,6 +44,8 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is the way in
     raise ImportError("safepoint.integrations.mcp needs the MCP SDK: pip install 'safepoint[mcp]'") from exc
 
+import hashlib
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -159,7 +161,8 @@ class DurableMcp:
         self._trust_idempotent = trust_idempotent_hint
         self._timeout = read_timeout_seconds
         self._listing: dict[str, mcp_types.Tool] | None = None
-        self._effects: dict[str, sp.Effect[Any]] = {}
+        # One per tool, receipt shape (the whole result, or the text a model is told) and timeout.
+        self._effects: dict[tuple[str, bool, float | None], sp.Effect[Any]] = {}
 
     @property
     def client(self) -> Any:
@@ -257,13 +260,8 @@ class DurableMcp:
             receipt = await run.effect(
                 sid, effect_, payload=args, operation_id=operation_id, approval=policy.approval
             )
-        except EffectRejected as rejected:
-            evidence = rejected.evidence
-            return _rebuilt(
-                evidence
-                if isinstance(evidence, dict) and "content" in evidence
-                else _error_result(evidence if isinstance(evidence, str) else text_of(as_result(evidence)))
-            )
+        except EffectRejected as rejected:  # recorded: the same result on every replay
+            return _rebuilt(_refusal(rejected.evidence))
         return _rebuilt(as_result(receipt))
 
     async def _send(
@@ -282,8 +280,8 @@ class DurableMcp:
         self, tool: mcp_types.Tool, policy: ToolPolicy, timeout: float | None, *, as_text: bool
     ) -> sp.Effect[Any]:
         """The ``sp.Effect`` of an effect tool (one per tool and shape of receipt)."""
-        effect_name = f"mcp.{self.server_id}.{tool.name}{'.text' if as_text else ''}"
-        made = self._effects.get(effect_name)
+        effect_name = f"mcp.{self.server_id}.{tool.name}"
+        made = self._effects.get((effect_name, as_text, timeout))
         if made is not None:
             return made
         keyed = key_arguments(tool.input_schema)
@@ -306,7 +304,7 @@ class DurableMcp:
             return text_of(recorded) if as_text else recorded
 
         made = policy.effect_of(effect_name, execute)
-        self._effects[effect_name] = made
+        self._effects[effect_name, as_text, timeout] = made
         return made
 
     # -- for the SDK loops --------------------------------------------------------------------
@@ -327,7 +325,8 @@ class DurableMcp:
                     self._reader(tool.name),
                     schema=schema,
                     description=description,
-                    **policy.tool_options(),
+                    max_age=policy.max_age,
+                    retry=policy.retry,
                 )
             else:
                 tools.add(
@@ -353,12 +352,17 @@ def _operation_id(name: str, policy: ToolPolicy, arguments: Mapping[str, Any]) -
     agree on them are one change); without, the step names it."""
     if not policy.key_fields:
         return None
-    import hashlib
-    import json
-
     named = {field: arguments.get(field) for field in policy.key_fields}
     text = json.dumps(named, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return f"{name}:{hashlib.sha256(text.encode()).hexdigest()[:24]}"
+
+
+def _refusal(evidence: Any) -> dict[str, Any]:
+    """The ``isError`` result an effect's recorded rejection stands for: the server's own
+    result, or the text of a JSON-RPC refusal."""
+    if isinstance(evidence, dict) and isinstance(evidence.get("content"), list):
+        return evidence
+    return _error_result(evidence if isinstance(evidence, str) else text_of(as_result(evidence)))
 
 
 def _error_result(text: str) -> dict[str, Any]:
