@@ -204,7 +204,10 @@ class LedgerModel(Model):
         self._price = price
 
     def _current(self) -> sp.AsyncRun:
-        found = self._run if self._run is not None else sp.current_run()
+        try:
+            found = self._run if self._run is not None else sp.current_run()
+        except UsageError:
+            found = None
         if not isinstance(found, sp.AsyncRun):
             raise UsageError(
                 "an agent's model calls are steps of an async def workflow: call"
