@@ -8,7 +8,10 @@ its owner, never sent twice and never refused."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -325,3 +328,34 @@ def test_on_postgres_a_crash_in_an_effect_resumes_with_one_refund(
     assert applied(owner_env) == ONCE
     assert fake.orphans == []
     assert len(fake.requests) == 3
+
+
+# -- the example and the page ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_runs_and_does_everything_once() -> None:
+    ran = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "openai_agents_support.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert lines[0].startswith("waiting for approval: refund:")
+    assert "crashed: the e-mail went out, its receipt was never recorded" in lines
+    assert "answer: I refunded order A1 and e-mailed Ada." in lines
+    assert "model requests per turn: {0: 1, 1: 1, 2: 1, 3: 1}, repeated: 0, orphaned tool calls: 0" in lines
+    assert lines[-1] == "refunds applied: 1, e-mails sent: 1"
+
+
+def test_the_page_says_how_many_lines_its_diff_changes() -> None:
+    page = (ROOT / "docs" / "integrations" / "openai-agents.md").read_text()
+    diff = page.partition("```diff\n")[2].partition("```")[0].splitlines()
+    added = [line for line in diff if line.startswith("+")]
+    removed = [line for line in diff if line.startswith("-")]
+    assert (len(added), len(removed)) == (8, 6)
+    assert "eight lines in, six out" in page
