@@ -19,7 +19,7 @@ from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disa
 from openai import AsyncOpenAI
 
 import safepoint as sp
-from safepoint.errors import StaleCheckpoint, UsageError
+from safepoint.errors import BudgetExhausted, StaleCheckpoint, UsageError
 from safepoint.integrations import openai_agents as spoa
 from safepoint.integrations.tools import Tools
 from safepoint.testing import FakeModelServer, OwnerService, SimulatedCrash, Turn, crash_at, owner_effect
@@ -227,6 +227,41 @@ def test_a_transient_failure_is_a_retried_attempt_of_one_step(
     assert result["text"] == "Refunded order A1 and told Ada."
     assert len(fake.requests) == 4  # the 429, then the three turns
     assert next(iter(file_store.load_ledger("t").steps)) == "model"
+
+
+@pytest.mark.parametrize(
+    ("budget", "limit", "raised"),
+    [
+        (sp.Budget(model_calls=2), "model_calls", {"model_calls": 10}),
+        (sp.Budget(cost=0.5), "cost", {"cost": 5.0}),
+    ],
+    ids=["turns", "cost"],
+)
+def test_a_run_stops_at_its_budget_and_carries_on_once_it_is_raised(
+    fake: FakeModelServer,
+    file_store: sp.Store,
+    owner_env: OwnerService,
+    budget: sp.Budget,
+    limit: str,
+    raised: dict[str, Any],
+) -> None:
+    @sp.workflow(f"agents-budget-{limit}", budget=budget)
+    async def budgeted(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
+        result = await Runner.run(support, ticket, run_config=config(fake, price=lambda reply: 0.25))
+        return ending(result)
+
+    with pytest.raises(BudgetExhausted) as stopped:
+        sp.start(file_store, budgeted, TICKET, run_id="r")
+    assert stopped.value.kind == limit
+    assert len(fake.requests) == 2  # the third request was never sent
+    sp.extend_limits(file_store, "r", **raised, by="ops", reason="a longer conversation")
+    assert sp.resume(file_store, "r")["text"] == "Refunded order A1 and told Ada."
+    assert len(fake.requests) == 3
+    assert fake.repeated() == []
+    run = file_store.get_run("r")
+    assert run.model_calls_spent == 3
+    assert run.cost_spent == pytest.approx(0.75)
+    assert run.tokens_spent > 0  # the usage each response reported
 
 
 # -- existing @function_tools, declared by kind ------------------------------------------------

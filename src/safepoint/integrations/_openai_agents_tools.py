@@ -125,15 +125,32 @@ def _approval(tool: FunctionTool, declared: Declared) -> dict[str, Any]:
     )
 
 
-def _durable_tool(registry: Tools, definition: Mapping[str, Any]) -> FunctionTool:
-    name = definition["name"]
-    return FunctionTool(
-        name=name,
-        description=definition.get("description", ""),
-        params_json_schema=dict(definition["parameters"]),
-        on_invoke_tool=_invoker(registry, name),
-        strict_json_schema=False,
-    )
+def _durable_tool(
+    registry: Tools, name: str, definition: Mapping[str, Any] | None, original: FunctionTool | None
+) -> FunctionTool:
+    """The function tool the SDK is given: the agent's own (a copy: its guardrails, namespace
+    and enabling kept) or a new one, answered by the registry's step — with the registry's
+    definition where it has one. The SDK neither asks for approval (safepoint does) nor times
+    the call out (a timeout would cut an effect off mid-dispatch)."""
+    invoke = _invoker(registry, name)
+    if original is None:
+        assert definition is not None
+        return FunctionTool(
+            name=name,
+            description=definition.get("description", ""),
+            params_json_schema=dict(definition["parameters"]),
+            on_invoke_tool=invoke,
+            strict_json_schema=False,
+        )
+    made = copy.copy(original)
+    made.on_invoke_tool = invoke
+    made.needs_approval = False
+    made.timeout_seconds = None
+    if definition is not None:
+        made.description = definition.get("description", "")
+        made.params_json_schema = dict(definition["parameters"])
+        made.strict_json_schema = False
+    return made
 
 
 @dataclass
@@ -161,7 +178,7 @@ class _Making:
                         f"tool {tool.name!r} is in the Tools registry and has needs_approval: declare"
                         " it there with approval=True and drop needs_approval"
                     )
-                tools.append(_durable_tool(self.tools, given.pop(tool.name)))  # type: ignore[arg-type]
+                tools.append(_durable_tool(self.tools, tool.name, given.pop(tool.name), tool))  # type: ignore[arg-type]
             elif tool.name in self.kinds:
                 kind = self.kinds[tool.name]
                 how = kind if isinstance(kind, Declared) else Declared(kind)
@@ -173,7 +190,7 @@ class _Making:
                     description=tool.description,
                     **_approval(tool, how),
                 )
-                tools.append(_durable_tool(declared, declared.openai_responses()[-1]))
+                tools.append(_durable_tool(declared, tool.name, None, tool))
             else:
                 undeclared.append(tool.name)
         if undeclared:
@@ -182,7 +199,7 @@ class _Making:
                 " in the Tools registry, or its kind in kinds= ('pure', 'read', 'effect' or"
                 " spoa.Declared('effect', key_fields=..., reconcile=...))"
             )
-        tools.extend(_durable_tool(self.tools, d) for d in given.values())  # type: ignore[arg-type]
+        tools.extend(_durable_tool(self.tools, n, d, None) for n, d in given.items())  # type: ignore[arg-type]
         made = agent.clone(tools=tools)
         self.made[id(agent)] = made
         if isinstance(agent.model, Model) and not isinstance(agent.model, LedgerModel):
