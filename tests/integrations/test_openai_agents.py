@@ -19,6 +19,8 @@ from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disa
 from openai import AsyncOpenAI
 
 import safepoint as sp
+from agent_flows import SCRIPT, TICKET, tools
+from openai_agents_flows import agent as support
 from safepoint.errors import BudgetExhausted, StaleCheckpoint, UsageError
 from safepoint.integrations import openai_agents as spoa
 from safepoint.integrations.tools import Tools
@@ -27,64 +29,8 @@ from safepoint.testing import FakeModelServer, OwnerService, SimulatedCrash, Tur
 set_tracing_disabled(True)  # traces would be exported over the network
 
 KEY = "sk-test-fake"
-TICKET = "Order A1 never arrived; please refund it."
-ORDERS = {"A1": {"order_id": "A1", "customer": "ada@example.com", "total_cents": 4200}}
-SCRIPT = [
-    Turn.tool_calls(("get_order", {"order_id": "A1"})),
-    Turn.tool_calls(
-        ("refund", {"order_id": "A1", "amount_cents": 4200}),
-        ("send_email", {"to": "ada@example.com", "subject": "Your refund", "body": "Refunded 42.00."}),
-    ),
-    Turn.text("Refunded order A1 and told Ada."),
-]
-
-tools = Tools()
-looked_up: list[str] = []
-
-
-@tools.read
-def get_order(order_id: str) -> dict[str, Any]:
-    """Look up an order by its id."""
-    looked_up.append(order_id)
-    return ORDERS[order_id]
-
-
-def _object(**properties: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {name: {"type": kind} for name, kind in properties.items()},
-        "required": list(properties),
-    }
-
-
-tools.add(
-    "refund",
-    "effect",
-    effect=owner_effect("refunds", name="agents-refunds"),
-    key_fields=("order_id",),
-    description="Refund an order to the customer.",
-    schema=_object(order_id="string", amount_cents="integer"),
-)
-tools.add(
-    "send_email",
-    "effect",
-    effect=owner_effect("notifications", name="agents-emails"),
-    key_fields=("to", "subject"),
-    description="Send an e-mail.",
-    schema=_object(to="string", subject="string", body="string"),
-)
-support = spoa.durable(Agent(name="support", instructions="Refund lost orders.", model="gpt-test"), tools)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeModelServer]:
-    looked_up.clear()
-    with FakeModelServer(SCRIPT) as server:
-        yield server
-
-
-def config(fake: FakeModelServer, **options: Any) -> Any:
-    return spoa.run_config(client=AsyncOpenAI(api_key=KEY, base_url=fake.openai_url), **options)
+ANSWER = "Refunded order A1 and told Ada and her manager."
+ONCE = {"refunds": 1, "emails": 2, "duplicates": 0}  # one refund, two e-mails
 
 
 def applied(owner: OwnerService) -> dict[str, int]:
@@ -92,12 +38,19 @@ def applied(owner: OwnerService) -> dict[str, int]:
     counts = stats["by_resource"]
     return {
         "refunds": counts.get("refunds", 0),
-        "emails": counts.get("notifications", 0),
+        "emails": counts.get("tickets", 0),
         "duplicates": stats["duplicates"],
     }
 
 
-ONCE = {"refunds": 1, "emails": 1, "duplicates": 0}
+@pytest.fixture
+def fake() -> Iterator[FakeModelServer]:
+    with FakeModelServer(SCRIPT) as server:
+        yield server
+
+
+def config(fake: FakeModelServer, **options: Any) -> Any:
+    return spoa.run_config(client=AsyncOpenAI(api_key=KEY, base_url=fake.openai_url), **options)
 
 
 def ending(result: Any) -> dict[str, Any]:
@@ -117,7 +70,7 @@ def test_a_run_is_model_steps_and_tool_steps_keyed_by_the_sdk_call_id(
     fake: FakeModelServer, file_store: sp.Store, owner_env: OwnerService
 ) -> None:
     result = sp.start(file_store, workflow(fake, "agents-plain"), TICKET, run_id="r")
-    assert result["text"] == "Refunded order A1 and told Ada."
+    assert result["text"] == ANSWER
     steps = file_store.load_ledger("r").steps
     last = fake.requests[-1].body["input"]  # the whole conversation, in order
     calls = [item["call_id"] for item in last if item.get("type") == "function_call"]
@@ -125,12 +78,14 @@ def test_a_run_is_model_steps_and_tool_steps_keyed_by_the_sdk_call_id(
         "model",
         f"tool.{calls[0]}",
         "model#2",
-        *(f"tool.{c}" for c in calls[1:3]),
+        *(f"tool.{c}" for c in calls[1:3]),  # the turn's two calls, in the model's order
         "model#3",
+        f"tool.{calls[3]}",
+        "model#4",
     ]
     assert steps["model"].name == "openai_agents.get_response"
     assert applied(owner_env) == ONCE
-    assert len(fake.requests) == 3
+    assert len(fake.requests) == 4
     assert fake.orphans == []
     # the SDK's tool definitions are the registry's
     assert [t["name"] for t in fake.requests[0].body["tools"]] == ["get_order", "refund", "send_email"]
@@ -145,23 +100,36 @@ def test_a_resume_replays_the_model_and_the_tools_and_reconciles_the_effect(
     sent = len(fake.requests)
     assert sent == 2
     result = sp.resume(file_store, "c")
-    assert result["text"] == "Refunded order A1 and told Ada."
-    assert len(fake.requests) == sent + 1  # only the last turn was asked for
+    assert result["text"] == ANSWER
+    assert len(fake.requests) == sent + 2  # only the turns not yet answered were asked for
+    assert fake.repeated() == []
     assert applied(owner_env) == ONCE  # reconciled: applied once
-    assert looked_up == ["A1"]  # the read replayed
     assert fake.orphans == []
 
 
+mailer = Tools()
+mailer.add(
+    "send_email",
+    "effect",
+    effect=owner_effect("notifications", name="agents-notices"),  # the owner cannot read these back
+    description="Send an e-mail.",
+    schema={"type": "object", "properties": {"to": {"type": "string"}}, "required": ["to"]},
+)
+NOTICE = [Turn.tool_calls(("send_email", {"to": "ada@example.com"})), Turn.text("Sent.")]
+
+
 def test_an_effect_its_owner_cannot_be_asked_about_blocks_the_run_instead_of_a_resend(
-    fake: FakeModelServer, file_store: sp.Store, owner_env: OwnerService
+    file_store: sp.Store, owner_env: OwnerService
 ) -> None:
-    # the e-mail sent, its receipt lost
-    with crash_at("effect.after_receiver_commit:tool@2"), pytest.raises(SimulatedCrash):
-        sp.start(file_store, workflow(fake, "agents-blocked"), TICKET, run_id="b", lease_ms=0)
-    with pytest.raises(sp.NeedsReconciliation):  # notifications cannot be read back
-        sp.resume(file_store, "b")
-    assert applied(owner_env) == ONCE
-    assert len(fake.requests) == 2
+    agent = spoa.durable(Agent(name="mailer", model="gpt-test"), mailer)
+    with FakeModelServer(NOTICE) as fake:
+        # the e-mail sent, its receipt lost
+        with crash_at("effect.after_receiver_commit:tool"), pytest.raises(SimulatedCrash):
+            sp.start(file_store, workflow(fake, "agents-blocked", agent), "mail Ada", run_id="b", lease_ms=0)
+        with pytest.raises(sp.NeedsReconciliation):
+            sp.resume(file_store, "b")
+        assert len(fake.requests) == 1  # the model is never told an invented "unknown"
+    assert owner_env.client.stats()["by_resource"]["notifications"] == 1
 
 
 def test_a_stream_is_recorded_as_its_response_and_replayed_as_the_same_events(
@@ -175,7 +143,7 @@ def test_a_stream_is_recorded_as_its_response_and_replayed_as_the_same_events(
 
     first = sp.start(file_store, streamed, TICKET, run_id="s1")
     assert first["events"][0] == "response.created"
-    assert first["events"].count("response.completed") == 3
+    assert first["events"].count("response.completed") == 4
     assert file_store.load_ledger("s1").steps["model"].name == "openai_agents.stream_response"
     with crash_at("run.before_complete"), pytest.raises(SimulatedCrash):
         sp.start(file_store, streamed, TICKET, run_id="s2", lease_ms=0)
@@ -188,8 +156,8 @@ def test_the_chat_completions_api(
     fake: FakeModelServer, file_store: sp.Store, owner_env: OwnerService
 ) -> None:
     result = sp.start(file_store, workflow(fake, "agents-chat", api="chat"), TICKET, run_id="ch")
-    assert result["text"] == "Refunded order A1 and told Ada."
-    assert [r.api for r in fake.requests] == ["chat"] * 3
+    assert result["text"] == ANSWER
+    assert [r.api for r in fake.requests] == ["chat"] * 4
     assert applied(owner_env) == ONCE
 
 
@@ -209,8 +177,8 @@ def test_per_run_noise_does_not_move_the_fingerprint_but_the_request_does(
         sp.start(file_store, noisy, TICKET, run_id="n", lease_ms=0)
     settings.update(metadata={"trace": "two"}, extra_args={"prompt_cache_key": "k2"}, timeout=30.0)
     sent = len(fake.requests)
-    assert sp.resume(file_store, "n")["text"] == "Refunded order A1 and told Ada."
-    assert len(fake.requests) == sent + 1  # model and model#2 replayed
+    assert sp.resume(file_store, "n")["text"] == ANSWER
+    assert len(fake.requests) == sent + 2  # model and model#2 replayed
     settings.update(temperature=0.5)  # what the model is asked: a different request
     with crash_at("step.after_record:model"), pytest.raises(SimulatedCrash):
         sp.start(file_store, noisy, TICKET, run_id="m", lease_ms=0)
@@ -224,8 +192,8 @@ def test_a_transient_failure_is_a_retried_attempt_of_one_step(
 ) -> None:
     fake.fail(429, retry_after=0.01)
     result = sp.start(file_store, workflow(fake, "agents-429"), TICKET, run_id="t")
-    assert result["text"] == "Refunded order A1 and told Ada."
-    assert len(fake.requests) == 4  # the 429, then the three turns
+    assert result["text"] == ANSWER
+    assert len(fake.requests) == 5  # the 429, then the four turns
     assert next(iter(file_store.load_ledger("t").steps)) == "model"
 
 
@@ -255,18 +223,19 @@ def test_a_run_stops_at_its_budget_and_carries_on_once_it_is_raised(
     assert stopped.value.kind == limit
     assert len(fake.requests) == 2  # the third request was never sent
     sp.extend_limits(file_store, "r", **raised, by="ops", reason="a longer conversation")
-    assert sp.resume(file_store, "r")["text"] == "Refunded order A1 and told Ada."
-    assert len(fake.requests) == 3
+    assert sp.resume(file_store, "r")["text"] == ANSWER
+    assert len(fake.requests) == 4
     assert fake.repeated() == []
     run = file_store.get_run("r")
-    assert run.model_calls_spent == 3
-    assert run.cost_spent == pytest.approx(0.75)
+    assert run.model_calls_spent == 4
+    assert run.cost_spent == pytest.approx(1.0)
     assert run.tokens_spent > 0  # the usage each response reported
 
 
 # -- existing @function_tools, declared by kind ------------------------------------------------
 
 sent_emails: list[tuple[str, str]] = []
+looked_up: list[str] = []
 
 
 @function_tool
@@ -275,7 +244,7 @@ def lookup_order(order_id: str) -> str:
     looked_up.append(order_id)
     if order_id != "A1":
         raise KeyError(order_id)
-    return json.dumps(ORDERS[order_id])
+    return json.dumps({"order_id": order_id, "total_cents": 4200})
 
 
 @function_tool(needs_approval=True)
@@ -359,10 +328,10 @@ def test_on_postgres_a_crash_in_an_effect_resumes_with_one_refund(
 ) -> None:
     with crash_at("effect.after_dispatching:tool"), pytest.raises(SimulatedCrash):
         sp.start(store, workflow(fake, "agents-pg"), TICKET, run_id="p", lease_ms=0)
-    assert sp.resume(store, "p")["text"] == "Refunded order A1 and told Ada."
+    assert sp.resume(store, "p")["text"] == ANSWER
     assert applied(owner_env) == ONCE
     assert fake.orphans == []
-    assert len(fake.requests) == 3
+    assert len(fake.requests) == 4
 
 
 # -- the example and the page ------------------------------------------------------------------
@@ -379,12 +348,15 @@ def test_the_example_runs_and_does_everything_once() -> None:
         check=False,
     )
     assert ran.returncode == 0, ran.stderr[-3000:]
-    lines = ran.stdout.splitlines()
-    assert lines[0].startswith("waiting for approval: refund:")
-    assert "crashed: the e-mail went out, its receipt was never recorded" in lines
-    assert "answer: I refunded order A1 and e-mailed Ada." in lines
-    assert "model requests per turn: {0: 1, 1: 1, 2: 1, 3: 1}, repeated: 0, orphaned tool calls: 0" in lines
-    assert lines[-1] == "refunds applied: 1, e-mails sent: 1"
+    first, *story = ran.stdout.splitlines()
+    assert first.startswith("waiting for approval: refund:")
+    assert story == [
+        "approved by ana",
+        "crashed: the e-mail went out, its receipt was never recorded",
+        "answer: I refunded order A1 and e-mailed Ada.",
+        "model requests per turn: {0: 1, 1: 1, 2: 1, 3: 1}, repeated: 0, orphaned tool calls: 0",
+        "refunds applied: 1, e-mails sent: 1",
+    ]
 
 
 def test_the_page_says_how_many_lines_its_diff_changes() -> None:

@@ -11,8 +11,8 @@ resume in another process meets the same fingerprint and replays.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Mapping
-from functools import partial
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -123,25 +123,47 @@ def output_projection(schema: AgentOutputSchemaBase | None) -> dict[str, Any] | 
     return {"name": schema.name(), "schema": schema.json_schema(), "strict": schema.is_strict_json_schema()}
 
 
-def request_params(
-    system_instructions: str | None,
-    model_settings: ModelSettings,
-    output_schema: AgentOutputSchemaBase | None,
-    handoffs: list[Handoff[Any, Any]],
-    previous_response_id: str | None,
-    conversation_id: str | None,
-    prompt: ResponsePromptParam | None,
-) -> dict[str, Any]:
-    """The model step's params besides model, messages and tools: all of them hashed."""
-    return {
-        "instructions": system_instructions,
-        "settings": settings_projection(model_settings),
-        "output": output_projection(output_schema),
-        "handoffs": [handoff_projection(h) for h in handoffs],
-        "previous_response_id": previous_response_id,
-        "conversation_id": conversation_id,
-        "prompt": to_json(prompt),
-    }
+@dataclass(frozen=True)
+class _Request:
+    """One model call as the SDK makes it: its arguments, to pass on to the inner model, and
+    the step params (all hashed) that identify it besides model, messages and tools."""
+
+    system_instructions: str | None
+    input: str | list[TResponseInputItem]
+    model_settings: ModelSettings
+    tools: list[Tool]
+    output_schema: AgentOutputSchemaBase | None
+    handoffs: list[Handoff[Any, Any]]
+    tracing: ModelTracing
+    previous_response_id: str | None
+    conversation_id: str | None
+    prompt: ResponsePromptParam | None
+
+    @property
+    def positional(self) -> tuple[Any, ...]:
+        return (
+            self.system_instructions, self.input, self.model_settings, self.tools,
+            self.output_schema, self.handoffs, self.tracing,
+        )  # fmt: skip
+
+    @property
+    def named(self) -> dict[str, Any]:
+        return {
+            "previous_response_id": self.previous_response_id,
+            "conversation_id": self.conversation_id,
+            "prompt": self.prompt,
+        }
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "instructions": self.system_instructions,
+            "settings": settings_projection(self.model_settings),
+            "output": output_projection(self.output_schema),
+            "handoffs": [handoff_projection(h) for h in self.handoffs],
+            "previous_response_id": self.previous_response_id,
+            "conversation_id": self.conversation_id,
+            "prompt": to_json(self.prompt),
+        }
 
 
 def recorded_response(response: ModelResponse) -> dict[str, Any]:
@@ -216,20 +238,32 @@ class LedgerModel(Model):
             )
         return found
 
-    def _step(
-        self,
-        input: str | list[TResponseInputItem],
-        tools: list[Tool],
-        params: dict[str, Any],
+    async def _record(
+        self, name: str, request: _Request, ask: Callable[[], Awaitable[dict[str, Any]]]
     ) -> dict[str, Any]:
-        items = to_json(input)
-        return {
-            "model": self.name,
-            "messages": sp.Transcript(items) if isinstance(items, list) else items,
-            "tools": [tool_projection(t) for t in tools],
-            "retry": self._retry,
-            **params,
-        }
+        """The record of the model step ``name`` answering ``request``: ``ask()`` the first time
+        (a failure another attempt may cure raised as ``TransientFailure``), the ledger after."""
+        run = self._current()
+
+        async def attempt(**_: Any) -> dict[str, Any]:
+            try:
+                return await ask()
+            except Exception as exc:
+                raise failure(exc) from exc
+
+        items = to_json(request.input)
+        recorded: dict[str, Any] = await run.model(
+            "model",
+            attempt,
+            name=name,
+            model=self.name,
+            messages=sp.Transcript(items) if isinstance(items, list) else items,
+            tools=[tool_projection(t) for t in request.tools],
+            retry=self._retry,
+            usage=price_usage(self._price, lambda reply: (reply.get("usage") or {}).get("total_tokens")),
+            **request.params(),
+        )
+        return recorded
 
     async def get_response(
         self,
@@ -246,30 +280,15 @@ class LedgerModel(Model):
         prompt: ResponsePromptParam | None,
     ) -> ModelResponse:
         """The model's response to the request: a model step (``openai_agents.get_response``)."""
-        run = self._current()
-        params = request_params(
-            system_instructions, model_settings, output_schema, handoffs,
+        request = _Request(
+            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
             previous_response_id, conversation_id, prompt,
         )  # fmt: skip
 
-        asked = partial(
-            self.inner.get_response,
-            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
-            previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
-        )  # fmt: skip
+        async def ask() -> dict[str, Any]:
+            return recorded_response(await self.inner.get_response(*request.positional, **request.named))
 
-        async def ask(**_: Any) -> dict[str, Any]:
-            try:
-                response = await asked()
-            except Exception as exc:
-                raise failure(exc) from exc
-            return recorded_response(response)
-
-        usage = price_usage(self._price, lambda reply: (reply.get("usage") or {}).get("total_tokens"))
-        recorded = await run.model(
-            "model", ask, name="openai_agents.get_response", usage=usage, **self._step(input, tools, params)
-        )
-        return rebuilt_response(recorded)
+        return rebuilt_response(await self._record("openai_agents.get_response", request, ask))
 
     async def stream_response(
         self,
@@ -288,34 +307,16 @@ class LedgerModel(Model):
         """The model's response as stream events: a model step
         (``openai_agents.stream_response``) that records the final response; the events are
         synthesized from that record (created, each item added with its deltas, completed)."""
-        run = self._current()
-        params = request_params(
-            system_instructions, model_settings, output_schema, handoffs,
+        request = _Request(
+            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
             previous_response_id, conversation_id, prompt,
         )  # fmt: skip
 
-        streamed = partial(
-            self.inner.stream_response,
-            system_instructions, input, model_settings, tools, output_schema, handoffs, tracing,
-            previous_response_id=previous_response_id, conversation_id=conversation_id, prompt=prompt,
-        )  # fmt: skip
+        async def ask() -> dict[str, Any]:
+            streamed = self.inner.stream_response(*request.positional, **request.named)
+            return _final_response([event async for event in streamed])
 
-        async def ask(**_: Any) -> dict[str, Any]:
-            try:
-                events = [event async for event in streamed()]
-            except Exception as exc:
-                raise failure(exc) from exc
-            return _final_response(events)
-
-        usage = price_usage(self._price, lambda reply: (reply.get("usage") or {}).get("total_tokens"))
-        recorded = await run.model(
-            "model",
-            ask,
-            name="openai_agents.stream_response",
-            usage=usage,
-            **self._step(input, tools, params),
-        )
-        for event in response_events(recorded):
+        for event in response_events(await self._record("openai_agents.stream_response", request, ask)):
             yield event
 
     async def close(self) -> None:
