@@ -307,14 +307,28 @@ def test_needs_approval_on_a_read_or_as_a_function_is_refused() -> None:
         spoa.durable(Agent(name="x", tools=[ruled]), kinds={"ruled": "effect"})
 
 
-def test_handoff_agents_are_made_durable(
-    fake: FakeModelServer, file_store: sp.Store, owner_env: OwnerService
+def test_a_handoff_target_is_made_durable_and_a_resume_replays_through_the_handoff(
+    file_store: sp.Store, owner_env: OwnerService
 ) -> None:
     billing = Agent(name="billing", instructions="Refund lost orders.", model="gpt-test")
     triage = spoa.durable(Agent(name="triage", model="gpt-test", handoffs=[billing]), tools)
     (made,) = triage.handoffs
     assert isinstance(made, Agent)
     assert [t.name for t in made.tools] == ["get_order", "refund", "send_email"]
+    with FakeModelServer([Turn.tool_calls(("transfer_to_billing", {})), *SCRIPT]) as fake:
+        with crash_at("effect.after_receiver_commit:tool@1"), pytest.raises(SimulatedCrash):
+            sp.start(file_store, workflow(fake, "agents-handoff", triage), TICKET, run_id="h", lease_ms=0)
+        assert sp.resume(file_store, "h")["text"] == ANSWER
+        assert len(fake.requests) == 5
+        assert fake.repeated() == []
+        assert fake.orphans == []
+    assert applied(owner_env) == ONCE
+
+
+def test_an_agent_as_a_tool_is_refused_with_what_to_do_instead() -> None:
+    billing = Agent(name="billing", model="gpt-test")
+    with pytest.raises(UsageError, match="hand off to that agent"):
+        spoa.durable(Agent(name="x", tools=[billing.as_tool("billing", "Ask billing.")]))
 
 
 def test_outside_an_async_workflow_the_model_says_what_to_do(fake: FakeModelServer) -> None:

@@ -172,6 +172,12 @@ class _Making:
         for tool in agent.tools:
             if not isinstance(tool, FunctionTool):
                 tools.append(tool)  # hosted tools run at the provider: the model step records them
+            elif getattr(tool, "_is_agent_tool", False):  # the SDK marks agent.as_tool() so
+                raise UsageError(
+                    f"agent {agent.name!r}: tool {tool.name!r} is an agent run as a tool, whose"
+                    " model calls and tools would be steps inside a step; hand off to that agent"
+                    " instead (handoffs=[...]), which durable() makes durable too"
+                )
             elif tool.name in given:
                 if tool.needs_approval is not False:
                     raise UsageError(
