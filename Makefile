@@ -10,7 +10,7 @@ BENCH_VENV := bench/.venv
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[postgres,anthropic,openai,pydantic-ai,mcp,claude-agent]' --group dev
+	$(BIN)/pip install --quiet -e '.[postgres,anthropic,openai,openai-agents,pydantic-ai,mcp,claude-agent]' --group dev
 	touch $@
 
 demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resumed, 0 duplicates
@@ -21,6 +21,7 @@ demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resume
 examples: $(BIN)/.installed      ## a support agent on each SDK, crashed and resumed: no key, no network
 	$(BIN)/python examples/anthropic_support.py
 	$(BIN)/python examples/openai_support.py
+	$(BIN)/python examples/openai_agents_support.py
 	$(BIN)/python examples/mcp_support.py
 	$(BIN)/python examples/pydantic_ai_support.py
 

@@ -44,7 +44,15 @@ def _diffs(page: Path) -> list[list[str]]:
 
 
 @pytest.mark.parametrize(
-    "page", ["README.md", "docs/integrations/anthropic.md", "docs/integrations/openai.md"]
+    "page",
+    [
+        "README.md",
+        "docs/integrations/anthropic.md",
+        "docs/integrations/openai.md",
+        "docs/integrations/openai-agents.md",
+        "docs/integrations/pydantic-ai.md",
+        "docs/integrations/mcp.md",
+    ],
 )
 def test_the_diff_that_makes_a_loop_durable_changes_at_most_ten_lines(page: str) -> None:
     diffs = _diffs(ROOT / page)

@@ -6,5 +6,7 @@ public API only (``safepoint``, ``safepoint.errors``, ``safepoint.types``).
 - ``safepoint.integrations.anthropic`` (``safepoint[anthropic]``) — a client bound to a run whose
   ``messages.create`` / ``parse`` / ``stream`` are model steps, and a ready tool loop;
 - ``safepoint.integrations.openai`` (``safepoint[openai]``) — the same for Chat Completions and
-  Responses.
+  Responses;
+- ``safepoint.integrations.openai_agents`` (``safepoint[openai-agents]``) — the OpenAI Agents
+  SDK: a model provider whose calls are model steps, and agents whose function tools are steps.
 """
