@@ -112,12 +112,15 @@ def make_tools(desk: Desk) -> Tools:
 
 
 def durable(work: Path, step: str) -> dict[str, Any]:
-    """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on."""
+    """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on.
+    ``turns-start`` / ``turns-resume``: the same with the run's turns (``model_calls``)."""
     desk = Desk(work / "tickets.jsonl")
     tools = make_tools(desk)
     store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
+    turns = step.startswith("turns-")
+    budget = sp.Budget(model_calls=1) if turns else sp.Budget(cost=0.01)
 
-    @sp.workflow("support-claude", budget=sp.Budget(cost=0.01))
+    @sp.workflow("support-claude", budget=budget)
     async def support(run: sp.AsyncRun) -> dict[str, Any]:
         config = work / "claude-config"
         config.mkdir(exist_ok=True)
@@ -130,10 +133,11 @@ def durable(work: Path, step: str) -> dict[str, Any]:
             fake_url = fake.url
             out: dict[str, Any] = {}
             try:
-                if step == "start":
+                if step.endswith("start"):
                     out["result"] = await sp.start_async(store, support, run_id="claude-1")
                 else:
-                    await sp.extend_limits_async(store, "claude-1", cost=1.0, by="test")
+                    more = {"model_calls": 5} if turns else {"cost": 1.0}
+                    await sp.extend_limits_async(store, "claude-1", **more, by="test")
                     out["result"] = await sp.resume_async(store, "claude-1")
             except sp.LimitReached as stop:
                 out["stopped"] = type(stop).__name__
@@ -142,6 +146,7 @@ def durable(work: Path, step: str) -> dict[str, Any]:
             out["unknown"] = [UNKNOWN in b for b in bodies]
             out["receipt"] = ['\\"T-1\\"' in b or '"T-1"' in b for b in bodies]
         out["status"] = store.get_run("claude-1").status.value
+        out["steps"] = [s for s in store.load_ledger("claude-1").steps if not s.startswith("claude.session.")]
         out["tickets"] = len(desk.tickets())
         return out
 

@@ -135,3 +135,21 @@ def test_the_session_store_records_entries_once_by_uuid_and_gives_a_lost_result_
     steps = list(file_store.load_ledger("c-1").steps)
     assert steps.count("tool.toolu_1") == 1
     assert sum(s.startswith("claude.session.") for s in steps) == 2  # the end marker and one batch
+
+
+def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carries_it_on(
+    tmp_path: Path,
+) -> None:
+    first = in_loopback_namespace("turns-start", tmp_path)  # Budget(model_calls=1): max_turns=1
+    assert first["stopped"] == "BudgetExhausted"
+    assert first["status"] == "stopped"
+    assert first["tickets"] == 1  # the CLI ran the tool on its one turn, then stopped
+    assert [s.split(".")[0] for s in first["steps"]] == ["claude", "tool"]
+
+    then = in_loopback_namespace("turns-resume", tmp_path)  # extend_limits(model_calls=5), resumed
+    assert then["status"] == "completed"
+    assert then["result"]["result"] == "Ticket created."
+    assert then["tickets"] == 1
+    assert then["receipt"] == [True]  # the resumed session got the tool's receipt from the ledger
+    assert then["unknown"] == [False]
+    assert then["steps"][-1] == "claude.query#2"  # one more CLI call, resuming the session
