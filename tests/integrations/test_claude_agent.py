@@ -153,3 +153,20 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert then["receipt"] == [True]  # the resumed session got the tool's receipt from the ledger
     assert then["unknown"] == [False]
     assert then["steps"][-1] == "claude.query#2"  # one more CLI call, resuming the session
+
+
+def test_the_example_runs_in_one_command_and_creates_the_ticket_once() -> None:
+    example = TESTS.parent / "examples" / "claude_agent_support.py"
+    ran = subprocess.run(  # as a reader runs it: it puts itself in a loopback-only namespace
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "stopped: BudgetExhausted (the CLI spent the run's budget on the ticket's turn)"
+    assert "run status: stopped, tickets so far: 1" in lines
+    assert "answer: I opened ticket T-1 for the refund of order A1." in lines
+    assert (
+        "the resumed session saw the ticket's receipt: True, was told its outcome is unknown: False" in lines
+    )
+    assert "model requests: 2, repeated: 0, orphaned tool calls: 0" in lines
+    assert lines[-1] == "tickets created: 1"
