@@ -106,12 +106,16 @@ async def main() -> int:
         bodies = [json.dumps(r.body) for r in fake.requests]
         receipt = '\\"T-1\\"' in bodies[-1] or '"T-1"' in bodies[-1]
         unknown = any("outcome is unknown" in b for b in bodies)
-        print(f"the resumed session saw the ticket's receipt: {receipt}, was told its outcome is unknown: {unknown}")
-        print(f"model requests: {len(bodies)}, repeated: {len(fake.repeated())}, orphaned tool calls: {len(fake.orphans)}")
+        print(
+            f"the resumed session saw the ticket's receipt: {receipt},"
+            f" was told its outcome is unknown: {unknown}"
+        )
+        repeated, orphans = len(fake.repeated()), len(fake.orphans)
+        print(f"model requests: {len(bodies)}, repeated: {repeated}, orphaned tool calls: {orphans}")
     tickets = len(desk.tickets())
     print(f"tickets created: {tickets}")
     store.close()
-    return 0 if tickets == 1 and receipt and not unknown and not fake.repeated() and not fake.orphans else 1
+    return 0 if tickets == 1 and receipt and not unknown and not repeated and not orphans else 1
 
 
 def loopback_only() -> bool:
