@@ -225,6 +225,7 @@ def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str
                     "problem": problem,
                     "sent": len(sent),
                     "repeated": sum(n - 1 for n in Counter(r.digest for r in sent).values()),
+                    "turns": [r.turn for r in sent],
                 }
             )
         out["orphans"] = len(fake.orphans)
