@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -170,3 +170,49 @@ def test_the_example_runs_in_one_command_and_creates_the_ticket_once() -> None:
     )
     assert "model requests: 2, repeated: 0, orphaned tool calls: 0" in lines
     assert lines[-1] == "tickets created: 1"
+
+
+def test_the_pre_tool_use_hook_refuses_a_call_an_earlier_process_left_uncertain(file_store: sp.Store) -> None:
+    from safepoint.testing import SimulatedCrash, crash_at
+
+    tools = Tools()
+    made: list[str] = []
+
+    @tools.effect(key_fields=("title",), reconcile=lambda key: sp.Unknown("the desk cannot say"))
+    def create_ticket(title: str, key: sp.EffectKey) -> dict[str, str]:
+        """Create a support ticket."""
+        made.append(str(key))
+        return {"id": "T-1"}
+
+    hook_input: Any = {"hook_event_name": "PreToolUse", "tool_name": "mcp__tools__create_ticket"}
+    hook_input["tool_input"] = {"title": "x"}
+    seen: list[Any] = []
+    model_named = ["toolu_1"]  # the tool_use id the model gives the call, in this process
+
+    @sp.workflow("claude-hook")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        seen.append(await session.pre_tool_use(hook_input, model_named[0], cast(Any, None)))
+        # The CLI runs what the hook allowed: the handler, for the call as the hook saw it.
+        answered = await session.answer("create_ticket", {"title": "x"})
+        if session.halted is not None:  # as spc.query does once the CLI is done
+            raise session.halted
+        return answered
+
+    with crash_at("effect.after_dispatching:tool"), pytest.raises(SimulatedCrash):
+        asyncio.run(sp.start_async(file_store, flow, run_id="h-1", lease_ms=0))  # dispatched, then lost
+    assert seen == [{}]  # the first process's hook let the call through
+    assert len(made) == 0  # the crash came after the intent was durable, before the call
+
+    # A new process: the resumed CLI asked the model again, which names the call with a new id.
+    model_named[0] = "toolu_2"
+    with pytest.raises(sp.NeedsReconciliation):
+        asyncio.run(sp.resume_async(file_store, "h-1"))
+    denied = seen[1]["hookSpecificOutput"]
+    assert denied["permissionDecision"] == "deny"
+    assert "create_ticket" in denied["permissionDecisionReason"]  # names the uncertain operation
+    assert made == []  # never dispatched again
+    steps = list(file_store.load_ledger("h-1").steps)
+    assert "tool.toolu_1" not in steps or steps.count("tool.toolu_1") == 1
+    assert not any(s.startswith("tool.toolu_2") for s in steps)
+    assert file_store.get_run("h-1").status.value == "blocked"
