@@ -216,3 +216,12 @@ def test_the_pre_tool_use_hook_refuses_a_call_an_earlier_process_left_uncertain(
     assert "tool.toolu_1" not in steps or steps.count("tool.toolu_1") == 1
     assert not any(s.startswith("tool.toolu_2") for s in steps)
     assert file_store.get_run("h-1").status.value == "blocked"
+
+
+def test_the_pages_diff_says_how_many_lines_it_changes() -> None:
+    page = (TESTS.parent / "docs" / "integrations" / "claude-agent.md").read_text()
+    diff = page.split("```diff\n", 1)[1].split("\n```", 1)[0].splitlines()
+    added = sum(line.startswith("+") for line in diff)
+    removed = sum(line.startswith("-") for line in diff)
+    assert f"{added + removed} changed lines ({added} added, {removed} removed)" in page
+    assert (added, removed) == (12, 8)
