@@ -144,7 +144,11 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert first["stopped"] == "BudgetExhausted"
     assert first["status"] == "stopped"
     assert first["tickets"] == 1  # the CLI ran the tool on its one turn, then stopped
-    assert [s.split(".")[0] for s in first["steps"]] == ["claude", "tool"]
+    assert [s.rsplit(".", 1)[0] if s.startswith("tool.") else s for s in first["steps"]] == [
+        "claude.query",
+        "claude.intent",  # the PreToolUse hook's record of the call
+        "tool",
+    ]
 
     then = in_loopback_namespace("turns-resume", tmp_path)  # extend_limits(model_calls=5), resumed
     assert then["status"] == "completed"
