@@ -9,8 +9,10 @@ model calls one by one. It records what it can answer for instead:
 - your tools are in-process SDK MCP tools whose handler answers through
   ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``): an effect is dispatched once,
   and a resumed session gets the ledger's receipt;
-- a PreToolUse hook records the intent (which call id the CLI is about to run) and refuses every
-  call once the run must stop (an uncertain effect, an approval to wait for);
+- a PreToolUse hook records the intent in the ledger (step ``claude.intent``: which call id the
+  CLI is about to run) and refuses every call once the run must stop (an uncertain effect, an
+  approval to wait for) — also a call an earlier process left uncertain, which the resumed
+  CLI's model names again with a new id: the recorded intent gives it its first id back;
 - the session transcript is mirrored into the ledger (``LedgerSessionStore``), so another
   machine resumes the session; on that resume a call the CLI ran but never recorded (a budget
   stop between the tool and its result) is given its receipt from the ledger, where the CLI
