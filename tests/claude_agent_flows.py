@@ -1,14 +1,20 @@
 """Workflows and plain-SDK runs for the Claude Agent SDK tests, run as a child process inside a
 network namespace with only loopback (``unshare -n``): the Claude Code CLI, the fake model
-server and the ledger all live there. Prints one JSON line: what the test asserts on."""
+server and the ledger all live there. Prints one JSON line: what the test asserts on.
+
+``kill``: the kill trials of ``support_kill`` (importable as ``claude_agent_flows:support_kill``),
+driven from inside the namespace, so that the killed workflow processes, their CLIs, the fake
+model server and the effect owner all reach each other on loopback."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +23,7 @@ from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, create_sdk_mcp_s
 import safepoint as sp
 from safepoint.integrations import claude_agent as spc
 from safepoint.integrations.tools import Tools
-from safepoint.testing import FakeModelServer, Turn
+from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService, Turn, owner_effect
 
 SCRIPT = [
     Turn.tool_calls(("mcp__tools__create_ticket", {"title": "Refund A1"})),
@@ -112,12 +118,15 @@ def make_tools(desk: Desk) -> Tools:
 
 
 def durable(work: Path, step: str) -> dict[str, Any]:
-    """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on."""
+    """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on.
+    ``turns-start`` / ``turns-resume``: the same with the run's turns (``model_calls``)."""
     desk = Desk(work / "tickets.jsonl")
     tools = make_tools(desk)
     store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
+    turns = step.startswith("turns-")
+    budget = sp.Budget(model_calls=1) if turns else sp.Budget(cost=0.01)
 
-    @sp.workflow("support-claude", budget=sp.Budget(cost=0.01))
+    @sp.workflow("support-claude", budget=budget)
     async def support(run: sp.AsyncRun) -> dict[str, Any]:
         config = work / "claude-config"
         config.mkdir(exist_ok=True)
@@ -130,10 +139,11 @@ def durable(work: Path, step: str) -> dict[str, Any]:
             fake_url = fake.url
             out: dict[str, Any] = {}
             try:
-                if step == "start":
+                if step.endswith("start"):
                     out["result"] = await sp.start_async(store, support, run_id="claude-1")
                 else:
-                    await sp.extend_limits_async(store, "claude-1", cost=1.0, by="test")
+                    more = {"model_calls": 5} if turns else {"cost": 1.0}
+                    await sp.extend_limits_async(store, "claude-1", **more, by="test")
                     out["result"] = await sp.resume_async(store, "claude-1")
             except sp.LimitReached as stop:
                 out["stopped"] = type(stop).__name__
@@ -142,6 +152,7 @@ def durable(work: Path, step: str) -> dict[str, Any]:
             out["unknown"] = [UNKNOWN in b for b in bodies]
             out["receipt"] = ['\\"T-1\\"' in b or '"T-1"' in b for b in bodies]
         out["status"] = store.get_run("claude-1").status.value
+        out["steps"] = [s for s in store.load_ledger("claude-1").steps if not s.startswith("claude.session.")]
         out["tickets"] = len(desk.tickets())
         return out
 
@@ -149,8 +160,95 @@ def durable(work: Path, step: str) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+FAKE_MODEL_URL_ENV = "SAFEPOINT_FAKE_MODEL_URL"
+# Each request names the workflow process whose CLI sent it (the CLI's ANTHROPIC_CUSTOM_HEADERS),
+# so the fake can SIGKILL that process while it holds the request.
+PID_HEADER = "x-kill-test-pid"
+TICKET = "Refund A1"
+kill_tools = Tools()
+kill_tools.add(
+    "create_ticket",
+    "effect",
+    effect=owner_effect("tickets", name="tickets"),
+    key_fields=("title",),
+    description="Create a support ticket.",
+    schema={"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+)
+
+
+@sp.workflow("support-claude-kill")
+async def support_kill(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
+    """One query whose turn creates a ticket at the effect owner. Each process gets a CLI config
+    directory of its own: a resume on "another machine", without the CLI's session files."""
+    config = tempfile.mkdtemp(prefix="claude-config-")
+    env = {
+        **cli_env(os.environ[FAKE_MODEL_URL_ENV], config),
+        "ANTHROPIC_CUSTOM_HEADERS": f"{PID_HEADER}: {os.getpid()}",
+    }
+    result = await spc.query(run, ticket, tools=kill_tools, base=ClaudeAgentOptions(env=env, cwd=os.getcwd()))
+    return {"answer": result["result"]}
+
+
+def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str, Any]:
+    """SIGKILL ``support_kill`` at each of ``specs`` (a crash point, or ``in-flight@<turn>``:
+    killed by the fake while it holds that turn's request), resume it, and report."""
+    out: dict[str, Any] = {"trials": []}
+    with FakeModelServer(SCRIPT) as fake, OwnerService() as owner:
+        os.environ[FAKE_MODEL_URL_ENV] = fake.url
+        harness = KillHarness(
+            "claude_agent_flows:support_kill",
+            [TICKET],
+            owner=owner,
+            workdir=work,
+            pythonpath=[str(Path(__file__).parent)],
+            store_url=store_url,
+            timeout=90,
+        )
+        out["reference"], out["applied"] = harness.reference()
+        for spec in specs:
+            before = len(fake.requests)
+            if spec.startswith("in-flight@"):
+                _kill_in_flight(fake, int(spec.partition("@")[2]))
+                report = harness.trial()
+            else:
+                report = harness.trial(crash_at=spec)
+            try:
+                report.check()
+                problem = None
+            except AssertionError as failed:
+                problem = str(failed)
+            sent = fake.requests[before:]
+            out["trials"].append(
+                {
+                    "spec": spec,
+                    "killed": report.killed,
+                    "problem": problem,
+                    "sent": len(sent),
+                    "repeated": sum(n - 1 for n in Counter(r.digest for r in sent).values()),
+                    "turns": [r.turn for r in sent],
+                }
+            )
+        out["orphans"] = len(fake.orphans)
+    return out
+
+
+def _kill_in_flight(fake: FakeModelServer, turn: int) -> None:
+    armed = [True]
+
+    @fake.on_request
+    def kill(request: FakeRequest) -> None:
+        pid = request.headers.get(PID_HEADER)
+        if armed[0] and request.turn == turn and pid is not None:
+            armed[0] = False
+            os.kill(int(pid), signal.SIGKILL)
+
+
 if __name__ == "__main__":
     kind, work = sys.argv[1], Path(sys.argv[2])
     os.chdir(work)
+    if kind == "kill":  # kill <work> <store url or "sqlite"> <spec>...
+        url = None if sys.argv[3] == "sqlite" else sys.argv[3]
+        print(json.dumps(kill_trials(work, url, sys.argv[4:])))
+        sys.exit(0)
     answer = plain(work) if kind == "plain" else durable(work, kind)
     print(json.dumps(answer))

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -135,3 +135,97 @@ def test_the_session_store_records_entries_once_by_uuid_and_gives_a_lost_result_
     steps = list(file_store.load_ledger("c-1").steps)
     assert steps.count("tool.toolu_1") == 1
     assert sum(s.startswith("claude.session.") for s in steps) == 2  # the end marker and one batch
+
+
+def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carries_it_on(
+    tmp_path: Path,
+) -> None:
+    first = in_loopback_namespace("turns-start", tmp_path)  # Budget(model_calls=1): max_turns=1
+    assert first["stopped"] == "BudgetExhausted"
+    assert first["status"] == "stopped"
+    assert first["tickets"] == 1  # the CLI ran the tool on its one turn, then stopped
+    assert [s.rsplit(".", 1)[0] if s.startswith("tool.") else s for s in first["steps"]] == [
+        "claude.query",
+        "claude.intent",  # the PreToolUse hook's record of the call
+        "tool",
+    ]
+
+    then = in_loopback_namespace("turns-resume", tmp_path)  # extend_limits(model_calls=5), resumed
+    assert then["status"] == "completed"
+    assert then["result"]["result"] == "Ticket created."
+    assert then["tickets"] == 1
+    assert then["receipt"] == [True]  # the resumed session got the tool's receipt from the ledger
+    assert then["unknown"] == [False]
+    assert then["steps"][-1] == "claude.query#2"  # one more CLI call, resuming the session
+
+
+def test_the_example_runs_in_one_command_and_creates_the_ticket_once() -> None:
+    example = TESTS.parent / "examples" / "claude_agent_support.py"
+    ran = subprocess.run(  # as a reader runs it: it puts itself in a loopback-only namespace
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr[-3000:]
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "stopped: BudgetExhausted (the CLI spent the run's budget on the ticket's turn)"
+    assert "run status: stopped, tickets so far: 1" in lines
+    assert "answer: I opened ticket T-1 for the refund of order A1." in lines
+    assert (
+        "the resumed session saw the ticket's receipt: True, was told its outcome is unknown: False" in lines
+    )
+    assert "model requests: 2, repeated: 0, orphaned tool calls: 0" in lines
+    assert lines[-1] == "tickets created: 1"
+
+
+def test_the_pre_tool_use_hook_refuses_a_call_an_earlier_process_left_uncertain(file_store: sp.Store) -> None:
+    from safepoint.testing import SimulatedCrash, crash_at
+
+    tools = Tools()
+    made: list[str] = []
+
+    @tools.effect(key_fields=("title",), reconcile=lambda key: sp.Unknown("the desk cannot say"))
+    def create_ticket(title: str, key: sp.EffectKey) -> dict[str, str]:
+        """Create a support ticket."""
+        made.append(str(key))
+        return {"id": "T-1"}
+
+    hook_input: Any = {"hook_event_name": "PreToolUse", "tool_name": "mcp__tools__create_ticket"}
+    hook_input["tool_input"] = {"title": "x"}
+    seen: list[Any] = []
+    model_named = ["toolu_1"]  # the tool_use id the model gives the call, in this process
+
+    @sp.workflow("claude-hook")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        seen.append(await session.pre_tool_use(hook_input, model_named[0], cast(Any, None)))
+        # The CLI runs what the hook allowed: the handler, for the call as the hook saw it.
+        answered = await session.answer("create_ticket", {"title": "x"})
+        if session.halted is not None:  # as spc.query does once the CLI is done
+            raise session.halted
+        return answered
+
+    with crash_at("effect.after_dispatching:tool"), pytest.raises(SimulatedCrash):
+        asyncio.run(sp.start_async(file_store, flow, run_id="h-1", lease_ms=0))  # dispatched, then lost
+    assert seen == [{}]  # the first process's hook let the call through
+    assert len(made) == 0  # the crash came after the intent was durable, before the call
+
+    # A new process: the resumed CLI asked the model again, which names the call with a new id.
+    model_named[0] = "toolu_2"
+    with pytest.raises(sp.NeedsReconciliation):
+        asyncio.run(sp.resume_async(file_store, "h-1"))
+    denied = seen[1]["hookSpecificOutput"]
+    assert denied["permissionDecision"] == "deny"
+    assert "create_ticket" in denied["permissionDecisionReason"]  # names the uncertain operation
+    assert made == []  # never dispatched again
+    steps = list(file_store.load_ledger("h-1").steps)
+    assert "tool.toolu_1" not in steps or steps.count("tool.toolu_1") == 1
+    assert not any(s.startswith("tool.toolu_2") for s in steps)
+    assert file_store.get_run("h-1").status.value == "blocked"
+
+
+def test_the_pages_diff_says_how_many_lines_it_changes() -> None:
+    page = (TESTS.parent / "docs" / "integrations" / "claude-agent.md").read_text()
+    diff = page.split("```diff\n", 1)[1].split("\n```", 1)[0].splitlines()
+    added = sum(line.startswith("+") for line in diff)
+    removed = sum(line.startswith("-") for line in diff)
+    assert f"{added + removed} changed lines ({added} added, {removed} removed)" in page
+    assert (added, removed) == (12, 8)

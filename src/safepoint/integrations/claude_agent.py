@@ -9,8 +9,10 @@ model calls one by one. It records what it can answer for instead:
 - your tools are in-process SDK MCP tools whose handler answers through
   ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``): an effect is dispatched once,
   and a resumed session gets the ledger's receipt;
-- a PreToolUse hook records the intent (which call id the CLI is about to run) and refuses every
-  call once the run must stop (an uncertain effect, an approval to wait for);
+- a PreToolUse hook records the intent in the ledger (step ``claude.intent``: which call id the
+  CLI is about to run) and refuses every call once the run must stop (an uncertain effect, an
+  approval to wait for) — also a call an earlier process left uncertain, which the resumed
+  CLI's model names again with a new id: the recorded intent gives it its first id back;
 - the session transcript is mirrored into the ledger (``LedgerSessionStore``), so another
   machine resumes the session; on that resume a call the CLI ran but never recorded (a budget
   stop between the tool and its result) is given its receipt from the ledger, where the CLI
@@ -98,17 +100,51 @@ class Session:
     async def pre_tool_use(
         self, data: HookInput, tool_use_id: str | None, context: HookContext
     ) -> HookJSONOutput:
-        """PreToolUse: record the intent (the call id the handler will use) and refuse every
-        call once the run must stop, so nothing new starts while an effect is uncertain."""
+        """PreToolUse: record the intent (step ``claude.intent``: which call the CLI is about
+        to run) and refuse every call once the run must stop, so nothing new starts while an
+        effect is uncertain.
+
+        After a crash the resumed CLI may ask the model again for a turn whose transcript the
+        ledger did not hold yet, and the model names the same call with a new id. The intent
+        an earlier process recorded for it is then replayed: the call keeps its first id (its
+        step ``tool.<first id>``), and is settled here, from the ledger, before the CLI runs
+        it — replayed, reconciled with its owner, or, when the ledger holds it as uncertain,
+        refused until a person settles it."""
         if self.halted is not None:
             return cast("HookJSONOutput", _deny(f"the run stopped and must be settled first: {self.halted}"))
         prefix = f"mcp__{self.server}__"
         fields = cast("dict[str, Any]", data)  # a TypedDict union: PreToolUse's has these keys
         name = str(fields.get("tool_name", ""))
-        if tool_use_id and name.startswith(prefix):
-            intent = _intent(name[len(prefix) :], fields.get("tool_input") or {})
-            self.intents.setdefault(intent, []).append(tool_use_id)
+        if not (tool_use_id and name.startswith(prefix)):
+            return {}
+        tool, arguments = name[len(prefix) :], dict(fields.get("tool_input") or {})
+        fresh = _Intent({"id": tool_use_id, "intent": _intent(tool, arguments)})
+        recorded = await self.run.read("claude.intent", fresh)
+        earlier = (
+            not fresh.called
+            and isinstance(recorded, dict)
+            and recorded.get("intent") == fresh.value["intent"]
+        )
+        call_id = str(recorded["id"]) if earlier else tool_use_id
+        self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
+        if earlier:
+            await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
+            if self.halted is not None:
+                return cast("HookJSONOutput", _deny(f"an earlier call is not settled: {self.halted}"))
         return {}
+
+
+class _Intent:
+    """The function of one ``claude.intent`` step: it returns the intent, and says whether it
+    was called (a recorded step replays without calling it: the intent is an earlier one)."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        self.value = value
+        self.called = False
+
+    def __call__(self) -> dict[str, Any]:
+        self.called = True
+        return self.value
 
 
 def options(
