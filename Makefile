@@ -24,6 +24,7 @@ examples: $(BIN)/.installed      ## a support agent on each SDK, crashed and res
 	$(BIN)/python examples/openai_agents_support.py
 	$(BIN)/python examples/mcp_support.py
 	$(BIN)/python examples/pydantic_ai_support.py
+	$(BIN)/python examples/claude_agent_support.py
 
 test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
 	$(BIN)/pytest -n auto --dist loadfile -m "not serial"
