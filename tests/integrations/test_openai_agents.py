@@ -7,6 +7,7 @@ its owner, never sent twice and never refused."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -380,3 +381,69 @@ def test_the_page_says_how_many_lines_its_diff_changes() -> None:
     removed = [line for line in diff if line.startswith("-")]
     assert (len(added), len(removed)) == (8, 5)
     assert "eight lines in, five out" in page
+
+
+# -- 2. OpenAI Agents: the turnstile orders a turn's calls by when they reach it -----------------
+
+
+def test_a_turns_tool_calls_run_in_the_models_order_whatever_the_hooks_take(
+    file_store: sp.Store,
+) -> None:
+    from agents import Agent, RunHooks, Runner, set_tracing_disabled
+
+    from safepoint.integrations import openai_agents as spoa
+    from safepoint.integrations.tools import Tools
+
+    set_tracing_disabled(True)
+    applied: dict[str, dict[str, Any]] = {}
+    sent: list[str] = []
+    tools = Tools()
+
+    def find(key: sp.EffectKey) -> Any:
+        found = applied.get(str(key))
+        return sp.Applied(found) if found else sp.NotApplied()
+
+    @tools.effect(reconcile=find)
+    def refund(order_id: str, key: sp.EffectKey) -> dict[str, Any]:
+        """Refund an order."""
+        sent.append(f"refund {order_id}")
+        applied[str(key)] = {"refund": order_id}
+        return applied[str(key)]
+
+    @tools.effect(reconcile=find)
+    def notify(to: str, key: sp.EffectKey) -> dict[str, Any]:
+        """Tell someone."""
+        sent.append(f"notify {to}")
+        applied[str(key)] = {"notify": to}
+        return applied[str(key)]
+
+    slow: dict[str, float] = {}
+
+    class Hooks(RunHooks[Any]):
+        # e.g. an audit log written over the network before each tool runs
+        async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+            await asyncio.sleep(slow.get(tool.name, 0.0))
+
+    script = [
+        Turn.tool_calls(("refund", {"order_id": "A1"}), ("notify", {"to": "ada"})),
+        Turn.text("Done."),
+    ]
+    agent = spoa.durable(Agent(name="desk", model="gpt-test"), tools)
+    with FakeModelServer(script) as fake:
+
+        @sp.workflow("agents-order")
+        async def flow(run: sp.AsyncRun) -> str:
+            config = spoa.run_config(client=AsyncOpenAI(api_key=KEY, base_url=fake.openai_url))
+            return (await Runner.run(agent, "go", run_config=config, hooks=Hooks())).final_output
+
+        # the refund (the model's first call) applied, the process dies before its receipt (the
+        # notice's audit log is slow, so it has not started: the SDK cancels it)
+        slow["notify"] = 0.5
+        with crash_at("effect.after_receiver_commit:tool"), pytest.raises(SimulatedCrash):
+            sp.start(file_store, flow, run_id="o", lease_ms=0)
+        assert sent == ["refund A1"]
+        slow.clear()
+        slow["refund"] = 0.2  # this time the audit log is slow for the refund
+        result = sp.resume(file_store, "o")  # reconciles the refund first, then sends the notice
+    assert result == "Done."
+    assert sent == ["refund A1", "notify ada"]

@@ -292,3 +292,53 @@ def test_the_example_runs_against_the_fake_server() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "refunds at the desk: 1" in done.stdout
     assert "model requests after the crash: 0 asked again" in done.stdout
+
+
+# -- an effect tool that raises ModelRetry did nothing: the corrected call runs ----------------
+
+
+def test_an_effect_tool_that_asks_the_model_to_retry_applies_nothing_and_the_corrected_call_runs(
+    file_store: sp.Store,
+) -> None:
+    from pydantic_ai import Agent, ModelRetry
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from safepoint.integrations import pydantic_ai as sppa
+
+    refunded: list[tuple[str, int]] = []
+
+    def refund(order_id: str, amount_cents: int) -> str:
+        """Refund an order."""
+        if amount_cents > 4200:
+            raise ModelRetry("the order's total is 4200 cents; refund at most that")
+        refunded.append((order_id, amount_cents))
+        return "refunded"
+
+    script = [
+        Turn.tool_calls(("refund", {"order_id": "A1", "amount_cents": 9999})),
+        Turn.tool_calls(("refund", {"order_id": "A1", "amount_cents": 4200})),
+        Turn.text("Done."),
+    ]
+    with FakeModelServer(script) as fake:
+
+        @sp.workflow("pyd-retry-effect")
+        async def flow(run: sp.AsyncRun) -> str:
+            client = AsyncOpenAI(api_key="sk-test-fake", base_url=fake.openai_url, max_retries=0)
+            agent = Agent(
+                OpenAIChatModel("gpt-test", provider=OpenAIProvider(openai_client=client)),
+                name="desk",
+                capabilities=[sppa.SafepointDurability()],
+            )
+            agent.tool_plain(metadata=sppa.effect(key_fields=["order_id"]))(refund)
+            return (await agent.run("refund A1")).output
+
+        with sp.testing.crash_at("run.before_complete"), pytest.raises(sp.testing.SimulatedCrash):
+            sp.start(file_store, flow, run_id="r", lease_ms=0)
+        assert sp.resume(file_store, "r") == "Done."  # replayed: the same path
+        assert len(fake.requests) == 3
+        told = [m for m in fake.requests[2].body["messages"] if m.get("role") == "tool"]
+    # The ModelRetry meant "nothing was done, call again with other arguments": the corrected
+    # call must run. Instead the first call's retry was recorded as the operation's receipt and
+    # the corrected call is refused as "already asked for with other arguments".
+    assert refunded == [("A1", 4200)], (refunded, told)

@@ -53,8 +53,10 @@ class Declared:
 # invoker: the step function receives only the recorded arguments.
 _TOOL_CONTEXT: contextvars.ContextVar[ToolContext[Any]] = contextvars.ContextVar("openai_agents_tool")
 
-# One turn's calls, answered one at a time in the order the SDK started them: steps of one run
-# are written in a deterministic order, whatever the SDK's concurrency.
+# One turn's calls, answered one at a time: ``run_config`` has the SDK start them one at a time,
+# in the model's order (a lock alone orders them by when they reach it, which hooks and
+# guardrails with I/O make vary between a run and its resume); this keeps two of them from
+# overlapping under a RunConfig of the user's own.
 _TURNSTILES: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 

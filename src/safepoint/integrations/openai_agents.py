@@ -71,4 +71,12 @@ def run_config(
     provider = LedgerModelProvider(
         run, client=client, api=api, default_model=default_model, retry=retry, price=price
     )
-    return dataclasses.replace(base or agents.RunConfig(), model_provider=provider)
+    config = base or agents.RunConfig()
+    # One function tool at a time, in the order the model asked for them: the SDK would start
+    # them all at once, and the order in which they reach their steps would then follow the
+    # latency of hooks and guardrails — on a resume, a call that was not dispatched could come
+    # before one that was, and the ledger refuses that as another path (ReplayMismatch).
+    execution = dataclasses.replace(
+        config.tool_execution or agents.ToolExecutionConfig(), max_function_tool_concurrency=1
+    )
+    return dataclasses.replace(config, model_provider=provider, tool_execution=execution)

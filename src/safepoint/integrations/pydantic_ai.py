@@ -42,7 +42,7 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 import safepoint as sp
-from safepoint.errors import TransientFailure, UsageError
+from safepoint.errors import EffectRejected, TransientFailure, UsageError
 
 from ._common import model_retry
 from ._pydantic_ai_keys import call_identity, key_digest, model_identity, unit_identity
@@ -78,6 +78,12 @@ _EFFECT_OPTIONS = frozenset(
     {"key_fields", "approval", "reconcile", "dedup_retention", "max_dispatches", "verify", "verify_timeout"}
 )
 _READ_OPTIONS = frozenset({"max_age", "retry"})
+
+# What a tool call's recorded value is when the tool signalled instead of returning (Pydantic
+# AI's ``CallToolResult`` variants other than a return): nothing was done.
+_SIGNALS = frozenset(
+    {"model_retry", "tool_failed", "approval_required", "call_deferred", "validation_error", "run_cancelled"}
+)
 
 # The model's failures another attempt may cure: the SDK's own retries are off, the step retries.
 _TRANSIENT = (
@@ -181,6 +187,8 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         self._made: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, object]]] = (
             weakref.WeakKeyDictionary()
         )
+        # Per run object: how many calls of each operation the tool answered with a signal.
+        self._refused: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
     async def execute(
         self,
@@ -276,7 +284,21 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         made = self._made.setdefault(run, {})
         if operation_id in made:
             return _again(tool_name, key_fields, arguments, *made[operation_id])
-        result = await _effect(run, sid, tool_name, body, arguments, operation_id, declared)
+        # Each call the tool answered with a signal (it made no change) leaves the operation to
+        # the next call: under an operation id of its own, counted in the order the calls come
+        # (the same on every replay).
+        refused = self._refused.setdefault(run, {})
+        tries = refused.get(operation_id, 0) if operation_id is not None else 0
+        attempt_id = f"{operation_id}~{tries + 1}" if operation_id is not None and tries else operation_id
+        try:
+            result = await _effect(run, sid, tool_name, body, arguments, attempt_id, declared)
+        except EffectRejected as rejected:
+            signal = rejected.evidence
+            if isinstance(signal, dict) and signal.get("kind") in _SIGNALS:
+                if operation_id is not None:
+                    refused[operation_id] = tries + 1
+                return signal
+            raise
         if operation_id is not None:
             made[operation_id] = (arguments, result)
         return result
@@ -296,7 +318,12 @@ async def _effect(
     in the shape Pydantic AI reads back."""
 
     async def execute(payload: Any, key: sp.EffectKey) -> object:
-        return await body()
+        result = await body()
+        if isinstance(result, dict) and result.get("kind") in _SIGNALS:
+            # ModelRetry, ToolFailed, ApprovalRequired, CallDeferred, …: the tool said it made
+            # no change. Not a receipt: the operation stays unmade, for a corrected call.
+            raise sp.Rejected(result)
+        return result
 
     reconcile = declared.get("reconcile")
     options = {
