@@ -15,21 +15,15 @@ assertions (the result of an uninterrupted run; each effect applied once, counte
 
 from __future__ import annotations
 
-import os
-import signal
-import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent_flows import FAKE_MODEL_URL_ENV, PID_HEADER, SCRIPT, TICKET
-from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService
+from agent_kills import AgentKills, fake_model_server
+from safepoint.testing import OwnerService
 
 pytestmark = pytest.mark.kill
-
-TESTS = str(Path(__file__).parents[1])
 
 # (crash spec, requests a resume may send again). Model steps are model, model#2, …; tool steps
 # tool.<call id>. The loop's second turn asks for a refund and an e-mail at once.
@@ -48,95 +42,34 @@ BOUNDARIES = [
 SHORT = [BOUNDARIES[0], BOUNDARIES[3], BOUNDARIES[5], BOUNDARIES[8]]
 
 VARIANTS = [
-    ("agent_flows:support_anthropic", "sqlite", BOUNDARIES),
-    ("agent_flows:support_openai_responses", "sqlite", BOUNDARIES),
-    ("agent_flows:support_anthropic", "postgres", SHORT),
-    ("agent_flows:support_openai_responses", "postgres", SHORT),
-    ("agent_flows:support_openai_chat", "sqlite", SHORT),
-    ("agent_flows:support_anthropic_async", "sqlite", SHORT),
+    ("support_anthropic", "sqlite", BOUNDARIES),
+    ("support_openai_responses", "sqlite", BOUNDARIES),
+    ("support_anthropic", "postgres", SHORT),
+    ("support_openai_responses", "postgres", SHORT),
+    ("support_openai_chat", "sqlite", SHORT),
+    ("support_anthropic_async", "sqlite", SHORT),
 ]
 TRIALS = [
-    pytest.param(workflow, store, spec, again, id=f"{workflow.split(':')[1]}-{store}-{spec}")
+    pytest.param(workflow, store, spec, again, id=f"{workflow}-{store}-{spec}")
     for workflow, store, specs in VARIANTS
     for spec, again in specs
 ]
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModelServer]:
-    with FakeModelServer(SCRIPT) as server:
-        previous = os.environ.get(FAKE_MODEL_URL_ENV)
-        os.environ[FAKE_MODEL_URL_ENV] = server.url  # the children inherit it
-        try:
-            yield server
-        finally:
-            if previous is None:
-                os.environ.pop(FAKE_MODEL_URL_ENV, None)
-            else:
-                os.environ[FAKE_MODEL_URL_ENV] = previous
-
-
-@pytest.fixture(scope="module")
-def agent_owner() -> Iterator[OwnerService]:
-    with OwnerService() as service:
-        yield service
-
-
-_harnesses: dict[tuple[str, str], KillHarness] = {}
-
-
-def _harness(
-    request: pytest.FixtureRequest, owner: OwnerService, workdir: Path, workflow: str, store: str
-) -> KillHarness:
-    """One harness per workflow and store (its reference run is made once)."""
-    if (workflow, store) not in _harnesses:
-        url = None  # SQLite: a fresh file per trial
-        if store == "postgres":
-            url = f"{request.getfixturevalue('pg_url')}?schema=agent_{uuid.uuid4().hex[:12]}"
-        _harnesses[workflow, store] = KillHarness(
-            workflow, [TICKET], owner=owner, workdir=workdir, pythonpath=[TESTS], store_url=url, timeout=90
-        )
-    return _harnesses[workflow, store]
-
-
-def kill_in_flight(fake: FakeModelServer, turn: int) -> None:
-    """SIGKILL the process whose request for ``turn`` the fake holds, once: the model is
-    "generating" when its caller dies."""
-    armed = [True]
-
-    @fake.on_request
-    def kill(request: FakeRequest) -> None:
-        pid = request.headers.get(PID_HEADER)
-        if armed[0] and request.turn == turn and pid is not None:
-            armed[0] = False
-            os.kill(int(pid), signal.SIGKILL)
+def kills() -> Iterator[AgentKills]:
+    with fake_model_server() as fake, OwnerService() as owner:
+        yield AgentKills("agent_flows", fake, owner)
 
 
 @pytest.mark.parametrize(("workflow", "store", "crash_at", "again"), TRIALS)
 def test_an_agent_loop_killed_at_a_turn_boundary(
     request: pytest.FixtureRequest,
-    fake: FakeModelServer,
-    agent_owner: OwnerService,
+    kills: AgentKills,
     tmp_path: Path,
     workflow: str,
     store: str,
     crash_at: str,
     again: int,
 ) -> None:
-    harness = _harness(request, agent_owner, tmp_path, workflow, store)
-    reference, applied = harness.reference()
-    assert reference["status"] == "completed", reference
-    assert applied == 3  # one refund, two e-mails
-    before = len(fake.requests)
-    if crash_at.startswith("in-flight@"):
-        kill_in_flight(fake, turn=int(crash_at.partition("@")[2]))
-        report = harness.trial()
-    else:
-        report = harness.trial(crash_at=crash_at)
-    assert report.killed, f"the crash point {crash_at} was never reached"
-    report.check()
-    sent = fake.requests[before:]
-    repeated = sum(count - 1 for count in Counter(r.digest for r in sent).values())
-    assert repeated <= again, [(r.turn, r.digest[:12]) for r in sent]
-    assert len(sent) - repeated <= len(SCRIPT)  # each turn asked for once (but the one lost)
-    assert fake.orphans == []
+    kills.trial(request, tmp_path, workflow, store, crash_at, again)
