@@ -423,3 +423,27 @@ def test_an_async_run_on_postgres_is_traced(exported: Exported, pg_url: str, tmp
         assert span.parent.span_id == run_span.context.span_id
     assert MARKER not in exported.text()
     assert json.loads(run_span.to_json())["attributes"]["safepoint.run.id"] == "a1"
+
+
+def test_a_wait_is_a_step_that_waits_then_receives(exported: Exported, file_store: sp.Store) -> None:
+    @sp.workflow("otel-wait")
+    def asks(run: sp.Run) -> str:
+        answer = run.wait_for("manager.answer")
+        return str(answer["ok"])
+
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(file_store, asks, run_id="w1")
+    sp.send(file_store, "w1", "manager.answer", {"ok": MARKER})
+    assert sp.resume(file_store, "w1") == MARKER
+    assert sp.resume(file_store, "w1") == MARKER  # ended: the recorded result, no execution
+
+    assert [_attrs(s)["safepoint.run.status"] for s in exported.named("run ")] == ["waiting", "completed"]
+    waits = [
+        (_attrs(s)["safepoint.step.kind"], _attrs(s)["safepoint.step.status"])
+        for s in exported.named("step ")
+    ]
+    assert waits == [("wait", "waiting"), ("wait", "completed")]
+    waiting = exported.named("step ")[0]
+    assert waiting.status.status_code is StatusCode.UNSET  # a pause, not a fault
+    assert exported.total("run.executions", run__status="waiting") == 1
+    assert MARKER not in exported.text()
