@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -447,3 +449,21 @@ def test_a_wait_is_a_step_that_waits_then_receives(exported: Exported, file_stor
     assert waiting.status.status_code is StatusCode.UNSET  # a pause, not a fault
     assert exported.total("run.executions", run__status="waiting") == 1
     assert MARKER not in exported.text()
+
+
+def test_the_engine_never_imports_opentelemetry_unless_instrumented(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    script = (
+        "import sys\n"
+        "import safepoint as sp\n"
+        "@sp.workflow('plain')\n"
+        "def plain(run):\n"
+        "    return run.pure('one', lambda: 1)\n"
+        f"store = sp.open_store({url!r})\n"
+        "assert sp.start(store, plain, run_id='p') == 1\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]"
