@@ -467,3 +467,31 @@ def test_the_engine_never_imports_opentelemetry_unless_instrumented(tmp_path: Pa
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_fan_out_branches_and_a_worker_are_traced(exported: Exported, file_store: sp.Store) -> None:
+    @sp.workflow("otel-fan-out")
+    def prices(run: sp.Run) -> dict[str, Any]:
+        branches = {
+            region: (lambda b, r=region: b.read("price", fetch_case, r)) for region in ("eu", "us", "jp")
+        }
+        return run.parallel("fetch", branches)
+
+    sp.submit(file_store, prices, run_id="fan")
+    stats = sp.Worker(file_store).run(until_idle=True, handle_signals=False)
+    assert stats.completed == 1
+
+    (run_span,) = exported.named("run ")
+    assert run_span.parent is None  # a worker's claim starts a trace of its own
+    assert _attrs(run_span)["safepoint.run.status"] == "completed"
+    steps = exported.named("step ")
+    assert sorted(_attrs(s)["safepoint.step.id"] for s in steps) == [
+        "fetch.eu/price",
+        "fetch.jp/price",
+        "fetch.us/price",
+    ]
+    for step in steps:
+        assert step.parent is not None
+        assert step.parent.span_id == run_span.context.span_id
+    assert exported.total("steps", step__kind="read") == 3
+    assert MARKER not in exported.text()
