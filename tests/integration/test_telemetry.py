@@ -495,3 +495,26 @@ def test_fan_out_branches_and_a_worker_are_traced(exported: Exported, file_store
         assert step.parent.span_id == run_span.context.span_id
     assert exported.total("steps", step__kind="read") == 3
     assert MARKER not in exported.text()
+
+
+def test_each_run_of_a_continued_chain_is_an_execution_of_its_own(
+    exported: Exported, file_store: sp.Store
+) -> None:
+    @sp.workflow("otel-chain")
+    def counts(run: sp.Run, left: int) -> int:
+        run.pure("tick", lambda n: n, left)
+        if left > 0:
+            run.continue_as_new(left - 1)
+        return left
+
+    assert sp.start(file_store, counts, 1, run_id="chain") == 0
+    runs = exported.named("run ")
+    assert [_attrs(s)["safepoint.run.status"] for s in runs] == ["continued", "completed"]
+    first, second = (_attrs(s)["safepoint.run.id"] for s in runs)
+    assert first == "chain"
+    assert second != first
+    for run_span in runs:
+        (tick,) = [
+            s for s in exported.named("step ") if s.parent and s.parent.span_id == run_span.context.span_id
+        ]
+        assert _attrs(tick)["safepoint.run.id"] == _attrs(run_span)["safepoint.run.id"]

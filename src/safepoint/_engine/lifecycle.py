@@ -297,7 +297,7 @@ def claimed_flow(
         ready = yield from _ready_flow(store, wf, claim, ledger)
     else:
         ready = yield from _watched(watch, _ready_flow(store, wf, claim, ledger), ending=False)
-    if isinstance(ready, _Again):  # it stopped at a limit a person raised meanwhile, or ended
+    if isinstance(ready, _Again):  # stopped at a limit a person raised in that moment: again
         return (yield from resume_flow(store, wf, ready.run, claim.lease_ms, slice_clock))
     return (
         yield from _execute_flow(
