@@ -9,7 +9,8 @@ The layers, bottom to top (ARCHITECTURE.md says what each holds):
     facade    safepoint (its __init__)                                  the public names
     integrations  safepoint.integrations.*                              one module per agent SDK
     testing   safepoint.testing.*                                       tools to prove workflows
-    ops       safepoint.ops.*, safepoint.__main__                       the CLI, dashboard, demo
+    ops       safepoint.ops.*, safepoint.__main__, safepoint.otel       the CLI, dashboard, demo,
+                                                                        telemetry
 """
 
 from __future__ import annotations
@@ -65,7 +66,9 @@ def layer_of(module: str) -> str:
         return "rules"
     if top in ("storage", "_engine", "testing"):
         return {"storage": "storage", "_engine": "engine", "testing": "testing"}[top]
-    if top in ("ops", "__main__"):
+    # safepoint.otel watches the engine through its private observer seam, as an operator's
+    # tool does: nothing in the package imports it.
+    if top in ("ops", "__main__", "otel"):
         return "ops"
     if top == "integrations":
         return "integrations"

@@ -29,6 +29,7 @@ PUBLIC_MODULES = (
     "safepoint.types",
     "safepoint.storage",
     "safepoint.testing",
+    "safepoint.otel",
 )
 
 # What a workflow's code uses every day. Adding a name here is a decision about the public API,

@@ -16,6 +16,7 @@ calling anything when the step's kind, name and input hash match.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -79,6 +80,7 @@ from ..types import (
 from .crashpoints import crashpoint
 from .current import running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
+from .observe import Execution, StepSeen, call_status
 from .slices import SliceClock
 
 if TYPE_CHECKING:
@@ -148,6 +150,9 @@ class RunCore:
         # The slice of time the call that carries the run on may spend (``slices``): once it
         # is spent, no new step starts.
         self.slice_clock: SliceClock | None = None
+        # What the installed observer follows of this execution (``observe``); None, the usual
+        # case, costs each step one test of it.
+        self.watch: Execution | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -461,17 +466,24 @@ class RunCore:
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
                 error = recorded.error or {}
-                raise StepFailed(
+                failed = StepFailed(
                     self.run.run_id,
                     sid,
                     str(error.get("type")),
                     str(error.get("message")),
                     int(error.get("attempts", 1)),
                 )
+                if self.watch is not None:
+                    self.seen_replayed(recorded, "failed", failed)
+                raise failed
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
+                if self.watch is not None:
+                    self.seen_replayed(recorded)
                 return recorded.result
             now = yield from io(Store.now)
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
+                if self.watch is not None:
+                    self.seen_replayed(recorded)
                 return recorded.result
             round_start = recorded.attempt  # the observation expired: read again
         if self.cancelling:
@@ -541,6 +553,7 @@ class RunCore:
                 yield from self._stop_at(partial(self._before_call, kind, sid, now))
             if kind is StepKind.READ:
                 base = replace(base, observed_at=now)
+            started = time.time_ns() if self.watch is not None else 0
             try:
                 value = yield Call(fn, args, kwargs)
             except UsageError:
@@ -555,6 +568,8 @@ class RunCore:
                     deadline_at=self.run.deadline_at,
                     seed=f"{self.run.run_id}/{sid}/{attempt}",
                 )
+                if self.watch is not None:
+                    self.seen_executed(base, started, "retrying" if decided.retry_at else "failed", exc)
                 if decided.retry_at is None:
                     # Recorded, so that a resume takes the path this run took: the same
                     # StepFailed is raised again instead of asking again.
@@ -580,7 +595,53 @@ class RunCore:
                 self.attempts.setdefault(sid, []).append(pending)
                 attempt += 1
                 continue
-            return (yield from self._record_result(base, value, usage, redact))
+            if self.watch is None:
+                return (yield from self._record_result(base, value, usage, redact))
+            return (yield from self._watched_record(base, started, value, usage, redact))
+
+    def _watched_record(
+        self, base: StepRecord, started: int, value: Any, usage: UsageFn | None, redact: bool
+    ) -> Flow[Any]:
+        """``_record_result``, and the installed observer told how the step's call ended."""
+        try:
+            value = yield from self._record_result(base, value, usage, redact)
+        except BaseException as exc:
+            self.seen_executed(base, started, call_status(exc, otherwise="failed"), exc)
+            raise
+        self.seen_executed(base, started, "completed", None, value)
+        return value
+
+    def seen_replayed(
+        self, step: StepRecord, status: str = "completed", error: BaseException | None = None
+    ) -> None:
+        """Tell the observer (there is one) that ``step`` was replayed from the ledger."""
+        assert self.watch is not None
+        now = time.time_ns()
+        self.watch.step(
+            StepSeen(
+                step.kind, step.step_id, step.name, step.attempt, True, status, now, now, error, step.result
+            )
+        )
+
+    def seen_executed(
+        self, base: StepRecord, started: int, status: str, error: BaseException | None, result: Any = None
+    ) -> None:
+        """Tell the observer (there is one) how one call of a step's function ended."""
+        assert self.watch is not None
+        self.watch.step(
+            StepSeen(
+                base.kind,
+                base.step_id,
+                base.name,
+                base.attempt,
+                False,
+                status,
+                started,
+                time.time_ns(),
+                error,
+                result,
+            )
+        )
 
     def _stop_at(self, reached: Callable[[], LimitReached | None]) -> Flow[None]:
         """Go on unless a limit stands before the next call (``reached()``): then read the

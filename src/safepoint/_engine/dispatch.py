@@ -11,6 +11,7 @@ through them.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -25,9 +26,11 @@ from .._rules.canonical import (
 )
 from .._rules.effects import (
     Action,
+    Applied,
     Effect,
     EffectKey,
     Next,
+    NotApplied,
     NotSent,
     Rejected,
     Unknown,
@@ -62,6 +65,7 @@ from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
+from .observe import EffectSeen, StepSeen, call_status
 
 _NOT_SENT_BACKOFF_S = 0.05
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),
@@ -84,19 +88,67 @@ def effect_flow(
     sid = core.occurrence(step_id, prefix)
     if not core.is_async:
         _refuse_async_callables(effect)
-    return (yield from EffectDispatch(core, sid, effect).carry_out(payload, operation_id, approval, prefix))
+    dispatch = EffectDispatch(core, sid, effect)
+    carried = dispatch.carry_out(payload, operation_id, approval, prefix)
+    return (yield from (carried if core.watch is None else dispatch.watched(carried)))
 
 
 class EffectDispatch:
     """One effect step of a run carried through the dispatch protocol: the run's core, the
     step's id (its occurrence, ``sid``) and the effect, which every transition needs."""
 
-    __slots__ = ("core", "effect", "sid")
+    __slots__ = ("acted", "core", "effect", "sid")
 
     def __init__(self, core: RunCore, sid: str, effect: Effect) -> None:
         self.core = core
         self.sid = sid
         self.effect = effect
+        self.acted = False  # the owner was called (execute or reconcile) for this step here
+
+    def watched(self, carried: Flow[Any]) -> Flow[Any]:
+        """``carried`` (the step's ``carry_out``), and the installed observer told how the step
+        ended: replayed (the owner was not called) or executed."""
+        watch, started = self.core.watch, time.time_ns()
+        assert watch is not None
+        status, error, receipt = "completed", None, None
+        try:
+            receipt = yield from carried
+        except BaseException as exc:
+            status = "rejected" if isinstance(exc, EffectRejected) else call_status(exc, otherwise="failed")
+            error = exc
+            raise
+        finally:
+            watch.step(
+                StepSeen(
+                    StepKind.EFFECT,
+                    self.sid,
+                    self.effect.name,
+                    1,
+                    not self.acted,
+                    status,
+                    started,
+                    time.time_ns(),
+                    error,
+                    receipt,
+                )
+            )
+        return receipt
+
+    def seen(
+        self,
+        action: str,
+        op: OperationRecord,
+        outcome: str,
+        started: int,
+        error: BaseException | None = None,
+        payload: JSON = None,
+        receipt: JSON = None,
+    ) -> None:
+        """Tell the installed observer (if any) how a call of the effect's owner ended."""
+        self.acted = True
+        if self.core.watch is not None:
+            seen = EffectSeen(action, op, self.sid, outcome, started, time.time_ns(), error, payload, receipt)
+            self.core.watch.effect(seen)
 
     def carry_out(self, payload: JSON, operation_id: str | None, approval: bool, prefix: str) -> Flow[Any]:
         """Replay the step, or take its operation from where the ledger stands to accepted;
@@ -567,9 +619,11 @@ class EffectDispatch:
     def call_and_record(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         self.core.operations[op.operation_id] = op
         crashpoint("effect.after_dispatching", self.sid)
+        started = time.time_ns() if self.core.watch is not None else 0
         try:
             receipt = yield Call(keyed(self.effect.execute), (payload, self.key(op)))
         except NotSent as exc:
+            self.seen("dispatch", op, "not_sent", started, exc, payload)
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
                 return (yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc)))
@@ -579,19 +633,23 @@ class EffectDispatch:
             yield Sleep(_NOT_SENT_BACKOFF_S * 2**op.dispatch_count)
             return op
         except Rejected as exc:
+            self.seen("dispatch", op, "rejected", started, exc, payload)
             # Raised as recorded: a replay raises the rejection from the ledger, the same.
             evidence = redact_json(storable_json(exc.evidence))
             yield from self.record(op, EffectState.REJECTED, error=evidence)
             raise EffectRejected(self.core.run.run_id, self.sid, op.operation_id, evidence) from exc
         except Exception as exc:
+            self.seen("dispatch", op, "unknown", started, exc, payload)
             # Timeout, dropped connection, a bad receipt: the outcome is unknown; reconcile.
             return (yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc)))
         except BaseException as exc:
+            self.seen("dispatch", op, "unknown", started, exc, payload)
             yield from self.interrupted(op, exc)
             raise
         try:
             require_json(receipt, "receipt", self.sid)
         except NotJSON as exc:
+            self.seen("dispatch", op, "unknown", started, exc, payload)
             # The owner answered, so the effect most likely happened; but what execute returned
             # cannot be recorded. Uncertain, and said so at once (see _unusable_receipt).
             return (
@@ -602,6 +660,7 @@ class EffectDispatch:
         # A receipt is the owner's word that it happened: keep it, with any credential in it (a
         # client_secret, say) masked, rather than lose the outcome.
         receipt = redact_json(receipt)
+        self.seen("dispatch", op, "applied", started, None, payload, receipt)
         crashpoint("effect.after_receiver_commit", self.sid)
         return (yield from self.applied(op, receipt, step))
 
@@ -634,12 +693,16 @@ class EffectDispatch:
 
     def reconcile(self, op: OperationRecord, payload: JSON, step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.reconcile is not None
+        started = time.time_ns() if self.core.watch is not None else 0
+        raised = None
         try:
             answer = yield Call(self.effect.reconcile, (self.key(op),))
         except Exception as exc:
-            answer = Unknown(f"reconcile raised {type(exc).__name__}: {exc}")
+            answer, raised = Unknown(f"reconcile raised {type(exc).__name__}: {exc}"), exc
         if isinstance(answer, Unknown):  # the owner's words go into the recovery record
             answer = Unknown(redact_text(str(answer.reason)))
+        outcome = _RECONCILED.get(type(answer), "unknown")
+        self.seen("reconcile", op, outcome, started, raised, payload, getattr(answer, "receipt", None))
         now = yield from io(Store.now)
         decided = after_reconcile(
             answer,
@@ -694,6 +757,10 @@ class EffectDispatch:
         op = yield from self.record(op, EffectState.ACCEPTED, step=step)
         crashpoint("effect.after_accept", self.sid)
         return op
+
+
+# What a reconcile's answer says, as the observer's outcome word.
+_RECONCILED: dict[type, str] = {Applied: "reconciled", NotApplied: "not_applied", Unknown: "unknown"}
 
 
 def _unusable_receipt(op: OperationRecord) -> str | None:

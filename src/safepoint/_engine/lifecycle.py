@@ -79,10 +79,12 @@ from ..types import (
     RunStatus,
     UnreadableRun,
 )
+from . import observe
 from .core import RunCore, finish_blocked
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import running
-from .flow import Call, Flow, Sleep, io
+from .flow import Call, Flow, R, Sleep, io
+from .observe import Execution
 from .ownership import Heartbeat, owner_is_gone, worker_id
 from .run import AsyncRun, Run
 from .slices import SliceClock, end_slice
@@ -210,7 +212,8 @@ def start_flow(
             attach_timeout = min(attach_timeout, slice_clock.remaining())
         return (yield from _attach_flow(store, wf, run, new.lease_ms, attach_timeout, slice_clock))
     crashpoint("run.after_start")
-    return (yield from _execute_flow(store, wf, claim, run, {}, {}, slice_clock=slice_clock))
+    watch = observe.started(run, claim, time.time_ns())
+    return (yield from _execute_flow(store, wf, claim, run, {}, {}, slice_clock=slice_clock, watch=watch))
 
 
 def outcome_of(run: RunRecord) -> Any:
@@ -279,44 +282,68 @@ def claimed_flow(
     code may continue it (version and fingerprint, by the compatibility policy); check its
     limits (resume budget, deadline: a spent one stops the run); then execute — replay
     classifies each recorded step and operation by DESIGN §3 as the workflow reaches it.
-    Anything that cannot go on blocks with the recovery record."""
-    ledger = yield from _load_intact(claim, run, store.identity)
+    Anything that cannot go on blocks with the recovery record. An installed observer follows
+    it from here, as one run execution (see ``observe``)."""
+    began = time.time_ns()
     try:
-        run = yield from _check_compatible(wf, claim, ledger.run)
-    except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
-        return (yield from _end_cancelled(_core(store, wf, claim, ledger), exc))
-    except DeadlineExceeded as exc:  # … or once the deadline passed
-        again = yield from _end_for_limit(_core(store, wf, claim, ledger), exc)
-        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
-    ledger = replace(ledger, run=run)
-    if run.resume_budget is not None and run.resume_count > run.resume_budget:
-        again = yield from _end_for_limit(
-            _core(store, wf, claim, ledger),
-            BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
-            f"the resume budget ({run.resume_budget}) ran out",
-        )
-        return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
-    if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
-        core = _core(store, wf, claim, ledger)
-        if not core.uncertain_operations():
-            again = yield from _end_for_limit(
-                core, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
-            )
-            return (yield from resume_flow(store, wf, again.run, claim.lease_ms, slice_clock))
-        # else: replay and settle the uncertain effect; the store refuses anything new, and
-        # the run then stops (or blocks, if the effect stays uncertain)
+        ledger = yield from _load_intact(claim, run, store.identity)
+    except BaseException as exc:
+        if (unread := observe.started(run, claim, began)) is not None:
+            unread.ended(observe.call_status(exc, otherwise="failed"), exc, time.time_ns())
+        raise
+    # the run as this claim left it (its resume count), from the ledger just loaded
+    watch = observe.started(ledger.run, claim, began)
+    if watch is None:
+        ready = yield from _ready_flow(store, wf, claim, ledger)
+    else:
+        ready = yield from _watched(watch, _ready_flow(store, wf, claim, ledger), ending=False)
+    if isinstance(ready, _Again):  # stopped at a limit a person raised in that moment: again
+        return (yield from resume_flow(store, wf, ready.run, claim.lease_ms, slice_clock))
     return (
         yield from _execute_flow(
             store,
             wf,
             claim,
-            run,
-            dict(ledger.steps),
-            dict(ledger.operations),
-            ledger.attempts,
+            ready.run,
+            dict(ready.steps),
+            dict(ready.operations),
+            ready.attempts,
             slice_clock=slice_clock,
+            watch=watch,
         )
     )
+
+
+def _ready_flow(store: Any, wf: Workflow, claim: Claim, ledger: Ledger) -> Flow[Ledger | _Again]:
+    """``claimed_flow``'s checks of the loaded ledger before the workflow runs: the ledger to
+    execute, or ``_Again`` for a run that stopped at a limit here and was released (to be
+    claimed again)."""
+    try:
+        run = yield from _check_compatible(wf, claim, ledger.run)
+    except Cancelled as exc:  # re-planning is new work: refused once a cancel is asked for
+        yield from _end_cancelled(_core(store, wf, claim, ledger), exc)
+    except DeadlineExceeded as exc:  # … or once the deadline passed
+        return (yield from _end_for_limit(_core(store, wf, claim, ledger), exc))
+    ledger = replace(ledger, run=run)
+    if run.resume_budget is not None and run.resume_count > run.resume_budget:
+        return (
+            yield from _end_for_limit(
+                _core(store, wf, claim, ledger),
+                BudgetExhausted(run.run_id, run.resume_budget, run.resume_count),
+                f"the resume budget ({run.resume_budget}) ran out",
+            )
+        )
+    if run.deadline_at is not None and past_deadline(run, (yield from io(Store.now))):
+        core = _core(store, wf, claim, ledger)
+        if not core.uncertain_operations():
+            return (
+                yield from _end_for_limit(
+                    core, DeadlineExceeded(run.run_id, run.deadline_at), "the deadline passed"
+                )
+            )
+        # else: replay and settle the uncertain effect; the store refuses anything new, and
+        # the run then stops (or blocks, if the effect stays uncertain)
+    return ledger
 
 
 def _check_key(op: OperationRecord, run: RunRecord, identity: LedgerIdentity) -> None:
@@ -448,6 +475,24 @@ class _Continued:
     claim: Claim | None
 
 
+def _watched(watch: Execution, flow: Flow[R], *, ending: bool = True) -> Flow[R]:
+    """``flow``, with ``watch`` told how the execution ended — when it raised, or (``ending``)
+    whatever it returned: its result, or the lifecycle's own ending that carries on elsewhere
+    (a successor, a limit raised as the run stopped)."""
+    try:
+        value = yield from flow
+    except BaseException as exc:
+        watch.ended(observe.call_status(exc, otherwise="failed"), exc, time.time_ns())
+        raise
+    if isinstance(value, _Continued):
+        watch.ended("continued", None, time.time_ns())
+    elif isinstance(value, _Again):
+        watch.ended("released", None, time.time_ns())
+    elif ending:
+        watch.ended(observe.returned_status(value), None, time.time_ns())
+    return value
+
+
 def _execute_flow(
     store: Any,
     wf: Workflow,
@@ -458,12 +503,15 @@ def _execute_flow(
     attempts: dict[str, Any] | None = None,
     *,
     slice_clock: SliceClock | None = None,
+    watch: Execution | None = None,
 ) -> Flow[Any]:
     """Run the workflow function against the ledger and record how it ended. A run that
     continues as new is followed by its successor, executed here in turn (a loop, not a
-    recursion: a chain may be long), so the caller gets the chain's result."""
+    recursion: a chain may be long), so the caller gets the chain's result. ``watch``: what
+    the installed observer follows of this execution (a successor is an execution of its own)."""
     while True:
-        ended = yield from _execute_run_flow(store, wf, claim, run, steps, operations, attempts, slice_clock)
+        executed = _execute_run_flow(store, wf, claim, run, steps, operations, attempts, slice_clock, watch)
+        ended = yield from (executed if watch is None else _watched(watch, executed))
         if isinstance(ended, _Again):  # a limit raised as the run stopped: carry it on
             return (yield from resume_flow(store, wf, ended.run, claim.lease_ms, slice_clock))
         if not isinstance(ended, _Continued):
@@ -471,6 +519,7 @@ def _execute_flow(
         if ended.claim is None:  # not claimed here: take it like any other run
             return (yield from resume_flow(store, wf, ended.run, claim.lease_ms, slice_clock))
         claim, run, steps, operations, attempts = ended.claim, ended.run, {}, {}, {}
+        watch = observe.started(run, claim, time.time_ns())
 
 
 def _execute_run_flow(
@@ -482,11 +531,13 @@ def _execute_run_flow(
     operations: dict[str, Any],
     attempts: dict[str, Any] | None,
     slice_clock: SliceClock | None = None,
+    watch: Execution | None = None,
 ) -> Flow[Any]:
     """One run of the workflow function against the ledger, and how it ended. Once it ended,
     its run object records nothing more (see ``RunCore.close``)."""
     core = _core(store, wf, claim, Ledger(run, steps, operations, attempts or {}))
     core.slice_clock = slice_clock
+    core.watch = watch
     try:
         return (yield from _executed(core, store, wf, claim, run))
     finally:

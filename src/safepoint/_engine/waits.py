@@ -13,6 +13,7 @@ is due writes nothing. The decisions are ``_rules.waits``'.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -30,10 +31,11 @@ from .._rules.waits import (
 )
 from ..errors import UsageError
 from ..storage.base import Store
-from ..types import StepKind, StepRecord, WaitGate
+from ..types import StepKind, StepRecord, StepStatus, WaitGate
 from .core import RunCore
 from .crashpoints import crashpoint
 from .flow import Flow, io
+from .observe import call_status
 
 
 def wait_flow(
@@ -47,12 +49,14 @@ def wait_flow(
     step_name, hashed = wait_step_name(name), input_hash(wait_inputs(name))
     recorded = yield from core.replay_lookup(sid, StepKind.WAIT, step_name, hashed)
     if recorded is not None:
+        if core.watch is not None:
+            core.seen_replayed(recorded, "failed" if recorded.status is StepStatus.FAILED else "completed")
         return received(core.run.run_id, recorded, name)
     if core.cancelling:
         raise core.cancelled()  # waiting is new work
     base = StepRecord(core.run.run_id, sid, StepKind.WAIT, step_name, hashed, None, seq=core.next_seq(sid))
     crashpoint("step.before_record", sid)
-    gate = yield from _gate(core, io(Store.await_message, core.claim, base, name, timeout_ms), sid)
+    gate = yield from _gate(core, io(Store.await_message, core.claim, base, name, timeout_ms), base)
     assert gate.step is not None  # a gate that does not make the run wait records the step
     crashpoint("step.after_record", sid)
     return received(core.run.run_id, gate.step, name)
@@ -69,18 +73,34 @@ def sleep_flow(core: RunCore, step_id: str | None, duration: timedelta | float, 
     recorded = yield from core.replay_lookup(sid, StepKind.WAIT, SLEEP_STEP, hashed)
     if recorded is not None:
         if (yield from io(Store.now)) >= sleep_until(recorded.result):
+            if core.watch is not None:
+                core.seen_replayed(recorded)
             return  # due: nothing to write
-        yield from _gate(core, io(Store.await_timer, core.claim, recorded, duration_ms), sid)
+        yield from _gate(core, io(Store.await_timer, core.claim, recorded, duration_ms), recorded)
         return  # due after all, on the store's own reading of its clock
     if core.cancelling:
         raise core.cancelled()  # a sleep not started yet is new work
     base = StepRecord(core.run.run_id, sid, StepKind.WAIT, SLEEP_STEP, hashed, None, seq=core.next_seq(sid))
     crashpoint("step.before_record", sid)
-    yield from _gate(core, io(Store.await_timer, core.claim, base, duration_ms), sid)
+    yield from _gate(core, io(Store.await_timer, core.claim, base, duration_ms), base)
     crashpoint("step.after_record", sid)
 
 
-def _gate(core: RunCore, request: Flow[WaitGate], sid: str) -> Flow[WaitGate]:
+def _gate(core: RunCore, request: Flow[WaitGate], step: StepRecord) -> Flow[WaitGate]:
+    """``_ask_gate``; an installed observer is told how the wait step's gate answered."""
+    if core.watch is None:
+        return (yield from _ask_gate(core, request, step.step_id))
+    started = time.time_ns()
+    try:
+        gate = yield from _ask_gate(core, request, step.step_id)
+    except BaseException as exc:
+        core.seen_executed(step, started, call_status(exc, otherwise="failed"), exc)
+        raise
+    core.seen_executed(step, started, "completed", None, gate.step.result if gate.step is not None else None)
+    return gate
+
+
+def _ask_gate(core: RunCore, request: Flow[WaitGate], sid: str) -> Flow[WaitGate]:
     """Ask a wait's gate, which may release the run: no fan-out branch starts a dispatch
     meanwhile (``release_turn``). A run made to wait halts this run object with the error its
     caller gets."""

@@ -278,16 +278,16 @@ class InvalidStoreURL(UsageError):
 
 
 class MissingExtra(UsageError):
-    """An optional dependency of the store asked for is not installed (``pip install
-    'safepoint[extra]'``)."""
+    """An optional dependency of the store (or module, ``needed_by``) asked for is not
+    installed (``pip install 'safepoint[extra]'``)."""
 
     extra: str
     module: str
 
-    def __init__(self, extra: str, module: str) -> None:
+    def __init__(self, extra: str, module: str, needed_by: str | None = None) -> None:
         super().__init__(
-            f"the {extra} store needs the {module!r} package, which is not installed:"
-            f" pip install 'safepoint[{extra}]'",
+            f"{needed_by or f'the {extra} store'} needs the {module!r} package, which is not"
+            f" installed: pip install 'safepoint[{extra}]'",
             extra=extra,
             module=module,
         )
