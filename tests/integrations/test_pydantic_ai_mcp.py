@@ -230,7 +230,9 @@ def find_ticket(key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
     return sp.Applied(json.dumps(found)) if found is not None else sp.NotApplied()
 
 
-@pytest.mark.parametrize("crash", ["effect.after_receiver_commit:tool", "effect.after_receiver_commit:tool@2"])
+@pytest.mark.parametrize(
+    "crash", ["effect.after_receiver_commit:tool", "effect.after_receiver_commit:tool@2"]
+)
 def test_over_stdio_a_crash_after_the_server_committed_applies_each_effect_once(
     store: sp.Store, owner_env: OwnerService, crash: str
 ) -> None:

@@ -101,7 +101,9 @@ def give_key_hook(toolset: Any) -> None:
     async def process_tool_call(ctx: Any, call_tool: Any, name: str, args: dict[str, Any]) -> Any:
         current = _SENDING.get()
         if current is None:
-            return await (call_tool(name, args) if user_hook is None else user_hook(ctx, call_tool, name, args))
+            return await (
+                call_tool(name, args) if user_hook is None else user_hook(ctx, call_tool, name, args)
+            )
         args = {**args, **dict.fromkeys(current.arguments, current.key)}
 
         async def keyed(name: str, args: dict[str, Any], *, metadata: dict[str, Any] | None = None) -> Any:

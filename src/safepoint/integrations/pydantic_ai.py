@@ -216,7 +216,9 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         kind = declared.get("kind") if isinstance(declared, Mapping) else hinted_kind(metadata)
         if kind != "effect":
             return tool_def
-        return dataclasses.replace(tool_def, parameters_json_schema=schema_shown(tool_def.parameters_json_schema))
+        return dataclasses.replace(
+            tool_def, parameters_json_schema=schema_shown(tool_def.parameters_json_schema)
+        )
 
     async def execute(
         self,
