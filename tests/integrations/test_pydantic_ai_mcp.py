@@ -28,9 +28,9 @@ import safepoint as sp
 from mcp_flows import SERVER
 from safepoint.integrations import mcp as spm
 from safepoint.integrations import pydantic_ai as sppa
-from safepoint.types import StepKind
 from safepoint.testing import FakeModelServer, OwnerService, SimulatedCrash, Turn
 from safepoint.testing import crash_at as crashing
+from safepoint.types import StepKind
 
 SCRIPT = [
     Turn.tool_calls(("get_order", {"order_id": "A1"})),
@@ -116,7 +116,7 @@ def test_the_listing_is_a_read_and_the_effect_key_reaches_the_server_in_meta_and
         shown = tools_shown(fake.requests[0])
     ledger = file_store.load_ledger("pm-1")
     steps = ledger.steps
-    assert list(steps)[0] == "tools.crm"
+    assert next(iter(steps)) == "tools.crm"
     assert steps["tools.crm"].kind is StepKind.READ  # the tool list is an input to the next request
     tools = [s for s in steps.values() if s.step_id.startswith("tool.call_")]
     # Undeclared: the kinds come from the server's annotations (readOnlyHint → read, else effect).

@@ -28,7 +28,7 @@ from safepoint.integrations._mcp_policy import (
     without_key_arguments,
 )
 
-__all__ = ["McpTool", "give_key_hook", "hinted_kind", "schema_shown", "sending"]
+__all__ = ["McpTool", "give_key_hook", "hinted_kind", "listed", "schema_shown", "sending"]
 
 # Marks a hook this module made, so that an MCPToolset shared by two agents is wrapped once.
 _MARK = "__safepoint_sends_keys__"

@@ -55,8 +55,8 @@ import safepoint as sp
 from safepoint.errors import EffectRejected, TransientFailure, UsageError
 
 from ._common import model_retry
-from ._pydantic_ai_mcp import McpTool, give_key_hook, hinted_kind, listed, schema_shown, sending
 from ._pydantic_ai_keys import call_identity, key_digest, model_identity, unit_identity
+from ._pydantic_ai_mcp import McpTool, give_key_hook, hinted_kind, listed, schema_shown, sending
 
 try:
     from pydantic_ai import exceptions as pai_errors
@@ -202,14 +202,20 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         )
         # Per run object: how many calls of each operation the tool answered with a signal.
         self._refused: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
-        # Per run object: the MCP tools its recorded listings hold, by name.
-        self._mcp: weakref.WeakKeyDictionary[Any, dict[str, McpTool]] = weakref.WeakKeyDictionary()
+        # Per run object: the MCP tools its recorded listings hold, by toolset id and name.
+        self._mcp: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], McpTool]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def shown(self, run: Any, tool_def: Any) -> Any:
         """``tool_def`` as the model is shown it in ``run``: an MCP effect tool's schema without
         its idempotency-key arguments, which the call fills with the operation's key."""
-        listed_tool = self._mcp.get(run, {}).get(tool_def.name)
-        if listed_tool is None or not listed_tool.key_arguments:
+        # By name: what the model is shown is not marked with the toolset it came from. A
+        # toolset that renames its tools (``prefixed``) keeps the key arguments in view; the
+        # call still fills them.
+        if not any(
+            name == tool_def.name and t.key_arguments for (_, name), t in self._mcp.get(run, {}).items()
+        ):
             return tool_def
         metadata = tool_def.metadata or {}
         declared = metadata.get(METADATA_KEY, self._tools.get(tool_def.name))
@@ -245,7 +251,9 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
             case ToolsetGetToolsId(toolset_kind=toolset_kind, toolset_id=toolset_id):
                 listing = await run.read(f"tools.{toolset_id}", _unit(body, name), unit_identity(cache_key))
                 if toolset_kind == "mcp":  # read back on a replay too: the tools' key arguments
-                    self._mcp.setdefault(run, {}).update(listed(listing, toolset_id))
+                    self._mcp.setdefault(run, {}).update(
+                        ((toolset_id, name), tool) for name, tool in listed(listing, toolset_id).items()
+                    )
                 return listing
             case _:  # the union grows in minor releases: record what is not known yet
                 return await run.read("pydantic_ai", _unit(body, name), unit_identity(cache_key))
@@ -316,9 +324,9 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         # An MCP tool's operations are the server's: named after it, as safepoint.integrations.mcp
         # names them, so that two servers' tools of one name are two owners.
         owner_name = tool_name if mcp_toolset is None else f"mcp.{mcp_toolset}.{tool_name}"
-        keyed = ()
+        keyed: tuple[str, ...] = ()
         if mcp_toolset is not None:
-            listed_tool = self._mcp.get(run, {}).get(tool_name)
+            listed_tool = self._mcp.get(run, {}).get((mcp_toolset, tool_name))
             keyed = listed_tool.key_arguments if listed_tool is not None else ()
         operation_id = key_digest(owner_name, arguments, key_fields) if key_fields else None
         made = self._made.setdefault(run, {})
