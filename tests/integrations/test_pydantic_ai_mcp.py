@@ -9,15 +9,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import pytest
 from fastmcp.client.transports import StdioTransport
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
@@ -25,7 +21,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 import safepoint as sp
-from mcp_flows import SERVER
+from mcp_flows import SERVER, Crm
 from safepoint.integrations import mcp as spm
 from safepoint.integrations import pydantic_ai as sppa
 from safepoint.testing import FakeModelServer, OwnerService, SimulatedCrash, Turn
@@ -37,42 +33,6 @@ SCRIPT = [
     Turn.tool_calls(("create_ticket", {"subject": "Order A1 never arrived"})),
     Turn.text("Opened a ticket for order A1."),
 ]
-
-
-class Crm:
-    """A real MCP server whose tickets are deduplicated by the key in ``_meta``, counting what it
-    is asked and what it applied."""
-
-    def __init__(self) -> None:
-        self.tickets: dict[str, dict[str, Any]] = {}
-        self.calls: Counter[str] = Counter()
-        self.metas: list[dict[str, Any]] = []
-        self.key_arguments: list[str] = []
-        self.delay = 0.0
-        server = self.server = MCPServer("crm")
-
-        @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-        def get_order(order_id: str) -> str:
-            """Look up an order."""
-            self.calls["get_order"] += 1
-            return json.dumps({"order_id": order_id, "total_cents": 4200})
-
-        @server.tool()
-        async def create_ticket(subject: str, ctx: Context, idempotency_key: str = "") -> str:
-            """Open a ticket."""
-            self.calls["create_ticket"] += 1
-            meta = dict(ctx.request_context.meta or {})
-            self.metas.append(meta)
-            self.key_arguments.append(idempotency_key)
-            made = self.tickets.setdefault(
-                meta[spm.META_KEY], {"id": f"T-{len(self.tickets) + 1}", "subject": subject}
-            )
-            await anyio.sleep(self.delay)  # the ticket exists before the answer leaves
-            return json.dumps(made)
-
-    def find(self, key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
-        found = self.tickets.get(str(key))
-        return sp.Applied(json.dumps(found)) if found else sp.NotApplied()
 
 
 def chat_model(fake: FakeModelServer) -> OpenAIChatModel:
