@@ -217,3 +217,25 @@ def test_over_stdio_a_crash_after_the_server_committed_applies_each_effect_once(
         "mcp.crm.create_ticket",
         "mcp.crm.send_email",
     ]
+
+
+def test_only_an_answer_that_did_nothing_goes_back_to_the_model_as_a_retry() -> None:
+    from fastmcp.exceptions import ToolError
+    from mcp import MCPError
+    from pydantic_ai import ModelRetry
+
+    from safepoint.integrations._pydantic_ai_mcp import _lost
+
+    def retry(cause: BaseException | None) -> ModelRetry:
+        try:
+            raise ModelRetry("try again") from cause
+        except ModelRetry as exc:
+            return exc
+
+    timeout = MCPError(-32001, "Request timed out")
+    assert _lost(retry(None)) is None  # the tool's own isError result
+    assert _lost(retry(ToolError("no such order"))) is None
+    assert _lost(retry(MCPError(-32602, "Invalid params"))) is None  # refused before the tool ran
+    assert _lost(retry(timeout)) is timeout  # the outcome is unknown
+    assert _lost(retry(ExceptionGroup("session", [timeout]))) is timeout
+    assert _lost(ValueError("not a retry")) is None
