@@ -24,6 +24,8 @@ from agent_flows import FAKE_MODEL_URL_ENV, PID_HEADER, SCRIPT, TICKET
 from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService
 
 TESTS = str(Path(__file__).parent)
+# Names a file ``tests/mcp_server.py`` takes once, SIGKILLing its client in the middle of a call.
+MCP_KILL_FLAG_ENV = "MCP_TEST_KILL_FLAG"
 
 
 @contextmanager
@@ -89,8 +91,9 @@ class AgentKills:
         crash_at: str,
         again: int,
     ) -> None:
-        """Kill one run at ``crash_at`` (a crash point, or ``in-flight@<turn>``), resume it, and
-        assert everything a trial asserts; ``again``: the requests a resume may send twice."""
+        """Kill one run at ``crash_at`` (a crash point, ``in-flight@<turn>``, or ``mcp-in-flight``:
+        the MCP server kills its client once it has made the change), resume it, and assert
+        everything a trial asserts; ``again``: the requests a resume may send twice."""
         harness = self.harness(request, workdir, workflow, store)
         reference, applied = harness.reference()
         assert reference["status"] == "completed", reference
@@ -99,6 +102,13 @@ class AgentKills:
         if crash_at.startswith("in-flight@"):
             kill_in_flight(self.fake, turn=int(crash_at.partition("@")[2]))
             report = harness.trial()
+        elif crash_at == "mcp-in-flight":
+            flag = workdir / "kill-once"
+            flag.write_text("")
+            monkeypatch = request.getfixturevalue("monkeypatch")
+            monkeypatch.setenv(MCP_KILL_FLAG_ENV, str(flag))  # the children, and their server, inherit it
+            report = harness.trial()
+            assert not flag.exists(), "the MCP server never held the call"
         else:
             report = harness.trial(crash_at=crash_at)
         assert report.killed, f"the crash point {crash_at} was never reached"

@@ -6,6 +6,9 @@ server's ``find_ticket``) and sends an e-mail (the server deduplicates by the ke
 call is sent again under it). Step ids: ``mcp.crm.list_tools``, ``mcp.crm.get_order``,
 ``mcp.crm.create_ticket``, ``mcp.crm.send_email``: ``effect.after_dispatching:mcp.crm.create``
 aims a kill.
+
+``Crm`` is a server of the same shape in process (``mcp.server.mcpserver.MCPServer``), for the
+tests that count what it was asked.
 """
 
 from __future__ import annotations
@@ -13,11 +16,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import ToolAnnotations
 
 import safepoint as sp
 from safepoint.integrations import mcp as spm
@@ -63,3 +70,52 @@ async def support_mcp(run: sp.AsyncRun, subject: str) -> dict[str, Any]:
             await crm.call_tool("send_email", {"to": order["customer"], "subject": f"Ticket {ticket['id']}"})
         )
         return {"tools": sorted(t.name for t in listing.tools), "ticket": ticket["id"], "email": email["id"]}
+
+
+class Crm:
+    """A real MCP server whose tickets are deduplicated by the key in ``_meta``, counting what
+    it is asked and what it applied."""
+
+    def __init__(self) -> None:
+        self.tickets: dict[str, dict[str, Any]] = {}
+        self.calls: Counter[str] = Counter()
+        self.metas: list[dict[str, Any]] = []
+        self.key_arguments: list[str] = []
+        self.delay = 0.0
+        server = self.server = MCPServer("crm")
+
+        @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+        def get_order(order_id: str) -> str:
+            """Look up an order."""
+            self.calls["get_order"] += 1
+            if order_id == "missing":
+                raise ValueError("no such order")
+            return json.dumps({"order_id": order_id, "total_cents": 4200})
+
+        @server.tool()
+        async def create_ticket(subject: str, ctx: Context, idempotency_key: str = "") -> str:
+            """Open a ticket."""
+            self.calls["create_ticket"] += 1
+            meta = dict(ctx.request_context.meta or {})
+            self.metas.append(meta)
+            self.key_arguments.append(idempotency_key)
+            key = meta[spm.META_KEY]
+            made = self.tickets.setdefault(key, {"id": f"T-{len(self.tickets) + 1}", "subject": subject})
+            await anyio.sleep(self.delay)  # the ticket exists before the answer leaves
+            return json.dumps(made)
+
+        @server.tool(annotations=ToolAnnotations(destructive_hint=True))
+        def close_account(account: str) -> str:
+            """Close an account."""
+            self.calls["close_account"] += 1
+            raise ValueError("accounts with open orders cannot be closed")
+
+        @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+        def set_status(order_id: str, status: str) -> str:
+            """Set an order's status."""
+            self.calls["set_status"] += 1
+            return status
+
+    def find(self, key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
+        found = self.tickets.get(str(key))
+        return sp.Applied(found) if found else sp.NotApplied()

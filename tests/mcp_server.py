@@ -7,7 +7,8 @@ Tools: ``get_order`` (read-only), ``create_ticket`` (declares an ``idempotency_k
 ``find_ticket`` (read-only: a ticket by key, for a client's reconcile), ``send_email`` (no key
 argument: the key travels in ``_meta`` only) and ``slow_ticket`` (answers after
 ``$MCP_TEST_DELAY`` seconds, for timeouts). E-mails are filed as tickets: the owner can look
-those up.
+those up. With ``$MCP_TEST_KILL_FLAG`` naming a file, the first ``create_ticket`` or
+``send_email`` to take it SIGKILLs the client after the change is made, before it answers.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def create_ticket(subject: str, ctx: Context, idempotency_key: str = "") -> str:
 
 
 @server.tool()
-def send_email(to: str, subject: str, ctx: Context) -> str:
+def send_email(to: str, subject: str, ctx: Context, body: str = "") -> str:
     """Send an e-mail."""
-    created = owner_client().create("tickets", {"to": to, "subject": subject}, idempotency_key=_key(ctx))
+    payload = {"to": to, "subject": subject, "body": body} if body else {"to": to, "subject": subject}
+    created = owner_client().create("tickets", payload, idempotency_key=_key(ctx))
+    _kill_the_client_once()
     return json.dumps(created)
 
 

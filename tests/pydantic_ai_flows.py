@@ -6,23 +6,32 @@ The conversation is ``agent_flows.SCRIPT`` at the fake model server: the model l
 then answers. The effects go to the local effect owner (``$SAFEPOINT_OWNER_URL``), which counts
 what it applied; the tools send it ``safepoint.current_effect_key()`` as the idempotency key.
 
-Step ids: ``model``, ``model#2``, … for the model requests; ``tool.<tool_call_id>`` per call.
+``support_mcp_chat`` is the same agent with its e-mails sent by an MCP server over stdio
+(``tests/mcp_server.py``'s ``send_email``, through ``pydantic_ai.mcp.MCPToolset``): the server files
+them at the owner under the key it finds in ``_meta``.
+
+Step ids: ``model``, ``model#2``, … for the model requests; ``tool.<tool_call_id>`` per call;
+``tools.crm`` for the MCP server's tool list.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from typing import Any
 
+from fastmcp.client.transports import StdioTransport
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
+from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.models import Model
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
 import safepoint as sp
 from agent_flows import FAKE_MODEL_URL_ENV, ORDERS, PID_HEADER, SYSTEM
+from mcp_flows import SERVER
 from safepoint.integrations import pydantic_ai as sppa
 from safepoint.testing import owner_client
 
@@ -47,9 +56,22 @@ REFUND = sppa.effect(key_fields=["order_id"], reconcile=find_refund, dedup_reten
 EMAIL = sppa.effect(key_fields=["to", "subject"], reconcile=find_email, dedup_retention=DEDUP)
 
 
-def support_agent(model: Model) -> Agent[None, str]:
-    """The support agent on ``model``, durable: its tools declared by kind in their metadata."""
-    agent = Agent(model, name="support", instructions=SYSTEM, capabilities=[sppa.SafepointDurability()])
+def support_agent(model: Model, *, mcp: bool = False) -> Agent[None, str]:
+    """The support agent on ``model``, durable: its tools declared by kind in their metadata —
+    with ``mcp``, its e-mails sent by the MCP server, declared by name to the capability."""
+    if mcp:
+        crm = MCPToolset(
+            StdioTransport(command=sys.executable, args=[SERVER], env=dict(os.environ)), id="crm"
+        )
+        agent = Agent(
+            model,
+            name="support",
+            instructions=SYSTEM,
+            toolsets=[crm.filtered(lambda ctx, tool: tool.name == "send_email")],
+            capabilities=[sppa.SafepointDurability(tools={"send_email": EMAIL["safepoint"]})],
+        )
+    else:
+        agent = Agent(model, name="support", instructions=SYSTEM, capabilities=[sppa.SafepointDurability()])
 
     @agent.tool_plain
     def get_order(order_id: str) -> dict[str, Any]:
@@ -62,11 +84,13 @@ def support_agent(model: Model) -> Agent[None, str]:
         payload = {"order_id": order_id, "amount_cents": amount_cents}
         return owner_client().create("refunds", payload, idempotency_key=str(sp.current_effect_key()))
 
-    @agent.tool_plain(metadata=EMAIL)
-    def send_email(to: str, subject: str, body: str) -> Any:
-        """Send an e-mail."""
-        payload = {"to": to, "subject": subject, "body": body}
-        return owner_client().create("tickets", payload, idempotency_key=str(sp.current_effect_key()))
+    if not mcp:
+
+        @agent.tool_plain(metadata=EMAIL)
+        def send_email(to: str, subject: str, body: str) -> Any:
+            """Send an e-mail."""
+            payload = {"to": to, "subject": subject, "body": body}
+            return owner_client().create("tickets", payload, idempotency_key=str(sp.current_effect_key()))
 
     return agent
 
@@ -96,3 +120,9 @@ async def support_chat(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
 async def support_responses(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
     agent = support_agent(OpenAIResponsesModel("gpt-test", provider=OpenAIProvider(openai_client=_client())))
     return _ending(await agent.run(ticket))
+
+
+@sp.workflow("support-pydantic-ai-mcp", version="1")
+async def support_mcp_chat(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
+    model = OpenAIChatModel("gpt-test", provider=OpenAIProvider(openai_client=_client()))
+    return _ending(await support_agent(model, mcp=True).run(ticket))

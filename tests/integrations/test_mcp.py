@@ -6,17 +6,14 @@ committed, timeouts, ``isError`` results, and the server's tools in an Anthropic
 from __future__ import annotations
 
 import json
-from collections import Counter
 from datetime import timedelta
 from typing import Any
 
-import anyio
 import mcp
 import pytest
-from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
 
 import safepoint as sp
+from mcp_flows import Crm
 from safepoint.errors import UsageError
 from safepoint.integrations import mcp as spm
 from safepoint.testing import FakeModelServer, SimulatedCrash, Turn
@@ -28,55 +25,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-class Crm:
-    """A real MCP server whose tickets are deduplicated by the key in ``_meta``, counting what
-    it is asked and what it applied."""
-
-    def __init__(self) -> None:
-        self.tickets: dict[str, dict[str, Any]] = {}
-        self.calls: Counter[str] = Counter()
-        self.metas: list[dict[str, Any]] = []
-        self.key_arguments: list[str] = []
-        self.delay = 0.0
-        server = self.server = MCPServer("crm")
-
-        @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-        def get_order(order_id: str) -> str:
-            """Look up an order."""
-            self.calls["get_order"] += 1
-            if order_id == "missing":
-                raise ValueError("no such order")
-            return json.dumps({"order_id": order_id, "total_cents": 4200})
-
-        @server.tool()
-        async def create_ticket(subject: str, ctx: Context, idempotency_key: str = "") -> str:
-            """Open a ticket."""
-            self.calls["create_ticket"] += 1
-            meta = dict(ctx.request_context.meta or {})
-            self.metas.append(meta)
-            self.key_arguments.append(idempotency_key)
-            key = meta[spm.META_KEY]
-            made = self.tickets.setdefault(key, {"id": f"T-{len(self.tickets) + 1}", "subject": subject})
-            await anyio.sleep(self.delay)  # the ticket exists before the answer leaves
-            return json.dumps(made)
-
-        @server.tool(annotations=ToolAnnotations(destructive_hint=True))
-        def close_account(account: str) -> str:
-            """Close an account."""
-            self.calls["close_account"] += 1
-            raise ValueError("accounts with open orders cannot be closed")
-
-        @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
-        def set_status(order_id: str, status: str) -> str:
-            """Set an order's status."""
-            self.calls["set_status"] += 1
-            return status
-
-    def find(self, key: sp.EffectKey) -> sp.Applied | sp.NotApplied:
-        found = self.tickets.get(str(key))
-        return sp.Applied(found) if found else sp.NotApplied()
 
 
 @pytest.fixture

@@ -1,7 +1,10 @@
 """A Pydantic AI agent made durable by ``SafepointDurability``, killed with SIGKILL at the
 boundaries of a turn: a model reply lost before it was recorded, one recorded, between the two
 effects of one turn, inside an effect's dispatch (intent written; the owner committed, the
-receipt lost) and while the fake model server holds a request.
+receipt lost) and while the fake model server holds a request. ``support_mcp_chat`` sends its
+e-mails through an MCP server over stdio: killed with its listing recorded, with an MCP call's
+intent written, after the server committed, and by the server itself in the middle of the call
+(``mcp-in-flight``: the e-mail filed, the answer never sent).
 
 Each trial resumes the killed run in fresh processes — so every unit's identity must match
 across processes — and asserts, beside the kill test's own (the result of an uninterrupted run,
@@ -21,7 +24,9 @@ from safepoint.testing import OwnerService
 
 pytestmark = pytest.mark.kill
 
-# (workflow, store, crash spec, requests a resume may send again): eight trials in all.
+# (workflow, store, crash spec, requests a resume may send again): fourteen trials in all. In
+# support_mcp_chat the effects are the refund (a function tool), then the two e-mails (MCP calls):
+# "tool@2" and "tool@3" aim at the MCP calls.
 TRIALS = [
     ("support_chat", "sqlite", "step.before_record:model#2", 1),  # the reply lost: asked again, once
     ("support_chat", "sqlite", "step.after_record:model#2", 0),  # recorded: replayed, not asked
@@ -31,6 +36,12 @@ TRIALS = [
     ("support_chat", "postgres", "effect.after_receiver_commit:tool@2", 0),
     ("support_chat", "postgres", "step.after_record:model#3", 0),
     ("support_responses", "sqlite", "effect.after_accept:tool@1", 0),  # between a turn's two effects
+    ("support_mcp_chat", "sqlite", "step.after_record:tools.crm", 0),  # the MCP listing recorded
+    ("support_mcp_chat", "sqlite", "effect.after_dispatching:tool@2", 0),  # intent durable, not sent
+    ("support_mcp_chat", "sqlite", "effect.after_receiver_commit:tool@2", 0),  # server committed
+    ("support_mcp_chat", "sqlite", "mcp-in-flight", 0),  # killed by the server inside the call
+    ("support_mcp_chat", "postgres", "mcp-in-flight", 0),
+    ("support_mcp_chat", "postgres", "effect.after_receiver_commit:tool@3", 0),
 ]
 
 

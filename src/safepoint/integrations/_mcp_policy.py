@@ -142,9 +142,18 @@ def policy_of(
     if chosen != "annotations":
         return as_policy(chosen, getattr(tool, "name", "?"))
     hints = getattr(tool, "annotations", None)
-    if hints is not None and hints.read_only_hint is True:
+    if hints is None:
+        return hinted(None, None, trust_idempotent)
+    return hinted(hints.read_only_hint, hints.idempotent_hint, trust_idempotent)
+
+
+def hinted(read_only: bool | None, idempotent_hint: bool | None, trust_idempotent: bool) -> ToolPolicy:
+    """The policy a tool's annotations give it: ``readOnlyHint`` a read; ``idempotentHint`` an
+    idempotent effect only if the user trusts it; anything else an effect that blocks the run
+    when its outcome is uncertain (``destructiveHint`` is true unless the server says not)."""
+    if read_only is True:
         return read()
-    if trust_idempotent and hints is not None and hints.idempotent_hint is True:
+    if trust_idempotent and idempotent_hint is True:
         return idempotent()
     return effect()
 

@@ -27,7 +27,15 @@ runs each durable unit Pydantic AI hands it as a step:
   effect is dispatched at most once per operation; its tool reads the idempotency key with
   ``safepoint.current_effect_key()``; after a crash it is reconciled with its owner, never sent
   blind;
-- MCP calls, tool discovery and anything else are recorded reads, replayed on a resume.
+- an MCP server's tools (a ``pydantic_ai.mcp.MCPToolset`` with an ``id``): the listing is the
+  read ``tools.<id>``, replayed so that the model is shown the tools it was shown; a call is the
+  step ``tool.<tool_call_id>`` of the kind declared in ``SafepointDurability(tools={...})``, else
+  of the kind the server's annotations give (``readOnlyHint`` a read, anything else an effect
+  that blocks on an uncertain outcome). An effect's key reaches the server in the request's
+  ``_meta`` (``dev.safepoint/idempotency-key``) and, when the tool's schema declares
+  ``idempotency_key`` or ``idempotencyKey``, as that argument, which the model is not shown; a
+  timeout or a dropped connection leaves the outcome unknown, never a retry by the model;
+- tool discovery of other toolsets and anything else are recorded reads, replayed on a resume.
 
 What a tool signals to the agent (``ModelRetry``, ``ApprovalRequired``, ``CallDeferred``) is
 recorded as the call's value — replayed, not retried. Outside a workflow the agent runs as it
@@ -36,6 +44,8 @@ would without the capability.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
@@ -46,6 +56,7 @@ from safepoint.errors import EffectRejected, TransientFailure, UsageError
 
 from ._common import model_retry
 from ._pydantic_ai_keys import call_identity, key_digest, model_identity, unit_identity
+from ._pydantic_ai_mcp import McpTool, give_key_hook, hinted_kind, listed, schema_shown, sending
 
 try:
     from pydantic_ai import exceptions as pai_errors
@@ -172,6 +183,8 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         def tool_config(operation_id: DurableOperationId, tool: Any, tool_name: str) -> dict[str, Any]:
             metadata = getattr(getattr(tool, "tool_def", None), "metadata", None) or {}
             declared = metadata.get(METADATA_KEY, tools.get(tool_name))
+            if declared is None and _is_mcp(operation_id):  # the server's annotations, as defaults
+                declared = {"kind": hinted_kind(metadata)}
             return _declaration(tool_name, declared) if tool_name else {}
 
         super().__init__(
@@ -189,6 +202,29 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         )
         # Per run object: how many calls of each operation the tool answered with a signal.
         self._refused: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+        # Per run object: the MCP tools its recorded listings hold, by toolset id and name.
+        self._mcp: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], McpTool]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def shown(self, run: Any, tool_def: Any) -> Any:
+        """``tool_def`` as the model is shown it in ``run``: an MCP effect tool's schema without
+        its idempotency-key arguments, which the call fills with the operation's key."""
+        # By name: what the model is shown is not marked with the toolset it came from. A
+        # toolset that renames its tools (``prefixed``) keeps the key arguments in view; the
+        # call still fills them.
+        if not any(
+            name == tool_def.name and t.key_arguments for (_, name), t in self._mcp.get(run, {}).items()
+        ):
+            return tool_def
+        metadata = tool_def.metadata or {}
+        declared = metadata.get(METADATA_KEY, self._tools.get(tool_def.name))
+        kind = declared.get("kind") if isinstance(declared, Mapping) else hinted_kind(metadata)
+        if kind != "effect":
+            return tool_def
+        return dataclasses.replace(
+            tool_def, parameters_json_schema=schema_shown(tool_def.parameters_json_schema)
+        )
 
     async def execute(
         self,
@@ -204,16 +240,21 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         match operation_id:
             case ModelRequestId():
                 return await self._model(run, name, body, cache_key)
-            case ToolsetCallToolId(toolset_kind="function" | "dynamic"):
+            case ToolsetCallToolId(toolset_kind="mcp", toolset_id=toolset_id):
+                return await self._tool(run, name, body, cache_key, config, mcp_toolset=toolset_id)
+            case ToolsetCallToolId():
                 return await self._tool(run, name, body, cache_key, config)
-            case ToolsetCallToolId():  # an MCP server's tool: a read unless declared
-                return await self._tool(run, name, body, cache_key, config, default="read")
             case ToolsetValidateToolArgumentsId():
                 identity = call_identity(cache_key)
                 sid = f"validate.{identity['tool_call_id'] or identity['name']}"
                 return await run.pure(sid, _unit(body, name), identity)
-            case ToolsetGetToolsId(toolset_id=toolset_id):
-                return await run.read(f"tools.{toolset_id}", _unit(body, name), unit_identity(cache_key))
+            case ToolsetGetToolsId(toolset_kind=toolset_kind, toolset_id=toolset_id):
+                listing = await run.read(f"tools.{toolset_id}", _unit(body, name), unit_identity(cache_key))
+                if toolset_kind == "mcp":  # read back on a replay too: the tools' key arguments
+                    self._mcp.setdefault(run, {}).update(
+                        ((toolset_id, name), tool) for name, tool in listed(listing, toolset_id).items()
+                    )
+                return listing
             case _:  # the union grows in minor releases: record what is not known yet
                 return await run.read("pydantic_ai", _unit(body, name), unit_identity(cache_key))
 
@@ -254,13 +295,13 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         cache_key: tuple[object, ...],
         config: Any,
         *,
-        default: str = "read",
+        mcp_toolset: str | None = None,
     ) -> object:
         identity = call_identity(cache_key)
         tool_name = str(identity["name"])
         declared = config if isinstance(config, dict) and "kind" in config else None
         if declared is None:
-            declared = _declaration(tool_name, self._tools.get(tool_name, {"kind": default}))
+            declared = _declaration(tool_name, self._tools.get(tool_name, {"kind": "read"}))
         sid = f"tool.{identity['tool_call_id'] or tool_name}"
         kind = declared["kind"]
         if kind == "pure":
@@ -280,7 +321,14 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         missing = [field for field in key_fields if field not in arguments]
         if missing:
             raise UsageError(f"tool {tool_name!r}: key_fields {missing!r} are not among its arguments")
-        operation_id = key_digest(tool_name, arguments, key_fields) if key_fields else None
+        # An MCP tool's operations are the server's: named after it, as safepoint.integrations.mcp
+        # names them, so that two servers' tools of one name are two owners.
+        owner_name = tool_name if mcp_toolset is None else f"mcp.{mcp_toolset}.{tool_name}"
+        keyed: tuple[str, ...] = ()
+        if mcp_toolset is not None:
+            listed_tool = self._mcp.get(run, {}).get((mcp_toolset, tool_name))
+            keyed = listed_tool.key_arguments if listed_tool is not None else ()
+        operation_id = key_digest(owner_name, arguments, key_fields) if key_fields else None
         made = self._made.setdefault(run, {})
         if operation_id in made:
             return _again(tool_name, key_fields, arguments, *made[operation_id])
@@ -291,7 +339,9 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
         tries = refused.get(operation_id, 0) if operation_id is not None else 0
         attempt_id = f"{operation_id}~{tries + 1}" if operation_id is not None and tries else operation_id
         try:
-            result = await _effect(run, sid, tool_name, body, arguments, attempt_id, declared)
+            result = await _effect(
+                run, sid, owner_name, body, arguments, attempt_id, declared, mcp=mcp_toolset, keyed=keyed
+            )
         except EffectRejected as rejected:
             signal = rejected.evidence
             if isinstance(signal, dict) and signal.get("kind") in _SIGNALS:
@@ -312,13 +362,21 @@ async def _effect(
     arguments: dict[str, Any],
     operation_id: str | None,
     declared: Mapping[str, Any],
+    *,
+    mcp: str | None = None,
+    keyed: tuple[str, ...] = (),
 ) -> object:
     """An effect tool's call: ``body`` runs as the effect's execute, with the operation's key
-    as ``safepoint.current_effect_key()``; a reconcile's receipt (the tool's value) is recorded
-    in the shape Pydantic AI reads back."""
+    as ``safepoint.current_effect_key()`` — and, for an MCP tool, in the request's ``_meta`` and
+    its ``keyed`` arguments; a reconcile's receipt (the tool's value) is recorded in the shape
+    Pydantic AI reads back."""
 
     async def execute(payload: Any, key: sp.EffectKey) -> object:
-        result = await body()
+        if mcp is None:
+            result = await body()
+        else:
+            with sending(str(key), keyed):
+                result = await body()
         if isinstance(result, dict) and result.get("kind") in _SIGNALS:
             # ModelRetry, ToolFailed, ApprovalRequired, CallDeferred, …: the tool said it made
             # no change. Not a receipt: the operation stays unmade, for a corrected call.
@@ -370,6 +428,10 @@ def _as_tool_return(reconcile: Callable[[sp.EffectKey], Any]) -> Callable[[sp.Ef
         return answer
 
     return reconciled
+
+
+def _is_mcp(operation_id: DurableOperationId) -> bool:
+    return isinstance(operation_id, ToolsetCallToolId) and operation_id.toolset_kind == "mcp"
 
 
 def _unit(body: Callable[[], Awaitable[object]], name: str) -> Callable[[Any], Awaitable[object]]:
@@ -452,6 +514,28 @@ class SafepointDurability(BaseDurabilityCapability[Any]):
         self._declared = declared
         self._retry = retry
         self._backend: SafepointOperationBackend | None = None
+
+    def for_agent(self, agent: Any) -> Any:
+        """The capability bound to ``agent``; each of its MCP toolsets is given the hook that
+        sends an effect call's idempotency key (around its own ``process_tool_call``)."""
+        mcp_module = sys.modules.get("pydantic_ai.mcp")  # imported if, and only if, it is in use
+        if mcp_module is not None:
+
+            def keyed(toolset: Any) -> None:
+                if isinstance(toolset, mcp_module.MCPToolset):
+                    give_key_hook(toolset)
+
+            for toolset in agent.toolsets:
+                toolset.apply(keyed)
+        return super().for_agent(agent)
+
+    async def prepare_tools(self, ctx: Any, tool_defs: list[Any]) -> list[Any]:
+        """The tool definitions the model is shown: an MCP effect tool's idempotency-key
+        arguments left out, since the call fills them with the operation's key."""
+        backend = self._backend
+        if backend is None or not self.in_durable_context:
+            return tool_defs
+        return [backend.shown(sp.current_run(), tool_def) for tool_def in tool_defs]
 
     @property
     def in_durable_context(self) -> bool:
