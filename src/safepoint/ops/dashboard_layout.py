@@ -168,7 +168,8 @@ border:1px solid currentColor;white-space:nowrap}
 .s-completed{color:var(--green)}.s-failed,.s-blocked,.dead{color:var(--red)}
 .s-waiting{color:var(--purple)}.s-stopped{color:var(--amber)}.s-running,.s-pending{color:var(--accent)}
 .s-cancelled,.s-continued{color:var(--grey)}
-.dead{font-weight:600}
+.dead,.badge.dead{font-weight:600;color:var(--red)}
+table.runs td:nth-child(-n+3),table.runs td:nth-child(n+5){white-space:nowrap}
 .counts{display:flex;flex-wrap:wrap;gap:.4em;margin:.3em 0 .8em}
 .counts a{text-decoration:none;border:1px solid var(--line);border-radius:6px;padding:.2em .7em;
 color:var(--fg)}

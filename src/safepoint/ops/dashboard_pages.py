@@ -207,7 +207,7 @@ def _blocked(view: RunView) -> str:
                 e(record.get("dispatch_count") if record.get("dispatch_count") is not None else ""),
             ),
             ("first dispatched", when(record.get("first_dispatched_at"), view.now)),
-            ("payload", value_cell(f"{run.run_id}/blocked-payload", payload) if payload is not None else ""),
+            ("payload sent", _shown_whole(f"{run.run_id}-sent", payload) if payload is not None else ""),
             ("evidence", value_cell(f"{run.run_id}/evidence", record.get("evidence") or {})),
             ("revision", e(revision)),
         )
@@ -306,10 +306,14 @@ def _waiting(view: RunView) -> str:
 
 
 def _payload_block(view: RunView, digest: str) -> str:
-    ident = "payload-" + "".join(ch for ch in f"{view.run.run_id}-{digest}" if ch.isalnum() or ch in "-_")
-    text = json_text(_artifact(view.store, digest))
+    return _shown_whole(f"{view.run.run_id}-{digest}", _artifact(view.store, digest))
+
+
+def _shown_whole(key: str, value: Any) -> str:
+    """A value a decision rests on: shown whole, laid out, with a copy button."""
+    ident = "whole-" + "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in key)
     return (
-        f"<pre id='{e(ident)}'>{e(text)}</pre>"
+        f"<pre id='{e(ident)}'>{e(json_text(value))}</pre>"
         f"<button type=button class=copy data-copy='{e(ident)}'>copy</button>"
     )
 
@@ -519,11 +523,11 @@ def run_facts(view: RunView) -> str:
         )
     outcome = (
         ("result", value_cell(f"{run.run_id}/result", run.result))
-        if run.result is not None or run.error is None
-        else ("error", value_cell(f"{run.run_id}/error", run.error))
+        if run.status is RunStatus.COMPLETED
+        else ("error", value_cell(f"{run.run_id}/error", run.error) if run.error is not None else "")
     )
     rows = (
-        ("status", status_badge(run, now) + f" <small>{e(status_label(run, presence))}</small>"),
+        ("status", status_badge(run, now) + f" <small>{e(presence.label)}</small>"),
         ("workflow", e(f"{run.workflow}@{run.workflow_version}")),
         ("worker", f"<span class=dead>{lease}</span>" if presence.state == LEASE_EXPIRED else lease),
         ("inputs", value_cell(f"{run.run_id}/inputs", run.inputs)),
@@ -608,10 +612,14 @@ def timeline_section(view: RunView) -> str:
             else ""
         )
         value = step.result if step.error is None else step.error
+        status_word = e(step.status.value)
+        if entry.in_flight and op is not None:
+            value = "(not recorded: its outcome is not settled)"
+            status_word = f"<b>in flight: {e(op.state.value)}</b>"
         rows.append(
             f"<tr><td>{step.seq}</td><td><span class=badge>{e(step.kind.value)}</span></td>"
             f"<td>{e(step.step_id)}<br><small>{e(step.name)}</small></td>"
-            f"<td>{e(step.status.value)}{f' (attempt {step.attempt})' if step.attempt > 1 else ''}</td>"
+            f"<td>{status_word}{f' (attempt {step.attempt})' if step.attempt > 1 else ''}</td>"
             f"<td>{when(entry.start)}<br><small>from {e(entry.start_from)}</small></td>"
             f"<td>{when(entry.end)}</td><td>{duration(entry.duration)}</td>"
             f"<td class=bar><span class='k-{e(step.kind.value)} {e(step.status.value)}'"

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import SafepointError
 from ..storage.base import Store
-from ..types import EventRecord, Ledger, OperationRecord, RunRecord, StepRecord
+from ..types import EventRecord, Ledger, OperationRecord, RunRecord, StepKind, StepRecord, StepStatus
 
 __all__ = ["TimelineEntry", "chain_of", "forks_made", "timeline"]
 
@@ -35,6 +35,7 @@ class TimelineEntry:
     end: int
     start_from: str
     operation: OperationRecord | None
+    in_flight: bool = False  # an effect whose step is not recorded: its outcome is unsettled
 
     @property
     def duration(self) -> int:
@@ -54,6 +55,7 @@ class TimelineEntry:
             "end": self.end,
             "duration_ms": self.duration,
             "start_from": self.start_from,
+            "in_flight": self.in_flight,
             "operation": None
             if op is None
             else {
@@ -89,6 +91,27 @@ def timeline(ledger: Ledger, events: list[EventRecord]) -> list[TimelineEntry]:
             start, source = ledger.run.created_at, "run created"
         entries.append(TimelineEntry(step, min(start, end), end, source, op))
         previous = end
+    recorded = {step.operation_id for step in steps if step.operation_id}
+    for op in sorted(ledger.operations.values(), key=lambda op: op.prepared_at):
+        if op.operation_id in recorded:
+            continue
+        # Its step is recorded once the outcome is settled: until then the operation stands
+        # for it, from its preparation to its last change.
+        stand_in = StepRecord(
+            run_id=op.run_id,
+            step_id=op.step_id,
+            kind=StepKind.EFFECT,
+            name=op.effect,
+            input_hash="",
+            result=None,
+            seq=(steps[-1].seq + 1) if steps else 1,
+            status=StepStatus.FAILED if op.state.value in ("unknown", "rejected") else StepStatus.COMPLETED,
+            operation_id=op.operation_id,
+            recorded_at=op.updated_at,
+        )
+        entries.append(
+            TimelineEntry(stand_in, op.prepared_at, max(op.prepared_at, op.updated_at), "prepared", op, True)
+        )
     return entries
 
 
