@@ -58,6 +58,12 @@ def when(ms: int | None, now: int | None = None) -> str:
     return f"<time title='{moment} UTC'>{moment}</time> <small>{e(relative(ms, now))}</small>"
 
 
+def ago(ms: int, now: int) -> str:
+    """How long ago a moment was (``3m ago``), the moment itself on hover."""
+    moment = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"<time title='{moment} UTC'>{e(relative(ms, now))}</time>"
+
+
 def duration(ms: int | None) -> str:
     """A duration in plain words: ``340 ms``, ``12s``, ``3m``."""
     if ms is None:

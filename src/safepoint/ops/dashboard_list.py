@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from ..types import RunPage, RunQuery, RunRecord, RunStatus, UnreadableRun
 from .dashboard_api import encode_cursor
-from .dashboard_layout import e, page, run_path, when
+from .dashboard_layout import ago, e, page, run_path, when
 from .dashboard_pages import needs, status_badge
 
 __all__ = ["runs_page"]
@@ -82,7 +82,7 @@ def _row(run: RunRecord | UnreadableRun, now: int) -> str:
         f"<tr data-run='{e(run.run_id)}'><td><a href='{e(run_path(run.run_id))}'>{e(run.run_id)}</a></td>"
         f"<td>{e(run.workflow)}<small>@{e(run.workflow_version)}</small></td>"
         f"<td>{status_badge(run, now)}</td>"
-        f"<td>{needs(run, now)}</td><td>{when(run.created_at)}</td><td>{when(run.updated_at, now)}</td></tr>"
+        f"<td>{needs(run, now)}</td><td>{when(run.created_at)}</td><td>{ago(run.updated_at, now)}</td></tr>"
     )
 
 

@@ -613,9 +613,10 @@ def timeline_section(view: RunView) -> str:
         )
         value = step.result if step.error is None else step.error
         status_word = e(step.status.value)
+        shown_value = value_cell(f"step-{step.seq}", value)
         if entry.in_flight and op is not None:
-            value = "(not recorded: its outcome is not settled)"
             status_word = f"<b>in flight: {e(op.state.value)}</b>"
+            shown_value = "<span class=muted>not recorded: its outcome is not settled</span>"
         rows.append(
             f"<tr><td>{step.seq}</td><td><span class=badge>{e(step.kind.value)}</span></td>"
             f"<td>{e(step.step_id)}<br><small>{e(step.name)}</small></td>"
@@ -624,7 +625,7 @@ def timeline_section(view: RunView) -> str:
             f"<td>{when(entry.end)}</td><td>{duration(entry.duration)}</td>"
             f"<td class=bar><span class='k-{e(step.kind.value)} {e(step.status.value)}'"
             f" data-left='{left:.1f}' data-width='{width:.1f}'></span></td>"
-            f"<td>{effect}</td><td>{value_cell(f'step-{step.seq}', value)}</td></tr>"
+            f"<td>{effect}</td><td>{shown_value}</td></tr>"
         )
     return (
         "<section data-live=timeline><h2>Timeline</h2><p class=muted>A step's start is derived: an"
