@@ -139,22 +139,23 @@ def test_a_blocked_run_is_resolved_from_its_decision(page: Any, states: States) 
     assert store.load_ledger(run_id).operations["ship:77"].receipt == {"tracking": "FS-77"}
 
 
+def _submit(form: Any, **fields: str) -> None:
+    """Fill a form's fields as a person types them (the token among them) and send it."""
+    for name, value in fields.items():
+        form.locator(f"[name={name}]").fill(value)
+    form.locator("button").click()
+
+
 def test_a_failed_run_is_retried_and_a_stopped_one_gets_a_raised_limit(page: Any, states: States) -> None:
     board, store, ids = states
     page.goto(board.url + "/inbox")
     retry = page.locator(f"article[data-run='{ids['failed']}'] form[data-form=retry]")
-    retry.locator("input[name=by]").fill("ana")
-    retry.locator("input[name=reason]").fill("the address is in now")
-    retry.locator("input[name=token]").fill(TOKEN)
-    retry.locator("button").click()
+    _submit(retry, by="ana", reason="the address is in now", token=TOKEN)
     page.wait_for_url(re.compile(r"/inbox\?done="))
     assert "Retrying invoice-2031" in page.locator(".flash").inner_text()
     assert store.get_run(ids["failed"]).status is RunStatus.PENDING
     limits = page.locator(f"article[data-run='{ids['stopped']}'] form[data-form=limits]")
-    limits.locator("input[name=tokens]").fill("5000")
-    limits.locator("input[name=by]").fill("ana")
-    limits.locator("input[name=token]").fill(TOKEN)
-    limits.locator("button").click()
+    _submit(limits, tokens="5000", by="ana", token=TOKEN)
     page.wait_for_url(re.compile(r"/inbox\?done="))
     assert "Raised the limits of triage-9" in page.locator(".flash").inner_text()
     assert store.get_run(ids["stopped"]).token_budget == 5000

@@ -97,6 +97,15 @@ def value_cell(key: str, value: Any, width: int = 60) -> str:
     )
 
 
+def table_section(live: str, title: str, headers: tuple[str, ...], rows: str, note: str = "") -> str:
+    """A section of one table, refreshed live as ``live``: its heading, a note, the table."""
+    head = "".join(f"<th>{e(header)}</th>" for header in headers)
+    return (
+        f"<section data-live={live}><h2>{e(title)}</h2>{note}"
+        f"<table class={live}><tr>{head}</tr>{rows}</table></section>"
+    )
+
+
 def run_path(run_id: str, action: str | None = None) -> str:
     """The address of a run's page (or of one of its actions): the run id is one path segment,
     whatever it holds (``/``, ``?``, ``#``, ``%``, spaces)."""

@@ -13,6 +13,9 @@ token aside, so nothing typed is lost to an error.
 
 from __future__ import annotations
 
+import json
+import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +36,7 @@ from ..types import (
     RunRecord,
     RunStatus,
 )
-from .dashboard_layout import duration, e, json_text, page, run_path, short, value_cell, when
+from .dashboard_layout import duration, e, json_text, page, run_path, table_section, value_cell, when
 from .dashboard_timeline import chain_of, forks_made, timeline
 
 __all__ = [
@@ -173,8 +176,6 @@ def _artifact(store: Store, digest: str | None) -> Any:
     if not digest:
         return None
     try:
-        import json
-
         return json.loads(store.get_artifact(digest))
     except (SafepointError, ValueError) as exc:
         return f"(the payload cannot be read: {getattr(exc, 'message', exc)})"
@@ -214,7 +215,7 @@ def _blocked(view: RunView) -> str:
         if value
     )
     steps = "".join(
-        f"<li>{e(str(action).replace('<state_revision>', str(revision)).replace('RUN', run.run_id))}</li>"
+        f"<li>{e(filled_in(str(action), run.run_id, revision))}</li>"
         for action in record.get("next_actions", [])
     )
     common = _hidden("revision", revision) + _hidden("operation_id", operation or "")
@@ -231,26 +232,24 @@ def _blocked(view: RunView) -> str:
             + _who(applied),
             "it happened: accept the receipt",
         )
-        forms += _form(
-            view,
-            "resolve",
-            common + _hidden("action", "not_applied") + _who(view.typed_for("resolve", "not_applied")),
-            "it did not happen: send it again",
-            css="plain",
-        )
-    forms += _form(
-        view,
-        "resolve",
-        common + _hidden("action", "abandon") + _who(view.typed_for("resolve", "abandon")),
-        "abandon the run",
-        css="danger",
-    )
+    plain = (("not_applied", "it did not happen: send it again", "plain"),) if operation else ()
+    for action, button, css in (*plain, ("abandon", "abandon the run", "danger")):
+        inner = common + _hidden("action", action) + _who(view.typed_for("resolve", action))
+        forms += _form(view, "resolve", inner, button, css=css)
     return (
         f"<section class=decision-card><h2 class=s-blocked>blocked: {e(record.get('phase'))}</h2>"
         f"<p><b>{e(record.get('reason'))}</b></p><dl class=decision>{facts}</dl>"
         f"<h3>What you can do</h3><ol class=actions>{steps}</ol>{forms}"
         f"<details data-key='{e(run.run_id)}-record'><summary>the whole recovery record</summary>"
         f"<pre>{e(json_text(record))}</pre></details></section>"
+    )
+
+
+def filled_in(action: str, run_id: str, revision: object) -> str:
+    """A next action of a recovery record with this run's id and revision in place of its
+    ``RUN`` and ``<state_revision>`` placeholders (the id quoted as a shell would need it)."""
+    return re.sub(
+        r"\bRUN\b", lambda _: shlex.quote(run_id), action.replace("<state_revision>", str(revision))
     )
 
 
@@ -627,13 +626,12 @@ def timeline_section(view: RunView) -> str:
             f" data-left='{left:.1f}' data-width='{width:.1f}'></span></td>"
             f"<td>{effect}</td><td>{shown_value}</td></tr>"
         )
-    return (
-        "<section data-live=timeline><h2>Timeline</h2><p class=muted>A step's start is derived: an"
-        " effect step's from its operation's preparation, any other's from the step before it or"
-        " the claim after that.</p><table class=timeline><tr><th>#</th><th>kind</th><th>step</th>"
-        "<th>status</th><th>start (UTC)</th><th>end</th><th>took</th><th></th><th>effect</th>"
-        f"<th>value</th></tr>{''.join(rows)}</table></section>"
+    note = (
+        "<p class=muted>A step's start is derived: an effect step's from its operation's preparation,"
+        " any other's from the step before it or the claim after that.</p>"
     )
+    headers = ("#", "kind", "step", "status", "start (UTC)", "end", "took", "", "effect", "value")
+    return table_section("timeline", "Timeline", headers, "".join(rows), note)
 
 
 def _operations(view: RunView) -> str:
@@ -647,11 +645,8 @@ def _operations(view: RunView) -> str:
     )
     if not ops:
         return ""
-    return (
-        "<section data-live=operations><h2>Effect operations</h2><table><tr><th>operation</th><th>step</th>"
-        "<th>effect</th><th>state</th><th>dispatches</th><th>effect key</th><th>prepared (UTC)</th>"
-        f"<th>receipt / error</th></tr>{ops}</table></section>"
-    )
+    headers = ("operation", "step", "effect", "state", "dispatches", "effect key", "prepared (UTC)")
+    return table_section("operations", "Effect operations", (*headers, "receipt / error"), ops)
 
 
 def _events(view: RunView) -> str:
@@ -662,11 +657,8 @@ def _events(view: RunView) -> str:
         f"<td>{'' if event.detail is None else value_cell(f'event-{event.event_id}', event.detail)}</td></tr>"
         for event in view.events
     )
-    return (
-        "<section data-live=events><h2>Events</h2><table><tr><th>at (UTC)</th><th>event</th>"
-        "<th>step</th><th>operation</th><th>worker</th><th>fence</th><th>detail</th></tr>"
-        f"{rows}</table></section>"
-    )
+    headers = ("at (UTC)", "event", "step", "operation", "worker", "fence", "detail")
+    return table_section("events", "Events", headers, rows)
 
 
 def run_page(
@@ -692,8 +684,3 @@ def run_page(
         _events(view),
     ]
     return page(run.run_id, "".join(parts), flash=flash, error=error, state=run.status.value)
-
-
-def short_value(value: Any) -> str:
-    """A value on one line, escaped (for listings)."""
-    return e(short(value))
