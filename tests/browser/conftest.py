@@ -16,12 +16,6 @@ import safepoint as sp
 from safepoint.ops.dashboard import Dashboard
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/browser/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.browser)
-
-
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
     missing = chromium_missing()

@@ -8,11 +8,14 @@ import re
 import time
 from typing import Any
 
+import pytest
 from console_browser import TOKEN
 
 import safepoint as sp
 from safepoint.ops.dashboard import Dashboard
 from safepoint.types import RunStatus
+
+pytestmark = pytest.mark.browser
 
 States = tuple[Dashboard, sp.Store, dict[str, str]]
 
@@ -224,3 +227,18 @@ def test_nothing_acts_without_the_token(page: Any, states: States) -> None:
     started = time.monotonic()
     assert page.evaluate("fetch('/api/openapi.json').then(answer => answer.status)") == 200
     assert time.monotonic() - started < 5
+
+
+def test_the_workers_page_flags_the_run_whose_worker_is_gone(page: Any, states: States) -> None:
+    board, _, ids = states
+    page.goto(board.url + "/")
+    page.click("header nav a:text-is('workers')")
+    page.wait_for_url(re.compile(r"/workers$"))
+    dead = page.locator("tr.dead")
+    assert dead.count() == 1
+    assert ids["dead"] in dead.inner_text()
+    assert "running — worker gone" in dead.inner_text()
+    assert "lease(s) expired" in page.locator("h2").first.inner_text()
+    live = page.locator("tr").filter(has_text=ids["live"])
+    assert "worker gone" not in live.inner_text()
+    assert "none since the claim" in live.inner_text()  # no renewal yet: said, not hidden
