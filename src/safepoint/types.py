@@ -43,6 +43,8 @@ __all__ = [
     "ResolutionAction",
     "Retry",
     "RunLimits",
+    "RunPage",
+    "RunQuery",
     "RunRecord",
     "RunRetry",
     "RunStatus",
@@ -177,6 +179,7 @@ class RunRecord:
     step_attempt_limit: int | None = None  # a person raised every step's attempts to this
     wake_at: int | None = None  # a waiting run is due then (its sleep ends, its wait times out)
     forked_from: dict[str, Any] | None = None  # a fork: {"run_id", "step_id"} it started from
+    heartbeat_at: int | None = None  # its worker's last lease renewal (None: none since the claim)
 
     @property
     def history_size(self) -> int:
@@ -212,6 +215,41 @@ class UnreadableRun:
     created_at: int | None = None
     updated_at: int | None = None
     recovery_record: dict[str, Any] | None = None  # a blocked run's, when it can be read
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    """Which runs a listing asks for (``Store.query_runs``): every field given narrows it.
+
+    ``search`` matches anywhere in the run id, ignoring ASCII case. Time bounds are epoch ms on
+    the store's clock: ``*_from`` inclusive, ``*_to`` exclusive. The runs come newest created
+    first (then by run id, descending), ``limit`` at a time; ``after`` is the ``next_after`` of
+    the page before: the keyset ``(created_at, run_id)`` of its last run, so a run created
+    while a person pages through never shifts a page or shows twice.
+    """
+
+    status: RunStatus | None = None
+    workflow: str | None = None
+    workflow_version: str | None = None
+    search: str | None = None
+    created_from: int | None = None
+    created_to: int | None = None
+    updated_from: int | None = None
+    updated_to: int | None = None
+    limit: int = 50
+    after: tuple[int, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """One page of a ``RunQuery``: its runs, how many runs match the whole query (``total``),
+    how many of each status match it but for its status (``counts``: every status, zeros
+    included) and the keyset to pass as ``after`` for the next page (None: this is the last)."""
+
+    runs: list[RunRecord | UnreadableRun]
+    total: int
+    counts: dict[RunStatus, int]
+    next_after: tuple[int, str] | None
 
 
 @dataclass(frozen=True, slots=True)

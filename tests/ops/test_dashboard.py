@@ -641,7 +641,7 @@ def test_an_unexpected_fault_is_answered_500_and_the_board_goes_on(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the disk said no")
 
-    monkeypatch.setattr(file_store, "list_runs", broken)
+    monkeypatch.setattr(file_store, "query_runs", broken)
     status, _headers, body = _http(board, "GET", "/api/runs", headers={"Authorization": f"Bearer {TOKEN}"})
     assert status == 500
     assert "RuntimeError" in json.loads(body)["error"]
@@ -794,11 +794,11 @@ def test_the_board_says_who_holds_a_run_and_when_its_worker_is_gone(
     _, page = _get(board, "/runs/" + urllib.parse.quote("stuck <script>", safe=""))
     assert "runnable — released: no worker holds it" in page
     _, listing = _get(board, "/")
-    row = next(line for line in listing.split("<tr>") if "stuck &lt;script&gt;" in line)
+    row = next(line for line in listing.split("<tr") if "stuck &lt;script&gt;" in line)
     assert "runnable — released" in row
     assert ">running<" not in row
     _, api = _get(board, "/api/runs")
-    [listed] = [r for r in json.loads(api) if r["run_id"] == "stuck <script>"]
+    [listed] = [r for r in json.loads(api)["runs"] if r["run_id"] == "stuck <script>"]
     assert listed["ownership"]["state"] == "released"
 
 

@@ -145,7 +145,7 @@ def board(opened: sp.Store) -> Iterator[Dashboard]:
 
 
 def _forms(page: str, action: str) -> list[str]:
-    return re.findall(rf"<form method=post action='[^']*/{action}'>.*?</form>", page)
+    return re.findall(rf"<form method=post action='[^']*/{action}'[^>]*>.*?</form>", page)
 
 
 def test_a_failed_run_is_retried_from_its_page_with_the_token(

@@ -321,9 +321,10 @@ def migrate(ctx: click.Context) -> None:
 @store_option
 @click.pass_context
 def dashboard(ctx: click.Context, host: str, port: int, token: str | None, modules: tuple[str, ...]) -> None:
-    """Serve the dashboard: runs, ledgers and recovery records in a browser, with forms to
-    cancel, resolve, approve and revoke (each needs the token, as does the JSON API under
-    /api/). Loopback only; Ctrl-C stops it."""
+    """Serve the console: the runs (counts, filters, pages), each run's timeline, an inbox of
+    what needs a person (/inbox) and the workers (/workers), with forms to resolve, approve,
+    raise limits, retry, cancel, send and fork (each needs the token, as does the JSON API
+    under /api/, described at /api/openapi.json). Loopback only; Ctrl-C stops it."""
     import_modules(modules)
     board = Dashboard(open_cli_store(ctx, create=True), host=host, port=port, token=token)
     click.echo(

@@ -58,7 +58,6 @@ from urllib.parse import parse_qs, unquote
 
 from ..errors import RunNotFound, SafepointError, UsageError
 from ..storage.base import Store
-from ..types import RunStatus
 from .admission import (
     LOOPBACK_NAMES,
     MAX_BODY_BYTES,
@@ -71,11 +70,16 @@ from .admission import (
     post_refusal,
 )
 from .dashboard_actions import ACTIONS
-from .dashboard_pages import error_page, ordered_steps, plain, run_json, run_page, run_path, runs_page
+from .dashboard_api import Route, match_route, page_json, run_detail_json, run_json, run_query, workers_json
+from .dashboard_inbox import inbox_page, workers_page
+from .dashboard_layout import SCRIPT, STYLE, error_page, run_path
+from .dashboard_list import runs_page
+from .dashboard_openapi import openapi_document
+from .dashboard_pages import Typed, run_page
 
 DEFAULT_PORT = 8470
 _DRAIN_BYTES = 4 * MAX_BODY_BYTES  # what is read and dropped of a body refused unread
-_LIST_LIMIT = 200
+_FLASHES = 64  # confirmations kept for pages not yet shown; the oldest go first
 
 
 def is_loopback(host: str) -> bool:
@@ -142,6 +146,8 @@ class Dashboard:
             raise UsageError("a dashboard token needs 16 characters or more")
         self.store = store
         self.token = token or secrets.token_urlsafe(24)
+        self._flashes: dict[str, str] = {}
+        self._flash_lock = threading.Lock()
         board = self
 
         class Handler(_Handler):
@@ -182,6 +188,23 @@ class Dashboard:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def put_flash(self, message: str) -> str:
+        """Keep a confirmation for the page an action redirects to; its key goes in the address
+        (a key, not the words: another site cannot make the console say something)."""
+        key = secrets.token_urlsafe(9)
+        with self._flash_lock:
+            self._flashes[key] = message
+            while len(self._flashes) > _FLASHES:
+                self._flashes.pop(next(iter(self._flashes)))
+        return key
+
+    def take_flash(self, key: str | None) -> str | None:
+        """The confirmation kept under ``key``, once."""
+        if not key:
+            return None
+        with self._flash_lock:
+            return self._flashes.pop(key, None)
 
     def authorized(self, offered: str | None) -> bool:
         return offered is not None and hmac.compare_digest(offered.encode(), self.token.encode())
@@ -257,51 +280,10 @@ class _Handler(BaseHTTPRequestHandler):
                 {"WWW-Authenticate": 'Bearer realm="safepoint-dashboard"'},
             )
 
-    # -- routing -------------------------------------------------------------------------------
+    # -- routing: by dashboard_api.ROUTES -------------------------------------------------------
 
     def _get(self, segments: list[str], query: dict[str, str]) -> None:
-        store = self.dashboard.store
-        if segments[:1] == ["api"]:
-            self._require_bearer()
-        try:
-            match segments:
-                case [""]:
-                    status = query.get("status")
-                    if status and status not in {s.value for s in RunStatus}:
-                        raise Refusal(
-                            HTTPStatus.BAD_REQUEST,
-                            f"no status {status[:40]!r}: one of {', '.join(s.value for s in RunStatus)}",
-                        )
-                    runs = store.list_runs(RunStatus(status) if status else None, _LIST_LIMIT)
-                    self._html(HTTPStatus.OK, runs_page(runs, status, store.now()))
-                case ["api", "runs"]:
-                    now = store.now()
-                    self._json(
-                        HTTPStatus.OK, [run_json(run, now) for run in store.list_runs(None, _LIST_LIMIT)]
-                    )
-                case ["api", "runs", run_id]:
-                    ledger = store.load_ledger(run_id)
-                    self._json(
-                        HTTPStatus.OK,
-                        {
-                            "run": run_json(ledger.run, store.now()),
-                            "steps": [plain(step) for step in ordered_steps(ledger)],
-                            "operations": [plain(op) for op in ledger.operations.values()],
-                            "messages": [plain(m) for m in store.messages(ledger.run.run_id)],
-                            "events": [plain(event) for event in store.events(ledger.run.run_id)],
-                        },
-                    )
-                case ["runs", run_id]:
-                    ledger = store.load_ledger(run_id)
-                    self._html(
-                        HTTPStatus.OK, run_page(store, ledger, store.events(ledger.run.run_id), store.now())
-                    )
-                case _:
-                    self._error(HTTPStatus.NOT_FOUND, f"nothing at {'/' + '/'.join(segments)}")
-        except RunNotFound as exc:
-            self._error(HTTPStatus.NOT_FOUND, exc.message)
-        except (SafepointError, ValueError) as exc:
-            self._error(HTTPStatus.BAD_REQUEST, getattr(exc, "message", str(exc)))
+        self._route(segments, query, b"")
 
     def _post(self, segments: list[str], query: dict[str, str]) -> None:
         origins = self.headers.get_all("Origin") or []
@@ -317,38 +299,128 @@ class _Handler(BaseHTTPRequestHandler):
         )
         if refusal is not None:
             raise Refusal(HTTPStatus.FORBIDDEN, refusal)
-        match segments:
-            case ["runs", run_id, action] if action in ACTIONS:
-                pass
-            case _:
-                raise Refusal(HTTPStatus.NOT_FOUND, f"no action at {'/' + '/'.join(segments)}")
+        self._route(segments, query, None)
+
+    def _route(self, segments: list[str], query: dict[str, str], body: bytes | None) -> None:
+        found = match_route(self.command, segments)
+        if found is None:
+            if match_route("POST" if self.command != "POST" else "GET", segments) is not None:
+                raise Refusal(
+                    HTTPStatus.METHOD_NOT_ALLOWED,
+                    f"{'/' + '/'.join(segments)} does not answer {self.command}",
+                    {"Allow": "POST" if self.command != "POST" else "GET"},
+                )
+            what = "no action" if self.command == "POST" else "nothing"
+            raise Refusal(HTTPStatus.NOT_FOUND, f"{what} at {'/' + '/'.join(segments)}")
+        route, params = found
+        if route.token and route.method == "GET":
+            self._require_bearer()
+        if route.method == "POST":
+            self._act(params["run_id"], route.name.removeprefix("action_"))
+            return
+        try:
+            self._read(route, params, query)
+        except RunNotFound as exc:
+            self._error(HTTPStatus.NOT_FOUND, exc.message)
+        except (SafepointError, ValueError) as exc:
+            self._error(HTTPStatus.BAD_REQUEST, getattr(exc, "message", str(exc)))
+
+    def _read(self, route: Route, params: dict[str, str], query: dict[str, str]) -> None:
+        store = self.dashboard.store
+        flash = self.dashboard.take_flash(query.get("done"))
+        match route.name:
+            case "runs_page":
+                wanted = run_query(query)
+                self._html(
+                    HTTPStatus.OK, runs_page(store.query_runs(wanted), wanted, query, store.now(), flash)
+                )
+            case "inbox_page":
+                self._html(HTTPStatus.OK, inbox_page(store, store.now(), flash=flash))
+            case "workers_page":
+                self._html(HTTPStatus.OK, workers_page(store, store.now()))
+            case "run_page":
+                ledger = store.load_ledger(params["run_id"])
+                events = store.events(ledger.run.run_id)
+                self._html(HTTPStatus.OK, run_page(store, ledger, events, store.now(), flash=flash))
+            case "style":
+                self._send(HTTPStatus.OK, STYLE.encode(), "text/css; charset=utf-8")
+            case "script":
+                self._send(HTTPStatus.OK, SCRIPT.encode(), "text/javascript; charset=utf-8")
+            case "openapi":
+                self._json(HTTPStatus.OK, openapi_document())
+            case "api_runs":
+                self._json(HTTPStatus.OK, page_json(store.query_runs(run_query(query)), store.now()))
+            case "api_run":
+                ledger = store.load_ledger(params["run_id"])
+                events = store.events(ledger.run.run_id)
+                self._json(HTTPStatus.OK, run_detail_json(store, ledger, events, store.now()))
+            case "api_workers":
+                self._json(HTTPStatus.OK, workers_json(store, store.now()))
+            case _:  # a route listed but not answered here: the routes test catches it first
+                raise Refusal(HTTPStatus.NOT_FOUND, f"nothing at {route.path}")
+
+    def _act(self, run_id: str, action: str) -> None:
         act, fields = ACTIONS[action]
-        form = parse_form(self._body(), self.headers.get("Content-Type", ""), action, fields | {"token"})
+        form = parse_form(
+            self._body(), self.headers.get("Content-Type", ""), action, fields | {"token", "back"}
+        )
         bearer = bearer_token(self.headers.get("Authorization"))
         if not self.dashboard.authorized(form.get("token") or bearer):
-            raise Refusal(HTTPStatus.FORBIDDEN, f"a dashboard action needs {_NEEDS_TOKEN}")
+            self._refused_form(
+                HTTPStatus.FORBIDDEN, f"a dashboard action needs {_NEEDS_TOKEN}", run_id, action, form
+            )
+            return
         try:
-            run_id = act(self.dashboard.store, run_id, form) or run_id  # a fork: show the fork
+            shown = act(self.dashboard.store, run_id, form) or run_id  # a fork: show the fork
+        except Refusal as refusal:
+            self._refused_form(refusal.status, refusal.message, run_id, action, form)
+            return
         except RunNotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, exc.message)
             return
         except SafepointError as exc:
-            self._error(HTTPStatus.CONFLICT, exc.message)
+            self._refused_form(HTTPStatus.CONFLICT, exc.message, run_id, action, form)
             return
         except KeyError as exc:
-            self._error(HTTPStatus.BAD_REQUEST, f"the {action} form needs the field {exc}")
+            self._refused_form(
+                HTTPStatus.BAD_REQUEST, f"the {action} form needs the field {exc}", run_id, action, form
+            )
             return
         except (ValueError, ArithmeticError) as exc:
-            self._error(HTTPStatus.BAD_REQUEST, f"the form is malformed: {exc}")
+            self._refused_form(HTTPStatus.BAD_REQUEST, f"the form is malformed: {exc}", run_id, action, form)
             return
+        store = self.dashboard.store
         if "application/json" in self.headers.get("Accept", ""):
-            store = self.dashboard.store
-            self._json(HTTPStatus.OK, run_json(store.get_run(run_id), store.now()))
-        else:
-            self.send_response(HTTPStatus.SEE_OTHER)
-            self.send_header("Location", run_path(run_id))
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self._json(HTTPStatus.OK, run_json(store.get_run(shown), store.now()))
+            return
+        done = self.dashboard.put_flash(_confirmation(action, run_id, shown, form))
+        back = "/inbox" if form.get("back") == "inbox" else run_path(shown)
+        self.send_response(HTTPStatus.SEE_OTHER)
+        self.send_header("Location", f"{back}?done={done}")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _refused_form(
+        self, status: HTTPStatus, message: str, run_id: str, action: str, form: dict[str, str]
+    ) -> None:
+        """A refused action: JSON for a program; for a person, the page the form was on, drawn
+        again with the error and what they typed (the token aside: a page never holds it)."""
+        if self._wants_json():
+            self._error(status, message)
+            return
+        store = self.dashboard.store
+        typed = Typed(run_id, action, {k: v for k, v in form.items() if k != "token"})
+        try:
+            if form.get("back") == "inbox":
+                body = inbox_page(store, store.now(), error=message, typed=typed)
+            else:
+                ledger = store.load_ledger(run_id)
+                events = store.events(run_id)
+                body = run_page(store, ledger, events, store.now(), error=message, typed=typed)
+        except SafepointError:
+            self._error(status, message)
+            return
+        self._html(status, body)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -418,10 +490,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
-        # Nothing on these pages runs scripts or is framed by another site.
+        # The console's own script and style sheet only: no inline script, nothing from
+        # another origin, never framed by another site.
         self.send_header(
             "Content-Security-Policy",
-            "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'",
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self';"
+            " img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
         )
         self.send_header("X-Content-Type-Options", "nosniff")
         for name, value in (headers or {}).items():
@@ -438,7 +512,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: HTTPStatus, message: str, headers: dict[str, str] | None = None) -> None:
         if self._wants_json():
-            self._send(status, json.dumps({"error": message}, indent=2).encode(), "application/json", headers)
+            answer = {"error": message, "status": status.value}
+            self._send(status, json.dumps(answer, indent=2).encode(), "application/json", headers)
         else:
             self._send(
                 status,
@@ -446,3 +521,23 @@ class _Handler(BaseHTTPRequestHandler):
                 "text/html; charset=utf-8",
                 headers,
             )
+
+
+_DONE = {
+    "cancel": "Cancel asked for {run}: its worker settles what is in flight, then it ends.",
+    "resolve": "Resolved {run} ({how}): a worker (or a resume) carries it on.",
+    "approve": "Approved the payload of {run}: a worker (or a resume) dispatches it.",
+    "revoke": "Revoked the approval in {run}.",
+    "limits": "Raised the limits of {run}: a worker (or a resume) carries it on.",
+    "fork": "Forked {run} as {shown}.",
+    "retry": "Retrying {run} from its failed step: a worker (or a resume) carries it on.",
+    "send": "Sent the message to {run}.",
+}
+
+
+def _confirmation(action: str, run_id: str, shown: str, form: dict[str, str]) -> str:
+    """What the page an action redirects to confirms."""
+    how = form.get("action", "").replace("_", " ")
+    return _DONE.get(action, "Done: {action} on {run}.").format(
+        run=run_id, shown=shown, how=how, action=action
+    )

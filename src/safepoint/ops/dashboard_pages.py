@@ -1,25 +1,28 @@
-"""The dashboard's pages: the runs, one run, an error; and the JSON the API answers with.
+"""A run's page: what it needs from a person and the forms that give it, then what it did.
 
-Everything shown is data from the ledger, escaped (``_e``), never markup; the pages carry no
-script and never the dashboard's token (a form asks for it). A run's page is its header, then the
-sections of ``STATUS_SECTIONS`` that apply to its status (what it needs, with the forms that give
-it), then its steps, operations and events.
+The page is the run's facts, its chain and forks, then the sections of ``STATUS_SECTIONS`` that
+apply to its status (each a decision drawn from the ledger: a blocked run's recovery record with
+its payload, effect, key, evidence and resolutions; the payload an approval is asked for; the
+limits to raise; the step to retry), then its timeline, operations and events. Everything shown
+is escaped (``e``); a form asks for the token and never holds it. The inbox draws the same
+sections for every run that needs a person.
+
+A form whose action was refused is drawn again with what the person typed (``Typed``), the
+token aside, so nothing typed is lost to an error.
 """
 
 from __future__ import annotations
 
-import html
 import json
+import re
+import shlex
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, is_dataclass
-from datetime import UTC, datetime
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 from .._rules.approvals import revocable
 from .._rules.limits import stop_words
-from .._rules.presence import ownership, status_label
+from .._rules.presence import LEASE_EXPIRED, NONE, RELEASED, ownership, status_label
 from .._rules.retry import failed_step, retriable_steps, retry_refusal
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
@@ -32,76 +35,72 @@ from ..types import (
     MessageRecord,
     RunRecord,
     RunStatus,
-    StepRecord,
-    UnreadableRun,
 )
-from .render import shown
+from .dashboard_layout import duration, e, json_text, page, run_path, table_section, value_cell, when
+from .dashboard_timeline import chain_of, forks_made, timeline
+
+__all__ = [
+    "STATUS_SECTIONS",
+    "RunView",
+    "Section",
+    "Typed",
+    "needs",
+    "run_page",
+    "status_badge",
+    "waits_for",
+]
 
 
-def _e(value: object) -> str:
-    """``value`` as HTML text: escaped, and every control or invisible character but a line
-    break (a ``<pre>`` keeps those) shown as a visible escape (``\\x1b``), as the terminal
-    shows it."""
-    return html.escape("\n".join(map(shown, str(value).split("\n"))), quote=True)
+@dataclass(frozen=True)
+class Typed:
+    """What a person typed into a form whose action was refused: drawn again in that form."""
+
+    run_id: str
+    action: str
+    fields: dict[str, str]
 
 
-def _when(ms: int | None) -> str:
-    if ms is None:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+@dataclass(frozen=True)
+class RunView:
+    """What a run's sections are drawn from: the store, the run's ledger and events, the store's
+    clock, the page's own address (``path``, escaped: where its forms post), where an action
+    returns to (``back``: ``""`` the run's page, ``inbox`` the inbox) and a refused form's input."""
+
+    store: Store
+    ledger: Ledger
+    events: list[EventRecord]
+    now: int
+    path: str
+    back: str = ""
+    typed: Typed | None = field(default=None)
+
+    @property
+    def run(self) -> RunRecord:
+        return self.ledger.run
+
+    def typed_for(self, action: str, variant: str | None = None) -> dict[str, str]:
+        """What was typed into this run's ``action`` form (``variant``: its ``action`` field,
+        one of a resolution's three forms), or nothing."""
+        typed = self.typed
+        if typed is None or typed.run_id != self.run.run_id or typed.action != action:
+            return {}
+        if variant is not None and typed.fields.get("action") != variant:
+            return {}
+        return typed.fields
 
 
-def _short(value: Any, width: int = 80) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 1] + "…"
+Section = Callable[[RunView], str]
+"""A part of a run's page: its HTML, or ``""`` when it has nothing to say about this run."""
 
 
-_STYLE = """body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;border-bottom:1px solid #ddd;
-text-align:left;vertical-align:top}th{background:#f4f4f4}code,pre{font:12px ui-monospace,monospace}
-pre{background:#f8f8f8;padding:.6em;overflow:auto}.blocked{color:#b00}.waiting{color:#a0a}
-.completed{color:#070}.failed{color:#b60}.stopped{color:#a60}.cancelled,.continued{color:#777}.err,.revoked{color:#b00}
-form{display:inline-block;margin:.4em 1em .4em 0;padding:.5em;border:1px solid #ddd}
-input,select{margin:.1em}section{margin:1.2em 0}.lease_expired{color:#b60;font-weight:bold}"""
-
-
-def _page(title: str, body: str) -> str:
-    return (
-        f"<!doctype html><html><head><meta charset=utf-8><title>{_e(title)} — safepoint"
-        f"</title><style>{_STYLE}</style></head><body><h1>{_e(title)}</h1>{body}</body>"
-        "</html>"
-    )
-
-
-def error_page(title: str, message: str) -> str:
-    """The page of a refused or failed request: what went wrong, and the way back."""
-    return _page(title, f"<p class=err>{_e(message)}</p><p><a href='/'>runs</a></p>")
-
-
-def run_path(run_id: str, action: str | None = None) -> str:
-    """The address of a run's page (or of one of its actions): the run id is one path segment,
-    whatever it holds (``/``, ``?``, ``#``, ``%``, spaces)."""
-    return f"/runs/{quote(run_id, safe='')}" + (f"/{action}" if action else "")
-
-
-def _status(run: RunRecord, now: int) -> str:
-    """The run's status as it reads now: who holds a running run, or that nobody does."""
+def status_badge(run: RunRecord, now: int) -> str:
+    """The run's status as it reads now: who holds a running run, or that nobody does; a run
+    whose worker's lease expired is marked dead."""
     presence = ownership(run, now)
-    return (
-        f"<span class='{_e(run.status.value)} {_e(presence.state)}'>{_e(status_label(run, presence))}</span>"
-    )
-
-
-def _needs(run: RunRecord) -> str:
-    if run.status is RunStatus.BLOCKED:
-        return _e((run.recovery_record or {}).get("phase", ""))
-    if run.status is RunStatus.WAITING:
-        return _e(waits_for(run.waiting_for))
-    if run.status is RunStatus.STOPPED:
-        return f"a raised limit: {_e(stop_words(run.recovery_record or {}))}"
-    if run.successor_run_id:
-        return f"→ <a href='{_e(run_path(run.successor_run_id))}'>{_e(run.successor_run_id)}</a>"
-    return ""
+    dead = " dead" if presence.state == LEASE_EXPIRED else ""
+    label = status_label(run, presence)
+    word = "running — worker gone" if dead else "runnable" if presence.state == RELEASED else run.status.value
+    return f"<span class='badge s-{e(run.status.value)}{dead}' title='{e(label)}'>{e(word)}</span>"
 
 
 def waits_for(waiting_for: dict[str, Any] | None) -> str:
@@ -110,103 +109,212 @@ def waits_for(waiting_for: dict[str, Any] | None) -> str:
     kind = waiting_kind(waiting)
     if kind == MESSAGE:
         timeout = waiting.get("timeout_at")
-        return f"message {waiting.get('name')!r}" + (f" (times out {_when(timeout)})" if timeout else "")
+        return f"message {waiting.get('name')!r}" + (f" (times out {when(timeout)})" if timeout else "")
     if kind == SLEEP:
-        return f"sleep until {_when(waiting.get('until'))}"
+        return f"sleep until {when(waiting.get('until'))}"
     return f"approval of {waiting.get('step_id')}"
 
 
-def _unreadable_row(run: UnreadableRun) -> str:
-    """A run whose row cannot be read: what could, and why the rest cannot."""
-    known = "" if run.status is None else f"{run.status.value}: "
+def needs(run: RunRecord, now: int) -> str:
+    """What a run needs, in a few words of HTML (a listing's column)."""
+    if run.status is RunStatus.BLOCKED:
+        return e((run.recovery_record or {}).get("phase", ""))
+    if run.status is RunStatus.WAITING:
+        return e(waits_for(run.waiting_for))
+    if run.status is RunStatus.STOPPED:
+        return f"a raised limit: {e(stop_words(run.recovery_record or {}))}"
+    if run.status is RunStatus.FAILED:
+        return "retry, once the cause is fixed"
+    if run.successor_run_id:
+        return f"continued as <a href='{e(run_path(run.successor_run_id))}'>{e(run.successor_run_id)}</a>"
+    presence = ownership(run, now)
+    if presence.state == LEASE_EXPIRED:
+        return f"<span class=dead>{e(status_label(run, presence))}</span>"
+    return e(status_label(run, presence)) if presence.state != NONE else ""
+
+
+# -- form parts ----------------------------------------------------------------------------------
+
+
+def _form(view: RunView, action: str, inner: str, button: str, *, css: str = "") -> str:
+    back = f"<input type=hidden name=back value='{e(view.back)}'>" if view.back else ""
     return (
-        f"<tr><td>{_e(run.run_id)}</td>"
-        f"<td>{_e(run.workflow or '?')}@{_e(run.workflow_version or '?')}</td>"
-        f"<td><span class=blocked>unreadable</span></td>"
-        f"<td class=blocked>{_e(known + run.reason)}</td>"
-        + "".join(f"<td>{'?' if value is None else value}</td>" for value in (run.resume_count, run.fence))
-        + f"<td>{_when(run.updated_at)}</td></tr>"
+        f"<form method=post action='{view.path}/{action}' class=act data-form='{e(action)}'>"
+        f"{back}{inner}{_token()}<button class='{css or 'primary'}'>{e(button)}</button></form>"
     )
 
 
-def runs_page(runs: list[RunRecord | UnreadableRun], status: str | None, now: int) -> str:
-    """The runs (those with ``status`` only, when it is given), with what each one needs."""
-    filters = " · ".join(f"<a href='/?status={s.value}'>{s.value}</a>" for s in RunStatus)
-    rows = "".join(
-        _unreadable_row(run)
-        if isinstance(run, UnreadableRun)
-        else f"<tr><td><a href='{_e(run_path(run.run_id))}'>{_e(run.run_id)}</a></td>"
-        f"<td>{_e(run.workflow)}@{_e(run.workflow_version)}</td><td>{_status(run, now)}</td>"
-        f"<td>{_needs(run)}</td><td>{run.resume_count}</td><td>{run.fence}</td>"
-        f"<td>{_when(run.updated_at)}</td></tr>"
-        for run in runs
-    )
-    return _page(
-        "runs" + (f": {status}" if status else ""),
-        (
-            f"<p><a href='/'>all</a> · {filters}</p><table><tr><th>run</th><th>workflow</th>"
-            f"<th>status</th><th>needs</th><th>resumes</th><th>fence</th><th>updated (UTC)</th></tr>"
-            f"{rows}</table>"
-        ),
+def _input(
+    typed: dict[str, str], name: str, placeholder: str, *, required: bool = False, size: int = 0
+) -> str:
+    value = typed.get(name)
+    return (
+        f"<input name={name} placeholder='{e(placeholder)}' aria-label='{e(placeholder)}'"
+        + (f" value='{e(value)}'" if value else "")
+        + (f" size={size}" if size else "")
+        + (" required" if required else "")
+        + ">"
     )
 
 
-def ordered_steps(ledger: Ledger) -> list[StepRecord]:
-    """The ledger's steps in the order they were recorded."""
-    return sorted(ledger.steps.values(), key=lambda step: step.seq)
+def _hidden(name: str, value: object) -> str:
+    return f"<input type=hidden name={name} value='{e(value)}'>"
 
 
-@dataclass(frozen=True)
-class RunView:
-    """What a run's page is drawn from: the store, the run's ledger and events, the store's
-    clock, and the page's own address (``path``, escaped: where its forms post)."""
-
-    store: Store
-    ledger: Ledger
-    events: list[EventRecord]
-    now: int
-    path: str
-
-    @property
-    def run(self) -> RunRecord:
-        return self.ledger.run
+def _who(typed: dict[str, str]) -> str:
+    return _input(typed, "by", "your name", required=True)
 
 
-Section = Callable[[RunView], str]
-"""A part of a run's page: its HTML, or ``""`` when it has nothing to say about this run."""
+def _token() -> str:
+    return (
+        "<input name=token type=password placeholder='dashboard token' aria-label='dashboard token' required>"
+    )
+
+
+def _artifact(store: Store, digest: str | None) -> Any:
+    """A stored payload, decoded, for a person to read (or why it cannot be)."""
+    if not digest:
+        return None
+    try:
+        return json.loads(store.get_artifact(digest))
+    except (SafepointError, ValueError) as exc:
+        return f"(the payload cannot be read: {getattr(exc, 'message', exc)})"
+
+
+# -- the status sections -------------------------------------------------------------------------
 
 
 def _blocked(view: RunView) -> str:
+    """A blocked run's recovery record, as the decision it asks for: what was in doubt (the
+    effect, its key, the payload sent, the evidence) and the resolutions, revision filled in."""
     run = view.run
-    if run.status is RunStatus.BLOCKED and run.recovery_record:
-        return _blocked_section(view.path, run.recovery_record)
-    return ""
+    record = run.recovery_record
+    if run.status is not RunStatus.BLOCKED or not record:
+        return ""
+    revision = record.get("state_revision", run.state_revision)
+    operation = record.get("operation_id")
+    payload = _artifact(view.store, record.get("payload_ref"))
+    facts = "".join(
+        f"<dt>{e(label)}</dt><dd>{value}</dd>"
+        for label, value in (
+            ("phase", e(record.get("phase"))),
+            ("step", e(record.get("step_id") or "")),
+            ("effect (its owner)", e(record.get("effect") or "")),
+            ("operation", e(operation or "")),
+            ("effect key", f"<code>{e(record.get('effect_key') or '')}</code>"),
+            ("protocol state", e(record.get("effect_status") or "")),
+            (
+                "dispatches",
+                e(record.get("dispatch_count") if record.get("dispatch_count") is not None else ""),
+            ),
+            ("first dispatched", when(record.get("first_dispatched_at"), view.now)),
+            ("payload sent", _shown_whole(f"{run.run_id}-sent", payload) if payload is not None else ""),
+            ("evidence", value_cell(f"{run.run_id}/evidence", record.get("evidence") or {})),
+            ("revision", e(revision)),
+        )
+        if value
+    )
+    steps = "".join(
+        f"<li>{e(filled_in(str(action), run.run_id, revision))}</li>"
+        for action in record.get("next_actions", [])
+    )
+    common = _hidden("revision", revision) + _hidden("operation_id", operation or "")
+    applied = view.typed_for("resolve", "applied")
+    forms = ""
+    if operation:
+        forms += _form(
+            view,
+            "resolve",
+            common
+            + _hidden("action", "applied")
+            + _input(applied, "receipt", "receipt JSON the owner holds", required=True, size=30)
+            + _input(applied, "evidence", "how you know")
+            + _who(applied),
+            "it happened: accept the receipt",
+        )
+    plain = (("not_applied", "it did not happen: send it again", "plain"),) if operation else ()
+    for action, button, css in (*plain, ("abandon", "abandon the run", "danger")):
+        inner = common + _hidden("action", action) + _who(view.typed_for("resolve", action))
+        forms += _form(view, "resolve", inner, button, css=css)
+    return (
+        f"<section class=decision-card><h2 class=s-blocked>blocked: {e(record.get('phase'))}</h2>"
+        f"<p><b>{e(record.get('reason'))}</b></p><dl class=decision>{facts}</dl>"
+        f"<h3>What you can do</h3><ol class=actions>{steps}</ol>{forms}"
+        f"<details data-key='{e(run.run_id)}-record'><summary>the whole recovery record</summary>"
+        f"<pre>{e(json_text(record))}</pre></details></section>"
+    )
+
+
+def filled_in(action: str, run_id: str, revision: object) -> str:
+    """A next action of a recovery record with this run's id and revision in place of its
+    ``RUN`` and ``<state_revision>`` placeholders (the id quoted as a shell would need it)."""
+    return re.sub(
+        r"\bRUN\b", lambda _: shlex.quote(run_id), action.replace("<state_revision>", str(revision))
+    )
 
 
 def _waiting(view: RunView) -> str:
     run = view.run
     if run.status is not RunStatus.WAITING or not run.waiting_for:
         return ""
-    kind = waiting_kind(run.waiting_for)
+    waiting = run.waiting_for
+    kind = waiting_kind(waiting)
     if kind == MESSAGE:
-        return _message_section(view.path, run.waiting_for)
+        typed = view.typed_for("send")
+        name = waiting.get("name")
+        timeout = waiting.get("timeout_at")
+        inner = (
+            _hidden("name", name)
+            + "<textarea name=payload placeholder='the message: JSON' aria-label='the message: JSON'"
+            f" rows=3 cols=40 required>{e(typed.get('payload', ''))}</textarea>"
+            + _input(typed, "message_id", "message id (optional)")
+            + _who(typed)
+        )
+        return (
+            f"<section><h2 class=s-waiting>waiting for a message</h2><p>step"
+            f" {e(waiting.get('step_id'))} waits for message <b>{e(name)}</b> since"
+            f" {when(waiting.get('since'), view.now)}"
+            + (f"; it times out {when(timeout, view.now)}" if timeout else "")
+            + f"</p>{_form(view, 'send', inner, f'send {name}')}</section>"
+        )
     if kind == SLEEP:
         return (
-            f"<section><h2 class=waiting>sleeping</h2><p>step {_e(run.waiting_for.get('step_id'))}"
-            f" sleeps until {_when(run.waiting_for.get('until'))} UTC: a worker carries the run on"
-            " then</p></section>"
+            f"<section><h2 class=s-waiting>sleeping</h2><p>step {e(waiting.get('step_id'))} sleeps"
+            f" until {when(waiting.get('until'), view.now)}: a worker carries the run on then</p></section>"
         )
-    return _waiting_section(view.store, view.path, run.waiting_for)
+    digest = str(waiting.get("payload_digest"))
+    typed = view.typed_for("approve")
+    inner = (
+        _hidden("step_id", waiting.get("step_id"))
+        + _hidden("payload_digest", digest)
+        + _input(typed, "expires_minutes", "expires in minutes", size=14)
+        + _input(typed, "evidence", "why")
+        + _who(typed)
+    )
+    return (
+        f"<section><h2 class=s-waiting>waiting for approval</h2><p><b>{e(waiting.get('reason', ''))}</b></p>"
+        "<dl class=decision>"
+        f"<dt>step</dt><dd>{e(waiting.get('step_id'))}</dd>"
+        f"<dt>effect</dt><dd>{e(waiting.get('effect'))} (operation {e(waiting.get('operation_id'))})</dd>"
+        f"<dt>payload digest</dt><dd><code>{e(digest)}</code></dd>"
+        f"<dt>target state</dt><dd><code>{e(waiting.get('target_digest') or 'none')}</code></dd>"
+        f"<dt>waiting since</dt><dd>{when(waiting.get('since'), view.now)}</dd></dl>"
+        f"<h3>The payload to approve</h3>{_payload_block(view, digest)}"
+        f"{_form(view, 'approve', inner, 'approve this payload')}</section>"
+    )
 
 
-def _messages(view: RunView) -> str:
-    sent = view.store.messages(view.run.run_id)
-    return _messages_section(sent) if sent else ""
+def _payload_block(view: RunView, digest: str) -> str:
+    return _shown_whole(f"{view.run.run_id}-{digest}", _artifact(view.store, digest))
 
 
-def _approvals(view: RunView) -> str:
-    approvals = view.store.approvals(view.run.run_id)
-    return _approvals_section(view.path, view.ledger, approvals) if approvals else ""
+def _shown_whole(key: str, value: Any) -> str:
+    """A value a decision rests on: shown whole, laid out, with a copy button."""
+    ident = "whole-" + "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in key)
+    return (
+        f"<pre id='{e(ident)}'>{e(json_text(value))}</pre>"
+        f"<button type=button class=copy data-copy='{e(ident)}'>copy</button>"
+    )
 
 
 def _stopped(view: RunView) -> str:
@@ -216,9 +324,9 @@ def _stopped(view: RunView) -> str:
     if run.status is not RunStatus.STOPPED:
         return ""
     record = run.recovery_record or {}
+    typed = view.typed_for("limits")
     fields = "".join(
-        f"<label>{_e(label)} <input name={name} size=8"
-        f" placeholder='{_e('no limit' if now is None else now)}'></label> "
+        f"<label>{e(label)} {_input(typed, name, 'no limit' if now is None else str(now), size=8)}</label>"
         for name, label, now in (
             ("tokens", "tokens", run.token_budget),
             ("cost", "cost", run.cost_budget),
@@ -228,43 +336,13 @@ def _stopped(view: RunView) -> str:
             ("resume_budget", "resume budget", run.resume_budget),
         )
     )
+    inner = _hidden("revision", run.state_revision) + fields + _who(typed) + _input(typed, "reason", "why")
     return (
-        f"<section><h2 class=stopped>stopped: its {_e(record.get('limit', '?'))} limit</h2>"
-        f"<p><b>{_e(stop_words(record))}</b></p><p>{_e(record.get('reason', ''))}</p>"
-        f"<form method=post action='{view.path}/limits'>"
-        f"<input type=hidden name=revision value='{run.state_revision}'>{fields}<br>{_who()}"
-        f"<input name=reason placeholder='why'>{_token()}"
-        "<button>raise the limits and carry the run on</button></form>"
-        f"<pre>{_e(json.dumps(record, indent=2))}</pre></section>"
-    )
-
-
-def _cancel_form(view: RunView) -> str:
-    if view.run.status.terminal:
-        return ""
-    return (
-        f"<section><h2>cancel</h2><form method=post action='{view.path}/cancel'>"
-        f"{_who()}<input name=reason placeholder='why'>{_token()}"
-        "<button>cancel the run</button></form></section>"
-    )
-
-
-def _fork_form(view: RunView) -> str:
-    """A fork of the run from one of its steps (any run but one a live worker holds, which
-    the store refuses): the step, the fork's id, the operations it sends again, the code."""
-    steps = ordered_steps(view.ledger)
-    if not steps:
-        return ""
-    options = "".join(f"<option value='{_e(step.step_id)}'>{_e(step.step_id)}</option>" for step in steps)
-    return (
-        f"<section><h2>fork</h2><p>A new run with copies of the steps before the one chosen,"
-        " which executes from there; what this run sent is not sent again, unless named.</p>"
-        f"<form method=post action='{view.path}/fork'><select name=from_step>{options}</select>"
-        "<input name=new_run_id placeholder='fork id (default: minted)'>"
-        "<input name=resend placeholder='operations to send again (ids)'>"
-        "<label><input type=checkbox name=current_code value=1> on the current code</label>"
-        f"{_who()}<input name=reason placeholder='why'>{_token()}"
-        "<button>fork from this step</button></form></section>"
+        f"<section><h2 class=s-stopped>stopped: its {e(record.get('limit', '?'))} limit</h2>"
+        f"<p><b>{e(stop_words(record))}</b></p><p>{e(record.get('reason', ''))}</p>"
+        f"{_form(view, 'limits', inner, 'raise the limits and carry the run on')}"
+        f"<details data-key='{e(run.run_id)}-stop'><summary>the whole record</summary>"
+        f"<pre>{e(json_text(record))}</pre></details></section>"
     )
 
 
@@ -274,18 +352,20 @@ def _retry_form(view: RunView) -> str:
     run = view.run
     if retry_refusal(run, run.state_revision) is not None:
         return ""
+    typed = view.typed_for("retry")
     at = failed_step(view.ledger)
     steps = "".join(
-        f"<option value='{_e(sid)}'>run {_e(sid)} again instead</option>"
+        f"<option value='{e(sid)}'{' selected' if typed.get('step') == sid else ''}>"
+        f"run {e(sid)} again instead</option>"
         for sid in retriable_steps(view.ledger)
         if sid != at
     )
     default = (
-        f"run {_e(at)} again (the step it failed at)" if at else "no step moved (the workflow itself raised)"
+        f"run {e(at)} again (the step it failed at)" if at else "no step moved (the workflow itself raised)"
     )
     rejected = [op for op in view.ledger.operations.values() if op.state is EffectState.REJECTED]
     resend = "".join(
-        f"<option value='{_e(op.operation_id)}'>send {_e(op.operation_id)} ({_e(op.step_id)}) again,"
+        f"<option value='{e(op.operation_id)}'>send {e(op.operation_id)} ({e(op.step_id)}) again,"
         " under a key derived from its attempt</option>"
         for op in rejected
     )
@@ -295,25 +375,120 @@ def _retry_form(view: RunView) -> str:
         else ""
     )
     why = (run.error or {}).get("message") or (run.recovery_record or {}).get("reason", "")
+    inner = (
+        _hidden("revision", run.state_revision)
+        + f"<select name=step aria-label='step'><option value=''>{default}</option>{steps}</select>"
+        + choose_resend
+        + _who(typed)
+        + _input(typed, "reason", "why (the cause is fixed)")
+    )
     return (
-        f"<section><h2 class=failed>{_e(run.status.value)}: retry</h2><p><b>{_e(why)}</b></p>"
-        "<p>The failed step's record moves into the history and the run is carried on from it:"
+        f"<section><h2 class=s-failed>{e(run.status.value.capitalize())}: retry</h2><p><b>{e(why)}</b></p>"
+        "<p class=muted>The failed step's record moves into the history and the run is carried on from it:"
         " what it recorded before replays. Nothing applied, and nothing whose outcome is"
         " uncertain, is sent again; an operation its owner rejected only if you choose it.</p>"
-        f"<form method=post action='{view.path}/retry'>"
-        f"<input type=hidden name=revision value='{run.state_revision}'>"
-        f"<select name=step><option value=''>{default}</option>{steps}</select>{choose_resend}"
-        f"{_who()}<input name=reason placeholder='why (the cause is fixed)'>{_token()}"
-        "<button>retry the run</button></form></section>"
+        f"{_form(view, 'retry', inner, 'retry the run')}</section>"
+    )
+
+
+def _approvals(view: RunView) -> str:
+    """Every approval of the run, revoked ones marked; a revoke form for each effect not yet
+    dispatched whose approval is in force."""
+    approvals = view.store.approvals(view.run.run_id)
+    if not approvals:
+        return ""
+    rows = "".join(
+        f"<tr><td>{e(a.step_id)}</td><td>{e(a.approved_by)}</td><td>{when(a.approved_at)}"
+        f"</td><td>{when(a.expires_at) or 'never'}</td><td><code>{e(a.payload_digest[:19])}…"
+        f"</code></td><td>{_revoked(a)}</td></tr>"
+        for a in approvals
+    )
+    typed = view.typed_for("revoke")
+    forms = "".join(
+        _form(
+            view,
+            "revoke",
+            _hidden("step_id", step) + _who(typed) + _input(typed, "reason", "why", required=True),
+            f"revoke the approval of {step}",
+            css="danger",
+        )
+        for step in revocable(view.ledger.run, view.ledger.operations, approvals)
+    )
+    return (
+        "<section><h2>approvals</h2><table><tr><th>step</th><th>approved by</th>"
+        "<th>at (UTC)</th><th>expires (UTC)</th><th>payload</th><th>revoked</th></tr>"
+        f"{rows}</table>{forms}</section>"
+    )
+
+
+def _revoked(approval: ApprovalRecord) -> str:
+    if not approval.revoked:
+        return ""
+    return (
+        f"<span class=s-failed>revoked by {e(approval.revoked_by)} at"
+        f" {when(approval.revoked_at)}: {e(approval.revoke_reason)}</span>"
+    )
+
+
+def _messages(view: RunView) -> str:
+    """Every message sent to the run, and the wait step that took each one."""
+    sent: list[MessageRecord] = view.store.messages(view.run.run_id)
+    if not sent:
+        return ""
+    rows = "".join(
+        f"<tr><td>{m.seq}</td><td>{e(m.name)}</td><td>{e(m.sent_by or '')}</td>"
+        f"<td>{when(m.sent_at)}</td><td>{e(m.message_id or '')}</td>"
+        f"<td>{e(m.taken_by or 'not taken yet')}</td><td>{value_cell(f'msg-{m.seq}', m.payload)}</td></tr>"
+        for m in sent
+    )
+    return (
+        "<section><h2>messages</h2><table><tr><th>#</th><th>name</th><th>sent by</th>"
+        f"<th>at (UTC)</th><th>message id</th><th>taken by</th><th>payload</th></tr>{rows}"
+        "</table></section>"
+    )
+
+
+def _cancel_form(view: RunView) -> str:
+    if view.run.status.terminal:
+        return ""
+    typed = view.typed_for("cancel")
+    inner = _who(typed) + _input(typed, "reason", "why")
+    return f"<section><h2>Cancel</h2>{_form(view, 'cancel', inner, 'cancel the run', css='danger')}</section>"
+
+
+def _fork_form(view: RunView) -> str:
+    """A fork of the run from one of its steps (any run but one a live worker holds, which
+    the store refuses): the step, the fork's id, the operations it sends again, the code."""
+    steps = sorted(view.ledger.steps.values(), key=lambda step: step.seq)
+    if not steps:
+        return ""
+    typed = view.typed_for("fork")
+    options = "".join(
+        f"<option value='{e(step.step_id)}'{' selected' if typed.get('from_step') == step.step_id else ''}>"
+        f"{e(step.step_id)}</option>"
+        for step in steps
+    )
+    inner = (
+        f"<select name=from_step aria-label='from step'>{options}</select>"
+        + _input(typed, "new_run_id", "fork id (default: minted)")
+        + _input(typed, "resend", "operations to send again (ids)")
+        + "<label><input type=checkbox name=current_code value=1> on the current code</label>"
+        + _who(typed)
+        + _input(typed, "reason", "why")
+    )
+    return (
+        "<section><details data-key='fork-form'><summary><b>Fork</b> <span class=muted>a new run with"
+        " copies of the steps before the one chosen; what this run sent is not sent again, unless"
+        f" named</span></summary>{_form(view, 'fork', inner, 'fork from this step', css='plain')}"
+        "</details></section>"
     )
 
 
 # -- the run's status sections: add a new one HERE ------------------------------------------------
 # What a run needs from a person and the forms that give it, in the order the page shows them,
-# between the run's header and its steps. Each section looks at the run and answers "" when its
-# status is not the section's. A new form for a run's status (a stopped run's "raise limits",
-# say) is a Section function added to this tuple, with its action in dashboard_actions.ACTIONS:
-# run_page itself does not change.
+# between the run's facts and its timeline. Each section looks at the run and answers "" when its
+# status is not the section's. A new form for a run's status is a Section function added to this
+# tuple, with its action in dashboard_actions.ACTIONS: run_page itself does not change.
 STATUS_SECTIONS: tuple[Section, ...] = (
     _blocked,
     _waiting,
@@ -325,216 +500,187 @@ STATUS_SECTIONS: tuple[Section, ...] = (
     _fork_form,
 )
 
+# The sections the inbox shows of each run: what a person must decide, no more.
+DECISION_SECTIONS: tuple[Section, ...] = (_blocked, _waiting, _stopped, _retry_form)
 
-def run_page(store: Store, ledger: Ledger, events: list[EventRecord], now: int) -> str:
-    """A run's page: its header, the sections of ``STATUS_SECTIONS`` that apply to it, then its
-    steps, operations and events."""
-    run = ledger.run
-    view = RunView(store, ledger, events, now, _e(run_path(run.run_id)))
-    header = "".join(
-        f"<tr><th>{_e(k)}</th><td>{v}</td></tr>"
-        for k, v in (
-            ("status", _status(run, now)),
-            ("workflow", _e(f"{run.workflow}@{run.workflow_version}")),
-            *([("forked from", _forked_from(run.forked_from))] if run.forked_from else []),
-            ("inputs", f"<code>{_e(_short(run.inputs, 200))}</code>"),
-            ("revision", str(run.state_revision)),
-            ("fence", str(run.fence)),
-            ("resumes", _e(f"{run.resume_count} of {run.resume_budget}")),
-            (
-                "result" if run.result is not None else "error",
-                f"<code>{_e(_short(run.result if run.result is not None else run.error, 300))}</code>",
-            ),
-            ("updated (UTC)", _when(run.updated_at)),
+
+# -- the page --------------------------------------------------------------------------------------
+
+
+def run_facts(view: RunView) -> str:
+    """The run's facts: status, workflow, owner and lease, values, limits, times."""
+    run, now = view.run, view.now
+    presence = ownership(run, now)
+    lease = ""
+    if run.owner:
+        ended = "ended" if presence.state == LEASE_EXPIRED else "ends"
+        lease = f"{e(run.owner)}, lease {ended} {when(run.lease_expires_at, now)}"
+        lease += (
+            f"; last heartbeat {when(run.heartbeat_at, now)}"
+            if run.heartbeat_at
+            else "; no heartbeat since the claim"
         )
+    outcome = (
+        ("result", value_cell(f"{run.run_id}/result", run.result))
+        if run.status is RunStatus.COMPLETED
+        else ("error", value_cell(f"{run.run_id}/error", run.error) if run.error is not None else "")
     )
-    parts = [f"<p><a href='/'>runs</a></p><table>{header}</table>"]
-    parts.extend(section(view) for section in STATUS_SECTIONS)
-    parts.append(_ledger_tables(ledger, events))
-    return _page(run.run_id, "".join(parts))
-
-
-def _forked_from(forked: dict[str, Any]) -> str:
-    source = str(forked.get("run_id"))
-    resend = ", ".join(map(str, forked.get("resend") or []))
-    return f"<a href='{_e(run_path(source))}'>{_e(source)}</a> at step {_e(forked.get('step_id'))}" + (
-        f" (sends again: {_e(resend)})" if resend else ""
-    )
-
-
-def _ledger_tables(ledger: Ledger, events: list[EventRecord]) -> str:
-    """The run's steps, operations and events, as tables."""
-    steps = "".join(
-        f"<tr><td>{step.seq}</td><td>{_e(step.kind.value)}</td><td>{_e(step.step_id)}</td>"
-        f"<td>{_e(step.status.value)}</td><td><code>{_e(_short(step.result))}</code></td>"
-        f"<td>{_e(step.operation_id or '')}</td></tr>"
-        for step in ordered_steps(ledger)
-    )
-    ops = "".join(
-        f"<tr><td>{_e(op.operation_id)}</td><td>{_e(op.effect)}</td><td>{_e(op.state.value)}"
-        f"</td><td>{op.dispatch_count}</td><td><code>{_e(op.effect_key)}</code></td></tr>"
-        for op in ledger.operations.values()
-    )
-    history = "".join(
-        f"<tr><td>{_when(event.at)}</td><td>{_e(event.kind)}</td><td>{_e(event.step_id or '')}"
-        f"</td><td>{_e(event.operation_id or '')}</td><td>{_e(event.fence or '')}</td>"
-        f"<td><code>{_e(_short(event.detail))}</code></td></tr>"
-        for event in events
-    )
-    return (
-        f"<section><h2>steps</h2><table><tr><th>#</th><th>kind</th><th>step</th>"
-        f"<th>status</th><th>result</th><th>operation</th></tr>{steps}</table></section>"
-        f"<section><h2>operations</h2><table><tr><th>operation</th><th>effect</th>"
-        f"<th>state</th><th>dispatches</th><th>effect key</th></tr>{ops}</table>"
-        "</section>"
-        f"<section><h2>events</h2><table><tr><th>at (UTC)</th><th>event</th>"
-        f"<th>step</th><th>operation</th><th>fence</th><th>detail</th></tr>{history}"
-        "</table></section>"
-    )
-
-
-def _who() -> str:
-    return "<input name=by placeholder='your name' required>"
-
-
-def _token() -> str:
-    return "<input name=token type=password placeholder='dashboard token' required>"
-
-
-def _blocked_section(rid: str, record: dict[str, Any]) -> str:
-    revision = _e(record.get("state_revision"))
-    operation = _e(record.get("operation_id") or "")
-    actions = "".join(f"<li>{_e(action)}</li>" for action in record.get("next_actions", []))
-    common = (
-        f"<input type=hidden name=revision value='{revision}'>"
-        f"<input type=hidden name=operation_id value='{operation}'>{_who()}"
-    )
-    forms = (
+    rows = (
+        ("status", status_badge(run, now) + f" <small>{e(presence.label)}</small>"),
+        ("workflow", e(f"{run.workflow}@{run.workflow_version}")),
+        ("worker", f"<span class=dead>{lease}</span>" if presence.state == LEASE_EXPIRED else lease),
+        ("inputs", value_cell(f"{run.run_id}/inputs", run.inputs)),
+        outcome,
+        ("revision · fence", f"{run.state_revision} · {run.fence}"),
         (
-            f"<form method=post action='{rid}/resolve'>{common}"
-            "<input type=hidden name=action value=applied>"
-            "<input name=receipt placeholder='receipt JSON the owner holds' required>"
-            f"<input name=evidence placeholder='how you know'>{_token()}"
-            "<button>it happened</button></form>"
-            f"<form method=post action='{rid}/resolve'>{common}"
-            f"<input type=hidden name=action value=not_applied>{_token()}"
-            "<button>it did not happen</button></form>"
-            f"<form method=post action='{rid}/resolve'>{common}"
-            f"<input type=hidden name=action value=abandon>{_token()}"
-            "<button>abandon the run</button></form>"
+            "resumes",
+            e(
+                f"{run.resume_count} of {run.resume_budget}"
+                if run.resume_budget is not None
+                else run.resume_count
+            ),
+        ),
+        (
+            "spent",
+            e(f"{run.tokens_spent} tokens, cost {run.cost_spent:g}, {run.model_calls_spent} model calls"),
+        ),
+        ("created", when(run.created_at, now)),
+        ("updated", when(run.updated_at, now)),
+    )
+    return (
+        "<table class=facts>"
+        + "".join(f"<tr><th>{e(k)}</th><td>{v}</td></tr>" for k, v in rows if v)
+        + "</table>"
+    )
+
+
+def _lineage(view: RunView) -> str:
+    """The run's continue-as-new chain, where it was forked from, and the forks made from it."""
+    run = view.run
+    parts = []
+    chain = chain_of(view.store, run) if (run.parent_run_id or run.successor_run_id) else []
+    if chain:
+        links = " → ".join(
+            f"<b>{e(link.run_id)}</b>"
+            if link.run_id == run.run_id
+            else f"<a href='{e(run_path(link.run_id))}'>{e(link.run_id)}</a>"
+            for link in chain
         )
-        if record.get("operation_id")
-        else (
-            f"<form method=post action='{rid}/resolve'>{common}"
-            f"<input type=hidden name=action value=abandon>{_token()}"
-            "<button>abandon the run</button></form>"
+        parts.append(f"<p>continue-as-new chain ({len(chain)} runs): {links}</p>")
+    if run.forked_from:
+        source = str(run.forked_from.get("run_id"))
+        resend = ", ".join(map(str, run.forked_from.get("resend") or []))
+        parts.append(
+            f"<p>forked from <a href='{e(run_path(source))}'>{e(source)}</a> at step"
+            f" {e(run.forked_from.get('step_id'))}"
+            + (f" (sends again: {e(resend)})" if resend else "")
+            + "</p>"
         )
+    made = forks_made(view.events)
+    if made:
+        items = "".join(
+            f"<li><a href='{e(run_path(str(fork.get('fork'))))}'>{e(fork.get('fork'))}</a> from step"
+            f" {e(fork.get('step_id'))}, by {e(fork.get('by'))} {when(fork.get('at'), view.now)}</li>"
+            for fork in made
+        )
+        parts.append(f"<p>forks made from this run:</p><ul>{items}</ul>")
+    return f"<section class=lineage>{''.join(parts)}</section>" if parts else ""
+
+
+def timeline_section(view: RunView) -> str:
+    """The steps and effects in order, each with its start, end, duration and kind; an effect's
+    operation with its protocol state and dispatch count; each value whole on demand."""
+    entries = timeline(view.ledger, view.events)
+    if not entries:
+        return (
+            "<section data-live=timeline><h2>Timeline</h2><p class=muted>no step recorded yet</p></section>"
+        )
+    first = min(entry.start for entry in entries)
+    last = max(entry.end for entry in entries)
+    total = max(1, last - first)
+    rows = []
+    for entry in entries:
+        step, op = entry.step, entry.operation
+        left = 100 * (entry.start - first) / total
+        width = max(0.5, 100 * entry.duration / total)
+        effect = (
+            f"{e(op.effect)} <code>{e(op.operation_id)}</code><br>"
+            f"<span class=badge>{e(op.state.value)}</span>"
+            f" {op.dispatch_count} dispatch{'es' if op.dispatch_count != 1 else ''}"
+            if op
+            else ""
+        )
+        value = step.result if step.error is None else step.error
+        status_word = e(step.status.value)
+        shown_value = value_cell(f"step-{step.seq}", value)
+        if entry.in_flight and op is not None:
+            status_word = f"<b>in flight: {e(op.state.value)}</b>"
+            shown_value = "<span class=muted>not recorded: its outcome is not settled</span>"
+        rows.append(
+            f"<tr><td>{step.seq}</td><td><span class=badge>{e(step.kind.value)}</span></td>"
+            f"<td>{e(step.step_id)}<br><small>{e(step.name)}</small></td>"
+            f"<td>{status_word}{f' (attempt {step.attempt})' if step.attempt > 1 else ''}</td>"
+            f"<td>{when(entry.start)}<br><small>from {e(entry.start_from)}</small></td>"
+            f"<td>{when(entry.end)}</td><td>{duration(entry.duration)}</td>"
+            f"<td class=bar><span class='k-{e(step.kind.value)} {e(step.status.value)}'"
+            f" data-left='{left:.1f}' data-width='{width:.1f}'></span></td>"
+            f"<td>{effect}</td><td>{shown_value}</td></tr>"
+        )
+    note = (
+        "<p class=muted>A step's start is derived: an effect step's from its operation's preparation,"
+        " any other's from the step before it or the claim after that.</p>"
     )
-    return (
-        f"<section><h2 class=blocked>blocked: {_e(record.get('phase'))}</h2>"
-        f"<p><b>{_e(record.get('reason'))}</b></p>"
-        f"<p>operation {operation} ({_e(record.get('effect_status') or '')}), effect key "
-        f"<code>{_e(record.get('effect_key') or '')}</code>, revision {revision}</p>"
-        f"<ol>{actions}</ol>{forms}<pre>{_e(json.dumps(record, indent=2))}</pre></section>"
+    headers = ("#", "kind", "step", "status", "start (UTC)", "end", "took", "", "effect", "value")
+    return table_section("timeline", "Timeline", headers, "".join(rows), note)
+
+
+def _operations(view: RunView) -> str:
+    ops = "".join(
+        f"<tr><td><code>{e(op.operation_id)}</code></td><td>{e(op.step_id)}</td><td>{e(op.effect)}</td>"
+        f"<td><span class=badge>{e(op.state.value)}</span></td><td>{op.dispatch_count}</td>"
+        f"<td><code>{e(op.effect_key)}</code></td><td>{when(op.prepared_at)}</td>"
+        f"<td>{value_cell(f'outcome-{op.operation_id}', op.receipt if op.error is None else op.error)}</td>"
+        "</tr>"
+        for op in view.ledger.operations.values()
     )
-
-
-def _waiting_section(store: Store, rid: str, waiting: dict[str, Any]) -> str:
-    digest = str(waiting.get("payload_digest"))
-    try:
-        payload = json.dumps(json.loads(store.get_artifact(digest)), indent=2, ensure_ascii=False)
-    except SafepointError as exc:
-        payload = f"(the payload cannot be read: {exc.message})"
-    return (
-        f"<section><h2 class=waiting>waiting for approval</h2>"
-        f"<p><b>{_e(waiting.get('reason', ''))}</b></p>"
-        f"<p>step {_e(waiting.get('step_id'))}, operation {_e(waiting.get('operation_id'))}"
-        f" ({_e(waiting.get('effect'))}); payload <code>{_e(digest)}</code>, target state "
-        f"<code>{_e(waiting.get('target_digest') or 'none')}</code></p>"
-        f"<pre>{_e(payload)}</pre>"
-        f"<form method=post action='{rid}/approve'>"
-        f"<input type=hidden name=step_id value='{_e(waiting.get('step_id'))}'>"
-        f"<input type=hidden name=payload_digest value='{_e(digest)}'>{_who()}"
-        "<input name=expires_minutes placeholder='expires in minutes' size=16>"
-        f"<input name=evidence placeholder='why'>{_token()}"
-        "<button>approve this payload</button></form></section>"
-    )
-
-
-def _message_section(rid: str, waiting: dict[str, Any]) -> str:
-    """A run waiting for a message: which, until when, and the form that sends it."""
-    name = waiting.get("name")
-    timeout = waiting.get("timeout_at")
-    until = f"; it times out {_when(timeout)} UTC" if timeout else ""
-    return (
-        f"<section><h2 class=waiting>waiting for a message</h2><p>step"
-        f" {_e(waiting.get('step_id'))} waits for message <b>{_e(name)}</b> since"
-        f" {_when(waiting.get('since'))} UTC{until}</p>"
-        f"<form method=post action='{rid}/send'>"
-        f"<input type=hidden name=name value='{_e(name)}'>"
-        "<textarea name=payload placeholder='the message: JSON' rows=3 cols=50 required></textarea>"
-        f"<input name=message_id placeholder='message id (optional)'>{_who()}{_token()}"
-        f"<button>send {_e(name)}</button></form></section>"
-    )
-
-
-def _messages_section(sent: list[MessageRecord]) -> str:
-    """Every message sent to the run, and the wait step that took each one."""
-    rows = "".join(
-        f"<tr><td>{m.seq}</td><td>{_e(m.name)}</td><td>{_e(m.sent_by or '')}</td>"
-        f"<td>{_when(m.sent_at)}</td><td>{_e(m.message_id or '')}</td>"
-        f"<td>{_e(m.taken_by or 'not taken yet')}</td><td><code>{_e(_short(m.payload))}</code></td></tr>"
-        for m in sent
-    )
-    return (
-        f"<section><h2>messages</h2><table><tr><th>#</th><th>name</th><th>sent by</th>"
-        f"<th>at (UTC)</th><th>message id</th><th>taken by</th><th>payload</th></tr>{rows}"
-        "</table></section>"
-    )
-
-
-def _approvals_section(rid: str, ledger: Ledger, approvals: list[ApprovalRecord]) -> str:
-    """Every approval of the run, revoked ones marked; a revoke form for each effect not yet
-    dispatched whose approval is in force."""
-    rows = "".join(
-        f"<tr><td>{_e(a.step_id)}</td><td>{_e(a.approved_by)}</td><td>{_when(a.approved_at)}"
-        f"</td><td>{_when(a.expires_at) or 'never'}</td><td><code>{_e(a.payload_digest[:19])}…"
-        f"</code></td><td>{_revoked(a)}</td></tr>"
-        for a in approvals
-    )
-    forms = "".join(
-        f"<form method=post action='{rid}/revoke'>"
-        f"<input type=hidden name=step_id value='{_e(step)}'>{_who()}"
-        f"<input name=reason placeholder='why' required>{_token()}"
-        f"<button>revoke the approval of {_e(step)}</button></form>"
-        for step in revocable(ledger.run, ledger.operations, approvals)
-    )
-    return (
-        f"<section><h2>approvals</h2><table><tr><th>step</th><th>approved by</th>"
-        f"<th>at (UTC)</th><th>expires (UTC)</th><th>payload</th><th>revoked</th></tr>"
-        f"{rows}</table>{forms}</section>"
-    )
-
-
-def _revoked(approval: ApprovalRecord) -> str:
-    if not approval.revoked:
+    if not ops:
         return ""
-    return (
-        f"<span class=revoked>revoked by {_e(approval.revoked_by)} at"
-        f" {_when(approval.revoked_at)}: {_e(approval.revoke_reason)}</span>"
+    headers = ("operation", "step", "effect", "state", "dispatches", "effect key", "prepared (UTC)")
+    return table_section("operations", "Effect operations", (*headers, "receipt / error"), ops)
+
+
+def _events(view: RunView) -> str:
+    rows = "".join(
+        f"<tr><td>{when(event.at)}</td><td>{e(event.kind)}</td><td>{e(event.step_id or '')}"
+        f"</td><td>{e(event.operation_id or '')}</td><td>{e(event.worker or '')}</td>"
+        f"<td>{e(event.fence or '')}</td>"
+        f"<td>{'' if event.detail is None else value_cell(f'event-{event.event_id}', event.detail)}</td></tr>"
+        for event in view.events
     )
+    headers = ("at (UTC)", "event", "step", "operation", "worker", "fence", "detail")
+    return table_section("events", "Events", headers, rows)
 
 
-def run_json(run: RunRecord | UnreadableRun, now: int) -> dict[str, Any]:
-    """A run as JSON, with how its ownership reads now (an unreadable one: what could be read,
-    and why the rest cannot)."""
-    if isinstance(run, UnreadableRun):
-        return {**plain(run), "unreadable": True}
-    return {**plain(run), "ownership": asdict(ownership(run, now))}
-
-
-def plain(record: Any) -> Any:
-    """A record as JSON-ready data (enums by value)."""
-    if is_dataclass(record) and not isinstance(record, type):
-        return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(record).items()}
-    return record
+def run_page(
+    store: Store,
+    ledger: Ledger,
+    events: list[EventRecord],
+    now: int,
+    *,
+    flash: str | None = None,
+    error: str | None = None,
+    typed: Typed | None = None,
+) -> str:
+    """A run's page: its facts and lineage, the sections of ``STATUS_SECTIONS`` that apply to
+    it, then its timeline, operations and events."""
+    run = ledger.run
+    view = RunView(store, ledger, events, now, e(run_path(run.run_id)), typed=typed)
+    parts = [
+        "<p><a href='/'>← runs</a></p>",
+        f"<div data-live=facts>{run_facts(view)}{_lineage(view)}</div>",
+        *(section(view) for section in STATUS_SECTIONS),
+        timeline_section(view),
+        _operations(view),
+        _events(view),
+    ]
+    return page(run.run_id, "".join(parts), flash=flash, error=error, state=run.status.value)

@@ -266,6 +266,7 @@ _RUN = _columns(
     ("step_attempt_limit", integer_or_null),
     ("wake_at", integer_or_null),
     ("forked_from", json_object_or_null),
+    ("heartbeat_at", integer_or_null),
 )
 # What an unreadable run's listing shows of it, when those columns can be read.
 _LISTED = frozenset(UnreadableRun.__dataclass_fields__) - {"run_id", "reason", "columns"}

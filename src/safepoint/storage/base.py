@@ -43,6 +43,8 @@ from ..types import (
     Resolution,
     Retry,
     RunLimits,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -187,6 +189,13 @@ class Store(Protocol):
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         """Most recently changed first, optionally of one status. A row that cannot be read is
         listed as an ``UnreadableRun``: one bad row never fails the listing."""
+        ...
+
+    def query_runs(self, query: RunQuery) -> RunPage:
+        """One page of the runs ``query`` asks for (newest created first, keyset-paged), with
+        how many runs match it in all and of each status: filtered and counted by the
+        database, never by reading every run. A row that cannot be read is listed as an
+        ``UnreadableRun``."""
         ...
 
     def claim_run(
@@ -529,6 +538,10 @@ class AsyncStore(Protocol):
         self, status: RunStatus | None = None, limit: int = 100
     ) -> list[RunRecord | UnreadableRun]:
         """See ``Store.list_runs``."""
+        ...
+
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        """``Store.query_runs``."""
         ...
 
     async def claim_run(

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._rules.canonical import digest as content_digest
 from .._rules.canonical import dumps
-from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, RunNotFound
+from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, RunNotFound, UsageError
 from ..types import (
     JSON,
     ApprovalRecord,
@@ -25,6 +25,8 @@ from ..types import (
     MessageRecord,
     OperationRecord,
     Resolution,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunStatus,
     UnreadableRun,
@@ -134,6 +136,43 @@ class LedgerReads:
         for row in rows:
             runs.append((yield from self.listed(row)))
         return runs
+
+    def query_runs(self, query: RunQuery) -> Plan[RunPage]:
+        """One page of the runs ``query`` asks for, and the counts of the runs it matches: the
+        filtering, counting and paging happen in SQL, never over every run."""
+        if query.limit < 1:
+            raise UsageError(f"a page holds one run or more, not {query.limit}: ask for limit >= 1")
+        filters = {
+            "workflow": query.workflow,
+            "workflow_version": query.workflow_version,
+            "search": query.search or None,
+            "created_from": query.created_from,
+            "created_to": query.created_to,
+            "updated_from": query.updated_from,
+            "updated_to": query.updated_to,
+        }
+        after_created, after_run_id = query.after if query.after is not None else (None, None)
+        rows = yield self.q(
+            "query_runs",
+            **filters,
+            status=query.status.value if query.status else None,
+            after_created=after_created,
+            after_run_id=after_run_id,
+            limit=query.limit + 1,
+        )
+        counted = yield self.q("count_runs", **filters)
+        counts = dict.fromkeys(RunStatus, 0)
+        for row in counted:
+            if row["status"] in counts:  # a status this version does not know is not counted
+                counts[RunStatus(row["status"])] = int(row["runs"])
+        total = counts[query.status] if query.status else sum(int(row["runs"]) for row in counted)
+        page = rows[: query.limit]
+        runs = []
+        for row in page:
+            runs.append((yield from self.listed(row)))
+        last = page[-1] if page and len(rows) > query.limit else None
+        next_after = None if last is None else (int(last["created_at"]), str(last["run_id"]))
+        return RunPage(runs, total, counts, next_after)
 
     def load_ledger(self, run_id: str) -> Plan[Ledger]:
         if self._snapshot is not None:  # one snapshot of the run, its rows and artifacts

@@ -52,6 +52,8 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunLimits,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -315,6 +317,9 @@ class AsyncPostgresStore:
         self, status: RunStatus | None = None, limit: int = 100
     ) -> list[RunRecord | UnreadableRun]:
         return await self._read(lambda: self._ledger.list_runs(status, limit))
+
+    async def query_runs(self, query: RunQuery) -> RunPage:
+        return await self._read(lambda: self._ledger.query_runs(query))
 
     async def claim_run(
         self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None

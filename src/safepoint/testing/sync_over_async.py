@@ -27,6 +27,8 @@ from ..types import (
     OperationRecord,
     Resolution,
     RunLimits,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -101,6 +103,9 @@ class SyncOverAsync:
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._call(self.store.list_runs(status, limit))
+
+    def query_runs(self, query: RunQuery) -> RunPage:
+        return self._call(self.store.query_runs(query))
 
     def claim_run(
         self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None

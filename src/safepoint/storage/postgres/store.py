@@ -54,6 +54,8 @@ from ...types import (
     OperationRecord,
     Resolution,
     RunLimits,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunRetry,
     RunStatus,
@@ -243,6 +245,9 @@ class PostgresStore:
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._read(lambda: self._ledger.list_runs(status, limit))
+
+    def query_runs(self, query: RunQuery) -> RunPage:
+        return self._read(lambda: self._ledger.query_runs(query))
 
     def claim_run(
         self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None

@@ -20,6 +20,8 @@ from ...types import (
     Ledger,
     Resolution,
     ResolutionAction,
+    RunPage,
+    RunQuery,
     RunRecord,
     RunStatus,
     UnreadableRun,
@@ -109,6 +111,9 @@ class SqliteRuns(SqliteConnection):
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
         return self._reading(self._reads.list_runs(status, limit))
+
+    def query_runs(self, query: RunQuery) -> RunPage:
+        return self._reading(self._reads.query_runs(query))
 
     def load_ledger(self, run_id: str) -> Ledger:
         return self._reading(self._reads.load_ledger(run_id))

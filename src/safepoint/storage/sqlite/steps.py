@@ -116,7 +116,8 @@ class SqliteSteps(SqliteConnection):
                 {
                     "run_id": claim.run_id,
                     "fence": claim.fence,
-                    "lease_expires_at": self.now() + claim.lease_ms,
+                    "lease_expires_at": (now := self.now()) + claim.lease_ms,
+                    "now": now,
                 },
             )
             if cursor.rowcount != 1:

@@ -37,7 +37,8 @@ module, not in a test file, so for readable failures add to your ``conftest.py``
     pytest.register_assert_rewrite("safepoint.testing.conformance")
 
 The tests of one topic live in a module of their own, as a mixin that ``StoreConformance``
-composes: ``runs`` (creating and reading runs), ``claiming``, ``fencing``, ``steps``, ``effects``,
+composes: ``runs`` (creating and reading runs), ``listing`` (a console's filtered, counted pages),
+``claiming``, ``fencing``, ``steps``, ``effects``,
 ``ending`` (ending a run), ``artifacts_clock`` (artifacts, clock, wake-ups, history), ``limits``,
 ``approvals``, ``revocation`` (revoking approvals), ``history`` (bounded history and
 continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
@@ -61,6 +62,7 @@ from .fencing import FenceTests
 from .forks import ForkTests
 from .history import HistoryTests
 from .limits import LimitTests
+from .listing import ListingTests
 from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
@@ -92,6 +94,7 @@ class StoreConformance(
     StepTests,
     FenceTests,
     ClaimTests,
+    ListingTests,
     RunTests,
     ConformanceBase,
 ):

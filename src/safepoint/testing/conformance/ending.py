@@ -67,4 +67,6 @@ class EndingTests(ConformanceBase):
         assert (renewed.lease_expires_at or 0) >= t0 - CLOCK_SLACK_MS + 2_000
         assert (renewed.lease_expires_at or 0) > (run.lease_expires_at or 0)
         assert renewed.state_revision == run.state_revision
+        assert run.heartbeat_at is None  # the claim is not a heartbeat
+        assert (renewed.heartbeat_at or 0) >= t0 - CLOCK_SLACK_MS  # the console shows it
         assert len(store.events(run.run_id)) == 1  # a heartbeat is not history

@@ -224,6 +224,37 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY updated_at DESC, run_id
 LIMIT %(limit)s;
 
+-- name: query_runs
+-- One page of the runs a console asks for: every filter given narrows it (NULL: not asked);
+-- newest created first, after the keyset (created_at, run_id) of the page before. The store
+-- asks for one row more than the page, to know whether another page follows. (run_id is
+-- compared byte-wise, as SQLite does, so both stores page alike.)
+SELECT * FROM safepoint_runs
+WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
+  AND (%(workflow_version)s::text IS NULL OR workflow_version = %(workflow_version)s)
+  AND (%(search)s::text IS NULL OR strpos(lower(run_id), lower(%(search)s)) > 0)
+  AND (%(created_from)s::bigint IS NULL OR created_at >= %(created_from)s)
+  AND (%(created_to)s::bigint IS NULL OR created_at < %(created_to)s)
+  AND (%(updated_from)s::bigint IS NULL OR updated_at >= %(updated_from)s)
+  AND (%(updated_to)s::bigint IS NULL OR updated_at < %(updated_to)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(after_created)s::bigint IS NULL OR created_at < %(after_created)s
+       OR (created_at = %(after_created)s AND run_id COLLATE "C" < %(after_run_id)s))
+ORDER BY created_at DESC, run_id COLLATE "C" DESC
+LIMIT %(limit)s;
+
+-- name: count_runs
+-- How many runs of each status match a console's filters (its status filter aside).
+SELECT status, count(*) AS runs FROM safepoint_runs
+WHERE (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
+  AND (%(workflow_version)s::text IS NULL OR workflow_version = %(workflow_version)s)
+  AND (%(search)s::text IS NULL OR strpos(lower(run_id), lower(%(search)s)) > 0)
+  AND (%(created_from)s::bigint IS NULL OR created_at >= %(created_from)s)
+  AND (%(created_to)s::bigint IS NULL OR created_at < %(created_to)s)
+  AND (%(updated_from)s::bigint IS NULL OR updated_at >= %(updated_from)s)
+  AND (%(updated_to)s::bigint IS NULL OR updated_at < %(updated_to)s)
+GROUP BY status;
+
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired on the database clock, that
 -- has no owner, or whose owner is known to be dead; bump the fence and the resume count.
@@ -290,7 +321,7 @@ SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
 -- the state revision stays.
 UPDATE safepoint_runs
-SET lease_expires_at = safepoint_now_ms() + %(lease_ms)s
+SET lease_expires_at = safepoint_now_ms() + %(lease_ms)s, heartbeat_at = safepoint_now_ms()
 WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING lease_expires_at;
 

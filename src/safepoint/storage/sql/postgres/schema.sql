@@ -108,10 +108,15 @@ CREATE TABLE safepoint_runs (
     -- a waiting run is due at wake_at (its sleep ends, its wait times out): workers take it then
     wake_at              BIGINT,
     -- a fork: the run and step it was forked from (JSON); it holds copies of the steps before it
-    forked_from          TEXT
+    forked_from          TEXT,
+    -- when its worker last renewed the lease (the heartbeat); NULL: not since the claim
+    heartbeat_at         BIGINT
 );
 
 CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
+
+-- What a console lists: newest created first, one page after another (keyset paging).
+CREATE INDEX safepoint_runs_created ON safepoint_runs (created_at, run_id);
 
 -- What claim_next scans: runs a worker may take, oldest first.
 CREATE INDEX safepoint_runs_runnable ON safepoint_runs (created_at, run_id)

@@ -108,6 +108,36 @@ WHERE (:status IS NULL OR status = :status)
 ORDER BY updated_at DESC, run_id
 LIMIT :limit;
 
+-- name: query_runs
+-- One page of the runs a console asks for: every filter given narrows it (NULL: not asked);
+-- newest created first, after the keyset (created_at, run_id) of the page before. The store
+-- asks for one row more than the page, to know whether another page follows.
+SELECT * FROM safepoint_runs
+WHERE (:workflow IS NULL OR workflow = :workflow)
+  AND (:workflow_version IS NULL OR workflow_version = :workflow_version)
+  AND (:search IS NULL OR instr(lower(run_id), lower(:search)) > 0)
+  AND (:created_from IS NULL OR created_at >= :created_from)
+  AND (:created_to IS NULL OR created_at < :created_to)
+  AND (:updated_from IS NULL OR updated_at >= :updated_from)
+  AND (:updated_to IS NULL OR updated_at < :updated_to)
+  AND (:status IS NULL OR status = :status)
+  AND (:after_created IS NULL OR created_at < :after_created
+       OR (created_at = :after_created AND run_id < :after_run_id))
+ORDER BY created_at DESC, run_id DESC
+LIMIT :limit;
+
+-- name: count_runs
+-- How many runs of each status match a console's filters (its status filter aside).
+SELECT status, count(*) AS runs FROM safepoint_runs
+WHERE (:workflow IS NULL OR workflow = :workflow)
+  AND (:workflow_version IS NULL OR workflow_version = :workflow_version)
+  AND (:search IS NULL OR instr(lower(run_id), lower(:search)) > 0)
+  AND (:created_from IS NULL OR created_at >= :created_from)
+  AND (:created_to IS NULL OR created_at < :created_to)
+  AND (:updated_from IS NULL OR updated_at >= :updated_from)
+  AND (:updated_to IS NULL OR updated_at < :updated_to)
+GROUP BY status;
+
 -- name: claim_run
 -- Compare-and-set on state_revision: take a run whose lease expired, that has no owner, or
 -- whose owner is known to be dead (or whose lease is not an integer: damaged, it never
@@ -233,7 +263,7 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
 -- the state revision stays.
 UPDATE safepoint_runs
-SET lease_expires_at = :lease_expires_at
+SET lease_expires_at = :lease_expires_at, heartbeat_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: load_ledger_steps

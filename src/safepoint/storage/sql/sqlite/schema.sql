@@ -93,10 +93,15 @@ CREATE TABLE safepoint_runs (
     -- a waiting run is due at wake_at (its sleep ends, its wait times out): workers take it then
     wake_at              INTEGER,
     -- a fork: the run and step it was forked from (JSON); it holds copies of the steps before it
-    forked_from          TEXT
+    forked_from          TEXT,
+    -- when its worker last renewed the lease (the heartbeat); NULL: not since the claim
+    heartbeat_at         INTEGER
 );
 
 CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
+
+-- What a console lists: newest created first, one page after another (keyset paging).
+CREATE INDEX safepoint_runs_created ON safepoint_runs (created_at, run_id);
 
 -- What claim_next looks at for waiting runs: those due (a sleep ended, a wait timed out).
 CREATE INDEX safepoint_runs_due ON safepoint_runs (wake_at) WHERE status = 'waiting';
