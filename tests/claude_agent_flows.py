@@ -160,6 +160,59 @@ def durable(work: Path, step: str) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+TWINS = [  # one turn with two alike calls: two notes, each its own step and receipt
+    Turn.tool_calls(
+        ("mcp__tools__add_note", {"text": "call back"}), ("mcp__tools__add_note", {"text": "call back"})
+    ),
+    Turn.text("Two notes added."),
+]
+
+
+def twins(work: Path) -> dict[str, Any]:
+    """Two alike calls in one turn: each step's receipt is the one the CLI gave its call."""
+    notes: list[str] = []
+    tools = Tools()
+
+    @tools.effect()
+    def add_note(text: str, key: sp.EffectKey) -> dict[str, Any]:
+        """Add a note to the customer's file."""
+        notes.append(str(key))
+        return {"note": f"N-{len(notes)}"}
+
+    store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
+
+    @sp.workflow("claude-twins")
+    async def flow(run: sp.AsyncRun) -> dict[str, Any]:
+        config = work / "claude-config"
+        config.mkdir(exist_ok=True)
+        base = ClaudeAgentOptions(env=cli_env(fake_url, str(config)), cwd=str(config))
+        return await spc.query(run, "Add two notes", tools=tools, base=base)
+
+    async def main() -> dict[str, Any]:
+        nonlocal fake_url
+        with FakeModelServer(TWINS) as fake:
+            fake_url = fake.url
+            result = await sp.start_async(store, flow, run_id="twins-1")
+            last = fake.requests[-1].body
+        told = {  # what the CLI told the model each call answered
+            block["tool_use_id"]: json.loads(block["content"][0]["text"])
+            for message in last["messages"]
+            if isinstance(message.get("content"), list)
+            for block in message["content"]
+            if block.get("type") == "tool_result"
+        }
+        ledger = store.load_ledger("twins-1")
+        recorded = {
+            sid.removeprefix("tool."): ledger.steps[sid].result
+            for sid in ledger.steps
+            if sid.startswith("tool.")
+        }
+        return {"result": result["result"], "notes": len(notes), "told": told, "recorded": recorded}
+
+    fake_url = ""
+    return asyncio.run(main())
+
+
 FAKE_MODEL_URL_ENV = "SAFEPOINT_FAKE_MODEL_URL"
 # Each request names the workflow process whose CLI sent it (the CLI's ANTHROPIC_CUSTOM_HEADERS),
 # so the fake can SIGKILL that process while it holds the request.
@@ -250,5 +303,5 @@ if __name__ == "__main__":
         url = None if sys.argv[3] == "sqlite" else sys.argv[3]
         print(json.dumps(kill_trials(work, url, sys.argv[4:])))
         sys.exit(0)
-    answer = plain(work) if kind == "plain" else durable(work, kind)
+    answer = plain(work) if kind == "plain" else twins(work) if kind == "twins" else durable(work, kind)
     print(json.dumps(answer))

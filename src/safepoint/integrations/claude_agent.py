@@ -7,8 +7,9 @@ model calls one by one. It records what it can answer for instead:
   ``claude.query``, recorded with its cost, so a replay of a finished query asks nothing and the
   run's ``sp.Budget`` counts what the CLI spent, across resumes;
 - your tools are in-process SDK MCP tools whose handler answers through
-  ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``): an effect is dispatched once,
-  and a resumed session gets the ledger's receipt;
+  ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``, the id the CLI sends with the
+  call in its ``_meta``): an effect is dispatched once, and a resumed session gets the
+  ledger's receipt;
 - a PreToolUse hook records the intent in the ledger (step ``claude.intent``: which call id the
   CLI is about to run) and refuses every call once the run must stop (an uncertain effect, an
   approval to wait for) — also a call an earlier process left uncertain, which the resumed
@@ -33,15 +34,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from claude_agent_sdk import (
-    ClaudeAgentOptions,
-    HookMatcher,
-    ResultMessage,
-    SdkMcpTool,
-    create_sdk_mcp_server,
-)
+from claude_agent_sdk import ClaudeAgentOptions, HookMatcher, McpSdkServerConfig, ResultMessage
 from claude_agent_sdk import query as sdk_query
 from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput, SessionStore
+from mcp.server import Server
+from mcp.types import CallToolResult, ListToolsResult, Tool
 
 import safepoint as sp
 from safepoint.errors import UsageError
@@ -53,6 +50,8 @@ __all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
 # What the CLI is told when a segment resumes a session that stopped part-way.
 CONTINUE = "Continue where you left off."
 _LIMIT_STOPS = ("error_max_turns", "error_max_budget_usd")
+# The key under which the CLI sends a call's tool_use id in the request's _meta.
+_TOOL_USE_ID = "claudecode/toolUseId"
 
 
 @dataclasses.dataclass
@@ -66,30 +65,41 @@ class Session:
     server: str
     store: LedgerSessionStore
     intents: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    first_ids: dict[str, str] = dataclasses.field(default_factory=dict)
     halted: BaseException | None = None
 
     def tool_name(self, name: str) -> str:
         """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
         return f"mcp__{self.server}__{name}"
 
-    def call_id(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """The tool_use id of this call, as the PreToolUse hook saw it; without one (a call the
-        hook did not see), an id made of the call's content, the same on every replay."""
-        waiting = self.intents.get(_intent(name, arguments))
+    def call_id(self, name: str, arguments: Mapping[str, Any], sent: str | None = None) -> str:
+        """The id of this call's step. ``sent``: the tool_use id the CLI sent with the call
+        (its ``_meta``), the call's own even when two calls of one turn are alike — given back
+        its first id when the hook found the call an earlier process recorded under another.
+        Without it (a CLI that sends none), the ids the hook saw for this tool and these
+        arguments, in the order it saw them; without those either, an id made of the call's
+        content, the same on every replay."""
+        waiting = self.intents.get(_intent(name, arguments), [])
+        if sent is not None:
+            first = self.first_ids.get(sent, sent)
+            if first in waiting:
+                waiting.remove(first)
+            return first
         if waiting:
             return waiting.pop(0)
         digest = hashlib.sha256(_intent(name, arguments).encode()).hexdigest()[:16]
         return f"content_{digest}"
 
     async def answer(
-        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
+        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None, sent: str | None = None
     ) -> dict[str, Any]:
-        """Answer one call through the ledger (the SDK MCP handler, or a resume giving a call
-        the CLI ran but never recorded its result). A signal that must end the workflow is
-        kept for the driver, and the CLI is told the run stopped."""
+        """Answer one call through the ledger (the SDK MCP handler, with the tool_use id the
+        CLI ``sent``, or a resume giving a call the CLI ran but never recorded its result its
+        ``call_id``). A signal that must end the workflow is kept for the driver, and the CLI
+        is told the run stopped."""
         if self.halted is not None:
             return _error(f"the run stopped: {self.halted}")
-        call = ToolCall(call_id or self.call_id(name, arguments), name, arguments)
+        call = ToolCall(call_id or self.call_id(name, arguments, sent), name, arguments)
         try:
             outcome = await self.tools.call_async(self.run, call)
         except BaseException as signal:
@@ -127,6 +137,7 @@ class Session:
         )
         call_id = str(recorded["id"]) if earlier else tool_use_id
         self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
+        self.first_ids[tool_use_id] = call_id
         if earlier:
             await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
             if self.halted is not None:
@@ -161,12 +172,11 @@ def options(
     session = Session(run, tools, server, store)
     store.answer_orphan = session.answer
     store.tool_prefix = f"mcp__{server}__"
-    mcp_tools = [_mcp_tool(session, d) for d in tools.anthropic()]
     hooks = dict(base.hooks or {})
     hooks["PreToolUse"] = [HookMatcher(hooks=[session.pre_tool_use]), *hooks.get("PreToolUse", [])]
     made = dataclasses.replace(
         base,
-        mcp_servers={**_servers(base), server: create_sdk_mcp_server(server, tools=mcp_tools)},
+        mcp_servers={**_servers(base), server: _sdk_server(session, tools)},
         allowed_tools=[*base.allowed_tools, *(session.tool_name(n) for n in tools.names())],
         hooks=hooks,
         # the Protocol's optional listing methods are left out (the SDK probes for them)
@@ -275,18 +285,32 @@ def _usage(segment: Any) -> dict[str, Any]:
     return {"cost": float(segment.get("cost", 0.0))}
 
 
-def _mcp_tool(session: Session, definition: Mapping[str, Any]) -> SdkMcpTool[Any]:
-    name = str(definition["name"])
+def _sdk_server(session: Session, tools: Tools) -> McpSdkServerConfig:
+    """The in-process MCP server of the run's tools. Not ``create_sdk_mcp_server``: its
+    handlers see only a call's arguments, and the CLI sends each call's tool_use id in the
+    request's ``_meta`` (``claudecode/toolUseId``), which keeps two alike calls of one turn
+    apart — matched by arguments alone, they could swap their steps (and so their receipts)."""
+    listed = [
+        Tool(name=d["name"], description=d["description"], input_schema=d["input_schema"])
+        for d in tools.anthropic()
+    ]
 
-    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
-        return await session.answer(name, arguments)
+    async def on_list_tools(ctx: Any, params: Any) -> ListToolsResult:
+        return ListToolsResult(tools=listed)
 
-    return SdkMcpTool(
-        name=name,
-        description=str(definition.get("description", "")),
-        input_schema=dict(definition["input_schema"]),
-        handler=handler,
-    )
+    async def on_call_tool(ctx: Any, params: Any) -> CallToolResult:
+        sent = (params.meta or {}).get(_TOOL_USE_ID)
+        if params.name not in tools.names():
+            return CallToolResult.model_validate(_error(f"no tool {params.name!r}: it lists {tools.names()}"))
+        answered = await session.answer(
+            params.name, dict(params.arguments or {}), sent=sent if isinstance(sent, str) else None
+        )
+        return CallToolResult.model_validate(
+            {"content": answered["content"], "isError": answered.get("is_error", False)}
+        )
+
+    made = Server(session.server, version="1.0.0", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return McpSdkServerConfig(type="sdk", name=session.server, instance=made)
 
 
 def _servers(base: ClaudeAgentOptions) -> dict[str, Any]:
