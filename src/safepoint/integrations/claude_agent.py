@@ -28,6 +28,7 @@ model calls one by one. It records what it can answer for instead:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -67,6 +68,7 @@ class Session:
     intents: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     first_ids: dict[str, str] = dataclasses.field(default_factory=dict)
     halted: BaseException | None = None
+    pending: set[asyncio.Future[dict[str, Any]]] = dataclasses.field(default_factory=set)
 
     def tool_name(self, name: str) -> str:
         """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
@@ -100,12 +102,34 @@ class Session:
         if self.halted is not None:
             return _error(f"the run stopped: {self.halted}")
         call = ToolCall(call_id or self.call_id(name, arguments, sent), name, arguments)
+        # The CLI may end the query (a budget stop on the tool's turn) while the handler still
+        # runs, and the SDK then cancels it: the call runs in a task of its own, which the
+        # segment waits for (``settle``), so an effect is never left half-dispatched.
+        task = asyncio.ensure_future(self._call(call))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+        return await asyncio.shield(task)
+
+    async def _call(self, call: ToolCall) -> dict[str, Any]:
         try:
             outcome = await self.tools.call_async(self.run, call)
         except BaseException as signal:
             self.halted = signal
             return _error(f"the run stopped: {signal}")
         return {"content": [{"type": "text", "text": outcome.content}], "is_error": outcome.is_error}
+
+    async def settle(self) -> None:
+        """Wait for the calls still running (the CLI stopped without waiting for them)."""
+        while self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+    async def answer_orphan(self, name: str, arguments: dict[str, Any], *, call_id: str) -> dict[str, Any]:
+        """Answer a call the transcript holds without its result, under the id its step has:
+        its own, or the first id of the call an earlier process's hook gave it back."""
+        first = self.first_ids.get(call_id)
+        if first is None:
+            first = str(await self.run.read(f"claude.alias.{call_id}", _Alias(call_id)))
+        return await self.answer(name, arguments, call_id=first)
 
     async def pre_tool_use(
         self, data: HookInput, tool_use_id: str | None, context: HookContext
@@ -139,6 +163,11 @@ class Session:
         self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
         self.first_ids[tool_use_id] = call_id
         if earlier:
+            # The transcript will hold the call under its new id; a later process that finds it
+            # there without its result (a stop between the tool and its result) must answer it
+            # from the first id's step, not dispatch it again under the new one.
+            await self.run.read(f"claude.alias.{tool_use_id}", _Alias(call_id))
+        if earlier:
             await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
             if self.halted is not None:
                 return cast("HookJSONOutput", _deny(f"an earlier call is not settled: {self.halted}"))
@@ -158,6 +187,18 @@ class _Intent:
         return self.value
 
 
+class _Alias:
+    """The function of one ``claude.alias.<tool_use id>`` step: the id of the step that answers
+    the call (its own, unless a hook gave it an earlier call's). One class for both writers,
+    so the step's recorded name is the same whichever wrote it."""
+
+    def __init__(self, first_id: str) -> None:
+        self.first_id = first_id
+
+    def __call__(self) -> str:
+        return self.first_id
+
+
 def options(
     run: sp.AsyncRun, base: ClaudeAgentOptions | None = None, *, tools: Tools, server: str = "tools"
 ) -> tuple[ClaudeAgentOptions, Session]:
@@ -170,7 +211,7 @@ def options(
     base = base or ClaudeAgentOptions()
     store = LedgerSessionStore(run)
     session = Session(run, tools, server, store)
-    store.answer_orphan = session.answer
+    store.answer_orphan = session.answer_orphan
     store.tool_prefix = f"mcp__{server}__"
     hooks = dict(base.hooks or {})
     hooks["PreToolUse"] = [HookMatcher(hooks=[session.pre_tool_use]), *hooks.get("PreToolUse", [])]
@@ -258,6 +299,8 @@ def _segment(session: Session, made: ClaudeAgentOptions) -> Any:
             if result is None:
                 raise
             del failure
+        finally:
+            await session.settle()
         if result is None:
             raise UsageError("the Claude Code CLI ended without a result message")
         total = float(result.total_cost_usd or 0.0)
