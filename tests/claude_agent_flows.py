@@ -55,6 +55,14 @@ def cli_env(url: str, config: str) -> dict[str, str]:
     }
 
 
+def this_machine(work: Path, url: str) -> ClaudeAgentOptions:
+    """The CLI's options for runs on one machine: the fake at ``url``, one config directory
+    under ``work`` for every process (its session files stay)."""
+    config = work / "claude-config"
+    config.mkdir(exist_ok=True)
+    return ClaudeAgentOptions(env=cli_env(url, str(config)), cwd=str(config))
+
+
 class Desk:
     """The tickets' owner: one line per ticket in a file, deduplicated by idempotency key."""
 
@@ -139,10 +147,7 @@ def durable(work: Path, step: str) -> dict[str, Any]:
 
     @sp.workflow("support-claude", budget=budget)
     async def support(run: sp.AsyncRun) -> dict[str, Any]:
-        config = work / "claude-config"
-        config.mkdir(exist_ok=True)
-        base = ClaudeAgentOptions(env=cli_env(fake_url, str(config)), cwd=str(config))
-        return await spc.query(run, "Refund A1", tools=tools, base=base)
+        return await spc.query(run, "Refund A1", tools=tools, base=this_machine(work, fake_url))
 
     async def main() -> dict[str, Any]:
         nonlocal fake_url
@@ -194,10 +199,7 @@ def twins(work: Path) -> dict[str, Any]:
 
     @sp.workflow("claude-twins")
     async def flow(run: sp.AsyncRun) -> dict[str, Any]:
-        config = work / "claude-config"
-        config.mkdir(exist_ok=True)
-        base = ClaudeAgentOptions(env=cli_env(fake_url, str(config)), cwd=str(config))
-        return await spc.query(run, "Add two notes", tools=tools, base=base)
+        return await spc.query(run, "Add two notes", tools=tools, base=this_machine(work, fake_url))
 
     async def main() -> dict[str, Any]:
         nonlocal fake_url

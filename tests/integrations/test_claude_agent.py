@@ -145,8 +145,10 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert first["status"] == "stopped"
     assert first["tickets"] == 1  # the CLI ran the tool on its one turn, then stopped
     assert [s.rsplit(".", 1)[0] if s.startswith("tool.") else s for s in first["steps"]] == [
+        "claude.intents",  # the end of the calls earlier processes let through: none
         "claude.query",
         "claude.intent",  # the PreToolUse hook's record of the call
+        "claude.intents#2",  # ...and of a call it let through
         "tool",
     ]
 

@@ -7,8 +7,9 @@ CLI config directory of its own (the CLI's session files are gone, as on another
 
 The case to beat, killed: a run whose budget (``max_budget_usd``) its first turn spends, so
 the CLI runs the ticket's tool and stops (``error_max_budget_usd``) before recording its
-result, killed after that stop but before it was recorded, or — once the budget was raised —
-while the fake holds the resumed session's request. The ticket is made once and every request
+result, killed with the tool's intent recorded, inside its effect after the owner committed,
+after the stop but before it was recorded, or — once the budget was raised — while the fake
+holds the resumed session's request. The ticket is made once and every request
 after the tool's turn shows the model the ticket's receipt, never "outcome is unknown".
 
 Each trial asserts the kill test's two assertions (the result of an uninterrupted run; the
@@ -37,7 +38,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.kill
+# Each store's trials run in one namespace, one CLI run after another: minutes, not seconds.
+pytestmark = [pytest.mark.kill, pytest.mark.timeout(900)]
 
 TESTS = Path(__file__).resolve().parents[1]
 TURNS = 5  # the script's turns (tests/claude_agent_flows.py: SCRIPT)
@@ -53,6 +55,8 @@ SQLITE = [
     ("in-flight@1", 1),  # killed while the fake holds the request after the tool's result
     ("step.before_record:claude.query", 0),  # the CLI ended, its segment not recorded
     ("run.before_complete", 0),  # the workflow returned, its completion not recorded
+    ("budget:step.after_record:claude.intent", 1),  # the stopping turn's tool not started
+    ("budget:effect.after_receiver_commit:tool", 1),  # inside the stopping turn's effect
     ("budget:step.before_record:claude.query", 0),  # stopped at the budget, the stop lost
     ("budget:in-flight@2", 1),  # the budget raised, the resumed session killed mid-request
 ]
@@ -60,6 +64,7 @@ POSTGRES = [
     ("effect.after_receiver_commit:tool", 1),
     ("in-flight@1", 1),
     ("step.before_record:claude.query", 0),
+    ("budget:effect.after_receiver_commit:tool", 1),
     ("budget:step.before_record:claude.query", 0),
     ("budget:in-flight@2", 1),
 ]
@@ -85,7 +90,7 @@ def trials(work: Path, store: str, specs: list[tuple[str, int]]) -> dict[str, An
         env={**os.environ, "PYTHONPATH": str(TESTS)},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=840,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -69,6 +69,10 @@ class Session:
     first_ids: dict[str, str] = dataclasses.field(default_factory=dict)
     halted: BaseException | None = None
     pending: set[asyncio.Future[dict[str, Any]]] = dataclasses.field(default_factory=set)
+    # Every call the hook let through, in this process or an earlier one (``claude.intents``),
+    # by its step's id; and the ids this process answered.
+    allowed: dict[str, tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    answered: set[str] = dataclasses.field(default_factory=set)
 
     def tool_name(self, name: str) -> str:
         """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
@@ -111,6 +115,7 @@ class Session:
         return await asyncio.shield(task)
 
     async def _call(self, call: ToolCall) -> dict[str, Any]:
+        self.answered.add(call.call_id)
         try:
             outcome = await self.tools.call_async(self.run, call)
         except BaseException as signal:
@@ -122,6 +127,26 @@ class Session:
         """Wait for the calls still running (the CLI stopped without waiting for them)."""
         while self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
+
+    async def read_allowed(self) -> None:
+        """Read the calls earlier processes let through (``claude.intents``, walked to its
+        end, the end recorded as an empty occurrence, as the session transcript is)."""
+        while True:
+            end = _Intent(None)
+            found = await self.run.read("claude.intents", end)
+            if end.called:
+                return
+            if isinstance(found, dict):
+                self.allowed[str(found["id"])] = (str(found["tool"]), dict(found["arguments"]))
+
+    async def settle_allowed(self) -> None:
+        """Answer every call the hook let through that this process has not answered. At a
+        limit stop the CLI ran the tool (or a process killed inside it did) and may never ask
+        for it again: a resumed CLI that restored the spent budget stops before asking the
+        model anything, which would leave an effect dispatched and never settled."""
+        for call_id, (tool, arguments) in list(self.allowed.items()):
+            if call_id not in self.answered:
+                await self.answer(tool, arguments, call_id=call_id)
 
     async def answer_orphan(self, name: str, arguments: dict[str, Any], *, call_id: str) -> dict[str, Any]:
         """Answer a call the transcript holds without its result, under the id its step has:
@@ -152,14 +177,11 @@ class Session:
         if not (tool_use_id and name.startswith(prefix)):
             return {}
         tool, arguments = name[len(prefix) :], dict(fields.get("tool_input") or {})
-        fresh = _Intent({"id": tool_use_id, "intent": _intent(tool, arguments)})
+        intent = _intent(tool, arguments)
+        fresh = _Intent({"id": tool_use_id, "intent": intent})
         recorded = await self.run.read("claude.intent", fresh)
-        earlier = (
-            not fresh.called
-            and isinstance(recorded, dict)
-            and recorded.get("intent") == fresh.value["intent"]
-        )
-        call_id = str(recorded["id"]) if earlier else tool_use_id
+        earlier = not fresh.called and isinstance(recorded, dict) and recorded.get("intent") == intent
+        call_id = str(recorded["id"]) if earlier and isinstance(recorded, dict) else tool_use_id
         self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
         self.first_ids[tool_use_id] = call_id
         if earlier:
@@ -171,6 +193,11 @@ class Session:
             await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
             if self.halted is not None:
                 return cast("HookJSONOutput", _deny(f"an earlier call is not settled: {self.halted}"))
+        elif call_id not in self.allowed:
+            self.allowed[call_id] = (tool, arguments)
+            await self.run.read(
+                "claude.intents", _Intent({"id": call_id, "tool": tool, "arguments": arguments})
+            )
         return {}
 
 
@@ -178,11 +205,11 @@ class _Intent:
     """The function of one ``claude.intent`` step: it returns the intent, and says whether it
     was called (a recorded step replays without calling it: the intent is an earlier one)."""
 
-    def __init__(self, value: dict[str, Any]) -> None:
+    def __init__(self, value: dict[str, Any] | None) -> None:
         self.value = value
         self.called = False
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> dict[str, Any] | None:
         self.called = True
         return self.value
 
@@ -244,6 +271,7 @@ async def query(
     one stopped at the CLI's turn or budget limit stops the run (``BudgetExhausted``) until
     the limit is raised, then resumes the session with what is left."""
     made, session = options(run, base, tools=tools, server=server)
+    await session.read_allowed()
     asked = prompt
     while True:
         segment = await run.model(
@@ -256,6 +284,8 @@ async def query(
         )
         asked = CONTINUE  # what every later segment of the query asks
         session.store.cost_so_far = float(segment["total_cost_usd"])  # replayed or just made
+        if segment["subtype"] in _LIMIT_STOPS:
+            await session.settle_allowed()  # before the run stops: no effect left dispatching
         if session.halted is not None:
             raise session.halted
         for _ in range(int(segment["num_turns"] or 1) - 1):
