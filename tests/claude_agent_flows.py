@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import tempfile
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,20 @@ from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, create_sdk_mcp_s
 import safepoint as sp
 from safepoint.integrations import claude_agent as spc
 from safepoint.integrations.tools import Tools
-from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService, Turn, owner_effect
+from safepoint.testing import (
+    FakeModelServer,
+    FakeRequest,
+    KillHarness,
+    OwnerService,
+    Turn,
+    owner_effect,
+    run_child,
+)
 
 SCRIPT = [
     Turn.tool_calls(("mcp__tools__create_ticket", {"title": "Refund A1"})),
+    Turn.text("Ticket created."),
+    Turn.text("Ticket created."),
     Turn.text("Ticket created."),
     Turn.text("Ticket created."),
 ]
@@ -42,6 +53,14 @@ def cli_env(url: str, config: str) -> dict[str, str]:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_TELEMETRY": "1",
     }
+
+
+def this_machine(work: Path, url: str) -> ClaudeAgentOptions:
+    """The CLI's options for runs on one machine: the fake at ``url``, one config directory
+    under ``work`` for every process (its session files stay)."""
+    config = work / "claude-config"
+    config.mkdir(exist_ok=True)
+    return ClaudeAgentOptions(env=cli_env(url, str(config)), cwd=str(config))
 
 
 class Desk:
@@ -128,10 +147,7 @@ def durable(work: Path, step: str) -> dict[str, Any]:
 
     @sp.workflow("support-claude", budget=budget)
     async def support(run: sp.AsyncRun) -> dict[str, Any]:
-        config = work / "claude-config"
-        config.mkdir(exist_ok=True)
-        base = ClaudeAgentOptions(env=cli_env(fake_url, str(config)), cwd=str(config))
-        return await spc.query(run, "Refund A1", tools=tools, base=base)
+        return await spc.query(run, "Refund A1", tools=tools, base=this_machine(work, fake_url))
 
     async def main() -> dict[str, Any]:
         nonlocal fake_url
@@ -160,6 +176,56 @@ def durable(work: Path, step: str) -> dict[str, Any]:
     return asyncio.run(main())
 
 
+TWINS = [  # one turn with two alike calls: two notes, each its own step and receipt
+    Turn.tool_calls(
+        ("mcp__tools__add_note", {"text": "call back"}), ("mcp__tools__add_note", {"text": "call back"})
+    ),
+    Turn.text("Two notes added."),
+]
+
+
+def twins(work: Path) -> dict[str, Any]:
+    """Two alike calls in one turn: each step's receipt is the one the CLI gave its call."""
+    notes: list[str] = []
+    tools = Tools()
+
+    @tools.effect()
+    def add_note(text: str, key: sp.EffectKey) -> dict[str, Any]:
+        """Add a note to the customer's file."""
+        notes.append(str(key))
+        return {"note": f"N-{len(notes)}"}
+
+    store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
+
+    @sp.workflow("claude-twins")
+    async def flow(run: sp.AsyncRun) -> dict[str, Any]:
+        return await spc.query(run, "Add two notes", tools=tools, base=this_machine(work, fake_url))
+
+    async def main() -> dict[str, Any]:
+        nonlocal fake_url
+        with FakeModelServer(TWINS) as fake:
+            fake_url = fake.url
+            result = await sp.start_async(store, flow, run_id="twins-1")
+            last = fake.requests[-1].body
+        told = {  # what the CLI told the model each call answered
+            block["tool_use_id"]: json.loads(block["content"][0]["text"])
+            for message in last["messages"]
+            if isinstance(message.get("content"), list)
+            for block in message["content"]
+            if block.get("type") == "tool_result"
+        }
+        ledger = store.load_ledger("twins-1")
+        recorded = {
+            sid.removeprefix("tool."): ledger.steps[sid].result
+            for sid in ledger.steps
+            if sid.startswith("tool.")
+        }
+        return {"result": result["result"], "notes": len(notes), "told": told, "recorded": recorded}
+
+    fake_url = ""
+    return asyncio.run(main())
+
+
 FAKE_MODEL_URL_ENV = "SAFEPOINT_FAKE_MODEL_URL"
 # Each request names the workflow process whose CLI sent it (the CLI's ANTHROPIC_CUSTOM_HEADERS),
 # so the fake can SIGKILL that process while it holds the request.
@@ -176,8 +242,7 @@ kill_tools.add(
 )
 
 
-@sp.workflow("support-claude-kill")
-async def support_kill(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
+async def _support(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
     """One query whose turn creates a ticket at the effect owner. Each process gets a CLI config
     directory of its own: a resume on "another machine", without the CLI's session files."""
     config = tempfile.mkdtemp(prefix="claude-config-")
@@ -189,9 +254,17 @@ async def support_kill(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
     return {"answer": result["result"]}
 
 
+support_kill = sp.workflow("support-claude-kill")(_support)
+# The same query on a budget its first turn spends: the CLI runs the ticket's tool and stops
+# (error_max_budget_usd) before recording its result; the run stops until the budget is raised.
+support_budget_kill = sp.workflow("support-claude-budget-kill", budget=sp.Budget(cost=0.01))(_support)
+BUDGET = "budget:"  # a kill spec's prefix: a trial of support_budget_kill
+
+
 def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str, Any]:
     """SIGKILL ``support_kill`` at each of ``specs`` (a crash point, or ``in-flight@<turn>``:
-    killed by the fake while it holds that turn's request), resume it, and report."""
+    killed by the fake while it holds that turn's request), resume it, and report; a spec
+    ``budget:<spec>`` kills ``support_budget_kill`` so, and raises its budget once it stopped."""
     out: dict[str, Any] = {"trials": []}
     with FakeModelServer(SCRIPT) as fake, OwnerService() as owner:
         os.environ[FAKE_MODEL_URL_ENV] = fake.url
@@ -204,35 +277,126 @@ def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str
             store_url=store_url,
             timeout=90,
         )
+        budget = BudgetTrials(owner, work, store_url)
         out["reference"], out["applied"] = harness.reference()
         for spec in specs:
+            if spec.startswith(BUDGET):
+                budget.reference()  # made once, before the trial's requests are counted
             before = len(fake.requests)
-            if spec.startswith("in-flight@"):
-                _kill_in_flight(fake, int(spec.partition("@")[2]))
-                report = harness.trial()
+            crash = spec.removeprefix(BUDGET)
+            armed = None
+            if crash.startswith("in-flight@"):
+                armed = _kill_in_flight(fake, int(crash.partition("@")[2]))
+                crash = None
+            trial: dict[str, Any] = {"spec": spec}
+            if spec.startswith(BUDGET):
+                trial.update(budget.trial(crash))
             else:
-                report = harness.trial(crash_at=spec)
-            try:
-                report.check()
-                problem = None
-            except AssertionError as failed:
-                problem = str(failed)
+                report = harness.trial(crash_at=crash)
+                trial.update(killed=report.killed, problem=_problem(report))
+            if armed is not None:  # killed by the fake (in whichever of the run's processes)
+                trial["killed"] = not armed[0]
+                armed[0] = False  # never sent that turn: no later trial may meet the kill
             sent = fake.requests[before:]
-            out["trials"].append(
-                {
-                    "spec": spec,
-                    "killed": report.killed,
-                    "problem": problem,
-                    "sent": len(sent),
-                    "repeated": sum(n - 1 for n in Counter(r.digest for r in sent).values()),
-                    "turns": [r.turn for r in sent],
-                }
+            bodies = [json.dumps(r.body) for r in sent]
+            trial.update(
+                sent=len(sent),
+                # The CLI's requests differ from process to process outside the conversation
+                # (its system prompt): a request asked again is its messages asked again.
+                repeated=sum(
+                    n - 1
+                    for n in Counter(
+                        json.dumps(r.body.get("messages"), sort_keys=True) for r in sent
+                    ).values()
+                ),
+                turns=[r.turn for r in sent],
+                unknown=sum(UNKNOWN in b for b in bodies),
+                receipt=[TICKET_ID in b for b in bodies],  # which requests showed the model the receipt
             )
+            out["trials"].append(trial)
+        out["budget_reference"] = budget.reference() if any(s.startswith(BUDGET) for s in specs) else None
         out["orphans"] = len(fake.orphans)
     return out
 
 
-def _kill_in_flight(fake: FakeModelServer, turn: int) -> None:
+TICKET_ID = "tk_1"  # the owner's id of the run's ticket (the owner is reset before each run)
+
+
+def _problem(report: Any) -> str | None:
+    try:
+        report.check()
+    except AssertionError as failed:
+        return str(failed)
+    return None
+
+
+class BudgetTrials:
+    """Kill trials of ``support_budget_kill``, which ``KillHarness`` cannot drive: a run that
+    stopped at its budget is resumed only after a person raised it (``extend_limits``)."""
+
+    def __init__(self, owner: OwnerService, work: Path, store_url: str | None) -> None:
+        self.owner, self.work, self.store_url = owner, work, store_url
+        self._reference: dict[str, Any] | None = None
+
+    def _store(self) -> str:
+        return self.store_url or f"sqlite:///{self.work / f'budget-{uuid.uuid4().hex[:12]}.db'}"
+
+    def _child(self, store: str, run_id: str, **options: Any) -> Any:
+        return run_child(
+            "claude_agent_flows:support_budget_kill",
+            store_url=store,
+            run_id=run_id,
+            args=[TICKET],
+            owner_url=self.owner.url,
+            pythonpath=[str(Path(__file__).parent)],
+            timeout=90,
+            **options,
+        )
+
+    def _run(self, crash_at: str | None) -> dict[str, Any]:
+        """Start a run (killed at ``crash_at``), resume it in new processes until it stops or
+        ends, raise its budget once it stopped, and resume it to its end."""
+        self.owner.client.reset()
+        store, run_id = self._store(), f"budget-{uuid.uuid4().hex[:12]}"
+        ended = self._child(store, run_id, crash_at=crash_at)
+        killed, stops, outcomes = ended.killed, 0, [ended.outcome]
+        for _ in range(5):
+            outcome = outcomes[-1]
+            if outcome is not None and outcome["status"] != "stopped":
+                break
+            if outcome is not None:  # stopped at the budget: a person raises it
+                stops += 1
+                opened = sp.open_store(store)
+                sp.extend_limits(opened, run_id, cost=1.0, by="kill-test")
+                opened.close()
+            outcomes.append(self._child(store, run_id, resume=True).outcome)
+        stats = self.owner.client.stats()
+        return {
+            "killed": killed,
+            "stops": stops,
+            "final": outcomes[-1],
+            "applied": int(stats["applied"]),
+            "duplicates": int(stats["duplicates"]),
+        }
+
+    def reference(self) -> dict[str, Any]:
+        """The uninterrupted run: stopped at the budget, raised, resumed to its end (once)."""
+        if self._reference is None:
+            self._reference = self._run(None)
+        return self._reference
+
+    def trial(self, crash_at: str | None) -> dict[str, Any]:
+        reference = self.reference()
+        got = self._run(crash_at)
+        problem = None
+        if got["final"] != reference["final"] or (got["applied"], got["duplicates"]) != (1, 0):
+            problem = f"final {got['final']} (reference {reference['final']}), applied {got['applied']}"
+        return {"killed": got["killed"], "problem": problem, "stops": got["stops"]}
+
+
+def _kill_in_flight(fake: FakeModelServer, turn: int) -> list[bool]:
+    """Arm a kill of the process whose request for ``turn`` the fake holds next; the flag
+    (true until it fired) disarms it."""
     armed = [True]
 
     @fake.on_request
@@ -242,6 +406,8 @@ def _kill_in_flight(fake: FakeModelServer, turn: int) -> None:
             armed[0] = False
             os.kill(int(pid), signal.SIGKILL)
 
+    return armed
+
 
 if __name__ == "__main__":
     kind, work = sys.argv[1], Path(sys.argv[2])
@@ -250,5 +416,5 @@ if __name__ == "__main__":
         url = None if sys.argv[3] == "sqlite" else sys.argv[3]
         print(json.dumps(kill_trials(work, url, sys.argv[4:])))
         sys.exit(0)
-    answer = plain(work) if kind == "plain" else durable(work, kind)
+    answer = plain(work) if kind == "plain" else twins(work) if kind == "twins" else durable(work, kind)
     print(json.dumps(answer))

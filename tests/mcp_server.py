@@ -1,4 +1,5 @@
-"""An MCP server over stdio for the tests (``python tests/mcp_server.py``): a CRM whose tickets
+"""An MCP server for the tests, over stdio (``python tests/mcp_server.py``) or streamable HTTP
+on loopback (``python tests/mcp_server.py http``: it prints the port it listens on): a CRM whose tickets
 and e-mails are created at the local effect owner (``$SAFEPOINT_OWNER_URL``), deduplicated there
 by the idempotency key each request carries in ``_meta``; so the owner counts what was applied,
 across every process that ever called the server.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -101,5 +103,26 @@ def ticket_then_exit(subject: str, ctx: Context) -> str:
     os._exit(1)
 
 
+def serve_http() -> None:
+    """Serve streamable HTTP on 127.0.0.1, on a port the system picks: the first line printed
+    is ``PORT <n>``, once the socket listens."""
+    import socket
+
+    import anyio
+    import uvicorn
+
+    listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(64)
+    print(f"PORT {listening.getsockname()[1]}", flush=True)
+    app = server.streamable_http_app()
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    anyio.run(uvicorn.Server(config).serve, [listening])
+
+
 if __name__ == "__main__":
-    server.run("stdio")
+    if sys.argv[1:] == ["http"]:
+        serve_http()
+    else:
+        server.run("stdio")

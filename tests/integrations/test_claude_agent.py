@@ -145,8 +145,10 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert first["status"] == "stopped"
     assert first["tickets"] == 1  # the CLI ran the tool on its one turn, then stopped
     assert [s.rsplit(".", 1)[0] if s.startswith("tool.") else s for s in first["steps"]] == [
+        "claude.intents",  # the end of the calls earlier processes let through: none
         "claude.query",
         "claude.intent",  # the PreToolUse hook's record of the call
+        "claude.intents#2",  # ...and of a call it let through
         "tool",
     ]
 
@@ -220,6 +222,46 @@ def test_the_pre_tool_use_hook_refuses_a_call_an_earlier_process_left_uncertain(
     assert "tool.toolu_1" not in steps or steps.count("tool.toolu_1") == 1
     assert not any(s.startswith("tool.toolu_2") for s in steps)
     assert file_store.get_run("h-1").status.value == "blocked"
+
+
+def test_two_alike_calls_of_one_turn_each_get_their_own_step_and_receipt(tmp_path: Path) -> None:
+    seen = in_loopback_namespace("twins", tmp_path)
+    assert seen["result"] == "Two notes added."
+    assert seen["notes"] == 2
+    assert len(seen["told"]) == 2
+    assert seen["told"] == seen["recorded"]  # each call id: the receipt its own step holds
+    assert sorted(r["note"] for r in seen["told"].values()) == ["N-1", "N-2"]
+
+
+def test_a_call_is_paired_with_its_step_by_the_id_the_cli_sent_not_by_its_arguments(
+    file_store: sp.Store,
+) -> None:
+    tools = Tools()
+    made: list[str] = []
+
+    @tools.effect()
+    def add_note(text: str, key: sp.EffectKey) -> dict[str, str]:
+        """Add a note."""
+        made.append(str(key))
+        return {"note": f"N-{len(made)}"}
+
+    hook_input: Any = {"hook_event_name": "PreToolUse", "tool_name": "mcp__tools__add_note"}
+    hook_input["tool_input"] = {"text": "x"}
+
+    @sp.workflow("claude-pairs")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        for seen in ("toolu_A", "toolu_B"):  # the hook sees A, then B
+            assert await session.pre_tool_use(hook_input, seen, cast(Any, None)) == {}
+        # ...and the CLI runs B's handler first: B's step gets the first note.
+        first = await session.answer("add_note", {"text": "x"}, sent="toolu_B")
+        second = await session.answer("add_note", {"text": "x"}, sent="toolu_A")
+        return [first["content"][0]["text"], second["content"][0]["text"]]
+
+    assert asyncio.run(sp.start_async(file_store, flow, run_id="p-1")) == ['{"note":"N-1"}', '{"note":"N-2"}']
+    steps = file_store.load_ledger("p-1").steps
+    assert steps["tool.toolu_B"].result == {"note": "N-1"}
+    assert steps["tool.toolu_A"].result == {"note": "N-2"}
 
 
 def test_the_pages_diff_says_how_many_lines_it_changes() -> None:

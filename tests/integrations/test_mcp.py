@@ -11,6 +11,13 @@ from typing import Any
 
 import mcp
 import pytest
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import (
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
+    InputRequiredResult,
+)
 
 import safepoint as sp
 from mcp_flows import Crm
@@ -285,3 +292,69 @@ async def test_the_servers_tools_in_an_openai_responses_loop(file_store: sp.Stor
     assert crm.calls["get_order"] == 1
     assert fake.repeated() == []
     assert fake.orphans == []
+
+
+class Refunds:
+    """A server whose refund asks its person to confirm first (an ``InputRequiredResult``: a
+    multi-round-trip request) and is applied on the round that carries the answer."""
+
+    def __init__(self) -> None:
+        self.first_rounds = 0  # requests that started the refund (no request_state)
+        self.applied: dict[str, str] = {}
+        self.asked = 0  # how often the client's person was asked
+        server = self.server = MCPServer("refunds")
+
+        @server.tool()
+        async def refund(order_id: str, ctx: Context) -> str | InputRequiredResult:
+            """Refund an order, once its customer confirmed."""
+            if ctx.request_state is None:
+                self.first_rounds += 1
+                confirm = ElicitRequestFormParams(
+                    message=f"Refund order {order_id}?",
+                    requested_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+                )
+                return InputRequiredResult(
+                    input_requests={"confirm": ElicitRequest(params=confirm)},
+                    request_state=f"asked:{order_id}",
+                )
+            answer = (ctx.input_responses or {})["confirm"]
+            assert ctx.request_state == f"asked:{order_id}"
+            key = dict(ctx.request_context.meta or {})[spm.META_KEY]
+            if isinstance(answer, ElicitResult) and answer.action == "accept":
+                made = self.applied.setdefault(key, f"R-{len(self.applied) + 1}")
+                return json.dumps({"refund": made})
+            return json.dumps({"refund": None})
+
+    async def confirm(self, context: Any, params: Any) -> ElicitResult:
+        self.asked += 1
+        return ElicitResult(action="accept", content={"ok": True})
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [
+        "effect.after_accept:mcp.refunds.refund",  # the server's "input required" recorded
+        "step.after_record:mcp.refunds.refund.input",  # the person's answer recorded
+        "effect.after_receiver_commit:mcp.refunds.refund.round",  # applied, the answer lost: resent
+    ],
+)
+async def test_a_call_the_server_answers_input_required_continues_the_same_request_after_a_crash(
+    file_store: sp.Store, crash: str
+) -> None:
+    refunds = Refunds()
+
+    @sp.workflow("mcp-refund")
+    async def flow(run: sp.AsyncRun) -> Any:
+        client = mcp.Client(refunds.server, elicitation_callback=refunds.confirm)
+        kinds = {"refund": spm.effect(dedup_retention=timedelta(hours=23))}  # the server dedups by key
+        async with spm.connect(run, client, server_id="refunds", kinds=kinds) as crm:
+            return text(await crm.call_tool("refund", {"order_id": "A1"}))
+
+    with crashing(crash), pytest.raises(SimulatedCrash):
+        await sp.start_async(file_store, flow, run_id="r1", lease_ms=0)
+    assert json.loads(await sp.resume_async(file_store, "r1")) == {"refund": "R-1"}
+    assert refunds.first_rounds == 1  # continued with the recorded request_state, never started over
+    assert refunds.asked == 1  # the person's answer was recorded: never asked again
+    assert len(refunds.applied) == 1
+    steps = list(file_store.load_ledger("r1").steps)
+    assert steps[-3:] == ["mcp.refunds.refund", "mcp.refunds.refund.input.2", "mcp.refunds.refund.round.2"]

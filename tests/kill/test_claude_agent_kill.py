@@ -1,12 +1,23 @@
 """The Claude Agent SDK on the ledger, SIGKILLed: the workflow process (and with it the Claude
-Code CLI it drives) is killed inside the effect tool's dispatch, right after the owner
-committed, and while the fake model server holds the request that follows the tool; each run
-is resumed in fresh processes, each with a CLI config directory of its own (the CLI's session
-files are gone, as on another machine).
+Code CLI it drives) is killed while the fake model server holds the first request and the one
+after the tool's result, with the tool's intent recorded and the call not made, inside the
+effect's dispatch right after the owner committed, after the CLI ended but before its segment
+was recorded, and before the run completed. Each run is resumed in fresh processes, each with a
+CLI config directory of its own (the CLI's session files are gone, as on another machine).
+
+The case to beat, killed: a run whose budget (``max_budget_usd``) its first turn spends, so
+the CLI runs the ticket's tool and stops (``error_max_budget_usd``) before recording its
+result, killed with the tool's intent recorded, inside its effect after the owner committed,
+after the stop but before it was recorded, or — once the budget was raised — while the fake
+holds the resumed session's request. The ticket is made once and every request
+after the tool's turn shows the model the ticket's receipt, never "outcome is unknown".
 
 Each trial asserts the kill test's two assertions (the result of an uninterrupted run; the
-ticket created once, counted by the owner), that no model request was sent twice but the one
-whose reply the kill lost, and that no request carried a tool call without its result.
+ticket created once, counted by the owner), that no model request was asked twice (the same
+messages) but the one whose reply the kill lost, and that no request carried a tool call
+without its result. A killed workflow's CLI outlives it for a moment and may send one more
+request (with the tool's call failed: its handler died with the workflow); nothing of it
+reaches the ledger or the owner.
 
 The whole trial runs inside a network namespace with only loopback (``unshare -n``): the CLI
 must reach nothing but the fake. PostgreSQL listens on the host's 127.0.0.1, out of the
@@ -27,18 +38,36 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytestmark = pytest.mark.kill
+# Each store's trials run in one namespace, one CLI run after another: minutes, not seconds.
+pytestmark = [pytest.mark.kill, pytest.mark.timeout(900)]
 
 TESTS = Path(__file__).resolve().parents[1]
-TURNS = 3  # the script's turns (tests/claude_agent_flows.py: SCRIPT)
+TURNS = 5  # the script's turns (tests/claude_agent_flows.py: SCRIPT)
 SOCKET_DIRS = ("/var/run/postgresql", "/run/postgresql", "/tmp")
 
-# (crash point, requests a resume may send again)
+# (crash point, requests a resume may ask again). "budget:" trials run the query on a budget
+# its first turn spends (the case to beat), raised once the run stopped.
 SQLITE = [
+    ("in-flight@0", 1),  # killed while the model "generates" the tool call
+    ("step.after_record:claude.intent", 1),  # the intent recorded, the tool not started
+    ("effect.after_dispatching:tool", 1),  # "may have been sent" durable, not sent
     ("effect.after_receiver_commit:tool", 1),  # the owner committed, the receipt lost
     ("in-flight@1", 1),  # killed while the fake holds the request after the tool's result
+    ("step.before_record:claude.query", 0),  # the CLI ended, its segment not recorded
+    ("run.before_complete", 0),  # the workflow returned, its completion not recorded
+    ("budget:step.after_record:claude.intent", 1),  # the stopping turn's tool not started
+    ("budget:effect.after_receiver_commit:tool", 1),  # inside the stopping turn's effect
+    ("budget:step.before_record:claude.query", 0),  # stopped at the budget, the stop lost
+    ("budget:in-flight@2", 1),  # the budget raised, the resumed session killed mid-request
 ]
-POSTGRES = [("effect.after_receiver_commit:tool", 1)]
+POSTGRES = [
+    ("effect.after_receiver_commit:tool", 1),
+    ("in-flight@1", 1),
+    ("step.before_record:claude.query", 0),
+    ("budget:effect.after_receiver_commit:tool", 1),
+    ("budget:step.before_record:claude.query", 0),
+    ("budget:in-flight@2", 1),
+]
 
 
 def _namespace_problem() -> str | None:
@@ -61,7 +90,7 @@ def trials(work: Path, store: str, specs: list[tuple[str, int]]) -> dict[str, An
         env={**os.environ, "PYTHONPATH": str(TESTS)},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=840,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -71,14 +100,18 @@ def trials(work: Path, store: str, specs: list[tuple[str, int]]) -> dict[str, An
 def check(report: dict[str, Any], specs: list[tuple[str, int]]) -> None:
     assert report["reference"] == {"status": "completed", "result": {"answer": "Ticket created."}}
     assert report["applied"] == 1
+    assert report["budget_reference"]["stops"] == 1  # the uninterrupted run stopped at its budget...
+    assert report["budget_reference"]["final"] == report["reference"]  # ...and ended once raised
     assert [t["spec"] for t in report["trials"]] == [spec for spec, _ in specs]
     for trial, (spec, again) in zip(report["trials"], specs, strict=True):
         assert trial["killed"], f"the crash point {spec} was never reached"
         assert trial["problem"] is None, trial["problem"]  # same result, the ticket made once
         assert trial["repeated"] <= again, trial
-        assert trial["sent"] - trial["repeated"] <= TURNS + again, (
-            trial
-        )  # each turn asked once (but the lost one)
+        assert trial["sent"] - trial["repeated"] <= TURNS, trial  # each turn asked once (but the lost one)
+        assert trial["unknown"] == 0, trial  # never "outcome is unknown"
+        assert trial["receipt"][-1], trial  # the request that finished the run showed the receipt
+        if spec.startswith("budget:"):
+            assert trial["stops"] == 1, trial  # the budget stop survived the kill
     assert report["orphans"] == 0  # no request carried a tool call without its result
 
 

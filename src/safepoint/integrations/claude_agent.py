@@ -7,8 +7,9 @@ model calls one by one. It records what it can answer for instead:
   ``claude.query``, recorded with its cost, so a replay of a finished query asks nothing and the
   run's ``sp.Budget`` counts what the CLI spent, across resumes;
 - your tools are in-process SDK MCP tools whose handler answers through
-  ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``): an effect is dispatched once,
-  and a resumed session gets the ledger's receipt;
+  ``safepoint.integrations.tools`` (step ``tool.<tool_use id>``, the id the CLI sends with the
+  call in its ``_meta``): an effect is dispatched once, and a resumed session gets the
+  ledger's receipt;
 - a PreToolUse hook records the intent in the ledger (step ``claude.intent``: which call id the
   CLI is about to run) and refuses every call once the run must stop (an uncertain effect, an
   approval to wait for) — also a call an earlier process left uncertain, which the resumed
@@ -27,21 +28,18 @@ model calls one by one. It records what it can answer for instead:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from claude_agent_sdk import (
-    ClaudeAgentOptions,
-    HookMatcher,
-    ResultMessage,
-    SdkMcpTool,
-    create_sdk_mcp_server,
-)
+from claude_agent_sdk import ClaudeAgentOptions, HookMatcher, McpSdkServerConfig, ResultMessage
 from claude_agent_sdk import query as sdk_query
 from claude_agent_sdk.types import HookContext, HookInput, HookJSONOutput, SessionStore
+from mcp.server import Server
+from mcp.types import CallToolResult, ListToolsResult, Tool
 
 import safepoint as sp
 from safepoint.errors import UsageError
@@ -53,6 +51,8 @@ __all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
 # What the CLI is told when a segment resumes a session that stopped part-way.
 CONTINUE = "Continue where you left off."
 _LIMIT_STOPS = ("error_max_turns", "error_max_budget_usd")
+# The key under which the CLI sends a call's tool_use id in the request's _meta.
+_TOOL_USE_ID = "claudecode/toolUseId"
 
 
 @dataclasses.dataclass
@@ -66,36 +66,95 @@ class Session:
     server: str
     store: LedgerSessionStore
     intents: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    first_ids: dict[str, str] = dataclasses.field(default_factory=dict)
     halted: BaseException | None = None
+    pending: set[asyncio.Future[dict[str, Any]]] = dataclasses.field(default_factory=set)
+    # Every call the hook let through, in this process or an earlier one (``claude.intents``),
+    # by its step's id; and the ids this process answered.
+    allowed: dict[str, tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    answered: set[str] = dataclasses.field(default_factory=set)
 
     def tool_name(self, name: str) -> str:
         """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
         return f"mcp__{self.server}__{name}"
 
-    def call_id(self, name: str, arguments: Mapping[str, Any]) -> str:
-        """The tool_use id of this call, as the PreToolUse hook saw it; without one (a call the
-        hook did not see), an id made of the call's content, the same on every replay."""
-        waiting = self.intents.get(_intent(name, arguments))
+    def call_id(self, name: str, arguments: Mapping[str, Any], sent: str | None = None) -> str:
+        """The id of this call's step. ``sent``: the tool_use id the CLI sent with the call
+        (its ``_meta``), the call's own even when two calls of one turn are alike — given back
+        its first id when the hook found the call an earlier process recorded under another.
+        Without it (a CLI that sends none), the ids the hook saw for this tool and these
+        arguments, in the order it saw them; without those either, an id made of the call's
+        content, the same on every replay."""
+        waiting = self.intents.get(_intent(name, arguments), [])
+        if sent is not None:
+            first = self.first_ids.get(sent, sent)
+            if first in waiting:
+                waiting.remove(first)
+            return first
         if waiting:
             return waiting.pop(0)
         digest = hashlib.sha256(_intent(name, arguments).encode()).hexdigest()[:16]
         return f"content_{digest}"
 
     async def answer(
-        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None
+        self, name: str, arguments: dict[str, Any], *, call_id: str | None = None, sent: str | None = None
     ) -> dict[str, Any]:
-        """Answer one call through the ledger (the SDK MCP handler, or a resume giving a call
-        the CLI ran but never recorded its result). A signal that must end the workflow is
-        kept for the driver, and the CLI is told the run stopped."""
+        """Answer one call through the ledger (the SDK MCP handler, with the tool_use id the
+        CLI ``sent``, or a resume giving a call the CLI ran but never recorded its result its
+        ``call_id``). A signal that must end the workflow is kept for the driver, and the CLI
+        is told the run stopped."""
         if self.halted is not None:
             return _error(f"the run stopped: {self.halted}")
-        call = ToolCall(call_id or self.call_id(name, arguments), name, arguments)
+        call = ToolCall(call_id or self.call_id(name, arguments, sent), name, arguments)
+        # The CLI may end the query (a budget stop on the tool's turn) while the handler still
+        # runs, and the SDK then cancels it: the call runs in a task of its own, which the
+        # segment waits for (``settle``), so an effect is never left half-dispatched.
+        task = asyncio.ensure_future(self._call(call))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+        return await asyncio.shield(task)
+
+    async def _call(self, call: ToolCall) -> dict[str, Any]:
+        self.answered.add(call.call_id)
         try:
             outcome = await self.tools.call_async(self.run, call)
         except BaseException as signal:
             self.halted = signal
             return _error(f"the run stopped: {signal}")
         return {"content": [{"type": "text", "text": outcome.content}], "is_error": outcome.is_error}
+
+    async def settle(self) -> None:
+        """Wait for the calls still running (the CLI stopped without waiting for them)."""
+        while self.pending:
+            await asyncio.gather(*self.pending, return_exceptions=True)
+
+    async def read_allowed(self) -> None:
+        """Read the calls earlier processes let through (``claude.intents``, walked to its
+        end, the end recorded as an empty occurrence, as the session transcript is)."""
+        while True:
+            end = _Intent(None)
+            found = await self.run.read("claude.intents", end)
+            if end.called:
+                return
+            if isinstance(found, dict):
+                self.allowed[str(found["id"])] = (str(found["tool"]), dict(found["arguments"]))
+
+    async def settle_allowed(self) -> None:
+        """Answer every call the hook let through that this process has not answered. At a
+        limit stop the CLI ran the tool (or a process killed inside it did) and may never ask
+        for it again: a resumed CLI that restored the spent budget stops before asking the
+        model anything, which would leave an effect dispatched and never settled."""
+        for call_id, (tool, arguments) in list(self.allowed.items()):
+            if call_id not in self.answered:
+                await self.answer(tool, arguments, call_id=call_id)
+
+    async def answer_orphan(self, name: str, arguments: dict[str, Any], *, call_id: str) -> dict[str, Any]:
+        """Answer a call the transcript holds without its result, under the id its step has:
+        its own, or the first id of the call an earlier process's hook gave it back."""
+        first = self.first_ids.get(call_id)
+        if first is None:
+            first = str(await self.run.read(f"claude.alias.{call_id}", _Alias(call_id)))
+        return await self.answer(name, arguments, call_id=first)
 
     async def pre_tool_use(
         self, data: HookInput, tool_use_id: str | None, context: HookContext
@@ -118,19 +177,27 @@ class Session:
         if not (tool_use_id and name.startswith(prefix)):
             return {}
         tool, arguments = name[len(prefix) :], dict(fields.get("tool_input") or {})
-        fresh = _Intent({"id": tool_use_id, "intent": _intent(tool, arguments)})
+        intent = _intent(tool, arguments)
+        fresh = _Intent({"id": tool_use_id, "intent": intent})
         recorded = await self.run.read("claude.intent", fresh)
-        earlier = (
-            not fresh.called
-            and isinstance(recorded, dict)
-            and recorded.get("intent") == fresh.value["intent"]
-        )
-        call_id = str(recorded["id"]) if earlier else tool_use_id
+        earlier = not fresh.called and isinstance(recorded, dict) and recorded.get("intent") == intent
+        call_id = str(recorded["id"]) if earlier and isinstance(recorded, dict) else tool_use_id
         self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
+        self.first_ids[tool_use_id] = call_id
+        if earlier:
+            # The transcript will hold the call under its new id; a later process that finds it
+            # there without its result (a stop between the tool and its result) must answer it
+            # from the first id's step, not dispatch it again under the new one.
+            await self.run.read(f"claude.alias.{tool_use_id}", _Alias(call_id))
         if earlier:
             await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
             if self.halted is not None:
                 return cast("HookJSONOutput", _deny(f"an earlier call is not settled: {self.halted}"))
+        elif call_id not in self.allowed:
+            self.allowed[call_id] = (tool, arguments)
+            await self.run.read(
+                "claude.intents", _Intent({"id": call_id, "tool": tool, "arguments": arguments})
+            )
         return {}
 
 
@@ -138,13 +205,25 @@ class _Intent:
     """The function of one ``claude.intent`` step: it returns the intent, and says whether it
     was called (a recorded step replays without calling it: the intent is an earlier one)."""
 
-    def __init__(self, value: dict[str, Any]) -> None:
+    def __init__(self, value: dict[str, Any] | None) -> None:
         self.value = value
         self.called = False
 
-    def __call__(self) -> dict[str, Any]:
+    def __call__(self) -> dict[str, Any] | None:
         self.called = True
         return self.value
+
+
+class _Alias:
+    """The function of one ``claude.alias.<tool_use id>`` step: the id of the step that answers
+    the call (its own, unless a hook gave it an earlier call's). One class for both writers,
+    so the step's recorded name is the same whichever wrote it."""
+
+    def __init__(self, first_id: str) -> None:
+        self.first_id = first_id
+
+    def __call__(self) -> str:
+        return self.first_id
 
 
 def options(
@@ -159,14 +238,13 @@ def options(
     base = base or ClaudeAgentOptions()
     store = LedgerSessionStore(run)
     session = Session(run, tools, server, store)
-    store.answer_orphan = session.answer
+    store.answer_orphan = session.answer_orphan
     store.tool_prefix = f"mcp__{server}__"
-    mcp_tools = [_mcp_tool(session, d) for d in tools.anthropic()]
     hooks = dict(base.hooks or {})
     hooks["PreToolUse"] = [HookMatcher(hooks=[session.pre_tool_use]), *hooks.get("PreToolUse", [])]
     made = dataclasses.replace(
         base,
-        mcp_servers={**_servers(base), server: create_sdk_mcp_server(server, tools=mcp_tools)},
+        mcp_servers={**_servers(base), server: _sdk_server(session, tools)},
         allowed_tools=[*base.allowed_tools, *(session.tool_name(n) for n in tools.names())],
         hooks=hooks,
         # the Protocol's optional listing methods are left out (the SDK probes for them)
@@ -193,6 +271,7 @@ async def query(
     one stopped at the CLI's turn or budget limit stops the run (``BudgetExhausted``) until
     the limit is raised, then resumes the session with what is left."""
     made, session = options(run, base, tools=tools, server=server)
+    await session.read_allowed()
     asked = prompt
     while True:
         segment = await run.model(
@@ -205,6 +284,8 @@ async def query(
         )
         asked = CONTINUE  # what every later segment of the query asks
         session.store.cost_so_far = float(segment["total_cost_usd"])  # replayed or just made
+        if segment["subtype"] in _LIMIT_STOPS:
+            await session.settle_allowed()  # before the run stops: no effect left dispatching
         if session.halted is not None:
             raise session.halted
         for _ in range(int(segment["num_turns"] or 1) - 1):
@@ -248,6 +329,8 @@ def _segment(session: Session, made: ClaudeAgentOptions) -> Any:
             if result is None:
                 raise
             del failure
+        finally:
+            await session.settle()
         if result is None:
             raise UsageError("the Claude Code CLI ended without a result message")
         total = float(result.total_cost_usd or 0.0)
@@ -275,18 +358,32 @@ def _usage(segment: Any) -> dict[str, Any]:
     return {"cost": float(segment.get("cost", 0.0))}
 
 
-def _mcp_tool(session: Session, definition: Mapping[str, Any]) -> SdkMcpTool[Any]:
-    name = str(definition["name"])
+def _sdk_server(session: Session, tools: Tools) -> McpSdkServerConfig:
+    """The in-process MCP server of the run's tools. Not ``create_sdk_mcp_server``: its
+    handlers see only a call's arguments, and the CLI sends each call's tool_use id in the
+    request's ``_meta`` (``claudecode/toolUseId``), which keeps two alike calls of one turn
+    apart — matched by arguments alone, they could swap their steps (and so their receipts)."""
+    listed = [
+        Tool(name=d["name"], description=d["description"], input_schema=d["input_schema"])
+        for d in tools.anthropic()
+    ]
 
-    async def handler(arguments: dict[str, Any]) -> dict[str, Any]:
-        return await session.answer(name, arguments)
+    async def on_list_tools(ctx: Any, params: Any) -> ListToolsResult:
+        return ListToolsResult(tools=listed)
 
-    return SdkMcpTool(
-        name=name,
-        description=str(definition.get("description", "")),
-        input_schema=dict(definition["input_schema"]),
-        handler=handler,
-    )
+    async def on_call_tool(ctx: Any, params: Any) -> CallToolResult:
+        sent = (params.meta or {}).get(_TOOL_USE_ID)
+        if params.name not in tools.names():
+            return CallToolResult.model_validate(_error(f"no tool {params.name!r}: it lists {tools.names()}"))
+        answered = await session.answer(
+            params.name, dict(params.arguments or {}), sent=sent if isinstance(sent, str) else None
+        )
+        return CallToolResult.model_validate(
+            {"content": answered["content"], "isError": answered.get("is_error", False)}
+        )
+
+    made = Server(session.server, version="1.0.0", on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+    return McpSdkServerConfig(type="sdk", name=session.server, instance=made)
 
 
 def _servers(base: ClaudeAgentOptions) -> dict[str, Any]:

@@ -70,6 +70,13 @@ from safepoint.integrations._mcp_policy import (
     text_of,
     without_key_arguments,
 )
+from safepoint.integrations._mcp_rounds import (
+    MAX_ROUNDS,
+    answer_inputs,
+    input_required,
+    next_round,
+    session_of,
+)
 from safepoint.integrations.tools import Tools
 
 __all__ = [
@@ -239,64 +246,118 @@ class DurableMcp:
         sid = f"tool.{call_id}" if call_id else f"mcp.{self.server_id}.{name}"
         timeout = read_timeout_seconds if read_timeout_seconds is not None else self._timeout
         run = self._current()
+        # Round 1 is the call; while the server answers "input required", each later round
+        # (step ``<sid>.round.<n>``) carries the recorded answers to its input requests (step
+        # ``<sid>.input.<n>``) and the server's request_state: a resume continues the request.
+        recorded = await self._round(run, sid, tool, policy, timeout, args, operation_id=None)
+        for n in range(2, MAX_ROUNDS + 2):
+            if not input_required(recorded):
+                return _rebuilt(recorded)
+            responses = await run.read(f"{sid}.input.{n}", _Inputs(self._client, recorded))
+            payload = next_round(args, recorded, responses)
+            recorded = await self._round(run, f"{sid}.round.{n}", tool, policy, timeout, payload)
+        raise McpToolError(f"tool {name!r} asked for input more than {MAX_ROUNDS} times")
+
+    async def _round(
+        self,
+        run: sp.AsyncRun,
+        sid: str,
+        tool: mcp_types.Tool,
+        policy: ToolPolicy,
+        timeout: float | None,
+        payload: dict[str, Any],
+        *,
+        operation_id: str | None = "",
+    ) -> dict[str, Any]:
+        """One round of a call as a step of the tool's kind: the call itself (its payload the
+        arguments), or a later round (its payload ``next_round``'s), the step naming it."""
+        first = operation_id is None
         if policy.kind == "read":
             retry = policy.retry if policy.retry is not None else 1
 
             async def observe(recorded: dict[str, Any]) -> dict[str, Any]:
-                return result_json(await self._send_read(name, recorded, timeout))
+                return result_json(await self._send_read(tool.name, recorded, timeout, later=not first))
 
             try:
-                recorded = await run.read(
-                    sid, observe, args, max_age=policy.max_age, retry=retry, secrets="redact"
+                return await run.read(
+                    sid, observe, payload, max_age=policy.max_age, retry=retry, secrets="redact"
                 )
             except StepFailed as failed:
                 if failed.error_type != McpToolError.__name__:
                     raise
-                recorded = _error_result(failed.error_message or "")
-            return _rebuilt(recorded)
-        effect_ = self._effect(tool, policy, timeout, as_text=False)
-        operation_id = _operation_id(name, policy, args)
+                return _error_result(failed.error_message or "")
+        effect_ = self._effect(tool, policy, timeout, as_text=False, later=not first)
         try:
             receipt = await run.effect(
-                sid, effect_, payload=args, operation_id=operation_id, approval=policy.approval
+                sid,
+                effect_,
+                payload=payload,
+                operation_id=_operation_id(tool.name, policy, payload) if first else None,
+                approval=bool(policy.approval) if first else False,
             )
         except EffectRejected as rejected:  # recorded: the same result on every replay
-            return _rebuilt(_refusal(rejected.evidence))
-        return _rebuilt(as_result(receipt))
+            return _refusal(rejected.evidence)
+        return receipt if input_required(receipt) else as_result(receipt)
 
     async def _send(
-        self, name: str, arguments: dict[str, Any], timeout: float | None, key: str | None
+        self, name: str, payload: dict[str, Any], timeout: float | None, key: str | None, *, later: bool
     ) -> Any:
+        """One round on the client's session: the call (``payload``: its arguments), or a
+        ``later`` round (``payload``: ``next_round``'s). "Input required" is returned as such."""
         meta = {META_KEY: key} if key is not None else None
-        return await self._client.call_tool(name, arguments, read_timeout_seconds=timeout, meta=meta)
+        return await session_of(self._client).call_tool(
+            name,
+            payload["arguments"] if later else payload,
+            read_timeout_seconds=timeout,
+            meta=meta,
+            input_responses=payload["inputResponses"] if later else None,
+            request_state=payload["requestState"] if later else None,
+            allow_input_required=True,
+        )
 
-    async def _send_read(self, name: str, arguments: dict[str, Any], timeout: float | None) -> Any:
-        result = await self._send(name, arguments, timeout, None)
-        if result.is_error:
+    async def _send_read(
+        self, name: str, payload: dict[str, Any], timeout: float | None, *, later: bool = False
+    ) -> Any:
+        result = await self._send(name, payload, timeout, None, later=later)
+        if isinstance(result, mcp_types.CallToolResult) and result.is_error:
             raise McpToolError(text_of(result_json(result)))
         return result
 
     def _effect(
-        self, tool: mcp_types.Tool, policy: ToolPolicy, timeout: float | None, *, as_text: bool
+        self,
+        tool: mcp_types.Tool,
+        policy: ToolPolicy,
+        timeout: float | None,
+        *,
+        as_text: bool,
+        later: bool = False,
     ) -> sp.Effect[Any]:
-        """The ``sp.Effect`` of an effect tool (one per tool and shape of receipt)."""
-        effect_name = f"mcp.{self.server_id}.{tool.name}"
+        """The ``sp.Effect`` of an effect tool (one per tool, shape of receipt and timeout; a
+        ``later`` round of a call the server asked input for is an effect of its own)."""
+        effect_name = f"mcp.{self.server_id}.{tool.name}" + (".round" if later else "")
         made = self._effects.get((effect_name, as_text, timeout))
         if made is not None:
             return made
         keyed = key_arguments(tool.input_schema)
 
         async def execute(payload: Any, key: sp.EffectKey) -> Any:
-            arguments = dict(payload)
+            sent = dict(payload)
+            arguments = sent
+            if later:  # the arguments within the round's payload
+                arguments = sent["arguments"] = dict(sent["arguments"])
             for argument in keyed:  # the tool takes the key itself: the same one
                 arguments[argument] = str(key)
             try:
-                result = await self._send(tool.name, arguments, timeout, str(key))
+                result = await self._send(tool.name, sent, timeout, str(key), later=later)
             except _sdk.MCPError as exc:
                 if exc.code in REFUSED_CODES:  # refused before the tool ran
                     raise sp.Rejected({"code": exc.code, "message": exc.message}) from exc
                 raise  # a timeout, a closed connection, a server error: the outcome is unknown
             recorded = result_json(result)
+            if isinstance(result, mcp_types.InputRequiredResult):
+                if as_text:  # a model's tool loop has no person to ask: the call ends here
+                    raise sp.Rejected(f"tool {tool.name!r} asks for input; call it with DurableMcp.call_tool")
+                return recorded  # the round's answer: the request goes on in the next round
             if result.is_error:
                 if policy.on_error == "unknown":
                     raise McpToolError(text_of(recorded))
@@ -342,9 +403,23 @@ class DurableMcp:
 
     def _reader(self, name: str) -> Any:
         async def observe(**arguments: Any) -> str:
-            return text_of(result_json(await self._send_read(name, arguments, self._timeout)))
+            result = await self._send_read(name, arguments, self._timeout)
+            if isinstance(result, mcp_types.InputRequiredResult):  # no person to ask in a model's loop
+                raise McpToolError(f"tool {name!r} asks for input; call it with DurableMcp.call_tool")
+            return text_of(result_json(result))
 
         return observe
+
+
+class _Inputs:
+    """The function of one ``<sid>.input.<n>`` step: the client's answers to a round's input
+    requests (recorded, so a resume never asks its person again)."""
+
+    def __init__(self, client: Any, recorded: dict[str, Any]) -> None:
+        self.client, self.recorded = client, recorded
+
+    async def __call__(self) -> dict[str, Any] | None:
+        return await answer_inputs(self.client, self.recorded)
 
 
 def _operation_id(name: str, policy: ToolPolicy, arguments: Mapping[str, Any]) -> str | None:
