@@ -2,11 +2,12 @@
 
 One batch is one transaction. It takes the next finished chains in order — the last runs of
 their chains (``successor_run_id`` NULL) that ended at one of the statuses asked for before the
-cut-off, oldest first, after the batch before (a keyset cursor: ``(updated_at, run_id)``) — and
-for each, under its runs' locks (SQLite: ``BEGIN IMMEDIATE`` already excludes every other
-writer; PostgreSQL: ``FOR UPDATE``, so a retry or a fork of one of them waits for the batch, and
-then finds it gone), reads its runs, their operations and the forks made from them again, and
-asks ``_rules.retention.chain_kept`` whether it goes. The chains that go are deleted in that same
+cut-off, oldest first, after the batch before (a keyset cursor: ``(updated_at, run_id)``), at
+most ``limit`` of them — and, under their runs' locks (SQLite: ``BEGIN IMMEDIATE`` already
+excludes every other writer; PostgreSQL: ``FOR UPDATE``, so a retry or a fork of one of them
+waits for the batch, and then finds it gone), reads their runs, operations and the forks made
+from them again, three statements for the whole batch, and asks
+``_rules.retention.chain_kept`` whether each chain goes. The chains that go are deleted in that same
 transaction, table by table (approvals, messages, attempts, steps, operations, events, runs),
 then the artifacts they referenced that no row references any more. A crash at any point rolls
 the whole batch back: a run is deleted whole or not at all, and a run id used again never finds
@@ -35,8 +36,8 @@ class PruneRequest:
     """One batch of a prune as the store carries it out (``Store.prune_runs``): the chains whose
     last run ended at one of ``statuses`` before ``before`` (epoch ms; or, when None,
     ``older_than_ms`` before the store's clock), from ``after`` on (the cursor the batch before
-    returned; None: from the oldest), at most ``limit`` runs (a longer chain is a batch of its
-    own). ``force``: delete operations whose owner may still remember their key.
+    returned; None: from the oldest), at most ``limit`` chains (a chain's earlier runs go with
+    its last). ``force``: delete operations whose owner may still remember their key.
     ``dry_run``: delete nothing; report what would go. ``workflow``: only that workflow's runs."""
 
     statuses: frozenset[RunStatus]
@@ -86,24 +87,30 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
         limit=prune.limit,
         workflow=prune.workflow,
     )
-    going: list[str] = []
-    kept: list[Kept] = []
-    cursor: tuple[int, str] | None = None
-    for candidate in candidates:
-        cursor = (int(candidate["updated_at"]), str(candidate["run_id"]))
-        chain_rows = yield q("prune_lock_chain", chain_id=candidate["chain_id"] or candidate["run_id"])
-        chain = [
-            ChainRun(
-                run_id=str(row["run_id"]),
-                status=RunStatus(row["status"]),
-                updated_at=int(row["updated_at"]),
-                successor_run_id=row["successor_run_id"],
+    keys = [str(row["chain_id"] or row["run_id"]) for row in candidates]
+    chains: dict[str, list[ChainRun]] = {key: [] for key in keys}
+    chain_of: dict[str, str] = {}
+    for row in (yield q("prune_lock_chains", chain_ids=dumps(keys))):
+        key = str(row["chain_id"] or row["run_id"])
+        if key in chains:
+            chains[key].append(
+                ChainRun(
+                    run_id=str(row["run_id"]),
+                    status=RunStatus(row["status"]),
+                    updated_at=int(row["updated_at"]),
+                    successor_run_id=row["successor_run_id"],
+                )
             )
-            for row in chain_rows
-        ]
-        ids = [run.run_id for run in chain]
-        forks = [str(row["run_id"]) for row in (yield q("prune_forks", run_ids=dumps(ids)))]
-        operations = [
+            chain_of[str(row["run_id"])] = key
+    ids = dumps(sorted(chain_of))
+    forks: dict[str, list[str]] = {key: [] for key in keys}
+    for row in (yield q("prune_forks", run_ids=ids)):
+        source = chain_of.get(str(row["source"]))
+        if source is not None and chain_of.get(str(row["run_id"])) != source:
+            forks[source].append(str(row["run_id"]))
+    operations: dict[str, list[SentKey]] = {key: [] for key in keys}
+    for row in (yield q("prune_operations", run_ids=ids)):
+        operations[chain_of[str(row["run_id"])]].append(
             SentKey(
                 run_id=str(row["run_id"]),
                 operation_id=str(row["operation_id"]),
@@ -113,26 +120,26 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
                 updated_at=int(row["updated_at"]),
                 dedup_retention_ms=row["dedup_retention_ms"],
             )
-            for row in (yield q("prune_operations", run_ids=dumps(ids)))
-        ]
+        )
+    going: list[str] = []
+    kept: list[Kept] = []
+    for key in keys:
         why = chain_kept(
-            chain,
-            operations,
-            [fork for fork in forks if fork not in ids],
+            chains[key],
+            operations[key],
+            forks[key],
             statuses=prune.statuses,
             before=before,
             now=now,
             force=prune.force,
         )
-        if why is not None:
+        if why is None:
+            going.extend(run.run_id for run in chains[key])
+        else:
             kept.append(why)
-            continue
-        going.extend(ids)
-        if len(going) >= prune.limit:
-            break
-    else:
-        if len(candidates) < prune.limit:
-            cursor = None  # every candidate was looked at: nothing after them
+    # every candidate was looked at: the next batch starts after the last, unless none is left
+    last = candidates[-1] if len(candidates) == prune.limit else None
+    cursor = (int(last["updated_at"]), str(last["run_id"])) if last is not None else None
     batch = yield from _delete(q, going)
     done = PruneBatch(
         runs=tuple(going),

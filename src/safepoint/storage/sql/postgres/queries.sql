@@ -1322,16 +1322,18 @@ WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled'
 ORDER BY updated_at, run_id
 LIMIT %(limit)s;
 
--- name: prune_lock_chain
--- Every run of one chain (its first run's id names it), read again and locked: a retry, a fork or a message waits for the batch.
-SELECT run_id, status, updated_at, successor_run_id FROM safepoint_runs
-WHERE run_id = %(chain_id)s OR chain_id = %(chain_id)s
+-- name: prune_lock_chains
+-- Every run of these chains (each named by its first run's id), read again and locked: a
+-- retry, a fork or a message waits for the batch.
+SELECT run_id, chain_id, status, updated_at, successor_run_id FROM safepoint_runs
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
+   OR chain_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
 ORDER BY chain_index, run_id
 FOR UPDATE;
 
 -- name: prune_forks
--- The runs forked from one of these runs (index safepoint_runs_fork_source).
-SELECT run_id FROM safepoint_runs
+-- The runs forked from one of these runs, and which (index safepoint_runs_fork_source).
+SELECT run_id, (forked_from::jsonb ->> 'run_id') AS source FROM safepoint_runs
 WHERE forked_from IS NOT NULL AND (forked_from::jsonb ->> 'run_id') IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_operations

@@ -777,15 +777,17 @@ WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled'
 ORDER BY updated_at, run_id
 LIMIT :limit;
 
--- name: prune_lock_chain
--- Every run of one chain (its first run's id names it), read again (BEGIN IMMEDIATE already holds every other writer off).
-SELECT run_id, status, updated_at, successor_run_id FROM safepoint_runs
-WHERE run_id = :chain_id OR chain_id = :chain_id
+-- name: prune_lock_chains
+-- Every run of these chains (each named by its first run's id), read again (BEGIN IMMEDIATE
+-- already holds every other writer off).
+SELECT run_id, chain_id, status, updated_at, successor_run_id FROM safepoint_runs
+WHERE run_id IN (SELECT value FROM json_each(:chain_ids))
+   OR chain_id IN (SELECT value FROM json_each(:chain_ids))
 ORDER BY chain_index, run_id;
 
 -- name: prune_forks
--- The runs forked from one of these runs (index safepoint_runs_fork_source).
-SELECT run_id FROM safepoint_runs
+-- The runs forked from one of these runs, and which (index safepoint_runs_fork_source).
+SELECT run_id, json_extract(forked_from, '$.run_id') AS source FROM safepoint_runs
 WHERE forked_from IS NOT NULL AND json_extract(forked_from, '$.run_id') IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_operations
