@@ -105,18 +105,7 @@ async def prune_async(
 
 
 def _timed(done: Pruned, started: float) -> Pruned:
-    return Pruned(
-        runs=done.runs,
-        run_ids=done.run_ids,
-        rows=done.rows,
-        artifacts=done.artifacts,
-        artifact_bytes=done.artifact_bytes,
-        kept=done.kept,
-        before=done.before,
-        batches=done.batches,
-        seconds=time.monotonic() - started,
-        dry_run=done.dry_run,
-    )
+    return replace(done, seconds=time.monotonic() - started)
 
 
 def prune_flow(

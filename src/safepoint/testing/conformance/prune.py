@@ -17,7 +17,7 @@ from ..._rules.retention import PRUNABLE
 from ...errors import ArtifactMissing, RunNotFound
 from ...storage.base import ForkRun, Store
 from ...storage.prune import PruneBatch, PruneRequest
-from ...types import Claim, EffectState, OperationRecord, RunRecord, RunStatus, StepKind
+from ...types import Claim, OperationRecord, RunRecord, RunStatus
 from ._support import LARGE, ConformanceBase, _uid, make_attempt, make_operation, make_step
 
 
@@ -32,23 +32,10 @@ class PruneTests(ConformanceBase):
         return store.prune_runs(PruneRequest(workflow=self.workflow, **fields))
 
     def _sent(
-        self,
-        store: Store,
-        claim: Claim,
-        step_id: str,
-        seq: int,
-        *,
-        retention_ms: int | None = 1,
-        **payload: Any,
+        self, store: Store, claim: Claim, step_id: str, seq: int, *, retention_ms: int | None = 1
     ) -> OperationRecord:
-        """An accepted operation of the claimed run, recorded with its effect's retention."""
-        op, data = make_operation(claim.run_id, f"op-{step_id}-{_uid()}", payload or None)
-        op = replace(op, step_id=step_id, dedup_retention_ms=retention_ms)
-        store.prepare_effect(claim, op, data)
-        store.mark_dispatching(claim, op.operation_id)
-        step = make_step(claim.run_id, step_id, seq, kind=StepKind.EFFECT, operation_id=op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": step_id}, step=step)
-        return store.load_ledger(claim.run_id).operations[op.operation_id]
+        """An accepted operation of the claimed run, whose owner forgets its key after 1 ms."""
+        return self.accepted(store, claim, step_id, seq, retention_ms=retention_ms)
 
     def _finished(
         self, store: Store, status: RunStatus = RunStatus.COMPLETED, **kw: Any
