@@ -6,6 +6,7 @@ Every test runs on SQLite and on PostgreSQL (the ``store`` fixture)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from datetime import timedelta
@@ -112,3 +113,29 @@ def test_a_dry_run_deletes_nothing_and_counts_what_would_go(store: sp.Store) -> 
     assert store.load_ledger(run_id).steps
     done = sp.prune(store, finished_before=dry.before, workflow="prune.local")
     assert (done.runs, done.rows) == (dry.runs, dry.rows)
+
+
+@sp.workflow("prune.local-async", version="1")
+async def local_async(run: sp.AsyncRun, n: int) -> dict[str, Any]:
+    doubled = await run.pure("double", _double, n)
+    sent = await run.effect("send", forgetful, payload={"n": doubled}, operation_id="send")
+    return {"doubled": doubled, "sent": sent}
+
+
+def test_prune_async_on_the_async_postgres_store(pg_url: str) -> None:
+    url = f"{pg_url}?schema=a_{uuid.uuid4().hex[:12]}"
+
+    async def main() -> tuple[Any, Any]:
+        store = await sp.open_async_store(url)
+        try:
+            await sp.start_async(store, local_async, 2, run_id="a-1")
+            await sp.submit_async(store, local_async, 3, run_id="a-pending")
+            await asyncio.sleep(0.01)
+            done = await sp.prune_async(store, finished_before=timedelta(0), workflow="prune.local-async")
+            return done, [run.run_id for run in await store.list_runs(None, 10)]
+        finally:
+            await store.close()
+
+    done, left = asyncio.run(main())
+    assert (done.runs, done.run_ids, done.rows["steps"], done.rows["operations"]) == (1, ("a-1",), 2, 1)
+    assert left == ["a-pending"]
