@@ -27,8 +27,17 @@ from ..types import RunStatus
 from .plans import Plan, Queries
 
 # Deleted in this order: what references a row goes before it (approvals reference operations;
-# steps, operations, attempts and messages reference runs).
-TABLES = ("approvals", "messages", "attempts", "steps", "operations", "events", "runs")
+# steps, operations, attempts and messages reference runs). Each table's query, by name.
+_DELETES = (
+    ("approvals", "prune_delete_approvals"),
+    ("messages", "prune_delete_messages"),
+    ("attempts", "prune_delete_attempts"),
+    ("steps", "prune_delete_steps"),
+    ("operations", "prune_delete_operations"),
+    ("events", "prune_delete_events"),
+    ("runs", "prune_delete_runs"),
+)
+TABLES = tuple(table for table, _ in _DELETES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +172,8 @@ def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, i
         return rows, 0, 0
     ids = dumps(run_ids)
     digests = dumps(sorted({str(row["digest"]) for row in (yield q("prune_artifact_refs", run_ids=ids))}))
-    for table in TABLES:
-        rows[table] = len((yield q(f"prune_delete_{table}", run_ids=ids)))
+    for table, query in _DELETES:
+        rows[table] = len((yield q(query, run_ids=ids)))
     yield q("prune_lock_artifacts", digests=digests)
     freed = yield q("prune_delete_artifacts", digests=digests)
     return rows, len(freed), sum(int(row["size"]) for row in freed)
