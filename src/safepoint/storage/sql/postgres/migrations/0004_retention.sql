@@ -1,4 +1,4 @@
--- safepoint ledger, PostgreSQL dialect, migration 3: retention (safepoint prune).
+-- safepoint ledger, PostgreSQL dialect, migration 4: retention (safepoint prune).
 --
 -- Each operation records how long its effect's owner remembers a key (dedup_retention_ms, the
 -- effect's dedup_retention; NULL: none declared, and for operations prepared before this
