@@ -18,6 +18,7 @@ from ._engine.fork import fork, fork_async
 from ._engine.limits import extend_limits, extend_limits_async
 from ._engine.messages import send, send_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
+from ._engine.prune import prune, prune_async
 from ._engine.retry import retry, retry_async
 from ._engine.run import AsyncRun, Run
 from ._engine.verbs import (
@@ -107,6 +108,8 @@ __all__ = [
     "fork_async",
     "open_async_store",
     "open_store",
+    "prune",
+    "prune_async",
     "record_schema",
     "resolve",
     "resume",

@@ -372,6 +372,8 @@ class OperationRecord:
     target_digest: str | None = None  # digest of the target's state as last read at the gate
     approval_id: str | None = None  # the approval that authorized the latest dispatch
     key_attempt: int = 1  # the attempt its effect_key was minted for (a re-sent rejection: 2, …)
+    # how long the effect's owner remembers a key, as the effect declared it (None: none declared)
+    dedup_retention_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,3 +62,32 @@ def test_the_quickest_benchmark_measures_every_safepoint_workload_and_writes_its
     assert figures["w5"]["owner_stats"]["duplicates"] == 0
     assert set(medians["floor"]["w0"]) == {"wal_normal", "wal_full", "delete_full"}
     assert "| W1 | steps/s |" in done.stdout
+
+
+def test_the_prune_benchmark_prunes_every_run_it_made_and_measures_the_sizes() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.prune",
+            "--runs",
+            "30",
+            "--batch",
+            "7",
+            "--backend",
+            "sqlite",
+            "--vacuum",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(done.stdout)
+    assert (figures["pruned_runs"], figures["batches"], figures["kept"]) == (30, 5, 0)
+    assert figures["rows"]["steps"] == 4 * 30
+    assert figures["rows"]["operations"] == 30
+    assert figures["bytes_before"] >= figures["bytes_after"] > figures["bytes_after_vacuum"] > 0
+    assert "sqlite: pruned 30 runs in" in done.stderr

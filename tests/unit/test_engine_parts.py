@@ -95,6 +95,7 @@ def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_
         "target_digest": None,
         "approval_id": None,
         "key_attempt": 1,
+        "dedup_retention_ms": None,
     }
     op = operation_record(row)
     assert (op.state, op.receipt, op.approval_required) == (EffectState.ACCEPTED, {"id": 1}, False)

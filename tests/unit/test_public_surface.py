@@ -59,6 +59,9 @@ TOP_LEVEL = frozenset(
         "retry_async",
         "send",
         "send_async",
+        # retention: what an operator's scheduled job calls
+        "prune",
+        "prune_async",
         "record_schema",
         "open_store",
         "open_async_store",

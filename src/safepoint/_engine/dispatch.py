@@ -39,6 +39,7 @@ from .._rules.effects import (
     next_action,
     one_commit_to_dispatching,
     orphaned,
+    retention_ms,
 )
 from .._rules.fork import Forked, forked_effect, resend_of
 from .._rules.ids import check_id
@@ -283,6 +284,7 @@ class EffectDispatch:
             effect_key=mint_effect_key(ledger_id, key_scope, op_id),  # minted once
             approval_required=approval,
             target_digest=target,
+            dedup_retention_ms=retention_ms(self.effect.dedup_retention),
         )
 
     def prepare_dispatching(

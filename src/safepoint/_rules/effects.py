@@ -159,6 +159,14 @@ def seconds(duration: timedelta | float) -> float:
     return float(duration)
 
 
+def retention_ms(dedup_retention: timedelta | None) -> int | None:
+    """An effect's ``dedup_retention`` in milliseconds, as each of its operations records it
+    (None: none declared) — what a prune reads to know when the owner has forgotten a key."""
+    if dedup_retention is None:
+        return None
+    return int(dedup_retention.total_seconds() * 1000)
+
+
 def mint_effect_key(ledger_id: str, scope: str, operation_id: str) -> str:
     """Derive an operation's idempotency key from the ledger's id, the run (or chain) that
     names the operation, and its operation id. Called once, at prepare; the key is then stored
@@ -320,8 +328,12 @@ def after_reconcile(
             " dedup_retention, so a re-dispatch could apply it twice if"
             " that report lags",
         )
-    retention_ms = int(dedup_retention.total_seconds() * 1000)
-    if first_dispatched_at is not None and now - first_dispatched_at >= retention_ms:
+    remembered_ms = retention_ms(dedup_retention)
+    if (
+        first_dispatched_at is not None
+        and remembered_ms is not None
+        and now - first_dispatched_at >= remembered_ms
+    ):
         return Next(
             Action.BLOCK,
             f"the owner reports it not applied, but the first dispatch was"

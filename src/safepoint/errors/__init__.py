@@ -23,6 +23,7 @@ The tree::
         │   ├── ForkRefused             a fork that cannot be made from that run and step
         │   ├── MessageRefused          a message the run cannot take (it ended; a message id reused)
         │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
+        │   ├── PruneRefused            a prune asked for what it cannot do (a status, a cut-off)
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -97,6 +98,7 @@ from ._base import (
     MessageRefused,
     LimitsRefused,
     ForkRefused,
+    PruneRefused,
     RetryRefused,
     InvalidStoreURL,
     MissingExtra,
@@ -175,6 +177,7 @@ __all__ = [
     "MissingExtra",
     "NeedsReconciliation",
     "NotJSON",
+    "PruneRefused",
     "ReplayMismatch",
     "ResolutionRefused",
     "RetryRefused",

@@ -264,6 +264,17 @@ class RetryRefused(UsageError):
         )
 
 
+class PruneRefused(UsageError):
+    """A prune (``safepoint.prune``) asked for something it cannot do — a status that is not an
+    ending a run is pruned at, a cut-off that is no time, a batch size below one; ``reason`` says
+    which and what to give instead. Nothing was deleted."""
+
+    reason: str
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"prune refused: {reason}", reason=reason)
+
+
 class InvalidStoreURL(UsageError):
     """A store URL that names no store safepoint can open."""
 

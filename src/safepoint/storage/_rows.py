@@ -323,6 +323,7 @@ _OPERATION = _columns(
     ("target_digest", text_or_null),
     ("approval_id", text_or_null),
     ("key_attempt", integer),
+    ("dedup_retention_ms", integer_or_null),
 )
 
 _EVENT = _columns(

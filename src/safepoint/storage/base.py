@@ -52,6 +52,7 @@ from ..types import (
     UnreadableRun,
     WaitGate,
 )
+from .prune import PruneBatch, PruneRequest
 
 __all__ = [
     "INLINE_LIMIT",
@@ -442,6 +443,18 @@ class Store(Protocol):
         (accepted, rejected) before unsettled within one run."""
         ...
 
+    # retention
+    def prune_runs(self, prune: PruneRequest) -> PruneBatch:
+        """One batch of a prune, in one atomic step (see ``safepoint.storage.prune``): the next
+        finished chains ``prune`` asks for, each read again under its runs' locks and deleted
+        whole — its runs with their steps, events, attempts, approvals, messages and operations,
+        then the artifacts nothing else references — unless ``_rules.retention.chain_kept``
+        keeps it (a run of it not finished, a fork of it, an operation whose owner may still
+        remember its key and no ``force``). A dry run deletes nothing and reports exactly what
+        would have gone. Returns what the batch deleted, what it kept and why, and the cursor
+        the next batch starts from."""
+        ...
+
     # carrying a stopped run on: waits (messages, sleeps)
     def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
@@ -707,6 +720,11 @@ class AsyncStore(Protocol):
 
     async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
         """See ``Store.fork_operation``."""
+        ...
+
+    # retention
+    async def prune_runs(self, prune: PruneRequest) -> PruneBatch:
+        """See ``Store.prune_runs``."""
         ...
 
     # carrying a stopped run on: waits (messages, sleeps)

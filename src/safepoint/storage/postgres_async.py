@@ -74,6 +74,7 @@ from .postgres.connection import (
 )
 from .postgres.ledger import PostgresLedger
 from .postgres.pool import Checkout, Discarded, Resting, connection_lost
+from .prune import DryRun, PruneBatch, PruneRequest
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -463,6 +464,12 @@ class AsyncPostgresStore:
 
     async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
+
+    async def prune_runs(self, prune: PruneRequest) -> PruneBatch:
+        try:
+            return await self._run(self._ledger.prune_runs(prune))
+        except DryRun as dry:  # rolled back: nothing was deleted
+            return dry.batch
 
     async def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None

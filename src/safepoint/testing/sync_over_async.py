@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from ..storage.base import AsyncStore, ForkRun, NewRun, Replan
+from ..storage.prune import PruneBatch, PruneRequest
 from ..types import (
     JSON,
     ApprovalGate,
@@ -249,3 +250,6 @@ class SyncOverAsync:
 
     def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return self._call(self.store.retry_run(run_id, expected_revision, retry))
+
+    def prune_runs(self, prune: PruneRequest) -> PruneBatch:
+        return self._call(self.store.prune_runs(prune))

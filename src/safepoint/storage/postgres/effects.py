@@ -49,6 +49,7 @@ class PostgresEffects(PostgresBase):
             payload=payload,
             size=len(payload),
             effect_key=op.effect_key,
+            dedup_retention_ms=op.dedup_retention_ms,
             approval_required=op.approval_required,
             target_digest=op.target_digest if op.approval_required else None,
             dispatching=dispatching,

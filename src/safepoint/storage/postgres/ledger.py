@@ -14,8 +14,8 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``; what they read is every store's
-(``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``; what they read
+is every store's (``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .effects import PostgresEffects
 from .forks import PostgresForks
 from .history import PostgresHistory
 from .limits import PostgresLimits
+from .prune import PostgresPrune
 from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .slices import PostgresSlices
@@ -43,6 +44,7 @@ class PostgresLedger(
     PostgresHistory,
     PostgresForks,
     PostgresRetry,
+    PostgresPrune,
     PostgresSlices,
     PostgresWaits,
 ):

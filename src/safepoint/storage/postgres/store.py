@@ -65,6 +65,7 @@ from ...types import (
 )
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..plans import Plan
+from ..prune import DryRun, PruneBatch, PruneRequest
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
@@ -385,6 +386,12 @@ class PostgresStore:
 
     def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
+
+    def prune_runs(self, prune: PruneRequest) -> PruneBatch:
+        try:
+            return self._run(self._ledger.prune_runs(prune))
+        except DryRun as dry:  # rolled back: nothing was deleted
+            return dry.batch
 
     def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None

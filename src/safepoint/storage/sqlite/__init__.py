@@ -3,7 +3,7 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry``, ``slices``, ``limits`` and ``waits`` (messages,
+``approvals``, ``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits`` and ``waits`` (messages,
 and the gates of wait and sleep steps). What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
@@ -15,6 +15,7 @@ from .effects import SqliteEffects
 from .forks import SqliteForks
 from .history import SqliteHistory
 from .limits import SqliteLimits
+from .prune import SqlitePrune
 from .retry import SqliteRetry
 from .slices import SqliteSlices
 from .waits import SqliteWaits
@@ -30,6 +31,7 @@ class SqliteStore(
     SqliteApprovals,
     SqliteForks,
     SqliteRetry,
+    SqlitePrune,
     SqliteSlices,
 ):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -63,6 +63,7 @@ class SqliteEffects(SqliteSteps):
                 "effect_key": op.effect_key,
                 "fence": claim.fence,
                 "now": now,
+                "dedup_retention_ms": op.dedup_retention_ms,
             },
         )
         if op.approval_required:

@@ -44,7 +44,8 @@ composes: ``runs`` (creating and reading runs), ``listing`` (a console's filtere
 continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
 overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
-end of a slice), ``stopped`` (runs stopped at a limit, limits raised) and ``waits`` (messages,
+end of a slice), ``stopped`` (runs stopped at a limit, limits raised), ``prune`` (finished runs deleted
+whole) and ``waits`` (messages,
 and the gates of wait and sleep steps). ``_support`` holds what they share: the base class with
 ``make_store`` and the helpers, the constants and the record factories.
 """
@@ -63,6 +64,7 @@ from .forks import ForkTests
 from .history import HistoryTests
 from .limits import LimitTests
 from .listing import ListingTests
+from .prune import PruneTests
 from .retry import RetryTests
 from .revocation import RevocationTests
 from .runs import RunTests
@@ -78,6 +80,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    PruneTests,
     WaitTests,
     ForkTests,
     RetryTests,

@@ -231,6 +231,20 @@ class ConformanceBase(abc.ABC):
         self._repairs.append(lambda: overwrite(store, table, column, repair, **where))
 
     @staticmethod
+    def accepted(
+        store: Store, claim: Claim, step_id: str, seq: int, *, retention_ms: int | None = None, **payload: int
+    ) -> OperationRecord:
+        """An operation of the claimed run sent and accepted at effect step ``step_id``, recorded
+        with its effect's dedup retention."""
+        op, data = make_operation(claim.run_id, f"op-{step_id}-{_uid()}", payload or None)
+        op = replace(op, step_id=step_id, dedup_retention_ms=retention_ms)
+        store.prepare_effect(claim, op, data)
+        store.mark_dispatching(claim, op.operation_id)
+        step = make_step(claim.run_id, step_id, seq, kind=StepKind.EFFECT, operation_id=op.operation_id)
+        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": step_id}, step=step)
+        return store.load_ledger(claim.run_id).operations[op.operation_id]
+
+    @staticmethod
     def snapshot(store: Store, run_id: str) -> tuple[Ledger, list[EventRecord]]:
         return store.load_ledger(run_id), store.events(run_id)
 

@@ -20,13 +20,7 @@ class ForkTests(ConformanceBase):
     """The conformance tests of forks."""
 
     def _accept(self, store: Store, claim: Claim, step_id: str, seq: int, **payload: int) -> OperationRecord:
-        op, data = make_operation(claim.run_id, f"op-{step_id}-{_uid()}", payload or None)
-        op = replace(op, step_id=step_id)
-        store.prepare_effect(claim, op, data)
-        store.mark_dispatching(claim, op.operation_id)
-        step = make_step(claim.run_id, step_id, seq, kind=StepKind.EFFECT, operation_id=op.operation_id)
-        store.record_outcome(claim, op.operation_id, EffectState.ACCEPTED, receipt={"id": step_id}, step=step)
-        return store.load_ledger(claim.run_id).operations[op.operation_id]
+        return self.accepted(store, claim, step_id, seq, **payload)
 
     def _source(
         self, store: Store, **kw: object

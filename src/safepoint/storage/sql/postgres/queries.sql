@@ -361,16 +361,17 @@ owned AS (
 artifact AS (
     INSERT INTO safepoint_artifacts (digest, size, content, created_at)
     SELECT %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
-    ON CONFLICT (digest) DO NOTHING
+    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                       effect_key, dispatch_count, first_dispatched_at,
                                       approval_required, target_digest, fence, prepared_at,
-                                      updated_at, chain_id)
+                                      updated_at, chain_id, dedup_retention_ms)
     SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, intent.state, %(payload_ref)s,
            %(effect_key)s, intent.dispatches, CASE WHEN intent.dispatches > 0 THEN now END,
-           %(approval_required)s, %(target_digest)s, %(fence)s::bigint, now, now, chain_id
+           %(approval_required)s, %(target_digest)s, %(fence)s::bigint, now, now, chain_id,
+           %(dedup_retention_ms)s::bigint
     FROM owned, intent
     RETURNING *
 ),
@@ -478,7 +479,7 @@ artifact AS (
     INSERT INTO safepoint_artifacts (digest, size, content, created_at)
     SELECT %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
     WHERE %(result_content)s::bytea IS NOT NULL
-    ON CONFLICT (digest) DO NOTHING
+    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -559,10 +560,12 @@ ORDER BY prepared_at, operation_id;
 SELECT * FROM safepoint_events WHERE run_id = %(run_id)s ORDER BY event_id;
 
 -- name: insert_artifact
--- Content-addressed: the same bytes are stored once.
+-- Content-addressed: the same bytes are stored once. Every store of an artifact locks its row
+-- (an upsert that updates nothing), so that a prune deleting it waits for the reference this
+-- transaction writes with it (prune_lock_artifacts); the same is true of every artifact insert.
 INSERT INTO safepoint_artifacts (digest, size, content, created_at)
 VALUES (%(digest)s, %(size)s, %(content)s, safepoint_now_ms())
-ON CONFLICT (digest) DO NOTHING;
+ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false;
 
 -- name: get_artifact
 -- The bytes stored under a digest (checked against it by the caller).
@@ -938,10 +941,10 @@ owned AS (
 -- that a refused write leaves nothing behind
 artifacts AS (
     INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT a.digest, octet_length(a.content), a.content, owned.now
+    SELECT DISTINCT ON (a.digest) a.digest, octet_length(a.content), a.content, owned.now
     FROM owned, unnest(%(artifact_refs)s::text[], %(artifact_contents)s::bytea[])
         AS a(digest, content)
-    ON CONFLICT (digest) DO NOTHING
+    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -1121,10 +1124,11 @@ FROM safepoint_steps WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s;
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
-                                  target_digest, approval_id, chain_id, key_attempt)
+                                  target_digest, approval_id, chain_id, key_attempt,
+                                  dedup_retention_ms)
 SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key,
        dispatch_count, first_dispatched_at, receipt, error, fence, prepared_at, updated_at,
-       approval_required, target_digest, approval_id, %(run_id)s, key_attempt
+       approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms
 FROM safepoint_operations
 WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -1330,3 +1334,100 @@ event AS (
     FROM owned
 )
 SELECT workflow FROM owned;
+
+
+-- == retention: prune ===========================================================================
+-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
+-- transaction: a chain's runs locked and read again, then what goes deleted whole. RUN_IDS and
+-- DIGESTS are JSON arrays of text, one parameter each, read as a set.
+
+-- name: prune_candidates
+-- The next last runs of their chains that ended at one of the statuses asked for before the
+-- cut-off (of one workflow, when one is named), oldest first, after the cursor (index
+-- safepoint_runs_finished).
+SELECT run_id, chain_id, updated_at FROM safepoint_runs
+WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled')
+  AND status IN (SELECT jsonb_array_elements_text(%(statuses)s::jsonb)) AND updated_at < %(before)s
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (updated_at, run_id) > (%(after_at)s::bigint, %(after_id)s::text)
+ORDER BY updated_at, run_id
+LIMIT %(limit)s;
+
+-- name: prune_lock_chains
+-- Every run of these chains (each named by its first run's id), read again and locked: a
+-- retry, a fork or a message waits for the batch.
+SELECT run_id, chain_id, status, updated_at, successor_run_id FROM safepoint_runs
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
+   OR chain_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
+ORDER BY chain_index, run_id
+FOR UPDATE;
+
+-- name: prune_forks
+-- The runs forked from one of these runs, and which (index safepoint_runs_fork_source).
+SELECT run_id, (forked_from::jsonb ->> 'run_id') AS source FROM safepoint_runs
+WHERE forked_from IS NOT NULL AND (forked_from::jsonb ->> 'run_id') IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_operations
+-- What the retention rule reads of these runs' operations: sent or not, when last written, and
+-- how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
+       dedup_retention_ms
+FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_artifact_refs
+-- Every artifact these runs reference: their inputs and results, their steps' results, their
+-- operations' payloads, their messages' payloads.
+SELECT inputs_ref AS digest FROM safepoint_runs
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND inputs_ref IS NOT NULL
+UNION SELECT result_ref FROM safepoint_runs
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND result_ref IS NOT NULL
+UNION SELECT result_ref FROM safepoint_steps
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND result_ref IS NOT NULL
+UNION SELECT payload_ref FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+UNION SELECT payload_ref FROM safepoint_messages
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND payload_ref IS NOT NULL;
+
+-- name: prune_delete_approvals
+-- The approvals given for these runs' operations.
+DELETE FROM safepoint_approvals WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_messages
+-- The messages sent to these runs.
+DELETE FROM safepoint_messages WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_attempts
+-- These runs' failed attempts.
+DELETE FROM safepoint_attempts WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_steps
+-- These runs' steps.
+DELETE FROM safepoint_steps WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_operations
+-- These runs' operations.
+DELETE FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_events
+-- These runs' history.
+DELETE FROM safepoint_events WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_delete_runs
+-- The runs themselves, last: nothing references them any more.
+DELETE FROM safepoint_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
+
+-- name: prune_lock_artifacts
+-- The artifacts the deleted runs referenced, locked: a writer storing one of them again (its upsert locks the row) either
+-- commits first, and its reference keeps the artifact, or waits and stores it anew.
+SELECT digest FROM safepoint_artifacts WHERE digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+FOR UPDATE;
+
+-- name: prune_delete_artifacts
+-- Of those, the artifacts no row references any more (one index probe per reference column).
+DELETE FROM safepoint_artifacts AS a
+WHERE a.digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
+RETURNING size;

@@ -274,9 +274,11 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 -- Prepared intent: payload reference, operation id and effect key become durable together.
 -- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
-                                  effect_key, fence, prepared_at, updated_at, chain_id)
+                                  effect_key, fence, prepared_at, updated_at, chain_id,
+                                  dedup_retention_ms)
 VALUES (:run_id, :operation_id, :step_id, :effect, 'prepared', :payload_ref, :effect_key,
-        :fence, :now, :now, (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id));
+        :fence, :now, :now, (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id),
+        :dedup_retention_ms);
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
@@ -640,10 +642,11 @@ FROM safepoint_steps WHERE run_id = :source_run_id AND seq < :from_seq;
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
-                                  target_digest, approval_id, chain_id, key_attempt)
+                                  target_digest, approval_id, chain_id, key_attempt,
+                                  dedup_retention_ms)
 SELECT :run_id, operation_id, step_id, effect, state, payload_ref, effect_key, dispatch_count,
        first_dispatched_at, receipt, error, fence, prepared_at, updated_at, approval_required,
-       target_digest, approval_id, :run_id, key_attempt
+       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms
 FROM safepoint_operations
 WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -785,3 +788,97 @@ SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
     event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING run_id;
+
+
+-- == retention: prune ===========================================================================
+-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
+-- transaction: a chain's runs locked and read again, then what goes deleted whole. RUN_IDS and
+-- DIGESTS are JSON arrays of text, one parameter each, read as a set.
+
+-- name: prune_candidates
+-- The next last runs of their chains that ended at one of the statuses asked for before the
+-- cut-off (of one workflow, when one is named), oldest first, after the cursor (index
+-- safepoint_runs_finished).
+SELECT run_id, chain_id, updated_at FROM safepoint_runs
+WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled')
+  AND status IN (SELECT value FROM json_each(:statuses)) AND updated_at < :before
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (updated_at, run_id) > (:after_at, :after_id)
+ORDER BY updated_at, run_id
+LIMIT :limit;
+
+-- name: prune_lock_chains
+-- Every run of these chains (each named by its first run's id), read again (BEGIN IMMEDIATE
+-- already holds every other writer off).
+SELECT run_id, chain_id, status, updated_at, successor_run_id FROM safepoint_runs
+WHERE run_id IN (SELECT value FROM json_each(:chain_ids))
+   OR chain_id IN (SELECT value FROM json_each(:chain_ids))
+ORDER BY chain_index, run_id;
+
+-- name: prune_forks
+-- The runs forked from one of these runs, and which (index safepoint_runs_fork_source).
+SELECT run_id, json_extract(forked_from, '$.run_id') AS source FROM safepoint_runs
+WHERE forked_from IS NOT NULL AND json_extract(forked_from, '$.run_id') IN (SELECT value FROM json_each(:run_ids));
+
+-- name: prune_operations
+-- What the retention rule reads of these runs' operations: sent or not, when last written, and
+-- how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
+       dedup_retention_ms
+FROM safepoint_operations WHERE run_id IN (SELECT value FROM json_each(:run_ids));
+
+-- name: prune_artifact_refs
+-- Every artifact these runs reference: their inputs and results, their steps' results, their
+-- operations' payloads, their messages' payloads.
+SELECT inputs_ref AS digest FROM safepoint_runs
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND inputs_ref IS NOT NULL
+UNION SELECT result_ref FROM safepoint_runs
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND result_ref IS NOT NULL
+UNION SELECT result_ref FROM safepoint_steps
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND result_ref IS NOT NULL
+UNION SELECT payload_ref FROM safepoint_operations WHERE run_id IN (SELECT value FROM json_each(:run_ids))
+UNION SELECT payload_ref FROM safepoint_messages
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND payload_ref IS NOT NULL;
+
+-- name: prune_delete_approvals
+-- The approvals given for these runs' operations.
+DELETE FROM safepoint_approvals WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_messages
+-- The messages sent to these runs.
+DELETE FROM safepoint_messages WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_attempts
+-- These runs' failed attempts.
+DELETE FROM safepoint_attempts WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_steps
+-- These runs' steps.
+DELETE FROM safepoint_steps WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_operations
+-- These runs' operations.
+DELETE FROM safepoint_operations WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_events
+-- These runs' history.
+DELETE FROM safepoint_events WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_delete_runs
+-- The runs themselves, last: nothing references them any more.
+DELETE FROM safepoint_runs WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
+
+-- name: prune_lock_artifacts
+-- The artifacts the deleted runs referenced (BEGIN IMMEDIATE already holds every writer that might reference one off).
+SELECT digest FROM safepoint_artifacts WHERE digest IN (SELECT value FROM json_each(:digests));
+
+-- name: prune_delete_artifacts
+-- Of those, the artifacts no row references any more (one index probe per reference column).
+DELETE FROM safepoint_artifacts AS a
+WHERE a.digest IN (SELECT value FROM json_each(:digests))
+  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
+  AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
+RETURNING size;

@@ -109,6 +109,19 @@ CREATE INDEX safepoint_runs_due ON safepoint_runs (wake_at) WHERE status = 'wait
 -- The runs of a chain, in order: following a chain, and its next run's place.
 CREATE INDEX safepoint_runs_chain ON safepoint_runs (chain_id, chain_index);
 
+-- What a prune looks for: the last runs of their chains that finished, oldest first.
+CREATE INDEX safepoint_runs_finished ON safepoint_runs (updated_at, run_id)
+    WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled');
+
+-- The forks of a run (a prune keeps a fork's source while the fork stays).
+CREATE INDEX safepoint_runs_fork_source ON safepoint_runs (json_extract(forked_from, '$.run_id'))
+    WHERE forked_from IS NOT NULL;
+
+-- Whether anything still references an artifact (a prune deletes those nothing references).
+CREATE INDEX safepoint_runs_inputs_ref ON safepoint_runs (inputs_ref) WHERE inputs_ref IS NOT NULL;
+
+CREATE INDEX safepoint_runs_result_ref ON safepoint_runs (result_ref) WHERE result_ref IS NOT NULL;
+
 CREATE TABLE safepoint_steps (
     run_id        TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
     step_id       TEXT    NOT NULL,
@@ -135,6 +148,8 @@ CREATE TABLE safepoint_steps (
     cost          REAL,
     PRIMARY KEY (run_id, step_id)
 ) WITHOUT ROWID;
+
+CREATE INDEX safepoint_steps_result_ref ON safepoint_steps (result_ref) WHERE result_ref IS NOT NULL;
 
 CREATE TABLE safepoint_operations (
     run_id               TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
@@ -164,11 +179,16 @@ CREATE TABLE safepoint_operations (
     -- which attempt of the operation its effect_key was minted for: 1, unless a person had an
     -- operation the owner rejected sent again (retry), under a key derived from the attempt
     key_attempt          INTEGER NOT NULL DEFAULT 1,
+    -- how long the effect's owner remembers a key, as the effect declared it (dedup_retention);
+    -- NULL: none declared. A prune keeps an operation its owner may still remember
+    dedup_retention_ms   INTEGER,
     PRIMARY KEY (run_id, operation_id)
 ) WITHOUT ROWID;
 
 -- An effect step of a successor looks its operation id up in the runs before it: one probe.
 CREATE INDEX safepoint_operations_chain ON safepoint_operations (chain_id, operation_id);
+
+CREATE INDEX safepoint_operations_payload ON safepoint_operations (payload_ref);
 
 CREATE TABLE safepoint_events (
     event_id      INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -254,6 +274,9 @@ CREATE UNIQUE INDEX safepoint_messages_id ON safepoint_messages (run_id, message
 
 -- A wait looks for the oldest message of its name not yet taken.
 CREATE INDEX safepoint_messages_name ON safepoint_messages (run_id, name, seq);
+
+CREATE INDEX safepoint_messages_payload_ref ON safepoint_messages (payload_ref)
+    WHERE payload_ref IS NOT NULL;
 
 -- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
 -- it, so that two ledgers (dev and prod, two tenants, a file deleted and created again) never
