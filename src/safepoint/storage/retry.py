@@ -43,7 +43,9 @@ def retry_run_plan(
         attempt_rows = yield q("retry_run_attempts", run_id=run_id, step_id=step_id)
         if not step_rows and not attempt_rows:
             raise RetryRefused(run_id, f"step {step_id!r} has no failed record any more")
-        found = _rows.ledger(run, [(row, _rows.NO_VALUES) for row in step_rows], [], attempt_rows)
+        found = _rows.ledger(
+            run, [(row, _rows.NO_VALUES) for row in step_rows], [], attempt_rows, reads.codec
+        )
         detail = _moved_detail(found.steps.get(step_id), found.attempts.get(step_id, []), retry)
         yield q(
             "retry_run_event",
@@ -75,7 +77,7 @@ def retry_run_plan(
                 f"operation {again.operation_id!r} is no longer the rejected attempt"
                 f" {again.key_attempt - 1} the retry was planned on: look at the run again",
             )
-        op = _rows.operation_record(op_rows[0])
+        op = _rows.operation_record(op_rows[0], reads.codec)
         previous[op.operation_id] = {
             "state": op.state.value,
             "key_attempt": op.key_attempt,

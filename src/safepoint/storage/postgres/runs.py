@@ -21,7 +21,7 @@ class PostgresRuns(PostgresBase):
     """The PostgreSQL store's runs: created, claimed, and ended — finished by their worker,."""
 
     def create_run(self, new: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
-        inputs, inputs_ref = yield from self._put_value(new.inputs)
+        inputs, inputs_ref = yield from self._put_value(new.inputs, "safepoint_runs", "inputs", new.run_id)
         created = yield _q(
             "create_run",
             run_id=new.run_id,
@@ -106,14 +106,14 @@ class PostgresRuns(PostgresBase):
         if recovery_record is not None:  # the statement puts in the revision it creates
             record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
         detail = detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
-        result_text, result_ref = yield from self._put_value(result)
+        result_text, result_ref = yield from self._put_value(result, "safepoint_runs", "result", claim.run_id)
         yield from self._fenced(
             claim,
             "finish_run",
             status=status.value,
             result=result_text,
             result_ref=result_ref,
-            error=None if error is None else dumps(error),
+            error=self._sealed(error, "safepoint_runs", "error", claim.run_id),
             recovery_record=record,
             event_kind=f"run.{status.value}",
             detail=None if detail is None else dumps(detail),
@@ -145,7 +145,9 @@ class PostgresRuns(PostgresBase):
                     if resolution.action is ResolutionAction.APPLIED
                     else EffectState.PREPARED
                 ).value,
-                receipt=None if resolution.receipt is None else dumps(resolution.receipt),
+                receipt=self._sealed(
+                    resolution.receipt, "safepoint_operations", "receipt", run_id, resolution.operation_id
+                ),
             )
             if rows:  # released: wake a waiting worker
                 yield _q("notify_work", workflow=rows[0]["workflow"])

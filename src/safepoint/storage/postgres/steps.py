@@ -22,11 +22,19 @@ class PostgresSteps(PostgresBase):
             return None
         batch, refs, contents = [], [], []
         for step in steps:
-            result, result_ref, data = stored(step.result, self.inline_limit)
+            result, result_ref, data = stored(
+                step.result,
+                self.inline_limit,
+                self.codec,
+                "safepoint_steps",
+                "result",
+                claim.run_id,
+                step.step_id,
+            )
             if data is not None:  # inserted by the statement itself, past its fence
                 refs.append(result_ref)
                 contents.append(data)
-            batch.append(self._step_params(step, result, result_ref))
+            batch.append(self._step_params(claim.run_id, step, result, result_ref))
         row = yield from self._fenced(
             claim,
             "record_steps",
@@ -46,7 +54,9 @@ class PostgresSteps(PostgresBase):
             kind=attempt.kind.value,
             name=attempt.name,
             input_hash=attempt.input_hash,
-            error=dumps(attempt.error),
+            error=self._sealed(
+                attempt.error, "safepoint_attempts", "error", claim.run_id, attempt.step_id, attempt.attempt
+            ),
             retry_at=attempt.retry_at,
         )
 

@@ -62,6 +62,7 @@ from ...types import (
     WaitGate,
 )
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
+from ..codec import Codec
 from ..plans import Plan
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
@@ -88,9 +89,14 @@ class PostgresStore:
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
         create: bool = True,
+        codec: Codec | None = None,
     ) -> None:
         self._ledger = ledger = PostgresLedger(
-            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            connect_timeout=connect_timeout,
+            codec=codec,
         )
         self.url, self.durability = ledger.url, ledger.durability
         self._local = threading.local()

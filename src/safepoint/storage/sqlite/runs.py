@@ -47,7 +47,7 @@ class SqliteRuns(SqliteConnection):
         continue as new) or a chain of its own; False when the run id exists."""
         claimed = new.owner is not None
         fence = 1 if claimed else 0
-        inputs, inputs_ref = self._put_value(conn, new.inputs, now)
+        inputs, inputs_ref = self._put_value(conn, new.inputs, now, "safepoint_runs", "inputs", new.run_id)
         cursor = conn.execute(
             SQL["create_run"],
             {
@@ -212,7 +212,7 @@ class SqliteRuns(SqliteConnection):
     ) -> None:
         """``finish_run`` in the caller's write transaction; ``detail``: its event's, when not
         the error (or the recovery record's phase)."""
-        result_text, result_ref = self._put_value(conn, result, now)
+        result_text, result_ref = self._put_value(conn, result, now, "safepoint_runs", "result", claim.run_id)
         cursor = conn.execute(
             SQL["finish_run"],
             {
@@ -221,7 +221,7 @@ class SqliteRuns(SqliteConnection):
                 "status": status.value,
                 "result": result_text,
                 "result_ref": result_ref,
-                "error": None if error is None else dumps(error),
+                "error": self._sealed(error, "safepoint_runs", "error", claim.run_id),
                 "recovery_record": None if recovery_record is None else dumps(recovery_record),
                 "now": now,
             },
@@ -301,7 +301,13 @@ class SqliteRuns(SqliteConnection):
                                 if resolution.action is ResolutionAction.APPLIED
                                 else EffectState.PREPARED
                             ).value,
-                            "receipt": None if resolution.receipt is None else dumps(resolution.receipt),
+                            "receipt": self._sealed(
+                                resolution.receipt,
+                                "safepoint_operations",
+                                "receipt",
+                                run_id,
+                                resolution.operation_id,
+                            ),
                         },
                     ).rowcount
                     != 1
