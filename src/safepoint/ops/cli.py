@@ -28,7 +28,7 @@ from .._engine.worker import Worker
 from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
-from . import carry_commands, operator_commands
+from . import carry_commands, keys_commands, operator_commands
 from .cli_support import (
     EXIT_BLOCKED,
     EXIT_UNFINISHED,
@@ -360,7 +360,7 @@ def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:
 
 # -- the commands of other modules -----------------------------------------------------------------
 
-for _command in (*operator_commands.COMMANDS, *carry_commands.COMMANDS):
+for _command in (*operator_commands.COMMANDS, *carry_commands.COMMANDS, *keys_commands.COMMANDS):
     cli.add_command(_command)
 
 

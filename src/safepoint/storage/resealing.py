@@ -13,8 +13,8 @@ the new one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from .._rules.canonical import digest as content_digest
 from ..errors import ArtifactCorrupt, UsageError
@@ -136,3 +136,47 @@ def reseal_fork(reads: LedgerReads, source_run_id: str, run_id: str) -> Plan[Non
             )
             if after is None:
                 break
+
+
+class Resealing(Protocol):
+    """A store that seals values again a page at a time (``SqliteStore``, ``PostgresStore``)."""
+
+    def reseal_page(self, kind: str, after: Key | None, limit: int) -> tuple[int, Key | None]: ...
+
+    def reseal_artifacts_page(self, after: str | None, limit: int) -> tuple[int, str | None]: ...
+
+
+def reencrypt(
+    store: object, *, batch: int = 500, progress: Callable[[str, int], None] | None = None
+) -> dict[str, int]:
+    """Seal every value of the ledger that is not under the keyring's active key — or not
+    sealed at all — with it, ``batch`` rows per transaction: how many rows of each kind
+    changed. Safe to stop at any point and run again (what is done is not done twice); once
+    it has run to the end, keys older than the active one may leave the keyring.
+    ``progress``: told (kind, rows changed) after each page."""
+    if not (hasattr(store, "reseal_page") and hasattr(store, "reseal_artifacts_page")):
+        raise UsageError(f"{type(store).__name__} cannot seal values again: use SqliteStore or PostgresStore")
+    if batch < 1:
+        raise UsageError(f"a batch of {batch} rows is not one: give 1 or more")
+    resealer: Resealing = store
+    changed: dict[str, int] = {}
+    for kind in TABLES:
+        after: Key | None = None
+        changed[kind] = 0
+        while True:
+            count, after = resealer.reseal_page(kind, after, batch)
+            changed[kind] += count
+            if progress is not None:
+                progress(kind, count)
+            if after is None:
+                break
+    changed["artifacts"] = 0
+    digest: str | None = None
+    while True:
+        count, digest = resealer.reseal_artifacts_page(digest, batch)
+        changed["artifacts"] += count
+        if progress is not None:
+            progress("artifacts", count)
+        if digest is None:
+            break
+    return changed

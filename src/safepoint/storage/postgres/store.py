@@ -61,6 +61,7 @@ from ...types import (
     UnreadableRun,
     WaitGate,
 )
+from .. import resealing
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..codec import Codec
 from ..plans import Plan
@@ -383,6 +384,16 @@ class PostgresStore:
 
     def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
         return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    def reseal_page(
+        self, kind: str, after: resealing.Key | None, limit: int
+    ) -> tuple[int, resealing.Key | None]:
+        """``storage.resealing.reseal_page`` in one transaction (a key rotation's page)."""
+        return self._run(resealing.reseal_page(self._ledger, kind, after, limit))
+
+    def reseal_artifacts_page(self, after: str | None, limit: int) -> tuple[int, str | None]:
+        """``storage.resealing.reseal_artifacts_page`` in one transaction."""
+        return self._run(resealing.reseal_artifacts_page(self._ledger, after, limit))
 
     def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
