@@ -549,7 +549,7 @@ def operation_record(row: Row, codec: Codec | None = None) -> OperationRecord:
 
 
 def event_record(row: Row, codec: Codec | None = None) -> EventRecord:
-    fields = _whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id")
+    fields = _whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id", codec=codec)
     detail = fields["detail"]
     if codec is not None and fields["kind"] == "step.abandoned" and isinstance(detail, dict):
         # the step's row as it was stored, sealed for it: opened for the same place

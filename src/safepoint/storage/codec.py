@@ -6,7 +6,8 @@ A store without a codec writes and reads exactly as before: every helper here is
 ``codec is None`` check. With one (``safepoint.storage.Encrypted``), the values that hold what
 a run was given and found — run inputs, results and errors, step results and errors, failed
 attempts' errors, operations' receipts and errors, messages' payloads, and every artifact
-(effect payloads, large values) — are stored sealed, each as an envelope naming the key that
+(effect payloads, large values), and the details of the events that repeat one of them
+(``SEALED_EVENTS``) — are stored sealed, each as an envelope naming the key that
 sealed it::
 
     {"$sp_enc":1,"kid":"2026-06","ct":"<base64 of nonce, ciphertext and tag>"}
@@ -46,7 +47,24 @@ SEALED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "safepoint_attempts": (("error",), ("run_id", "step_id", "attempt")),
     "safepoint_operations": (("receipt", "error"), ("run_id", "operation_id")),
     "safepoint_messages": (("payload",), ("run_id", "name")),
+    "safepoint_events": (("detail",), ("run_id", "kind")),
 }
+# The events whose detail repeats what a sealed column holds — a failure's error, an effect's
+# error or receipt, a person's receipt, a retried step's record: their detail is sealed too.
+SEALED_EVENTS = frozenset(
+    {
+        "run.failed",
+        "run.blocked",
+        "run.stopped",
+        "run.resolved",
+        "run.retried",
+        "step.retried",
+        "effect.applied",
+        "effect.rejected",
+        "effect.unknown",
+        "effect.accepted",
+    }
+)
 ARTIFACTS = "safepoint_artifacts"
 
 

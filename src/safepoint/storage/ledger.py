@@ -43,7 +43,7 @@ from ._rows import (
     run_record,
     stored_json,
 )
-from .codec import Codec, open_artifact, seal_artifact, seal_text
+from .codec import SEALED_EVENTS, Codec, open_artifact, seal_artifact, seal_text
 from .plans import Plan, Queries, Row, Stmt
 
 
@@ -61,6 +61,17 @@ def stored(
     data = text.encode()
     ref = content_digest(data)
     return None, ref, data if codec is None else seal_artifact(codec, data, ref)
+
+
+def event_json(codec: Codec | None, detail: JSON, run_id: str, kind: str) -> str | None:
+    """An event's detail as it is stored: sealed, with a codec, for an event whose detail
+    repeats a sealed value (``codec.SEALED_EVENTS``)."""
+    if detail is None:
+        return None
+    text = dumps(detail)
+    if codec is None or kind not in SEALED_EVENTS:
+        return text
+    return seal_text(codec, text, "safepoint_events", "detail", run_id, kind)
 
 
 def sealed_json(codec: Codec | None, value: JSON, *place: Any) -> str | None:
@@ -208,7 +219,13 @@ class LedgerReads:
         return (
             bool(last)
             and last[0]["kind"] == "run.resolved"
-            and stored_json(last[0]["detail"], "safepoint_events", f"run_id={run_id}") == resolution.detail()
+            and stored_json(
+                last[0]["detail"],
+                "safepoint_events",
+                f"run_id={run_id}",
+                None if self.codec is None else (self.codec, "detail", (run_id, "run.resolved")),
+            )
+            == resolution.detail()
         )
 
     # -- approvals -----------------------------------------------------------------------------

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._rules.canonical import dumps
 from .._rules.retry import retried_detail, retry_refusal
 from ..errors import RetryRefused, RunNotFound
 from ..types import AttemptRecord, RunRetry, StepRecord
 from . import _rows
-from .ledger import LedgerReads
+from .ledger import LedgerReads, event_json
 from .plans import Plan
 
 
@@ -55,7 +54,7 @@ def retry_run_plan(
             step_id=step_id,
             operation_id=found.steps[step_id].operation_id if step_id in found.steps else None,
             worker=retry.by,
-            detail=dumps(detail),
+            detail=event_json(reads.codec, detail, run_id, "step.retried"),
         )
         yield q("retry_run_forget_step", run_id=run_id, step_id=step_id)
         yield q("retry_run_forget_attempts", run_id=run_id, step_id=step_id)
@@ -104,7 +103,7 @@ def retry_run_plan(
         step_id=retry.step_id,
         operation_id=None,
         worker=retry.by,
-        detail=dumps(retried_detail(retry, previous)),
+        detail=event_json(reads.codec, retried_detail(retry, previous), run_id, "run.retried"),
     )
     return str(retried[0]["workflow"])
 

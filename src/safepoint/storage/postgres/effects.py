@@ -12,7 +12,7 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..ledger import stored
+from ..ledger import event_json, stored
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import Dispatched, PostgresBase, _Unfit, not_dispatchable
@@ -137,7 +137,9 @@ class PostgresEffects(PostgresBase):
                 receipt=self._sealed(receipt, "safepoint_operations", "receipt", claim.run_id, operation_id),
                 error=self._sealed(error, "safepoint_operations", "error", claim.run_id, operation_id),
                 event_kind=f"effect.{state.value}",
-                detail=dumps({"error": error}) if error is not None else None,
+                detail=None
+                if error is None
+                else event_json(self.codec, {"error": error}, claim.run_id, f"effect.{state.value}"),
             )
         except _Unfit:
             raise StoreError(

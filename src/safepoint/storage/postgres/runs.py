@@ -11,7 +11,7 @@ from ..._rules.recovery import refusal
 from ...errors import ResolutionRefused
 from ...types import JSON, Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus
 from ..base import NewRun, retry_json
-from ..ledger import json_or_none
+from ..ledger import event_json, json_or_none
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import PostgresBase, _claim
@@ -116,7 +116,7 @@ class PostgresRuns(PostgresBase):
             error=self._sealed(error, "safepoint_runs", "error", claim.run_id),
             recovery_record=record,
             event_kind=f"run.{status.value}",
-            detail=None if detail is None else dumps(detail),
+            detail=event_json(self.codec, detail, claim.run_id, f"run.{status.value}"),
         )
 
     @staticmethod
@@ -126,7 +126,7 @@ class PostgresRuns(PostgresBase):
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
     def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> Plan[RunRecord]:
-        detail = dumps(resolution.detail())
+        detail = event_json(self.codec, resolution.detail(), run_id, "run.resolved")
         common = {
             "run_id": run_id,
             "expected_revision": expected_revision,

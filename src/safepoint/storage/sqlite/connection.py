@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._rules.canonical import digest as content_digest
-from ..._rules.canonical import dumps
 from ..._rules.fencing import refused_write
 from ..._rules.history import history_warning, warning_due
 from ...errors import HistoryWarning, LostOwnership, StoreError
@@ -30,7 +29,7 @@ from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
 from .._rows import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
 from ..codec import Codec, seal_artifact
-from ..ledger import LedgerReads, sealed_json, stored
+from ..ledger import LedgerReads, event_json, sealed_json, stored
 from ..migrations import to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan
 
@@ -242,8 +241,8 @@ class SqliteConnection:
         )
         return ref
 
-    @staticmethod
     def _event(
+        self,
         conn: sqlite3.Connection,
         run_id: str,
         now: int,
@@ -265,7 +264,7 @@ class SqliteConnection:
                 "operation_id": operation_id,
                 "fence": fence,
                 "worker": worker,
-                "detail": None if detail is None else dumps(detail),
+                "detail": event_json(self.codec, detail, run_id, kind),
             },
         )
 
