@@ -74,14 +74,6 @@ def event_json(codec: Codec | None, detail: JSON, run_id: str, kind: str) -> str
     return seal_text(codec, text, "safepoint_events", "detail", run_id, kind)
 
 
-def sealed_json(codec: Codec | None, value: JSON, *place: Any) -> str | None:
-    """A JSON column's text, NULL for None, sealed for its ``place`` when there is a codec."""
-    if value is None:
-        return None
-    text = dumps(value)
-    return text if codec is None else seal_text(codec, text, *place)
-
-
 def json_or_none(value: JSON) -> str | None:
     """A JSON column's text, NULL for None."""
     return None if value is None else dumps(value)

@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import PoolTimeout
 
+from ..._rules.canonical import dumps
 from ..._rules.fencing import fence_holds, refused_write
 from ..._rules.history import history_warning, warning_due
 from ...errors import (
@@ -32,8 +33,8 @@ from ...errors import (
 )
 from ...types import JSON, Claim, Durability, LedgerIdentity, OperationRecord, StepRecord
 from ..base import INLINE_LIMIT
-from ..codec import Codec, seal_artifact
-from ..ledger import LedgerReads, sealed_json, stored
+from ..codec import Codec, seal_artifact, seal_text
+from ..ledger import LedgerReads, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
@@ -250,7 +251,9 @@ class PostgresBase(LedgerReads):
 
     def _sealed(self, value: JSON, *place: Any) -> str | None:
         """A JSON column's text (NULL for None), sealed for ``place`` when the store has a codec."""
-        return sealed_json(self.codec, value, *place)
+        if value is None:
+            return None
+        return dumps(value) if self.codec is None else seal_text(self.codec, dumps(value), *place)
 
     def _step_params(
         self, run_id: str, step: StepRecord | None, result: str | None, result_ref: str | None
@@ -268,7 +271,9 @@ class PostgresBase(LedgerReads):
             "step_status": step.status.value,
             "result": result,
             "result_ref": result_ref,
-            "step_error": self._sealed(step.error, "safepoint_steps", "error", run_id, step.step_id),
+            "step_error": None
+            if step.error is None
+            else self._sealed(step.error, "safepoint_steps", "error", run_id, step.step_id),
             "next_step_id": step.next_step_id,
             "attempt": step.attempt,
             "model_id": step.model_id,

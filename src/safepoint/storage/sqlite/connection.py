@@ -22,14 +22,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._rules.canonical import digest as content_digest
+from ..._rules.canonical import dumps
 from ..._rules.fencing import refused_write
 from ..._rules.history import history_warning, warning_due
 from ...errors import HistoryWarning, LostOwnership, StoreError
 from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
 from .._rows import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
-from ..codec import Codec, seal_artifact
-from ..ledger import LedgerReads, event_json, sealed_json, stored
+from ..codec import Codec, seal_artifact, seal_text
+from ..ledger import LedgerReads, event_json, stored
 from ..migrations import to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan
 
@@ -230,7 +231,9 @@ class SqliteConnection:
 
     def _sealed(self, value: JSON, *place: Any) -> str | None:
         """A JSON column's text (NULL for None), sealed for ``place`` when the store has a codec."""
-        return sealed_json(self.codec, value, *place)
+        if value is None:
+            return None
+        return dumps(value) if self.codec is None else seal_text(self.codec, dumps(value), *place)
 
     def _put_artifact(self, conn: sqlite3.Connection, data: bytes, now: int, ref: str | None = None) -> str:
         """Store ``data`` under its digest (``ref``, when the caller computed or checked it)."""
@@ -264,7 +267,11 @@ class SqliteConnection:
                 "operation_id": operation_id,
                 "fence": fence,
                 "worker": worker,
-                "detail": event_json(self.codec, detail, run_id, kind),
+                "detail": None
+                if detail is None
+                else dumps(detail)
+                if self.codec is None
+                else event_json(self.codec, detail, run_id, kind),
             },
         )
 

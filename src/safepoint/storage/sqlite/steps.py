@@ -30,7 +30,9 @@ class SqliteSteps(SqliteConnection):
                 "status": step.status.value,
                 "result": result,
                 "result_ref": result_ref,
-                "error": self._sealed(step.error, "safepoint_steps", "error", *place),
+                "error": None
+                if step.error is None
+                else self._sealed(step.error, "safepoint_steps", "error", *place),
                 "next_step_id": step.next_step_id,
                 "attempt": step.attempt,
                 "model_id": step.model_id,
