@@ -255,6 +255,12 @@ class PostgresBase(LedgerReads):
             return None
         return dumps(value) if self.codec is None else seal_text(self.codec, dumps(value), *place)
 
+    def _stored_result(self, run_id: str, step: StepRecord) -> tuple[str | None, str | None, bytes | None]:
+        """A step's result as it is stored (``ledger.stored``), sealed for its row."""
+        return stored(
+            step.result, self.inline_limit, self.codec, "safepoint_steps", "result", run_id, step.step_id
+        )
+
     def _step_params(
         self, run_id: str, step: StepRecord | None, result: str | None, result_ref: str | None
     ) -> dict[str, Any]:

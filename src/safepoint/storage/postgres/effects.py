@@ -12,7 +12,7 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..ledger import event_json, stored
+from ..ledger import event_json
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import Dispatched, PostgresBase, _Unfit, not_dispatchable
@@ -111,17 +111,7 @@ class PostgresEffects(PostgresBase):
         step: StepRecord | None,
     ) -> Plan[HistoryWarning | None]:
         result, result_ref, content = (
-            (None, None, None)
-            if step is None
-            else stored(
-                step.result,
-                self.inline_limit,
-                self.codec,
-                "safepoint_steps",
-                "result",
-                claim.run_id,
-                step.step_id,
-            )
+            (None, None, None) if step is None else self._stored_result(claim.run_id, step)
         )
         try:
             row = yield from self._fenced(

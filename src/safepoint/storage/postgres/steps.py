@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..._rules.canonical import dumps
 from ...errors import HistoryWarning
 from ...types import AttemptRecord, Claim, StepRecord
-from ..ledger import stored
 from ..plans import Plan
 from .connection import PostgresBase
 
@@ -22,15 +21,7 @@ class PostgresSteps(PostgresBase):
             return None
         batch, refs, contents = [], [], []
         for step in steps:
-            result, result_ref, data = stored(
-                step.result,
-                self.inline_limit,
-                self.codec,
-                "safepoint_steps",
-                "result",
-                claim.run_id,
-                step.step_id,
-            )
+            result, result_ref, data = self._stored_result(claim.run_id, step)
             if data is not None:  # inserted by the statement itself, past its fence
                 refs.append(result_ref)
                 contents.append(data)
