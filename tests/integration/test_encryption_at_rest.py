@@ -153,6 +153,45 @@ def test_an_encrypted_run_leaves_no_plaintext_in_the_database(where: str, owner_
     assert missing.value.key_id == "k1"
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "encrypted"])
+def test_messages_and_errors_are_encrypted_too(where: str, sealed: bool) -> None:
+    """A message's payload, and a failure's message in the run's error, its step's error, and
+    the run.failed event that repeats it: present in a plaintext ledger, absent when encrypted."""
+    store = open_store(where, codec=Encrypted(K1) if sealed else None)
+
+    @sp.workflow("sealed-message")
+    def answered(run: sp.Run) -> str:
+        return str(run.wait_for("answer")["memo"])
+
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, answered, run_id="asks")
+    sp.send(store, "asks", "answer", {"memo": f"answer {MARK}"})
+    assert sp.resume(store, "asks") == f"answer {MARK}"
+
+    def refuse() -> None:
+        raise ValueError(f"refused: {MARK}")
+
+    @sp.workflow("sealed-failure")
+    def failing(run: sp.Run) -> None:
+        run.pure("refuse", refuse)
+
+    with pytest.raises(sp.StepFailed):  # the run fails with it
+        sp.start(store, failing, run_id="fails")
+    assert store.get_run("fails").status is RunStatus.FAILED
+    assert MARK in str(store.get_run("fails").error)  # read back as it was raised
+    assert MARK in json.dumps([e.detail for e in store.events("fails")])
+    for query in (
+        "SELECT payload FROM safepoint_messages",
+        "SELECT result FROM safepoint_steps WHERE run_id = 'asks'",
+        "SELECT error FROM safepoint_runs WHERE run_id = 'fails'",
+        "SELECT error FROM safepoint_steps WHERE run_id = 'fails'",
+        "SELECT detail FROM safepoint_events WHERE run_id = 'fails' AND kind = 'run.failed'",
+    ):
+        assert (MARK in column_text(where, query)) is not sealed, query
+    assert (MARK.encode() in raw_bytes(where)) is not sealed
+    store.close()
+
+
 def test_a_resume_after_a_crash_replays_the_encrypted_steps(
     where: str, owner_env: OwnerService, crash_at: Any
 ) -> None:
