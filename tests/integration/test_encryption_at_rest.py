@@ -362,3 +362,30 @@ def test_the_cli_makes_keys_and_reencrypts_with_the_keyring_from_the_environment
     unkeyed = runner.invoke(cli, ["show", "r", "--store", url])
     assert unkeyed.exit_code != 0
     assert "2026-06" in unkeyed.output
+
+
+@sp.workflow("sealed-queued")
+def queued(run: sp.Run, text: str) -> str:
+    return run.pure("echo", lambda: text)
+
+
+def test_a_worker_without_the_key_gives_the_run_back_and_never_blocks_it(tmp_path: Path) -> None:
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    store = open_store(url, codec=Encrypted(K1))
+    sp.submit(store, queued, MARK, run_id="queued")
+    lacking = open_store(url, codec=Encrypted(Keyring({"k9": Keyring.new_key()}, "k9")))
+    worker = sp.Worker(lacking, workflows=["sealed-queued"])
+    threading.Timer(1.0, worker.stop).start()
+    stats = worker.run(handle_signals=False)
+    assert stats.interrupted >= 1  # claimed, found unreadable with this keyring, given back
+    assert (stats.blocked, stats.failed, stats.completed) == (0, 0, 0)
+    run = store.get_run("queued")
+    assert run.status in (RunStatus.PENDING, RunStatus.RUNNING)  # claimable: released, not blocked
+    assert (run.owner, run.recovery_record) == (None, None)
+    done = sp.Worker(store, workflows=["sealed-queued"]).run(until_idle=True, handle_signals=False)
+    assert done.completed == 1
+    assert store.get_run("queued").result == MARK
+    lacking.close()
+    store.close()
