@@ -180,12 +180,30 @@ def test_messages_and_errors_are_encrypted_too(where: str, sealed: bool) -> None
     assert store.get_run("fails").status is RunStatus.FAILED
     assert MARK in str(store.get_run("fails").error)  # read back as it was raised
     assert MARK in json.dumps([e.detail for e in store.events("fails")])
+
+    def times_out(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError(f"timed out: {MARK}")
+
+    uncertain = sp.Effect("uncertain", execute=times_out, reconcile=lambda key: sp.Unknown(f"said {MARK}"))
+
+    @sp.workflow("sealed-block")
+    def blocks(run: sp.Run) -> Any:
+        return run.effect("send", uncertain, payload={"n": 1})
+
+    with pytest.raises(sp.NeedsReconciliation):
+        sp.start(store, blocks, run_id="blocks")
+    record = store.get_run("blocks").recovery_record or {}
+    assert record["phase"] == "reconcile_effect"
+    assert MARK in record["reason"]  # a person reads the record as it was written
+    assert isinstance(record["state_revision"], int)
     for query in (
         "SELECT payload FROM safepoint_messages",
         "SELECT result FROM safepoint_steps WHERE run_id = 'asks'",
         "SELECT error FROM safepoint_runs WHERE run_id = 'fails'",
         "SELECT error FROM safepoint_steps WHERE run_id = 'fails'",
         "SELECT detail FROM safepoint_events WHERE run_id = 'fails' AND kind = 'run.failed'",
+        "SELECT recovery_record FROM safepoint_runs WHERE run_id = 'blocks'",
+        "SELECT error FROM safepoint_operations WHERE run_id = 'blocks'",
     ):
         assert (MARK in column_text(where, query)) is not sealed, query
     assert (MARK.encode() in raw_bytes(where)) is not sealed

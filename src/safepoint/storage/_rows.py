@@ -49,7 +49,7 @@ from ..types import (
     StepStatus,
     UnreadableRun,
 )
-from .codec import SEALED, Codec, is_sealed, open_copied, open_text
+from .codec import SEALED, Codec, is_sealed, open_copied, open_record, open_text
 
 E = TypeVar("E", bound=Enum)
 
@@ -479,7 +479,10 @@ def _whole(
 
 def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES, codec: Codec | None = None) -> RunRecord:
     """A ``safepoint_runs`` row as a ``RunRecord``; ``CorruptRecord`` when it cannot be read."""
-    return RunRecord(**_whole("safepoint_runs", _RUN, row, values, "run_id", codec=codec))
+    fields = _whole("safepoint_runs", _RUN, row, values, "run_id", codec=codec)
+    if codec is not None and fields["recovery_record"] is not None:
+        fields["recovery_record"] = open_record(codec, fields["recovery_record"], fields["run_id"])
+    return RunRecord(**fields)
 
 
 def listed_run(
@@ -490,6 +493,12 @@ def listed_run(
     if codec is not None:
         row = opened("safepoint_runs", row, values, codec, _key_of("safepoint_runs", row), listing=True)
     fields, problems = _read(_RUN, row, values)
+    if codec is not None and fields.get("recovery_record") is not None:
+        try:
+            fields["recovery_record"] = open_record(codec, fields["recovery_record"], fields["run_id"])
+        except UNOPENED as exc:
+            fields.pop("recovery_record")
+            problems.append(("recovery_record", exc.message))
     if not problems:
         return RunRecord(**fields)
     return UnreadableRun(

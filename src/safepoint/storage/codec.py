@@ -66,6 +66,10 @@ SEALED_EVENTS = frozenset(
     }
 )
 ARTIFACTS = "safepoint_artifacts"
+# The parts of a run's recovery record that quote what owners, reconcile and verifiers said (a
+# rejection's error, a verifier's answer): sealed inside the record, which stays a JSON object
+# (the statement that blocks the run writes its state revision into it).
+SEALED_RECORD = ("reason", "evidence")
 
 
 @runtime_checkable
@@ -151,6 +155,30 @@ def _ciphertext(value: dict[str, Any]) -> bytes:
         return base64.b64decode(str(value.get("ct")), validate=True)
     except (ValueError, binascii.Error):
         return b""
+
+
+def seal_record(codec: Codec, record: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """A recovery record as it is stored: its ``SEALED_RECORD`` parts sealed, each for its
+    place in the run's record."""
+    sealed = dict(record)
+    for part in SEALED_RECORD:
+        if sealed.get(part) is not None:
+            text = seal_text(
+                codec, json.dumps(sealed[part]), "safepoint_runs", f"recovery_record.{part}", run_id
+            )
+            sealed[part] = json.loads(text or "null")
+    return sealed
+
+
+def open_record(codec: Codec, record: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """A stored recovery record with its sealed parts opened (parts stored in clear as they are)."""
+    opened = dict(record)
+    for part in SEALED_RECORD:
+        if part in opened:
+            opened[part] = open_copied(
+                codec, opened[part], "safepoint_runs", f"recovery_record.{part}", run_id
+            )
+    return opened
 
 
 def seal_artifact(codec: Codec, data: bytes, digest: str) -> bytes:

@@ -11,6 +11,7 @@ from ..._rules.recovery import refusal
 from ...errors import ResolutionRefused
 from ...types import JSON, Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus
 from ..base import NewRun, retry_json
+from ..codec import seal_record
 from ..ledger import event_json, json_or_none
 from ..plans import Plan
 from .connection import QUERIES as _q
@@ -104,7 +105,8 @@ class PostgresRuns(PostgresBase):
         """(``detail``: the event's, when not the error or the recovery record's phase.)"""
         record = None
         if recovery_record is not None:  # the statement puts in the revision it creates
-            record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
+            kept = {k: v for k, v in recovery_record.items() if k != "state_revision"}
+            record = dumps(kept if self.codec is None else seal_record(self.codec, kept, claim.run_id))
         detail = detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
         result_text, result_ref = yield from self._put_value(result, "safepoint_runs", "result", claim.run_id)
         yield from self._fenced(

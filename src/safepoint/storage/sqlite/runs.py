@@ -25,6 +25,7 @@ from ...types import (
     UnreadableRun,
 )
 from ..base import NewRun, retry_json
+from ..codec import seal_record
 from ..ledger import json_or_none
 from .connection import SQL, SqliteConnection
 
@@ -222,7 +223,13 @@ class SqliteRuns(SqliteConnection):
                 "result": result_text,
                 "result_ref": result_ref,
                 "error": self._sealed(error, "safepoint_runs", "error", claim.run_id),
-                "recovery_record": None if recovery_record is None else dumps(recovery_record),
+                "recovery_record": None
+                if recovery_record is None
+                else dumps(
+                    recovery_record
+                    if self.codec is None
+                    else seal_record(self.codec, recovery_record, claim.run_id)
+                ),
                 "now": now,
             },
         )
