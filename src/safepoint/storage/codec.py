@@ -6,7 +6,8 @@ A store without a codec writes and reads exactly as before: every helper here is
 ``codec is None`` check. With one (``safepoint.storage.Encrypted``), the values that hold what
 a run was given and found — run inputs, results and errors, step results and errors, failed
 attempts' errors, operations' receipts and errors, messages' payloads, and every artifact
-(effect payloads, large values), and the details of the events that repeat one of them
+(effect payloads, large values), a recovery record's reason and evidence (``SEALED_RECORD``,
+sealed inside the record), and the details of the events that repeat one of them
 (``SEALED_EVENTS``) — are stored sealed, each as an envelope naming the key that
 sealed it::
 
