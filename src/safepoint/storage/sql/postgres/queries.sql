@@ -1317,7 +1317,7 @@ SELECT workflow FROM owned;
 -- the last key of the page before; :run_id NULL: every run's rows).
 
 -- name: reseal_runs_page
--- A page of safepoint_runs's rows with their sealed columns, after the given key.
+-- A page of the runs' rows with their sealed columns, after the given key.
 SELECT run_id, inputs, result, error FROM safepoint_runs
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
 ORDER BY run_id LIMIT %(limit)s;
@@ -1328,9 +1328,10 @@ UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(er
 WHERE run_id = %(run_id)s;
 
 -- name: reseal_steps_page
--- A page of safepoint_steps's rows with their sealed columns, after the given key.
+-- A page of the steps' rows with their sealed columns, after the given key.
 SELECT run_id, step_id, result, error FROM safepoint_steps
-WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND (run_id, step_id) > (%(after_run_id)s::text, %(after_step_id)s::text)
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, step_id) > (%(after_run_id)s::text, %(after_step_id)s::text)
 ORDER BY run_id, step_id LIMIT %(limit)s;
 
 -- name: reseal_steps_update
@@ -1339,9 +1340,11 @@ UPDATE safepoint_steps SET result = %(result)s, error = %(error)s
 WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
 
 -- name: reseal_attempts_page
--- A page of safepoint_attempts's rows with their sealed columns, after the given key.
+-- A page of the failed attempts' rows with their sealed columns, after the given key.
 SELECT run_id, step_id, attempt, error FROM safepoint_attempts
-WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND (run_id, step_id, attempt) > (%(after_run_id)s::text, %(after_step_id)s::text, %(after_attempt)s::integer)
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, step_id, attempt)
+      > (%(after_run_id)s::text, %(after_step_id)s::text, %(after_attempt)s::integer)
 ORDER BY run_id, step_id, attempt LIMIT %(limit)s;
 
 -- name: reseal_attempts_update
@@ -1350,9 +1353,10 @@ UPDATE safepoint_attempts SET error = %(error)s
 WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s;
 
 -- name: reseal_operations_page
--- A page of safepoint_operations's rows with their sealed columns, after the given key.
+-- A page of the operations' rows with their sealed columns, after the given key.
 SELECT run_id, operation_id, receipt, error FROM safepoint_operations
-WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND (run_id, operation_id) > (%(after_run_id)s::text, %(after_operation_id)s::text)
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, operation_id) > (%(after_run_id)s::text, %(after_operation_id)s::text)
 ORDER BY run_id, operation_id LIMIT %(limit)s;
 
 -- name: reseal_operations_update
@@ -1361,7 +1365,7 @@ UPDATE safepoint_operations SET receipt = %(receipt)s, error = %(error)s
 WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 
 -- name: reseal_messages_page
--- A page of safepoint_messages's rows with their sealed columns, after the given key.
+-- A page of the messages' rows with their sealed columns, after the given key.
 SELECT seq, run_id, name, payload FROM safepoint_messages
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND seq > %(after_seq)s::bigint
 ORDER BY seq LIMIT %(limit)s;

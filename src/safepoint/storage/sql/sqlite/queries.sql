@@ -773,7 +773,7 @@ RETURNING run_id;
 -- the last key of the page before; :run_id NULL: every run's rows).
 
 -- name: reseal_runs_page
--- A page of safepoint_runs's rows with their sealed columns, after the given key.
+-- A page of the runs' rows with their sealed columns, after the given key.
 SELECT run_id, inputs, result, error FROM safepoint_runs
 WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id > :after_run_id
 ORDER BY run_id LIMIT :limit;
@@ -784,7 +784,7 @@ UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error
 WHERE run_id = :run_id;
 
 -- name: reseal_steps_page
--- A page of safepoint_steps's rows with their sealed columns, after the given key.
+-- A page of the steps' rows with their sealed columns, after the given key.
 SELECT run_id, step_id, result, error FROM safepoint_steps
 WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id, step_id) > (:after_run_id, :after_step_id)
 ORDER BY run_id, step_id LIMIT :limit;
@@ -795,9 +795,10 @@ UPDATE safepoint_steps SET result = :result, error = :error
 WHERE run_id = :run_id AND step_id = :step_id;
 
 -- name: reseal_attempts_page
--- A page of safepoint_attempts's rows with their sealed columns, after the given key.
+-- A page of the failed attempts' rows with their sealed columns, after the given key.
 SELECT run_id, step_id, attempt, error FROM safepoint_attempts
-WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id, step_id, attempt) > (:after_run_id, :after_step_id, :after_attempt)
+WHERE (:run_id IS NULL OR run_id = :run_id)
+  AND (run_id, step_id, attempt) > (:after_run_id, :after_step_id, :after_attempt)
 ORDER BY run_id, step_id, attempt LIMIT :limit;
 
 -- name: reseal_attempts_update
@@ -806,9 +807,10 @@ UPDATE safepoint_attempts SET error = :error
 WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt;
 
 -- name: reseal_operations_page
--- A page of safepoint_operations's rows with their sealed columns, after the given key.
+-- A page of the operations' rows with their sealed columns, after the given key.
 SELECT run_id, operation_id, receipt, error FROM safepoint_operations
-WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id, operation_id) > (:after_run_id, :after_operation_id)
+WHERE (:run_id IS NULL OR run_id = :run_id)
+  AND (run_id, operation_id) > (:after_run_id, :after_operation_id)
 ORDER BY run_id, operation_id LIMIT :limit;
 
 -- name: reseal_operations_update
@@ -817,7 +819,7 @@ UPDATE safepoint_operations SET receipt = :receipt, error = :error
 WHERE run_id = :run_id AND operation_id = :operation_id;
 
 -- name: reseal_messages_page
--- A page of safepoint_messages's rows with their sealed columns, after the given key.
+-- A page of the messages' rows with their sealed columns, after the given key.
 SELECT seq, run_id, name, payload FROM safepoint_messages
 WHERE (:run_id IS NULL OR run_id = :run_id) AND seq > :after_seq
 ORDER BY seq LIMIT :limit;
