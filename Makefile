@@ -10,7 +10,7 @@ BENCH_VENV := bench/.venv
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[postgres,anthropic,openai,openai-agents,pydantic-ai,pydantic-ai-mcp,mcp,claude-agent,otel]' --group dev
+	$(BIN)/pip install --quiet -e '.[postgres,crypto,anthropic,openai,openai-agents,pydantic-ai,pydantic-ai-mcp,mcp,claude-agent,otel]' --group dev
 	touch $@
 
 demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resumed, 0 duplicates

@@ -46,8 +46,10 @@ from ..errors import (
     ContinueAsNew,
     CorruptRecord,
     DeadlineExceeded,
+    DecryptionFailed,
     EffectRejected,
     IncompatibleWorkflow,
+    KeyUnavailable,
     LimitReached,
     LostOwnership,
     NeedsReconciliation,
@@ -707,10 +709,12 @@ _UNREADABLE = (CorruptRecord, ArtifactMissing, ArtifactCorrupt)
 
 
 def _store_refused(core: RunCore, exc: StoreError) -> Flow[None]:
-    """An unreachable database is transient: the run stays as it is, resumable. A store that
-    answers but refuses the write (bad data, a constraint) would refuse it again on every
-    resume, so the run blocks for a person instead of retrying forever."""
-    if isinstance(exc, StoreUnavailable):
+    """An unreachable database is transient: the run stays as it is, resumable — and so is a
+    value this process has not the key for (or not the right one): a worker with the keyring
+    carries it on. A store that answers but refuses the write (bad data, a constraint) would
+    refuse it again on every resume, so the run blocks for a person instead of retrying
+    forever."""
+    if isinstance(exc, (StoreUnavailable, KeyUnavailable, DecryptionFailed)):
         return
     if isinstance(exc, _UNREADABLE):
         # met mid-run: a record of the run cannot be read — the same block as at its load

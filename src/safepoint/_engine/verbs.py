@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .._rules.ids import check_run_id, check_who, check_words
 from .._rules.secrets import refuse_secrets
 from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
     CorruptRecord,
     LimitReached,
     LostOwnership,
@@ -253,9 +255,14 @@ def run_claimed(
 
 def claimed_run(store: Store, claim: Claim) -> RunRecord:
     """The run a worker has just claimed (``claim_next``), read back; ``CorruptRecord`` when its
-    own row cannot be read (for ``block_unreadable``)."""
+    own row cannot be read (for ``block_unreadable``), ``KeyUnavailable`` / ``DecryptionFailed``
+    when this store's keyring cannot open it."""
     found = store.find_run(claim.run_id)
     if isinstance(found, UnreadableRun):
+        # read whole, for the error itself: a value this process has no key for (or not the
+        # right one) is KeyUnavailable / DecryptionFailed, which gives the run back, not a block
+        with contextlib.suppress(CorruptRecord, ArtifactMissing, ArtifactCorrupt):
+            store.get_run(claim.run_id)
         raise CorruptRecord("safepoint_runs", f"run_id={claim.run_id}", found.reason)
     return found
 

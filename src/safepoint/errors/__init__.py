@@ -48,7 +48,9 @@ The tree::
         │   ├── MigrationMismatch       an applied migration differs from the shipped one
         │   ├── CorruptRecord           a ledger row cannot be read
         │   ├── ArtifactMissing
-        │   └── ArtifactCorrupt         an artifact's bytes no longer match their digest
+        │   ├── ArtifactCorrupt         an artifact's bytes no longer match their digest
+        │   ├── KeyUnavailable          a value is encrypted with a key the keyring lacks
+        │   └── DecryptionFailed        a value does not decrypt with the key it names
         └── RunBlocked                  the run stopped visibly and carries a recovery record
             ├── NeedsReconciliation     an effect's outcome is uncertain and cannot be settled
             ├── VerificationFailed      an applied effect failed its verifier
@@ -129,6 +131,8 @@ from ._store import (
     CorruptRecord,
     ArtifactMissing,
     ArtifactCorrupt,
+    KeyUnavailable,
+    DecryptionFailed,
 )
 from ._blocked import (
     RunBlocked,
@@ -161,6 +165,7 @@ __all__ = [
     "ContinueAsNew",
     "CorruptRecord",
     "DeadlineExceeded",
+    "DecryptionFailed",
     "EffectRejected",
     "ForkRefused",
     "HistoryLimitReached",
@@ -169,6 +174,7 @@ __all__ = [
     "InvalidDecision",
     "InvalidStepId",
     "InvalidStoreURL",
+    "KeyUnavailable",
     "LimitReached",
     "LimitsRefused",
     "LostOwnership",

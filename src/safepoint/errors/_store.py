@@ -96,3 +96,40 @@ class ArtifactCorrupt(StoreError):
             digest=digest,
             actual=actual,
         )
+
+
+class KeyUnavailable(StoreError):
+    """A stored value is encrypted with a key (``key_id``) that the store's keyring does not
+    hold — or the ledger holds encrypted values and the store was opened without a keyring.
+    ``where`` names the value (table, column, row). Nothing was read or changed: open the store
+    with a keyring that holds the key."""
+
+    key_id: str
+    where: str
+
+    def __init__(self, key_id: str, where: str) -> None:
+        super().__init__(
+            f"{where} is encrypted with key {key_id!r}, which this store's keyring does not"
+            " hold; open the store with a keyring that holds it (SAFEPOINT_KEYRING, or"
+            " codec=Encrypted(keyring)) — the value is kept as it is",
+            key_id=key_id,
+            where=where,
+        )
+
+
+class DecryptionFailed(StoreError):
+    """A stored value does not decrypt with the key its envelope names (``key_id``): the key
+    under that id is not the one that encrypted it, or the value was altered or copied from
+    another row. ``where`` names the value. Nothing was changed."""
+
+    key_id: str
+    where: str
+
+    def __init__(self, key_id: str, where: str) -> None:
+        super().__init__(
+            f"{where} does not decrypt with key {key_id!r}: the keyring's key under that id is"
+            " not the one that encrypted it, or the stored value was altered or copied from"
+            " another row; check the keyring, or restore the row from a backup",
+            key_id=key_id,
+            where=where,
+        )

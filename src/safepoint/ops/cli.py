@@ -28,7 +28,7 @@ from .._engine.worker import Worker
 from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
-from . import carry_commands, operator_commands, retention_commands
+from . import carry_commands, keys_commands, operator_commands, retention_commands
 from .cli_support import (
     EXIT_BLOCKED,
     EXIT_UNFINISHED,
@@ -361,7 +361,12 @@ def demo(ctx: click.Context, workdir: Path | None, keep: bool) -> None:
 
 # -- the commands of other modules -----------------------------------------------------------------
 
-for _command in (*operator_commands.COMMANDS, *carry_commands.COMMANDS, *retention_commands.COMMANDS):
+for _command in (
+    *operator_commands.COMMANDS,
+    *carry_commands.COMMANDS,
+    *retention_commands.COMMANDS,
+    *keys_commands.COMMANDS,
+):
     cli.add_command(_command)
 
 

@@ -1,6 +1,7 @@
 """Ledger stores. ``open_store`` picks one from a URL (``DEFAULT_URL``, the SQLite file
 ``./safepoint.db``, when none is given and ``$SAFEPOINT_URL`` is unset); the conformance suite
-defines correctness."""
+defines correctness. ``Encrypted`` (with a ``Keyring``) is the codec that encrypts what a store
+records (``codec.Codec``: the protocol)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,28 @@ from urllib.parse import parse_qs, urlsplit
 from ..errors import InvalidStoreURL, MissingExtra, UsageError
 from ..types import Durability
 from .base import Store
+from .codec import Codec
+from .encrypted import Encrypted, Keyring
 from .sqlite import SqliteStore
 
 DEFAULT_URL = "sqlite:///safepoint.db"
 
-__all__ = ["DEFAULT_URL", "SqliteStore", "Store", "open_store"]
+__all__ = ["DEFAULT_URL", "Codec", "Encrypted", "Keyring", "SqliteStore", "Store", "env_codec", "open_store"]
+
+
+def env_codec() -> Codec | None:
+    """The codec the environment asks for: ``Encrypted`` with the keyring ``$SAFEPOINT_KEYRING``
+    holds (or the file ``$SAFEPOINT_KEYRING_FILE`` names); None when neither is set."""
+    keyring = Keyring.from_env()
+    return None if keyring is None else Encrypted(keyring)
 
 
 def open_store(
-    url: str | None = None, *, durability: Durability | str | None = None, create: bool = True
+    url: str | None = None,
+    *,
+    durability: Durability | str | None = None,
+    create: bool = True,
+    codec: Codec | None = None,
 ) -> Store:
     """Open (and migrate) the ledger at ``url``.
 
@@ -31,10 +45,12 @@ def open_store(
     ``durability`` (or ``?durability=`` in the URL): ``process_crash`` (default) or
     ``power_loss``. ``create=False`` refuses (``UsageError``) an SQLite file that does not
     exist, or a PostgreSQL schema that holds no ledger, instead of creating one — for tools
-    that only look at a ledger.
+    that only look at a ledger. ``codec`` (default: ``env_codec()``, from
+    ``$SAFEPOINT_KEYRING``): what the store encrypts values with.
 
     >>> store = open_store("memory:")
     """
+    codec = codec or env_codec()
     url = url or os.environ.get("SAFEPOINT_URL") or DEFAULT_URL
     parts = urlsplit(url)
     query = parse_qs(parts.query)
@@ -46,26 +62,26 @@ def open_store(
             url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
         ) from None
     if url == "memory:":
-        return SqliteStore(":memory:", durability=level)
+        return SqliteStore(":memory:", durability=level, codec=codec)
     if parts.scheme in ("postgres", "postgresql"):
         try:  # lazily: `import safepoint` never needs psycopg
             from .postgres import PostgresStore
         except ImportError as exc:
             raise MissingExtra("postgres", exc.name or "psycopg") from exc
-        return PostgresStore(url, durability=level, create=create)
+        return PostgresStore(url, durability=level, create=create, codec=codec)
     if parts.scheme == "sqlite":
         if parts.netloc:
             raise InvalidStoreURL(url, "an SQLite URL has no host: write sqlite:///file.db")
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not path:
             raise InvalidStoreURL(url, "no file name")
-        return _sqlite(path, level, create)
+        return _sqlite(path, level, create, codec)
     if parts.scheme and len(parts.scheme) > 1:  # one letter would be a Windows drive
         raise InvalidStoreURL(url, f"unknown scheme {parts.scheme!r}")
-    return _sqlite(url.split("?", 1)[0], level, create)
+    return _sqlite(url.split("?", 1)[0], level, create, codec)
 
 
-def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
+def _sqlite(path: str, durability: Durability, create: bool, codec: Codec | None) -> SqliteStore:
     if not create:
         # Checked before the store connects: connecting creates the file (and its -wal and
         # -shm), and opening migrates, which would turn any SQLite file into a ledger.
@@ -85,7 +101,7 @@ def _sqlite(path: str, durability: Durability, create: bool) -> SqliteStore:
                 url=f"sqlite:///{where}",
                 path=str(where),
             )
-    return SqliteStore(path, durability=durability)
+    return SqliteStore(path, durability=durability, codec=codec)
 
 
 def _holds_no_ledger(path: Path) -> bool:

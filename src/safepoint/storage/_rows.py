@@ -11,7 +11,8 @@ what could not be read and every column that could.
 
 A store hands these functions the row as its driver returned it, and the stored JSON text of
 each column held in an artifact (``inputs``, ``result``: read by the store, which may need I/O
-for it) in ``values``.
+for it) in ``values``. A store with a codec (``storage.codec``) passes it too: a sealed column is
+opened before it is read, for the place the row names; a store without one pays nothing for it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from typing import Any, Protocol, TypeVar
 
 from .._rules.canonical import loads
 from .._rules.fork import SourceStep
-from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, UsageError
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    CorruptRecord,
+    DecryptionFailed,
+    KeyUnavailable,
+    StoreError,
+    UsageError,
+)
 from ..types import (
     ApprovalRecord,
     AttemptRecord,
@@ -40,6 +49,7 @@ from ..types import (
     StepStatus,
     UnreadableRun,
 )
+from .codec import SEALED, Codec, is_sealed, open_copied, open_record, open_text
 
 E = TypeVar("E", bound=Enum)
 
@@ -49,10 +59,14 @@ class Row(Protocol):
 
     def __getitem__(self, column: str, /) -> Any: ...
 
+    def keys(self) -> Any: ...
+
 
 NO_VALUES: Mapping[str, Any] = {}
 # What an artifact read raises when the artifact cannot be had: the row's value is unreadable.
 ARTIFACT_ERRORS = (ArtifactMissing, ArtifactCorrupt)
+# What opening a sealed value raises: for a listing, the value is unreadable, the run listed.
+UNOPENED = (KeyUnavailable, DecryptionFailed)
 
 
 class Unread(Exception):
@@ -65,10 +79,11 @@ class Undecodable(bytes):
 
 
 class Unfetched:
-    """A value kept in an artifact that could not be read (missing, or altered): for a listing,
-    which shows the run as unreadable instead of failing."""
+    """A value kept in an artifact that could not be read (missing, or altered), or sealed with a
+    key that does not open it: for a listing, which shows the run as unreadable instead of
+    failing."""
 
-    def __init__(self, error: ArtifactMissing | ArtifactCorrupt) -> None:
+    def __init__(self, error: StoreError) -> None:
         self.reason = error.message
 
 
@@ -413,22 +428,79 @@ def _plain(value: Any) -> str:
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
-def _whole(table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str) -> dict[str, Any]:
+def opened(
+    table: str,
+    row: Row,
+    values: Mapping[str, Any],
+    codec: Codec,
+    key: tuple[Any, ...],
+    *,
+    listing: bool = False,
+) -> Row:
+    """The row with each sealed column of ``table`` opened for its place (``key``: the row's
+    key, as ``codec.SEALED`` names it); the row itself when none is sealed. ``listing``: a
+    value that does not open is kept as ``Unfetched``, to show, instead of raised."""
+    found: dict[str, Any] | None = None
+    for column in SEALED[table][0]:
+        if column in values:
+            continue  # held in an artifact: opened as it was read
+        value = _column(row, column)
+        if not is_sealed(value):
+            continue
+        if found is None:
+            found = {name: row[name] for name in row.keys()}  # noqa: SIM118 (sqlite3.Row)
+        try:
+            found[column] = open_text(codec, value, table, column, *key)
+        except UNOPENED as exc:
+            if not listing:
+                raise
+            found[column] = Unfetched(exc)
+    return row if found is None else found
+
+
+def _key_of(table: str, row: Row) -> tuple[Any, ...]:
+    return tuple(_column(row, name) for name in SEALED[table][1])
+
+
+def _whole(
+    table: str,
+    columns: Columns,
+    row: Row,
+    values: Mapping[str, Any],
+    *key: str,
+    codec: Codec | None = None,
+    place: tuple[Any, ...] | None = None,
+) -> dict[str, Any]:
+    if codec is not None:
+        row = opened(table, row, values, codec, place or _key_of(table, row))
     fields, problems = _read(columns, row, values)
     if problems:
         raise CorruptRecord(table, _key(row, *key), _reason(problems))
     return fields
 
 
-def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord:
+def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES, codec: Codec | None = None) -> RunRecord:
     """A ``safepoint_runs`` row as a ``RunRecord``; ``CorruptRecord`` when it cannot be read."""
-    return RunRecord(**_whole("safepoint_runs", _RUN, row, values, "run_id"))
+    fields = _whole("safepoint_runs", _RUN, row, values, "run_id", codec=codec)
+    if codec is not None and fields["recovery_record"] is not None:
+        fields["recovery_record"] = open_record(codec, fields["recovery_record"], fields["run_id"])
+    return RunRecord(**fields)
 
 
-def listed_run(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord | UnreadableRun:
+def listed_run(
+    row: Row, values: Mapping[str, Any] = NO_VALUES, codec: Codec | None = None
+) -> RunRecord | UnreadableRun:
     """A ``safepoint_runs`` row as a listing shows it: a ``RunRecord``, or an ``UnreadableRun``
     with what could not be read and the columns that could."""
+    if codec is not None:
+        row = opened("safepoint_runs", row, values, codec, _key_of("safepoint_runs", row), listing=True)
     fields, problems = _read(_RUN, row, values)
+    if codec is not None and fields.get("recovery_record") is not None:
+        try:
+            fields["recovery_record"] = open_record(codec, fields["recovery_record"], fields["run_id"])
+        except UNOPENED as exc:
+            fields.pop("recovery_record")
+            problems.append(("recovery_record", exc.message))
     if not problems:
         return RunRecord(**fields)
     return UnreadableRun(
@@ -444,50 +516,83 @@ def ledger(
     steps: Iterable[tuple[Row, Mapping[str, Any]]],
     operations: Iterable[Row],
     attempts: Iterable[Row],
+    codec: Codec | None = None,
 ) -> Ledger:
     """A run's ledger from its rows: its steps (each with the stored JSON of its result when
     that is an artifact), operations and failed attempts."""
     found = Ledger(run)
+    run_id = run.run_id
+    place: tuple[Any, ...] | None
     for row, values in steps:
+        place = None if codec is None else (run_id, row["step_id"])
         step = StepRecord(
-            run_id=run.run_id, **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id")
+            run_id=run_id,
+            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", codec=codec, place=place),
         )
         found.steps[step.step_id] = step
     for row in operations:
-        op = operation_record(row)
+        op = operation_record(row, codec)
         found.operations[op.operation_id] = op
     for row in attempts:
+        place = None if codec is None else (run_id, row["step_id"], row["attempt"])
         attempt = AttemptRecord(
-            run_id=run.run_id,
-            **_whole("safepoint_attempts", _ATTEMPT, row, NO_VALUES, "run_id", "step_id", "attempt"),
+            run_id=run_id,
+            **_whole(
+                "safepoint_attempts",
+                _ATTEMPT,
+                row,
+                NO_VALUES,
+                "run_id",
+                "step_id",
+                "attempt",
+                codec=codec,
+                place=place,
+            ),
         )
         found.attempts.setdefault(attempt.step_id, []).append(attempt)
     return found
 
 
-def operation_record(row: Row) -> OperationRecord:
+def operation_record(row: Row, codec: Codec | None = None) -> OperationRecord:
     return OperationRecord(
-        **_whole("safepoint_operations", _OPERATION, row, NO_VALUES, "run_id", "operation_id")
+        **_whole("safepoint_operations", _OPERATION, row, NO_VALUES, "run_id", "operation_id", codec=codec)
     )
 
 
-def event_record(row: Row) -> EventRecord:
-    return EventRecord(**_whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id"))
+def event_record(row: Row, codec: Codec | None = None) -> EventRecord:
+    fields = _whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id", codec=codec)
+    detail = fields["detail"]
+    if codec is not None and fields["kind"] == "step.abandoned" and isinstance(detail, dict):
+        # the step's row as it was stored, sealed for it: opened for the same place
+        for column in ("result", "error"):
+            if column in detail:
+                detail[column] = open_copied(
+                    codec, detail[column], "safepoint_steps", column, fields["run_id"], fields["step_id"]
+                )
+    return EventRecord(**fields)
 
 
 def approval_record(row: Row) -> ApprovalRecord:
     return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES, "approval_id"))
 
 
-def message_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> MessageRecord:
+def message_record(
+    row: Row, values: Mapping[str, Any] = NO_VALUES, codec: Codec | None = None
+) -> MessageRecord:
     """A ``safepoint_messages`` row as a ``MessageRecord`` (``values``: its payload's stored
     JSON when an artifact holds it)."""
-    return MessageRecord(**_whole("safepoint_messages", _MESSAGE, row, values, "run_id", "seq"))
+    return MessageRecord(**_whole("safepoint_messages", _MESSAGE, row, values, "run_id", "seq", codec=codec))
 
 
-def stored_json(value: Any, table: str, key: str) -> Any:
+def stored_json(
+    value: Any, table: str, key: str, sealed: tuple[Codec, str, tuple[Any, ...]] | None = None
+) -> Any:
     """One stored JSON value read back (None for NULL); ``CorruptRecord`` (naming the row) for
-    one that cannot be read."""
+    one that cannot be read. ``sealed``: the store's codec, the column and the row's key, to
+    open the value with when it is sealed."""
+    if sealed is not None and is_sealed(value):
+        codec, column, row_key = sealed
+        value = open_text(codec, value, table, column, *row_key)
     try:
         return json_value(value)
     except Unread as exc:

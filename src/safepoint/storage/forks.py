@@ -23,8 +23,10 @@ from ..errors import RunConflict, RunNotFound
 from ..types import OperationRecord, RunRecord
 from ._rows import operation_record, source_step
 from .base import ForkRun
+from .codec import Codec
 from .ledger import LedgerReads, json_or_none
 from .plans import Plan, Queries
+from .resealing import reseal_fork
 
 
 def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunRecord]:
@@ -38,12 +40,17 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
     now = int(rows[0]["now"])
     refuse_live(source, now)
     steps = [source_step(row) for row in (yield q("fork_run_steps", run_id=source.run_id))]
-    operations = [operation_record(row) for row in (yield q("load_ledger_operations", run_id=source.run_id))]
+    operations = [
+        operation_record(row, reads.codec)
+        for row in (yield q("load_ledger_operations", run_id=source.run_id))
+    ]
     plan = plan_fork(source, steps, operations, fork.from_step)
     held = {op.operation_id: True for op in operations}
     for name in fork.resend:  # the source itself, and every run it was forked from
         if name not in held:
-            found = yield from fork_operation(q, source.run_id, name, chained=None, min_depth=0)
+            found = yield from fork_operation(
+                q, source.run_id, name, chained=None, min_depth=0, codec=reads.codec
+            )
             held[name] = found is not None
     resend = check_resend(source, fork.resend, plan, held, (op.operation_id for op in operations))
     version = fork.workflow_version if fork.current_code else source.workflow_version
@@ -71,6 +78,8 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
     copy = {"run_id": fork.run_id, "source_run_id": source.run_id, "from_seq": plan.from_seq}
     yield q("fork_run_copy_steps", **copy)
     yield q("fork_run_copy_operations", **copy)
+    if reads.codec is not None:  # copied as they are: sealed for the source's rows
+        yield from reseal_fork(reads, source.run_id, fork.run_id)
     detail = fork_detail(
         source.run_id,
         fork.from_step,
@@ -96,11 +105,17 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
 
 
 def fork_operation(
-    q: Queries, run_id: str, operation_id: str, *, chained: bool | None, min_depth: int = 1
+    q: Queries,
+    run_id: str,
+    operation_id: str,
+    *,
+    chained: bool | None,
+    min_depth: int = 1,
+    codec: Codec | None = None,
 ) -> Plan[OperationRecord | None]:
     """The operation as the nearest run of ``run_id``'s fork ancestry holds it (see
     ``Store.fork_operation``). ``chained`` None: looked up both ways; ``min_depth`` 0: in
-    ``run_id`` itself too."""
+    ``run_id`` itself too. ``codec``: the store's, for a sealed receipt or error."""
     rows = yield q(
         "fork_operation",
         run_id=run_id,
@@ -109,4 +124,4 @@ def fork_operation(
         by_run=chained is not True,
         min_depth=min_depth,
     )
-    return operation_record(rows[0]) if rows else None
+    return operation_record(rows[0], codec) if rows else None

@@ -15,7 +15,14 @@ from typing import Any
 
 from .._rules.canonical import digest as content_digest
 from .._rules.canonical import dumps
-from ..errors import ArtifactCorrupt, ArtifactMissing, CorruptRecord, RunNotFound, UsageError
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    CorruptRecord,
+    KeyUnavailable,
+    RunNotFound,
+    UsageError,
+)
 from ..types import (
     JSON,
     ApprovalRecord,
@@ -34,6 +41,7 @@ from ..types import (
 from ._rows import (
     ARTIFACT_ERRORS,
     NO_VALUES,
+    UNOPENED,
     Unfetched,
     approval_record,
     event_record,
@@ -44,17 +52,35 @@ from ._rows import (
     run_record,
     stored_json,
 )
+from .codec import SEALED_EVENTS, Codec, open_artifact, seal_artifact, seal_text
 from .plans import Plan, Queries, Row, Stmt
 
 
-def stored(value: JSON, inline_limit: int) -> tuple[str | None, str | None, bytes | None]:
+def stored(
+    value: JSON, inline_limit: int, codec: Codec | None = None, *place: Any
+) -> tuple[str | None, str | None, bytes | None]:
     """A JSON value as it is stored: (text, None, None) inline, or when it is large
-    (None, ref, bytes): the artifact to store it in."""
+    (None, ref, bytes): the artifact to store it in. With a codec, sealed — inline for its
+    ``place`` (table, column, the row's key), an artifact for its digest."""
     text = dumps(value)
     if len(text) <= inline_limit:
+        if codec is not None:
+            text = seal_text(codec, text, *place)  # type: ignore[assignment]
         return text, None, None
     data = text.encode()
-    return None, content_digest(data), data
+    ref = content_digest(data)
+    return None, ref, data if codec is None else seal_artifact(codec, data, ref)
+
+
+def event_json(codec: Codec | None, detail: JSON, run_id: str, kind: str) -> str | None:
+    """An event's detail as it is stored: sealed, with a codec, for an event whose detail
+    repeats a sealed value (``codec.SEALED_EVENTS``)."""
+    if detail is None:
+        return None
+    text = dumps(detail)
+    if codec is None or kind not in SEALED_EVENTS:
+        return text
+    return seal_text(codec, text, "safepoint_events", "detail", run_id, kind)
 
 
 def json_or_none(value: JSON) -> str | None:
@@ -62,11 +88,13 @@ def json_or_none(value: JSON) -> str | None:
     return None if value is None else dumps(value)
 
 
-def verified(digest: str, rows: list[Row]) -> bytes:
-    """The artifact's bytes from its row, checked against ``digest``."""
+def verified(digest: str, rows: list[Row], codec: Codec | None = None) -> bytes:
+    """The artifact's bytes from its row (opened, with a codec), checked against ``digest``."""
     if not rows:
         raise ArtifactMissing(digest)
     data = bytes(rows[0]["content"])
+    if codec is not None:
+        data = open_artifact(codec, data, digest)
     actual = content_digest(data)
     if actual != digest:
         raise ArtifactCorrupt(digest, actual)
@@ -86,14 +114,16 @@ def identity(rows: list[Row]) -> LedgerIdentity:
 
 class LedgerReads:
     """The reading plans every store runs (see the module docstring). ``snapshot``: the
-    statement that makes ``load_ledger``'s reads one snapshot, where the dialect needs one."""
+    statement that makes ``load_ledger``'s reads one snapshot, where the dialect needs one;
+    ``codec``: what sealed values are opened with (``storage.codec``), None for none."""
 
-    def __init__(self, queries: Queries, *, snapshot: str | None = None) -> None:
+    def __init__(self, queries: Queries, *, snapshot: str | None = None, codec: Codec | None = None) -> None:
         self.q = queries
         self._snapshot = snapshot
+        self.codec = codec
 
     def get_artifact(self, digest: str) -> Plan[bytes]:
-        return verified(digest, (yield self.q("get_artifact", digest=digest)))
+        return verified(digest, (yield self.q("get_artifact", digest=digest)), self.codec)
 
     def artifact_values(self, row: Row, *columns: str, listing: bool = False) -> Plan[dict[str, Any]]:
         """The stored JSON of each of these columns kept in an artifact (``<column>_ref``): for
@@ -104,7 +134,7 @@ class LedgerReads:
             if ref is not None:
                 try:
                     values[column] = yield from self.get_artifact(ref)
-                except ARTIFACT_ERRORS as exc:
+                except (*ARTIFACT_ERRORS, *UNOPENED) as exc:
                     if not listing:
                         raise
                     values[column] = Unfetched(exc)
@@ -119,10 +149,11 @@ class LedgerReads:
         return rows[0]
 
     def run_record(self, row: Row) -> Plan[RunRecord]:
-        return run_record(row, (yield from self.artifact_values(row, "inputs", "result")))
+        return run_record(row, (yield from self.artifact_values(row, "inputs", "result")), self.codec)
 
     def listed(self, row: Row) -> Plan[RunRecord | UnreadableRun]:
-        return listed_run(row, (yield from self.artifact_values(row, "inputs", "result", listing=True)))
+        values = yield from self.artifact_values(row, "inputs", "result", listing=True)
+        return listed_run(row, values, self.codec)
 
     def get_run(self, run_id: str) -> Plan[RunRecord]:
         return (yield from self.run_record((yield from self.run_row(run_id))))
@@ -194,17 +225,31 @@ class LedgerReads:
                     else (yield from self.artifact_values(row, "result")),
                 )
             )
-        return ledger(run, steps, op_rows, attempt_rows)
+        return ledger(run, steps, op_rows, attempt_rows, self.codec)
 
     def events(self, run_id: str) -> Plan[list[EventRecord]]:
-        return [event_record(row) for row in (yield self.q("events", run_id=run_id))]
+        return [event_record(row, self.codec) for row in (yield self.q("events", run_id=run_id))]
 
     def chain_operation(self, chain_id: str, operation_id: str) -> Plan[OperationRecord | None]:
         rows = yield self.q("chain_operation", chain_id=chain_id, operation_id=operation_id)
-        return operation_record(rows[0]) if rows else None
+        return operation_record(rows[0], self.codec) if rows else None
 
     def read_identity(self) -> Plan[LedgerIdentity]:
         return identity((yield self.q("ledger_identity")))
+
+    def check_sealing(self, now: int | None = None) -> Plan[None]:
+        """On open: a store with a codec marks the ledger as holding sealed values (once, with
+        the key it first sealed with); a store without one refuses a ledger so marked
+        (``KeyUnavailable``), which it would read envelopes from instead of values."""
+        found = yield self.q("sealed_since")
+        if self.codec is not None:
+            if not found:
+                yield self.q("mark_sealed", now=now, detail=dumps({"key_id": self.codec.key_id}))
+            return
+        if found:
+            detail = stored_json(found[0]["detail"], "safepoint_events", "kind=ledger.sealed")
+            key_id = detail.get("key_id") if isinstance(detail, dict) else None
+            raise KeyUnavailable(str(key_id or "?"), "the ledger")
 
     def resolved_already(self, run_id: str, resolution: Resolution) -> Plan[bool]:
         """Whether the run's last event is this very resolution (repeating it is a no-op)."""
@@ -212,7 +257,13 @@ class LedgerReads:
         return (
             bool(last)
             and last[0]["kind"] == "run.resolved"
-            and stored_json(last[0]["detail"], "safepoint_events", f"run_id={run_id}") == resolution.detail()
+            and stored_json(
+                last[0]["detail"],
+                "safepoint_events",
+                f"run_id={run_id}",
+                None if self.codec is None else (self.codec, "detail", (run_id, "run.resolved")),
+            )
+            == resolution.detail()
         )
 
     # -- approvals -----------------------------------------------------------------------------
@@ -232,7 +283,7 @@ class LedgerReads:
         ``step_id`` prepared, and that one's approvals."""
         run = yield from self.run_record((yield from self.run_row(run_id, "lock_run")))
         found = yield self.q("operation_of_step", run_id=run_id, step_id=step_id)
-        op = operation_record(found[0]) if found else None
+        op = operation_record(found[0], self.codec) if found else None
         approvals = (yield from self.approvals_of(run_id, op.operation_id)) if op else []
         return run, op, approvals
 
@@ -245,7 +296,7 @@ class LedgerReads:
 
     def message(self, row: Row) -> Plan[MessageRecord]:
         """A message from its row, its payload read from its artifact when it is large."""
-        return message_record(row, (yield from self.artifact_values(row, "payload")))
+        return message_record(row, (yield from self.artifact_values(row, "payload")), self.codec)
 
     def messages(self, run_id: str) -> Plan[list[MessageRecord]]:
         found = []

@@ -62,6 +62,7 @@ from ..types import (
     WaitGate,
 )
 from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
+from .codec import Codec
 from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
@@ -98,13 +99,18 @@ class AsyncPostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        codec: Codec | None = None,
     ) -> None:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
         self._clock = ClockEstimate()
         self._resting = Resting()
         self._ledger = PostgresLedger(
-            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            connect_timeout=connect_timeout,
+            codec=codec,
         )
         self.url, self.durability = self._ledger.url, self._ledger.durability
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
@@ -140,6 +146,7 @@ class AsyncPostgresStore:
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
         create: bool = True,
+        codec: Codec | None = None,
     ) -> AsyncPostgresStore:
         """Open (and migrate) the store at ``url``; call it inside the event loop that will
         use the store. ``create=False``: a schema that holds no ledger is refused
@@ -151,6 +158,7 @@ class AsyncPostgresStore:
             max_connections=max_connections,
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
+            codec=codec,
         )
         await store.open_pool(create=create)
         return store

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._rules.canonical import dumps
 from .._rules.retry import retried_detail, retry_refusal
 from ..errors import RetryRefused, RunNotFound
 from ..types import AttemptRecord, RunRetry, StepRecord
 from . import _rows
-from .ledger import LedgerReads
+from .ledger import LedgerReads, event_json
 from .plans import Plan
 
 
@@ -43,7 +42,9 @@ def retry_run_plan(
         attempt_rows = yield q("retry_run_attempts", run_id=run_id, step_id=step_id)
         if not step_rows and not attempt_rows:
             raise RetryRefused(run_id, f"step {step_id!r} has no failed record any more")
-        found = _rows.ledger(run, [(row, _rows.NO_VALUES) for row in step_rows], [], attempt_rows)
+        found = _rows.ledger(
+            run, [(row, _rows.NO_VALUES) for row in step_rows], [], attempt_rows, reads.codec
+        )
         detail = _moved_detail(found.steps.get(step_id), found.attempts.get(step_id, []), retry)
         yield q(
             "retry_run_event",
@@ -53,7 +54,7 @@ def retry_run_plan(
             step_id=step_id,
             operation_id=found.steps[step_id].operation_id if step_id in found.steps else None,
             worker=retry.by,
-            detail=dumps(detail),
+            detail=event_json(reads.codec, detail, run_id, "step.retried"),
         )
         yield q("retry_run_forget_step", run_id=run_id, step_id=step_id)
         yield q("retry_run_forget_attempts", run_id=run_id, step_id=step_id)
@@ -75,7 +76,7 @@ def retry_run_plan(
                 f"operation {again.operation_id!r} is no longer the rejected attempt"
                 f" {again.key_attempt - 1} the retry was planned on: look at the run again",
             )
-        op = _rows.operation_record(op_rows[0])
+        op = _rows.operation_record(op_rows[0], reads.codec)
         previous[op.operation_id] = {
             "state": op.state.value,
             "key_attempt": op.key_attempt,
@@ -102,7 +103,7 @@ def retry_run_plan(
         step_id=retry.step_id,
         operation_id=None,
         worker=retry.by,
-        detail=dumps(retried_detail(retry, previous)),
+        detail=event_json(reads.codec, retried_detail(retry, previous), run_id, "run.retried"),
     )
     return str(retried[0]["workflow"])
 

@@ -39,7 +39,7 @@ class PostgresApprovals(PostgresBase):
                 run_id=claim.run_id,
                 operation_id=operation_id,
             )
-        op = operation_record(rows[0])
+        op = operation_record(rows[0], self.codec)
         approvals = yield from self.approvals_of(claim.run_id, operation_id)
         now = int(owned["now"])
         approval = authorizing(approvals, payload_digest=op.payload_ref, target_digest=target_digest, now=now)

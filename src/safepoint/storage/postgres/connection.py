@@ -33,6 +33,7 @@ from ...errors import (
 )
 from ...types import JSON, Claim, Durability, LedgerIdentity, OperationRecord, StepRecord
 from ..base import INLINE_LIMIT
+from ..codec import Codec, seal_artifact, seal_text
 from ..ledger import LedgerReads, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
@@ -89,8 +90,9 @@ class PostgresBase(LedgerReads):
         durability: Durability | str | None = None,
         inline_limit: int = INLINE_LIMIT,
         connect_timeout: float = 5.0,
+        codec: Codec | None = None,
     ) -> None:
-        super().__init__(QUERIES, snapshot=_SNAPSHOT)
+        super().__init__(QUERIES, snapshot=_SNAPSHOT, codec=codec)
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
         ours = {name: query.pop(name) for name in _OUR_PARAMETERS if name in query}
@@ -206,6 +208,7 @@ class PostgresBase(LedgerReads):
                     checksum=migration.checksum,
                 )
         self.identity = yield from self.read_identity()
+        yield from self.check_sealing()
         if self.durability is Durability.POWER_LOSS:
             fsync = yield Stmt("SHOW fsync")
             if fsync and fsync[0]["fsync"] != "on":
@@ -230,20 +233,37 @@ class PostgresBase(LedgerReads):
 
     # -- what the writes share -----------------------------------------------------------------
 
-    @staticmethod
-    def _put_artifact(ref: str, data: bytes) -> Plan[None]:
+    def _put_artifact(self, ref: str, data: bytes) -> Plan[None]:
         """Store ``data`` under ``ref``, its digest as the caller computed or checked it."""
-        yield _q("insert_artifact", digest=ref, size=len(data), content=data)
+        yield _q("insert_artifact", digest=ref, size=len(data), content=self._content(ref, data))
 
-    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
-        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
-        text, ref, data = stored(value, self.inline_limit)
-        if ref is not None and data is not None:
-            yield from self._put_artifact(ref, data)
+    def _content(self, ref: str, data: bytes) -> bytes:
+        """An artifact's bytes as they are stored: sealed for its digest when there is a codec."""
+        return data if self.codec is None else seal_artifact(self.codec, data, ref)
+
+    def _put_value(self, value: JSON, *place: Any) -> Plan[tuple[str | None, str | None]]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref) — sealed
+        for its ``place`` (table, column, the row's key) when the store has a codec."""
+        text, ref, data = stored(value, self.inline_limit, self.codec, *place)
+        if ref is not None and data is not None:  # sealed already
+            yield _q("insert_artifact", digest=ref, size=len(data), content=data)
         return text, ref
 
-    @staticmethod
-    def _step_params(step: StepRecord | None, result: str | None, result_ref: str | None) -> dict[str, Any]:
+    def _sealed(self, value: JSON, *place: Any) -> str | None:
+        """A JSON column's text (NULL for None), sealed for ``place`` when the store has a codec."""
+        if value is None:
+            return None
+        return dumps(value) if self.codec is None else seal_text(self.codec, dumps(value), *place)
+
+    def _stored_result(self, run_id: str, step: StepRecord) -> tuple[str | None, str | None, bytes | None]:
+        """A step's result as it is stored (``ledger.stored``), sealed for its row."""
+        return stored(
+            step.result, self.inline_limit, self.codec, "safepoint_steps", "result", run_id, step.step_id
+        )
+
+    def _step_params(
+        self, run_id: str, step: StepRecord | None, result: str | None, result_ref: str | None
+    ) -> dict[str, Any]:
         """A step's columns as statement parameters, its result stored as ``result`` (inline)
         or ``result_ref`` (an artifact)."""
         if step is None:
@@ -257,7 +277,9 @@ class PostgresBase(LedgerReads):
             "step_status": step.status.value,
             "result": result,
             "result_ref": result_ref,
-            "step_error": None if step.error is None else dumps(step.error),
+            "step_error": None
+            if step.error is None
+            else self._sealed(step.error, "safepoint_steps", "error", run_id, step.step_id),
             "next_step_id": step.next_step_id,
             "attempt": step.attempt,
             "model_id": step.model_id,

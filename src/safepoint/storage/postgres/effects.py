@@ -12,7 +12,7 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..ledger import stored
+from ..ledger import event_json
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import Dispatched, PostgresBase, _Unfit, not_dispatchable
@@ -46,7 +46,7 @@ class PostgresEffects(PostgresBase):
             step_id=op.step_id,
             effect=op.effect,
             payload_ref=op.payload_ref,
-            payload=payload,
+            payload=self._content(op.payload_ref, payload),
             size=len(payload),
             effect_key=op.effect_key,
             dedup_retention_ms=op.dedup_retention_ms,
@@ -56,7 +56,7 @@ class PostgresEffects(PostgresBase):
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
             dispatching_detail=dumps({"dispatch": 1}) if dispatching else None,
         )
-        prepared = operation_record(row)
+        prepared = operation_record(row, self.codec)
         return prepared, (yield from self._history_warning(claim, row))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> Plan[Dispatched | None]:
@@ -70,7 +70,7 @@ class PostgresEffects(PostgresBase):
             if unfit.gated:
                 return None
             raise not_dispatchable(claim, operation_id) from None
-        op = operation_record(row)
+        op = operation_record(row, self.codec)
         return op, (yield from self._history_warning(claim, row))
 
     def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
@@ -84,7 +84,7 @@ class PostgresEffects(PostgresBase):
             )
         except _Unfit:
             raise not_dispatchable(claim, operation_id) from None
-        op = operation_record(row)
+        op = operation_record(row, self.codec)
         if op.approval_required:  # the gate, at the dispatch's own instant: or all rolls back
             approvals = yield from self.approvals_of(claim.run_id, operation_id)
             approval = authorizing(
@@ -112,7 +112,7 @@ class PostgresEffects(PostgresBase):
         step: StepRecord | None,
     ) -> Plan[HistoryWarning | None]:
         result, result_ref, content = (
-            (None, None, None) if step is None else stored(step.result, self.inline_limit)
+            (None, None, None) if step is None else self._stored_result(claim.run_id, step)
         )
         try:
             row = yield from self._fenced(
@@ -120,15 +120,17 @@ class PostgresEffects(PostgresBase):
                 "record_outcome",
                 new_work=False,
                 needs_operation=True,
-                **self._step_params(step, result, result_ref),
+                **self._step_params(claim.run_id, step, result, result_ref),
                 result_content=content,
                 result_size=None if content is None else len(content),
                 operation_id=operation_id,
                 state=state.value,
-                receipt=None if receipt is None else dumps(receipt),
-                error=None if error is None else dumps(error),
+                receipt=self._sealed(receipt, "safepoint_operations", "receipt", claim.run_id, operation_id),
+                error=self._sealed(error, "safepoint_operations", "error", claim.run_id, operation_id),
                 event_kind=f"effect.{state.value}",
-                detail=dumps({"error": error}) if error is not None else None,
+                detail=None
+                if error is None
+                else event_json(self.codec, {"error": error}, claim.run_id, f"effect.{state.value}"),
             )
         except _Unfit:
             raise StoreError(

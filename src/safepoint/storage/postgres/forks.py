@@ -19,6 +19,5 @@ class PostgresForks(PostgresBase):
         yield _q("notify_work", workflow=run.workflow)  # a pending run: wake a worker
         return run
 
-    @staticmethod
-    def fork_operation(run_id: str, operation_id: str, chained: bool) -> Plan[OperationRecord | None]:
-        return (yield from forks.fork_operation(_q, run_id, operation_id, chained=chained))
+    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> Plan[OperationRecord | None]:
+        return (yield from forks.fork_operation(_q, run_id, operation_id, chained=chained, codec=self.codec))

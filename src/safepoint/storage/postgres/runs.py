@@ -11,7 +11,8 @@ from ..._rules.recovery import refusal
 from ...errors import ResolutionRefused
 from ...types import JSON, Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus
 from ..base import NewRun, retry_json
-from ..ledger import json_or_none
+from ..codec import seal_record
+from ..ledger import event_json, json_or_none
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import PostgresBase, _claim
@@ -21,7 +22,7 @@ class PostgresRuns(PostgresBase):
     """The PostgreSQL store's runs: created, claimed, and ended — finished by their worker,."""
 
     def create_run(self, new: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
-        inputs, inputs_ref = yield from self._put_value(new.inputs)
+        inputs, inputs_ref = yield from self._put_value(new.inputs, "safepoint_runs", "inputs", new.run_id)
         created = yield _q(
             "create_run",
             run_id=new.run_id,
@@ -104,19 +105,20 @@ class PostgresRuns(PostgresBase):
         """(``detail``: the event's, when not the error or the recovery record's phase.)"""
         record = None
         if recovery_record is not None:  # the statement puts in the revision it creates
-            record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
+            kept = {k: v for k, v in recovery_record.items() if k != "state_revision"}
+            record = dumps(kept if self.codec is None else seal_record(self.codec, kept, claim.run_id))
         detail = detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
-        result_text, result_ref = yield from self._put_value(result)
+        result_text, result_ref = yield from self._put_value(result, "safepoint_runs", "result", claim.run_id)
         yield from self._fenced(
             claim,
             "finish_run",
             status=status.value,
             result=result_text,
             result_ref=result_ref,
-            error=None if error is None else dumps(error),
+            error=self._sealed(error, "safepoint_runs", "error", claim.run_id),
             recovery_record=record,
             event_kind=f"run.{status.value}",
-            detail=None if detail is None else dumps(detail),
+            detail=event_json(self.codec, detail, claim.run_id, f"run.{status.value}"),
         )
 
     @staticmethod
@@ -126,7 +128,7 @@ class PostgresRuns(PostgresBase):
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
     def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> Plan[RunRecord]:
-        detail = dumps(resolution.detail())
+        detail = event_json(self.codec, resolution.detail(), run_id, "run.resolved")
         common = {
             "run_id": run_id,
             "expected_revision": expected_revision,
@@ -145,7 +147,9 @@ class PostgresRuns(PostgresBase):
                     if resolution.action is ResolutionAction.APPLIED
                     else EffectState.PREPARED
                 ).value,
-                receipt=None if resolution.receipt is None else dumps(resolution.receipt),
+                receipt=self._sealed(
+                    resolution.receipt, "safepoint_operations", "receipt", run_id, resolution.operation_id
+                ),
             )
             if rows:  # released: wake a waiting worker
                 yield _q("notify_work", workflow=rows[0]["workflow"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..._rules.canonical import dumps
 from ...errors import HistoryWarning
 from ...types import AttemptRecord, Claim, StepRecord
-from ..ledger import stored
 from ..plans import Plan
 from .connection import PostgresBase
 
@@ -22,11 +21,11 @@ class PostgresSteps(PostgresBase):
             return None
         batch, refs, contents = [], [], []
         for step in steps:
-            result, result_ref, data = stored(step.result, self.inline_limit)
+            result, result_ref, data = self._stored_result(claim.run_id, step)
             if data is not None:  # inserted by the statement itself, past its fence
                 refs.append(result_ref)
                 contents.append(data)
-            batch.append(self._step_params(step, result, result_ref))
+            batch.append(self._step_params(claim.run_id, step, result, result_ref))
         row = yield from self._fenced(
             claim,
             "record_steps",
@@ -46,7 +45,9 @@ class PostgresSteps(PostgresBase):
             kind=attempt.kind.value,
             name=attempt.name,
             input_hash=attempt.input_hash,
-            error=dumps(attempt.error),
+            error=self._sealed(
+                attempt.error, "safepoint_attempts", "error", claim.run_id, attempt.step_id, attempt.attempt
+            ),
             retry_at=attempt.retry_at,
         )
 

@@ -63,7 +63,9 @@ from ...types import (
     UnreadableRun,
     WaitGate,
 )
+from .. import resealing
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
+from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from .clock import ClockEstimate
@@ -91,9 +93,14 @@ class PostgresStore:
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
         create: bool = True,
+        codec: Codec | None = None,
     ) -> None:
         self._ledger = ledger = PostgresLedger(
-            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            connect_timeout=connect_timeout,
+            codec=codec,
         )
         self.url, self.durability = ledger.url, ledger.durability
         self._local = threading.local()
@@ -383,6 +390,16 @@ class PostgresStore:
 
     def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
         return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+
+    def reseal_page(
+        self, kind: str, after: resealing.Key | None, limit: int
+    ) -> tuple[int, resealing.Key | None]:
+        """``storage.resealing.reseal_page`` in one transaction (a key rotation's page)."""
+        return self._run(resealing.reseal_page(self._ledger, kind, after, limit))
+
+    def reseal_artifacts_page(self, after: str | None, limit: int) -> tuple[int, str | None]:
+        """``storage.resealing.reseal_artifacts_page`` in one transaction."""
+        return self._run(resealing.reseal_artifacts_page(self._ledger, after, limit))
 
     def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return self._run(self._ledger.retry_run(run_id, expected_revision, retry))

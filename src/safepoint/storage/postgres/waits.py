@@ -46,7 +46,7 @@ class PostgresWaits(PostgresBase):
         refused = refused_send(run_id, name, run.status)
         if refused is not None:
             raise refused
-        text, ref = yield from self._put_value(payload)
+        text, ref = yield from self._put_value(payload, "safepoint_messages", "payload", run_id, name)
         rows = yield _q(
             "send_message",
             run_id=run_id,
@@ -78,6 +78,12 @@ class PostgresWaits(PostgresBase):
         oldest = (yield from self.message(rows[0])) if rows else None
         plan = plan_wait(step, claim.fence, name, now, timeout_at, first=not started, oldest=oldest)
         stored = (rows[0]["payload"], rows[0]["payload_ref"]) if rows else (None, None)
+        if self.codec is not None and oldest is not None and stored[0] is not None:
+            # sealed for the message's row: sealed again for the step's
+            stored = (
+                self._sealed(oldest.payload, "safepoint_steps", "result", claim.run_id, step.step_id),
+                None,
+            )
         due = yield from self._carry_out(claim, plan, now, stored)
         return plan.gate, due
 
@@ -88,10 +94,12 @@ class PostgresWaits(PostgresBase):
         now = int(owned["now"])
         found = yield _q("await_timer_step", run_id=claim.run_id, step_id=step.step_id)
         key = f"{claim.run_id}/{step.step_id}"
-        recorded = stored_json(found[0]["result"], "safepoint_steps", key) if found else None
+        sealed = None if self.codec is None else (self.codec, "result", (claim.run_id, step.step_id))
+        recorded = stored_json(found[0]["result"], "safepoint_steps", key, sealed) if found else None
         plan = plan_sleep(step, claim.fence, now, recorded, duration_ms)
         assert plan.gate.step is not None
-        due = yield from self._carry_out(claim, plan, now, (dumps(plan.gate.step.result), None))
+        result = self._sealed(plan.gate.step.result, "safepoint_steps", "result", claim.run_id, step.step_id)
+        due = yield from self._carry_out(claim, plan, now, (result, None))
         return plan.gate, due
 
     def _carry_out(
@@ -137,8 +145,7 @@ class PostgresWaits(PostgresBase):
             yield from self._wait_until_woken(claim, gate.waiting_for)
         return due
 
-    @staticmethod
-    def _wait_step(step: StepRecord, result: str | None, ref: str | None) -> Plan[None]:
+    def _wait_step(self, step: StepRecord, result: str | None, ref: str | None) -> Plan[None]:
         yield _q(
             "wait_step",
             run_id=step.run_id,
@@ -149,7 +156,7 @@ class PostgresWaits(PostgresBase):
             status=step.status.value,
             result=result,
             result_ref=ref,
-            error=None if step.error is None else dumps(step.error),
+            error=self._sealed(step.error, "safepoint_steps", "error", step.run_id, step.step_id),
             fence=step.fence,
             now=step.recorded_at,
         )

@@ -3,8 +3,9 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits`` and ``waits`` (messages,
-and the gates of wait and sleep steps). What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``
+(messages, and the gates of wait and sleep steps) and ``resealing`` (values encrypted again
+after a key rotation). What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -16,6 +17,7 @@ from .forks import SqliteForks
 from .history import SqliteHistory
 from .limits import SqliteLimits
 from .prune import SqlitePrune
+from .resealing import SqliteResealing
 from .retry import SqliteRetry
 from .slices import SqliteSlices
 from .waits import SqliteWaits
@@ -33,5 +35,6 @@ class SqliteStore(
     SqliteRetry,
     SqlitePrune,
     SqliteSlices,
+    SqliteResealing,
 ):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -51,7 +51,7 @@ class SqliteApprovals(SqliteConnection):
                     run_id=claim.run_id,
                     operation_id=operation_id,
                 )
-            op = operation_record(row)
+            op = operation_record(row, self.codec)
             approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
             approval = authorizing(
                 approvals, payload_digest=op.payload_ref, target_digest=target_digest, now=now

@@ -29,7 +29,8 @@ from ...errors import HistoryWarning, LostOwnership, StoreError
 from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
 from .._rows import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
-from ..ledger import LedgerReads, stored
+from ..codec import Codec, seal_artifact, seal_text
+from ..ledger import LedgerReads, event_json, stored
 from ..migrations import to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan
 
@@ -56,11 +57,13 @@ class SqliteConnection:
         durability: Durability = Durability.PROCESS_CRASH,
         clock: Callable[[], int] = _wall_clock_ms,
         inline_limit: int = INLINE_LIMIT,
+        codec: Codec | None = None,
     ) -> None:
         self.durability = Durability(durability)
         self._clock = clock
         self._inline_limit = inline_limit
-        self._reads = LedgerReads(QUERIES)
+        self.codec = codec
+        self._reads = LedgerReads(QUERIES, codec=codec)
         self._local = threading.local()
         self._keeper: sqlite3.Connection | None = None
         # A shared-cache in-memory database answers a second writer with SQLITE_LOCKED, which
@@ -79,6 +82,7 @@ class SqliteConnection:
             self.url = f"sqlite:///{self._target}"
         self._migrate()
         self.identity: LedgerIdentity = self._reading(self._reads.read_identity())
+        self._reading(self._reads.check_sealing(self.now()))  # autocommit: marked at once
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -213,22 +217,35 @@ class SqliteConnection:
 
     # -- what the writes share -----------------------------------------------------------------
 
-    def _put_value(self, conn: sqlite3.Connection, value: JSON, now: int) -> tuple[str | None, str | None]:
-        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
-        text, ref, data = stored(value, self._inline_limit)
+    def _put_value(
+        self, conn: sqlite3.Connection, value: JSON, now: int, *place: Any
+    ) -> tuple[str | None, str | None]:
+        """Store a JSON value inline, or as an artifact when it is large: (text, ref) — sealed
+        for its ``place`` (table, column, the row's key) when the store has a codec."""
+        text, ref, data = stored(value, self._inline_limit, self.codec, *place)
         if ref is not None and data is not None:
-            self._put_artifact(conn, data, now, ref)
+            conn.execute(
+                SQL["insert_artifact"], {"digest": ref, "size": len(data), "content": data, "now": now}
+            )
         return text, ref
 
-    @staticmethod
-    def _put_artifact(conn: sqlite3.Connection, data: bytes, now: int, ref: str | None = None) -> str:
+    def _sealed(self, value: JSON, *place: Any) -> str | None:
+        """A JSON column's text (NULL for None), sealed for ``place`` when the store has a codec."""
+        if value is None:
+            return None
+        return dumps(value) if self.codec is None else seal_text(self.codec, dumps(value), *place)
+
+    def _put_artifact(self, conn: sqlite3.Connection, data: bytes, now: int, ref: str | None = None) -> str:
         """Store ``data`` under its digest (``ref``, when the caller computed or checked it)."""
         ref = ref or content_digest(data)
-        conn.execute(SQL["insert_artifact"], {"digest": ref, "size": len(data), "content": data, "now": now})
+        content = data if self.codec is None else seal_artifact(self.codec, data, ref)
+        conn.execute(
+            SQL["insert_artifact"], {"digest": ref, "size": len(data), "content": content, "now": now}
+        )
         return ref
 
-    @staticmethod
     def _event(
+        self,
         conn: sqlite3.Connection,
         run_id: str,
         now: int,
@@ -250,7 +267,11 @@ class SqliteConnection:
                 "operation_id": operation_id,
                 "fence": fence,
                 "worker": worker,
-                "detail": None if detail is None else dumps(detail),
+                "detail": None
+                if detail is None
+                else dumps(detail)
+                if self.codec is None
+                else event_json(self.codec, detail, run_id, kind),
             },
         )
 

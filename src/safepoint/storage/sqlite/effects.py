@@ -8,7 +8,6 @@ import sqlite3
 from dataclasses import replace
 
 from ..._rules.approvals import authorizing, refused_dispatch
-from ..._rules.canonical import dumps
 from ..._rules.history import warn
 from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
@@ -105,7 +104,7 @@ class SqliteEffects(SqliteSteps):
                 run_id=claim.run_id,
                 operation_id=operation_id,
             )
-        op = operation_record(row)
+        op = operation_record(row, self.codec)
         if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
             approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
             approval = authorizing(
@@ -151,8 +150,10 @@ class SqliteEffects(SqliteSteps):
                     "run_id": claim.run_id,
                     "operation_id": operation_id,
                     "state": state.value,
-                    "receipt": None if receipt is None else dumps(receipt),
-                    "error": None if error is None else dumps(error),
+                    "receipt": self._sealed(
+                        receipt, "safepoint_operations", "receipt", claim.run_id, operation_id
+                    ),
+                    "error": self._sealed(error, "safepoint_operations", "error", claim.run_id, operation_id),
                     "fence": claim.fence,
                     "now": now,
                 },

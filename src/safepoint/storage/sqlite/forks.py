@@ -19,4 +19,6 @@ class SqliteForks(SqliteConnection):
             return self._within(conn, forks.fork_run(self._reads, fork, now))
 
     def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        return self._reading(forks.fork_operation(QUERIES, run_id, operation_id, chained=chained))
+        return self._reading(
+            forks.fork_operation(QUERIES, run_id, operation_id, chained=chained, codec=self.codec)
+        )

@@ -27,6 +27,7 @@ from ...types import (
     UnreadableRun,
 )
 from ..base import NewRun, retry_json
+from ..codec import seal_record
 from ..ledger import json_or_none
 from .connection import SQL, SqliteConnection
 
@@ -49,7 +50,7 @@ class SqliteRuns(SqliteConnection):
         continue as new) or a chain of its own; False when the run id exists."""
         claimed = new.owner is not None
         fence = 1 if claimed else 0
-        inputs, inputs_ref = self._put_value(conn, new.inputs, now)
+        inputs, inputs_ref = self._put_value(conn, new.inputs, now, "safepoint_runs", "inputs", new.run_id)
         cursor = conn.execute(
             SQL["create_run"],
             {
@@ -217,7 +218,7 @@ class SqliteRuns(SqliteConnection):
     ) -> None:
         """``finish_run`` in the caller's write transaction; ``detail``: its event's, when not
         the error (or the recovery record's phase)."""
-        result_text, result_ref = self._put_value(conn, result, now)
+        result_text, result_ref = self._put_value(conn, result, now, "safepoint_runs", "result", claim.run_id)
         cursor = conn.execute(
             SQL["finish_run"],
             {
@@ -226,8 +227,14 @@ class SqliteRuns(SqliteConnection):
                 "status": status.value,
                 "result": result_text,
                 "result_ref": result_ref,
-                "error": None if error is None else dumps(error),
-                "recovery_record": None if recovery_record is None else dumps(recovery_record),
+                "error": self._sealed(error, "safepoint_runs", "error", claim.run_id),
+                "recovery_record": None
+                if recovery_record is None
+                else dumps(
+                    recovery_record
+                    if self.codec is None
+                    else seal_record(self.codec, recovery_record, claim.run_id)
+                ),
                 "now": now,
             },
         )
@@ -306,7 +313,13 @@ class SqliteRuns(SqliteConnection):
                                 if resolution.action is ResolutionAction.APPLIED
                                 else EffectState.PREPARED
                             ).value,
-                            "receipt": None if resolution.receipt is None else dumps(resolution.receipt),
+                            "receipt": self._sealed(
+                                resolution.receipt,
+                                "safepoint_operations",
+                                "receipt",
+                                run_id,
+                                resolution.operation_id,
+                            ),
                         },
                     ).rowcount
                     != 1

@@ -16,7 +16,8 @@ class SqliteSteps(SqliteConnection):
     """A run's steps, as its worker records them."""
 
     def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord, now: int) -> None:
-        result, result_ref = self._put_value(conn, step.result, now)
+        place = (claim.run_id, step.step_id)
+        result, result_ref = self._put_value(conn, step.result, now, "safepoint_steps", "result", *place)
         conn.execute(
             SQL["record_step"],
             {
@@ -29,7 +30,9 @@ class SqliteSteps(SqliteConnection):
                 "status": step.status.value,
                 "result": result,
                 "result_ref": result_ref,
-                "error": None if step.error is None else dumps(step.error),
+                "error": None
+                if step.error is None
+                else self._sealed(step.error, "safepoint_steps", "error", *place),
                 "next_step_id": step.next_step_id,
                 "attempt": step.attempt,
                 "model_id": step.model_id,
@@ -101,7 +104,14 @@ class SqliteSteps(SqliteConnection):
                     "kind": attempt.kind.value,
                     "name": attempt.name,
                     "input_hash": attempt.input_hash,
-                    "error": dumps(attempt.error),
+                    "error": self._sealed(
+                        attempt.error,
+                        "safepoint_attempts",
+                        "error",
+                        claim.run_id,
+                        attempt.step_id,
+                        attempt.attempt,
+                    ),
                     "retry_at": attempt.retry_at,
                     "fence": claim.fence,
                     "now": now,

@@ -50,7 +50,7 @@ class SqliteWaits(SqliteRuns):
             refused = refused_send(run_id, name, run.status)
             if refused is not None:
                 raise refused
-            text, ref = self._put_value(conn, payload, now)
+            text, ref = self._put_value(conn, payload, now, "safepoint_messages", "payload", run_id, name)
             row = conn.execute(
                 SQL["send_message"],
                 {
@@ -88,6 +88,9 @@ class SqliteWaits(SqliteRuns):
             oldest = None if row is None else self._message(conn, row)
             plan = plan_wait(step, claim.fence, name, now, timeout_at, first=started is None, oldest=oldest)
             stored = (None, None) if row is None else (row["payload"], row["payload_ref"])
+            if self.codec is not None and oldest is not None and stored[0] is not None:
+                # sealed for the message's row: sealed again for the step's
+                stored = (self._sealed(oldest.payload, "safepoint_steps", "result", *keys.values()), None)
             due = self._carry_out(conn, claim, plan, now, stored)
         warn(due)
         return plan.gate
@@ -99,10 +102,14 @@ class SqliteWaits(SqliteRuns):
                 SQL["await_timer_step"], {"run_id": claim.run_id, "step_id": step.step_id}
             ).fetchone()
             key = f"{claim.run_id}/{step.step_id}"
-            recorded = None if found is None else stored_json(found["result"], "safepoint_steps", key)
+            sealed = None if self.codec is None else (self.codec, "result", (claim.run_id, step.step_id))
+            recorded = None if found is None else stored_json(found["result"], "safepoint_steps", key, sealed)
             plan = plan_sleep(step, claim.fence, now, recorded, duration_ms)
             assert plan.gate.step is not None
-            due = self._carry_out(conn, claim, plan, now, (dumps(plan.gate.step.result), None))
+            result = self._sealed(
+                plan.gate.step.result, "safepoint_steps", "result", claim.run_id, step.step_id
+            )
+            due = self._carry_out(conn, claim, plan, now, (result, None))
         warn(due)
         return plan.gate
 
@@ -160,8 +167,9 @@ class SqliteWaits(SqliteRuns):
             },
         )
 
-    @staticmethod
-    def _wait_step(conn: sqlite3.Connection, step: StepRecord, result: str | None, ref: str | None) -> None:
+    def _wait_step(
+        self, conn: sqlite3.Connection, step: StepRecord, result: str | None, ref: str | None
+    ) -> None:
         conn.execute(
             SQL["wait_step"],
             {
@@ -173,7 +181,7 @@ class SqliteWaits(SqliteRuns):
                 "status": step.status.value,
                 "result": result,
                 "result_ref": ref,
-                "error": None if step.error is None else dumps(step.error),
+                "error": self._sealed(step.error, "safepoint_steps", "error", step.run_id, step.step_id),
                 "fence": step.fence,
                 "now": step.recorded_at,
             },

@@ -967,6 +967,17 @@ step AS (
 )
 SELECT * FROM owned;
 
+-- name: sealed_since
+-- Whether the ledger holds values sealed by a codec (safepoint.storage.codec): the event a store
+-- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with.
+SELECT detail FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed' LIMIT 1;
+
+-- name: mark_sealed
+-- Mark the ledger as holding sealed values (see sealed_since), unless it is already.
+INSERT INTO safepoint_events (run_id, at, kind, detail)
+SELECT '', safepoint_now_ms(), 'ledger.sealed', %(detail)s
+WHERE NOT EXISTS (SELECT 1 FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed');
+
 -- name: ledger_identity
 -- The ledger's id and since when effect keys include it (migration 1), read once on open.
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
@@ -1336,8 +1347,7 @@ event AS (
 SELECT workflow FROM owned;
 
 
--- == retention: prune ===========================================================================
--- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
+-- == retention: prune ====================================================================-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
 -- transaction: a chain's runs locked and read again, then what goes deleted whole. RUN_IDS and
 -- DIGESTS are JSON arrays of text, one parameter each, read as a set.
 
@@ -1431,3 +1441,76 @@ WHERE a.digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
   AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
   AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
 RETURNING size;
+=======
+-- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
+-- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation
+-- seals every value again with the active key, a page of rows at a time, in key order (:after_*
+-- the last key of the page before; :run_id NULL: every run's rows).
+
+-- name: reseal_runs_page
+-- A page of the runs' rows with their sealed columns, after the given key.
+SELECT run_id, inputs, result, error FROM safepoint_runs
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
+ORDER BY run_id LIMIT %(limit)s;
+
+-- name: reseal_runs_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s
+WHERE run_id = %(run_id)s;
+
+-- name: reseal_steps_page
+-- A page of the steps' rows with their sealed columns, after the given key.
+SELECT run_id, step_id, result, error FROM safepoint_steps
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, step_id) > (%(after_run_id)s::text, %(after_step_id)s::text)
+ORDER BY run_id, step_id LIMIT %(limit)s;
+
+-- name: reseal_steps_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_steps SET result = %(result)s, error = %(error)s
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: reseal_attempts_page
+-- A page of the failed attempts' rows with their sealed columns, after the given key.
+SELECT run_id, step_id, attempt, error FROM safepoint_attempts
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, step_id, attempt)
+      > (%(after_run_id)s::text, %(after_step_id)s::text, %(after_attempt)s::integer)
+ORDER BY run_id, step_id, attempt LIMIT %(limit)s;
+
+-- name: reseal_attempts_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_attempts SET error = %(error)s
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s;
+
+-- name: reseal_operations_page
+-- A page of the operations' rows with their sealed columns, after the given key.
+SELECT run_id, operation_id, receipt, error FROM safepoint_operations
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND (run_id, operation_id) > (%(after_run_id)s::text, %(after_operation_id)s::text)
+ORDER BY run_id, operation_id LIMIT %(limit)s;
+
+-- name: reseal_operations_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_operations SET receipt = %(receipt)s, error = %(error)s
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
+
+-- name: reseal_messages_page
+-- A page of the messages' rows with their sealed columns, after the given key.
+SELECT seq, run_id, name, payload FROM safepoint_messages
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND seq > %(after_seq)s::bigint
+ORDER BY seq LIMIT %(limit)s;
+
+-- name: reseal_messages_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_messages SET payload = %(payload)s
+WHERE seq = %(seq)s;
+
+-- name: reseal_artifacts_page
+-- A page of artifacts, after the given digest.
+SELECT digest, content FROM safepoint_artifacts WHERE digest > %(after_digest)s
+ORDER BY digest LIMIT %(limit)s;
+
+-- name: reseal_artifacts_update
+-- One artifact's content, sealed again.
+UPDATE safepoint_artifacts SET content = %(content)s WHERE digest = %(digest)s;

@@ -502,6 +502,17 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
           history_warned_at;
 
+-- name: sealed_since
+-- Whether the ledger holds values sealed by a codec (safepoint.storage.codec): the event a store
+-- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with.
+SELECT detail FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed' LIMIT 1;
+
+-- name: mark_sealed
+-- Mark the ledger as holding sealed values (see sealed_since), unless it is already.
+INSERT INTO safepoint_events (run_id, at, kind, detail)
+SELECT '', :now, 'ledger.sealed', :detail
+WHERE NOT EXISTS (SELECT 1 FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed');
+
 -- name: ledger_identity
 -- The ledger's id and since when effect keys include it (migration 1), read once on open.
 SELECT ledger_id, keyed_since FROM safepoint_ledger WHERE singleton = 1;
@@ -790,8 +801,7 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING run_id;
 
 
--- == retention: prune ===========================================================================
--- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
+-- == retention: prune ====================================================================-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
 -- transaction: a chain's runs locked and read again, then what goes deleted whole. RUN_IDS and
 -- DIGESTS are JSON arrays of text, one parameter each, read as a set.
 
@@ -882,3 +892,74 @@ WHERE a.digest IN (SELECT value FROM json_each(:digests))
   AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
   AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
 RETURNING size;
+=======
+-- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
+-- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation
+-- seals every value again with the active key, a page of rows at a time, in key order (:after_*
+-- the last key of the page before; :run_id NULL: every run's rows).
+
+-- name: reseal_runs_page
+-- A page of the runs' rows with their sealed columns, after the given key.
+SELECT run_id, inputs, result, error FROM safepoint_runs
+WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id > :after_run_id
+ORDER BY run_id LIMIT :limit;
+
+-- name: reseal_runs_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error
+WHERE run_id = :run_id;
+
+-- name: reseal_steps_page
+-- A page of the steps' rows with their sealed columns, after the given key.
+SELECT run_id, step_id, result, error FROM safepoint_steps
+WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id, step_id) > (:after_run_id, :after_step_id)
+ORDER BY run_id, step_id LIMIT :limit;
+
+-- name: reseal_steps_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_steps SET result = :result, error = :error
+WHERE run_id = :run_id AND step_id = :step_id;
+
+-- name: reseal_attempts_page
+-- A page of the failed attempts' rows with their sealed columns, after the given key.
+SELECT run_id, step_id, attempt, error FROM safepoint_attempts
+WHERE (:run_id IS NULL OR run_id = :run_id)
+  AND (run_id, step_id, attempt) > (:after_run_id, :after_step_id, :after_attempt)
+ORDER BY run_id, step_id, attempt LIMIT :limit;
+
+-- name: reseal_attempts_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_attempts SET error = :error
+WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt;
+
+-- name: reseal_operations_page
+-- A page of the operations' rows with their sealed columns, after the given key.
+SELECT run_id, operation_id, receipt, error FROM safepoint_operations
+WHERE (:run_id IS NULL OR run_id = :run_id)
+  AND (run_id, operation_id) > (:after_run_id, :after_operation_id)
+ORDER BY run_id, operation_id LIMIT :limit;
+
+-- name: reseal_operations_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_operations SET receipt = :receipt, error = :error
+WHERE run_id = :run_id AND operation_id = :operation_id;
+
+-- name: reseal_messages_page
+-- A page of the messages' rows with their sealed columns, after the given key.
+SELECT seq, run_id, name, payload FROM safepoint_messages
+WHERE (:run_id IS NULL OR run_id = :run_id) AND seq > :after_seq
+ORDER BY seq LIMIT :limit;
+
+-- name: reseal_messages_update
+-- One row's sealed columns, sealed again.
+UPDATE safepoint_messages SET payload = :payload
+WHERE seq = :seq;
+
+-- name: reseal_artifacts_page
+-- A page of artifacts, after the given digest.
+SELECT digest, content FROM safepoint_artifacts WHERE digest > :after_digest
+ORDER BY digest LIMIT :limit;
+
+-- name: reseal_artifacts_update
+-- One artifact's content, sealed again.
+UPDATE safepoint_artifacts SET content = :content WHERE digest = :digest;

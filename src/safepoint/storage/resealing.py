@@ -1,0 +1,182 @@
+"""Sealed values sealed again, written once for every store as plans (``plans``) over the
+``reseal_*`` queries both dialects define alike (see ``storage.codec`` for what is sealed and
+for which place).
+
+Two writers need it: a fork, whose rows are copied from its source's in SQL and so stay sealed
+for the source's place until they are sealed again for the fork's (in the fork's transaction);
+and a rotation (``safepoint keys reencrypt``), which seals every value that is not under the
+active key yet — or not sealed at all, stored before the ledger had a codec — with it, one page
+of rows per transaction, so that it can be stopped and started again at any point: a value is
+either still under its old key, which the keyring keeps until the rotation is done, or under
+the new one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from .._rules.canonical import digest as content_digest
+from ..errors import ArtifactCorrupt, UsageError
+from .codec import (
+    PREFIX_BYTES,
+    SEALED,
+    Codec,
+    is_sealed,
+    open_artifact,
+    open_text,
+    seal_artifact,
+    seal_text,
+    sealed_key_id,
+)
+from .ledger import LedgerReads
+from .plans import Plan
+
+# Each kind of row a rotation walks: its table, its key (the order pages follow, and the row an
+# update names), and the queries that read a page of it and write one row back.
+TABLES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
+    "runs": ("safepoint_runs", ("run_id",), "reseal_runs_page", "reseal_runs_update"),
+    "steps": ("safepoint_steps", ("run_id", "step_id"), "reseal_steps_page", "reseal_steps_update"),
+    "attempts": (
+        "safepoint_attempts",
+        ("run_id", "step_id", "attempt"),
+        "reseal_attempts_page",
+        "reseal_attempts_update",
+    ),
+    "operations": (
+        "safepoint_operations",
+        ("run_id", "operation_id"),
+        "reseal_operations_page",
+        "reseal_operations_update",
+    ),
+    "messages": ("safepoint_messages", ("seq",), "reseal_messages_page", "reseal_messages_update"),
+}
+# What sorts before every key: the first page starts after it.
+_BEFORE_ALL: dict[str, Any] = {"run_id": "", "step_id": "", "operation_id": "", "attempt": -1, "seq": -1}
+# The rows a fork copies from its source.
+FORK_COPIES = ("runs", "steps", "operations")
+
+Key = Mapping[str, Any]
+
+
+def _codec(reads: LedgerReads) -> Codec:
+    if reads.codec is None:
+        raise UsageError("sealing values again needs a store opened with a codec (a keyring)")
+    return reads.codec
+
+
+def reseal_page(
+    reads: LedgerReads,
+    kind: str,
+    after: Key | None,
+    limit: int,
+    *,
+    run_id: str | None = None,
+    sealed_for: str | None = None,
+) -> Plan[tuple[int, Key | None]]:
+    """Seal again the values of one page of ``kind``'s rows (``TABLES``) after ``after``:
+    (how many rows changed, the page's last key — None when it was the last page).
+    ``run_id``: only that run's rows. ``sealed_for``: the run whose place the values are sealed
+    for (a fork's source), each sealed again for its own row; without it, only what is not
+    under the active key is."""
+    codec = _codec(reads)
+    table, key, page, update = TABLES[kind]
+    columns, place_columns = SEALED[table]
+    start = after or {name: _BEFORE_ALL[name] for name in key}
+    rows = yield reads.q(page, run_id=run_id, limit=limit, **{f"after_{k}": v for k, v in start.items()})
+    changed = 0
+    for row in rows:
+        place = tuple(row[name] for name in place_columns)
+        was = place if sealed_for is None else (sealed_for, *place[1:])
+        values, moved = {}, False
+        for column in columns:
+            value = row[column]
+            values[column] = value
+            if value.__class__ is not str:  # NULL (or text a read would report unreadable)
+                continue
+            if is_sealed(value):
+                if sealed_for is None and sealed_key_id(value) == codec.key_id:
+                    continue
+                value = open_text(codec, value, table, column, *was)
+            values[column] = seal_text(codec, value, table, column, *place)
+            moved = True
+        if moved:
+            yield reads.q(update, **{name: row[name] for name in key}, **values)
+            changed += 1
+    last = {name: rows[-1][name] for name in key} if len(rows) == limit else None
+    return changed, last
+
+
+def reseal_artifacts_page(reads: LedgerReads, after: str | None, limit: int) -> Plan[tuple[int, str | None]]:
+    """``reseal_page`` for artifacts: each not under the active key sealed with it, checked
+    against its digest first."""
+    codec = _codec(reads)
+    rows = yield reads.q("reseal_artifacts_page", after_digest=after or "", limit=limit)
+    changed = 0
+    for row in rows:
+        digest, data = row["digest"], bytes(row["content"])
+        if data.startswith(PREFIX_BYTES) and sealed_key_id(data.decode(errors="replace")) == codec.key_id:
+            continue
+        plain = open_artifact(codec, data, digest)
+        actual = content_digest(plain)
+        if actual != digest:
+            raise ArtifactCorrupt(digest, actual)
+        yield reads.q("reseal_artifacts_update", digest=digest, content=seal_artifact(codec, plain, digest))
+        changed += 1
+    return changed, (str(rows[-1]["digest"]) if len(rows) == limit else None)
+
+
+def reseal_fork(reads: LedgerReads, source_run_id: str, run_id: str) -> Plan[None]:
+    """A fork's copied rows, sealed for its source's, sealed again for the fork's own."""
+    for kind in FORK_COPIES:
+        after: Key | None = None
+        while True:
+            _, after = yield from reseal_page(
+                reads, kind, after, 500, run_id=run_id, sealed_for=source_run_id
+            )
+            if after is None:
+                break
+
+
+class Resealing(Protocol):
+    """A store that seals values again a page at a time (``SqliteStore``, ``PostgresStore``)."""
+
+    def reseal_page(self, kind: str, after: Key | None, limit: int) -> tuple[int, Key | None]: ...
+
+    def reseal_artifacts_page(self, after: str | None, limit: int) -> tuple[int, str | None]: ...
+
+
+def reencrypt(
+    store: object, *, batch: int = 500, progress: Callable[[str, int], None] | None = None
+) -> dict[str, int]:
+    """Seal every value of the ledger that is not under the keyring's active key — or not
+    sealed at all — with it, ``batch`` rows per transaction: how many rows of each kind
+    changed. Safe to stop at any point and run again (what is done is not done twice); once
+    it has run to the end, keys older than the active one may leave the keyring.
+    ``progress``: told (kind, rows changed) after each page."""
+    if not (hasattr(store, "reseal_page") and hasattr(store, "reseal_artifacts_page")):
+        raise UsageError(f"{type(store).__name__} cannot seal values again: use SqliteStore or PostgresStore")
+    if batch < 1:
+        raise UsageError(f"a batch of {batch} rows is not one: give 1 or more")
+    resealer: Resealing = store
+    changed: dict[str, int] = {}
+    for kind in TABLES:
+        after: Key | None = None
+        changed[kind] = 0
+        while True:
+            count, after = resealer.reseal_page(kind, after, batch)
+            changed[kind] += count
+            if progress is not None:
+                progress(kind, count)
+            if after is None:
+                break
+    changed["artifacts"] = 0
+    digest: str | None = None
+    while True:
+        count, digest = resealer.reseal_artifacts_page(digest, batch)
+        changed["artifacts"] += count
+        if progress is not None:
+            progress("artifacts", count)
+        if digest is None:
+            break
+    return changed
