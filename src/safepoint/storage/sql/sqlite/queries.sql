@@ -801,7 +801,8 @@ WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING run_id;
 
 
--- == retention: prune ====================================================================-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
+-- == retention: prune ===========================================================================
+-- One batch of a prune (safepoint/storage/prune.py) runs every statement below in one
 -- transaction: a chain's runs locked and read again, then what goes deleted whole. RUN_IDS and
 -- DIGESTS are JSON arrays of text, one parameter each, read as a set.
 
@@ -892,7 +893,6 @@ WHERE a.digest IN (SELECT value FROM json_each(:digests))
   AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
   AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
 RETURNING size;
-=======
 -- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
 -- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation
 -- seals every value again with the active key, a page of rows at a time, in key order (:after_*
