@@ -209,8 +209,10 @@ def sqlite_settings(conn: sqlite3.Connection) -> dict[str, str]:
 def postgres_settings(conn: Any) -> dict[str, str]:
     """What a PostgreSQL connection commits with: its ``synchronous_commit``, and the server's
     ``fsync``."""
-    names = ("synchronous_commit", "fsync")
-    found = {name: str(conn.execute(f"SHOW {name}").fetchone()[0]) for name in names}
+    found = {}
+    for name in ("synchronous_commit", "fsync"):
+        row = conn.execute(f"SHOW {name}").fetchone()
+        found[name] = str(next(iter(row.values())) if isinstance(row, dict) else row[0])  # dict_row or not
     if not conn.autocommit:
         conn.rollback()
     return found
