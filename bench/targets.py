@@ -278,7 +278,7 @@ def threshold(target: Target) -> str:
 
 
 def table(found: list[Target]) -> list[str]:
-    lines = ["| target | setting | measured | threshold | met? | |", "|---|---|---|---|---|---|"]
+    lines = ["| target | setting | measured | threshold | met? | note |", "|---|---|---|---|---|---|"]
     for target in found:
         met = {True: "yes", False: "**no**", None: "-"}[target.met]
         lines.append(

@@ -265,23 +265,29 @@ def _w4(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
 
 
 def _w6(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
-    from .models import fake_server, measure_w6
+    from .models import measure_w6
 
-    store = _open(url, durability)
-    try:
-        with fake_server() as models_url:
-            return measure_w6(store, models_url, sizes.w6_turns)
-    finally:
-        store.close()
+    return _with_models(url, durability, lambda store, models: measure_w6(store, models, sizes.w6_turns))
 
 
 def _w7(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
-    from .models import fake_server, measure_w7
+    from .models import measure_w7
+
+    return _with_models(
+        url, durability, lambda store, models: measure_w7(store, models, sizes.w7_turns, sizes.w7_window)
+    )
+
+
+def _with_models(
+    url: str, durability: str, measure: Callable[[sp.Store, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """``measure(store, models_url)`` with the store open and the fake model server up."""
+    from .models import fake_server
 
     store = _open(url, durability)
     try:
         with fake_server() as models_url:
-            return measure_w7(store, models_url, sizes.w7_turns, sizes.w7_window)
+            return measure(store, models_url)
     finally:
         store.close()
 
