@@ -48,7 +48,7 @@ docs: $(BIN)/.installed          ## the documentation site, built into site/ (wa
 $(BENCH_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/pip install --quiet -e '.[postgres]' --group bench
+	$(BENCH_VENV)/bin/pip install --quiet -e '.[postgres,anthropic,openai]' --group bench
 	touch $@
 
 bench: $(BENCH_VENV)/.installed  ## safepoint against DBOS and LangGraph (~20 min): docs/benchmarks.md

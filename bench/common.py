@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +45,9 @@ class Sizes:
     w5_effects: int = 500
     floor_commits: int = 1000
     http_calls: int = 500
+    w6_turns: int = 50  # model turns per SDK, raw and recorded
+    w7_turns: int = 200
+    w7_window: int = 10  # turns 2 to 11 against the last 10
 
     @classmethod
     def full(cls) -> Sizes:
@@ -59,11 +62,15 @@ class Sizes:
             w3_runs=4,
             w3_steps=20,
             w3_workers=2,
-            w4_steps=100,
-            w4_kill_at=50,
+            # past one batch of pure steps, so that the resume replays some
+            w4_steps=300,
+            w4_kill_at=200,
             w5_effects=40,
             floor_commits=200,
             http_calls=50,
+            w6_turns=10,
+            w7_turns=40,
+            w7_window=5,
         )
 
     def as_dict(self) -> dict[str, int]:
@@ -187,6 +194,78 @@ def prepare_sqlite_file(path: Path, *, wal: bool) -> None:
         conn.execute(f"PRAGMA journal_mode={'WAL' if wal else 'DELETE'}")
     finally:
         conn.close()
+
+
+SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+
+
+def sqlite_settings(conn: sqlite3.Connection) -> dict[str, str]:
+    """What an SQLite connection commits with: its journal mode and ``synchronous`` level."""
+    journal = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).upper()
+    level = int(conn.execute("PRAGMA synchronous").fetchone()[0])
+    return {"journal_mode": journal, "synchronous": SYNCHRONOUS.get(level, str(level))}
+
+
+def postgres_settings(conn: Any) -> dict[str, str]:
+    """What a PostgreSQL connection commits with: its ``synchronous_commit``, and the server's
+    ``fsync``."""
+    found = {}
+    for name in ("synchronous_commit", "fsync"):
+        row = conn.execute(f"SHOW {name}").fetchone()
+        found[name] = str(next(iter(row.values())) if isinstance(row, dict) else row[0])  # dict_row or not
+    if not conn.autocommit:
+        conn.rollback()
+    return found
+
+
+@contextmanager
+def durability_read_back(backend: str) -> Iterator[Callable[[], dict[str, str]]]:
+    """Within the block, every connection this process opens is noted; the function yielded
+    reads back what the ones still open commit with (each setting's distinct values joined by
+    "/"), so that "equal durability" is checked against what the connections ran with rather
+    than what the code means to set."""
+    opened: list[Any] = []
+    if backend == "sqlite":
+        original = sqlite3.connect
+
+        def noting(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+            conn = original(*args, **kwargs)
+            opened.append(conn)
+            return conn
+
+        sqlite3.connect = noting  # type: ignore[assignment]
+        read_one: Callable[[Any], dict[str, str]] = sqlite_settings
+    else:
+        import psycopg
+
+        original_pg = psycopg.Connection.connect
+
+        def noting_pg(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            conn = original_pg.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+            opened.append(conn)
+            return conn
+
+        psycopg.Connection.connect = classmethod(noting_pg)  # type: ignore[method-assign, assignment]
+        read_one = postgres_settings
+
+    def read() -> dict[str, str]:
+        seen: dict[str, set[str]] = {}
+        for conn in opened:
+            try:
+                found = read_one(conn)
+            except Exception:  # closed, or another thread's: it commits nothing more
+                continue
+            for key, value in found.items():
+                seen.setdefault(key, set()).add(value)
+        return {key: "/".join(sorted(values)) for key, values in seen.items()}
+
+    try:
+        yield read
+    finally:
+        if backend == "sqlite":
+            sqlite3.connect = original
+        else:
+            psycopg.Connection.connect = original_pg  # type: ignore[method-assign]
 
 
 # -- timing ------------------------------------------------------------------------------------

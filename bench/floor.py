@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-from .common import Database, Sizes
+from .common import Database, Sizes, postgres_settings, sqlite_settings
 
 # The SQLite variants the systems run with (journal mode, synchronous): safepoint's default,
 # every system at equal durability (and LangGraph's default), and DBOS's default.
@@ -24,13 +24,18 @@ SQLITE_FLOORS = {
 }
 
 
-def sqlite_floor(db: Database, commits: int, journal: str, synchronous: str) -> float:
+def sqlite_floor(
+    db: Database, commits: int, journal: str, synchronous: str, ran_with: dict[str, str] | None = None
+) -> float:
+    """Commits/s; ``ran_with`` gets the settings read back from the connection."""
     assert db.path is not None
     conn = sqlite3.connect(db.path, isolation_level=None)
     try:
         conn.execute(f"PRAGMA journal_mode={journal}")
         conn.execute(f"PRAGMA synchronous={synchronous}")
         conn.execute("CREATE TABLE floor (k INTEGER PRIMARY KEY, v TEXT)")
+        if ran_with is not None:
+            ran_with.update(sqlite_settings(conn))
         started = time.perf_counter()
         for index in range(commits):
             conn.execute("BEGIN IMMEDIATE")
@@ -41,7 +46,7 @@ def sqlite_floor(db: Database, commits: int, journal: str, synchronous: str) -> 
         conn.close()
 
 
-def postgres_floor(db: Database, commits: int) -> float:
+def postgres_floor(db: Database, commits: int, ran_with: dict[str, str] | None = None) -> float:
     """psycopg 3 (the driver of all three systems), one INSERT per transaction — a single
     statement in autocommit, one round trip — with ``synchronous_commit=on`` set explicitly (it
     is also the server's default)."""
@@ -50,6 +55,8 @@ def postgres_floor(db: Database, commits: int) -> float:
     with psycopg.connect(db.pg_url, autocommit=True) as conn:
         conn.execute("SET synchronous_commit = on")
         conn.execute("CREATE TABLE floor (k integer PRIMARY KEY, v text)")
+        if ran_with is not None:
+            ran_with.update(postgres_settings(conn))
         started = time.perf_counter()
         for index in range(commits):
             conn.execute("INSERT INTO floor VALUES (%s, %s)", (index, "x" * 16))
@@ -72,11 +79,15 @@ def measure(backend: str, sizes: Sizes) -> dict[str, Any]:
     from .common import fresh_database
 
     out: dict[str, Any] = {}
+    ran_with: dict[str, dict[str, str]] = {}  # each floor's settings, read back from its connection
     if backend == "sqlite":
         for name, (journal, synchronous) in SQLITE_FLOORS.items():
             with fresh_database("sqlite", f"floor_{name}") as db:
-                out[name] = sqlite_floor(db, sizes.floor_commits, journal, synchronous)
+                ran_with[name] = {}
+                out[name] = sqlite_floor(db, sizes.floor_commits, journal, synchronous, ran_with[name])
     else:
         with fresh_database("postgres", "floor") as db:
-            out["pg_on"] = postgres_floor(db, sizes.floor_commits)
+            ran_with["pg_on"] = {}
+            out["pg_on"] = postgres_floor(db, sizes.floor_commits, ran_with["pg_on"])
+    out["ran_with"] = ran_with
     return out

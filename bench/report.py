@@ -10,10 +10,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
+from . import targets as _targets
 from .common import BACKENDS, MODES
+from .targets import Target, effect_bound
+
+__all__ = ["Measured", "Target", "ratios", "settings_table", "summary", "tables", "targets"]
+targets = _targets.targets
 
 PEERS = ("dbos", "langgraph")
 NAMES = {"safepoint": "safepoint", "dbos": "DBOS", "langgraph": "LangGraph"}
@@ -62,6 +66,16 @@ class Measured:
         found = _dig(cell["results"], *path)
         return float(found) if isinstance(found, int | float) else None
 
+    def raw(self, setting: str, system: str, *path: str) -> Any:
+        """What the first repetition that has it recorded at ``path``, whatever its type (the
+        settings a connection ran with are text)."""
+        for rep in self.reps:
+            cell = self.by.get((rep, setting, system))
+            found = _dig(cell["results"], *path) if cell else None
+            if found is not None:
+                return found
+        return None
+
     def floor(self, rep: int, setting: str, system: str) -> float | None:
         """The floor measured with the driver and durability of ``system`` in ``setting``."""
         key = self.floor_key(setting, system)
@@ -105,114 +119,10 @@ class Measured:
         if term[0] == "half_floor":
             floor = self.floor(rep, setting, term[1])
             return floor / 2 if floor else None
+        if term[0] == "w5_bound":  # two floor commits and one HTTP call, both of this repetition
+            http = self.value(rep, setting, term[1], "w5", "http_per_s")
+            return effect_bound(self.floor(rep, setting, term[1]), http)
         return self.value(rep, setting, *term)
-
-
-# -- targets ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    name: str
-    setting: str
-    measured: float | None
-    goal: float
-    higher_is_better: bool
-    unit: str = "x"
-
-    @property
-    def met(self) -> bool | None:
-        if self.measured is None:
-            return None
-        return self.measured >= self.goal if self.higher_is_better else self.measured <= self.goal
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "setting": self.setting,
-            "measured": self.measured,
-            "goal": self.goal,
-            "higher_is_better": self.higher_is_better,
-            "met": self.met,
-        }
-
-
-def targets(run: Measured) -> list[Target]:
-    out: list[Target] = []
-    sp = "safepoint"
-    for setting in run.settings:
-        backend, mode = setting.split("/")
-        w1_dbos = run.ratio(setting, (sp, "w1", "steps_per_s"), ("dbos", "w1", "steps_per_s"))
-        w1_floor = run.ratio(setting, (sp, "w1", "steps_per_s"), ("floor", sp))
-        # The same goals for W1's variant whose every step is durable before the next (read
-        # steps): pure steps are written 64 to a commit, which the goals did not assume.
-        durable_dbos = run.ratio(setting, (sp, "w1", "durable_steps_per_s"), ("dbos", "w1", "steps_per_s"))
-        durable_floor = run.ratio(setting, (sp, "w1", "durable_steps_per_s"), ("floor", sp))
-        if mode == "defaults":
-            goal = 20 if backend == "sqlite" else 4
-            out.append(Target("W1 safepoint/DBOS steps/s", setting, w1_dbos, goal, True))
-            out.append(Target("W1, each step durable: safepoint/DBOS", setting, durable_dbos, goal, True))
-        else:
-            goal = 0.5 if backend == "sqlite" else 0.6
-            out.append(Target("W1 safepoint steps/s over its floor", setting, w1_floor, goal, True))
-            out.append(Target("W1, each step durable: over its floor", setting, durable_floor, goal, True))
-        out.append(
-            Target(
-                "W2 safepoint per-step cost, last/first",
-                setting,
-                run.median(setting, sp, "w2", "last_over_first"),
-                1.1,
-                False,
-            )
-        )
-        out.append(
-            Target(
-                "W2 safepoint storage growth (1 = linear)",
-                setting,
-                run.median(setting, sp, "w2", "growth"),
-                1.25,
-                False,
-            )
-        )
-        out.append(
-            Target(
-                "W3 safepoint/DBOS steps/s",
-                setting,
-                run.ratio(setting, (sp, "w3", "steps_per_s"), ("dbos", "w3", "steps_per_s")),
-                4,
-                True,
-            )
-        )
-        out.append(
-            Target(
-                "W4 safepoint/DBOS recovery wall time",
-                setting,
-                run.ratio(setting, (sp, "w4", "recover_s"), ("dbos", "w4", "recover_s")),
-                0.2,
-                False,
-            )
-        )
-        out.append(
-            Target(
-                "W4 safepoint replayed steps/s",
-                setting,
-                run.median(setting, sp, "w4", "replay_steps_per_s"),
-                20000,
-                True,
-                "/s",
-            )
-        )
-        if mode == "equal":  # at process_crash the SQLite floor never waits for the disk
-            out.append(
-                Target(
-                    "W5 safepoint effects/s over half its floor",
-                    setting,
-                    run.ratio(setting, (sp, "w5", "effects_per_s"), ("half_floor", sp)),
-                    0.45,
-                    True,
-                )
-            )
-    return out
 
 
 # -- summary (for the JSON) ---------------------------------------------------------------------
@@ -274,6 +184,7 @@ def ratios(run: Measured) -> dict[str, dict[str, float | None]]:
             setting, (sp, "w3", "steps_per_s"), ("dbos", "w3", "steps_per_s")
         )
         row["w5 safepoint/(floor/2)"] = run.ratio(setting, (sp, "w5", "effects_per_s"), ("half_floor", sp))
+        row["w5 safepoint/bound"] = run.ratio(setting, (sp, "w5", "effects_per_s"), ("w5_bound", sp))
         out[setting] = row
     return out
 
@@ -303,23 +214,7 @@ def tables(run: Measured) -> str:
     lines: list[str] = []
     for setting in run.settings:
         lines += _setting_table(run, setting)
-    lines += ["### Targets", "", "| target | setting | measured | goal | met |", "|---|---|---|---|---|"]
-    for target in targets(run):
-        measured = (
-            _n(target.measured)
-            if target.unit == "/s"
-            else _n(target.measured, 2)
-            if target.measured is not None
-            else "-"
-        )
-        goal = (
-            f"≥ {_n(target.goal)}/s"
-            if target.unit == "/s"
-            else f"{'≥' if target.higher_is_better else '≤'} {target.goal:g}"
-        )
-        met = {True: "yes", False: "**no**", None: "-"}[target.met]
-        lines.append(f"| {target.name} | {target.setting} | {measured} | {goal} | {met} |")
-    lines.append("")
+    lines += _targets.tables(run)
     return "\n".join(lines)
 
 
@@ -451,6 +346,12 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
         [med(s, "w4", "reexecuted") for s in systems],
         blank,
     )
+    row(
+        "W4",
+        "... recorded steps replayed per CPU second of the recovery process",
+        [med(s, "w4", "replay_cpu_steps_per_s") for s in systems],
+        blank,
+    )
     row("W5", "effects/s (HTTP owner on loopback)", [med(s, "w5", "effects_per_s") for s in systems], blank)
     row("W5", "HTTP creates/s, the second floor", [med(s, "w5", "http_per_s") for s in systems], blank)
     row(
@@ -458,6 +359,57 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
         "effects/s over half its floor",
         [
             _pct(run.ratio(setting, (s, "w5", "effects_per_s"), ("half_floor", s)))
+            if s == "safepoint"
+            else "-"
+            for s in systems
+        ],
+        blank,
+    )
+    row(
+        "W5",
+        "effects/s of its bound (2 floor commits + 1 HTTP call)",
+        [
+            _pct(run.ratio(setting, (s, "w5", "effects_per_s"), ("w5_bound", s))) if s == "safepoint" else "-"
+            for s in systems
+        ],
+        blank,
+    )
+    for sdk, label in (("anthropic", "Anthropic"), ("openai", "OpenAI chat")):
+        row(
+            "W6",
+            f"{label} turn, ms: raw SDK → recorded (overhead; CPU overhead)",
+            [
+                f"{med(s, 'w6', sdk, 'raw_ms', digits=2)} → {med(s, 'w6', sdk, 'recorded_ms', digits=2)}"
+                f" ({med(s, 'w6', sdk, 'overhead_ms', digits=2)};"
+                f" {med(s, 'w6', sdk, 'overhead_cpu_ms', digits=2)})"
+                if s == "safepoint"
+                else "-"
+                for s in systems
+            ],
+            blank,
+        )
+    turns, window = (round(run.median(setting, "safepoint", "w7", key) or 0) for key in ("turns", "window"))
+    row(
+        "W7",
+        f"{turns}-turn loop, CPU ms/turn, turns 2-{window + 1} → last {window}:"
+        " raw SDK; recorded; safepoint's own",
+        [
+            f"{med(s, 'w7', 'cpu', 'raw_first_ms', digits=2)}"
+            f" → {med(s, 'w7', 'cpu', 'raw_last_ms', digits=2)};"
+            f" {med(s, 'w7', 'cpu', 'first_ms', digits=2)} → {med(s, 'w7', 'cpu', 'last_ms', digits=2)};"
+            f" {med(s, 'w7', 'cpu', 'overhead_first_ms', digits=2)}"
+            f" → {med(s, 'w7', 'cpu', 'overhead_last_ms', digits=2)}"
+            if s == "safepoint"
+            else "-"
+            for s in systems
+        ],
+        blank,
+    )
+    row(
+        "W7",
+        "... wall ms/turn, recorded, the same turns",
+        [
+            f"{med(s, 'w7', 'wall', 'first_ms', digits=2)} → {med(s, 'w7', 'wall', 'last_ms', digits=2)}"
             if s == "safepoint"
             else "-"
             for s in systems

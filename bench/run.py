@@ -29,7 +29,7 @@ from .common import BACKENDS, MODES, PG_ADMIN_URL, SYSTEMS, Sizes, drop_leftover
 from .procs import ROOT
 
 WORKLOADS = {
-    "safepoint": ["w1", "w2", "w3", "w4", "w5"],
+    "safepoint": ["w1", "w2", "w3", "w4", "w5", "w6", "w7"],
     "dbos": ["w1", "w2", "w3", "w4"],
     "langgraph": ["w1", "w2", "w4"],
 }
@@ -55,6 +55,8 @@ PACKAGES = [
     "SQLAlchemy",
     "matplotlib",
     "pyinstrument",
+    "anthropic",
+    "openai",
 ]
 RESULTS_START, RESULTS_END = "<!-- bench:results:start -->", "<!-- bench:results:end -->"
 PROFILES_START, PROFILES_END = "<!-- bench:profiles:start -->", "<!-- bench:profiles:end -->"
@@ -194,7 +196,13 @@ def _pick(raw: str, allowed: tuple[str, ...], what: str) -> list[str]:
 
 
 def _check_ready(systems: list[str], backends: list[str], *, profile: bool) -> None:
-    modules = {"dbos": "dbos", "langgraph": "langgraph.checkpoint.sqlite"}
+    # the model SDKs for W6 and W7, the integrations' cost
+    modules = {
+        "dbos": "dbos",
+        "langgraph": "langgraph.checkpoint.sqlite",
+        "anthropic": "anthropic",
+        "openai": "openai",
+    }
     if "postgres" in backends:
         modules["psycopg"] = "psycopg"
         if "langgraph" in systems:

@@ -6,7 +6,8 @@
   200-byte message, which the workflow appends to its state. The ledger keeps the step's input
   *hash* and its 200-byte result, never the state itself;
 - W3: ``safepoint worker`` semantics — ``sp.Worker(store, concurrency=1)`` in each of N processes;
-- W5: ``run.effect`` against the local effect owner, over HTTP on loopback.
+- W5: ``run.effect`` against the local effect owner, over HTTP on loopback;
+- W6 and W7, the integrations' model turns: ``bench/workloads/models.py``.
 
 Settings: ``defaults`` is ``durability="process_crash"`` (SQLite WAL + ``synchronous=NORMAL``;
 PostgreSQL: the server's ``synchronous_commit``, ``on`` here); ``equal`` is
@@ -29,15 +30,16 @@ from safepoint.testing.effects import OWNER_URL_ENV, owner_effect
 from safepoint.types import RunStatus
 
 from .. import procs
-from ..common import Database, Setting, Sizes, Stamps, fresh_database, growth
+from ..common import Database, Setting, Sizes, Stamps, durability_read_back, fresh_database, growth
 from .shared import chunk, probe_points, recovery_figures
 
-WORKLOADS = ("w1", "w2", "w3", "w4", "w5")
+WORKLOADS = ("w1", "w2", "w3", "w4", "w5", "w6", "w7")
 STAMPS = Stamps()
 PROBE: Callable[[int], None] | None = None
 _KILL_AT = int(os.environ.get("BENCH_KILL_AT", "-1"))
 _calls: list[tuple[int, float]] = []
 _entered: list[float] = []
+_first_body_cpu: list[float] = []  # process_time() when W4's first step body ran
 
 
 def settings(setting: Setting) -> dict[str, Any]:
@@ -116,6 +118,8 @@ def w2(run: sp.Run, count: int, as_transcript: bool) -> int:
 
 def _w4_step(total: int, index: int) -> int:
     _calls.append((index, time.perf_counter()))
+    if not _first_body_cpu:
+        _first_body_cpu.append(time.process_time())
     if index == _KILL_AT:
         os.kill(os.getpid(), signal.SIGKILL)
     return total + index
@@ -149,21 +153,41 @@ def measure(workload: str, setting: Setting, sizes: Sizes) -> dict[str, Any]:
     durability = settings(setting)["durability"]
     with fresh_database(setting.backend, f"sp_{workload}") as db:
         url = _url(db)
-        return {"w1": _w1, "w2": _w2, "w3": _w3, "w4": _w4, "w5": _w5}[workload](db, url, durability, sizes)
+        return {
+            "w1": _w1,
+            "w2": _w2,
+            "w3": _w3,
+            "w4": _w4,
+            "w5": _w5,
+            "w6": _w6,
+            "w7": _w7,
+        }[workload](db, url, durability, sizes)
 
 
 def _w1(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
+    """Pure steps, then (in a database of its own) read steps, each durable before the next,
+    with the durability settings safepoint's own connections ran with, read back from them."""
     store = _open(url, durability)
     try:
         started = time.perf_counter()
         sp.start(store, w1, sizes.w1_steps, run_id="w1")
         elapsed = time.perf_counter() - started
-        started = time.perf_counter()
-        sp.start(store, w1_durable, sizes.w1_steps, run_id="w1.durable")
-        durable = time.perf_counter() - started
     finally:
         store.close()
-    return {"steps_per_s": sizes.w1_steps / elapsed, "durable_steps_per_s": sizes.w1_steps / durable}
+    with fresh_database(db.backend, "sp_w1durable") as other, durability_read_back(other.backend) as read:
+        store = _open(_url(other), durability)
+        try:
+            started = time.perf_counter()
+            sp.start(store, w1_durable, sizes.w1_steps, run_id="w1.durable")
+            durable = time.perf_counter() - started
+            ran_with = read()
+        finally:
+            store.close()
+    return {
+        "steps_per_s": sizes.w1_steps / elapsed,
+        "durable_steps_per_s": sizes.w1_steps / durable,
+        "durable_ran_with": ran_with,
+    }
 
 
 def _w2(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
@@ -240,6 +264,34 @@ def _w4(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
     return recovered
 
 
+def _w6(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
+    from .models import measure_w6
+
+    return _with_models(url, durability, lambda store, models: measure_w6(store, models, sizes.w6_turns))
+
+
+def _w7(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
+    from .models import measure_w7
+
+    return _with_models(
+        url, durability, lambda store, models: measure_w7(store, models, sizes.w7_turns, sizes.w7_window)
+    )
+
+
+def _with_models(
+    url: str, durability: str, measure: Callable[[sp.Store, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """``measure(store, models_url)`` with the store open and the fake model server up."""
+    from .models import fake_server
+
+    store = _open(url, durability)
+    try:
+        with fake_server() as models_url:
+            return measure(store, models_url)
+    finally:
+        store.close()
+
+
 def _w5(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
     from safepoint.testing.owner import OwnerService
 
@@ -286,11 +338,17 @@ def _victim(args: dict[str, Any]) -> None:
 def _recover(args: dict[str, Any]) -> None:
     started = time.perf_counter()
     store = _open(args["url"], args["durability"])
-    opened = time.perf_counter()
+    opened, opened_cpu = time.perf_counter(), time.process_time()
     sp.resume(store, "w4")
     ended = time.perf_counter()
     store.close()
-    procs.emit(recovery_figures(started, opened, ended, _entered, _calls, args["kill_at"]))
+    figures = recovery_figures(started, opened, ended, _entered, _calls, args["kill_at"])
+    # The same span in this process's CPU time: what the replay costs, whatever else the machine
+    # runs (the database server's share is not in it).
+    cpu = _first_body_cpu[0] - opened_cpu
+    figures["replay_cpu_s"] = cpu
+    figures["replay_cpu_steps_per_s"] = figures["replayed"] / cpu if cpu > 0 else 0.0
+    procs.emit(figures)
 
 
 if __name__ == "__main__":
