@@ -67,6 +67,7 @@ from .postgres.clock import ClockEstimate
 from .postgres.connection import (
     DRIVER_ERRORS,
     LISTEN,
+    PREPARE_THRESHOLD,
     log,
     run_plan_on,
     run_plan_on_async,
@@ -97,19 +98,28 @@ class AsyncPostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
     ) -> None:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
         self._clock = ClockEstimate()
         self._resting = Resting()
         self._ledger = PostgresLedger(
-            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            connect_timeout=connect_timeout,
+            prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = self._ledger.url, self._ledger.durability
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             self._ledger.conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True},
+            kwargs={
+                "row_factory": dict_row,
+                "autocommit": True,
+                "prepare_threshold": self._ledger.prepare_threshold,
+            },
             min_size=1,
             max_size=max_connections,
             open=False,
@@ -138,6 +148,7 @@ class AsyncPostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
         create: bool = True,
     ) -> AsyncPostgresStore:
         """Open (and migrate) the store at ``url``; call it inside the event loop that will
@@ -150,6 +161,7 @@ class AsyncPostgresStore:
             max_connections=max_connections,
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
+            prepare_threshold=prepare_threshold,
         )
         await store.open_pool(create=create)
         return store
@@ -208,7 +220,11 @@ class AsyncPostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = await psycopg.AsyncConnection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+                self._ledger.conninfo,
+                autocommit=autocommit,
+                row_factory=dict_row,
+                # a migration is many statements in one text, which cannot be prepared
+                prepare_threshold=None,
             )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
@@ -263,7 +279,9 @@ class AsyncPostgresStore:
             try:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
-                        self._ledger.conninfo, row_factory=dict_row
+                        self._ledger.conninfo,
+                        row_factory=dict_row,
+                        prepare_threshold=self._ledger.prepare_threshold,
                     )
                     run_plan_on(self._beat_conn, self._ledger.configure())
                     self._beat_conn.commit()

@@ -17,8 +17,10 @@ What each operation does is written once, as a plan in ``ledger.PostgresLedger``
 ``AsyncPostgresStore`` (``safepoint.storage.postgres_async``); this module is the sync executor
 of those plans.
 
-The URL is a libpq URL plus two safepoint parameters: ``schema=name`` (tables live in that schema,
-created if missing; tests use it to isolate themselves) and ``durability=power_loss``.
+The URL is a libpq URL plus three safepoint parameters: ``schema=name`` (tables live in that
+schema, created if missing; tests use it to isolate themselves), ``durability=power_loss``, and
+``prepare_threshold=N`` (statements run N times on a connection are prepared on the server;
+``none``: never, behind PgBouncer's transaction pooling).
 
 >>> store = PostgresStore("postgresql://worker@db.internal/app?schema=safepoint")  # doctest: +SKIP
 """
@@ -66,7 +68,7 @@ from ...types import (
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..plans import Plan
 from .clock import ClockEstimate
-from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
+from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
 from .pool import Checkout, Discarded, Resting, connection_lost
 
@@ -89,10 +91,15 @@ class PostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
         create: bool = True,
     ) -> None:
         self._ledger = ledger = PostgresLedger(
-            url, durability=durability, inline_limit=inline_limit, connect_timeout=connect_timeout
+            url,
+            durability=durability,
+            inline_limit=inline_limit,
+            connect_timeout=connect_timeout,
+            prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = ledger.url, ledger.durability
         self._local = threading.local()
@@ -110,7 +117,11 @@ class PostgresStore:
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             ledger.conninfo,
             connection_class=psycopg.Connection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True},
+            kwargs={
+                "row_factory": dict_row,
+                "autocommit": True,
+                "prepare_threshold": ledger.prepare_threshold,
+            },
             min_size=1,
             max_size=max_connections,
             open=False,
@@ -152,7 +163,11 @@ class PostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = psycopg.Connection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+                self._ledger.conninfo,
+                autocommit=autocommit,
+                row_factory=dict_row,
+                # a migration is many statements in one text, which cannot be prepared
+                prepare_threshold=None,
             )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
