@@ -74,7 +74,7 @@ from .postgres.connection import (
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
-from .postgres.pool import Checkout, Discarded, Resting, connection_lost
+from .postgres.pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -262,14 +262,18 @@ class AsyncPostgresStore:
 
     async def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, run once more on a fresh connection when the server ended
-        the session under it (see ``PostgresStore._read``)."""
+        the session under it, the first time on a connection taken unprobed (see
+        ``PostgresStore._read``)."""
+        unprobed = UNPROBED.set(True)
         try:
             return await self._run(plan(), atomic=atomic)
         except StoreUnavailable as exc:
             if not connection_lost(exc.__cause__):
                 raise
             log.info("the connection to %s was lost during a read; reading again", self.url)
-            return await self._run(plan(), atomic=atomic)
+        finally:
+            UNPROBED.reset(unprobed)
+        return await self._run(plan(), atomic=atomic)
 
     def renew_lease_blocking(self, claim: Claim) -> None:
         """The heartbeat's renewal, on a connection of its own and without the event loop:

@@ -2,8 +2,9 @@
 
 Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statements):
 - one small ``psycopg_pool.ConnectionPool`` per store object, every connection checked on
-  checkout without a round trip unless it rested a while (``pool``), so a restarted server
-  costs a discarded connection, not a failed operation, and a step costs one round trip;
+  checkout without a round trip unless it rested a while and is wanted for a write (``pool``;
+  a read is checked on failure: read again), so a restarted server costs a discarded
+  connection, not a failed operation, and a step costs one round trip;
 - every method is one transaction (a read, or a single fenced write, is one statement in
   autocommit), and every worker write is one statement whose first part is the fence: an
   UPDATE of the runs row conditioned on the claim's fence. The row lock it takes orders the
@@ -70,7 +71,7 @@ from ..plans import Plan
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
-from .pool import Checkout, Discarded, Resting, connection_lost
+from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
 
 __all__ = ["PostgresStore"]
 
@@ -215,14 +216,19 @@ class PostgresStore:
     def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, made by ``plan()``: run once more, on a fresh connection,
         when the server ended the session under it (a restart in the instant after checkout) —
-        reading twice changes nothing."""
+        reading twice changes nothing. So the first attempt takes its connection unprobed
+        however long it rested (``pool.UNPROBED``), and only the second is checked as a
+        write's connection is."""
+        unprobed = UNPROBED.set(True)
         try:
             return self._run(plan(), atomic=atomic)
         except StoreUnavailable as exc:
             if not connection_lost(exc.__cause__):
                 raise
             log.info("the connection to %s was lost during a read; reading again", self.url)
-            return self._run(plan(), atomic=atomic)
+        finally:
+            UNPROBED.reset(unprobed)
+        return self._run(plan(), atomic=atomic)
 
     def close(self) -> None:
         self._pool.close()
