@@ -68,13 +68,14 @@ from .postgres.clock import ClockEstimate
 from .postgres.connection import (
     DRIVER_ERRORS,
     LISTEN,
+    PREPARE_THRESHOLD,
     log,
     run_plan_on,
     run_plan_on_async,
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
-from .postgres.pool import Checkout, Discarded, Resting, connection_lost
+from .postgres.pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
 from .prune import DryRun, PruneBatch, PruneRequest
 
 __all__ = ["AsyncPostgresStore"]
@@ -100,6 +101,7 @@ class AsyncPostgresStore:
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
         codec: Codec | None = None,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
     ) -> None:
         """Read the URL only (``InvalidStoreURL`` at once); ``await store.open_pool()`` — or
         ``AsyncPostgresStore.open(url)``, or ``async with`` — connects and migrates."""
@@ -111,12 +113,17 @@ class AsyncPostgresStore:
             inline_limit=inline_limit,
             connect_timeout=connect_timeout,
             codec=codec,
+            prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = self._ledger.url, self._ledger.durability
         self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
             self._ledger.conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True},
+            kwargs={
+                "row_factory": dict_row,
+                "autocommit": True,
+                "prepare_threshold": self._ledger.prepare_threshold,
+            },
             min_size=1,
             max_size=max_connections,
             open=False,
@@ -145,6 +152,7 @@ class AsyncPostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
         create: bool = True,
         codec: Codec | None = None,
     ) -> AsyncPostgresStore:
@@ -159,6 +167,7 @@ class AsyncPostgresStore:
             connect_timeout=connect_timeout,
             pool_timeout=pool_timeout,
             codec=codec,
+            prepare_threshold=prepare_threshold,
         )
         await store.open_pool(create=create)
         return store
@@ -217,7 +226,11 @@ class AsyncPostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = await psycopg.AsyncConnection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+                self._ledger.conninfo,
+                autocommit=autocommit,
+                row_factory=dict_row,
+                # a migration is many statements in one text, which cannot be prepared
+                prepare_threshold=None,
             )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
@@ -255,14 +268,18 @@ class AsyncPostgresStore:
 
     async def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, run once more on a fresh connection when the server ended
-        the session under it (see ``PostgresStore._read``)."""
+        the session under it, the first time on a connection taken unprobed (see
+        ``PostgresStore._read``)."""
+        unprobed = UNPROBED.set(True)
         try:
             return await self._run(plan(), atomic=atomic)
         except StoreUnavailable as exc:
             if not connection_lost(exc.__cause__):
                 raise
             log.info("the connection to %s was lost during a read; reading again", self.url)
-            return await self._run(plan(), atomic=atomic)
+        finally:
+            UNPROBED.reset(unprobed)
+        return await self._run(plan(), atomic=atomic)
 
     def renew_lease_blocking(self, claim: Claim) -> None:
         """The heartbeat's renewal, on a connection of its own and without the event loop:
@@ -272,7 +289,9 @@ class AsyncPostgresStore:
             try:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
-                        self._ledger.conninfo, row_factory=dict_row
+                        self._ledger.conninfo,
+                        row_factory=dict_row,
+                        prepare_threshold=self._ledger.prepare_threshold,
                     )
                     run_plan_on(self._beat_conn, self._ledger.configure())
                     self._beat_conn.commit()

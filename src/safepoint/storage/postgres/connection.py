@@ -40,7 +40,13 @@ from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
 QUERIES = Queries("postgres")
 _q = QUERIES
-_OUR_PARAMETERS = ("schema", "durability")
+_OUR_PARAMETERS = ("schema", "durability", "prepare_threshold")
+# psycopg's own default, kept because measured: a statement a connection has run this many
+# times is prepared on the server (parsed and planned once, then only bound and executed),
+# which halves the server's CPU per durable step. ``None``: never, for a connection pooler
+# that cannot keep prepared statements between transactions (PgBouncer in transaction pooling
+# mode before 1.21, or without max_prepared_statements).
+PREPARE_THRESHOLD = 5
 LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
 # What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
 # (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
@@ -91,6 +97,7 @@ class PostgresBase(LedgerReads):
         inline_limit: int = INLINE_LIMIT,
         connect_timeout: float = 5.0,
         codec: Codec | None = None,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
     ) -> None:
         super().__init__(QUERIES, snapshot=_SNAPSHOT, codec=codec)
         parts = urlsplit(url)
@@ -107,6 +114,7 @@ class PostgresBase(LedgerReads):
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
+        self.prepare_threshold = _threshold(self.url, ours.get("prepare_threshold", prepare_threshold))
         libpq_url = urlunsplit(parts._replace(query=urlencode(query)))
         try:
             given = conninfo_to_dict(libpq_url)
@@ -400,6 +408,25 @@ _STEP_PARAMS = (
     "tokens",
     "cost",
 )
+
+
+def _threshold(url: str, given: int | str | None) -> int | None:
+    """``prepare_threshold`` as psycopg takes it, from the keyword or the URL's text (``none``:
+    never prepare)."""
+    if isinstance(given, str):
+        text = given.strip().lower()
+        if text == "none":
+            return None
+        if not text.isdigit():
+            raise InvalidStoreURL(
+                url, f"prepare_threshold={given!r} is not a count: use 0 or more, or none (never prepare)"
+            )
+        return int(text)
+    if given is not None and given < 0:
+        raise InvalidStoreURL(
+            url, f"prepare_threshold={given} is negative: use 0 or more, or None (never prepare)"
+        )
+    return given
 
 
 def _claim(row: Row, owner: str, lease_ms: int) -> Claim:

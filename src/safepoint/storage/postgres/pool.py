@@ -16,6 +16,11 @@ a round trip, at the connection's socket and at how long it rested:
 What the look cannot catch is a server that goes away in the instant between checkout and the
 statement, or while the statement runs. A read then runs once more on a fresh connection
 (``connection_lost``); a write never does — see ``PostgresStore._run``.
+
+So a read is checked on failure, not before: it takes even a long-rested connection without the
+probe (``UNPROBED``, set by the stores' ``_read``), and only when that connection turns out to be
+gone is it read again, on a connection checked as a write's is. A write keeps the probe: once
+sent, a statement whose connection breaks may or may not have committed, and is never re-sent.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import select
 import time
 import weakref
+from contextvars import ContextVar
 from enum import Enum
 from typing import Any
 
@@ -42,6 +48,12 @@ PROBE_AFTER_S = 5.0
 _SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05")
 
 
+# True while a read takes its connection: the read is run again if the connection is gone, so
+# a rested one is used without the round trip that would prove it first. A context variable:
+# the check runs in the thread (or task) that asked for the connection.
+UNPROBED: ContextVar[bool] = ContextVar("safepoint_unprobed", default=False)
+
+
 class Checkout(Enum):
     """What the check on checkout does with a pooled connection."""
 
@@ -50,12 +62,13 @@ class Checkout(Enum):
     DISCARD = "discard"  # the server spoke on it unasked (FATAL, then EOF): it is gone
 
 
-def checkout(rested_s: float | None, unsolicited: bool) -> Checkout:
+def checkout(rested_s: float | None, unsolicited: bool, *, probe: bool = True) -> Checkout:
     """The verdict on a connection that rested ``rested_s`` seconds (``None``: unknown) and on
-    which the server did (``unsolicited``) or did not send anything while it rested."""
+    which the server did (``unsolicited``) or did not send anything while it rested; without
+    ``probe`` (a read, which is run again should the connection be gone) it is never probed."""
     if unsolicited:
         return Checkout.DISCARD
-    if rested_s is None or rested_s >= PROBE_AFTER_S:
+    if probe and (rested_s is None or rested_s >= PROBE_AFTER_S):
         return Checkout.PROBE
     return Checkout.USE
 
@@ -92,7 +105,8 @@ class Resting:
 
     def checkout(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Checkout:
         since = self._since.get(conn)
-        return checkout(None if since is None else time.monotonic() - since, unsolicited_input(conn))
+        rested_s = None if since is None else time.monotonic() - since
+        return checkout(rested_s, unsolicited_input(conn), probe=not UNPROBED.get())
 
 
 class Discarded(psycopg.OperationalError):

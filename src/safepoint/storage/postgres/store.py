@@ -2,8 +2,9 @@
 
 Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statements):
 - one small ``psycopg_pool.ConnectionPool`` per store object, every connection checked on
-  checkout without a round trip unless it rested a while (``pool``), so a restarted server
-  costs a discarded connection, not a failed operation, and a step costs one round trip;
+  checkout without a round trip unless it rested a while and is wanted for a write (``pool``;
+  a read is checked on failure: read again), so a restarted server costs a discarded
+  connection, not a failed operation, and a step costs one round trip;
 - every method is one transaction (a read, or a single fenced write, is one statement in
   autocommit), and every worker write is one statement whose first part is the fence: an
   UPDATE of the runs row conditioned on the claim's fence. The row lock it takes orders the
@@ -17,8 +18,10 @@ What each operation does is written once, as a plan in ``ledger.PostgresLedger``
 ``AsyncPostgresStore`` (``safepoint.storage.postgres_async``); this module is the sync executor
 of those plans.
 
-The URL is a libpq URL plus two safepoint parameters: ``schema=name`` (tables live in that schema,
-created if missing; tests use it to isolate themselves) and ``durability=power_loss``.
+The URL is a libpq URL plus three safepoint parameters: ``schema=name`` (tables live in that
+schema, created if missing; tests use it to isolate themselves), ``durability=power_loss``, and
+``prepare_threshold=N`` (statements run N times on a connection are prepared on the server;
+``none``: never, behind PgBouncer's transaction pooling).
 
 >>> store = PostgresStore("postgresql://worker@db.internal/app?schema=safepoint")  # doctest: +SKIP
 """
@@ -69,9 +72,9 @@ from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from .clock import ClockEstimate
-from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
+from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
-from .pool import Checkout, Discarded, Resting, connection_lost
+from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
 
 __all__ = ["PostgresStore"]
 
@@ -92,6 +95,7 @@ class PostgresStore:
         max_connections: int = 8,
         connect_timeout: float = 5.0,
         pool_timeout: float = 10.0,
+        prepare_threshold: int | None = PREPARE_THRESHOLD,
         create: bool = True,
         codec: Codec | None = None,
     ) -> None:
@@ -101,6 +105,7 @@ class PostgresStore:
             inline_limit=inline_limit,
             connect_timeout=connect_timeout,
             codec=codec,
+            prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = ledger.url, ledger.durability
         self._local = threading.local()
@@ -118,7 +123,11 @@ class PostgresStore:
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             ledger.conninfo,
             connection_class=psycopg.Connection[DictRow],
-            kwargs={"row_factory": dict_row, "autocommit": True},
+            kwargs={
+                "row_factory": dict_row,
+                "autocommit": True,
+                "prepare_threshold": ledger.prepare_threshold,
+            },
             min_size=1,
             max_size=max_connections,
             open=False,
@@ -160,7 +169,11 @@ class PostgresStore:
         """A connection outside the pool: for migrating, and for listening."""
         try:
             conn = psycopg.Connection[DictRow].connect(
-                self._ledger.conninfo, autocommit=autocommit, row_factory=dict_row
+                self._ledger.conninfo,
+                autocommit=autocommit,
+                row_factory=dict_row,
+                # a migration is many statements in one text, which cannot be prepared
+                prepare_threshold=None,
             )
         except psycopg.Error as exc:
             raise self._ledger.connect_failure(exc) from exc
@@ -208,14 +221,19 @@ class PostgresStore:
     def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
         """A plan that only reads, made by ``plan()``: run once more, on a fresh connection,
         when the server ended the session under it (a restart in the instant after checkout) —
-        reading twice changes nothing."""
+        reading twice changes nothing. So the first attempt takes its connection unprobed
+        however long it rested (``pool.UNPROBED``), and only the second is checked as a
+        write's connection is."""
+        unprobed = UNPROBED.set(True)
         try:
             return self._run(plan(), atomic=atomic)
         except StoreUnavailable as exc:
             if not connection_lost(exc.__cause__):
                 raise
             log.info("the connection to %s was lost during a read; reading again", self.url)
-            return self._run(plan(), atomic=atomic)
+        finally:
+            UNPROBED.reset(unprobed)
+        return self._run(plan(), atomic=atomic)
 
     def close(self) -> None:
         self._pool.close()

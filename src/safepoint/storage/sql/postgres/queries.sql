@@ -336,19 +336,16 @@ RETURNING lease_expires_at;
 -- whatever the history: its dispatching event is never held to it). The operation is filed
 -- under the run's chain, where a successor looks it up. An operation id the run has already
 -- fails the statement whole (a unique violation).
-WITH clock AS (SELECT safepoint_now_ms() AS now),
--- what this statement commits: prepared (no dispatch yet), or dispatching (the first)
-intent AS (
-    SELECT CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END AS state,
-           CASE WHEN %(dispatching)s THEN 1 ELSE 0 END AS dispatches
-),
+-- What it commits, prepared (no dispatch yet) or dispatching (the first), is read with the
+-- clock: `dispatches` is 0 or 1.
+WITH clock AS (SELECT safepoint_now_ms() AS now, %(dispatching)s::boolean::integer AS dispatches),
 -- the fence; counts the events and moves the revision as the two writes would, one each
 owned AS (
     UPDATE safepoint_runs
-    SET state_revision = state_revision + 1 + intent.dispatches,
+    SET state_revision = state_revision + 1 + clock.dispatches,
         lease_expires_at = clock.now + %(lease_ms)s,
-        event_count = event_count + 1 + intent.dispatches, updated_at = clock.now
-    FROM clock, intent
+        event_count = event_count + 1 + clock.dispatches, updated_at = clock.now
+    FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
@@ -368,11 +365,12 @@ operation AS (
                                       effect_key, dispatch_count, first_dispatched_at,
                                       approval_required, target_digest, fence, prepared_at,
                                       updated_at, chain_id, dedup_retention_ms)
-    SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s, intent.state, %(payload_ref)s,
-           %(effect_key)s, intent.dispatches, CASE WHEN intent.dispatches > 0 THEN now END,
-           %(approval_required)s, %(target_digest)s, %(fence)s::bigint, now, now, chain_id,
-           %(dedup_retention_ms)s::bigint
-    FROM owned, intent
+    SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s,
+           CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END, %(payload_ref)s,
+           %(effect_key)s, clock.dispatches, CASE WHEN clock.dispatches > 0 THEN owned.now END,
+           %(approval_required)s, %(target_digest)s, %(fence)s::bigint, owned.now, owned.now,
+           chain_id, %(dedup_retention_ms)s::bigint
+    FROM owned, clock
     RETURNING *
 ),
 -- effect.prepared, then (dispatching) effect.dispatching: inserted in that order, so their
@@ -446,19 +444,17 @@ FROM owned, operation;
 -- tells which). Neither a cancel request, the deadline nor the history limit refuses it: what
 -- happened is always recorded.
 WITH clock AS (SELECT safepoint_now_ms() AS now),
--- the step row is new history unless this step id has one (a primary-key probe)
-growth AS (
-    SELECT CASE WHEN %(step_id)s::text IS NULL OR EXISTS (
-                    SELECT 1 FROM safepoint_steps
-                    WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
-                THEN 0 ELSE 1 END AS steps
-),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-        event_count = event_count + 1, step_count = step_count + growth.steps,
+        event_count = event_count + 1,
+        -- the step row is new history unless this step id has one (a primary-key probe)
+        step_count = step_count + CASE WHEN %(step_id)s::text IS NULL OR EXISTS (
+                                           SELECT 1 FROM safepoint_steps
+                                           WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
+                                       THEN 0 ELSE 1 END,
         updated_at = clock.now
-    FROM clock, growth
+    FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- the operation to record it on
       AND EXISTS (SELECT 1 FROM safepoint_operations
