@@ -39,7 +39,12 @@ from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
 QUERIES = Queries("postgres")
 _q = QUERIES
-_OUR_PARAMETERS = ("schema", "durability")
+_OUR_PARAMETERS = ("schema", "durability", "claim")
+# How a worker claims its next run (?claim=): one statement with FOR UPDATE SKIP LOCKED across
+# every run, or candidates read without a lock and then taken one by one, each by its run id —
+# the form a database sharded by run_id runs (docs/scaling.md)
+CLAIMS = ("skip_locked", "per_run")
+CLAIM_CANDIDATES = 8  # candidates read at once by the per-run claim
 LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
 # What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
 # (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
@@ -102,6 +107,9 @@ class PostgresBase(LedgerReads):
             raise InvalidStoreURL(
                 self.url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
             ) from None
+        self.claim = ours.get("claim") or CLAIMS[0]
+        if self.claim not in CLAIMS:
+            raise InvalidStoreURL(self.url, f"unknown claim {self.claim!r}; use " + " or ".join(CLAIMS))
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
