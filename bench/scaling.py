@@ -17,7 +17,7 @@ from this machine's wall clock:
   The server's shared processes (WAL writer, checkpointer) are left out: they serve every
   database on the server.
 
-``--claim`` picks the workers' claim statement (``default`` or ``buckets``, see
+``--claim`` picks the workers' claim statement (``default`` or ``per_run``, see
 docs/scaling.md), so the two can be compared on one server.
 """
 
@@ -212,7 +212,7 @@ def trial(kind: str, workers: int, runs: int, steps: int, claim: str) -> dict[st
 
 
 def _url(db: Database, claim: str) -> str:
-    return db.pg_url if claim == "default" else f"{db.pg_url}?claim=buckets"
+    return db.pg_url if claim == "default" else f"{db.pg_url}?claim={claim}"
 
 
 def _spawn(args: dict[str, Any]) -> subprocess.Popen[str]:
@@ -262,7 +262,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS))
-    parser.add_argument("--claim", default="default", choices=("default", "buckets"))
+    parser.add_argument("--claim", default="default", choices=("default", "per_run"))
     parser.add_argument("--json", type=Path)
     options = parser.parse_args(argv)
     Counted.install()
