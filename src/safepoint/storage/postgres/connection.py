@@ -239,15 +239,17 @@ class PostgresBase(LedgerReads):
     # -- what the writes share -----------------------------------------------------------------
 
     @staticmethod
-    def _put_artifact(ref: str, data: bytes) -> Plan[None]:
-        """Store ``data`` under ``ref``, its digest as the caller computed or checked it."""
-        yield _q("insert_artifact", digest=ref, size=len(data), content=data)
+    def _put_artifact(run_id: str, ref: str, data: bytes) -> Plan[None]:
+        """Store ``data`` under ``ref``, its digest as the caller computed or checked it, with
+        the run it belongs to (the key a database sharded by run_id places it by)."""
+        yield _q("insert_artifact", run_id=run_id, digest=ref, size=len(data), content=data)
 
-    def _put_value(self, value: JSON) -> Plan[tuple[str | None, str | None]]:
-        """Store a JSON value inline, or as an artifact when it is large: (text, ref)."""
+    def _put_value(self, value: JSON, run_id: str) -> Plan[tuple[str | None, str | None]]:
+        """Store a JSON value of ``run_id`` inline, or as an artifact when it is large: (text,
+        ref)."""
         text, ref, data = stored(value, self.inline_limit)
         if ref is not None and data is not None:
-            yield from self._put_artifact(ref, data)
+            yield from self._put_artifact(run_id, ref, data)
         return text, ref
 
     @staticmethod

@@ -40,7 +40,7 @@ class PostgresHistory(PostgresBase):
             )
 
     def continue_as_new(self, claim: Claim, successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
-        inputs, inputs_ref = yield from self._put_value(successor.inputs)
+        inputs, inputs_ref = yield from self._put_value(successor.inputs, successor.run_id)
         row = yield from self._fenced(
             claim,
             "continue_as_new",

@@ -21,7 +21,7 @@ class PostgresRuns(PostgresBase):
     """The PostgreSQL store's runs: created, claimed, and ended — finished by their worker,."""
 
     def create_run(self, new: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
-        inputs, inputs_ref = yield from self._put_value(new.inputs)
+        inputs, inputs_ref = yield from self._put_value(new.inputs, new.run_id)
         created = yield _q(
             "create_run",
             run_id=new.run_id,
@@ -132,7 +132,7 @@ class PostgresRuns(PostgresBase):
         if recovery_record is not None:  # the statement puts in the revision it creates
             record = dumps({k: v for k, v in recovery_record.items() if k != "state_revision"})
         detail = detail or error or ({"phase": recovery_record.get("phase")} if recovery_record else None)
-        result_text, result_ref = yield from self._put_value(result)
+        result_text, result_ref = yield from self._put_value(result, claim.run_id)
         yield from self._fenced(
             claim,
             "finish_run",

@@ -46,7 +46,7 @@ class PostgresWaits(PostgresBase):
         refused = refused_send(run_id, name, run.status)
         if refused is not None:
             raise refused
-        text, ref = yield from self._put_value(payload)
+        text, ref = yield from self._put_value(payload, run_id)
         rows = yield _q(
             "send_message",
             run_id=run_id,

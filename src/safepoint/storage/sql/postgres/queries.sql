@@ -411,9 +411,9 @@ owned AS (
 ),
 -- the payload, stored once whoever stores it; like every write here, only past the fence
 artifact AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
-    ON CONFLICT (digest) DO NOTHING
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT run_id, %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
+    ON CONFLICT (run_id, digest) DO NOTHING
 ),
 operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
@@ -527,10 +527,10 @@ operation AS (
 ),
 -- a large step result, stored once whoever stores it; only with the outcome (FROM operation)
 artifact AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT run_id, %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
     WHERE %(result_content)s::bytea IS NOT NULL
-    ON CONFLICT (digest) DO NOTHING
+    ON CONFLICT (run_id, digest) DO NOTHING
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -611,14 +611,15 @@ ORDER BY prepared_at, operation_id;
 SELECT * FROM safepoint_events WHERE run_id = %(run_id)s ORDER BY event_id;
 
 -- name: insert_artifact
--- Content-addressed: the same bytes are stored once.
-INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-VALUES (%(digest)s, %(size)s, %(content)s, safepoint_now_ms())
-ON CONFLICT (digest) DO NOTHING;
+-- Content-addressed, kept with the run that stores it: the same bytes are stored once per run.
+INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+VALUES (%(run_id)s, %(digest)s, %(size)s, %(content)s, safepoint_now_ms())
+ON CONFLICT (run_id, digest) DO NOTHING;
 
 -- name: get_artifact
--- The bytes stored under a digest (checked against it by the caller).
-SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s;
+-- The bytes stored under a digest, by whichever run stored them (the same bytes: the caller
+-- checks them against the digest); a fork reads its source's this way.
+SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s LIMIT 1;
 
 -- name: replan
 -- Re-plan, fenced: renew the lease, take this code's version and fingerprint when given (the
@@ -989,11 +990,11 @@ owned AS (
 -- large step results, stored once whoever stores them; only past the fence (FROM owned), so
 -- that a refused write leaves nothing behind
 artifacts AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT a.digest, octet_length(a.content), a.content, owned.now
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT owned.run_id, a.digest, octet_length(a.content), a.content, owned.now
     FROM owned, unnest(%(artifact_refs)s::text[], %(artifact_contents)s::bytea[])
         AS a(digest, content)
-    ON CONFLICT (digest) DO NOTHING
+    ON CONFLICT (run_id, digest) DO NOTHING
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,

@@ -209,12 +209,19 @@ CREATE TABLE safepoint_events (
     PRIMARY KEY (run_id, event_id)
 );
 
+-- Kept with the run that stored them (the same bytes once per run: a database sharded by
+-- run_id keeps them on the run's shard); read by digest alone, from whichever run stored them.
+-- Those stored before migration 5 belong to no run ('').
 CREATE TABLE safepoint_artifacts (
-    digest      TEXT    PRIMARY KEY,        -- 'sha256:<hex>' of content
+    digest      TEXT    NOT NULL,           -- 'sha256:<hex>' of content
     size        BIGINT  NOT NULL,
     content     BYTEA   NOT NULL,
-    created_at  BIGINT  NOT NULL
+    created_at  BIGINT  NOT NULL,
+    run_id      TEXT    NOT NULL,
+    PRIMARY KEY (run_id, digest)
 );
+
+CREATE INDEX safepoint_artifacts_digest ON safepoint_artifacts (digest);
 
 -- Each failed attempt of a read or model step that is tried again, recorded before the back-off
 -- (with the instant the next attempt may start), so that a restart continues the count and

@@ -24,3 +24,13 @@ ALTER TABLE safepoint_messages ADD PRIMARY KEY (run_id, seq);
 CREATE OR REPLACE FUNCTION safepoint_now_ms() RETURNS BIGINT
     LANGUAGE sql STABLE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- Artifacts are kept with the run that stores them, so they sit on that run's shard and are
+-- written in the run's own fenced statements: the same bytes are stored once per run, not once
+-- per ledger. A read by digest alone (a fork reads its source's) finds them in any run. What was
+-- stored before this migration is kept under no run ('').
+ALTER TABLE safepoint_artifacts ADD COLUMN run_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE safepoint_artifacts ALTER COLUMN run_id DROP DEFAULT;
+ALTER TABLE safepoint_artifacts DROP CONSTRAINT safepoint_artifacts_pkey;
+ALTER TABLE safepoint_artifacts ADD PRIMARY KEY (run_id, digest);
+CREATE INDEX safepoint_artifacts_digest ON safepoint_artifacts (digest);
