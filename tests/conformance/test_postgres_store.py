@@ -1166,9 +1166,9 @@ class TestAsyncPostgresConformance(StoreConformance):
 # -- the async store, natively ------------------------------------------------------------------
 
 
-def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: str) -> None:
+def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(claiming_url: str) -> None:
     async def body() -> None:
-        async with AsyncPostgresStore(pg_url) as store, AsyncPostgresStore(pg_url) as other:
+        async with AsyncPostgresStore(claiming_url) as store, AsyncPostgresStore(claiming_url) as other:
             workflow = f"wf-{_uid()}"
             mine = {
                 (await store.create_run(_new_run(f"r-{_uid()}", None, workflow)))[0].run_id for _ in range(40)
