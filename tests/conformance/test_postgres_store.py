@@ -272,7 +272,7 @@ def test_a_missing_database_says_so(pg_url: str) -> None:
     assert "does not exist" in str(error.value)
 
 
-@pytest.mark.parametrize("query", ["nonsense=1", "durability=never", "schema="])
+@pytest.mark.parametrize("query", ["nonsense=1", "durability=never", "schema=", "claim=sideways"])
 def test_bad_url_parameters_are_invalid_store_urls(pg_url: str, query: str) -> None:
     with pytest.raises(InvalidStoreURL):
         PostgresStore(f"{pg_url}?{query}")
@@ -494,10 +494,20 @@ def test_a_refused_step_write_leaves_no_artifact_behind(
 # -- claim_next and SKIP LOCKED ----------------------------------------------------------------
 
 
+def _with_claim(url: str, claim: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}claim={claim}"
+
+
+@pytest.fixture(params=["skip_locked", "per_run"])
+def claiming_url(request: pytest.FixtureRequest, pg_url: str) -> str:
+    """The session's database, claimed in one statement across every run or run by run."""
+    return _with_claim(pg_url, request.param)
+
+
 def test_claim_next_skips_a_run_being_claimed_instead_of_waiting(
-    pg_url: str, opened: Callable[[str], PostgresStore]
+    pg_url: str, claiming_url: str, opened: Callable[[str], PostgresStore]
 ) -> None:
-    store = opened(pg_url)
+    store = opened(claiming_url)
     workflow = f"wf-{_uid()}"
     first, _ = store.create_run(_new_run(f"a-{_uid()}", None, workflow))
     time.sleep(0.005)
@@ -519,12 +529,12 @@ def test_claim_next_skips_a_run_being_claimed_instead_of_waiting(
 
 
 def test_claim_next_under_threads_never_hands_out_a_run_twice(
-    pg_url: str, opened: Callable[[str], PostgresStore]
+    claiming_url: str, opened: Callable[[str], PostgresStore]
 ) -> None:
-    shared = opened(pg_url)  # one pool for half the threads, a store each for the rest
+    shared = opened(claiming_url)  # one pool for half the threads, a store each for the rest
     workflow = f"wf-{_uid()}"
     mine = {shared.create_run(_new_run(f"r-{_uid()}", None, workflow))[0].run_id for _ in range(60)}
-    stores = [shared] * 4 + [opened(pg_url) for _ in range(4)]
+    stores = [shared] * 4 + [opened(claiming_url) for _ in range(4)]
     barrier = threading.Barrier(len(stores))
     taken: list[str] = []
     lock = threading.Lock()
@@ -545,8 +555,10 @@ def test_claim_next_under_threads_never_hands_out_a_run_twice(
         assert [e.kind for e in shared.events(run_id)] == ["run.submitted", "run.claimed"]
 
 
-def test_a_released_run_is_claimable_at_once(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
-    store = opened(pg_url)
+def test_a_released_run_is_claimable_at_once(
+    claiming_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
+    store = opened(claiming_url)
     workflow = f"wf-{_uid()}"
     _, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a", workflow))
     assert claim is not None
@@ -1127,6 +1139,19 @@ class TestPostgresConformance(StoreConformance):
         return PostgresStore(self.pg_url)
 
 
+class TestPostgresPerRunClaimConformance(StoreConformance):
+    """The same suite with the per-run claim (``?claim=per_run``): candidates read without a
+    lock, then taken one by one by run id, as a database sharded by run_id runs it. It must
+    behave as the one-statement claim does."""
+
+    @pytest.fixture(autouse=True)
+    def _database(self, pg_url: str) -> None:
+        self.url = _with_claim(pg_url, "per_run")
+
+    def make_store(self) -> Store:
+        return PostgresStore(self.url)
+
+
 class TestAsyncPostgresConformance(StoreConformance):
     """The same suite against AsyncPostgresStore, its coroutines run on a private loop."""
 
@@ -1141,9 +1166,9 @@ class TestAsyncPostgresConformance(StoreConformance):
 # -- the async store, natively ------------------------------------------------------------------
 
 
-def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(pg_url: str) -> None:
+def test_concurrent_async_claim_next_coroutines_never_get_the_same_run(claiming_url: str) -> None:
     async def body() -> None:
-        async with AsyncPostgresStore(pg_url) as store, AsyncPostgresStore(pg_url) as other:
+        async with AsyncPostgresStore(claiming_url) as store, AsyncPostgresStore(claiming_url) as other:
             workflow = f"wf-{_uid()}"
             mine = {
                 (await store.create_run(_new_run(f"r-{_uid()}", None, workflow)))[0].run_id for _ in range(40)

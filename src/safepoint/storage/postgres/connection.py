@@ -40,13 +40,18 @@ from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
 QUERIES = Queries("postgres")
 _q = QUERIES
-_OUR_PARAMETERS = ("schema", "durability", "prepare_threshold")
+_OUR_PARAMETERS = ("schema", "durability", "prepare_threshold", "claim")
 # psycopg's own default, kept because measured: a statement a connection has run this many
 # times is prepared on the server (parsed and planned once, then only bound and executed),
 # which halves the server's CPU per durable step. ``None``: never, for a connection pooler
 # that cannot keep prepared statements between transactions (PgBouncer in transaction pooling
 # mode before 1.21, or without max_prepared_statements).
 PREPARE_THRESHOLD = 5
+# How a worker claims its next run (?claim=): one statement with FOR UPDATE SKIP LOCKED across
+# every run, or candidates read without a lock and then taken one by one, each by its run id —
+# the form a database sharded by run_id runs (docs/scaling.md)
+CLAIMS = ("skip_locked", "per_run")
+CLAIM_CANDIDATES = 8  # candidates read at once by the per-run claim
 LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
 # What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
 # (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
@@ -111,6 +116,9 @@ class PostgresBase(LedgerReads):
             raise InvalidStoreURL(
                 self.url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
             ) from None
+        self.claim = ours.get("claim") or CLAIMS[0]
+        if self.claim not in CLAIMS:
+            raise InvalidStoreURL(self.url, f"unknown claim {self.claim!r}; use " + " or ".join(CLAIMS))
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
@@ -241,20 +249,23 @@ class PostgresBase(LedgerReads):
 
     # -- what the writes share -----------------------------------------------------------------
 
-    def _put_artifact(self, ref: str, data: bytes) -> Plan[None]:
-        """Store ``data`` under ``ref``, its digest as the caller computed or checked it."""
-        yield _q("insert_artifact", digest=ref, size=len(data), content=self._content(ref, data))
+    def _put_artifact(self, run_id: str, ref: str, data: bytes) -> Plan[None]:
+        """Store ``data`` under ``ref``, its digest as the caller computed or checked it, with
+        the run it belongs to (the key a database sharded by run_id places it by)."""
+        content = self._content(ref, data)
+        yield _q("insert_artifact", run_id=run_id, digest=ref, size=len(data), content=content)
 
     def _content(self, ref: str, data: bytes) -> bytes:
         """An artifact's bytes as they are stored: sealed for its digest when there is a codec."""
         return data if self.codec is None else seal_artifact(self.codec, data, ref)
 
     def _put_value(self, value: JSON, *place: Any) -> Plan[tuple[str | None, str | None]]:
-        """Store a JSON value inline, or as an artifact when it is large: (text, ref) — sealed
-        for its ``place`` (table, column, the row's key) when the store has a codec."""
+        """Store a JSON value inline, or as an artifact of its run when it is large: (text, ref)
+        — sealed for its ``place`` (table, column, the row's key, which starts with the run id)
+        when the store has a codec."""
         text, ref, data = stored(value, self.inline_limit, self.codec, *place)
         if ref is not None and data is not None:  # sealed already
-            yield _q("insert_artifact", digest=ref, size=len(data), content=data)
+            yield _q("insert_artifact", run_id=place[2], digest=ref, size=len(data), content=data)
         return text, ref
 
     def _sealed(self, value: JSON, *place: Any) -> str | None:

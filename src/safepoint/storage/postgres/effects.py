@@ -142,7 +142,7 @@ class PostgresEffects(PostgresBase):
 
     def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> Plan[None]:
         check_payload(op, payload)
-        yield from self._put_artifact(op.payload_ref, payload)
+        yield from self._put_artifact(claim.run_id, op.payload_ref, payload)
         row = yield from self._fenced(
             claim,
             "reprepare_effect",

@@ -14,8 +14,8 @@ from ..base import NewRun, retry_json
 from ..codec import seal_record
 from ..ledger import event_json, json_or_none
 from ..plans import Plan
+from .connection import CLAIM_CANDIDATES, PostgresBase, _claim
 from .connection import QUERIES as _q
-from .connection import PostgresBase, _claim
 
 
 class PostgresRuns(PostgresBase):
@@ -75,10 +75,36 @@ class PostgresRuns(PostgresBase):
         )
         return _claim(rows[0], owner, lease_ms) if rows else None
 
-    @staticmethod
-    def claim_next(owner: str, lease_ms: int, workflows: list[str]) -> Plan[Claim | None]:
+    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Plan[Claim | None]:
+        if self.claim == "per_run":
+            return (yield from self._claim_per_run(owner, lease_ms, workflows))
         rows = yield _q("claim_next", owner=owner, lease_ms=lease_ms, workflows=list(workflows))
         return _claim(rows[0], owner, lease_ms) if rows else None
+
+    @staticmethod
+    def _claim_per_run(owner: str, lease_ms: int, workflows: list[str]) -> Plan[Claim | None]:
+        """claim_next in statements that each touch one run, or read without a lock: what a
+        database sharded by run_id runs. The oldest candidates are tried in order; one taken
+        meanwhile by another worker is passed over, as SKIP LOCKED passes it over."""
+        after: dict[str, Any] = {"after_created": None, "after_run_id": None}
+        while True:
+            candidates = yield _q(
+                "claim_candidates", workflows=list(workflows), limit=CLAIM_CANDIDATES, **after
+            )
+            for candidate in candidates:
+                rows = yield _q(
+                    "claim_candidate",
+                    run_id=candidate["run_id"],
+                    owner=owner,
+                    lease_ms=lease_ms,
+                    workflows=list(workflows),
+                )
+                if rows:
+                    return _claim(rows[0], owner, lease_ms)
+            if len(candidates) < CLAIM_CANDIDATES:
+                return None  # every runnable run was tried: taken by others, or none is left
+            last = candidates[-1]
+            after = {"after_created": last["created_at"], "after_run_id": last["run_id"]}
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
         rows = yield _q(

@@ -110,7 +110,13 @@ class PostgresWaits(PostgresBase):
         counted, with the soft limit's warning when it falls due."""
         gate, due = plan.gate, None
         if gate.message is not None:
-            yield _q("await_message_take", seq=gate.message.seq, step_id=gate.message.taken_by, now=now)
+            yield _q(
+                "await_message_take",
+                run_id=claim.run_id,
+                seq=gate.message.seq,
+                step_id=gate.message.taken_by,
+                now=now,
+            )
         if plan.record and gate.step is not None:
             yield from self._wait_step(gate.step, *stored)
             if plan.event is not None:

@@ -64,7 +64,7 @@ VALUES (%(version)s, %(name)s, %(checksum)s, safepoint_now_ms());
 -- Create a run, claimed by its starter (running, fence 1) or pending for a worker (fence 0),
 -- with its first event; returns nothing if the run id exists. A relative deadline counts from
 -- its creation. It starts a chain of its own.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
                                 inputs_ref, state_revision, owner, lease_expires_at, fence,
@@ -102,7 +102,7 @@ SELECT * FROM created;
 -- "blocked" (compare-and-set on the revision they looked at) and is released for any worker;
 -- the operation moves to accepted (with the receipt they found) or back to prepared (it never
 -- happened: dispatch again, a fresh retention window); the decision is appended as an event.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL,
@@ -138,7 +138,7 @@ SELECT workflow FROM run;
 -- name: resolve_abandon
 -- A person gave a blocked run up: it ends cancelled (compare-and-set on the revision they
 -- looked at), with the decision appended as an event.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     SET status = 'cancelled', error = %(error)s, recovery_record = NULL, owner = NULL,
@@ -179,7 +179,7 @@ WHERE r.run_id = %(run_id)s;
 -- Ask a run to stop. A run nobody holds (pending, blocked, waiting, stopped) ends cancelled at
 -- once; a running one is marked, and its worker stops before its next step or dispatch. An ended run is
 -- left as it is. The request is appended as an event.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     -- a blocked run whose effect is still uncertain stays blocked, marked: a person settles
@@ -260,7 +260,7 @@ GROUP BY status;
 -- has no owner, or whose owner is known to be dead; bump the fence and the resume count.
 -- A waiting run is claimed by name (a resume looks at its gate again: an approval, a message,
 -- its timer), and by claim_next only once it is due (wake_at).
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 claimed AS (
     UPDATE safepoint_runs
     SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
@@ -286,7 +286,7 @@ SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
 -- pending, released, left by a worker whose lease expired, or waiting and due (its sleep
 -- ended, its wait timed out: wake_at passed) — skipping rows another worker is claiming right
 -- now (SKIP LOCKED). Only a takeover of a running run counts as a resume.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 candidate AS (
     SELECT run_id FROM safepoint_runs
     WHERE (status = 'pending'
@@ -317,6 +317,58 @@ event AS (
 )
 SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
 
+-- name: claim_candidates
+-- The per-run claim (`?claim=per_run`), its first part: the oldest runnable runs of these
+-- workflows, as claim_next finds them, read without a lock, after the candidates tried before
+-- (keyset: created_at, run_id). A hint only: claim_candidate checks each again as it takes it.
+-- Reading many shards without FOR UPDATE is what a database sharded by run_id allows, where
+-- claim_next's FOR UPDATE SKIP LOCKED across every run is refused.
+SELECT run_id, created_at FROM safepoint_runs
+WHERE (status = 'pending'
+       OR (status = 'running'
+           AND (lease_expires_at IS NULL OR lease_expires_at <= safepoint_now_ms()))
+       OR (status = 'waiting' AND wake_at <= safepoint_now_ms()))
+  AND (workflow = ANY(%(workflows)s) OR workflow || '@' || workflow_version = ANY(%(workflows)s))
+  AND (%(after_created)s::bigint IS NULL
+       OR (created_at, run_id) > (%(after_created)s::bigint, %(after_run_id)s::text))
+ORDER BY created_at, run_id
+LIMIT %(limit)s;
+
+-- name: claim_candidate
+-- The per-run claim, its second part: take one candidate by its run id if it is still runnable,
+-- as claim_next would have — a statement that touches one run only (one shard), so its
+-- FOR UPDATE SKIP LOCKED is allowed there: a candidate another transaction holds (a claim, a
+-- fenced write, a person's change) is passed over, no row, and the caller tries the next.
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
+candidate AS (
+    SELECT run_id FROM safepoint_runs
+    WHERE run_id = %(run_id)s
+      AND (status = 'pending'
+           OR (status = 'running'
+               AND (lease_expires_at IS NULL OR lease_expires_at <= (SELECT now FROM clock)))
+           OR (status = 'waiting' AND wake_at <= (SELECT now FROM clock)))
+      AND (workflow = ANY(%(workflows)s)
+           OR workflow || '@' || workflow_version = ANY(%(workflows)s))
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE safepoint_runs AS r
+    SET status = 'running', owner = %(owner)s, lease_expires_at = clock.now + %(lease_ms)s,
+        fence = r.fence + 1, state_revision = r.state_revision + 1,
+        resume_count = r.resume_count + CASE WHEN r.status = 'running' AND r.owner IS NOT NULL
+                                             THEN 1 ELSE 0 END,
+        event_count = r.event_count + 1, waiting_for = NULL, wake_at = NULL,
+        updated_at = clock.now
+    FROM candidate, clock
+    WHERE r.run_id = %(run_id)s AND candidate.run_id = %(run_id)s
+    RETURNING r.run_id, r.fence, r.state_revision, r.lease_expires_at, r.updated_at
+),
+event AS (
+    INSERT INTO safepoint_events (run_id, at, kind, fence, worker)
+    SELECT run_id, updated_at, 'run.claimed', fence, %(owner)s FROM claimed
+)
+SELECT run_id, fence, state_revision, lease_expires_at FROM claimed;
+
 -- name: renew_lease
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
 -- the state revision stays.
@@ -338,7 +390,8 @@ RETURNING lease_expires_at;
 -- fails the statement whole (a unique violation).
 -- What it commits, prepared (no dispatch yet) or dispatching (the first), is read with the
 -- clock: `dispatches` is 0 or 1.
-WITH clock AS (SELECT safepoint_now_ms() AS now, %(dispatching)s::boolean::integer AS dispatches),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now,
+                                   %(dispatching)s::boolean::integer AS dispatches),
 -- the fence; counts the events and moves the revision as the two writes would, one each
 owned AS (
     UPDATE safepoint_runs
@@ -356,9 +409,9 @@ owned AS (
 ),
 -- the payload, stored once whoever stores it; like every write here, only past the fence
 artifact AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
-    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT run_id, %(payload_ref)s, %(size)s, %(payload)s, now FROM owned
+    ON CONFLICT (run_id, digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
@@ -395,7 +448,7 @@ FROM owned, operation;
 -- the caller checks the approvals in this statement's transaction. Otherwise nothing is
 -- written and no row returned, as for a refused fence (fence_state tells which). An operation
 -- already prepared is sent whatever the history: never held to its limit.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -443,7 +496,7 @@ FROM owned, operation;
 -- has: otherwise nothing is written and no row returned, as for a refused fence (fence_state
 -- tells which). Neither a cancel request, the deadline nor the history limit refuses it: what
 -- happened is always recorded.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -472,10 +525,10 @@ operation AS (
 ),
 -- a large step result, stored once whoever stores it; only with the outcome (FROM operation)
 artifact AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT run_id, %(result_ref)s, %(result_size)s, %(result_content)s::bytea, now FROM operation
     WHERE %(result_content)s::bytea IS NOT NULL
-    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
+    ON CONFLICT (run_id, digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -508,7 +561,7 @@ SELECT * FROM owned;
 -- End the run (completed, failed, blocked, or stopped at a limit), release ownership and log it. A recovery record
 -- gets the revision this very statement creates, spliced in as text so the stored record is
 -- exactly the JSON the worker wrote (the worker leaves state_revision out of it).
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 finished AS (
     UPDATE safepoint_runs
     SET status = %(status)s, result = %(result)s, result_ref = %(result_ref)s,
@@ -556,22 +609,24 @@ ORDER BY prepared_at, operation_id;
 SELECT * FROM safepoint_events WHERE run_id = %(run_id)s ORDER BY event_id;
 
 -- name: insert_artifact
--- Content-addressed: the same bytes are stored once. Every store of an artifact locks its row
--- (an upsert that updates nothing), so that a prune deleting it waits for the reference this
--- transaction writes with it (prune_lock_artifacts); the same is true of every artifact insert.
-INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-VALUES (%(digest)s, %(size)s, %(content)s, safepoint_now_ms())
-ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false;
+-- Content-addressed, kept with the run that stores it: the same bytes are stored once per run.
+-- Every store of an artifact locks its row (an upsert that updates nothing), so that a prune
+-- deleting it waits for the reference this transaction writes with it
+-- (prune_lock_artifacts); the same is true of every artifact insert.
+INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+VALUES (%(run_id)s, %(digest)s, %(size)s, %(content)s, safepoint_now_ms())
+ON CONFLICT (run_id, digest) DO UPDATE SET size = EXCLUDED.size WHERE false;
 
 -- name: get_artifact
--- The bytes stored under a digest (checked against it by the caller).
-SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s;
+-- The bytes stored under a digest, by whichever run stored them (the same bytes: the caller
+-- checks them against the digest); a fork reads its source's this way.
+SELECT content FROM safepoint_artifacts WHERE digest = %(digest)s LIMIT 1;
 
 -- name: replan
 -- Re-plan, fenced: renew the lease, take this code's version and fingerprint when given (the
 -- old ones stay in the event), and append the run.replanned event. Re-planning is new work:
 -- refused once a cancel is asked for or the deadline passed.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -631,7 +686,7 @@ RETURNING event_count;
 -- name: record_attempt
 -- Fence and record a failed attempt that will be tried again, durable before the back-off.
 -- A retry is new work: refused once a cancel is asked for or the deadline passed.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -669,7 +724,7 @@ RETURNING *;
 -- The fence alone, for a write that starts something new and decides in several statements
 -- (the approval gate): takes the runs row lock for the rest of the transaction, so an approval
 -- given meanwhile queues behind it, or is seen by the statements that follow.
-WITH clock AS (SELECT safepoint_now_ms() AS now)
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now)
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
     updated_at = clock.now
@@ -691,7 +746,7 @@ SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY seq;
 -- name: wait_for_approval
 -- No approval authorizes the dispatch: the run waits, released, with what it waits for, and
 -- the event says so.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 waiting AS (
     UPDATE safepoint_runs
     SET status = 'waiting', owner = NULL, lease_expires_at = NULL,
@@ -732,7 +787,7 @@ VALUES (%(approval_id)s, %(run_id)s, %(operation_id)s, %(step_id)s, %(payload_di
 -- name: approve_run
 -- An approval moves the run's revision and is appended as an event; a run waiting for that
 -- very operation is released: pending, so a worker (or a resume) carries it on.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     SET status = CASE WHEN %(release)s THEN 'pending' ELSE status END,
@@ -779,7 +834,7 @@ FROM run;
 -- changed payload, or a re-plan). No operation row
 -- (`operation_id` NULL) means it cannot take one. (The payload artifact is inserted just
 -- before, in the same transaction.)
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -809,7 +864,7 @@ SELECT operation.operation_id FROM owned LEFT JOIN operation ON true;
 -- The run's history crossed its soft limit: remember when (so it is recorded once), count and
 -- append the run.history_warning event. Runs after the write that crossed it, in the same
 -- transaction, which holds the runs row lock since that write; only the fence holder writes it.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 warned AS (
     UPDATE safepoint_runs
     SET history_warned_at = clock.now, event_count = event_count + 1
@@ -834,7 +889,7 @@ SELECT * FROM warned;
 -- passed; never held to the history limit); the successor is created in the next place of the run's chain, claimed
 -- by the continuing worker, with the carried state as its inputs; both get their event.
 -- No row: the fence refused it. `successor` NULL: the successor's id is taken already.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 ended AS (
     UPDATE safepoint_runs
     SET status = 'continued', successor_run_id = %(successor_run_id)s, owner = NULL,
@@ -901,7 +956,7 @@ LIMIT 1;
 -- restart never resets them. New steps grow the history,
 -- and are refused when that would take it past the run's hard limit. The batch is JSON, one
 -- object per step.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 batch AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb) AS b(
         step_id text, seq integer, kind text, name text, input_hash text, step_status text,
@@ -936,11 +991,12 @@ owned AS (
 -- large step results, stored once whoever stores them; only past the fence (FROM owned), so
 -- that a refused write leaves nothing behind
 artifacts AS (
-    INSERT INTO safepoint_artifacts (digest, size, content, created_at)
-    SELECT DISTINCT ON (a.digest) a.digest, octet_length(a.content), a.content, owned.now
+    INSERT INTO safepoint_artifacts (run_id, digest, size, content, created_at)
+    SELECT DISTINCT ON (a.digest) owned.run_id, a.digest, octet_length(a.content), a.content,
+           owned.now
     FROM owned, unnest(%(artifact_refs)s::text[], %(artifact_contents)s::bytea[])
         AS a(digest, content)
-    ON CONFLICT (digest) DO UPDATE SET size = EXCLUDED.size WHERE false
+    ON CONFLICT (run_id, digest) DO UPDATE SET size = EXCLUDED.size WHERE false
 ),
 step AS (
     INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
@@ -995,7 +1051,7 @@ FROM safepoint_runs WHERE run_id = %(run_id)s FOR UPDATE;
 -- stays. A stopped run becomes pending (its error and recovery record cleared: workers take it
 -- again); any other run keeps its status. SET reads the row as it was, so each CASE sees the
 -- old status.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     SET token_budget = %(tokens)s::bigint, cost_budget = %(cost)s::double precision,
@@ -1206,7 +1262,7 @@ RETURNING *;
 -- A message moves the run's revision and is appended as an event; a run waiting for a message
 -- of its name is released: pending, for a worker (or a resume) to carry on. Runs after
 -- lock_run, in its transaction.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
     SET status = CASE WHEN %(wake)s THEN 'pending' ELSE status END,
@@ -1232,7 +1288,7 @@ SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s ORDER BY seq;
 -- The fence of a wait's gate (await_message, await_timer), alone: new work (refused once a
 -- cancel is asked for or past the deadline). It takes the runs row lock for the rest of the
 -- transaction, before the statements that look for messages.
-WITH clock AS (SELECT safepoint_now_ms() AS now)
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now)
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
     updated_at = clock.now
@@ -1257,7 +1313,7 @@ ORDER BY seq LIMIT 1;
 -- name: await_message_take
 -- The wait step takes the message: it is its result from now on, never another step's.
 UPDATE safepoint_messages SET taken_by = %(step_id)s, taken_at = %(now)s
-WHERE seq = %(seq)s AND taken_by IS NULL;
+WHERE run_id = %(run_id)s AND seq = %(seq)s AND taken_by IS NULL;
 
 -- name: await_message_started
 -- A wait with a timeout waits for the first time: its timeout instant is recorded, as the
@@ -1295,7 +1351,7 @@ RETURNING event_count + step_count AS history, history_soft_limit, history_hard_
 -- name: wait_until_woken
 -- The run waits, released, for a message or its timer (waiting_for); due at wake_at, when
 -- workers take it (NULL: only a message wakes it). The event says so.
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 waiting AS (
     UPDATE safepoint_runs
     SET status = 'waiting', owner = NULL, lease_expires_at = NULL,
@@ -1326,7 +1382,7 @@ WHERE status = 'waiting' AND wake_at > safepoint_now_ms();
 -- Release the run at the end of a slice and log it (run.slice_ended): no owner, no lease, the
 -- status kept (running: the next claim takes it at once, and the caller NOTIFYs the workers).
 -- Only the holder of the fence can; a stale one matches nothing (fence_state tells why).
-WITH clock AS (SELECT safepoint_now_ms() AS now),
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
     SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,

@@ -34,9 +34,13 @@
 -- optional column means "none" (no limit, no deadline, not revoked …).
 
 -- The one definition of "now" (epoch ms) used by every statement. clock_timestamp() rather than
--- now(): a long transaction must not hand out leases that started in the past.
+-- now(): a long transaction must not hand out leases that started in the past. STABLE, not
+-- VOLATILE: a distributed PostgreSQL (Citus) refuses volatile functions in the UPDATEs that take
+-- and check leases, and evaluates a stable one once, on the node that plans the statement, so
+-- every shard sees one clock. Each statement reads it once, in a MATERIALIZED `clock` CTE
+-- (docs/scaling.md).
 CREATE FUNCTION safepoint_now_ms() RETURNS BIGINT
-    LANGUAGE sql VOLATILE
+    LANGUAGE sql STABLE
     AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
 
 CREATE TABLE safepoint_runs (
@@ -210,9 +214,10 @@ CREATE INDEX safepoint_operations_chain ON safepoint_operations (chain_id, opera
 CREATE INDEX safepoint_operations_payload ON safepoint_operations (payload_ref);
 
 -- Every event of a run is written while its runs row is locked, so within a run event_id
--- order is commit order.
+-- order is commit order. Like every key here, the primary key starts with run_id: a database
+-- that shards the tables by run_id enforces each key on one shard (docs/scaling.md).
 CREATE TABLE safepoint_events (
-    event_id      BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id      BIGINT  GENERATED ALWAYS AS IDENTITY,
     run_id        TEXT    NOT NULL,
     at            BIGINT  NOT NULL,
     kind          TEXT    NOT NULL,
@@ -220,17 +225,23 @@ CREATE TABLE safepoint_events (
     operation_id  TEXT,
     fence         BIGINT,
     worker        TEXT,
-    detail        TEXT
+    detail        TEXT,
+    PRIMARY KEY (run_id, event_id)
 );
 
-CREATE INDEX safepoint_events_run ON safepoint_events (run_id, event_id);
-
+-- Kept with the run that stored them (the same bytes once per run: a database sharded by
+-- run_id keeps them on the run's shard); read by digest alone, from whichever run stored them.
+-- Those stored before migration 5 belong to no run ('').
 CREATE TABLE safepoint_artifacts (
-    digest      TEXT    PRIMARY KEY,        -- 'sha256:<hex>' of content
+    digest      TEXT    NOT NULL,           -- 'sha256:<hex>' of content
     size        BIGINT  NOT NULL,
     content     BYTEA   NOT NULL,
-    created_at  BIGINT  NOT NULL
+    created_at  BIGINT  NOT NULL,
+    run_id      TEXT    NOT NULL,
+    PRIMARY KEY (run_id, digest)
 );
+
+CREATE INDEX safepoint_artifacts_digest ON safepoint_artifacts (digest);
 
 -- Each failed attempt of a read or model step that is tried again, recorded before the back-off
 -- (with the instant the next attempt may start), so that a restart continues the count and
@@ -254,7 +265,7 @@ CREATE TABLE safepoint_attempts (
 -- revoke it before the dispatch: the row stays (evidence of what was authorized, by whom),
 -- marked revoked (when, by whom, why), and authorizes nothing.
 CREATE TABLE safepoint_approvals (
-    approval_id     TEXT    PRIMARY KEY,
+    approval_id     TEXT    NOT NULL,
     run_id          TEXT    NOT NULL,
     operation_id    TEXT    NOT NULL,
     step_id         TEXT    NOT NULL,
@@ -269,6 +280,7 @@ CREATE TABLE safepoint_approvals (
     revoked_at      BIGINT,
     revoked_by      TEXT,
     revoke_reason   TEXT,
+    PRIMARY KEY (run_id, approval_id),
     FOREIGN KEY (run_id, operation_id) REFERENCES safepoint_operations (run_id, operation_id)
 );
 
@@ -281,7 +293,7 @@ CREATE INDEX safepoint_approvals_operation ON safepoint_approvals (run_id, opera
 -- the next wait. A message_id the sender gives is kept once per run: a webhook delivered twice
 -- is one message.
 CREATE TABLE safepoint_messages (
-    seq          BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,  -- the order sent in
+    seq          BIGINT  GENERATED ALWAYS AS IDENTITY,  -- the order sent in
     run_id       TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
     name         TEXT    NOT NULL,
     message_id   TEXT,               -- the sender's id for it; NULL: none given
@@ -290,7 +302,8 @@ CREATE TABLE safepoint_messages (
     sent_by      TEXT,
     sent_at      BIGINT  NOT NULL,
     taken_by     TEXT,               -- the wait step that received it; NULL: not yet taken
-    taken_at     BIGINT
+    taken_at     BIGINT,
+    PRIMARY KEY (run_id, seq)
 );
 
 CREATE UNIQUE INDEX safepoint_messages_id ON safepoint_messages (run_id, message_id);
