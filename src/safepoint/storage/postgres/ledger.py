@@ -14,7 +14,7 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``; what they read is every store's
+``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``, ``transactions``; what they read is every store's
 (``safepoint.storage.ledger.LedgerReads``).
 """
 
@@ -29,6 +29,7 @@ from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .slices import PostgresSlices
 from .steps import PostgresSteps
+from .transactions import PostgresTransactions
 from .waits import PostgresWaits
 
 __all__ = ["PostgresLedger"]
@@ -45,6 +46,7 @@ class PostgresLedger(
     PostgresRetry,
     PostgresSlices,
     PostgresWaits,
+    PostgresTransactions,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -35,7 +36,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
-from ...errors import StoreError, StoreUnavailable
+from ...errors import HistoryWarning, StoreError, StoreUnavailable
 from ...types import (
     JSON,
     ApprovalGate,
@@ -64,11 +65,20 @@ from ...types import (
     WaitGate,
 )
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
-from ..plans import Plan
+from ..plans import Plan, run_plan
+from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
 from .pool import Checkout, Discarded, Resting, connection_lost
+from .transactions import (
+    COMMIT,
+    PostgresTransaction,
+    ended_by_function,
+    failed_function,
+    first_pipelined,
+    rollback,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -274,6 +284,47 @@ class PostgresStore:
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
+
+    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+        """The function's statements and the step record in one transaction (see
+        ``postgres.transactions``): two round trips besides the function's own."""
+        self._ledger.check_process()
+        failure: BaseException | None = None
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    recorded, due = self._transact(conn, claim, step, body)
+                except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
+                    failure = failed.error
+                finally:
+                    self._resting.rested(conn)
+        except DRIVER_ERRORS as exc:
+            raise unstorable(exc) or self._ledger.failure(
+                exc, self._pool.timeout, self._pool.max_size
+            ) from exc
+        if failure is not None:
+            raise failure
+        warn(due)
+        return recorded
+
+    def _transact(
+        self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
+    ) -> tuple[StepRecord, HistoryWarning | None]:
+        try:
+            now, due = run_plan(first_pipelined(conn), self._ledger.transaction_fence(claim, step))
+            recorded = replace(step, result=call_function(body, PostgresTransaction(step.step_id, conn)))
+            ended_by_function(conn, step.step_id)
+            with conn.pipeline():  # the step and the commit: one round trip
+                for stmt in self._ledger.transaction_record(claim, recorded, now):
+                    conn.execute(stmt.text, stmt.params)
+                conn.execute(COMMIT)
+        except BaseException as exc:
+            rollback(conn)
+            raised = failed_function(exc, conn)
+            if raised is exc:
+                raise
+            raise raised from None
+        return recorded, due
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))

@@ -3,8 +3,9 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry``, ``slices``, ``limits`` and ``waits`` (messages,
-and the gates of wait and sleep steps). What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``transactions`` (the
+user's writes committed with their step) and ``waits`` (messages, and the gates of wait and sleep
+steps). What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -17,6 +18,7 @@ from .history import SqliteHistory
 from .limits import SqliteLimits
 from .retry import SqliteRetry
 from .slices import SqliteSlices
+from .transactions import SqliteTransactions
 from .waits import SqliteWaits
 
 __all__ = ["SqliteStore"]
@@ -31,5 +33,6 @@ class SqliteStore(
     SqliteForks,
     SqliteRetry,
     SqliteSlices,
+    SqliteTransactions,
 ):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""
