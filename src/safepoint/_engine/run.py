@@ -407,7 +407,8 @@ class Run(_RunBase):
 
         >>> order = run.transaction("order.insert", insert_order, cart)  # doctest: +SKIP
         """
-        return self._sync(self._transaction(step_id, fn, args, kwargs, retry))
+        result: R = self._sync(self._transaction(step_id, fn, args, kwargs, retry))
+        return result
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""

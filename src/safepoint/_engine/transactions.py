@@ -85,9 +85,7 @@ class TransactionAttempt:
         """The store's transaction: the function's writes and ``base`` recorded with its value."""
         sid = base.step_id
         yield from core.flush()
-        step = yield from core.append_new(
-            io(Store.record_transaction, core.claim, base, self.body(sid)), sid
-        )
+        step = yield from core.append_new(io(Store.record_transaction, core.claim, base, self.body(sid)), sid)
         core.steps[sid] = step
         crashpoint("transaction.after_commit", sid)
         return step.result

@@ -48,4 +48,3 @@ def misused(step_id: str, what: str) -> UsageError:
         " Nothing of it was committed",
         step_id=step_id,
     )
-

@@ -22,7 +22,7 @@ from ..types import JSON, Params
 __all__ = ["FunctionFailed", "StepConnection", "call_function", "call_function_async", "plain_value"]
 
 
-class FunctionFailed(Exception):  # noqa: N818 - a carrier, never seen outside the store
+class FunctionFailed(Exception):
     """What the step's function raised, carried past the store's translation of driver
     errors: an ``IntegrityError`` of the user's own INSERT is the step's failure, not the
     store's. The store raises ``error`` itself once the transaction rolled back."""

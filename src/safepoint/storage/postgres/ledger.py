@@ -14,8 +14,8 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``, ``transactions``; what they read is every store's
-(``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``slices``, ``limits``, ``waits``, ``transactions``; what they
+read is every store's (``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ never commits and nothing of the run moves under the step.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -166,7 +167,9 @@ def ended_by_function(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[An
     raise FunctionFailed(misused(step_id, "ended the transaction with a statement"))
 
 
-def failed_function(exc: BaseException, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> BaseException:
+def failed_function(
+    exc: BaseException, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> BaseException:
     """What to raise for an error inside the transaction: the function's own error as the
     step's failure, unless the connection broke under it (then the store's: the step is run
     again once the store is back, since nothing of it was committed)."""
@@ -182,17 +185,14 @@ def rollback(conn: psycopg.Connection[Any]) -> None:
     gone: the server rolled it back)."""
     if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
         return
-    try:
+    # broken: the pool discards it, and the server rolled the transaction back
+    with contextlib.suppress(psycopg.Error):
         conn.execute(ROLLBACK)
-    except psycopg.Error:
-        pass  # broken: the pool discards it, and the server rolled the transaction back
 
 
 async def rollback_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """``rollback`` on an async connection."""
     if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
         return
-    try:
+    with contextlib.suppress(psycopg.Error):
         await conn.execute(ROLLBACK)
-    except psycopg.Error:
-        pass

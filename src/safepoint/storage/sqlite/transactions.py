@@ -40,9 +40,7 @@ class SqliteTransaction(StepConnection):
 class SqliteTransactions(SqliteSteps):
     """Transaction steps (``Store.record_transaction``)."""
 
-    def record_transaction(
-        self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
-    ) -> StepRecord:
+    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
         now = self.now()
         failure: BaseException | None = None
         try:
