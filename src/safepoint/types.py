@@ -5,7 +5,8 @@ implements its protocol with (``Claim``, ``Ledger``, ``ApprovalRequest``, ...). 
 type of every value the ledger records — a step's result, a run's input, an effect's payload —
 a value ``json`` writes and reads back equal; ``Recorded`` is what a record's field holds when it
 is read back (JSON of plain dicts and lists, typed ``Any`` so that the reader says what shape it
-expects).
+expects). ``Params`` is what a statement of a transaction step is bound with
+(``Transaction``).
 """
 
 from __future__ import annotations

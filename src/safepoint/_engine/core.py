@@ -82,7 +82,7 @@ from .current import refuse_inside_transaction, running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 from .observe import Execution, StepSeen, call_status
 from .slices import SliceClock
-from .transactions import TransactionAttempt
+from .transaction_attempt import TransactionAttempt
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
