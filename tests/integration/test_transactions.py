@@ -148,10 +148,16 @@ def test_a_stale_worker_commits_nothing(
     store: sp.Store, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another owner claims the run just before this worker's transaction step reaches the
-    store: the step raises LostOwnership, its function never runs, its rows are absent; the
-    resume writes them once."""
-    calls = Calls()
-    insert = insert_order(calls)
+    store: the step raises LostOwnership, its function gets no further than its first
+    statement, its rows are absent; the resume writes them once."""
+    reached: list[str] = []
+
+    def insert(tx: Any, order_id: str) -> dict[str, Any]:
+        tx.execute(TABLE)  # a stale worker gets no further: LostOwnership is raised here
+        reached.append(order_id)
+        tx.execute(q(tx, "INSERT INTO app_orders (id) VALUES (?)"), (order_id,))
+        return {"order": order_id, "rows": tx.execute("SELECT count(*) AS n FROM app_orders").fetchone()["n"]}
+
     record_transaction = store.record_transaction
 
     def taken_over_first(claim: Any, step: Any, body: Any) -> Any:
@@ -171,12 +177,12 @@ def test_a_stale_worker_commits_nothing(
 
     with pytest.raises(LostOwnership):
         sp.start(store, flow, "o-1", run_id="r")
-    assert (calls.count, orders(store_url)) == (0, [])
+    assert (reached, orders(store_url)) == ([], [])
     ledger = store.load_ledger("r")
     assert "look" in ledger.steps
     assert "order.insert" not in ledger.steps
     assert sp.resume(store, "r") == {"order": "o-1", "rows": 1}
-    assert (calls.count, orders(store_url)) == (1, ["o-1"])
+    assert (reached, orders(store_url)) == (["o-1"], ["o-1"])
 
 
 def test_changed_inputs_block_even_under_replan(store: sp.Store, store_url: str, crash_at: Any) -> None:

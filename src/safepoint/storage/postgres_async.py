@@ -63,7 +63,7 @@ from ..types import (
     WaitGate,
 )
 from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
-from .plans import Plan, run_plan_async
+from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
     DRIVER_ERRORS,
@@ -77,10 +77,10 @@ from .postgres.ledger import PostgresLedger
 from .postgres.pool import Checkout, Discarded, Resting, connection_lost
 from .postgres.transactions import (
     COMMIT,
+    AsyncOpening,
     AsyncPostgresTransaction,
     ended_by_function,
     failed_function,
-    first_pipelined_async,
     rollback_async,
 )
 from .transactions import FunctionFailed, call_function_async
@@ -389,15 +389,18 @@ class AsyncPostgresStore:
     async def _transact(
         self, conn: AsyncConn, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
     ) -> tuple[StepRecord, HistoryWarning | None]:
+        opening = AsyncOpening(self._ledger, conn, claim, step)
         try:
-            now, due = await run_plan_async(
-                first_pipelined_async(conn), self._ledger.transaction_fence(claim, step)
-            )
-            value = await call_function_async(body, AsyncPostgresTransaction(step.step_id, conn))
+            value = await call_function_async(body, AsyncPostgresTransaction(step.step_id, conn, opening))
+            if opening.refused is not None:  # the function swallowed the fence's refusal
+                raise opening.refused.error
             recorded = replace(step, result=value)
+            if not opening.started:  # no statement of its own: the fenced record alone
+                due = await run_plan_on_async(conn, self._ledger.record_steps(claim, [recorded]))
+                return recorded, due
             ended_by_function(conn, step.step_id)
             async with conn.pipeline():  # the step and the commit: one round trip
-                for stmt in self._ledger.transaction_record(claim, recorded, now):
+                for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
                     await conn.execute(stmt.text, stmt.params)
                 await conn.execute(COMMIT)
         except BaseException as exc:
@@ -406,7 +409,7 @@ class AsyncPostgresStore:
             if raised is exc:
                 raise
             raise raised from None
-        return recorded, due
+        return recorded, opening.due
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))

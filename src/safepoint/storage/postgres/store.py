@@ -65,7 +65,7 @@ from ...types import (
     WaitGate,
 )
 from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
-from ..plans import Plan, run_plan
+from ..plans import Plan
 from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, log, run_plan_on, unreachable
@@ -73,10 +73,10 @@ from .ledger import PostgresLedger
 from .pool import Checkout, Discarded, Resting, connection_lost
 from .transactions import (
     COMMIT,
+    Opening,
     PostgresTransaction,
     ended_by_function,
     failed_function,
-    first_pipelined,
     rollback,
 )
 
@@ -287,7 +287,7 @@ class PostgresStore:
 
     def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
         """The function's statements and the step record in one transaction (see
-        ``postgres.transactions``): two round trips besides the function's own."""
+        ``postgres.transactions``): one round trip more than the function's own statements."""
         self._ledger.check_process()
         failure: BaseException | None = None
         try:
@@ -310,12 +310,18 @@ class PostgresStore:
     def _transact(
         self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
     ) -> tuple[StepRecord, HistoryWarning | None]:
+        opening = Opening(self._ledger, conn, claim, step)
         try:
-            now, due = run_plan(first_pipelined(conn), self._ledger.transaction_fence(claim, step))
-            recorded = replace(step, result=call_function(body, PostgresTransaction(step.step_id, conn)))
+            value = call_function(body, PostgresTransaction(step.step_id, conn, opening))
+            if opening.refused is not None:  # the function swallowed the fence's refusal
+                raise opening.refused.error
+            recorded = replace(step, result=value)
+            if not opening.started:  # no statement of its own: the fenced record alone
+                due = run_plan_on(conn, self._ledger.record_steps(claim, [recorded]))
+                return recorded, due
             ended_by_function(conn, step.step_id)
             with conn.pipeline():  # the step and the commit: one round trip
-                for stmt in self._ledger.transaction_record(claim, recorded, now):
+                for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
                     conn.execute(stmt.text, stmt.params)
                 conn.execute(COMMIT)
         except BaseException as exc:
@@ -324,7 +330,7 @@ class PostgresStore:
             if raised is exc:
                 raise
             raise raised from None
-        return recorded, due
+        return recorded, opening.due
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))

@@ -1,17 +1,20 @@
 """The PostgreSQL store's transaction steps: the plans both executors share, and the
 connection the step's function gets, sync and async.
 
-One transaction: ``BEGIN`` and the fence (``record_transaction``) in one round trip
-(pipelined), then the function's statements, then the step record and ``COMMIT`` in one round
-trip. The fence comes first and its row lock holds to the commit, so a stale worker's function
-never commits and nothing of the run moves under the step.
+One transaction, one round trip more than the function's own statements: ``BEGIN``, the fence
+(``record_transaction``) and the function's first statement go in one round trip (pipelined,
+``Opening``), its other statements one each, and the step record goes with the ``COMMIT``. The
+fence runs first and its row lock holds to the commit, so a stale worker's transaction commits
+nothing (the first statement, sent with it, is rolled back unseen: ``LostOwnership`` is raised
+in its place) and nothing of the run moves under the step. A function that sends no statement
+costs one round trip: the step is recorded by the fenced ``record_steps`` alone.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -25,6 +28,7 @@ from ..plans import Plan, Stmt
 from ..transactions import FunctionFailed, StepConnection
 from .connection import QUERIES, PostgresBase
 
+T = TypeVar("T")
 BEGIN = "BEGIN"
 COMMIT = "COMMIT"
 ROLLBACK = "ROLLBACK"
@@ -75,18 +79,28 @@ class PostgresTransaction(StepConnection):
 
     dialect: Literal["sqlite", "postgres"] = "postgres"
 
-    def __init__(self, step_id: str, conn: psycopg.Connection[DictRow]) -> None:
+    def __init__(self, step_id: str, conn: psycopg.Connection[DictRow], opening: Opening) -> None:
         super().__init__(step_id)
         self._conn = conn
+        self._opening: Opening | None = opening
 
     def execute(self, query: str, params: Params = None) -> psycopg.Cursor[DictRow]:
         """Run one statement in the step's transaction."""
-        return self._conn.execute(self._checked(query), None if params is None else self.params_of(params))
+        checked, bound = self._checked(query), None if params is None else self.params_of(params)
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            first: psycopg.Cursor[DictRow] = opening.open(checked, bound)
+            return first
+        return self._conn.execute(checked, bound)
 
     def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
         """Run one statement once for each set of parameters."""
+        checked = self._checked(query)
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            opening.open(None, None)
         with self._conn.cursor() as cur:
-            cur.executemany(self._checked(query), [self.params_of(p) for p in params_seq])
+            cur.executemany(checked, [self.params_of(p) for p in params_seq])
 
 
 class AsyncPostgresTransaction(StepConnection):
@@ -94,58 +108,168 @@ class AsyncPostgresTransaction(StepConnection):
 
     dialect: Literal["sqlite", "postgres"] = "postgres"
 
-    def __init__(self, step_id: str, conn: psycopg.AsyncConnection[DictRow]) -> None:
+    def __init__(self, step_id: str, conn: psycopg.AsyncConnection[DictRow], opening: AsyncOpening) -> None:
         super().__init__(step_id)
         self._conn = conn
+        self._opening: AsyncOpening | None = opening
 
     async def execute(self, query: str, params: Params = None) -> psycopg.AsyncCursor[DictRow]:
         """Run one statement in the step's transaction."""
-        return await self._conn.execute(
-            self._checked(query), None if params is None else self.params_of(params)
-        )
+        checked, bound = self._checked(query), None if params is None else self.params_of(params)
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            first: psycopg.AsyncCursor[DictRow] = await opening.open(checked, bound)
+            return first
+        return await self._conn.execute(checked, bound)
 
     async def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
         """Run one statement once for each set of parameters."""
+        checked = self._checked(query)
+        if self._opening is not None:
+            opening, self._opening = self._opening, None
+            await opening.open(None, None)
         async with self._conn.cursor() as cur:
-            await cur.executemany(self._checked(query), [self.params_of(p) for p in params_seq])
+            await cur.executemany(checked, [self.params_of(p) for p in params_seq])
 
 
-def first_pipelined(conn: psycopg.Connection[Any]) -> Any:
-    """An executor for ``run_plan`` that sends ``BEGIN`` with the plan's first statement, in
-    one round trip."""
-    begun = False
+class StoreRefusal(BaseException):
+    """The fence's refusal (or the store's failure) met while opening the transaction inside
+    the function's first statement: carried out of the function as a ``BaseException`` (its
+    ``except Exception`` cannot swallow it) and raised by the store as ``error`` itself — the
+    store's answer, not the step's failure."""
 
-    def execute(stmt: Stmt) -> list[Any]:
-        nonlocal begun
-        if not begun:
-            begun = True
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class _OpeningBase:
+    """The transaction's opening, sent with the function's first statement (see the module
+    docstring): the fence's outcome is kept here for the store."""
+
+    def __init__(self, ledger: PostgresTransactions, claim: Claim, step: StepRecord) -> None:
+        self.ledger, self.claim, self.step = ledger, claim, step
+        self.started = False
+        self.now = 0
+        self.due: HistoryWarning | None = None
+        self.refused: StoreRefusal | None = None
+
+    def _refuse(self, error: BaseException) -> StoreRefusal:
+        self.refused = StoreRefusal(error)
+        return self.refused
+
+
+class Opening(_OpeningBase):
+    """``BEGIN``, the fence and the function's first statement, in one round trip (sync)."""
+
+    def __init__(
+        self, ledger: PostgresTransactions, conn: psycopg.Connection[DictRow], claim: Claim, step: StepRecord
+    ) -> None:
+        super().__init__(ledger, claim, step)
+        self.conn = conn
+
+    def open(self, query: str | None, params: Any) -> Any:
+        """Send the opening (and ``query``, unless None); the cursor of ``query``."""
+        self.started = True
+        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
+        stmt, failed, user = next(plan), None, None
+        try:
             with conn.pipeline():
                 conn.execute(BEGIN)
-                cur = conn.execute(stmt.text, stmt.params)
-        else:
-            cur = conn.execute(stmt.text, stmt.params)
-        return cur.fetchall() if cur.description is not None else []
+                fence = conn.execute(stmt.text, stmt.params)
+                if query is not None:
+                    user = conn.execute(query, params)
+        except psycopg.Error as exc:
+            failed = exc
+        try:
+            rows = fence.fetchall()
+        except psycopg.Error as exc:  # the opening itself failed: the store's error
+            raise self._refuse(failed or exc) from None
+        if not rows:  # refused: the first statement ran in vain; roll it back, then say why
+            rollback(conn)
+            try:
+                run_plan_from(plan, rows, lambda s: _rows(conn.execute(s.text, s.params)))
+            except BaseException as exc:
+                raise self._refuse(exc) from None
+        if failed is not None:
+            raise failed  # the function's own statement failed: the step's error
+        try:
+            self.now, self.due = run_plan_from(plan, rows, lambda s: _rows(conn.execute(s.text, s.params)))
+        except BaseException as exc:
+            raise self._refuse(exc) from None
+        return user
 
-    return execute
 
+class AsyncOpening(_OpeningBase):
+    """``Opening`` on an async connection."""
 
-def first_pipelined_async(conn: psycopg.AsyncConnection[Any]) -> Any:
-    """``first_pipelined`` on an async connection."""
-    begun = False
+    def __init__(
+        self,
+        ledger: PostgresTransactions,
+        conn: psycopg.AsyncConnection[DictRow],
+        claim: Claim,
+        step: StepRecord,
+    ) -> None:
+        super().__init__(ledger, claim, step)
+        self.conn = conn
 
-    async def execute(stmt: Stmt) -> list[Any]:
-        nonlocal begun
-        if not begun:
-            begun = True
+    async def open(self, query: str | None, params: Any) -> Any:
+        """Send the opening (and ``query``, unless None); the cursor of ``query``."""
+        self.started = True
+        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
+        stmt, failed, user = next(plan), None, None
+        try:
             async with conn.pipeline():
                 await conn.execute(BEGIN)
-                cur = await conn.execute(stmt.text, stmt.params)
-        else:
-            cur = await conn.execute(stmt.text, stmt.params)
-        rows: list[Any] = await cur.fetchall() if cur.description is not None else []
-        return rows
+                fence = await conn.execute(stmt.text, stmt.params)
+                if query is not None:
+                    user = await conn.execute(query, params)
+        except psycopg.Error as exc:
+            failed = exc
+        try:
+            rows = await fence.fetchall()
+        except psycopg.Error as exc:
+            raise self._refuse(failed or exc) from None
+        if not rows:
+            await rollback_async(conn)
+            try:
+                await run_plan_from_async(plan, rows, conn)
+            except BaseException as exc:
+                raise self._refuse(exc) from None
+        if failed is not None:
+            raise failed
+        try:
+            self.now, self.due = await run_plan_from_async(plan, rows, conn)
+        except BaseException as exc:
+            raise self._refuse(exc) from None
+        return user
 
-    return execute
+
+def _rows(cur: Any) -> list[Any]:
+    return cur.fetchall() if cur.description is not None else []
+
+
+def run_plan_from(plan: Plan[T], rows: list[Any], execute: Callable[[Stmt], list[Any]]) -> T:
+    """Carry a started plan on, from the rows of the statement it yielded first."""
+    try:
+        stmt = plan.send(rows)
+        while True:
+            stmt = plan.send(execute(stmt))
+    except StopIteration as done:
+        result: T = done.value
+        return result
+
+
+async def run_plan_from_async(plan: Plan[T], rows: list[Any], conn: psycopg.AsyncConnection[Any]) -> T:
+    """``run_plan_from`` on an async connection."""
+    try:
+        stmt = plan.send(rows)
+        while True:
+            cur = await conn.execute(stmt.text, stmt.params)
+            stmt = plan.send(await cur.fetchall() if cur.description is not None else [])
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 def ended_by_function(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], step_id: str) -> None:
@@ -174,6 +298,8 @@ def failed_function(
     step's failure, unless the connection broke under it (then the store's: the step is run
     again once the store is back, since nothing of it was committed)."""
     if isinstance(exc, FunctionFailed):
+        if isinstance(exc.error, StoreRefusal):  # met in the opening: the store's own answer
+            return exc.error.error
         if conn.broken and isinstance(exc.error, psycopg.Error):
             return exc.error
         exc.error = function_error(exc.error)

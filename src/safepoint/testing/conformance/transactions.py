@@ -125,31 +125,40 @@ class TransactionTests(ConformanceBase):
         assert "insert" not in store.load_ledger(run.run_id).steps
         assert self._rows(store, claim, table, 3) == []  # and the fence still holds
 
-    def test_a_stale_worker_never_calls_its_function(self) -> None:
+    def test_a_stale_worker_commits_nothing(self) -> None:
+        """The fence is the transaction's first statement: a stale worker's function gets no
+        further than its first statement (a store may send that one with the fence, in one
+        round trip: it is rolled back unseen and ``LostOwnership`` raised in its place)."""
         store = self.store()
         run, stale = self.start(store, lease_ms=SHORT_LEASE_MS)
         table = self._table(store, stale)
         fresh = self.take_over(store, run.run_id)
-        called: list[bool] = []
-
-        def body(tx: Any) -> Any:
-            called.append(True)
-            return statements((f"INSERT INTO {table} (id) VALUES (?)", ("stale",)))(tx)
+        passed: list[bool] = []
+        insert = statements(
+            (f"INSERT INTO {table} (id) VALUES (?)", ("stale",)), then=lambda rows: passed.append(True)
+        )
 
         with pytest.raises(LostOwnership):
-            store.record_transaction(stale, self._step(stale, "insert", 2), body)
-        assert called == []
+            store.record_transaction(stale, self._step(stale, "insert", 2), insert)
+        assert passed == []
         assert "insert" not in store.load_ledger(run.run_id).steps
         assert self._rows(store, fresh, table, 3) == []
 
     def test_no_new_transaction_once_a_cancel_is_asked_for(self) -> None:
         store = self.store()
         run, claim = self.start(store)
+        table = self._table(store, claim)
         store.request_cancel(run.run_id, by="ana")
-        called: list[bool] = []
+        passed: list[bool] = []
+        insert = statements(
+            (f"INSERT INTO {table} (id) VALUES (?)", ("late",)), then=lambda rows: passed.append(True)
+        )
         with pytest.raises(Cancelled):
-            store.record_transaction(claim, self._step(claim, "t", 1), lambda tx: called.append(True))
-        assert called == []
+            store.record_transaction(claim, self._step(claim, "t", 2), insert)
+        with pytest.raises(Cancelled):  # a function with no statement of its own is refused too
+            store.record_transaction(claim, self._step(claim, "t", 2), lambda tx: None)
+        assert passed == []
+        assert "t" not in store.load_ledger(run.run_id).steps
         assert store.get_run(run.run_id).status is RunStatus.RUNNING
 
     @pytest.mark.parametrize("how", ["commit()", "rollback()", "close()", "COMMIT", "END", "ROLLBACK"])
