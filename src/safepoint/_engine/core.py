@@ -474,17 +474,7 @@ class RunCore:
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
-                error = recorded.error or {}
-                failed = StepFailed(
-                    self.run.run_id,
-                    sid,
-                    str(error.get("type")),
-                    str(error.get("message")),
-                    int(error.get("attempts", 1)),
-                )
-                if self.watch is not None:
-                    self.seen_replayed(recorded, "failed", failed)
-                raise failed
+                self.raise_recorded_failure(recorded)
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 if self.watch is not None:
                     self.seen_replayed(recorded)
@@ -630,6 +620,21 @@ class RunCore:
             raise
         self.seen_executed(base, started, "completed", None, value)
         return value
+
+    def raise_recorded_failure(self, recorded: StepRecord) -> NoReturn:
+        """A step recorded failed raises its ``StepFailed`` again: the run takes the path it
+        took the first time."""
+        error = recorded.error or {}
+        failed = StepFailed(
+            self.run.run_id,
+            recorded.step_id,
+            str(error.get("type")),
+            str(error.get("message")),
+            int(error.get("attempts", 1)),
+        )
+        if self.watch is not None:
+            self.seen_replayed(recorded, "failed", failed)
+        raise failed
 
     def seen_replayed(
         self, step: StepRecord, status: str = "completed", error: BaseException | None = None

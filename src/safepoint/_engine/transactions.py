@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._rules.limits import step_policy
-from ..errors import ReplayMismatch, StaleCheckpoint, StepFailed, UsageError
+from ..errors import ReplayMismatch, StaleCheckpoint, UsageError
 from ..types import Retry, StepKind, StepRecord, StepStatus
 from .flow import Flow, callable_name, is_async_callable
 
@@ -59,17 +59,7 @@ def transaction_flow(
         yield from core.block(stale, phase=phase, step_id=sid)
     if recorded is not None:
         if recorded.status is StepStatus.FAILED:
-            error = recorded.error or {}
-            failed = StepFailed(
-                core.run.run_id,
-                sid,
-                str(error.get("type")),
-                str(error.get("message")),
-                int(error.get("attempts", 1)),
-            )
-            if core.watch is not None:
-                core.seen_replayed(recorded, "failed", failed)
-            raise failed
+            core.raise_recorded_failure(recorded)
         if core.watch is not None:
             core.seen_replayed(recorded)
         return recorded.result

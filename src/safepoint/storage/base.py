@@ -254,7 +254,9 @@ class Store(Protocol):
         (``types.Transaction``) — then ``step`` recorded with body's value as its result, and
         one commit. Returns the step as recorded. When ``body`` raises, or ends the transaction
         itself (``UsageError``), the transaction rolls back whole and what it raised passes
-        unchanged; a stale fence raises ``LostOwnership`` before ``body`` is called."""
+        unchanged. A stale fence raises ``LostOwnership`` and commits nothing: before ``body`` is
+        called, or — a store that sends the fence with body's first statement, to save a round
+        trip (PostgreSQL) — from that statement, rolled back unseen."""
         ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
