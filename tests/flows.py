@@ -6,6 +6,7 @@ Step ids are prefixed by their kind so a crash point can target one kind:
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from typing import Any
@@ -39,16 +40,30 @@ def sql(tx: Any, query: str) -> str:
     return query if tx.dialect == "sqlite" else query.replace("?", "%s")
 
 
-def case_rows(tx: Any, case_id: str) -> int:
+def case_rows(tx: Any, case_id: str) -> Any:
     """A transaction step: one row for this run in an application table of the ledger's own
-    database; the rows the run has there — 1, unless a write were repeated."""
-    if tx.dialect == "postgres":  # CREATE TABLE IF NOT EXISTS races with itself on PostgreSQL
-        tx.execute("SELECT pg_advisory_xact_lock(8472)")
-    tx.execute("CREATE TABLE IF NOT EXISTS app_cases (run_id TEXT NOT NULL, case_id TEXT NOT NULL)")
+    database; the rows the run has there — 1, unless a write were repeated. (On an async store's
+    connection it returns the coroutine that does it, which the store awaits.)"""
     run_id = sp.current_run().run_id
-    tx.execute(sql(tx, "INSERT INTO app_cases (run_id, case_id) VALUES (?, ?)"), (run_id, case_id))
-    row = tx.execute(sql(tx, "SELECT count(*) AS n FROM app_cases WHERE run_id = ?"), (run_id,)).fetchone()
-    return int(row["n"])
+    statements = [
+        ("CREATE TABLE IF NOT EXISTS app_cases (run_id TEXT NOT NULL, case_id TEXT NOT NULL)", ()),
+        (sql(tx, "INSERT INTO app_cases (run_id, case_id) VALUES (?, ?)"), (run_id, case_id)),
+        (sql(tx, "SELECT count(*) AS n FROM app_cases WHERE run_id = ?"), (run_id,)),
+    ]
+    if tx.dialect == "postgres":  # CREATE TABLE IF NOT EXISTS races with itself on PostgreSQL
+        statements.insert(0, ("SELECT pg_advisory_xact_lock(8472)", ()))
+    if inspect.iscoroutinefunction(tx.execute):
+
+        async def run_async() -> int:
+            for query, params in statements[:-1]:
+                await tx.execute(query, params)
+            cur = await tx.execute(*statements[-1])
+            return int((await cur.fetchone())["n"])
+
+        return run_async()
+    for query, params in statements[:-1]:
+        tx.execute(query, params)
+    return int(tx.execute(*statements[-1]).fetchone()["n"])
 
 
 def route(draft: dict[str, Any]) -> str:
@@ -91,7 +106,7 @@ async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
         temperature=0,
     )
     amount = await run.pure("pure.amount", doubled, case)
-    rows = await run.transaction("transaction.case", case_rows, case_id)  # SQLite: a plain function
+    rows = await run.transaction("transaction.case", case_rows, case_id)
     chosen = await run.decide("decision.route", route, draft)
     stamp = await run.now("value.now")
     nonce = await run.uuid("value.uuid")

@@ -3,6 +3,7 @@ flow is ``transactions``; ``RunCore.call_step`` makes the attempts)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -64,6 +65,15 @@ class TransactionAttempt:
 
             return body_async
 
+        async def awaited(pending: Any) -> Any:
+            with transacting(sid):
+                try:
+                    value = await pending
+                except BaseException as exc:
+                    self.failed = exc
+                    raise
+            return checked(value)
+
         def body(tx: Any) -> Any:
             with transacting(sid):
                 try:
@@ -71,6 +81,8 @@ class TransactionAttempt:
                 except BaseException as exc:
                     self.failed = exc
                     raise
+            if inspect.isawaitable(value):  # a plain function that returned a coroutine
+                return awaited(value)  # an async store awaits it; a sync one refuses it
             return checked(value)
 
         return body
