@@ -277,3 +277,28 @@ def test_an_async_run_on_sqlite_takes_a_plain_function(tmp_path: Any) -> None:
     finally:
         store.close()
     assert orders(url) == ["o-1"]
+
+
+def test_a_failing_first_statement_is_the_steps_failure(store: sp.Store, store_url: str) -> None:
+    """The function's own statement fails — its first, which PostgreSQL sends with the fence —
+    as the function's error: the step fails, nothing of it is kept, and the fence still holds."""
+
+    def create(tx: Any) -> None:
+        tx.execute("CREATE TABLE app_orders (id TEXT PRIMARY KEY)")
+        tx.execute(q(tx, "INSERT INTO app_orders (id) VALUES (?)"), ("o-1",))
+
+    def duplicate(tx: Any) -> None:
+        tx.execute(q(tx, "INSERT INTO app_orders (id) VALUES (?)"), ("o-1",))
+
+    @sp.workflow("tx-first-fails")
+    def flow(run: sp.Run) -> str:
+        run.transaction("create", create)
+        try:
+            run.transaction("again", duplicate)
+        except StepFailed as failed:
+            return failed.error_type
+        return "inserted twice"
+
+    assert sp.start(store, flow, run_id="r") in ("IntegrityError", "UniqueViolation")
+    assert orders(store_url) == ["o-1"]
+    assert store.load_ledger("r").steps["again"].status is StepStatus.FAILED

@@ -172,7 +172,7 @@ class Opening(_OpeningBase):
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
         conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
-        stmt, failed, user = next(plan), None, None
+        stmt, failed, user, fence = next(plan), None, None, None
         try:
             with conn.pipeline():
                 conn.execute(BEGIN)
@@ -182,6 +182,8 @@ class Opening(_OpeningBase):
         except psycopg.Error as exc:
             failed = exc
         try:
+            if fence is None:  # not even sent: the connection failed
+                raise failed or psycopg.OperationalError("the transaction could not be opened")
             rows = fence.fetchall()
         except psycopg.Error as exc:  # the opening itself failed: the store's error
             raise self._refuse(failed or exc) from None
@@ -217,7 +219,7 @@ class AsyncOpening(_OpeningBase):
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
         conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
-        stmt, failed, user = next(plan), None, None
+        stmt, failed, user, fence = next(plan), None, None, None
         try:
             async with conn.pipeline():
                 await conn.execute(BEGIN)
@@ -227,6 +229,8 @@ class AsyncOpening(_OpeningBase):
         except psycopg.Error as exc:
             failed = exc
         try:
+            if fence is None:
+                raise failed or psycopg.OperationalError("the transaction could not be opened")
             rows = await fence.fetchall()
         except psycopg.Error as exc:
             raise self._refuse(failed or exc) from None
