@@ -1,4 +1,4 @@
--- safepoint ledger, PostgreSQL dialect, migration 4: transaction steps.
+-- safepoint ledger, PostgreSQL dialect, migration 6: transaction steps.
 --
 -- A transaction step (kind 'transaction') commits the user's writes to tables of this database
 -- in the same transaction as its step record: one commit, exactly once. ../schema.sql is what
