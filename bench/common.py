@@ -43,6 +43,7 @@ class Sizes:
     w4_steps: int = 1000
     w4_kill_at: int = 500
     w5_effects: int = 500
+    w5_transactions: int = 500  # W5t: transaction steps, one row each
     floor_commits: int = 1000
     http_calls: int = 500
     w6_turns: int = 50  # model turns per SDK, raw and recorded
@@ -66,6 +67,7 @@ class Sizes:
             w4_steps=300,
             w4_kill_at=200,
             w5_effects=40,
+            w5_transactions=40,
             floor_commits=200,
             http_calls=50,
             w6_turns=10,

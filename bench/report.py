@@ -416,6 +416,18 @@ def _setting_table(run: Measured, setting: str) -> list[str]:
         ],
         blank,
     )
+    row(
+        "W5t",
+        "transaction steps/s (a row each, written with its step in one commit)",
+        [med(s, "w5tx", "transactions_per_s") for s in systems],
+        blank,
+    )
+    row(
+        "W5t",
+        "transaction steps/s over the commit floor measured beside them",
+        [_pct(run.median(setting, s, "w5tx", "floor_ratio")) if s == "safepoint" else "-" for s in systems],
+        blank,
+    )
     lines.append("")
     return lines
 

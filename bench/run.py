@@ -29,7 +29,7 @@ from .common import BACKENDS, MODES, PG_ADMIN_URL, SYSTEMS, Sizes, drop_leftover
 from .procs import ROOT
 
 WORKLOADS = {
-    "safepoint": ["w1", "w2", "w3", "w4", "w5", "w6", "w7"],
+    "safepoint": ["w1", "w2", "w3", "w4", "w5", "w5tx", "w6", "w7"],
     "dbos": ["w1", "w2", "w3", "w4"],
     "langgraph": ["w1", "w2", "w4"],
 }

@@ -6,7 +6,9 @@ Step ids are prefixed by their kind so a crash point can target one kind:
 
 from __future__ import annotations
 
+import inspect
 import os
+import time
 from typing import Any
 
 import safepoint as sp
@@ -33,6 +35,37 @@ def doubled(case: dict[str, Any]) -> int:
     return int(case["amount"]) * 2
 
 
+def sql(tx: Any, query: str) -> str:
+    """``query`` written with ``?`` placeholders, in the step connection's dialect."""
+    return query if tx.dialect == "sqlite" else query.replace("?", "%s")
+
+
+def case_rows(tx: Any, case_id: str) -> Any:
+    """A transaction step: one row for this run in an application table of the ledger's own
+    database; the rows the run has there — 1, unless a write were repeated. (On an async store's
+    connection it returns the coroutine that does it, which the store awaits.)"""
+    run_id = sp.current_run().run_id
+    statements = [
+        ("CREATE TABLE IF NOT EXISTS app_cases (run_id TEXT NOT NULL, case_id TEXT NOT NULL)", ()),
+        (sql(tx, "INSERT INTO app_cases (run_id, case_id) VALUES (?, ?)"), (run_id, case_id)),
+        (sql(tx, "SELECT count(*) AS n FROM app_cases WHERE run_id = ?"), (run_id,)),
+    ]
+    if tx.dialect == "postgres":  # CREATE TABLE IF NOT EXISTS races with itself on PostgreSQL
+        statements.insert(0, ("SELECT pg_advisory_xact_lock(8472)", ()))
+    if inspect.iscoroutinefunction(tx.execute):
+
+        async def run_async() -> int:
+            for query, params in statements[:-1]:
+                await tx.execute(query, params)
+            cur = await tx.execute(*statements[-1])
+            return int((await cur.fetchone())["n"])
+
+        return run_async()
+    for query, params in statements[:-1]:
+        tx.execute(query, params)
+    return int(tx.execute(*statements[-1]).fetchone()["n"])
+
+
 def route(draft: dict[str, Any]) -> str:
     return "refund" if "refund" in draft["text"] else "reply"
 
@@ -48,6 +81,7 @@ def every_kind(run: sp.Run, case_id: str) -> dict[str, Any]:
         temperature=0,
     )
     amount = run.pure("pure.amount", doubled, case)
+    rows = run.transaction("transaction.case", case_rows, case_id)
     chosen = run.decide("decision.route", route, draft)
     stamp = run.now("value.now")
     nonce = run.uuid("value.uuid")
@@ -58,7 +92,7 @@ def every_kind(run: sp.Run, case_id: str) -> dict[str, Any]:
         payload={"amount": amount, "customer": case["customer"], "nonce": nonce},
     )
     ticket = run.effect("effect.ticket", tickets, payload={"charge": charge["id"], "at": stamp.isoformat()})
-    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
+    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount, "rows": rows}
 
 
 @sp.workflow("every-kind-async", version="1")
@@ -72,6 +106,7 @@ async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
         temperature=0,
     )
     amount = await run.pure("pure.amount", doubled, case)
+    rows = await run.transaction("transaction.case", case_rows, case_id)
     chosen = await run.decide("decision.route", route, draft)
     stamp = await run.now("value.now")
     nonce = await run.uuid("value.uuid")
@@ -84,7 +119,7 @@ async def every_kind_async(run: sp.AsyncRun, case_id: str) -> dict[str, Any]:
     ticket = await run.effect(
         "effect.ticket", tickets, payload={"charge": charge["id"], "at": stamp.isoformat()}
     )
-    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount}
+    return {"charge": charge["id"], "ticket": ticket["id"], "route": chosen, "amount": amount, "rows": rows}
 
 
 @sp.workflow("lines", version="1")
@@ -261,3 +296,31 @@ def retry_race(run: sp.Run, run_id: str) -> dict[str, Any]:
     ticket = run.effect("effect.ticket", charges, payload={"run": run_id}, operation_id=f"ticket:{run_id}")
     found = run.read("read.lookup", race_lookup, run_id)
     return {"ticket": ticket["id"], "found": found["run"]}
+
+
+def order_row(tx: Any, index: int, pause: float) -> int:
+    """A transaction step: the order line ``index`` of this run, inserted into an application
+    table of the ledger's own database; returns the run's rows there so far."""
+    if tx.dialect == "postgres":
+        tx.execute("SELECT pg_advisory_xact_lock(8473)")
+    tx.execute(
+        "CREATE TABLE IF NOT EXISTS app_order_lines"
+        " (run_id TEXT NOT NULL, step_id TEXT NOT NULL, line INTEGER NOT NULL)"
+    )
+    run_id = sp.current_run().run_id
+    tx.execute(
+        sql(tx, "INSERT INTO app_order_lines (run_id, step_id, line) VALUES (?, ?, ?)"),
+        (run_id, f"line.{index}", index),
+    )
+    if pause:
+        time.sleep(pause)  # widens the window a kill from outside lands in
+    row = tx.execute(
+        sql(tx, "SELECT count(*) AS n FROM app_order_lines WHERE run_id = ?"), (run_id,)
+    ).fetchone()
+    return int(row["n"])
+
+
+@sp.workflow("order-lines", version="1")
+def order_lines(run: sp.Run, count: int, pause: float = 0.0) -> list[int]:
+    """``count`` transaction steps, each inserting one row: the run's rows after each."""
+    return [run.transaction(f"line.{index}", order_row, index, pause) for index in range(count)]

@@ -7,6 +7,9 @@
   *hash* and its 200-byte result, never the state itself;
 - W3: ``safepoint worker`` semantics — ``sp.Worker(store, concurrency=1)`` in each of N processes;
 - W5: ``run.effect`` against the local effect owner, over HTTP on loopback;
+- W5t, beside it: ``run.transaction`` steps, each inserting one row into an application table
+  of the ledger's own database — the effect with no owner to call, in one commit — over the
+  commit floor measured right after it, in the same cell.
 - W6 and W7, the integrations' model turns: ``bench/workloads/models.py``.
 
 Settings: ``defaults`` is ``durability="process_crash"`` (SQLite WAL + ``synchronous=NORMAL``;
@@ -33,7 +36,7 @@ from .. import procs
 from ..common import Database, Setting, Sizes, Stamps, durability_read_back, fresh_database, growth
 from .shared import chunk, probe_points, recovery_figures
 
-WORKLOADS = ("w1", "w2", "w3", "w4", "w5", "w6", "w7")
+WORKLOADS = ("w1", "w2", "w3", "w4", "w5", "w5tx", "w6", "w7")
 STAMPS = Stamps()
 PROBE: Callable[[int], None] | None = None
 _KILL_AT = int(os.environ.get("BENCH_KILL_AT", "-1"))
@@ -146,6 +149,19 @@ def w5(run: sp.Run, count: int) -> int:
     return count
 
 
+def _insert_row(tx: Any, index: int) -> int:
+    query = "INSERT INTO app_rows (k, v) VALUES (?, ?)"
+    tx.execute(query if tx.dialect == "sqlite" else query.replace("?", "%s"), (index, "x" * 16))
+    return index
+
+
+@sp.workflow("bench.w5tx")
+def w5tx(run: sp.Run, count: int) -> int:
+    for index in range(count):
+        run.transaction(f"tx.{index}", _insert_row, index)
+    return count
+
+
 # -- the measurements ----------------------------------------------------------------------------
 
 
@@ -159,6 +175,7 @@ def measure(workload: str, setting: Setting, sizes: Sizes) -> dict[str, Any]:
             "w3": _w3,
             "w4": _w4,
             "w5": _w5,
+            "w5tx": _w5tx,
             "w6": _w6,
             "w7": _w7,
         }[workload](db, url, durability, sizes)
@@ -317,6 +334,38 @@ def _w5(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]
         "ledger_only_per_s": 1 / ledger_s,
         "owner_stats": created,
     }
+
+
+def _w5tx(db: Database, url: str, durability: str, sizes: Sizes) -> dict[str, Any]:
+    """Transaction steps, each one row and one commit with its step record, over the raw
+    single-row commit floor of the same driver and durability, measured right after."""
+    from ..floor import postgres_floor, sqlite_floor
+
+    store = _open(url, durability)
+    try:
+        sp.start(store, w5tx_setup, run_id="w5tx.setup")
+        started = time.perf_counter()
+        sp.start(store, w5tx, sizes.w5_transactions, run_id="w5tx")
+        elapsed = time.perf_counter() - started
+    finally:
+        store.close()
+    with fresh_database(db.backend, "sp_w5tx_floor") as floor_db:
+        if db.backend == "sqlite":
+            full = durability == "power_loss"
+            floor = sqlite_floor(floor_db, sizes.floor_commits, "WAL", "FULL" if full else "NORMAL")
+        else:
+            floor = postgres_floor(floor_db, sizes.floor_commits)
+    per_s = sizes.w5_transactions / elapsed
+    return {"transactions_per_s": per_s, "floor_per_s": floor, "floor_ratio": per_s / floor}
+
+
+def _create_rows(tx: Any) -> None:
+    tx.execute("CREATE TABLE app_rows (k INTEGER PRIMARY KEY, v TEXT)")
+
+
+@sp.workflow("bench.w5tx.setup")
+def w5tx_setup(run: sp.Run) -> None:
+    run.transaction("create", _create_rows)
 
 
 # -- child processes -----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ implements its protocol with (``Claim``, ``Ledger``, ``ApprovalRequest``, ...). 
 type of every value the ledger records — a step's result, a run's input, an effect's payload —
 a value ``json`` writes and reads back equal; ``Recorded`` is what a record's field holds when it
 is read back (JSON of plain dicts and lists, typed ``Any`` so that the reader says what shape it
-expects).
+expects). ``Params`` is what a statement of a transaction step is bound with
+(``Transaction``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 from .errors import UsageError
 
@@ -24,6 +25,7 @@ __all__ = [
     "ApprovalRecord",
     "ApprovalRequest",
     "ApprovalRevocation",
+    "AsyncTransaction",
     "AttemptRecord",
     "Budget",
     "Claim",
@@ -37,6 +39,7 @@ __all__ = [
     "LimitChange",
     "MessageRecord",
     "OperationRecord",
+    "Params",
     "Recorded",
     "Resend",
     "Resolution",
@@ -51,6 +54,7 @@ __all__ = [
     "StepKind",
     "StepRecord",
     "StepStatus",
+    "Transaction",
     "Unfinished",
     "UnreadableRun",
     "WaitGate",
@@ -101,7 +105,7 @@ class RunStatus(StrEnum):
 
 class StepKind(StrEnum):
     """What a recorded step is, which decides how it replays: pure, read, model, decision, effect,
-    value, wait."""
+    value, wait, transaction."""
 
     PURE = "pure"  # recomputable; recorded as an optimisation
     READ = "read"  # an observation; replayed until max_age says it expired
@@ -110,6 +114,8 @@ class StepKind(StrEnum):
     EFFECT = "effect"  # a change in another system; replayed or reconciled
     VALUE = "value"  # a recorded now(), random() or uuid()
     WAIT = "wait"  # a wait for the outside world: the message received, or the timer that ran
+    # writes to the ledger's own database, committed with the step record; replayed, never re-run
+    TRANSACTION = "transaction"
 
 
 class StepStatus(StrEnum):
@@ -731,3 +737,43 @@ class LimitChange:
     def detail(self) -> dict[str, Any]:
         """The ``run.limits_extended`` event's detail."""
         return {"by": self.by, "reason": self.reason, "old": self.old.as_json(), "new": self.new.as_json()}
+
+
+# What a statement of a transaction step is bound with: ``(value, …)`` or ``{"name": value}``.
+Params: TypeAlias = Sequence[Any] | Mapping[str, Any] | None
+
+
+class Transaction(Protocol):
+    """What a transaction step's function gets (``Run.transaction``): the ledger's own database
+    connection, inside the transaction that also fences the run and records the step.
+
+    ``execute`` runs one statement with the driver's placeholders (SQLite: ``?`` or
+    ``:name``; PostgreSQL: ``%s`` or ``%(name)s``; ``dialect`` says which) and returns the
+    driver's cursor (``fetchone``, ``fetchall``, ``rowcount``; rows by column name). The
+    transaction is the step's: ``commit``, ``rollback`` and ``close`` — or a statement that
+    begins or ends a transaction — raise ``UsageError`` and roll it back."""
+
+    dialect: Literal["sqlite", "postgres"]
+
+    def execute(self, query: str, params: Params = None) -> Any:
+        """Run one statement in the step's transaction; the driver's cursor."""
+        ...
+
+    def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
+        """Run one statement once for each set of parameters."""
+        ...
+
+
+class AsyncTransaction(Protocol):
+    """``Transaction`` on an async store (``AsyncRun.transaction`` on ``AsyncPostgresStore``):
+    ``await tx.execute(…)`` returns psycopg's ``AsyncCursor`` (``await cur.fetchone()``)."""
+
+    dialect: Literal["sqlite", "postgres"]
+
+    async def execute(self, query: str, params: Params = None) -> Any:
+        """Run one statement in the step's transaction; the driver's async cursor."""
+        ...
+
+    async def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
+        """Run one statement once for each set of parameters."""
+        ...

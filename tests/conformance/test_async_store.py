@@ -32,7 +32,7 @@ def test_crash_and_resume_on_the_async_store(pg_url: str, owner_env: OwnerServic
             await store.close()
 
     result, run = asyncio.run(main())
-    assert result == {"charge": "ch_1", "ticket": "tk_1", "route": "refund", "amount": 2500}
+    assert result == {"charge": "ch_1", "ticket": "tk_1", "route": "refund", "amount": 2500, "rows": 1}
     assert (run.status, run.fence) == (RunStatus.COMPLETED, 2)
     stats = owner_env.client.stats()
     assert (stats["applied"], stats["duplicates"]) == (2, 0)

@@ -36,6 +36,7 @@ MATRIX = [
         )
         for step in ("charge", "ticket")
     ],
+    *[f"{point}:transaction" for point in ("transaction.before_commit", "transaction.after_commit")],
     "run.before_complete",
 ]
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import safepoint as sp
-from safepoint.types import JSON
+from safepoint.types import JSON, AsyncTransaction, Transaction
 
 Case = dict[str, str]
 
@@ -203,3 +203,28 @@ def carried_in_slices(store: sp.Store) -> str | None:
     unfinished: int = stats.unfinished
     sp.resume(store, "r", slice="25s")  # type: ignore[arg-type]
     return None if unfinished else "done"
+
+
+# -- transaction steps: the ledger's own database ---------------------------------------------
+
+
+def record_order(tx: Transaction, case_id: str, total: int) -> dict[str, int]:
+    tx.execute("INSERT INTO orders (case_id, total) VALUES (?, ?)", (case_id, total))
+    return {"orders": int(tx.execute("SELECT count(*) AS n FROM orders").fetchone()["n"])}
+
+
+async def record_order_async(tx: AsyncTransaction, case_id: str) -> int:
+    cur = await tx.execute("INSERT INTO orders (case_id) VALUES (%(case)s)", {"case": case_id})
+    return int(cur.rowcount)
+
+
+@sp.workflow("typing.transactions", version="v1")
+def transactions(run: sp.Run, case_id: str) -> int:
+    placed: dict[str, int] = run.transaction("order", record_order, case_id, 42, retry=3)
+    return placed["orders"]
+
+
+@sp.workflow("typing.transactions-async", version="v1")
+async def transactions_async(run: sp.AsyncRun, case_id: str) -> int:
+    rows: int = await run.transaction("order", record_order_async, case_id)
+    return rows

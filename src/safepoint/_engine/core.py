@@ -78,14 +78,17 @@ from ..types import (
     StepStatus,
 )
 from .crashpoints import crashpoint
-from .current import running
+from .current import refuse_inside_transaction, running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 from .observe import Execution, StepSeen, call_status
 from .slices import SliceClock
+from .transaction_attempt import TransactionAttempt
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
 
+# What a re-plan never abandons: their work is done in the world (or in this database).
+_KEPT_ON_REPLAN = (StepKind.EFFECT, StepKind.TRANSACTION)
 PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 # How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
@@ -161,6 +164,7 @@ class RunCore:
         a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
         own ids, so the ids do not depend on how the branches interleave."""
         scoped = prefix + check_step_id(step_id)
+        refuse_inside_transaction(scoped)
         count = self.occurrences.get(scoped, 0) + 1
         self.occurrences[scoped] = count
         return scoped if count == 1 else f"{scoped}#{count}"
@@ -362,6 +366,11 @@ class RunCore:
         yield from self.record_block(error, phase=phase, step_id=step_id, op=op, evidence=evidence)
         raise error
 
+    @staticmethod
+    def input_hash(inputs: Any, sid: str) -> str:
+        """sha256 of a step's inputs as their hash covers them (see ``_input_hash``)."""
+        return _input_hash(inputs, sid)
+
     def check_replay(self, sid: str, kind: StepKind, name: str, hashed: str) -> StepRecord | None:
         """The recorded step at ``sid`` if it answers this very call; raise if it answers another."""
         recorded = self.steps.get(sid)
@@ -415,7 +424,7 @@ class RunCore:
         stale_tail = [
             key
             for key, step in list(self.steps.items())
-            if start <= step.seq <= through and (step.kind is not StepKind.EFFECT or key == sid)
+            if start <= step.seq <= through and (step.kind not in _KEPT_ON_REPLAN or key == sid)
         ]
         keep = tuple(key for key in stale_tail if key.startswith(siblings))
         yield from self.flush()
@@ -460,22 +469,12 @@ class RunCore:
                 " def workflow (AsyncRun), or pass a plain function",
                 step_id=sid,
             )
-        hashed = _input_hash(hashed_inputs, sid)
+        hashed = self.input_hash(hashed_inputs, sid)
         recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
-                error = recorded.error or {}
-                failed = StepFailed(
-                    self.run.run_id,
-                    sid,
-                    str(error.get("type")),
-                    str(error.get("message")),
-                    int(error.get("attempts", 1)),
-                )
-                if self.watch is not None:
-                    self.seen_replayed(recorded, "failed", failed)
-                raise failed
+                self.raise_recorded_failure(recorded)
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 if self.watch is not None:
                     self.seen_replayed(recorded)
@@ -501,7 +500,7 @@ class RunCore:
             prompt_hash=prompt_hash,
         )
         return (
-            yield from self._call_step(
+            yield from self.call_step(
                 base,
                 fn,
                 args,
@@ -513,7 +512,7 @@ class RunCore:
             )
         )
 
-    def _call_step(
+    def call_step(
         self,
         base: StepRecord,
         fn: Callable[..., Any],
@@ -554,11 +553,18 @@ class RunCore:
             if kind is StepKind.READ:
                 base = replace(base, observed_at=now)
             started = time.time_ns() if self.watch is not None else 0
+            # a transaction step's call is the store's transaction, which records it too
+            transaction = TransactionAttempt(fn, args, kwargs) if kind is StepKind.TRANSACTION else None
             try:
-                value = yield Call(fn, args, kwargs)
+                if transaction is None:
+                    value = yield Call(fn, args, kwargs)
+                else:
+                    value = yield from transaction.run(self, base)
             except UsageError:
                 raise  # a mistake in how the step is called, not an outcome to record
             except Exception as exc:
+                if transaction is not None and not transaction.raised(exc):
+                    raise  # the store's failure (or its refusal), not the step's
                 now = yield from io(Store.now)
                 decided = after_failure(
                     attempts_allowed(policy, self.run.step_attempt_limit),
@@ -595,6 +601,10 @@ class RunCore:
                 self.attempts.setdefault(sid, []).append(pending)
                 attempt += 1
                 continue
+            if transaction is not None:  # recorded in the transaction
+                if self.watch is not None:
+                    self.seen_executed(base, started, "completed", None, value)
+                return value
             if self.watch is None:
                 return (yield from self._record_result(base, value, usage, redact))
             return (yield from self._watched_record(base, started, value, usage, redact))
@@ -610,6 +620,21 @@ class RunCore:
             raise
         self.seen_executed(base, started, "completed", None, value)
         return value
+
+    def raise_recorded_failure(self, recorded: StepRecord) -> NoReturn:
+        """A step recorded failed raises its ``StepFailed`` again: the run takes the path it
+        took the first time."""
+        error = recorded.error or {}
+        failed = StepFailed(
+            self.run.run_id,
+            recorded.step_id,
+            str(error.get("type")),
+            str(error.get("message")),
+            int(error.get("attempts", 1)),
+        )
+        if self.watch is not None:
+            self.seen_replayed(recorded, "failed", failed)
+        raise failed
 
     def seen_replayed(
         self, step: StepRecord, status: str = "completed", error: BaseException | None = None

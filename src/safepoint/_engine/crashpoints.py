@@ -35,6 +35,9 @@ POINTS: tuple[str, ...] = (
     "effect.after_receiver_commit",  # execute returned (the owner committed); outcome not stored
     "effect.after_outcome",  # receipt stored (applied), before verification
     "effect.after_accept",  # accepted and the step recorded
+    # a transaction step's function returned, inside its transaction: nothing of it committed
+    "transaction.before_commit",
+    "transaction.after_commit",  # its writes and its step record committed, together
     "run.before_complete",  # the workflow returned; completion not recorded
     "run.before_continue",  # the workflow continued as new; nothing of it recorded
     "run.after_continue",  # continued, and its successor created; successor not run

@@ -91,3 +91,30 @@ def keyed(execute: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
             _EFFECT_KEY.reset(token)
 
     return run
+
+
+_TRANSACTION: ContextVar[str | None] = ContextVar("safepoint.transaction_step", default=None)
+
+
+@contextmanager
+def transacting(step_id: str) -> Iterator[None]:
+    """The function of transaction step ``step_id`` is running inside the block."""
+    token = _TRANSACTION.set(step_id)
+    try:
+        yield
+    finally:
+        _TRANSACTION.reset(token)
+
+
+def refuse_inside_transaction(step_id: str) -> None:
+    """``UsageError`` for a step started inside a transaction step's function: its write would
+    wait for the transaction holding the run (or run inside it), and replay could not tell the
+    two apart."""
+    inside = _TRANSACTION.get()
+    if inside is not None:
+        raise UsageError(
+            f"step {step_id!r} was called inside the function of transaction step {inside!r}:"
+            " a transaction step's function only runs statements on the connection it is"
+            " given — call other steps before or after it",
+            step_id=step_id,
+        )

@@ -29,6 +29,7 @@ from ..types import JSON, Budget, Retry, StepKind
 from .core import RunCore
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
+from .transactions import transaction_flow
 from .waits import sleep_flow, wait_flow
 
 P = ParamSpec("P")
@@ -254,6 +255,25 @@ class _RunBase:
     ) -> Flow[Any]:
         return effect_flow(self._core, step_id, effect, payload, operation_id, approval, self._prefix)
 
+    def _transaction(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: Retry | int | None,
+    ) -> Flow[Any]:
+        return transaction_flow(
+            self._core,
+            step_id,
+            fn,
+            args,
+            kwargs,
+            hashed_inputs=[args, kwargs],
+            retry=as_retry(retry, "retry"),
+            prefix=self._prefix,
+        )
+
     def _wait(self, name: str, timeout: timedelta | float | None, step_id: str | None) -> Flow[Any]:
         return wait_flow(self._core, step_id, name, timeout, self._prefix)
 
@@ -362,6 +382,33 @@ class Run(_RunBase):
         run waits (``AwaitingApproval``) until ``safepoint.approve`` releases it."""
         receipt: R = self._sync(self._effect(step_id, effect, payload, operation_id, approval))
         return receipt
+
+    def transaction(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R:
+        """Writes to the ledger's own database, exactly once: ``fn(tx, *args, **kwargs)`` runs
+        in the one transaction that checks this worker's fence first, then records the step
+        with ``fn``'s JSON result and commits — the writes and the record together, or
+        neither. Returns that result; a replay returns it without calling ``fn``.
+
+        ``tx`` (``safepoint.types.Transaction``) runs statements on the store's own
+        connection: ``tx.execute("INSERT INTO orders (id) VALUES (?)", (order_id,))`` on
+        SQLite (``%s`` on PostgreSQL; ``tx.dialect`` says which). ``fn`` must not commit, roll
+        back or close it (``UsageError``, rolled back), nor call other steps; raising rolls
+        everything back and fails the step (tried again as ``retry`` allows: nothing of a
+        failed attempt is left). On SQLite the file's write lock is held while ``fn`` runs:
+        keep it short. The inputs (``args``, ``kwargs``) are hashed and checked on replay.
+
+        >>> order = run.transaction("order.insert", insert_order, cart)  # doctest: +SKIP
+        """
+        result: R = self._sync(self._transaction(step_id, fn, args, kwargs, retry))
+        return result
 
     def now(self, step_id: str = "now") -> datetime:
         """The current time, recorded: a resume sees the same instant."""
@@ -611,6 +658,40 @@ class AsyncRun(_RunBase):
         approval: bool = False,
     ) -> Any:
         return await self._async(self._effect(step_id, effect, payload, operation_id, approval))
+
+    @overload
+    async def transaction(
+        self,
+        step_id: str,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: Any,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R: ...
+    @overload
+    async def transaction(
+        self,
+        step_id: str,
+        fn: Callable[..., R],
+        /,
+        *args: Any,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> R: ...
+    async def transaction(
+        self,
+        step_id: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        retry: Retry | int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``Run.transaction``, awaited. On ``AsyncPostgresStore``, ``fn`` is an ``async def``
+        given a ``safepoint.types.AsyncTransaction`` (``await tx.execute(…)``); on a sync
+        store (SQLite), a plain function given a ``Transaction``."""
+        return await self._async(self._transaction(step_id, fn, args, kwargs, retry))
 
     # Recording a value is a ledger write, which an async store can only do awaited.
     async def now(self, step_id: str = "now") -> datetime:

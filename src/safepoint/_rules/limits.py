@@ -32,9 +32,10 @@ from ..errors import (
 from ..types import JSON, AttemptRecord, Budget, LimitChange, Retry, RunLimits, RunRecord, RunStatus, StepKind
 from .moments import instant
 
-# Only observations and model calls are tried again: a pure step would fail the same way, a
-# decision is the planner's (recorded once), and an effect has its own protocol.
-RETRYABLE_KINDS = frozenset({StepKind.READ, StepKind.MODEL})
+# Only observations, model calls and transactions are tried again: a pure step would fail the
+# same way, a decision is the planner's (recorded once), and an effect has its own protocol. A
+# failed transaction rolled back whole, so another attempt starts from nothing.
+RETRYABLE_KINDS = frozenset({StepKind.READ, StepKind.MODEL, StepKind.TRANSACTION})
 ONCE = Retry(attempts=1)
 
 

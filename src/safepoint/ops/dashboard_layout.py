@@ -209,7 +209,7 @@ border:1px solid var(--line);border-radius:6px}
 .pager{display:flex;gap:1em;align-items:center;margin:.5em 0}
 .timeline td.bar{width:30%}
 .bar span{display:block;height:10px;border-radius:3px;background:var(--accent);min-width:2px}
-.bar span.k-effect{background:var(--purple)}.bar span.k-model{background:var(--amber)}
+.bar span.k-effect,.bar span.k-transaction{background:var(--purple)}.bar span.k-model{background:var(--amber)}
 .bar span.k-wait{background:var(--grey)}.bar span.failed{background:var(--red)}
 ol.actions li{margin:.2em 0}
 """

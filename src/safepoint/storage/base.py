@@ -19,6 +19,7 @@ an ``UnreadableRun`` instead of failing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -245,6 +246,18 @@ class Store(Protocol):
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         """Record a failed attempt of a step that will be tried again (new work: refused once
         a cancel is asked for or the deadline passed)."""
+        ...
+
+    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+        """A transaction step: in ONE transaction of the ledger's own database, fence first
+        (new work, the step counted and held to the hard history limit, as ``record_step``),
+        then ``body(tx)`` — ``tx`` the connection bound to that transaction
+        (``types.Transaction``) — then ``step`` recorded with body's value as its result, and
+        one commit. Returns the step as recorded. When ``body`` raises, or ends the transaction
+        itself (``UsageError``), the transaction rolls back whole and what it raised passes
+        unchanged. A stale fence raises ``LostOwnership`` and commits nothing: before ``body`` is
+        called, or — a store that sends the fence with body's first statement, to save a round
+        trip (PostgreSQL) — from that statement, rolled back unseen."""
         ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
@@ -591,6 +604,13 @@ class AsyncStore(Protocol):
 
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         """See ``Store.record_attempt``."""
+        ...
+
+    async def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+    ) -> StepRecord:
+        """See ``Store.record_transaction``; ``body`` may be a coroutine function
+        (``types.AsyncTransaction``), awaited inside the transaction."""
         ...
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:

@@ -25,6 +25,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -33,7 +34,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._rules.history import warn
-from ..errors import StoreError, StoreUnavailable, UsageError
+from ..errors import HistoryWarning, StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,
     ApprovalGate,
@@ -76,7 +77,16 @@ from .postgres.connection import (
 )
 from .postgres.ledger import PostgresLedger
 from .postgres.pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .postgres.transactions import (
+    COMMIT,
+    AsyncOpening,
+    AsyncPostgresTransaction,
+    ended_by_function,
+    failed_function,
+    rollback_async,
+)
 from .prune import DryRun, PruneBatch, PruneRequest
+from .transactions import FunctionFailed, call_function_async
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -374,6 +384,60 @@ class AsyncPostgresStore:
 
     async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         await self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
+
+    async def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+    ) -> StepRecord:
+        """See ``Store.record_transaction``: ``body`` may be a coroutine function, awaited
+        inside the transaction."""
+        if not self._opened:
+            raise UsageError(
+                "this AsyncPostgresStore is not open: use"
+                " `await AsyncPostgresStore.open(url)` or `async with`"
+            )
+        self._ledger.check_process()
+        failure: BaseException | None = None
+        try:
+            async with self._pool.connection() as conn:
+                try:
+                    recorded, due = await self._transact(conn, claim, step, body)
+                except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
+                    failure = failed.error
+                finally:
+                    self._resting.rested(conn)
+        except DRIVER_ERRORS as exc:
+            raise unstorable(exc) or self._ledger.failure(
+                exc, self._pool.timeout, self._pool.max_size
+            ) from exc
+        if failure is not None:
+            raise failure
+        warn(due)
+        return recorded
+
+    async def _transact(
+        self, conn: AsyncConn, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+    ) -> tuple[StepRecord, HistoryWarning | None]:
+        opening = AsyncOpening(self._ledger, conn, claim, step)
+        try:
+            value = await call_function_async(body, AsyncPostgresTransaction(step.step_id, conn, opening))
+            if opening.refused is not None:  # the function swallowed the fence's refusal
+                raise opening.refused.error
+            recorded = replace(step, result=value)
+            if not opening.started:  # no statement of its own: the fenced record alone
+                due = await run_plan_on_async(conn, self._ledger.record_steps(claim, [recorded]))
+                return recorded, due
+            ended_by_function(conn, step.step_id)
+            async with conn.pipeline():  # the step and the commit: one round trip
+                for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
+                    await conn.execute(stmt.text, stmt.params)
+                await conn.execute(COMMIT)
+        except BaseException as exc:
+            await rollback_async(conn)
+            raised = failed_function(exc, conn)
+            if raised is exc:
+                raise
+            raise raised from None
+        return recorded, opening.due
 
     async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))

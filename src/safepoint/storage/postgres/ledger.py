@@ -14,8 +14,8 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``; what they read
-is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``, ``transactions``;
+what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .slices import PostgresSlices
 from .steps import PostgresSteps
+from .transactions import PostgresTransactions
 from .waits import PostgresWaits
 
 __all__ = ["PostgresLedger"]
@@ -47,6 +48,7 @@ class PostgresLedger(
     PostgresPrune,
     PostgresSlices,
     PostgresWaits,
+    PostgresTransactions,
 ):
     """Everything the two PostgreSQL stores share: the URL's meaning, and one plan per store
     operation (see the module docstring). Holds no connection."""

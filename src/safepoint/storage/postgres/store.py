@@ -31,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -38,7 +39,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
-from ...errors import StoreError, StoreUnavailable
+from ...errors import HistoryWarning, StoreError, StoreUnavailable
 from ...types import (
     JSON,
     ApprovalGate,
@@ -71,10 +72,19 @@ from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
 from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
+from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
 from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
 from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .transactions import (
+    COMMIT,
+    Opening,
+    PostgresTransaction,
+    ended_by_function,
+    failed_function,
+    rollback,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -300,6 +310,53 @@ class PostgresStore:
 
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
+
+    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+        """The function's statements and the step record in one transaction (see
+        ``postgres.transactions``): one round trip more than the function's own statements."""
+        self._ledger.check_process()
+        failure: BaseException | None = None
+        try:
+            with self._pool.connection() as conn:
+                try:
+                    recorded, due = self._transact(conn, claim, step, body)
+                except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
+                    failure = failed.error
+                finally:
+                    self._resting.rested(conn)
+        except DRIVER_ERRORS as exc:
+            raise unstorable(exc) or self._ledger.failure(
+                exc, self._pool.timeout, self._pool.max_size
+            ) from exc
+        if failure is not None:
+            raise failure
+        warn(due)
+        return recorded
+
+    def _transact(
+        self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
+    ) -> tuple[StepRecord, HistoryWarning | None]:
+        opening = Opening(self._ledger, conn, claim, step)
+        try:
+            value = call_function(body, PostgresTransaction(step.step_id, conn, opening))
+            if opening.refused is not None:  # the function swallowed the fence's refusal
+                raise opening.refused.error
+            recorded = replace(step, result=value)
+            if not opening.started:  # no statement of its own: the fenced record alone
+                due = run_plan_on(conn, self._ledger.record_steps(claim, [recorded]))
+                return recorded, due
+            ended_by_function(conn, step.step_id)
+            with conn.pipeline():  # the step and the commit: one round trip
+                for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
+                    conn.execute(stmt.text, stmt.params)
+                conn.execute(COMMIT)
+        except BaseException as exc:
+            rollback(conn)
+            raised = failed_function(exc, conn)
+            if raised is exc:
+                raise
+            raise raised from None
+        return recorded, opening.due
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))

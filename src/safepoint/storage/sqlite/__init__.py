@@ -3,9 +3,10 @@
 The store is one class made of the parts of the ledger it writes, each a module of this
 package: ``connection`` (connections, transactions, migrations, and the fence every worker
 write starts with — its concurrency rules are there), ``runs``, ``steps``, ``effects``,
-``approvals``, ``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``
-(messages, and the gates of wait and sleep steps) and ``resealing`` (values encrypted again
-after a key rotation). What it reads, it reads as every store does
+``approvals``, ``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``,
+``transactions`` (the user's writes committed with their step), ``waits`` (messages, and the
+gates of wait and sleep steps) and ``resealing`` (values encrypted again after a key rotation).
+What it reads, it reads as every store does
 (``safepoint.storage.ledger``).
 """
 
@@ -20,6 +21,7 @@ from .prune import SqlitePrune
 from .resealing import SqliteResealing
 from .retry import SqliteRetry
 from .slices import SqliteSlices
+from .transactions import SqliteTransactions
 from .waits import SqliteWaits
 
 __all__ = ["SqliteStore"]
@@ -36,5 +38,6 @@ class SqliteStore(
     SqlitePrune,
     SqliteSlices,
     SqliteResealing,
+    SqliteTransactions,
 ):
     """The ledger in one SQLite file (or in memory, for fast unit tests)."""

@@ -44,9 +44,10 @@ composes: ``runs`` (creating and reading runs), ``listing`` (a console's filtere
 continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable`` (rows that
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
 overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
-end of a slice), ``stopped`` (runs stopped at a limit, limits raised), ``prune`` (finished runs deleted
-whole) and ``waits`` (messages,
-and the gates of wait and sleep steps). ``_support`` holds what they share: the base class with
+end of a slice), ``stopped`` (runs stopped at a limit, limits raised), ``prune`` (finished runs
+deleted whole), ``waits`` (messages, and the gates of wait and sleep steps) and ``transactions``
+(transaction steps: the function's writes committed with the step). ``_support`` holds what they
+share: the base class with
 ``make_store`` and the helpers, the constants and the record factories.
 """
 
@@ -71,6 +72,7 @@ from .runs import RunTests
 from .slices import SliceTests
 from .steps import StepTests
 from .stopped import StoppedTests
+from .transactions import TransactionTests
 from .unreadable import UnreadableTests
 from .waits import WaitTests
 
@@ -80,6 +82,7 @@ __all__ = ["StoreConformance", "SyncOverAsync"]
 # pytest collects the tests of the last base first: the topics are listed backwards so
 # that they run in reading order, creating runs first.
 class StoreConformance(
+    TransactionTests,
     PruneTests,
     WaitTests,
     ForkTests,

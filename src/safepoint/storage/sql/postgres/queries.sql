@@ -660,7 +660,7 @@ WITH stale AS (
     WHERE run_id = %(run_id)s
       AND seq >= (SELECT seq FROM safepoint_steps
                   WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
-      AND seq <= %(through_seq)s AND (kind <> 'effect' OR step_id = %(step_id)s)
+      AND seq <= %(through_seq)s AND (kind NOT IN ('effect', 'transaction') OR step_id = %(step_id)s)
       AND NOT (step_id = ANY(%(keep)s::text[]))
     RETURNING *
 ),
@@ -1566,3 +1566,47 @@ ORDER BY digest LIMIT %(limit)s;
 -- name: reseal_artifacts_update
 -- One artifact's content, sealed again.
 UPDATE safepoint_artifacts SET content = %(content)s WHERE digest = %(digest)s;
+
+-- == transaction steps: the user's writes committed with their step record ===================
+
+-- name: record_transaction
+-- The first statement of a transaction step's transaction (BEGIN … COMMIT, the user's
+-- statements between): the fence of new work, which takes the runs row lock and holds it to
+-- the commit — so no claim, cancel or other write of the run lands before the step does, and
+-- a stale worker's transaction writes nothing. It counts the step (a new one grows the
+-- history; refused past the hard limit) and renews the lease.
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
+growth AS (
+    SELECT CASE WHEN (SELECT true FROM safepoint_steps s
+                      WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s) IS NULL
+           THEN 1 ELSE 0 END AS steps
+)
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+    step_count = step_count + growth.steps, updated_at = clock.now
+FROM clock, growth
+WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+  AND (history_hard_limit IS NULL OR event_count + step_count + growth.steps <= history_hard_limit)
+RETURNING run_id, updated_at AS now, event_count + step_count AS history, history_soft_limit,
+          history_hard_limit, history_warned_at;
+
+-- name: record_transaction_step
+-- The step of a transaction step, recorded with the function's value, in the transaction whose
+-- first statement (record_transaction) fenced it: sent with the COMMIT, so it cannot fail
+-- quietly — an error aborts the transaction, and the COMMIT then rolls it back.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
+VALUES (%(run_id)s, %(step_id)s, %(seq)s, %(kind)s, %(name)s, %(input_hash)s, %(step_status)s,
+        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s, %(attempt)s,
+        %(model_id)s, %(prompt_hash)s, %(observed_at)s, %(step_operation_id)s, %(fence)s,
+        %(now)s, %(tokens)s, %(cost)s)
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
+    status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
+    error = excluded.error, next_step_id = excluded.next_step_id, attempt = excluded.attempt,
+    model_id = excluded.model_id, prompt_hash = excluded.prompt_hash,
+    observed_at = excluded.observed_at, operation_id = excluded.operation_id,
+    fence = excluded.fence, recorded_at = excluded.recorded_at, tokens = excluded.tokens,
+    cost = excluded.cost;

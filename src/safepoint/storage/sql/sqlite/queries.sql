@@ -340,7 +340,7 @@ SELECT run_id, :now, 'step.abandoned', step_id, operation_id, :fence, :worker,
 FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
-  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
+  AND seq <= :through_seq AND (kind NOT IN ('effect', 'transaction') OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep))
 ORDER BY seq;
 
@@ -349,7 +349,7 @@ ORDER BY seq;
 DELETE FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
-  AND seq <= :through_seq AND (kind <> 'effect' OR step_id = :step_id)
+  AND seq <= :through_seq AND (kind NOT IN ('effect', 'transaction') OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep));
 
 -- name: replan_count_events

@@ -128,7 +128,7 @@ CREATE TABLE safepoint_steps (
     seq           INTEGER NOT NULL,         -- order of first record within the run
     kind          TEXT    NOT NULL
                   CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value',
-                                'wait')),
+                                'wait', 'transaction')),
     name          TEXT    NOT NULL,
     input_hash    TEXT    NOT NULL,
     status        TEXT    NOT NULL DEFAULT 'completed'

@@ -1,0 +1,95 @@
+"""Transaction steps under SIGKILL: a run of 50 transaction steps, each inserting one row into
+an application table of the ledger's own database, killed again and again in real processes —
+at the crash points around the commit and at random instants — then resumed to the end. Every
+row is there exactly once: the writes and the step record commit together or not at all."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safepoint.testing.kill import run_child
+
+pytestmark = pytest.mark.kill
+
+TESTS = str(Path(__file__).parents[1])
+LINES = 50
+PAUSE = 0.004  # inside each transaction: a kill from outside often lands mid-transaction
+
+
+def _rows_sqlite(url: str, run_id: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        return list(conn.execute("SELECT step_id, line FROM app_order_lines WHERE run_id = ?", (run_id,)))
+    finally:
+        conn.close()
+
+
+def _rows_postgres(url: str, run_id: str) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    base, _, schema = url.partition("?schema=")
+    with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
+        return list(conn.execute("SELECT step_id, line FROM app_order_lines WHERE run_id = %s", (run_id,)))
+
+
+def _kill_until_done(url: str, run_id: str, rng: random.Random) -> tuple[dict[str, Any], int]:
+    """Start the run, kill it (alternately at a crash point's random occurrence and from outside
+    at a random instant), resume, again, until it ends: (its outcome, how many kills)."""
+    kills, outcome, resume = 0, None, False
+    for attempt in range(40):
+        options: dict[str, Any] = {}
+        if attempt < 12:  # kill while there is work left; then let it finish
+            if attempt % 2 == 0:
+                point = rng.choice(["transaction.before_commit", "transaction.after_commit"])
+                options["crash_at"] = f"{point}@{rng.randint(1, 6)}"
+            else:
+                options["kill_after"] = rng.uniform(0.3, 0.9)
+        ended = run_child(
+            "flows:order_lines",
+            store_url=url,
+            run_id=run_id,
+            args=[LINES, PAUSE],
+            resume=resume,
+            pythonpath=[TESTS],
+            **options,
+        )
+        if ended.killed:
+            kills += 1
+        if ended.outcome is not None and ended.outcome.get("error") == "RunNotFound":
+            resume = False  # killed before the run row was committed: start it again
+            continue
+        resume = True
+        if ended.outcome is not None:
+            outcome = ended.outcome
+            break
+        assert ended.killed, f"the child ended without an outcome: {ended.stderr[-3000:]}"
+    assert outcome is not None, "the run never finished"
+    return outcome, kills
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_each_row_is_written_exactly_once_across_many_kills(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> None:
+    if store == "sqlite":
+        url, rows = f"sqlite:///{tmp_path / 'ledger.db'}", _rows_sqlite
+    else:
+        url, rows = (
+            f"{request.getfixturevalue('pg_url')}?schema=kill_tx_{uuid.uuid4().hex[:12]}",
+            _rows_postgres,
+        )
+    run_id = f"orders-{uuid.uuid4().hex[:8]}"
+    outcome, kills = _kill_until_done(url, run_id, random.Random(f"{store}-8472"))
+    assert kills >= 6, f"only {kills} kills landed: the test did not interrupt the work"
+    assert outcome["status"] == "completed", outcome
+    # each step saw the rows before it and its own: never a row twice, never one missing
+    assert outcome["result"] == list(range(1, LINES + 1))
+    written = rows(url, run_id)
+    assert len(written) == LINES
+    assert sorted(written) == sorted((f"line.{index}", index) for index in range(LINES))
