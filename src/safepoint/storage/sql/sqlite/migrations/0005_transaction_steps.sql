@@ -46,3 +46,6 @@ FROM safepoint_steps;
 DROP TABLE safepoint_steps;
 
 ALTER TABLE safepoint_steps_next RENAME TO safepoint_steps;
+
+-- The rebuilt table's indexes, as migration 4 made them: what a prune probes an artifact by.
+CREATE INDEX safepoint_steps_result_ref ON safepoint_steps (result_ref) WHERE result_ref IS NOT NULL;
