@@ -367,16 +367,47 @@ _MESSAGE = _columns(
 )
 
 
+Positions = tuple[int, ...] | None
+_POSITIONS: dict[tuple[int, tuple[str, ...]], Positions] = {}
+
+
+def positions(columns: Columns, row: Row) -> Positions:
+    """Where each of ``columns`` sits in ``row``, for a row that is a sequence of its columns'
+    values with their names (``sqlite3.Row``), read faster by position than by name: a name is
+    looked up by comparing it with each column's name in turn (ASCII case aside), a position is
+    an index. None for a row read by name (a dict) or one that lacks a column (read by name, it
+    reports which). The same for every row of one statement: a loop asks once."""
+    if isinstance(row, dict):
+        return None
+    names = tuple(row.keys())  # type: ignore[attr-defined]
+    key = (id(columns), names)
+    if key in _POSITIONS:
+        return _POSITIONS[key]
+    at: dict[str, int] = {}
+    for index, name in enumerate(names):  # the first of equal names, as a lookup by name
+        at.setdefault(name.lower() if name.isascii() else name, index)
+    found = tuple(at[column] for column, _, _ in columns) if all(c in at for c, _, _ in columns) else None
+    if len(_POSITIONS) < 256:  # a store reads rows of a few shapes: never many
+        _POSITIONS[key] = found
+    return found
+
+
 def _read(
-    columns: Columns, row: Row, values: Mapping[str, Any]
+    columns: Columns, row: Row, values: Mapping[str, Any], at: Positions = None
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Every column read: the fields that could be, and (column, why) for each that could
-    not. (One ``try`` for a whole good row: replay reads thousands of them.)"""
+    not. (One ``try`` for a whole good row: replay reads thousands of them.) ``at``: the
+    columns' ``positions`` in the row, where it has them."""
     fields: dict[str, Any] = {}
     try:
-        for column, kept, read in columns:
-            value = row[column]
-            fields[column] = value if value.__class__ is kept else read(value)
+        if at is None:
+            for column, kept, read in columns:
+                value = row[column]
+                fields[column] = value if value.__class__ is kept else read(value)
+        else:
+            for (column, kept, read), index in zip(columns, at, strict=True):
+                value = row[index]  # type: ignore[index]
+                fields[column] = value if value.__class__ is kept else read(value)
         for column, value in values.items():
             fields[column] = json_value(value)  # the JSON columns an artifact holds
         return fields, []
@@ -412,8 +443,10 @@ def _plain(value: Any) -> str:
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
-def _whole(table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str) -> dict[str, Any]:
-    fields, problems = _read(columns, row, values)
+def _whole(
+    table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str, at: Positions = None
+) -> dict[str, Any]:
+    fields, problems = _read(columns, row, values, positions(columns, row) if at is None else at)
     if problems:
         raise CorruptRecord(table, _key(row, *key), _reason(problems))
     return fields
@@ -427,7 +460,7 @@ def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord:
 def listed_run(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord | UnreadableRun:
     """A ``safepoint_runs`` row as a listing shows it: a ``RunRecord``, or an ``UnreadableRun``
     with what could not be read and the columns that could."""
-    fields, problems = _read(_RUN, row, values)
+    fields, problems = _read(_RUN, row, values, positions(_RUN, row))
     if not problems:
         return RunRecord(**fields)
     return UnreadableRun(
@@ -447,9 +480,13 @@ def ledger(
     """A run's ledger from its rows: its steps (each with the stored JSON of its result when
     that is an artifact), operations and failed attempts."""
     found = Ledger(run)
+    at: Positions = None
     for row, values in steps:
+        if at is None:
+            at = positions(_STEP, row)
         step = StepRecord(
-            run_id=run.run_id, **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id")
+            run_id=run.run_id,
+            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", at=at),
         )
         found.steps[step.step_id] = step
     for row in operations:
