@@ -147,6 +147,10 @@ _TOKEN_FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 _FORMATS = tuple((kind, anchors, re.compile(pattern)) for kind, anchors, pattern in _TOKEN_FORMATS)
 _ANCHORS = tuple(anchor for _, anchors, _ in _TOKEN_FORMATS for anchor in anchors)
+# Whether a string holds any anchor: for a short one (an id, a name — asked on every step), one
+# search for them all is quicker than a ``in`` per anchor; for a long one, the ``in``s are.
+_ANY_ANCHOR = re.compile("|".join(map(re.escape, _ANCHORS)))
+_SHORT = 32
 # Formats that begin a word (a match inside one, "task-…", is none): all but a URL's and a
 # PEM block's; and those whose credential follows a scheme word, which prose also has
 # ("basic understanding").
@@ -258,7 +262,10 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
 
 def _formats(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
-    if not any(map(text.__contains__, _ANCHORS)):
+    if len(text) < _SHORT:
+        if _ANY_ANCHOR.search(text) is None:
+            return found
+    elif not any(map(text.__contains__, _ANCHORS)):
         return found
     for kind, anchors, pattern in _FORMATS:
         if not any(map(text.__contains__, anchors)):
