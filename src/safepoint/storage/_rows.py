@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from operator import itemgetter
 from typing import Any, Protocol, TypeVar
 
 from .._rules.canonical import loads
@@ -367,47 +368,88 @@ _MESSAGE = _columns(
 )
 
 
-Positions = tuple[int, ...] | None
-_POSITIONS: dict[tuple[int, tuple[str, ...]], Positions] = {}
+# Readers that read NULL as None: a NULL in their column is kept as it is, like a kept class.
+_NULLABLE = frozenset(
+    {
+        text_or_null,
+        integer_or_null,
+        number_or_null,
+        json_value,
+        json_object_or_null,
+        workflow_manifest,
+        retry_policy,
+    }
+)
+_MAX_SHAPES = 64  # combinations of classes one statement's rows come in: a handful, never many
 
 
-def positions(columns: Columns, row: Row) -> Positions:
-    """Where each of ``columns`` sits in ``row``, for a row that is a sequence of its columns'
-    values with their names (``sqlite3.Row``), read faster by position than by name: a name is
-    looked up by comparing it with each column's name in turn (ASCII case aside), a position is
-    an index. None for a row read by name (a dict) or one that lacks a column (read by name, it
-    reports which). The same for every row of one statement: a loop asks once."""
-    if isinstance(row, dict):
-        return None
-    names = tuple(row.keys())  # type: ignore[attr-defined]
+class Reading:
+    """How the rows of one statement are read, made once for them all: the columns' values
+    taken in one call — by position from a row that is a sequence with names (``sqlite3.Row``,
+    which looks a name up by comparing it with each column's name in turn), by name from a
+    dict — and, for each combination of the values' classes met (a row's *shape*: text, an
+    integer, NULL, …), the columns whose values are not kept as they are and go through their
+    reader. So a good row costs a few calls in C and one per such column, not one per column."""
+
+    __slots__ = ("columns", "names", "shapes", "take")
+
+    def __init__(self, columns: Columns, at: tuple[int, ...] | None) -> None:
+        self.columns = columns
+        self.names = tuple(name for name, _, _ in columns)
+        self.take = itemgetter(*(self.names if at is None else at))
+        self.shapes: dict[tuple[type, ...], tuple[tuple[int, str, Callable[[Any], Any]], ...]] = {}
+
+    def to_read(self, shape: tuple[type, ...]) -> tuple[tuple[int, str, Callable[[Any], Any]], ...]:
+        """(index, column, reader) of each column a row of ``shape`` needs read."""
+        found = self.shapes.get(shape)
+        if found is None:
+            found = tuple(
+                (index, name, read)
+                for index, ((name, kept, read), kind) in enumerate(zip(self.columns, shape, strict=True))
+                if not (kind is kept or (kind is type(None) and read in _NULLABLE))
+            )
+            if len(self.shapes) < _MAX_SHAPES:
+                self.shapes[shape] = found
+        return found
+
+
+_READINGS: dict[tuple[int, tuple[str, ...] | None], Reading] = {}
+
+
+def reading(columns: Columns, row: Row) -> Reading:
+    """The ``Reading`` of rows like ``row`` (the same for every row of one statement: a loop
+    asks once). A sequence row that lacks a column is read by name, which reports which."""
+    names = None if isinstance(row, dict) else tuple(row.keys())  # type: ignore[attr-defined]
     key = (id(columns), names)
-    if key in _POSITIONS:
-        return _POSITIONS[key]
-    at: dict[str, int] = {}
-    for index, name in enumerate(names):  # the first of equal names, as a lookup by name
-        at.setdefault(name.lower() if name.isascii() else name, index)
-    found = tuple(at[column] for column, _, _ in columns) if all(c in at for c, _, _ in columns) else None
-    if len(_POSITIONS) < 256:  # a store reads rows of a few shapes: never many
-        _POSITIONS[key] = found
+    found = _READINGS.get(key)
+    if found is not None:
+        return found
+    at: tuple[int, ...] | None = None
+    if names is not None:
+        index: dict[str, int] = {}
+        for place, name in enumerate(names):  # the first of equal names, as a lookup by name
+            index.setdefault(name.lower() if name.isascii() else name, place)
+        if all(column in index for column, _, _ in columns):
+            at = tuple(index[column] for column, _, _ in columns)
+    found = Reading(columns, at)
+    if len(_READINGS) < 256:  # a store reads rows of a few shapes: never many
+        _READINGS[key] = found
     return found
 
 
 def _read(
-    columns: Columns, row: Row, values: Mapping[str, Any], at: Positions = None
+    columns: Columns, row: Row, values: Mapping[str, Any], how: Reading | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Every column read: the fields that could be, and (column, why) for each that could
-    not. (One ``try`` for a whole good row: replay reads thousands of them.) ``at``: the
-    columns' ``positions`` in the row, where it has them."""
-    fields: dict[str, Any] = {}
+    not. (One ``try`` for a whole good row: replay reads thousands of them.) ``how``: the
+    ``reading`` of the row's statement, where the caller has it."""
     try:
-        if at is None:
-            for column, kept, read in columns:
-                value = row[column]
-                fields[column] = value if value.__class__ is kept else read(value)
-        else:
-            for (column, kept, read), index in zip(columns, at, strict=True):
-                value = row[index]  # type: ignore[index]
-                fields[column] = value if value.__class__ is kept else read(value)
+        if how is None:
+            how = reading(columns, row)
+        got = how.take(row)
+        fields = dict(zip(how.names, got, strict=True))
+        for index, column, read in how.to_read(tuple(map(type, got))):
+            fields[column] = read(got[index])
         for column, value in values.items():
             fields[column] = json_value(value)  # the JSON columns an artifact holds
         return fields, []
@@ -444,9 +486,9 @@ def _plain(value: Any) -> str:
 
 
 def _whole(
-    table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str, at: Positions = None
+    table: str, columns: Columns, row: Row, values: Mapping[str, Any], *key: str, how: Reading | None = None
 ) -> dict[str, Any]:
-    fields, problems = _read(columns, row, values, positions(columns, row) if at is None else at)
+    fields, problems = _read(columns, row, values, how)
     if problems:
         raise CorruptRecord(table, _key(row, *key), _reason(problems))
     return fields
@@ -460,7 +502,7 @@ def run_record(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord:
 def listed_run(row: Row, values: Mapping[str, Any] = NO_VALUES) -> RunRecord | UnreadableRun:
     """A ``safepoint_runs`` row as a listing shows it: a ``RunRecord``, or an ``UnreadableRun``
     with what could not be read and the columns that could."""
-    fields, problems = _read(_RUN, row, values, positions(_RUN, row))
+    fields, problems = _read(_RUN, row, values)
     if not problems:
         return RunRecord(**fields)
     return UnreadableRun(
@@ -480,13 +522,13 @@ def ledger(
     """A run's ledger from its rows: its steps (each with the stored JSON of its result when
     that is an artifact), operations and failed attempts."""
     found = Ledger(run)
-    at: Positions = None
+    how: Reading | None = None
     for row, values in steps:
-        if at is None:
-            at = positions(_STEP, row)
+        if how is None:
+            how = reading(_STEP, row)
         step = StepRecord(
             run_id=run.run_id,
-            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", at=at),
+            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", how=how),
         )
         found.steps[step.step_id] = step
     for row in operations:
