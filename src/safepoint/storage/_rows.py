@@ -293,6 +293,10 @@ _STEP = _columns(
     ("cost", number_or_null),
 )
 
+# A step's columns are its record's fields after ``run_id``, in their order: a good row becomes
+# its record by position, without a dict of its fields (a ledger's load builds thousands).
+_STEP_IN_ORDER = tuple(name for name, _, _ in _STEP) == tuple(StepRecord.__dataclass_fields__)[1:]
+
 _ATTEMPT = _columns(
     ("step_id", text),
     ("attempt", integer),
@@ -437,6 +441,17 @@ def reading(columns: Columns, row: Row) -> Reading:
     return found
 
 
+def _values(how: Reading, row: Row) -> list[Any]:
+    """A good row's fields, in the order of its columns (``Unread`` at a column that cannot be
+    read: ``_read`` then says which, and why)."""
+    got = how.take(row)
+    shape = tuple(map(type, got))
+    found = list(got)
+    for index, _, read in how.to_read(shape):
+        found[index] = read(got[index])
+    return found
+
+
 def _read(
     columns: Columns, row: Row, values: Mapping[str, Any], how: Reading | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -446,10 +461,7 @@ def _read(
     try:
         if how is None:
             how = reading(columns, row)
-        got = how.take(row)
-        fields = dict(zip(how.names, got, strict=True))
-        for index, column, read in how.to_read(tuple(map(type, got))):
-            fields[column] = read(got[index])
+        fields = dict(zip(how.names, _values(how, row), strict=True))
         for column, value in values.items():
             fields[column] = json_value(value)  # the JSON columns an artifact holds
         return fields, []
@@ -526,10 +538,12 @@ def ledger(
     for row, values in steps:
         if how is None:
             how = reading(_STEP, row)
-        step = StepRecord(
-            run_id=run.run_id,
-            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", how=how),
-        )
+        step = _step_in_order(run.run_id, how, row) if _STEP_IN_ORDER and not values else None
+        if step is None:  # read column by column, naming each that cannot be read
+            step = StepRecord(
+                run_id=run.run_id,
+                **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", how=how),
+            )
         found.steps[step.step_id] = step
     for row in operations:
         op = operation_record(row)
@@ -541,6 +555,15 @@ def ledger(
         )
         found.attempts.setdefault(attempt.step_id, []).append(attempt)
     return found
+
+
+def _step_in_order(run_id: str, how: Reading, row: Row) -> StepRecord | None:
+    """A good step row's record, built from its fields by position (most rows); None for a row
+    that cannot be read so."""
+    try:
+        return StepRecord(run_id, *_values(how, row))
+    except (Unread, KeyError, IndexError):
+        return None
 
 
 def operation_record(row: Row) -> OperationRecord:
