@@ -461,7 +461,10 @@ class RunCore:
                 step_id=sid,
             )
         hashed = _input_hash(hashed_inputs, sid)
-        recorded = yield from self.replay_lookup(sid, kind, name, hashed)
+        try:  # asked first without a flow of its own: on replay, every step comes here
+            recorded = self.check_replay(sid, kind, name, hashed)
+        except StaleCheckpoint:
+            recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
