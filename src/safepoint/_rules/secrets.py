@@ -151,6 +151,9 @@ _ANCHORS = tuple(anchor for _, anchors, _ in _TOKEN_FORMATS for anchor in anchor
 # search for them all is quicker than a ``in`` per anchor; for a long one, the ``in``s are.
 _ANY_ANCHOR = re.compile("|".join(map(re.escape, _ANCHORS)))
 _SHORT = 32
+# What a string holds if it holds any credential: an anchor, or the ":" or "=" of an assignment.
+# A short string without either (most ids) is answered with this one search.
+_ANY_CLUE = re.compile(f"{_ANY_ANCHOR.pattern}|[:=]")
 # Formats that begin a word (a match inside one, "task-…", is none): all but a URL's and a
 # PEM block's; and those whose credential follows a scheme word, which prose also has
 # ("basic understanding").
@@ -252,6 +255,8 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
     one found with ``first``)."""
     if len(text) < 5:
         return []  # too short for any: the shortest is "pwd=x"
+    if len(text) < _SHORT and _ANY_CLUE.search(text) is None:
+        return []
     spans = _formats(text, first)
     if not (first and spans):
         spans += _assignments(text, first)
