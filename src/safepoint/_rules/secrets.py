@@ -567,9 +567,12 @@ def _pair_name(container: dict[Any, Any]) -> str | None:
 
 def find_secret(value: Any, path: str = "$") -> tuple[str, str] | None:
     """(path, why) of a part of ``value`` that looks like a credential, or None."""
-    if type(value) is str:  # an id, a model id, a step's text: asked on every step
+    kind = type(value)
+    if kind is str:  # an id, a model id, a step's text: asked on every step
         spans = text_spans(value, first=True)
         return (path, spans[0][2]) if spans else None
+    if value is None or kind is int or kind is float or kind is bool:
+        return None  # a number or a flag under no key is no credential (see ``_scalar``)
     for found in findings(value, first=True):
         return path + found.where()[1:], found.why
     return None
