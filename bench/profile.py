@@ -1,9 +1,13 @@
-"""Where safepoint's time goes: pyinstrument over one run of a workload (W1, W2 or W5), or
-over the resume of a run whose every step is recorded (W4's replay).
+"""Where safepoint's time goes: pyinstrument over one run of a workload (W1, W1 with every step
+durable — ``w1.durable``, ``run.read`` steps —, W2 or W5), or over the resume of a run whose
+every step is recorded (W4's replay).
 
 ``python -m bench.profile '{"workload": "w1", "backend": "sqlite", "mode": "defaults",
-"steps": 20000}'`` prints one JSON line: steps/s under the profiler, the call tree and the flat
-list of functions by their own time.
+"steps": 20000}'`` prints one JSON line: steps/s under the profiler, the call tree, the flat
+list of functions by their own time, and ``parts``: the share of the profiled time spent in
+each of the per-step parts (``PARTS``: the input scan, canonical encoding and hashing, the
+credential scan, record building, the ledger's rows, the store's statements), each counted
+with what it calls.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
     with fresh_database(backend, "profile") as db:
         url = db.sqlite_url if backend == "sqlite" else db.pg_url
         store = _Counting(sp.open_store(url, durability=durability))
-        flow = {"w1": workloads.w1, "w2": workloads.w2, "w4": workloads.w1, "w5": workloads.w5}[workload]
+        flow = {
+            "w1": workloads.w1,
+            "w1.durable": workloads.w1_durable,
+            "w2": workloads.w2,
+            "w4": workloads.w1,
+            "w5": workloads.w5,
+        }[workload]
         extra = (True,) if workload == "w2" else ()  # W2 with a Transcript, as users write it
         if workload == "w4":
             # W1's run, stopped just before it completes: every step is recorded (but the batch
@@ -74,9 +84,58 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
             if sent is not None
             else {}
         ),
+        "parts": parts(profiler.last_session.root_frame()),
         "tree": _relative(profiler.output_text(time="percent_of_total", show_all=False)),
         "flat": _relative(profiler.output_text(flat=True, time="percent_of_total")),
     }
+
+
+# (what it is, the module, the functions): a part's time is that of its functions' calls, with
+# what they call (a call inside another of the same part is counted once).
+PARTS: tuple[tuple[str, str, frozenset[str]], ...] = (
+    ("the step flow and its driver (all of a step)", "_engine/run.py", frozenset({"pure", "read"})),
+    ("input hash: JSON scan, canonical encoding, sha256", "_engine/core.py", frozenset({"_input_hash"})),
+    ("credential scan of the step id", "_rules/ids.py", frozenset({"check_step_id"})),
+    ("credential scan of the result", "_rules/secrets.py", frozenset({"refuse_secrets"})),
+    ("JSON check of the result", "_rules/canonical.py", frozenset({"require_json"})),
+    ("step record building", "_engine/core.py", frozenset({"_revised"})),
+    ("step record building", "dataclasses.py", frozenset({"replace"})),
+    ("the store's write of a step", "storage/sqlite/steps.py", frozenset({"record_step", "record_steps"})),
+    ("the store's write of a step", "storage/postgres/steps.py", frozenset({"record_step", "record_steps"})),
+    ("the ledger's load (rows to records)", "storage/_rows.py", frozenset({"ledger"})),
+    ("the ledger's load (statements)", "storage/sqlite/connection.py", frozenset({"_fetch"})),
+    (
+        "SQLite's own work (statements, commits)",
+        "<built-in>",
+        frozenset({"Connection.execute", "Cursor.fetchall", "Cursor.fetchone"}),
+    ),
+)
+
+
+_ID_SCAN, _RESULT_SCAN = "credential scan of the step id", "credential scan of the result"
+
+
+def parts(root: Any) -> dict[str, float]:
+    """The percentage of the profiled time in each of ``PARTS``."""
+    total = root.time or 1.0
+    spent: Counter[str] = Counter()
+
+    def walk(frame: Any, inside: frozenset[str]) -> None:
+        path = frame.file_path or "<built-in>"
+        for label, module, functions in PARTS:
+            if (
+                frame.function in functions
+                and path.endswith(module)
+                and label not in inside
+                and not (label == _RESULT_SCAN and _ID_SCAN in inside)  # an id's scan calls it too
+            ):
+                spent[label] += frame.time
+                inside = inside | {label}
+        for child in frame.children:
+            walk(child, inside)
+
+    walk(root, frozenset())
+    return {label: round(100 * spent[label] / total, 1) for label, _, _ in PARTS if label in spent}
 
 
 def _stopped_before_completion(store: Any, flow: Any, steps: int) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._rules.canonical import (
@@ -470,7 +471,10 @@ class RunCore:
                 step_id=sid,
             )
         hashed = self.input_hash(hashed_inputs, sid)
-        recorded = yield from self.replay_lookup(sid, kind, name, hashed)
+        try:  # asked first without a flow of its own: on replay, every step comes here
+            recorded = self.check_replay(sid, kind, name, hashed)
+        except StaleCheckpoint:
+            recorded = yield from self.replay_lookup(sid, kind, name, hashed)
         round_start = 0  # the attempts recorded before this round of calls
         if recorded is not None:
             if recorded.status is StepStatus.FAILED:
@@ -551,7 +555,7 @@ class RunCore:
                 # only a model step has budgets, only a deadline is read off the clock
                 yield from self._stop_at(partial(self._before_call, kind, sid, now))
             if kind is StepKind.READ:
-                base = replace(base, observed_at=now)
+                base = _revised(base, observed_at=now)
             started = time.time_ns() if self.watch is not None else 0
             # a transaction step's call is the store's transaction, which records it too
             transaction = TransactionAttempt(fn, args, kwargs) if kind is StepKind.TRANSACTION else None
@@ -785,7 +789,7 @@ class RunCore:
             if tokens is None:
                 tokens = reported_tokens(value)
         next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
-        step = replace(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
+        step = _revised(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
         if step.kind is StepKind.PURE:
             with self.seq_lock:
@@ -807,6 +811,20 @@ class RunCore:
             self._spent(tokens, cost)
         crashpoint("step.after_record", sid)
         return value
+
+
+_STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
+_STEP_VALUES = attrgetter(*_STEP_FIELDS)
+_STEP_FIELD_AT = {name: index for index, name in enumerate(_STEP_FIELDS)}
+
+
+def _revised(step: StepRecord, **changes: Any) -> StepRecord:
+    """``dataclasses.replace`` for a step record (the same record), without its checks of
+    every field on every call: each recorded step is revised once or twice on its way."""
+    values = list(_STEP_VALUES(step))
+    for name, value in changes.items():
+        values[_STEP_FIELD_AT[name]] = value
+    return StepRecord(*values)
 
 
 def _next_step_id(sid: str, value: JSON) -> str:

@@ -237,13 +237,12 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
 
 def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
     """Carry out a flow's requests synchronously."""
-    send: Any = None
-    error: BaseException | None = None
+    try:  # many flows (a replayed step) end without a request: started here, with no call
+        request = flow.send(None)
+    except StopIteration as stop:
+        result: R = stop.value
+        return result
     while True:
-        finished, request = _advance(flow, send, error)
-        if finished:
-            result: R = request
-            return result
         send, error = None, None
         try:  # any error is handed to the flow, which decides what it means
             if isinstance(request, Io):
@@ -270,6 +269,10 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
                 time.sleep(request.seconds)
         except BaseException as exc:
             error = _failed(request, exc, halt)
+        finished, request = _advance(flow, send, error)
+        if finished:
+            result = request
+            return result
 
 
 async def adrive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:

@@ -11,8 +11,7 @@ import hashlib
 import json
 import math
 import sys
-from collections.abc import Iterable
-from itertools import repeat
+from collections.abc import Callable
 from typing import Any
 
 import rfc8785
@@ -35,22 +34,36 @@ def _scan(value: Any, allow_tuples: bool) -> bool:
     code units). One walk, no paths built: ``find_non_json`` builds them only on failure.
 
     Every step's inputs go through here, on replay too: exact types are tested before
-    ``isinstance``, and the strings and integers in a container are checked in its loop, with no
-    call of their own. One frame per level of nesting, so that any value the encoder can
-    write is scanned (a deeper one raises RecursionError: not JSON that can be hashed)."""
+    ``isinstance``, the strings and integers in a container are checked in its loop, with no
+    call of their own, and a list's items are walked without the keys a dict's have. One frame
+    per level of nesting, so that any value the encoder can write is scanned (a deeper one
+    raises RecursionError: not JSON that can be hashed)."""
     kind = type(value)
-    if kind is dict or (kind is not list and isinstance(value, dict)):
-        pairs: Iterable[tuple[Any, Any]] = value.items()
-    elif kind is list or isinstance(value, list) or (allow_tuples and isinstance(value, tuple)):
-        pairs = zip(repeat(""), value)  # "" stands for no key: it needs no check
-    else:
+    if (
+        kind is list
+        or (kind is tuple and allow_tuples)
+        or (kind is not dict and (isinstance(value, list) or (allow_tuples and isinstance(value, tuple))))
+    ):
+        plain = True
+        for item in value:
+            kind = type(item)
+            if kind is str:
+                if not item.isascii():
+                    item.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
+            elif kind is int:
+                if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                    raise _Unsafe
+            elif item is not None and kind is not bool:
+                plain = _scan(item, allow_tuples) and plain
+        return plain
+    if kind is not dict and not isinstance(value, dict):
         return _scan_leaf(value)
     plain = True
-    for key, item in pairs:
+    for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             raise _Unsafe
         if not key.isascii():
-            key.encode("utf-8")  # UnicodeEncodeError: a lone surrogate
+            key.encode("utf-8")
             if max(key) > "\uffff":
                 plain = False
         kind = type(item)
@@ -188,8 +201,36 @@ _PLAIN_CANONICAL = json.JSONEncoder(
 _COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+def _plain_chunks() -> Callable[[Any, int], Any] | None:
+    """The C encoder ``_PLAIN_CANONICAL.encode`` makes on every call, made once (None where
+    Python has none): the same options, so the same text, less the per-call set-up that costs
+    a small input as much as its encoding. No check for a value that contains itself: a value
+    is encoded here only once ``_scan`` walked it to its end."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    encoder = _PLAIN_CANONICAL
+    chunks: Callable[[Any, int], Any] = make(
+        None,  # no markers: no check for cycles (see above)
+        encoder.default,
+        json.encoder.encode_basestring,  # what JSONEncoder writes strings with, ensure_ascii off
+        encoder.indent,
+        encoder.key_separator,
+        encoder.item_separator,
+        encoder.sort_keys,
+        encoder.skipkeys,
+        encoder.allow_nan,
+    )
+    return chunks
+
+
+_PLAIN_CHUNKS = _plain_chunks()
+
+
 def _encode(value: JSON, plain: bool) -> bytes:
     if plain:
+        if _PLAIN_CHUNKS is not None:
+            return "".join(_PLAIN_CHUNKS(value, 0)).encode("utf-8")
         return _PLAIN_CANONICAL.encode(value).encode("utf-8")
     return rfc8785.dumps(value)
 
@@ -213,6 +254,13 @@ def dumps(value: JSON) -> str:
     return _COMPACT.encode(value)
 
 
+# What ``json.loads`` decodes text with, given no options: called directly for the text a
+# ledger's load reads (a thousand steps, a thousand results), less ``loads``' own checks.
+_DECODE = json.JSONDecoder().decode
+
+
 def loads(text: str | bytes) -> Any:
     """The value of stored JSON text: plain dicts and lists (see ``types.Recorded``)."""
-    return json.loads(text)
+    if isinstance(text, str) and not text.startswith("\ufeff"):
+        return _DECODE(text)  # what json.loads does with such text
+    return json.loads(text)  # bytes, and the byte order mark json.loads refuses by name

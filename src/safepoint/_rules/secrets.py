@@ -147,6 +147,13 @@ _TOKEN_FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
 )
 _FORMATS = tuple((kind, anchors, re.compile(pattern)) for kind, anchors, pattern in _TOKEN_FORMATS)
 _ANCHORS = tuple(anchor for _, anchors, _ in _TOKEN_FORMATS for anchor in anchors)
+# Whether a string holds any anchor: for a short one (an id, a name — asked on every step), one
+# search for them all is quicker than a ``in`` per anchor; for a long one, the ``in``s are.
+_ANY_ANCHOR = re.compile("|".join(map(re.escape, _ANCHORS)))
+_SHORT = 32
+# What a string holds if it holds any credential: an anchor, or the ":" or "=" of an assignment.
+# A short string without either (most ids) is answered with this one search.
+_ANY_CLUE = re.compile(f"{_ANY_ANCHOR.pattern}|[:=]")
 # Formats that begin a word (a match inside one, "task-…", is none): all but a URL's and a
 # PEM block's; and those whose credential follows a scheme word, which prose also has
 # ("basic understanding").
@@ -248,6 +255,8 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
     one found with ``first``)."""
     if len(text) < 5:
         return []  # too short for any: the shortest is "pwd=x"
+    if len(text) < _SHORT and _ANY_CLUE.search(text) is None:
+        return []
     spans = _formats(text, first)
     if not (first and spans):
         spans += _assignments(text, first)
@@ -258,7 +267,10 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
 
 def _formats(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
-    if not any(map(text.__contains__, _ANCHORS)):
+    if len(text) < _SHORT:
+        if _ANY_ANCHOR.search(text) is None:
+            return found
+    elif not any(map(text.__contains__, _ANCHORS)):
         return found
     for kind, anchors, pattern in _FORMATS:
         if not any(map(text.__contains__, anchors)):
@@ -555,9 +567,12 @@ def _pair_name(container: dict[Any, Any]) -> str | None:
 
 def find_secret(value: Any, path: str = "$") -> tuple[str, str] | None:
     """(path, why) of a part of ``value`` that looks like a credential, or None."""
-    if type(value) is str:  # an id, a model id, a step's text: asked on every step
+    kind = type(value)
+    if kind is str:  # an id, a model id, a step's text: asked on every step
         spans = text_spans(value, first=True)
         return (path, spans[0][2]) if spans else None
+    if value is None or kind is int or kind is float or kind is bool:
+        return None  # a number or a flag under no key is no credential (see ``_scalar``)
     for found in findings(value, first=True):
         return path + found.where()[1:], found.why
     return None

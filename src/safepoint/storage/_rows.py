@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from operator import itemgetter
 from typing import Any, Protocol, TypeVar
 
 from .._rules.canonical import loads
@@ -307,6 +308,10 @@ _STEP = _columns(
     ("cost", number_or_null),
 )
 
+# A step's columns are its record's fields after ``run_id``, in their order: a good row becomes
+# its record by position, without a dict of its fields (a ledger's load builds thousands).
+_STEP_IN_ORDER = tuple(name for name, _, _ in _STEP) == tuple(StepRecord.__dataclass_fields__)[1:]
+
 _ATTEMPT = _columns(
     ("step_id", text),
     ("attempt", integer),
@@ -383,16 +388,96 @@ _MESSAGE = _columns(
 )
 
 
+# Readers that read NULL as None: a NULL in their column is kept as it is, like a kept class.
+_NULLABLE = frozenset(
+    {
+        text_or_null,
+        integer_or_null,
+        number_or_null,
+        json_value,
+        json_object_or_null,
+        workflow_manifest,
+        retry_policy,
+    }
+)
+_MAX_SHAPES = 64  # combinations of classes one statement's rows come in: a handful, never many
+
+
+class Reading:
+    """How the rows of one statement are read, made once for them all: the columns' values
+    taken in one call — by position from a row that is a sequence with names (``sqlite3.Row``,
+    which looks a name up by comparing it with each column's name in turn), by name from a
+    dict — and, for each combination of the values' classes met (a row's *shape*: text, an
+    integer, NULL, …), the columns whose values are not kept as they are and go through their
+    reader. So a good row costs a few calls in C and one per such column, not one per column."""
+
+    __slots__ = ("columns", "names", "shapes", "take")
+
+    def __init__(self, columns: Columns, at: tuple[int, ...] | None) -> None:
+        self.columns = columns
+        self.names = tuple(name for name, _, _ in columns)
+        self.take = itemgetter(*(self.names if at is None else at))
+        self.shapes: dict[tuple[type, ...], tuple[tuple[int, str, Callable[[Any], Any]], ...]] = {}
+
+    def to_read(self, shape: tuple[type, ...]) -> tuple[tuple[int, str, Callable[[Any], Any]], ...]:
+        """(index, column, reader) of each column a row of ``shape`` needs read."""
+        found = self.shapes.get(shape)
+        if found is None:
+            found = tuple(
+                (index, name, read)
+                for index, ((name, kept, read), kind) in enumerate(zip(self.columns, shape, strict=True))
+                if not (kind is kept or (kind is type(None) and read in _NULLABLE))
+            )
+            if len(self.shapes) < _MAX_SHAPES:
+                self.shapes[shape] = found
+        return found
+
+
+_READINGS: dict[tuple[int, tuple[str, ...] | None], Reading] = {}
+
+
+def reading(columns: Columns, row: Row) -> Reading:
+    """The ``Reading`` of rows like ``row`` (the same for every row of one statement: a loop
+    asks once). A sequence row that lacks a column is read by name, which reports which."""
+    names = None if isinstance(row, dict) else tuple(row.keys())
+    key = (id(columns), names)
+    found = _READINGS.get(key)
+    if found is not None:
+        return found
+    at: tuple[int, ...] | None = None
+    if names is not None:
+        index: dict[str, int] = {}
+        for place, name in enumerate(names):  # the first of equal names, as a lookup by name
+            index.setdefault(name.lower() if name.isascii() else name, place)
+        if all(column in index for column, _, _ in columns):
+            at = tuple(index[column] for column, _, _ in columns)
+    found = Reading(columns, at)
+    if len(_READINGS) < 256:  # a store reads rows of a few shapes: never many
+        _READINGS[key] = found
+    return found
+
+
+def _values(how: Reading, row: Row) -> list[Any]:
+    """A good row's fields, in the order of its columns (``Unread`` at a column that cannot be
+    read: ``_read`` then says which, and why)."""
+    got = how.take(row)
+    shape = tuple(map(type, got))
+    found = list(got)
+    for index, _, read in how.to_read(shape):
+        found[index] = read(got[index])
+    return found
+
+
 def _read(
-    columns: Columns, row: Row, values: Mapping[str, Any]
+    columns: Columns, row: Row, values: Mapping[str, Any], how: Reading | None = None
 ) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Every column read: the fields that could be, and (column, why) for each that could
-    not. (One ``try`` for a whole good row: replay reads thousands of them.)"""
-    fields: dict[str, Any] = {}
+    not. (One ``try`` for a whole good row: replay reads thousands of them.) ``how``: the
+    ``reading`` of the row's statement, where the caller has it."""
     try:
-        for column, kept, read in columns:
-            value = row[column]
-            fields[column] = value if value.__class__ is kept else read(value)
+        if how is None:
+            how = reading(columns, row)
+        fields = dict(zip(how.names, _values(how, row), strict=True))
         for column, value in values.items():
             fields[column] = json_value(value)  # the JSON columns an artifact holds
         return fields, []
@@ -470,10 +555,11 @@ def _whole(
     *key: str,
     codec: Codec | None = None,
     place: tuple[Any, ...] | None = None,
+    how: Reading | None = None,
 ) -> dict[str, Any]:
-    if codec is not None:
-        row = opened(table, row, values, codec, place or _key_of(table, row))
-    fields, problems = _read(columns, row, values)
+    if codec is not None:  # a row opened is a dict: read by name, never with a sequence's reading
+        row, how = opened(table, row, values, codec, place or _key_of(table, row)), None
+    fields, problems = _read(columns, row, values, how)
     if problems:
         raise CorruptRecord(table, _key(row, *key), _reason(problems))
     return fields
@@ -523,12 +609,29 @@ def ledger(
     found = Ledger(run)
     run_id = run.run_id
     place: tuple[Any, ...] | None
+    how: Reading | None = None
     for row, values in steps:
-        place = None if codec is None else (run_id, row["step_id"])
-        step = StepRecord(
-            run_id=run_id,
-            **_whole("safepoint_steps", _STEP, row, values, "run_id", "step_id", codec=codec, place=place),
-        )
+        step = None
+        if codec is None:  # sealed rows are opened first, column by column
+            if how is None:
+                how = reading(_STEP, row)
+            step = _step_in_order(run_id, how, row) if _STEP_IN_ORDER and not values else None
+        if step is None:  # read column by column, naming each that cannot be read
+            place = None if codec is None else (run_id, row["step_id"])
+            step = StepRecord(
+                run_id=run_id,
+                **_whole(
+                    "safepoint_steps",
+                    _STEP,
+                    row,
+                    values,
+                    "run_id",
+                    "step_id",
+                    codec=codec,
+                    place=place,
+                    how=how,
+                ),
+            )
         found.steps[step.step_id] = step
     for row in operations:
         op = operation_record(row, codec)
@@ -551,6 +654,15 @@ def ledger(
         )
         found.attempts.setdefault(attempt.step_id, []).append(attempt)
     return found
+
+
+def _step_in_order(run_id: str, how: Reading, row: Row) -> StepRecord | None:
+    """A good step row's record, built from its fields by position (most rows); None for a row
+    that cannot be read so."""
+    try:
+        return StepRecord(run_id, *_values(how, row))
+    except (Unread, KeyError, IndexError):
+        return None
 
 
 def operation_record(row: Row, codec: Codec | None = None) -> OperationRecord:
