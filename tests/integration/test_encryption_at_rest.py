@@ -407,3 +407,63 @@ def test_a_worker_without_the_key_gives_the_run_back_and_never_blocks_it(tmp_pat
     assert store.get_run("queued").result == MARK
     lacking.close()
     store.close()
+
+
+def test_a_rotation_reseals_events_and_recovery_records_so_the_old_key_can_go(where: str) -> None:
+    """Every state a ledger holds — a failed run's events, a blocked run's recovery record (its
+    reason and evidence sealed inside it), a stopped run's — reads with the new key alone once
+    ``reencrypt`` has run: nothing is left under the old key."""
+    from console_states import build_states
+
+    store = open_store(where, codec=Encrypted(K1))
+    ids = build_states(store)
+    store.close()
+    rotated = Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2")
+    store = open_store(where, codec=Encrypted(rotated))
+    reencrypt(store, batch=3)
+    store.close()
+    assert b'"kid":"k1"' not in raw_bytes(where)
+    only_new = open_store(where, codec=Encrypted(Keyring({"k2": rotated.key("k2") or b""}, "k2")))
+    unreadable = [run.run_id for run in only_new.list_runs() if isinstance(run, sp.types.UnreadableRun)]
+    assert unreadable == []
+    for state in ("failed", "blocked", "stopped", "fork"):
+        ledger = only_new.load_ledger(ids[state])
+        assert only_new.events(ids[state])
+        if state in ("blocked", "stopped"):
+            assert ledger.run.recovery_record is not None
+            assert isinstance(ledger.run.recovery_record["reason"], str)
+    only_new.close()
+
+
+def test_a_rotation_reseals_what_a_replan_moved_into_the_history(where: str, crash_at: Any) -> None:
+    """A re-plan moves the stale steps into ``step.abandoned`` events, their results as the
+    steps' rows stored them (sealed for the step): a rotation seals those again too."""
+    from safepoint.testing import forget_workflows
+
+    store = open_store(where, codec=Encrypted(K1))
+
+    @sp.workflow("sealed-replan", version="1")
+    def v1(run: sp.Run) -> str:
+        return str(run.read("case", lambda: MARK))
+
+    crash_at("run.before_complete")
+    with pytest.raises(SimulatedCrash):
+        sp.start(store, v1, run_id="r", lease_ms=0)
+    crash_at(None)
+    forget_workflows("sealed-replan")
+
+    @sp.workflow("sealed-replan", version="2", compatibility="replan")
+    def v2(run: sp.Run) -> str:
+        return str(run.read("case", lambda: "again"))
+
+    assert sp.resume(store, "r") == "again"
+    store.close()
+    rotated = Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2")
+    store = open_store(where, codec=Encrypted(rotated))
+    reencrypt(store)
+    store.close()
+    assert b'"kid":"k1"' not in raw_bytes(where)
+    only_new = open_store(where, codec=Encrypted(Keyring({"k2": rotated.key("k2") or b""}, "k2")))
+    abandoned = [event for event in only_new.events("r") if event.kind == "step.abandoned"]
+    assert [event.detail["result"] for event in abandoned] == [MARK]
+    only_new.close()

@@ -1448,14 +1448,16 @@ RETURNING size;
 -- the last key of the page before; :run_id NULL: every run's rows).
 
 -- name: reseal_runs_page
--- A page of the runs' rows with their sealed columns, after the given key.
-SELECT run_id, inputs, result, error FROM safepoint_runs
+-- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
+-- evidence are sealed inside it), after the given key.
+SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
 ORDER BY run_id LIMIT %(limit)s;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
-UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s
+UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s,
+  recovery_record = %(recovery_record)s
 WHERE run_id = %(run_id)s;
 
 -- name: reseal_steps_page
@@ -1505,6 +1507,18 @@ ORDER BY seq LIMIT %(limit)s;
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_messages SET payload = %(payload)s
 WHERE seq = %(seq)s;
+
+-- name: reseal_events_page
+-- A page of the events with a detail (sealed whole, or holding a step's sealed values), after
+-- the given key; never the ledger's own (run id ''), which no run's values are in.
+SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id <> '' AND detail IS NOT NULL
+  AND event_id > %(after_event_id)s::bigint
+ORDER BY event_id LIMIT %(limit)s;
+
+-- name: reseal_events_update
+-- One event's detail, sealed again.
+UPDATE safepoint_events SET detail = %(detail)s WHERE event_id = %(event_id)s;
 
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.

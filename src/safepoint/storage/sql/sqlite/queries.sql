@@ -899,14 +899,16 @@ RETURNING size;
 -- the last key of the page before; :run_id NULL: every run's rows).
 
 -- name: reseal_runs_page
--- A page of the runs' rows with their sealed columns, after the given key.
-SELECT run_id, inputs, result, error FROM safepoint_runs
+-- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
+-- evidence are sealed inside it), after the given key.
+SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
 WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id > :after_run_id
 ORDER BY run_id LIMIT :limit;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
-UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error
+UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error,
+  recovery_record = :recovery_record
 WHERE run_id = :run_id;
 
 -- name: reseal_steps_page
@@ -954,6 +956,18 @@ ORDER BY seq LIMIT :limit;
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_messages SET payload = :payload
 WHERE seq = :seq;
+
+-- name: reseal_events_page
+-- A page of the events with a detail (sealed whole, or holding a step's sealed values), after
+-- the given key; never the ledger's own (run id ''), which no run's values are in.
+SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
+WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id <> '' AND detail IS NOT NULL
+  AND event_id > :after_event_id
+ORDER BY event_id LIMIT :limit;
+
+-- name: reseal_events_update
+-- One event's detail, sealed again.
+UPDATE safepoint_events SET detail = :detail WHERE event_id = :event_id;
 
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.
