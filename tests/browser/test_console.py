@@ -52,7 +52,9 @@ def test_the_filters_narrow_the_list_and_stay_in_the_address(page: Any, states: 
     assert _rows(page) == [ids["approval"]]
     assert page.locator("select[name=status]").input_value() == "waiting"  # kept
     page.click("nav.counts a:has-text('all')")
-    page.wait_for_url(re.compile(r"q=REFUND"))
+    # the address held q=REFUND already: wait for the one without the status
+    page.wait_for_url(lambda url: "q=REFUND" in url and "status=waiting" not in url)
+    expect(page.locator("select[name=status]")).to_have_value("")
     assert _rows(page) == [ids["approval"]]  # every status, still searching
 
 
@@ -64,12 +66,14 @@ def test_the_pages_follow_each_other_without_a_run_twice(page: Any, states: Stat
     # a run created while the person pages never shifts the pages after
     sp.submit(store, _late, run_id="late-arrival")
     while page.locator("a[rel=next]").count():
+        after = page.locator("a[rel=next]").get_attribute("href") or ""
         page.click("a[rel=next]")
-        page.wait_for_load_state()
+        # the page before is loaded too: wait for the next one's address, not for a load
+        page.wait_for_url(lambda url, after=after: url.endswith(after))
         seen.extend(_rows(page))
     assert len(seen) == len(set(seen)) == 14
     assert "late-arrival" not in seen
-    assert page.locator(".pager .total").inner_text() == "15"  # the total says it
+    expect(page.locator(".pager .total")).to_have_text("15")  # the total says it
 
 
 @sp.workflow("late")
@@ -95,7 +99,7 @@ def test_a_run_opens_with_its_timeline_whole_values_and_a_copy(page: Any, states
     value = page.locator("details.value").filter(has_text="the customer asks").first
     assert not value.locator("pre").is_visible()
     value.locator("summary").click()
-    assert "input_tokens" in value.locator("pre").inner_text()  # the whole value, on demand
+    expect(value.locator("pre")).to_contain_text("input_tokens")  # the whole value, on demand
     value.locator("button.copy").click()
     expect(value.locator("button.copy")).to_have_text("copied")  # set once the clipboard answers
     assert "ticket-1042-fork" in page.locator("section.lineage").inner_text()
@@ -115,7 +119,7 @@ def test_a_waiting_payload_is_approved_from_the_inbox_with_a_confirmation(page: 
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
     page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert f"Approved the payload of {ids['approval']}" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text(f"Approved the payload of {ids['approval']}")
     [approval] = store.approvals(ids["approval"])
     assert (approval.approved_by, approval.payload_digest) == ("ana", digest)
 
@@ -139,7 +143,7 @@ def test_a_blocked_run_is_resolved_from_its_decision(page: Any, states: States) 
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
     page.wait_for_url(re.compile(r"\?done="))
-    assert f"Resolved {run_id} (applied)" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text(f"Resolved {run_id} (applied)")
     assert store.load_ledger(run_id).operations["ship:77"].receipt == {"tracking": "FS-77"}
 
 
@@ -156,14 +160,14 @@ def test_a_failed_run_is_retried_and_a_stopped_one_gets_a_raised_limit(page: Any
     retry = page.locator(f"article[data-run='{ids['failed']}'] form[data-form=retry]")
     _submit(retry, by="ana", reason="the address is in now", token=TOKEN)
     page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert "Retrying invoice-2031" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text("Retrying invoice-2031")
     assert store.get_run(ids["failed"]).status is RunStatus.PENDING
     limits = page.locator(f"article[data-run='{ids['stopped']}'] form[data-form=limits]")
     _submit(limits, tokens="5000", by="ana", token=TOKEN)
-    page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert "Raised the limits of triage-9" in page.locator(".flash").inner_text()
+    # the address before held ?done= already: wait for the confirmation of this action
+    expect(page.locator(".flash")).to_contain_text("Raised the limits of triage-9")
     assert store.get_run(ids["stopped"]).token_budget == 5000
-    assert page.locator(f"article[data-run='{ids['stopped']}']").count() == 0  # decided: gone
+    expect(page.locator(f"article[data-run='{ids['stopped']}']")).to_have_count(0)  # decided: gone
 
 
 def test_a_refused_action_keeps_what_was_typed(page: Any, states: States) -> None:
@@ -177,8 +181,7 @@ def test_a_refused_action_keeps_what_was_typed(page: Any, states: States) -> Non
     form.locator("input[name=reason]").fill("a long case <b>")
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
-    page.wait_for_load_state()
-    assert "the form is malformed" in page.locator(".error").inner_text()
+    expect(page.locator(".error")).to_contain_text("the form is malformed")  # the answer's page
     again = page.locator("form[data-form=limits]")
     assert again.locator("input[name=tokens]").input_value() == "a lot"
     assert again.locator("input[name=cost]").input_value() == "2.5"
@@ -202,9 +205,8 @@ def test_the_page_refreshes_itself_and_keeps_the_operators_place(page: Any, stat
     page.locator("form[data-form=send] textarea").fill('{"approved": tr')
     sp.send(store, ids["message"], "manager.answer", {"approved": True}, by="bob")
     sp.resume(store, ids["message"])  # the workflow is registered: it completes
-    page.wait_for_selector("#changed:not([hidden])", timeout=8_000)
-    assert "This run changed" in page.locator("#changed").inner_text()
-    assert page.locator("table.timeline details.value").first.get_attribute("open") is not None
+    expect(page.locator("#changed")).to_contain_text("This run changed", timeout=8_000)
+    expect(page.locator("table.timeline details.value").first).to_have_js_property("open", True)
     assert page.locator("form[data-form=send] textarea").input_value() == '{"approved": tr'
 
 
@@ -217,8 +219,7 @@ def test_nothing_acts_without_the_token(page: Any, states: States) -> None:
     form.locator("input[name=by]").fill("mallory")
     form.locator("input[name=token]").fill("not-the-token-at-all")
     form.locator("button").click()
-    page.wait_for_load_state()
-    assert "needs the dashboard's token" in page.locator(".error").inner_text()
+    expect(page.locator(".error")).to_contain_text("needs the dashboard's token")  # the answer's page
     assert page.locator("form[data-form=approve] input[name=by]").input_value() == "mallory"
     assert store.get_run(ids["approval"]) == before
     assert store.approvals(ids["approval"]) == []
