@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -244,3 +245,43 @@ def test_the_workers_page_flags_the_run_whose_worker_is_gone(page: Any, states: 
     live = page.locator("tr").filter(has_text=ids["live"])
     assert "worker gone" not in live.inner_text()
     assert "none since the claim" in live.inner_text()  # no renewal yet: said, not hidden
+
+
+HOSTILE_ID = '"><img src=x onerror=window.__pwned=1>'
+HOSTILE_TEXT = '<script>window.__pwned=2</script>"><img src=x onerror=window.__pwned=3>'
+
+
+@sp.workflow("hostile-input")
+def _hostile(run: sp.Run, text: str) -> Any:
+    run.pure("echo", lambda: {"said": text})
+    return run.decide("refuse", _refuse, text)
+
+
+def _refuse(text: str) -> Any:
+    raise ValueError(f"refused {text}")
+
+
+def test_markup_in_run_ids_values_and_errors_is_shown_as_text(page: Any, states: States) -> None:
+    """A run whose id, inputs, step result and error hold markup: every page that shows them
+    shows the characters, and the browser makes no element of them and runs none of them
+    (the checks do not lean on the Content-Security-Policy, which would stop a script anyway:
+    they look for the elements themselves)."""
+    board, store, _ = states
+    with pytest.raises(sp.StepFailed):
+        sp.start(store, _hostile, HOSTILE_TEXT, run_id=HOSTILE_ID)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    run_page = "/runs/" + urllib.parse.quote(HOSTILE_ID, safe="")
+    for address in ("/", "/?q=" + urllib.parse.quote("<img", safe=""), "/inbox", run_page):
+        page.goto(board.url + address)
+        expect(page.locator("body")).to_contain_text(HOSTILE_ID)
+        assert page.locator("img").count() == 0, address
+        scripts = page.locator("script").evaluate_all("found => found.map(s => s.src)")
+        assert scripts == [board.url + "/static/console.js"], address
+        assert page.evaluate("window.__pwned") is None, address
+    page.locator("details.value summary").first.click()
+    expect(page.locator("body")).to_contain_text("<script>window.__pwned=2</script>")
+    expect(page.locator("body")).to_contain_text("refused <script>")
+    assert page.locator("img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert dialogs == []
