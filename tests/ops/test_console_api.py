@@ -251,6 +251,13 @@ def test_an_encrypted_ledger_is_shown_decrypted_and_without_the_key_as_unreadabl
         status, _, listed = _call(board, "GET", "/")
         assert "unreadable" in listed
         assert "key-2026-01" in listed
+        status, _, held = _call(board, "GET", "/workers")  # running runs: shown, not left out
+        assert ids["live"] in held
+        assert ids["dead"] in held
+        assert "key-2026-01" in held
+        status, found = _api(board, "/api/workers")
+        assert {run["run_id"] for run in found["unreadable"]} == {ids["live"], ids["dead"]}
+        assert found["running"] == 2
         for state in ("completed", "blocked", "failed"):
             status, _, shown = _call(board, "GET", f"/runs/{ids[state]}")
             assert status == 200, (state, shown)
