@@ -467,3 +467,45 @@ def test_a_rotation_reseals_what_a_replan_moved_into_the_history(where: str, cra
     abandoned = [event for event in only_new.events("r") if event.kind == "step.abandoned"]
     assert [event.detail["result"] for event in abandoned] == [MARK]
     only_new.close()
+
+
+def test_a_rotation_on_postgres_never_writes_back_a_value_older_than_a_concurrent_write(
+    pg_url: str,
+) -> None:
+    """A rotation reads a page of rows and writes them back sealed with the new key. A worker
+    that writes one of those rows in between (a run completing: its result) must not have its
+    write undone: the page is read under the rows' locks, so it waits for the worker's commit
+    and seals what the worker wrote."""
+    import threading
+
+    import psycopg
+    from psycopg import sql
+
+    schema = f"e_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_url}?schema={schema}"
+    store = open_store(url, codec=Encrypted(K1))
+
+    @sp.workflow("sealed-race")
+    def flow(run: sp.Run) -> str:
+        return str(run.pure("value", lambda: "before"))
+
+    sp.start(store, flow, run_id="r")
+    store.close()
+    rotated = open_store(
+        url, codec=Encrypted(Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2"))
+    )
+    with psycopg.connect(pg_url) as worker:  # a transaction, not autocommit: it holds the row
+        worker.execute(
+            sql.SQL("UPDATE {} SET result = %s WHERE run_id = 'r'").format(
+                sql.Identifier(schema, "safepoint_runs")
+            ),
+            ('"after"',),  # stored before the rotation seals it: plain JSON, read as it is
+        )
+        rotation = threading.Thread(target=lambda: rotated.reseal_page("runs", None, 10))  # type: ignore[attr-defined]
+        rotation.start()
+        rotation.join(timeout=0.5)  # the rotation reads (and waits, once fixed) meanwhile
+        worker.commit()
+    rotation.join(timeout=10)
+    assert not rotation.is_alive()
+    assert rotated.get_run("r").result == "after"  # the worker's write stands
+    rotated.close()

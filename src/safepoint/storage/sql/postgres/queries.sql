@@ -1445,14 +1445,15 @@ RETURNING size;
 -- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
 -- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation
 -- seals every value again with the active key, a page of rows at a time, in key order (:after_*
--- the last key of the page before; :run_id NULL: every run's rows).
+-- the last key of the page before; :run_id NULL: every run's rows). Each page is read FOR
+-- UPDATE: a row a worker writes meanwhile is read as it committed it, never written back older.
 
 -- name: reseal_runs_page
 -- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
 -- evidence are sealed inside it), after the given key.
 SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
-ORDER BY run_id LIMIT %(limit)s;
+ORDER BY run_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
@@ -1465,7 +1466,7 @@ WHERE run_id = %(run_id)s;
 SELECT run_id, step_id, result, error FROM safepoint_steps
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, step_id) > (%(after_run_id)s::text, %(after_step_id)s::text)
-ORDER BY run_id, step_id LIMIT %(limit)s;
+ORDER BY run_id, step_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_steps_update
 -- One row's sealed columns, sealed again.
@@ -1478,7 +1479,7 @@ SELECT run_id, step_id, attempt, error FROM safepoint_attempts
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, step_id, attempt)
       > (%(after_run_id)s::text, %(after_step_id)s::text, %(after_attempt)s::integer)
-ORDER BY run_id, step_id, attempt LIMIT %(limit)s;
+ORDER BY run_id, step_id, attempt LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_attempts_update
 -- One row's sealed columns, sealed again.
@@ -1490,7 +1491,7 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s;
 SELECT run_id, operation_id, receipt, error FROM safepoint_operations
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, operation_id) > (%(after_run_id)s::text, %(after_operation_id)s::text)
-ORDER BY run_id, operation_id LIMIT %(limit)s;
+ORDER BY run_id, operation_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_operations_update
 -- One row's sealed columns, sealed again.
@@ -1501,7 +1502,7 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 -- A page of the messages' rows with their sealed columns, after the given key.
 SELECT seq, run_id, name, payload FROM safepoint_messages
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND seq > %(after_seq)s::bigint
-ORDER BY seq LIMIT %(limit)s;
+ORDER BY seq LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_messages_update
 -- One row's sealed columns, sealed again.
@@ -1514,7 +1515,7 @@ WHERE seq = %(seq)s;
 SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id <> '' AND detail IS NOT NULL
   AND event_id > %(after_event_id)s::bigint
-ORDER BY event_id LIMIT %(limit)s;
+ORDER BY event_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_events_update
 -- One event's detail, sealed again.
@@ -1523,7 +1524,7 @@ UPDATE safepoint_events SET detail = %(detail)s WHERE event_id = %(event_id)s;
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.
 SELECT digest, content FROM safepoint_artifacts WHERE digest > %(after_digest)s
-ORDER BY digest LIMIT %(limit)s;
+ORDER BY digest LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_artifacts_update
 -- One artifact's content, sealed again.
