@@ -423,6 +423,9 @@ def test_a_rotation_reseals_events_and_recovery_records_so_the_old_key_can_go(wh
     reencrypt(store, batch=3)
     store.close()
     assert b'"kid":"k1"' not in raw_bytes(where)
+    with pytest.raises(KeyUnavailable) as unkeyed:  # refused, naming the key it needs now
+        open_store(where)
+    assert unkeyed.value.key_id == "k2"
     only_new = open_store(where, codec=Encrypted(Keyring({"k2": rotated.key("k2") or b""}, "k2")))
     unreadable = [run.run_id for run in only_new.list_runs() if isinstance(run, sp.types.UnreadableRun)]
     assert unreadable == []

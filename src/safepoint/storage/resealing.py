@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps
 from ..errors import ArtifactCorrupt, UsageError
 from .codec import (
     PREFIX_BYTES,
@@ -151,6 +152,12 @@ def reseal_page(
     for row in rows:
         place = tuple(row[name] for name in place_columns)
         was = place if sealed_for is None else (sealed_for, *place[1:])
+        if table == "safepoint_events" and row["run_id"] == "":  # the ledger's mark (sealed_since)
+            mark = dumps({"key_id": codec.key_id})
+            if sealed_for is None and row["detail"] != mark:
+                yield reads.q(update, event_id=row["event_id"], detail=mark)
+                changed += 1
+            continue
         values, moved = {}, False
         inner, parts, new_places = _inner(row, table, place[0])
         if inner:

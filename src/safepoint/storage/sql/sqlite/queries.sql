@@ -504,7 +504,8 @@ RETURNING event_count + step_count AS history, history_soft_limit, history_hard_
 
 -- name: sealed_since
 -- Whether the ledger holds values sealed by a codec (safepoint.storage.codec): the event a store
--- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with.
+-- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with
+-- (a rotation, safepoint keys reencrypt, names its new key there).
 SELECT detail FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed' LIMIT 1;
 
 -- name: mark_sealed
@@ -959,9 +960,10 @@ WHERE seq = :seq;
 
 -- name: reseal_events_page
 -- A page of the events with a detail (sealed whole, or holding a step's sealed values), after
--- the given key; never the ledger's own (run id ''), which no run's values are in.
+-- the given key; of the ledger's own (run id ''), only the mark that names its key (sealed_since).
 SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
-WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id <> '' AND detail IS NOT NULL
+WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id <> '' OR kind = 'ledger.sealed')
+  AND detail IS NOT NULL
   AND event_id > :after_event_id
 ORDER BY event_id LIMIT :limit;
 
