@@ -16,8 +16,11 @@ import safepoint as sp
 from safepoint.ops.dashboard import Dashboard
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium, for one test module: Playwright's sync API runs an event loop on the main
+    thread while it is started, and every ``asyncio.run`` after it in the same process — an
+    async test the suite's worker takes next — would fail while it lives."""
     missing = chromium_missing()
     if missing:
         if os.environ.get("CI") == "true":

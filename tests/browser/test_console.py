@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.parse
 from typing import Any
 
 import pytest
@@ -52,7 +53,9 @@ def test_the_filters_narrow_the_list_and_stay_in_the_address(page: Any, states: 
     assert _rows(page) == [ids["approval"]]
     assert page.locator("select[name=status]").input_value() == "waiting"  # kept
     page.click("nav.counts a:has-text('all')")
-    page.wait_for_url(re.compile(r"q=REFUND"))
+    # the address held q=REFUND already: wait for the one without the status
+    page.wait_for_url(lambda url: "q=REFUND" in url and "status=waiting" not in url)
+    expect(page.locator("select[name=status]")).to_have_value("")
     assert _rows(page) == [ids["approval"]]  # every status, still searching
 
 
@@ -64,12 +67,14 @@ def test_the_pages_follow_each_other_without_a_run_twice(page: Any, states: Stat
     # a run created while the person pages never shifts the pages after
     sp.submit(store, _late, run_id="late-arrival")
     while page.locator("a[rel=next]").count():
+        after = page.locator("a[rel=next]").get_attribute("href") or ""
         page.click("a[rel=next]")
-        page.wait_for_load_state()
+        # the page before is loaded too: wait for the next one's address, not for a load
+        page.wait_for_url(lambda url, after=after: url.endswith(after))
         seen.extend(_rows(page))
     assert len(seen) == len(set(seen)) == 14
     assert "late-arrival" not in seen
-    assert page.locator(".pager .total").inner_text() == "15"  # the total says it
+    expect(page.locator(".pager .total")).to_have_text("15")  # the total says it
 
 
 @sp.workflow("late")
@@ -95,7 +100,7 @@ def test_a_run_opens_with_its_timeline_whole_values_and_a_copy(page: Any, states
     value = page.locator("details.value").filter(has_text="the customer asks").first
     assert not value.locator("pre").is_visible()
     value.locator("summary").click()
-    assert "input_tokens" in value.locator("pre").inner_text()  # the whole value, on demand
+    expect(value.locator("pre")).to_contain_text("input_tokens")  # the whole value, on demand
     value.locator("button.copy").click()
     expect(value.locator("button.copy")).to_have_text("copied")  # set once the clipboard answers
     assert "ticket-1042-fork" in page.locator("section.lineage").inner_text()
@@ -115,7 +120,7 @@ def test_a_waiting_payload_is_approved_from_the_inbox_with_a_confirmation(page: 
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
     page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert f"Approved the payload of {ids['approval']}" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text(f"Approved the payload of {ids['approval']}")
     [approval] = store.approvals(ids["approval"])
     assert (approval.approved_by, approval.payload_digest) == ("ana", digest)
 
@@ -139,7 +144,7 @@ def test_a_blocked_run_is_resolved_from_its_decision(page: Any, states: States) 
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
     page.wait_for_url(re.compile(r"\?done="))
-    assert f"Resolved {run_id} (applied)" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text(f"Resolved {run_id} (applied)")
     assert store.load_ledger(run_id).operations["ship:77"].receipt == {"tracking": "FS-77"}
 
 
@@ -156,14 +161,14 @@ def test_a_failed_run_is_retried_and_a_stopped_one_gets_a_raised_limit(page: Any
     retry = page.locator(f"article[data-run='{ids['failed']}'] form[data-form=retry]")
     _submit(retry, by="ana", reason="the address is in now", token=TOKEN)
     page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert "Retrying invoice-2031" in page.locator(".flash").inner_text()
+    expect(page.locator(".flash")).to_contain_text("Retrying invoice-2031")
     assert store.get_run(ids["failed"]).status is RunStatus.PENDING
     limits = page.locator(f"article[data-run='{ids['stopped']}'] form[data-form=limits]")
     _submit(limits, tokens="5000", by="ana", token=TOKEN)
-    page.wait_for_url(re.compile(r"/inbox\?done="))
-    assert "Raised the limits of triage-9" in page.locator(".flash").inner_text()
+    # the address before held ?done= already: wait for the confirmation of this action
+    expect(page.locator(".flash")).to_contain_text("Raised the limits of triage-9")
     assert store.get_run(ids["stopped"]).token_budget == 5000
-    assert page.locator(f"article[data-run='{ids['stopped']}']").count() == 0  # decided: gone
+    expect(page.locator(f"article[data-run='{ids['stopped']}']")).to_have_count(0)  # decided: gone
 
 
 def test_a_refused_action_keeps_what_was_typed(page: Any, states: States) -> None:
@@ -177,8 +182,7 @@ def test_a_refused_action_keeps_what_was_typed(page: Any, states: States) -> Non
     form.locator("input[name=reason]").fill("a long case <b>")
     form.locator("input[name=token]").fill(TOKEN)
     form.locator("button").click()
-    page.wait_for_load_state()
-    assert "the form is malformed" in page.locator(".error").inner_text()
+    expect(page.locator(".error")).to_contain_text("the form is malformed")  # the answer's page
     again = page.locator("form[data-form=limits]")
     assert again.locator("input[name=tokens]").input_value() == "a lot"
     assert again.locator("input[name=cost]").input_value() == "2.5"
@@ -202,9 +206,8 @@ def test_the_page_refreshes_itself_and_keeps_the_operators_place(page: Any, stat
     page.locator("form[data-form=send] textarea").fill('{"approved": tr')
     sp.send(store, ids["message"], "manager.answer", {"approved": True}, by="bob")
     sp.resume(store, ids["message"])  # the workflow is registered: it completes
-    page.wait_for_selector("#changed:not([hidden])", timeout=8_000)
-    assert "This run changed" in page.locator("#changed").inner_text()
-    assert page.locator("table.timeline details.value").first.get_attribute("open") is not None
+    expect(page.locator("#changed")).to_contain_text("This run changed", timeout=8_000)
+    expect(page.locator("table.timeline details.value").first).to_have_js_property("open", True)
     assert page.locator("form[data-form=send] textarea").input_value() == '{"approved": tr'
 
 
@@ -217,8 +220,7 @@ def test_nothing_acts_without_the_token(page: Any, states: States) -> None:
     form.locator("input[name=by]").fill("mallory")
     form.locator("input[name=token]").fill("not-the-token-at-all")
     form.locator("button").click()
-    page.wait_for_load_state()
-    assert "needs the dashboard's token" in page.locator(".error").inner_text()
+    expect(page.locator(".error")).to_contain_text("needs the dashboard's token")  # the answer's page
     assert page.locator("form[data-form=approve] input[name=by]").input_value() == "mallory"
     assert store.get_run(ids["approval"]) == before
     assert store.approvals(ids["approval"]) == []
@@ -243,3 +245,43 @@ def test_the_workers_page_flags_the_run_whose_worker_is_gone(page: Any, states: 
     live = page.locator("tr").filter(has_text=ids["live"])
     assert "worker gone" not in live.inner_text()
     assert "none since the claim" in live.inner_text()  # no renewal yet: said, not hidden
+
+
+HOSTILE_ID = '"><img src=x onerror=window.__pwned=1>'
+HOSTILE_TEXT = '<script>window.__pwned=2</script>"><img src=x onerror=window.__pwned=3>'
+
+
+@sp.workflow("hostile-input")
+def _hostile(run: sp.Run, text: str) -> Any:
+    run.pure("echo", lambda: {"said": text})
+    return run.decide("refuse", _refuse, text)
+
+
+def _refuse(text: str) -> Any:
+    raise ValueError(f"refused {text}")
+
+
+def test_markup_in_run_ids_values_and_errors_is_shown_as_text(page: Any, states: States) -> None:
+    """A run whose id, inputs, step result and error hold markup: every page that shows them
+    shows the characters, and the browser makes no element of them and runs none of them
+    (the checks do not lean on the Content-Security-Policy, which would stop a script anyway:
+    they look for the elements themselves)."""
+    board, store, _ = states
+    with pytest.raises(sp.StepFailed):
+        sp.start(store, _hostile, HOSTILE_TEXT, run_id=HOSTILE_ID)
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    run_page = "/runs/" + urllib.parse.quote(HOSTILE_ID, safe="")
+    for address in ("/", "/?q=" + urllib.parse.quote("<img", safe=""), "/inbox", run_page):
+        page.goto(board.url + address)
+        expect(page.locator("body")).to_contain_text(HOSTILE_ID)
+        assert page.locator("img").count() == 0, address
+        scripts = page.locator("script").evaluate_all("found => found.map(s => s.src)")
+        assert scripts == [board.url + "/static/console.js"], address
+        assert page.evaluate("window.__pwned") is None, address
+    page.locator("details.value summary").first.click()
+    expect(page.locator("body")).to_contain_text("<script>window.__pwned=2</script>")
+    expect(page.locator("body")).to_contain_text("refused <script>")
+    assert page.locator("img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert dialogs == []

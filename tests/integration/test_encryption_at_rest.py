@@ -407,3 +407,108 @@ def test_a_worker_without_the_key_gives_the_run_back_and_never_blocks_it(tmp_pat
     assert store.get_run("queued").result == MARK
     lacking.close()
     store.close()
+
+
+def test_a_rotation_reseals_events_and_recovery_records_so_the_old_key_can_go(where: str) -> None:
+    """Every state a ledger holds — a failed run's events, a blocked run's recovery record (its
+    reason and evidence sealed inside it), a stopped run's — reads with the new key alone once
+    ``reencrypt`` has run: nothing is left under the old key."""
+    from console_states import build_states
+
+    store = open_store(where, codec=Encrypted(K1))
+    ids = build_states(store)
+    store.close()
+    rotated = Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2")
+    store = open_store(where, codec=Encrypted(rotated))
+    reencrypt(store, batch=3)
+    store.close()
+    assert b'"kid":"k1"' not in raw_bytes(where)
+    with pytest.raises(KeyUnavailable) as unkeyed:  # refused, naming the key it needs now
+        open_store(where)
+    assert unkeyed.value.key_id == "k2"
+    only_new = open_store(where, codec=Encrypted(Keyring({"k2": rotated.key("k2") or b""}, "k2")))
+    unreadable = [run.run_id for run in only_new.list_runs() if isinstance(run, sp.types.UnreadableRun)]
+    assert unreadable == []
+    for state in ("failed", "blocked", "stopped", "fork"):
+        ledger = only_new.load_ledger(ids[state])
+        assert only_new.events(ids[state])
+        if state in ("blocked", "stopped"):
+            assert ledger.run.recovery_record is not None
+            assert isinstance(ledger.run.recovery_record["reason"], str)
+    only_new.close()
+
+
+def test_a_rotation_reseals_what_a_replan_moved_into_the_history(where: str, crash_at: Any) -> None:
+    """A re-plan moves the stale steps into ``step.abandoned`` events, their results as the
+    steps' rows stored them (sealed for the step): a rotation seals those again too."""
+    from safepoint.testing import forget_workflows
+
+    store = open_store(where, codec=Encrypted(K1))
+
+    @sp.workflow("sealed-replan", version="1")
+    def v1(run: sp.Run) -> str:
+        return str(run.read("case", lambda: MARK))
+
+    crash_at("run.before_complete")
+    with pytest.raises(SimulatedCrash):
+        sp.start(store, v1, run_id="r", lease_ms=0)
+    crash_at(None)
+    forget_workflows("sealed-replan")
+
+    @sp.workflow("sealed-replan", version="2", compatibility="replan")
+    def v2(run: sp.Run) -> str:
+        return str(run.read("case", lambda: "again"))
+
+    assert sp.resume(store, "r") == "again"
+    store.close()
+    rotated = Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2")
+    store = open_store(where, codec=Encrypted(rotated))
+    reencrypt(store)
+    store.close()
+    assert b'"kid":"k1"' not in raw_bytes(where)
+    only_new = open_store(where, codec=Encrypted(Keyring({"k2": rotated.key("k2") or b""}, "k2")))
+    abandoned = [event for event in only_new.events("r") if event.kind == "step.abandoned"]
+    assert [event.detail["result"] for event in abandoned] == [MARK]
+    only_new.close()
+
+
+def test_a_rotation_on_postgres_never_writes_back_a_value_older_than_a_concurrent_write(
+    pg_url: str,
+) -> None:
+    """A rotation reads a page of rows and writes them back sealed with the new key. A worker
+    that writes one of those rows in between (a run completing: its result) must not have its
+    write undone: the page is read under the rows' locks, so it waits for the worker's commit
+    and seals what the worker wrote."""
+    import threading
+
+    import psycopg
+    from psycopg import sql
+
+    schema = f"e_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_url}?schema={schema}"
+    store = open_store(url, codec=Encrypted(K1))
+
+    @sp.workflow("sealed-race")
+    def flow(run: sp.Run) -> str:
+        return str(run.pure("value", lambda: "before"))
+
+    sp.start(store, flow, run_id="r")
+    store.close()
+    rotated = open_store(
+        url, codec=Encrypted(Keyring({"k2": Keyring.new_key(), "k1": K1.key("k1") or b""}, "k2"))
+    )
+    with psycopg.connect(pg_url) as worker:  # a transaction, not autocommit: it holds the row
+        worker.execute(
+            sql.SQL("UPDATE {} SET result = %s WHERE run_id = 'r'").format(
+                sql.Identifier(schema, "safepoint_runs")
+            ),
+            ('"after"',),  # stored before the rotation seals it: plain JSON, read as it is
+        )
+        rotation = threading.Thread(target=lambda: rotated.reseal_page("runs", None, 10))  # type: ignore[attr-defined]
+        rotation.start()
+        rotation.join(timeout=0.5)  # the rotation reads (and waits, once fixed) meanwhile
+        worker.commit()
+    rotation.join(timeout=10)
+    assert not rotation.is_alive()
+    assert rotated.get_run("r").result == "after"  # the worker's write stands
+    rotated.close()

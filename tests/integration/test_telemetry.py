@@ -518,3 +518,45 @@ def test_each_run_of_a_continued_chain_is_an_execution_of_its_own(
             s for s in exported.named("step ") if s.parent and s.parent.span_id == run_span.context.span_id
         ]
         assert _attrs(tick)["safepoint.run.id"] == _attrs(run_span)["safepoint.run.id"]
+
+
+@sp.workflow("otel-sealed")
+def _sealed(run: sp.Run, case: str) -> str:
+    note = str(run.pure("note", lambda: f"the-plaintext-note of {case}"))
+    return str(run.pure("echo", lambda: note))
+
+
+def test_a_run_whose_key_this_worker_lacks_is_interrupted_not_blocked(
+    exported: Exported, tmp_path: Path, crash_at: Any
+) -> None:
+    """A process without the key a run's steps are sealed with gives the run back (one with the
+    keyring carries it on): its execution's span says ``interrupted``, no block is counted, and
+    the exception names the key and the place, never the value."""
+    from safepoint.errors import KeyUnavailable
+    from safepoint.storage import Encrypted, Keyring, open_store
+
+    url = f"sqlite:///{tmp_path / 'sealed.db'}"
+    plain = open_store(url)
+    sp.submit(plain, _sealed, "c1", run_id="sealed-1")  # its inputs stored before the keyring
+    plain.close()
+    keyed = open_store(url, codec=Encrypted(Keyring({"k1": Keyring.new_key()}, "k1")))
+    crash_at("run.before_complete")
+    with pytest.raises(SimulatedCrash):
+        sp.resume(keyed, "sealed-1", lease_ms=0)  # its steps are sealed with k1
+    crash_at(None)
+    exported.spans.clear()
+    lacking = open_store(url, codec=Encrypted(Keyring({"k9": Keyring.new_key()}, "k9")))
+    with pytest.raises(KeyUnavailable):
+        sp.resume(lacking, "sealed-1")
+    (span,) = exported.named("run ")
+    assert _attrs(span)["safepoint.run.status"] == "interrupted"
+    assert "safepoint.run.block_phase" not in _attrs(span)
+    assert exported.total("run.blocks") == 0
+    (event,) = [event for event in span.events if event.name == "exception"]
+    assert event.attributes is not None
+    assert event.attributes["exception.type"] == "KeyUnavailable"
+    assert "'k1'" in str(event.attributes["exception.message"])
+    assert "the-plaintext-note" not in json.dumps([dict(e.attributes or {}) for e in span.events])
+    assert keyed.get_run("sealed-1").recovery_record is None  # not blocked
+    lacking.close()
+    keyed.close()

@@ -216,3 +216,59 @@ def test_a_refused_form_comes_back_with_what_was_typed_and_a_done_one_confirms(
     _, _, again = _call(board, "GET", location)
     assert "Raised the limits" not in again  # a confirmation is shown once
     assert store.get_run(ids["stopped"]).token_budget == 900
+
+
+def test_an_encrypted_ledger_is_shown_decrypted_and_without_the_key_as_unreadable(tmp_path: Path) -> None:
+    """With the keyring, the console lists, filters and shows an encrypted ledger's values as
+    they were given; with a keyring that lacks the key they were sealed with, every page still
+    answers: the runs are listed, and a run's page says it is unreadable and names the key —
+    never an envelope shown as a value, never a failure of the request's making (400)."""
+    from safepoint.storage import Encrypted, Keyring
+
+    path = tmp_path / "sealed.db"
+    old = Keyring({"key-2026-01": Keyring.new_key()}, "key-2026-01")
+    store = sp.open_store(f"sqlite:///{path}", codec=Encrypted(old))
+    ids = build_states(store)
+    with Dashboard(store, port=0, token=TOKEN) as board:
+        status, found = _api(board, "/api/runs?status=failed")
+        assert status == 200
+        assert [run["run_id"] for run in found["runs"]] == [ids["failed"]]
+        status, detail = _api(board, f"/api/runs/{ids['completed']}")
+        assert status == 200
+        assert detail["run"]["inputs"]["args"] == ["Where is my refund for order 1042?"]
+        status, _, shown = _call(board, "GET", f"/runs/{ids['blocked']}")
+        assert status == 200
+        assert "fastship" in shown
+        assert "$sp_enc" not in shown
+    store.close()
+    other = Keyring({"key-2026-06": Keyring.new_key()}, "key-2026-06")
+    store = sp.open_store(f"sqlite:///{path}", codec=Encrypted(other))
+    with Dashboard(store, port=0, token=TOKEN) as board:
+        for address in ("/", "/inbox", "/workers", "/?status=blocked"):
+            status, _, shown = _call(board, "GET", address)
+            assert status == 200, address
+            assert "$sp_enc" not in shown, address
+        status, _, listed = _call(board, "GET", "/")
+        assert "unreadable" in listed
+        assert "key-2026-01" in listed
+        status, _, held = _call(board, "GET", "/workers")  # running runs: shown, not left out
+        assert ids["live"] in held
+        assert ids["dead"] in held
+        assert "key-2026-01" in held
+        status, found = _api(board, "/api/workers")
+        assert {run["run_id"] for run in found["unreadable"]} == {ids["live"], ids["dead"]}
+        assert found["running"] == 2
+        for state in ("completed", "blocked", "failed"):
+            status, _, shown = _call(board, "GET", f"/runs/{ids[state]}")
+            assert status == 200, (state, shown)
+            assert "unreadable" in shown
+            assert "key-2026-01" in shown  # the key to open it with
+            assert "$sp_enc" not in shown
+            assert ids[state] in shown
+            status, answer = _api(board, f"/api/runs/{ids[state]}")
+            assert status == 409, (state, answer)
+            assert answer["key_id"] == "key-2026-01"
+            assert answer["run"]["run_id"] == ids[state]
+            assert answer["run"]["unreadable"] is True
+            assert "$sp_enc" not in json.dumps(answer)
+    store.close()

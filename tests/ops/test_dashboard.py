@@ -26,6 +26,7 @@ from safepoint.errors import ApprovalInvalid, BudgetExhausted
 from safepoint.ops.admission import host_allowed
 from safepoint.ops.cli import cli
 from safepoint.ops.dashboard import Dashboard, is_loopback
+from safepoint.ops.dashboard_api import ROUTES
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
 from safepoint.types import EffectState, RunRecord, RunStatus
 
@@ -309,8 +310,9 @@ def test_the_host_decision_admits_only_the_loopback_names_and_port_it_serves(
         ("GET", "/runs/p"),
         ("GET", "/api/runs"),
         ("GET", "/api/runs/p"),
-        ("GET", "/static/style.css"),
         ("GET", "/nothing-here"),
+        # every address the server answers: the OpenAPI document and /static among them
+        *((route.method, route.path.replace("{run_id}", "p")) for route in ROUTES),
         ("POST", "/runs/p/cancel"),
         ("HEAD", "/"),
         ("PUT", "/runs/p"),
@@ -931,3 +933,26 @@ def test_control_characters_in_what_a_run_recorded_are_shown_as_escapes_never_ra
     for visible in ("\\x1b[31mred\\x07", "\\u202e"):
         assert visible in page
     assert "placeholder='None'" not in page  # an unset limit says so
+
+
+@pytest.mark.parametrize("path", [route.path for route in ROUTES if route.method == "POST"])
+def test_every_action_needs_the_token(board: Dashboard, file_store: sp.Store, path: str) -> None:
+    """Each POST the server answers, from the dashboard's own page (its Origin) with a form that
+    lacks the token or holds a wrong one, is refused and changes nothing."""
+    before = _pending(file_store)
+    port = _port(board)
+    for body in (b"by=ana", b"by=ana&token=not-the-token-at-all"):
+        status, _, answer = _http(
+            board,
+            "POST",
+            path.replace("{run_id}", "p"),
+            body=body,
+            headers={
+                "Host": f"127.0.0.1:{port}",
+                "Origin": f"http://127.0.0.1:{port}",
+                "Content-Type": "application/x-www-form-urlencoded",
+            },
+        )
+        assert status == 403, (path, status, answer)
+        assert "needs the dashboard's token" in html.unescape(answer)
+    assert file_store.get_run("p") == before

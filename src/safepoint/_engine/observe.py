@@ -25,6 +25,8 @@ from typing import Any, Protocol
 from ..errors import (
     Cancelled,
     ContinueAsNew,
+    DecryptionFailed,
+    KeyUnavailable,
     LimitReached,
     LostOwnership,
     RunBlocked,
@@ -139,7 +141,9 @@ _STOPS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str],
     (LostOwnership, "lost"),
     (SimulatedCrash, "crashed"),
     (SliceEnded, "unfinished"),
-    (StoreUnavailable, "interrupted"),
+    # a value this process has not the key for: the run is given back as it is, not blocked
+    # (a process with the keyring carries it on), as from a database gone away
+    ((StoreUnavailable, KeyUnavailable, DecryptionFailed), "interrupted"),
     (StoreError, "blocked"),  # a record that cannot be read, a write refused: the run blocks
     ((KeyboardInterrupt, SystemExit, asyncio.CancelledError), "released"),
 )

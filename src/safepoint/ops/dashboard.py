@@ -56,7 +56,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
-from ..errors import RunNotFound, SafepointError, UsageError
+from ..errors import (
+    ArtifactCorrupt,
+    ArtifactMissing,
+    CorruptRecord,
+    DecryptionFailed,
+    KeyUnavailable,
+    RunNotFound,
+    SafepointError,
+    UsageError,
+)
 from ..storage.base import Store
 from .admission import (
     LOOPBACK_NAMES,
@@ -75,11 +84,14 @@ from .dashboard_inbox import inbox_page, workers_page
 from .dashboard_layout import SCRIPT, STYLE, error_page, run_path
 from .dashboard_list import runs_page
 from .dashboard_openapi import openapi_document
-from .dashboard_pages import Typed, run_page
+from .dashboard_pages import Typed, run_page, unreadable_page
 
 DEFAULT_PORT = 8470
 _DRAIN_BYTES = 4 * MAX_BODY_BYTES  # what is read and dropped of a body refused unread
 _FLASHES = 64  # confirmations kept for pages not yet shown; the oldest go first
+# What makes a run's ledger unreadable here (a key the keyring lacks, a row or an artifact that
+# does not read): its page says so, with what its row gives, instead of failing the request.
+_UNREADABLE = (KeyUnavailable, DecryptionFailed, CorruptRecord, ArtifactMissing, ArtifactCorrupt)
 
 
 def is_loopback(host: str) -> bool:
@@ -320,6 +332,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             self._read(route, params, query)
+        except _UNREADABLE as exc:
+            if "run_id" not in params:
+                raise
+            self._unreadable(route, params["run_id"], exc)
         except RunNotFound as exc:
             self._error(HTTPStatus.NOT_FOUND, exc.message)
         except (SafepointError, ValueError) as exc:
@@ -358,6 +374,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self._json(HTTPStatus.OK, workers_json(store, store.now()))
             case _:  # a route listed but not answered here: the routes test catches it first
                 raise Refusal(HTTPStatus.NOT_FOUND, f"nothing at {route.path}")
+
+    def _unreadable(self, route: Route, run_id: str, exc: SafepointError) -> None:
+        """A run whose ledger cannot be read here: the run as its row reads, and why — a page for
+        a person; for a program, 409 with the key (when a key is what is missing) and the run."""
+        store = self.dashboard.store
+        run = store.find_run(run_id)
+        if route.name != "api_run":
+            self._html(HTTPStatus.OK, unreadable_page(run, exc.message, store.now()))
+            return
+        answer = {
+            "error": exc.message,
+            "status": HTTPStatus.CONFLICT.value,
+            "run": run_json(run, store.now()),
+        }
+        if isinstance(exc, (KeyUnavailable, DecryptionFailed)):
+            answer["key_id"] = exc.key_id
+        self._json(HTTPStatus.CONFLICT, answer)
 
     def _act(self, run_id: str, action: str) -> None:
         act, fields = ACTIONS[action]

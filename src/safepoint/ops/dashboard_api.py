@@ -245,21 +245,27 @@ class Held:
     expired: bool  # its lease ended: the worker is gone or stalled
 
 
-def workers(store: Store, now: int, limit: int = MAX_PAGE) -> tuple[dict[str, list[Held]], int]:
-    """The running runs by the worker that holds them (``""``: released, held by nobody), and how
-    many running runs there are in all (the page shows at most ``limit``)."""
+def workers(
+    store: Store, now: int, limit: int = MAX_PAGE
+) -> tuple[dict[str, list[Held]], list[UnreadableRun], int]:
+    """The running runs by the worker that holds them (``""``: released, held by nobody), those
+    whose row cannot be read here (a value sealed with a key the keyring lacks: shown apart,
+    never left out), and how many running runs there are in all (the page shows at most
+    ``limit``)."""
     page = store.query_runs(RunQuery(status=RunStatus.RUNNING, limit=limit))
     held: dict[str, list[Held]] = {}
+    unreadable: list[UnreadableRun] = []
     for run in page.runs:
         if isinstance(run, UnreadableRun):
+            unreadable.append(run)
             continue
         state = ownership(run, now).state
         held.setdefault(run.owner or "", []).append(Held(run, state == LEASE_EXPIRED))
-    return held, page.total
+    return held, unreadable, page.total
 
 
 def workers_json(store: Store, now: int) -> dict[str, Any]:
-    held, total = workers(store, now)
+    held, unreadable, total = workers(store, now)
     return {
         "workers": [
             {
@@ -276,6 +282,9 @@ def workers_json(store: Store, now: int) -> dict[str, Any]:
                 ],
             }
             for worker, runs in sorted(held.items())
+        ],
+        "unreadable": [
+            {"run_id": run.run_id, "worker": run.owner, "reason": run.reason} for run in unreadable
         ],
         "running": total,
     }

@@ -96,7 +96,7 @@ def inbox_page(
 
 def workers_page(store: Store, now: int) -> str:
     """The running runs by worker: each lease's end, the last heartbeat, dead ones marked."""
-    held, total = workers(store, now)
+    held, unreadable, total = workers(store, now)
     blocks = []
     for worker, runs in sorted(held.items()):
         dead = sum(1 for h in runs if h.expired)
@@ -119,7 +119,17 @@ def workers_page(store: Store, now: int) -> str:
             f"<section><h2>{name}{flag}</h2><table><tr><th>run</th><th>workflow</th><th>status</th>"
             f"<th>lease ends</th><th>last heartbeat</th><th>fence</th></tr>{rows}</table></section>"
         )
-    shown = sum(len(runs) for runs in held.values())
+    if unreadable:
+        rows = "".join(
+            f"<tr><td>{e(run.run_id)}</td><td>{e(run.owner or '?')}</td>"
+            f"<td class=s-blocked>{e(run.reason)}</td></tr>"
+            for run in unreadable
+        )
+        blocks.append(
+            "<section><h2>Unreadable here <span class='badge s-blocked'>unreadable</span></h2>"
+            f"<table><tr><th>run</th><th>worker</th><th>why</th></tr>{rows}</table></section>"
+        )
+    shown = sum(len(runs) for runs in held.values()) + len(unreadable)
     summary = f"<p>{total} running run(s)" + (f", {shown} shown" if shown < total else "") + "</p>"
     body = summary + ("".join(blocks) or "<p class=muted>No worker holds a run.</p>")
     return page("Workers", f"<div data-live=workers>{body}</div>", here="/workers")

@@ -37,7 +37,14 @@ def _errors(route: Route) -> dict[str, Any]:
         codes += ["401", "403"]
     if route.method == "POST":
         codes += ["403", "409", "413"]
-    return {code: answer for code in sorted(set(codes))}
+    found = {code: answer for code in sorted(set(codes))}
+    if route.name == "api_run":  # a ledger this store cannot read (a key its keyring lacks)
+        found["409"] = {
+            "description": "the run's ledger cannot be read here: the error says why, `key_id` names"
+            " the key missing from the keyring (when that is why) and `run` is the run as its row reads",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
+    return dict(sorted(found.items()))
 
 
 def _parameters(route: Route) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ from ..types import (
     MessageRecord,
     RunRecord,
     RunStatus,
+    UnreadableRun,
 )
 from .dashboard_layout import duration, e, json_text, page, run_path, table_section, value_cell, when
 from .dashboard_timeline import chain_of, forks_made, timeline
@@ -684,3 +685,24 @@ def run_page(
         _events(view),
     ]
     return page(run.run_id, "".join(parts), flash=flash, error=error, state=run.status.value)
+
+
+def unreadable_page(run: RunRecord | UnreadableRun, reason: str, now: int) -> str:
+    """The page of a run whose ledger cannot be read here — a value sealed with a key this
+    store's keyring lacks, a row or an artifact that does not read: what could be read of its
+    row, and why the rest cannot (``reason`` names the key, or the column). Never the stored
+    bytes: an envelope is not a value."""
+    facts = (
+        ("workflow", f"{run.workflow or '?'}@{run.workflow_version or '?'}"),
+        ("status", run.status.value if run.status else "unreadable"),
+        ("state revision", "" if run.state_revision is None else str(run.state_revision)),
+        ("owner", run.owner or ""),
+    )
+    rows = "".join(f"<tr><th>{e(name)}</th><td>{e(value)}</td></tr>" for name, value in facts)
+    body = (
+        "<p><a href='/'>← runs</a></p>"
+        f"<p><span class='badge s-blocked'>unreadable</span> {e(reason)}</p>"
+        f"<table class=facts>{rows}<tr><th>created (UTC)</th><td>{when(run.created_at)}</td></tr>"
+        f"<tr><th>changed</th><td>{when(run.updated_at, now)}</td></tr></table>"
+    )
+    return page(run.run_id, body, live=False)

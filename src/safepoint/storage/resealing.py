@@ -13,17 +13,22 @@ the new one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from .._rules.canonical import digest as content_digest
+from .._rules.canonical import dumps
 from ..errors import ArtifactCorrupt, UsageError
 from .codec import (
     PREFIX_BYTES,
     SEALED,
+    SEALED_EVENTS,
+    SEALED_RECORD,
     Codec,
     is_sealed,
     open_artifact,
+    open_copied,
     open_text,
     seal_artifact,
     seal_text,
@@ -50,13 +55,72 @@ TABLES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
         "reseal_operations_update",
     ),
     "messages": ("safepoint_messages", ("seq",), "reseal_messages_page", "reseal_messages_update"),
+    "events": ("safepoint_events", ("event_id",), "reseal_events_page", "reseal_events_update"),
 }
 # What sorts before every key: the first page starts after it.
-_BEFORE_ALL: dict[str, Any] = {"run_id": "", "step_id": "", "operation_id": "", "attempt": -1, "seq": -1}
+_BEFORE_ALL: dict[str, Any] = {
+    "run_id": "",
+    "step_id": "",
+    "operation_id": "",
+    "attempt": -1,
+    "seq": -1,
+    "event_id": -1,
+}
 # The rows a fork copies from its source.
 FORK_COPIES = ("runs", "steps", "operations")
 
 Key = Mapping[str, Any]
+
+
+def _sealed_whole(table: str, row: Key) -> bool:
+    """Whether the row's ``SEALED`` columns are sealed whole: always, but for an event, whose
+    detail is sealed only when it repeats a sealed value (``SEALED_EVENTS``)."""
+    return table != "safepoint_events" or row["kind"] in SEALED_EVENTS
+
+
+# Where each part of a column sealed part by part is sealed for, given the part: (table, column, key…).
+Places = Callable[[str], tuple[Any, ...]]
+
+
+def _inner(row: Key, table: str, run_id: str) -> tuple[str, tuple[str, ...], Places]:
+    """The column of ``row`` whose JSON holds values sealed one by one inside it, those parts,
+    and the place each part is sealed for in run ``run_id``; ("", (), …) when none does. A
+    recovery record seals its reason and evidence (``codec.seal_record``); a ``step.abandoned``
+    event holds its step's result and error as the step's row stored them."""
+    if table == "safepoint_runs":
+        return "recovery_record", SEALED_RECORD, lambda part: (table, f"recovery_record.{part}", run_id)
+    if table == "safepoint_events" and row["kind"] == "step.abandoned":
+        step_id = row["step_id"]
+        return "detail", ("result", "error"), lambda part: ("safepoint_steps", part, run_id, step_id)
+    return "", (), lambda part: ()
+
+
+def _reseal_inner(
+    codec: Codec, text: Any, parts: tuple[str, ...], old: Places, new: Places, again: bool
+) -> str | None:
+    """A column's JSON whose ``parts`` are sealed one by one (``_inner``), each sealed with the
+    active key for its ``new`` place (opened for its ``old`` one); None when no part changes.
+    ``again``: parts already under the active key too (a fork's, sealed for its source)."""
+    if text.__class__ is not str:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:  # a column a read reports unreadable: left as it is
+        return None
+    if not isinstance(value, dict):
+        return None
+    changed = False
+    for part in parts:
+        found = value.get(part)
+        if found is None:
+            continue
+        sealed = isinstance(found, dict) and found.get("$sp_enc") == 1
+        if sealed and not again and found.get("kid") == codec.key_id:
+            continue
+        plain = open_copied(codec, found, *old(part)) if sealed else found
+        value[part] = json.loads(seal_text(codec, json.dumps(plain), *new(part)) or "null")
+        changed = True
+    return json.dumps(value) if changed else None
 
 
 def _codec(reads: LedgerReads) -> Codec:
@@ -88,12 +152,28 @@ def reseal_page(
     for row in rows:
         place = tuple(row[name] for name in place_columns)
         was = place if sealed_for is None else (sealed_for, *place[1:])
+        if table == "safepoint_events" and row["run_id"] == "":  # the ledger's mark (sealed_since)
+            mark = dumps({"key_id": codec.key_id})
+            if sealed_for is None and row["detail"] != mark:
+                yield reads.q(update, event_id=row["event_id"], detail=mark)
+                changed += 1
+            continue
         values, moved = {}, False
+        inner, parts, new_places = _inner(row, table, place[0])
+        if inner:
+            old_places = _inner(row, table, was[0])[2]
+            values[inner] = row[inner]
+            again = sealed_for is not None
+            resealed = _reseal_inner(codec, row[inner], parts, old_places, new_places, again)
+            if resealed is not None:
+                values[inner], moved = resealed, True
         for column in columns:
+            if column == inner:  # sealed part by part, above
+                continue
             value = row[column]
             values[column] = value
-            if value.__class__ is not str:  # NULL (or text a read would report unreadable)
-                continue
+            if value.__class__ is not str or not _sealed_whole(table, row):
+                continue  # NULL (or text a read would report unreadable), or never sealed whole
             if is_sealed(value):
                 if sealed_for is None and sealed_key_id(value) == codec.key_id:
                     continue

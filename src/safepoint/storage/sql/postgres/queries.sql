@@ -1021,7 +1021,8 @@ SELECT * FROM owned;
 
 -- name: sealed_since
 -- Whether the ledger holds values sealed by a codec (safepoint.storage.codec): the event a store
--- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with.
+-- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with
+-- (a rotation, safepoint keys reencrypt, names its new key there).
 SELECT detail FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed' LIMIT 1;
 
 -- name: mark_sealed
@@ -1497,17 +1498,20 @@ RETURNING size;
 -- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
 -- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation
 -- seals every value again with the active key, a page of rows at a time, in key order (:after_*
--- the last key of the page before; :run_id NULL: every run's rows).
+-- the last key of the page before; :run_id NULL: every run's rows). Each page is read FOR
+-- UPDATE: a row a worker writes meanwhile is read as it committed it, never written back older.
 
 -- name: reseal_runs_page
--- A page of the runs' rows with their sealed columns, after the given key.
-SELECT run_id, inputs, result, error FROM safepoint_runs
+-- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
+-- evidence are sealed inside it), after the given key.
+SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
-ORDER BY run_id LIMIT %(limit)s;
+ORDER BY run_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
-UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s
+UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s,
+  recovery_record = %(recovery_record)s
 WHERE run_id = %(run_id)s;
 
 -- name: reseal_steps_page
@@ -1515,7 +1519,7 @@ WHERE run_id = %(run_id)s;
 SELECT run_id, step_id, result, error FROM safepoint_steps
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, step_id) > (%(after_run_id)s::text, %(after_step_id)s::text)
-ORDER BY run_id, step_id LIMIT %(limit)s;
+ORDER BY run_id, step_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_steps_update
 -- One row's sealed columns, sealed again.
@@ -1528,7 +1532,7 @@ SELECT run_id, step_id, attempt, error FROM safepoint_attempts
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, step_id, attempt)
       > (%(after_run_id)s::text, %(after_step_id)s::text, %(after_attempt)s::integer)
-ORDER BY run_id, step_id, attempt LIMIT %(limit)s;
+ORDER BY run_id, step_id, attempt LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_attempts_update
 -- One row's sealed columns, sealed again.
@@ -1540,7 +1544,7 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s;
 SELECT run_id, operation_id, receipt, error FROM safepoint_operations
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
   AND (run_id, operation_id) > (%(after_run_id)s::text, %(after_operation_id)s::text)
-ORDER BY run_id, operation_id LIMIT %(limit)s;
+ORDER BY run_id, operation_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_operations_update
 -- One row's sealed columns, sealed again.
@@ -1551,17 +1555,30 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 -- A page of the messages' rows with their sealed columns, after the given key.
 SELECT seq, run_id, name, payload FROM safepoint_messages
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND seq > %(after_seq)s::bigint
-ORDER BY seq LIMIT %(limit)s;
+ORDER BY seq LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_messages_update
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_messages SET payload = %(payload)s
 WHERE seq = %(seq)s;
 
+-- name: reseal_events_page
+-- A page of the events with a detail (sealed whole, or holding a step's sealed values), after
+-- the given key; of the ledger's own (run id ''), only the mark that names its key (sealed_since).
+SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND (run_id <> '' OR kind = 'ledger.sealed')
+  AND detail IS NOT NULL
+  AND event_id > %(after_event_id)s::bigint
+ORDER BY event_id LIMIT %(limit)s FOR UPDATE;
+
+-- name: reseal_events_update
+-- One event's detail, sealed again.
+UPDATE safepoint_events SET detail = %(detail)s WHERE event_id = %(event_id)s;
+
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.
 SELECT digest, content FROM safepoint_artifacts WHERE digest > %(after_digest)s
-ORDER BY digest LIMIT %(limit)s;
+ORDER BY digest LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_artifacts_update
 -- One artifact's content, sealed again.

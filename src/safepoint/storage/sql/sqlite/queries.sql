@@ -504,7 +504,8 @@ RETURNING event_count + step_count AS history, history_soft_limit, history_hard_
 
 -- name: sealed_since
 -- Whether the ledger holds values sealed by a codec (safepoint.storage.codec): the event a store
--- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with.
+-- with one leaves on open, once, under run id '' (no run's), naming the key it first sealed with
+-- (a rotation, safepoint keys reencrypt, names its new key there).
 SELECT detail FROM safepoint_events WHERE run_id = '' AND kind = 'ledger.sealed' LIMIT 1;
 
 -- name: mark_sealed
@@ -899,14 +900,16 @@ RETURNING size;
 -- the last key of the page before; :run_id NULL: every run's rows).
 
 -- name: reseal_runs_page
--- A page of the runs' rows with their sealed columns, after the given key.
-SELECT run_id, inputs, result, error FROM safepoint_runs
+-- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
+-- evidence are sealed inside it), after the given key.
+SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
 WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id > :after_run_id
 ORDER BY run_id LIMIT :limit;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
-UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error
+UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error,
+  recovery_record = :recovery_record
 WHERE run_id = :run_id;
 
 -- name: reseal_steps_page
@@ -954,6 +957,19 @@ ORDER BY seq LIMIT :limit;
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_messages SET payload = :payload
 WHERE seq = :seq;
+
+-- name: reseal_events_page
+-- A page of the events with a detail (sealed whole, or holding a step's sealed values), after
+-- the given key; of the ledger's own (run id ''), only the mark that names its key (sealed_since).
+SELECT event_id, run_id, kind, step_id, detail FROM safepoint_events
+WHERE (:run_id IS NULL OR run_id = :run_id) AND (run_id <> '' OR kind = 'ledger.sealed')
+  AND detail IS NOT NULL
+  AND event_id > :after_event_id
+ORDER BY event_id LIMIT :limit;
+
+-- name: reseal_events_update
+-- One event's detail, sealed again.
+UPDATE safepoint_events SET detail = :detail WHERE event_id = :event_id;
 
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.
