@@ -6,7 +6,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -21,6 +20,8 @@ from safepoint.testing import OwnerService  # noqa: E402
 TESTS = str(Path(__file__).parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
+
+from postgres_server import SERVER, with_database  # noqa: E402
 
 
 @pytest.fixture
@@ -65,13 +66,6 @@ def crash_at() -> Iterator[object]:
 
     yield arm
     armed.close()
-
-
-SERVER = os.environ.get("SAFEPOINT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def with_database(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
 
 
 @pytest.fixture(scope="session")

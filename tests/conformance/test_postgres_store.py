@@ -37,7 +37,7 @@ except ImportError:  # the extra is not installed
     pytest.skip("psycopg is not installed: pip install 'safepoint[postgres]'", allow_module_level=True)
 
 import safepoint as sp
-from conftest import with_database
+from postgres_server import with_database
 from safepoint._rules.canonical import digest
 from safepoint.errors import ArtifactCorrupt, InvalidStoreURL, MigrationMismatch, SchemaTooNew
 from safepoint.storage import Store

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SERVER
+from postgres_server import SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -39,17 +39,17 @@ def _rows_postgres(url: str, run_id: str) -> list[tuple[Any, ...]]:
 
 
 def _kill_until_done(url: str, run_id: str, rng: random.Random) -> tuple[dict[str, Any], int]:
-    """Start the run, kill it (alternately at a crash point's random occurrence and from outside
-    at a random instant), resume, again, until it ends: (its outcome, how many kills)."""
+    """Start the run, kill it (six times at a crash point's random occurrence, which always
+    lands, then from outside at random instants, which land when the work is not done yet),
+    resume, again, until it ends: (its outcome, how many kills)."""
     kills, outcome, resume = 0, None, False
     for attempt in range(40):
         options: dict[str, Any] = {}
-        if attempt < 12:  # kill while there is work left; then let it finish
-            if attempt % 2 == 0:
-                point = rng.choice(["transaction.before_commit", "transaction.after_commit"])
-                options["crash_at"] = f"{point}@{rng.randint(1, 6)}"
-            else:
-                options["kill_after"] = rng.uniform(0.3, 0.9)
+        if attempt < 6:  # at a crash point's random occurrence: lands while work is left (6 x 6 < LINES)
+            point = rng.choice(["transaction.before_commit", "transaction.after_commit"])
+            options["crash_at"] = f"{point}@{rng.randint(1, 6)}"
+        elif attempt < 12:  # from outside, at a random instant: mid-transaction when it lands in time
+            options["kill_after"] = rng.uniform(0.3, 0.9)
         ended = run_child(
             "flows:order_lines",
             store_url=url,
