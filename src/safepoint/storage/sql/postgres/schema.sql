@@ -38,10 +38,11 @@
 -- VOLATILE: a distributed PostgreSQL (Citus) refuses volatile functions in the UPDATEs that take
 -- and check leases, and evaluates a stable one once, on the node that plans the statement, so
 -- every shard sees one clock. Each statement reads it once, in a MATERIALIZED `clock` CTE
--- (docs/scaling.md).
+-- (docs/scaling.md). PL/pgSQL, not SQL: a stable SQL function that calls a volatile one is not
+-- inlined, and is parsed and planned again on every call; PL/pgSQL keeps its plan.
 CREATE FUNCTION safepoint_now_ms() RETURNS BIGINT
-    LANGUAGE sql STABLE
-    AS $$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+    LANGUAGE plpgsql STABLE
+    AS $$ BEGIN RETURN (extract(epoch FROM clock_timestamp()) * 1000)::bigint; END $$;
 
 CREATE TABLE safepoint_runs (
     run_id               TEXT    PRIMARY KEY,
