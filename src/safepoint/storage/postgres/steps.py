@@ -1,5 +1,6 @@
-"""The PostgreSQL store's steps: recorded one by one or in a batch (one statement, its
-large results inserted past the fence), failed attempts, and the heartbeat's lease."""
+"""The PostgreSQL store's steps: recorded one by one (``record_step``, scalar parameters) or in
+a batch (``record_steps``: one statement, its large results inserted past the fence), failed
+attempts, and the heartbeat's lease."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ class PostgresSteps(PostgresBase):
                 refs.append(result_ref)
                 contents.append(data)
             batch.append(self._step_params(claim.run_id, step, result, result_ref))
+        if len(batch) == 1 and not refs:  # one durable step, its result inline: the cheap form
+            row = yield from self._fenced(claim, "record_step", limited=True, **batch[0])
+            return (yield from self._history_warning(claim, row))
         row = yield from self._fenced(
             claim,
             "record_steps",
