@@ -164,7 +164,11 @@ class RunCore:
         """The id of this call: ``step_id`` the first time, ``step_id#2`` the second, …; inside
         a fan-out branch, prefixed by the branch (``fan.eu/step_id``). Each branch counts its
         own ids, so the ids do not depend on how the branches interleave."""
-        scoped = prefix + check_step_id(step_id)
+        if isinstance(step_id, str) and prefix + step_id in self.steps:
+            # a replayed step: its id passed check_step_id when it was recorded
+            scoped = prefix + step_id
+        else:
+            scoped = prefix + check_step_id(step_id)
         refuse_inside_transaction(scoped)
         count = self.occurrences.get(scoped, 0) + 1
         self.occurrences[scoped] = count
