@@ -25,7 +25,7 @@ from ...errors import HistoryWarning, TransientFailure, UsageError
 from ...types import Claim, Params, StepRecord
 from ..plans import Plan, Stmt
 from ..transactions import FunctionFailed, StepConnection
-from .connection import QUERIES, PostgresBase
+from .connection import QUERIES, PostgresBase, returns_rows
 
 T = TypeVar("T")
 BEGIN = "BEGIN"
@@ -253,7 +253,7 @@ class AsyncOpening(_OpeningBase):
 
 
 def _rows(cur: Any) -> list[Any]:
-    return cur.fetchall() if cur.description is not None else []
+    return cur.fetchall() if returns_rows(cur) else []
 
 
 def run_plan_from(plan: Plan[T], rows: list[Any], execute: Callable[[Stmt], list[Any]]) -> T:
@@ -273,7 +273,7 @@ async def run_plan_from_async(plan: Plan[T], rows: list[Any], conn: psycopg.Asyn
         stmt = plan.send(rows)
         while True:
             cur = await conn.execute(stmt.text, stmt.params)
-            stmt = plan.send(await cur.fetchall() if cur.description is not None else [])
+            stmt = plan.send(await cur.fetchall() if returns_rows(cur) else [])
     except StopIteration as done:
         result: T = done.value
         return result
