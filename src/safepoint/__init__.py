@@ -36,7 +36,7 @@ from ._engine.workflow import Workflow, workflow
 from ._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected, Unknown
 from ._rules.recovery import record_schema
 from ._rules.secrets import Secret
-from ._rules.transcript import Transcript
+from ._rules.transcript import Transcript, reads_messages_only
 from .errors import (
     AwaitingApproval,
     AwaitingMessage,
@@ -110,6 +110,7 @@ __all__ = [
     "open_store",
     "prune",
     "prune_async",
+    "reads_messages_only",
     "record_schema",
     "resolve",
     "resume",

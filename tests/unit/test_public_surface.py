@@ -82,6 +82,7 @@ TOP_LEVEL = frozenset(
         "Rejected",
         "Secret",
         "Transcript",
+        "reads_messages_only",  # a model function that hands a Transcript's items to an SDK
         "Budget",
         "Retry",
         "HistoryLimit",

@@ -23,7 +23,7 @@ from .._rules.effects import Effect
 from .._rules.ids import id_problem
 from .._rules.limits import UsageFn, as_retry
 from .._rules.secrets import refuse_secrets
-from .._rules.transcript import Transcript
+from .._rules.transcript import Transcript, is_reading_only
 from ..errors import UsageError
 from ..types import JSON, Budget, Retry, StepKind
 from .core import RunCore
@@ -60,16 +60,19 @@ def _model_inputs(
 
 
 def _listing_messages(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` called with its ``messages`` transcript as a plain list."""
+    """``fn`` called with its ``messages`` transcript as a plain list: of fresh values, or —
+    ``fn`` marked ``reads_messages_only`` (the integrations' SDK calls) — of the items the
+    transcript decoded once and keeps, so that a turn does not decode the conversation again."""
+    as_list: Callable[[Transcript], list[Any]] = Transcript.kept_items if is_reading_only(fn) else list
     if is_async_callable(fn):
 
         async def listing_async(*, messages: Transcript, **kwargs: Any) -> Any:
-            return await fn(messages=list(messages), **kwargs)
+            return await fn(messages=as_list(messages), **kwargs)
 
         return listing_async
 
     def listing(*, messages: Transcript, **kwargs: Any) -> Any:
-        return fn(messages=list(messages), **kwargs)
+        return fn(messages=as_list(messages), **kwargs)
 
     return listing
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, overload
 
 from ..errors import UsageError
 from ..types import JSON
@@ -24,6 +24,8 @@ from .canonical import checked_canonical, dumps
 
 REFERENCE_KEY = "$transcript"
 _EMPTY_LINK = hashlib.sha256(b"").digest()
+_READS_ONLY = "_safepoint_reads_messages_only"
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Transcript(Sequence[JSON]):
@@ -44,7 +46,7 @@ class Transcript(Sequence[JSON]):
     >>> messages.append(reply["message"])
     """
 
-    __slots__ = ("_items", "_link")
+    __slots__ = ("_items", "_kept", "_link")
 
     def __init__(self, items: Iterable[JSON] = ()) -> None:
         if isinstance(items, (str, bytes, Mapping)):  # iterable, but surely one item, not many
@@ -53,6 +55,8 @@ class Transcript(Sequence[JSON]):
                 " in a list: Transcript([message])"
             )
         self._items: list[str] = []
+        # the items decoded once, for model functions that only read them (``kept_items``)
+        self._kept: list[JSON] = []
         self._link = _EMPTY_LINK
         self.extend(items)
 
@@ -83,6 +87,16 @@ class Transcript(Sequence[JSON]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def kept_items(self) -> list[JSON]:
+        """A new list of the items decoded once and kept: each item is decoded the first time
+        this is asked for, never again, so an agent loop's turn costs the same at turn 200 as
+        at turn 2. The values are shared between calls: only for a model function marked
+        ``reads_messages_only``, which hands them to an SDK and changes none of them. Every
+        other read (iterating, indexing, ``list(transcript)``) decodes fresh values."""
+        for text in self._items[len(self._kept) :]:
+            self._kept.append(json.loads(text))
+        return list(self._kept)
+
     @overload
     def __getitem__(self, index: int) -> JSON: ...
     @overload
@@ -105,3 +119,17 @@ class Transcript(Sequence[JSON]):
 
     def __repr__(self) -> str:
         return f"Transcript({len(self)} items, {self.digest[:19]}…)"
+
+
+def reads_messages_only(fn: F) -> F:
+    """Mark a model function that only reads the ``messages`` it is given — it passes them to a
+    model SDK, which builds its request from a copy (anthropic's ``copy_tree``, openai's
+    ``transform``) and changes none of them — so that ``run.model`` hands it a ``Transcript``'s
+    kept items (``Transcript.kept_items``) instead of decoding the whole conversation again on
+    every call. A function that may change what it is given must not be marked."""
+    setattr(fn, _READS_ONLY, True)
+    return fn
+
+
+def is_reading_only(fn: Callable[..., Any]) -> bool:
+    return getattr(fn, _READS_ONLY, False) is True

@@ -135,6 +135,7 @@ class Plan:
     def ask(self, client: Any) -> Callable[..., Any]:
         """The step's function for a sync client: the call, its failures as attempts."""
 
+        @sp.reads_messages_only  # the SDK builds its request from a copy (copy_tree)
         def ask(*, messages: Any, **_: Any) -> Any:
             resource = _resource(client, self.beta)
             arguments = self._sdk_arguments(messages)
@@ -152,6 +153,7 @@ class Plan:
     def ask_async(self, client: Any) -> Callable[..., Any]:
         """The step's function for an async client."""
 
+        @sp.reads_messages_only
         async def ask(*, messages: Any, **_: Any) -> Any:
             resource = _resource(client, self.beta)
             arguments = self._sdk_arguments(messages)

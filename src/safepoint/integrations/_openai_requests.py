@@ -276,6 +276,7 @@ class Binding:
         step returns what the ledger holds (redacted), now and on every replay."""
         run, prepared, name = self._step_args(api, method, kwargs)
 
+        @sp.reads_messages_only  # the SDK builds its request from a transformed copy
         def step(*, messages: Any = None, **_hashed: Any) -> Any:
             try:
                 return call(self.client, prepared.call_kwargs(messages))
@@ -294,6 +295,7 @@ class Binding:
         """``record`` for ``AsyncOpenAI`` on an ``AsyncRun``."""
         run, prepared, name = self._step_args(api, method, kwargs)
 
+        @sp.reads_messages_only
         async def step(*, messages: Any = None, **_hashed: Any) -> Any:
             try:
                 return await call(self.client, prepared.call_kwargs(messages))
