@@ -12,6 +12,10 @@ The workloads, each on a fresh SQLite file (``durability="process_crash"``, the 
 
 - ``read``: one run of N ``run.read`` steps, each committed before the next;
 - ``pure``: one run of N ``run.pure`` steps (written 64 to a commit);
+- ``effect``: one run of N ``run.effect`` steps against the local HTTP effect owner
+  (``safepoint.testing.owner.OwnerService``, a process of its own started before the clock
+  starts, whose CPU time is not counted), through one kept-alive connection, as W5 sends them:
+  the owner client's CPU time (the HTTP request and its answer) is counted with the ledger's;
 - ``replay``: W4's replay — a run of N pure steps recorded by one process (stopped just before
   it completes, every step written), then resumed by a fresh process that replays all N and
   completes the run: the CPU time of ``resume`` (the claim, the ledger's load, the replay, the
@@ -24,6 +28,7 @@ processes import safepoint from the tree given (``PYTHONPATH``); each says which
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +41,7 @@ from typing import Any
 
 from .procs import ROOT
 
-WORKLOADS = ("read", "pure", "replay")
+WORKLOADS = ("read", "pure", "effect", "replay")
 
 
 # -- the child: one measurement ------------------------------------------------------------------
@@ -63,7 +68,19 @@ def _workflows() -> dict[str, Any]:
             total = run.read(f"step.{index}", _add, total, index)
         return total
 
-    return {"pure": pure, "read": read}
+    from safepoint.testing.effects import owner_effect
+
+    tickets = owner_effect("tickets", keep_alive=True)
+
+    @sp.workflow("bench.cpu.effect")
+    def effect(run: sp.Run, count: int) -> int:
+        total = 0
+        for index in range(count):
+            run.effect(f"fx.{index}", tickets, payload={"i": index})
+            total += index
+        return total
+
+    return {"pure": pure, "read": read, "effect": effect}
 
 
 def child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -85,15 +102,21 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             arm(None)
             store.close()
         return {"recorded": steps}
-    started = time.process_time()
-    store = sp.open_store(url)
-    opened = time.process_time()
-    if role == "replay":
-        result = sp.resume(store, "replayed")
-    else:
-        result = sp.start(store, flows[role], steps, run_id=role)
-    ended = time.process_time()
-    store.close()
+    with contextlib.ExitStack() as stack:
+        if role == "effect":
+            from safepoint.testing.effects import OWNER_URL_ENV
+            from safepoint.testing.owner import OwnerService
+
+            os.environ[OWNER_URL_ENV] = stack.enter_context(OwnerService()).url
+        started = time.process_time()
+        store = sp.open_store(url)
+        opened = time.process_time()
+        if role == "replay":
+            result = sp.resume(store, "replayed")
+        else:
+            result = sp.start(store, flows[role], steps, run_id=role)
+        ended = time.process_time()
+        store.close()
     if result != steps * (steps - 1) // 2:
         raise RuntimeError(f"{role}: wrong result {result}")
     return {

@@ -288,3 +288,67 @@ def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) 
     assert store.schema_version() == len(load_migrations("sqlite")) >= 1
     old = store.get_run("old")
     assert (old.status, old.resume_budget) == (RunStatus.COMPLETED, None)
+
+
+def _rows_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    tables = [
+        name
+        for (name,) in conn.execute(
+            f"SELECT name FROM {schema}.sqlite_master WHERE type = 'table' AND name LIKE 'safepoint_%'"
+            " AND name <> 'safepoint_schema_version' ORDER BY name"
+        )
+    ]
+    return {
+        table: conn.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1, 2").fetchall() for table in tables
+    }
+
+
+def test_a_ledger_of_every_state_keeps_every_row_through_the_rebuilt_tables(tmp_path: Path) -> None:
+    """Migration 6 rebuilds the steps and operations tables (their CHECKs written out): a ledger
+    of schema 5 holding runs in every state an operator meets opens at the current schema with
+    every row as it was, its approvals still referring to their operations."""
+    from console_states import build_states
+    from safepoint._rules.canonical import sha256_hex
+
+    full = tmp_path / "full.db"
+    store = sp.open_store(str(full))
+    built = build_states(store)
+    sp.approve(store, built["approval"], "refund", by="ana")  # an approval refers to its operation
+    store.close()
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as conn:
+        conn.execute(
+            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
+            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
+        )
+        for version, name, sql in load_migrations("sqlite")[:5]:
+            conn.executescript(sql)
+            checksum = sha256_hex(sql.encode())
+            conn.execute(
+                "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
+                (version, name, checksum),
+            )
+        conn.execute("ATTACH DATABASE ? AS built", (str(full),))
+        conn.execute("DELETE FROM safepoint_ledger")  # the identity migration 1 minted: the built one's
+        for table in _rows_of(conn, "built"):  # every column in the same order at schema 5
+            conn.execute(f"INSERT INTO main.{table} SELECT * FROM built.{table}")
+        conn.commit()
+        before = _rows_of(conn, "built")
+        held = ("safepoint_steps", "safepoint_operations", "safepoint_approvals")
+        assert all(before[table] for table in held)
+        conn.execute("DETACH DATABASE built")
+    migrated = sp.open_store(str(old))
+    assert migrated.schema_version() == len(load_migrations("sqlite")) >= 6
+    for run_id in built.values():
+        assert migrated.load_ledger(run_id).run.run_id == run_id
+    migrated.close()
+    with sqlite3.connect(old) as conn:
+        assert _rows_of(conn, "main") == before
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        # the CHECKs written out refuse what they refused
+        for statement in (
+            "UPDATE safepoint_steps SET kind = 'guess'",
+            "UPDATE safepoint_operations SET state = 'sent'",
+        ):
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+                conn.execute(statement)

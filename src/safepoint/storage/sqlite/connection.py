@@ -133,28 +133,9 @@ class SqliteConnection:
         with self._turns:
             yield
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._turn():
-            yield from self._transaction()
-
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write transaction; driver errors become StoreError with the cause kept."""
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot write to the store: {exc}") from exc
-        try:
-            with _tolerant(conn):  # a write returns a row or two: the cost is nil
-                yield conn
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:  # SQLite may already have rolled back on its own
-                conn.execute("ROLLBACK")
-            if isinstance(exc, (sqlite3.Error, UnicodeError)):
-                raise unstorable(exc) or StoreError(f"write to the store failed: {exc}") from exc
-            raise
+    def _write(self) -> _Write:
+        """One atomic write transaction: ``with self._write() as conn:``."""
+        return _Write(self)
 
     def _reading(self, plan: Plan[T]) -> T:
         """Carry out a plan that only reads, outside any write transaction."""
@@ -267,13 +248,15 @@ class SqliteConnection:
                 "operation_id": operation_id,
                 "fence": fence,
                 "worker": worker,
-                "detail": None
-                if detail is None
-                else dumps(detail)
-                if self.codec is None
-                else event_json(self.codec, detail, run_id, kind),
+                "detail": self._detail(detail, run_id, kind),
             },
         )
+
+    def _detail(self, detail: JSON, run_id: str, kind: str) -> str | None:
+        """An event's detail as stored (NULL for None), sealed when the store has a codec."""
+        if detail is None:
+            return None
+        return dumps(detail) if self.codec is None else event_json(self.codec, detail, run_id, kind)
 
     def _fence_check(
         self,
@@ -285,11 +268,14 @@ class SqliteConnection:
         step: StepRecord | None = None,
         new_work: bool = False,
         limited: bool = False,
+        dispatching: bool = False,
     ) -> HistoryWarning | None:
         """The fence of a worker write, counting the history it adds (``events`` events, and
         ``step`` when it is a new row). ``new_work``: refused once a cancel is asked for;
-        ``limited``: also refused past the hard history limit. Records the soft limit's warning
-        when it falls due, and returns it, to be issued once the transaction committed."""
+        ``limited``: also refused past the hard history limit; ``dispatching`` (new work): the
+        write also commits its operation's first dispatch, whose event (one of ``events``) is
+        never held to that limit. Records the soft limit's warning when it falls due, and
+        returns it, to be issued once the transaction committed."""
         query = "fence_check_new_work" if new_work else "fence_check"
         row = conn.execute(
             SQL[query],
@@ -300,6 +286,7 @@ class SqliteConnection:
                 "events": events,
                 "step_id": step.step_id if step else None,
                 "limited": int(limited),
+                "dispatching": int(dispatching),
                 "now": now,
             },
         ).fetchone()
@@ -346,6 +333,56 @@ class SqliteConnection:
             history=state["history"],
             hard_limit=state["history_hard_limit"],
         )
+
+
+class _Write:
+    """One atomic write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any error),
+    in the store's turn when it keeps turns; driver errors become ``StoreError`` with the cause
+    kept. A class, not a generator: it wraps every write the store makes."""
+
+    __slots__ = ("conn", "store", "turns")
+
+    def __init__(self, store: SqliteConnection) -> None:
+        self.store = store
+        self.turns = store._turns
+
+    def __enter__(self) -> sqlite3.Connection:
+        if self.turns is not None:
+            self.turns.acquire()
+        try:
+            self.conn = conn = self.store._conn()
+            conn.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            if self.turns is not None:
+                self.turns.release()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot write to the store: {exc}") from exc
+            raise
+        # a write reads back a row or two: tolerant of text that is not UTF-8 at no cost
+        conn.text_factory = tolerant_text
+        return conn
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        conn = self.conn
+        try:
+            conn.text_factory = str
+            if exc is None:
+                try:
+                    conn.execute("COMMIT")
+                    return
+                except BaseException as failed:
+                    exc = failed
+                    if conn.in_transaction:  # SQLite may already have rolled back on its own
+                        conn.execute("ROLLBACK")
+                    if not isinstance(exc, (sqlite3.Error, UnicodeError)):
+                        raise
+            elif conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(exc, (sqlite3.Error, UnicodeError)):
+                raise unstorable(exc) or StoreError(f"write to the store failed: {exc}") from exc
+        finally:
+            if self.turns is not None:
+                self.turns.release()
 
 
 def _applied(conn: sqlite3.Connection) -> list[tuple[int, str, str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import replace
+from typing import Any
 
 from ..._rules.approvals import authorizing, refused_dispatch
 from ..._rules.history import warn
@@ -36,13 +37,64 @@ class SqliteEffects(SqliteSteps):
     def prepare_and_mark_dispatching(
         self, claim: Claim, op: OperationRecord, payload: bytes
     ) -> OperationRecord:
+        """The rows and events ``prepare_effect`` and ``mark_dispatching`` would leave, in one
+        transaction of fewer statements: one fence for both writes, the operation inserted
+        "dispatching", both events in one statement."""
         refuse_gated(op)
+        check_payload(op, payload)
         now = self.now()
         with self._write() as conn:
-            prepared_due = self._prepare(conn, claim, op, payload, now)
-            dispatching, due = self._mark_dispatching(conn, claim, op.operation_id, now)
-        warn(due or prepared_due)  # the soft limit warns once: at most one of them is due
-        return dispatching
+            # held to the hard limit as the prepare is; its dispatching event never is
+            due = self._fence_check(conn, claim, now, events=2, new_work=True, limited=True, dispatching=True)
+            self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
+            conn.execute(SQL["prepare_effect"], self._prepare_params(claim, op, now, dispatching=True))
+            conn.execute(
+                SQL["prepare_and_mark_dispatching_events"],
+                {
+                    "run_id": claim.run_id,
+                    "now": now,
+                    "step_id": op.step_id,
+                    "operation_id": op.operation_id,
+                    "fence": claim.fence,
+                    "worker": claim.owner,
+                    "detail": self._detail(
+                        {"effect": op.effect, "payload_ref": op.payload_ref}, claim.run_id, "effect.prepared"
+                    ),
+                    "dispatching_detail": self._detail({"dispatch": 1}, claim.run_id, "effect.dispatching"),
+                },
+            )
+        warn(due)
+        # the row as the statements above left it, every other column at its default
+        return OperationRecord(
+            run_id=claim.run_id,
+            operation_id=op.operation_id,
+            step_id=op.step_id,
+            effect=op.effect,
+            state=EffectState.DISPATCHING,
+            payload_ref=op.payload_ref,
+            effect_key=op.effect_key,
+            dispatch_count=1,
+            first_dispatched_at=now,
+            fence=claim.fence,
+            prepared_at=now,
+            updated_at=now,
+            dedup_retention_ms=op.dedup_retention_ms,
+        )
+
+    @staticmethod
+    def _prepare_params(claim: Claim, op: OperationRecord, now: int, *, dispatching: bool) -> dict[str, Any]:
+        return {
+            "run_id": claim.run_id,
+            "operation_id": op.operation_id,
+            "step_id": op.step_id,
+            "effect": op.effect,
+            "payload_ref": op.payload_ref,
+            "effect_key": op.effect_key,
+            "fence": claim.fence,
+            "now": now,
+            "dedup_retention_ms": op.dedup_retention_ms,
+            "dispatching": int(dispatching),
+        }
 
     def _prepare(
         self, conn: sqlite3.Connection, claim: Claim, op: OperationRecord, payload: bytes, now: int
@@ -51,20 +103,7 @@ class SqliteEffects(SqliteSteps):
         check_payload(op, payload)
         due = self._fence_check(conn, claim, now, events=1, new_work=True, limited=True)
         self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
-        conn.execute(
-            SQL["prepare_effect"],
-            {
-                "run_id": claim.run_id,
-                "operation_id": op.operation_id,
-                "step_id": op.step_id,
-                "effect": op.effect,
-                "payload_ref": op.payload_ref,
-                "effect_key": op.effect_key,
-                "fence": claim.fence,
-                "now": now,
-                "dedup_retention_ms": op.dedup_retention_ms,
-            },
-        )
+        conn.execute(SQL["prepare_effect"], self._prepare_params(claim, op, now, dispatching=False))
         if op.approval_required:
             conn.execute(
                 SQL["await_approval"],

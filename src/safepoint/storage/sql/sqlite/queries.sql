@@ -176,9 +176,11 @@ RETURNING event_count + step_count AS history, history_soft_limit, history_hard_
 -- The guard of a write that starts something new (a step, a retry, a prepared or dispatched
 -- effect): as fence_check, and refused once a cancel is asked for or the deadline passed. With
 -- :limited = 1 (a step or a prepared effect) also refused when the history would grow past
--- the run's hard limit.
+-- the run's hard limit. With :dispatching = 1 the write also commits the first dispatch of the
+-- operation it prepares (prepare_and_mark_dispatching): the revision moves as a second write
+-- would, and of its :events the dispatching event is never held to the hard limit.
 UPDATE safepoint_runs
-SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
+SET state_revision = state_revision + 1 + :dispatching, lease_expires_at = :lease_expires_at,
     event_count = event_count + :events,
     step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
@@ -186,7 +188,7 @@ SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
   AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
   AND (:limited = 0 OR history_hard_limit IS NULL
-       OR event_count + step_count + :events + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+       OR event_count + step_count + :events - :dispatching + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
            SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
           <= history_hard_limit)
 RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
@@ -272,13 +274,25 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 
 -- name: prepare_effect
 -- Prepared intent: payload reference, operation id and effect key become durable together.
+-- With :dispatching = 1 (no gate stands between the two, DESIGN §3) the operation is committed
+-- "dispatching" at once, its first dispatch counted and timed: the row mark_dispatching would
+-- leave.
 -- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
-                                  effect_key, fence, prepared_at, updated_at, chain_id,
-                                  dedup_retention_ms)
-VALUES (:run_id, :operation_id, :step_id, :effect, 'prepared', :payload_ref, :effect_key,
-        :fence, :now, :now, (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id),
-        :dedup_retention_ms);
+                                  effect_key, dispatch_count, first_dispatched_at, fence,
+                                  prepared_at, updated_at, chain_id, dedup_retention_ms)
+VALUES (:run_id, :operation_id, :step_id, :effect,
+        CASE WHEN :dispatching THEN 'dispatching' ELSE 'prepared' END, :payload_ref, :effect_key,
+        :dispatching, CASE WHEN :dispatching THEN :now END, :fence, :now, :now,
+        (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms);
+
+-- name: prepare_and_mark_dispatching_events
+-- effect.prepared, then effect.dispatching, of an operation prepared and dispatched in one
+-- commit: one statement, whose rows take their event ids in that order.
+INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
+VALUES (:run_id, :now, 'effect.prepared', :step_id, :operation_id, :fence, :worker, :detail),
+       (:run_id, :now, 'effect.dispatching', :step_id, :operation_id, :fence, :worker,
+        :dispatching_detail);
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
@@ -812,7 +826,8 @@ RETURNING run_id;
 -- cut-off (of one workflow, when one is named), oldest first, after the cursor (index
 -- safepoint_runs_finished).
 SELECT run_id, chain_id, updated_at FROM safepoint_runs
-WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled')
+WHERE successor_run_id IS NULL
+  AND (status = 'completed' OR status = 'failed' OR status = 'cancelled')  -- as the index has it
   AND status IN (SELECT value FROM json_each(:statuses)) AND updated_at < :before
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (updated_at, run_id) > (:after_at, :after_id)

@@ -109,9 +109,12 @@ CREATE INDEX safepoint_runs_due ON safepoint_runs (wake_at) WHERE status = 'wait
 -- The runs of a chain, in order: following a chain, and its next run's place.
 CREATE INDEX safepoint_runs_chain ON safepoint_runs (chain_id, chain_index);
 
--- What a prune looks for: the last runs of their chains that finished, oldest first.
+-- What a prune looks for: the last runs of their chains that finished, oldest first. (Its
+-- condition is written out, as the steps' kind is: every fenced write moves a running run's
+-- updated_at, and SQLite tests the condition of the row before and after.)
 CREATE INDEX safepoint_runs_finished ON safepoint_runs (updated_at, run_id)
-    WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled');
+    WHERE successor_run_id IS NULL
+      AND (status = 'completed' OR status = 'failed' OR status = 'cancelled');
 
 -- The forks of a run (a prune keeps a fork's source while the fork stays).
 CREATE INDEX safepoint_runs_fork_source ON safepoint_runs (json_extract(forked_from, '$.run_id'))
@@ -127,8 +130,11 @@ CREATE TABLE safepoint_steps (
     step_id       TEXT    NOT NULL,
     seq           INTEGER NOT NULL,         -- order of first record within the run
     kind          TEXT    NOT NULL
-                  CHECK (kind IN ('pure', 'read', 'model', 'decision', 'effect', 'value',
-                                'wait', 'transaction')),
+                  -- written out, not as IN (…): SQLite tests an IN list of more than two
+                  -- values against a table it builds for the list, on every write (migration 6)
+                  CHECK (kind = 'pure' OR kind = 'read' OR kind = 'model' OR kind = 'decision'
+                         OR kind = 'effect' OR kind = 'value' OR kind = 'wait'
+                         OR kind = 'transaction'),
     name          TEXT    NOT NULL,
     input_hash    TEXT    NOT NULL,
     status        TEXT    NOT NULL DEFAULT 'completed'
@@ -157,8 +163,10 @@ CREATE TABLE safepoint_operations (
     step_id              TEXT    NOT NULL,
     effect               TEXT    NOT NULL,
     state                TEXT    NOT NULL
-                         CHECK (state IN ('prepared', 'dispatching', 'applied', 'rejected',
-                                          'unknown', 'accepted')),
+                         -- written out, as the steps' kind is
+                         CHECK (state = 'prepared' OR state = 'dispatching' OR state = 'applied'
+                                OR state = 'rejected' OR state = 'unknown'
+                                OR state = 'accepted'),
     payload_ref          TEXT    NOT NULL,  -- artifact digest of the canonical payload
     effect_key           TEXT    NOT NULL,  -- minted once at prepare, never again
     dispatch_count       INTEGER NOT NULL DEFAULT 0,
