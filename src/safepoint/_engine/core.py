@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from .._rules.canonical import (
     canonical_if_json,
@@ -559,7 +559,7 @@ class RunCore:
                 # only a model step has budgets, only a deadline is read off the clock
                 yield from self._stop_at(partial(self._before_call, kind, sid, now))
             if kind is StepKind.READ:
-                base = _revised(base, observed_at=now)
+                base = revised(base, observed_at=now)
             started = time.time_ns() if self.watch is not None else 0
             # a transaction step's call is the store's transaction, which records it too
             transaction = TransactionAttempt(fn, args, kwargs) if kind is StepKind.TRANSACTION else None
@@ -793,7 +793,7 @@ class RunCore:
             if tokens is None:
                 tokens = reported_tokens(value)
         next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
-        step = _revised(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
+        step = revised(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
         if step.kind is StepKind.PURE:
             with self.seq_lock:
@@ -817,18 +817,38 @@ class RunCore:
         return value
 
 
-_STEP_FIELDS = tuple(StepRecord.__dataclass_fields__)
-_STEP_VALUES = attrgetter(*_STEP_FIELDS)
-_STEP_FIELD_AT = {name: index for index, name in enumerate(_STEP_FIELDS)}
+Record = TypeVar("Record", StepRecord, OperationRecord)
 
 
-def _revised(step: StepRecord, **changes: Any) -> StepRecord:
-    """``dataclasses.replace`` for a step record (the same record), without its checks of
-    every field on every call: each recorded step is revised once or twice on its way."""
-    values = list(_STEP_VALUES(step))
+class _Shape:
+    """How ``revised`` copies a record of one class: its fields' getter, each field's place,
+    and the slots' own setters (a frozen dataclass's ``__init__`` assigns each field through
+    ``object.__setattr__``, a call per field)."""
+
+    __slots__ = ("at", "setters", "values")
+
+    def __init__(self, cls: type[Any]) -> None:
+        names = tuple(cls.__dataclass_fields__)
+        self.values = attrgetter(*names)
+        self.at = {name: index for index, name in enumerate(names)}
+        self.setters = tuple(cls.__dict__[name].__set__ for name in names)
+
+
+_SHAPES = {cls: _Shape(cls) for cls in (StepRecord, OperationRecord)}
+
+
+def revised(record: Record, **changes: Any) -> Record:
+    """``dataclasses.replace`` for a step or operation record (the same record), without its
+    checks of every field on every call: each recorded step and each effect's operation is
+    revised once or twice on its way. (Neither class has a ``__post_init__`` to run.)"""
+    shape = _SHAPES[type(record)]
+    values = list(shape.values(record))
     for name, value in changes.items():
-        values[_STEP_FIELD_AT[name]] = value
-    return StepRecord(*values)
+        values[shape.at[name]] = value
+    copy = object.__new__(type(record))
+    for setter, value in zip(shape.setters, values, strict=True):
+        setter(copy, value)
+    return copy
 
 
 def _next_step_id(sid: str, value: JSON) -> str:

@@ -62,7 +62,7 @@ from ..errors import (
 )
 from ..storage.base import Store
 from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
-from .core import RunCore
+from .core import RunCore, revised
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
@@ -571,7 +571,7 @@ class EffectDispatch:
     ) -> Flow[OperationRecord]:
         kept_receipt = receipt if receipt is not None else op.receipt
         if step is not None:
-            step = replace(step, result=kept_receipt)
+            step = revised(step, result=kept_receipt)
         yield from self.core.flush()
         yield from io(
             Store.record_outcome,
@@ -582,7 +582,7 @@ class EffectDispatch:
             error=error,
             step=step,
         )
-        op = replace(op, state=state, receipt=kept_receipt, error=error)
+        op = revised(op, state=state, receipt=kept_receipt, error=error)
         self.core.operations[op.operation_id] = op
         if step is not None:
             self.core.steps[step.step_id] = step
@@ -805,7 +805,8 @@ def _refuse_async_callables(effect: Effect) -> None:
     """Before anything is prepared: an async function cannot be awaited by a plain workflow,
     and finding out during dispatch would look like an uncertain outcome."""
     for role in ("execute", "reconcile", "verify", "target_state"):
-        if is_async_callable(getattr(effect, role)):
+        fn = getattr(effect, role)
+        if fn is not None and is_async_callable(fn):
             raise UsageError(
                 f"effect {effect.name!r} has an async {role}; use it from an async def workflow (AsyncRun)",
                 effect=effect.name,

@@ -276,20 +276,20 @@ class SqliteConnection:
         write also commits its operation's first dispatch, whose event (one of ``events``) is
         never held to that limit. Records the soft limit's warning when it falls due, and
         returns it, to be issued once the transaction committed."""
-        query = "fence_check_new_work" if new_work else "fence_check"
-        row = conn.execute(
-            SQL[query],
-            {
-                "run_id": claim.run_id,
-                "fence": claim.fence,
-                "lease_expires_at": now + claim.lease_ms,
-                "events": events,
-                "step_id": step.step_id if step else None,
-                "limited": int(limited),
-                "dispatching": int(dispatching),
-                "now": now,
-            },
-        ).fetchone()
+        params = {
+            "run_id": claim.run_id,
+            "fence": claim.fence,
+            "lease_expires_at": now + claim.lease_ms,
+            "events": events,
+            "step_id": step.step_id if step else None,
+            "new_work": int(new_work),
+            "limited": int(limited),
+            "dispatching": int(dispatching),
+            "now": now,
+        }
+        if conn.execute(SQL["fence_check"], params).rowcount == 1:
+            return None  # the fence held, and the soft limit's warning did not fall due
+        row = conn.execute(SQL["fence_check_counted"], params).fetchone()
         if row is None:
             raise self._refused(conn, claim, now, limited=limited)
         return self._soft_limit_warning(conn, claim, row, now)

@@ -161,24 +161,17 @@ RETURNING fence, state_revision, lease_expires_at;
 -- The guard of every worker write: matches only while this worker's fence is current and the
 -- run is running; renews the lease, bumps the revision and counts the history the write adds
 -- as it goes: :events events, and the step :step_id when it is new (recording a step id again
--- replaces its row). Returns the history as it now stands.
-UPDATE safepoint_runs
-SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
-    event_count = event_count + :events,
-    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
-        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
-    updated_at = :now
-WHERE run_id = :run_id AND fence = :fence AND status = 'running'
-RETURNING event_count + step_count AS history, history_soft_limit, history_hard_limit,
-          history_warned_at;
-
--- name: fence_check_new_work
--- The guard of a write that starts something new (a step, a retry, a prepared or dispatched
--- effect): as fence_check, and refused once a cancel is asked for or the deadline passed. With
--- :limited = 1 (a step or a prepared effect) also refused when the history would grow past
--- the run's hard limit. With :dispatching = 1 the write also commits the first dispatch of the
--- operation it prepares (prepare_and_mark_dispatching): the revision moves as a second write
--- would, and of its :events the dispatching event is never held to the hard limit.
+-- replaces its row). A write that starts something new (:new_work = 1: a step, a retry, a
+-- prepared or dispatched effect) is refused once a cancel is asked for or the deadline passed;
+-- one held to the history limit (:limited = 1: a step or a prepared effect) also when the
+-- history would grow past the run's hard limit. With :dispatching = 1 the write also commits
+-- the first dispatch of the operation it prepares (prepare_and_mark_dispatching): the revision
+-- moves as a second write would, and of its :events the dispatching event is never held to the
+-- hard limit.
+-- Returns nothing, and matches nothing either when the write brings the history to the run's
+-- soft limit for the first time: then fence_check_counted runs instead, which returns the
+-- history for the warning to be recorded. (SQLite builds a table for a write's RETURNING each
+-- time it runs one: nearly every write needs none.)
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1 + :dispatching, lease_expires_at = :lease_expires_at,
     event_count = event_count + :events,
@@ -186,7 +179,30 @@ SET state_revision = state_revision + 1 + :dispatching, lease_expires_at = :leas
         SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
     updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
-  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
+  AND (:new_work = 0
+       OR (cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)))
+  AND (:limited = 0 OR history_hard_limit IS NULL
+       OR event_count + step_count + :events - :dispatching + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
+          <= history_hard_limit)
+  AND (history_soft_limit IS NULL OR history_warned_at IS NOT NULL
+       OR event_count + step_count + :events + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+           SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
+          < history_soft_limit);
+
+-- name: fence_check_counted
+-- fence_check, where it matched nothing: the same guard of the same write, matching also when
+-- the write brings the history to the soft limit; returns the history as it now stands. Matches
+-- nothing only for a write the guard refuses (fence_state then tells why).
+UPDATE safepoint_runs
+SET state_revision = state_revision + 1 + :dispatching, lease_expires_at = :lease_expires_at,
+    event_count = event_count + :events,
+    step_count = step_count + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)),
+    updated_at = :now
+WHERE run_id = :run_id AND fence = :fence AND status = 'running'
+  AND (:new_work = 0
+       OR (cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)))
   AND (:limited = 0 OR history_hard_limit IS NULL
        OR event_count + step_count + :events - :dispatching + (SELECT :step_id IS NOT NULL AND NOT EXISTS (
            SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id))
@@ -385,7 +401,7 @@ WHERE run_id = :run_id;
 
 -- name: record_attempt
 -- A failed attempt that will be tried again, durable before the back-off (after the
--- fence_check_new_work of its transaction).
+-- fence_check of its transaction).
 INSERT INTO safepoint_attempts (run_id, step_id, attempt, kind, name, input_hash, error,
                                 retry_at, fence, recorded_at)
 VALUES (:run_id, :step_id, :attempt, :kind, :name, :input_hash, :error, :retry_at, :fence,
@@ -499,7 +515,7 @@ LIMIT 1;
 
 -- name: record_steps
 -- The guard of a batch of steps (pure steps written lazily, with the next step of the run): as
--- fence_check_new_work for each step of :step_ids (JSON) that is new, in one statement.
+-- fence_check (new work) for each step of :step_ids (JSON) that is new, in one statement.
 UPDATE safepoint_runs
 SET state_revision = state_revision + 1, lease_expires_at = :lease_expires_at,
     step_count = step_count + (
