@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._rules.history import warn
@@ -70,6 +70,7 @@ from .postgres.connection import (
     DRIVER_ERRORS,
     LISTEN,
     PREPARE_THRESHOLD,
+    dict_rows,
     log,
     run_plan_on,
     run_plan_on_async,
@@ -130,7 +131,7 @@ class AsyncPostgresStore:
             self._ledger.conninfo,
             connection_class=psycopg.AsyncConnection[DictRow],
             kwargs={
-                "row_factory": dict_row,
+                "row_factory": dict_rows,
                 "autocommit": True,
                 "prepare_threshold": self._ledger.prepare_threshold,
             },
@@ -238,7 +239,7 @@ class AsyncPostgresStore:
             conn = await psycopg.AsyncConnection[DictRow].connect(
                 self._ledger.conninfo,
                 autocommit=autocommit,
-                row_factory=dict_row,
+                row_factory=dict_rows,
                 # a migration is many statements in one text, which cannot be prepared
                 prepare_threshold=None,
             )
@@ -300,7 +301,7 @@ class AsyncPostgresStore:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
                         self._ledger.conninfo,
-                        row_factory=dict_row,
+                        row_factory=dict_rows,
                         prepare_threshold=self._ledger.prepare_threshold,
                     )
                     run_plan_on(self._beat_conn, self._ledger.configure())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -18,6 +19,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ExecStatus
+from psycopg.rows import DictRow, RowMaker, no_result
 from psycopg_pool import PoolTimeout
 
 from ..._rules.canonical import dumps
@@ -78,6 +80,41 @@ def returns_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     """Whether the statement ``cur`` ran returned rows to fetch (``cursor.description``'s test)."""
     res = cur.pgresult
     return res is not None and (res.nfields > 0 or res.status in _ROWS)
+
+
+# The row makers of ``dict_rows``, by the names of their columns as the server sent them: a
+# store's statements return rows of a few dozen layouts, never many.
+_MAKERS: dict[tuple[bytes | None, ...], RowMaker[DictRow]] = {}
+_MAX_MAKERS = 256
+
+
+def dict_rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> RowMaker[DictRow]:
+    """psycopg's ``dict_row``, with its row maker made once per layout of columns: rows as
+    dicts by column name. ``dict_row`` decodes every column's name and builds a new maker on
+    every statement; this takes the names as bytes (one call in C) and finds the maker they
+    had last time. Names that are not all ASCII are decoded each time, in the connection's
+    encoding, as ``dict_row`` does (an ASCII name reads the same in every client encoding)."""
+    res = cursor.pgresult
+    if res is None:
+        return no_result
+    nfields = res.nfields
+    if not nfields and res.status not in _ROWS:
+        return no_result
+    names = tuple(map(res.fname, range(nfields)))
+    maker = _MAKERS.get(names)
+    if maker is None:
+        encoding = cursor.connection.info.encoding
+        maker = _row_maker(tuple((name or b"").decode(encoding) for name in names))
+        if len(_MAKERS) < _MAX_MAKERS and all((name or b"").isascii() for name in names):
+            _MAKERS[names] = maker
+    return maker
+
+
+def _row_maker(names: tuple[str, ...]) -> RowMaker[DictRow]:
+    def make(values: Sequence[Any]) -> DictRow:
+        return dict(zip(names, values, strict=True))
+
+    return make
 
 
 def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:

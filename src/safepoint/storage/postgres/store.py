@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
@@ -74,7 +74,7 @@ from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
-from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
+from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, dict_rows, log, run_plan_on, unreachable
 from .ledger import PostgresLedger
 from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
 from .transactions import (
@@ -134,7 +134,7 @@ class PostgresStore:
             ledger.conninfo,
             connection_class=psycopg.Connection[DictRow],
             kwargs={
-                "row_factory": dict_row,
+                "row_factory": dict_rows,
                 "autocommit": True,
                 "prepare_threshold": ledger.prepare_threshold,
             },
@@ -181,7 +181,7 @@ class PostgresStore:
             conn = psycopg.Connection[DictRow].connect(
                 self._ledger.conninfo,
                 autocommit=autocommit,
-                row_factory=dict_row,
+                row_factory=dict_rows,
                 # a migration is many statements in one text, which cannot be prepared
                 prepare_threshold=None,
             )
