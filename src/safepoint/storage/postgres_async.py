@@ -264,14 +264,15 @@ class AsyncPostgresStore:
             )
         self._ledger.check_process()
         try:
-            async with self._pool.connection() as conn:
-                try:
-                    if not atomic:
-                        return await run_plan_on_async(conn, plan)
-                    async with conn.transaction():
-                        return await run_plan_on_async(conn, plan)
-                finally:
-                    self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
+            conn = await self._pool.getconn()  # not connection(): see PostgresStore._run
+            try:
+                if not atomic:
+                    return await run_plan_on_async(conn, plan)
+                async with conn.transaction():
+                    return await run_plan_on_async(conn, plan)
+            finally:
+                self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
+                await self._pool.putconn(conn)
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size

@@ -213,16 +213,21 @@ class PostgresStore:
         is sent on it, so a restart between two steps fails no write."""
         self._ledger.check_process()
         try:
-            with self._pool.connection() as conn:
-                try:
-                    if not atomic:
-                        return run_plan_on(conn, plan)
-                    with conn.transaction():
-                        return run_plan_on(conn, plan)
-                finally:
-                    # Stamped here, not in the pool's reset callback: with one, psycopg_pool
-                    # hands every returned connection to a worker thread (~0.1 ms a step).
-                    self._resting.rested(conn)
+            # getconn and putconn, not the pool's connection(): its ``with conn`` commits on
+            # the way out, a no-op here (autocommit, and any transaction already ended) that
+            # still costs a few microseconds per operation; putconn rolls back or discards a
+            # connection left in a transaction or mid-statement, as it would anyway.
+            conn = self._pool.getconn()
+            try:
+                if not atomic:
+                    return run_plan_on(conn, plan)
+                with conn.transaction():
+                    return run_plan_on(conn, plan)
+            finally:
+                # Stamped here, not in the pool's reset callback: with one, psycopg_pool
+                # hands every returned connection to a worker thread (~0.1 ms a step).
+                self._resting.rested(conn)
+                self._pool.putconn(conn)
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size
