@@ -74,10 +74,11 @@ from .postgres.connection import (
     log,
     run_plan_on,
     run_plan_on_async,
+    run_plan_with_async,
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
-from .postgres.pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .postgres.pool import UNPROBED, AsyncPooled, Checkout, Discarded, Resting, connection_lost
 from .postgres.transactions import (
     COMMIT,
     AsyncOpening,
@@ -127,9 +128,9 @@ class AsyncPostgresStore:
             prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = self._ledger.url, self._ledger.durability
-        self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        self._pool: AsyncConnectionPool[AsyncPooled] = AsyncConnectionPool(
             self._ledger.conninfo,
-            connection_class=psycopg.AsyncConnection[DictRow],
+            connection_class=AsyncPooled,
             kwargs={
                 "row_factory": dict_rows,
                 "autocommit": True,
@@ -224,7 +225,7 @@ class AsyncPostgresStore:
             await conn.commit()
         self._resting.rested(conn)
 
-    async def _check(self, conn: AsyncConn) -> None:
+    async def _check(self, conn: AsyncPooled) -> None:
         """The pool's check on checkout (see ``PostgresStore._check``)."""
         verdict = self._resting.checkout(conn)
         if verdict is Checkout.DISCARD:
@@ -267,9 +268,9 @@ class AsyncPostgresStore:
             conn = await self._pool.getconn()  # not connection(): see PostgresStore._run
             try:
                 if not atomic:
-                    return await run_plan_on_async(conn, plan)
+                    return await run_plan_with_async(conn.plans(), plan)
                 async with conn.transaction():
-                    return await run_plan_on_async(conn, plan)
+                    return await run_plan_with_async(conn.plans(), plan)
             finally:
                 self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
                 await self._pool.putconn(conn)

@@ -4,7 +4,8 @@ write is (``_fenced``; see ``safepoint._rules.fencing``) with the soft limit's w
 
 The plans are methods of ``PostgresLedger`` (``ledger``), one module per part of the ledger;
 the reading plans are every store's (``safepoint.storage.ledger``). Executors carry them out on
-a psycopg connection: ``run_plan_on`` (sync) and ``run_plan_on_async``.
+a psycopg connection: ``run_plan_on`` (sync) and ``run_plan_on_async``, or on a pooled
+connection's own cursor: ``run_plan_with`` and ``run_plan_with_async``.
 """
 
 from __future__ import annotations
@@ -119,9 +120,15 @@ def _row_maker(names: tuple[str, ...]) -> RowMaker[DictRow]:
 
 def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
     """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+    return run_plan_with(conn.cursor(), plan)
+
+
+def run_plan_with(cur: psycopg.Cursor[Any], plan: Plan[T]) -> T:
+    """``run_plan_on`` with every statement on the cursor ``cur`` (a pooled connection's own:
+    ``pool.Pooled.plans``)."""
 
     def execute(stmt: Stmt) -> list[Row]:
-        cur = conn.execute(stmt.text, stmt.params)
+        cur.execute(stmt.text, stmt.params)
         return cur.fetchall() if returns_rows(cur) else []
 
     return run_plan(execute, plan)
@@ -129,9 +136,14 @@ def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
 
 async def run_plan_on_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
     """``run_plan_on`` for an async connection."""
+    return await run_plan_with_async(conn.cursor(), plan)
+
+
+async def run_plan_with_async(cur: psycopg.AsyncCursor[Any], plan: Plan[T]) -> T:
+    """``run_plan_with`` for an async cursor."""
 
     async def execute(stmt: Stmt) -> list[Row]:
-        cur = await conn.execute(stmt.text, stmt.params)
+        await cur.execute(stmt.text, stmt.params)
         rows: list[Row] = await cur.fetchall() if returns_rows(cur) else []
         return rows
 

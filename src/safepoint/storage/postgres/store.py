@@ -74,9 +74,18 @@ from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
-from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, dict_rows, log, run_plan_on, unreachable
+from .connection import (
+    DRIVER_ERRORS,
+    LISTEN,
+    PREPARE_THRESHOLD,
+    dict_rows,
+    log,
+    run_plan_on,
+    run_plan_with,
+    unreachable,
+)
 from .ledger import PostgresLedger
-from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .pool import UNPROBED, Checkout, Discarded, Pooled, Resting, connection_lost
 from .transactions import (
     COMMIT,
     Opening,
@@ -130,9 +139,9 @@ class PostgresStore:
                     run_plan_on(conn, ledger.prepare(create=create))
             except psycopg.Error as exc:
                 raise ledger.migration_failure(exc) from exc
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
+        self._pool: ConnectionPool[Pooled] = ConnectionPool(
             ledger.conninfo,
-            connection_class=psycopg.Connection[DictRow],
+            connection_class=Pooled,
             kwargs={
                 "row_factory": dict_rows,
                 "autocommit": True,
@@ -165,7 +174,7 @@ class PostgresStore:
             conn.commit()
         self._resting.rested(conn)
 
-    def _check(self, conn: Conn) -> None:
+    def _check(self, conn: Pooled) -> None:
         """The pool's check on checkout, a round trip only for a connection that rested long
         (see ``pool``); raising makes the pool drop the connection and try another."""
         verdict = self._resting.checkout(conn)
@@ -220,9 +229,9 @@ class PostgresStore:
             conn = self._pool.getconn()
             try:
                 if not atomic:
-                    return run_plan_on(conn, plan)
+                    return run_plan_with(conn.plans(), plan)
                 with conn.transaction():
-                    return run_plan_on(conn, plan)
+                    return run_plan_with(conn.plans(), plan)
             finally:
                 # Stamped here, not in the pool's reset callback: with one, psycopg_pool
                 # hands every returned connection to a worker thread (~0.1 ms a step).
