@@ -30,13 +30,16 @@ class PostgresSteps(PostgresBase):
         if len(batch) == 1 and not refs:  # one durable step, its result inline: the cheap form
             row = yield from self._fenced(claim, "record_step", limited=True, **batch[0])
             return (yield from self._history_warning(claim, row))
+        # No large result: NULL for the two arrays, which unnest reads as no rows, as it reads
+        # empty ones. Empty lists go through psycopg's list dumper: converting the statement's
+        # parameters took 12 us with them, 7 us with NULLs (measured alone).
         row = yield from self._fenced(
             claim,
             "record_steps",
             limited=True,
             steps=dumps(batch),
-            artifact_refs=refs,
-            artifact_contents=contents,
+            artifact_refs=refs or None,
+            artifact_contents=contents or None,
         )
         return (yield from self._history_warning(claim, row))
 
