@@ -388,14 +388,10 @@ class PostgresBase(LedgerReads):
         history limit (``limited``); else ``LostOwnership``. A statement that writes only with
         its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
         when nothing else explains it: the caller says what the operation lacked."""
-        rows = yield _q(
-            query,
-            run_id=claim.run_id,
-            fence=claim.fence,
-            lease_ms=claim.lease_ms,
-            worker=claim.owner,
-            **params,
-        )
+        # the claim's parameters added to ``params`` (a dict of this call's own), not the two
+        # merged into a new one: a step's statement has some twenty parameters
+        params.update(run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms, worker=claim.owner)
+        rows = yield Stmt(_q.text[query], params)
         if rows:
             return rows[0]
         state = yield _q(
