@@ -70,7 +70,7 @@ def _instrument(count: bool) -> tuple[list[Any], Counter[str], list[str]]:
     traces: list[str] = []
     by_text = {text: name for name, text in load_queries("postgres").items()}
     original_connect = psycopg.Connection.connect.__func__  # type: ignore[attr-defined]
-    original_execute = psycopg.Connection.execute
+    original_execute = psycopg.Cursor.execute  # Connection.execute runs its cursor's
 
     def connect(cls: Any, *args: Any, **kwargs: Any) -> Any:
         conn = original_connect(cls, *args, **kwargs)
@@ -88,7 +88,7 @@ def _instrument(count: bool) -> tuple[list[Any], Counter[str], list[str]]:
 
     psycopg.Connection.connect = classmethod(connect)  # type: ignore[method-assign, assignment]
     if count:
-        psycopg.Connection.execute = execute  # type: ignore[method-assign]
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign, assignment]
     return conns, names, traces
 
 

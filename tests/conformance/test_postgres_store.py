@@ -46,6 +46,7 @@ from safepoint.storage.migrations import load_migrations
 from safepoint.storage.open_async import open_async_store
 from safepoint.storage.plans import load_queries
 from safepoint.storage.postgres import PostgresStore
+from safepoint.storage.postgres.connection import dict_rows
 from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import OwnerService
@@ -1031,6 +1032,61 @@ def test_driver_errors_become_store_errors_with_the_cause_kept(
         store.prepare_effect(claim, op, payload)  # the operation exists already
     assert isinstance(error.value.__cause__, psycopg.errors.UniqueViolation)
     assert store.get_run(run.run_id) == before  # the fence's update was rolled back with it
+
+
+# -- the client's side of a statement ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT 1 AS a, 'x' AS b, NULL::bigint AS c",
+        "SELECT 1 AS a, 2 AS a",  # equal names: the last one wins, as in a dict
+        'SELECT 1 AS "é", 2 AS "ü"',  # not ASCII: decoded each time
+        "SELECT",  # rows of no columns
+        "SELECT 1 AS a WHERE false",  # columns, no rows
+        "SELECT * FROM (VALUES (1, 'one'), (2, 'two')) AS v(n, word)",
+    ],
+)
+def test_rows_come_as_psycopgs_dict_row_makes_them(admin: psycopg.Connection[Any], query: str) -> None:
+    expected = admin.cursor(row_factory=psycopg.rows.dict_row).execute(query).fetchall()
+    for _ in range(2):  # the row maker made, then the one found
+        assert admin.cursor(row_factory=dict_rows).execute(query).fetchall() == expected
+
+
+def test_a_statement_without_rows_has_no_row_maker(admin: psycopg.Connection[Any]) -> None:
+    cur = admin.cursor(row_factory=dict_rows)
+    cur.execute("CREATE TEMPORARY TABLE t_rows (n int)")
+    with pytest.raises(psycopg.ProgrammingError):
+        cur.fetchall()
+
+
+def test_a_pooled_connection_runs_every_plan_on_its_own_cursor(
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
+    store = opened(pg_url)
+    with store._pool.connection() as conn:
+        first = conn.plans()
+        assert conn.plans() is first
+    run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
+    assert claim is not None
+    store.record_step(claim, _step(run.run_id, "s1"))
+    payload = b"{}"
+    op = OperationRecord(
+        run_id=run.run_id,
+        operation_id="op",
+        step_id="s",
+        effect="e",
+        state=EffectState.PREPARED,
+        payload_ref=digest(payload),
+        effect_key="k",
+    )
+    store.prepare_effect(claim, op, payload)
+    with pytest.raises(sp.StoreError) as error:  # a statement failed on the kept cursor …
+        store.prepare_effect(claim, op, payload)
+    assert isinstance(error.value.__cause__, psycopg.errors.UniqueViolation)
+    store.record_step(claim, _step(run.run_id, "s2"))  # … which runs the next one as ever
+    assert set(store.load_ledger(run.run_id).steps) == {"s1", "s2"}
 
 
 # -- whole runs --------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._rules.history import warn
@@ -70,13 +70,15 @@ from .postgres.connection import (
     DRIVER_ERRORS,
     LISTEN,
     PREPARE_THRESHOLD,
+    dict_rows,
     log,
     run_plan_on,
     run_plan_on_async,
+    run_plan_with_async,
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
-from .postgres.pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .postgres.pool import UNPROBED, AsyncPooled, Checkout, Discarded, Resting, connection_lost
 from .postgres.transactions import (
     COMMIT,
     AsyncOpening,
@@ -126,11 +128,11 @@ class AsyncPostgresStore:
             prepare_threshold=prepare_threshold,
         )
         self.url, self.durability = self._ledger.url, self._ledger.durability
-        self._pool: AsyncConnectionPool[AsyncConn] = AsyncConnectionPool(
+        self._pool: AsyncConnectionPool[AsyncPooled] = AsyncConnectionPool(
             self._ledger.conninfo,
-            connection_class=psycopg.AsyncConnection[DictRow],
+            connection_class=AsyncPooled,
             kwargs={
-                "row_factory": dict_row,
+                "row_factory": dict_rows,
                 "autocommit": True,
                 "prepare_threshold": self._ledger.prepare_threshold,
             },
@@ -223,7 +225,7 @@ class AsyncPostgresStore:
             await conn.commit()
         self._resting.rested(conn)
 
-    async def _check(self, conn: AsyncConn) -> None:
+    async def _check(self, conn: AsyncPooled) -> None:
         """The pool's check on checkout (see ``PostgresStore._check``)."""
         verdict = self._resting.checkout(conn)
         if verdict is Checkout.DISCARD:
@@ -238,7 +240,7 @@ class AsyncPostgresStore:
             conn = await psycopg.AsyncConnection[DictRow].connect(
                 self._ledger.conninfo,
                 autocommit=autocommit,
-                row_factory=dict_row,
+                row_factory=dict_rows,
                 # a migration is many statements in one text, which cannot be prepared
                 prepare_threshold=None,
             )
@@ -263,14 +265,15 @@ class AsyncPostgresStore:
             )
         self._ledger.check_process()
         try:
-            async with self._pool.connection() as conn:
-                try:
-                    if not atomic:
-                        return await run_plan_on_async(conn, plan)
-                    async with conn.transaction():
-                        return await run_plan_on_async(conn, plan)
-                finally:
-                    self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
+            conn = await self._pool.getconn()  # not connection(): see PostgresStore._run
+            try:
+                if not atomic:
+                    return await run_plan_with_async(conn.plans(), plan)
+                async with conn.transaction():
+                    return await run_plan_with_async(conn.plans(), plan)
+            finally:
+                self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
+                await self._pool.putconn(conn)
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size
@@ -300,7 +303,7 @@ class AsyncPostgresStore:
                 if self._beat_conn is None or self._beat_conn.closed:
                     self._beat_conn = psycopg.Connection[DictRow].connect(
                         self._ledger.conninfo,
-                        row_factory=dict_row,
+                        row_factory=dict_rows,
                         prepare_threshold=self._ledger.prepare_threshold,
                     )
                     run_plan_on(self._beat_conn, self._ledger.configure())

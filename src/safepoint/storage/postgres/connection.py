@@ -4,13 +4,15 @@ write is (``_fenced``; see ``safepoint._rules.fencing``) with the soft limit's w
 
 The plans are methods of ``PostgresLedger`` (``ledger``), one module per part of the ledger;
 the reading plans are every store's (``safepoint.storage.ledger``). Executors carry them out on
-a psycopg connection: ``run_plan_on`` (sync) and ``run_plan_on_async``.
+a psycopg connection: ``run_plan_on`` (sync) and ``run_plan_on_async``, or on a pooled
+connection's own cursor: ``run_plan_with`` and ``run_plan_with_async``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any, TypeAlias, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -18,6 +20,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import ExecStatus
+from psycopg.rows import DictRow, RowMaker, no_result
 from psycopg_pool import PoolTimeout
 
 from ..._rules.canonical import dumps
@@ -80,11 +83,52 @@ def returns_rows(cur: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
     return res is not None and (res.nfields > 0 or res.status in _ROWS)
 
 
+# The row makers of ``dict_rows``, by the names of their columns as the server sent them: a
+# store's statements return rows of a few dozen layouts, never many.
+_MAKERS: dict[tuple[bytes | None, ...], RowMaker[DictRow]] = {}
+_MAX_MAKERS = 256
+
+
+def dict_rows(cursor: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> RowMaker[DictRow]:
+    """psycopg's ``dict_row``, with its row maker made once per layout of columns: rows as
+    dicts by column name. ``dict_row`` decodes every column's name and builds a new maker on
+    every statement; this takes the names as bytes (one call in C) and finds the maker they
+    had last time. Names that are not all ASCII are decoded each time, in the connection's
+    encoding, as ``dict_row`` does (an ASCII name reads the same in every client encoding)."""
+    res = cursor.pgresult
+    if res is None:
+        return no_result
+    nfields = res.nfields
+    if not nfields and res.status not in _ROWS:
+        return no_result
+    names = tuple(map(res.fname, range(nfields)))
+    maker = _MAKERS.get(names)
+    if maker is None:
+        encoding = cursor.connection.info.encoding
+        maker = _row_maker(tuple((name or b"").decode(encoding) for name in names))
+        if len(_MAKERS) < _MAX_MAKERS and all((name or b"").isascii() for name in names):
+            _MAKERS[names] = maker
+    return maker
+
+
+def _row_maker(names: tuple[str, ...]) -> RowMaker[DictRow]:
+    def make(values: Sequence[Any]) -> DictRow:
+        return dict(zip(names, values, strict=True))
+
+    return make
+
+
 def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
     """Carry out a plan's statements on ``conn`` (in whatever transaction the caller opened)."""
+    return run_plan_with(conn.cursor(), plan)
+
+
+def run_plan_with(cur: psycopg.Cursor[Any], plan: Plan[T]) -> T:
+    """``run_plan_on`` with every statement on the cursor ``cur`` (a pooled connection's own:
+    ``pool.Pooled.plans``)."""
 
     def execute(stmt: Stmt) -> list[Row]:
-        cur = conn.execute(stmt.text, stmt.params)
+        cur.execute(stmt.text, stmt.params)
         return cur.fetchall() if returns_rows(cur) else []
 
     return run_plan(execute, plan)
@@ -92,9 +136,14 @@ def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
 
 async def run_plan_on_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -> T:
     """``run_plan_on`` for an async connection."""
+    return await run_plan_with_async(conn.cursor(), plan)
+
+
+async def run_plan_with_async(cur: psycopg.AsyncCursor[Any], plan: Plan[T]) -> T:
+    """``run_plan_with`` for an async cursor."""
 
     async def execute(stmt: Stmt) -> list[Row]:
-        cur = await conn.execute(stmt.text, stmt.params)
+        await cur.execute(stmt.text, stmt.params)
         rows: list[Row] = await cur.fetchall() if returns_rows(cur) else []
         return rows
 
@@ -339,14 +388,10 @@ class PostgresBase(LedgerReads):
         history limit (``limited``); else ``LostOwnership``. A statement that writes only with
         its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
         when nothing else explains it: the caller says what the operation lacked."""
-        rows = yield _q(
-            query,
-            run_id=claim.run_id,
-            fence=claim.fence,
-            lease_ms=claim.lease_ms,
-            worker=claim.owner,
-            **params,
-        )
+        # the claim's parameters added to ``params`` (a dict of this call's own), not the two
+        # merged into a new one: a step's statement has some twenty parameters
+        params.update(run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms, worker=claim.owner)
+        rows = yield Stmt(_q.text[query], params)
         if rows:
             return rows[0]
         state = yield _q(

@@ -21,6 +21,8 @@ So a read is checked on failure, not before: it takes even a long-rested connect
 probe (``UNPROBED``, set by the stores' ``_read``), and only when that connection turns out to be
 gone is it read again, on a connection checked as a write's is. A write keeps the probe: once
 sent, a statement whose connection breaks may or may not have committed, and is never re-sent.
+
+Each pooled connection keeps the cursor the store's plans run on (``Pooled.plans``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from enum import Enum
 from typing import Any
 
 import psycopg
+from psycopg.rows import DictRow
 from psycopg_pool import PoolTimeout
 
 # How long a pooled connection may rest before its next use is preceded by a round trip: above
@@ -52,6 +55,36 @@ _SESSION_ENDED = ("57P01", "57P02", "57P03", "57P05")
 # a rested one is used without the round trip that would prove it first. A context variable:
 # the check runs in the thread (or task) that asked for the connection.
 UNPROBED: ContextVar[bool] = ContextVar("safepoint_unprobed", default=False)
+
+
+class Pooled(psycopg.Connection[DictRow]):
+    """A pooled connection, with the cursor the store's plans run their statements on: made
+    by the connection's first plan and kept, not made for each statement. A new cursor costs
+    its own making and, each time, the adapters that convert the statement's parameters and
+    columns, which psycopg keeps on a cursor that runs the same statement again — as a run's
+    steps do, one ``record_step`` after another. The cursor holds its last statement's
+    parameters and rows until its next statement, or until the pool closes the connection:
+    one statement's worth, at most, per pooled connection."""
+
+    _plans: psycopg.Cursor[DictRow] | None = None
+
+    def plans(self) -> psycopg.Cursor[DictRow]:
+        cur = self._plans
+        if cur is None:
+            cur = self._plans = self.cursor()
+        return cur
+
+
+class AsyncPooled(psycopg.AsyncConnection[DictRow]):
+    """``Pooled`` for the async store."""
+
+    _plans: psycopg.AsyncCursor[DictRow] | None = None
+
+    def plans(self) -> psycopg.AsyncCursor[DictRow]:
+        cur = self._plans
+        if cur is None:
+            cur = self._plans = self.cursor()
+        return cur
 
 
 class Checkout(Enum):

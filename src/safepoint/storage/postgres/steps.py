@@ -12,31 +12,45 @@ from .connection import PostgresBase
 
 
 class PostgresSteps(PostgresBase):
-    """The PostgreSQL store's steps: recorded one by one or in a batch (one statement, its."""
+    """The PostgreSQL store's steps: recorded one by one or in a batch (one statement, its large
+    results inserted past the fence), failed attempts, and the lease."""
 
     def record_step(self, claim: Claim, step: StepRecord) -> Plan[HistoryWarning | None]:
-        return (yield from self.record_steps(claim, [step]))
+        result, result_ref, data = self._stored_result(claim.run_id, step)
+        if data is not None:  # a large result: the batch inserts its artifact past the fence
+            return (yield from self._record_batch(claim, [(step, result, result_ref, data)]))
+        params = self._step_params(claim.run_id, step, result, result_ref)
+        row = yield from self._fenced(claim, "record_step", limited=True, **params)
+        return (yield from self._history_warning(claim, row))
 
     def record_steps(self, claim: Claim, steps: list[StepRecord]) -> Plan[HistoryWarning | None]:
         if not steps:
             return None
+        if len(steps) == 1:  # one step, its result inline: the cheap form (record_step)
+            return (yield from self.record_step(claim, steps[0]))
+        stored = [(step, *self._stored_result(claim.run_id, step)) for step in steps]
+        return (yield from self._record_batch(claim, stored))
+
+    def _record_batch(
+        self, claim: Claim, stored: list[tuple[StepRecord, str | None, str | None, bytes | None]]
+    ) -> Plan[HistoryWarning | None]:
+        """Steps as one statement, each with its result as stored (``_stored_result``)."""
         batch, refs, contents = [], [], []
-        for step in steps:
-            result, result_ref, data = self._stored_result(claim.run_id, step)
+        for step, result, result_ref, data in stored:
             if data is not None:  # inserted by the statement itself, past its fence
                 refs.append(result_ref)
                 contents.append(data)
             batch.append(self._step_params(claim.run_id, step, result, result_ref))
-        if len(batch) == 1 and not refs:  # one durable step, its result inline: the cheap form
-            row = yield from self._fenced(claim, "record_step", limited=True, **batch[0])
-            return (yield from self._history_warning(claim, row))
+        # No large result: NULL for the two arrays, which unnest reads as no rows, as it reads
+        # empty ones. Empty lists go through psycopg's list dumper: converting the statement's
+        # parameters took 12 us with them, 7 us with NULLs (measured alone).
         row = yield from self._fenced(
             claim,
             "record_steps",
             limited=True,
             steps=dumps(batch),
-            artifact_refs=refs,
-            artifact_contents=contents,
+            artifact_refs=refs or None,
+            artifact_contents=contents or None,
         )
         return (yield from self._history_warning(claim, row))
 

@@ -35,7 +35,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
@@ -74,9 +74,18 @@ from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from ..transactions import FunctionFailed, call_function
 from .clock import ClockEstimate
-from .connection import DRIVER_ERRORS, LISTEN, PREPARE_THRESHOLD, log, run_plan_on, unreachable
+from .connection import (
+    DRIVER_ERRORS,
+    LISTEN,
+    PREPARE_THRESHOLD,
+    dict_rows,
+    log,
+    run_plan_on,
+    run_plan_with,
+    unreachable,
+)
 from .ledger import PostgresLedger
-from .pool import UNPROBED, Checkout, Discarded, Resting, connection_lost
+from .pool import UNPROBED, Checkout, Discarded, Pooled, Resting, connection_lost
 from .transactions import (
     COMMIT,
     Opening,
@@ -130,11 +139,11 @@ class PostgresStore:
                     run_plan_on(conn, ledger.prepare(create=create))
             except psycopg.Error as exc:
                 raise ledger.migration_failure(exc) from exc
-        self._pool: ConnectionPool[Conn] = ConnectionPool(
+        self._pool: ConnectionPool[Pooled] = ConnectionPool(
             ledger.conninfo,
-            connection_class=psycopg.Connection[DictRow],
+            connection_class=Pooled,
             kwargs={
-                "row_factory": dict_row,
+                "row_factory": dict_rows,
                 "autocommit": True,
                 "prepare_threshold": ledger.prepare_threshold,
             },
@@ -165,7 +174,7 @@ class PostgresStore:
             conn.commit()
         self._resting.rested(conn)
 
-    def _check(self, conn: Conn) -> None:
+    def _check(self, conn: Pooled) -> None:
         """The pool's check on checkout, a round trip only for a connection that rested long
         (see ``pool``); raising makes the pool drop the connection and try another."""
         verdict = self._resting.checkout(conn)
@@ -181,7 +190,7 @@ class PostgresStore:
             conn = psycopg.Connection[DictRow].connect(
                 self._ledger.conninfo,
                 autocommit=autocommit,
-                row_factory=dict_row,
+                row_factory=dict_rows,
                 # a migration is many statements in one text, which cannot be prepared
                 prepare_threshold=None,
             )
@@ -213,16 +222,21 @@ class PostgresStore:
         is sent on it, so a restart between two steps fails no write."""
         self._ledger.check_process()
         try:
-            with self._pool.connection() as conn:
-                try:
-                    if not atomic:
-                        return run_plan_on(conn, plan)
-                    with conn.transaction():
-                        return run_plan_on(conn, plan)
-                finally:
-                    # Stamped here, not in the pool's reset callback: with one, psycopg_pool
-                    # hands every returned connection to a worker thread (~0.1 ms a step).
-                    self._resting.rested(conn)
+            # getconn and putconn, not the pool's connection(): its ``with conn`` commits on
+            # the way out, a no-op here (autocommit, and any transaction already ended) that
+            # still costs a few microseconds per operation; putconn rolls back or discards a
+            # connection left in a transaction or mid-statement, as it would anyway.
+            conn = self._pool.getconn()
+            try:
+                if not atomic:
+                    return run_plan_with(conn.plans(), plan)
+                with conn.transaction():
+                    return run_plan_with(conn.plans(), plan)
+            finally:
+                # Stamped here, not in the pool's reset callback: with one, psycopg_pool
+                # hands every returned connection to a worker thread (~0.1 ms a step).
+                self._resting.rested(conn)
+                self._pool.putconn(conn)
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size
