@@ -64,13 +64,15 @@ class Counted:
     def install(cls) -> None:
         import psycopg
 
-        original = psycopg.Connection.execute
+        original = (
+            psycopg.Cursor.execute
+        )  # Connection.execute runs its cursor's, as the store's kept cursor does
 
         def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
             cls.statements += 1
             return original(self, *args, **kwargs)
 
-        psycopg.Connection.execute = execute  # type: ignore[method-assign]
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign, assignment]
 
 
 def _cpu_of(pid: int) -> float | None:
