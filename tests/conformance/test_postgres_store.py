@@ -125,6 +125,19 @@ def _step(run_id: str, step_id: str) -> StepRecord:
     )
 
 
+def _operation(run_id: str, payload: bytes, step_id: str = "s", effect: str = "e") -> OperationRecord:
+    """A prepared operation of ``run_id`` whose payload is ``payload``."""
+    return OperationRecord(
+        run_id=run_id,
+        operation_id="op",
+        step_id=step_id,
+        effect=effect,
+        state=EffectState.PREPARED,
+        payload_ref=digest(payload),
+        effect_key="k",
+    )
+
+
 def _wait_until_blocked(admin: psycopg.Connection[Any], application_name: str) -> None:
     """Return once a backend of ``application_name`` waits on a lock (never guess by sleeping)."""
     deadline = time.monotonic() + 10
@@ -440,15 +453,7 @@ def test_a_stale_worker_cannot_reach_dispatching(pg_url: str, opened: Callable[[
     run, old = store.create_run(_new_run(f"r-{_uid()}", "worker-a", lease_ms=1))
     assert old is not None
     payload = b'{"amount":5}'
-    op = OperationRecord(
-        run_id=run.run_id,
-        operation_id="op",
-        step_id="pay",
-        effect="pay",
-        state=EffectState.PREPARED,
-        payload_ref=digest(payload),
-        effect_key="k",
-    )
+    op = _operation(run.run_id, payload, step_id="pay", effect="pay")
     store.prepare_effect(old, op, payload)
     time.sleep(0.01)
     assert (
@@ -1017,15 +1022,7 @@ def test_driver_errors_become_store_errors_with_the_cause_kept(
     run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
     assert claim is not None
     payload = b"{}"
-    op = OperationRecord(
-        run_id=run.run_id,
-        operation_id="op",
-        step_id="s",
-        effect="e",
-        state=EffectState.PREPARED,
-        payload_ref=digest(payload),
-        effect_key="k",
-    )
+    op = _operation(run.run_id, payload)
     store.prepare_effect(claim, op, payload)
     before = store.get_run(run.run_id)
     with pytest.raises(sp.StoreError) as error:
@@ -1072,15 +1069,7 @@ def test_a_pooled_connection_runs_every_plan_on_its_own_cursor(
     assert claim is not None
     store.record_step(claim, _step(run.run_id, "s1"))
     payload = b"{}"
-    op = OperationRecord(
-        run_id=run.run_id,
-        operation_id="op",
-        step_id="s",
-        effect="e",
-        state=EffectState.PREPARED,
-        payload_ref=digest(payload),
-        effect_key="k",
-    )
+    op = _operation(run.run_id, payload)
     store.prepare_effect(claim, op, payload)
     with pytest.raises(sp.StoreError) as error:  # a statement failed on the kept cursor …
         store.prepare_effect(claim, op, payload)
@@ -1323,15 +1312,7 @@ def test_async_driver_errors_become_store_errors_with_the_cause_kept(pg_url: str
             run, claim = await store.create_run(_new_run(f"r-{_uid()}", "worker-a"))
             assert claim is not None
             payload = b"{}"
-            op = OperationRecord(
-                run_id=run.run_id,
-                operation_id="op",
-                step_id="s",
-                effect="e",
-                state=EffectState.PREPARED,
-                payload_ref=digest(payload),
-                effect_key="k",
-            )
+            op = _operation(run.run_id, payload)
             await store.prepare_effect(claim, op, payload)
             before = await store.get_run(run.run_id)
             with pytest.raises(sp.StoreError) as error:

@@ -130,3 +130,10 @@ def test_a_model_function_of_ones_own_gets_fresh_values_on_every_call(file_store
         {"role": "user", "content": "again"},
     ]
     assert given[1][0] == {"role": "user", "content": "hi"}
+
+
+def test_reads_messages_only_refuses_what_it_cannot_mark() -> None:
+    with pytest.raises(sp.UsageError, match="model function"):
+        sp.reads_messages_only("not a function")  # type: ignore[type-var]
+    with pytest.raises(sp.UsageError, match="mark a function"):
+        sp.reads_messages_only(len)

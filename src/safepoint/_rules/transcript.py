@@ -127,7 +127,14 @@ def reads_messages_only(fn: F) -> F:
     ``transform``) and changes none of them — so that ``run.model`` hands it a ``Transcript``'s
     kept items (``Transcript.kept_items``) instead of decoding the whole conversation again on
     every call. A function that may change what it is given must not be marked."""
-    setattr(fn, _READS_ONLY, True)
+    if not callable(fn):
+        raise UsageError(f"reads_messages_only marks a model function, not a {type(fn).__name__}")
+    try:
+        setattr(fn, _READS_ONLY, True)
+    except (AttributeError, TypeError):  # a bound method, a builtin: no attributes of its own
+        raise UsageError(
+            f"reads_messages_only cannot mark {fn!r}: mark a function (def) that calls it"
+        ) from None
     return fn
 
 
