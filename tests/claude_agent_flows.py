@@ -254,6 +254,42 @@ async def _support(run: sp.AsyncRun, ticket: str) -> dict[str, Any]:
     return {"answer": result["result"]}
 
 
+# A "lost:" trial's killed process loses, with the kill, every transcript batch after the
+# prompt's (the CLI's batch with the tool's call had not reached the ledger): the resumed CLI
+# finds the prompt unanswered. Only the process with an armed crash point loses them.
+LOST = "lost:"
+LOSE_ENV = "SAFEPOINT_TEST_LOSE_TRANSCRIPT"
+
+
+def _lose_after_the_prompt() -> None:
+    """The timing of a run whose prompt's batch reached the ledger before its tool ran: the
+    hook waits for the first batch (the CLI goes on writing meanwhile), and of every batch only
+    the entries before the model's first reply are recorded."""
+    append, hook = spc.LedgerSessionStore.append, spc.Session.pre_tool_use
+    replied = [False]  # from the model's first reply on, the entries die with the process
+    arrived = asyncio.Event()
+
+    async def append_until_a_reply(self: Any, key: Any, entries: list[dict[str, Any]]) -> None:
+        kept = []
+        for entry in entries:
+            replied[0] = replied[0] or entry.get("type") == "assistant"
+            if not replied[0]:
+                kept.append(entry)
+        if kept:
+            await append(self, key, kept)
+        arrived.set()
+
+    async def after_the_first_batch(self: Any, *args: Any) -> Any:
+        await asyncio.wait_for(arrived.wait(), 30)
+        return await hook(self, *args)
+
+    spc.LedgerSessionStore.append = append_until_a_reply  # type: ignore[method-assign]
+    spc.Session.pre_tool_use = after_the_first_batch  # type: ignore[method-assign]
+
+
+if os.environ.get(LOSE_ENV) and os.environ.get("SAFEPOINT_CRASH_AT"):
+    _lose_after_the_prompt()
+
 support_kill = sp.workflow("support-claude-kill")(_support)
 # The same query on a budget its first turn spends: the CLI runs the ticket's tool and stops
 # (error_max_budget_usd) before recording its result; the run stops until the budget is raised.
@@ -284,6 +320,9 @@ def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str
                 budget.reference()  # made once, before the trial's requests are counted
             before = len(fake.requests)
             crash = spec.removeprefix(BUDGET)
+            if crash.startswith(LOST):
+                crash = crash.removeprefix(LOST)
+                os.environ[LOSE_ENV] = "1"
             armed = None
             if crash.startswith("in-flight@"):
                 armed = _kill_in_flight(fake, int(crash.partition("@")[2]))
@@ -294,6 +333,7 @@ def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str
             else:
                 report = harness.trial(crash_at=crash)
                 trial.update(killed=report.killed, problem=_problem(report))
+            os.environ.pop(LOSE_ENV, None)
             if armed is not None:  # killed by the fake (in whichever of the run's processes)
                 trial["killed"] = not armed[0]
                 armed[0] = False  # never sent that turn: no later trial may meet the kill

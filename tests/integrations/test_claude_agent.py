@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -135,6 +136,77 @@ def test_the_session_store_records_entries_once_by_uuid_and_gives_a_lost_result_
     steps = list(file_store.load_ledger("c-1").steps)
     assert steps.count("tool.toolu_1") == 1
     assert sum(s.startswith("claude.session.") for s in steps) == 2  # the end marker and one batch
+
+
+def test_a_call_the_transcript_lost_is_put_back_after_its_last_entry_with_its_receipt(
+    file_store: sp.Store,
+) -> None:
+    from safepoint.testing import SimulatedCrash, crash_at
+
+    tools = Tools()
+    made: list[str] = []
+
+    def reconcile(key: sp.EffectKey) -> sp.NotApplied:
+        return sp.NotApplied()  # the crash came before the call reached the desk
+
+    @tools.effect(key_fields=("title",), reconcile=reconcile, dedup_retention=timedelta(days=1))
+    def create_ticket(title: str, key: sp.EffectKey) -> dict[str, str]:
+        """Create a support ticket."""
+        made.append(str(key))
+        return {"id": "T-1"}
+
+    key = {"project_key": "p", "session_id": "s-1"}
+    prompt = {"uuid": "u-1", "type": "user", "sessionId": "s-1", "cwd": "/a"}
+    prompt["message"] = {"content": "Refund"}
+    hook_input: Any = {"tool_name": "mcp__tools__create_ticket", "tool_input": {"title": "x"}}
+    first_process = True
+
+    @sp.workflow("claude-lost")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        await session.read_allowed()
+        # Only the prompt's batch reached the ledger before the hook let the call through.
+        await session.store.append(key, [prompt])
+        if first_process:  # killed inside the call
+            assert await session.pre_tool_use(hook_input, "toolu_1", cast(Any, None)) == {}
+            await session.answer("create_ticket", {"title": "x"}, sent="toolu_1")
+            if session.halted is not None:  # as spc.query does once the CLI is done
+                raise session.halted
+        return await session.store.load(key)  # the resumed CLI's transcript
+
+    with crash_at("effect.after_dispatching:tool"), pytest.raises(SimulatedCrash):
+        asyncio.run(sp.start_async(file_store, flow, run_id="l-1", lease_ms=0))
+    assert made == []
+    first_process = False
+    entries = asyncio.run(sp.resume_async(file_store, "l-1"))
+    assert [e["type"] for e in entries] == ["user", "assistant", "user"]
+    call, result = entries[1], entries[2]
+    assert call["parentUuid"] == "u-1"
+    assert result["parentUuid"] == call["uuid"]
+    assert call["sessionId"] == "s-1"
+    assert call["cwd"] == "/a"
+    assert call["message"]["content"] == [
+        {"type": "tool_use", "id": "toolu_1", "name": "mcp__tools__create_ticket", "input": {"title": "x"}}
+    ]
+    answer = result["message"]["content"][0]
+    assert answer["tool_use_id"] == "toolu_1"
+    assert answer["content"][0]["text"] == '{"id":"T-1"}'
+    assert len(made) == 1  # settled once: reconciled, then dispatched under its key
+    assert file_store.load_ledger("l-1").steps["tool.toolu_1"].result == {"id": "T-1"}
+
+
+def test_a_call_asked_again_under_a_new_id_is_not_lost() -> None:
+    from safepoint.integrations._claude_agent_session import lost_calls
+
+    allowed = {"toolu_1": ("create_ticket", {"title": "x"}), "toolu_2": ("add_note", {"text": "y"})}
+    asked_again = {"type": "tool_use", "id": "toolu_9", "input": {"title": "x"}}
+    assert lost_calls(allowed, [("create_ticket", asked_again)]) == [("toolu_2", "add_note", {"text": "y"})]
+    held = {"type": "tool_use", "id": "toolu_2", "input": {"text": "y"}}
+    assert lost_calls(allowed, [("add_note", held), ("create_ticket", asked_again)]) == []
+    assert lost_calls(allowed, []) == [
+        ("toolu_1", "create_ticket", {"title": "x"}),
+        ("toolu_2", "add_note", {"text": "y"}),
+    ]
 
 
 def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carries_it_on(

@@ -12,6 +12,13 @@ after the stop but before it was recorded, or — once the budget was raised —
 holds the resumed session's request. The ticket is made once and every request
 after the tool's turn shows the model the ticket's receipt, never "outcome is unknown".
 
+Which of the CLI's transcript batches reach the ledger before a kill is a matter of timing:
+usually none before the tool runs, sometimes the prompt's. The "lost:" trials fix the second
+timing (``claude_agent_flows.py``: the hook waits for the prompt's batch, and the batches
+from the model's reply on die with the process): the resumed CLI finds the prompt
+unanswered, and the call the hook let through must be put back in its transcript, with its
+receipt, or the run ends with the effect dispatching and the model never told.
+
 Each trial asserts the kill test's two assertions (the result of an uninterrupted run; the
 ticket created once, counted by the owner), that no model request was asked twice (the same
 messages) but the one whose reply the kill lost, and that no request carried a tool call
@@ -55,10 +62,12 @@ SQLITE = [
     ("in-flight@1", 1),  # killed while the fake holds the request after the tool's result
     ("step.before_record:claude.query", 0),  # the CLI ended, its segment not recorded
     ("run.before_complete", 0),  # the workflow returned, its completion not recorded
+    ("lost:effect.after_dispatching:tool", 1),  # of the transcript only the prompt's batch kept
     ("budget:step.after_record:claude.intent", 1),  # the stopping turn's tool not started
     ("budget:effect.after_receiver_commit:tool", 1),  # inside the stopping turn's effect
     ("budget:step.before_record:claude.query", 0),  # stopped at the budget, the stop lost
     ("budget:in-flight@2", 1),  # the budget raised, the resumed session killed mid-request
+    ("budget:lost:effect.after_receiver_commit:tool", 1),  # so, and only the prompt's batch kept
 ]
 POSTGRES = [
     ("effect.after_receiver_commit:tool", 1),
@@ -67,6 +76,8 @@ POSTGRES = [
     ("budget:effect.after_receiver_commit:tool", 1),
     ("budget:step.before_record:claude.query", 0),
     ("budget:in-flight@2", 1),
+    ("lost:effect.after_dispatching:tool", 1),
+    ("budget:lost:effect.after_receiver_commit:tool", 1),
 ]
 
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import safepoint as sp
 
 # Session ids are UUIDs; the run's is derived from its id, so every resume names the same one.
 _NAMESPACE = uuid.UUID("5b0f5d8e-3c2a-4c1e-9a57-6f1d2c9e8a11")
-
-Answer = Callable[..., Awaitable[dict[str, Any]]]
 
 
 def session_id_of(run: sp.AsyncRun) -> str:
@@ -33,14 +32,20 @@ class LedgerSessionStore:
     """A ``claude_agent_sdk`` ``SessionStore`` whose transcript is in the run's ledger.
 
     Entries are idempotent by their ``uuid`` (a batch the SDK retries is recorded once). On a
-    resume, a call to one of the run's tools that the transcript holds without its result (the
-    CLI stopped between the tool and recording it) gets its result from the ledger: the
-    resumed session sees the receipt, not "outcome unknown"."""
+    resume, the transcript is completed from the ledger before the CLI reads it:
+
+    - a call to one of the run's tools that the transcript holds without its result (the CLI
+      stopped between the tool and recording it) gets its result from the ledger: the resumed
+      session sees the receipt, not "outcome unknown";
+    - a call the PreToolUse hook let through that the transcript does not hold at all (the
+      process was killed before the CLI's batch with the call reached the ledger) is put back,
+      with its result, after the transcript's last entry. Without it the resumed CLI would
+      find the prompt unanswered, answer it with a made-up "No response requested.", and go
+      on from there — with the call's effect left dispatching and its model never told."""
 
     def __init__(self, run: sp.AsyncRun) -> None:
         self.run = run
-        self.answer_orphan: Answer | None = None  # set by options(): answers a call by id
-        self.tool_prefix = ""
+        self.calls: Calls | None = None  # set by options(): the run's tool calls
         self.cost_so_far = 0.0  # the CLI's cumulative cost as the last segment reported it
         self._entries: dict[str, list[dict[str, Any]]] = {}
         self._seen: dict[str, set[str]] = {}
@@ -63,7 +68,8 @@ class LedgerSessionStore:
         entries = self._entries[slot]
         if not entries:
             return None
-        return await self._with_results(entries)
+        # The hook's calls are the main session's: a subagent's transcript never gets them back.
+        return await self._with_results(entries, put_back=not key.get("subpath"))
 
     async def load_session(self, session_id: str) -> list[dict[str, Any]]:
         """The recorded entries of the main transcript of ``session_id`` (as recorded)."""
@@ -87,7 +93,10 @@ class LedgerSessionStore:
         self._entries[slot].extend(batch)
         self._seen[slot].update(e["uuid"] for e in batch if isinstance(e.get("uuid"), str))
 
-    async def _with_results(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def _with_results(self, entries: list[dict[str, Any]], *, put_back: bool) -> list[dict[str, Any]]:
+        calls = self.calls
+        if calls is None:
+            return entries
         answered = {
             block.get("tool_use_id")
             for entry in entries
@@ -95,21 +104,77 @@ class LedgerSessionStore:
             if block.get("type") == "tool_result"
         }
         out: list[dict[str, Any]] = []
+        held: list[tuple[str, dict[str, Any]]] = []  # the transcript's calls of the run's tools
         for entry in entries:
             out.append(entry)
             for block in _blocks(entry):
-                name = str(block.get("name", ""))
-                if (
-                    block.get("type") == "tool_use"
-                    and block.get("id") not in answered
-                    and name.startswith(self.tool_prefix)
-                    and self.answer_orphan is not None
-                ):
-                    result = await self.answer_orphan(
-                        name[len(self.tool_prefix) :], dict(block.get("input") or {}), call_id=block["id"]
-                    )
+                if not _is_call(block, calls.prefix):
+                    continue
+                tool, arguments = str(block["name"])[len(calls.prefix) :], dict(block.get("input") or {})
+                held.append((tool, block))
+                if block.get("id") not in answered:
+                    result = await calls.answer_orphan(tool, arguments, call_id=block["id"])
                     out.append(_result_entry(entry, block["id"], result))
+        lost = lost_calls(calls.allowed, held) if put_back else []
+        if lost:
+            out.extend(await self._put_back(out, lost, calls))
         return out
+
+    async def _put_back(
+        self, entries: list[dict[str, Any]], lost: list[tuple[str, str, dict[str, Any]]], calls: Calls
+    ) -> list[dict[str, Any]]:
+        """The entries of the ``lost`` calls (id, tool, arguments), as the CLI would have
+        written them: one assistant message with the calls, then each call's result from the
+        ledger, chained after the transcript's last entry."""
+        last = next((e for e in reversed(entries) if isinstance(e.get("uuid"), str)), None)
+        if last is None:  # nothing to hang them on: the CLI starts the session afresh
+            return []
+        named = [(call_id, calls.prefix + tool, arguments) for call_id, tool, arguments in lost]
+        added = [_call_entry(last, named)]
+        for call_id, tool, arguments in lost:
+            result = await calls.answer(tool, arguments, call_id=call_id)
+            added.append(_result_entry(added[0], call_id, result, parent=added[-1]))
+        return added
+
+
+def lost_calls(
+    allowed: Mapping[str, tuple[str, dict[str, Any]]], held: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """The calls of ``allowed`` (by first id: tool and arguments) that the transcript does not
+    hold, as (id, tool, arguments), in the order they were allowed. ``held``: the transcript's
+    calls of the run's tools, (tool, tool_use block). A held call is one of ``allowed`` by its
+    id or, when a resumed CLI's model named it again with a new id (the hook gave it back its
+    first id, see ``Session.pre_tool_use``), by its tool and arguments."""
+    missing = {call_id: call for call_id, call in allowed.items()}
+    renamed: list[str] = []
+    for tool, block in held:
+        if block.get("id") in missing:
+            del missing[str(block["id"])]
+        else:
+            renamed.append(_intent(tool, block.get("input") or {}))
+    for intent in renamed:  # each a call asked again: it holds one allowed call like it
+        like = next((i for i, (t, a) in missing.items() if _intent(t, a) == intent), None)
+        if like is not None:
+            del missing[like]
+    return [(call_id, tool, dict(arguments)) for call_id, (tool, arguments) in missing.items()]
+
+
+class Calls(Protocol):
+    """What the transcript needs of the run's tool calls (``claude_agent.Session``)."""
+
+    @property
+    def prefix(self) -> str:
+        """The CLI's name of one of the run's tools is prefix + its name."""
+
+    @property
+    def allowed(self) -> Mapping[str, tuple[str, dict[str, Any]]]:
+        """Every call the hook let through, in any process: tool and arguments by first id."""
+
+    async def answer(self, name: str, arguments: dict[str, Any], *, call_id: str) -> dict[str, Any]:
+        """Answer the call ``call_id`` through the ledger (its step ``tool.<call_id>``)."""
+
+    async def answer_orphan(self, name: str, arguments: dict[str, Any], *, call_id: str) -> dict[str, Any]:
+        """Answer a call the transcript holds under ``call_id`` (an earlier call's, if aliased)."""
 
 
 class _Batch:
@@ -139,14 +204,59 @@ def _blocks(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
 
 
+def _is_call(block: Mapping[str, Any], prefix: str) -> bool:
+    return block.get("type") == "tool_use" and str(block.get("name", "")).startswith(prefix)
+
+
+def _intent(tool: str, arguments: Mapping[str, Any]) -> str:
+    """A call's tool and arguments as one string: calls alike have the same."""
+    return tool + ":" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+# The fields of a transcript entry that say where it was written, not what it holds.
+_PLACE = ("isSidechain", "userType", "entrypoint", "cwd", "sessionId", "version", "gitBranch", "timestamp")
+
+
+def _call_entry(last: Mapping[str, Any], calls: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """The assistant entry the CLI would have written for ``calls`` (id, CLI tool name,
+    arguments), child of ``last``. Its uuid and message id are made of the first call's id: a
+    later resume puts back the same entry."""
+    first = calls[0][0]
+    entry = {k: copy.deepcopy(last[k]) for k in _PLACE if k in last}
+    entry.update(
+        parentUuid=last.get("uuid"),
+        type="assistant",
+        uuid=str(uuid.uuid5(_NAMESPACE, "call/" + first)),
+        message={
+            "id": "msg_" + uuid.uuid5(_NAMESPACE, "message/" + first).hex,
+            "type": "message",
+            "role": "assistant",
+            "model": "<synthetic>",
+            "content": [
+                {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+                for call_id, name, arguments in calls
+            ],
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        },
+    )
+    return entry
+
+
 def _result_entry(
-    assistant: Mapping[str, Any], tool_use_id: str, result: Mapping[str, Any]
+    assistant: Mapping[str, Any],
+    tool_use_id: str,
+    result: Mapping[str, Any],
+    *,
+    parent: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The transcript entry the CLI would have written for the call's result, had it not
-    stopped first: a user message answering ``tool_use_id``, child of the assistant entry."""
+    stopped first: a user message answering ``tool_use_id``, child of ``parent`` (the
+    assistant entry unless given)."""
     entry = {k: copy.deepcopy(v) for k, v in assistant.items() if k not in ("message", "requestId")}
     entry.update(
-        parentUuid=assistant.get("uuid"),
+        parentUuid=(parent or assistant).get("uuid"),
         type="user",
         uuid=str(uuid.uuid5(_NAMESPACE, "result/" + tool_use_id)),
         message={

@@ -17,7 +17,8 @@ model calls one by one. It records what it can answer for instead:
 - the session transcript is mirrored into the ledger (``LedgerSessionStore``), so another
   machine resumes the session; on that resume a call the CLI ran but never recorded (a budget
   stop between the tool and its result) is given its receipt from the ledger, where the CLI
-  would tell the model "its outcome is unknown";
+  would tell the model "its outcome is unknown", and a call the hook let through that the
+  transcript lost with a killed process is put back, with its receipt;
 - ``max_turns`` and ``max_budget_usd``, counted per call by the CLI, are given what is left of
   the run's budget (``run.budget_left()``) on every resume, and the CLI's ``error_max_turns`` /
   ``error_max_budget_usd`` become the run's resumable stop (``BudgetExhausted``, status
@@ -31,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -43,7 +43,7 @@ from mcp.types import CallToolResult, ListToolsResult, Tool
 
 import safepoint as sp
 from safepoint.errors import UsageError
-from safepoint.integrations._claude_agent_session import LedgerSessionStore, session_id_of
+from safepoint.integrations._claude_agent_session import LedgerSessionStore, _intent, session_id_of
 from safepoint.integrations.tools import ToolCall, Tools
 
 __all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
@@ -74,9 +74,14 @@ class Session:
     allowed: dict[str, tuple[str, dict[str, Any]]] = dataclasses.field(default_factory=dict)
     answered: set[str] = dataclasses.field(default_factory=set)
 
+    @property
+    def prefix(self) -> str:
+        """What the CLI puts before the name of one of our tools: ``mcp__<server>__``."""
+        return f"mcp__{self.server}__"
+
     def tool_name(self, name: str) -> str:
         """The name the CLI gives one of our tools: ``mcp__<server>__<name>``."""
-        return f"mcp__{self.server}__{name}"
+        return self.prefix + name
 
     def call_id(self, name: str, arguments: Mapping[str, Any], sent: str | None = None) -> str:
         """The id of this call's step. ``sent``: the tool_use id the CLI sent with the call
@@ -171,7 +176,7 @@ class Session:
         refused until a person settles it."""
         if self.halted is not None:
             return cast("HookJSONOutput", _deny(f"the run stopped and must be settled first: {self.halted}"))
-        prefix = f"mcp__{self.server}__"
+        prefix = self.prefix
         fields = cast("dict[str, Any]", data)  # a TypedDict union: PreToolUse's has these keys
         name = str(fields.get("tool_name", ""))
         if not (tool_use_id and name.startswith(prefix)):
@@ -238,8 +243,7 @@ def options(
     base = base or ClaudeAgentOptions()
     store = LedgerSessionStore(run)
     session = Session(run, tools, server, store)
-    store.answer_orphan = session.answer_orphan
-    store.tool_prefix = f"mcp__{server}__"
+    store.calls = session
     hooks = dict(base.hooks or {})
     hooks["PreToolUse"] = [HookMatcher(hooks=[session.pre_tool_use]), *hooks.get("PreToolUse", [])]
     made = dataclasses.replace(
@@ -390,10 +394,6 @@ def _servers(base: ClaudeAgentOptions) -> dict[str, Any]:
     if isinstance(base.mcp_servers, Mapping):
         return dict(base.mcp_servers)
     raise UsageError("options: give mcp_servers as a dict (a config file path cannot be extended)")
-
-
-def _intent(name: str, arguments: Mapping[str, Any]) -> str:
-    return name + ":" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _error(text: str) -> dict[str, Any]:
