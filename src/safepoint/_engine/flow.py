@@ -235,6 +235,11 @@ def _failed(request: Io | Call | Sleep, exc: BaseException, halt: Haltable | Non
     return exc
 
 
+# What a store method or a step function returns most often, and never awaitable: answered
+# without ``inspect.isawaitable``'s checks (an abstract base class's among them) on every request.
+_PLAIN = frozenset({type(None), bool, int, float, str, bytes, list, dict, tuple})
+
+
 def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
     """Carry out a flow's requests synchronously."""
     try:  # many flows (a replayed step) end without a request: started here, with no call
@@ -247,7 +252,7 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
         try:  # any error is handed to the flow, which decides what it means
             if isinstance(request, Io):
                 send = getattr(store, request.method.__name__)(*request.args, **request.kwargs)
-                if inspect.isawaitable(send):
+                if type(send) not in _PLAIN and inspect.isawaitable(send):
                     _discard(send)
                     raise UsageError(
                         "this store is async: use it from async code"
@@ -259,7 +264,7 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
                     if request.timeout is None
                     else _call_timed(request)
                 )
-                if inspect.isawaitable(send):
+                if type(send) not in _PLAIN and inspect.isawaitable(send):
                     _discard(send)
                     raise UsageError(
                         f"{callable_name(request.fn)} returned an awaitable: call"
