@@ -254,13 +254,21 @@ def dumps(value: JSON) -> str:
     return _COMPACT.encode(value)
 
 
-# What ``json.loads`` decodes text with, given no options: called directly for the text a
-# ledger's load reads (a thousand steps, a thousand results), less ``loads``' own checks.
-_DECODE = json.JSONDecoder().decode
+# What ``json.loads`` decodes text with, given no options, and the scanner under it: a ledger's
+# load reads a thousand results, and the text the ledger wrote has no whitespace around its
+# value, so the scanner alone reads it, without the decoder's two whitespace matches.
+_DECODER = json.JSONDecoder()
+_DECODE, _SCAN = _DECODER.decode, _DECODER.scan_once
 
 
 def loads(text: str | bytes) -> Any:
     """The value of stored JSON text: plain dicts and lists (see ``types.Recorded``)."""
-    if isinstance(text, str) and not text.startswith("\ufeff"):
-        return _DECODE(text)  # what json.loads does with such text
-    return json.loads(text)  # bytes, and the byte order mark json.loads refuses by name
+    if isinstance(text, str):
+        try:
+            value, end = _SCAN(text, 0)
+        except StopIteration:  # no value at its start: json.loads says why
+            return json.loads(text)
+        if end == len(text):
+            return value
+        return _DECODE(text)  # whitespace after the value, or more than one: as json.loads does
+    return json.loads(text)  # bytes
