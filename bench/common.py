@@ -240,10 +240,13 @@ def durability_read_back(backend: str) -> Iterator[Callable[[], dict[str, str]]]
     else:
         import psycopg
 
-        original_pg = psycopg.Connection.connect
+        # The classmethod itself, not ``psycopg.Connection.connect``: that one is bound to
+        # psycopg.Connection, and put back so it would make every subclass's connections
+        # (the store's pooled ones) plain psycopg.Connection objects.
+        original_pg = psycopg.Connection.__dict__["connect"]
 
         def noting_pg(cls: Any, *args: Any, **kwargs: Any) -> Any:
-            conn = original_pg.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+            conn = original_pg.__func__(cls, *args, **kwargs)
             opened.append(conn)
             return conn
 

@@ -258,7 +258,8 @@ def dumps(value: JSON) -> str:
 # load reads a thousand results, and the text the ledger wrote has no whitespace around its
 # value, so the scanner alone reads it, without the decoder's two whitespace matches.
 _DECODER = json.JSONDecoder()
-_DECODE, _SCAN = _DECODER.decode, _DECODER.scan_once
+_DECODE = _DECODER.decode
+_SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
 def loads(text: str | bytes) -> Any:
