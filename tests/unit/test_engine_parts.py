@@ -108,3 +108,32 @@ def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_
     assert "effect_key: NULL where text is required" in reason
     assert "updated_at: '6' is not an integer" in reason
     assert "receipt: '{' is not JSON" in reason
+
+
+def test_a_record_builder_makes_the_record_its_init_makes() -> None:
+    import dataclasses
+
+    import pytest
+
+    from safepoint._rules.records import record_builder
+    from safepoint.types import OperationRecord, StepKind, StepRecord
+
+    step = StepRecord("r", "s", StepKind.READ, "n", "h", {"a": [1]}, seq=3, observed_at=7, cost=0.5)
+    built = record_builder(StepRecord)(*dataclasses.astuple(step))
+    assert built == step
+    assert [getattr(built, f.name) for f in dataclasses.fields(StepRecord)] == list(dataclasses.astuple(step))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.result = None  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        record_builder(StepRecord)("r", "s")  # every field, by position
+    assert record_builder(OperationRecord).__name__ == "build"
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        n: int
+
+        def __post_init__(self) -> None:
+            raise ValueError
+
+    with pytest.raises(TypeError):
+        record_builder(Checked)  # its checks would be skipped

@@ -45,6 +45,7 @@ from .._rules.limits import (
     step_policy,
     with_limits,
 )
+from .._rules.records import record_builder
 from .._rules.recovery import build_record
 from .._rules.secrets import error_evidence, hashed_form, redact_json, redact_text, refuse_secrets
 from ..errors import (
@@ -822,16 +823,15 @@ Record = TypeVar("Record", StepRecord, OperationRecord)
 
 class _Shape:
     """How ``revised`` copies a record of one class: its fields' getter, each field's place,
-    and the slots' own setters (a frozen dataclass's ``__init__`` assigns each field through
-    ``object.__setattr__``, a call per field)."""
+    and the builder that sets every field by its slot's own setter (``record_builder``)."""
 
-    __slots__ = ("at", "setters", "values")
+    __slots__ = ("at", "build", "values")
 
     def __init__(self, cls: type[Any]) -> None:
         names = tuple(cls.__dataclass_fields__)
         self.values = attrgetter(*names)
         self.at = {name: index for index, name in enumerate(names)}
-        self.setters = tuple(cls.__dict__[name].__set__ for name in names)
+        self.build = record_builder(cls)
 
 
 _SHAPES = {cls: _Shape(cls) for cls in (StepRecord, OperationRecord)}
@@ -845,10 +845,8 @@ def revised(record: Record, **changes: Any) -> Record:
     values = list(shape.values(record))
     for name, value in changes.items():
         values[shape.at[name]] = value
-    copy = object.__new__(type(record))
-    for setter, value in zip(shape.setters, values, strict=True):
-        setter(copy, value)
-    return copy
+    built: Record = shape.build(*values)
+    return built
 
 
 def _next_step_id(sid: str, value: JSON) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._rules.canonical import loads
 from .._rules.fork import SourceStep
+from .._rules.records import record_builder
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -311,6 +312,9 @@ _STEP = _columns(
 # A step's columns are its record's fields after ``run_id``, in their order: a good row becomes
 # its record by position, without a dict of its fields (a ledger's load builds thousands).
 _STEP_IN_ORDER = tuple(name for name, _, _ in _STEP) == tuple(StepRecord.__dataclass_fields__)[1:]
+
+
+_NEW_STEP = record_builder(StepRecord)
 
 _ATTEMPT = _columns(
     ("step_id", text),
@@ -660,7 +664,7 @@ def _step_in_order(run_id: str, how: Reading, row: Row) -> StepRecord | None:
     """A good step row's record, built from its fields by position (most rows); None for a row
     that cannot be read so."""
     try:
-        return StepRecord(run_id, *_values(how, row))
+        return _NEW_STEP(run_id, *_values(how, row))
     except (Unread, KeyError, IndexError):
         return None
 
