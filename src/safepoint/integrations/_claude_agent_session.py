@@ -151,9 +151,9 @@ def lost_calls(
         if block.get("id") in missing:
             del missing[str(block["id"])]
         else:
-            renamed.append(_intent(tool, block.get("input") or {}))
+            renamed.append(call_intent(tool, block.get("input") or {}))
     for intent in renamed:  # each a call asked again: it holds one allowed call like it
-        like = next((i for i, (t, a) in missing.items() if _intent(t, a) == intent), None)
+        like = next((i for i, (t, a) in missing.items() if call_intent(t, a) == intent), None)
         if like is not None:
             del missing[like]
     return [(call_id, tool, dict(arguments)) for call_id, (tool, arguments) in missing.items()]
@@ -208,7 +208,7 @@ def _is_call(block: Mapping[str, Any], prefix: str) -> bool:
     return block.get("type") == "tool_use" and str(block.get("name", "")).startswith(prefix)
 
 
-def _intent(tool: str, arguments: Mapping[str, Any]) -> str:
+def call_intent(tool: str, arguments: Mapping[str, Any]) -> str:
     """A call's tool and arguments as one string: calls alike have the same."""
     return tool + ":" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
 

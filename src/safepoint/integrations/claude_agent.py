@@ -43,7 +43,7 @@ from mcp.types import CallToolResult, ListToolsResult, Tool
 
 import safepoint as sp
 from safepoint.errors import UsageError
-from safepoint.integrations._claude_agent_session import LedgerSessionStore, _intent, session_id_of
+from safepoint.integrations._claude_agent_session import LedgerSessionStore, call_intent, session_id_of
 from safepoint.integrations.tools import ToolCall, Tools
 
 __all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
@@ -90,7 +90,7 @@ class Session:
         Without it (a CLI that sends none), the ids the hook saw for this tool and these
         arguments, in the order it saw them; without those either, an id made of the call's
         content, the same on every replay."""
-        waiting = self.intents.get(_intent(name, arguments), [])
+        waiting = self.intents.get(call_intent(name, arguments), [])
         if sent is not None:
             first = self.first_ids.get(sent, sent)
             if first in waiting:
@@ -98,7 +98,7 @@ class Session:
             return first
         if waiting:
             return waiting.pop(0)
-        digest = hashlib.sha256(_intent(name, arguments).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(call_intent(name, arguments).encode()).hexdigest()[:16]
         return f"content_{digest}"
 
     async def answer(
@@ -182,12 +182,12 @@ class Session:
         if not (tool_use_id and name.startswith(prefix)):
             return {}
         tool, arguments = name[len(prefix) :], dict(fields.get("tool_input") or {})
-        intent = _intent(tool, arguments)
+        intent = call_intent(tool, arguments)
         fresh = _Intent({"id": tool_use_id, "intent": intent})
         recorded = await self.run.read("claude.intent", fresh)
         earlier = not fresh.called and isinstance(recorded, dict) and recorded.get("intent") == intent
         call_id = str(recorded["id"]) if earlier and isinstance(recorded, dict) else tool_use_id
-        self.intents.setdefault(_intent(tool, arguments), []).append(call_id)
+        self.intents.setdefault(call_intent(tool, arguments), []).append(call_id)
         self.first_ids[tool_use_id] = call_id
         if earlier:
             # The transcript will hold the call under its new id; a later process that finds it
