@@ -4,7 +4,8 @@ local owner, on SQLite and PostgreSQL; and a call the server applies but answers
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import gc
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import mcp
@@ -24,6 +25,21 @@ DELAY = 3.0  # how late the server answers slow_ticket: past the calls' timeout
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture(autouse=True)
+def _collected_before() -> None:
+    """What earlier tests left in reference cycles (an HTTP client's streams, bound to an event
+    loop that has closed since) collected before this test's loop runs: finalized while it ran,
+    it would close them on this loop, and fail this test with "Event loop is closed"."""
+    gc.collect()
+
+
+@pytest.fixture(autouse=True)
+async def _collected_after() -> AsyncIterator[None]:
+    """This test's own cycles collected while its loop still runs, so they close on it."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")
