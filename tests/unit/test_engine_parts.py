@@ -137,3 +137,4 @@ def test_a_record_builder_makes_the_record_its_init_makes() -> None:
 
     with pytest.raises(TypeError):
         record_builder(Checked)  # its checks would be skipped
+    assert record_builder(StepRecord) is record_builder(StepRecord)  # made once per class

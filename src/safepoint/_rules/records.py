@@ -9,6 +9,9 @@ from typing import Any, TypeVar
 
 _R = TypeVar("_R")
 
+# One builder per class, whoever asks for it (the ledger's load, ``revised``).
+_BUILT: dict[type[Any], Callable[..., Any]] = {}
+
 
 def record_builder(cls: type[_R]) -> Callable[..., _R]:
     """A function that makes a frozen, slotted dataclass's instance from every one of its
@@ -16,6 +19,9 @@ def record_builder(cls: type[_R]) -> Callable[..., _R]:
     ``object.__setattr__``, a lookup and a call per field, more than half of what building a
     step's record cost. Made once, the way ``dataclasses`` makes ``__init__``: each field set
     by its slot's own setter. For classes with no ``__post_init__`` and no checks of their own."""
+    found = _BUILT.get(cls)
+    if found is not None:
+        return found
     names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
     if getattr(cls, "__post_init__", None) is not None or "__slots__" not in cls.__dict__:
         raise TypeError(f"{cls.__name__}: a slotted dataclass without __post_init__ is needed")
@@ -26,4 +32,5 @@ def record_builder(cls: type[_R]) -> Callable[..., _R]:
     lines.append("    return made")
     exec("\n".join(lines), scope)  # the text is made of the class's own field names
     built: Callable[..., _R] = scope["build"]
+    _BUILT[cls] = built
     return built
