@@ -20,12 +20,16 @@ from anthropic import Anthropic, AsyncAnthropic
 from openai import AsyncOpenAI, OpenAI
 
 from safepoint.errors import UsageError
+from safepoint.integrations._anthropic_request import transient_failure
 from safepoint.testing import FakeModelServer, FakeRequest, Turn
 
 KEY = "sk-test-fake"
 ASK = [{"role": "user", "content": "Refund order A1"}]
 TWO_CALLS = Turn.tool_calls(("get_order", {"order_id": "A1"}), ("refund", {"order_id": "A1", "cents": 500}))
 SCRIPT = [TWO_CALLS, Turn.text("Refunded the order.")]
+# A stream cut mid-body: anthropic's public APIConnectionError from 2.17 on; before, the transport's
+# own error came through the SDK as it was.
+ANTHROPIC_CUT = (anthropic.APIConnectionError, httpx2.TransportError)
 
 
 def claude(fake: FakeModelServer, retries: int = 0) -> Anthropic:
@@ -530,10 +534,11 @@ def test_a_cut_stream_raises_in_every_sdk() -> None:
     with FakeModelServer(lambda request: TWO_CALLS) as fake:
         fake.cut_stream(after_events=4)
         with (
-            pytest.raises(httpx2.RemoteProtocolError),
+            pytest.raises(ANTHROPIC_CUT) as cut,
             claude(fake).messages.stream(model="m", max_tokens=5, messages=ASK) as stream,
         ):
             stream.get_final_message()
+        assert transient_failure(cut.value) is not None  # what safepoint tries again
         fake.cut_stream(after_events=2, api="chat")
         with (
             pytest.raises(openai.APIConnectionError),
@@ -549,7 +554,10 @@ def test_a_cut_stream_raises_in_every_sdk() -> None:
         ):
             whole.get_final_response()
     assert not_streamed.status == "completed"
-    assert [type(e) for e in raised] == [httpx2.RemoteProtocolError, openai.APIConnectionError]
+    assert [isinstance(e, cut) for e, cut in zip(raised, (ANTHROPIC_CUT, openai.APIConnectionError))] == [
+        True,
+        True,
+    ], raised
 
 
 def test_a_slow_answer_runs_into_the_client_timeout() -> None:
