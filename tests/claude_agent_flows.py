@@ -138,11 +138,19 @@ def make_tools(desk: Desk) -> Tools:
 
 def durable(work: Path, step: str) -> dict[str, Any]:
     """With safepoint: ``start`` stops at the budget; ``resume`` raises it and carries on.
-    ``turns-start`` / ``turns-resume``: the same with the run's turns (``model_calls``)."""
+    ``turns-start`` / ``turns-resume``: the same with the run's turns (``model_calls``).
+    ``lost-start`` / ``lost-resume``: as ``turns-``, but the first process's ledger refuses
+    every batch of the session's transcript (the SDK reports a ``mirror_error``)."""
     desk = Desk(work / "tickets.jsonl")
     tools = make_tools(desk)
     store = sp.open_store(f"sqlite:///{work / 'ledger.db'}")
-    turns = step.startswith("turns-")
+    turns = step.startswith(("turns-", "lost-"))
+    if step == "lost-start":
+
+        async def refused(self: spc.LedgerSessionStore, key: Any, entries: Any) -> None:
+            raise sp.StoreError("the ledger is out of reach")
+
+        spc.LedgerSessionStore.append = refused  # type: ignore[method-assign]
     budget = sp.Budget(model_calls=1) if turns else sp.Budget(cost=0.01)
 
     @sp.workflow("support-claude", budget=budget)
@@ -168,7 +176,9 @@ def durable(work: Path, step: str) -> dict[str, Any]:
             out["unknown"] = [UNKNOWN in b for b in bodies]
             out["receipt"] = ['\\"T-1\\"' in b or '"T-1"' in b for b in bodies]
         out["status"] = store.get_run("claude-1").status.value
-        out["steps"] = [s for s in store.load_ledger("claude-1").steps if not s.startswith("claude.session.")]
+        ledger = store.load_ledger("claude-1")
+        out["steps"] = [s for s in ledger.steps if not s.startswith("claude.session.")]
+        out["sessions"] = [ledger.steps[s].result for s in out["steps"] if s.startswith("claude.sessions")]
         out["tickets"] = len(desk.tickets())
         return out
 

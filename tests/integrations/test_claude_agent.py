@@ -20,6 +20,7 @@ import pytest
 import safepoint as sp
 from safepoint.integrations import claude_agent as spc
 from safepoint.integrations.tools import Tools
+from safepoint.testing import SimulatedCrash
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -138,6 +139,57 @@ def test_the_session_store_records_entries_once_by_uuid_and_gives_a_lost_result_
     assert sum(s.startswith("claude.session.") for s in steps) == 2  # the end marker and one batch
 
 
+def test_what_the_cli_writes_into_its_transcript_is_recorded_redacted_never_refused(
+    file_store: sp.Store, crash_at: Any
+) -> None:
+    """The CLI decides what its entries hold (a release began writing ``"credential": "key"``):
+    a batch holding a credential's name or a key itself is recorded with it redacted, the
+    same on the first run and on every resume, and the rest of the entry as it was. So are
+    the arguments the model chose for a call (``claude.intents``)."""
+    key = {"project_key": "p", "session_id": "s-1"}
+    leaked = "sk-ant-api03-" + "x7Kq2" * 16
+    entry = {
+        "uuid": "u-1",
+        "type": "user",
+        "credential": "key",  # the kind of credential the CLI's request used
+        "apiKey": leaked,
+        "message": {"role": "user", "content": [{"type": "text", "text": f"my key is {leaked}"}]},
+    }
+    hook_input: Any = {"tool_name": "mcp__tools__lookup", "tool_input": {"password": "hunter2-x"}}
+    tools = Tools()
+
+    @tools.read()
+    def lookup(password: str) -> str:
+        """Look a customer up."""
+        return "found"
+
+    @sp.workflow("claude-redacted")
+    async def flow(run: sp.AsyncRun) -> Any:
+        _, session = spc.options(run, tools=tools)
+        await session.read_allowed()
+        await session.store.append(key, [entry])
+        assert await session.pre_tool_use(hook_input, "toolu_1", cast(Any, None)) == {}
+        loaded = await session.store.load(key)
+        await run.read("after", lambda: None)  # a crash here: the resume replays both
+        return {"loaded": loaded[0], "allowed": {k: list(v) for k, v in session.allowed.items()}}
+
+    crash_at("step.before_record:after")
+    with pytest.raises(SimulatedCrash):
+        asyncio.run(sp.start_async(file_store, flow, run_id="r-1", lease_ms=0))
+    crash_at(None)
+    first = file_store.load_ledger("r-1")
+    resumed = asyncio.run(sp.resume_async(file_store, "r-1"))
+    recorded = resumed["loaded"]
+    assert recorded["uuid"] == "u-1" and recorded["type"] == "user"
+    assert recorded["credential"].startswith("sp_redacted:sha256:")
+    assert recorded["apiKey"].startswith("sp_redacted:sha256:")
+    text = recorded["message"]["content"][0]["text"]
+    assert text.startswith("my key is sp_redacted:sha256:") and leaked not in text
+    (tool, arguments) = resumed["allowed"]["toolu_1"]
+    assert tool == "lookup" and arguments["password"].startswith("sp_redacted:sha256:")
+    assert "hunter2" not in json.dumps([s.result for s in first.steps.values()])
+
+
 def test_a_call_the_transcript_lost_is_put_back_after_its_last_entry_with_its_receipt(
     file_store: sp.Store,
 ) -> None:
@@ -195,6 +247,28 @@ def test_a_call_the_transcript_lost_is_put_back_after_its_last_entry_with_its_re
     assert file_store.load_ledger("l-1").steps["tool.toolu_1"].result == {"id": "T-1"}
 
 
+def test_a_session_whose_transcript_never_reached_the_ledger_is_started_anew_and_sends_nothing_twice(
+    tmp_path: Path,
+) -> None:
+    """Every batch of the first session's transcript fails to reach the ledger: its CLI keeps
+    its transcript on disk, so a resume under the same session id would die "already in use".
+    The resume starts a new session instead, and the call the model makes again keeps its
+    first id: its receipt comes from the ledger, and the ticket is made once."""
+    first = in_loopback_namespace("lost-start", tmp_path)
+    assert (first["stopped"], first["tickets"]) == ("BudgetExhausted", 1)
+    started = [e["start"] for e in first["sessions"] if e and "start" in e]
+    assert len(started) == 1
+    assert {"lost": started[0]} in first["sessions"]  # the SDK said a flush failed
+
+    then = in_loopback_namespace("lost-resume", tmp_path)
+    assert then["status"] == "completed"
+    assert then["result"]["result"] == "Ticket created."
+    assert then["tickets"] == 1
+    assert then["receipt"][-1] is True  # the model was given the ledger's receipt
+    again = [e["start"] for e in then["sessions"] if e and "start" in e]
+    assert again[0] == started[0] and len(again) == 2 and again[1] != started[0]
+
+
 def test_a_call_asked_again_under_a_new_id_is_not_lost() -> None:
     from safepoint.integrations._claude_agent_session import lost_calls
 
@@ -219,6 +293,8 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert [s.rsplit(".", 1)[0] if s.startswith("tool.") else s for s in first["steps"]] == [
         "claude.intents",  # the end of the calls earlier processes let through: none
         "claude.query",
+        "claude.sessions",  # the end of the sessions started before: none
+        "claude.sessions#2",  # ...and the one this CLI call starts
         "claude.intent",  # the PreToolUse hook's record of the call
         "claude.intents#2",  # ...and of a call it let through
         "tool",
@@ -230,7 +306,8 @@ def test_the_clis_turn_limit_is_the_runs_resumable_stop_and_extend_limits_carrie
     assert then["tickets"] == 1
     assert then["receipt"] == [True]  # the resumed session got the tool's receipt from the ledger
     assert then["unknown"] == [False]
-    assert then["steps"][-1] == "claude.query#2"  # one more CLI call, resuming the session
+    # one more CLI call, resuming the session: the session log's walk ends, no new session starts
+    assert then["steps"][-2:] == ["claude.query#2", "claude.sessions#3"]
 
 
 def test_the_example_runs_in_one_command_and_creates_the_ticket_once() -> None:

@@ -6,6 +6,11 @@ batch is a recorded read of the run (step ``claude.session.<digest>``, one occur
 batch), so the transcript is wherever the ledger is. A resume in a new process walks those
 occurrences: each recorded batch replays; the first occurrence not yet recorded marks the end
 (it is recorded empty, and later batches take the occurrences after it).
+
+The entries are the CLI's, written on the caller's behalf, and hold what each CLI release
+chooses (one began writing ``"credential": "key"``, the kind of credential a request used):
+a batch is recorded with every credential redacted (``secrets="redact"``), never refused for
+one field, and the resumed CLI reads back what was recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import copy
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import safepoint as sp
@@ -23,9 +28,10 @@ import safepoint as sp
 _NAMESPACE = uuid.UUID("5b0f5d8e-3c2a-4c1e-9a57-6f1d2c9e8a11")
 
 
-def session_id_of(run: sp.AsyncRun) -> str:
-    """The CLI session id of ``run``: a UUID made of the run id, the same on every resume."""
-    return str(uuid.uuid5(_NAMESPACE, run.run_id))
+def session_id_of(run: sp.AsyncRun, started: int = 0) -> str:
+    """The CLI session id of ``run``: a UUID made of the run id, the same on every resume.
+    ``started``: how many sessions the run started before (see ``LedgerSessionStore.session``)."""
+    return str(uuid.uuid5(_NAMESPACE, run.run_id if not started else f"{run.run_id}/{started}"))
 
 
 class LedgerSessionStore:
@@ -49,6 +55,7 @@ class LedgerSessionStore:
         self.cost_so_far = 0.0  # the CLI's cumulative cost as the last segment reported it
         self._entries: dict[str, list[dict[str, Any]]] = {}
         self._seen: dict[str, set[str]] = {}
+        self._log: list[dict[str, Any]] | None = None  # the run's sessions (``_sessions``)
 
     async def append(self, key: Mapping[str, Any], entries: list[dict[str, Any]]) -> None:
         """Record a batch of the CLI's transcript entries (those not recorded already)."""
@@ -58,8 +65,7 @@ class LedgerSessionStore:
         fresh = [e for e in entries if not (isinstance(e.get("uuid"), str) and e["uuid"] in seen)]
         if not fresh:
             return
-        await self.run.read(slot, _Batch(fresh))
-        self._keep(slot, fresh)
+        self._keep(slot, await self.run.read(slot, _Batch(fresh), secrets="redact"))
 
     async def load(self, key: Mapping[str, Any]) -> list[dict[str, Any]] | None:
         """The transcript to resume from, with the ledger's results for calls it lacks."""
@@ -71,6 +77,42 @@ class LedgerSessionStore:
         # The hook's calls are the main session's: a subagent's transcript never gets them back.
         return await self._with_results(entries, put_back=not key.get("subpath"))
 
+    async def session(self) -> tuple[str, bool]:
+        """(id, resuming) of the CLI session the next segment runs: the run's last one, resumed,
+        when the ledger holds its transcript and no flush of it failed; otherwise a new one, under
+        an id no CLI was given before. A session the ledger lost entries of (a failed flush), or
+        that a process started and died before its first message reached the ledger, has a
+        transcript on that machine's disk that the ledger does not have: the CLI refuses to start
+        a session of that id again ("already in use"), and resuming what the ledger holds of it
+        would resume a transcript with a hole. The model then starts from the prompt; a call an
+        earlier session made is given its first id back by the intent the hook recorded, so its
+        effect is answered from the ledger, never sent again (``Session.pre_tool_use``)."""
+        log = await self._sessions()
+        started = [str(e["start"]) for e in log if "start" in e]
+        lost = {str(e["lost"]) for e in log if "lost" in e}
+        current = started[-1] if started else session_id_of(self.run)
+        if current not in lost and _conversation(await self.load_session(current)):
+            return current, True
+        fresh = session_id_of(self.run, len(started))
+        await self.run.read("claude.sessions", _Batch({"start": fresh}), secrets="redact")
+        log.append({"start": fresh})
+        return fresh, False
+
+    async def lost(self, session_id: str) -> None:
+        """Note that a batch of ``session_id``'s transcript never reached the ledger (the SDK
+        said so with a ``mirror_error``): the next segment starts a new session."""
+        log = await self._sessions()
+        if {"lost": session_id} not in log:
+            await self.run.read("claude.sessions", _Batch({"lost": session_id}), secrets="redact")
+            log.append({"lost": session_id})
+
+    async def _sessions(self) -> list[dict[str, Any]]:
+        """The run's session log (step ``claude.sessions``, one occurrence per event, walked to
+        its end as a transcript is): the sessions started, and those whose flush failed."""
+        if self._log is None:
+            self._log = [e for e in await walk(self.run, "claude.sessions", _Batch) if isinstance(e, dict)]
+        return self._log
+
     async def load_session(self, session_id: str) -> list[dict[str, Any]]:
         """The recorded entries of the main transcript of ``session_id`` (as recorded)."""
         slot = _slot({"session_id": session_id})
@@ -81,13 +123,8 @@ class LedgerSessionStore:
         if slot in self._entries:
             return
         self._entries[slot], self._seen[slot] = [], set()
-        while True:
-            end = _Batch(None)  # called only where nothing is recorded yet: the end
-            batch = await self.run.read(slot, end)
-            if end.called:
-                return
-            if batch:
-                self._keep(slot, batch)
+        for batch in await walk(self.run, slot, _Batch):
+            self._keep(slot, batch)
 
     def _keep(self, slot: str, batch: list[dict[str, Any]]) -> None:
         self._entries[slot].extend(batch)
@@ -137,6 +174,21 @@ class LedgerSessionStore:
         return added
 
 
+async def walk(run: sp.AsyncRun, step_id: str, function: Callable[[Any], Any]) -> list[Any]:
+    """The values recorded at ``step_id``'s occurrences, in order, until the first one not
+    recorded yet, which is recorded empty (``function(None)``, called only there) and marks the
+    end: a later value takes the occurrence after it. The log of a run's transcript batches,
+    sessions and let-through calls, kept as steps, so a resume in any process reads it back."""
+    found: list[Any] = []
+    while True:
+        end = function(None)
+        value = await run.read(step_id, end, secrets="redact")
+        if end.called:
+            return found
+        if value:
+            found.append(value)
+
+
 def lost_calls(
     allowed: Mapping[str, tuple[str, dict[str, Any]]], held: list[tuple[str, dict[str, Any]]]
 ) -> list[tuple[str, str, dict[str, Any]]]:
@@ -178,17 +230,18 @@ class Calls(Protocol):
 
 
 class _Batch:
-    """The function of one transcript step: it returns its batch (``None`` at the end), and
-    says whether it was called — a recorded step replays without calling it. One class for
-    both, so the step's recorded name is the same whichever wrote it."""
+    """The function of one transcript step (or one event of the session log): it returns its
+    value (``None`` at the end), and says whether it was called — a recorded step replays
+    without calling it. One class for every writer, so the step's recorded name is the same
+    whichever wrote it."""
 
-    def __init__(self, entries: list[dict[str, Any]] | None) -> None:
-        self.entries = entries
+    def __init__(self, value: Any) -> None:
+        self.value = value
         self.called = False
 
-    def __call__(self) -> list[dict[str, Any]] | None:
+    def __call__(self) -> Any:
         self.called = True
-        return self.entries
+        return self.value
 
 
 def _slot(key: Mapping[str, Any]) -> str:
@@ -196,6 +249,13 @@ def _slot(key: Mapping[str, Any]) -> str:
     is made of the working directory and differs from machine to machine)."""
     name = str(key.get("session_id", "")) + "/" + str(key.get("subpath") or "")
     return "claude.session." + hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
+def _conversation(entries: list[dict[str, Any]]) -> bool:
+    """Whether a transcript holds a message the CLI can resume from: its first batch may hold
+    only the CLI's own records (the request's route, the prompt's queueing), and a CLI told to
+    resume such a session answers "No conversation found"."""
+    return any(e.get("type") in ("user", "assistant") and isinstance(e.get("uuid"), str) for e in entries)
 
 
 def _blocks(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -211,6 +271,12 @@ def _is_call(block: Mapping[str, Any], prefix: str) -> bool:
 def call_intent(tool: str, arguments: Mapping[str, Any]) -> str:
     """A call's tool and arguments as one string: calls alike have the same."""
     return tool + ":" + json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def intent_digest(intent: str) -> str:
+    """What step ``claude.intent`` records of a ``call_intent``: its digest, which holds none
+    of the arguments (a ledger written before recorded the intent itself; both are matched)."""
+    return "sha256:" + hashlib.sha256(intent.encode()).hexdigest()
 
 
 # The fields of a transcript entry that say where it was written, not what it holds.

@@ -43,7 +43,13 @@ from mcp.types import CallToolResult, ListToolsResult, Tool
 
 import safepoint as sp
 from safepoint.errors import UsageError
-from safepoint.integrations._claude_agent_session import LedgerSessionStore, call_intent, session_id_of
+from safepoint.integrations._claude_agent_session import (
+    LedgerSessionStore,
+    call_intent,
+    intent_digest,
+    session_id_of,
+    walk,
+)
 from safepoint.integrations.tools import ToolCall, Tools
 
 __all__ = ["LedgerSessionStore", "Session", "options", "query", "session_id_of"]
@@ -136,11 +142,7 @@ class Session:
     async def read_allowed(self) -> None:
         """Read the calls earlier processes let through (``claude.intents``, walked to its
         end, the end recorded as an empty occurrence, as the session transcript is)."""
-        while True:
-            end = _Intent(None)
-            found = await self.run.read("claude.intents", end)
-            if end.called:
-                return
+        for found in await walk(self.run, "claude.intents", _Intent):
             if isinstance(found, dict):
                 self.allowed[str(found["id"])] = (str(found["tool"]), dict(found["arguments"]))
 
@@ -158,7 +160,7 @@ class Session:
         its own, or the first id of the call an earlier process's hook gave it back."""
         first = self.first_ids.get(call_id)
         if first is None:
-            first = str(await self.run.read(f"claude.alias.{call_id}", _Alias(call_id)))
+            first = str(await self.run.read(f"claude.alias.{call_id}", _Alias(call_id), secrets="redact"))
         return await self.answer(name, arguments, call_id=first)
 
     async def pre_tool_use(
@@ -183,9 +185,12 @@ class Session:
             return {}
         tool, arguments = name[len(prefix) :], dict(fields.get("tool_input") or {})
         intent = call_intent(tool, arguments)
-        fresh = _Intent({"id": tool_use_id, "intent": intent})
-        recorded = await self.run.read("claude.intent", fresh)
-        earlier = not fresh.called and isinstance(recorded, dict) and recorded.get("intent") == intent
+        digest = intent_digest(intent)  # recorded: arguments may hold what no ledger keeps
+        fresh = _Intent({"id": tool_use_id, "intent": digest})
+        recorded = await self.run.read("claude.intent", fresh, secrets="redact")
+        earlier = (
+            not fresh.called and isinstance(recorded, dict) and recorded.get("intent") in (digest, intent)
+        )
         call_id = str(recorded["id"]) if earlier and isinstance(recorded, dict) else tool_use_id
         self.intents.setdefault(call_intent(tool, arguments), []).append(call_id)
         self.first_ids[tool_use_id] = call_id
@@ -193,15 +198,18 @@ class Session:
             # The transcript will hold the call under its new id; a later process that finds it
             # there without its result (a stop between the tool and its result) must answer it
             # from the first id's step, not dispatch it again under the new one.
-            await self.run.read(f"claude.alias.{tool_use_id}", _Alias(call_id))
+            await self.run.read(f"claude.alias.{tool_use_id}", _Alias(call_id), secrets="redact")
         if earlier:
             await self.answer(tool, arguments, call_id=call_id)  # the handler then replays it
             if self.halted is not None:
                 return cast("HookJSONOutput", _deny(f"an earlier call is not settled: {self.halted}"))
         elif call_id not in self.allowed:
             self.allowed[call_id] = (tool, arguments)
+            # the model chose the arguments: a credential among them is recorded redacted
             await self.run.read(
-                "claude.intents", _Intent({"id": call_id, "tool": tool, "arguments": arguments})
+                "claude.intents",
+                _Intent({"id": call_id, "tool": tool, "arguments": arguments}),
+                secrets="redact",
             )
         return {}
 
@@ -280,7 +288,7 @@ async def query(
     while True:
         segment = await run.model(
             "claude.query",
-            _segment(session, made),
+            _segment(session, made, prompt),
             model=model,
             messages=[{"role": "user", "content": asked}],
             name="claude_agent.query",
@@ -304,14 +312,13 @@ async def query(
         # once a person raised it, the loop resumes the session with what is left.
 
 
-def _segment(session: Session, made: ClaudeAgentOptions) -> Any:
+def _segment(session: Session, made: ClaudeAgentOptions, prompt: str) -> Any:
     """The function of one ``claude.query`` step: one CLI call, from the session's start or
     resuming it, with what is left of the run's turns and cost as the CLI's limits."""
 
     async def segment(**request: Any) -> dict[str, Any]:
         run = session.run
-        sid = session_id_of(run)
-        resuming = bool(await session.store.load_session(sid))
+        sid, resuming = await session.store.session()
         left = run.budget_left()
         before = session.store.cost_so_far
         call = dataclasses.replace(
@@ -322,13 +329,15 @@ def _segment(session: Session, made: ClaudeAgentOptions) -> Any:
             max_budget_usd=left.cost if left.cost is not None else made.max_budget_usd,
         )
         # A session already under way (a segment stopped, or cut off by a crash) is resumed
-        # and told to go on; the prompt itself is in its transcript.
-        text = CONTINUE if resuming else request["messages"][-1]["content"]
+        # and told to go on; the prompt itself is in its transcript. A new one is given it.
+        text = CONTINUE if resuming else prompt
         result: ResultMessage | None = None
         try:
             async for message in sdk_query(prompt=text, options=call):
                 if isinstance(message, ResultMessage):
                     result = message
+                elif getattr(message, "subtype", None) == "mirror_error":
+                    await session.store.lost(sid)  # the ledger's transcript has a hole
         except Exception as failure:  # the SDK raises after an error result it yielded
             if result is None:
                 raise

@@ -187,7 +187,9 @@ class DurableMcp:
     async def list_tools(self) -> mcp_types.ListToolsResult:
         """Every tool the server lists (all pages), as a read step: replayed on a resume, so the
         model is shown the list it was shown before."""
-        recorded = await self._current().read(f"mcp.{self.server_id}.list_tools", self._fetch_listing)
+        recorded = await self._current().read(
+            f"mcp.{self.server_id}.list_tools", self._fetch_listing, secrets="redact"
+        )
         listing = mcp_types.ListToolsResult.model_validate(recorded)
         self._listing = {tool.name: tool for tool in listing.tools}
         unknown = sorted(set(self._kinds) - set(self._listing))
@@ -253,7 +255,7 @@ class DurableMcp:
         for n in range(2, MAX_ROUNDS + 2):
             if not input_required(recorded):
                 return _rebuilt(recorded)
-            responses = await run.read(f"{sid}.input.{n}", _Inputs(self._client, recorded))
+            responses = await run.read(f"{sid}.input.{n}", _Inputs(self._client, recorded), secrets="redact")
             payload = next_round(args, recorded, responses)
             recorded = await self._round(run, f"{sid}.round.{n}", tool, policy, timeout, payload)
         raise McpToolError(f"tool {name!r} asked for input more than {MAX_ROUNDS} times")

@@ -249,14 +249,18 @@ class SafepointOperationBackend(CallableOperationBackend[dict[str, Any]]):
                 sid = f"validate.{identity['tool_call_id'] or identity['name']}"
                 return await run.pure(sid, _unit(body, name), identity)
             case ToolsetGetToolsId(toolset_kind=toolset_kind, toolset_id=toolset_id):
-                listing = await run.read(f"tools.{toolset_id}", _unit(body, name), unit_identity(cache_key))
+                listing = await run.read(
+                    f"tools.{toolset_id}", _unit(body, name), unit_identity(cache_key), secrets="redact"
+                )
                 if toolset_kind == "mcp":  # read back on a replay too: the tools' key arguments
                     self._mcp.setdefault(run, {}).update(
                         ((toolset_id, name), tool) for name, tool in listed(listing, toolset_id).items()
                     )
                 return listing
             case _:  # the union grows in minor releases: record what is not known yet
-                return await run.read("pydantic_ai", _unit(body, name), unit_identity(cache_key))
+                return await run.read(
+                    "pydantic_ai", _unit(body, name), unit_identity(cache_key), secrets="redact"
+                )
 
     async def _model(
         self,
