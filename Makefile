@@ -5,13 +5,26 @@ PYTHON ?= python3
 
 BENCH_VENV := bench/.venv
 
-.PHONY: demo examples test test-fast check lint docs bench bench-quick clean
+# Every install comes from the committed lock (uv.lock), made and read by one pinned uv, itself
+# installed from PyPI into .uv/: a clean clone on any day gets what the last green run had.
+UV_VERSION := 0.13.9
+UV := .uv/bin/uv
+# uv uses the machine's Python ($(PYTHON)), never one it downloads.
+export UV_PYTHON_DOWNLOADS := never
+EXTRAS := --all-extras
 
-$(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[postgres,crypto,anthropic,openai,openai-agents,pydantic-ai,pydantic-ai-mcp,mcp,claude-agent,otel]' --group dev
+.PHONY: demo examples test test-fast test-latest test-oldest check lint docs bench bench-quick lock clean
+
+$(UV):
+	$(PYTHON) -m venv .uv
+	.uv/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+$(BIN)/.installed: pyproject.toml uv.lock $(UV)
+	UV_PROJECT_ENVIRONMENT=$(VENV) $(UV) sync --quiet --locked --python $(PYTHON) $(EXTRAS) --group dev
 	touch $@
+
+lock: $(UV)                      ## the lock again, with the newest releases the ranges allow
+	$(UV) lock --upgrade --python $(PYTHON)
 
 demo: $(BIN)/.installed          ## the support agent: killed mid-effect, resumed, 0 duplicates
 	$(BIN)/safepoint demo
@@ -30,6 +43,12 @@ test: $(BIN)/.installed          ## the whole test suite (CI runs exactly this)
 	$(BIN)/pytest -n auto --dist loadfile -m "not serial"
 	$(BIN)/pytest -m serial
 
+test-latest: $(UV)              ## the SDK tests, kill trials and examples on the newest releases (not the lock)
+	UV=$(UV) $(PYTHON) tools/upstream.py
+
+test-oldest: $(UV)              ## the same on the oldest releases our ranges allow
+	UV=$(UV) $(PYTHON) tools/upstream.py --oldest
+
 test-fast: $(BIN)/.installed     ## for development: everything but the kill tests and soaks (~3 min)
 	$(BIN)/pytest -m "not kill and not slow"
 
@@ -45,10 +64,9 @@ docs: $(BIN)/.installed          ## the documentation site, built into site/ (wa
 
 # The benchmark's peers (DBOS, LangGraph) and tools live in an environment of their own,
 # never in the library's dependencies.
-$(BENCH_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
-	$(BENCH_VENV)/bin/pip install --quiet -e '.[postgres,anthropic,openai]' --group bench
+$(BENCH_VENV)/.installed: pyproject.toml uv.lock $(UV)
+	UV_PROJECT_ENVIRONMENT=$(BENCH_VENV) $(UV) sync --quiet --locked --python $(PYTHON) \
+		--extra postgres --extra anthropic --extra openai --no-default-groups --group bench
 	touch $@
 
 bench: $(BENCH_VENV)/.installed  ## safepoint against DBOS and LangGraph (~20 min): docs/benchmarks.md
@@ -58,4 +76,4 @@ bench-quick: $(BENCH_VENV)/.installed  ## the same workloads, small and once: fo
 	$(BENCH_VENV)/bin/python -m bench.run --quick
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_VENV) .venv-newest .venv-oldest .uv site .pytest_cache .mypy_cache .ruff_cache
