@@ -180,13 +180,15 @@ def test_what_the_cli_writes_into_its_transcript_is_recorded_redacted_never_refu
     first = file_store.load_ledger("r-1")
     resumed = asyncio.run(sp.resume_async(file_store, "r-1"))
     recorded = resumed["loaded"]
-    assert recorded["uuid"] == "u-1" and recorded["type"] == "user"
+    assert (recorded["uuid"], recorded["type"]) == ("u-1", "user")
     assert recorded["credential"].startswith("sp_redacted:sha256:")
     assert recorded["apiKey"].startswith("sp_redacted:sha256:")
     text = recorded["message"]["content"][0]["text"]
-    assert text.startswith("my key is sp_redacted:sha256:") and leaked not in text
+    assert text.startswith("my key is sp_redacted:sha256:")
+    assert leaked not in text
     (tool, arguments) = resumed["allowed"]["toolu_1"]
-    assert tool == "lookup" and arguments["password"].startswith("sp_redacted:sha256:")
+    assert tool == "lookup"
+    assert arguments["password"].startswith("sp_redacted:sha256:")
     assert "hunter2" not in json.dumps([s.result for s in first.steps.values()])
 
 
@@ -266,7 +268,8 @@ def test_a_session_whose_transcript_never_reached_the_ledger_is_started_anew_and
     assert then["tickets"] == 1
     assert then["receipt"][-1] is True  # the model was given the ledger's receipt
     again = [e["start"] for e in then["sessions"] if e and "start" in e]
-    assert again[0] == started[0] and len(again) == 2 and again[1] != started[0]
+    assert len(again) == 2
+    assert again[0] == started[0] != again[1]
 
 
 def test_a_call_asked_again_under_a_new_id_is_not_lost() -> None:
