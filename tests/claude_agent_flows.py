@@ -95,7 +95,8 @@ def plain(work: Path) -> dict[str, Any]:
 
     async def main() -> dict[str, Any]:
         with FakeModelServer(SCRIPT) as fake:
-            config = tempfile.mkdtemp()
+            config = str(work / "plain-config")  # under the test's own directory: removed with it
+            os.makedirs(config, exist_ok=True)
             base = ClaudeAgentOptions(
                 mcp_servers={"tools": create_sdk_mcp_server("tools", tools=[create_ticket])},
                 allowed_tools=["mcp__tools__create_ticket"],

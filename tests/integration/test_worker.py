@@ -127,3 +127,20 @@ def test_sigterm_drains(tmp_path: Path, owner_env: OwnerService) -> None:
     assert "draining" in err
     assert store.get_run("job-0").status is RunStatus.COMPLETED  # finished, not abandoned
     assert store.get_run("job-2").status is RunStatus.PENDING  # never claimed
+
+
+def test_an_idle_worker_told_to_stop_leaves_at_once_not_after_its_rescan(store: sp.Store) -> None:
+    import threading
+
+    import flows
+
+    worker = sp.Worker(store, workflows=[flows.every_kind.name], rescan=30.0)
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(worker.run(handle_signals=False)))
+    thread.start()
+    time.sleep(0.5)  # idle, inside its 30 s wait for work
+    stopped = time.monotonic()
+    worker.stop()
+    thread.join(timeout=20)
+    assert done, "the worker is still waiting"
+    assert time.monotonic() - stopped < 5.0  # woken, not the 30 s rescan

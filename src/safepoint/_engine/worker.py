@@ -215,7 +215,7 @@ class Worker:
         pause = idle.pause()
         rescan = self.rescan if self._slice is None else min(self.rescan, self._slice.remaining())
         try:
-            self.store.wait_for_work(rescan)
+            self.store.wait_for_work(rescan, self._draining)
         except Exception as exc:  # a slot must never die quietly: look again later
             log.warning("waiting for work failed: %s", exc)
             self._draining.wait(rescan)

@@ -19,6 +19,7 @@ an ``UnreadableRun`` instead of failing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -216,10 +217,11 @@ class Store(Protocol):
         which needs nothing more — and a run whose status is unknown is never claimed."""
         ...
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
         """Block up to ``timeout`` seconds, returning early once the store may have new work —
         and no later than the next waiting run falls due (``wake_at``: a sleep ends, a wait
-        times out)."""
+        times out) — or once ``stop`` is set (a worker told to stop leaves at once, not at the
+        end of its rescan interval)."""
         ...
 
     def load_ledger(self, run_id: str) -> Ledger:

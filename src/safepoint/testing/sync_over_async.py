@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -37,6 +38,8 @@ from ..types import (
     UnreadableRun,
     WaitGate,
 )
+
+_STOP_POLL_S = 0.1  # how often a wait for work looks whether it was told to stop
 
 __all__ = ["SyncOverAsync"]
 
@@ -116,8 +119,18 @@ class SyncOverAsync:
     def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
         return self._call(self.store.claim_next(owner, lease_ms, workflows))
 
-    def wait_for_work(self, timeout: float) -> None:
-        self._call(self.store.wait_for_work(timeout))
+    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
+        # the async store's wait knows no threading.Event: wait in slices, looking between them;
+        # a slice that ended before its time was woken by news
+        deadline = time.monotonic() + timeout
+        while not (stop is not None and stop.is_set()):
+            began, left = time.monotonic(), deadline - time.monotonic()
+            if left <= 0:
+                return
+            piece = left if stop is None else min(left, _STOP_POLL_S)
+            self._call(self.store.wait_for_work(piece))
+            if time.monotonic() - began < piece * 0.9:
+                return
 
     def load_ledger(self, run_id: str) -> Ledger:
         return self._call(self.store.load_ledger(run_id))

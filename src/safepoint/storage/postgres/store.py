@@ -95,6 +95,8 @@ from .transactions import (
     rollback,
 )
 
+_STOP_POLL_S = 0.1  # how often a wait for work looks whether its worker was told to stop
+
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
@@ -519,25 +521,35 @@ class PostgresStore:
 
     # -- waiting for work ----------------------------------------------------------------------
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
         """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
-        next waiting run falls due, or ``timeout`` seconds. Each thread listens on its own
-        connection, kept between calls so that a notification sent while the caller was busy
-        still wakes the next wait. Never
-        raises: a broken connection is dropped (and the time slept), the next call reconnects,
-        and the caller's next claim reports a server that stays away."""
+        next waiting run falls due, ``timeout`` seconds, or ``stop`` is set (looked at every
+        ``_STOP_POLL_S``: the socket is polled, nothing is sent). Each thread listens on its
+        own connection, kept between calls so that a notification sent while the caller was
+        busy still wakes the next wait. Never raises: a broken connection is dropped (and the
+        time slept), the next call reconnects, and the caller's next claim reports a server
+        that stays away."""
         deadline = time.monotonic() + timeout
         try:
             conn = self._listener()
-            timeout = self._until_due(timeout)
-            for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                pass
-            for _ in conn.notifies(timeout=0.0):  # a burst of news is one wake-up, not many
-                pass
+            until = time.monotonic() + self._until_due(timeout)
+            while not (stop is not None and stop.is_set()):
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                piece = left if stop is None else min(left, _STOP_POLL_S)
+                if any(True for _ in conn.notifies(timeout=piece, stop_after=1)):
+                    for _ in conn.notifies(timeout=0.0):  # a burst of news is one wake-up
+                        pass
+                    return
         except (psycopg.Error, StoreError) as exc:
             self._drop_listener()
             log.warning("cannot listen for work on %s: %s", self.url, exc)
-            time.sleep(max(0.0, deadline - time.monotonic()))
+            left = max(0.0, deadline - time.monotonic())
+            if stop is None:
+                time.sleep(left)
+            else:
+                stop.wait(left)
 
     def _until_due(self, timeout: float) -> float:
         """``timeout``, or less: until the next waiting run falls due (no NOTIFY announces it)."""

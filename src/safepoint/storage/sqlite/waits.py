@@ -5,6 +5,7 @@ each one ``BEGIN IMMEDIATE`` transaction, so a send and a worker about to wait a
 from __future__ import annotations
 
 import sqlite3
+import threading
 from typing import Any
 
 from ..._rules.canonical import dumps
@@ -211,7 +212,7 @@ class SqliteWaits(SqliteRuns):
             detail=waiting,
         )
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
         """``SqliteRuns.wait_for_work`` — a commit anywhere wakes it — for no longer than until
         the next waiting run falls due (its sleep ends, its wait times out), which no commit
         announces."""
@@ -222,4 +223,4 @@ class SqliteWaits(SqliteRuns):
             row = None
         if row is not None and row["wake_at"] is not None:
             timeout = max(0.0, min(timeout, (int(row["wake_at"]) - now) / 1000))
-        super().wait_for_work(timeout)
+        super().wait_for_work(timeout, stop)

@@ -63,6 +63,19 @@ class ArtifactClockTests(ConformanceBase):
         elapsed = time.monotonic() - started
         assert 0.25 <= elapsed < 1.5
 
+    def test_wait_for_work_returns_once_told_to_stop(self) -> None:
+        """A worker told to stop (SIGTERM, ``Worker.stop``) leaves its wait at once, not at the
+        end of its rescan interval."""
+        store, stop = self.store(), threading.Event()
+        store.wait_for_work(0.05)  # settle anything queued before this test
+        threading.Timer(0.2, stop.set).start()
+        started = time.monotonic()
+        store.wait_for_work(30.0, stop)
+        assert time.monotonic() - started < 5.0, "the wait ran on after stop was set"
+        started = time.monotonic()
+        store.wait_for_work(30.0, stop)  # set before the wait: returns at once
+        assert time.monotonic() - started < 2.0
+
     def test_events_are_append_only_ordered_and_counted(self) -> None:
         store = self.store()
         run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
