@@ -1,4 +1,5 @@
-"""The kill matrix: every crash point, for every step kind, in real processes killed by SIGKILL.
+"""The kill matrix: every crash point, for every step kind, in real processes killed by SIGKILL:
+whole on one set-up, each point on one more (``sampled_matrix``).
 
 Each trial resumes the killed run in a fresh process and checks both assertions of the kill
 test against an uninterrupted reference run: equal results, and equal effect counts as counted
@@ -47,19 +48,32 @@ def kill_owner() -> OwnerService:
         yield service
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        ("flows:every_kind", "sqlite"),
-        ("flows:every_kind_async", "sqlite"),
-        ("flows:every_kind", "postgres"),
-    ],
-    ids=["sync-sqlite", "async-sqlite", "sync-postgres"],
-)
+# The set-ups the matrix runs on: a workflow and a store.
+HARNESSES = {
+    "sync-sqlite": ("flows:every_kind", "sqlite"),
+    "async-sqlite": ("flows:every_kind_async", "sqlite"),
+    "sync-postgres": ("flows:every_kind", "postgres"),
+}
+WHOLE = "sync-sqlite"  # the set-up the whole matrix runs on
+
+
+def sampled_matrix() -> list[tuple[str, str]]:
+    """(set-up, crash spec) of every trial: the whole matrix on ``WHOLE``; on the others, the
+    points dealt out in turn (the first to the first other set-up, the second to the next, …),
+    so that every point runs on two set-ups and every set-up meets every kind of point (the
+    matrix lists each point once per step kind, and the kinds alternate). Deterministic: the
+    same trials on every run, and a new point joins the deal where it stands."""
+    others = [name for name in HARNESSES if name != WHOLE]
+    return [(WHOLE, spec) for spec in MATRIX] + [
+        (others[index % len(others)], spec) for index, spec in enumerate(MATRIX)
+    ]
+
+
+@pytest.fixture(scope="module")
 def harness(
     request: pytest.FixtureRequest, kill_owner: OwnerService, tmp_path_factory: pytest.TempPathFactory
 ) -> KillHarness:
-    workflow, store = request.param
+    workflow, store = HARNESSES[request.param]
     url = None  # SQLite: a fresh file per trial
     if store == "postgres":
         url = f"{request.getfixturevalue('pg_url')}?schema=kill_{uuid.uuid4().hex[:12]}"
@@ -88,7 +102,17 @@ def test_matrix_covers_every_crash_point() -> None:
     assert {spec.split(":")[0] for spec in MATRIX} | {PREPARED_POINT} == (set(CRASH_POINTS) - CONTINUE_POINTS)
 
 
-@pytest.mark.parametrize("crash_at", MATRIX)
+def test_the_sample_runs_every_point_twice_and_every_set_up_at_every_kind_of_point() -> None:
+    trials = sampled_matrix()
+    assert sorted(spec for _, spec in trials) == sorted(MATRIX * 2)
+    for name in HARNESSES:
+        run_here = {spec for setup, spec in trials if setup == name}
+        assert {spec.split(":")[0] for spec in run_here} >= {"step.before_record", "step.after_record"}
+        assert any(spec.startswith("effect.") for spec in run_here)
+        assert any(spec.startswith("transaction.") for spec in run_here)
+
+
+@pytest.mark.parametrize(("harness", "crash_at"), sampled_matrix(), indirect=["harness"])
 def test_kill_at_crash_point(harness: KillHarness, crash_at: str) -> None:
     report = harness.trial(crash_at=crash_at)
     assert report.killed, f"the crash point {crash_at} was never reached"
@@ -96,6 +120,7 @@ def test_kill_at_crash_point(harness: KillHarness, crash_at: str) -> None:
     report.check()
 
 
+@pytest.mark.parametrize("harness", list(HARNESSES), indirect=True)
 def test_reference_run_applies_two_effects(harness: KillHarness) -> None:
     reference, applied = harness.reference()
     assert reference["status"] == "completed"
@@ -114,6 +139,7 @@ def random_kills(harness: KillHarness, seed: int, trials: int, latest: float) ->
     assert any(report.killed for report in reports)
 
 
+@pytest.mark.parametrize("harness", list(HARNESSES), indirect=True)
 def test_kill_at_random_moments(harness: KillHarness) -> None:
     random_kills(harness, seed=8472, trials=6, latest=0.6)
 
