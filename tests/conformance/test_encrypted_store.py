@@ -1,5 +1,7 @@
 """The store conformance suite on encrypted stores: SQLite on a file, PostgreSQL sync and async,
-each with ``codec=Encrypted(keyring)`` — a run behaves the same with its values encrypted.
+each with ``codec=Encrypted(keyring)`` — a run behaves the same with its values encrypted. A
+codec changes what is stored, not how claims race: each runs the topics that write what a run
+records and read it back (``STORING``); the plain set-ups run the whole suite.
 
 The PostgreSQL classes use a schema of their own: a ledger that holds encrypted values refuses a
 store opened without its keyring, and the session's database is shared with the plain suite."""
@@ -11,7 +13,7 @@ import uuid
 import pytest
 
 from safepoint.storage import Encrypted, Keyring, Store, open_store
-from safepoint.testing.conformance import StoreConformance, SyncOverAsync
+from safepoint.testing.conformance import STORING, SyncOverAsync, conformance_suite
 
 KEYRING = Keyring({"conformance-2": Keyring.new_key(), "conformance-1": Keyring.new_key()}, "conformance-2")
 
@@ -20,7 +22,7 @@ def codec() -> Encrypted:
     return Encrypted(KEYRING)
 
 
-class TestEncryptedSqliteFile(StoreConformance):
+class TestEncryptedSqliteFile(conformance_suite(*STORING)):
     """Every call opens a new store object on the test's file, as separate processes would."""
 
     def make_store(self) -> Store:
@@ -32,7 +34,7 @@ def encrypted_schema(pg_url: str) -> str:
     return f"{pg_url}?schema=enc_{uuid.uuid4().hex[:12]}"
 
 
-class TestEncryptedPostgres(StoreConformance):
+class TestEncryptedPostgres(conformance_suite(*STORING)):
     """Every test gets new store objects on one encrypted schema (the suite's ids are unique)."""
 
     @pytest.fixture(autouse=True)
@@ -45,7 +47,7 @@ class TestEncryptedPostgres(StoreConformance):
         return PostgresStore(self.url, codec=codec())
 
 
-class TestEncryptedAsyncPostgres(StoreConformance):
+class TestEncryptedAsyncPostgres(conformance_suite(*STORING)):
     """The same suite against AsyncPostgresStore with the codec, its coroutines run on a loop."""
 
     @pytest.fixture(autouse=True)

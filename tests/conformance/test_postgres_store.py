@@ -50,7 +50,7 @@ from safepoint.storage.postgres.connection import dict_rows
 from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import OwnerService
-from safepoint.testing.conformance import StoreConformance, SyncOverAsync
+from safepoint.testing.conformance import CLAIMING, StoreConformance, SyncOverAsync, conformance_suite
 from safepoint.types import (
     Claim,
     Durability,
@@ -1184,7 +1184,7 @@ class TestPostgresConformance(StoreConformance):
         return PostgresStore(self.pg_url)
 
 
-class TestPostgresPerRunClaimConformance(StoreConformance):
+class TestPostgresPerRunClaimConformance(conformance_suite(*CLAIMING)):
     """The same suite with the per-run claim (``?claim=per_run``): candidates read without a
     lock, then taken one by one by run id, as a database sharded by run_id runs it. It must
     behave as the one-statement claim does."""

@@ -1,11 +1,13 @@
-"""The store conformance suite on both SQLite variants: a fresh file per test, and memory:."""
+"""The store conformance suite on SQLite: the whole suite on a fresh file per test; on memory: and
+on one file shared by every test, the topics those set-ups change."""
 
 from __future__ import annotations
 
 import pytest
 
 from safepoint.storage import Store, open_store
-from safepoint.testing.conformance import StoreConformance
+from safepoint.testing.conformance import CLAIMING, TOPICS, StoreConformance, conformance_suite
+from safepoint.testing.conformance._support import ConformanceBase
 
 
 class TestSqliteFile(StoreConformance):
@@ -15,9 +17,10 @@ class TestSqliteFile(StoreConformance):
         return open_store(f"sqlite:///{self.tmp_path / 'ledger.db'}")
 
 
-class TestSqliteMemory(StoreConformance):
+class TestSqliteMemory(conformance_suite(*CLAIMING, "runs", "steps", "effects", "transactions")):
     """An in-memory database lives in one store object, so the test shares it between threads
-    (each thread gets its own connection to it)."""
+    (each thread gets its own connection to it): what it changes is who writes when, so it runs
+    the topics that race claims and writes."""
 
     _store: Store | None = None
 
@@ -32,9 +35,10 @@ def shared_ledger(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"sqlite:///{tmp_path_factory.mktemp('shared') / 'ledger.db'}"
 
 
-class TestSqliteSharedFile(StoreConformance):
-    """One file for every test of the class, as a shared PostgreSQL database would be: proves
-    that the suite's tests keep to their own runs and never assume an empty store."""
+class TestSqliteSharedFile(conformance_suite("listing", "claiming", "waits", "prune")):
+    """One file for every test of the class: SQLite's statements that read across runs (lists,
+    claims of any run, due runs, prune) never assume an empty store. (The PostgreSQL set-ups
+    run the whole suite on one shared database: every test keeps to its own runs.)"""
 
     @pytest.fixture(autouse=True)
     def _shared(self, shared_ledger: str) -> None:
@@ -42,3 +46,10 @@ class TestSqliteSharedFile(StoreConformance):
 
     def make_store(self) -> Store:
         return open_store(self.url)
+
+
+def test_every_topic_of_the_suite_is_named() -> None:
+    topics = set(StoreConformance.__bases__) - {ConformanceBase}
+    assert set(TOPICS.values()) == topics
+    with pytest.raises(ValueError, match="name topics"):
+        conformance_suite("claims")

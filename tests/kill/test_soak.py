@@ -22,7 +22,8 @@ from safepoint.testing import OwnerService
 from safepoint.types import RunRecord, RunStatus
 
 # A soak kills and restarts for minutes on a busy machine: more than the suite's 120 s per test.
-pytestmark = [pytest.mark.kill, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(360)]
+# Only the soak that restarts the PostgreSQL server runs alone (serial), after everything else.
+pytestmark = [pytest.mark.kill, pytest.mark.slow, pytest.mark.timeout(360)]
 
 TESTS = str(Path(__file__).parents[1])
 WORKERS, RUNS, KILLS = 4, 200, 100
@@ -174,6 +175,7 @@ def _restart_postgres() -> None:
     )
 
 
+@pytest.mark.serial
 def test_soak_survives_a_database_restart(pg_url: str, owner_env: OwnerService) -> None:
     """The PostgreSQL server restarts in the middle of the soak: workers reconnect, nothing is
     lost, nothing is done twice."""

@@ -31,6 +31,18 @@ An asyncio store (``safepoint.storage.base.AsyncStore``) runs the same suite thr
         def make_store(self) -> Store:
             return SyncOverAsync(lambda: MyAsyncStore.open(URL))
 
+A second set-up of a store that already runs the whole suite — the same store with a codec,
+with another claim statement — may run only the topics it changes::
+
+    class TestMyEncryptedStore(conformance_suite(*STORING)):
+        def make_store(self) -> Store:
+            return open_store(URL, codec=Encrypted(keyring))
+
+``TOPICS`` names every topic; ``STORING`` are those whose tests write what a run records and
+read it back, ``CLAIMING`` those that claim, take over and hand back runs. A new topic is added
+to ``StoreConformance`` and to ``TOPICS`` (a test checks they agree), and joins a group when it
+tests what that group's set-ups change.
+
 Requires pytest (a dev dependency of safepoint, not a runtime one). The asserts live in this
 module, not in a test file, so for readable failures add to your ``conftest.py``::
 
@@ -52,6 +64,8 @@ share: the base class with
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..sync_over_async import SyncOverAsync
 from ._support import ConformanceBase
@@ -76,7 +90,39 @@ from .transactions import TransactionTests
 from .unreadable import UnreadableTests
 from .waits import WaitTests
 
-__all__ = ["StoreConformance", "SyncOverAsync"]
+__all__ = ["CLAIMING", "STORING", "TOPICS", "StoreConformance", "SyncOverAsync", "conformance_suite"]
+
+# Every topic of the suite, by name, in reading order (creating runs first).
+TOPICS: dict[str, type[Any]] = {
+    "runs": RunTests,
+    "listing": ListingTests,
+    "claiming": ClaimTests,
+    "fencing": FenceTests,
+    "steps": StepTests,
+    "effects": EffectTests,
+    "ending": EndingTests,
+    "artifacts_clock": ArtifactClockTests,
+    "limits": LimitTests,
+    "approvals": ApprovalTests,
+    "revocation": RevocationTests,
+    "history": HistoryTests,
+    "unreadable": UnreadableTests,
+    "stopped": StoppedTests,
+    "slices": SliceTests,
+    "retry": RetryTests,
+    "forks": ForkTests,
+    "waits": WaitTests,
+    "prune": PruneTests,
+    "transactions": TransactionTests,
+}
+
+# The topics whose tests write what a run records and read it back: what a codec changes (the
+# claims, fences, limits and slices they leave out are decided on plain columns a codec never
+# touches).
+STORING = tuple(name for name in TOPICS if name not in ("claiming", "fencing", "limits", "slices"))
+# The topics whose tests claim runs, take them over or hand them back: what another claim
+# statement changes.
+CLAIMING = ("claiming", "fencing", "ending", "stopped", "slices", "retry", "waits")
 
 
 # pytest collects the tests of the last base first: the topics are listed backwards so
@@ -105,3 +151,16 @@ class StoreConformance(
     ConformanceBase,
 ):
     """Subclass in a test module and implement ``make_store``; pytest collects the tests."""
+
+
+def conformance_suite(*topics: str) -> type[ConformanceBase]:
+    """The suite of ``topics`` only (names of ``TOPICS``), to subclass as ``StoreConformance``
+    is: for a second set-up of a store that already runs the whole suite, which changes only
+    what those topics test — the same store with a codec (``STORING``), with another claim
+    statement (``CLAIMING``). A store of its own runs ``StoreConformance``, every topic."""
+    unknown = [name for name in topics if name not in TOPICS]
+    if unknown or not topics:
+        raise ValueError(f"conformance_suite: name topics of {sorted(TOPICS)}, not {unknown or 'none'}")
+    chosen = [TOPICS[name] for name in TOPICS if name in topics]
+    suite: type[ConformanceBase] = type(f"StoreConformance_{'_'.join(topics)}", tuple(reversed(chosen)), {})
+    return suite
