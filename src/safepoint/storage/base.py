@@ -19,6 +19,7 @@ an ``UnreadableRun`` instead of failing.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -582,9 +583,9 @@ class AsyncStore(Protocol):
         """See ``Store.claim_next``."""
         ...
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds, returning early once the store may have new work;
-        never blocks the event loop."""
+    async def wait_for_work(self, timeout: float, stop: asyncio.Event | None = None) -> None:
+        """Wait up to ``timeout`` seconds, returning early once the store may have new work or
+        ``stop`` is set; never blocks the event loop."""
         ...
 
     async def load_ledger(self, run_id: str) -> Ledger:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
@@ -587,9 +587,10 @@ class AsyncPostgresStore:
 
     # -- waiting for work ----------------------------------------------------------------------
 
-    async def wait_for_work(self, timeout: float) -> None:
+    async def wait_for_work(self, timeout: float, stop: asyncio.Event | None = None) -> None:
         """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
-        next waiting run falls due, or ``timeout`` seconds, without blocking the loop. Any
+        next waiting run falls due, ``stop`` is set, or ``timeout`` seconds, without blocking
+        the loop. Any
         number of tasks may wait at once; a burst of news is one wake-up. Never raises: when
         the server cannot be reached the time is slept, the next call reconnects, and the
         caller's next claim reports a server that stays away."""
@@ -602,14 +603,10 @@ class AsyncPostgresStore:
                 deadline = min(deadline, loop.time() + due)
         except (psycopg.Error, StoreError) as exc:
             log.warning("cannot listen for work on %s: %s", self.url, exc)
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await _until(deadline, stop.wait() if stop is not None else None)
             return
         if not self._news.is_set():
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._news.wait()
-            except TimeoutError:
-                pass
+            await _until(deadline, self._news.wait(), stop.wait() if stop is not None else None)
         self._news.clear()
 
     async def _listen(self) -> None:
@@ -636,3 +633,20 @@ class AsyncPostgresStore:
             log.warning("stopped listening for work on %s: %s", self.url, exc)
         finally:
             await conn.close()
+
+
+async def _until(deadline: float, *waits: Coroutine[Any, Any, Any] | None) -> None:
+    """Wait for the first of ``waits`` to finish, or until ``deadline`` (the loop's clock)."""
+    tasks = [asyncio.ensure_future(w) for w in waits if w is not None]
+    try:
+        if tasks:
+            await asyncio.wait(
+                tasks,
+                timeout=max(0.0, deadline - asyncio.get_running_loop().time()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        else:
+            await asyncio.sleep(max(0.0, deadline - asyncio.get_running_loop().time()))
+    finally:
+        for task in tasks:
+            task.cancel()
