@@ -144,3 +144,25 @@ def test_an_idle_worker_told_to_stop_leaves_at_once_not_after_its_rescan(store: 
     thread.join(timeout=20)
     assert done, "the worker is still waiting"
     assert time.monotonic() - stopped < 5.0  # woken, not the 30 s rescan
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_idle_worker_process_leaves_at_once_on_a_signal(
+    store_url: str, owner_env: OwnerService, signum: signal.Signals
+) -> None:
+    """``safepoint worker`` with nothing to do, told to stop by SIGTERM (a deploy) or Ctrl-C:
+    its wait for work is woken, it prints what it did and exits 0 — it neither sleeps out its
+    wait nor dies of the signal. (The command's rescan is its default, 1 s: this holds the
+    signal's path to the wait; the 30 s wait itself is the test above's.)"""
+    worker = _worker_process(store_url, owner_env)
+    assert worker.stderr is not None
+    banner = worker.stderr.readline()  # printed once the store is open, as the slots start
+    assert banner.startswith("worker "), banner
+    time.sleep(0.5)  # its handlers installed, its one slot idle inside its wait
+    signalled = time.monotonic()
+    worker.send_signal(signum)
+    _, err = worker.communicate(timeout=30)
+    assert time.monotonic() - signalled < 5.0, err
+    assert worker.returncode == 0, err
+    assert "draining" in err
+    assert "worker stopped: claimed 0," in err
