@@ -21,10 +21,8 @@ import sys
 from datetime import timedelta
 from typing import Any
 
-from fastmcp.client.transports import StdioTransport
 from openai import AsyncOpenAI
 from pydantic_ai import Agent
-from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.models import Model
 from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -60,6 +58,11 @@ def support_agent(model: Model, *, mcp: bool = False) -> Agent[None, str]:
     """The support agent on ``model``, durable: its tools declared by kind in their metadata —
     with ``mcp``, its e-mails sent by the MCP server, declared by name to the capability."""
     if mcp:
+        # imported here: the MCP client is 2 s of imports, paid by every process of every
+        # kill trial otherwise, MCP or not
+        from fastmcp.client.transports import StdioTransport
+        from pydantic_ai.mcp import MCPToolset
+
         crm = MCPToolset(
             StdioTransport(command=sys.executable, args=[SERVER], env=dict(os.environ)), id="crm"
         )

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 import safepoint as sp
 
 ROOT = Path(__file__).parents[2]
@@ -25,6 +27,7 @@ def _usage_module() -> ModuleType:
     return module
 
 
+@pytest.mark.slow  # a mypy run of its own, seconds long: make lint checks the same file
 def test_step_types_and_marked_mistakes_check_in_user_code(tmp_path: Path) -> None:
     done = subprocess.run(
         [
