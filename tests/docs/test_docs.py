@@ -29,6 +29,9 @@ from pathlib import Path
 
 import pytest
 
+# Every example of the docs runs in processes of its own, and the site is built: the slow tier.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 NOT_RUN = "# not run:"

@@ -22,6 +22,9 @@ from safepoint.integrations import claude_agent as spc
 from safepoint.integrations.tools import Tools
 from safepoint.testing import SimulatedCrash
 
+# Each test drives the Claude Code CLI, a process of its own (seconds each): the slow tier.
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).resolve().parents[1]
 
 

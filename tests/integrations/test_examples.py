@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# Each example runs in a process of its own, killed and resumed: the slow tier.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -15,7 +15,8 @@ from safepoint.integrations import mcp as spm
 from safepoint.testing import OwnerService, SimulatedCrash
 from safepoint.testing import crash_at as crashing
 
-pytestmark = pytest.mark.anyio
+# Each test starts MCP servers as processes of their own: the slow tier.
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -28,6 +28,9 @@ from safepoint.testing import FakeModelServer, OwnerService, SimulatedCrash, Tur
 from safepoint.testing import crash_at as crashing
 from safepoint.types import StepKind
 
+# Each test starts MCP servers as processes of their own: the slow tier.
+pytestmark = pytest.mark.slow
+
 SCRIPT = [
     Turn.tool_calls(("get_order", {"order_id": "A1"})),
     Turn.tool_calls(("create_ticket", {"subject": "Order A1 never arrived"})),
