@@ -53,9 +53,11 @@ test-latest: $(UV)              ## the SDK tests, kill trials and examples on th
 test-oldest: $(UV)              ## the same on the oldest releases our ranges allow
 	UV=$(UV) $(PYTHON) tools/upstream.py --oldest
 
+# The fast tier leaves out by marker what make test alone runs; it names its directories too, so
+# that the kill, docs and browser tests are not even imported (seconds of collection per core).
 test-fast: $(BIN)/.installed     ## before each commit (~90 s): unit, SQLite, the SDKs on the fake model server
-	$(BIN)/pytest -n auto --dist loadfile -m "not kill and not slow and not browser and not serial" \
-		-k "not postgres" tests/unit tests/integration tests/ops tests/conformance tests/integrations
+	$(BIN)/pytest -n auto --dist loadfile -m "not kill and not slow and not browser and not serial and not postgres" \
+		tests/unit tests/integration tests/ops tests/conformance tests/integrations
 
 lint: $(BIN)/.installed          ## style, formatting and types
 	$(BIN)/ruff check src tests bench examples tools

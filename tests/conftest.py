@@ -116,8 +116,18 @@ def store(store_url: str) -> Iterator[sp.Store]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Everything under tests/kill kills real processes: mark it so the fast tier leaves it out."""
+    """Mark what the fast tier leaves out: everything under tests/kill kills real processes
+    (``kill``); a test that reaches the PostgreSQL server (``postgres``) takes ``pg_url``, or is
+    the "postgres" case (or "<variant>-postgres") of a parameter naming the store: ``store_url``
+    and the kill harnesses ask for ``pg_url`` only once the case runs."""
     kill_dir = Path(TESTS) / "kill"
     for item in items:
         if kill_dir in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.kill)
+        callspec = getattr(item, "callspec", None)
+        by_store = callspec is not None and any(
+            isinstance(value, str) and (value == "postgres" or value.endswith("-postgres"))
+            for value in callspec.params.values()
+        )
+        if by_store or "pg_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)

@@ -50,7 +50,7 @@ from safepoint.storage.postgres.connection import dict_rows
 from safepoint.storage.postgres.pool import PROBE_AFTER_S, Checkout, checkout, connection_lost
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import OwnerService
-from safepoint.testing.conformance import CLAIMING, StoreConformance, SyncOverAsync, conformance_suite
+from safepoint.testing.conformance import CLAIMS, StoreConformance, SyncOverAsync
 from safepoint.types import (
     Claim,
     Durability,
@@ -1184,10 +1184,13 @@ class TestPostgresConformance(StoreConformance):
         return PostgresStore(self.pg_url)
 
 
-class TestPostgresPerRunClaimConformance(conformance_suite(*CLAIMING)):
+class TestPostgresPerRunClaimConformance(StoreConformance):
     """The same suite with the per-run claim (``?claim=per_run``): candidates read without a
     lock, then taken one by one by run id, as a database sharded by run_id runs it. It must
-    behave as the one-statement claim does."""
+    behave as the one-statement claim does. The claim statement is all it changes (the rest is
+    ``TestPostgresConformance``'s): it runs the tests that claim through ``claim_next``."""
+
+    changes = frozenset({CLAIMS})
 
     @pytest.fixture(autouse=True)
     def _database(self, pg_url: str) -> None:

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-# Each example runs in a process of its own, killed and resumed: the slow tier.
-pytestmark = pytest.mark.slow
-
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow  # each example runs in a process of its own, killed and resumed
 @pytest.mark.parametrize("example", ["anthropic_support.py", "openai_support.py"])
 def test_the_example_runs_and_does_everything_once(example: str) -> None:
     ran = subprocess.run(

@@ -17,7 +17,9 @@ from safepoint.integrations import mcp as spm
 from safepoint.testing import OwnerService, SimulatedCrash
 from safepoint.testing import crash_at as crashing
 
-pytestmark = pytest.mark.anyio
+# Each test talks to an MCP server in a process of its own: the slow tier (test_mcp.py runs the
+# same client in-process in the fast tier).
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 DELAY = 3.0  # how late the server answers slow_ticket: past the calls' timeout
 

@@ -354,6 +354,7 @@ def test_on_postgres_a_crash_in_an_effect_resumes_with_one_refund(
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the example in a process of its own, as test_examples runs the others
 def test_the_example_runs_and_does_everything_once() -> None:
     ran = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "openai_agents_support.py")],

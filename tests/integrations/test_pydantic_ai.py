@@ -94,6 +94,7 @@ def _child(store_url: str, *args: str) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two processes importing Pydantic AI: the kill trials resume across processes too
 def test_a_resume_in_a_new_process_replays_every_unit(
     tmp_path: Path, fake_env: FakeModelServer, owner_env: OwnerService
 ) -> None:
@@ -280,6 +281,7 @@ def test_a_declaration_of_no_known_kind_is_refused() -> None:
         sppa.SafepointDurability(tools={"x": {"kind": "effect", "max_age": 3}})
 
 
+@pytest.mark.slow  # the example in a process of its own, as test_examples runs the others
 def test_the_example_runs_against_the_fake_server() -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "pydantic_ai_support.py")],

@@ -9,6 +9,8 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -16,6 +18,7 @@ def test_the_package_ships_its_type_information() -> None:
     assert resources.files("safepoint").joinpath("py.typed").is_file()
 
 
+@pytest.mark.slow  # a mypy run of its own, seconds long: make lint checks the same file
 def test_error_fields_type_check_in_user_code(tmp_path: Path) -> None:
     """mypy --strict on a file written as a user would: reading ``e.run_id``, ``e.step_id``,
     ``store.identity`` … must not need a cast or an ignore."""

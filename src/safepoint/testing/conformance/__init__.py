@@ -31,17 +31,39 @@ An asyncio store (``safepoint.storage.base.AsyncStore``) runs the same suite thr
         def make_store(self) -> Store:
             return SyncOverAsync(lambda: MyAsyncStore.open(URL))
 
-A second set-up of a store that already runs the whole suite — the same store with a codec,
-with another claim statement — may run only the topics it changes::
+A second set-up of a store that already runs the whole suite runs the tests of what it changes,
+and only those, when it names that in ``changes``::
 
-    class TestMyEncryptedStore(conformance_suite(*STORING)):
+    class TestMyEncryptedStore(StoreConformance):
+        changes = frozenset({VALUES})  # a codec changes what is stored, not how claims race
+
         def make_store(self) -> Store:
             return open_store(URL, codec=Encrypted(keyring))
 
-``TOPICS`` names every topic; ``STORING`` are those whose tests write what a run records and
-read it back, ``CLAIMING`` those that claim, take over and hand back runs. A new topic is added
-to ``StoreConformance`` and to ``TOPICS`` (a test checks they agree), and joins a group when it
-tests what that group's set-ups change.
+The rule: every test declares what it exercises (``exercises``; ``VALUES`` when it declares
+nothing), and a set-up with ``changes`` runs the tests that exercise at least one of them. The
+concerns (``CONCERNS``):
+
+- ``VALUES`` — writes what a run records and reads it back, or moves it (re-plan, retry, fork,
+  prune): what a codec changes;
+- ``CONTROL`` — decides on plain columns only (status, owner, fence, revision, lease, limits,
+  the clock): no second set-up changes it;
+- ``CLAIMS`` — claims through ``claim_next``: what another claim statement changes;
+- ``ACROSS_RUNS`` — reads across runs (lists, prune, shared artifacts, a wait for any run's
+  work): what a database shared with other runs changes;
+- ``CONCURRENCY`` — two things at once on one database (threads racing, a waiter woken by
+  another store's commit): what a store's own locking changes.
+
+``changes`` left at None (the default) runs every test: a store of its own, or a set-up that
+changes how the store reaches its database (another driver, another dialect), runs everything.
+safepoint's own set-ups: SQLite on a file, PostgreSQL and async PostgreSQL run everything; each
+of them with ``codec=Encrypted(...)`` changes ``VALUES``; PostgreSQL with ``?claim=per_run``
+changes ``CLAIMS``; SQLite on one file shared by every test changes ``CLAIMS`` and
+``ACROSS_RUNS``; SQLite in memory changes ``CONCURRENCY``. A new test that declares nothing runs
+where everything runs and under every codec. safepoint's ``tests/conformance`` checks each
+test's declaration against what it calls (``claim_next`` is ``CLAIMS``; a thread or
+``wait_for_work`` is ``CONCURRENCY``; a list, a prune or an artifact is ``ACROSS_RUNS``), so a
+new test lands in the set-ups that change what it tests.
 
 Requires pytest (a dev dependency of safepoint, not a runtime one). The asserts live in this
 module, not in a test file, so for readable failures add to your ``conftest.py``::
@@ -59,15 +81,14 @@ overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run rele
 end of a slice), ``stopped`` (runs stopped at a limit, limits raised), ``prune`` (finished runs
 deleted whole), ``waits`` (messages, and the gates of wait and sleep steps) and ``transactions``
 (transaction steps: the function's writes committed with the step). ``_support`` holds what they
-share: the base class with
-``make_store`` and the helpers, the constants and the record factories.
+share: the base class with ``make_store`` and the helpers, the constants and the record
+factories; ``_concerns`` the concerns and the rule above.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..sync_over_async import SyncOverAsync
+from ._concerns import ACROSS_RUNS, CLAIMS, CONCERNS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import ConformanceBase
 from .approvals import ApprovalTests
 from .artifacts_clock import ArtifactClockTests
@@ -90,39 +111,17 @@ from .transactions import TransactionTests
 from .unreadable import UnreadableTests
 from .waits import WaitTests
 
-__all__ = ["CLAIMING", "STORING", "TOPICS", "StoreConformance", "SyncOverAsync", "conformance_suite"]
-
-# Every topic of the suite, by name, in reading order (creating runs first).
-TOPICS: dict[str, type[Any]] = {
-    "runs": RunTests,
-    "listing": ListingTests,
-    "claiming": ClaimTests,
-    "fencing": FenceTests,
-    "steps": StepTests,
-    "effects": EffectTests,
-    "ending": EndingTests,
-    "artifacts_clock": ArtifactClockTests,
-    "limits": LimitTests,
-    "approvals": ApprovalTests,
-    "revocation": RevocationTests,
-    "history": HistoryTests,
-    "unreadable": UnreadableTests,
-    "stopped": StoppedTests,
-    "slices": SliceTests,
-    "retry": RetryTests,
-    "forks": ForkTests,
-    "waits": WaitTests,
-    "prune": PruneTests,
-    "transactions": TransactionTests,
-}
-
-# The topics whose tests write what a run records and read it back: what a codec changes (the
-# claims, fences, limits and slices they leave out are decided on plain columns a codec never
-# touches).
-STORING = tuple(name for name in TOPICS if name not in ("claiming", "fencing", "limits", "slices"))
-# The topics whose tests claim runs, take them over or hand them back: what another claim
-# statement changes.
-CLAIMING = ("claiming", "fencing", "ending", "stopped", "slices", "retry", "waits")
+__all__ = [
+    "ACROSS_RUNS",
+    "CLAIMS",
+    "CONCERNS",
+    "CONCURRENCY",
+    "CONTROL",
+    "VALUES",
+    "StoreConformance",
+    "SyncOverAsync",
+    "exercises",
+]
 
 
 # pytest collects the tests of the last base first: the topics are listed backwards so
@@ -151,16 +150,3 @@ class StoreConformance(
     ConformanceBase,
 ):
     """Subclass in a test module and implement ``make_store``; pytest collects the tests."""
-
-
-def conformance_suite(*topics: str) -> type[ConformanceBase]:
-    """The suite of ``topics`` only (names of ``TOPICS``), to subclass as ``StoreConformance``
-    is: for a second set-up of a store that already runs the whole suite, which changes only
-    what those topics test — the same store with a codec (``STORING``), with another claim
-    statement (``CLAIMING``). A store of its own runs ``StoreConformance``, every topic."""
-    unknown = [name for name in topics if name not in TOPICS]
-    if unknown or not topics:
-        raise ValueError(f"conformance_suite: name topics of {sorted(TOPICS)}, not {unknown or 'none'}")
-    chosen = [TOPICS[name] for name in TOPICS if name in topics]
-    suite: type[ConformanceBase] = type(f"StoreConformance_{'_'.join(topics)}", tuple(reversed(chosen)), {})
-    return suite

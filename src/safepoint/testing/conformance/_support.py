@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -31,6 +31,7 @@ from ...types import (
     StepRecord,
 )
 from ..tamper import overwrite
+from ._concerns import leave_out_unchanged
 
 T = TypeVar("T")
 
@@ -117,6 +118,15 @@ class ConformanceBase(abc.ABC):
 
     tmp_path: Path
     workflow: str
+    # What this set-up changes of a store that runs the whole suite elsewhere (names of
+    # ``CONCERNS``): only the tests that exercise one of them run. None, the default, runs
+    # every test — what a store of its own must pass.
+    changes: ClassVar[frozenset[str] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.changes is not None:
+            leave_out_unchanged(cls, cls.changes)
 
     @abc.abstractmethod
     def make_store(self) -> Store:

@@ -11,6 +11,7 @@ import pytest
 from ..._rules.canonical import canonical, digest
 from ...errors import ApprovalInvalid, ApprovalRefused, Cancelled, LostOwnership, RunNotFound, StoreError
 from ...types import ApprovalGate, EffectState, RunStatus
+from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import (
     LONG_LEASE_MS,
     SHORT_LEASE_MS,
@@ -41,6 +42,7 @@ class ApprovalTests(ConformanceBase):
         )
         assert store.approvals(run.run_id) == []
 
+    @exercises(VALUES, CLAIMS, ACROSS_RUNS)
     def test_the_gate_without_an_approval_makes_the_run_wait_released(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -71,6 +73,7 @@ class ApprovalTests(ConformanceBase):
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
         assert run.run_id in {r.run_id for r in store.list_runs(RunStatus.WAITING, 50)}
 
+    @exercises(VALUES, CLAIMS)
     def test_approving_binds_to_the_recorded_digests_and_releases_the_waiting_run(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -121,6 +124,7 @@ class ApprovalTests(ConformanceBase):
         dispatching = store.mark_dispatching(claim, op.operation_id)
         assert (dispatching.state, dispatching.approval_id) == (EffectState.DISPATCHING, approval.approval_id)
 
+    @exercises(VALUES, CONCURRENCY)
     def test_a_gate_racing_an_approval_never_loses_it(self) -> None:
         """Whichever commits first, the run either passes its gate or is released."""
         stores = [self.store(), self.store()]
@@ -218,6 +222,7 @@ class ApprovalTests(ConformanceBase):
         assert approval.target_digest is None
         assert store.get_run(run.run_id).status is RunStatus.WAITING
 
+    @exercises(CONTROL, CLAIMS)
     def test_a_waiting_run_is_claimed_by_name_but_not_by_claim_next(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -234,6 +239,7 @@ class ApprovalTests(ConformanceBase):
             0,
         )
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_reprepare_gives_a_never_dispatched_operation_a_new_payload(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -261,6 +267,7 @@ class ApprovalTests(ConformanceBase):
             store.reprepare_effect(claim, replace(revised, payload_ref=digest(other)), other)
         assert self.snapshot(store, run.run_id) == before
 
+    @exercises(VALUES, CLAIMS)
     def test_cancelling_a_waiting_run_ends_it_unless_an_effect_is_uncertain(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)

@@ -11,12 +11,14 @@ import pytest
 from ..._rules.canonical import digest
 from ...errors import ArtifactMissing
 from ...types import EffectState, RunStatus
+from ._concerns import ACROSS_RUNS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import SHORT_LEASE_MS, ConformanceBase, _uid, make_operation, make_step
 
 
 class ArtifactClockTests(ConformanceBase):
     """The conformance tests of artifacts, clock, wake-ups, history."""
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_an_unknown_artifact_is_missing(self) -> None:
         store = self.store()
         unknown = digest(f"never stored {uuid.uuid4()}".encode())
@@ -24,6 +26,7 @@ class ArtifactClockTests(ConformanceBase):
             store.get_artifact(unknown)
         assert error.value.digest == unknown
 
+    @exercises(CONTROL)
     def test_now_is_epoch_milliseconds_and_does_not_go_back(self) -> None:
         store, other = self.store(), self.store()
         first = store.now()
@@ -37,6 +40,7 @@ class ArtifactClockTests(ConformanceBase):
         assert abs(other.now() - store.now()) < 1_000
         assert store.schema_version() >= 1
 
+    @exercises(CONCURRENCY, ACROSS_RUNS)
     def test_wait_for_work_wakes_when_another_store_submits_a_run(self) -> None:
         waiter, submitter = self.store(), self.store()
         woke: list[float] = []
@@ -55,6 +59,7 @@ class ArtifactClockTests(ConformanceBase):
         assert woke, "wait_for_work did not return"
         assert woke[0] < 2.0, f"woke after {woke[0]:.2f}s, not on the new run"
 
+    @exercises(CONCURRENCY, ACROSS_RUNS)
     def test_wait_for_work_waits_out_its_timeout_when_nothing_happens(self) -> None:
         store = self.store()
         store.wait_for_work(0.05)  # settle anything queued before this test
@@ -63,6 +68,7 @@ class ArtifactClockTests(ConformanceBase):
         elapsed = time.monotonic() - started
         assert 0.25 <= elapsed < 1.5
 
+    @exercises(CONCURRENCY, ACROSS_RUNS)
     def test_wait_for_work_returns_once_told_to_stop(self) -> None:
         """A worker told to stop (SIGTERM, ``Worker.stop``) leaves its wait at once, not at the
         end of its rescan interval."""

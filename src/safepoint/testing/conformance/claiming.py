@@ -11,6 +11,7 @@ from ..._rules.canonical import canonical, digest
 from ...errors import Cancelled, LostOwnership, ResolutionRefused, StoreError
 from ...storage.base import NewRun, Replan, Store
 from ...types import Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus, StepKind
+from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import (
     LONG_LEASE_MS,
     SHORT_LEASE_MS,
@@ -27,6 +28,7 @@ from ._support import (
 class ClaimTests(ConformanceBase):
     """The conformance tests of claiming."""
 
+    @exercises(CONTROL)
     def test_claim_run_is_a_compare_and_set_on_the_revision(self) -> None:
         store = self.store()
         run = self.submit(store)
@@ -38,6 +40,7 @@ class ClaimTests(ConformanceBase):
         assert (claim.fence, claim.owner) == (1, "worker-b")
         assert store.claim_run(run.run_id, run.state_revision, "worker-c", LONG_LEASE_MS) is None
 
+    @exercises(CONTROL)
     def test_an_expired_lease_is_taken_over_with_a_new_fence(self) -> None:
         store = self.store()
         run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
@@ -58,6 +61,7 @@ class ClaimTests(ConformanceBase):
         event = store.events(run.run_id)[-1]
         assert (event.kind, event.fence, event.worker) == ("run.claimed", 2, "worker-b")
 
+    @exercises(CONTROL)
     def test_a_live_lease_is_taken_only_from_a_named_dead_owner(self) -> None:
         store = self.store()
         run, _ = self.start(store, owner="worker-a")
@@ -76,6 +80,7 @@ class ClaimTests(ConformanceBase):
         assert (claim.fence, store.get_run(run.run_id).owner) == (2, "worker-b")
         assert store.events(run.run_id)[-1].kind == "run.claimed"
 
+    @exercises(CONTROL, CLAIMS)
     @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED])
     def test_an_ended_run_cannot_be_claimed(self, status: RunStatus) -> None:
         store = self.store()
@@ -97,6 +102,7 @@ class ClaimTests(ConformanceBase):
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None
         assert store.get_run(run.run_id) == ended
 
+    @exercises(CONTROL, CONCURRENCY)
     def test_concurrent_claimers_of_one_revision_have_exactly_one_winner(self) -> None:
         stores = [self.store(), self.store()]
         runs = [self.submit(stores[0]) for _ in range(10)]
@@ -118,6 +124,7 @@ class ClaimTests(ConformanceBase):
             now = stores[0].get_run(run.run_id)
             assert (now.owner, now.fence) == (winners[0].owner, run.fence + 1)
 
+    @exercises(CONTROL, CLAIMS)
     def test_a_released_run_is_runnable_again(self) -> None:
         """A worker stopped on purpose releases its run: any worker may take it at once."""
         store = self.store()
@@ -127,6 +134,7 @@ class ClaimTests(ConformanceBase):
         assert taken is not None
         assert (taken.run_id, taken.fence) == (run.run_id, claim.fence + 1)
 
+    @exercises(CONTROL, CLAIMS)
     def test_claim_next_takes_runnable_runs_of_its_workflows_oldest_first(self) -> None:
         store = self.store()
         other = f"{self.workflow}-other"
@@ -180,6 +188,7 @@ class ClaimTests(ConformanceBase):
         store.finish_run(claim, RunStatus.BLOCKED, recovery_record={"phase": "reconcile_effect"})
         return store.get_run(run.run_id), op.operation_id
 
+    @exercises(VALUES, CLAIMS)
     def test_resolving_applied_accepts_the_operation_and_releases_the_run(self) -> None:
         store = self.store()
         run, op_id = self._blocked_mid_dispatch(store)
@@ -278,6 +287,7 @@ class ClaimTests(ConformanceBase):
         assert "new" not in ledger.steps
         assert second.operation_id not in ledger.operations
 
+    @exercises(CONTROL)
     def test_the_resume_budget_is_recorded_with_the_run(self) -> None:
         store = self.store()
         run, _ = store.create_run(
@@ -307,6 +317,7 @@ class ClaimTests(ConformanceBase):
         )
         assert unlimited.resume_budget is None
 
+    @exercises(CONTROL)
     def test_the_workflow_fingerprint_and_manifest_are_recorded_with_the_run(self) -> None:
         store = self.store()
         manifest = {"tools": {"lookup": "sha256:ab"}, "models": ["m-1"], "prompts": {}}
@@ -382,6 +393,7 @@ class ClaimTests(ConformanceBase):
         assert kinds[-3:] == ["run.replanned", "step.abandoned", "step.abandoned"]
         assert store.get_run(run.run_id).event_count == len(store.events(run.run_id))
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_an_operation_never_sent_is_prepared_anew_and_one_maybe_sent_never(self) -> None:
         """A re-plan's changed payload: the same key with a new payload while nothing left."""
         store = self.store()
@@ -400,6 +412,7 @@ class ClaimTests(ConformanceBase):
             store.reprepare_effect(claim, op, payload)
         assert store.load_ledger(run.run_id).operations[op.operation_id].payload_ref == digest(changed)
 
+    @exercises(CONTROL, CLAIMS)
     def test_claim_next_by_version_leaves_other_versions_alone(self) -> None:
         """In a rolling deploy an old worker must not take (and then block) a newer run."""
         store = self.store()
@@ -409,6 +422,7 @@ class ClaimTests(ConformanceBase):
         assert got is not None
         assert got.run_id == pending.run_id
 
+    @exercises(CONTROL, CLAIMS, CONCURRENCY)
     def test_concurrent_claim_next_never_hands_out_a_run_twice(self) -> None:
         stores = [self.store() for _ in range(4)]
         mine = {self.submit(stores[0]).run_id for _ in range(24)}

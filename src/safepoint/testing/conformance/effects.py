@@ -10,12 +10,14 @@ import pytest
 from ..._rules.canonical import digest, dumps
 from ...errors import HistoryLimitReached, StoreError
 from ...types import JSON, EffectState, StepKind
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_operation, make_step, stamped_between
 
 
 class EffectTests(ConformanceBase):
     """The conformance tests of effects."""
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_prepare_effect_stores_the_payload_and_a_prepared_operation(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -96,6 +98,7 @@ class EffectTests(ConformanceBase):
             store.mark_dispatching(claim, f"no-such-op-{_uid()}")
         assert self.snapshot(store, run.run_id) == before
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_prepare_and_mark_dispatching_leaves_what_the_two_writes_leave(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -213,6 +216,7 @@ class EffectTests(ConformanceBase):
             )
         assert self.snapshot(store, run.run_id) == before
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_an_outcome_with_a_large_result_keeps_it_as_an_artifact(self) -> None:
         store = self.store()
         run, claim = self.start(store)

@@ -7,12 +7,14 @@ import time
 import pytest
 
 from ...types import JSON, RunStatus
+from ._concerns import ACROSS_RUNS, CONTROL, VALUES, exercises
 from ._support import CLOCK_SLACK_MS, LARGE, ConformanceBase, make_step
 
 
 class EndingTests(ConformanceBase):
     """The conformance tests of ending a run."""
 
+    @exercises(VALUES, ACROSS_RUNS)
     @pytest.mark.parametrize("result", [{"ticket": "T-1", "ok": True}, {"blob": LARGE}])
     def test_finish_run_completed_records_the_result(self, result: JSON) -> None:
         store = self.store()
@@ -56,6 +58,7 @@ class EndingTests(ConformanceBase):
         assert blocked.state_revision > claim.state_revision
         assert store.events(run.run_id)[-1].kind == "run.blocked"
 
+    @exercises(CONTROL)
     def test_renew_lease_extends_the_lease_without_moving_the_revision(self) -> None:
         store = self.store()
         run, claim = self.start(store, lease_ms=2_000)

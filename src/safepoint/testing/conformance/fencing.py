@@ -12,6 +12,7 @@ from ..._rules.canonical import digest, dumps
 from ...errors import ArtifactMissing, LostOwnership, RunNotFound
 from ...storage.base import Store
 from ...types import Claim, EffectState, RunStatus, StepKind
+from ._concerns import ACROSS_RUNS, CONTROL, VALUES, exercises
 from ._support import (
     LARGE,
     LONG_LEASE_MS,
@@ -79,6 +80,7 @@ class FenceTests(ConformanceBase):
             with pytest.raises(ArtifactMissing):
                 store.get_artifact(ref)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_stale_claim_writes_nothing_after_a_takeover(self) -> None:
         assert not issubclass(LostOwnership, Exception)  # agent code cannot swallow it
         store = self.store()
@@ -92,6 +94,7 @@ class FenceTests(ConformanceBase):
         store.record_step(new, make_step(run.run_id, "s2", 2))  # the new owner carries on
         assert store.load_ledger(run.run_id).steps["s2"].fence == new.fence
 
+    @exercises(VALUES, ACROSS_RUNS)
     @pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.BLOCKED])
     def test_an_ended_run_refuses_every_worker_write(self, status: RunStatus) -> None:
         store = self.store()
@@ -104,6 +107,7 @@ class FenceTests(ConformanceBase):
         )
         self._assert_stale_claim_writes_nothing(store, claim, op.operation_id)
 
+    @exercises(CONTROL)
     def test_release_run_gives_the_run_up_and_a_stale_release_does_nothing(self) -> None:
         store = self.store()
         run, old = self.start(store, lease_ms=SHORT_LEASE_MS)

@@ -9,6 +9,7 @@ import pytest
 from ...errors import Cancelled, HistoryLimitReached, HistoryWarning, LostOwnership, RunConflict, RunNotFound
 from ...storage.base import Replan
 from ...types import Claim, EffectState, RunStatus, StepKind
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import (
     LARGE,
     LONG_LEASE_MS,
@@ -111,6 +112,7 @@ class HistoryTests(ConformanceBase):
         assert ledger.run.history_warned_at == warned.history_warned_at
         assert ledger.run.event_count == len(events)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_continue_as_new_ends_the_run_and_starts_its_successor_at_once(self) -> None:
         store = self.store()
         run, claim = self.start(store, history=(10, 20))

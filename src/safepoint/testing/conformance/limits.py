@@ -11,6 +11,7 @@ import pytest
 from ...errors import Cancelled, DeadlineExceeded, LostOwnership
 from ...storage.base import NewRun, Store
 from ...types import Claim, EffectState, Retry, RunRecord, RunStatus, StepKind
+from ._concerns import CONTROL, exercises
 from ._support import (
     LONG_LEASE_MS,
     SHORT_LEASE_MS,
@@ -41,6 +42,7 @@ class LimitTests(ConformanceBase):
             )
         )
 
+    @exercises(CONTROL)
     def test_limits_are_recorded_with_the_run(self) -> None:
         store = self.store()
         policy = Retry(attempts=4, backoff=0.25, multiplier=3.0, max_backoff=9.0, jitter=0.5)
@@ -63,6 +65,7 @@ class LimitTests(ConformanceBase):
             None,
         )
 
+    @exercises(CONTROL)
     def test_model_usage_adds_up_on_the_run_in_the_commit_of_its_step(self) -> None:
         store = self.store()
         run, claim = self.start(store, lease_ms=SHORT_LEASE_MS)
@@ -107,6 +110,7 @@ class LimitTests(ConformanceBase):
             store.record_attempt(new, make_attempt(run.run_id, "quote", 3))
         assert len(store.load_ledger(run.run_id).attempts["quote"]) == 2
 
+    @exercises(CONTROL)
     def test_the_store_refuses_new_work_past_the_deadline(self) -> None:
         store = self.store()
         run, claim = self._new_limited_run(store, deadline_ms=300)

@@ -7,12 +7,14 @@ import pytest
 
 from ...errors import UsageError
 from ...types import RunQuery, RunStatus
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import ConformanceBase, _uid
 
 
 class ListingTests(ConformanceBase):
     """The conformance tests of ``query_runs``."""
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_query_runs_filters_counts_and_pages_newest_created_first(self) -> None:
         store = self.store()
         _, done = self.start(store, run_id=f"alpha-{_uid()}")
@@ -56,6 +58,7 @@ class ListingTests(ConformanceBase):
         assert len(seen) == len(set(seen)) == 6  # none twice, none skipped
         assert set(seen) == {done.run_id, *(run.run_id for run in pending)}
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_query_runs_bounds_times(self) -> None:
         store = self.store()
         first = self.submit(store)
@@ -70,6 +73,7 @@ class ListingTests(ConformanceBase):
         assert store.query_runs(none).total == 0
         assert store.query_runs(RunQuery(workflow=self.workflow, updated_to=first.updated_at)).total == 0
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_query_runs_refuses_an_empty_page(self) -> None:
         with pytest.raises(UsageError, match="limit"):
             self.store().query_runs(RunQuery(limit=0))

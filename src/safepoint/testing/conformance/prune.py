@@ -18,6 +18,7 @@ from ...errors import ArtifactMissing, RunNotFound
 from ...storage.base import ForkRun, Store
 from ...storage.prune import PruneBatch, PruneRequest
 from ...types import Claim, OperationRecord, RunRecord, RunStatus
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, ConformanceBase, _uid, make_attempt, make_operation, make_step
 
 
@@ -60,6 +61,7 @@ class PruneTests(ConformanceBase):
         assert store.messages(run_id) == []
         assert store.approvals(run_id) == []
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_finished_run_is_deleted_whole_with_the_artifacts_only_it_referenced(self) -> None:
         store = self.store()
         run, op = self._finished(store)
@@ -83,6 +85,7 @@ class PruneTests(ConformanceBase):
         with pytest.raises(ArtifactMissing):
             store.get_artifact(op.payload_ref)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_an_artifact_another_run_references_is_kept(self) -> None:
         store = self.store()
         run, op = self._finished(store)
@@ -100,6 +103,7 @@ class PruneTests(ConformanceBase):
         assert store.get_artifact(op.payload_ref) == data
         assert store.load_ledger(other.run_id).steps["big"].result == large
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_run_that_is_not_finished_is_never_touched(self) -> None:
         store = self.store()
         running, claim = self.start(store)
@@ -115,6 +119,7 @@ class PruneTests(ConformanceBase):
             assert store.get_run(run.run_id).run_id == run.run_id
         assert list(store.load_ledger(running.run_id).steps) == ["s1"]
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_only_the_statuses_asked_for_and_runs_finished_before_the_cut_off_go(self) -> None:
         store = self.store()
         failed, _ = self._finished(store, RunStatus.FAILED)
@@ -125,6 +130,7 @@ class PruneTests(ConformanceBase):
         assert self._prune(store, before=cut_off).runs == (failed.run_id,)
         assert self._prune(store).runs == (late.run_id,)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_dry_run_reports_what_would_go_and_deletes_nothing(self) -> None:
         store = self.store()
         run, _ = self._finished(store)
@@ -140,6 +146,7 @@ class PruneTests(ConformanceBase):
             dry.artifact_bytes,
         )
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_batches_are_bounded_and_a_cursor_carries_the_prune_on(self) -> None:
         store = self.store()
         runs = [self._finished(store)[0].run_id for _ in range(5)]
@@ -155,6 +162,7 @@ class PruneTests(ConformanceBase):
                 break
         assert sorted(seen) == sorted(runs)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_an_operation_its_owner_may_still_remember_keeps_the_run_unless_forced(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -178,6 +186,7 @@ class PruneTests(ConformanceBase):
         forced = self._prune(store, force=True)
         assert sorted(forced.runs) == sorted([run.run_id, undeclared.run_id])
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_approvals_go_with_their_run(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -191,6 +200,7 @@ class PruneTests(ConformanceBase):
         assert (batch.rows["approvals"], batch.rows["operations"]) == (1, 1)
         self._gone(store, run.run_id)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_chain_goes_whole_once_its_last_run_finished(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -207,6 +217,7 @@ class PruneTests(ConformanceBase):
         self._gone(store, run.run_id)
         self._gone(store, child.run_id)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_forks_source_stays_while_the_fork_stays(self) -> None:
         store = self.store()
         source, claim = self.start(store)
@@ -227,6 +238,7 @@ class PruneTests(ConformanceBase):
         assert self._prune(store).runs == (source.run_id,)  # then its source
         self._gone(store, source.run_id)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_pruned_run_id_used_again_finds_none_of_the_old_runs_records(self) -> None:
         store = self.store()
         run, _ = self._finished(store)

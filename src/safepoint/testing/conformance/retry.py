@@ -17,6 +17,7 @@ from ...types import (
     StepKind,
     StepStatus,
 )
+from ._concerns import CLAIMS, CONCURRENCY, VALUES, exercises
 from ._support import ConformanceBase, _uid, in_threads, make_attempt, make_operation, make_step
 
 _FAILURE = {"type": "TimeoutError", "message": "the read timed out"}
@@ -51,6 +52,7 @@ class RetryTests(ConformanceBase):
         ledger, events = self.snapshot(store, run_id)
         assert (ledger.run.event_count, ledger.run.step_count) == (len(events), len(ledger.steps))
 
+    @exercises(VALUES, CLAIMS)
     def test_a_retry_moves_the_failed_step_into_the_history_and_makes_the_run_pending(self) -> None:
         store = self.store()
         run, _ = self._failed(store)
@@ -194,6 +196,7 @@ class RetryTests(ConformanceBase):
         with pytest.raises(RetryRefused, match="raise the limit instead"):
             store.retry_run(other.run_id, other.state_revision, RunRetry(by="ana"))
 
+    @exercises(VALUES, CONCURRENCY)
     def test_two_retries_from_one_revision_one_of_them_wins(self) -> None:
         run, _ = self._failed(self.store())
         retry = RunRetry(by="ana", step_id="s2", moved=("s2",))

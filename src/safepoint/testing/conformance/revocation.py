@@ -8,6 +8,7 @@ import pytest
 
 from ...errors import ApprovalInvalid, ApprovalRefused, RunNotFound
 from ...types import ApprovalRevocation, Claim, EffectState, OperationRecord, RunRecord, RunStatus
+from ._concerns import CLAIMS, CONCURRENCY, VALUES, exercises
 from ._support import LONG_LEASE_MS, ConformanceBase, _uid, in_threads, make_operation, stamped_between
 
 
@@ -16,6 +17,7 @@ class RevocationTests(ConformanceBase):
 
     WITHDRAWN = ApprovalRevocation(by="carol", reason="the customer withdrew the request")
 
+    @exercises(VALUES, CLAIMS)
     def test_revoking_withdraws_every_approval_in_force_and_the_dispatch_is_refused(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -78,6 +80,7 @@ class RevocationTests(ConformanceBase):
         assert taken.run_id == run.run_id
         assert store.mark_dispatching(taken, op.operation_id).approval_id == again.approval_id
 
+    @exercises(VALUES, CLAIMS)
     def test_a_run_an_approval_released_meets_the_revocation_at_its_gate(self) -> None:
         store = self.store()
         run, claim, op = self._gated(store)
@@ -183,6 +186,7 @@ class RevocationTests(ConformanceBase):
         prepared = store.load_ledger(run.run_id).operations[op.operation_id]
         assert (prepared.state, prepared.dispatch_count) == (EffectState.PREPARED, 0)
 
+    @exercises(VALUES, CONCURRENCY)
     def test_a_revocation_racing_a_dispatch_never_lets_both_win(self) -> None:
         """Run concurrently, on two store objects: a dispatch goes out only under an approval
         not yet revoked — it commits before the revocation, or it is refused."""

@@ -9,6 +9,7 @@ import pytest
 from ..._rules.canonical import digest, dumps
 from ...errors import RunNotFound
 from ...types import JSON, Claim, LedgerIdentity, RunStatus
+from ._concerns import ACROSS_RUNS, CONTROL, VALUES, exercises
 from ._support import CLOCK_SLACK_MS, LARGE, LONG_LEASE_MS, ConformanceBase, _uid, stamped_between
 
 
@@ -62,6 +63,7 @@ class RunTests(ConformanceBase):
             assert again == first
             assert self.snapshot(store, first.run_id) == before
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_inputs_round_trip_and_large_inputs_are_artifacts(self) -> None:
         store = self.store()
         small = {"text": "naïve ✓", "n": [1, 2.5, None, True], "nested": {"k": {}}}
@@ -75,6 +77,7 @@ class RunTests(ConformanceBase):
         text = dumps(large).encode()
         assert store.get_artifact(digest(text)) == text
 
+    @exercises(CONTROL)
     def test_unknown_run_is_run_not_found(self) -> None:
         store = self.store()
         missing = f"missing-{_uid()}"
@@ -84,6 +87,7 @@ class RunTests(ConformanceBase):
         with pytest.raises(RunNotFound):
             store.load_ledger(missing)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_list_runs_filters_by_status_newest_first_within_limit(self) -> None:
         store = self.store()
         _, claim = self.start(store)
@@ -102,6 +106,7 @@ class RunTests(ConformanceBase):
         assert len(store.list_runs(limit=2)) == 2
         assert len(store.list_runs(RunStatus.PENDING, limit=1)) == 1
 
+    @exercises(CONTROL)
     def test_the_ledger_has_one_identity(self) -> None:
         """Every store of one database names the same ledger: an id minted once when its
         schema was created, part of every effect key minted in it."""

@@ -7,6 +7,7 @@ import pytest
 
 from ...errors import LostOwnership
 from ...types import RunStatus
+from ._concerns import CLAIMS, CONTROL, exercises
 from ._support import LONG_LEASE_MS, SHORT_LEASE_MS, ConformanceBase, make_step
 
 _DETAIL = {"slice_ms": 25_000, "elapsed_ms": 25_013, "before_step": "s2"}
@@ -40,6 +41,7 @@ class SliceTests(ConformanceBase):
         assert again is not None
         assert again.fence == claim.fence + 1
 
+    @exercises(CONTROL, CLAIMS)
     def test_a_run_released_at_a_slice_end_is_the_next_claim_of_any_worker(self) -> None:
         store = self.store()
         run, claim = self.start(store, lease_ms=LONG_LEASE_MS)
@@ -49,6 +51,7 @@ class SliceTests(ConformanceBase):
         assert taken is not None
         assert (taken.run_id, taken.owner) == (run.run_id, "worker-b")
 
+    @exercises(CONTROL)
     def test_a_stale_end_slice_raises_and_writes_nothing(self) -> None:
         store = self.store()
         run, old = self.start(store, lease_ms=SHORT_LEASE_MS)
@@ -59,6 +62,7 @@ class SliceTests(ConformanceBase):
         assert self.snapshot(store, run.run_id) == before
         assert store.get_run(run.run_id).owner == new.owner
 
+    @exercises(CONTROL)
     def test_end_slice_ends_a_slice_even_once_a_cancel_is_asked_for(self) -> None:
         # Releasing starts nothing new: a cancel does not refuse it, and the next worker that
         # claims the run ends it cancelled.

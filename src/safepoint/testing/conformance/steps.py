@@ -9,12 +9,14 @@ import pytest
 from ..._rules.canonical import digest, dumps
 from ...errors import Cancelled, HistoryLimitReached, LostOwnership
 from ...types import StepKind, StepStatus
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, make_step, stamped_between
 
 
 class StepTests(ConformanceBase):
     """The conformance tests of steps."""
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_record_step_round_trips_every_field_in_seq_order(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -67,6 +69,7 @@ class StepTests(ConformanceBase):
         text = dumps({"blob": LARGE}).encode()
         assert store.get_artifact(digest(text)) == text
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_record_steps_writes_a_batch_in_one_commit_with_every_field(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -121,6 +124,7 @@ class StepTests(ConformanceBase):
         with pytest.raises(Cancelled):
             store.record_steps(claim, [make_step(run.run_id, "late", 1)])
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_re_recorded_step_replaces_its_row_and_keeps_its_seq(self) -> None:
         store = self.store()
         run, claim = self.start(store)

@@ -9,6 +9,7 @@ from ..._rules.limits import limits_of
 from ...errors import LostOwnership, RunNotFound
 from ...storage.base import Store
 from ...types import Claim, LimitChange, RunLimits, RunRecord, RunStatus, StepKind, StepStatus
+from ._concerns import CLAIMS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import LONG_LEASE_MS, SHORT_LEASE_MS, ConformanceBase, _uid, in_threads, make_step
 
 ERROR = {"type": "BudgetExhausted", "message": "spent 34 tokens of its tokens budget of 30"}
@@ -54,6 +55,7 @@ class StoppedTests(ConformanceBase):
         fields = {**old.as_json(), **new}
         return LimitChange(old=old, new=RunLimits(**fields), by=by, reason="long case")
 
+    @exercises(CONTROL)
     def test_model_calls_are_counted_in_the_commit_of_their_steps(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -72,6 +74,7 @@ class StoppedTests(ConformanceBase):
         store.finish_run(claim, RunStatus.COMPLETED)
         assert store.get_run(run.run_id).model_calls_spent == 3  # what was spent stays spent
 
+    @exercises(VALUES, CLAIMS)
     def test_a_stopped_run_is_released_with_its_record_and_never_claimed(self) -> None:
         store = self.store()
         run, claim = self._stopped(store)
@@ -97,6 +100,7 @@ class StoppedTests(ConformanceBase):
         with pytest.raises(LostOwnership):  # its worker holds nothing any more
             store.record_step(claim, make_step(run.run_id, "late", 9))
 
+    @exercises(CONTROL)
     def test_a_stop_is_refused_when_the_limits_moved_since_the_worker_read_them(self) -> None:
         store = self.store()
         run, claim = self._limited(store)
@@ -110,6 +114,7 @@ class StoppedTests(ConformanceBase):
         assert store.stop_run(claim, limits_of(extended), error=ERROR, recovery_record=stop_record())
         assert store.get_run(run.run_id).status is RunStatus.STOPPED
 
+    @exercises(CONTROL)
     def test_a_stale_worker_cannot_stop_the_run(self) -> None:
         store = self.store()
         run, stale = self._limited(store)
@@ -123,6 +128,7 @@ class StoppedTests(ConformanceBase):
             store.stop_run(stale, limits_of(run), error=ERROR, recovery_record=stop_record())
         assert store.get_run(run.run_id).status is RunStatus.RUNNING
 
+    @exercises(VALUES, CLAIMS)
     def test_extend_limits_makes_a_stopped_run_pending_and_keeps_what_was_spent(self) -> None:
         store = self.store()
         run, claim = self._limited(store)
@@ -157,6 +163,7 @@ class StoppedTests(ConformanceBase):
         assert taken.run_id == run.run_id
         assert store.get_run(run.run_id).resume_count == stopped.resume_count  # not a takeover
 
+    @exercises(CONTROL, CONCURRENCY)
     def test_extend_limits_is_a_compare_and_set_on_the_revision(self) -> None:
         store = self.store()
         stopped, _ = self._stopped(store)
@@ -177,6 +184,7 @@ class StoppedTests(ConformanceBase):
         assert store.get_run(stopped.run_id).token_budget == won[0].token_budget
         assert [e.kind for e in store.events(stopped.run_id)].count("run.limits_extended") == 1
 
+    @exercises(CONTROL, CLAIMS)
     def test_a_running_run_keeps_its_status_and_an_ended_run_is_left_alone(self) -> None:
         store = self.store()
         run, claim = self._limited(store, owner=None)

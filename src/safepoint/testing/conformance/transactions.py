@@ -13,6 +13,7 @@ import pytest
 from ...errors import Cancelled, LostOwnership, UsageError
 from ...storage.base import Store
 from ...types import Claim, RunStatus, StepKind, StepRecord
+from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_step
 
 Statement = tuple[str, tuple[Any, ...]]
@@ -100,6 +101,7 @@ class TransactionTests(ConformanceBase):
         assert self._rows(store, claim, table, 3) == ["o-1"]
         assert store.get_run(run.run_id).step_count == 3
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_large_result_is_kept_whole(self) -> None:
         store = self.store()
         run, claim = self.start(store)

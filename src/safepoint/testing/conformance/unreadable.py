@@ -19,6 +19,7 @@ import pytest
 from ..._rules.canonical import dumps
 from ...errors import CorruptRecord, RunNotFound
 from ...types import Resolution, ResolutionAction, RunRecord, RunStatus, UnreadableRun
+from ._concerns import ACROSS_RUNS, CLAIMS, VALUES, exercises
 from ._support import LONG_LEASE_MS, ConformanceBase, make_attempt, make_operation, make_step
 
 INPUTS = dumps({"args": [1], "kwargs": {}})  # what new_run stores: the repair
@@ -98,6 +99,7 @@ class UnreadableTests(ConformanceBase):
         assert corrupt.value.table == "safepoint_events"
         assert "detail" in corrupt.value.reason
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_listings_show_an_unreadable_run_with_what_can_be_read(self) -> None:
         store = self.store()
         bad = self.submit(store)
@@ -134,6 +136,7 @@ class UnreadableTests(ConformanceBase):
         with pytest.raises(RunNotFound):
             store.find_run(f"{bad.run_id}-missing")
 
+    @exercises(VALUES, CLAIMS)
     def test_an_unreadable_run_is_claimed_once_and_blocked_without_reading_it(self) -> None:
         store = self.store()
         bad = self.submit(store)
@@ -157,6 +160,7 @@ class UnreadableTests(ConformanceBase):
         assert blocked.recovery_record["phase"] == "unreadable_record"
         assert blocked.columns == ("workflow_manifest",)
 
+    @exercises(VALUES, CLAIMS, ACROSS_RUNS)
     def test_a_run_whose_status_is_unknown_is_listed_and_never_claimed(self) -> None:
         store = self.store()
         bad = self.submit(store)

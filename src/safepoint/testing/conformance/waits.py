@@ -23,6 +23,7 @@ from ...errors import (
 )
 from ...storage.base import Store
 from ...types import Claim, RunStatus, StepKind, StepRecord, StepStatus, WaitGate
+from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, VALUES, exercises
 from ._support import LARGE, LONG_LEASE_MS, ConformanceBase, _uid, in_threads, make_step, stamped_between
 
 
@@ -111,6 +112,7 @@ class WaitTests(ConformanceBase):
         assert kinds[-2:] == ["message.sent", "message.received"]
         self._counted(store, run.run_id)
 
+    @exercises(VALUES, CLAIMS)
     def test_a_wait_with_no_message_makes_the_run_wait_released(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -139,6 +141,7 @@ class WaitTests(ConformanceBase):
         assert store.claim_next("worker-b", LONG_LEASE_MS, [self.workflow]) is None  # never due
         self._counted(store, run.run_id)
 
+    @exercises(VALUES, CLAIMS)
     def test_a_message_to_a_run_waiting_for_it_makes_the_run_pending(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -205,6 +208,7 @@ class WaitTests(ConformanceBase):
         )
         self._counted(store, run.run_id)
 
+    @exercises(VALUES, ACROSS_RUNS)
     def test_a_large_payload_is_kept_whole_and_received_whole(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -263,6 +267,7 @@ class WaitTests(ConformanceBase):
 
     # -- timeouts ---------------------------------------------------------------------------------
 
+    @exercises(VALUES, CLAIMS)
     def test_a_wait_times_out_at_the_instant_recorded_when_it_first_waited(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -324,6 +329,7 @@ class WaitTests(ConformanceBase):
 
     # -- sleeps -----------------------------------------------------------------------------------
 
+    @exercises(VALUES, CLAIMS)
     def test_a_sleep_records_its_due_instant_once(self) -> None:
         store = self.store()
         run, claim = self.start(store)
@@ -368,6 +374,7 @@ class WaitTests(ConformanceBase):
         assert store.get_run(run.run_id).status is RunStatus.RUNNING
         self._counted(store, run.run_id)
 
+    @exercises(CONCURRENCY, ACROSS_RUNS)
     def test_wait_for_work_wakes_when_a_waiting_run_falls_due(self) -> None:
         store, waiter = self.store(), self.store()
         run, claim = self.start(store)
@@ -384,6 +391,7 @@ class WaitTests(ConformanceBase):
 
     # -- a send racing a gate ---------------------------------------------------------------------
 
+    @exercises(VALUES, CONCURRENCY)
     def test_a_message_racing_a_wait_is_taken_or_wakes_the_run(self) -> None:
         """Either order of a send and a gate at once: the wait takes the message, or the send
         finds the run waiting and makes it pending — never a run waiting with its message
