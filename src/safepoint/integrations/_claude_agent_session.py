@@ -91,7 +91,8 @@ class LedgerSessionStore:
         started = [str(e["start"]) for e in log if "start" in e]
         lost = {str(e["lost"]) for e in log if "lost" in e}
         current = started[-1] if started else session_id_of(self.run)
-        if current not in lost and _conversation(await self.load_session(current)):
+        allowed = bool(self.calls and self.calls.allowed)
+        if current not in lost and _conversation(await self.load_session(current), allowed):
             return current, True
         fresh = session_id_of(self.run, len(started))
         await self.run.read("claude.sessions", _Batch({"start": fresh}), secrets="redact")
@@ -251,11 +252,15 @@ def _slot(key: Mapping[str, Any]) -> str:
     return "claude.session." + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
-def _conversation(entries: list[dict[str, Any]]) -> bool:
-    """Whether a transcript holds a message the CLI can resume from: its first batch may hold
-    only the CLI's own records (the request's route, the prompt's queueing), and a CLI told to
-    resume such a session answers "No conversation found"."""
-    return any(e.get("type") in ("user", "assistant") and isinstance(e.get("uuid"), str) for e in entries)
+def _conversation(entries: list[dict[str, Any]], allowed: bool) -> bool:
+    """Whether a transcript holds a conversation the CLI can resume: a reply of the model's, or
+    the prompt and calls the hook let through (``load`` puts them back after it). Its first
+    batch may hold only the CLI's own records (the request's route, the prompt's queueing): a
+    CLI told to resume that answers "No conversation found". One that holds the prompt alone is
+    answered by the resumed CLI itself ("No response requested."), and the model, asked to go on
+    from there, never makes the call: such a session is started again from the prompt."""
+    kinds = {e.get("type") for e in entries if isinstance(e.get("uuid"), str)}
+    return "assistant" in kinds or ("user" in kinds and allowed)
 
 
 def _blocks(entry: Mapping[str, Any]) -> list[dict[str, Any]]:
