@@ -152,6 +152,11 @@ class Replan:
         }
 
 
+# How often a wait for work that cannot be woken by its stop event looks whether it was set
+# (``Store.wait_for_work``): PostgreSQL's listening socket, an async store driven from a thread.
+STOP_POLL_S = 0.1
+
+
 class Store(Protocol):
     """The ledger store's operations, each one atomic (see the module docstring); open one with
     ``safepoint.open_store``. The conformance suite says what each must do."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..storage.base import AsyncStore, ForkRun, NewRun, Replan
+from ..storage.base import STOP_POLL_S, AsyncStore, ForkRun, NewRun, Replan
 from ..storage.prune import PruneBatch, PruneRequest
 from ..types import (
     JSON,
@@ -38,8 +38,6 @@ from ..types import (
     UnreadableRun,
     WaitGate,
 )
-
-_STOP_POLL_S = 0.1  # how often a wait for work looks whether it was told to stop
 
 __all__ = ["SyncOverAsync"]
 
@@ -127,7 +125,7 @@ class SyncOverAsync:
             began, left = time.monotonic(), deadline - time.monotonic()
             if left <= 0:
                 return
-            piece = left if stop is None else min(left, _STOP_POLL_S)
+            piece = left if stop is None else min(left, STOP_POLL_S)
             self._call(self.store.wait_for_work(piece))
             if time.monotonic() - began < piece * 0.9:
                 return

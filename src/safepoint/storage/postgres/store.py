@@ -68,7 +68,7 @@ from ...types import (
     WaitGate,
 )
 from .. import resealing
-from ..base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, STOP_POLL_S, ForkRun, NewRun, Replan, unstorable
 from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
@@ -94,8 +94,6 @@ from .transactions import (
     failed_function,
     rollback,
 )
-
-_STOP_POLL_S = 0.1  # how often a wait for work looks whether its worker was told to stop
 
 __all__ = ["PostgresStore"]
 
@@ -524,7 +522,7 @@ class PostgresStore:
     def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
         """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
         next waiting run falls due, ``timeout`` seconds, or ``stop`` is set (looked at every
-        ``_STOP_POLL_S``: the socket is polled, nothing is sent). Each thread listens on its
+        ``STOP_POLL_S``: the socket is polled, nothing is sent). Each thread listens on its
         own connection, kept between calls so that a notification sent while the caller was
         busy still wakes the next wait. Never raises: a broken connection is dropped (and the
         time slept), the next call reconnects, and the caller's next claim reports a server
@@ -537,7 +535,7 @@ class PostgresStore:
                 left = until - time.monotonic()
                 if left <= 0:
                     return
-                piece = left if stop is None else min(left, _STOP_POLL_S)
+                piece = left if stop is None else min(left, STOP_POLL_S)
                 if any(True for _ in conn.notifies(timeout=piece, stop_after=1)):
                     for _ in conn.notifies(timeout=0.0):  # a burst of news is one wake-up
                         pass
