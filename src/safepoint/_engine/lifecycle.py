@@ -261,8 +261,7 @@ def resume_flow(
         return outcome_of(run)
     claim = None
     for _ in range(3):  # the revision may move under us (a finishing worker); look again
-        now = yield from io(Store.now)
-        plan = plan_claim(run, now, owner_gone=run.owner is not None and owner_is_gone(run.owner))
+        plan = plan_claim(run, owner_gone=run.owner is not None and owner_is_gone(run.owner))
         claim = yield from io(
             Store.claim_run, run.run_id, run.state_revision, worker_id(), lease_ms, dead_owner=plan.dead_owner
         )

@@ -6,9 +6,10 @@ End to end:
 1. **A claim takes the run.** ``claim_run`` / ``claim_next`` / ``create_run`` (its starter) is
    a compare-and-set on the run's ``state_revision`` that makes it ``running``, names the
    owner, sets the lease (``lease_expires_at`` = the store's clock + ``lease_ms``) and bumps
-   the ``fence``. The worker holds the new fence in its ``Claim``. ``plan_claim`` decides
-   beforehand whether a claim may be tried at all: not while a live worker's lease holds
-   (``RunOwned``), at once when that worker is known to be gone (``dead_owner``).
+   the ``fence``. The worker holds the new fence in its ``Claim``. Whether a live worker's
+   lease still holds is the database's to say, on its clock, in the claim itself (a worker's
+   reading of "now" is an estimate that may lag by a round trip); ``plan_claim`` only names an
+   owner known to be gone (``dead_owner``), whose lease need not run out first.
 2. **Every worker write is fenced in the write itself.** It applies only while the run's row
    still has the claim's fence and is ``running`` — ``WHERE run_id = … AND fence = … AND
    status = 'running'`` — in the same statement (PostgreSQL: the ``owned`` CTE of each worker
@@ -40,7 +41,6 @@ from ..errors import (
     DeadlineExceeded,
     HistoryLimitReached,
     LostOwnership,
-    RunOwned,
 )
 from ..types import Claim, Resolution, RunRecord
 
@@ -50,13 +50,12 @@ class ClaimPlan:
     dead_owner: str | None = None
 
 
-def plan_claim(run: RunRecord, now: int, *, owner_gone: bool) -> ClaimPlan:
-    """Decide whether a claim may be attempted; raise ``RunOwned`` when a live worker holds it."""
-    if run.owner is None or run.lease_expires_at is None or run.lease_expires_at <= now:
-        return ClaimPlan()
-    if owner_gone:
+def plan_claim(run: RunRecord, *, owner_gone: bool) -> ClaimPlan:
+    """Whom a claim may take the run from before the lease ran out: its owner, once known to be
+    gone. A claim the database refused (a live lease) is the caller's ``RunOwned``."""
+    if run.owner is not None and owner_gone:
         return ClaimPlan(dead_owner=run.owner)
-    raise RunOwned(run.run_id, run.owner, run.lease_expires_at)
+    return ClaimPlan()
 
 
 def fence_holds(claim: Claim, fence: int | None, status: str | None) -> bool:
