@@ -128,8 +128,10 @@ def main() -> int:
     )
     parser.add_argument("--versions", action="store_true", help="only resolve, and print the SDKs' versions")
     args = parser.parse_args()
-    uv = os.environ.get("UV") or shutil.which("uv")
-    if not uv:
+    uv = shutil.which(os.environ.get("UV") or "uv")
+    if uv:
+        uv = str(Path(uv).resolve())  # it runs in a scratch copy of the project, not here
+    else:
         print("tools/upstream.py needs uv: run it through make (make test-latest)", file=sys.stderr)
         return 2
     label = "oldest" if args.oldest else "newest"
