@@ -186,6 +186,10 @@ class RunRecord:
     wake_at: int | None = None  # a waiting run is due then (its sleep ends, its wait times out)
     forked_from: dict[str, Any] | None = None  # a fork: {"run_id", "step_id"} it started from
     heartbeat_at: int | None = None  # its worker's last lease renewal (None: none since the claim)
+    # its family (the run its forks and successors grew from) and its place there: a chain's
+    # generation, a fork standing where its source stands (see ``_rules.family``)
+    family_id: str | None = None
+    family_generation: int = 0
 
     @property
     def history_size(self) -> int:
@@ -380,6 +384,7 @@ class OperationRecord:
     key_attempt: int = 1  # the attempt its effect_key was minted for (a re-sent rejection: 2, …)
     # how long the effect's owner remembers a key, as the effect declared it (None: none declared)
     dedup_retention_ms: int | None = None
+    family_key: str | None = None  # what it is within its run's family (see ``_rules.family``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,7 +136,12 @@ def test_an_operation_named_in_resend_is_sent_once_under_the_forks_own_key(
 ) -> None:
     _, made = _source(store, _name("fork-resend"))
     fork = sp.fork(store, "source", from_step="read.3", new_run_id="retake", resend=["ticket.4"], by="ana")
-    assert fork.forked_from == {"run_id": "source", "step_id": "read.3", "resend": ["ticket.4"]}
+    assert fork.forked_from == {
+        "run_id": "source",
+        "step_id": "read.3",
+        "resend": ["ticket.4"],
+        "resent_by": {"ticket.4": "retake"},
+    }
     again = sp.resume(store, "retake")
     assert again[:4] == made[:4]  # ticket.3 is the source's
     assert again[4] != made[4]  # ticket.4 is a new object at the owner

@@ -230,7 +230,12 @@ def test_a_run_is_forked_from_its_page_with_the_token(
     status, answer = _post(board, "/runs/source/fork", {**form, "token": TOKEN})
     assert status == 200
     assert (answer["run_id"], answer["status"]) == ("from-board", "pending")  # the fork's
-    assert answer["forked_from"] == {"run_id": "source", "step_id": "read.1", "resend": ["send.2"]}
+    assert answer["forked_from"] == {
+        "run_id": "source",
+        "step_id": "read.1",
+        "resend": ["send.2"],
+        "resent_by": {"send.2": answer["run_id"]},
+    }
     assert "forked from" in _get(board, "/runs/from-board")
     assert "href='/runs/source'" in _get(board, "/runs/from-board")
     again = sp.resume(ledger, "from-board")

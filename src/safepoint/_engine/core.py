@@ -158,6 +158,8 @@ class RunCore:
         # What the installed observer follows of this execution (``observe``); None, the usual
         # case, costs each step one test of it.
         self.watch: Execution | None = None
+        # The operations the run's fork was told to send again (``resend``), by whom; once read.
+        self.resent: dict[str, str] | None = None
 
     # -- shared pieces -------------------------------------------------------------------------
 

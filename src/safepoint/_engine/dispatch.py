@@ -41,13 +41,15 @@ from .._rules.effects import (
     orphaned,
     retention_ms,
 )
-from .._rules.fork import Forked, forked_effect, resend_of
+from .._rules.family import family_key, in_a_family
+from .._rules.fork import Forked, forked_effect, resent_by
 from .._rules.ids import check_id
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from ..errors import (
     ApprovalInvalid,
     ArtifactCorrupt,
     ArtifactMissing,
+    ClaimedInFamily,
     DeadlineExceeded,
     EffectRejected,
     HistoryLimitReached,
@@ -98,13 +100,14 @@ class EffectDispatch:
     """One effect step of a run carried through the dispatch protocol: the run's core, the
     step's id (its occurrence, ``sid``) and the effect, which every transition needs."""
 
-    __slots__ = ("acted", "core", "effect", "sid")
+    __slots__ = ("acted", "core", "effect", "family_key", "sid")
 
     def __init__(self, core: RunCore, sid: str, effect: Effect) -> None:
         self.core = core
         self.sid = sid
         self.effect = effect
         self.acted = False  # the owner was called (execute or reconcile) for this step here
+        self.family_key: str | None = None  # what its operation is within the run's family
 
     def watched(self, carried: Flow[Any]) -> Flow[Any]:
         """``carried`` (the step's ``carry_out``), and the installed observer told how the step
@@ -176,11 +179,33 @@ class EffectDispatch:
         # step's own id, the default, names it within this run only. Nor does a fork send what
         # the runs it was forked from sent.
         chained = operation_id is not None
+        resent = (yield from self.resent()).get(op_id)
+        self.family_key = family_key(core.run, op_id, chosen=chained, resent_by=resent)
         settled = yield from self.settled_before(op_id, payload_ref, chained, hashed)
         if settled is not None:
             return settled.receipt
         if op_id not in core.operations and core.unreached:
             yield from self.refuse_beside_orphans(op_id, prefix)
+        try:
+            walked = self.walk(op_id, payload, payload_bytes, payload_ref, hashed, approval, chained)
+            return (yield from walked)
+        except ClaimedInFamily:
+            # Another run of the family sent it first (a fork and its source carrying on in
+            # either order): nothing was sent here, and nothing will be.
+            return (yield from self.held_in_family(op_id, payload_ref, hashed))
+
+    def walk(
+        self,
+        op_id: str,
+        payload: JSON,
+        payload_bytes: bytes,
+        payload_ref: str,
+        hashed: str,
+        approval: bool,
+        chained: bool,
+    ) -> Flow[Any]:
+        """Take the operation from where the ledger stands to accepted, and return the receipt."""
+        core, sid, effect = self.core, self.sid, self.effect
         key_scope = (core.run.chain_id or core.run.run_id) if chained else core.run.run_id
         if op_id not in core.operations and one_commit_to_dispatching(effect, approval=approval):
             # Nothing stands between prepared and dispatching: one commit, then the call.
@@ -285,6 +310,7 @@ class EffectDispatch:
             approval_required=approval,
             target_digest=target,
             dedup_retention_ms=retention_ms(self.effect.dedup_retention),
+            family_key=self.family_key,
         )
 
     def prepare_dispatching(
@@ -456,37 +482,71 @@ class EffectDispatch:
             settled = yield from self.settled_in_chain(op_id, payload_ref)
             if settled is not None:
                 return settled
-        if not (core.run.forked_from or core.run.parent_run_id):
+        if not in_a_family(core.run):
             return None
-        settled = yield from self.settled_in_ancestry(op_id, payload_ref, chained)
+        settled = yield from self.settled_in_ancestry(op_id, payload_ref)
         if settled is not None and not core.cancelling:  # recorded: a fork of this run copies it
             step = self.accepted_step(settled, hashed)
             yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
             core.steps[self.sid] = step
         return settled
 
-    def settled_in_ancestry(
-        self, op_id: str, payload_ref: str, chained: bool
-    ) -> Flow[OperationRecord | None]:
-        """The operation as a run this fork was forked from accepted it (its receipt stands for
-        the fork, recorded as the step's), or None: it is then the fork's own to send (see
-        ``_rules.fork.forked_effect``). One that run rejected raises
-        that rejection again; one sent with another payload, or not settled there, blocks the
-        fork (``SentBySource``) — unless the operator named it in ``resend``."""
+    def resent(self) -> Flow[dict[str, str]]:
+        """The operations a person named in ``resend`` when this run (or the first run of its
+        chain), or a run it was forked from, was forked — and which fork sends each again
+        (``_rules.fork.resent_by``). Read once per run."""
         core = self.core
-        found = yield from io(Store.fork_operation, core.run.run_id, op_id, chained)
-        if found is None:
-            return None
-        # What the operator named in resend is recorded with the fork: a successor of it
-        # (continue-as-new) reads it from its chain's first run.
-        fork = core.run
-        if fork.parent_run_id is not None and fork.chain_id is not None:
-            fork = yield from io(Store.get_run, fork.chain_id)
-        decided = forked_effect(
-            found, effect=self.effect.name, payload_ref=payload_ref, resend=op_id in resend_of(fork)
-        )
+        if core.resent is None:
+            fork = core.run
+            if fork.parent_run_id is not None and fork.chain_id is not None:
+                fork = yield from io(Store.get_run, fork.chain_id)
+            core.resent = resent_by(fork)
+        return core.resent
+
+    def settled_in_ancestry(self, op_id: str, payload_ref: str) -> Flow[OperationRecord | None]:
+        """The operation as a run this one grew from (a fork's source, …) sent and accepted it —
+        its receipt stands for this run, recorded as the step's — or None: it is then this
+        run's own to send (see ``_rules.fork.forked_effect``)."""
+        assert self.family_key is not None
+        found = yield from io(Store.family_operation, self.core.run.run_id, self.family_key)
+        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref, resend=False)
         if decided is Forked.SEND:
             return None
+        assert found is not None
+        return (yield from self.adopt_or_block(found, decided, op_id, payload_ref))
+
+    def held_in_family(self, op_id: str, payload_ref: str, hashed: str) -> Flow[Any]:
+        """The store refused to send the operation: another run of the family holds it. Its
+        accepted outcome is this step's (recorded as the step's); a rejection stands; anything
+        else blocks this run until the holder settles it."""
+        core = self.core
+        assert self.family_key is not None
+        found = yield from io(Store.family_operation, core.run.run_id, self.family_key)
+        if found is None:  # given back meanwhile (a person's "not applied"): look again later
+            yield from core.block(
+                SentBySource(
+                    core.run.run_id, self.sid, op_id, "?", "another run of its family held it a moment ago"
+                ),
+                phase="forked_effect",
+            )
+        assert found is not None
+        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref, resend=False)
+        if decided is Forked.SEND:  # held there, only prepared: it may still go out there
+            decided = Forked.UNSETTLED
+        settled = yield from self.adopt_or_block(found, decided, op_id, payload_ref)
+        if not core.cancelling:
+            step = self.accepted_step(settled, hashed)
+            yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
+            core.steps[self.sid] = step
+        return settled.receipt
+
+    def adopt_or_block(
+        self, found: OperationRecord, decided: Forked, op_id: str, payload_ref: str
+    ) -> Flow[OperationRecord]:
+        """``found``, held by another run of the family, as this run takes it (``decided``):
+        accepted there with this payload, it is returned; rejected there, the rejection is
+        raised again; otherwise the run blocks (``SentBySource``, ``ReplayMismatch``)."""
+        core = self.core
         if decided is Forked.ADOPT:
             return found
         if decided is Forked.REJECTED:
@@ -496,21 +556,20 @@ class EffectDispatch:
                 ReplayMismatch(
                     core.run.run_id,
                     self.sid,
-                    f"operation {op_id!r} was sent by run {found.run_id!r}, which this run was"
-                    f" forked from, for effect {found.effect!r}",
+                    f"operation {op_id!r} was sent by run {found.run_id!r} of its family, for"
+                    f" effect {found.effect!r}",
                 ),
                 phase="replay_mismatch",
                 op=found,
             )
         if decided is Forked.UNSETTLED:
             reason = (
-                f"run {found.run_id!r}, which this run was forked from, holds it"
-                f" {found.state.value}: it may have happened there — settle it in that run"
-                f" (`safepoint record {found.run_id}`), then resume this fork, which takes the"
-                " outcome settled there"
+                f"run {found.run_id!r} of its family holds it {found.state.value}: it may have"
+                f" happened there — settle it in that run (`safepoint record {found.run_id}`),"
+                " then resume this run, which takes the outcome settled there"
             )
         else:
-            reason = f"run {found.run_id!r}, which this run was forked from, sent it with another payload"
+            reason = f"run {found.run_id!r} of its family sent it with another payload"
         yield from core.block(
             SentBySource(core.run.run_id, self.sid, op_id, found.run_id, reason),
             phase="forked_effect",

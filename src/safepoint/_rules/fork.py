@@ -170,12 +170,20 @@ def check_resend(
     return tuple(dict.fromkeys(resend))
 
 
-def forked_from(source_run_id: str, from_step: str, resend: Sequence[str]) -> dict[str, Any]:
-    """A fork's ``forked_from``, as recorded with it: the run and step it was forked from, and
-    the operations it sends under its own key although that run sent them (when any)."""
+def forked_from(
+    source_run_id: str, from_step: str, resend: Sequence[str], fork_run_id: str, inherited: Mapping[str, str]
+) -> dict[str, Any]:
+    """A fork's ``forked_from``, as recorded with it: the run and step it was forked from, the
+    operations it sends under its own key although that run sent them (when any), and which
+    run of its ancestry sent each such operation again (``resent_by``: what the source's chain
+    inherited, ``inherited``, and this fork's own) — a fork of a fork that sent one again takes
+    that run's outcome, not the first."""
     recorded: dict[str, Any] = {"run_id": source_run_id, "step_id": from_step}
     if resend:
         recorded["resend"] = list(resend)
+    resent = {**inherited, **{name: fork_run_id for name in resend}}
+    if resent:
+        recorded["resent_by"] = dict(sorted(resent.items()))
     return recorded
 
 
@@ -183,6 +191,16 @@ def resend_of(run: RunRecord) -> frozenset[str]:
     """The operations ``run`` (a fork) was told to send under its own key."""
     named = (run.forked_from or {}).get("resend") or []
     return frozenset(str(name) for name in named) if isinstance(named, list) else frozenset()
+
+
+def resent_by(run: RunRecord) -> dict[str, str]:
+    """Which run of ``run``'s ancestry (``run`` being a fork, or the first run of a chain) sent
+    each operation again that a person named in ``resend``: that run's claim is the one to
+    take or adopt. (A fork recorded before ``resent_by`` was: its own ``resend``.)"""
+    recorded = (run.forked_from or {}).get("resent_by")
+    if isinstance(recorded, dict):
+        return {str(name): str(by) for name, by in recorded.items()}
+    return {name: run.run_id for name in resend_of(run)}
 
 
 def fork_detail(

@@ -107,6 +107,7 @@ from ._base import (
 )
 from ._runs import (
     RunOwned,
+    ClaimedInFamily,
     RunFailed,
     LimitReached,
     BudgetExhausted,
@@ -162,6 +163,7 @@ __all__ = [
     "AwaitingMessage",
     "BudgetExhausted",
     "Cancelled",
+    "ClaimedInFamily",
     "ContinueAsNew",
     "CorruptRecord",
     "DeadlineExceeded",

@@ -30,6 +30,28 @@ class RunOwned(SafepointError):
         )
 
 
+class ClaimedInFamily(SafepointError):
+    """A run went to send an operation that another run of its family — its source, a fork, a
+    successor — already holds and may have sent (``holder_run_id``'s ``holder_operation_id``):
+    the store refused the dispatch and wrote nothing. The engine answers it from the holder's
+    outcome, or blocks the run (``SentBySource``); a store raises it, a caller never sees it."""
+
+    run_id: str
+    operation_id: str
+    holder_run_id: str
+    holder_operation_id: str
+
+    def __init__(self, run_id: str, operation_id: str, holder_run_id: str, holder_operation_id: str) -> None:
+        super().__init__(
+            f"operation {operation_id!r} of run {run_id!r} is held by run {holder_run_id!r} of its"
+            f" family (its operation {holder_operation_id!r}), which may have sent it: not sent again",
+            run_id=run_id,
+            operation_id=operation_id,
+            holder_run_id=holder_run_id,
+            holder_operation_id=holder_operation_id,
+        )
+
+
 class RunFailed(SafepointError):
     """The run ended failed; resuming it raises this again from the ledger, and
     ``safepoint.retry`` carries it on once the cause is fixed."""

@@ -284,6 +284,8 @@ _RUN = _columns(
     ("wake_at", integer_or_null),
     ("forked_from", json_object_or_null),
     ("heartbeat_at", integer_or_null),
+    ("family_id", text_or_null),
+    ("family_generation", integer),
 )
 # What an unreadable run's listing shows of it, when those columns can be read.
 _LISTED = frozenset(UnreadableRun.__dataclass_fields__) - {"run_id", "reason", "columns"}
@@ -348,6 +350,7 @@ _OPERATION = _columns(
     ("approval_id", text_or_null),
     ("key_attempt", integer),
     ("dedup_retention_ms", integer_or_null),
+    ("family_key", text_or_null),
 )
 
 _EVENT = _columns(

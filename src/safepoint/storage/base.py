@@ -455,13 +455,13 @@ class Store(Protocol):
         of the source's tail; ``RunConflict`` when ``run_id`` exists."""
         ...
 
-    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        """The operation ``operation_id`` as the runs ``run_id`` was forked from hold it — the
-        fork's source, that run's source, …, the nearest first (a successor's forks are its
-        chain's first run's) — or None. ``chained``: an operation id the caller chose, looked
-        up in each source's chain; else a step's own, in each source run itself. Only an
-        operation that may have been sent counts (one only prepared does not); settled
-        (accepted, rejected) before unsettled within one run."""
+    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        """The operation another run of ``run_id``'s family (its source, a fork, a successor, …)
+        holds the claim on under ``family_key`` (``OperationRecord.family_key``), as that run
+        holds it — or None. The claim is taken in the transaction that marks an operation
+        dispatching (``mark_dispatching``, ``prepare_and_mark_dispatching``), which raises
+        ``ClaimedInFamily`` and writes nothing when another run holds it and may have sent it;
+        ``resolve`` (not applied) gives it back."""
         ...
 
     # retention
@@ -746,8 +746,8 @@ class AsyncStore(Protocol):
         """See ``Store.fork_run``."""
         ...
 
-    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        """See ``Store.fork_operation``."""
+    async def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        """See ``Store.family_operation``."""
         ...
 
     # retention

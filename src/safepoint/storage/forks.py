@@ -1,6 +1,6 @@
-"""Forks, written once for every store: making one (``fork_run``) and finding an operation in a
-run's fork ancestry (``fork_operation``), as plans (``plans``) over named queries both dialects
-define alike (``fork_run_*``, ``fork_operation``). The decisions are ``_rules.fork``'s.
+"""Forks, written once for every store: making one (``fork_run``), as a plan (``plans``) over
+named queries both dialects define alike (``fork_run_*``). The decisions are ``_rules.fork``'s;
+what a fork sends is held by its family's claims (``families``).
 
 ``fork_run`` is one transaction: the source's row read (and, on PostgreSQL, locked: a worker's
 fenced write on the source waits for the fork to commit) with the clock the whole fork is
@@ -18,14 +18,15 @@ from .._rules.fork import (
     forked_from,
     plan_fork,
     refuse_live,
+    resent_by,
 )
 from ..errors import RunConflict, RunNotFound
-from ..types import OperationRecord, RunRecord
+from ..types import RunRecord
 from ._rows import operation_record, source_step
 from .base import ForkRun
-from .codec import Codec
+from .families import family_names
 from .ledger import LedgerReads, json_or_none
-from .plans import Plan, Queries
+from .plans import Plan
 from .resealing import reseal_fork
 
 
@@ -46,14 +47,14 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
     ]
     plan = plan_fork(source, steps, operations, fork.from_step)
     held = {op.operation_id: True for op in operations}
-    for name in fork.resend:  # the source itself, and every run it was forked from
+    for name in fork.resend:  # the source itself, and every run of its family
         if name not in held:
-            found = yield from fork_operation(
-                q, source.run_id, name, chained=None, min_depth=0, codec=reads.codec
-            )
-            held[name] = found is not None
+            held[name] = yield from family_names(q, source.run_id, name)
     resend = check_resend(source, fork.resend, plan, held, (op.operation_id for op in operations))
     version = fork.workflow_version if fork.current_code else source.workflow_version
+    # what the source's chain was told to send again (and by whom), for the fork to inherit
+    head = source if source.chain_id in (None, source.run_id) else (yield from reads.get_run(source.chain_id))
+    inherited = resent_by(head)
     created = yield q(
         "fork_run",
         run_id=fork.run_id,
@@ -67,7 +68,7 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
         cost_spent=plan.cost,
         model_calls_spent=plan.model_calls,
         step_count=plan.steps,
-        forked_from=dumps(forked_from(source.run_id, fork.from_step, resend)),
+        forked_from=dumps(forked_from(source.run_id, fork.from_step, resend, fork.run_id, inherited)),
     )
     if not created:
         raise RunConflict(
@@ -102,26 +103,3 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
     )
     yield q("fork_run_count_source_event", source_run_id=source.run_id)
     return (yield from reads.get_run(fork.run_id))
-
-
-def fork_operation(
-    q: Queries,
-    run_id: str,
-    operation_id: str,
-    *,
-    chained: bool | None,
-    min_depth: int = 1,
-    codec: Codec | None = None,
-) -> Plan[OperationRecord | None]:
-    """The operation as the nearest run of ``run_id``'s fork ancestry holds it (see
-    ``Store.fork_operation``). ``chained`` None: looked up both ways; ``min_depth`` 0: in
-    ``run_id`` itself too. ``codec``: the store's, for a sealed receipt or error."""
-    rows = yield q(
-        "fork_operation",
-        run_id=run_id,
-        operation_id=operation_id,
-        by_chain=chained is not False,
-        by_run=chained is not True,
-        min_depth=min_depth,
-    )
-    return operation_record(rows[0], codec) if rows else None

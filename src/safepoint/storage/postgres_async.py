@@ -446,7 +446,7 @@ class AsyncPostgresStore:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
+        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id))
         if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
             dispatched = await self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
         op, due = dispatched
@@ -456,9 +456,7 @@ class AsyncPostgresStore:
     async def prepare_and_mark_dispatching(
         self, claim: Claim, op: OperationRecord, payload: bytes
     ) -> OperationRecord:
-        dispatching, due = await self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
-        )
+        dispatching, due = await self._run(self._ledger.prepare_and_mark_dispatching(claim, op, payload))
         warn(due)
         return dispatching
 
@@ -553,8 +551,8 @@ class AsyncPostgresStore:
     async def fork_run(self, fork: ForkRun) -> RunRecord:
         return await self._run(self._ledger.fork_run(fork))
 
-    async def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        return await self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+    async def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        return await self._read(lambda: self._ledger.family_operation(run_id, family_key))
 
     async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
         return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))

@@ -231,8 +231,8 @@ class SyncOverAsync:
     def fork_run(self, fork: ForkRun) -> RunRecord:
         return self._call(self.store.fork_run(fork))
 
-    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        return self._call(self.store.fork_operation(run_id, operation_id, chained))
+    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        return self._call(self.store.family_operation(run_id, family_key))
 
     def get_artifact(self, digest: str) -> bytes:
         return self._call(self.store.get_artifact(digest))

@@ -12,6 +12,7 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
+from ..families import claim_in_family
 from ..ledger import event_json
 from ..plans import Plan
 from .connection import QUERIES as _q
@@ -55,7 +56,10 @@ class PostgresEffects(PostgresBase):
             dispatching=dispatching,
             detail=dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
             dispatching_detail=dumps({"dispatch": 1}) if dispatching else None,
+            family_key=op.family_key,
         )
+        if dispatching:
+            yield from claim_in_family(_q, claim.run_id, op.operation_id, op.family_key)
         prepared = operation_record(row, self.codec)
         return prepared, (yield from self._history_warning(claim, row))
 
@@ -71,6 +75,7 @@ class PostgresEffects(PostgresBase):
                 return None
             raise not_dispatchable(claim, operation_id) from None
         op = operation_record(row, self.codec)
+        yield from claim_in_family(_q, claim.run_id, operation_id, op.family_key)
         return op, (yield from self._history_warning(claim, row))
 
     def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
@@ -99,6 +104,7 @@ class PostgresEffects(PostgresBase):
                 approval_id=approval.approval_id,
             )
             op = replace(op, approval_id=approval.approval_id)
+        yield from claim_in_family(_q, claim.run_id, operation_id, op.family_key)
         return op, (yield from self._history_warning(claim, row))
 
     def record_outcome(

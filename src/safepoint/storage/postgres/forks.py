@@ -4,7 +4,7 @@ a fork made wakes a worker."""
 from __future__ import annotations
 
 from ...types import OperationRecord, RunRecord
-from .. import forks
+from .. import families, forks
 from ..base import ForkRun
 from ..plans import Plan
 from .connection import QUERIES as _q
@@ -19,5 +19,5 @@ class PostgresForks(PostgresBase):
         yield _q("notify_work", workflow=run.workflow)  # a pending run: wake a worker
         return run
 
-    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> Plan[OperationRecord | None]:
-        return (yield from forks.fork_operation(_q, run_id, operation_id, chained=chained, codec=self.codec))
+    def family_operation(self, run_id: str, family_key: str) -> Plan[OperationRecord | None]:
+        return (yield from families.family_operation(_q, run_id, family_key, self.codec))

@@ -376,7 +376,7 @@ class PostgresStore:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
+        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id))
         if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
             dispatched = self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
         op, due = dispatched
@@ -386,9 +386,7 @@ class PostgresStore:
     def prepare_and_mark_dispatching(
         self, claim: Claim, op: OperationRecord, payload: bytes
     ) -> OperationRecord:
-        dispatching, due = self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
-        )
+        dispatching, due = self._run(self._ledger.prepare_and_mark_dispatching(claim, op, payload))
         warn(due)
         return dispatching
 
@@ -477,8 +475,8 @@ class PostgresStore:
     def fork_run(self, fork: ForkRun) -> RunRecord:
         return self._run(self._ledger.fork_run(fork))
 
-    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        return self._read(lambda: self._ledger.fork_operation(run_id, operation_id, chained))
+    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        return self._read(lambda: self._ledger.family_operation(run_id, family_key))
 
     def reseal_page(
         self, kind: str, after: resealing.Key | None, limit: int

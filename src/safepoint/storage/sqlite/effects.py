@@ -14,7 +14,8 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from .connection import SQL
+from ..families import claim_in_family
+from .connection import QUERIES, SQL
 from .steps import SqliteSteps
 
 
@@ -48,6 +49,7 @@ class SqliteEffects(SqliteSteps):
             due = self._fence_check(conn, claim, now, events=2, new_work=True, limited=True, dispatching=True)
             self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
             conn.execute(SQL["prepare_effect"], self._prepare_params(claim, op, now, dispatching=True))
+            self._within(conn, claim_in_family(QUERIES, claim.run_id, op.operation_id, op.family_key))
             conn.execute(
                 SQL["prepare_and_mark_dispatching_events"],
                 {
@@ -79,6 +81,7 @@ class SqliteEffects(SqliteSteps):
             prepared_at=now,
             updated_at=now,
             dedup_retention_ms=op.dedup_retention_ms,
+            family_key=op.family_key,
         )
 
     @staticmethod
@@ -94,6 +97,7 @@ class SqliteEffects(SqliteSteps):
             "now": now,
             "dedup_retention_ms": op.dedup_retention_ms,
             "dispatching": int(dispatching),
+            "family_key": op.family_key,
         }
 
     def _prepare(
@@ -156,6 +160,7 @@ class SqliteEffects(SqliteSteps):
                 {"run_id": claim.run_id, "operation_id": operation_id, "approval_id": approval.approval_id},
             )
             op = replace(op, approval_id=approval.approval_id)
+        self._within(conn, claim_in_family(QUERIES, claim.run_id, operation_id, op.family_key))
         self._event(
             conn,
             claim.run_id,

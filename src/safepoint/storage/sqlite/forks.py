@@ -5,7 +5,7 @@ ledger while the source's prefix is copied (the plans are every store's:
 from __future__ import annotations
 
 from ...types import OperationRecord, RunRecord
-from .. import forks
+from .. import families, forks
 from ..base import ForkRun
 from .connection import QUERIES, SqliteConnection
 
@@ -18,7 +18,5 @@ class SqliteForks(SqliteConnection):
         with self._write() as conn:
             return self._within(conn, forks.fork_run(self._reads, fork, now))
 
-    def fork_operation(self, run_id: str, operation_id: str, chained: bool) -> OperationRecord | None:
-        return self._reading(
-            forks.fork_operation(QUERIES, run_id, operation_id, chained=chained, codec=self.codec)
-        )
+    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
+        return self._reading(families.family_operation(QUERIES, run_id, family_key, self.codec))

@@ -80,12 +80,7 @@ class SqliteHistory(SqliteRuns):
                 worker=claim.owner,
                 detail={"successor": successor.run_id},
             )
-            parent = {
-                "run_id": claim.run_id,
-                "chain_id": ended["chain_id"],
-                "chain_index": ended["chain_index"],
-            }
-            if not self._insert_run(conn, successor, now, parent=parent):
+            if not self._insert_run(conn, successor, now, parent=ended):
                 # Never our own successor: the run would have ended continued with it. Raising
                 # rolls the whole continue back.
                 raise RunConflict(successor.run_id, f"and does not continue run {claim.run_id!r}")

@@ -29,8 +29,9 @@ from ...types import (
 )
 from ..base import NewRun, retry_json
 from ..codec import seal_record
+from ..families import release_in_family
 from ..ledger import json_or_none
-from .connection import SQL, SqliteConnection
+from .connection import QUERIES, SQL, SqliteConnection
 
 _WAKE_POLL_S = 0.005
 
@@ -80,6 +81,8 @@ class SqliteRuns(SqliteConnection):
                 "chain_id": parent["chain_id"] if parent else None,
                 "chain_index": parent["chain_index"] + 1 if parent else 0,
                 "parent_run_id": parent["run_id"] if parent else None,
+                "family_id": parent["family_id"] if parent else None,
+                "family_generation": parent["family_generation"] + 1 if parent else 0,
                 "now": now,
             },
         )
@@ -329,6 +332,8 @@ class SqliteRuns(SqliteConnection):
                     != 1
                 ):
                     raise _NotApplicable  # rolls the run's update back with it
+                if resolution.action is ResolutionAction.NOT_APPLIED:
+                    self._within(conn, release_in_family(QUERIES, run_id, resolution.operation_id or ""))
                 self._event(
                     conn,
                     run_id,

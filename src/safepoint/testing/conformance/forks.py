@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from ...errors import ForkRefused, RunConflict, RunNotFound
+from ...errors import ClaimedInFamily, ForkRefused, RunConflict, RunNotFound
 from ...storage.base import ForkRun, Store
 from ...types import Claim, EffectState, OperationRecord, RunRecord, RunStatus, StepKind
 from ._support import SHORT_LEASE_MS, ConformanceBase, _uid, expire, make_operation, make_step
@@ -210,42 +210,53 @@ class ForkTests(ConformanceBase):
             store.fork_run(self._fork(source, "b", resend=("nope",)))
         assert unknown.value.choices == (second.operation_id,)
         fork = store.fork_run(self._fork(source, "b", resend=(second.operation_id, second.operation_id)))
-        assert fork.forked_from == {"run_id": source.run_id, "step_id": "b", "resend": [second.operation_id]}
+        assert fork.forked_from == {
+            "run_id": source.run_id,
+            "step_id": "b",
+            "resend": [second.operation_id],
+            "resent_by": {second.operation_id: fork.run_id},
+        }
         assert store.events(fork.run_id)[0].detail["resend"] == [second.operation_id]
 
-    def test_fork_operation_finds_the_nearest_run_of_the_ancestry_holding_it(self) -> None:
+    def test_a_family_operation_is_held_by_the_first_member_to_send_it(self) -> None:
+        """Two forks of one run ask for one operation of the family (one family key): the
+        first to mark it dispatching holds it; the other's dispatch is refused, nothing
+        written, naming the holder — and finds the holder's operation through its family."""
         store = self.store()
-        source, first, second = self._ended(store)
-        op_id = second.operation_id
-        assert store.fork_operation(source.run_id, op_id, False) is None  # no ancestry of its own
+        source, _, _ = self._ended(store)
         fork = store.fork_run(self._fork(source, "b"))
-        assert store.fork_operation(fork.run_id, op_id, False) == second
-        assert store.fork_operation(fork.run_id, op_id, True) == second  # in the source's chain
-        assert store.fork_operation(fork.run_id, "nope", True) is None
-        # a fork of the fork finds it two runs up, until the fork holds one of its own
-        grandchild = store.fork_run(self._fork(fork, "a"))
-        assert store.fork_operation(grandchild.run_id, op_id, False) == second
-        claim = store.claim_run(fork.run_id, fork.state_revision, "worker-b", 60_000)
+        other = store.fork_run(self._fork(source, "b"))
+        assert fork.family_id == other.family_id == (source.family_id or source.run_id)
+        assert fork.family_generation == other.family_generation == source.family_generation
+        held, data = make_operation(fork.run_id, "route", {"n": 1})
+        held = replace(held, family_key="op route")
+        claim = store.claim_run(fork.run_id, fork.state_revision, "worker-a", 60_000)
         assert claim is not None
-        own, data = make_operation(fork.run_id, op_id, {"n": 3})
-        own = replace(own, step_id="send2")
-        store.prepare_effect(claim, own, data)  # prepared, never sent: it does not count
-        assert store.fork_operation(grandchild.run_id, op_id, False) == second
-        store.mark_dispatching(claim, op_id)
-        nearest = store.fork_operation(grandchild.run_id, op_id, False)
-        assert nearest is not None
-        assert (nearest.run_id, nearest.state) == (fork.run_id, EffectState.DISPATCHING)
-        store.record_outcome(claim, op_id, EffectState.REJECTED, error={"no": 1})
-        assert (
-            store.fork_operation(grandchild.run_id, op_id, False)
-            == store.load_ledger(fork.run_id).operations[op_id]
+        sent = store.prepare_and_mark_dispatching(claim, held, data)
+        assert store.family_operation(fork.run_id, "op route") is None  # its own
+        assert store.family_operation(source.run_id, "op route") == sent
+        late, late_data = make_operation(other.run_id, "route", {"n": 1})
+        late = replace(late, family_key="op route")
+        other_claim = store.claim_run(other.run_id, other.state_revision, "worker-b", 60_000)
+        assert other_claim is not None
+        with pytest.raises(ClaimedInFamily) as refused:  # prepared and sent in one: refused
+            store.prepare_and_mark_dispatching(other_claim, late, late_data)
+        assert (refused.value.holder_run_id, refused.value.holder_operation_id) == (fork.run_id, "route")
+        assert "route" not in store.load_ledger(other.run_id).operations  # nothing written
+        store.prepare_effect(other_claim, late, late_data)
+        with pytest.raises(ClaimedInFamily):  # prepared first, then sent: refused all the same
+            store.mark_dispatching(other_claim, "route")
+        kept = store.load_ledger(other.run_id).operations["route"]
+        assert (kept.state, kept.dispatch_count) == (EffectState.PREPARED, 0)
+        store.record_outcome(claim, "route", EffectState.ACCEPTED, receipt={"id": "r-1"})
+        found = store.family_operation(other.run_id, "op route")
+        assert found is not None
+        assert (found.run_id, found.state, found.receipt) == (
+            fork.run_id,
+            EffectState.ACCEPTED,
+            {"id": "r-1"},
         )
-        # a successor of the fork: through its chain's first run, for an id the caller chose;
-        # a step's own id names an operation of that run only
-        successor, _ = store.continue_as_new(claim, self.successor(fork.run_id))
-        third = store.fork_operation(successor.run_id, first.operation_id, True)
-        assert third == first
-        assert store.fork_operation(successor.run_id, first.operation_id, False) is None
+        assert store.family_operation(other.run_id, "op nope") is None
 
     def test_a_fork_copies_a_step_that_took_its_outcome_from_its_source(self) -> None:
         """An effect step of a fork that took the source's outcome is recorded with no operation
@@ -271,4 +282,3 @@ class ForkTests(ConformanceBase):
         ledger = store.load_ledger(grandchild.run_id)
         assert sorted(ledger.steps) == ["a", "b", "m", "send", "send2"]
         assert sorted(ledger.operations) == sorted(store.load_ledger(fork.run_id).operations)
-        assert store.fork_operation(grandchild.run_id, second.operation_id, False) == second

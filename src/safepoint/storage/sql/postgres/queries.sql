@@ -72,7 +72,7 @@ created AS (
                                 updated_at, workflow_fingerprint, workflow_manifest,
                                 deadline_at, token_budget, cost_budget, step_attempts,
                                 history_soft_limit, history_hard_limit, chain_id,
-                                model_call_budget, step_attempt_limit)
+                                model_call_budget, step_attempt_limit, family_id)
     SELECT %(run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
@@ -83,7 +83,7 @@ created AS (
            COALESCE(%(deadline_at)s::bigint, clock.now + %(deadline_ms)s::bigint),
            %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s,
            %(history_soft_limit)s, %(history_hard_limit)s, %(run_id)s,
-           %(model_call_budget)s, %(step_attempt_limit)s
+           %(model_call_budget)s, %(step_attempt_limit)s, %(run_id)s
     FROM clock
     ON CONFLICT (run_id) DO NOTHING
     RETURNING *
@@ -417,12 +417,12 @@ operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                       effect_key, dispatch_count, first_dispatched_at,
                                       approval_required, target_digest, fence, prepared_at,
-                                      updated_at, chain_id, dedup_retention_ms)
+                                      updated_at, chain_id, dedup_retention_ms, family_key)
     SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s,
            CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END, %(payload_ref)s,
            %(effect_key)s, clock.dispatches, CASE WHEN clock.dispatches > 0 THEN owned.now END,
            %(approval_required)s, %(target_digest)s, %(fence)s::bigint, owned.now, owned.now,
-           chain_id, %(dedup_retention_ms)s::bigint
+           chain_id, %(dedup_retention_ms)s::bigint, %(family_key)s
     FROM owned, clock
     RETURNING *
 ),
@@ -898,7 +898,8 @@ ended AS (
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-    RETURNING run_id, chain_id, chain_index, updated_at AS now
+    RETURNING run_id, chain_id, chain_index, updated_at AS now,
+              COALESCE(family_id, run_id) AS family_id, family_generation
 ),
 created AS (
     INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash, inputs,
@@ -907,7 +908,8 @@ created AS (
                                 history_hard_limit, chain_id, chain_index, parent_run_id,
                                 created_at, updated_at, workflow_fingerprint,
                                 workflow_manifest, deadline_at, token_budget, cost_budget,
-                                step_attempts, model_call_budget, step_attempt_limit)
+                                step_attempts, model_call_budget, step_attempt_limit,
+                                family_id, family_generation)
     SELECT %(successor_run_id)s, %(workflow)s, %(workflow_version)s,
            CASE WHEN %(owner)s::text IS NULL THEN 'pending' ELSE 'running' END,
            %(input_hash)s, %(inputs)s, %(inputs_ref)s, 1, %(owner)s,
@@ -919,7 +921,8 @@ created AS (
            %(workflow_fingerprint)s, %(workflow_manifest)s,
            COALESCE(%(deadline_at)s::bigint, ended.now + %(deadline_ms)s::bigint),
            %(token_budget)s::bigint, %(cost_budget)s::double precision, %(step_attempts)s,
-           %(model_call_budget)s, %(step_attempt_limit)s
+           %(model_call_budget)s, %(step_attempt_limit)s, ended.family_id,
+           ended.family_generation + 1
     FROM ended
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, fence, owner, lease_expires_at, created_at
@@ -1205,7 +1208,7 @@ INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_ha
                             cost_budget, tokens_spent, cost_spent, step_attempts, step_count,
                             history_soft_limit, history_hard_limit, chain_id, chain_index,
                             model_call_budget, model_calls_spent, step_attempt_limit,
-                            forked_from)
+                            forked_from, family_id, family_generation)
 SELECT %(run_id)s, workflow,
        CASE WHEN %(current_code)s THEN %(workflow_version)s::text ELSE workflow_version END,
        'pending', input_hash, inputs, inputs_ref, 1, NULL, NULL, 0, 0, 1, resume_budget,
@@ -1215,7 +1218,8 @@ SELECT %(run_id)s, workflow,
        CASE WHEN %(current_code)s THEN %(workflow_manifest)s::text ELSE workflow_manifest END,
        deadline_at, token_budget, cost_budget, %(tokens_spent)s, %(cost_spent)s, step_attempts,
        %(step_count)s, history_soft_limit, history_hard_limit, %(run_id)s, 0,
-       model_call_budget, %(model_calls_spent)s, step_attempt_limit, %(forked_from)s
+       model_call_budget, %(model_calls_spent)s, step_attempt_limit, %(forked_from)s,
+       COALESCE(family_id, run_id), family_generation
 FROM safepoint_runs WHERE run_id = %(source_run_id)s
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
@@ -1237,10 +1241,11 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms)
+                                  dedup_retention_ms, family_key)
 SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key,
        dispatch_count, first_dispatched_at, receipt, error, fence, prepared_at, updated_at,
-       approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms
+       approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms,
+       family_key
 FROM safepoint_operations
 WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -1256,36 +1261,51 @@ VALUES (%(run_id)s, %(now)s, 'run.forked', %(from_step)s, %(by)s, %(detail)s),
 -- The source's history counts its run.fork_made event (nothing else of it changes).
 UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = %(source_run_id)s;
 
--- name: fork_operation
--- An operation as the nearest run of a run's fork ancestry holds it: from the run (depth 0)
--- through the source its chain's first run was forked from, that run's, … An id the caller
--- chose is looked up in each run's chain (index safepoint_operations_chain); a step's own id
--- in each run itself, while the ancestry is forks of forks (not through a successor). Only an
--- operation that may have been sent counts (not one only prepared); settled before unsettled
--- within one run.
-WITH RECURSIVE ancestry (run_id, chain_id, direct, depth) AS (
-    SELECT run_id, chain_id, true, 0 FROM safepoint_runs WHERE run_id = %(run_id)s
-    UNION ALL
-    SELECT source.run_id, source.chain_id, a.direct AND a.chain_id = a.run_id, a.depth + 1
-    FROM ancestry AS a
-    JOIN safepoint_runs AS head ON head.run_id = a.chain_id
-    JOIN safepoint_runs AS source ON source.run_id = head.forked_from::jsonb ->> 'run_id'
-    WHERE head.forked_from IS NOT NULL AND a.depth < 100
-),
-found AS (
-    SELECT o.*, a.depth FROM ancestry AS a
-    JOIN safepoint_operations AS o
-      ON o.chain_id = a.chain_id AND o.operation_id = %(operation_id)s
-    WHERE %(by_chain)s AND a.depth >= %(min_depth)s
-    UNION ALL
-    SELECT o.*, a.depth FROM ancestry AS a
-    JOIN safepoint_operations AS o
-      ON o.run_id = a.run_id AND o.operation_id = %(operation_id)s
-    WHERE %(by_run)s AND a.direct AND a.depth >= %(min_depth)s
-)
-SELECT * FROM found WHERE state <> 'prepared'
-ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, prepared_at DESC
+-- == run families: each operation sent by one member ==========================================
+-- A run's family is the run it grew from and every fork and successor of it; an operation is
+-- named within the family by its family key (safepoint/_rules/family.py). Whoever of the family
+-- dispatches an operation first holds its claim, taken in the dispatch's own transaction (or a
+-- transaction step's): any other member's dispatch of it is then refused. A person's "not
+-- applied" gives the claim back (not sent): the next member to send it takes it.
+
+-- name: family_claim
+-- Take (or keep) the claim on an operation for this run, as sent; no row: another member holds
+-- it, and it may have happened there. Under READ COMMITTED a racing claim waits for the row and
+-- then re-checks the condition against the row as committed: never two holders.
+INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
+SELECT COALESCE(family_id, run_id), %(claim_key)s, run_id, %(operation_id)s, true
+FROM safepoint_runs WHERE run_id = %(run_id)s
+ON CONFLICT (family_id, claim_key) DO UPDATE
+SET run_id = excluded.run_id, operation_id = excluded.operation_id, sent = true
+WHERE safepoint_family_claims.sent = false
+   OR (safepoint_family_claims.run_id = excluded.run_id
+       AND safepoint_family_claims.operation_id = excluded.operation_id)
+RETURNING run_id;
+
+-- name: family_holder
+-- Who of the run's family holds the claim on an operation (and whether it may have happened).
+SELECT c.run_id, c.operation_id, c.sent FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+WHERE r.run_id = %(run_id)s AND c.claim_key = %(claim_key)s;
+
+-- name: family_operation
+-- The operation another member of the run's family holds the claim on, as that member holds it.
+SELECT o.* FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+JOIN safepoint_operations AS o ON o.run_id = c.run_id AND o.operation_id = c.operation_id
+WHERE r.run_id = %(run_id)s AND c.claim_key = %(claim_key)s AND c.run_id <> r.run_id;
+
+-- name: family_names
+-- Whether any member of the run's family holds a claim on an operation of this id.
+SELECT 1 AS held FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+WHERE r.run_id = %(run_id)s AND c.operation_id = %(operation_id)s
 LIMIT 1;
+
+-- name: family_release
+-- A person said the operation was not applied: its claim is given back (not sent).
+UPDATE safepoint_family_claims SET sent = false
+WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
 -- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for

@@ -115,7 +115,12 @@ CREATE TABLE safepoint_runs (
     -- a fork: the run and step it was forked from (JSON); it holds copies of the steps before it
     forked_from          TEXT,
     -- when its worker last renewed the lease (the heartbeat); NULL: not since the claim
-    heartbeat_at         BIGINT
+    heartbeat_at         BIGINT,
+    -- FAMILY: the run its family grew from (its forks, their successors, …: an operation is
+    -- applied at most once across them) and its generation there (its place in a chain; a fork
+    -- stands where its source stands)
+    family_id            TEXT,
+    family_generation    INTEGER NOT NULL DEFAULT 0
 );
 
 CREATE INDEX safepoint_runs_status ON safepoint_runs (status, updated_at);
@@ -206,6 +211,8 @@ CREATE TABLE safepoint_operations (
     -- how long the effect's owner remembers a key, as the effect declared it (dedup_retention);
     -- NULL: none declared. A prune keeps an operation its owner may still remember
     dedup_retention_ms   BIGINT,
+    -- what the operation is within the run's family (safepoint/_rules/family.py)
+    family_key           TEXT,
     PRIMARY KEY (run_id, operation_id)
 );
 
@@ -319,6 +326,20 @@ CREATE INDEX safepoint_messages_payload_ref ON safepoint_messages (payload_ref)
 -- it, so that two ledgers (dev and prod, two tenants, a schema dropped and created again) never
 -- send one key to one owner even for the same run ids. KEYED_SINCE is when it was minted
 -- (database clock).
+-- Which member of a run family holds each operation of the family (by its family key): taken
+-- in the dispatch's own transaction (sent), so no two members send one operation; a person's
+-- "not applied" gives it back (not sent), and the next member to send it takes it.
+CREATE TABLE safepoint_family_claims (
+    family_id     TEXT    NOT NULL,
+    claim_key     TEXT    NOT NULL,
+    run_id        TEXT    NOT NULL,
+    operation_id  TEXT    NOT NULL,  -- a transaction step's: its step id
+    sent          BOOLEAN NOT NULL,
+    PRIMARY KEY (family_id, claim_key)
+);
+
+CREATE INDEX safepoint_family_claims_holder ON safepoint_family_claims (run_id, operation_id);
+
 CREATE TABLE safepoint_ledger (
     singleton    INTEGER PRIMARY KEY CHECK (singleton = 1),
     ledger_id    TEXT    NOT NULL,

@@ -45,13 +45,14 @@ INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_ha
                             workflow_fingerprint, workflow_manifest, deadline_at, token_budget,
                             cost_budget, step_attempts, history_soft_limit, history_hard_limit,
                             chain_id, chain_index, parent_run_id, model_call_budget,
-                            step_attempt_limit)
+                            step_attempt_limit, family_id, family_generation)
 VALUES (:run_id, :workflow, :workflow_version, :status, :input_hash, :inputs, :inputs_ref, 1,
         :owner, :lease_expires_at, :fence, 0, 1, :resume_budget, :now, :now,
         :workflow_fingerprint, :workflow_manifest,
         COALESCE(:deadline_at, :now + :deadline_ms), :token_budget, :cost_budget,
         :step_attempts, :history_soft_limit, :history_hard_limit, COALESCE(:chain_id, :run_id),
-        :chain_index, :parent_run_id, :model_call_budget, :step_attempt_limit)
+        :chain_index, :parent_run_id, :model_call_budget, :step_attempt_limit,
+        COALESCE(:family_id, :run_id), :family_generation)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: claim_next
@@ -296,11 +297,13 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 -- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                   effect_key, dispatch_count, first_dispatched_at, fence,
-                                  prepared_at, updated_at, chain_id, dedup_retention_ms)
+                                  prepared_at, updated_at, chain_id, dedup_retention_ms,
+                                  family_key)
 VALUES (:run_id, :operation_id, :step_id, :effect,
         CASE WHEN :dispatching THEN 'dispatching' ELSE 'prepared' END, :payload_ref, :effect_key,
         :dispatching, CASE WHEN :dispatching THEN :now END, :fence, :now, :now,
-        (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms);
+        (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms,
+        :family_key);
 
 -- name: prepare_and_mark_dispatching_events
 -- effect.prepared, then effect.dispatching, of an operation prepared and dispatched in one
@@ -502,7 +505,7 @@ SET status = 'continued', successor_run_id = :successor_run_id, owner = NULL,
     event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
   AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > :now)
-RETURNING chain_id, chain_index;
+RETURNING run_id, chain_id, chain_index, COALESCE(family_id, run_id) AS family_id, family_generation;
 
 -- name: chain_operation
 -- An operation as an earlier run of the chain settled it: a successor's effect ledger, found
@@ -655,7 +658,7 @@ INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_ha
                             cost_budget, tokens_spent, cost_spent, step_attempts, step_count,
                             history_soft_limit, history_hard_limit, chain_id, chain_index,
                             model_call_budget, model_calls_spent, step_attempt_limit,
-                            forked_from)
+                            forked_from, family_id, family_generation)
 SELECT :run_id, workflow,
        CASE WHEN :current_code THEN :workflow_version ELSE workflow_version END,
        'pending', input_hash, inputs, inputs_ref, 1, NULL, NULL, 0, 0, 1, resume_budget, :now,
@@ -663,7 +666,8 @@ SELECT :run_id, workflow,
        CASE WHEN :current_code THEN :workflow_manifest ELSE workflow_manifest END, deadline_at,
        token_budget, cost_budget, :tokens_spent, :cost_spent, step_attempts, :step_count,
        history_soft_limit, history_hard_limit, :run_id, 0, model_call_budget,
-       :model_calls_spent, step_attempt_limit, :forked_from
+       :model_calls_spent, step_attempt_limit, :forked_from, COALESCE(family_id, run_id),
+       family_generation
 FROM safepoint_runs WHERE run_id = :source_run_id
 ON CONFLICT (run_id) DO NOTHING
 RETURNING run_id;
@@ -685,10 +689,10 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms)
+                                  dedup_retention_ms, family_key)
 SELECT :run_id, operation_id, step_id, effect, state, payload_ref, effect_key, dispatch_count,
        first_dispatched_at, receipt, error, fence, prepared_at, updated_at, approval_required,
-       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms
+       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms, family_key
 FROM safepoint_operations
 WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -704,38 +708,51 @@ VALUES (:run_id, :now, 'run.forked', :from_step, :by, :detail),
 -- The source's history counts its run.fork_made event (nothing else of it changes).
 UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = :source_run_id;
 
--- name: fork_operation
--- An operation as the nearest run of a run's fork ancestry holds it: from the run (depth 0)
--- through the source its chain's first run was forked from, that run's, … An id the caller
--- chose is looked up in each run's chain (index safepoint_operations_chain); a step's own id
--- in each run itself, while the ancestry is forks of forks (not through a successor). Only an
--- operation that may have been sent counts (not one only prepared); settled before unsettled
--- within one run.
-WITH RECURSIVE ancestry (run_id, chain_id, direct, depth) AS (
-    SELECT run_id, COALESCE(chain_id, run_id), 1, 0 FROM safepoint_runs WHERE run_id = :run_id
-    UNION ALL
-    SELECT source.run_id, COALESCE(source.chain_id, source.run_id),
-           a.direct AND a.chain_id = a.run_id, a.depth + 1
-    FROM ancestry AS a
-    JOIN safepoint_runs AS head ON head.run_id = a.chain_id
-    JOIN safepoint_runs AS source
-      ON source.run_id = json_extract(head.forked_from, '$.run_id')
-    WHERE head.forked_from IS NOT NULL AND a.depth < 100
-),
-found AS (
-    SELECT o.*, a.depth FROM ancestry AS a
-    JOIN safepoint_operations AS o
-      ON o.chain_id = a.chain_id AND o.operation_id = :operation_id
-    WHERE :by_chain AND a.depth >= :min_depth
-    UNION ALL
-    SELECT o.*, a.depth FROM ancestry AS a
-    JOIN safepoint_operations AS o
-      ON o.run_id = a.run_id AND o.operation_id = :operation_id
-    WHERE :by_run AND a.direct AND a.depth >= :min_depth
-)
-SELECT * FROM found WHERE state <> 'prepared'
-ORDER BY depth, CASE WHEN state IN ('accepted', 'rejected') THEN 0 ELSE 1 END, prepared_at DESC
+-- == run families: each operation sent by one member ==========================================
+-- A run's family is the run it grew from and every fork and successor of it; an operation is
+-- named within the family by its family key (safepoint/_rules/family.py). Whoever of the family
+-- dispatches an operation first holds its claim, taken in the dispatch's own transaction (or a
+-- transaction step's): any other member's dispatch of it is then refused. A person's "not
+-- applied" gives the claim back (not sent): the next member to send it takes it.
+
+-- name: family_claim
+-- Take (or keep) the claim on an operation for this run, as sent; no row: another member holds
+-- it, and it may have happened there. Under READ COMMITTED a racing claim waits for the row and
+-- then re-checks the condition against the row as committed: never two holders.
+INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
+SELECT COALESCE(family_id, run_id), :claim_key, run_id, :operation_id, 1
+FROM safepoint_runs WHERE run_id = :run_id
+ON CONFLICT (family_id, claim_key) DO UPDATE
+SET run_id = excluded.run_id, operation_id = excluded.operation_id, sent = 1
+WHERE safepoint_family_claims.sent = 0
+   OR (safepoint_family_claims.run_id = excluded.run_id
+       AND safepoint_family_claims.operation_id = excluded.operation_id)
+RETURNING run_id;
+
+-- name: family_holder
+-- Who of the run's family holds the claim on an operation (and whether it may have happened).
+SELECT c.run_id, c.operation_id, c.sent FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+WHERE r.run_id = :run_id AND c.claim_key = :claim_key;
+
+-- name: family_operation
+-- The operation another member of the run's family holds the claim on, as that member holds it.
+SELECT o.* FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+JOIN safepoint_operations AS o ON o.run_id = c.run_id AND o.operation_id = c.operation_id
+WHERE r.run_id = :run_id AND c.claim_key = :claim_key AND c.run_id <> r.run_id;
+
+-- name: family_names
+-- Whether any member of the run's family holds a claim on an operation of this id.
+SELECT 1 AS held FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
+WHERE r.run_id = :run_id AND c.operation_id = :operation_id
 LIMIT 1;
+
+-- name: family_release
+-- A person said the operation was not applied: its claim is given back (not sent).
+UPDATE safepoint_family_claims SET sent = 0
+WHERE run_id = :run_id AND operation_id = :operation_id;
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
 -- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for

@@ -1,0 +1,139 @@
+"""At most once per family, end to end on every store with the effect owner on loopback: a run,
+its forks (and theirs) and its successors never send one operation twice, whichever of them
+carries on first — a source still waiting when it was forked, a source whose uncertain operation
+a person settles after the fork either way, a fork of a continue-as-new chain. The owner counts
+what it applied: each business operation once, unless a person named it in ``resend``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+import safepoint as sp
+from safepoint.errors import SentBySource
+from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
+from safepoint.types import RunStatus
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _applied(owner: OwnerService) -> int:
+    return int(owner.client.stats()["applied"])
+
+
+def _waiting_for_word(name: str) -> sp.Workflow:
+    """An acknowledgement, a read, a wait for a message, then the route ticket."""
+    tickets = owner_effect("tickets")
+
+    @sp.workflow(name, version="v1")
+    def triage(run: sp.Run, case: str) -> list[str]:
+        ack = run.effect("ack", tickets, payload={"case": case, "kind": "ack"})
+        run.read("look", lambda c: {"case": c}, case)
+        run.wait_for("go")
+        routed = run.effect("route", tickets, payload={"case": case, "kind": "route"})
+        return [ack["id"], routed["id"]]
+
+    return triage
+
+
+def _go(store: sp.Store, run_id: str) -> list[str]:
+    sp.send(store, run_id, "go", {"ok": True}, by="ana")
+    result: list[str] = sp.resume(store, run_id)
+    return result
+
+
+@pytest.mark.parametrize("first", ["source", "fork", "grandchild"])
+def test_a_waiting_run_and_its_forks_send_the_tail_once_whoever_goes_on_first(
+    store: sp.Store, owner_env: OwnerService, first: str
+) -> None:
+    triage = _waiting_for_word(_name("family-wait"))
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, triage, "c-1", run_id="source")
+    fork = sp.fork(store, "source", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, fork.run_id)  # the fork waits for its own word
+    sp.fork(store, "fork", from_step="look", new_run_id="grandchild", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "grandchild")
+    assert _applied(owner_env) == 1  # the acknowledgement: none of the forks sent it again
+
+    order = [first, *(r for r in ("source", "fork", "grandchild") if r != first)]
+    results = {run_id: _go(store, run_id) for run_id in order}
+    assert _applied(owner_env) == 2  # the route ticket, once for the whole family
+    assert len({tuple(result) for result in results.values()}) == 1  # one receipt, everywhere
+    for run_id in order:
+        assert store.get_run(run_id).status is RunStatus.COMPLETED
+
+
+def test_a_fork_named_to_send_again_sends_once_more_and_its_forks_take_its_outcome(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    triage = _waiting_for_word(_name("family-resend"))
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, triage, "c-2", run_id="source")
+    assert _go(store, "source")
+    sp.fork(store, "source", from_step="look", new_run_id="again", resend=["route"], by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "again")
+    sp.fork(store, "again", from_step="look", new_run_id="again-2", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "again-2")  # its source has not sent it again yet: it waits
+    again_2 = _go(store, "again-2")  # goes first: sends it again, as its ancestor was told to
+    again = _go(store, "again")
+    assert again_2 == again
+    assert again != store.get_run("source").result
+    assert _applied(owner_env) == 3  # the acknowledgement, the route, and the one resend
+
+
+def _uncertain(name: str) -> sp.Workflow:
+    """A read, then a ticket with no way to look it up at its owner (no reconcile): a dispatch
+    whose answer is lost blocks the run until a person says what happened."""
+    tickets = owner_effect("tickets", name="tickets.unreconciled", reconcile=False)
+
+    @sp.workflow(name, version="v1")
+    def flaky(run: sp.Run, case: str) -> str:
+        run.read("look", lambda c: {"case": c}, case)
+        return str(run.effect("open", tickets, payload={"case": case})["id"])
+
+    return flaky
+
+
+@pytest.mark.parametrize("settled", ["applied", "not_applied"])
+@pytest.mark.parametrize("first", ["source", "fork"])
+def test_a_source_settled_after_the_fork_either_way_sends_nothing_twice(
+    store: sp.Store, owner_env: OwnerService, crash_at: Any, settled: str, first: str
+) -> None:
+    flaky = _uncertain(_name("family-settle"))
+    if settled == "applied":  # the owner applied it and its answer was lost
+        owner_env.client.set_faults(drop_after_commit=1)
+        with pytest.raises(sp.RunBlocked):
+            sp.start(store, flaky, "c-3", run_id="source")
+    else:  # the worker died after "dispatching", before the call: nothing reached the owner
+        crash_at("effect.after_dispatching")
+        with pytest.raises(SimulatedCrash):
+            sp.start(store, flaky, "c-3", run_id="source", lease_ms=0)
+        crash_at(None)
+        with pytest.raises(sp.RunBlocked):
+            sp.resume(store, "source")
+    fork = sp.fork(store, "source", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(SentBySource):  # the source holds it, uncertain: the fork waits for it
+        sp.resume(store, fork.run_id)
+    assert store.get_run("fork").status is RunStatus.BLOCKED
+
+    receipt = None
+    if settled == "applied":
+        receipt = owner_env.client.find_by_key(
+            "tickets", store.load_ledger("source").operations["open"].effect_key
+        )
+        assert receipt is not None
+    revision = store.get_run("source").state_revision
+    sp.resolve(store, "source", settled, revision=revision, by="ana", operation_id="open", receipt=receipt)
+    results = {}
+    for run_id in (first, "source" if first == "fork" else "fork"):
+        results[run_id] = sp.resume(store, run_id)
+    assert results["fork"] == results["source"]  # one ticket, whoever sent it
+    assert _applied(owner_env) == 1
