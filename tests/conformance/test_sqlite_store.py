@@ -290,7 +290,8 @@ def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) 
     assert (old.status, old.resume_budget) == (RunStatus.COMPLETED, None)
 
 
-def _rows_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+def _columns(conn: sqlite3.Connection, schema: str) -> dict[str, str]:
+    """Each ledger table of ``schema`` (no schema_version), and its columns, as a select list."""
     tables = [
         name
         for (name,) in conn.execute(
@@ -299,7 +300,19 @@ def _rows_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[tuple[Any,
         )
     ]
     return {
-        table: conn.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1, 2").fetchall() for table in tables
+        table: ", ".join(row[1] for row in conn.execute(f"PRAGMA {schema}.table_info({table})"))
+        for table in tables
+    }
+
+
+def _rows_of(
+    conn: sqlite3.Connection, schema: str, shape: dict[str, str] | None = None
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of each ledger table of ``schema`` — of the tables and columns ``shape`` names."""
+    shape = shape or _columns(conn, schema)
+    return {
+        table: conn.execute(f"SELECT {columns} FROM {schema}.{table} ORDER BY 1, 2").fetchall()
+        for table, columns in shape.items()
     }
 
 
@@ -330,10 +343,11 @@ def test_a_ledger_of_every_state_keeps_every_row_through_the_rebuilt_tables(tmp_
             )
         conn.execute("ATTACH DATABASE ? AS built", (str(full),))
         conn.execute("DELETE FROM safepoint_ledger")  # the identity migration 1 minted: the built one's
-        for table in _rows_of(conn, "built"):  # every column in the same order at schema 5
-            conn.execute(f"INSERT INTO main.{table} SELECT * FROM built.{table}")
+        shape = _columns(conn, "main")  # the tables and columns of schema 5
+        for table, columns in shape.items():
+            conn.execute(f"INSERT INTO main.{table} ({columns}) SELECT {columns} FROM built.{table}")
         conn.commit()
-        before = _rows_of(conn, "built")
+        before = _rows_of(conn, "built", shape)
         held = ("safepoint_steps", "safepoint_operations", "safepoint_approvals")
         assert all(before[table] for table in held)
         conn.execute("DETACH DATABASE built")
@@ -343,7 +357,17 @@ def test_a_ledger_of_every_state_keeps_every_row_through_the_rebuilt_tables(tmp_
         assert migrated.load_ledger(run_id).run.run_id == run_id
     migrated.close()
     with sqlite3.connect(old) as conn:
-        assert _rows_of(conn, "main") == before
+        assert _rows_of(conn, "main", shape) == before
+        # migration 7 named every run's family: its own, or its source's or parent's
+        nameless = conn.execute("SELECT count(*) FROM safepoint_runs WHERE family_id IS NULL").fetchone()
+        assert nameless == (0,)
+        grown = conn.execute(
+            "SELECT count(*) FROM safepoint_runs AS r JOIN safepoint_runs AS up"
+            " ON up.run_id = COALESCE(r.parent_run_id, json_extract(r.forked_from, '$.run_id'))"
+            " WHERE r.family_id = up.family_id"
+        ).fetchone()[0]
+        joined = conn.execute("SELECT count(*) FROM safepoint_runs WHERE family_id <> run_id").fetchone()[0]
+        assert grown == joined > 0
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
         # the CHECKs written out refuse what they refused
         for statement in (

@@ -96,6 +96,7 @@ def test_a_stored_value_this_version_cannot_read_is_a_corrupt_record_naming_row_
         "approval_id": None,
         "key_attempt": 1,
         "dedup_retention_ms": None,
+        "family_key": "op op-1",
     }
     op = operation_record(row)
     assert (op.state, op.receipt, op.approval_required) == (EffectState.ACCEPTED, {"id": 1}, False)

@@ -446,7 +446,7 @@ class AsyncPostgresStore:
         warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id))
+        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
         if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
             dispatched = await self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
         op, due = dispatched
@@ -456,7 +456,9 @@ class AsyncPostgresStore:
     async def prepare_and_mark_dispatching(
         self, claim: Claim, op: OperationRecord, payload: bytes
     ) -> OperationRecord:
-        dispatching, due = await self._run(self._ledger.prepare_and_mark_dispatching(claim, op, payload))
+        dispatching, due = await self._run(
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
+        )
         warn(due)
         return dispatching
 

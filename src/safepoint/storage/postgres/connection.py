@@ -27,6 +27,7 @@ from ..._rules.canonical import dumps
 from ..._rules.fencing import fence_holds, refused_write
 from ..._rules.history import history_warning, warning_due
 from ...errors import (
+    ClaimedInFamily,
     HistoryWarning,
     InvalidStoreURL,
     LostOwnership,
@@ -380,6 +381,7 @@ class PostgresBase(LedgerReads):
         new_work: bool = True,
         limited: bool = False,
         needs_operation: bool = False,
+        claims: bool = False,
         **params: Any,
     ) -> Plan[Row]:
         """Run a fenced statement: its one row. When it matched nothing, why, from the run as
@@ -387,13 +389,26 @@ class PostgresBase(LedgerReads):
         ``DeadlineExceeded`` for ``new_work``, ``HistoryLimitReached`` for a write held to the
         history limit (``limited``); else ``LostOwnership``. A statement that writes only with
         its operation (``needs_operation``: ``operation_id`` in ``params``) raises ``_Unfit``
-        when nothing else explains it: the caller says what the operation lacked."""
+        when nothing else explains it: the caller says what the operation lacked. A dispatch that
+        takes its family's claim in the statement (``claims``) raises ``ClaimedInFamily`` when
+        another run of the family holds it."""
         # the claim's parameters added to ``params`` (a dict of this call's own), not the two
         # merged into a new one: a step's statement has some twenty parameters
         params.update(run_id=claim.run_id, fence=claim.fence, lease_ms=claim.lease_ms, worker=claim.owner)
         rows = yield Stmt(_q.text[query], params)
         if rows:
             return rows[0]
+        if claims:
+            held = yield _q(
+                "family_refusal",
+                run_id=claim.run_id,
+                operation_id=params["operation_id"],
+                family_key=params["family_key"],
+            )
+            if held:
+                raise ClaimedInFamily(
+                    claim.run_id, params["operation_id"], held[0]["run_id"], held[0]["operation_id"]
+                )
         state = yield _q(
             "fence_state",
             run_id=claim.run_id,

@@ -12,7 +12,6 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..families import claim_in_family
 from ..ledger import event_json
 from ..plans import Plan
 from .connection import QUERIES as _q
@@ -43,6 +42,7 @@ class PostgresEffects(PostgresBase):
             claim,
             "prepare_effect",
             limited=True,
+            claims=dispatching,
             operation_id=op.operation_id,
             step_id=op.step_id,
             effect=op.effect,
@@ -58,8 +58,6 @@ class PostgresEffects(PostgresBase):
             dispatching_detail=dumps({"dispatch": 1}) if dispatching else None,
             family_key=op.family_key,
         )
-        if dispatching:
-            yield from claim_in_family(_q, claim.run_id, op.operation_id, op.family_key)
         prepared = operation_record(row, self.codec)
         return prepared, (yield from self._history_warning(claim, row))
 
@@ -68,14 +66,19 @@ class PostgresEffects(PostgresBase):
         having written nothing: the store runs ``mark_dispatching_gated`` instead."""
         try:
             row = yield from self._fenced(
-                claim, "mark_dispatching", needs_operation=True, operation_id=operation_id, gate=False
+                claim,
+                "mark_dispatching",
+                needs_operation=True,
+                claims=True,
+                operation_id=operation_id,
+                gate=False,
+                family_key=None,
             )
         except _Unfit as unfit:
             if unfit.gated:
                 return None
             raise not_dispatchable(claim, operation_id) from None
         op = operation_record(row, self.codec)
-        yield from claim_in_family(_q, claim.run_id, operation_id, op.family_key)
         return op, (yield from self._history_warning(claim, row))
 
     def mark_dispatching_gated(self, claim: Claim, operation_id: str) -> Plan[Dispatched]:
@@ -85,7 +88,13 @@ class PostgresEffects(PostgresBase):
         — or the refusal rolls it all back."""
         try:
             row = yield from self._fenced(
-                claim, "mark_dispatching", needs_operation=True, operation_id=operation_id, gate=True
+                claim,
+                "mark_dispatching",
+                needs_operation=True,
+                claims=True,
+                operation_id=operation_id,
+                gate=True,
+                family_key=None,
             )
         except _Unfit:
             raise not_dispatchable(claim, operation_id) from None
@@ -104,7 +113,6 @@ class PostgresEffects(PostgresBase):
                 approval_id=approval.approval_id,
             )
             op = replace(op, approval_id=approval.approval_id)
-        yield from claim_in_family(_q, claim.run_id, operation_id, op.family_key)
         return op, (yield from self._history_warning(claim, row))
 
     def record_outcome(

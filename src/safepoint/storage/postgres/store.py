@@ -376,7 +376,7 @@ class PostgresStore:
         warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id))
+        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
         if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
             dispatched = self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
         op, due = dispatched
@@ -386,7 +386,9 @@ class PostgresStore:
     def prepare_and_mark_dispatching(
         self, claim: Claim, op: OperationRecord, payload: bytes
     ) -> OperationRecord:
-        dispatching, due = self._run(self._ledger.prepare_and_mark_dispatching(claim, op, payload))
+        dispatching, due = self._run(
+            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
+        )
         warn(due)
         return dispatching
 

@@ -10,11 +10,11 @@ from typing import Any
 
 from ..._rules.approvals import authorizing, refused_dispatch
 from ..._rules.history import warn
-from ...errors import HistoryWarning, StoreError
+from ...errors import ClaimedInFamily, HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..families import claim_in_family
+from ..families import release_in_family
 from .connection import QUERIES, SQL
 from .steps import SqliteSteps
 
@@ -49,7 +49,7 @@ class SqliteEffects(SqliteSteps):
             due = self._fence_check(conn, claim, now, events=2, new_work=True, limited=True, dispatching=True)
             self._put_artifact(conn, payload, now, op.payload_ref)  # checked above
             conn.execute(SQL["prepare_effect"], self._prepare_params(claim, op, now, dispatching=True))
-            self._within(conn, claim_in_family(QUERIES, claim.run_id, op.operation_id, op.family_key))
+            self._claim_in_family(conn, claim.run_id, op.operation_id, op.family_key)
             conn.execute(
                 SQL["prepare_and_mark_dispatching_events"],
                 {
@@ -83,6 +83,22 @@ class SqliteEffects(SqliteSteps):
             dedup_retention_ms=op.dedup_retention_ms,
             family_key=op.family_key,
         )
+
+    @staticmethod
+    def _claim_in_family(
+        conn: sqlite3.Connection, run_id: str, operation_id: str, claim_key: str | None
+    ) -> None:
+        """Take the family's claim on ``claim_key`` for ``run_id``'s ``operation_id``, as sent, in
+        the dispatch's transaction (after its write: a refusal rolls it back), or
+        ``ClaimedInFamily`` naming the run that holds it. An operation with no family key (one
+        prepared before families were recorded) claims nothing."""
+        if claim_key is None:
+            return
+        params = {"run_id": run_id, "operation_id": operation_id, "claim_key": claim_key}
+        if conn.execute(SQL["family_claim"], params).fetchone() is not None:
+            return
+        holder = conn.execute(SQL["family_holder"], params).fetchone()
+        raise ClaimedInFamily(run_id, operation_id, holder["run_id"], holder["operation_id"])
 
     @staticmethod
     def _prepare_params(claim: Claim, op: OperationRecord, now: int, *, dispatching: bool) -> dict[str, Any]:
@@ -160,7 +176,7 @@ class SqliteEffects(SqliteSteps):
                 {"run_id": claim.run_id, "operation_id": operation_id, "approval_id": approval.approval_id},
             )
             op = replace(op, approval_id=approval.approval_id)
-        self._within(conn, claim_in_family(QUERIES, claim.run_id, operation_id, op.family_key))
+        self._claim_in_family(conn, claim.run_id, operation_id, op.family_key)
         self._event(
             conn,
             claim.run_id,
@@ -208,6 +224,8 @@ class SqliteEffects(SqliteSteps):
                     run_id=claim.run_id,
                     operation_id=operation_id,
                 )
+            if state is EffectState.PREPARED:  # provably never sent: the family's claim goes back
+                self._within(conn, release_in_family(QUERIES, claim.run_id, operation_id))
             if step is not None:
                 self._upsert_step(conn, claim, step, now)
             self._event(

@@ -392,6 +392,23 @@ RETURNING lease_expires_at;
 -- clock: `dispatches` is 0 or 1.
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now,
                                    %(dispatching)s::boolean::integer AS dispatches),
+-- dispatching: the family's claim on the operation, taken first — a racing claim waits for
+-- the row, then re-checks the condition against the row as committed (READ COMMITTED): never
+-- two holders; another run of the family holding it refuses the whole statement
+-- (family_refusal tells)
+claimed AS (
+    INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
+    SELECT COALESCE(family_id, run_id), %(family_key)s, run_id, %(operation_id)s, true
+    FROM safepoint_runs
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND %(dispatching)s AND %(family_key)s::text IS NOT NULL
+    ON CONFLICT (family_id, claim_key) DO UPDATE
+    SET run_id = EXCLUDED.run_id, operation_id = EXCLUDED.operation_id, sent = true
+    WHERE NOT safepoint_family_claims.sent
+       OR (safepoint_family_claims.run_id = EXCLUDED.run_id
+           AND safepoint_family_claims.operation_id = EXCLUDED.operation_id)
+    RETURNING run_id
+),
 -- the fence; counts the events and moves the revision as the two writes would, one each
 owned AS (
     UPDATE safepoint_runs
@@ -404,6 +421,7 @@ owned AS (
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
       -- only the prepare is held to the hard limit
       AND (history_hard_limit IS NULL OR event_count + step_count + 1 <= history_hard_limit)
+      AND (NOT %(dispatching)s OR %(family_key)s::text IS NULL OR EXISTS (SELECT 1 FROM claimed))
     RETURNING run_id, chain_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
@@ -449,6 +467,23 @@ FROM owned, operation;
 -- written and no row returned, as for a refused fence (fence_state tells which). An operation
 -- already prepared is sent whatever the history: never held to its limit.
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
+-- the family's claim on the operation, taken first — a racing claim waits for the row, then
+-- re-checks the condition against the row as committed (READ COMMITTED): never two holders;
+-- another run of the family holding it refuses the whole statement (family_refusal tells)
+claimed AS (
+    INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
+    SELECT COALESCE(r.family_id, r.run_id), o.family_key, r.run_id, o.operation_id, true
+    FROM safepoint_runs AS r
+    JOIN safepoint_operations AS o ON o.run_id = r.run_id AND o.operation_id = %(operation_id)s
+    WHERE r.run_id = %(run_id)s AND r.fence = %(fence)s AND r.status = 'running'
+      AND o.family_key IS NOT NULL AND o.state IN ('prepared', 'dispatching', 'unknown')
+    ON CONFLICT (family_id, claim_key) DO UPDATE
+    SET run_id = EXCLUDED.run_id, operation_id = EXCLUDED.operation_id, sent = true
+    WHERE NOT safepoint_family_claims.sent
+       OR (safepoint_family_claims.run_id = EXCLUDED.run_id
+           AND safepoint_family_claims.operation_id = EXCLUDED.operation_id)
+    RETURNING run_id
+),
 owned AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -458,11 +493,12 @@ owned AS (
       -- new work: none once a cancel is asked for, none past the deadline
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
       -- an operation to dispatch (read before the lock is taken: only the holder of this
-      -- run's fence changes it)
+      -- run's fence changes it), whose family's claim this run holds
       AND EXISTS (SELECT 1 FROM safepoint_operations
                   WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s
                     AND state IN ('prepared', 'dispatching', 'unknown')
-                    AND (%(gate)s OR NOT approval_required))
+                    AND (%(gate)s OR NOT approval_required)
+                    AND (family_key IS NULL OR EXISTS (SELECT 1 FROM claimed)))
     RETURNING run_id, updated_at AS now, event_count + step_count AS history,
               history_soft_limit, history_hard_limit, history_warned_at
 ),
@@ -522,6 +558,12 @@ operation AS (
     FROM owned
     WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s  -- a key probe, as above
     RETURNING o.run_id, owned.now
+),
+-- back to prepared (provably never sent): the family's claim on it goes back
+released AS (
+    UPDATE safepoint_family_claims SET sent = false
+    WHERE %(state)s = 'prepared' AND run_id = %(run_id)s AND operation_id = %(operation_id)s
+      AND EXISTS (SELECT 1 FROM owned)
 ),
 -- a large step result, stored once whoever stores it; only with the outcome (FROM operation)
 artifact AS (
@@ -1264,29 +1306,10 @@ UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = %(source_
 -- == run families: each operation sent by one member ==========================================
 -- A run's family is the run it grew from and every fork and successor of it; an operation is
 -- named within the family by its family key (safepoint/_rules/family.py). Whoever of the family
--- dispatches an operation first holds its claim, taken in the dispatch's own transaction (or a
--- transaction step's): any other member's dispatch of it is then refused. A person's "not
+-- dispatches an operation first holds its claim, taken in the dispatch's own statement
+-- (prepare_effect, mark_dispatching: the `claimed` CTE): any other member's dispatch of it is
+-- then refused. A person's "not
 -- applied" gives the claim back (not sent): the next member to send it takes it.
-
--- name: family_claim
--- Take (or keep) the claim on an operation for this run, as sent; no row: another member holds
--- it, and it may have happened there. Under READ COMMITTED a racing claim waits for the row and
--- then re-checks the condition against the row as committed: never two holders.
-INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
-SELECT COALESCE(family_id, run_id), %(claim_key)s, run_id, %(operation_id)s, true
-FROM safepoint_runs WHERE run_id = %(run_id)s
-ON CONFLICT (family_id, claim_key) DO UPDATE
-SET run_id = excluded.run_id, operation_id = excluded.operation_id, sent = true
-WHERE safepoint_family_claims.sent = false
-   OR (safepoint_family_claims.run_id = excluded.run_id
-       AND safepoint_family_claims.operation_id = excluded.operation_id)
-RETURNING run_id;
-
--- name: family_holder
--- Who of the run's family holds the claim on an operation (and whether it may have happened).
-SELECT c.run_id, c.operation_id, c.sent FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
-WHERE r.run_id = %(run_id)s AND c.claim_key = %(claim_key)s;
 
 -- name: family_operation
 -- The operation another member of the run's family holds the claim on, as that member holds it.
@@ -1301,6 +1324,17 @@ SELECT 1 AS held FROM safepoint_family_claims AS c
 JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
 WHERE r.run_id = %(run_id)s AND c.operation_id = %(operation_id)s
 LIMIT 1;
+
+-- name: family_refusal
+-- Why a dispatch that takes its family's claim in its own statement wrote nothing, when it is
+-- the claim: the run of the family that holds it, and may have sent it.
+SELECT c.run_id, c.operation_id FROM safepoint_family_claims AS c
+JOIN safepoint_runs AS r ON r.run_id = %(run_id)s
+WHERE c.family_id = COALESCE(r.family_id, r.run_id) AND c.sent
+  AND c.claim_key = COALESCE(%(family_key)s::text,
+                             (SELECT family_key FROM safepoint_operations
+                              WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s))
+  AND NOT (c.run_id = r.run_id AND c.operation_id = %(operation_id)s);
 
 -- name: family_release
 -- A person said the operation was not applied: its claim is given back (not sent).
