@@ -137,3 +137,42 @@ def test_a_source_settled_after_the_fork_either_way_sends_nothing_twice(
         results[run_id] = sp.resume(store, run_id)
     assert results["fork"] == results["source"]  # one ticket, whoever sent it
     assert _applied(owner_env) == 1
+
+
+def _chain(name: str) -> sp.Workflow:
+    """Three runs of one chain, each reading, then sending a line under its step's own id, then
+    continuing as new — the last waiting for a word first."""
+    lines = owner_effect("tickets", name="tickets.lines")
+
+    @sp.workflow(name, version="v1")
+    def chained(run: sp.Run, generation: int) -> list[str]:
+        run.read("look", lambda g: {"generation": g}, generation)
+        if generation == 2:
+            run.wait_for("go")
+        sent = run.effect("line", lines, payload={"line": generation})
+        if generation < 2:
+            run.continue_as_new(generation + 1)
+        return [str(sent["id"])]
+
+    return chained
+
+
+@pytest.mark.parametrize("first", ["source", "fork"])
+def test_a_fork_of_a_chain_resends_nothing_its_chain_sent_whoever_goes_on_first(
+    store: sp.Store, owner_env: OwnerService, first: str
+) -> None:
+    chained = _chain(_name("family-chain"))
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, chained, 0, run_id="chain")
+    assert _applied(owner_env) == 2  # the first two runs' lines; the third waits
+    # a fork of the chain's first run replays its chain: each successor of the fork stands
+    # where the chain's stood, and takes the line that run sent
+    fork = sp.fork(store, "chain", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, fork.run_id)
+    assert _applied(owner_env) == 2
+    last = {"source": "chain~2", "fork": "fork~2"}
+    order = [first, "fork" if first == "source" else "source"]
+    results = [_go(store, last[who]) for who in order]
+    assert results[0] == results[1]
+    assert _applied(owner_env) == 3  # the third line, once for the whole family
