@@ -522,10 +522,16 @@ class EffectDispatch:
         core = self.core
         assert self.family_key is not None
         found = yield from io(Store.family_operation, core.run.run_id, self.family_key)
-        if found is None:  # given back meanwhile (a person's "not applied"): look again later
+        if found is None:  # its holder's record is gone (pruned), or it was given back meanwhile
             yield from core.block(
                 SentBySource(
-                    core.run.run_id, self.sid, op_id, "?", "another run of its family held it a moment ago"
+                    core.run.run_id,
+                    self.sid,
+                    op_id,
+                    "?",
+                    "another run of its family sent it, and its record of it is no longer there"
+                    " to take the outcome from (pruned, or given back a moment ago: resume to look"
+                    " again)",
                 ),
                 phase="forked_effect",
             )

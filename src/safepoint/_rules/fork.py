@@ -7,13 +7,13 @@ with the operations of the copied effect steps as they are (settled: accepted or
 Its workflow replays that prefix and executes the rest — ``from_step`` and everything after
 it — again. Storage stays linear: the copy is a prefix, nothing else.
 
-Effects in that tail keep the ledger safe across the fork. An operation the source sent is not
-sent again: when the fork's effect step asks for the same operation id with the same payload,
-the fork takes the source's outcome (as a continue-as-new successor takes one its chain
-settled), looked up in place (``Store.fork_operation``) through the fork's ancestry — its
-source, that run's source, … With another payload, or an outcome the source has not settled,
-the fork blocks (``SentBySource``) — unless the operator named the operation in ``resend``:
-then it is the fork's own operation, under the fork's own key. Keys are minted from the
+Effects in that tail keep the ledger safe across the fork: a fork and its source are one
+family, which sends an operation once (``_rules.family``). When the fork's effect step asks for
+an operation the family already sent with the same payload, the fork takes that outcome (as a
+continue-as-new successor takes one its chain settled), found by the family's claim on it
+(``Store.family_operation``); with another payload, or an outcome not settled there, the fork
+blocks (``SentBySource``) — unless the operator named the operation in ``resend``: then it is
+the fork's own operation, under the fork's own key. Keys are minted from the
 ledger's id, the run (or chain) that names the operation and the operation id; a fork is its
 own chain, named by its own run id, and run ids are unique in a ledger, so no key of a fork can
 be a key of its source at the owner.
@@ -247,7 +247,7 @@ class Forked(StrEnum):
 
 def forked_effect(found: OperationRecord | None, *, effect: str, payload_ref: str, resend: bool) -> Forked:
     """The decision for an effect step of a fork asking for an operation its own ledger lacks:
-    ``found`` is the operation as the fork's ancestry holds it (``Store.fork_operation``).
+    ``found`` is the operation as its family holds it (``Store.family_operation``).
 
     Named in ``resend``: sent, as the fork's own. Nothing there, or only prepared (never sent):
     sent, as the fork's own. Otherwise never sent again: an accepted or rejected outcome of the

@@ -13,10 +13,12 @@ What keeps a chain:
   deletes at (the chain's last run; the runs before it are ``continued``). A pending, running,
   waiting, blocked or stopped run may still run again.
 - **a fork of it.** A fork's effect step takes the outcome of an operation its source already
-  sent by looking it up in the source's chain (``Store.fork_operation``). Deleting the source
-  while the fork stays would make the fork send that operation again under its own key: an
-  effect done twice. So a fork's source stays while any fork of it stays; a prune deletes the
-  fork first (when it is finished too), then the source (``safepoint.prune`` goes round again).
+  sent from the source's record of it (``Store.family_operation``). Deleting the source while
+  the fork stays would leave the fork nothing to take it from. So a fork's source stays while
+  any fork of it stays; a prune deletes the fork first (when it is finished too), then the
+  source (``safepoint.prune`` goes round again). The family's claims (which run sent what) stay
+  until no run of the family is left: a member that carries on never sends what a pruned one
+  sent — it blocks instead, if it cannot take that outcome.
 - **an operation whose key its owner may still remember** (``owner_may_remember``), unless the
   prune is forced. An effect key is derived from the ledger's id, the run (or chain) that names
   the operation and its operation id (``effects.mint_effect_key``): nothing random. While the

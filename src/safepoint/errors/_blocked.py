@@ -133,10 +133,11 @@ class IncompatibleWorkflow(RunBlocked):
 
 
 class SentBySource(RunBlocked):
-    """An effect step of a fork asks for an operation that the run it was forked from (or that
-    run's own source) sent — with another payload, or with an outcome not settled there. A fork
-    never sends such an operation again under a key of its own unless the operator named it in
-    ``resend``: the run blocks instead. ``source_run_id`` is the run that holds it."""
+    """An effect step asks for an operation that another run of its family (the run it was
+    forked from, a fork of it, a successor) sent — with another payload, or with an outcome not
+    settled there. A family sends an operation once: the run blocks instead, until the holder
+    settles it or the operator names it in a fork's ``resend``. ``source_run_id`` is the run
+    that holds it."""
 
     step_id: str
     operation_id: str
@@ -153,8 +154,8 @@ class SentBySource(RunBlocked):
         record: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
-            f"effect {operation_id!r} (step {step_id!r}) of fork {run_id!r} is not sent: {reason};"
-            " a fork never sends again what the run it was forked from sent, unless the operator"
+            f"effect {operation_id!r} (step {step_id!r}) of run {run_id!r} is not sent: {reason};"
+            " a run and its forks and successors send an operation once, unless the operator"
             f" names it — fork {source_run_id!r} again with resend=[{operation_id!r}] (CLI:"
             f" --resend {operation_id}) to send it under the fork's own key",
             run_id=run_id,

@@ -172,8 +172,11 @@ def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, i
         return rows, 0, 0
     ids = dumps(run_ids)
     digests = dumps(sorted({str(row["digest"]) for row in (yield q("prune_artifact_refs", run_ids=ids))}))
+    families = dumps(sorted({str(row["family_id"]) for row in (yield q("prune_families", run_ids=ids))}))
     for table, query in _DELETES:
         rows[table] = len((yield q(query, run_ids=ids)))
+    # once a family has no run left, nothing can ask for what its claims hold
+    yield q("prune_delete_family_claims", family_ids=families)
     yield q("prune_lock_artifacts", digests=digests)
     freed = yield q("prune_delete_artifacts", digests=digests)
     return rows, len(freed), sum(int(row["size"]) for row in freed)

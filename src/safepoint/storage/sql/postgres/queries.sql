@@ -1577,6 +1577,18 @@ DELETE FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_te
 -- These runs' history.
 DELETE FROM safepoint_events WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
 
+-- name: prune_families
+-- The families of the runs a prune deletes.
+SELECT DISTINCT family_id FROM safepoint_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
+
+-- name: prune_delete_family_claims
+-- The claims of each of those families none of whose runs is left (a family with a run left
+-- keeps them all: a member that carries on must not send what a pruned one sent).
+DELETE FROM safepoint_family_claims
+WHERE family_id IN (SELECT jsonb_array_elements_text(%(family_ids)s::jsonb))
+  AND NOT EXISTS (SELECT 1 FROM safepoint_runs AS r WHERE r.family_id = safepoint_family_claims.family_id)
+RETURNING 1 AS n;
+
 -- name: prune_delete_runs
 -- The runs themselves, last: nothing references them any more.
 DELETE FROM safepoint_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;

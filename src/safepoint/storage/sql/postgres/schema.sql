@@ -340,6 +340,9 @@ CREATE TABLE safepoint_family_claims (
 
 CREATE INDEX safepoint_family_claims_holder ON safepoint_family_claims (run_id, operation_id);
 
+-- a family's runs: whether any is left (a prune keeps the family's claims while one is)
+CREATE INDEX safepoint_runs_family ON safepoint_runs (family_id);
+
 CREATE TABLE safepoint_ledger (
     singleton    INTEGER PRIMARY KEY CHECK (singleton = 1),
     ledger_id    TEXT    NOT NULL,

@@ -29,6 +29,9 @@ CREATE TABLE safepoint_family_claims (
 
 CREATE INDEX safepoint_family_claims_holder ON safepoint_family_claims (run_id, operation_id);
 
+-- a family's runs: whether any is left (a prune keeps the family's claims while one is)
+CREATE INDEX safepoint_runs_family ON safepoint_runs (family_id);
+
 WITH RECURSIVE member (run_id, family_id, generation) AS (
     SELECT r.run_id, r.run_id, r.chain_index FROM safepoint_runs AS r
     WHERE NOT EXISTS (
