@@ -399,8 +399,12 @@ WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now,
 claimed AS (
     INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
     SELECT COALESCE(family_id, run_id), %(family_key)s, run_id, %(operation_id)s, true
-    FROM safepoint_runs
+    FROM safepoint_runs, clock
+    -- owned's conditions, as this statement sees the row: a claim is never taken for a write
+    -- they refuse (a later member would find nothing sent to take)
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+      AND (history_hard_limit IS NULL OR event_count + step_count + 1 <= history_hard_limit)
       AND %(dispatching)s AND %(family_key)s::text IS NOT NULL
     ON CONFLICT (family_id, claim_key) DO UPDATE
     SET run_id = EXCLUDED.run_id, operation_id = EXCLUDED.operation_id, sent = true
@@ -473,10 +477,14 @@ WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 claimed AS (
     INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
     SELECT COALESCE(r.family_id, r.run_id), o.family_key, r.run_id, o.operation_id, true
-    FROM safepoint_runs AS r
+    FROM clock, safepoint_runs AS r
     JOIN safepoint_operations AS o ON o.run_id = r.run_id AND o.operation_id = %(operation_id)s
+    -- owned's conditions, as this statement sees the rows: a claim is never taken for a write
+    -- they refuse (a later member would find nothing sent to take)
     WHERE r.run_id = %(run_id)s AND r.fence = %(fence)s AND r.status = 'running'
+      AND r.cancel_requested_at IS NULL AND (r.deadline_at IS NULL OR r.deadline_at > clock.now)
       AND o.family_key IS NOT NULL AND o.state IN ('prepared', 'dispatching', 'unknown')
+      AND (%(gate)s OR NOT o.approval_required)
     ON CONFLICT (family_id, claim_key) DO UPDATE
     SET run_id = EXCLUDED.run_id, operation_id = EXCLUDED.operation_id, sent = true
     WHERE NOT safepoint_family_claims.sent
