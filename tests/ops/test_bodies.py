@@ -92,7 +92,7 @@ def test_a_body_nested_too_deep_is_a_400_for_every_action_and_changes_nothing(
     assert status == 400, answered
     assert answered["status"] == 400
     assert "the body is not JSON" in answered["error"]
-    assert "nested" in answered["error"]
+    assert "too deeply" in answered["error"]
     assert waiting.get_run("w") == before
 
 
@@ -114,7 +114,7 @@ def test_a_json_field_nested_too_deep_is_a_400_in_a_form_and_in_a_json_body(
         status, answered = _console(board, "POST", f"/runs/w/{action}", body, form=form)
         assert status == 400, answered
         assert says in answered["error"]
-        assert "nested" in answered["error"]
+        assert "too deeply" in answered["error"]
     assert waiting.get_run("w") == before
     assert waiting.messages("w") == []
 
@@ -183,6 +183,6 @@ def test_a_json_argument_nested_too_deep_is_a_usage_error(
     assert done.exit_code == 2, done.output
     assert option in done.stderr
     assert "not JSON" in done.stderr
-    assert "nested" in done.stderr
+    assert "too deeply" in done.stderr
     assert "Traceback" not in done.output
     assert waiting.get_run("w") == before

@@ -278,7 +278,7 @@ def decode_json(
 def too_deep() -> str:
     """Why a value nested deeper than Python reads or writes is refused."""
     limit = sys.getrecursionlimit()
-    return f"it is nested too deeply to be read (fewer than {limit} levels of arrays and objects)"
+    return f"it nests arrays and objects too deeply to be read: keep it well under {limit} levels"
 
 
 def loads(text: str | bytes) -> Any:
