@@ -227,6 +227,30 @@ def test_bad_bodies_are_rejected(service: OwnerService, client: OwnerClient) -> 
     assert client.stats()["applied"] == 0
 
 
+@pytest.mark.parametrize("path", ["/charges", "/_faults"])
+def test_a_body_nested_too_deeply_to_read_is_a_400_not_a_dropped_connection(
+    service: OwnerService, client: OwnerClient, path: str
+) -> None:
+    """Python's decoder raises RecursionError, not ValueError, past its depth; at the edge, the
+    body decodes and its digest (the body written again) may not. Whatever the depth, an answer
+    comes (the answer to a body the owner took is not read here: it is as deep)."""
+    for depth in (100_000, *range(960, 1001, 4)):
+        body = f'{{"amount": {"[" * depth + "]" * depth}}}'.encode()
+        conn = http.client.HTTPConnection(service.url.removeprefix("http://"), timeout=5)
+        try:
+            headers = {"Content-Type": "application/json", "Idempotency-Key": f"deep-{depth}"}
+            conn.request("POST", path, body=body, headers=headers)
+            response = conn.getresponse()
+            status, text = response.status, response.read()
+        finally:
+            conn.close()
+        assert status in (201, 400), (depth, text[:200])
+        if status == 400:
+            assert json.loads(text)["error"]["type"] == "invalid_request_error"
+    assert status == 400  # 1000 levels: never read
+    assert client.health()
+
+
 def test_connection_refused_is_unavailable() -> None:
     with OwnerService() as svc:
         url = svc.url

@@ -347,6 +347,26 @@ def test_an_owner_that_has_the_effect_refuses_not_applied(
     assert len(owner_answers.sent) == 1
 
 
+def test_a_refusal_carries_the_owners_receipt_and_answer_as_fields_to_mark_it_applied_by(
+    memory_store: sp.Store, blocked: RunRecord, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program need not parse the message: ``receipt`` is what the owner holds (redacted as
+    recorded), ``owner_answer`` what it said; a refusal the owner had no part in has neither."""
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, "applied")
+    with pytest.raises(ResolutionRefused) as refused:
+        sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision, by="ana")
+    assert (refused.value.run_id, refused.value.owner_answer) == ("r", "applied")
+    assert refused.value.receipt == {"id": "tk_9", "title": "t"}
+    sp.resolve(
+        memory_store, "r", "applied", revision=blocked.state_revision, by="ana", receipt=refused.value.receipt
+    )
+    assert sp.resume(memory_store, "r") == {"id": "tk_9", "title": "t"}
+    monkeypatch.setenv(owner_answers.ANSWER_ENV, "unknown")
+    with pytest.raises(ResolutionRefused, match="not blocked") as moved:
+        sp.resolve(memory_store, "r", "not_applied", revision=blocked.state_revision, by="ana")
+    assert (moved.value.receipt, moved.value.owner_answer) == (None, None)
+
+
 @pytest.mark.parametrize(
     ("answer", "doubt"),
     [

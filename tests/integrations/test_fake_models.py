@@ -5,6 +5,7 @@ and the orphan check."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import subprocess
 import sys
@@ -683,6 +684,39 @@ def test_unknown_paths_and_bad_bodies_answer_as_the_api_would() -> None:
         with pytest.raises(anthropic.BadRequestError, match="max_tokens: Field required"):
             claude(fake).post("/v1/messages", body=body, cast_to=anthropic.types.Message)
     assert [r.api for r in fake.requests] == ["anthropic"]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/v1/messages", {"anthropic-version": "2023-06-01"}),
+        ("/v1/chat/completions", {}),
+        ("/v1/responses", {}),
+    ],
+)
+def test_a_body_nested_too_deeply_to_read_is_answered_400_as_the_api_would(
+    path: str, headers: dict[str, str]
+) -> None:
+    """Python's decoder raises RecursionError, not ValueError, past its depth; at the edge, the
+    body decodes and its digest (the body written again) may not. Whatever the depth an answer
+    comes: the API's 400 for a body it cannot read, the turn for one it can."""
+    with FakeModelServer([Turn.text("ok")]) as fake:
+        host = fake.url.removeprefix("http://")
+        for depth in (100_000, *range(960, 1001, 4)):
+            nested = "[" * depth + "]" * depth
+            body = f'{{"model": "m", "max_tokens": 5, "messages": {nested}}}'.encode()
+            conn = http.client.HTTPConnection(host, timeout=10)
+            try:
+                conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **headers})
+                response = conn.getresponse()
+                status, text = response.status, response.read()
+            finally:
+                conn.close()
+            assert status in (200, 400), (depth, text[:200])
+            if status == 400 or depth >= 1000:
+                assert status == 400
+                assert json.loads(text)["error"]["message"] == "The request body is not a JSON object."
+        assert fake.problems == []
 
 
 def test_the_fake_imports_without_either_sdk() -> None:

@@ -326,6 +326,11 @@ def test_a_read_that_declares_retries_stops_the_run_when_they_run_out(file_store
             ToolCall("call_9", "add", "[1, 2]"),
             "invalid arguments for tool 'add': the arguments are a JSON object, not list",
         ),
+        (  # Python's decoder raises RecursionError here, not ValueError
+            ToolCall("call_9", "add", "[" * 100_000 + "]" * 100_000),
+            "invalid arguments for tool 'add': the arguments are not valid JSON (nested too deeply"
+            " to be read)",
+        ),
         (
             ToolCall("call_9", "refund", '{"order_id": "A1"}'),
             "invalid arguments for tool 'refund': amount_cents: Field required",

@@ -361,7 +361,7 @@ def _checked_with_owner(
             answer, effect=effect, now=store.now(), first_dispatched_at=op.first_dispatched_at, force=force
         )
     if check.refused:
-        raise ResolutionRefused(run_id, check.note)
+        raise ResolutionRefused(run_id, check.note, owner_answer=check.answer, receipt=check.receipt)
     return replace(decision, owner_check=check.detail()), key
 
 

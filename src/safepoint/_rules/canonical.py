@@ -262,6 +262,25 @@ _DECODE = _DECODER.decode
 _SCAN: Callable[[str, int], tuple[Any, int]] = _DECODER.scan_once  # type: ignore[attr-defined]
 
 
+def decode_json(
+    text: str | bytes, *, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None
+) -> Any:
+    """The value of JSON text from outside — a request's body, a command's argument — or
+    ``ValueError`` saying why it is none. Text nested deeper than Python's decoder goes makes
+    the decoder raise ``RecursionError``, no ``ValueError``: left as it is, that reaches whoever
+    reads the text as a fault of their own, not of the text, so it is a ``ValueError`` here too."""
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except RecursionError:
+        raise ValueError(too_deep()) from None
+
+
+def too_deep() -> str:
+    """Why a value nested deeper than Python reads or writes is refused."""
+    limit = sys.getrecursionlimit()
+    return f"it nests arrays and objects too deeply to be read: keep it well under {limit} levels"
+
+
 def loads(text: str | bytes) -> Any:
     """The value of stored JSON text: plain dicts and lists (see ``types.Recorded``)."""
     if isinstance(text, str):

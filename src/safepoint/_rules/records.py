@@ -34,3 +34,16 @@ def record_builder(cls: type[_R]) -> Callable[..., _R]:
     built: Callable[..., _R] = scope["build"]
     _BUILT[cls] = built
     return built
+
+
+def record_fields(record: Any) -> dict[str, Any]:
+    """A record's fields by name, and a record in one of them as its fields too: what
+    ``dataclasses.asdict`` gives, without its copy of every list and dict in a recorded value —
+    two calls a level, which a value as deep as the ledger takes runs out of (RecursionError)."""
+    return {field.name: _field_value(getattr(record, field.name)) for field in dataclasses.fields(record)}
+
+
+def _field_value(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return record_fields(value)
+    return value

@@ -145,17 +145,28 @@ class InvalidStepId(UsageError):
 
 
 class ResolutionRefused(UsageError):
-    """A person's resolution does not fit the run as it now stands; nothing was changed."""
+    """A person's resolution does not fit the run as it now stands; nothing was changed.
+
+    When the effect's owner was asked before a "not applied" and refused it, ``owner_answer``
+    is what it said (``"applied"``, ``"not_applied"`` past its memory of keys, ``"unknown"``)
+    and, when it has the effect (``"applied"``), ``receipt`` is what it holds — as recorded,
+    redacted — to resolve the run ``applied`` with. Both are None otherwise."""
 
     run_id: str
     reason: str
+    owner_answer: str | None
+    receipt: Any
 
-    def __init__(self, run_id: str, reason: str) -> None:
+    def __init__(
+        self, run_id: str, reason: str, *, owner_answer: str | None = None, receipt: Any = None
+    ) -> None:
         super().__init__(
             f"resolution of run {run_id!r} refused: {reason}; look at the run again with"
             f" `safepoint record {run_id}` and resolve what it says now",
             run_id=run_id,
             reason=reason,
+            owner_answer=owner_answer,
+            receipt=receipt,
         )
 
 

@@ -190,14 +190,14 @@ class Completions:
     def parse(self, **kwargs: Any) -> ParsedChatCompletion[Any]:
         """``client.chat.completions.parse(...)`` as a model step; the ``parsed`` output is
         rebuilt from the recorded completion on every replay."""
-        kwargs = materialized(kwargs)
+        kwargs = materialized("chat", kwargs)
         _parse_checked(kwargs)
         return rebuild_parsed(self._binding.record("chat", "parse", kwargs, _parse), kwargs)
 
     def stream(self, **kwargs: Any) -> StreamManager[ChatCompletionReplay]:
         """``with client.chat.completions.stream(...) as stream`` as a model step, recorded as
         its final completion: entering it records (or replays) the step."""
-        kwargs = materialized(kwargs)
+        kwargs = materialized("chat", kwargs)
 
         def opened() -> ChatCompletionReplay:
             recorded = self._binding.record("chat", "stream", kwargs, _stream)
@@ -229,13 +229,13 @@ class AsyncCompletions:
 
     async def parse(self, **kwargs: Any) -> ParsedChatCompletion[Any]:
         """``Completions.parse``, awaited."""
-        kwargs = materialized(kwargs)
+        kwargs = materialized("chat", kwargs)
         _parse_checked(kwargs)
         return rebuild_parsed(await self._binding.record_async("chat", "parse", kwargs, _parse_async), kwargs)
 
     def stream(self, **kwargs: Any) -> AsyncStreamManager[AsyncChatCompletionReplay]:
         """``async with gpt.chat.completions.stream(...) as stream``: ``Completions.stream``."""
-        kwargs = materialized(kwargs)
+        kwargs = materialized("chat", kwargs)
 
         async def opened() -> AsyncChatCompletionReplay:
             recorded = await self._binding.record_async("chat", "stream", kwargs, _stream_async)

@@ -5,7 +5,8 @@ and a replay that meets one stops with ``StaleCheckpoint``) and which only carry
 the SDK through a closure, never hashed); what the ledger refuses because the server would hold
 it; how the SDK's failures become recorded attempts; and the binding of a client to a run that
 carries the call out as ``run.model``. Nothing here knows Chat Completions from Responses
-beyond the name of the argument that holds the conversation.
+beyond the name of the argument that holds the conversation and the definitions a ``Tools``
+registry gives each.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from openai.lib._parsing._responses import type_to_text_format_param
 
 import safepoint as sp
 from safepoint.errors import TransientFailure, UsageError
+from safepoint.integrations.tools import Tools
 
 from ._common import model_retry, price_usage, to_json, transient
 
@@ -127,11 +129,7 @@ def prepare(api: Api, kwargs: Mapping[str, Any]) -> Prepared:
         messages = _conversation(live.pop(key), key, text_allowed=api == "responses")
     tools: Any = None
     if "tools" in live:
-        if isinstance(live["tools"], str | bytes | Mapping):
-            raise UsageError(
-                "tools= is a list of tool definitions (tools.openai_chat() / tools.openai_responses())"
-            )
-        live["tools"] = list(live["tools"])  # an iterable is read once: hashed and sent alike
+        live["tools"] = tool_list(api, live["tools"])
         tools = to_json(live["tools"])
     params: dict[str, Any] = {}
     for name, value in live.items():
@@ -148,14 +146,28 @@ def prepare(api: Api, kwargs: Mapping[str, Any]) -> Prepared:
     return Prepared(model or "", messages, tools, params, live, conversation)
 
 
-def materialized(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The call's arguments with its tools read into a list: they are hashed, sent and used to
-    parse the reply, and an iterator can be read only once."""
+def materialized(api: Api, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The call's arguments with its tools read into a list (``tool_list``): they are hashed,
+    sent and used to parse the reply, and an iterator can be read only once."""
     found = dict(kwargs)
     tools = found.get("tools")
-    if tools is not None and _given(tools) and not isinstance(tools, str | bytes | Mapping | list):
-        found["tools"] = list(tools)
+    if tools is not None and _given(tools):
+        found["tools"] = tool_list(api, tools)
     return found
+
+
+def tool_list(api: Api, tools: Any) -> list[Any]:
+    """``tools=`` as the list of definitions that is hashed and sent: a ``Tools`` registry's
+    for this API (``openai_chat()`` / ``openai_responses()``, as the Anthropic client sends its
+    ``anthropic()``), any other iterable read once."""
+    if isinstance(tools, Tools):
+        return tools.openai_chat() if api == "chat" else tools.openai_responses()
+    if isinstance(tools, str | bytes | Mapping) or not hasattr(tools, "__iter__"):
+        raise UsageError(
+            "tools= is a safepoint.integrations.tools.Tools registry or a list of tool definitions"
+            f" (tools.openai_chat() / tools.openai_responses()), not {type(tools).__name__}"
+        )
+    return list(tools)
 
 
 def _conversation(value: Any, key: str, *, text_allowed: bool) -> Any:

@@ -148,7 +148,7 @@ async def _stream_async(client: Any, kwargs: dict[str, Any]) -> Any:
 
 
 def _checked(kwargs: Mapping[str, Any], method: str) -> dict[str, Any]:
-    found = materialized(kwargs)
+    found = materialized("responses", kwargs)
     # .parse() / .stream() refuse tools they cannot read before sending: so does the bound
     # client, before any step (a mistake in the call, not a reply to record)
     _make_tools(found.get("tools", omit))

@@ -229,6 +229,8 @@ def parsed(arguments: Mapping[str, Any] | str) -> Mapping[str, Any]:
         parsed = json.loads(arguments)
     except json.JSONDecodeError as exc:
         raise Invalid(f"the arguments are not valid JSON ({exc.msg} at position {exc.pos})") from None
+    except RecursionError:  # what Python's decoder raises past its depth: no JSONDecodeError
+        raise Invalid("the arguments are not valid JSON (nested too deeply to be read)") from None
     if not isinstance(parsed, dict):
         raise Invalid(f"the arguments are a JSON object, not {type(parsed).__name__}")
     return parsed

@@ -248,6 +248,12 @@ def options(
     it; call it yourself to drive ``claude_agent_sdk.query`` with your own loop."""
     if not isinstance(run, sp.AsyncRun):
         raise UsageError("the Claude Agent SDK runs in an async def workflow: pass its AsyncRun")
+    if not isinstance(tools, Tools):
+        raise UsageError(
+            f"tools= is a safepoint.integrations.tools.Tools registry, not {type(tools).__name__}:"
+            " declare each tool in one by its kind (@tools.read, @tools.effect, tools.add(...)),"
+            " which the CLI is given as in-process MCP tools answered through the run's steps"
+        )
     base = base or ClaudeAgentOptions()
     store = LedgerSessionStore(run)
     session = Session(run, tools, server, store)

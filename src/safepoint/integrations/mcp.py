@@ -115,8 +115,26 @@ def wrap(
         raise UsageError(f"server_id {server_id!r}: a short name without spaces, '#', '@', ':' or '/'")
     if not (callable(getattr(client, "call_tool", None)) and callable(getattr(client, "list_tools", None))):
         raise UsageError(f"wrap takes an mcp.Client or mcp.ClientSession, not {type(client).__name__}")
+    if kinds is not None and not isinstance(kinds, Mapping):
+        raise UsageError(_not_kinds(kinds))
     return DurableMcp(
         run, client, server_id, dict(kinds or {}), default, trust_idempotent_hint, read_timeout_seconds
+    )
+
+
+def _not_kinds(kinds: object) -> str:
+    """Why ``wrap(kinds=...)`` refuses what is not a mapping of the server's tools to kinds."""
+    if isinstance(kinds, Tools):
+        named = ", ".join(f"{name!r}: ..." for name in kinds.names()) or "'create_ticket': ..."
+        return (
+            "kinds= declares the kind of the server's tools by name, not a Tools registry (whose"
+            f" tools are answered by your own functions): kinds={{{named}}}, each spm.read(),"
+            " spm.effect(...), spm.idempotent(), 'read' or 'effect'. The Tools registry of the"
+            " server's tools, for a model loop's tools=, is what await crm.tools() gives"
+        )
+    return (
+        "kinds= is a mapping of the server's tool names to kinds"
+        f" ({{'create_ticket': spm.effect(...)}}), not {type(kinds).__name__}"
     )
 
 

@@ -7,6 +7,9 @@ model steps, and ready tool loops for both APIs (``pip install 'safepoint[openai
     completion = gpt.chat.completions.create(model=..., messages=..., tools=...)
     response = gpt.responses.create(model=..., input=..., tools=...)
 
+``tools=`` takes a ``safepoint.integrations.tools.Tools`` registry too, sent and hashed as its
+``openai_chat()`` or ``openai_responses()`` definitions (the same step as passing those).
+
 Each call of ``gpt.chat.completions.create`` / ``parse`` / ``stream`` and
 ``gpt.responses.create`` / ``parse`` / ``stream`` is one model step (ids ``model``, ``model#2``,
 …; names ``openai.chat.completions.create`` …): recorded as the API's JSON the first time,

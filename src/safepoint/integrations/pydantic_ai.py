@@ -57,6 +57,7 @@ from safepoint.errors import EffectRejected, TransientFailure, UsageError
 from ._common import model_retry
 from ._pydantic_ai_keys import call_identity, key_digest, model_identity, unit_identity
 from ._pydantic_ai_mcp import McpTool, give_key_hook, hinted_kind, listed, schema_shown, sending
+from .tools import Tools
 
 try:
     from pydantic_ai import exceptions as pai_errors
@@ -471,6 +472,23 @@ def _current_run() -> sp.AsyncRun:
 # -- the capability -------------------------------------------------------------------------------
 
 
+def _not_declarations(tools: object) -> str:
+    """Why ``SafepointDurability(tools=...)`` refuses what is not a mapping of declarations."""
+    if isinstance(tools, Tools):
+        named = ", ".join(f"{name!r}: ..." for name in tools.names()) or "'refund': ..."
+        return (
+            "SafepointDurability(tools=) declares the kind of the agent's own tools by name, not a"
+            " Tools registry: the agent calls its own functions, never the registry's. Give each"
+            " tool of the agent its kind in its metadata (@agent.tool_plain(metadata=sppa.effect(...)))"
+            f" or declare it here by name: tools={{{named}}}, each sppa.pure(), sppa.read(...) or"
+            " sppa.effect(...)"
+        )
+    return (
+        "SafepointDurability(tools=) is a mapping of tool names to declarations"
+        f" ({{'refund': sppa.effect(...)}}), not {type(tools).__name__}"
+    )
+
+
 class SafepointDurability(BaseDurabilityCapability[Any]):
     """Makes an agent durable on safepoint's ledger: ``Agent(..., capabilities=[
     SafepointDurability()])``. Inside an ``async def`` workflow every model request, tool call
@@ -507,6 +525,8 @@ class SafepointDurability(BaseDurabilityCapability[Any]):
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
+        if tools is not None and not isinstance(tools, Mapping):
+            raise UsageError(_not_declarations(tools))
         declared = dict(tools or {})
         for tool_name, declaration in declared.items():
             if not isinstance(declaration, Mapping):

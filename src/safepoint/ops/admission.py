@@ -16,6 +16,8 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .._rules.canonical import decode_json, too_deep
+
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 MAX_BODY_BYTES = 1024 * 1024
 JSON_FIELDS = frozenset({"receipt"})  # form fields whose value is itself JSON
@@ -126,7 +128,7 @@ def parse_form(body: bytes, content_type: str, action: str, fields: Collection[s
     pairs: list[tuple[str, str]] = []
     if "application/json" in content_type.lower():
         try:
-            loaded = json.loads(text or "{}", object_pairs_hook=_one_value_each)
+            loaded = decode_json(text or "{}", object_pairs_hook=_one_value_each)
         except ValueError as exc:
             raise Refusal(HTTPStatus.BAD_REQUEST, f"the body is not JSON: {exc}") from None
         if not isinstance(loaded, dict):
@@ -140,11 +142,11 @@ def parse_form(body: bytes, content_type: str, action: str, fields: Collection[s
             if isinstance(value, str):
                 pairs.append((key, value))
             elif key in JSON_FIELDS or (isinstance(value, int | float) and not isinstance(value, bool)):
-                pairs.append((key, json.dumps(value)))
+                pairs.append((key, _written(key, value)))
             else:
                 raise Refusal(
                     HTTPStatus.BAD_REQUEST,
-                    f"the field {key!r} takes one value, not {_kind(value)} ({json.dumps(value)[:60]})",
+                    f"the field {key!r} takes one value, not {_kind(value)} ({_written(key, value)[:60]})",
                 )
     else:
         try:
@@ -162,6 +164,16 @@ def parse_form(body: bytes, content_type: str, action: str, fields: Collection[s
             raise Refusal(HTTPStatus.BAD_REQUEST, f"the field {key!r} is given twice: say one thing")
         form[key] = value
     return form
+
+
+def _written(key: str, value: Any) -> str:
+    """A field's JSON value as text again: the form's fields are text. Writing it goes a little
+    deeper than reading it did, so a body read at the very edge of what decodes is refused here
+    the same way."""
+    try:
+        return json.dumps(value)
+    except RecursionError:
+        raise Refusal(HTTPStatus.BAD_REQUEST, f"the field {key!r} is not JSON: {too_deep()}") from None
 
 
 def _one_value_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import ``cli`` (it imports this module).
 
 from __future__ import annotations
 
-import json
 import shlex
 
 import click
@@ -21,6 +20,7 @@ from .._engine.fork import fork as fork_run
 from .._engine.limits import extend_limits
 from .._engine.messages import send as send_message
 from .._engine.retry import Retried, names, retry_flow
+from .._rules.canonical import decode_json
 from .._rules.moments import when
 from ..types import RunRecord, RunStatus
 from .cli_support import import_modules, open_cli_store, parse_when, run_argument, store_option
@@ -325,7 +325,7 @@ def send(
     continued as new passes the message on to the run that carries its chain on.
     """
     try:
-        parsed = json.loads(payload)
+        parsed = decode_json(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
     store = open_cli_store(ctx)

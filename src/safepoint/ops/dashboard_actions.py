@@ -11,7 +11,6 @@ handling (admission, the token, the answer) does not change.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import timedelta
 from http import HTTPStatus
@@ -22,6 +21,7 @@ from .._engine.messages import send
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.retry import retry
 from .._engine.verbs import cancel
+from .._rules.canonical import decode_json
 from ..storage.base import Store
 from ..types import ResolutionAction
 from .admission import Refusal
@@ -41,7 +41,7 @@ def _resolve(store: Store, run_id: str, form: dict[str, str]) -> None:
         )
     receipt = form.get("receipt")
     try:
-        held = json.loads(receipt) if receipt else None
+        held = decode_json(receipt) if receipt else None
     except ValueError as exc:
         raise Refusal(HTTPStatus.BAD_REQUEST, f"the receipt is not JSON: {exc}") from None
     resolve(
@@ -125,7 +125,7 @@ def _retry(store: Store, run_id: str, form: dict[str, str]) -> None:
 
 def _send(store: Store, run_id: str, form: dict[str, str]) -> None:
     try:
-        payload = json.loads(form["payload"])
+        payload = decode_json(form["payload"])
     except ValueError as exc:
         raise Refusal(HTTPStatus.BAD_REQUEST, f"the message is not JSON: {exc}") from None
     send(

@@ -18,7 +18,9 @@ from enum import Enum
 from http import HTTPStatus
 from typing import Any
 
+from .._rules.canonical import decode_json
 from .._rules.presence import LEASE_EXPIRED, ownership
+from .._rules.records import record_fields
 from ..storage.base import Store
 from ..types import EventRecord, Ledger, RunPage, RunQuery, RunRecord, RunStatus, UnreadableRun
 from .admission import Refusal
@@ -129,7 +131,7 @@ def run_json(run: RunRecord | UnreadableRun, now: int) -> dict[str, Any]:
 def plain(record: Any) -> Any:
     """A record as JSON-ready data (enums by value)."""
     if is_dataclass(record) and not isinstance(record, type):
-        return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(record).items()}
+        return {k: (v.value if isinstance(v, Enum) else v) for k, v in record_fields(record).items()}
     return record
 
 
@@ -160,7 +162,7 @@ def encode_cursor(after: tuple[int, str]) -> str:
 
 def _decode_cursor(text: str) -> tuple[int, str]:
     try:
-        created, run_id = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        created, run_id = decode_json(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
         if isinstance(created, int) and isinstance(run_id, str):
             return created, run_id
     except (ValueError, TypeError, binascii.Error):

@@ -9,7 +9,6 @@ registers every command in ``COMMANDS`` on its group: a new one is added here, t
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 
 import click
@@ -21,6 +20,7 @@ from .._engine.operator import revoke_approval as revoke_step
 from .._engine.operator import settle
 from .._engine.verbs import cancel as cancel_run
 from .._rules.approvals import approvable, revocable
+from .._rules.canonical import decode_json
 from .._rules.moments import when
 from .._rules.presence import HELD, ownership
 from ..errors import ApprovalRefused
@@ -129,7 +129,7 @@ def resolve(
         force=force,
     )
     try:
-        parsed = json.loads(receipt) if receipt is not None else None
+        parsed = decode_json(receipt) if receipt is not None else None
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--receipt") from None
     import_modules(modules)

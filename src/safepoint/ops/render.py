@@ -28,6 +28,7 @@ from .._rules.approvals import revocable
 from .._rules.limits import stop_words
 from .._rules.moments import instant, relative, when
 from .._rules.presence import HELD, LEASE_EXPIRED, RELEASED, Ownership, ownership
+from .._rules.records import record_fields
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
 from ..storage.base import Store
@@ -745,22 +746,22 @@ def run_document(store: Store, run_id: str) -> dict[str, Any]:
     now = store.now()
     operations = []
     for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):
-        entry = asdict(op)
+        entry = record_fields(op)
         try:
             entry["payload"] = json.loads(store.get_artifact(op.payload_ref))
         except SafepointError as exc:
             entry["payload"], entry["payload_error"] = None, exc.message
         operations.append(entry)
     return {
-        "run": asdict(ledger.run),
+        "run": record_fields(ledger.run),
         "now": now,
         "ownership": asdict(ownership(ledger.run, now)),
-        "steps": [asdict(s) for s in sorted(ledger.steps.values(), key=lambda s: s.seq)],
+        "steps": [record_fields(s) for s in sorted(ledger.steps.values(), key=lambda s: s.seq)],
         "operations": operations,
         "attempts": {
-            step_id: [asdict(a) for a in tried] for step_id, tried in sorted(ledger.attempts.items())
+            step_id: [record_fields(a) for a in tried] for step_id, tried in sorted(ledger.attempts.items())
         },
-        "approvals": [asdict(a) for a in store.approvals(run_id)],
-        "messages": [asdict(m) for m in store.messages(run_id)],
-        "events": [asdict(e) for e in store.events(run_id)],
+        "approvals": [record_fields(a) for a in store.approvals(run_id)],
+        "messages": [record_fields(m) for m in store.messages(run_id)],
+        "events": [record_fields(e) for e in store.events(run_id)],
     }

@@ -215,7 +215,10 @@ class _OwnerState:
                 return _Reply(503, _error("service_unavailable", "injected failure before commit"))
             try:
                 params = json.loads(raw_body.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
+                # Written again for its digest, a little deeper than it was read: a body at
+                # the edge of what decodes is refused as one nested deeper.
+                digest = _canonical(params)
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 params = None
             if not isinstance(params, dict):
                 return _Reply(400, _error("invalid_request_error", "body must be a JSON object"))
@@ -244,7 +247,6 @@ class _OwnerState:
                 key = None  # fire-and-forget: keys are ignored entirely
             else:
                 self._prune_keys(now)
-            digest = _canonical(params)
             if key is not None:
                 record = self._keys.get((resource, key))
                 if record is not None:
@@ -374,7 +376,7 @@ class _OwnerHandler(BaseHTTPRequestHandler):
         if segments == ["_faults"]:
             try:
                 changes = json.loads(body.decode("utf-8")) if body else {}
-            except (UnicodeDecodeError, ValueError):
+            except (UnicodeDecodeError, ValueError, RecursionError):
                 changes = None
             return self._send(state.set_faults(changes))
         if len(segments) != 1 or segments[0] not in _ALL_RESOURCES:
@@ -524,7 +526,7 @@ class OwnerClient:
             conn.close()
         try:
             decoded: Any = json.loads(raw.decode("utf-8")) if raw else None
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             decoded = {"raw": raw.decode("utf-8", "replace")}
         return response.status, decoded
 

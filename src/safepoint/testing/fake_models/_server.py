@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from ..._rules.canonical import decode_json
 from ...errors import UsageError
 from ._anthropic import AnthropicMessages
 from ._openai_chat import ChatCompletions
@@ -283,25 +284,31 @@ class FakeModelServer:
             message = f"Unknown request URL: {handler.command} {path}."
             _send_json(handler, 404, shape.error(404, message, request_id="req_unknown"), ())
             return
-        ids_of_error = Ids(digest(raw.decode(errors="replace")), fresh=self._fresh)
         try:
-            body = json.loads(raw)
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+            body = decode_json(raw)
+            # Its digest is the body written again, a little deeper than it was read: a body at
+            # the edge of what decodes is refused here too, as one that does not decode.
+            request = (
+                FakeRequest(
+                    api.name,
+                    handler.path,
+                    {name.lower(): value for name, value in handler.headers.items()},
+                    body,
+                    api.turn_of(body),
+                    digest(body),
+                )
+                if isinstance(body, dict)
+                else None
+            )
+        except (ValueError, RecursionError):
+            request = None
+        if request is None:
+            ids_of_error = Ids(digest(raw.decode(errors="replace")), fresh=self._fresh)
             error = api.error(
                 400, "The request body is not a JSON object.", request_id=api.request_id(ids_of_error)
             )
             _send_json(handler, 400, error, ())
             return
-        request = FakeRequest(
-            api.name,
-            handler.path,
-            {name.lower(): value for name, value in handler.headers.items()},
-            body,
-            api.turn_of(body),
-            digest(body),
-        )
         self._respond(handler, api, request)
 
     def _respond(self, handler: _Handler, api: WireApi, request: FakeRequest) -> None:
