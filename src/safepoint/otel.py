@@ -18,8 +18,11 @@ async, on SQLite or PostgreSQL — is traced:
 Every span carries ``safepoint.run.id`` and ``safepoint.run.fence``. No payload, input, result or
 receipt is recorded unless asked: ``record_sizes=True`` adds their sizes in bytes,
 ``record_values=True`` their values, with every credential replaced by its marked digest (the
-ledger's own secret rules) and cut at 4,096 characters. An exception is recorded as its type and
-message (credentials masked), never its traceback or arguments.
+ledger's own secret rules) and cut at 4,096 characters. An exception is recorded as its type,
+never its traceback or arguments; its message — which quotes what the caller's code or an
+effect's owner said: a rejection's evidence, a ``NotSent``'s reason, a step's error — only under
+``record_values=True`` too (credentials masked), but for safepoint's own errors whose message
+names nothing but keys, places and ids (``_OWN_WORDS``).
 
 Metrics (meter ``safepoint``): ``safepoint.steps`` (by kind, replayed, status),
 ``safepoint.step.duration`` (seconds, executed steps, by kind), ``safepoint.effect.dispatches`` and
@@ -36,10 +39,11 @@ from __future__ import annotations
 from typing import Any
 
 from ._engine import observe
+from ._engine.crashpoints import SimulatedCrash
 from ._engine.observe import EffectSeen, StepSeen
 from ._rules.canonical import canonical, dumps, sha256_hex
 from ._rules.secrets import redact_json, redacted_message
-from .errors import MissingExtra, RunBlocked
+from .errors import DecryptionFailed, KeyUnavailable, LostOwnership, MissingExtra, RunBlocked
 from .types import Claim, RunRecord
 
 try:
@@ -59,6 +63,11 @@ _VALUE_LIMIT = 4096
 _ERRORS = frozenset(
     {"failed", "retrying", "rejected", "blocked", "lost", "crashed", "interrupted", "unknown"}
 )
+# The errors whose message safepoint writes from key ids, places in the ledger, run ids and
+# fences alone — never a value: exported whole, as they say what to do. Every other message
+# may quote the caller's data (an owner's evidence, a reconcile's reason, an exception raised
+# by a step's function, a person's words), and is exported only with ``record_values``.
+_OWN_WORDS = (KeyUnavailable, DecryptionFailed, LostOwnership, SimulatedCrash)
 
 
 def _version() -> str:
@@ -71,7 +80,8 @@ class Telemetry:
     """The observer ``instrument()`` installs: spans on ``tracer_provider`` and metrics on
     ``meter_provider`` (the global providers when None). ``record_sizes`` adds the size in
     bytes of each step's result and each effect's payload and receipt; ``record_values`` adds
-    the values themselves, credentials masked and cut at 4,096 characters."""
+    the values themselves, credentials masked and cut at 4,096 characters, and the message of
+    every error (otherwise only its type)."""
 
     def __init__(
         self,
@@ -172,7 +182,7 @@ class _Execution:
         span = telemetry.tracer.start_span(
             f"step {seen.name}", context=self.parent, attributes=attributes, start_time=seen.start_ns
         )
-        _ended(span, seen.status, seen.error, seen.end_ns)
+        _ended(span, seen.status, seen.error, seen.end_ns, telemetry.record_values)
         telemetry.steps.add(
             1,
             {
@@ -211,7 +221,7 @@ class _Execution:
             attributes=attributes,
             start_time=seen.start_ns,
         )
-        _ended(span, seen.outcome, seen.error, seen.end_ns)
+        _ended(span, seen.outcome, seen.error, seen.end_ns, telemetry.record_values)
         counter = telemetry.dispatches if seen.action == "dispatch" else telemetry.reconciliations
         counter.add(1, {"safepoint.effect.name": op.effect, "safepoint.effect.outcome": seen.outcome})
 
@@ -228,17 +238,22 @@ class _Execution:
         telemetry.executions.add(
             1, {"safepoint.workflow.name": self.workflow, "safepoint.run.status": status}
         )
-        _ended(self.span, status, error, end_ns)
+        _ended(self.span, status, error, end_ns, telemetry.record_values)
 
 
-def _ended(span: Span, status: str, error: BaseException | None, end_ns: int) -> None:
-    """End ``span``; one that ended in an error says so, with the exception's type and message."""
+def _ended(span: Span, status: str, error: BaseException | None, end_ns: int, values: bool) -> None:
+    """End ``span``; one that ended in an error says so, with the exception's type — and its
+    message when ``values`` (``record_values``) or when it is one of ``_OWN_WORDS``."""
     if status in _ERRORS:
         if error is not None:
             kind = type(error).__name__
-            message = redacted_message(str(error), 1000)
-            span.add_event("exception", {"exception.type": kind, "exception.message": message})
-            span.set_status(Status(StatusCode.ERROR, f"{kind}: {message}"))
+            if values or isinstance(error, _OWN_WORDS):
+                message = redacted_message(str(error), 1000)
+                span.add_event("exception", {"exception.type": kind, "exception.message": message})
+                span.set_status(Status(StatusCode.ERROR, f"{kind}: {message}"))
+            else:
+                span.add_event("exception", {"exception.type": kind})
+                span.set_status(Status(StatusCode.ERROR, kind))
         else:
             span.set_status(Status(StatusCode.ERROR, status))
     span.end(end_time=end_ns)

@@ -14,6 +14,7 @@ from safepoint.errors import DecryptionFailed, KeyUnavailable, UsageError
 from safepoint.storage import Encrypted, Keyring, SqliteStore
 from safepoint.storage.codec import (
     PREFIX,
+    bound,
     envelope,
     is_sealed,
     open_artifact,
@@ -66,6 +67,31 @@ def test_a_value_opened_for_another_place_fails_naming_its_key_and_place() -> No
             open_text(codec, sealed, *other)
         assert failed.value.key_id == "k1"
         assert failed.value.where == f"{other[0]}.{other[1]} ({', '.join(other[2:])})"
+
+
+def test_an_event_or_message_sealed_for_its_run_alone_still_opens_where_its_row_does_not() -> None:
+    """A value an earlier release sealed for (run, kind) — before events were bound to their
+    row — opens for any row of that run and kind (and ``bound`` says it is not its row's); one
+    sealed for its row opens for that row only; a table always bound has no such fallback."""
+    codec = Encrypted(ring("k1"))
+    event = ("safepoint_events", "detail", "run-1", "effect.rejected")
+    older = seal_text(codec, '{"n": 1}', *event)
+    newer = seal_text(codec, '{"n": 2}', *event, 7)
+    assert older is not None
+    assert newer is not None
+    assert open_text(codec, older, *event, 7) == open_text(codec, older, *event, 8) == '{"n": 1}'
+    assert not bound(codec, older, *event, 7)
+    assert open_text(codec, newer, *event, 7) == '{"n": 2}'
+    assert bound(codec, newer, *event, 7)
+    with pytest.raises(DecryptionFailed) as moved:  # another row of its kind
+        open_text(codec, newer, *event, 8)
+    assert moved.value.where == "safepoint_events.detail (run-1, effect.rejected, 8)"
+    with pytest.raises(DecryptionFailed):  # another kind: neither place opens it
+        open_text(codec, older, "safepoint_events", "detail", "run-1", "effect.unknown", 7)
+    step = seal_text(codec, '"x"', "safepoint_steps", "result", "run-1")
+    assert step is not None
+    with pytest.raises(DecryptionFailed):  # steps were always bound to their row
+        open_text(codec, step, *PLACE)
 
 
 def test_an_artifact_is_sealed_for_its_digest_and_plain_bytes_pass_as_they_are() -> None:

@@ -13,7 +13,8 @@ with its start and end on the wall clock (``time.time_ns``), and must not raise.
 What an observer is handed names things and counts them — run id, fence, step id, kind,
 operation id, outcome — and holds the step's result or the effect's payload only by reference,
 for an observer that the user asked to record sizes (or values, redacted) to look at; the
-OpenTelemetry binding (``safepoint.otel``) records neither by default.
+OpenTelemetry binding (``safepoint.otel``) records neither by default, nor the message of an
+error (which may quote the caller's data: a rejection's evidence, a step's error).
 """
 
 from __future__ import annotations

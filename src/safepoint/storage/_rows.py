@@ -51,7 +51,7 @@ from ..types import (
     StepStatus,
     UnreadableRun,
 )
-from .codec import SEALED, Codec, is_sealed, open_copied, open_record, open_text
+from .codec import SEALED, Codec, abandoned_places, is_sealed, open_copied, open_record, open_text
 
 E = TypeVar("E", bound=Enum)
 
@@ -682,17 +682,21 @@ def event_record(row: Row, codec: Codec | None = None) -> EventRecord:
     fields = _whole("safepoint_events", _EVENT, row, NO_VALUES, "event_id", codec=codec)
     detail = fields["detail"]
     if codec is not None and fields["kind"] == "step.abandoned" and isinstance(detail, dict):
-        # the step's row as it was stored, sealed for it: opened for the same place
+        # the step's row as it was stored, sealed again for this event's row by the re-plan
+        # (or, written before values were bound to their row, still for the step's)
+        event, step = abandoned_places(fields["run_id"], fields["step_id"], fields["event_id"])
         for column in ("result", "error"):
             if column in detail:
-                detail[column] = open_copied(
-                    codec, detail[column], "safepoint_steps", column, fields["run_id"], fields["step_id"]
-                )
+                detail[column] = open_copied(codec, detail[column], *event(column), earlier=step(column))
     return EventRecord(**fields)
 
 
-def approval_record(row: Row) -> ApprovalRecord:
-    return ApprovalRecord(**_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES, "approval_id"))
+def approval_record(row: Row, codec: Codec | None = None) -> ApprovalRecord:
+    """A ``safepoint_approvals`` row as an ``ApprovalRecord`` (its evidence and revocation
+    reason opened, with a codec)."""
+    return ApprovalRecord(
+        **_whole("safepoint_approvals", _APPROVAL, row, NO_VALUES, "approval_id", codec=codec)
+    )
 
 
 def message_record(

@@ -25,7 +25,7 @@ from ..types import RunRecord
 from ._rows import operation_record, source_step
 from .base import ForkRun
 from .families import family_names
-from .ledger import LedgerReads, json_or_none
+from .ledger import LedgerReads, json_or_none, sealed_event
 from .plans import Plan
 from .resealing import reseal_fork
 
@@ -91,15 +91,18 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
         workflow_version=version or source.workflow_version,
         current_code=fork.current_code,
     )
-    yield q(
-        "fork_run_events",
-        run_id=fork.run_id,
-        source_run_id=source.run_id,
-        from_step=fork.from_step,
-        by=fork.by,
-        now=now,
-        detail=dumps(detail),
-        source_detail=dumps(fork_made_detail(fork.run_id, fork.from_step, by=fork.by, reason=fork.reason)),
-    )
+    made = fork_made_detail(fork.run_id, fork.from_step, by=fork.by, reason=fork.reason)
+    for run_id, kind, said in ((fork.run_id, "run.forked", detail), (source.run_id, "run.fork_made", made)):
+        event_id, text = yield from sealed_event(reads, said, run_id, kind)  # its id first, sealed
+        yield q(
+            "fork_run_event",
+            event_id=event_id,
+            run_id=run_id,
+            kind=kind,
+            from_step=fork.from_step,
+            by=fork.by,
+            now=now,
+            detail=text,
+        )
     yield q("fork_run_count_source_event", source_run_id=source.run_id)
     return (yield from reads.get_run(fork.run_id))

@@ -11,6 +11,7 @@ one) — and the order of the reads.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .._rules.canonical import digest as content_digest
@@ -72,15 +73,69 @@ def stored(
     return None, ref, data if codec is None else seal_artifact(codec, data, ref)
 
 
-def event_json(codec: Codec | None, detail: JSON, run_id: str, kind: str) -> str | None:
-    """An event's detail as it is stored: sealed, with a codec, for an event whose detail
-    repeats a sealed value (``codec.SEALED_EVENTS``)."""
+def seals_event(codec: Codec | None, kind: str, detail: JSON) -> bool:
+    """Whether an event's detail is stored sealed: with a codec, a detail of a kind that can
+    quote the caller's data (``codec.SEALED_EVENTS``)."""
+    return codec is not None and detail is not None and kind in SEALED_EVENTS
+
+
+def event_json(codec: Codec | None, detail: JSON, run_id: str, kind: str, event_id: int | None) -> str | None:
+    """An event's detail as it is stored: sealed for its row (``event_id``, taken from the
+    table's sequence first: ``sealed_event``) when ``seals_event``."""
     if detail is None:
         return None
     text = dumps(detail)
     if codec is None or kind not in SEALED_EVENTS:
         return text
-    return seal_text(codec, text, "safepoint_events", "detail", run_id, kind)
+    assert event_id is not None, "a sealed detail is bound to its row: take its event id first"
+    return seal_text(codec, text, "safepoint_events", "detail", run_id, kind, event_id)
+
+
+def sealed_event(
+    reads: LedgerReads, detail: JSON, run_id: str, kind: str
+) -> Plan[tuple[int | None, str | None]]:
+    """An event's id and detail as they are stored: when ``seals_event``, the id taken from
+    the table's sequence (``next_event_id``, in the transaction that inserts the event, right
+    before it) and the detail sealed for that row; otherwise no id (the insert takes the next
+    one) and the detail as it is."""
+    if not seals_event(reads.codec, kind, detail):
+        return None, json_or_none(detail)
+    rows = yield reads.q("next_event_id")
+    event_id = int(rows[0]["event_id"])
+    return event_id, event_json(reads.codec, detail, run_id, kind, event_id)
+
+
+def message_seq(reads: LedgerReads) -> Plan[int | None]:
+    """The seq a message is inserted with: on a sealed ledger taken from the table's sequence
+    first (``next_message_seq``, right before the insert), so that its payload is sealed for
+    its row; None otherwise (the insert takes the next one)."""
+    if reads.codec is None:
+        return None
+    rows = yield reads.q("next_message_seq")
+    return int(rows[0]["seq"])
+
+
+def approval_words(
+    codec: Codec | None, text: str | None, column: str, run_id: str, approval_id: str
+) -> str | None:
+    """A person's words on an approval (its ``evidence``, a ``revoke_reason``) as stored: with a
+    codec, sealed for the approval's row."""
+    if codec is None or text is None:
+        return text
+    return seal_text(codec, text, "safepoint_approvals", column, run_id, approval_id)
+
+
+def revoke_reasons(
+    codec: Codec | None, reason: str, run_id: str, revoked: Iterable[ApprovalRecord]
+) -> dict[str, Any]:
+    """The ``revoke_approval`` statement's reason: one for every row in clear, or with a codec
+    each revoked approval's own, sealed for its row (``sealed_reasons``, by approval id)."""
+    if codec is None:
+        return {"revoke_reason": reason, "sealed_reasons": "{}"}
+    sealed = {
+        a.approval_id: approval_words(codec, reason, "revoke_reason", run_id, a.approval_id) for a in revoked
+    }
+    return {"revoke_reason": None, "sealed_reasons": dumps(sealed)}
 
 
 def json_or_none(value: JSON) -> str | None:
@@ -261,7 +316,9 @@ class LedgerReads:
                 last[0]["detail"],
                 "safepoint_events",
                 f"run_id={run_id}",
-                None if self.codec is None else (self.codec, "detail", (run_id, "run.resolved")),
+                None
+                if self.codec is None
+                else (self.codec, "detail", (run_id, "run.resolved", last[0]["event_id"])),
             )
             == resolution.detail()
         )
@@ -269,11 +326,11 @@ class LedgerReads:
     # -- approvals -----------------------------------------------------------------------------
 
     def approvals(self, run_id: str) -> Plan[list[ApprovalRecord]]:
-        return [approval_record(row) for row in (yield self.q("approvals", run_id=run_id))]
+        return [approval_record(row, self.codec) for row in (yield self.q("approvals", run_id=run_id))]
 
     def approvals_of(self, run_id: str, operation_id: str) -> Plan[list[ApprovalRecord]]:
         rows = yield self.q("approvals_of_operation", run_id=run_id, operation_id=operation_id)
-        return [approval_record(row) for row in rows]
+        return [approval_record(row, self.codec) for row in rows]
 
     def step_approvals(
         self, run_id: str, step_id: str

@@ -2,13 +2,15 @@
 ``reseal_*`` queries both dialects define alike (see ``storage.codec`` for what is sealed and
 for which place).
 
-Two writers need it: a fork, whose rows are copied from its source's in SQL and so stay sealed
-for the source's place until they are sealed again for the fork's (in the fork's transaction);
-and a rotation (``safepoint keys reencrypt``), which seals every value that is not under the
-active key yet — or not sealed at all, stored before the ledger had a codec — with it, one page
-of rows per transaction, so that it can be stopped and started again at any point: a value is
-either still under its old key, which the keyring keeps until the rotation is done, or under
-the new one.
+Three writers need it: a fork, whose rows are copied from its source's in SQL and so stay
+sealed for the source's place until they are sealed again for the fork's (in the fork's
+transaction); a re-plan, whose ``step.abandoned`` events copy their steps' sealed values in SQL
+(``bind_abandoned``, in the re-plan's transaction); and a rotation (``safepoint keys
+reencrypt``), which seals every value that is not under the active key yet — or not sealed at
+all, stored before the ledger had a codec, or sealed before values were bound to their row
+(``codec.UNBOUND``) — with it, one page of rows per transaction, so that it can be stopped and
+started again at any point: a value is either still under its old key (or place), which the
+keyring keeps (and reads still accept) until the rotation is done, or under the new one.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ from .codec import (
     SEALED,
     SEALED_EVENTS,
     SEALED_RECORD,
+    UNBOUND,
     Codec,
+    abandoned_places,
+    bound,
+    copied_text,
     is_sealed,
     open_artifact,
     open_copied,
@@ -35,7 +41,7 @@ from .codec import (
     sealed_key_id,
 )
 from .ledger import LedgerReads
-from .plans import Plan
+from .plans import Plan, Row
 
 # Each kind of row a rotation walks: its table, its key (the order pages follow, and the row an
 # update names), and the queries that read a page of it and write one row back.
@@ -56,6 +62,12 @@ TABLES: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     ),
     "messages": ("safepoint_messages", ("seq",), "reseal_messages_page", "reseal_messages_update"),
     "events": ("safepoint_events", ("event_id",), "reseal_events_page", "reseal_events_update"),
+    "approvals": (
+        "safepoint_approvals",
+        ("approval_id",),
+        "reseal_approvals_page",
+        "reseal_approvals_update",
+    ),
 }
 # What sorts before every key: the first page starts after it.
 _BEFORE_ALL: dict[str, Any] = {
@@ -65,7 +77,10 @@ _BEFORE_ALL: dict[str, Any] = {
     "attempt": -1,
     "seq": -1,
     "event_id": -1,
+    "approval_id": "",
 }
+# The parts of a step's row a ``step.abandoned`` event copies, sealed as the step stored them.
+ABANDONED = ("result", "error")
 # The rows a fork copies from its source.
 FORK_COPIES = ("runs", "steps", "operations")
 
@@ -82,25 +97,46 @@ def _sealed_whole(table: str, row: Key) -> bool:
 Places = Callable[[str], tuple[Any, ...]]
 
 
-def _inner(row: Key, table: str, run_id: str) -> tuple[str, tuple[str, ...], Places]:
+def _inner(row: Key, table: str, run_id: str) -> tuple[str, tuple[str, ...], Places, Places | None]:
     """The column of ``row`` whose JSON holds values sealed one by one inside it, those parts,
-    and the place each part is sealed for in run ``run_id``; ("", (), …) when none does. A
-    recovery record seals its reason and evidence (``codec.seal_record``); a ``step.abandoned``
-    event holds its step's result and error as the step's row stored them."""
+    the place each part is sealed for in run ``run_id`` and the place it may have been sealed
+    for before (None: none); ("", (), …) when none does. A recovery record seals its reason and
+    evidence (``codec.seal_record``); a ``step.abandoned`` event holds its step's result and
+    error (``abandoned_places``)."""
     if table == "safepoint_runs":
-        return "recovery_record", SEALED_RECORD, lambda part: (table, f"recovery_record.{part}", run_id)
+        return "recovery_record", SEALED_RECORD, lambda part: (table, f"recovery_record.{part}", run_id), None
     if table == "safepoint_events" and row["kind"] == "step.abandoned":
-        step_id = row["step_id"]
-        return "detail", ("result", "error"), lambda part: ("safepoint_steps", part, run_id, step_id)
-    return "", (), lambda part: ()
+        return "detail", ABANDONED, *abandoned_places(run_id, row["step_id"], row["event_id"])
+    return "", (), lambda part: (), None
+
+
+def bind_abandoned(codec: Codec, rows: list[Row]) -> list[tuple[Any, str]]:
+    """The ``step.abandoned`` events a re-plan's statement just wrote (``replan_abandon_steps``
+    returns their rows), each holding its step's sealed values as the step's row stored them:
+    (event id, detail) of each whose values are sealed again, for the event's own row."""
+    bound_rows = []
+    for row in rows:
+        event, step = abandoned_places(row["run_id"], row["step_id"], row["event_id"])
+        detail = _reseal_inner(codec, row["detail"], ABANDONED, step, event, again=True)
+        if detail is not None:
+            bound_rows.append((row["event_id"], detail))
+    return bound_rows
 
 
 def _reseal_inner(
-    codec: Codec, text: Any, parts: tuple[str, ...], old: Places, new: Places, again: bool
+    codec: Codec,
+    text: Any,
+    parts: tuple[str, ...],
+    old: Places,
+    new: Places,
+    again: bool,
+    earlier: Places | None = None,
 ) -> str | None:
     """A column's JSON whose ``parts`` are sealed one by one (``_inner``), each sealed with the
-    active key for its ``new`` place (opened for its ``old`` one); None when no part changes.
-    ``again``: parts already under the active key too (a fork's, sealed for its source)."""
+    active key for its ``new`` place (opened for its ``old`` one, or its ``earlier`` one); None
+    when no part changes. ``again``: parts already under the active key too (a fork's, sealed
+    for its source); without it, a part under the active key is sealed again only when it does
+    not open for its ``new`` place (sealed for an ``earlier`` one)."""
     if text.__class__ is not str:
         return None
     try:
@@ -114,10 +150,16 @@ def _reseal_inner(
         found = value.get(part)
         if found is None:
             continue
-        sealed = isinstance(found, dict) and found.get("$sp_enc") == 1
-        if sealed and not again and found.get("kid") == codec.key_id:
+        sealed = copied_text(found)
+        if (
+            sealed is not None
+            and not again
+            and found.get("kid") == codec.key_id
+            and (earlier is None or bound(codec, sealed, *new(part)))
+        ):
             continue
-        plain = open_copied(codec, found, *old(part)) if sealed else found
+        before = None if earlier is None else earlier(part)
+        plain = found if sealed is None else open_copied(codec, found, *old(part), earlier=before)
         value[part] = json.loads(seal_text(codec, json.dumps(plain), *new(part)) or "null")
         changed = True
     return json.dumps(value) if changed else None
@@ -159,12 +201,12 @@ def reseal_page(
                 changed += 1
             continue
         values, moved = {}, False
-        inner, parts, new_places = _inner(row, table, place[0])
+        inner, parts, new_places, earlier = _inner(row, table, place[0])
         if inner:
             old_places = _inner(row, table, was[0])[2]
             values[inner] = row[inner]
             again = sealed_for is not None
-            resealed = _reseal_inner(codec, row[inner], parts, old_places, new_places, again)
+            resealed = _reseal_inner(codec, row[inner], parts, old_places, new_places, again, earlier)
             if resealed is not None:
                 values[inner], moved = resealed, True
         for column in columns:
@@ -175,8 +217,12 @@ def reseal_page(
             if value.__class__ is not str or not _sealed_whole(table, row):
                 continue  # NULL (or text a read would report unreadable), or never sealed whole
             if is_sealed(value):
-                if sealed_for is None and sealed_key_id(value) == codec.key_id:
-                    continue
+                if (
+                    sealed_for is None
+                    and sealed_key_id(value) == codec.key_id
+                    and (table not in UNBOUND or bound(codec, value, table, column, *place))
+                ):
+                    continue  # under the active key, for its row: nothing to do
                 value = open_text(codec, value, table, column, *was)
             values[column] = seal_text(codec, value, table, column, *place)
             moved = True

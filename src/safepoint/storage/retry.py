@@ -20,7 +20,7 @@ from .._rules.retry import retried_detail, retry_refusal
 from ..errors import RetryRefused, RunNotFound
 from ..types import AttemptRecord, RunRetry, StepRecord
 from . import _rows
-from .ledger import LedgerReads, event_json
+from .ledger import LedgerReads, sealed_event
 from .plans import Plan
 
 
@@ -46,6 +46,7 @@ def retry_run_plan(
             run, [(row, _rows.NO_VALUES) for row in step_rows], [], attempt_rows, reads.codec
         )
         detail = _moved_detail(found.steps.get(step_id), found.attempts.get(step_id, []), retry)
+        event_id, text = yield from sealed_event(reads, detail, run_id, "step.retried")
         yield q(
             "retry_run_event",
             run_id=run_id,
@@ -54,7 +55,8 @@ def retry_run_plan(
             step_id=step_id,
             operation_id=found.steps[step_id].operation_id if step_id in found.steps else None,
             worker=retry.by,
-            detail=event_json(reads.codec, detail, run_id, "step.retried"),
+            event_id=event_id,
+            detail=text,
         )
         yield q("retry_run_forget_step", run_id=run_id, step_id=step_id)
         yield q("retry_run_forget_attempts", run_id=run_id, step_id=step_id)
@@ -95,6 +97,7 @@ def retry_run_plan(
     )
     if not retried:  # the lock says this cannot be; the statement says so itself all the same
         raise RetryRefused(run_id, f"the run moved since revision {expected_revision}")
+    event_id, text = yield from sealed_event(reads, retried_detail(retry, previous), run_id, "run.retried")
     yield q(
         "retry_run_event",
         run_id=run_id,
@@ -103,7 +106,8 @@ def retry_run_plan(
         step_id=retry.step_id,
         operation_id=None,
         worker=retry.by,
-        detail=event_json(reads.codec, retried_detail(retry, previous), run_id, "run.retried"),
+        event_id=event_id,
+        detail=text,
     )
     return str(retried[0]["workflow"])
 

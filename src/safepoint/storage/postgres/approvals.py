@@ -12,10 +12,10 @@ from ..._rules.approvals import (
     revocation_detail,
     waiting_record,
 )
-from ..._rules.canonical import dumps
 from ...errors import StoreError
 from ...types import ApprovalGate, ApprovalRecord, ApprovalRequest, ApprovalRevocation, Claim
 from .._rows import operation_record
+from ..ledger import approval_words, revoke_reasons
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import PostgresBase
@@ -46,12 +46,14 @@ class PostgresApprovals(PostgresBase):
         if approval is not None:
             return ApprovalGate(approval)
         waiting = waiting_record(op, target_digest=target_digest, approvals=approvals, now=now)
+        event = yield from self._event_params(waiting, claim.run_id, "run.waiting")
         yield from self._fenced(
             claim,
             "wait_for_approval",
-            waiting_for=dumps(waiting),
+            waiting_for=self._sealed(waiting, "safepoint_runs", "waiting_for", claim.run_id),
             step_id=op.step_id,
             operation_id=operation_id,
+            **event,
         )
         return ApprovalGate(None, waiting)
 
@@ -69,7 +71,7 @@ class PostgresApprovals(PostgresBase):
                 payload_digest=new.payload_digest,
                 target_digest=new.target_digest,
                 approved_by=new.approved_by,
-                evidence=new.evidence,
+                evidence=approval_words(self.codec, new.evidence, "evidence", run_id, new.approval_id),
                 approved_at=new.approved_at,
                 expires_at=new.expires_at,
             )
@@ -81,7 +83,11 @@ class PostgresApprovals(PostgresBase):
                 step_id=approval.step_id,
                 operation_id=approval.operation_id,
                 by=approval.approved_by,
-                detail=dumps(approved_detail(approval, released=release)),
+                **(
+                    yield from self._event_params(
+                        approved_detail(approval, released=release), run_id, "effect.approved"
+                    )
+                ),
             )
             if release:  # claimable again: wake a waiting worker
                 yield _q("notify_work", workflow=run.workflow)
@@ -104,7 +110,7 @@ class PostgresApprovals(PostgresBase):
             step_id=of.step_id,
             now=now,
             revoked_by=revocation.by,
-            revoke_reason=revocation.reason,
-            detail=dumps(revocation_detail(revoked)),
+            **revoke_reasons(self.codec, revocation.reason, run_id, revoked),
+            **(yield from self._event_params(revocation_detail(revoked), run_id, "effect.approval_revoked")),
         )
         return revoked

@@ -39,7 +39,7 @@ from ...errors import (
 from ...types import JSON, Claim, Durability, LedgerIdentity, OperationRecord, StepRecord
 from ..base import INLINE_LIMIT
 from ..codec import Codec, seal_artifact, seal_text
-from ..ledger import LedgerReads, stored
+from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
@@ -330,6 +330,13 @@ class PostgresBase(LedgerReads):
         if ref is not None and data is not None:  # sealed already
             yield _q("insert_artifact", run_id=place[2], digest=ref, size=len(data), content=data)
         return text, ref
+
+    def _event_params(self, detail: JSON, run_id: str, kind: str) -> Plan[dict[str, Any]]:
+        """An event's ``event_id`` and ``detail`` parameters (``ledger.sealed_event``): a detail
+        sealed for its row has its id taken from the sequence first (one round trip, on a
+        sealed ledger only); any other gets the next id as the statement inserts it."""
+        event_id, text = yield from sealed_event(self, detail, run_id, kind)
+        return {"event_id": event_id, "detail": text}
 
     def _sealed(self, value: JSON, *place: Any) -> str | None:
         """A JSON column's text (NULL for None), sealed for ``place`` when the store has a codec."""

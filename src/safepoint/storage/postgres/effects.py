@@ -12,7 +12,6 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..ledger import event_json
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import Dispatched, PostgresBase, _Unfit, not_dispatchable
@@ -128,6 +127,8 @@ class PostgresEffects(PostgresBase):
         result, result_ref, content = (
             (None, None, None) if step is None else self._stored_result(claim.run_id, step)
         )
+        kind = f"effect.{state.value}"
+        event = yield from self._event_params(None if error is None else {"error": error}, claim.run_id, kind)
         try:
             row = yield from self._fenced(
                 claim,
@@ -141,10 +142,8 @@ class PostgresEffects(PostgresBase):
                 state=state.value,
                 receipt=self._sealed(receipt, "safepoint_operations", "receipt", claim.run_id, operation_id),
                 error=self._sealed(error, "safepoint_operations", "error", claim.run_id, operation_id),
-                event_kind=f"effect.{state.value}",
-                detail=None
-                if error is None
-                else event_json(self.codec, {"error": error}, claim.run_id, f"effect.{state.value}"),
+                event_kind=kind,
+                **event,
             )
         except _Unfit:
             raise StoreError(

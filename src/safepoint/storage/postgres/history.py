@@ -9,6 +9,7 @@ from ...types import Claim, RunRecord
 from ..base import NewRun, Replan, retry_json
 from ..ledger import json_or_none
 from ..plans import Plan
+from ..resealing import bind_abandoned
 from .connection import QUERIES as _q
 from .connection import PostgresBase
 
@@ -28,7 +29,7 @@ class PostgresHistory(PostgresBase):
             detail=dumps(change.detail()),
         )
         if change.step_id is not None:
-            yield _q(
+            moved = yield _q(
                 "replan_abandon_steps",
                 run_id=claim.run_id,
                 step_id=change.step_id,
@@ -38,6 +39,9 @@ class PostgresHistory(PostgresBase):
                 reason=change.reason,
                 keep=list(change.keep),
             )
+            if self.codec is not None:  # the steps' sealed values, bound to their events
+                for event_id, detail in bind_abandoned(self.codec, moved):
+                    yield _q("reseal_events_update", event_id=event_id, detail=detail)
 
     def continue_as_new(self, claim: Claim, successor: NewRun) -> Plan[tuple[RunRecord, Claim | None]]:
         inputs, inputs_ref = yield from self._put_value(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._rules.canonical import dumps
 from ..._rules.fencing import fence_holds
 from ..._rules.limits import limits_extended_detail, recorded_limits
 from ...errors import LostOwnership
@@ -57,7 +56,11 @@ class PostgresLimits(PostgresRuns):
             step_attempts=new.step_attempts,
             resume_budget=new.resume_budget,
             by=change.by,
-            detail=dumps(limits_extended_detail(change, run.status)),
+            **(
+                yield from self._event_params(
+                    limits_extended_detail(change, run.status), run_id, "run.limits_extended"
+                )
+            ),
         )
         if run.status is RunStatus.STOPPED:  # pending again: wake a waiting worker
             yield _q("notify_work", workflow=run.workflow)

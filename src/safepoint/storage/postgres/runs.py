@@ -108,12 +108,18 @@ class PostgresRuns(PostgresBase):
             after = {"after_created": last["created_at"], "after_run_id": last["run_id"]}
 
     def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
+        # the statement decides which event it is (cancelled at once, or asked): sealed, the
+        # detail is sealed for each, with the one id taken for it
+        detail = {"by": by, "reason": reason}
+        event = yield from self._event_params(detail, run_id, "run.cancel_requested")
+        cancelled = event_json(self.codec, detail, run_id, "run.cancelled", event["event_id"])
         rows = yield _q(
             "request_cancel",
             run_id=run_id,
             by=by,
-            detail=dumps({"by": by, "reason": reason}),
-            error=dumps(cancelled_error(by, reason)),
+            **event,
+            cancelled_detail=cancelled,
+            error=self._sealed(cancelled_error(by, reason), "safepoint_runs", "error", run_id),
         )
         if rows and rows[0]["status"] == RunStatus.PENDING.value:  # to settle: wake a worker
             yield _q("notify_work", workflow=rows[0]["workflow"])
@@ -145,7 +151,7 @@ class PostgresRuns(PostgresBase):
             error=self._sealed(error, "safepoint_runs", "error", claim.run_id),
             recovery_record=record,
             event_kind=f"run.{status.value}",
-            detail=event_json(self.codec, detail, claim.run_id, f"run.{status.value}"),
+            **(yield from self._event_params(detail, claim.run_id, f"run.{status.value}")),
         )
 
     @staticmethod
@@ -155,16 +161,16 @@ class PostgresRuns(PostgresBase):
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
     def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> Plan[RunRecord]:
-        detail = event_json(self.codec, resolution.detail(), run_id, "run.resolved")
         common = {
             "run_id": run_id,
             "expected_revision": expected_revision,
             "operation_id": resolution.operation_id,
             "by": resolution.by,
-            "detail": detail,
+            **(yield from self._event_params(resolution.detail(), run_id, "run.resolved")),
         }
         if resolution.action is ResolutionAction.ABANDON:
-            rows = yield _q("resolve_abandon", **common, error=dumps(abandoned_error(resolution)))
+            error = self._sealed(abandoned_error(resolution), "safepoint_runs", "error", run_id)
+            rows = yield _q("resolve_abandon", **common, error=error)
         else:
             rows = yield _q(
                 "resolve",

@@ -24,6 +24,7 @@ from ..._rules.waits import (
 from ...errors import HistoryWarning
 from ...types import JSON, Claim, MessageRecord, StepRecord, WaitGate
 from .._rows import stored_json
+from ..ledger import message_seq
 from ..plans import Plan
 from .connection import QUERIES as _q
 from .connection import PostgresBase
@@ -46,9 +47,11 @@ class PostgresWaits(PostgresBase):
         refused = refused_send(run_id, name, run.status)
         if refused is not None:
             raise refused
-        text, ref = yield from self._put_value(payload, "safepoint_messages", "payload", run_id, name)
+        seq = yield from message_seq(self)
+        text, ref = yield from self._put_value(payload, "safepoint_messages", "payload", run_id, name, seq)
         rows = yield _q(
             "send_message",
+            seq=seq,
             run_id=run_id,
             name=name,
             message_id=message_id,

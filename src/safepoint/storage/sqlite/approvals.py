@@ -12,7 +12,6 @@ from ..._rules.approvals import (
     revocation_detail,
     waiting_record,
 )
-from ..._rules.canonical import dumps
 from ..._rules.history import warn
 from ...errors import StoreError
 from ...types import (
@@ -23,6 +22,7 @@ from ...types import (
     Claim,
 )
 from .._rows import operation_record
+from ..ledger import approval_words, revoke_reasons
 from .connection import SQL, SqliteConnection
 
 
@@ -61,7 +61,12 @@ class SqliteApprovals(SqliteConnection):
                 waiting = waiting_record(op, target_digest=target_digest, approvals=approvals, now=now)
                 conn.execute(
                     SQL["wait_for_approval"],
-                    {"run_id": claim.run_id, "fence": claim.fence, "waiting_for": dumps(waiting), "now": now},
+                    {
+                        "run_id": claim.run_id,
+                        "fence": claim.fence,
+                        "waiting_for": self._sealed(waiting, "safepoint_runs", "waiting_for", claim.run_id),
+                        "now": now,
+                    },
                 )
                 self._event(
                     conn,
@@ -94,7 +99,9 @@ class SqliteApprovals(SqliteConnection):
                         "payload_digest": new.payload_digest,
                         "target_digest": new.target_digest,
                         "approved_by": new.approved_by,
-                        "evidence": new.evidence,
+                        "evidence": approval_words(
+                            self.codec, new.evidence, "evidence", run_id, new.approval_id
+                        ),
                         "approved_at": new.approved_at,
                         "expires_at": new.expires_at,
                     },
@@ -129,7 +136,7 @@ class SqliteApprovals(SqliteConnection):
                     "operation_id": of.operation_id,
                     "now": now,
                     "revoked_by": revocation.by,
-                    "revoke_reason": revocation.reason,
+                    **revoke_reasons(self.codec, revocation.reason, run_id, revoked),
                 },
             )
             conn.execute(SQL["revoke_approval_run"], {"run_id": run_id, "now": now})

@@ -30,7 +30,7 @@ from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
 from .._rows import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
 from ..codec import Codec, seal_artifact, seal_text
-from ..ledger import LedgerReads, event_json, stored
+from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan
 
@@ -237,10 +237,19 @@ class SqliteConnection:
         fence: int | None = None,
         worker: str | None = None,
         detail: JSON = None,
+        clear: bool = False,
     ) -> None:
+        """Append an event, its detail sealed for its row when it can quote the caller's data
+        (``ledger.sealed_event``); ``clear``: a detail that quotes none of it whatever its kind
+        (an effect's name and payload digest), kept in clear."""
+        if clear or self.codec is None:
+            event_id, text = None, None if detail is None else dumps(detail)
+        else:
+            event_id, text = self._within(conn, sealed_event(self._reads, detail, run_id, kind))
         conn.execute(
             SQL["insert_event"],
             {
+                "event_id": event_id,
                 "run_id": run_id,
                 "now": now,
                 "kind": kind,
@@ -248,15 +257,9 @@ class SqliteConnection:
                 "operation_id": operation_id,
                 "fence": fence,
                 "worker": worker,
-                "detail": self._detail(detail, run_id, kind),
+                "detail": text,
             },
         )
-
-    def _detail(self, detail: JSON, run_id: str, kind: str) -> str | None:
-        """An event's detail as stored (NULL for None), sealed when the store has a codec."""
-        if detail is None:
-            return None
-        return dumps(detail) if self.codec is None else event_json(self.codec, detail, run_id, kind)
 
     def _fence_check(
         self,

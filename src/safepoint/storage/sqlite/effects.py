@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..._rules.approvals import authorizing, refused_dispatch
+from ..._rules.canonical import dumps
 from ..._rules.history import warn
 from ...errors import ClaimedInFamily, HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
@@ -59,10 +60,9 @@ class SqliteEffects(SqliteSteps):
                     "operation_id": op.operation_id,
                     "fence": claim.fence,
                     "worker": claim.owner,
-                    "detail": self._detail(
-                        {"effect": op.effect, "payload_ref": op.payload_ref}, claim.run_id, "effect.prepared"
-                    ),
-                    "dispatching_detail": self._detail({"dispatch": 1}, claim.run_id, "effect.dispatching"),
+                    # the effect and the payload's digest: nothing of the caller's, kept in clear
+                    "detail": dumps({"effect": op.effect, "payload_ref": op.payload_ref}),
+                    "dispatching_detail": dumps({"dispatch": 1}),
                 },
             )
         warn(due)
@@ -144,6 +144,7 @@ class SqliteEffects(SqliteSteps):
             fence=claim.fence,
             worker=claim.owner,
             detail={"effect": op.effect, "payload_ref": op.payload_ref},
+            clear=True,  # the effect and the payload's digest: nothing of the caller's
         )
         return due
 
@@ -277,5 +278,6 @@ class SqliteEffects(SqliteSteps):
                 fence=claim.fence,
                 worker=claim.owner,
                 detail={"effect": op.effect, "payload_ref": op.payload_ref, "revised": True},
+                clear=True,
             )
         warn(due)

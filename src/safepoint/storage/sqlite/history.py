@@ -9,6 +9,7 @@ from ...errors import RunConflict
 from ...types import Claim, OperationRecord, RunRecord
 from ..base import NewRun, Replan
 from ..ledger import json_or_none
+from ..resealing import bind_abandoned
 from .connection import SQL
 from .runs import SqliteRuns
 
@@ -50,10 +51,14 @@ class SqliteHistory(SqliteRuns):
                     "reason": change.reason,
                     "keep": dumps(list(change.keep)),
                 }
-                moved = conn.execute(SQL["replan_abandon_steps"], params).rowcount
+                moved = conn.execute(SQL["replan_abandon_steps"], params).fetchall()
+                if self.codec is not None:  # the steps' sealed values, bound to their events
+                    for event_id, detail in bind_abandoned(self.codec, moved):
+                        conn.execute(SQL["reseal_events_update"], {"event_id": event_id, "detail": detail})
                 deleted = conn.execute(SQL["replan_delete_abandoned_steps"], params).rowcount
                 conn.execute(
-                    SQL["replan_count_events"], {"run_id": claim.run_id, "events": moved, "steps": deleted}
+                    SQL["replan_count_events"],
+                    {"run_id": claim.run_id, "events": len(moved), "steps": deleted},
                 )
         warn(due)
 

@@ -269,7 +269,11 @@ class SqliteRuns(SqliteConnection):
         with self._write() as conn:
             row = conn.execute(
                 SQL["request_cancel"],
-                {"run_id": run_id, "now": now, "error": dumps(cancelled_error(by, reason))},
+                {
+                    "run_id": run_id,
+                    "now": now,
+                    "error": self._sealed(cancelled_error(by, reason), "safepoint_runs", "error", run_id),
+                },
             ).fetchone()
             if row is not None:
                 self._event(
@@ -301,7 +305,11 @@ class SqliteRuns(SqliteConnection):
                             "expected_revision": expected_revision,
                             "now": now,
                             "status": (RunStatus.CANCELLED if abandon else RunStatus.RUNNING).value,
-                            "error": dumps(abandoned_error(resolution)) if abandon else None,
+                            "error": self._sealed(
+                                abandoned_error(resolution), "safepoint_runs", "error", run_id
+                            )
+                            if abandon
+                            else None,
                         },
                     ).rowcount
                     != 1

@@ -25,6 +25,7 @@ from ..._rules.waits import (
 from ...errors import HistoryWarning
 from ...types import JSON, AttemptRecord, Claim, MessageRecord, StepRecord, WaitGate
 from .._rows import stored_json
+from ..ledger import message_seq
 from .connection import SQL
 from .runs import SqliteRuns
 
@@ -51,10 +52,14 @@ class SqliteWaits(SqliteRuns):
             refused = refused_send(run_id, name, run.status)
             if refused is not None:
                 raise refused
-            text, ref = self._put_value(conn, payload, now, "safepoint_messages", "payload", run_id, name)
+            seq = self._within(conn, message_seq(self._reads))
+            text, ref = self._put_value(
+                conn, payload, now, "safepoint_messages", "payload", run_id, name, seq
+            )
             row = conn.execute(
                 SQL["send_message"],
                 {
+                    "seq": seq,
                     "run_id": run_id,
                     "name": name,
                     "message_id": message_id,
@@ -210,6 +215,7 @@ class SqliteWaits(SqliteRuns):
             fence=claim.fence,
             worker=claim.owner,
             detail=waiting,
+            clear=True,  # a message's name, a timer's instant: nothing of the caller's
         )
 
     def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:

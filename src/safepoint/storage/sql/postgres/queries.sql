@@ -24,6 +24,17 @@
 -- The database clock in epoch milliseconds.
 SELECT safepoint_now_ms() AS now;
 
+-- name: next_event_id
+-- The id an event will be inserted with, taken before so that its detail can be sealed for its
+-- row (storage/codec.py): the statement that inserts it takes it as %(event_id)s, and takes the
+-- next one itself where none is given (the identity's own sequence, named as migration 1's
+-- table makes it; tests/integration/test_sealed_rows.py checks the name).
+SELECT nextval('safepoint_events_event_id_seq') AS event_id;
+
+-- name: next_message_seq
+-- The seq a message will be inserted with (as next_event_id, for a payload sealed for its row).
+SELECT nextval('safepoint_messages_seq_seq') AS seq;
+
 -- name: schema_version
 -- The highest migration applied.
 SELECT COALESCE(MAX(version), 0) AS version FROM safepoint_schema_version;
@@ -128,8 +139,10 @@ op AS (
     RETURNING operation_id
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, operation_id, worker, detail)
-    SELECT run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, operation_id, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
            %(detail)s
     FROM run
 )
@@ -148,8 +161,10 @@ run AS (
     RETURNING run_id
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, operation_id, worker, detail)
-    SELECT run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, operation_id, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, (SELECT now FROM clock), 'run.resolved', %(operation_id)s, %(by)s,
            %(detail)s
     FROM run
 )
@@ -157,7 +172,7 @@ SELECT run_id FROM run;
 
 -- name: resolve_last_event
 -- The newest event of a run (a repeated resolution finds its own there).
-SELECT kind, detail FROM safepoint_events WHERE run_id = %(run_id)s
+SELECT event_id, kind, detail FROM safepoint_events WHERE run_id = %(run_id)s
 ORDER BY event_id DESC LIMIT 1;
 
 -- name: notify_work
@@ -205,10 +220,14 @@ run AS (
     RETURNING run_id, status, workflow
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
-    SELECT run_id, (SELECT now FROM clock),
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, (SELECT now FROM clock),
            CASE WHEN status = 'cancelled' THEN 'run.cancelled' ELSE 'run.cancel_requested' END,
-           %(by)s, %(detail)s
+           %(by)s,
+           -- on a sealed ledger, the detail sealed for each kind it may be (bound to the kind)
+           CASE WHEN status = 'cancelled' THEN %(cancelled_detail)s ELSE %(detail)s END
     FROM run
 )
 SELECT status, workflow FROM run;
@@ -600,8 +619,11 @@ step AS (
         recorded_at = excluded.recorded_at
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-    SELECT run_id, now, %(event_kind)s, %(step_id)s, %(operation_id)s, %(fence)s,
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, fence,
+                                  worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, now, %(event_kind)s, %(step_id)s, %(operation_id)s, %(fence)s,
            %(worker)s, %(detail)s
     FROM operation
 )
@@ -631,8 +653,10 @@ finished AS (
     RETURNING run_id, updated_at AS now
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
-    SELECT run_id, now, %(event_kind)s, %(fence)s, %(worker)s, %(detail)s FROM finished
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, fence, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, now, %(event_kind)s, %(fence)s, %(worker)s, %(detail)s FROM finished
 )
 SELECT now FROM finished;
 
@@ -703,8 +727,9 @@ SELECT now FROM owned;
 -- Re-plan: the stale tail — the step at step_id and every non-effect step recorded after it,
 -- up to through_seq, but those in keep (a fan-out sibling branch's) — moves into the history,
 -- one step.abandoned event each, with what it had recorded (counted among the events, no longer
--- among the steps). Runs after the fenced `replan` statement, in its transaction (which holds
--- the run row's lock).
+-- among the steps), each event's row returned (a sealed ledger binds the step's sealed values
+-- to it). Runs after the fenced `replan` statement, in its transaction (which holds the run
+-- row's lock).
 WITH stale AS (
     DELETE FROM safepoint_steps
     WHERE run_id = %(run_id)s
@@ -725,12 +750,14 @@ moved AS (
                               'recorded_at', recorded_at, 'recorded_fence', fence,
                               'reason', %(reason)s::text)::text
     FROM (SELECT * FROM stale ORDER BY seq) ordered
-    RETURNING 1
+    RETURNING event_id, run_id, kind, step_id, detail
+),
+counted AS (
+    UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM moved),
+                              step_count = step_count - (SELECT count(*) FROM stale)
+    WHERE run_id = %(run_id)s
 )
-UPDATE safepoint_runs SET event_count = event_count + (SELECT count(*) FROM moved),
-                          step_count = step_count - (SELECT count(*) FROM stale)
-WHERE run_id = %(run_id)s
-RETURNING event_count;
+SELECT * FROM moved ORDER BY event_id;
 
 
 -- name: record_attempt
@@ -795,7 +822,8 @@ SELECT * FROM safepoint_approvals WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: wait_for_approval
 -- No approval authorizes the dispatch: the run waits, released, with what it waits for, and
--- the event says so.
+-- the event says so (on a sealed ledger each sealed for its own row: %(event_id)s, see
+-- next_event_id).
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 waiting AS (
     UPDATE safepoint_runs
@@ -807,9 +835,12 @@ waiting AS (
     RETURNING run_id, updated_at AS now
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-    SELECT run_id, now, 'run.waiting', %(step_id)s, %(operation_id)s, %(fence)s, %(worker)s,
-           %(waiting_for)s
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, fence,
+                                  worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, now, 'run.waiting', %(step_id)s, %(operation_id)s, %(fence)s, %(worker)s,
+           %(detail)s
     FROM waiting
 )
 SELECT now FROM waiting;
@@ -849,8 +880,11 @@ run AS (
     RETURNING run_id, workflow, updated_at AS now
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, worker, detail)
-    SELECT run_id, now, 'effect.approved', %(step_id)s, %(operation_id)s, %(by)s, %(detail)s
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, worker,
+                                  detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, now, 'effect.approved', %(step_id)s, %(operation_id)s, %(by)s, %(detail)s
     FROM run
 )
 SELECT workflow FROM run;
@@ -859,10 +893,13 @@ SELECT workflow FROM run;
 -- A person takes back every approval of one operation still in force (it authorizes nothing
 -- from now on; the rows stay, as evidence); the run's revision moves and the event is
 -- appended, its status stays (the gate decides whether the run waits). Run under the runs row
--- lock (lock_run), as the dispatch of the operation is: whichever commits first wins.
+-- lock (lock_run), as the dispatch of the operation is: whichever commits first wins. The
+-- reason is %(revoke_reason)s, or on a sealed ledger each row's own (%(sealed_reasons)s, a JSON
+-- object by approval id: sealed for the row).
 WITH revoked AS (
     UPDATE safepoint_approvals
-    SET revoked_at = %(now)s, revoked_by = %(revoked_by)s, revoke_reason = %(revoke_reason)s
+    SET revoked_at = %(now)s, revoked_by = %(revoked_by)s,
+        revoke_reason = coalesce(%(sealed_reasons)s::jsonb ->> approval_id, %(revoke_reason)s)
     WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND revoked_at IS NULL
     RETURNING approval_id
 ),
@@ -873,8 +910,11 @@ run AS (
     WHERE run_id = %(run_id)s
     RETURNING run_id
 )
-INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, worker, detail)
-SELECT run_id, %(now)s, 'effect.approval_revoked', %(step_id)s, %(operation_id)s,
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, worker,
+                              detail)
+OVERRIDING SYSTEM VALUE
+SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+       run_id, %(now)s, 'effect.approval_revoked', %(step_id)s, %(operation_id)s,
        %(revoked_by)s, %(detail)s
 FROM run;
 
@@ -1171,8 +1211,10 @@ run AS (
     RETURNING run_id, updated_at AS now
 ),
 event AS (
-    INSERT INTO safepoint_events (run_id, at, kind, worker, detail)
-    SELECT run_id, now, 'run.limits_extended', %(by)s, %(detail)s FROM run
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, now, 'run.limits_extended', %(by)s, %(detail)s FROM run
 )
 SELECT run_id FROM run;
 
@@ -1190,10 +1232,12 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s ORDER BY attempt;
 
 -- name: retry_run_event
 -- A retry's events: each step it takes up (step.retried, with what it had recorded) and the
--- retry itself (run.retried), by the person who asked.
-INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-VALUES (%(run_id)s, %(now)s, %(kind)s, %(step_id)s, %(operation_id)s, NULL, %(worker)s,
-        %(detail)s);
+-- retry itself (run.retried), by the person who asked (%(event_id)s: see next_event_id).
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, fence, worker,
+                              detail)
+OVERRIDING SYSTEM VALUE
+VALUES (coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')), %(run_id)s,
+        %(now)s, %(kind)s, %(step_id)s, %(operation_id)s, NULL, %(worker)s, %(detail)s);
 
 -- name: retry_run_forget_step
 -- The failed record retry_run_event just moved into the history.
@@ -1301,11 +1345,13 @@ WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
     WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s AND kind = 'effect');
 
--- name: fork_run_events
--- The fork's first event (run.forked) and its source's (run.fork_made): who made it, and why.
-INSERT INTO safepoint_events (run_id, at, kind, step_id, worker, detail)
-VALUES (%(run_id)s, %(now)s, 'run.forked', %(from_step)s, %(by)s, %(detail)s),
-       (%(source_run_id)s, %(now)s, 'run.fork_made', %(from_step)s, %(by)s, %(source_detail)s);
+-- name: fork_run_event
+-- The fork's first event (run.forked) or its source's (run.fork_made): who made it, and why
+-- (%(event_id)s: see next_event_id).
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, worker, detail)
+OVERRIDING SYSTEM VALUE
+VALUES (coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')), %(run_id)s,
+        %(now)s, %(kind)s, %(from_step)s, %(by)s, %(detail)s);
 
 -- name: fork_run_count_source_event
 -- The source's history counts its run.fork_made event (nothing else of it changes).
@@ -1363,10 +1409,13 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s AND message_id = %(message_id)s;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not (sent_at: the database clock).
-INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
-VALUES (%(run_id)s, %(name)s, %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s,
-        safepoint_now_ms())
+-- Keep a message for the run, whether it waits yet or not (sent_at: the database clock; seq:
+-- the one next_message_seq took for a sealed payload, or the next).
+INSERT INTO safepoint_messages (seq, run_id, name, message_id, payload, payload_ref, sent_by,
+                                sent_at)
+OVERRIDING SYSTEM VALUE
+VALUES (coalesce(%(seq)s::bigint, nextval('safepoint_messages_seq_seq')), %(run_id)s, %(name)s,
+        %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s, safepoint_now_ms())
 RETURNING *;
 
 -- name: send_message_wake
@@ -1626,14 +1675,14 @@ RETURNING size;
 -- name: reseal_runs_page
 -- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
 -- evidence are sealed inside it), after the given key.
-SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
+SELECT run_id, inputs, result, error, recovery_record, waiting_for FROM safepoint_runs
 WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text) AND run_id > %(after_run_id)s::text
 ORDER BY run_id LIMIT %(limit)s FOR UPDATE;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_runs SET inputs = %(inputs)s, result = %(result)s, error = %(error)s,
-  recovery_record = %(recovery_record)s
+  recovery_record = %(recovery_record)s, waiting_for = %(waiting_for)s
 WHERE run_id = %(run_id)s;
 
 -- name: reseal_steps_page
@@ -1696,6 +1745,20 @@ ORDER BY event_id LIMIT %(limit)s FOR UPDATE;
 -- name: reseal_events_update
 -- One event's detail, sealed again.
 UPDATE safepoint_events SET detail = %(detail)s WHERE event_id = %(event_id)s;
+
+-- name: reseal_approvals_page
+-- A page of the approvals with a person's words (evidence, a revocation's reason), after the
+-- given key.
+SELECT approval_id, run_id, evidence, revoke_reason FROM safepoint_approvals
+WHERE (%(run_id)s::text IS NULL OR run_id = %(run_id)s::text)
+  AND approval_id > %(after_approval_id)s::text
+  AND (evidence IS NOT NULL OR revoke_reason IS NOT NULL)
+ORDER BY approval_id LIMIT %(limit)s FOR UPDATE;
+
+-- name: reseal_approvals_update
+-- One approval's sealed columns, sealed again.
+UPDATE safepoint_approvals SET evidence = %(evidence)s, revoke_reason = %(revoke_reason)s
+WHERE approval_id = %(approval_id)s;
 
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.

@@ -95,7 +95,7 @@ WHERE run_id = :run_id AND state_revision = :expected_revision AND status = 'blo
 
 -- name: resolve_last_event
 -- The newest event of a run (a repeated resolution finds its own there).
-SELECT kind, detail FROM safepoint_events WHERE run_id = :run_id
+SELECT event_id, kind, detail FROM safepoint_events WHERE run_id = :run_id
 ORDER BY event_id DESC LIMIT 1;
 
 -- name: get_run
@@ -334,9 +334,24 @@ WHERE run_id = :run_id AND operation_id = :operation_id;
 SELECT * FROM safepoint_operations WHERE run_id = :run_id ORDER BY prepared_at, operation_id;
 
 -- name: insert_event
--- Append one transition to the run's history.
-INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-VALUES (:run_id, :now, :kind, :step_id, :operation_id, :fence, :worker, :detail);
+-- Append one transition to the run's history; :event_id NULL takes the next id, one taken by
+-- next_event_id is the id a sealed detail was sealed for.
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, fence, worker,
+                              detail)
+VALUES (:event_id, :run_id, :now, :kind, :step_id, :operation_id, :fence, :worker, :detail);
+
+-- name: next_event_id
+-- The id the next event gets, taken before the event is inserted so that its detail can be
+-- sealed for its row (storage/codec.py). Run in the write transaction that inserts the event,
+-- right before it: the file's write lock keeps any other event out in between. AUTOINCREMENT
+-- never gives an id twice, so the larger of the last id given and the largest id there.
+SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'safepoint_events'), 0),
+           coalesce((SELECT max(event_id) FROM safepoint_events), 0)) + 1 AS event_id;
+
+-- name: next_message_seq
+-- The seq the next message gets (as next_event_id, for a payload sealed for its row).
+SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'safepoint_messages'), 0),
+           coalesce((SELECT max(seq) FROM safepoint_messages), 0)) + 1 AS seq;
 
 -- name: events
 -- A run's history, oldest first.
@@ -363,7 +378,8 @@ WHERE run_id = :run_id AND fence = :fence;
 -- name: replan_abandon_steps
 -- Re-plan: the stale tail — the step at :step_id and every non-effect step recorded after it,
 -- up to :through_seq, but those in :keep (JSON list: a fan-out sibling branch's) — moves into
--- the history, one step.abandoned event each, with what it had recorded.
+-- the history, one step.abandoned event each, with what it had recorded (each event's row, so
+-- that a sealed ledger binds the step's sealed values to it).
 INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
 SELECT run_id, :now, 'step.abandoned', step_id, operation_id, :fence, :worker,
        json_object('kind', kind, 'name', name, 'seq', seq, 'input_hash', input_hash,
@@ -375,7 +391,8 @@ WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
   AND seq <= :through_seq AND (kind NOT IN ('effect', 'transaction') OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep))
-ORDER BY seq;
+ORDER BY seq
+RETURNING event_id, run_id, kind, step_id, detail;
 
 -- name: replan_delete_abandoned_steps
 -- The rows abandon_steps just moved into the history.
@@ -467,9 +484,13 @@ WHERE run_id = :run_id;
 
 -- name: revoke_approval
 -- A person takes back every approval of one operation still in force: it authorizes nothing
--- from now on. The rows stay, as evidence of what was authorized and withdrawn.
+-- from now on. The rows stay, as evidence of what was authorized and withdrawn. The reason is
+-- :revoke_reason, or on a sealed ledger each row's own (:sealed_reasons, a JSON object by
+-- approval id: sealed for the row).
 UPDATE safepoint_approvals
-SET revoked_at = :now, revoked_by = :revoked_by, revoke_reason = :revoke_reason
+SET revoked_at = :now, revoked_by = :revoked_by,
+    revoke_reason = coalesce((SELECT value FROM json_each(:sealed_reasons) WHERE key = approval_id),
+                             :revoke_reason)
 WHERE run_id = :run_id AND operation_id = :operation_id AND revoked_at IS NULL;
 
 -- name: revoke_approval_run
@@ -594,9 +615,10 @@ SELECT * FROM safepoint_attempts WHERE run_id = :run_id AND step_id = :step_id O
 
 -- name: retry_run_event
 -- A retry's events: each step it takes up (step.retried, with what it had recorded) and the
--- retry itself (run.retried), by the person who asked.
-INSERT INTO safepoint_events (run_id, at, kind, step_id, operation_id, fence, worker, detail)
-VALUES (:run_id, :now, :kind, :step_id, :operation_id, NULL, :worker, :detail);
+-- retry itself (run.retried), by the person who asked (:event_id: as insert_event's).
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, operation_id, fence, worker,
+                              detail)
+VALUES (:event_id, :run_id, :now, :kind, :step_id, :operation_id, NULL, :worker, :detail);
 
 -- name: retry_run_forget_step
 -- The failed record retry_run_event just moved into the history.
@@ -698,11 +720,11 @@ WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
     WHERE run_id = :source_run_id AND seq < :from_seq AND kind = 'effect');
 
--- name: fork_run_events
--- The fork's first event (run.forked) and its source's (run.fork_made): who made it, and why.
-INSERT INTO safepoint_events (run_id, at, kind, step_id, worker, detail)
-VALUES (:run_id, :now, 'run.forked', :from_step, :by, :detail),
-       (:source_run_id, :now, 'run.fork_made', :from_step, :by, :source_detail);
+-- name: fork_run_event
+-- The fork's first event (run.forked) or its source's (run.fork_made): who made it, and why
+-- (:event_id: as insert_event's).
+INSERT INTO safepoint_events (event_id, run_id, at, kind, step_id, worker, detail)
+VALUES (:event_id, :run_id, :now, :kind, :from_step, :by, :detail);
 
 -- name: fork_run_count_source_event
 -- The source's history counts its run.fork_made event (nothing else of it changes).
@@ -766,9 +788,11 @@ WHERE run_id = :run_id AND operation_id = :operation_id;
 SELECT * FROM safepoint_messages WHERE run_id = :run_id AND message_id = :message_id;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not.
-INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
-VALUES (:run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now)
+-- Keep a message for the run, whether it waits yet or not (:seq NULL takes the next; one
+-- next_message_seq took is the one a sealed payload was sealed for).
+INSERT INTO safepoint_messages (seq, run_id, name, message_id, payload, payload_ref, sent_by,
+                                sent_at)
+VALUES (:seq, :run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now)
 RETURNING *;
 
 -- name: send_message_wake
@@ -962,14 +986,14 @@ RETURNING size;
 -- name: reseal_runs_page
 -- A page of the runs' rows with their sealed columns (and the recovery record, whose reason and
 -- evidence are sealed inside it), after the given key.
-SELECT run_id, inputs, result, error, recovery_record FROM safepoint_runs
+SELECT run_id, inputs, result, error, recovery_record, waiting_for FROM safepoint_runs
 WHERE (:run_id IS NULL OR run_id = :run_id) AND run_id > :after_run_id
 ORDER BY run_id LIMIT :limit;
 
 -- name: reseal_runs_update
 -- One row's sealed columns, sealed again.
 UPDATE safepoint_runs SET inputs = :inputs, result = :result, error = :error,
-  recovery_record = :recovery_record
+  recovery_record = :recovery_record, waiting_for = :waiting_for
 WHERE run_id = :run_id;
 
 -- name: reseal_steps_page
@@ -1030,6 +1054,19 @@ ORDER BY event_id LIMIT :limit;
 -- name: reseal_events_update
 -- One event's detail, sealed again.
 UPDATE safepoint_events SET detail = :detail WHERE event_id = :event_id;
+
+-- name: reseal_approvals_page
+-- A page of the approvals with a person's words (evidence, a revocation's reason), after the
+-- given key.
+SELECT approval_id, run_id, evidence, revoke_reason FROM safepoint_approvals
+WHERE (:run_id IS NULL OR run_id = :run_id) AND approval_id > :after_approval_id
+  AND (evidence IS NOT NULL OR revoke_reason IS NOT NULL)
+ORDER BY approval_id LIMIT :limit;
+
+-- name: reseal_approvals_update
+-- One approval's sealed columns, sealed again.
+UPDATE safepoint_approvals SET evidence = :evidence, revoke_reason = :revoke_reason
+WHERE approval_id = :approval_id;
 
 -- name: reseal_artifacts_page
 -- A page of artifacts, after the given digest.
