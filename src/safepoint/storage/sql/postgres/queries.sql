@@ -417,12 +417,14 @@ operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                       effect_key, dispatch_count, first_dispatched_at,
                                       approval_required, target_digest, fence, prepared_at,
-                                      updated_at, chain_id, dedup_retention_ms)
+                                      updated_at, chain_id, dedup_retention_ms,
+                                      last_dispatched_at)
     SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s,
            CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END, %(payload_ref)s,
            %(effect_key)s, clock.dispatches, CASE WHEN clock.dispatches > 0 THEN owned.now END,
            %(approval_required)s, %(target_digest)s, %(fence)s::bigint, owned.now, owned.now,
-           chain_id, %(dedup_retention_ms)s::bigint
+           chain_id, %(dedup_retention_ms)s::bigint,
+           CASE WHEN clock.dispatches > 0 THEN owned.now END
     FROM owned, clock
     RETURNING *
 ),
@@ -443,7 +445,8 @@ FROM owned, operation;
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call in the statement that checks the
--- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. Only
+-- fence: a stale worker can never reach dispatching. Remembers the first dispatch time and
+-- the last (which nothing clears: a prune keeps what an owner may remember). Only
 -- for an operation still to be sent, or uncertain, and that needs no approval — unless `gate`:
 -- the caller checks the approvals in this statement's transaction. Otherwise nothing is
 -- written and no row returned, as for a refused fence (fence_state tells which). An operation
@@ -469,8 +472,8 @@ owned AS (
 operation AS (
     UPDATE safepoint_operations AS o
     SET state = 'dispatching', dispatch_count = o.dispatch_count + 1,
-        first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now), fence = %(fence)s,
-        updated_at = owned.now
+        first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now),
+        last_dispatched_at = owned.now, fence = %(fence)s, updated_at = owned.now
     FROM owned
     -- the key as given, not owned.run_id: a primary-key probe whatever the planner's
     -- statistics (joined on owned, a young table's operations were scanned); owned only
@@ -1159,7 +1162,8 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 -- name: retry_run_resend
 -- A rejected operation sent again as its next attempt: prepared, under the key derived for
 -- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
--- new to the owner) — only the rejected attempt the retry was planned on.
+-- new to the owner) — only the rejected attempt the retry was planned on. last_dispatched_at
+-- stays: the owner may still remember the key the rejected attempt was sent under.
 UPDATE safepoint_operations
 SET state = 'prepared', key_attempt = %(key_attempt)s, effect_key = %(effect_key)s,
     receipt = NULL, error = NULL, dispatch_count = 0, first_dispatched_at = NULL,
@@ -1237,10 +1241,11 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms)
+                                  dedup_retention_ms, last_dispatched_at)
 SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key,
        dispatch_count, first_dispatched_at, receipt, error, fence, prepared_at, updated_at,
-       approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms
+       approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms,
+       last_dispatched_at
 FROM safepoint_operations
 WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -1480,16 +1485,18 @@ SELECT run_id, (forked_from::jsonb ->> 'run_id') AS source FROM safepoint_runs
 WHERE forked_from IS NOT NULL AND (forked_from::jsonb ->> 'run_id') IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_operations
--- What the retention rule reads of these runs' operations: sent or not, when last written, and
--- how long the owner remembers a key.
-SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
-       dedup_retention_ms
+-- What the retention rule reads of these runs' operations: ever sent or not, when last sent and
+-- written, and how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, last_dispatched_at,
+       updated_at, dedup_retention_ms
 FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_artifact_refs
 -- Every artifact these runs reference: their inputs and results, their steps' results, their
--- operations' payloads, their messages' payloads.
-SELECT inputs_ref AS digest FROM safepoint_runs
+-- operations' payloads, their messages' payloads; and every copy they stored (by the key).
+SELECT digest FROM safepoint_artifacts
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+UNION SELECT inputs_ref FROM safepoint_runs
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND inputs_ref IS NOT NULL
 UNION SELECT result_ref FROM safepoint_runs
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND result_ref IS NOT NULL
@@ -1534,14 +1541,22 @@ SELECT digest FROM safepoint_artifacts WHERE digest IN (SELECT jsonb_array_eleme
 FOR UPDATE;
 
 -- name: prune_delete_artifacts
--- Of those, the artifacts no row references any more (one index probe per reference column).
+-- Of those, every copy of an artifact no row references any more (one index probe per
+-- reference column); and the deleted runs' own copies of the others, which other runs hold
+-- copies of their own of: a pruned run's data goes, whoever else stored the same bytes. (A copy
+-- that would be the last one of an artifact a remaining row references stays; no write path
+-- leaves one so: each stores its own, and a fork reads its source's, which outlives it.)
 DELETE FROM safepoint_artifacts AS a
 WHERE a.digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
+  AND ((NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest))
+       OR (a.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+           AND EXISTS (SELECT 1 FROM safepoint_artifacts AS kept
+                       WHERE kept.digest = a.digest
+                         AND kept.run_id NOT IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)))))
 RETURNING size;
 -- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
 -- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation

@@ -296,11 +296,13 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 -- (chain_id: the run's chain, where a successor looks settled operations up)
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                   effect_key, dispatch_count, first_dispatched_at, fence,
-                                  prepared_at, updated_at, chain_id, dedup_retention_ms)
+                                  prepared_at, updated_at, chain_id, dedup_retention_ms,
+                                  last_dispatched_at)
 VALUES (:run_id, :operation_id, :step_id, :effect,
         CASE WHEN :dispatching THEN 'dispatching' ELSE 'prepared' END, :payload_ref, :effect_key,
         :dispatching, CASE WHEN :dispatching THEN :now END, :fence, :now, :now,
-        (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms);
+        (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms,
+        CASE WHEN :dispatching THEN :now END);
 
 -- name: prepare_and_mark_dispatching_events
 -- effect.prepared, then effect.dispatching, of an operation prepared and dispatched in one
@@ -311,10 +313,12 @@ VALUES (:run_id, :now, 'effect.prepared', :step_id, :operation_id, :fence, :work
         :dispatching_detail);
 
 -- name: mark_dispatching
--- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
+-- "Dispatch may have happened", committed before the call; remembers the first dispatch time
+-- and the last (which nothing clears: a prune keeps what an owner may remember).
 UPDATE safepoint_operations
 SET state = 'dispatching', dispatch_count = dispatch_count + 1,
-    first_dispatched_at = COALESCE(first_dispatched_at, :now), fence = :fence, updated_at = :now
+    first_dispatched_at = COALESCE(first_dispatched_at, :now), last_dispatched_at = :now,
+    fence = :fence, updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id
   AND state IN ('prepared', 'dispatching', 'unknown')
 RETURNING *;
@@ -610,7 +614,8 @@ SELECT * FROM safepoint_operations WHERE run_id = :run_id AND operation_id = :op
 -- name: retry_run_resend
 -- A rejected operation sent again as its next attempt: prepared, under the key derived for
 -- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
--- new to the owner) — only the rejected attempt the retry was planned on.
+-- new to the owner) — only the rejected attempt the retry was planned on. last_dispatched_at
+-- stays: the owner may still remember the key the rejected attempt was sent under.
 UPDATE safepoint_operations
 SET state = 'prepared', key_attempt = :key_attempt, effect_key = :effect_key, receipt = NULL,
     error = NULL, dispatch_count = 0, first_dispatched_at = NULL, approval_id = NULL,
@@ -685,10 +690,10 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms)
+                                  dedup_retention_ms, last_dispatched_at)
 SELECT :run_id, operation_id, step_id, effect, state, payload_ref, effect_key, dispatch_count,
        first_dispatched_at, receipt, error, fence, prepared_at, updated_at, approval_required,
-       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms
+       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms, last_dispatched_at
 FROM safepoint_operations
 WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -864,10 +869,10 @@ SELECT run_id, json_extract(forked_from, '$.run_id') AS source FROM safepoint_ru
 WHERE forked_from IS NOT NULL AND json_extract(forked_from, '$.run_id') IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_operations
--- What the retention rule reads of these runs' operations: sent or not, when last written, and
--- how long the owner remembers a key.
-SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
-       dedup_retention_ms
+-- What the retention rule reads of these runs' operations: ever sent or not, when last sent and
+-- written, and how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, last_dispatched_at,
+       updated_at, dedup_retention_ms
 FROM safepoint_operations WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_artifact_refs

@@ -190,6 +190,10 @@ CREATE TABLE safepoint_operations (
     -- how long the effect's owner remembers a key, as the effect declared it (dedup_retention);
     -- NULL: none declared. A prune keeps an operation its owner may still remember
     dedup_retention_ms   INTEGER,
+    -- the last time a dispatch of it (under any of its keys) was committed; never cleared, as
+    -- dispatch_count and first_dispatched_at are for a resend: it was sent, and a prune keeps
+    -- it while its owner may remember the key
+    last_dispatched_at   INTEGER,
     PRIMARY KEY (run_id, operation_id)
 ) WITHOUT ROWID;
 
