@@ -290,7 +290,10 @@ def test_an_older_ledger_is_migrated_forward_and_keeps_its_runs(tmp_path: Path) 
     assert (old.status, old.resume_budget) == (RunStatus.COMPLETED, None)
 
 
-def _rows_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+def _rows_of(
+    conn: sqlite3.Connection, schema: str, columns: dict[str, list[str]] | None = None
+) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every ledger table of ``schema``: of ``columns`` (by table) when given."""
     tables = [
         name
         for (name,) in conn.execute(
@@ -299,7 +302,18 @@ def _rows_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[tuple[Any,
         )
     ]
     return {
-        table: conn.execute(f"SELECT * FROM {schema}.{table} ORDER BY 1, 2").fetchall() for table in tables
+        table: conn.execute(
+            f"SELECT {', '.join(columns[table]) if columns else '*'} FROM {schema}.{table} ORDER BY 1, 2"
+        ).fetchall()
+        for table in tables
+    }
+
+
+def _columns_of(conn: sqlite3.Connection, schema: str) -> dict[str, list[str]]:
+    """The columns of every ledger table of ``schema``, in their order."""
+    return {
+        table: [row[1] for row in conn.execute(f"PRAGMA {schema}.table_info({table})")]
+        for table in _rows_of(conn, schema)
     }
 
 
@@ -330,10 +344,12 @@ def test_a_ledger_of_every_state_keeps_every_row_through_the_rebuilt_tables(tmp_
             )
         conn.execute("ATTACH DATABASE ? AS built", (str(full),))
         conn.execute("DELETE FROM safepoint_ledger")  # the identity migration 1 minted: the built one's
-        for table in _rows_of(conn, "built"):  # every column in the same order at schema 5
-            conn.execute(f"INSERT INTO main.{table} SELECT * FROM built.{table}")
+        at_five = _columns_of(conn, "main")  # every column schema 5 has (later ones add more)
+        for table, columns in at_five.items():
+            listed = ", ".join(columns)
+            conn.execute(f"INSERT INTO main.{table} ({listed}) SELECT {listed} FROM built.{table}")
         conn.commit()
-        before = _rows_of(conn, "built")
+        before = _rows_of(conn, "built", at_five)
         held = ("safepoint_steps", "safepoint_operations", "safepoint_approvals")
         assert all(before[table] for table in held)
         conn.execute("DETACH DATABASE built")
@@ -343,7 +359,7 @@ def test_a_ledger_of_every_state_keeps_every_row_through_the_rebuilt_tables(tmp_
         assert migrated.load_ledger(run_id).run.run_id == run_id
     migrated.close()
     with sqlite3.connect(old) as conn:
-        assert _rows_of(conn, "main") == before
+        assert _rows_of(conn, "main", at_five) == before
         assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
         # the CHECKs written out refuse what they refused
         for statement in (
