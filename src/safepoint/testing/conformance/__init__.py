@@ -90,6 +90,7 @@ from __future__ import annotations
 from ..sync_over_async import SyncOverAsync
 from ._concerns import ACROSS_RUNS, CLAIMS, CONCERNS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import ConformanceBase
+from .answers import AnswerTests
 from .approvals import ApprovalTests
 from .artifacts_clock import ArtifactClockTests
 from .claiming import ClaimTests
@@ -129,6 +130,7 @@ __all__ = [
 class StoreConformance(
     TransactionTests,
     PruneTests,
+    AnswerTests,
     WaitTests,
     ForkTests,
     RetryTests,

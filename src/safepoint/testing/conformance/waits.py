@@ -27,8 +27,9 @@ from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, VALUES, exercises
 from ._support import LARGE, LONG_LEASE_MS, ConformanceBase, _uid, in_threads, make_step, stamped_between
 
 
-class WaitTests(ConformanceBase):
-    """The conformance tests of waits."""
+class WaitHelpers(ConformanceBase):
+    """What the tests of waits and of answers share: wait and sleep steps, a released run
+    claimed by name, a run ended, its history counted."""
 
     @staticmethod
     def _wait_step(
@@ -69,6 +70,10 @@ class WaitTests(ConformanceBase):
         ledger = store.load_ledger(run_id)
         assert ledger.run.event_count == len(store.events(run_id))
         assert ledger.run.step_count == len(ledger.steps)
+
+
+class WaitTests(WaitHelpers):
+    """The conformance tests of waits."""
 
     # -- messages -------------------------------------------------------------------------------
 

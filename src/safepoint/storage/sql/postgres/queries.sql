@@ -1306,10 +1306,13 @@ LIMIT 1;
 SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s AND message_id = %(message_id)s;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not (sent_at: the database clock).
-INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
+-- Keep a message for the run, whether it waits yet or not: queued by name (for_wait NULL), or
+-- an answer addressed to one wait. sent_at: the database clock — for an answer, as read when it
+-- was decided whether its wait had timed out (now).
+INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at,
+                                for_wait)
 VALUES (%(run_id)s, %(name)s, %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s,
-        safepoint_now_ms())
+        COALESCE(%(now)s::bigint, safepoint_now_ms()), %(for_wait)s)
 RETURNING *;
 
 -- name: send_message_wake
@@ -1338,6 +1341,18 @@ SELECT workflow FROM run;
 -- Every message sent to a run, in the order they were sent.
 SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s ORDER BY seq;
 
+-- name: answer_wait_step
+-- The wait an answer is addressed to, as recorded (nothing: not recorded yet). Runs after
+-- lock_run, in its transaction.
+SELECT kind, name, status FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: answer_wait_answered
+-- What answered that wait already: the answer kept for it, or the message it took.
+SELECT * FROM safepoint_messages
+WHERE run_id = %(run_id)s AND (for_wait = %(step_id)s OR taken_by = %(step_id)s)
+ORDER BY seq LIMIT 1;
+
 -- name: wait_fence
 -- The fence of a wait's gate (await_message, await_timer), alone: new work (refused once a
 -- cancel is asked for or past the deadline). It takes the runs row lock for the rest of the
@@ -1358,11 +1373,13 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND input_hash = %(input_has
 ORDER BY attempt LIMIT 1;
 
 -- name: await_message_oldest
--- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+-- What the wait takes, sent before its timeout instant: the answer addressed to it, else the
+-- oldest message of its name not yet taken and addressed to no other wait.
 SELECT * FROM safepoint_messages
 WHERE run_id = %(run_id)s AND name = %(name)s AND taken_by IS NULL
+  AND (for_wait IS NULL OR for_wait = %(step_id)s)
   AND (%(timeout_at)s::bigint IS NULL OR sent_at < %(timeout_at)s::bigint)
-ORDER BY seq LIMIT 1;
+ORDER BY for_wait IS NULL, seq LIMIT 1;
 
 -- name: await_message_take
 -- The wait step takes the message: it is its result from now on, never another step's.

@@ -754,9 +754,11 @@ LIMIT 1;
 SELECT * FROM safepoint_messages WHERE run_id = :run_id AND message_id = :message_id;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not.
-INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at)
-VALUES (:run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now)
+-- Keep a message for the run, whether it waits yet or not: queued by name (for_wait NULL), or
+-- an answer addressed to one wait.
+INSERT INTO safepoint_messages (run_id, name, message_id, payload, payload_ref, sent_by, sent_at,
+                                for_wait)
+VALUES (:run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now, :for_wait)
 RETURNING *;
 
 -- name: send_message_wake
@@ -773,6 +775,16 @@ WHERE run_id = :run_id;
 -- Every message sent to a run, in the order they were sent.
 SELECT * FROM safepoint_messages WHERE run_id = :run_id ORDER BY seq;
 
+-- name: answer_wait_step
+-- The wait an answer is addressed to, as recorded (nothing: not recorded yet).
+SELECT kind, name, status FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
+
+-- name: answer_wait_answered
+-- What answered that wait already: the answer kept for it, or the message it took.
+SELECT * FROM safepoint_messages
+WHERE run_id = :run_id AND (for_wait = :step_id OR taken_by = :step_id)
+ORDER BY seq LIMIT 1;
+
 -- name: await_message_timeout
 -- When a wait that has waited before times out: the instant recorded as its attempt then.
 SELECT retry_at FROM safepoint_attempts
@@ -780,11 +792,13 @@ WHERE run_id = :run_id AND step_id = :step_id AND input_hash = :input_hash
 ORDER BY attempt LIMIT 1;
 
 -- name: await_message_oldest
--- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+-- What the wait takes, sent before its timeout instant: the answer addressed to it, else the
+-- oldest message of its name not yet taken and addressed to no other wait.
 SELECT * FROM safepoint_messages
 WHERE run_id = :run_id AND name = :name AND taken_by IS NULL
+  AND (for_wait IS NULL OR for_wait = :step_id)
   AND (:timeout_at IS NULL OR sent_at < :timeout_at)
-ORDER BY seq LIMIT 1;
+ORDER BY for_wait IS NULL, seq LIMIT 1;
 
 -- name: await_message_take
 -- The wait step takes the message: it is its result from now on, never another step's.
