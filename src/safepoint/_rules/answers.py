@@ -90,8 +90,8 @@ def refused_answer(run: RunRecord, wait: str, name: str, read: WaitRead, now: in
             name,
             wait,
             f"wait {wait!r} was answered already{f' by {by}' if by else ''}"
-            f"{f' at {instant(at)}' if at is not None else ''}{which}: a wait takes one answer"
-            + _what_next(wait, name, waits_at),
+            f"{f' at {instant(at)}' if at is not None else ''}{which}: a wait takes one answer,"
+            " and nothing was kept" + _what_next(wait, name, waits_at),
             answered_by=by,
             answered_at=at,
             waits_at=waits_at,
@@ -105,7 +105,7 @@ def refused_answer(run: RunRecord, wait: str, name: str, read: WaitRead, now: in
             run.run_id,
             name,
             wait,
-            f"wait {wait!r} timed out{when}: nothing reads an answer to it now"
+            f"wait {wait!r} timed out{when}: nothing reads an answer to it now, and nothing was kept"
             + _what_next(wait, name, waits_at),
             answered_at=timeout_at,
             timed_out=True,
