@@ -160,3 +160,24 @@ class AnswerTests(WaitHelpers):
             woke = [e.detail["woke"] for e in stores[0].events(run.run_id) if e.kind == "message.sent"]
             assert woke == [True]
             self._counted(stores[0], run.run_id)
+
+    @exercises(VALUES, CONCURRENCY)
+    def test_an_answer_racing_its_wait_is_taken_or_wakes_the_run(self) -> None:
+        """Either order of an answer and the wait's gate at once: the wait takes the answer, or
+        the answer finds the run parked at it and makes it pending — never a run parked with
+        its answer kept beside it."""
+        sender, waiter = self.store(), self.store()
+        for trial in range(20):
+            run, claim = self.start(waiter)
+            step = self._wait_step(run.run_id)
+            results = at_once(
+                functools.partial(sender.answer_wait, run.run_id, "wait.answer", "answer", trial),
+                functools.partial(waiter.await_message, claim, step, "answer", None),
+            )
+            assert not [r for r in results if isinstance(r, Exception)], results
+            now = waiter.get_run(run.run_id)
+            [message] = waiter.messages(run.run_id)
+            if message.taken_by is None:
+                assert now.status is RunStatus.PENDING, (trial, now.status)
+            else:
+                assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
