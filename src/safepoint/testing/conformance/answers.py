@@ -175,9 +175,4 @@ class AnswerTests(WaitHelpers):
                 functools.partial(waiter.await_message, claim, step, "answer", None),
             )
             assert not [r for r in results if isinstance(r, Exception)], results
-            now = waiter.get_run(run.run_id)
-            [message] = waiter.messages(run.run_id)
-            if message.taken_by is None:
-                assert now.status is RunStatus.PENDING, (trial, now.status)
-            else:
-                assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
+            self._taken_or_woke(waiter, run.run_id, trial)

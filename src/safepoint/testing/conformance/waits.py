@@ -66,6 +66,17 @@ class WaitHelpers(ConformanceBase):
     def _end(self, store: Store, run_id: str) -> None:
         store.request_cancel(run_id, "conformance", "the test is over")
 
+    def _taken_or_woke(self, store: Store, run_id: str, trial: int) -> None:
+        """After a message raced the gate of wait ``wait.answer``: the wait took it (the run
+        goes on) or the message found the run waiting and made it pending — never a run
+        waiting with its message kept beside it."""
+        now = store.get_run(run_id)
+        [message] = store.messages(run_id)
+        if message.taken_by is None:
+            assert now.status is RunStatus.PENDING, (trial, now.status)
+        else:
+            assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
+
     def _counted(self, store: Store, run_id: str) -> None:
         ledger = store.load_ledger(run_id)
         assert ledger.run.event_count == len(store.events(run_id))
@@ -410,9 +421,4 @@ class WaitTests(WaitHelpers):
                 functools.partial(waiter.await_message, claim, step, "answer", None),
             ]
             in_threads(*calls)
-            now = waiter.get_run(run.run_id)
-            [message] = waiter.messages(run.run_id)
-            if message.taken_by is None:
-                assert now.status is RunStatus.PENDING, (trial, now.status)
-            else:
-                assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
+            self._taken_or_woke(waiter, run.run_id, trial)
