@@ -220,6 +220,39 @@ def test_k_answers_at_the_same_instant_release_the_wait_once(
     assert _applied(owner_env) == (1, 0)
 
 
+def test_answers_on_the_async_store(pg_url: str, owner_env: OwnerService) -> None:
+    import uuid
+
+    import wait_flows
+
+    url = f"{pg_url}?schema=a_{uuid.uuid4().hex[:12]}"
+
+    async def main() -> tuple[Any, BaseException | None, Any]:
+        store = await sp.open_async_store(url)
+        try:
+            with pytest.raises(sp.AwaitingMessage):
+                await sp.start_async(store, wait_flows.questions_async, "c-1", run_id="r")
+            kept = await sp.answer_async(store, "r", "answer", "yes", by="ana")
+            refused: BaseException | None = None
+            try:
+                await sp.answer_async(store, "r", "answer", "no", by="bo")
+            except WaitAnswered as exc:
+                refused = exc
+            with pytest.raises(sp.AwaitingMessage):
+                await sp.resume_async(store, "r")
+            await sp.answer_async(store, "r", "answer", "no", wait="answer#2", by="bo")
+            return kept, refused, await sp.resume_async(store, "r")
+        finally:
+            await store.close()
+
+    kept, refused, result = asyncio.run(main())
+    assert kept.for_wait == "answer"
+    assert isinstance(refused, WaitAnswered)
+    assert refused.answered_by == "ana"
+    assert result == ["re_1", "re_2"]
+    assert _applied(owner_env) == (2, 0)
+
+
 # -- approvals ---------------------------------------------------------------------------------
 
 
@@ -270,6 +303,8 @@ def test_an_approval_of_a_gate_whose_effect_went_out_is_refused(
         sp.approve(store, "r", "refund", by="bo")
     assert (refused.value.approval_id, refused.value.went_out) == (ana.approval_id, True)
     assert "went out" in str(refused.value)
+    with pytest.raises(GateApproved):
+        asyncio.run(sp.approve_async(store, "r", "refund", by="dan"))
     assert store.approvals("r") == [ana]
     assert sp.approve(store, "r", "refund", by="ana") == ana  # the same person: the same one
     assert sp.resume(store, "r")["amount"] == 40  # reconciled (not applied), sent once
