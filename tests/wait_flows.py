@@ -76,3 +76,26 @@ def sleeper(run: sp.Run, case_id: str, seconds: float) -> dict[str, Any]:
 async def sleeper_async(run: sp.AsyncRun, seconds: float) -> str:
     await run.sleep(seconds)
     return "woke"
+
+
+@sp.workflow("waits-questions", version="1")
+def questions(run: sp.Run, case_id: str) -> list[str]:
+    """Two questions of one name, each gating the reply sent after it."""
+    sent = []
+    for n in (1, 2):
+        said = run.wait_for("answer")
+        reply = run.effect(f"effect.reply.{n}", replies, payload={"case": case_id, "n": n, "answer": said})
+        sent.append(str(reply["id"]))
+    return sent
+
+
+@sp.workflow("waits-questions-async", version="1")
+async def questions_async(run: sp.AsyncRun, case_id: str) -> list[str]:
+    sent = []
+    for n in (1, 2):
+        said = await run.wait_for("answer")
+        reply = await run.effect(
+            f"effect.reply.{n}", replies, payload={"case": case_id, "n": n, "answer": said}
+        )
+        sent.append(str(reply["id"]))
+    return sent

@@ -16,7 +16,7 @@ Everything in a module whose name starts with an underscore is private.
 from ._engine.current import current_effect_key, current_run
 from ._engine.fork import fork, fork_async
 from ._engine.limits import extend_limits, extend_limits_async
-from ._engine.messages import send, send_async
+from ._engine.messages import answer, answer_async, send, send_async
 from ._engine.operator import approve, approve_async, resolve, revoke_approval, revoke_approval_async
 from ._engine.prune import prune, prune_async
 from ._engine.retry import retry, retry_async
@@ -96,6 +96,8 @@ __all__ = [
     "WaitTimedOut",
     "Worker",
     "Workflow",
+    "answer",
+    "answer_async",
     "approve",
     "approve_async",
     "cancel",

@@ -504,10 +504,12 @@ class ApprovalGate:
 
 @dataclass(frozen=True, slots=True)
 class MessageRecord:
-    """A message sent to a run from outside (``safepoint.send``): a JSON payload under a name its
-    workflow waits for (``run.wait_for(name)``). Kept from the moment it is sent, whether the run
-    waits yet or not; a wait takes the oldest message of its name not yet taken and records it
-    as its step's result (``taken_by``, the wait step's id)."""
+    """A message sent to a run from outside: a JSON payload under a name its workflow waits for
+    (``run.wait_for(name)``). Kept from the moment it is sent, whether the run waits yet or not.
+    A mailbox message (``safepoint.send``; ``for_wait`` None) queues: a wait takes the oldest of
+    its name not yet taken. An answer (``safepoint.answer``) is addressed to one wait
+    (``for_wait``, its step id), which takes it before anything queued, and only it. Either is
+    recorded as the wait step's result (``taken_by``, the wait step's id)."""
 
     seq: int  # the order messages were sent in (store-wide)
     run_id: str
@@ -518,6 +520,7 @@ class MessageRecord:
     sent_by: str | None = None
     taken_by: str | None = None  # the wait step that received it; None: not taken yet
     taken_at: int | None = None
+    for_wait: str | None = None  # an answer: the wait step it is addressed to; None: queued by name
 
 
 @dataclass(frozen=True, slots=True)

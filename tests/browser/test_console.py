@@ -203,12 +203,12 @@ def test_the_page_refreshes_itself_and_keeps_the_operators_place(page: Any, stat
     page.goto(board.url + f"/runs/{ids['message']}")
     value = page.locator("table.timeline details.value").first
     value.locator("summary").click()
-    page.locator("form[data-form=send] textarea").fill('{"approved": tr')
+    page.locator("form[data-form=answer] textarea").fill('{"approved": tr')
     sp.send(store, ids["message"], "manager.answer", {"approved": True}, by="bob")
     sp.resume(store, ids["message"])  # the workflow is registered: it completes
     expect(page.locator("#changed")).to_contain_text("This run changed", timeout=8_000)
     expect(page.locator("table.timeline details.value").first).to_have_js_property("open", True)
-    assert page.locator("form[data-form=send] textarea").input_value() == '{"approved": tr'
+    assert page.locator("form[data-form=answer] textarea").input_value() == '{"approved": tr'
 
 
 def test_nothing_acts_without_the_token(page: Any, states: States) -> None:

@@ -497,6 +497,50 @@ def test_a_refused_step_write_leaves_no_artifact_behind(
     assert steps["big"].result == large == steps["big-again"].result
 
 
+def test_a_pruned_runs_copy_of_a_large_value_goes_though_another_run_holds_the_same(
+    pg_url: str, opened: Callable[[str], PostgresStore], admin: psycopg.Connection[Any]
+) -> None:
+    """Each run keeps its own copy of a large value (an artifact, by digest): pruning one run
+    deletes its copy, and the other run's copy — which its rows read — stays."""
+    from dataclasses import replace
+
+    from safepoint._rules.canonical import dumps
+    from safepoint._rules.retention import PRUNABLE
+    from safepoint.storage.prune import PruneRequest
+
+    store = opened(pg_url)
+    large = {"text": f"{_uid()}-" + "x" * 20_000}  # past the inline limit: an artifact
+    ref = digest(dumps(large).encode())
+    workflows = (f"prune-copy-{_uid()}", f"kept-copy-{_uid()}")
+    runs = []
+    for workflow in workflows:
+        run, claim = store.create_run(_new_run(f"r-{_uid()}", "worker-a", workflow=workflow))
+        assert claim is not None
+        store.record_steps(claim, [replace(_step(run.run_id, "big"), result=large)])
+        store.finish_run(claim, RunStatus.COMPLETED, result=large)
+        runs.append(run.run_id)
+    pruned, other = runs
+
+    def copies() -> list[str]:
+        rows = admin.execute(
+            "SELECT run_id FROM safepoint_artifacts WHERE digest = %s ORDER BY run_id", (ref,)
+        )
+        return [row[0] for row in rows.fetchall()]
+
+    assert copies() == sorted(runs)
+    batch = store.prune_runs(
+        PruneRequest(statuses=PRUNABLE, before=store.now() + 1_000, workflow=workflows[0])
+    )
+    assert batch.runs == (pruned,)
+    assert copies() == [other]
+    assert batch.artifacts == 1
+    assert store.load_ledger(other).steps["big"].result == large == store.get_run(other).result
+    batch = store.prune_runs(
+        PruneRequest(statuses=PRUNABLE, before=store.now() + 1_000, workflow=workflows[1])
+    )
+    assert (batch.runs, batch.artifacts, copies()) == ((other,), 1, [])
+
+
 # -- claim_next and SKIP LOCKED ----------------------------------------------------------------
 
 

@@ -23,10 +23,11 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
+from older_ledgers import copy_ledger, make_older_ledger, older_url
 from safepoint._rules.canonical import canonical, digest, sha256_hex
 from safepoint.errors import ApprovalInvalid, ApprovalRefused, RunNotFound, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
-from safepoint.storage.migrations import Migration, load_migrations
+from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
 from safepoint.types import EffectState, RunStatus
 
@@ -787,6 +788,7 @@ def test_revoke_and_show_from_the_command_line(file_store: sp.Store, owner_env: 
     assert _applied(owner_env) == 0
 
 
+# the tables of the first schema
 _LEDGER_TABLES = (
     "safepoint_ledger",
     "safepoint_artifacts",
@@ -799,61 +801,12 @@ _LEDGER_TABLES = (
 )
 
 
-def _copy_into_first_schema(source_url: str, target_url: str) -> None:
-    """Copy the ledger at ``source_url`` (the last schema) into ``target_url`` (a ledger of the
-    first schema): every column the first schema has, identity row included — a ledger as the
-    first release would have written it."""
-    if source_url.startswith("sqlite"):
-        conn = sqlite3.connect(target_url.removeprefix("sqlite:///"), isolation_level=None)
-        conn.execute("ATTACH DATABASE ? AS source", (source_url.removeprefix("sqlite:///"),))
-        conn.execute("BEGIN")
-        conn.execute("DELETE FROM safepoint_ledger")
-        for table in _LEDGER_TABLES:
-            columns = ", ".join(row[1] for row in conn.execute(f"PRAGMA main.table_info({table})"))
-            conn.execute(f"INSERT INTO main.{table} ({columns}) SELECT {columns} FROM source.{table}")
-        conn.execute("COMMIT")
-        conn.close()
-        return
-    import psycopg
-    from psycopg import sql
-
-    base, _, source_schema = source_url.partition("?schema=")
-    target_schema = target_url.partition("?schema=")[2]
-    with psycopg.connect(base, autocommit=True) as conn, conn.transaction():
-        conn.execute(sql.SQL("DELETE FROM {}.safepoint_ledger").format(sql.Identifier(target_schema)))
-        for table in _LEDGER_TABLES:
-            names = [  # an identity column (event_id) is numbered by the target itself
-                row[0]
-                for row in conn.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s"
-                    " AND table_name = %s AND is_identity = 'NO' ORDER BY ordinal_position",
-                    (target_schema, table),
-                )
-            ]
-            columns = sql.SQL(", ").join(map(sql.Identifier, names))
-            conn.execute(
-                sql.SQL("INSERT INTO {}.{} ({}) SELECT {} FROM {}.{}").format(
-                    sql.Identifier(target_schema),
-                    sql.Identifier(table),
-                    columns,
-                    columns,
-                    sql.Identifier(source_schema),
-                    sql.Identifier(table),
-                )
-            )
-
-
 def test_approvals_given_in_a_ledger_of_the_first_schema_are_in_force_after_it_is_opened(
     store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A ledger of the first schema, with an approval in it, is opened at the last schema
     (every later migration applied): the approval is read back as given (not revoked), and
     can be revoked."""
-    import safepoint.storage.migrations
-
-    def first_schema(dialect: str) -> list[Migration]:
-        return load_migrations(dialect)[:1]
-
     dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
     flow = _refund_flow("approval-migrated", owner_effect("refunds"))
     made = sp.open_store(store_url)
@@ -861,17 +814,9 @@ def test_approvals_given_in_a_ledger_of_the_first_schema_are_in_force_after_it_i
         sp.start(made, flow, run_id="r")
     approval = sp.approve(made, "r", "refund", by="ana")
     made.close()
-    old_url = (
-        f"sqlite:///{tmp_path / 'first-schema.db'}"
-        if dialect == "sqlite"
-        else store_url.replace("?schema=", "?schema=first_")
-    )
-    with monkeypatch.context() as patched:
-        patched.setattr(safepoint.storage.migrations, "load_migrations", first_schema)
-        old = sp.open_store(old_url)
-        assert old.schema_version() == len(first_schema(dialect))
-        old.close()
-    _copy_into_first_schema(store_url, old_url)
+    old_url = older_url(store_url, tmp_path, "first")
+    make_older_ledger(old_url, 1, monkeypatch)
+    copy_ledger(store_url, old_url, _LEDGER_TABLES)
 
     store = sp.open_store(old_url)
     assert store.schema_version() == len(load_migrations(dialect))

@@ -10,9 +10,15 @@ import asyncio
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 import safepoint as sp
+from older_ledgers import copy_ledger, make_older_ledger, older_url
+from safepoint.errors import EffectRejected
+from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, owner_effect
 
 calls: list[str] = []
@@ -102,6 +108,92 @@ def test_a_run_whose_key_the_owner_remembers_is_kept_and_forcing_it_shows_why(
     assert int(owner_env.client.stats()["applied"]) == 1
     assert second == first
     assert second["amount"] == 100
+
+
+@sp.workflow("prune.resent", version="1")
+def resent(run: sp.Run, amount: int) -> dict[str, Any]:
+    return run.effect("charge", charges, payload={"amount": amount}, operation_id="charge")
+
+
+@sp.workflow("prune.resent-async", version="1")
+async def resent_async(run: sp.AsyncRun, amount: int) -> dict[str, Any]:
+    return await run.effect("charge", charges, payload={"amount": amount}, operation_id="charge")
+
+
+def test_a_run_cancelled_before_its_resend_went_out_is_kept_while_the_owner_remembers_the_first_key(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    """``retry(resend=…)`` clears the operation's dispatch count for its next attempt; the
+    first attempt's key still reached the owner, which keeps its refusal under it."""
+    run_id = f"resent-{uuid.uuid4().hex[:8]}"
+    owner_env.client.set_faults(decline=1)
+    with pytest.raises(EffectRejected):
+        sp.start(store, resent, 100, run_id=run_id)
+    sp.retry(store, run_id, by="ana", reason="the card was updated", resend=["charge"])
+    sp.cancel(store, run_id, by="ana", reason="not now")  # before the resend went out
+    op = store.load_ledger(run_id).operations["charge"]
+    assert (op.dispatch_count, op.first_dispatched_at, op.key_attempt) == (0, None, 2)
+
+    kept = _prune(store, "prune.resent")
+    assert (kept.runs, [k.run_id for k in kept.kept]) == (0, [run_id])
+    assert kept.kept[0].forced
+    assert "inside its owner's dedup retention" in kept.kept[0].reason
+
+    # What the rule keeps from happening: forced, the run goes; a run reusing its id mints the
+    # first attempt's key again, and the owner answers it with the refusal it still remembers.
+    assert _prune(store, "prune.resent", force=True).run_ids == (run_id,)
+    with pytest.raises(EffectRejected):
+        sp.start(store, resent, 100, run_id=run_id)
+    assert int(owner_env.client.stats()["applied"]) == 0
+
+
+def test_a_ledger_from_before_the_last_dispatch_was_recorded_keeps_a_resent_operation_sent(
+    store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ledger upgraded to the schema that records an operation's last dispatch takes it from
+    the history it already holds: the run cancelled before its resend went out stays kept."""
+    run_id = f"resent-m-{uuid.uuid4().hex[:8]}"
+    made = sp.open_store(store_url)
+    owner_env.client.set_faults(decline=1)
+    with pytest.raises(EffectRejected):
+        sp.start(made, resent, 100, run_id=run_id)
+    sp.retry(made, run_id, by="ana", resend=["charge"])
+    sp.cancel(made, run_id, by="ana")
+    made.close()
+    dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
+    before = len(load_migrations(dialect)) - 1  # the schema before last_dispatched_at
+    old_url = older_url(store_url, tmp_path, "older")
+    make_older_ledger(old_url, before, monkeypatch)
+    tables = ("artifacts", "runs", "steps", "operations", "attempts", "events", "approvals", "messages")
+    copy_ledger(store_url, old_url, ("safepoint_ledger", *(f"safepoint_{table}" for table in tables)))
+
+    upgraded = sp.open_store(old_url)
+    try:
+        assert upgraded.schema_version() == before + 1
+        kept = _prune(upgraded, "prune.resent")
+        assert (kept.runs, [k.run_id for k in kept.kept]) == (0, [run_id])
+        assert "inside its owner's dedup retention" in kept.kept[0].reason
+    finally:
+        upgraded.close()
+
+
+def test_prune_async_keeps_a_run_cancelled_before_its_resend_went_out(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    run_id = f"resent-a-{uuid.uuid4().hex[:8]}"
+    owner_env.client.set_faults(decline=1)
+
+    async def main() -> Any:
+        with pytest.raises(EffectRejected):
+            await sp.start_async(store, resent_async, 100, run_id=run_id)
+        await sp.retry_async(store, run_id, by="ana", resend="charge")
+        await sp.cancel_async(store, run_id, by="ana")
+        await asyncio.sleep(0.01)
+        return await sp.prune_async(store, finished_before=timedelta(0), workflow="prune.resent-async")
+
+    kept = asyncio.run(main())
+    assert (kept.runs, [k.run_id for k in kept.kept]) == (0, [run_id])
+    assert "inside its owner's dedup retention" in kept.kept[0].reason
 
 
 def test_a_dry_run_deletes_nothing_and_counts_what_would_go(store: sp.Store) -> None:

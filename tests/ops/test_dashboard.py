@@ -874,7 +874,7 @@ def test_a_stopped_run_shows_its_limit_and_a_form_with_the_token_raises_it(
     assert sp.resume(file_store, run_id) == 3
 
 
-def test_the_board_sends_a_waiting_run_its_message_with_the_token(
+def test_the_board_answers_a_waiting_runs_wait_once_with_the_token(
     board: Dashboard, file_store: sp.Store
 ) -> None:
     @sp.workflow("board-waits-answer")
@@ -886,25 +886,36 @@ def test_the_board_sends_a_waiting_run_its_message_with_the_token(
     assert "message &#x27;manager.answer&#x27;" in _get(board, "/")[1]
     page = _get(board, "/runs/w")[1]
     assert "waiting for a message" in page
-    assert "action='/runs/w/send'" in page
+    assert "action='/runs/w/answer'" in page
     assert TOKEN not in page
-    form = {"name": "manager.answer", "payload": '{"ok": 1}', "by": "ana"}
-    assert _post(board, "/runs/w/send", form)[0] == 403  # no token: nothing is sent
-    assert _post(board, "/runs/w/send", {**form, "token": "wrong-token-wrong-token"})[0] == 403
+    assert "name=wait value='manager.answer'" in page  # the wait the page shows
+    form = {"name": "manager.answer", "wait": "manager.answer", "payload": '{"ok": 1}', "by": "ana"}
+    assert _post(board, "/runs/w/answer", form)[0] == 403  # no token: nothing is sent
+    assert _post(board, "/runs/w/answer", {**form, "token": "wrong-token-wrong-token"})[0] == 403
     assert file_store.messages("w") == []
-    status, body = _post(board, "/runs/w/send", {**form, "payload": "{nope", "token": TOKEN})
+    status, body = _post(board, "/runs/w/answer", {**form, "payload": "{nope", "token": TOKEN})
     assert status == 400
     assert "not JSON" in json.loads(body)["error"]
     credential = '{"k": "sk_live_a1B2c3D4e5F6g7H8i9J0k1L2"}'
-    status, body = _post(board, "/runs/w/send", {**form, "payload": credential, "token": TOKEN})
+    status, body = _post(board, "/runs/w/answer", {**form, "payload": credential, "token": TOKEN})
     assert status == 409  # refused by the verb, as a UsageError is
     assert "looks like a credential" in json.loads(body)["error"]
     assert file_store.messages("w") == []
-    status, body = _post(board, "/runs/w/send", {**form, "token": TOKEN})
+    status, body = _post(board, "/runs/w/answer", {**form, "token": TOKEN})
     assert status == 200, body
     assert json.loads(body)["status"] == "pending"
     [message] = file_store.messages("w")
-    assert (message.payload, message.sent_by) == ({"ok": 1}, "ana")
+    assert (message.payload, message.sent_by, message.for_wait) == ({"ok": 1}, "ana", "manager.answer")
+    # a second person answering the same wait: refused, naming the first, and nothing kept
+    status, body = _post(
+        board, "/runs/w/answer", {**form, "payload": '{"ok": 2}', "by": "bo", "token": TOKEN}
+    )
+    assert status == 409
+    assert "answered already by ana" in json.loads(body)["error"]
+    assert file_store.messages("w") == [message]
+    # the mailbox stays for API clients: a message queued for the next wait of its name
+    status, body = _post(board, "/runs/w/send", {"name": "other", "payload": "1", "token": TOKEN})
+    assert status == 200, body
     assert sp.resume(file_store, "w") == {"said": {"ok": 1}}
     page = _get(board, "/runs/w")[1]
     assert "<h2>messages</h2>" in page

@@ -1,6 +1,7 @@
-"""Waits through the command line: `safepoint send`, and what `show`, `runs`, `record` and
-`resume` say about a run waiting for a message or sleeping (the dashboard's send form is tested
-with the dashboard, in test_dashboard)."""
+"""Waits through the command line: `safepoint send` and `safepoint answer`, a second release of
+a wait refused (exit code 5), and what `show`, `runs`, `record` and `resume` say about a run
+waiting for a message or sleeping (the dashboard's forms are tested with the dashboard, in
+test_dashboard)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,16 @@ def answer(run: sp.Run) -> Any:
     return {"said": run.wait_for("manager.answer", timeout=3600)}
 
 
+@sp.workflow("ops-waits-approve")
+def refund(run: sp.Run) -> Any:
+    return run.effect(
+        "refund",
+        sp.Effect("ops.refund", execute=lambda payload, key: {"id": "re_1"}),
+        payload={"n": 1},
+        approval=True,
+    )
+
+
 @sp.workflow("ops-waits-sleep")
 def nap(run: sp.Run) -> str:
     run.sleep(3600)
@@ -53,7 +64,7 @@ def test_send_delivers_a_message_and_show_tells_what_the_run_waits_for(url: str)
     assert "waiting for a message" in shown
     assert "waits for message 'manager.answer'" in shown
     assert "times out" in shown
-    assert "safepoint send w manager.answer --payload" in shown
+    assert "safepoint answer w manager.answer --wait manager.answer --payload" in shown
     listed = invoke(url, "runs").stdout
     assert "message 'manager.answer', times out" in listed
     record = invoke(url, "record", "w")
@@ -114,3 +125,35 @@ def test_show_and_runs_tell_a_sleeping_run(url: str) -> None:
     assert resumed.exit_code == 4
     assert "sleeps (step 'sleep') until" in resumed.stderr
     store.request_cancel("z", "tests")  # not left due in an hour for anything else to see
+
+
+def test_answer_answers_the_parked_wait_once_and_a_second_answer_exits_5_naming_it(url: str) -> None:
+    store = _waiting(url)
+    shown = invoke(url, "show", "w").stdout
+    assert "safepoint answer w manager.answer --wait manager.answer --payload" in shown
+    first = invoke(url, "answer", "w", "manager.answer", "--payload", '{"ok": true}', "--by", "ana")
+    assert first.exit_code == 0, first.output
+    assert "answers wait manager.answer" in first.stdout
+    assert "it is runnable" in first.stdout
+    second = invoke(url, "answer", "w", "manager.answer", "--payload", '{"ok": false}', "--by", "bo")
+    assert second.exit_code == 5, second.output
+    assert "wait 'manager.answer' was answered already by ana" in second.stderr
+    assert "nothing was kept" in second.stderr
+    assert [m.payload for m in store.messages("w")] == [{"ok": True}]
+    assert sp.resume(store, "w") == {"said": {"ok": True}}
+    late = invoke(url, "answer", "w", "manager.answer", "--payload", "1")
+    assert late.exit_code == 1  # the run has ended: refused as a message to it is
+    assert "has ended" in late.stderr
+
+
+def test_a_second_approval_of_a_gate_exits_5_naming_the_one_in_force(url: str) -> None:
+    store = sp.open_store(url)
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(store, refund, run_id="g")
+    first = invoke(url, "approve", "g", "refund", "--by", "ana")
+    assert first.exit_code == 0, first.output
+    second = invoke(url, "approve", "g", "refund", "--by", "bo")
+    assert second.exit_code == 5, second.output
+    assert "approved already, by ana" in second.stderr
+    assert "safepoint revoke g refund" in second.stderr
+    assert [a.approved_by for a in store.approvals("g")] == ["ana"]

@@ -177,6 +177,16 @@ def sent(store: sp.Store) -> str | None:
     return message.taken_by
 
 
+def answered(store: sp.Store) -> str | None:
+    try:
+        kept = sp.answer(store, "refund-8472", "manager.answer", {"ok": True}, wait="manager.answer#2")
+    except sp.errors.WaitAnswered as refused:
+        first: str | None = refused.answered_by
+        parked: str | None = refused.waits_at
+        return first or parked
+    return kept.for_wait
+
+
 def carried_out(store: sp.Store) -> object:
     return sp.start(store, follow_up, "case-8472", run_id="case-8472-follow-up")
 

@@ -59,6 +59,8 @@ TOP_LEVEL = frozenset(
         "retry_async",
         "send",
         "send_async",
+        "answer",
+        "answer_async",
         # retention: what an operator's scheduled job calls
         "prune",
         "prune_async",

@@ -104,6 +104,25 @@ def test_an_operation_never_sent_holds_nothing_whatever_its_retention() -> None:
     )
 
 
+def test_an_operation_sent_once_holds_its_key_though_a_resend_cleared_its_count() -> None:
+    # a resend (or a "not applied" resolution) cleared the count and the first dispatch of the
+    # current attempt; the key of the earlier one was sent half an hour ago
+    resent = _op(dispatch_count=0, first_dispatched_at=None, last_dispatched_at=NOW - HOUR // 2)
+    reason = owner_may_remember(resent, NOW)
+    assert reason is not None
+    assert "dedup retention" in reason
+    undeclared = _op(
+        dispatch_count=0, first_dispatched_at=None, last_dispatched_at=0, dedup_retention_ms=None
+    )
+    assert owner_may_remember(undeclared, NOW) is not None
+    assert (
+        owner_may_remember(
+            _op(dispatch_count=0, first_dispatched_at=None, last_dispatched_at=NOW - HOUR), NOW
+        )
+        is None
+    )
+
+
 def test_inside_the_declared_retention_the_owner_may_still_remember_the_key() -> None:
     reason = owner_may_remember(_op(updated_at=NOW - HOUR + 1), NOW)
     assert reason is not None

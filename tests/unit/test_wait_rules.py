@@ -1,12 +1,15 @@
-"""The decisions of waits (``_rules.waits``), with no store: what a wait's gate does with the
-message it finds or the time, what a sleep records, and what a send may do."""
+"""The decisions of waits (``_rules.waits``, ``_rules.answers``), with no store: what a wait's
+gate does with the message it finds or the time, what a sleep records, what a send may do, and
+which answers a wait takes (one)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
+from safepoint._rules.answers import WaitRead, answer_wakes, answered_wait, next_wait, refused_answer
 from safepoint._rules.waits import (
     as_ms,
     plan_sleep,
@@ -19,8 +22,8 @@ from safepoint._rules.waits import (
     wake_at,
     wakes,
 )
-from safepoint.errors import AwaitingMessage, MessageRefused, Sleeping, UsageError
-from safepoint.types import MessageRecord, RunStatus, StepKind, StepRecord, StepStatus
+from safepoint.errors import AwaitingMessage, MessageRefused, Sleeping, UsageError, WaitAnswered
+from safepoint.types import MessageRecord, RunRecord, RunStatus, StepKind, StepRecord, StepStatus
 
 STEP = StepRecord(
     run_id="r", step_id="answer", kind=StepKind.WAIT, name="message:answer", input_hash="h", result=None
@@ -140,3 +143,102 @@ def test_a_run_that_ended_refuses_messages_and_a_message_id_names_one_message() 
         redelivered(MESSAGE, "answer", {"ok": False})
     with pytest.raises(MessageRefused):
         redelivered(MESSAGE, "other", {"ok": True})
+
+
+# -- answers: one wait, one answer (``_rules.answers``) ----------------------------------------
+
+
+def _run(status: RunStatus = RunStatus.WAITING, **waiting: object) -> RunRecord:
+    waiting_for = {"kind": "message", "name": "answer", "step_id": "answer", "timeout_at": None, **waiting}
+    return RunRecord(
+        run_id="r",
+        workflow="wf",
+        workflow_version="1",
+        status=status,
+        input_hash="h",
+        inputs=None,
+        state_revision=1,
+        owner=None,
+        lease_expires_at=None,
+        fence=1,
+        resume_count=0,
+        event_count=1,
+        result=None,
+        error=None,
+        recovery_record=None,
+        created_at=0,
+        updated_at=0,
+        waiting_for=waiting_for if status is RunStatus.WAITING else None,
+    )
+
+
+def test_the_wait_an_answer_is_for_is_named_or_the_first_of_its_name() -> None:
+    assert answered_wait("answer", None) == "answer"
+    assert answered_wait("answer", "answer#3") == "answer#3"
+    assert [next_wait(w) for w in ("answer", "answer#2", "fan.eu/ask#9")] == [
+        "answer#2",
+        "answer#3",
+        "fan.eu/ask#10",
+    ]
+    with pytest.raises(UsageError):
+        answered_wait("answer", "")
+
+
+def test_an_answer_to_the_parked_wait_or_one_not_reached_is_kept_and_wakes_only_that_wait() -> None:
+    parked = _run()
+    assert refused_answer(parked, "answer", "answer", WaitRead(), 1_000) is None
+    assert answer_wakes(parked, "answer")
+    assert refused_answer(parked, "answer#2", "answer", WaitRead(), 1_000) is None  # ahead: kept
+    assert not answer_wakes(parked, "answer#2")
+    assert not answer_wakes(_run(RunStatus.PENDING), "answer")
+
+
+def test_a_wait_that_has_its_answer_refuses_another_naming_who_and_what_to_do() -> None:
+    kept = replace(MESSAGE, sent_by="ana", for_wait="answer")
+    refused = refused_answer(_run(RunStatus.PENDING), "answer", "answer", WaitRead(answered=kept), 1_000)
+    assert isinstance(refused, WaitAnswered)
+    assert (refused.step_id, refused.answered_by, refused.answered_at, refused.timed_out) == (
+        "answer",
+        "ana",
+        900,
+        False,
+    )
+    assert "wait='answer#2'" in refused.message
+    # the run parked at the next wait of the name now: that one is named
+    took = WaitRead(StepKind.WAIT, "message:answer", StepStatus.COMPLETED, kept)
+    refused = refused_answer(_run(step_id="answer#4"), "answer", "answer", took, 1_000)
+    assert isinstance(refused, WaitAnswered)
+    assert refused.waits_at == "answer#4"
+    assert "(the run waits at 'answer#4' now), address it: wait='answer#4'" in refused.message
+
+
+def test_a_wait_past_its_timeout_refuses_an_answer() -> None:
+    parked = _run(timeout_at=1_000)
+    assert refused_answer(parked, "answer", "answer", WaitRead(timeout_at=1_000), 999) is None
+    late = refused_answer(parked, "answer", "answer", WaitRead(timeout_at=1_000), 1_000)
+    assert isinstance(late, WaitAnswered)
+    assert (late.timed_out, late.answered_at) == (True, 1_000)
+    failed = WaitRead(StepKind.WAIT, "message:answer", StepStatus.FAILED, timeout_at=1_000)
+    recorded = refused_answer(_run(RunStatus.RUNNING), "answer", "answer", failed, 5)
+    assert isinstance(recorded, WaitAnswered)
+    assert recorded.timed_out
+
+
+def test_an_answer_names_a_wait_for_messages_of_its_name() -> None:
+    not_a_wait = refused_answer(_run(RunStatus.RUNNING), "s1", "answer", WaitRead(StepKind.READ, "fetch"), 5)
+    assert type(not_a_wait) is MessageRefused
+    assert "is a read step, not a wait" in not_a_wait.reason
+    sleep = refused_answer(_run(RunStatus.RUNNING), "sleep", "answer", WaitRead(StepKind.WAIT, "sleep"), 5)
+    assert sleep is not None
+    assert "is a sleep" in sleep.reason
+    other = refused_answer(_run(), "answer", "other", WaitRead(), 5)
+    assert type(other) is MessageRefused
+    assert "waits for messages 'answer', not 'other'" in other.reason
+
+
+def test_a_redelivered_answer_is_the_one_kept_only_for_the_same_wait() -> None:
+    kept = replace(MESSAGE, for_wait="answer")
+    assert redelivered(kept, "answer", {"ok": True}, "answer") == kept
+    assert redelivered(kept, "answer", {"ok": True}) == kept  # a send of the same delivery
+    with pytest.raises(MessageRefused, match="names another message"):
+        redelivered(kept, "answer", {"ok": True}, "answer#2")

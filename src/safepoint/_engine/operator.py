@@ -107,6 +107,12 @@ def approve(
     effect (``ApprovalRefused`` otherwise). The same person approving the same payload and
     target again, while their approval holds, gets that approval back.
 
+    At most once: a gate takes one approval. Another person's approval while one still
+    authorizes the dispatch — before it, or after the effect went out under it — is refused
+    (``GateApproved``, naming the approval in force) and nothing is written: revoke that one to
+    approve anew. The store decides it under the run's row lock, in the transaction that
+    records the approval, so k people approving at the same instant release the gate once.
+
     A run that continued as new passes the approval on to the run that carries its chain on
     (the one that can be waiting), so the id ``start`` was given serves the whole chain.
 

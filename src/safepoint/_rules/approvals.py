@@ -7,6 +7,13 @@ bound to the payload's digest and to the digest of the target's state (what the 
 authorizes a dispatch only while both digests still match and it has not expired on the
 store's clock; otherwise the run waits again (``ApprovalInvalid``).
 
+A gate takes one approval: a second person's approval while one still authorizes the dispatch
+— before it, or after the effect went out under it — is refused (``GateApproved``, naming the
+approval in force), and nothing is written; the same person approving again gets theirs back.
+So k people approving one parked gate at the same instant release it once. Once no approval
+authorizes it any more (expired, revoked, or bound to a payload or target that changed), a new
+one may be given — a re-dispatch after a reconcile that found nothing needs one.
+
 A person may also take an approval back while the effect's outcome is not recorded
 (``revoke_approval``): every approval of the effect still in force is marked revoked, and
 authorizes nothing from then on — no first dispatch, and no re-dispatch after a reconcile that
@@ -29,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval
+from ..errors import ApprovalInvalid, ApprovalRefused, AwaitingApproval, GateApproved
 from ..types import (
     ApprovalRecord,
     ApprovalRequest,
@@ -158,7 +165,9 @@ def plan_approval(
     """Decide an approval: (the approval to insert or None, the approval to return, whether
     the run — waiting for exactly this operation — is released to be claimed again).
 
-    Raises ``ApprovalRefused`` when it does not fit the run as it stands."""
+    Raises ``ApprovalRefused`` when it does not fit the run as it stands — ``GateApproved``
+    when another approval authorizes the dispatch already (the gate takes one), or authorized
+    one that went out."""
 
     def refuse(reason: str) -> ApprovalRefused:
         return ApprovalRefused(run.run_id, step_id, reason)
@@ -195,6 +204,9 @@ def plan_approval(
     for given in approvals:  # the same person approving the same thing again: no new approval
         if given.approved_by == request.by and given.authorizes(op.payload_ref, op.target_digest, now):
             return None, given, release
+    in_force = authorizing(approvals, payload_digest=op.payload_ref, target_digest=op.target_digest, now=now)
+    if in_force is not None:  # the gate has its approval: a second one would be read by nothing
+        raise gate_approved(run, step_id, op, in_force)
     approval = ApprovalRecord(
         approval_id=request.approval_id,
         run_id=run.run_id,
@@ -208,6 +220,36 @@ def plan_approval(
         evidence=request.evidence,
     )
     return approval, approval, release
+
+
+def gate_approved(run: RunRecord, step_id: str, op: OperationRecord, given: ApprovalRecord) -> GateApproved:
+    """The refusal of a second approval of ``op``'s gate while ``given`` authorizes it: before
+    the dispatch (one approval per gate: revoke it to approve anew), or after the effect went
+    out under it (what happened is reconciled; an approval now would authorize nothing)."""
+    went_out = op.state is not EffectState.PREPARED or op.dispatch_count > 0
+    by = f"{given.approved_by} at {instant(given.approved_at)} (approval {given.approval_id})"
+    if went_out:
+        reason = (
+            f"effect {op.operation_id!r} went out under the approval of {by}, which still"
+            " authorizes it: another approval would authorize nothing — its outcome is"
+            f" reconciled with its owner (`safepoint show {run.run_id}`)"
+        )
+    else:
+        until = "" if given.expires_at is None else f", until {instant(given.expires_at)}"
+        reason = (
+            f"the gate is approved already, by {by}{until}: a gate takes one approval — to"
+            f" approve it anew, revoke that one first (`safepoint revoke {run.run_id} {step_id}`)"
+        )
+    return GateApproved(
+        run.run_id,
+        step_id,
+        reason,
+        operation_id=op.operation_id,
+        approval_id=given.approval_id,
+        approved_by=given.approved_by,
+        approved_at=given.approved_at,
+        went_out=went_out,
+    )
 
 
 def approval_detail(approval: ApprovalRecord, *, released: bool) -> dict[str, Any]:

@@ -31,7 +31,11 @@ What keeps a chain:
   operation is harmless: neither side remembers it. So the rule is the reverse of what one
   might guess: deleting an operation the owner has *forgotten* is safe; deleting one it *still
   deduplicates* is what can go wrong, and only when a run id is reused. An operation never
-  sent (still ``prepared``, never dispatched) reached no owner and holds nothing. An effect
+  sent (never dispatched under any of its keys) reached no owner and holds nothing. One sent
+  once stays sent: a resend (``retry(resend=…)``) clears its dispatch count for its next
+  attempt, and a "not applied" resolution puts it back to ``prepared``, but the owner still
+  remembers the key it was sent under (``SentKey.last_dispatched_at``, which nothing clears,
+  says so). An effect
   that declares no ``dedup_retention`` gives no instant after which the owner is known to have
   forgotten: its operations keep their chain until a prune is forced.
 
@@ -67,8 +71,11 @@ class ChainRun:
 
 @dataclass(frozen=True, slots=True)
 class SentKey:
-    """What a prune reads of one operation: whether its key may have reached its owner, when
-    it was last written, and how long its effect declared the owner remembers a key."""
+    """What a prune reads of one operation: whether a key of it may have reached its owner
+    (``dispatch_count`` and ``first_dispatched_at`` count the current attempt, which a resend
+    starts again; ``last_dispatched_at``, the last dispatch under any of its keys, is never
+    cleared), when it was last written, and how long its effect declared the owner remembers a
+    key."""
 
     run_id: str
     operation_id: str
@@ -77,6 +84,16 @@ class SentKey:
     first_dispatched_at: int | None
     updated_at: int
     dedup_retention_ms: int | None
+    last_dispatched_at: int | None = None
+
+    @property
+    def ever_sent(self) -> bool:
+        """Whether a dispatch of it, under any of its keys, was ever committed."""
+        return (
+            self.dispatch_count > 0
+            or self.first_dispatched_at is not None
+            or self.last_dispatched_at is not None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +164,9 @@ def batch_size(batch: object) -> int:
 
 def owner_may_remember(op: SentKey, now: int) -> str | None:
     """Why the owner of ``op``'s effect may still remember its key at ``now`` (see the module
-    docstring), or None when it cannot: never sent, or past the declared retention counted from
-    the operation's last write (no earlier than its last dispatch)."""
-    if op.dispatch_count == 0 and op.first_dispatched_at is None:
+    docstring), or None when it cannot: never sent under any of its keys, or past the declared
+    retention counted from the operation's last write (no earlier than its last dispatch)."""
+    if not op.ever_sent:
         return None
     if op.dedup_retention_ms is None:
         return (
@@ -157,7 +174,7 @@ def owner_may_remember(op: SentKey, now: int) -> str | None:
             f" {op.effect!r} declares no dedup_retention, so its owner may still remember the"
             " key: prune with force if this run id is never used again"
         )
-    until = op.updated_at + op.dedup_retention_ms
+    until = max(op.updated_at, op.last_dispatched_at or 0) + op.dedup_retention_ms
     if now < until:
         return (
             f"operation {op.operation_id!r} of run {op.run_id!r} is inside its owner's dedup"

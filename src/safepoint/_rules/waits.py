@@ -1,11 +1,13 @@
 """Waits for the outside world: a message sent to a run (``run.wait_for``, ``safepoint.send``)
 and a durable timer (``run.sleep``) — the decisions, as small I/O-free functions.
 
-A wait is a step of kind ``wait``. It takes the oldest message of its name not yet taken and
-records it as its result; with none, the run becomes ``waiting`` — released, taken by no worker
-— until a message of that name is sent (the send makes it pending, in its own transaction) or
-its timeout falls due (``wake_at``: workers take waiting runs that are due). The timeout instant
-is reckoned on the store's clock when the wait first has to wait, and recorded then (as the wait
+A wait is a step of kind ``wait``. It takes the answer addressed to it (``safepoint.answer``;
+``answers`` decides what is kept) — else the oldest message of its name not yet taken that is
+addressed to no other wait (``safepoint.send``: the mailbox) — and records it as its result;
+with none, the run becomes ``waiting`` — released, taken by no worker — until a message of that
+name is sent (the send makes it pending, in its own transaction) or its timeout falls due
+(``wake_at``: workers take waiting runs that are due). The timeout instant is reckoned on the
+store's clock when the wait first has to wait, and recorded then (as the wait
 step's attempt, whose ``retry_at`` is the instant), so no restart shortens or restarts it; past
 it the step is recorded failed and raises ``WaitTimedOut``, on every replay too. A message sent
 at or after that instant is kept, for the next wait of the name.
@@ -111,10 +113,15 @@ def refused_send(run_id: str, name: str, status: RunStatus) -> MessageRefused | 
     return None
 
 
-def redelivered(existing: MessageRecord, name: str, payload: JSON) -> MessageRecord:
-    """A message id sent again: the same message delivered twice is the one kept (returned);
-    the id naming another message is refused (``MessageRefused``), nothing written."""
-    if existing.name == name and existing.payload == loads_json(payload):
+def redelivered(existing: MessageRecord, name: str, payload: JSON, wait: str | None = None) -> MessageRecord:
+    """A message id sent again: the same message delivered twice is the one kept (returned) —
+    as an answer (``wait``), the same answer to the same wait; the id naming another message is
+    refused (``MessageRefused``), nothing written."""
+    if (
+        existing.name == name
+        and existing.payload == loads_json(payload)
+        and wait in (None, existing.for_wait)
+    ):
         return existing
     raise MessageRefused(
         existing.run_id,
@@ -141,14 +148,18 @@ def wakes(status: RunStatus, waiting_for: dict[str, Any] | None, name: str) -> b
 
 
 def sent_detail(message: MessageRecord, woke: bool) -> dict[str, Any]:
-    """The ``message.sent`` event's detail (the payload is the message's own: not repeated)."""
-    return {
+    """The ``message.sent`` event's detail (the payload is the message's own: not repeated); an
+    answer's names the wait it is for."""
+    detail = {
         "name": message.name,
         "seq": message.seq,
         "message_id": message.message_id,
         "by": message.sent_by,
         "woke": woke,
     }
+    if message.for_wait is not None:
+        detail["for_wait"] = message.for_wait
+    return detail
 
 
 def received_detail(message: MessageRecord) -> dict[str, Any]:
@@ -229,9 +240,10 @@ def plan_wait(
     first: bool,
     oldest: MessageRecord | None,
 ) -> GatePlan:
-    """Decide a wait's gate: take ``oldest`` (the oldest message of ``name`` not taken, sent
-    before ``timeout_at``) — else, past ``timeout_at``, record the step failed — else wait, and
-    record the timeout instant if this is the wait's ``first`` time."""
+    """Decide a wait's gate: take ``oldest`` (the answer addressed to this wait, else the oldest
+    message of ``name`` not taken and addressed to no other wait, sent before ``timeout_at``) —
+    else, past ``timeout_at``, record the step failed — else wait, and record the timeout
+    instant if this is the wait's ``first`` time."""
     if oldest is not None:
         recorded = replace(step, result=oldest.payload, fence=fence, recorded_at=now)
         taken = replace(oldest, taken_by=step.step_id, taken_at=now)

@@ -19,9 +19,11 @@ The tree::
         │   ├── InvalidStepId
         │   ├── ResolutionRefused       a resolution that does not fit the run as it now stands
         │   ├── ApprovalRefused         an approval (or its revocation) that does not fit the run
+        │   │   └── GateApproved        the gate has its approval in force, or its effect went out
         │   ├── LimitsRefused           a change of limits that does not fit the run (moved, below spent)
         │   ├── ForkRefused             a fork that cannot be made from that run and step
         │   ├── MessageRefused          a message the run cannot take (it ended; a message id reused)
+        │   │   └── WaitAnswered        an answer to a wait that was answered (or timed out) already
         │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
         │   ├── PruneRefused            a prune asked for what it cannot do (a status, a cut-off)
         │   ├── InvalidStoreURL
@@ -97,7 +99,9 @@ from ._base import (
     InvalidStepId,
     ResolutionRefused,
     ApprovalRefused,
+    GateApproved,
     MessageRefused,
+    WaitAnswered,
     LimitsRefused,
     ForkRefused,
     PruneRefused,
@@ -170,6 +174,7 @@ __all__ = [
     "DecryptionFailed",
     "EffectRejected",
     "ForkRefused",
+    "GateApproved",
     "HistoryLimitReached",
     "HistoryWarning",
     "IncompatibleWorkflow",
@@ -210,6 +215,7 @@ __all__ = [
     "TransientFailure",
     "UsageError",
     "VerificationFailed",
+    "WaitAnswered",
     "WaitTimedOut",
     "WorkflowNotFound",
 ]

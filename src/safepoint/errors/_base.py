@@ -190,6 +190,40 @@ class ApprovalRefused(UsageError):
         )
 
 
+class GateApproved(ApprovalRefused):
+    """An approval of an effect whose gate has its approval: ``approval_id``, given by
+    ``approved_by`` at ``approved_at``, still authorizes it — before the dispatch (a gate takes
+    one approval: revoke it to approve anew) or after the effect went out under it
+    (``went_out``: an approval now would authorize nothing; what happened is reconciled with its
+    owner). The same person approving again gets their approval back instead. Nothing was
+    written."""
+
+    operation_id: str
+    approval_id: str
+    approved_by: str
+    approved_at: int
+    went_out: bool
+
+    def __init__(
+        self,
+        run_id: str,
+        step_id: str,
+        reason: str,
+        *,
+        operation_id: str,
+        approval_id: str,
+        approved_by: str,
+        approved_at: int,
+        went_out: bool,
+    ) -> None:
+        super().__init__(run_id, step_id, reason)
+        self.operation_id = operation_id
+        self.approval_id = approval_id
+        self.approved_by = approved_by
+        self.approved_at = approved_at
+        self.went_out = went_out
+
+
 class MessageRefused(UsageError):
     """A message ``safepoint.send`` cannot deliver; nothing was written. ``reason`` says why: the
     run has ended (a message to it would never be received), or the sender's ``message_id`` was
@@ -206,6 +240,40 @@ class MessageRefused(UsageError):
             name=name,
             reason=reason,
         )
+
+
+class WaitAnswered(MessageRefused):
+    """An answer (``safepoint.answer``) to a wait that has had its answer: one was kept for it
+    already (by ``answered_by`` at ``answered_at``), it took a message, or it timed out
+    (``timed_out``, at ``answered_at``). Nothing was kept: a wait takes one answer. ``step_id``
+    is the wait; ``waits_at`` the wait of this name the run is parked at now, if any — address
+    the next wait explicitly to answer it, or ``send`` a message to queue for whichever wait of
+    the name comes next."""
+
+    step_id: str
+    answered_by: str | None
+    answered_at: int | None
+    timed_out: bool
+    waits_at: str | None
+
+    def __init__(
+        self,
+        run_id: str,
+        name: str,
+        step_id: str,
+        reason: str,
+        *,
+        answered_by: str | None = None,
+        answered_at: int | None = None,
+        timed_out: bool = False,
+        waits_at: str | None = None,
+    ) -> None:
+        super().__init__(run_id, name, reason)
+        self.step_id = step_id
+        self.answered_by = answered_by
+        self.answered_at = answered_at
+        self.timed_out = timed_out
+        self.waits_at = waits_at
 
 
 class LimitsRefused(UsageError):

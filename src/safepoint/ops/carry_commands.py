@@ -1,5 +1,5 @@
 """The commands that carry a stopped run on: raise its limits, retry it, fork it, send it a
-message (``limits``, ``retry``, ``fork``, ``send``).
+message or answer one of its waits (``limits``, ``retry``, ``fork``, ``send``, ``answer``).
 
 ``cli`` registers every command in ``COMMANDS`` on its group, so a new command is written here
 and added to the tuple; neither ``cli`` nor the other command modules change. Build a command
@@ -18,11 +18,13 @@ from .._engine.flow import drive
 from .._engine.fork import current_code as current_workflow
 from .._engine.fork import fork as fork_run
 from .._engine.limits import extend_limits
+from .._engine.messages import answer as answer_wait
 from .._engine.messages import send as send_message
 from .._engine.retry import Retried, names, retry_flow
 from .._rules.canonical import decode_json
 from .._rules.moments import when
-from ..types import RunRecord, RunStatus
+from ..storage.base import Store
+from ..types import JSON, MessageRecord, RunRecord, RunStatus
 from .cli_support import import_modules, open_cli_store, parse_when, run_argument, store_option
 from .render import message_line, shown, waiting_summary
 
@@ -296,40 +298,92 @@ def _why_none(done: Retried) -> str:
 # -- send -------------------------------------------------------------------------------------------
 
 
-@click.command()
-@run_argument
-@click.argument("name")
-@click.option(
+_PAYLOAD = click.option(
     "--payload",
     metavar="JSON",
     required=True,
     help="The message: a JSON value (a person's answer, a webhook's body).",
 )
-@click.option(
+_MESSAGE_ID = click.option(
     "--message-id",
     metavar="ID",
     help="The sender's id for it: sent again under this id, it is the same message (kept once).",
 )
+
+
+@click.command()
+@run_argument
+@click.argument("name")
+@_PAYLOAD
+@_MESSAGE_ID
 @click.option("--by", help="Who sends it (recorded).")
 @store_option
 @click.pass_context
 def send(
     ctx: click.Context, run_id: str, name: str, payload: str, message_id: str | None, by: str | None
 ) -> None:
-    """Send RUN a message NAME, for the run.wait_for(NAME) of its workflow.
+    """Send RUN a message NAME, for the run.wait_for(NAME) of its workflow: a mailbox message.
 
-    The message is kept whether the run waits yet or not: a wait takes the oldest message of
-    its name not yet taken, so a second one waits for the next wait. A run waiting for it
-    becomes runnable at once: a worker takes it, or resume it. A payload that is not JSON, or
-    holds a credential, is refused; so is a message to a run that has ended. A run that
-    continued as new passes the message on to the run that carries its chain on.
+    The message is kept whether the run waits yet or not, and queues: a wait takes the oldest
+    message of its name not yet taken, so a second one waits for the next wait (sent twice
+    without --message-id, it is two messages). To answer the one wait RUN is parked at, once,
+    use `safepoint answer`. A run waiting for it becomes runnable at once: a worker takes it, or
+    resume it. A payload that is not JSON, or holds a credential, is refused; so is a message to
+    a run that has ended. A run that continued as new passes the message on to the run that
+    carries its chain on.
     """
+    store = open_cli_store(ctx)
+    message = send_message(store, run_id, name, _json(payload), message_id=message_id, by=by)
+    _print_kept(store, run_id, message, "sent to")
+
+
+@click.command()
+@run_argument
+@click.argument("name")
+@_PAYLOAD
+@click.option(
+    "--wait",
+    metavar="STEP",
+    help="The wait step it answers, as `safepoint show RUN` names it (NAME#2 for the second wait"
+    " of NAME, …).  [default: NAME, the first wait of NAME]",
+)
+@_MESSAGE_ID
+@click.option("--by", help="Who answers (recorded).")
+@store_option
+@click.pass_context
+def answer(
+    ctx: click.Context,
+    run_id: str,
+    name: str,
+    payload: str,
+    wait: str | None,
+    message_id: str | None,
+    by: str | None,
+) -> None:
+    """Answer one wait of RUN, for its run.wait_for(NAME): kept once, for that wait alone.
+
+    That wait takes the answer before any message queued with `safepoint send`, and no other
+    wait does; a run parked at it becomes runnable at once. A wait takes one answer: an answer
+    to a wait that has one already, took a message or timed out is refused with exit code 5,
+    naming who answered it and when, and nothing is kept — so two people answering, or a
+    delivery retried without --message-id, release the wait once. To answer the next wait of
+    NAME, name it with --wait.
+    """
+    store = open_cli_store(ctx)
+    kept = answer_wait(store, run_id, name, _json(payload), wait=wait, message_id=message_id, by=by)
+    _print_kept(store, run_id, kept, "answered")
+
+
+def _json(payload: str) -> JSON:
     try:
-        parsed = decode_json(payload)
+        parsed: JSON = decode_json(payload)
     except ValueError as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from None
-    store = open_cli_store(ctx)
-    message = send_message(store, run_id, name, parsed, message_id=message_id, by=by)
+    return parsed
+
+
+def _print_kept(store: Store, run_id: str, message: MessageRecord, did: str) -> None:
+    """What ``send`` and ``answer`` kept, and where the run stands now."""
     run, now = store.get_run(message.run_id), store.now()
     chain = f" (its chain goes on in {message.run_id!r})" if message.run_id != run_id else ""
     if run.status is RunStatus.WAITING:
@@ -337,8 +391,9 @@ def send(
     elif run.status is RunStatus.PENDING:
         state = "it is runnable: a worker takes it, or resume it"
     else:
-        state = f"it is {run.status.value}; a wait of it takes the message when it gets there"
-    click.echo(shown(f"sent to run {run_id!r}{chain}: {message_line(message, now)}"))
+        which = f"wait {message.for_wait}" if message.for_wait else "a wait of it"
+        state = f"it is {run.status.value}; {which} takes the message when it gets there"
+    click.echo(shown(f"{did} run {run_id!r}{chain}: {message_line(message, now)}"))
     click.echo(shown(state))
 
 
@@ -347,4 +402,5 @@ COMMANDS: tuple[click.Command, ...] = (
     fork,
     retry,
     send,
+    answer,
 )

@@ -23,7 +23,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from .._rules.ids import check_run_id
-from ..errors import LostOwnership, SafepointError
+from ..errors import GateApproved, LostOwnership, SafepointError, WaitAnswered
 from ..storage import open_store
 from ..storage.base import Store
 from .render import error_text, shown
@@ -31,6 +31,9 @@ from .render import error_text, shown
 EXIT_ERROR = 1
 EXIT_BLOCKED = 3
 EXIT_WAITING = 4
+# ``answer`` / ``approve``: the wait was answered, or the gate approved, already (``WaitAnswered``,
+# ``GateApproved``): nothing was kept — a retried delivery may count it as done.
+EXIT_ANSWERED = 5
 # ``--slice`` was spent and the run goes on: released, to be carried on by the next call at once
 # (sysexits' EX_TEMPFAIL, "try again later", which job runners and shells know).
 EXIT_UNFINISHED = 75
@@ -47,16 +50,18 @@ class SafepointGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (WaitAnswered, GateApproved) as exc:  # released already: a code of its own
+            fail(ctx, error_text(exc, now_ms(ctx)), EXIT_ANSWERED)
         except SafepointError as exc:
             fail(ctx, error_text(exc, now_ms(ctx)))
         except LostOwnership as exc:  # a BaseException: another worker took the run over
             fail(ctx, str(exc))
 
 
-def fail(ctx: click.Context, message: str) -> NoReturn:
-    """Print ``error: <message>`` (escaped) on stderr and exit with code 1."""
+def fail(ctx: click.Context, message: str, code: int = EXIT_ERROR) -> NoReturn:
+    """Print ``error: <message>`` (escaped) on stderr and exit with ``code`` (1)."""
     click.echo(f"error: {shown(message)}", err=True)
-    ctx.exit(EXIT_ERROR)
+    ctx.exit(code)
 
 
 def now_ms(ctx: click.Context) -> int:

@@ -565,6 +565,7 @@ _DONE = {
     "fork": "Forked {run} as {shown}.",
     "retry": "Retrying {run} from its failed step: a worker (or a resume) carries it on.",
     "send": "Sent the message to {run}.",
+    "answer": "Answered the wait of {run}.",
 }
 
 

@@ -2,11 +2,12 @@
 form may carry.
 
 Each action calls the same function as the API and the CLI (``cancel``, ``resolve``,
-``approve``, ``revoke_approval``, ``fork``, ``retry``, ``extend_limits``, ``send``), so a
-decision made in the browser is checked and recorded as one made anywhere else. An action answers with the
-run it acted on — or, when it made another (a fork), that one's id, whose page the answer then
-shows. A new action is a function here and an entry in ``ACTIONS``; the dashboard's request
-handling (admission, the token, the answer) does not change.
+``approve``, ``revoke_approval``, ``fork``, ``retry``, ``extend_limits``, ``send``,
+``answer``), so a decision made in the browser is checked and recorded as one made anywhere
+else. An action answers with the run it acted on — or, when it made another (a fork), that
+one's id, whose page the answer then shows. A new action is a function here and an entry in
+``ACTIONS``; the dashboard's request handling (admission, the token, the answer) does not
+change.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from http import HTTPStatus
 
 from .._engine.fork import current_code, fork
 from .._engine.limits import extend_limits
-from .._engine.messages import send
+from .._engine.messages import answer, send
 from .._engine.operator import approve, resolve, revoke_approval
 from .._engine.retry import retry
 from .._engine.verbs import cancel
 from .._rules.canonical import decode_json
 from ..storage.base import Store
-from ..types import ResolutionAction
+from ..types import JSON, ResolutionAction
 from .admission import Refusal
 
 
@@ -124,18 +125,27 @@ def _retry(store: Store, run_id: str, form: dict[str, str]) -> None:
 
 
 def _send(store: Store, run_id: str, form: dict[str, str]) -> None:
+    """A mailbox message, queued for the next wait of its name (the API's)."""
+    send(store, run_id, form["name"], _payload(form), **_delivery(form))
+
+
+def _answer(store: Store, run_id: str, form: dict[str, str]) -> None:
+    """The waiting run's form: an answer to the wait the page showed (``wait``), kept once —
+    a second person answering it is refused (``WaitAnswered``), nothing kept."""
+    answer(store, run_id, form["name"], _payload(form), wait=form.get("wait") or None, **_delivery(form))
+
+
+def _payload(form: dict[str, str]) -> JSON:
     try:
-        payload = decode_json(form["payload"])
+        parsed: JSON = decode_json(form["payload"])
     except ValueError as exc:
         raise Refusal(HTTPStatus.BAD_REQUEST, f"the message is not JSON: {exc}") from None
-    send(
-        store,
-        run_id,
-        form["name"],
-        payload,
-        message_id=form.get("message_id") or None,
-        by=form.get("by") or None,
-    )
+    return parsed
+
+
+def _delivery(form: dict[str, str]) -> dict[str, str | None]:
+    """Who sends a message, and under which delivery id."""
+    return {"message_id": form.get("message_id") or None, "by": form.get("by") or None}
 
 
 Action = Callable[[Store, str, dict[str, str]], str | None]
@@ -167,4 +177,5 @@ ACTIONS: dict[str, tuple[Action, frozenset[str]]] = {
     "fork": (_fork, frozenset({"from_step", "new_run_id", "resend", "current_code", "by", "reason"})),
     "retry": (_retry, frozenset({"revision", "by", "reason", "resend", "step"})),
     "send": (_send, frozenset({"name", "payload", "message_id", "by"})),
+    "answer": (_answer, frozenset({"name", "wait", "payload", "message_id", "by"})),
 }

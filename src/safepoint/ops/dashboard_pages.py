@@ -261,11 +261,12 @@ def _waiting(view: RunView) -> str:
     waiting = run.waiting_for
     kind = waiting_kind(waiting)
     if kind == MESSAGE:
-        typed = view.typed_for("send")
+        typed = view.typed_for("answer")
         name = waiting.get("name")
         timeout = waiting.get("timeout_at")
         inner = (
             _hidden("name", name)
+            + _hidden("wait", waiting.get("step_id"))
             + "<textarea name=payload placeholder='the message: JSON' aria-label='the message: JSON'"
             f" rows=3 cols=40 required>{e(typed.get('payload', ''))}</textarea>"
             + _input(typed, "message_id", "message id (optional)")
@@ -276,7 +277,8 @@ def _waiting(view: RunView) -> str:
             f" {e(waiting.get('step_id'))} waits for message <b>{e(name)}</b> since"
             f" {when(waiting.get('since'), view.now)}"
             + (f"; it times out {when(timeout, view.now)}" if timeout else "")
-            + f"</p>{_form(view, 'send', inner, f'send {name}')}</section>"
+            + "; it takes one answer: a second one is refused"
+            + f"</p>{_form(view, 'answer', inner, f'answer {name}')}</section>"
         )
     if kind == SLEEP:
         return (

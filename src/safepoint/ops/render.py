@@ -605,7 +605,7 @@ def _print_waiting(console: Console, store: Store, run: RunRecord, now: int) -> 
 
 
 def _print_waiting_outside(console: Console, run: RunRecord, waiting: dict[str, Any], now: int) -> None:
-    """A run waiting for a message (and how to send it), or sleeping (until when)."""
+    """A run waiting for a message (and how to answer it), or sleeping (until when)."""
     rid, step = shlex.quote(run.run_id), str(waiting.get("step_id"))
     if waiting_kind(waiting) == SLEEP:
         console.rule(Text("sleeping", style="bold magenta"), align="left")
@@ -622,10 +622,11 @@ def _print_waiting_outside(console: Console, run: RunRecord, waiting: dict[str, 
     timeout = waiting.get("timeout_at")
     if timeout is not None:
         say(console, f"it times out {when(int(timeout), now)}: a worker then carries the run on without it")
-    console.print(Text("send it:", style="bold"))
+    console.print(Text("answer it (once: a second answer to this wait is refused):", style="bold"))
     say(
         console,
-        f"  safepoint send {rid} {shlex.quote(name)} --payload '<json>' [--message-id <id>] [--by <you>]",
+        f"  safepoint answer {rid} {shlex.quote(name)} --wait {shlex.quote(step)} --payload '<json>'"
+        " [--message-id <id>] [--by <you>]",
     )
 
 
@@ -639,6 +640,8 @@ def message_line(message: MessageRecord, now: int) -> str:
         if message.taken_by
         else "kept: no wait took it yet"
     )
+    if message.for_wait is not None:
+        taken = f"answers wait {message.for_wait}, {taken}"
     payload = as_json(message.payload, indent=None)
     if len(payload) > _PREVIEW_WIDTH * 2:
         payload = payload[: _PREVIEW_WIDTH * 2] + "…"

@@ -23,6 +23,7 @@ from enum import Enum
 from operator import itemgetter
 from typing import Any, Protocol, TypeVar
 
+from .._rules.answers import WaitRead
 from .._rules.canonical import loads
 from .._rules.fork import SourceStep
 from .._rules.records import record_builder
@@ -392,6 +393,7 @@ _MESSAGE = _columns(
     ("sent_by", text_or_null),
     ("taken_by", text_or_null),
     ("taken_at", integer_or_null),
+    ("for_wait", text_or_null),
 )
 
 
@@ -705,6 +707,19 @@ def message_record(
     """A ``safepoint_messages`` row as a ``MessageRecord`` (``values``: its payload's stored
     JSON when an artifact holds it)."""
     return MessageRecord(**_whole("safepoint_messages", _MESSAGE, row, values, "run_id", "seq", codec=codec))
+
+
+_WAIT_STEP = _columns(("kind", member(StepKind)), ("name", text), ("status", member(StepStatus)))
+
+
+def wait_read(step: Row | None, answered: MessageRecord | None, timeout_at: int | None) -> WaitRead:
+    """What an answer to a wait is decided on (``_rules.answers.WaitRead``): the wait's step row
+    as recorded (``answer_wait_step``; None: not recorded), the message that answered it, and
+    the timeout instant recorded when it first waited."""
+    if step is None:
+        return WaitRead(answered=answered, timeout_at=timeout_at)
+    fields = _whole("safepoint_steps", _WAIT_STEP, step, NO_VALUES, "name")
+    return WaitRead(fields["kind"], fields["name"], fields["status"], answered, timeout_at)
 
 
 def stored_json(

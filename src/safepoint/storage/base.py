@@ -490,6 +490,24 @@ class Store(Protocol):
         A ``message.sent`` event records it."""
         ...
 
+    def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        """Keep an answer to the wait step ``wait`` (messages ``name``), as ``send_message``
+        keeps a message, and refused as it refuses one — but addressed to that wait: it takes
+        it before anything queued by name, and only it. A wait takes one answer
+        (``_rules.answers``): ``WaitAnswered`` when one is kept for it already, it took a
+        message or it timed out; ``MessageRefused`` when the step is no wait for messages
+        ``name``. The run parked at exactly that wait becomes pending. Decided under the run's
+        row, as ``send_message``: k answers at once keep one."""
+        ...
+
     def messages(self, run_id: str) -> list[MessageRecord]:
         """Every message sent to the run, oldest first, taken ones included (by which step)."""
         ...
@@ -760,6 +778,18 @@ class AsyncStore(Protocol):
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
     ) -> MessageRecord:
         """See ``Store.send_message``."""
+        ...
+
+    async def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        """See ``Store.answer_wait``."""
         ...
 
     async def messages(self, run_id: str) -> list[MessageRecord]:

@@ -570,6 +570,17 @@ class AsyncPostgresStore:
     ) -> MessageRecord:
         return await self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
 
+    async def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        return await self._run(self._ledger.answer_wait(run_id, wait, name, payload, message_id, by))
+
     async def messages(self, run_id: str) -> list[MessageRecord]:
         return await self._read(lambda: self._ledger.messages(run_id))
 

@@ -9,9 +9,11 @@ waits for the batch, and then finds it gone), reads their runs, operations and t
 from them again, three statements for the whole batch, and asks
 ``_rules.retention.chain_kept`` whether each chain goes. The chains that go are deleted in that same
 transaction, table by table (approvals, messages, attempts, steps, operations, events, runs),
-then the artifacts they referenced that no row references any more. A crash at any point rolls
-the whole batch back: a run is deleted whole or not at all, and a run id used again never finds
-another run's steps.
+then the artifacts they referenced that no row references any more — and, where a store keeps
+a copy of an artifact per run (PostgreSQL), the deleted runs' own copies of those other runs
+still reference (each of those runs holds a copy of its own): a pruned run's data goes. A
+crash at any point rolls the whole batch back: a run is deleted whole or not at all, and a run
+id used again never finds another run's steps.
 
 A dry run does the same work and rolls it back (``DryRun`` carries the batch out of the
 transaction), so what it reports is exactly what that batch would have deleted.
@@ -128,6 +130,7 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
                 first_dispatched_at=row["first_dispatched_at"],
                 updated_at=int(row["updated_at"]),
                 dedup_retention_ms=row["dedup_retention_ms"],
+                last_dispatched_at=row["last_dispatched_at"],
             )
         )
     going: list[str] = []
@@ -178,5 +181,5 @@ def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, i
     # once a family has no run left, nothing can ask for what its claims hold
     yield q("prune_delete_family_claims", family_ids=families)
     yield q("prune_lock_artifacts", digests=digests)
-    freed = yield q("prune_delete_artifacts", digests=digests)
+    freed = yield q("prune_delete_artifacts", digests=digests, run_ids=ids)
     return rows, len(freed), sum(int(row["size"]) for row in freed)

@@ -254,6 +254,17 @@ class SyncOverAsync:
     ) -> MessageRecord:
         return self._call(self.store.send_message(run_id, name, payload, message_id, by))
 
+    def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        return self._call(self.store.answer_wait(run_id, wait, name, payload, message_id, by))
+
     def messages(self, run_id: str) -> list[MessageRecord]:
         return self._call(self.store.messages(run_id))
 

@@ -504,6 +504,17 @@ class PostgresStore:
     ) -> MessageRecord:
         return self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
 
+    def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        return self._run(self._ledger.answer_wait(run_id, wait, name, payload, message_id, by))
+
     def messages(self, run_id: str) -> list[MessageRecord]:
         return self._read(lambda: self._ledger.messages(run_id))
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..._rules.canonical import dumps
+from ..._rules.answers import WaitRead, answer_wakes, answered_wait, refused_answer
+from ..._rules.canonical import dumps, input_hash
 from ..._rules.waits import (
     GatePlan,
     check_message,
@@ -18,12 +19,13 @@ from ..._rules.waits import (
     refused_send,
     sent_detail,
     timeout_instant,
+    wait_inputs,
     wake_at,
     wakes,
 )
 from ...errors import HistoryWarning
 from ...types import JSON, Claim, MessageRecord, StepRecord, WaitGate
-from .._rows import stored_json
+from .._rows import stored_json, wait_read
 from ..ledger import message_seq
 from ..plans import Plan
 from .connection import QUERIES as _q
@@ -37,14 +39,31 @@ class PostgresWaits(PostgresBase):
         self, run_id: str, name: str, payload: JSON, message_id: str | None, by: str | None
     ) -> Plan[MessageRecord]:
         check_message(run_id, name, payload, message_id, by)
-        # The row lock first, in a statement of its own: a gate holding it has committed (its
-        # run waits, or took what was there) by the time the statements below read.
+        return (yield from self._keep(run_id, name, payload, message_id, by, None))
+
+    def answer_wait(
+        self, run_id: str, wait: str, name: str, payload: JSON, message_id: str | None, by: str | None
+    ) -> Plan[MessageRecord]:
+        check_message(run_id, name, payload, message_id, by)
+        return (yield from self._keep(run_id, name, payload, message_id, by, answered_wait(name, wait)))
+
+    def _keep(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None, by: str | None, wait: str | None
+    ) -> Plan[MessageRecord]:
+        """Keep a message — queued by name, or (``wait``) an answer to that wait."""
+        # The row lock first, in a statement of its own: a gate or another sender holding it has
+        # committed (its run waits, took what was there, or keeps its answer) by the time the
+        # statements below read.
         run = yield from self.locked_run(run_id)
         if message_id is not None:
             kept = yield _q("send_message_existing", run_id=run_id, message_id=message_id)
             if kept:
-                return redelivered((yield from self.message(kept[0])), name, payload)
-        refused = refused_send(run_id, name, run.status)
+                return redelivered((yield from self.message(kept[0])), name, payload, wait)
+        refused, now = refused_send(run_id, name, run.status), None
+        if refused is None and wait is not None:
+            read = yield from self._wait_read(run_id, wait, name)
+            now = yield from self.now()
+            refused = refused_answer(run, wait, name, read, now)
         if refused is not None:
             raise refused
         seq = yield from message_seq(self)
@@ -58,15 +77,27 @@ class PostgresWaits(PostgresBase):
             payload=text,
             payload_ref=ref,
             sent_by=by,
+            for_wait=wait,
+            now=now,
         )
         message = yield from self.message(rows[0])
-        woke = wakes(run.status, run.waiting_for, name)
+        woke = wakes(run.status, run.waiting_for, name) if wait is None else answer_wakes(run, wait)
         yield _q(
             "send_message_wake", run_id=run_id, wake=woke, by=by, detail=dumps(sent_detail(message, woke))
         )
         if woke:  # claimable again: wake a waiting worker
             yield _q("notify_work", workflow=run.workflow)
         return message
+
+    def _wait_read(self, run_id: str, wait: str, name: str) -> Plan[WaitRead]:
+        """What an answer to ``wait`` is decided on (``_rules.answers.refused_answer``)."""
+        step = yield _q("answer_wait_step", run_id=run_id, step_id=wait)
+        answered = yield _q("answer_wait_answered", run_id=run_id, step_id=wait)
+        started = yield _q(
+            "await_message_timeout", run_id=run_id, step_id=wait, input_hash=input_hash(wait_inputs(name))
+        )
+        message = (yield from self.message(answered[0])) if answered else None
+        return wait_read(step[0] if step else None, message, started[0]["retry_at"] if started else None)
 
     def await_message(
         self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None
@@ -77,7 +108,13 @@ class PostgresWaits(PostgresBase):
             "await_message_timeout", run_id=claim.run_id, step_id=step.step_id, input_hash=step.input_hash
         )
         timeout_at = timeout_instant(started[0]["retry_at"] if started else None, now, timeout_ms)
-        rows = yield _q("await_message_oldest", run_id=claim.run_id, name=name, timeout_at=timeout_at)
+        rows = yield _q(
+            "await_message_oldest",
+            run_id=claim.run_id,
+            name=name,
+            step_id=step.step_id,
+            timeout_at=timeout_at,
+        )
         oldest = (yield from self.message(rows[0])) if rows else None
         plan = plan_wait(step, claim.fence, name, now, timeout_at, first=not started, oldest=oldest)
         stored = (rows[0]["payload"], rows[0]["payload_ref"]) if rows else (None, None)

@@ -8,7 +8,8 @@ import sqlite3
 import threading
 from typing import Any
 
-from ..._rules.canonical import dumps
+from ..._rules.answers import WaitRead, answer_wakes, answered_wait, refused_answer
+from ..._rules.canonical import dumps, input_hash
 from ..._rules.history import warn
 from ..._rules.waits import (
     GatePlan,
@@ -19,12 +20,13 @@ from ..._rules.waits import (
     refused_send,
     sent_detail,
     timeout_instant,
+    wait_inputs,
     wake_at,
     wakes,
 )
 from ...errors import HistoryWarning
 from ...types import JSON, AttemptRecord, Claim, MessageRecord, StepRecord, WaitGate
-from .._rows import stored_json
+from .._rows import stored_json, wait_read
 from ..ledger import message_seq
 from .connection import SQL
 from .runs import SqliteRuns
@@ -40,16 +42,37 @@ class SqliteWaits(SqliteRuns):
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
     ) -> MessageRecord:
         check_message(run_id, name, payload, message_id, by)
+        return self._keep(run_id, name, payload, message_id, by, None)
+
+    def answer_wait(
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
+    ) -> MessageRecord:
+        check_message(run_id, name, payload, message_id, by)
+        return self._keep(run_id, name, payload, message_id, by, answered_wait(name, wait))
+
+    def _keep(
+        self, run_id: str, name: str, payload: JSON, message_id: str | None, by: str | None, wait: str | None
+    ) -> MessageRecord:
+        """Keep a message — queued by name, or (``wait``) an answer to that wait — in one BEGIN
+        IMMEDIATE transaction, serialised with ``await_message`` and every other sender."""
         now = self.now()
-        with self._write() as conn:  # BEGIN IMMEDIATE: serialised with await_message
+        with self._write() as conn:
             run = self._within(conn, self._reads.locked_run(run_id))
             if message_id is not None:
                 kept = conn.execute(
                     SQL["send_message_existing"], {"run_id": run_id, "message_id": message_id}
                 ).fetchone()
                 if kept is not None:
-                    return redelivered(self._message(conn, kept), name, payload)
+                    return redelivered(self._message(conn, kept), name, payload, wait)
             refused = refused_send(run_id, name, run.status)
+            if refused is None and wait is not None:
+                refused = refused_answer(run, wait, name, self._wait_read(conn, run_id, wait, name), now)
             if refused is not None:
                 raise refused
             seq = self._within(conn, message_seq(self._reads))
@@ -67,13 +90,25 @@ class SqliteWaits(SqliteRuns):
                     "payload_ref": ref,
                     "sent_by": by,
                     "now": now,
+                    "for_wait": wait,
                 },
             ).fetchone()
             message = self._message(conn, row)
-            woke = wakes(run.status, run.waiting_for, name)
+            woke = wakes(run.status, run.waiting_for, name) if wait is None else answer_wakes(run, wait)
             conn.execute(SQL["send_message_wake"], {"run_id": run_id, "wake": woke, "now": now})
             self._event(conn, run_id, now, "message.sent", worker=by, detail=sent_detail(message, woke))
         return message
+
+    def _wait_read(self, conn: sqlite3.Connection, run_id: str, wait: str, name: str) -> WaitRead:
+        """What an answer to ``wait`` is decided on (``_rules.answers.refused_answer``)."""
+        keys = {"run_id": run_id, "step_id": wait}
+        step = conn.execute(SQL["answer_wait_step"], keys).fetchone()
+        answered = conn.execute(SQL["answer_wait_answered"], keys).fetchone()
+        started = conn.execute(
+            SQL["await_message_timeout"], {**keys, "input_hash": input_hash(wait_inputs(name))}
+        ).fetchone()
+        message = None if answered is None else self._message(conn, answered)
+        return wait_read(step, message, None if started is None else started["retry_at"])
 
     def _message(self, conn: sqlite3.Connection, row: sqlite3.Row) -> MessageRecord:
         return self._within(conn, self._reads.message(row))
@@ -89,7 +124,8 @@ class SqliteWaits(SqliteRuns):
             ).fetchone()
             timeout_at = timeout_instant(started["retry_at"] if started else None, now, timeout_ms)
             row = conn.execute(
-                SQL["await_message_oldest"], {"run_id": claim.run_id, "name": name, "timeout_at": timeout_at}
+                SQL["await_message_oldest"],
+                {"run_id": claim.run_id, "name": name, "step_id": step.step_id, "timeout_at": timeout_at},
             ).fetchone()
             oldest = None if row is None else self._message(conn, row)
             plan = plan_wait(step, claim.fence, name, now, timeout_at, first=started is None, oldest=oldest)

@@ -79,7 +79,8 @@ continue-as-new), ``forks`` (a run forked from another's prefix), ``unreadable``
 cannot be read: damaged through ``ConformanceBase.damage``, which a store of your own
 overrides), ``retry`` (a failed run retried by a person), ``slices`` (a run released at the
 end of a slice), ``stopped`` (runs stopped at a limit, limits raised), ``prune`` (finished runs
-deleted whole), ``waits`` (messages, and the gates of wait and sleep steps) and ``transactions``
+deleted whole), ``waits`` (messages, and the gates of wait and sleep steps), ``answers`` (an
+answer to one wait, kept once) and ``transactions``
 (transaction steps: the function's writes committed with the step). ``_support`` holds what they
 share: the base class with ``make_store`` and the helpers, the constants and the record
 factories; ``_concerns`` the concerns and the rule above.
@@ -90,6 +91,7 @@ from __future__ import annotations
 from ..sync_over_async import SyncOverAsync
 from ._concerns import ACROSS_RUNS, CLAIMS, CONCERNS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import ConformanceBase
+from .answers import AnswerTests
 from .approvals import ApprovalTests
 from .artifacts_clock import ArtifactClockTests
 from .claiming import ClaimTests
@@ -129,6 +131,7 @@ __all__ = [
 class StoreConformance(
     TransactionTests,
     PruneTests,
+    AnswerTests,
     WaitTests,
     ForkTests,
     RetryTests,

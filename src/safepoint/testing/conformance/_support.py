@@ -113,6 +113,27 @@ def in_threads(*calls: Callable[[], T]) -> list[T]:
     return results
 
 
+def at_once(*calls: Callable[[], T]) -> list[T | Exception]:
+    """Run each call on its own thread, released together by a barrier: what each returned, or
+    the error it raised (the refusals are what a race test counts)."""
+    barrier = threading.Barrier(len(calls))
+    results: list[T | Exception] = [RuntimeError("not run")] * len(calls)
+
+    def body(index: int, call: Callable[[], T]) -> None:
+        barrier.wait(timeout=10)
+        try:
+            results[index] = call()
+        except Exception as exc:
+            results[index] = exc
+
+    threads = [threading.Thread(target=body, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return results
+
+
 class ConformanceBase(abc.ABC):
     """The store a test runs against and the helpers every topic's tests use."""
 

@@ -9,14 +9,23 @@ from dataclasses import replace
 import pytest
 
 from ..._rules.canonical import canonical, digest
-from ...errors import ApprovalInvalid, ApprovalRefused, Cancelled, LostOwnership, RunNotFound, StoreError
-from ...types import ApprovalGate, EffectState, RunStatus
+from ...errors import (
+    ApprovalInvalid,
+    ApprovalRefused,
+    Cancelled,
+    GateApproved,
+    LostOwnership,
+    RunNotFound,
+    StoreError,
+)
+from ...types import ApprovalGate, ApprovalRecord, ApprovalRevocation, EffectState, RunStatus
 from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, CONTROL, VALUES, exercises
 from ._support import (
     LONG_LEASE_MS,
     SHORT_LEASE_MS,
     ConformanceBase,
     _uid,
+    at_once,
     expire,
     in_threads,
     make_operation,
@@ -178,9 +187,62 @@ class ApprovalTests(ConformanceBase):
         again = store.approve(run.run_id, op.step_id, self._request())
         assert again == first
         assert self.snapshot(store, run.run_id) == released
+        # another person: the gate has its approval, in force — refused, naming it
+        with pytest.raises(GateApproved) as refused:
+            store.approve(run.run_id, op.step_id, self._request(by="bo"))
+        assert (refused.value.approval_id, refused.value.approved_by, refused.value.went_out) == (
+            first.approval_id,
+            "ana",
+            False,
+        )
+        assert (refused.value.operation_id, refused.value.approved_at) == (op.operation_id, first.approved_at)
+        assert self.snapshot(store, run.run_id) == released
+        store.revoke_approval(run.run_id, op.step_id, ApprovalRevocation(by="carol", reason="bo decides"))
         other = store.approve(run.run_id, op.step_id, self._request(by="bo"))
         assert other.approval_id != first.approval_id
         assert [a.approved_by for a in store.approvals(run.run_id)] == ["ana", "bo"]
+
+    def test_an_approval_after_the_effect_went_out_under_one_in_force_is_refused(self) -> None:
+        store = self.store()
+        run, claim, op = self._gated(store)
+        ana = store.approve(run.run_id, op.step_id, self._request(ttl_ms=_DISPATCH_TTL_MS))
+        store.mark_dispatching(claim, op.operation_id)  # it went out under ana's approval
+        before = self.snapshot(store, run.run_id)
+        with pytest.raises(GateApproved) as refused:
+            store.approve(run.run_id, op.step_id, self._request(by="bo"))
+        assert (refused.value.approval_id, refused.value.went_out) == (ana.approval_id, True)
+        assert self.snapshot(store, run.run_id) == before
+        assert store.approve(run.run_id, op.step_id, self._request()) == ana  # ana again: hers
+        store.record_outcome(claim, op.operation_id, EffectState.UNKNOWN, error={"type": "Timeout"})
+        # once it lapsed, a re-dispatch (after a reconcile that finds nothing) needs another
+        deadline = time.monotonic() + 10
+        while store.await_approval(claim, op.operation_id, self.TARGET).approval is not None:
+            assert time.monotonic() < deadline, "the approval never lapsed"
+            time.sleep(0.05)
+        again = store.approve(run.run_id, op.step_id, self._request(by="bo"))
+        assert again.approved_by == "bo"
+
+    @exercises(VALUES, CONCURRENCY)
+    def test_k_approvals_at_the_same_instant_keep_one(self) -> None:
+        """k people, each on a store object of its own, approve the parked gate at once: one
+        approval is kept and releases the run; every other is refused, naming it."""
+        stores = [self.store() for _ in range(5)]
+        for trial in range(4):
+            run, claim, op = self._gated(stores[0])
+            stores[0].await_approval(claim, op.operation_id, self.TARGET)
+            results = at_once(
+                *(
+                    functools.partial(own.approve, run.run_id, op.step_id, self._request(by=f"p{n}"))
+                    for n, own in enumerate(stores)
+                )
+            )
+            given = [r for r in results if isinstance(r, ApprovalRecord)]
+            refused = [r for r in results if isinstance(r, GateApproved)]
+            assert (len(given), len(refused)) == (1, len(stores) - 1), (trial, results)
+            assert {r.approval_id for r in refused} == {given[0].approval_id}
+            assert stores[0].approvals(run.run_id) == given
+            approved = [e for e in stores[0].events(run.run_id) if e.kind == "effect.approved"]
+            assert [e.detail["released"] for e in approved] == [True]
 
     def test_an_approval_that_does_not_fit_is_refused_and_changes_nothing(self) -> None:
         store = self.store()

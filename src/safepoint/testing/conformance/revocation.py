@@ -22,6 +22,12 @@ class RevocationTests(ConformanceBase):
         store = self.store()
         run, claim, op = self._gated(store)
         ana = store.approve(run.run_id, op.step_id, self._request(ttl_ms=60_000))
+        # the target moved since ana approved: the gate waits again, and bo approves it as it is
+        # now — ana's approval is still in force (not revoked, not expired), for the old target
+        assert store.await_approval(claim, op.operation_id, self.MOVED).approval is None
+        reclaimed = store.claim_run(run.run_id, store.get_run(run.run_id).state_revision, "worker-a", 60_000)
+        assert reclaimed is not None
+        claim = reclaimed
         bo = store.approve(run.run_id, op.step_id, self._request(by="bo", evidence="OPS-1"))
         before = store.get_run(run.run_id)
         t0 = store.now()

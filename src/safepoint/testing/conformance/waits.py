@@ -27,8 +27,9 @@ from ._concerns import ACROSS_RUNS, CLAIMS, CONCURRENCY, VALUES, exercises
 from ._support import LARGE, LONG_LEASE_MS, ConformanceBase, _uid, in_threads, make_step, stamped_between
 
 
-class WaitTests(ConformanceBase):
-    """The conformance tests of waits."""
+class WaitHelpers(ConformanceBase):
+    """What the tests of waits and of answers share: wait and sleep steps, a released run
+    claimed by name, a run ended, its history counted."""
 
     @staticmethod
     def _wait_step(
@@ -65,10 +66,25 @@ class WaitTests(ConformanceBase):
     def _end(self, store: Store, run_id: str) -> None:
         store.request_cancel(run_id, "conformance", "the test is over")
 
+    def _taken_or_woke(self, store: Store, run_id: str, trial: int) -> None:
+        """After a message raced the gate of wait ``wait.answer``: the wait took it (the run
+        goes on) or the message found the run waiting and made it pending — never a run
+        waiting with its message kept beside it."""
+        now = store.get_run(run_id)
+        [message] = store.messages(run_id)
+        if message.taken_by is None:
+            assert now.status is RunStatus.PENDING, (trial, now.status)
+        else:
+            assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
+
     def _counted(self, store: Store, run_id: str) -> None:
         ledger = store.load_ledger(run_id)
         assert ledger.run.event_count == len(store.events(run_id))
         assert ledger.run.step_count == len(ledger.steps)
+
+
+class WaitTests(WaitHelpers):
+    """The conformance tests of waits."""
 
     # -- messages -------------------------------------------------------------------------------
 
@@ -405,9 +421,4 @@ class WaitTests(ConformanceBase):
                 functools.partial(waiter.await_message, claim, step, "answer", None),
             ]
             in_threads(*calls)
-            now = waiter.get_run(run.run_id)
-            [message] = waiter.messages(run.run_id)
-            if message.taken_by is None:
-                assert now.status is RunStatus.PENDING, (trial, now.status)
-            else:
-                assert (now.status, message.taken_by) == (RunStatus.RUNNING, "wait.answer")
+            self._taken_or_woke(waiter, run.run_id, trial)

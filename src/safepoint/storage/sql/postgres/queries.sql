@@ -458,12 +458,14 @@ operation AS (
     INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                       effect_key, dispatch_count, first_dispatched_at,
                                       approval_required, target_digest, fence, prepared_at,
-                                      updated_at, chain_id, dedup_retention_ms, family_key)
+                                      updated_at, chain_id, dedup_retention_ms, family_key,
+                                      last_dispatched_at)
     SELECT run_id, %(operation_id)s, %(step_id)s, %(effect)s,
            CASE WHEN %(dispatching)s THEN 'dispatching' ELSE 'prepared' END, %(payload_ref)s,
            %(effect_key)s, clock.dispatches, CASE WHEN clock.dispatches > 0 THEN owned.now END,
            %(approval_required)s, %(target_digest)s, %(fence)s::bigint, owned.now, owned.now,
-           chain_id, %(dedup_retention_ms)s::bigint, %(family_key)s
+           chain_id, %(dedup_retention_ms)s::bigint, %(family_key)s,
+           CASE WHEN clock.dispatches > 0 THEN owned.now END
     FROM owned, clock
     RETURNING *
 ),
@@ -484,7 +486,8 @@ FROM owned, operation;
 
 -- name: mark_dispatching
 -- "Dispatch may have happened", committed before the call in the statement that checks the
--- fence: a stale worker can never reach dispatching. Remembers the first dispatch time. Only
+-- fence: a stale worker can never reach dispatching. Remembers the first dispatch time and
+-- the last (which nothing clears: a prune keeps what an owner may remember). Only
 -- for an operation still to be sent, or uncertain, and that needs no approval — unless `gate`:
 -- the caller checks the approvals in this statement's transaction. Otherwise nothing is
 -- written and no row returned, as for a refused fence (fence_state tells which). An operation
@@ -532,8 +535,8 @@ owned AS (
 operation AS (
     UPDATE safepoint_operations AS o
     SET state = 'dispatching', dispatch_count = o.dispatch_count + 1,
-        first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now), fence = %(fence)s,
-        updated_at = owned.now
+        first_dispatched_at = COALESCE(o.first_dispatched_at, owned.now),
+        last_dispatched_at = owned.now, fence = %(fence)s, updated_at = owned.now
     FROM owned
     -- the key as given, not owned.run_id: a primary-key probe whatever the planner's
     -- statistics (joined on owned, a young table's operations were scanned); owned only
@@ -1256,7 +1259,8 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 -- name: retry_run_resend
 -- A rejected operation sent again as its next attempt: prepared, under the key derived for
 -- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
--- new to the owner) — only the rejected attempt the retry was planned on.
+-- new to the owner) — only the rejected attempt the retry was planned on. last_dispatched_at
+-- stays: the owner may still remember the key the rejected attempt was sent under.
 UPDATE safepoint_operations
 SET state = 'prepared', key_attempt = %(key_attempt)s, effect_key = %(effect_key)s,
     receipt = NULL, error = NULL, dispatch_count = 0, first_dispatched_at = NULL,
@@ -1335,11 +1339,11 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms, family_key)
+                                  dedup_retention_ms, family_key, last_dispatched_at)
 SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key,
        dispatch_count, first_dispatched_at, receipt, error, fence, prepared_at, updated_at,
        approval_required, target_digest, approval_id, %(run_id)s, key_attempt, dedup_retention_ms,
-       family_key
+       family_key, last_dispatched_at
 FROM safepoint_operations
 WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -1409,13 +1413,16 @@ WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s AND message_id = %(message_id)s;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not (sent_at: the database clock; seq:
--- the one next_message_seq took for a sealed payload, or the next).
+-- Keep a message for the run, whether it waits yet or not: queued by name (for_wait NULL), or
+-- an answer addressed to one wait. sent_at: the database clock — for an answer, as read when it
+-- was decided whether its wait had timed out (now); seq: the one next_message_seq took for a
+-- sealed payload, or the next.
 INSERT INTO safepoint_messages (seq, run_id, name, message_id, payload, payload_ref, sent_by,
-                                sent_at)
+                                sent_at, for_wait)
 OVERRIDING SYSTEM VALUE
 VALUES (coalesce(%(seq)s::bigint, nextval('safepoint_messages_seq_seq')), %(run_id)s, %(name)s,
-        %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s, safepoint_now_ms())
+        %(message_id)s, %(payload)s, %(payload_ref)s, %(sent_by)s,
+        COALESCE(%(now)s::bigint, safepoint_now_ms()), %(for_wait)s)
 RETURNING *;
 
 -- name: send_message_wake
@@ -1444,6 +1451,18 @@ SELECT workflow FROM run;
 -- Every message sent to a run, in the order they were sent.
 SELECT * FROM safepoint_messages WHERE run_id = %(run_id)s ORDER BY seq;
 
+-- name: answer_wait_step
+-- The wait an answer is addressed to, as recorded (nothing: not recorded yet). Runs after
+-- lock_run, in its transaction.
+SELECT kind, name, status FROM safepoint_steps
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s;
+
+-- name: answer_wait_answered
+-- What answered that wait already: the answer kept for it, or the message it took.
+SELECT * FROM safepoint_messages
+WHERE run_id = %(run_id)s AND (for_wait = %(step_id)s OR taken_by = %(step_id)s)
+ORDER BY seq LIMIT 1;
+
 -- name: wait_fence
 -- The fence of a wait's gate (await_message, await_timer), alone: new work (refused once a
 -- cancel is asked for or past the deadline). It takes the runs row lock for the rest of the
@@ -1464,11 +1483,13 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND input_hash = %(input_has
 ORDER BY attempt LIMIT 1;
 
 -- name: await_message_oldest
--- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+-- What the wait takes, sent before its timeout instant: the answer addressed to it, else the
+-- oldest message of its name not yet taken and addressed to no other wait.
 SELECT * FROM safepoint_messages
 WHERE run_id = %(run_id)s AND name = %(name)s AND taken_by IS NULL
+  AND (for_wait IS NULL OR for_wait = %(step_id)s)
   AND (%(timeout_at)s::bigint IS NULL OR sent_at < %(timeout_at)s::bigint)
-ORDER BY seq LIMIT 1;
+ORDER BY for_wait IS NULL, seq LIMIT 1;
 
 -- name: await_message_take
 -- The wait step takes the message: it is its result from now on, never another step's.
@@ -1591,16 +1612,18 @@ SELECT run_id, (forked_from::jsonb ->> 'run_id') AS source FROM safepoint_runs
 WHERE forked_from IS NOT NULL AND (forked_from::jsonb ->> 'run_id') IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_operations
--- What the retention rule reads of these runs' operations: sent or not, when last written, and
--- how long the owner remembers a key.
-SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
-       dedup_retention_ms
+-- What the retention rule reads of these runs' operations: ever sent or not, when last sent and
+-- written, and how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, last_dispatched_at,
+       updated_at, dedup_retention_ms
 FROM safepoint_operations WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
 -- name: prune_artifact_refs
 -- Every artifact these runs reference: their inputs and results, their steps' results, their
--- operations' payloads, their messages' payloads.
-SELECT inputs_ref AS digest FROM safepoint_runs
+-- operations' payloads, their messages' payloads; and every copy they stored (by the key).
+SELECT digest FROM safepoint_artifacts
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+UNION SELECT inputs_ref FROM safepoint_runs
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND inputs_ref IS NOT NULL
 UNION SELECT result_ref FROM safepoint_runs
 WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) AND result_ref IS NOT NULL
@@ -1657,14 +1680,22 @@ SELECT digest FROM safepoint_artifacts WHERE digest IN (SELECT jsonb_array_eleme
 FOR UPDATE;
 
 -- name: prune_delete_artifacts
--- Of those, the artifacts no row references any more (one index probe per reference column).
+-- Of those, every copy of an artifact no row references any more (one index probe per
+-- reference column); and the deleted runs' own copies of the others, which other runs hold
+-- copies of their own of: a pruned run's data goes, whoever else stored the same bytes. (A copy
+-- that would be the last one of an artifact a remaining row references stays; no write path
+-- leaves one so: each stores its own, and a fork reads its source's, which outlives it.)
 DELETE FROM safepoint_artifacts AS a
 WHERE a.digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
-  AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest)
+  AND ((NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE inputs_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_runs WHERE result_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_steps WHERE result_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_operations WHERE payload_ref = a.digest)
+        AND NOT EXISTS (SELECT 1 FROM safepoint_messages WHERE payload_ref = a.digest))
+       OR (a.run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb))
+           AND EXISTS (SELECT 1 FROM safepoint_artifacts AS kept
+                       WHERE kept.digest = a.digest
+                         AND kept.run_id NOT IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)))))
 RETURNING size;
 -- == encryption at rest: values sealed again (safepoint.storage.resealing) =====================
 -- A fork's copied rows, sealed for the source's, are sealed again for the fork's; a rotation

@@ -298,12 +298,12 @@ SELECT * FROM safepoint_steps WHERE run_id = :run_id ORDER BY seq;
 INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, payload_ref,
                                   effect_key, dispatch_count, first_dispatched_at, fence,
                                   prepared_at, updated_at, chain_id, dedup_retention_ms,
-                                  family_key)
+                                  family_key, last_dispatched_at)
 VALUES (:run_id, :operation_id, :step_id, :effect,
         CASE WHEN :dispatching THEN 'dispatching' ELSE 'prepared' END, :payload_ref, :effect_key,
         :dispatching, CASE WHEN :dispatching THEN :now END, :fence, :now, :now,
         (SELECT chain_id FROM safepoint_runs WHERE run_id = :run_id), :dedup_retention_ms,
-        :family_key);
+        :family_key, CASE WHEN :dispatching THEN :now END);
 
 -- name: prepare_and_mark_dispatching_events
 -- effect.prepared, then effect.dispatching, of an operation prepared and dispatched in one
@@ -314,10 +314,12 @@ VALUES (:run_id, :now, 'effect.prepared', :step_id, :operation_id, :fence, :work
         :dispatching_detail);
 
 -- name: mark_dispatching
--- "Dispatch may have happened", committed before the call; remembers the first dispatch time.
+-- "Dispatch may have happened", committed before the call; remembers the first dispatch time
+-- and the last (which nothing clears: a prune keeps what an owner may remember).
 UPDATE safepoint_operations
 SET state = 'dispatching', dispatch_count = dispatch_count + 1,
-    first_dispatched_at = COALESCE(first_dispatched_at, :now), fence = :fence, updated_at = :now
+    first_dispatched_at = COALESCE(first_dispatched_at, :now), last_dispatched_at = :now,
+    fence = :fence, updated_at = :now
 WHERE run_id = :run_id AND operation_id = :operation_id
   AND state IN ('prepared', 'dispatching', 'unknown')
 RETURNING *;
@@ -635,7 +637,8 @@ SELECT * FROM safepoint_operations WHERE run_id = :run_id AND operation_id = :op
 -- name: retry_run_resend
 -- A rejected operation sent again as its next attempt: prepared, under the key derived for
 -- that attempt, its outcome, dispatch count and retention window cleared (the derived key is
--- new to the owner) — only the rejected attempt the retry was planned on.
+-- new to the owner) — only the rejected attempt the retry was planned on. last_dispatched_at
+-- stays: the owner may still remember the key the rejected attempt was sent under.
 UPDATE safepoint_operations
 SET state = 'prepared', key_attempt = :key_attempt, effect_key = :effect_key, receipt = NULL,
     error = NULL, dispatch_count = 0, first_dispatched_at = NULL, approval_id = NULL,
@@ -711,10 +714,11 @@ INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state, 
                                   effect_key, dispatch_count, first_dispatched_at, receipt,
                                   error, fence, prepared_at, updated_at, approval_required,
                                   target_digest, approval_id, chain_id, key_attempt,
-                                  dedup_retention_ms, family_key)
+                                  dedup_retention_ms, family_key, last_dispatched_at)
 SELECT :run_id, operation_id, step_id, effect, state, payload_ref, effect_key, dispatch_count,
        first_dispatched_at, receipt, error, fence, prepared_at, updated_at, approval_required,
-       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms, family_key
+       target_digest, approval_id, :run_id, key_attempt, dedup_retention_ms, family_key,
+       last_dispatched_at
 FROM safepoint_operations
 WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
@@ -788,11 +792,12 @@ WHERE run_id = :run_id AND operation_id = :operation_id;
 SELECT * FROM safepoint_messages WHERE run_id = :run_id AND message_id = :message_id;
 
 -- name: send_message
--- Keep a message for the run, whether it waits yet or not (:seq NULL takes the next; one
--- next_message_seq took is the one a sealed payload was sealed for).
+-- Keep a message for the run, whether it waits yet or not: queued by name (for_wait NULL), or
+-- an answer addressed to one wait (:seq NULL takes the next; one next_message_seq took is the
+-- one a sealed payload was sealed for).
 INSERT INTO safepoint_messages (seq, run_id, name, message_id, payload, payload_ref, sent_by,
-                                sent_at)
-VALUES (:seq, :run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now)
+                                sent_at, for_wait)
+VALUES (:seq, :run_id, :name, :message_id, :payload, :payload_ref, :sent_by, :now, :for_wait)
 RETURNING *;
 
 -- name: send_message_wake
@@ -809,6 +814,16 @@ WHERE run_id = :run_id;
 -- Every message sent to a run, in the order they were sent.
 SELECT * FROM safepoint_messages WHERE run_id = :run_id ORDER BY seq;
 
+-- name: answer_wait_step
+-- The wait an answer is addressed to, as recorded (nothing: not recorded yet).
+SELECT kind, name, status FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
+
+-- name: answer_wait_answered
+-- What answered that wait already: the answer kept for it, or the message it took.
+SELECT * FROM safepoint_messages
+WHERE run_id = :run_id AND (for_wait = :step_id OR taken_by = :step_id)
+ORDER BY seq LIMIT 1;
+
 -- name: await_message_timeout
 -- When a wait that has waited before times out: the instant recorded as its attempt then.
 SELECT retry_at FROM safepoint_attempts
@@ -816,11 +831,13 @@ WHERE run_id = :run_id AND step_id = :step_id AND input_hash = :input_hash
 ORDER BY attempt LIMIT 1;
 
 -- name: await_message_oldest
--- The oldest message of the wait's name not yet taken, sent before its timeout instant.
+-- What the wait takes, sent before its timeout instant: the answer addressed to it, else the
+-- oldest message of its name not yet taken and addressed to no other wait.
 SELECT * FROM safepoint_messages
 WHERE run_id = :run_id AND name = :name AND taken_by IS NULL
+  AND (for_wait IS NULL OR for_wait = :step_id)
   AND (:timeout_at IS NULL OR sent_at < :timeout_at)
-ORDER BY seq LIMIT 1;
+ORDER BY for_wait IS NULL, seq LIMIT 1;
 
 -- name: await_message_take
 -- The wait step takes the message: it is its result from now on, never another step's.
@@ -905,10 +922,10 @@ SELECT run_id, json_extract(forked_from, '$.run_id') AS source FROM safepoint_ru
 WHERE forked_from IS NOT NULL AND json_extract(forked_from, '$.run_id') IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_operations
--- What the retention rule reads of these runs' operations: sent or not, when last written, and
--- how long the owner remembers a key.
-SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, updated_at,
-       dedup_retention_ms
+-- What the retention rule reads of these runs' operations: ever sent or not, when last sent and
+-- written, and how long the owner remembers a key.
+SELECT run_id, operation_id, effect, dispatch_count, first_dispatched_at, last_dispatched_at,
+       updated_at, dedup_retention_ms
 FROM safepoint_operations WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
 -- name: prune_artifact_refs

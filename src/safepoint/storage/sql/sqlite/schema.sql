@@ -197,6 +197,10 @@ CREATE TABLE safepoint_operations (
     dedup_retention_ms   INTEGER,
     -- what the operation is within the run's family (safepoint/_rules/family.py)
     family_key           TEXT,
+    -- the last time a dispatch of it (under any of its keys) was committed; never cleared, as
+    -- dispatch_count and first_dispatched_at are for a resend: it was sent, and a prune keeps
+    -- it while its owner may remember the key
+    last_dispatched_at   INTEGER,
     PRIMARY KEY (run_id, operation_id)
 ) WITHOUT ROWID;
 
@@ -271,7 +275,9 @@ CREATE INDEX safepoint_approvals_operation ON safepoint_approvals (run_id, opera
 -- the run waits yet or not; each wait takes the oldest message of its name not yet taken, and
 -- records it as the wait step's result (taken_by), so a second message of the name is there for
 -- the next wait. A message_id the sender gives is kept once per run: a webhook delivered twice
--- is one message.
+-- is one message. An ANSWER is a message addressed to one wait step (for_wait, its step id;
+-- safepoint.answer): that wait takes it before anything queued by name, no other wait takes it,
+-- and a wait takes one answer (the unique index below; the store refuses a second one).
 CREATE TABLE safepoint_messages (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,  -- the order messages were sent in
     run_id       TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
@@ -282,7 +288,8 @@ CREATE TABLE safepoint_messages (
     sent_by      TEXT,
     sent_at      INTEGER NOT NULL,
     taken_by     TEXT,               -- the wait step that received it; NULL: not yet taken
-    taken_at     INTEGER
+    taken_at     INTEGER,
+    for_wait     TEXT                -- an answer: the wait step it is addressed to; NULL: queued by name
 );
 
 CREATE UNIQUE INDEX safepoint_messages_id ON safepoint_messages (run_id, message_id);
@@ -292,6 +299,10 @@ CREATE INDEX safepoint_messages_name ON safepoint_messages (run_id, name, seq);
 
 CREATE INDEX safepoint_messages_payload_ref ON safepoint_messages (payload_ref)
     WHERE payload_ref IS NOT NULL;
+
+-- One answer per wait.
+CREATE UNIQUE INDEX safepoint_messages_answer ON safepoint_messages (run_id, for_wait)
+    WHERE for_wait IS NOT NULL;
 
 -- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
 -- it, so that two ledgers (dev and prod, two tenants, a file deleted and created again) never
