@@ -56,6 +56,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
+from .._rules.canonical import too_deep
 from ..errors import (
     ArtifactCorrupt,
     ArtifactMissing,
@@ -271,6 +272,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(refusal.status, refusal.message, refusal.headers)
         except (ConnectionError, TimeoutError):  # the client went away: nobody to answer
             self.close_connection = True
+        except RecursionError:  # a value of the request's nested too deep for some step of it
+            self._error(HTTPStatus.BAD_REQUEST, f"the request holds a value that is not JSON: {too_deep()}")
         except Exception as exc:  # a fault of the dashboard's: answer it, keep serving
             traceback.print_exc(file=sys.stderr)
             self._error(
