@@ -324,3 +324,26 @@ def order_row(tx: Any, index: int, pause: float) -> int:
 def order_lines(run: sp.Run, count: int, pause: float = 0.0) -> list[int]:
     """``count`` transaction steps, each inserting one row: the run's rows after each."""
     return [run.transaction(f"line.{index}", order_row, index, pause) for index in range(count)]
+
+
+def committed_row(tx: Any, index: int) -> int:
+    """A transaction step whose function hands the driver's connection to a helper that
+    commits on its own (as an ORM session or a dataframe's ``to_sql`` does): the row is
+    committed before safepoint records the step."""
+    tx.execute(
+        "CREATE TABLE IF NOT EXISTS app_order_lines"
+        " (run_id TEXT NOT NULL, step_id TEXT NOT NULL, line INTEGER NOT NULL)"
+    )
+    conn = tx.driver_connection()
+    conn.execute(
+        sql(tx, "INSERT INTO app_order_lines (run_id, step_id, line) VALUES (?, ?, ?)"),
+        (sp.current_run().run_id, f"line.{index}", index),
+    )
+    conn.commit()
+    return index
+
+
+@sp.workflow("self-committed-line", version="1")
+def self_committed_line(run: sp.Run) -> int:
+    """One transaction step whose function commits on its own (``committed_row``)."""
+    return run.transaction("line.0", committed_row, 0)

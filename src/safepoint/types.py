@@ -418,11 +418,15 @@ class Resolution:
     action: ResolutionAction
     by: str
     operation_id: str | None = None
-    receipt: JSON = None  # ``applied``: what the owner holds
+    # ``applied``: what the owner holds — for a transaction step, the value the step returns
+    receipt: JSON = None
     evidence: str | None = None  # a link, a ticket, a sentence: why this is known
     # ``not_applied``: whether the effect's owner was asked first, what it said, and whether
     # the person overrode its doubt (``force``)
     owner_check: dict[str, Any] | None = None
+    # a transaction step recorded as uncertain (its function ended its transaction), decided
+    # in place of an operation: applied, it is recorded with ``receipt``; not applied, it runs again
+    step_id: str | None = None
 
     def detail(self) -> dict[str, Any]:
         detail = {
@@ -434,6 +438,8 @@ class Resolution:
         }
         if self.owner_check is not None:
             detail["owner_check"] = self.owner_check
+        if self.step_id is not None:
+            detail["step_id"] = self.step_id
         return detail
 
 

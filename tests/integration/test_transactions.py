@@ -5,40 +5,16 @@ the commit leaves nothing, a failure rolls back, and a stale worker commits noth
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from typing import Any
 
 import pytest
 
 import safepoint as sp
+from app_orders import TABLE, orders, q
 from safepoint.errors import LostOwnership, StaleCheckpoint, StepFailed, TransientFailure, UsageError
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing import SimulatedCrash
 from safepoint.types import StepKind, StepStatus
-
-TABLE = "CREATE TABLE IF NOT EXISTS app_orders (id TEXT NOT NULL)"
-
-
-def q(tx: Any, query: str) -> str:
-    return query if tx.dialect == "sqlite" else query.replace("?", "%s")
-
-
-def orders(url: str) -> list[str]:
-    """The application table's rows, read beside the store (not through it)."""
-    if url.startswith("sqlite:///"):
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        try:
-            found = conn.execute("SELECT name FROM sqlite_master WHERE name = 'app_orders'").fetchone()
-            return [r[0] for r in conn.execute("SELECT id FROM app_orders ORDER BY id")] if found else []
-        finally:
-            conn.close()
-    import psycopg
-
-    base, _, schema = url.partition("?schema=")
-    with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
-        if conn.execute("SELECT to_regclass('app_orders') IS NOT NULL AS f").fetchone()[0] is False:
-            return []
-        return [r[0] for r in conn.execute("SELECT id FROM app_orders ORDER BY id")]
 
 
 class Calls:

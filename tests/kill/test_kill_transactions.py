@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import sqlite3
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,16 @@ def _rows_postgres(url: str, run_id: str) -> list[tuple[Any, ...]]:
     base, _, schema = url.partition("?schema=")
     with psycopg.connect(base, options=f"-c search_path={schema}") as conn:
         return list(conn.execute("SELECT step_id, line FROM app_order_lines WHERE run_id = %s", (run_id,)))
+
+
+def _store(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> tuple[str, Callable[[str, str], list[tuple[Any, ...]]]]:
+    """A fresh store of that kind (a SQLite file, a PostgreSQL schema), and how to read its
+    application rows."""
+    if store == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}", _rows_sqlite
+    return f"{request.getfixturevalue('pg_url')}?schema=kill_tx_{uuid.uuid4().hex[:12]}", _rows_postgres
 
 
 def _kill_until_done(url: str, run_id: str, rng: random.Random) -> tuple[dict[str, Any], int]:
@@ -77,13 +88,7 @@ def _kill_until_done(url: str, run_id: str, rng: random.Random) -> tuple[dict[st
 def test_each_row_is_written_exactly_once_across_many_kills(
     request: pytest.FixtureRequest, tmp_path: Path, store: str
 ) -> None:
-    if store == "sqlite":
-        url, rows = f"sqlite:///{tmp_path / 'ledger.db'}", _rows_sqlite
-    else:
-        url, rows = (
-            f"{request.getfixturevalue('pg_url')}?schema=kill_tx_{uuid.uuid4().hex[:12]}",
-            _rows_postgres,
-        )
+    url, rows = _store(request, tmp_path, store)
     run_id = f"orders-{uuid.uuid4().hex[:8]}"
     outcome, kills = _kill_until_done(url, run_id, random.Random(f"{store}-8472"))
     assert kills >= 6, f"only {kills} kills landed: the test did not interrupt the work"
@@ -93,3 +98,31 @@ def test_each_row_is_written_exactly_once_across_many_kills(
     written = rows(url, run_id)
     assert len(written) == LINES
     assert sorted(written) == sorted((f"line.{index}", index) for index in range(LINES))
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_a_kill_after_the_function_committed_on_its_own_writes_no_second_row(
+    request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> None:
+    """The step's function hands its connection to a helper that commits, and the process is
+    SIGKILLed right after, before the step is recorded: the row is committed without its step.
+    A resume in a fresh process must not run the step again — the run blocks for a person."""
+    url, rows = _store(request, tmp_path, store)
+    run_id = f"own-commit-{uuid.uuid4().hex[:8]}"
+    killed = run_child(
+        "flows:self_committed_line",
+        store_url=url,
+        run_id=run_id,
+        crash_at="transaction.before_commit",
+        pythonpath=[TESTS],
+    )
+    assert killed.killed, f"the kill did not land: {killed.outcome} {killed.stderr[-2000:]}"
+    assert rows(url, run_id) == [("line.0", 0)]  # the helper's commit, and no step record
+    for _ in range(2):  # resumed, in a fresh process each time: never run again
+        resumed = run_child(
+            "flows:self_committed_line", store_url=url, run_id=run_id, resume=True, pythonpath=[TESTS]
+        )
+        assert resumed.outcome is not None, resumed.stderr[-3000:]
+        assert resumed.outcome["status"] == "blocked", resumed.outcome
+        assert resumed.outcome["record"]["phase"] == "transaction_uncertain"
+        assert rows(url, run_id) == [("line.0", 0)]

@@ -48,6 +48,7 @@ from .._rules.limits import (
 from .._rules.records import record_builder
 from .._rules.recovery import build_record
 from .._rules.secrets import error_evidence, hashed_form, redact_json, redact_text, refuse_secrets
+from .._rules.transactions import reconnecting
 from ..errors import (
     Cancelled,
     ContinueAsNew,
@@ -84,7 +85,7 @@ from .current import refuse_inside_transaction, running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 from .observe import Execution, StepSeen, call_status
 from .slices import SliceClock
-from .transaction_attempt import TransactionAttempt
+from .transaction_attempt import TransactionAttempt, attempt_policy, lost
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
@@ -546,11 +547,12 @@ class RunCore:
             if base.attempt != attempt:
                 base = replace(base, attempt=attempt)
             if pending is not None:
-                if policy.attempts <= 1 and attempt - round_start > 1:
+                under = attempt_policy(policy, kind, pending.error)  # a lost connection's, or its own
+                if under.attempts <= 1 and attempt - round_start > 1:
                     # The code now tries it once, and it was tried: no further call.
                     yield from self._fail_step(base, pending.error, attempt - 1 - round_start, None)
                 yield from self._stop_at(
-                    partial(self._before_retry, policy, sid, attempt - 1 - round_start, pending)
+                    partial(self._before_retry, under, sid, attempt - 1 - round_start, pending)
                 )
                 yield from self._wait_for_retry(pending)
             now = None
@@ -578,7 +580,9 @@ class RunCore:
                     raise  # the store's failure (or its refusal), not the step's
                 now = yield from io(Store.now)
                 decided = after_failure(
-                    attempts_allowed(policy, self.run.step_attempt_limit),
+                    attempts_allowed(
+                        reconnecting(policy) if lost(transaction) else policy, self.run.step_attempt_limit
+                    ),
                     exc,
                     failed_in_round=attempt - round_start,
                     now=now,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .._rules.canonical import require_json
 from .._rules.effects import Effect, EffectKey, Unknown, key_is_minted, lookup
 from .._rules.ids import check_id, check_run_id, check_who, check_words
-from .._rules.recovery import NOT_IMPORTED, owner_says, refusal, unasked
+from .._rules.recovery import NOT_IMPORTED, UNCERTAIN_PHASE, owner_says, refusal, unasked
 from .._rules.secrets import refuse_secrets
 from ..errors import ResolutionRefused, UsageError
 from ..storage.base import Store
@@ -249,6 +249,12 @@ def resolve(
     ``force=True``. Whether the owner was asked, what it said and whether it was forced are
     recorded with the decision; when the effect's code is not imported here, nobody asked it,
     and a ``UserWarning`` says so.
+
+    A run blocked on a transaction step whose function ended the step's transaction (recovery
+    record phase ``transaction_uncertain``: its writes may have committed) is decided the same
+    way, by a person who looked in the database: ``applied`` records the step with ``receipt``
+    as the value it returns (the function is not called again); ``not_applied`` lets it run
+    again, from nothing — nobody else can be asked.
     """
     require_store(store, "resolve")
     settled = settle(
@@ -287,16 +293,11 @@ def settle(
     if operation_id is not None:
         check_id(operation_id, "operation id")
     check_who(by, "resolves the run")
-    if chosen is ResolutionAction.APPLIED:
-        if receipt is None:
-            raise UsageError(
-                "marking an operation applied needs its receipt as evidence: the"
-                " object the owner holds (e.g. the charge it returns by key)"
-            )
+    if receipt is not None:
+        if chosen is not ResolutionAction.APPLIED:
+            raise UsageError("only an operation marked applied takes a receipt")
         require_json(receipt, "the receipt")
         refuse_secrets(receipt, "the receipt")
-    elif receipt is not None:
-        raise UsageError("only an operation marked applied takes a receipt")
     if not isinstance(force, bool):
         raise UsageError(f"force is True or False, not {force!r}")
     if force and chosen is not ResolutionAction.NOT_APPLIED:
@@ -310,8 +311,13 @@ def settle(
     decision = Resolution(action=chosen, by=by, operation_id=operation_id, receipt=receipt, evidence=evidence)
     if operation_id is None and chosen is not ResolutionAction.ABANDON:
         decision = _with_named_operation(store, run_id, revision, decision)
+    if chosen is ResolutionAction.APPLIED and receipt is None and decision.step_id is None:
+        raise UsageError(
+            "marking an operation applied needs its receipt as evidence: the"
+            " object the owner holds (e.g. the charge it returns by key)"
+        )
     key = None
-    if chosen is ResolutionAction.NOT_APPLIED:
+    if chosen is ResolutionAction.NOT_APPLIED and decision.step_id is None:
         decision, key = _checked_with_owner(store, run_id, revision, decision, force)
     return Settled(store.resolve(run_id, revision, decision), decision, key)
 
@@ -411,13 +417,22 @@ def _as_recorded(store: Store, run_id: str, decision: Resolution) -> Resolution:
 
 
 def _with_named_operation(store: Store, run_id: str, revision: int, decision: Resolution) -> Resolution:
-    """The operation the recovery record names — or, once resolved, the one the last
-    resolution named (so that repeating it stays harmless)."""
+    """The operation the recovery record names (or the transaction step it holds uncertain) —
+    or, once resolved, the one the last resolution named (so that repeating it stays
+    harmless)."""
     run = store.get_run(run_id)
-    operation_id = (run.recovery_record or {}).get("operation_id")
+    record = run.recovery_record or {}
+    operation_id = record.get("operation_id")
+    if operation_id is None and record.get("phase") == UNCERTAIN_PHASE:
+        return replace(decision, step_id=record.get("step_id"))
     if operation_id is None:
         resolved = [e for e in store.events(run_id) if e.kind == "run.resolved"]
         operation_id = resolved[-1].operation_id if resolved else None
+        step_id = (
+            resolved[-1].detail.get("step_id") if resolved and isinstance(resolved[-1].detail, dict) else None
+        )
+        if operation_id is None and isinstance(step_id, str):
+            return replace(decision, step_id=step_id)
     if operation_id is None:
         reason = (
             "its recovery record names no operation; name one"

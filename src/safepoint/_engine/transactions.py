@@ -10,9 +10,13 @@ once. A crash before that commit leaves nothing of it (the step runs again on re
 it, the step is recorded and replays.
 
 A function that raises rolls its transaction back; the failure is then recorded (or another
-attempt made) as for a read step (``RunCore._call_step``), since nothing of the failed attempt
-is left. A recorded transaction step whose inputs changed blocks the run under either
-compatibility policy: its writes are committed, so it can never be asked again.
+attempt made) as for a read step (``RunCore.call_step``), since nothing of the failed attempt
+is left — and so is a connection lost under it, which is always tried again
+(``_rules.transactions.reconnecting``). A function that ended the step's transaction itself
+leaves the step recorded as uncertain: the run blocks, now and on every resume, until a person
+resolves it (``block_uncertain``). A recorded transaction step whose inputs changed blocks the
+run under either compatibility policy: its writes are committed, so it can never be asked
+again.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._rules.limits import step_policy
+from .._rules.transactions import is_uncertain
 from ..errors import ReplayMismatch, StaleCheckpoint, UsageError
 from ..types import Retry, StepKind, StepRecord, StepStatus
 from .flow import Flow, callable_name, is_async_callable
+from .transaction_attempt import block_uncertain
 
 if TYPE_CHECKING:
     from .core import RunCore
@@ -58,6 +64,8 @@ def transaction_flow(
         phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
         yield from core.block(stale, phase=phase, step_id=sid)
     if recorded is not None:
+        if is_uncertain(recorded):  # its transaction committed without it: a person decides
+            yield from block_uncertain(core, recorded, str((recorded.error or {}).get("message")))
         if recorded.status is StepStatus.FAILED:
             core.raise_recorded_failure(recorded)
         if core.watch is not None:

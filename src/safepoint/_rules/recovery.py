@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     pass
 
 RECORD_SCHEMA_VERSION = 1
+# The phase of a run blocked on a transaction step whose function ended the step's transaction.
+UNCERTAIN_PHASE = "transaction_uncertain"
 
 
 def record_schema() -> dict[str, Any]:
@@ -56,6 +58,21 @@ _NEXT_ACTIONS: dict[str, list[str]] = {
         "inspect the receipt at the owner; if it is right: safepoint resolve RUN --applied"
         " --receipt '<the owner's object>' --revision <state_revision> --by <you>",
         "otherwise: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
+    ],
+    UNCERTAIN_PHASE: [
+        "the step's function (or a library it handed the driver's connection to) committed or"
+        " rolled back the step's transaction itself: some or all of its writes may be in the"
+        " database without the step, and the step is not run again until you say",
+        "look for its writes; if they are there: safepoint resolve RUN --applied --receipt"
+        " '<the value the step returns>' --revision <state_revision> --by <you> --evidence"
+        " '<how you know>' (the run carries on with that value; the function is not called"
+        " again)",
+        "if none is (or you removed them): safepoint resolve RUN --not-applied --revision"
+        " <state_revision> --by <you> (the step runs again, from nothing)",
+        "fix the function before it runs again: it must not end the step's transaction — return"
+        " to commit, raise to roll back; hand a library the connection only if it leaves the"
+        " transaction to its caller",
+        "or give the run up: safepoint resolve RUN --abandon --revision <state_revision> --by <you>",
     ],
     "stale_checkpoint": [
         "revert the code or input change that moved this step's inputs, then resume",
@@ -200,6 +217,8 @@ def refusal(run: RunRecord, expected_revision: int, resolution: Resolution) -> s
             f"the run moved on: it is at revision {run.state_revision}, the record you"
             f" resolved was at revision {expected_revision}"
         )
+    if resolution.step_id is not None:
+        return f"transaction step {resolution.step_id!r} is not recorded as uncertain in this run"
     return (
         f"operation {resolution.operation_id!r} is not uncertain (dispatching, unknown or"
         " applied) in this run"

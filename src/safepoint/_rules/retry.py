@@ -34,6 +34,7 @@ from ..types import (
     StepStatus,
 )
 from .effects import next_attempt_key
+from .transactions import is_uncertain
 
 # The one limit whose stop is at a failed step: its attempts ran out (see ``retry_refusal``).
 _AT_A_STEP = "step_attempts"
@@ -105,8 +106,13 @@ def stopped_at(run: RunRecord) -> tuple[str | None, str | None]:
 
 def retriable_steps(ledger: Ledger) -> list[str]:
     """The steps a retry can take up, in the order they were recorded: each step with a failed
-    record, and each with failed attempts and no record (its attempts ran out: stopped)."""
-    failed = {sid: step.seq for sid, step in ledger.steps.items() if step.status is StepStatus.FAILED}
+    record, and each with failed attempts and no record (its attempts ran out: stopped) — never
+    a transaction step recorded as uncertain, which may have committed: a person resolves it."""
+    failed = {
+        sid: step.seq
+        for sid, step in ledger.steps.items()
+        if step.status is StepStatus.FAILED and not is_uncertain(step)
+    }
     unrecorded = [sid for sid, tried in ledger.attempts.items() if tried and sid not in ledger.steps]
     last = max((step.seq for step in ledger.steps.values()), default=0)
     for offset, sid in enumerate(sorted(unrecorded)):
@@ -155,6 +161,13 @@ def plan_retry(
     if refused is not None:
         raise RetryRefused(run.run_id, refused)
     retriable = retriable_steps(ledger)
+    if step is not None and step in ledger.steps and is_uncertain(ledger.steps[step]):
+        raise RetryRefused(
+            run.run_id,
+            f"transaction step {step!r} may have committed (its function ended its transaction):"
+            " a retry never runs it again — a person resolves it applied or not applied"
+            f" (`safepoint record {run.run_id}`, then `safepoint resolve`)",
+        )
     if step is not None and step not in retriable:
         raise RetryRefused(run.run_id, f"step {step!r} did not fail; {_which_steps(retriable)}")
     chosen = step if step is not None else failed_step(ledger)

@@ -58,6 +58,7 @@ The tree::
             ├── VerificationFailed      an applied effect failed its verifier
             ├── StaleCheckpoint         a recorded step answers another question (input hash moved)
             │   └── ReplayMismatch      the step at this id has another kind or name
+            ├── TransactionUncertain    a transaction step's function ended its transaction under it
             ├── IncompatibleWorkflow    the run was recorded by another version or fingerprint
             ├── SentBySource            a fork's effect that the run it was forked from sent
             └── HistoryLimitReached     the run's history reached its hard limit: nothing new is recorded
@@ -145,6 +146,7 @@ from ._blocked import (
     VerificationFailed,
     StaleCheckpoint,
     ReplayMismatch,
+    TransactionUncertain,
     IncompatibleWorkflow,
     SentBySource,
     HistoryLimitReached,
@@ -212,6 +214,7 @@ __all__ = [
     "StepFailed",
     "StoreError",
     "StoreUnavailable",
+    "TransactionUncertain",
     "TransientFailure",
     "UsageError",
     "VerificationFailed",

@@ -84,6 +84,30 @@ class StaleCheckpoint(RunBlocked):
         )
 
 
+class TransactionUncertain(RunBlocked):
+    """A transaction step's function ended the ledger's transaction under the step — a commit
+    or rollback of its own, or of a library it handed the driver's connection to — so its
+    writes may have committed without the step record. It is never run again blindly: the run
+    blocks until a person looks at the database and resolves the step applied (with the value
+    the step returns) or not applied (it runs again). ``how`` says what was found."""
+
+    step_id: str
+    how: str
+
+    def __init__(self, run_id: str, step_id: str, how: str, record: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            f"transaction step {step_id!r} may have committed without its record: {how}. Its"
+            " function must not end the step's transaction (safepoint commits it with the step);"
+            " look for the step's writes in the database, then resolve the run --applied"
+            " --receipt '<the value the step returns>' if they are there, or --not-applied if"
+            f" none is (see `safepoint record {run_id}`)",
+            run_id=run_id,
+            step_id=step_id,
+            how=how,
+            record=record,
+        )
+
+
 class ReplayMismatch(StaleCheckpoint):
     """The code path changed under the run: the step recorded at this id has another kind or
     name, or the code no longer reaches an operation the ledger holds and asks for another.

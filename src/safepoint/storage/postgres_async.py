@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -83,12 +84,14 @@ from .postgres.transactions import (
     COMMIT,
     AsyncOpening,
     AsyncPostgresTransaction,
-    ended_by_function,
     failed_function,
+    lost,
     rollback_async,
+    still_open,
+    went_on_after_a_failure,
 )
 from .prune import DryRun, PruneBatch, PruneRequest
-from .transactions import FunctionFailed, call_function_async
+from .transactions import AlreadyRecorded, FunctionFailed, call_function_async
 
 __all__ = ["AsyncPostgresStore"]
 
@@ -408,6 +411,8 @@ class AsyncPostgresStore:
                     failure = failed.error
                 finally:
                     self._resting.rested(conn)
+        except AlreadyRecorded:  # rolled back: the record an earlier attempt committed stands
+            return (await self.load_ledger(claim.run_id)).steps[step.step_id]
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size
@@ -421,22 +426,37 @@ class AsyncPostgresStore:
         self, conn: AsyncConn, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
     ) -> tuple[StepRecord, HistoryWarning | None]:
         opening = AsyncOpening(self._ledger, conn, claim, step)
+        tx = AsyncPostgresTransaction(step.step_id, conn, opening)
         try:
-            value = await call_function_async(body, AsyncPostgresTransaction(step.step_id, conn, opening))
+            try:
+                value = await call_function_async(body, tx)
+            except FunctionFailed:
+                if opening.started and opening.refused is None and not lost(conn):
+                    status = conn.info.transaction_status
+                    await run_plan_on_async(
+                        conn, still_open(status, opening.xact, claim.run_id, step.step_id)
+                    )
+                raise
             if opening.refused is not None:  # the function swallowed the fence's refusal
                 raise opening.refused.error
             recorded = replace(step, result=value)
             if not opening.started:  # no statement of its own: the fenced record alone
                 due = await run_plan_on_async(conn, self._ledger.record_steps(claim, [recorded]))
                 return recorded, due
-            ended_by_function(conn, step.step_id)
-            async with conn.pipeline():  # the step and the commit: one round trip
+            if lost(conn):
+                raise psycopg.OperationalError("the connection was lost under the step's function")
+            if (status := conn.info.transaction_status) != TransactionStatus.INTRANS:
+                await run_plan_on_async(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                raise went_on_after_a_failure(step.step_id)
+            if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
+                raise FunctionFailed(refused)
+            async with conn.pipeline():  # the check, the step and the commit: one round trip
                 for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
                     await conn.execute(stmt.text, stmt.params)
                 await conn.execute(COMMIT)
         except BaseException as exc:
             await rollback_async(conn)
-            raised = failed_function(exc, conn)
+            raised = failed_function(exc, conn, claim, step.step_id)
             if raised is exc:
                 raise
             raise raised from None

@@ -1,25 +1,43 @@
 """What every store's transaction step shares: the connection a step's function is handed
-(``StepConnection``, one subclass per driver), and how the function's own failure is told
-apart from the store's.
+(``StepConnection``, one subclass per driver), the rows its statements return, and how the
+function's own failure is told apart from the store's.
 
 A store's ``record_transaction`` opens one transaction, checks the claim's fence first (so a
-stale worker's function never commits anything), calls the function with a ``StepConnection``
-bound to that transaction, records the step with the function's value and commits once. The
-connection refuses what would end the transaction under the step (``_rules.transactions``) and
-is unbound once the step ends, so a reference the function kept cannot write outside it.
+stale worker's function never commits anything), records the step as uncertain in it (see
+``_rules.transactions``), calls the function with a ``StepConnection`` bound to that
+transaction, checks that the transaction is still the one it opened, records the step with the
+function's value and commits once.
+
+The function gets no more of the driver than its statements need: ``execute`` and
+``executemany``, and rows to read back (``Rows``: no way from them to the connection, whose
+``commit`` would end the step's transaction). A library that needs a DB-API connection of its
+own (an ORM session, a dataframe's ``to_sql``) asks for it by name, ``driver_connection()`` —
+what it does then is the function's, and a commit it makes is found after the function
+(``TransactionUncertain``), not prevented. The connection refuses statements that would end the
+transaction (the first line, ``_rules.transactions``) and is unbound once the step ends, so a
+reference the function kept cannot write outside it.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from .._rules.transactions import misused, transaction_control
-from ..errors import UsageError
+from ..errors import TransactionUncertain, UsageError
 from ..types import JSON, Params
 
-__all__ = ["FunctionFailed", "StepConnection", "call_function", "call_function_async", "plain_value"]
+__all__ = [
+    "AlreadyRecorded",
+    "AsyncRows",
+    "FunctionFailed",
+    "Rows",
+    "StepConnection",
+    "call_function",
+    "call_function_async",
+    "plain_value",
+]
 
 
 class FunctionFailed(Exception):
@@ -30,6 +48,83 @@ class FunctionFailed(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(error)
         self.error = error
+
+
+class AlreadyRecorded(Exception):
+    """The step is recorded already — by an earlier attempt of this worker whose commit it never
+    heard back about, or as uncertain: the store returns that record instead of calling the
+    function again."""
+
+
+class Rows:
+    """What a statement of a transaction step returns: its rows (``fetchone``, ``fetchall``,
+    ``fetchmany``, iteration; by column name on both stores), ``rowcount``, ``description``
+    and ``lastrowid`` (SQLite) — the driver's cursor without its way to the connection."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def fetchone(self) -> Any:
+        """The next row, or None."""
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        """Every row left."""
+        rows: list[Any] = self._cursor.fetchall()
+        return rows
+
+    def fetchmany(self, size: int = 100) -> list[Any]:
+        """Up to ``size`` of the rows left."""
+        rows: list[Any] = self._cursor.fetchmany(size)
+        return rows
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+    @property
+    def rowcount(self) -> int:
+        """The rows the statement changed (or -1 when the driver cannot say)."""
+        count: int = self._cursor.rowcount
+        return count
+
+    @property
+    def description(self) -> Any:
+        """The columns of the rows (None for a statement that returns none)."""
+        return self._cursor.description
+
+    @property
+    def lastrowid(self) -> Any:
+        """SQLite: the rowid of the row an INSERT made last (None on PostgreSQL)."""
+        return getattr(self._cursor, "lastrowid", None)
+
+
+class AsyncRows(Rows):
+    """``Rows`` on an async store: ``await rows.fetchone()``, ``async for row in rows``."""
+
+    __slots__ = ()
+
+    async def fetchone(self) -> Any:
+        """The next row, or None."""
+        return await self._cursor.fetchone()
+
+    async def fetchall(self) -> list[Any]:  # type: ignore[override]
+        """Every row left."""
+        rows: list[Any] = await self._cursor.fetchall()
+        return rows
+
+    async def fetchmany(self, size: int = 100) -> list[Any]:  # type: ignore[override]
+        """Up to ``size`` of the rows left."""
+        rows: list[Any] = await self._cursor.fetchmany(size)
+        return rows
+
+    def __iter__(self) -> Iterator[Any]:
+        raise TypeError("the rows of an async store's statement are read with `async for`")
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        iterator: AsyncIterator[Any] = self._cursor.__aiter__()
+        return iterator
 
 
 class StepConnection:
@@ -44,12 +139,7 @@ class StepConnection:
 
     def _checked(self, query: str) -> str:
         """``query``, unless it would end the step's transaction (or the step is over)."""
-        if not self._bound:
-            raise UsageError(
-                f"transaction step {self.step_id!r} is over: its connection cannot be used"
-                " after the function returned (keep no reference to it)",
-                step_id=self.step_id,
-            )
+        self._check_bound()
         if not isinstance(query, str):
             raise UsageError(
                 f"transaction step {self.step_id!r}: execute takes the statement as a str,"
@@ -61,12 +151,21 @@ class StepConnection:
             raise self._misused(f"sent {word}")
         return query
 
+    def _check_bound(self) -> None:
+        if not self._bound:
+            raise UsageError(
+                f"transaction step {self.step_id!r} is over: its connection cannot be used"
+                " after the function returned (keep no reference to it)",
+                step_id=self.step_id,
+            )
+
     def _misused(self, what: str) -> UsageError:
         self.misuse = what
         return misused(self.step_id, what)
 
     def refusal(self) -> UsageError | None:
-        """The error for what the function did to the transaction (it may have swallowed it)."""
+        """The error for what the function did to the transaction (it may have swallowed it).
+        Raised only once the store found the step's transaction still the one open."""
         return None if self.misuse is None else misused(self.step_id, self.misuse)
 
     def unbind(self) -> None:
@@ -89,6 +188,11 @@ class StepConnection:
         return () if params is None else params if isinstance(params, Sequence) else dict(params)
 
 
+def uncertain(run_id: str, step_id: str, how: str) -> TransactionUncertain:
+    """The error of a step whose transaction its function ended: it may have committed."""
+    return TransactionUncertain(run_id, step_id, how)
+
+
 def plain_value(value: Any, step_id: str) -> JSON:
     """The function's value on a sync store: an awaitable is a mistake (an ``async def``
     function handed to a store that cannot await it)."""
@@ -107,14 +211,15 @@ def plain_value(value: Any, step_id: str) -> JSON:
 
 def call_function(body: Callable[[Any], Any], tx: StepConnection) -> JSON:
     """Call the step's function with its connection, inside the store's transaction: its value,
-    or ``FunctionFailed`` carrying what it raised (or the misuse it swallowed)."""
+    or ``FunctionFailed`` carrying what it raised. The store then checks that the transaction
+    is still the one it opened, and only then for a misuse the function swallowed
+    (``refusal``)."""
     try:
-        value = plain_value(body(tx), tx.step_id)
+        return plain_value(body(tx), tx.step_id)
     except BaseException as exc:
         raise FunctionFailed(exc) from exc
     finally:
         tx.unbind()
-    return _unless_misused(tx, value)
 
 
 async def call_function_async(body: Callable[[Any], Any], tx: StepConnection) -> JSON:
@@ -127,12 +232,5 @@ async def call_function_async(body: Callable[[Any], Any], tx: StepConnection) ->
         raise FunctionFailed(exc) from exc
     finally:
         tx.unbind()
-    return _unless_misused(tx, value)
-
-
-def _unless_misused(tx: StepConnection, value: Any) -> JSON:
-    refused = tx.refusal()
-    if refused is not None:  # refused, and swallowed by the function
-        raise FunctionFailed(refused)
     result: JSON = value
     return result

@@ -13,7 +13,7 @@ from ...types import JSON, Claim, EffectState, Resolution, ResolutionAction, Run
 from ..base import NewRun, retry_json
 from ..codec import seal_record
 from ..families import release_in_family
-from ..ledger import event_json, json_or_none
+from ..ledger import event_json, json_or_none, stored
 from ..plans import Plan
 from .connection import CLAIM_CANDIDATES, PostgresBase, _claim
 from .connection import QUERIES as _q
@@ -160,6 +160,36 @@ class PostgresRuns(PostgresBase):
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
             yield _q("notify_work", workflow=rows[0]["workflow"])
 
+    def _resolve_transaction(
+        self, run_id: str, resolution: Resolution, common: dict[str, Any]
+    ) -> Plan[list[Any]]:
+        """A person's decision on a transaction step recorded as uncertain: recorded completed
+        with the value they gave (applied; a large one as an artifact first), or its record
+        gone (not applied: it runs again)."""
+        applied = resolution.action is ResolutionAction.APPLIED
+        result = result_ref = None
+        if applied:
+            result, result_ref, data = stored(
+                resolution.receipt,
+                self.inline_limit,
+                self.codec,
+                "safepoint_steps",
+                "result",
+                run_id,
+                resolution.step_id,
+            )
+            if result_ref is not None and data is not None:
+                yield _q("insert_artifact", run_id=run_id, digest=result_ref, size=len(data), content=data)
+        rows: list[Any] = yield _q(
+            "resolve_transaction_step",
+            **common,
+            step_id=resolution.step_id,
+            applied=applied,
+            result=result,
+            result_ref=result_ref,
+        )
+        return rows
+
     def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> Plan[RunRecord]:
         common = {
             "run_id": run_id,
@@ -171,6 +201,10 @@ class PostgresRuns(PostgresBase):
         if resolution.action is ResolutionAction.ABANDON:
             error = self._sealed(abandoned_error(resolution), "safepoint_runs", "error", run_id)
             rows = yield _q("resolve_abandon", **common, error=error)
+        elif resolution.step_id is not None:
+            rows = yield from self._resolve_transaction(run_id, resolution, common)
+            if rows:  # released: wake a waiting worker
+                yield _q("notify_work", workflow=rows[0]["workflow"])
         else:
             rows = yield _q(
                 "resolve",

@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -72,7 +73,7 @@ from ..base import INLINE_LIMIT, STOP_POLL_S, ForkRun, NewRun, Replan, unstorabl
 from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
-from ..transactions import FunctionFailed, call_function
+from ..transactions import AlreadyRecorded, FunctionFailed, call_function
 from .clock import ClockEstimate
 from .connection import (
     DRIVER_ERRORS,
@@ -90,9 +91,11 @@ from .transactions import (
     COMMIT,
     Opening,
     PostgresTransaction,
-    ended_by_function,
     failed_function,
+    lost,
     rollback,
+    still_open,
+    went_on_after_a_failure,
 )
 
 __all__ = ["PostgresStore"]
@@ -338,6 +341,8 @@ class PostgresStore:
                     failure = failed.error
                 finally:
                     self._resting.rested(conn)
+        except AlreadyRecorded:  # rolled back: the record an earlier attempt committed stands
+            return self.load_ledger(claim.run_id).steps[step.step_id]
         except DRIVER_ERRORS as exc:
             raise unstorable(exc) or self._ledger.failure(
                 exc, self._pool.timeout, self._pool.max_size
@@ -351,22 +356,35 @@ class PostgresStore:
         self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
     ) -> tuple[StepRecord, HistoryWarning | None]:
         opening = Opening(self._ledger, conn, claim, step)
+        tx = PostgresTransaction(step.step_id, conn, opening)
         try:
-            value = call_function(body, PostgresTransaction(step.step_id, conn, opening))
+            try:
+                value = call_function(body, tx)
+            except FunctionFailed:
+                if opening.started and opening.refused is None and not lost(conn):
+                    status = conn.info.transaction_status
+                    run_plan_on(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                raise
             if opening.refused is not None:  # the function swallowed the fence's refusal
                 raise opening.refused.error
             recorded = replace(step, result=value)
             if not opening.started:  # no statement of its own: the fenced record alone
                 due = run_plan_on(conn, self._ledger.record_steps(claim, [recorded]))
                 return recorded, due
-            ended_by_function(conn, step.step_id)
-            with conn.pipeline():  # the step and the commit: one round trip
+            if lost(conn):
+                raise psycopg.OperationalError("the connection was lost under the step's function")
+            if (status := conn.info.transaction_status) != TransactionStatus.INTRANS:
+                run_plan_on(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                raise went_on_after_a_failure(step.step_id)
+            if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
+                raise FunctionFailed(refused)
+            with conn.pipeline():  # the check, the step and the commit: one round trip
                 for stmt in self._ledger.transaction_record(claim, recorded, opening.now):
                     conn.execute(stmt.text, stmt.params)
                 conn.execute(COMMIT)
         except BaseException as exc:
             rollback(conn)
-            raised = failed_function(exc, conn)
+            raised = failed_function(exc, conn, claim, step.step_id)
             if raised is exc:
                 raise
             raise raised from None

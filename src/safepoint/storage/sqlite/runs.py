@@ -315,7 +315,9 @@ class SqliteRuns(SqliteConnection):
                     != 1
                 ):
                     raise _NotApplicable
-                if (
+                if resolution.step_id is not None and not abandon:
+                    self._resolve_transaction(conn, run_id, resolution, now)
+                elif (
                     not abandon
                     and conn.execute(
                         SQL["resolve_operation"],
@@ -340,7 +342,7 @@ class SqliteRuns(SqliteConnection):
                     != 1
                 ):
                     raise _NotApplicable  # rolls the run's update back with it
-                if resolution.action is ResolutionAction.NOT_APPLIED:
+                if resolution.action is ResolutionAction.NOT_APPLIED and resolution.step_id is None:
                     self._within(conn, release_in_family(QUERIES, run_id, resolution.operation_id or ""))
                 self._event(
                     conn,
@@ -358,6 +360,26 @@ class SqliteRuns(SqliteConnection):
                 run = self.get_run(run_id)
                 raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution)) from None
         return self.get_run(run_id)
+
+    def _resolve_transaction(
+        self, conn: sqlite3.Connection, run_id: str, resolution: Resolution, now: int
+    ) -> None:
+        """A person's decision on a transaction step recorded as uncertain: recorded completed
+        with the value they gave (applied), or its record gone (not applied: it runs again)."""
+        place = {"run_id": run_id, "step_id": resolution.step_id}
+        if resolution.action is ResolutionAction.APPLIED:
+            result, result_ref = self._put_value(
+                conn, resolution.receipt, now, "safepoint_steps", "result", run_id, resolution.step_id
+            )
+            changed = conn.execute(
+                SQL["resolve_transaction_applied"],
+                {**place, "result": result, "result_ref": result_ref, "now": now},
+            ).rowcount
+        else:
+            changed = conn.execute(SQL["resolve_transaction_not_applied"], place).rowcount
+            conn.execute(SQL["resolve_transaction_uncounted"], place)
+        if changed != 1:
+            raise _NotApplicable  # rolls the run's update back with it
 
 
 class _NotApplicable(Exception):

@@ -3,24 +3,34 @@
 
 The write lock is held from the fence to the commit, so the function runs while every other
 writer of the file waits for it (up to the busy timeout): it must be short.
+
+After the fence, the step is recorded as uncertain (``uncertain_record``) and a savepoint
+of a name drawn for this step is set. After the function, the transaction must still be open
+(``in_transaction``) and that savepoint still in it (``RELEASE`` finds it): a commit or
+rollback ends every savepoint with the transaction, and a transaction begun since has none of
+ours. Otherwise the function (or a library it handed ``driver_connection()``) ended the step's
+transaction, and the step may have committed: ``TransactionUncertain``.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
 from ..._rules.history import warn
+from ..._rules.transactions import uncertain_record
 from ...types import JSON, Claim, Params, StepRecord
-from ..transactions import FunctionFailed, StepConnection, call_function
+from ..transactions import AlreadyRecorded, FunctionFailed, Rows, StepConnection, call_function, uncertain
+from .connection import SQL
 from .steps import SqliteSteps
 
 
 class SqliteTransaction(StepConnection):
     """What a transaction step's function gets on SQLite (``types.Transaction``): statements
-    with ``?`` or ``:name`` placeholders; ``sqlite3.Cursor`` back, rows as ``sqlite3.Row``."""
+    with ``?`` or ``:name`` placeholders; rows to read back, as ``sqlite3.Row``."""
 
     dialect: Literal["sqlite", "postgres"] = "sqlite"
 
@@ -28,13 +38,20 @@ class SqliteTransaction(StepConnection):
         super().__init__(step_id)
         self._conn = conn
 
-    def execute(self, query: str, params: Params = None) -> sqlite3.Cursor:
+    def execute(self, query: str, params: Params = None) -> Rows:
         """Run one statement in the step's transaction."""
-        return self._conn.execute(self._checked(query), self.params_of(params))
+        return Rows(self._conn.execute(self._checked(query), self.params_of(params)))
 
     def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
         """Run one statement once for each set of parameters."""
         self._conn.executemany(self._checked(query), [self.params_of(p) for p in params_seq])
+
+    def driver_connection(self) -> sqlite3.Connection:
+        """The ``sqlite3`` connection itself, for a library that needs one: its statements run
+        in the step's transaction; a commit or rollback it makes ends it, and the run then
+        blocks for a person (the step may have committed)."""
+        self._check_bound()
+        return self._conn
 
 
 class SqliteTransactions(SqliteSteps):
@@ -46,12 +63,40 @@ class SqliteTransactions(SqliteSteps):
         try:
             with self._write() as conn:
                 due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True, limited=True)
+                place = {"run_id": claim.run_id, "step_id": step.step_id}
+                if conn.execute(SQL["step_recorded"], place).fetchone() is not None:
+                    raise AlreadyRecorded
+                self._upsert_step(conn, claim, uncertain_record(step), now)
+                savepoint = f"safepoint_step_{uuid.uuid4().hex}"
+                conn.execute(f"SAVEPOINT {savepoint}")
                 conn.text_factory = str  # the user's rows as the driver reads them
-                recorded = replace(step, result=call_function(body, SqliteTransaction(step.step_id, conn)))
+                tx = SqliteTransaction(step.step_id, conn)
+                try:
+                    value = call_function(body, tx)
+                finally:
+                    self._still_open(conn, savepoint, claim, step)
+                if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
+                    raise FunctionFailed(refused)
+                recorded = replace(step, result=value)
                 self._upsert_step(conn, claim, recorded, now)
         except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
             failure = failed.error
+        except AlreadyRecorded:  # rolled back: the record an earlier attempt committed stands
+            return self._reading(self._reads.load_ledger(claim.run_id)).steps[step.step_id]
         if failure is not None:
             raise failure
         warn(due)
         return recorded
+
+    @staticmethod
+    def _still_open(conn: sqlite3.Connection, savepoint: str, claim: Claim, step: StepRecord) -> None:
+        """Raise ``TransactionUncertain`` unless the step's transaction is the one open."""
+        if not conn.in_transaction:
+            how = "after its function no transaction was open: it was committed or rolled back under the step"
+        else:
+            try:
+                conn.execute(f"RELEASE SAVEPOINT {savepoint}")
+                return
+            except sqlite3.OperationalError:
+                how = "after its function another transaction was open: the step's was ended under it"
+        raise uncertain(claim.run_id, step.step_id, how)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from ...errors import Cancelled, LostOwnership, UsageError
+from ...errors import Cancelled, LostOwnership, TransactionUncertain, UsageError
 from ...storage.base import Store
-from ...types import Claim, RunStatus, StepKind, StepRecord
+from ...types import Claim, RunStatus, StepKind, StepRecord, StepStatus
 from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_step
 
@@ -46,6 +46,34 @@ def statements(*stmts: Statement, then: Callable[[list[list[Any]] | None], Any] 
             cur = tx.execute(query, params)
             rows = cur.fetchall() if cur.description is not None else None
         return then(shaped(rows))
+
+    return body
+
+
+def then(
+    first: Callable[[Any], Any],
+    last: Callable[[Any], Any],
+    last_async: Callable[[Any], Awaitable[Any]],
+    *,
+    swallowed: tuple[type[BaseException], ...] = (),
+) -> Callable[[Any], Any]:
+    """A step's function that runs ``first`` (a ``statements`` function), then ``last`` with
+    the step's connection — ``last_async`` on an async store's — with the errors ``swallowed``
+    caught and dropped (as a careless function would)."""
+
+    def body(tx: Any) -> Any:
+        if inspect.iscoroutinefunction(tx.execute):
+
+            async def run_async() -> None:
+                await first(tx)
+                with contextlib.suppress(*swallowed):
+                    await last_async(tx)
+
+            return run_async()
+        first(tx)
+        with contextlib.suppress(*swallowed):
+            last(tx)
+        return None
 
     return body
 
@@ -170,21 +198,66 @@ class TransactionTests(ConformanceBase):
         table = self._table(store, claim)
         insert = statements((f"INSERT INTO {table} (id) VALUES (?)", ("o-1",)))
 
-        def body(tx: Any) -> Any:
-            if inspect.iscoroutinefunction(tx.execute):
+        async def end_async(tx: Any) -> None:
+            await tx.execute(how) if how.isupper() else getattr(tx, how[:-2])()
 
-                async def run_async() -> None:
-                    await insert(tx)
-                    with contextlib.suppress(UsageError):  # swallowed: refused all the same
-                        await tx.execute(how) if how.isupper() else getattr(tx, how[:-2])()
+        def end(tx: Any) -> None:
+            tx.execute(how) if how.isupper() else getattr(tx, how[:-2])()
 
-                return run_async()
-            insert(tx)
-            with contextlib.suppress(UsageError):
-                tx.execute(how) if how.isupper() else getattr(tx, how[:-2])()
-            return None
-
+        body = then(insert, end, end_async, swallowed=(UsageError,))  # refused all the same
         with pytest.raises(UsageError, match="Nothing of it was committed"):
             store.record_transaction(claim, self._step(claim, "insert", 2), body)
         assert "insert" not in store.load_ledger(run.run_id).steps
         assert self._rows(store, claim, table, 3) == []
+
+    @pytest.mark.parametrize("how", ["commit", "rollback"])
+    def test_a_transaction_its_function_ended_is_uncertain(self, how: str) -> None:
+        """The function ended the step's transaction through the driver's own connection (as a
+        library it hands that connection to may): its writes may have committed without the
+        step record. The store says so — ``TransactionUncertain``, never "nothing was
+        committed" — and a commit leaves the step recorded as uncertain, never completed."""
+        store = self.store()
+        run, claim = self.start(store)
+        table = self._table(store, claim)
+        insert = statements((f"INSERT INTO {table} (id) VALUES (?)", ("o-1",)))
+
+        async def end_async(tx: Any) -> None:
+            await getattr(await tx.driver_connection(), how)()
+
+        body = then(insert, lambda tx: getattr(tx.driver_connection(), how)(), end_async)
+        with pytest.raises(TransactionUncertain, match="may have committed") as raised:
+            store.record_transaction(claim, self._step(claim, "insert", 2), body)
+        assert (raised.value.run_id, raised.value.step_id) == (run.run_id, "insert")
+        step = store.load_ledger(run.run_id).steps.get("insert")
+        if how == "commit":
+            assert self._rows(store, claim, table, 3) == ["o-1"]
+            assert step is not None
+            assert (step.status, (step.error or {}).get("type")) == (
+                StepStatus.FAILED,
+                "TransactionUncertain",
+            )
+        else:
+            assert self._rows(store, claim, table, 3) == []
+            assert step is None
+
+    def test_a_step_already_recorded_is_returned_not_run_again(self) -> None:
+        """Asked again for a step it recorded (a commit whose answer this worker never got),
+        the store returns the record and does not call the function: its writes committed once."""
+        store = self.store()
+        _, claim = self.start(store)
+        table = self._table(store, claim)
+        first = store.record_transaction(
+            claim,
+            self._step(claim, "insert", 2),
+            statements((f"INSERT INTO {table} (id) VALUES (?)", ("o-1",)), then=lambda rows: "first"),
+        )
+        passed: list[bool] = []
+        again = store.record_transaction(
+            claim,
+            self._step(claim, "insert", 2),
+            statements(
+                (f"INSERT INTO {table} (id) VALUES (?)", ("o-2",)), then=lambda rows: passed.append(True)
+            ),
+        )
+        assert (again.step_id, again.status, again.result, passed) == ("insert", first.status, "first", [])
+        assert self._rows(store, claim, table, 3) == ["o-1"]

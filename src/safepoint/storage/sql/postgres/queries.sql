@@ -148,6 +148,46 @@ event AS (
 )
 SELECT workflow FROM run;
 
+-- name: resolve_transaction_step
+-- A person settled a transaction step recorded as uncertain (its function ended the step's
+-- transaction: it may have committed) of a blocked run, in one statement: the run leaves
+-- "blocked" (compare-and-set on the revision they looked at) and is released for any worker;
+-- the step is recorded completed with the value they gave as what it returns (applied: its
+-- writes are in the database), or its record goes, with its count in the history (not
+-- applied: none is — it runs again from nothing); the decision is appended as an event.
+WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
+run AS (
+    UPDATE safepoint_runs
+    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL,
+        lease_expires_at = NULL, state_revision = state_revision + 1,
+        event_count = event_count + 1,
+        step_count = step_count - CASE WHEN %(applied)s THEN 0 ELSE 1 END,
+        updated_at = (SELECT now FROM clock)
+    WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
+      AND EXISTS (SELECT 1 FROM safepoint_steps
+                  WHERE run_id = %(run_id)s AND step_id = %(step_id)s
+                    AND kind = 'transaction' AND status = 'failed')
+    RETURNING run_id, workflow
+),
+applied AS (
+    UPDATE safepoint_steps
+    SET status = 'completed', result = %(result)s, result_ref = %(result_ref)s, error = NULL,
+        recorded_at = (SELECT now FROM clock)
+    WHERE %(applied)s AND run_id = (SELECT run_id FROM run) AND step_id = %(step_id)s
+),
+not_applied AS (
+    DELETE FROM safepoint_steps
+    WHERE NOT %(applied)s AND run_id = (SELECT run_id FROM run) AND step_id = %(step_id)s
+),
+event AS (
+    INSERT INTO safepoint_events (event_id, run_id, at, kind, operation_id, worker, detail)
+    OVERRIDING SYSTEM VALUE
+    SELECT coalesce(%(event_id)s::bigint, nextval('safepoint_events_event_id_seq')),
+           run_id, (SELECT now FROM clock), 'run.resolved', NULL, %(by)s, %(detail)s
+    FROM run
+)
+SELECT workflow FROM run;
+
 -- name: resolve_abandon
 -- A person gave a blocked run up: it ends cancelled (compare-and-set on the revision they
 -- looked at), with the decision appended as an event.
@@ -1823,6 +1863,57 @@ WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
   AND (history_hard_limit IS NULL OR event_count + step_count + growth.steps <= history_hard_limit)
 RETURNING run_id, updated_at AS now, event_count + step_count AS history, history_soft_limit,
           history_hard_limit, history_warned_at;
+
+-- name: mark_transaction_step
+-- Sent with the fence (record_transaction), in the step's transaction: the step recorded as
+-- uncertain (its error says so), so that a commit its function makes (or a library it calls)
+-- commits this record too; the step's own record (record_transaction_step) overwrites it before
+-- the COMMIT. No row when the step is recorded already — a commit whose answer this worker
+-- never got, found even while that commit is still in flight: the insert waits on its row.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
+VALUES (%(run_id)s, %(step_id)s, %(seq)s, %(kind)s, %(name)s, %(input_hash)s, %(step_status)s,
+        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s, %(attempt)s,
+        %(model_id)s, %(prompt_hash)s, %(observed_at)s, %(step_operation_id)s, %(fence)s,
+        safepoint_now_ms(), %(tokens)s, %(cost)s)
+ON CONFLICT (run_id, step_id) DO NOTHING
+RETURNING step_id;
+
+-- name: transaction_begun
+-- The id of the step's transaction, kept in a setting local to it: a transaction begun after
+-- this one ended (a COMMIT or ROLLBACK of the function's) neither has this id nor the setting.
+-- A statement of its own, not part of the fence: on a sharded database the fence runs on the
+-- run's shard, this on the node the connection is to.
+SELECT set_config('safepoint.step_transaction', txid_current()::text, true) AS xact;
+
+-- name: transaction_still_open
+-- Sent first with the step record and the COMMIT: the transaction open must still be the one
+-- transaction_begun named. When the function ended it, this raises (SQLSTATE 25SP1), the
+-- record and the COMMIT after it are not run, and the store rolls back whatever the function
+-- began since: the step may have committed, and says so.
+DO $$
+BEGIN
+    IF txid_current_if_assigned() IS NULL
+       OR current_setting('safepoint.step_transaction', true)
+          IS DISTINCT FROM txid_current_if_assigned()::text THEN
+        RAISE EXCEPTION 'the transaction step''s transaction is no longer the one open'
+            USING ERRCODE = '25SP1';
+    END IF;
+END
+$$;
+
+-- name: transaction_open
+-- transaction_still_open as a question (after a function that raised): whether the
+-- transaction open is the step's.
+SELECT txid_current_if_assigned() IS NOT NULL
+       AND current_setting('safepoint.step_transaction', true)
+           IS NOT DISTINCT FROM txid_current_if_assigned()::text AS open;
+
+-- name: transaction_fate
+-- After the step's transaction was found aborted and rolled back: whether it had been
+-- committed before (by its function) — then the step may have committed.
+SELECT txid_status(%(xact)s::bigint) AS fate;
 
 -- name: record_transaction_step
 -- The step of a transaction step, recorded with the function's value, in the transaction whose

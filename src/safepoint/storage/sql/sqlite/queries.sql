@@ -84,6 +84,25 @@ SET state = :to_state, error = NULL,
 WHERE run_id = :run_id AND operation_id = :operation_id
   AND (state IN ('dispatching', 'unknown') OR (state = 'applied' AND :to_state = 'accepted'));
 
+-- name: resolve_transaction_applied
+-- A person found the writes of a transaction step recorded as uncertain (its function ended
+-- the step's transaction: it may have committed) in the database: the step is recorded
+-- completed, with the value they gave as what it returns, and the run carries on from it.
+UPDATE safepoint_steps
+SET status = 'completed', result = :result, result_ref = :result_ref, error = NULL,
+    recorded_at = :now
+WHERE run_id = :run_id AND step_id = :step_id AND kind = 'transaction' AND status = 'failed';
+
+-- name: resolve_transaction_not_applied
+-- A person found none of them there: the step's uncertain record goes (and leaves the run's
+-- history count), and the step runs again from nothing.
+DELETE FROM safepoint_steps
+WHERE run_id = :run_id AND step_id = :step_id AND kind = 'transaction' AND status = 'failed';
+
+-- name: resolve_transaction_uncounted
+-- The step count of a run whose uncertain transaction step was resolved not applied.
+UPDATE safepoint_runs SET step_count = step_count - 1 WHERE run_id = :run_id;
+
 -- name: resolve
 -- The resolved run leaves "blocked": released for any worker (running, no owner), or ended
 -- (cancelled, when abandoned). Compare-and-set on the revision the person looked at.
@@ -277,6 +296,11 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     next_step_id = excluded.next_step_id, attempt = excluded.attempt,
     observed_at = excluded.observed_at, fence = excluded.fence,
     recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost;
+
+-- name: step_recorded
+-- Whether a step of the run is recorded (a transaction step that is, from an earlier attempt
+-- or as uncertain, is not run again: its record is returned).
+SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
 
 -- name: renew_lease
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
