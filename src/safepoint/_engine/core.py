@@ -21,15 +21,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from functools import partial
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._rules.canonical import (
-    canonical_if_json,
-    checked_canonical,
-    require_json,
-    sha256_hex,
-)
+from .._rules.canonical import require_json
+from .._rules.compat import stale_tail
 from .._rules.history import successor_inputs
 from .._rules.ids import check_step_id
 from .._rules.limits import (
@@ -45,16 +40,14 @@ from .._rules.limits import (
     step_policy,
     with_limits,
 )
-from .._rules.records import record_builder
 from .._rules.recovery import build_record
-from .._rules.secrets import error_evidence, hashed_form, redact_json, redact_text, refuse_secrets
+from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets
 from .._rules.transactions import reconnecting
 from ..errors import (
     Cancelled,
     ContinueAsNew,
     DeadlineExceeded,
     HistoryLimitReached,
-    InvalidDecision,
     LimitReached,
     LostOwnership,
     ReplayMismatch,
@@ -83,15 +76,16 @@ from ..types import (
 from .crashpoints import crashpoint
 from .current import refuse_inside_transaction, running
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
-from .observe import Execution, StepSeen, call_status
+from .observe import Execution, call_status, executed, replayed
+from .records import input_hash as _input_hash
+from .records import next_step_id as _next_step_id
+from .records import revised
 from .slices import SliceClock
 from .transaction_attempt import TransactionAttempt, attempt_policy, lost
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
 
-# What a re-plan never abandons: their work is done in the world (or in this database).
-_KEPT_ON_REPLAN = (StepKind.EFFECT, StepKind.TRANSACTION)
 PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 # How often a fan-out branch looks again while a sibling holds the run (see RunCore.release_turn).
@@ -416,33 +410,18 @@ class RunCore:
         """Re-plan from the step at ``sid``: it, and every observation and decision recorded
         after it, answered other questions than the ones now asked. They move into the history
         (``step.abandoned`` events) and are asked again as the workflow reaches them; effect
-        steps after it and every operation stay, so nothing done is done twice."""
+        and transaction steps after it and every operation stay (``_rules.compat.stale_tail``)."""
         if self.cancelling:
             raise self.cancelled()  # re-planning is new work
-        # Only what was recorded before this worker took over can be stale: a step this
-        # execution recorded (with a later seq) already answers the new question. Inside a
-        # fan-out, a sibling branch's steps never asked about this one: they stay.
-        start, through = self.steps[sid].seq, self.seq_at_load
-        siblings = tuple(
-            prefix
-            for branches in list(self.fanouts)
-            if any(sid.startswith(branch) for branch in branches)
-            for prefix in branches
-            if not sid.startswith(prefix)
-        )
-        stale_tail = [
-            key
-            for key, step in list(self.steps.items())
-            if start <= step.seq <= through and (step.kind not in _KEPT_ON_REPLAN or key == sid)
-        ]
-        keep = tuple(key for key in stale_tail if key.startswith(siblings))
+        through = self.seq_at_load
+        tail, keep = stale_tail(self.steps, sid, through, list(self.fanouts))
         yield from self.flush()
         yield from io(
             Store.replan,
             self.claim,
             Replan(reason=stale.message, step_id=sid, through_seq=through, keep=keep),
         )
-        for key in stale_tail:
+        for key in tail:
             if key not in keep:
                 self.steps.pop(key, None)  # a sibling's re-plan may have dropped it already
 
@@ -656,32 +635,14 @@ class RunCore:
     ) -> None:
         """Tell the observer (there is one) that ``step`` was replayed from the ledger."""
         assert self.watch is not None
-        now = time.time_ns()
-        self.watch.step(
-            StepSeen(
-                step.kind, step.step_id, step.name, step.attempt, True, status, now, now, error, step.result
-            )
-        )
+        self.watch.step(replayed(step, status, error))
 
     def seen_executed(
         self, base: StepRecord, started: int, status: str, error: BaseException | None, result: Any = None
     ) -> None:
         """Tell the observer (there is one) how one call of a step's function ended."""
         assert self.watch is not None
-        self.watch.step(
-            StepSeen(
-                base.kind,
-                base.step_id,
-                base.name,
-                base.attempt,
-                False,
-                status,
-                started,
-                time.time_ns(),
-                error,
-                result,
-            )
-        )
+        self.watch.step(executed(base, started, status, error, result))
 
     def _stop_at(self, reached: Callable[[], LimitReached | None]) -> Flow[None]:
         """Go on unless a limit stands before the next call (``reached()``): then read the
@@ -822,60 +783,6 @@ class RunCore:
             self._spent(tokens, cost)
         crashpoint("step.after_record", sid)
         return value
-
-
-Record = TypeVar("Record", StepRecord, OperationRecord)
-
-
-class _Shape:
-    """How ``revised`` copies a record of one class: its fields' getter, each field's place,
-    and the builder that sets every field by its slot's own setter (``record_builder``)."""
-
-    __slots__ = ("at", "build", "values")
-
-    def __init__(self, cls: type[Any]) -> None:
-        names = tuple(cls.__dataclass_fields__)
-        self.values = attrgetter(*names)
-        self.at = {name: index for index, name in enumerate(names)}
-        self.build = record_builder(cls)
-
-
-_SHAPES = {cls: _Shape(cls) for cls in (StepRecord, OperationRecord)}
-
-
-def revised(record: Record, **changes: Any) -> Record:
-    """``dataclasses.replace`` for a step or operation record (the same record), without its
-    checks of every field on every call: each recorded step and each effect's operation is
-    revised once or twice on its way. (Neither class has a ``__post_init__`` to run.)"""
-    shape = _SHAPES[type(record)]
-    values = list(shape.values(record))
-    for name, value in changes.items():
-        values[shape.at[name]] = value
-    built: Record = shape.build(*values)
-    return built
-
-
-def _next_step_id(sid: str, value: JSON) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("next_step_id"), str):
-        return str(value["next_step_id"])
-    raise InvalidDecision(sid, f"a {type(value).__name__}")
-
-
-def _input_hash(inputs: Any, sid: str) -> str:
-    """sha256 of a step's inputs as their hash covers them (``hashed_form``: Secrets masked,
-    Transcripts by reference). Most inputs hold neither, and are encoded as they are in one
-    walk; only the others are copied into their hashed form first."""
-    encoded = canonical_if_json(inputs, allow_tuples=True)
-    if encoded is None:
-        try:
-            shaped = hashed_form(inputs)
-        except RecursionError:  # nested too deep, or containing itself: say where
-            require_json(inputs, "inputs", sid, allow_tuples=True)
-            raise
-        encoded = checked_canonical(shaped, "inputs", sid, allow_tuples=True)
-    return sha256_hex(encoded)
 
 
 def finish_blocked(claim: Claim, record: dict[str, Any]) -> Flow[dict[str, Any]]:

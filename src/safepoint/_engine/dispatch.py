@@ -64,11 +64,12 @@ from ..errors import (
 )
 from ..storage.base import Store
 from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
-from .core import RunCore, revised
+from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 from .observe import EffectSeen, StepSeen, call_status
+from .records import revised
 
 _NOT_SENT_BACKOFF_S = 0.05
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),

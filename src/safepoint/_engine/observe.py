@@ -20,6 +20,7 @@ error (which may quote the caller's data: a rejection's evidence, a step's error
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,7 +38,7 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
 )
-from ..types import Claim, OperationRecord, RunRecord, StepKind, Unfinished
+from ..types import Claim, OperationRecord, RunRecord, StepKind, StepRecord, Unfinished
 from .crashpoints import SimulatedCrash
 
 
@@ -58,6 +59,32 @@ class StepSeen:
     end_ns: int
     error: BaseException | None = None
     result: Any = None  # by reference only: for an observer asked to record sizes or values
+
+
+def replayed(step: StepRecord, status: str = "completed", error: BaseException | None = None) -> StepSeen:
+    """What an observer is told of ``step``, replayed from the ledger (now, taking no time)."""
+    now = time.time_ns()
+    return StepSeen(
+        step.kind, step.step_id, step.name, step.attempt, True, status, now, now, error, step.result
+    )
+
+
+def executed(
+    base: StepRecord, started: int, status: str, error: BaseException | None, result: Any = None
+) -> StepSeen:
+    """What an observer is told of one call of ``base``'s function, started at ``started``."""
+    return StepSeen(
+        base.kind,
+        base.step_id,
+        base.name,
+        base.attempt,
+        False,
+        status,
+        started,
+        time.time_ns(),
+        error,
+        result,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UsageError
-from ..types import JSON
+from ..types import JSON, StepKind, StepRecord
 from .canonical import canonical, digest, input_hash, require_json
 from .secrets import refuse_secrets
 
@@ -119,3 +119,32 @@ def _text(value: object, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise UsageError(f"{what} must be a non-empty string, not {value!r}")
     return value
+
+
+# What a re-plan never abandons: their work is done in the world (or in this database).
+KEPT_ON_REPLAN = (StepKind.EFFECT, StepKind.TRANSACTION)
+
+
+def stale_tail(
+    steps: Mapping[str, StepRecord], sid: str, through: int, fanouts: Iterable[Iterable[str]]
+) -> tuple[list[str], tuple[str, ...]]:
+    """A re-plan from the step at ``sid``: (the steps it abandons — it, and every observation
+    and decision recorded after it up to seq ``through``, the last one loaded at the claim —
+    and those of them it keeps, a sibling fan-out branch's). Only what was recorded before this
+    worker took over can be stale: a step it recorded since already answers the new question.
+    Inside a fan-out, a sibling branch's steps never asked about this one. Effect and
+    transaction steps stay (``KEPT_ON_REPLAN``), so nothing done is done twice."""
+    start = steps[sid].seq
+    siblings = tuple(
+        prefix
+        for branches in fanouts
+        if any(sid.startswith(branch) for branch in branches)
+        for prefix in branches
+        if not sid.startswith(prefix)
+    )
+    tail = [
+        key
+        for key, step in list(steps.items())
+        if start <= step.seq <= through and (step.kind not in KEPT_ON_REPLAN or key == sid)
+    ]
+    return tail, tuple(key for key in tail if key.startswith(siblings))
