@@ -762,32 +762,47 @@ class Transaction(Protocol):
     connection, inside the transaction that also fences the run and records the step.
 
     ``execute`` runs one statement with the driver's placeholders (SQLite: ``?`` or
-    ``:name``; PostgreSQL: ``%s`` or ``%(name)s``; ``dialect`` says which) and returns the
-    driver's cursor (``fetchone``, ``fetchall``, ``rowcount``; rows by column name). The
-    transaction is the step's: ``commit``, ``rollback`` and ``close`` — or a statement that
-    begins or ends a transaction — raise ``UsageError`` and roll it back."""
+    ``:name``; PostgreSQL: ``%s`` or ``%(name)s``; ``dialect`` says which) and returns its rows
+    to read (``fetchone``, ``fetchall``, ``fetchmany``, iteration, ``rowcount``,
+    ``description``; rows by column name) — not the driver's cursor, whose connection could end
+    the transaction. The transaction is the step's: a statement that begins or ends a
+    transaction, ``commit``, ``rollback`` and ``close`` raise ``UsageError`` and roll it back.
+    ``driver_connection()`` hands over the driver's connection itself, for a library that needs
+    one; a commit or rollback it makes ends the step's transaction, and the run then blocks for
+    a person (``TransactionUncertain``: the step may have committed)."""
 
     dialect: Literal["sqlite", "postgres"]
 
     def execute(self, query: str, params: Params = None) -> Any:
-        """Run one statement in the step's transaction; the driver's cursor."""
+        """Run one statement in the step's transaction; its rows to read."""
         ...
 
     def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
         """Run one statement once for each set of parameters."""
         ...
 
+    def driver_connection(self) -> Any:
+        """The driver's connection (``sqlite3.Connection``, ``psycopg.Connection``), in the
+        step's transaction: for a library that must be handed one, and leaves the transaction
+        to its caller."""
+        ...
+
 
 class AsyncTransaction(Protocol):
     """``Transaction`` on an async store (``AsyncRun.transaction`` on ``AsyncPostgresStore``):
-    ``await tx.execute(…)`` returns psycopg's ``AsyncCursor`` (``await cur.fetchone()``)."""
+    ``await tx.execute(…)`` returns rows to read with ``await rows.fetchone()`` (or ``async for``);
+    ``await tx.driver_connection()`` is psycopg's ``AsyncConnection``."""
 
     dialect: Literal["sqlite", "postgres"]
 
     async def execute(self, query: str, params: Params = None) -> Any:
-        """Run one statement in the step's transaction; the driver's async cursor."""
+        """Run one statement in the step's transaction; its rows to read, awaited."""
         ...
 
     async def executemany(self, query: str, params_seq: Sequence[Params]) -> None:
         """Run one statement once for each set of parameters."""
+        ...
+
+    async def driver_connection(self) -> Any:
+        """psycopg's async connection, in the step's transaction (see ``Transaction``)."""
         ...

@@ -76,6 +76,31 @@ def test_a_helper_that_commits_blocks_the_run_and_a_retry_writes_nothing_again(
     assert (calls, orders(store_url)) == (["o-1"], ["o-1"])
 
 
+def test_a_function_that_raises_after_a_commit_of_its_own_blocks_the_run(
+    store: sp.Store, store_url: str
+) -> None:
+    """The helper committed, then the function raised: the rows are committed all the same, so
+    the step is not recorded failed (a retry would write them again) — the run blocks."""
+    calls: list[str] = []
+
+    def insert(tx: Any, order_id: str) -> None:
+        calls.append(order_id)
+        tx.execute(TABLE)
+        save_order(tx.driver_connection(), tx, order_id, "commit()")
+        raise ValueError("the warehouse answered late")
+
+    @sp.workflow("tx-commit-then-raise")
+    def flow(run: sp.Run, order_id: str) -> Any:
+        return run.transaction("order.insert", insert, order_id, retry=sp.Retry(attempts=3, backoff=0))
+
+    with pytest.raises(RunBlocked, match="may have committed"):
+        sp.start(store, flow, "o-1", run_id="r")
+    _blocked_for_a_person(store, "r")
+    with pytest.raises(RunBlocked):
+        sp.resume(store, "r")
+    assert (calls, orders(store_url)) == (["o-1"], ["o-1"])
+
+
 def test_resolved_applied_the_step_takes_the_persons_value(store: sp.Store, store_url: str) -> None:
     calls: list[str] = []
     record = _blocked_by_the_helper(store, "tx-helper-applied", calls, "commit()")

@@ -28,7 +28,7 @@ from safepoint.ops.cli import cli
 from safepoint.ops.dashboard import Dashboard, is_loopback
 from safepoint.ops.dashboard_api import ROUTES
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
-from safepoint.types import EffectState, RunRecord, RunStatus
+from safepoint.types import EffectState, RunRecord, RunStatus, StepStatus
 
 TOKEN = "a-token-for-the-tests-only"
 
@@ -504,6 +504,36 @@ def test_a_blocked_run_whose_id_has_a_slash_is_resolved_from_its_page(
     )
     assert status == 200, body
     assert file_store.load_ledger("tenant/7 #1").operations["n:1"].state is (EffectState.PREPARED)
+
+
+def test_a_transaction_step_that_may_have_committed_is_resolved_from_its_page(
+    board: Dashboard, file_store: sp.Store
+) -> None:
+    """A run blocked on a transaction step whose function committed on its own: its page offers
+    "its writes are there" (with the value the step returns) and "none is", as for an effect."""
+
+    def commits(tx: Any) -> None:
+        tx.execute("CREATE TABLE IF NOT EXISTS board_rows (id TEXT)")
+        tx.driver_connection().commit()
+
+    @sp.workflow("board-tx")
+    def flow(run: sp.Run) -> Any:
+        return run.transaction("rows.make", commits)
+
+    with pytest.raises(sp.RunBlocked):
+        sp.start(file_store, flow, run_id="tx-1")
+    _, page = _get(board, "/runs/tx-1")
+    assert "its writes are there: record it done" in page
+    assert "none of its writes is there: run it again" in page
+    revision = file_store.get_run("tx-1").state_revision
+    status, body = _post(
+        board,
+        _links(page).actions[0],
+        {"action": "applied", "revision": revision, "receipt": '{"made": 1}', "by": "ana", "token": TOKEN},
+    )
+    assert status == 200, body
+    step = file_store.load_ledger("tx-1").steps["rows.make"]
+    assert (step.status, step.result) == (StepStatus.COMPLETED, {"made": 1})
 
 
 # -- malformed requests are answered -----------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from safepoint import types
 from safepoint._rules.effects import attempt_key, key_is_minted, mint_effect_key, next_attempt_key
 from safepoint._rules.retry import failed_step, plan_retry, retriable_steps, retry_refusal
+from safepoint._rules.transactions import uncertain_record
 from safepoint.errors import RetryRefused
 from safepoint.types import (
     AttemptRecord,
@@ -223,3 +224,17 @@ def test_a_resent_effect_step_with_a_failed_record_runs_again_too() -> None:
     run = _run(error={"type": "StepFailed", "message": "…", "step_id": "x"})
     planned = _plan(_ledger(run, steps, ops), resend=["charge"])
     assert (planned.step_id, planned.moved) == ("x", ("x", "pay"))
+
+
+def test_a_transaction_step_that_may_have_committed_is_never_taken_up() -> None:
+    """A transaction step recorded as uncertain (its function ended its transaction) may have
+    written its rows: a retry neither takes it up as the failed step nor lets one name it."""
+    uncertain = uncertain_record(replace(_step("order", 1), kind=StepKind.TRANSACTION))
+    ledger = _ledger(
+        _run(error={"type": "StepFailed", "message": "…", "step_id": "late"}),
+        [uncertain, _step("late", 2, failed=True)],
+    )
+    assert retriable_steps(ledger) == ["late"]
+    assert _plan(ledger).moved == ("late",)
+    with pytest.raises(RetryRefused, match="may have committed"):
+        _plan(ledger, step="order")

@@ -23,6 +23,7 @@ from typing import Any
 from .._rules.approvals import revocable
 from .._rules.limits import stop_words
 from .._rules.presence import LEASE_EXPIRED, NONE, RELEASED, ownership, status_label
+from .._rules.recovery import UNCERTAIN_PHASE
 from .._rules.retry import failed_step, retriable_steps, retry_refusal
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
@@ -222,18 +223,23 @@ def _blocked(view: RunView) -> str:
     common = _hidden("revision", revision) + _hidden("operation_id", operation or "")
     applied = view.typed_for("resolve", "applied")
     forms = ""
-    if operation:
+    # a transaction step that may have committed is decided as an operation is: its writes are
+    # in the database (the value it returns stands for the receipt) or none is (it runs again)
+    step = record.get("phase") == UNCERTAIN_PHASE
+    if operation or step:
+        receipt = "the value the step returns (JSON)" if step else "receipt JSON the owner holds"
         forms += _form(
             view,
             "resolve",
             common
             + _hidden("action", "applied")
-            + _input(applied, "receipt", "receipt JSON the owner holds", required=True, size=30)
+            + _input(applied, "receipt", receipt, required=not step, size=30)
             + _input(applied, "evidence", "how you know")
             + _who(applied),
-            "it happened: accept the receipt",
+            "its writes are there: record it done" if step else "it happened: accept the receipt",
         )
-    plain = (("not_applied", "it did not happen: send it again", "plain"),) if operation else ()
+    again = "none of its writes is there: run it again" if step else "it did not happen: send it again"
+    plain = (("not_applied", again, "plain"),) if operation or step else ()
     for action, button, css in (*plain, ("abandon", "abandon the run", "danger")):
         inner = common + _hidden("action", action) + _who(view.typed_for("resolve", action))
         forms += _form(view, "resolve", inner, button, css=css)

@@ -66,19 +66,28 @@ def one_resolution(chosen: dict[str, bool], *, receipt: bool, force: bool) -> Re
 
 @click.command()
 @run_argument
-@click.option("--applied", is_flag=True, help="The operation happened: give its receipt with --receipt.")
+@click.option(
+    "--applied",
+    is_flag=True,
+    help="The operation happened (a transaction step: its writes are there): give its receipt"
+    " with --receipt.",
+)
 @click.option(
     "--not-applied",
     is_flag=True,
     help="It did not happen: send it again, under the same key (its owner is asked"
-    " first when the effect's code is imported: --import).",
+    " first when the effect's code is imported: --import); a transaction step runs again.",
 )
 @click.option("--abandon", is_flag=True, help="Give the run up (cancelled).")
 @click.option(
     "--revision", type=int, required=True, help="The state_revision of the recovery record you decided on."
 )
 @click.option("--by", required=True, help="Who decides (recorded).")
-@click.option("--receipt", metavar="JSON", help="With --applied: the object the owner holds.")
+@click.option(
+    "--receipt",
+    metavar="JSON",
+    help="With --applied: the object the owner holds (a transaction step: the value it returns).",
+)
 @click.option("--evidence", help="Why this is known: a link, a ticket, a sentence (recorded).")
 @click.option(
     "--operation",
