@@ -40,6 +40,7 @@ from .._rules.limits import (
     step_policy,
     with_limits,
 )
+from .._rules.records import revised
 from .._rules.recovery import build_record
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets
 from .._rules.transactions import reconnecting
@@ -79,7 +80,6 @@ from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
 from .observe import Execution, call_status, executed, replayed
 from .records import input_hash as _input_hash
 from .records import next_step_id as _next_step_id
-from .records import revised
 from .slices import SliceClock
 from .transaction_attempt import TransactionAttempt, attempt_policy, lost
 

@@ -44,6 +44,7 @@ from .._rules.effects import (
 from .._rules.family import family_key, in_a_family
 from .._rules.fork import Forked, forked_effect, resent_by
 from .._rules.ids import check_id
+from .._rules.records import revised
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from ..errors import (
     ApprovalInvalid,
@@ -69,7 +70,6 @@ from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 from .observe import EffectSeen, StepSeen, call_status
-from .records import revised
 
 _NOT_SENT_BACKOFF_S = 0.05
 # The gate and the dispatch are two commits: an approval can lapse between them (it expires),

@@ -1,47 +1,14 @@
-"""Step and operation records as the engine builds them: ``revised``, a cheap copy with some
-fields changed (every recorded step and effect operation goes through it once or twice), a
-step's input hash, and the next step a decision's value names."""
+"""What the engine computes of a step's record: its input hash, and the next step a decision's
+value names (records are copied with ``_rules.records.revised``)."""
 
 from __future__ import annotations
 
-from operator import attrgetter
-from typing import Any, TypeVar
+from typing import Any
 
 from .._rules.canonical import canonical_if_json, checked_canonical, require_json, sha256_hex
-from .._rules.records import record_builder
 from .._rules.secrets import hashed_form
 from ..errors import InvalidDecision
-from ..types import JSON, OperationRecord, StepRecord
-
-Record = TypeVar("Record", StepRecord, OperationRecord)
-
-
-class _Shape:
-    """How ``revised`` copies a record of one class: its fields' getter, each field's place,
-    and the builder that sets every field by its slot's own setter (``record_builder``)."""
-
-    __slots__ = ("at", "build", "values")
-
-    def __init__(self, cls: type[Any]) -> None:
-        names = tuple(cls.__dataclass_fields__)
-        self.values = attrgetter(*names)
-        self.at = {name: index for index, name in enumerate(names)}
-        self.build = record_builder(cls)
-
-
-_SHAPES = {cls: _Shape(cls) for cls in (StepRecord, OperationRecord)}
-
-
-def revised(record: Record, **changes: Any) -> Record:
-    """``dataclasses.replace`` for a step or operation record (the same record), without its
-    checks of every field on every call: each recorded step and each effect's operation is
-    revised once or twice on its way. (Neither class has a ``__post_init__`` to run.)"""
-    shape = _SHAPES[type(record)]
-    values = list(shape.values(record))
-    for name, value in changes.items():
-        values[shape.at[name]] = value
-    built: Record = shape.build(*values)
-    return built
+from ..types import JSON
 
 
 def next_step_id(sid: str, value: JSON) -> str:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, TypeVar
+
+from ..types import OperationRecord, StepRecord
 
 _R = TypeVar("_R")
 
@@ -33,6 +36,37 @@ def record_builder(cls: type[_R]) -> Callable[..., _R]:
     exec("\n".join(lines), scope)  # the text is made of the class's own field names
     built: Callable[..., _R] = scope["build"]
     _BUILT[cls] = built
+    return built
+
+
+Record = TypeVar("Record", StepRecord, OperationRecord)
+
+
+class _Shape:
+    """How ``revised`` copies a record of one class: its fields' getter, each field's place,
+    and the builder that sets every field by its slot's own setter (``record_builder``)."""
+
+    __slots__ = ("at", "build", "values")
+
+    def __init__(self, cls: type[Any]) -> None:
+        names = tuple(cls.__dataclass_fields__)
+        self.values = attrgetter(*names)
+        self.at = {name: index for index, name in enumerate(names)}
+        self.build = record_builder(cls)
+
+
+_SHAPES = {cls: _Shape(cls) for cls in (StepRecord, OperationRecord)}
+
+
+def revised(record: Record, **changes: Any) -> Record:
+    """``dataclasses.replace`` for a step or operation record (the same record), without its
+    checks of every field on every call: each recorded step and each effect's operation is
+    revised once or twice on its way. (Neither class has a ``__post_init__`` to run.)"""
+    shape = _SHAPES[type(record)]
+    values = list(shape.values(record))
+    for name, value in changes.items():
+        values[shape.at[name]] = value
+    built: Record = shape.build(*values)
     return built
 
 

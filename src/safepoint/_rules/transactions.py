@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import StoreUnavailable, UsageError
 from ..types import Retry, StepKind, StepRecord, StepStatus
+from .records import revised
 
 # Statements that begin or end a transaction, by their first word (after comments and blanks).
 # ``ROLLBACK TO [SAVEPOINT]`` undoes part of the step's work and leaves the transaction open, so
@@ -87,7 +88,7 @@ def uncertain_record(step: StepRecord, how: str = COMMITTED_UNDER_THE_STEP) -> S
     """``step`` recorded as uncertain: its transaction may have committed without its record.
     Failed, so that nothing replays a value it never recorded, with an error of type
     ``UNCERTAIN`` saying ``how`` — the engine blocks on it instead of raising the failure."""
-    return replace(step, status=StepStatus.FAILED, result=None, error={"type": UNCERTAIN, "message": how})
+    return revised(step, status=StepStatus.FAILED, result=None, error={"type": UNCERTAIN, "message": how})
 
 
 def is_uncertain(step: StepRecord) -> bool:

@@ -25,7 +25,6 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._rules.history import warn
+from .._rules.records import revised
 from ..errors import HistoryWarning, StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,
@@ -433,20 +433,18 @@ class AsyncPostgresStore:
             except FunctionFailed:
                 if opening.started and opening.refused is None and not lost(conn):
                     status = conn.info.transaction_status
-                    await run_plan_on_async(
-                        conn, still_open(status, opening.xact, claim.run_id, step.step_id)
-                    )
+                    await run_plan_on_async(conn, still_open(status, claim.run_id, step.step_id))
                 raise
             if opening.refused is not None:  # the function swallowed the fence's refusal
                 raise opening.refused.error
-            recorded = replace(step, result=value)
+            recorded = revised(step, result=value)
             if not opening.started:  # no statement of its own: the fenced record alone
                 due = await run_plan_on_async(conn, self._ledger.record_steps(claim, [recorded]))
                 return recorded, due
             if lost(conn):
                 raise psycopg.OperationalError("the connection was lost under the step's function")
             if (status := conn.info.transaction_status) != TransactionStatus.INTRANS:
-                await run_plan_on_async(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                await run_plan_on_async(conn, still_open(status, claim.run_id, step.step_id))
                 raise went_on_after_a_failure(step.step_id)
             if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
                 raise FunctionFailed(refused)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -40,6 +39,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
+from ..._rules.records import revised
 from ...errors import HistoryWarning, StoreError, StoreUnavailable
 from ...types import (
     JSON,
@@ -363,18 +363,18 @@ class PostgresStore:
             except FunctionFailed:
                 if opening.started and opening.refused is None and not lost(conn):
                     status = conn.info.transaction_status
-                    run_plan_on(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                    run_plan_on(conn, still_open(status, claim.run_id, step.step_id))
                 raise
             if opening.refused is not None:  # the function swallowed the fence's refusal
                 raise opening.refused.error
-            recorded = replace(step, result=value)
+            recorded = revised(step, result=value)
             if not opening.started:  # no statement of its own: the fenced record alone
                 due = run_plan_on(conn, self._ledger.record_steps(claim, [recorded]))
                 return recorded, due
             if lost(conn):
                 raise psycopg.OperationalError("the connection was lost under the step's function")
             if (status := conn.info.transaction_status) != TransactionStatus.INTRANS:
-                run_plan_on(conn, still_open(status, opening.xact, claim.run_id, step.step_id))
+                run_plan_on(conn, still_open(status, claim.run_id, step.step_id))
                 raise went_on_after_a_failure(step.step_id)
             if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
                 raise FunctionFailed(refused)

@@ -2,21 +2,23 @@
 connection the step's function gets, sync and async.
 
 One transaction, one round trip more than the function's own statements: ``BEGIN``, the fence
-(``record_transaction``), the step recorded as uncertain (``mark_transaction_step``), the
-transaction's id (``transaction_begun``) and the function's first statement go in one round
-trip (pipelined, ``Opening``), its other statements one each, and the check that the
-transaction is still the one begun (``transaction_still_open``) and the step record go with the
+(``record_transaction``, which also records the step as uncertain) and the function's first
+statement go in one round trip (pipelined, ``Opening``), its other statements one each, and the
+step record — with the check that the transaction is still the step's — goes with the
 ``COMMIT``. The fence runs first and its row lock holds to the commit, so a stale worker's
 transaction commits nothing (the first statement, sent with it, is rolled back unseen:
 ``LostOwnership`` is raised in its place) and nothing of the run moves under the step. A
 function that sends no statement costs one round trip: the step is recorded by the fenced
 ``record_steps`` alone.
 
-The transaction's id, not psycopg's transaction status alone, says whether the function ended
-the transaction: a function that commits and then begins again leaves a transaction in progress
-— another one. ``txid_current()`` is used (not ``pg_current_xact_id()``, PostgreSQL 13+) since it
-is there on every version the store runs on; the fence has written, so the transaction has its
-id already and asking for it assigns nothing.
+Whether the function ended the transaction is told by the server's transaction id, not by
+psycopg's transaction status alone: a function that commits and begins again leaves a
+transaction in progress — another one. The id taken at the start is the one that wrote the
+step's uncertain record (the row version's ``xmin``); the one after is
+``txid_current_if_assigned()`` (PostgreSQL 10 and later, unlike ``pg_current_xact_id…``, 13),
+which gives none for a transaction that has written nothing yet rather than assign one. Both are
+read in the statements that run on the run's own row, so a database that shards by run id
+compares them where the row is.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ ROLLBACK = "ROLLBACK"
 # SQLSTATE class 40, "transaction rollback" (serialization failure, deadlock): the database
 # gave up on the transaction, not on the step — another attempt may well succeed.
 _ROLLED_BACK_BY_SERVER = "40"
-# What ``transaction_still_open`` raises when the transaction open is not the step's.
-ENDED_UNDER_THE_STEP = "25SP1"
+# What ``record_transaction_step``'s check raises when the transaction open is not the step's
+# (division by zero: nothing else in that statement divides).
+ENDED_UNDER_THE_STEP = "22012"
 _ANOTHER = "after its function another transaction was open: the step's was ended under it"
 _NONE = "after its function no transaction was open: it was committed or rolled back under the step"
 
@@ -53,26 +56,33 @@ class PostgresTransactions(PostgresBase):
     """The plans of a transaction step (see the module docstring)."""
 
     def transaction_fence(self, claim: Claim, step: StepRecord) -> Plan[tuple[int, HistoryWarning | None]]:
-        """The transaction's first statement: the fence, counting the step. Returns the
-        database's now (the step's recorded_at) and the soft limit's warning, if due."""
-        row = yield from self._fenced(claim, "record_transaction", limited=True, step_id=step.step_id)
+        """The transaction's first statement: the fence, counting the step and recording it as
+        uncertain (``AlreadyRecorded`` when it is recorded already). Returns the database's now
+        (the step's recorded_at) and the soft limit's warning, if due."""
+        uncertain = self._sealed(
+            uncertain_record(step).error, "safepoint_steps", "error", claim.run_id, step.step_id
+        )
+        row = yield from self._fenced(
+            claim,
+            "record_transaction",
+            limited=True,
+            step_id=step.step_id,
+            seq=step.seq,
+            name=step.name,
+            input_hash=step.input_hash,
+            attempt=step.attempt,
+            uncertain=uncertain,
+        )
+        if not row["marked"]:
+            raise AlreadyRecorded
         due = yield from self._history_warning(claim, row)
         return int(row["now"]), due
 
-    def transaction_marks(self, claim: Claim, step: StepRecord) -> list[Stmt]:
-        """The statements sent with the fence: the step recorded as uncertain, and the
-        transaction's id kept for the check before the commit."""
-        params = self._step_params(claim.run_id, uncertain_record(step), None, None)
-        return [
-            QUERIES("mark_transaction_step", run_id=claim.run_id, fence=claim.fence, **params),
-            QUERIES("transaction_begun"),
-        ]
-
     def transaction_record(self, claim: Claim, step: StepRecord, now: int) -> list[Stmt]:
-        """The statements that check the transaction is still the step's and record the step
-        (its large result as an artifact first), sent with the COMMIT."""
+        """The statements that record the step (its large result as an artifact first) once
+        they checked the transaction is still the step's, sent with the COMMIT."""
         result, result_ref, data = self._stored_result(claim.run_id, step)  # sealed, with a codec
-        stmts = [QUERIES("transaction_still_open")]
+        stmts = []
         if result_ref is not None and data is not None:
             stmts.append(
                 QUERIES(
@@ -86,20 +96,19 @@ class PostgresTransactions(PostgresBase):
         return stmts
 
 
-def still_open(status: TransactionStatus, xact: str, run_id: str, step_id: str) -> Plan[None]:
+def still_open(status: TransactionStatus, run_id: str, step_id: str) -> Plan[None]:
     """After a function that raised, or left the transaction not in progress: raise
-    ``TransactionUncertain`` unless the transaction open is the step's (``xact``). An aborted
-    one is rolled back first, then the step's transaction asked after: committed, it was ended
-    under the step; rolled back, nothing of it committed."""
+    ``TransactionUncertain`` unless the transaction open is the step's. An aborted one is rolled
+    back first, then the step's uncertain record looked for: there, the function committed it."""
     if status == TransactionStatus.IDLE:
         raise uncertain(run_id, step_id, _NONE)
+    place = {"run_id": run_id, "step_id": step_id}
     if status == TransactionStatus.INERROR:
         yield Stmt(ROLLBACK, None)
-        fate = yield QUERIES("transaction_fate", xact=xact)
-        if fate and fate[0]["fate"] == "committed":
+        if (yield QUERIES("transaction_committed", **place)):
             raise uncertain(run_id, step_id, COMMITTED_UNDER_THE_STEP)
         return
-    found = yield QUERIES("transaction_open")
+    found = yield QUERIES("transaction_open", **place)
     if not (found and found[0]["open"]):
         raise uncertain(run_id, step_id, _ANOTHER)
 
@@ -212,19 +221,12 @@ class _OpeningBase:
         self.ledger, self.claim, self.step = ledger, claim, step
         self.started = False
         self.now = 0
-        self.xact = ""  # the step's transaction's id (txid_current), once begun
         self.due: HistoryWarning | None = None
         self.refused: StoreRefusal | None = None
 
     def _refuse(self, error: BaseException) -> StoreRefusal:
         self.refused = StoreRefusal(error)
         return self.refused
-
-    def _marked(self, marked: list[Any], begun: list[Any]) -> bool:
-        """Keep the transaction's id; whether the step was marked (not recorded already)."""
-        if begun:
-            self.xact = str(begun[0]["xact"])
-        return bool(marked)
 
 
 class Opening(_OpeningBase):
@@ -241,28 +243,25 @@ class Opening(_OpeningBase):
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
         conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
-        stmt, failed, user, sent = next(plan), None, None, []
+        stmt, failed, user, fence = next(plan), None, None, None
         try:
             with conn.pipeline():
                 conn.execute(BEGIN)
-                for each in [stmt, *self.ledger.transaction_marks(self.claim, self.step)]:
-                    sent.append(conn.execute(each.text, each.params))
+                fence = conn.execute(stmt.text, stmt.params)
                 if query is not None:
                     user = conn.execute(query, params)
         except psycopg.Error as exc:
             failed = exc
         try:
-            if len(sent) < 3:  # not even sent: the connection failed
+            if fence is None:  # not even sent: the connection failed
                 raise failed or psycopg.OperationalError("the transaction could not be opened")
-            rows, marked, begun = (cur.fetchall() for cur in sent)
+            rows = fence.fetchall()
         except psycopg.Error as exc:  # the opening itself failed: the store's error
             raise self._refuse(failed or exc) from None
-        if not rows or not self._marked(marked, begun):  # refused, or recorded already
+        if not (rows and rows[0]["marked"]):  # refused, or recorded already
             rollback(conn)  # the first statement ran in vain: roll it back, then say why
             try:
-                if not rows:
-                    run_plan_from(plan, rows, lambda s: _rows(conn.execute(s.text, s.params)))
-                raise AlreadyRecorded
+                run_plan_from(plan, rows, lambda s: _rows(conn.execute(s.text, s.params)))
             except BaseException as exc:
                 raise self._refuse(exc) from None
         if failed is not None:
@@ -291,28 +290,25 @@ class AsyncOpening(_OpeningBase):
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
         conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
-        stmt, failed, user, sent = next(plan), None, None, []
+        stmt, failed, user, fence = next(plan), None, None, None
         try:
             async with conn.pipeline():
                 await conn.execute(BEGIN)
-                for each in [stmt, *self.ledger.transaction_marks(self.claim, self.step)]:
-                    sent.append(await conn.execute(each.text, each.params))
+                fence = await conn.execute(stmt.text, stmt.params)
                 if query is not None:
                     user = await conn.execute(query, params)
         except psycopg.Error as exc:
             failed = exc
         try:
-            if len(sent) < 3:
+            if fence is None:
                 raise failed or psycopg.OperationalError("the transaction could not be opened")
-            rows, marked, begun = [await cur.fetchall() for cur in sent]
+            rows = await fence.fetchall()
         except psycopg.Error as exc:
             raise self._refuse(failed or exc) from None
-        if not rows or not self._marked(marked, begun):
+        if not (rows and rows[0]["marked"]):
             await rollback_async(conn)
             try:
-                if not rows:
-                    await run_plan_from_async(plan, rows, conn)
-                raise AlreadyRecorded
+                await run_plan_from_async(plan, rows, conn)
             except BaseException as exc:
                 raise self._refuse(exc) from None
         if failed is not None:

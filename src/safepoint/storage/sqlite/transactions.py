@@ -4,28 +4,33 @@
 The write lock is held from the fence to the commit, so the function runs while every other
 writer of the file waits for it (up to the busy timeout): it must be short.
 
-After the fence, the step is recorded as uncertain (``uncertain_record``) and a savepoint
-of a name drawn for this step is set. After the function, the transaction must still be open
-(``in_transaction``) and that savepoint still in it (``RELEASE`` finds it): a commit or
-rollback ends every savepoint with the transaction, and a transaction begun since has none of
-ours. Otherwise the function (or a library it handed ``driver_connection()``) ended the step's
-transaction, and the step may have committed: ``TransactionUncertain``.
+After the fence, the step is recorded as uncertain (``mark_transaction_step``) and a savepoint
+is set. After the function, the transaction must still be open (``in_transaction``) and that
+savepoint still in it (``RELEASE`` finds it): a commit or rollback ends every savepoint with the
+transaction, and a transaction begun since has none of ours (a marker row could not tell: once
+committed it is in the next transaction too). Otherwise the function (or a library it handed
+``driver_connection()``) ended the step's transaction, and the step may have committed:
+``TransactionUncertain``.
 """
 
 from __future__ import annotations
 
 import sqlite3
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 from ..._rules.history import warn
+from ..._rules.records import revised
 from ..._rules.transactions import uncertain_record
 from ...types import JSON, Claim, Params, StepRecord
 from ..transactions import AlreadyRecorded, FunctionFailed, Rows, StepConnection, call_function, uncertain
 from .connection import SQL
 from .steps import SqliteSteps
+
+# Set when the step's transaction began, released after the function: a commit or rollback ends
+# it with the transaction, and a transaction begun since has none of this name (unless the
+# function sets one itself: a name no code means by accident).
+_SAVEPOINT = "safepoint_step_transaction_began"
 
 
 class SqliteTransaction(StepConnection):
@@ -63,21 +68,18 @@ class SqliteTransactions(SqliteSteps):
         try:
             with self._write() as conn:
                 due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True, limited=True)
-                place = {"run_id": claim.run_id, "step_id": step.step_id}
-                if conn.execute(SQL["step_recorded"], place).fetchone() is not None:
+                if conn.execute(SQL["mark_transaction_step"], self._marker(claim, step, now)).rowcount != 1:
                     raise AlreadyRecorded
-                self._upsert_step(conn, claim, uncertain_record(step), now)
-                savepoint = f"safepoint_step_{uuid.uuid4().hex}"
-                conn.execute(f"SAVEPOINT {savepoint}")
+                conn.execute(f"SAVEPOINT {_SAVEPOINT}")
                 conn.text_factory = str  # the user's rows as the driver reads them
                 tx = SqliteTransaction(step.step_id, conn)
                 try:
                     value = call_function(body, tx)
                 finally:
-                    self._still_open(conn, savepoint, claim, step)
+                    self._still_open(conn, claim, step)
                 if (refused := tx.refusal()) is not None:  # refused, and swallowed by the function
                     raise FunctionFailed(refused)
-                recorded = replace(step, result=value)
+                recorded = revised(step, result=value)
                 self._upsert_step(conn, claim, recorded, now)
         except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
             failure = failed.error
@@ -88,14 +90,30 @@ class SqliteTransactions(SqliteSteps):
         warn(due)
         return recorded
 
+    def _marker(self, claim: Claim, step: StepRecord, now: int) -> dict[str, Any]:
+        """The parameters of ``mark_transaction_step``: the step recorded as uncertain."""
+        error = uncertain_record(step).error
+        return {
+            "run_id": claim.run_id,
+            "step_id": step.step_id,
+            "seq": step.seq,
+            "kind": step.kind.value,
+            "name": step.name,
+            "input_hash": step.input_hash,
+            "error": self._sealed(error, "safepoint_steps", "error", claim.run_id, step.step_id),
+            "attempt": step.attempt,
+            "fence": claim.fence,
+            "now": now,
+        }
+
     @staticmethod
-    def _still_open(conn: sqlite3.Connection, savepoint: str, claim: Claim, step: StepRecord) -> None:
+    def _still_open(conn: sqlite3.Connection, claim: Claim, step: StepRecord) -> None:
         """Raise ``TransactionUncertain`` unless the step's transaction is the one open."""
         if not conn.in_transaction:
             how = "after its function no transaction was open: it was committed or rolled back under the step"
         else:
             try:
-                conn.execute(f"RELEASE SAVEPOINT {savepoint}")
+                conn.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
                 return
             except sqlite3.OperationalError:
                 how = "after its function another transaction was open: the step's was ended under it"

@@ -1847,85 +1847,64 @@ UPDATE safepoint_artifacts SET content = %(content)s WHERE digest = %(digest)s;
 -- statements between): the fence of new work, which takes the runs row lock and holds it to
 -- the commit — so no claim, cancel or other write of the run lands before the step does, and
 -- a stale worker's transaction writes nothing. It counts the step (a new one grows the
--- history; refused past the hard limit) and renews the lease.
+-- history; refused past the hard limit) and renews the lease. And it records the step as
+-- uncertain (its error says so), so that a commit the function makes (or a library it calls)
+-- commits this record too; the step's own record (record_transaction_step) overwrites it before
+-- the COMMIT. marked is false when the step is recorded already — a commit whose answer this
+-- worker never got, found even while that commit is still in flight: the insert waits on its
+-- row.
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 growth AS (
     SELECT CASE WHEN (SELECT true FROM safepoint_steps s
                       WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s) IS NULL
            THEN 1 ELSE 0 END AS steps
+),
+fenced AS (
+    UPDATE safepoint_runs
+    SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
+        step_count = step_count + growth.steps, updated_at = clock.now
+    FROM clock, growth
+    WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
+      AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
+      AND (history_hard_limit IS NULL OR event_count + step_count + growth.steps <= history_hard_limit)
+    RETURNING run_id, updated_at AS now, event_count + step_count AS history, history_soft_limit,
+              history_hard_limit, history_warned_at
+),
+marked AS (
+    INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, error,
+                                 attempt, fence, recorded_at)
+    SELECT %(run_id)s, %(step_id)s, %(seq)s, 'transaction', %(name)s, %(input_hash)s, 'failed',
+           %(uncertain)s, %(attempt)s, %(fence)s, now
+    FROM fenced
+    ON CONFLICT (run_id, step_id) DO NOTHING
+    RETURNING step_id
 )
-UPDATE safepoint_runs
-SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
-    step_count = step_count + growth.steps, updated_at = clock.now
-FROM clock, growth
-WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
-  AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
-  AND (history_hard_limit IS NULL OR event_count + step_count + growth.steps <= history_hard_limit)
-RETURNING run_id, updated_at AS now, event_count + step_count AS history, history_soft_limit,
-          history_hard_limit, history_warned_at;
-
--- name: mark_transaction_step
--- Sent with the fence (record_transaction), in the step's transaction: the step recorded as
--- uncertain (its error says so), so that a commit its function makes (or a library it calls)
--- commits this record too; the step's own record (record_transaction_step) overwrites it before
--- the COMMIT. No row when the step is recorded already — a commit whose answer this worker
--- never got, found even while that commit is still in flight: the insert waits on its row.
-INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
-                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
-                             observed_at, operation_id, fence, recorded_at, tokens, cost)
-VALUES (%(run_id)s, %(step_id)s, %(seq)s, %(kind)s, %(name)s, %(input_hash)s, %(step_status)s,
-        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s, %(attempt)s,
-        %(model_id)s, %(prompt_hash)s, %(observed_at)s, %(step_operation_id)s, %(fence)s,
-        safepoint_now_ms(), %(tokens)s, %(cost)s)
-ON CONFLICT (run_id, step_id) DO NOTHING
-RETURNING step_id;
-
--- name: transaction_begun
--- The id of the step's transaction, kept in a setting local to it: a transaction begun after
--- this one ended (a COMMIT or ROLLBACK of the function's) neither has this id nor the setting.
--- A statement of its own, not part of the fence: on a sharded database the fence runs on the
--- run's shard, this on the node the connection is to.
-SELECT set_config('safepoint.step_transaction', txid_current()::text, true) AS xact;
-
--- name: transaction_still_open
--- Sent first with the step record and the COMMIT: the transaction open must still be the one
--- transaction_begun named. When the function ended it, this raises (SQLSTATE 25SP1), the
--- record and the COMMIT after it are not run, and the store rolls back whatever the function
--- began since: the step may have committed, and says so.
-DO $$
-BEGIN
-    IF txid_current_if_assigned() IS NULL
-       OR current_setting('safepoint.step_transaction', true)
-          IS DISTINCT FROM txid_current_if_assigned()::text THEN
-        RAISE EXCEPTION 'the transaction step''s transaction is no longer the one open'
-            USING ERRCODE = '25SP1';
-    END IF;
-END
-$$;
-
--- name: transaction_open
--- transaction_still_open as a question (after a function that raised): whether the
--- transaction open is the step's.
-SELECT txid_current_if_assigned() IS NOT NULL
-       AND current_setting('safepoint.step_transaction', true)
-           IS NOT DISTINCT FROM txid_current_if_assigned()::text AS open;
-
--- name: transaction_fate
--- After the step's transaction was found aborted and rolled back: whether it had been
--- committed before (by its function) — then the step may have committed.
-SELECT txid_status(%(xact)s::bigint) AS fate;
+SELECT run_id, now, history, history_soft_limit, history_hard_limit, history_warned_at,
+       EXISTS (SELECT 1 FROM marked) AS marked
+FROM fenced;
 
 -- name: record_transaction_step
--- The step of a transaction step, recorded with the function's value, in the transaction whose
--- first statement (record_transaction) fenced it: sent with the COMMIT, so it cannot fail
--- quietly — an error aborts the transaction, and the COMMIT then rolls it back.
+-- The step of a transaction step, recorded with the function's value over its uncertain record
+-- (record_transaction), sent with the COMMIT — and the check that the transaction open is still
+-- the one that wrote that record: its row version's xmin is this transaction's id (the low 32
+-- bits of txid_current(), the high ones counting wraparounds). When the function ended it (a
+-- commit or rollback of its own, or a library's), the transaction open is another one, or has no
+-- id yet, or the record is gone: the check divides by zero (SQLSTATE 22012), nothing is written,
+-- the COMMIT after it does not run, and the store rolls back what the function began since and
+-- says the step may have committed. Nothing else in the statement can divide by zero. (A check
+-- inside the statement that writes costs no statement more per step.)
+WITH still_open AS (
+    SELECT 1 / coalesce((SELECT s.xmin::text::bigint = txid_current_if_assigned() %% 4294967296
+                         FROM safepoint_steps s
+                         WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s), false)::int AS one
+)
 INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
                              result_ref, error, next_step_id, attempt, model_id, prompt_hash,
                              observed_at, operation_id, fence, recorded_at, tokens, cost)
 VALUES (%(run_id)s, %(step_id)s, %(seq)s, %(kind)s, %(name)s, %(input_hash)s, %(step_status)s,
-        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s, %(attempt)s,
-        %(model_id)s, %(prompt_hash)s, %(observed_at)s, %(step_operation_id)s, %(fence)s,
-        %(now)s, %(tokens)s, %(cost)s)
+        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
+        %(attempt)s * (SELECT one FROM still_open), %(model_id)s, %(prompt_hash)s,
+        %(observed_at)s, %(step_operation_id)s, %(fence)s, %(now)s, %(tokens)s, %(cost)s)
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
     status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
@@ -1934,3 +1913,15 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     observed_at = excluded.observed_at, operation_id = excluded.operation_id,
     fence = excluded.fence, recorded_at = excluded.recorded_at, tokens = excluded.tokens,
     cost = excluded.cost;
+
+-- name: transaction_open
+-- record_transaction_step's check as a question (after a function that raised): whether the
+-- transaction open is the one that wrote the step's uncertain record.
+SELECT coalesce((SELECT s.xmin::text::bigint = txid_current_if_assigned() %% 4294967296
+                 FROM safepoint_steps s
+                 WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s), false) AS open;
+
+-- name: transaction_committed
+-- After the step's transaction was found aborted and rolled back: whether its uncertain record
+-- is there all the same — committed by the function before — so the step may have committed.
+SELECT 1 FROM safepoint_steps WHERE run_id = %(run_id)s AND step_id = %(step_id)s;

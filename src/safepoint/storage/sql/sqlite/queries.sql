@@ -297,10 +297,18 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     observed_at = excluded.observed_at, fence = excluded.fence,
     recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost;
 
--- name: step_recorded
--- Whether a step of the run is recorded (a transaction step that is, from an earlier attempt
--- or as uncertain, is not run again: its record is returned).
-SELECT 1 FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id;
+-- name: mark_transaction_step
+-- A transaction step's record as uncertain (its error says so), written right after the fence
+-- in the step's own transaction: a commit its function makes (or a library it calls) commits
+-- it too, and the step's own record (record_step) overwrites it before safepoint commits. No
+-- row when the step is recorded already: the store returns that record instead of calling the
+-- function again.
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
+VALUES (:run_id, :step_id, :seq, :kind, :name, :input_hash, 'failed', NULL, NULL, :error,
+        NULL, :attempt, NULL, NULL, NULL, NULL, :fence, :now, NULL, NULL)
+ON CONFLICT (run_id, step_id) DO NOTHING;
 
 -- name: renew_lease
 -- The heartbeat: push the lease out while this worker's fence is current. Not progress, so
