@@ -4,6 +4,7 @@ the heartbeat renews — each a fenced write (``fence_check``) in one transactio
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
@@ -16,35 +17,37 @@ class SqliteSteps(SqliteConnection):
     """A run's steps, as its worker records them."""
 
     def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord, now: int) -> None:
+        conn.execute(SQL["record_step"], self._step_row(conn, claim, step, now))
+
+    def _step_row(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord, now: int) -> dict[str, Any]:
+        """A step's columns as the parameters of the statements that record it (its result
+        inline or as an artifact, its result and error sealed with a codec)."""
         place = (claim.run_id, step.step_id)
         result, result_ref = self._put_value(conn, step.result, now, "safepoint_steps", "result", *place)
-        conn.execute(
-            SQL["record_step"],
-            {
-                "run_id": claim.run_id,
-                "step_id": step.step_id,
-                "seq": step.seq,
-                "kind": step.kind.value,
-                "name": step.name,
-                "input_hash": step.input_hash,
-                "status": step.status.value,
-                "result": result,
-                "result_ref": result_ref,
-                "error": None
-                if step.error is None
-                else self._sealed(step.error, "safepoint_steps", "error", *place),
-                "next_step_id": step.next_step_id,
-                "attempt": step.attempt,
-                "model_id": step.model_id,
-                "prompt_hash": step.prompt_hash,
-                "observed_at": step.observed_at,
-                "operation_id": step.operation_id,
-                "fence": claim.fence,
-                "now": now,
-                "tokens": step.tokens,
-                "cost": step.cost,
-            },
-        )
+        return {
+            "run_id": claim.run_id,
+            "step_id": step.step_id,
+            "seq": step.seq,
+            "kind": step.kind.value,
+            "name": step.name,
+            "input_hash": step.input_hash,
+            "status": step.status.value,
+            "result": result,
+            "result_ref": result_ref,
+            "error": None
+            if step.error is None
+            else self._sealed(step.error, "safepoint_steps", "error", *place),
+            "next_step_id": step.next_step_id,
+            "attempt": step.attempt,
+            "model_id": step.model_id,
+            "prompt_hash": step.prompt_hash,
+            "observed_at": step.observed_at,
+            "operation_id": step.operation_id,
+            "fence": claim.fence,
+            "now": now,
+            "tokens": step.tokens,
+            "cost": step.cost,
+        }
 
     def record_step(self, claim: Claim, step: StepRecord) -> None:
         now = self.now()

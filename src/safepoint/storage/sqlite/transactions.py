@@ -68,7 +68,8 @@ class SqliteTransactions(SqliteSteps):
         try:
             with self._write() as conn:
                 due = self._fence_check(conn, claim, now, events=0, step=step, new_work=True, limited=True)
-                if conn.execute(SQL["mark_transaction_step"], self._marker(claim, step, now)).rowcount != 1:
+                marker = self._step_row(conn, claim, uncertain_record(step), now)
+                if conn.execute(SQL["mark_transaction_step"], marker).rowcount != 1:
                     raise AlreadyRecorded
                 conn.execute(f"SAVEPOINT {_SAVEPOINT}")
                 conn.text_factory = str  # the user's rows as the driver reads them
@@ -89,22 +90,6 @@ class SqliteTransactions(SqliteSteps):
             raise failure
         warn(due)
         return recorded
-
-    def _marker(self, claim: Claim, step: StepRecord, now: int) -> dict[str, Any]:
-        """The parameters of ``mark_transaction_step``: the step recorded as uncertain."""
-        error = uncertain_record(step).error
-        return {
-            "run_id": claim.run_id,
-            "step_id": step.step_id,
-            "seq": step.seq,
-            "kind": step.kind.value,
-            "name": step.name,
-            "input_hash": step.input_hash,
-            "error": self._sealed(error, "safepoint_steps", "error", claim.run_id, step.step_id),
-            "attempt": step.attempt,
-            "fence": claim.fence,
-            "now": now,
-        }
 
     @staticmethod
     def _still_open(conn: sqlite3.Connection, claim: Claim, step: StepRecord) -> None:
