@@ -418,15 +418,12 @@ class Resolution:
     action: ResolutionAction
     by: str
     operation_id: str | None = None
-    # ``applied``: what the owner holds — for a transaction step, the value the step returns
-    receipt: JSON = None
+    receipt: JSON = None  # ``applied``: what the owner holds (a transaction step: its value)
     evidence: str | None = None  # a link, a ticket, a sentence: why this is known
     # ``not_applied``: whether the effect's owner was asked first, what it said, and whether
     # the person overrode its doubt (``force``)
     owner_check: dict[str, Any] | None = None
-    # a transaction step recorded as uncertain (its function ended its transaction), decided
-    # in place of an operation: applied, it is recorded with ``receipt``; not applied, it runs again
-    step_id: str | None = None
+    step_id: str | None = None  # a transaction step that may have committed, in place of an op
 
     def detail(self) -> dict[str, Any]:
         detail = {
@@ -763,13 +760,10 @@ class Transaction(Protocol):
 
     ``execute`` runs one statement with the driver's placeholders (SQLite: ``?`` or
     ``:name``; PostgreSQL: ``%s`` or ``%(name)s``; ``dialect`` says which) and returns its rows
-    to read (``fetchone``, ``fetchall``, ``fetchmany``, iteration, ``rowcount``,
-    ``description``; rows by column name) — not the driver's cursor, whose connection could end
-    the transaction. The transaction is the step's: a statement that begins or ends a
-    transaction, ``commit``, ``rollback`` and ``close`` raise ``UsageError`` and roll it back.
-    ``driver_connection()`` hands over the driver's connection itself, for a library that needs
-    one; a commit or rollback it makes ends the step's transaction, and the run then blocks for
-    a person (``TransactionUncertain``: the step may have committed)."""
+    to read (``fetchone``, ``fetchall``, ``rowcount`` …; by column name), not the driver's
+    cursor. The transaction is the step's: ``commit``, ``rollback`` and ``close`` — or a
+    statement that begins or ends a transaction — raise ``UsageError`` and roll it back; one
+    ended all the same (through ``driver_connection()``) blocks the run: it may have committed."""
 
     dialect: Literal["sqlite", "postgres"]
 
@@ -782,16 +776,13 @@ class Transaction(Protocol):
         ...
 
     def driver_connection(self) -> Any:
-        """The driver's connection (``sqlite3.Connection``, ``psycopg.Connection``), in the
-        step's transaction: for a library that must be handed one, and leaves the transaction
-        to its caller."""
+        """The driver's own connection, in the step's transaction, for a library that needs one."""
         ...
 
 
 class AsyncTransaction(Protocol):
     """``Transaction`` on an async store (``AsyncRun.transaction`` on ``AsyncPostgresStore``):
-    ``await tx.execute(…)`` returns rows to read with ``await rows.fetchone()`` (or ``async for``);
-    ``await tx.driver_connection()`` is psycopg's ``AsyncConnection``."""
+    ``await tx.execute(…)`` returns rows to read with ``await rows.fetchone()``."""
 
     dialect: Literal["sqlite", "postgres"]
 
