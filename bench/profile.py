@@ -94,11 +94,11 @@ def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any
 # what they call (a call inside another of the same part is counted once).
 PARTS: tuple[tuple[str, str, frozenset[str]], ...] = (
     ("the step flow and its driver (all of a step)", "_engine/run.py", frozenset({"pure", "read"})),
-    ("input hash: JSON scan, canonical encoding, sha256", "_engine/core.py", frozenset({"_input_hash"})),
+    ("input hash: JSON scan, canonical encoding, sha256", "_engine/records.py", frozenset({"input_hash"})),
     ("credential scan of the step id", "_rules/ids.py", frozenset({"check_step_id"})),
     ("credential scan of the result", "_rules/secrets.py", frozenset({"refuse_secrets"})),
     ("JSON check of the result", "_rules/canonical.py", frozenset({"require_json"})),
-    ("step record building", "_engine/core.py", frozenset({"_revised"})),
+    ("step record building", "_rules/records.py", frozenset({"revised"})),
     ("step record building", "dataclasses.py", frozenset({"replace"})),
     ("the store's write of a step", "storage/sqlite/steps.py", frozenset({"record_step", "record_steps"})),
     ("the store's write of a step", "storage/postgres/steps.py", frozenset({"record_step", "record_steps"})),

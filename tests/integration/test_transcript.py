@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint._engine import core as _core
+from safepoint._engine import records as _records
 from safepoint._rules.canonical import canonical
 from safepoint.errors import NotJSON
 from safepoint.testing import KillHarness, OwnerService, SimulatedCrash
@@ -110,13 +110,13 @@ def test_a_step_given_a_transcript_hashes_a_constant_number_of_bytes(
     """The reason for the type: however long the conversation, a step's hashed inputs are the
     same size — against a plain list, whose hashed inputs grow with every step."""
     encoded: list[int] = []
-    real = _core.sha256_hex
+    real = _records.sha256_hex
 
     def measuring(data: bytes) -> str:
         encoded.append(len(data))
         return real(data)
 
-    monkeypatch.setattr(_core, "sha256_hex", measuring)
+    monkeypatch.setattr(_records, "sha256_hex", measuring)
 
     @sp.workflow("growing")
     def growing(run: sp.Run, as_transcript: bool) -> int:
