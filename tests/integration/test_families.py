@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 import safepoint as sp
+from app_orders import TABLE, orders, q
 from safepoint.errors import SentBySource
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
-from safepoint.types import RunStatus
+from safepoint.types import RunStatus, StepKind
 
 
 def _name(prefix: str) -> str:
@@ -40,10 +41,9 @@ def _waiting_for_word(name: str) -> sp.Workflow:
     return triage
 
 
-def _go(store: sp.Store, run_id: str) -> list[str]:
+def _go(store: sp.Store, run_id: str) -> Any:
     sp.send(store, run_id, "go", {"ok": True}, by="ana")
-    result: list[str] = sp.resume(store, run_id)
-    return result
+    return sp.resume(store, run_id)
 
 
 @pytest.mark.parametrize("first", ["source", "fork", "grandchild"])
@@ -176,3 +176,57 @@ def test_a_fork_of_a_chain_resends_nothing_its_chain_sent_whoever_goes_on_first(
     results = [_go(store, last[who]) for who in order]
     assert results[0] == results[1]
     assert _applied(owner_env) == 3  # the third line, once for the whole family
+
+
+def _ordering(name: str, calls: list[str]) -> sp.Workflow:
+    """A read, a wait for a word, then a transaction step writing one row."""
+
+    def insert(tx: Any, order_id: str) -> dict[str, Any]:
+        calls.append(order_id)
+        tx.execute(TABLE)
+        tx.execute(q(tx, "INSERT INTO app_orders (id) VALUES (?)"), (order_id,))
+        return {"order": order_id}
+
+    @sp.workflow(name, version="v1")
+    def ordering(run: sp.Run, order_id: str) -> Any:
+        run.read("look", lambda o: {"order": o}, order_id)
+        run.wait_for("go")
+        return run.transaction("insert", insert, order_id)
+
+    return ordering
+
+
+@pytest.mark.parametrize("first", ["source", "fork", "done"])
+def test_a_fork_never_runs_a_transaction_step_its_family_committed(
+    store: sp.Store, store_url: str, first: str
+) -> None:
+    calls: list[str] = []
+    ordering = _ordering(_name("family-tx"), calls)
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, ordering, "o-1", run_id="source")
+    if first == "done":  # the source committed it before the fork was made
+        assert _go(store, "source") == {"order": "o-1"}
+    fork = sp.fork(store, "source", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, fork.run_id)
+    for run_id in ("source", "fork") if first != "fork" else ("fork", "source"):
+        if store.get_run(run_id).status is not RunStatus.COMPLETED:
+            assert _go(store, run_id) == {"order": "o-1"}
+    assert orders(store_url) == ["o-1"]  # one row, whoever went first
+    assert calls == ["o-1"] or store_url.startswith("postgresql")  # PostgreSQL sends the first
+    # statement with the fence and claim: a refused step's function began, and was rolled back
+    fork_step = store.load_ledger("fork").steps["insert"]
+    assert (fork_step.kind, fork_step.result) == (StepKind.TRANSACTION, {"order": "o-1"})
+
+
+def test_a_fork_named_to_run_a_transaction_step_again_runs_it_once(store: sp.Store, store_url: str) -> None:
+    calls: list[str] = []
+    ordering = _ordering(_name("family-tx-again"), calls)
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, ordering, "o-2", run_id="source")
+    _go(store, "source")
+    sp.fork(store, "source", from_step="look", new_run_id="again", resend=["insert"], by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "again")
+    _go(store, "again")
+    assert orders(store_url) == ["o-2", "o-2"]  # once more, as asked

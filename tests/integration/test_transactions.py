@@ -136,13 +136,13 @@ def test_a_stale_worker_commits_nothing(
 
     record_transaction = store.record_transaction
 
-    def taken_over_first(claim: Any, step: Any, body: Any) -> Any:
+    def taken_over_first(claim: Any, step: Any, body: Any, family_key: Any = None) -> Any:
         record = store.get_run(claim.run_id)
         if record.fence == 1:  # the first worker: another owner takes the run from it now
             assert store.claim_run(
                 claim.run_id, record.state_revision, "worker-b", 1, dead_owner=record.owner
             )
-        return record_transaction(claim, step, body)
+        return record_transaction(claim, step, body, family_key)
 
     monkeypatch.setattr(store, "record_transaction", taken_over_first)
 

@@ -42,7 +42,7 @@ from .._rules.effects import (
     retention_ms,
 )
 from .._rules.family import family_key, in_a_family
-from .._rules.fork import Forked, forked_effect, resent_by
+from .._rules.fork import Forked, forked_effect
 from .._rules.ids import check_id
 from .._rules.records import revised
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
@@ -68,6 +68,7 @@ from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
+from .family import resends
 from .flow import Call, CallTimedOut, Flow, Sleep, io, is_async_callable
 from .observe import EffectSeen, StepSeen, call_status
 
@@ -180,7 +181,7 @@ class EffectDispatch:
         # step's own id, the default, names it within this run only. Nor does a fork send what
         # the runs it was forked from sent.
         chained = operation_id is not None
-        resent = (yield from self.resent()).get(op_id)
+        resent = (yield from resends(core)).get(op_id)
         self.family_key = family_key(core.run, op_id, chosen=chained, resent_by=resent)
         settled = yield from self.settled_before(op_id, payload_ref, chained, hashed)
         if settled is not None:
@@ -491,18 +492,6 @@ class EffectDispatch:
             yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
             core.steps[self.sid] = step
         return settled
-
-    def resent(self) -> Flow[dict[str, str]]:
-        """The operations a person named in ``resend`` when this run (or the first run of its
-        chain), or a run it was forked from, was forked — and which fork sends each again
-        (``_rules.fork.resent_by``). Read once per run."""
-        core = self.core
-        if core.resent is None:
-            fork = core.run
-            if fork.parent_run_id is not None and fork.chain_id is not None:
-                fork = yield from io(Store.get_run, fork.chain_id)
-            core.resent = resent_by(fork)
-        return core.resent
 
     def settled_in_ancestry(self, op_id: str, payload_ref: str) -> Flow[OperationRecord | None]:
         """The operation as a run this one grew from (a fork's source, …) sent and accepted it —

@@ -11,14 +11,16 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol, TypeVar
 
 from .._rules.canonical import require_json
+from .._rules.family import transaction_key
 from .._rules.recovery import UNCERTAIN_PHASE
 from .._rules.secrets import refuse_secrets
 from .._rules.transactions import is_lost_connection, is_uncertain, reconnecting, uncertain_record
-from ..errors import RunBlocked, StoreUnavailable, TransactionUncertain
+from ..errors import ClaimedInFamily, RunBlocked, StoreUnavailable, TransactionUncertain
 from ..storage.base import Store
 from ..types import Claim, Retry, RunRecord, StepKind, StepRecord, StepStatus
 from .crashpoints import crashpoint
 from .current import transacting
+from .family import held_transaction, resends
 from .flow import Flow, io, is_async_callable
 
 R = TypeVar("R")
@@ -31,6 +33,7 @@ class _Core(Protocol):
     run: RunRecord
     steps: dict[str, StepRecord]
     halted: BaseException | None
+    resent: dict[str, str] | None
 
     def flush(self) -> Flow[None]: ...
 
@@ -134,10 +137,13 @@ class TransactionAttempt:
         """The store's transaction: the function's writes and ``base`` recorded with its value."""
         sid = base.step_id
         yield from core.flush()
+        key = transaction_key(core.run, sid, resent_by=(yield from resends(core)).get(sid))
         try:
             step = yield from core.append_new(
-                io(Store.record_transaction, core.claim, base, self.body(sid)), sid
+                io(Store.record_transaction, core.claim, base, self.body(sid), key), sid
             )
+        except ClaimedInFamily as held:  # another run of the family committed it (or may have)
+            return (yield from held_transaction(core, base, held))
         except TransactionUncertain as ended:
             yield from block_uncertain(core, base, ended.how)
         except StoreUnavailable as exc:

@@ -37,6 +37,15 @@ def family_key(run: RunRecord, operation_id: str, *, chosen: bool, resent_by: st
     return key
 
 
+def transaction_key(run: RunRecord, step_id: str, *, resent_by: str | None) -> str:
+    """What a transaction step of ``run`` is within its family: one per generation and step id,
+    as a step's own operation is (a committed transaction step is an effect that happened)."""
+    key = f"transaction {run.family_generation} {step_id}"
+    if resent_by is not None:
+        key += f" resent {resent_by}"
+    return key
+
+
 def in_a_family(run: RunRecord) -> bool:
     """Whether ``run`` grew from another (a fork, a successor, or theirs): what it sends may
     already have been sent by a run it grew from, which it looks up before preparing it. (The

@@ -256,16 +256,20 @@ class Store(Protocol):
         a cancel is asked for or the deadline passed)."""
         ...
 
-    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+    def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON], family_key: str | None = None
+    ) -> StepRecord:
         """A transaction step: in ONE transaction of the ledger's own database, fence first
         (new work, the step counted and held to the hard history limit, as ``record_step``),
-        then ``body(tx)`` — ``tx`` the connection bound to that transaction
-        (``types.Transaction``) — then ``step`` recorded with body's value as its result, and
-        one commit. Returns the step as recorded. When ``body`` raises, or ends the transaction
-        itself (``UsageError``), the transaction rolls back whole and what it raised passes
-        unchanged. A stale fence raises ``LostOwnership`` and commits nothing: before ``body`` is
-        called, or — a store that sends the fence with body's first statement, to save a round
-        trip (PostgreSQL) — from that statement, rolled back unseen."""
+        the run family's claim on the step taken (``family_key``, as ``mark_dispatching`` takes
+        an operation's: ``ClaimedInFamily``, nothing written and ``body`` never called, when
+        another run of the family holds it), then ``body(tx)`` — ``tx`` the connection bound to
+        that transaction (``types.Transaction``) — then ``step`` recorded with body's value as
+        its result, and one commit. Returns the step as recorded. When ``body`` raises, or ends
+        the transaction itself (``UsageError``), the transaction rolls back whole and what it
+        raised passes unchanged. A stale fence raises ``LostOwnership`` and commits nothing:
+        before ``body`` is called, or — a store that sends the fence with body's first statement,
+        to save a round trip (PostgreSQL) — from that statement, rolled back unseen."""
         ...
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
@@ -633,7 +637,7 @@ class AsyncStore(Protocol):
         ...
 
     async def record_transaction(
-        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any], family_key: str | None = None
     ) -> StepRecord:
         """See ``Store.record_transaction``; ``body`` may be a coroutine function
         (``types.AsyncTransaction``), awaited inside the transaction."""

@@ -392,7 +392,7 @@ class AsyncPostgresStore:
         await self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     async def record_transaction(
-        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any], family_key: str | None = None
     ) -> StepRecord:
         """See ``Store.record_transaction``: ``body`` may be a coroutine function, awaited
         inside the transaction."""
@@ -406,7 +406,7 @@ class AsyncPostgresStore:
         try:
             async with self._pool.connection() as conn:
                 try:
-                    recorded, due = await self._transact(conn, claim, step, body)
+                    recorded, due = await self._transact(conn, claim, step, body, family_key)
                 except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
                     failure = failed.error
                 finally:
@@ -423,9 +423,14 @@ class AsyncPostgresStore:
         return recorded
 
     async def _transact(
-        self, conn: AsyncConn, claim: Claim, step: StepRecord, body: Callable[[Any], Any]
+        self,
+        conn: AsyncConn,
+        claim: Claim,
+        step: StepRecord,
+        body: Callable[[Any], Any],
+        family_key: str | None,
     ) -> tuple[StepRecord, HistoryWarning | None]:
-        opening = AsyncOpening(self._ledger, conn, claim, step)
+        opening = AsyncOpening(self._ledger, conn, claim, step, family_key)
         tx = AsyncPostgresTransaction(step.step_id, conn, opening)
         try:
             try:

@@ -148,9 +148,11 @@ class SyncOverAsync:
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._call(self.store.record_attempt(claim, attempt))
 
-    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], Any]) -> StepRecord:
+    def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any], family_key: str | None = None
+    ) -> StepRecord:
         """``body`` runs on the store's loop: a coroutine function there, for an async store."""
-        return self._call(self.store.record_transaction(claim, step, body))
+        return self._call(self.store.record_transaction(claim, step, body, family_key))
 
     def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
         self._call(self.store.prepare_effect(claim, op, payload))

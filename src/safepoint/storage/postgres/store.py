@@ -328,7 +328,9 @@ class PostgresStore:
     def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
         self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
-    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+    def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON], family_key: str | None = None
+    ) -> StepRecord:
         """The function's statements and the step record in one transaction (see
         ``postgres.transactions``): one round trip more than the function's own statements."""
         self._ledger.check_process()
@@ -336,7 +338,7 @@ class PostgresStore:
         try:
             with self._pool.connection() as conn:
                 try:
-                    recorded, due = self._transact(conn, claim, step, body)
+                    recorded, due = self._transact(conn, claim, step, body, family_key)
                 except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
                     failure = failed.error
                 finally:
@@ -353,9 +355,9 @@ class PostgresStore:
         return recorded
 
     def _transact(
-        self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]
+        self, conn: Conn, claim: Claim, step: StepRecord, body: Callable[[Any], JSON], family_key: str | None
     ) -> tuple[StepRecord, HistoryWarning | None]:
-        opening = Opening(self._ledger, conn, claim, step)
+        opening = Opening(self._ledger, conn, claim, step, family_key)
         tx = PostgresTransaction(step.step_id, conn, opening)
         try:
             try:

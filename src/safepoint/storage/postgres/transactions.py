@@ -55,10 +55,14 @@ _NONE = "after its function no transaction was open: it was committed or rolled 
 class PostgresTransactions(PostgresBase):
     """The plans of a transaction step (see the module docstring)."""
 
-    def transaction_fence(self, claim: Claim, step: StepRecord) -> Plan[tuple[int, HistoryWarning | None]]:
-        """The transaction's first statement: the fence, counting the step and recording it as
-        uncertain (``AlreadyRecorded`` when it is recorded already). Returns the database's now
-        (the step's recorded_at) and the soft limit's warning, if due."""
+    def transaction_fence(
+        self, claim: Claim, step: StepRecord, family_key: str | None
+    ) -> Plan[tuple[int, HistoryWarning | None]]:
+        """The transaction's first statement: the fence, counting the step, taking its family's
+        claim on it (``family_key``; ``ClaimedInFamily`` when another run of the family holds
+        it) and recording it as uncertain (``AlreadyRecorded`` when it is recorded already).
+        Returns the database's now (the step's recorded_at) and the soft limit's warning, if
+        due."""
         uncertain = self._sealed(
             uncertain_record(step).error, "safepoint_steps", "error", claim.run_id, step.step_id
         )
@@ -66,6 +70,9 @@ class PostgresTransactions(PostgresBase):
             claim,
             "record_transaction",
             limited=True,
+            claims=family_key is not None,
+            operation_id=step.step_id,
+            family_key=family_key,
             step_id=step.step_id,
             seq=step.seq,
             name=step.name,
@@ -217,8 +224,10 @@ class _OpeningBase:
     """The transaction's opening, sent with the function's first statement (see the module
     docstring): the fence's outcome is kept here for the store."""
 
-    def __init__(self, ledger: PostgresTransactions, claim: Claim, step: StepRecord) -> None:
-        self.ledger, self.claim, self.step = ledger, claim, step
+    def __init__(
+        self, ledger: PostgresTransactions, claim: Claim, step: StepRecord, family_key: str | None
+    ) -> None:
+        self.ledger, self.claim, self.step, self.family_key = ledger, claim, step, family_key
         self.started = False
         self.now = 0
         self.due: HistoryWarning | None = None
@@ -234,15 +243,20 @@ class Opening(_OpeningBase):
     (sync)."""
 
     def __init__(
-        self, ledger: PostgresTransactions, conn: psycopg.Connection[DictRow], claim: Claim, step: StepRecord
+        self,
+        ledger: PostgresTransactions,
+        conn: psycopg.Connection[DictRow],
+        claim: Claim,
+        step: StepRecord,
+        family_key: str | None,
     ) -> None:
-        super().__init__(ledger, claim, step)
+        super().__init__(ledger, claim, step, family_key)
         self.conn = conn
 
     def open(self, query: str | None, params: Any) -> Any:
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
-        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
+        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step, self.family_key)
         stmt, failed, user, fence = next(plan), None, None, None
         try:
             with conn.pipeline():
@@ -282,14 +296,15 @@ class AsyncOpening(_OpeningBase):
         conn: psycopg.AsyncConnection[DictRow],
         claim: Claim,
         step: StepRecord,
+        family_key: str | None,
     ) -> None:
-        super().__init__(ledger, claim, step)
+        super().__init__(ledger, claim, step, family_key)
         self.conn = conn
 
     async def open(self, query: str | None, params: Any) -> Any:
         """Send the opening (and ``query``, unless None); the cursor of ``query``."""
         self.started = True
-        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step)
+        conn, plan = self.conn, self.ledger.transaction_fence(self.claim, self.step, self.family_key)
         stmt, failed, user, fence = next(plan), None, None, None
         try:
             async with conn.pipeline():

@@ -11,7 +11,7 @@ from typing import Any
 from ..._rules.approvals import authorizing, refused_dispatch
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
-from ...errors import ClaimedInFamily, HistoryWarning, StoreError
+from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
@@ -83,22 +83,6 @@ class SqliteEffects(SqliteSteps):
             dedup_retention_ms=op.dedup_retention_ms,
             family_key=op.family_key,
         )
-
-    @staticmethod
-    def _claim_in_family(
-        conn: sqlite3.Connection, run_id: str, operation_id: str, claim_key: str | None
-    ) -> None:
-        """Take the family's claim on ``claim_key`` for ``run_id``'s ``operation_id``, as sent, in
-        the dispatch's transaction (after its write: a refusal rolls it back), or
-        ``ClaimedInFamily`` naming the run that holds it. An operation with no family key (one
-        prepared before families were recorded) claims nothing."""
-        if claim_key is None:
-            return
-        params = {"run_id": run_id, "operation_id": operation_id, "claim_key": claim_key}
-        if conn.execute(SQL["family_claim"], params).fetchone() is not None:
-            return
-        holder = conn.execute(SQL["family_holder"], params).fetchone()
-        raise ClaimedInFamily(run_id, operation_id, holder["run_id"], holder["operation_id"])
 
     @staticmethod
     def _prepare_params(claim: Claim, op: OperationRecord, now: int, *, dispatching: bool) -> dict[str, Any]:

@@ -8,13 +8,29 @@ from typing import Any
 
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
-from ...errors import LostOwnership
+from ...errors import ClaimedInFamily, LostOwnership
 from ...types import AttemptRecord, Claim, StepKind, StepRecord
 from .connection import SQL, SqliteConnection
 
 
 class SqliteSteps(SqliteConnection):
     """A run's steps, as its worker records them."""
+
+    @staticmethod
+    def _claim_in_family(
+        conn: sqlite3.Connection, run_id: str, operation_id: str, claim_key: str | None
+    ) -> None:
+        """Take the family's claim on ``claim_key`` for ``run_id``'s ``operation_id``, as sent, in
+        the dispatch's transaction (after its write: a refusal rolls it back), or
+        ``ClaimedInFamily`` naming the run that holds it. An operation with no family key (one
+        prepared before families were recorded) claims nothing."""
+        if claim_key is None:
+            return
+        params = {"run_id": run_id, "operation_id": operation_id, "claim_key": claim_key}
+        if conn.execute(SQL["family_claim"], params).fetchone() is not None:
+            return
+        holder = conn.execute(SQL["family_holder"], params).fetchone()
+        raise ClaimedInFamily(run_id, operation_id, holder["run_id"], holder["operation_id"])
 
     def _upsert_step(self, conn: sqlite3.Connection, claim: Claim, step: StepRecord, now: int) -> None:
         conn.execute(SQL["record_step"], self._step_row(conn, claim, step, now))

@@ -62,7 +62,9 @@ class SqliteTransaction(StepConnection):
 class SqliteTransactions(SqliteSteps):
     """Transaction steps (``Store.record_transaction``)."""
 
-    def record_transaction(self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON]) -> StepRecord:
+    def record_transaction(
+        self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON], family_key: str | None = None
+    ) -> StepRecord:
         now = self.now()
         failure: BaseException | None = None
         try:
@@ -71,6 +73,7 @@ class SqliteTransactions(SqliteSteps):
                 marker = self._step_row(conn, claim, uncertain_record(step), now)
                 if conn.execute(SQL["mark_transaction_step"], marker).rowcount != 1:
                     raise AlreadyRecorded
+                self._claim_in_family(conn, claim.run_id, step.step_id, family_key)
                 conn.execute(f"SAVEPOINT {_SAVEPOINT}")
                 conn.text_factory = str  # the user's rows as the driver reads them
                 tx = SqliteTransaction(step.step_id, conn)

@@ -1859,6 +1859,25 @@ growth AS (
                       WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s) IS NULL
            THEN 1 ELSE 0 END AS steps
 ),
+-- the run family's claim on the step (family_key; none: no claim), taken first under fenced's
+-- conditions: another run of the family holding it — it committed the step there, or may
+-- have — refuses the whole statement (family_refusal tells), and it commits with the step
+claimed AS (
+    INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
+    SELECT COALESCE(r.family_id, r.run_id), %(family_key)s, r.run_id, %(step_id)s, true
+    FROM safepoint_runs AS r, clock, growth
+    WHERE r.run_id = %(run_id)s AND r.fence = %(fence)s AND r.status = 'running'
+      AND r.cancel_requested_at IS NULL AND (r.deadline_at IS NULL OR r.deadline_at > clock.now)
+      AND (r.history_hard_limit IS NULL
+           OR r.event_count + r.step_count + growth.steps <= r.history_hard_limit)
+      AND %(family_key)s::text IS NOT NULL
+    ON CONFLICT (family_id, claim_key) DO UPDATE
+    SET run_id = EXCLUDED.run_id, operation_id = EXCLUDED.operation_id, sent = true
+    WHERE NOT safepoint_family_claims.sent
+       OR (safepoint_family_claims.run_id = EXCLUDED.run_id
+           AND safepoint_family_claims.operation_id = EXCLUDED.operation_id)
+    RETURNING run_id
+),
 fenced AS (
     UPDATE safepoint_runs
     SET state_revision = state_revision + 1, lease_expires_at = clock.now + %(lease_ms)s,
@@ -1867,6 +1886,7 @@ fenced AS (
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
       AND (history_hard_limit IS NULL OR event_count + step_count + growth.steps <= history_hard_limit)
+      AND (%(family_key)s::text IS NULL OR EXISTS (SELECT 1 FROM claimed))
     RETURNING run_id, updated_at AS now, event_count + step_count AS history, history_soft_limit,
               history_hard_limit, history_warned_at
 ),
