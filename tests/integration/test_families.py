@@ -6,6 +6,7 @@ what it applied: each business operation once, unless a person named it in ``res
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -230,3 +231,41 @@ def test_a_fork_named_to_run_a_transaction_step_again_runs_it_once(store: sp.Sto
         sp.resume(store, "again")
     _go(store, "again")
     assert orders(store_url) == ["o-2", "o-2"]  # once more, as asked
+
+
+@pytest.mark.parametrize("first", ["source", "fork"])
+def test_a_waiting_run_and_its_fork_send_once_on_the_async_store(
+    pg_url: str, owner_env: OwnerService, first: str
+) -> None:
+    """The same rule on the async PostgreSQL store, with an async workflow and the async verbs."""
+    tickets = owner_effect("tickets")
+
+    @sp.workflow(_name("family-async"))
+    async def triage(run: sp.AsyncRun, case: str) -> str:
+        await run.read("look", _echo, case)
+        await run.wait_for("go")
+        return str((await run.effect("route", tickets, payload={"case": case}))["id"])
+
+    async def main() -> dict[str, str]:
+        store = await sp.open_async_store(f"{pg_url}?schema=fam_{uuid.uuid4().hex[:12]}")
+        try:
+            with pytest.raises(sp.AwaitingMessage):
+                await sp.start_async(store, triage, "c-9", run_id="source")
+            await sp.fork_async(store, "source", from_step="look", new_run_id="fork", by="ana")
+            with pytest.raises(sp.AwaitingMessage):
+                await sp.resume_async(store, "fork")
+            done = {}
+            for run_id in (first, "fork" if first == "source" else "source"):
+                await sp.send_async(store, run_id, "go", {"ok": True}, by="ana")
+                done[run_id] = await sp.resume_async(store, run_id)
+            return done
+        finally:
+            await store.close()
+
+    done = asyncio.run(main())
+    assert done["source"] == done["fork"]
+    assert _applied(owner_env) == 1
+
+
+async def _echo(case: str) -> dict[str, str]:
+    return {"case": case}
