@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from ...errors import Cancelled, LostOwnership, TransactionUncertain, UsageError
-from ...storage.base import Store
+from ...errors import Cancelled, ClaimedInFamily, LostOwnership, TransactionUncertain, UsageError
+from ...storage.base import ForkRun, Store
 from ...types import Claim, RunStatus, StepKind, StepRecord, StepStatus
 from ._concerns import ACROSS_RUNS, VALUES, exercises
 from ._support import LARGE, SHORT_LEASE_MS, ConformanceBase, _uid, make_step
@@ -261,3 +261,33 @@ class TransactionTests(ConformanceBase):
         )
         assert (again.step_id, again.status, again.result, passed) == ("insert", first.status, "first", [])
         assert self._rows(store, claim, table, 3) == ["o-1"]
+
+    def test_a_transaction_step_its_family_committed_is_refused_to_another_run_of_it(self) -> None:
+        """A fork reaches the transaction step its source committed (one family key): the
+        family's claim refuses it before the function runs (nothing written, the holder named),
+        and the source's record of it stands; under another key it runs."""
+        store = self.store()
+        run, claim = self.start(store)
+        table = self._table(store, claim)
+        insert = statements((f"INSERT INTO {table} (id) VALUES (?)", ("o-1",)))
+        store.record_transaction(claim, self._step(claim, "insert", 2), insert, "transaction 0 insert")
+        store.finish_run(claim, RunStatus.COMPLETED, result={})
+        fork = store.fork_run(ForkRun(run.run_id, "insert", f"fork-{_uid()}", by="conformance"))
+        assert fork.family_id == (run.family_id or run.run_id)
+        fork_claim = store.claim_run(fork.run_id, fork.state_revision, "worker-b", 60_000)
+        assert fork_claim is not None
+        with pytest.raises(ClaimedInFamily) as held:
+            store.record_transaction(
+                fork_claim, self._step(fork_claim, "insert", 2), insert, "transaction 0 insert"
+            )
+        assert (held.value.holder_run_id, held.value.holder_operation_id) == (run.run_id, "insert")
+        assert "insert" not in store.load_ledger(fork.run_id).steps  # nothing written
+        assert self._rows(store, fork_claim, table, 3) == ["o-1"]
+        again = store.record_transaction(
+            fork_claim,
+            self._step(fork_claim, "insert", 4),
+            insert,
+            f"transaction 0 insert resent {fork.run_id}",
+        )
+        assert again.status is StepStatus.COMPLETED
+        assert self._rows(store, fork_claim, table, 5) == ["o-1", "o-1"]
