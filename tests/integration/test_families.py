@@ -7,6 +7,7 @@ what it applied: each business operation once, unless a person named it in ``res
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from typing import Any
 
@@ -269,3 +270,54 @@ def test_a_waiting_run_and_its_fork_send_once_on_the_async_store(
 
 async def _echo(case: str) -> dict[str, str]:
     return {"case": case}
+
+
+def _go_on(store_url: str, run_id: str, barrier: threading.Barrier, outcomes: dict[str, Any]) -> None:
+    """Resume ``run_id`` on a store of its own once every thread is at the barrier."""
+    store = sp.open_store(store_url)
+    try:
+        barrier.wait()
+        try:
+            outcomes[run_id] = sp.resume(store, run_id)
+        except SentBySource:
+            outcomes[run_id] = "blocked"
+    finally:
+        store.close()
+
+
+def test_a_run_and_its_fork_going_on_at_the_same_instant_send_once(
+    store_url: str, owner_env: OwnerService
+) -> None:
+    """The source and its fork resumed at once, on two threads with a store each: one sends,
+    the other takes its outcome (or, if it got there while the send was in flight, blocks until
+    it is settled and then takes it) — the owner applies it once, every time."""
+    triage = _waiting_for_word(_name("family-race"))
+    setup = sp.open_store(store_url)
+    try:
+        for round_ in range(5):
+            source, fork = f"source-{round_}", f"fork-{round_}"
+            with pytest.raises(sp.AwaitingMessage):
+                sp.start(setup, triage, f"c-{round_}", run_id=source)
+            sp.fork(setup, source, from_step="look", new_run_id=fork, by="ana")
+            with pytest.raises(sp.AwaitingMessage):
+                sp.resume(setup, fork)
+            for run_id in (source, fork):
+                sp.send(setup, run_id, "go", {"ok": True}, by="ana")
+            barrier = threading.Barrier(2)
+            outcomes: dict[str, Any] = {}
+
+            threads = [
+                threading.Thread(target=_go_on, args=(store_url, run_id, barrier, outcomes))
+                for run_id in (source, fork)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            for run_id, outcome in outcomes.items():
+                if outcome == "blocked":  # it came while the other's send was in flight
+                    outcomes[run_id] = sp.resume(setup, run_id)
+            assert outcomes[source] == outcomes[fork]
+            assert _applied(owner_env) == 2 * (round_ + 1)  # the acknowledgement and the route
+    finally:
+        setup.close()
