@@ -487,10 +487,8 @@ class EffectDispatch:
         if not in_a_family(core.run):
             return None
         settled = yield from self.settled_in_ancestry(op_id, payload_ref)
-        if settled is not None and not core.cancelling:  # recorded: a fork of this run copies it
-            step = self.accepted_step(settled, hashed)
-            yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
-            core.steps[self.sid] = step
+        if settled is not None:
+            yield from self.taken(settled, hashed)
         return settled
 
     def settled_in_ancestry(self, op_id: str, payload_ref: str) -> Flow[OperationRecord | None]:
@@ -499,7 +497,7 @@ class EffectDispatch:
         run's own to send (see ``_rules.fork.forked_effect``)."""
         assert self.family_key is not None
         found = yield from io(Store.family_operation, self.core.run.run_id, self.family_key)
-        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref, resend=False)
+        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref)
         if decided is Forked.SEND:
             return None
         assert found is not None
@@ -526,15 +524,22 @@ class EffectDispatch:
                 phase="forked_effect",
             )
         assert found is not None
-        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref, resend=False)
+        decided = forked_effect(found, effect=self.effect.name, payload_ref=payload_ref)
         if decided is Forked.SEND:  # held there, only prepared: it may still go out there
             decided = Forked.UNSETTLED
         settled = yield from self.adopt_or_block(found, decided, op_id, payload_ref)
-        if not core.cancelling:
-            step = self.accepted_step(settled, hashed)
-            yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
-            core.steps[self.sid] = step
+        yield from self.taken(settled, hashed)
         return settled.receipt
+
+    def taken(self, settled: OperationRecord, hashed: str) -> Flow[None]:
+        """Record the step with the outcome another run of the family settled (``settled``), so
+        that a replay finds it here and a fork of this run copies it."""
+        core = self.core
+        if core.cancelling:
+            return
+        step = self.accepted_step(settled, hashed)
+        yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)
+        core.steps[self.sid] = step
 
     def adopt_or_block(
         self, found: OperationRecord, decided: Forked, op_id: str, payload_ref: str

@@ -245,14 +245,15 @@ class Forked(StrEnum):
     UNSETTLED = "unsettled"  # there, it may have happened and is not settled
 
 
-def forked_effect(found: OperationRecord | None, *, effect: str, payload_ref: str, resend: bool) -> Forked:
-    """The decision for an effect step of a fork asking for an operation its own ledger lacks:
-    ``found`` is the operation as its family holds it (``Store.family_operation``).
+def forked_effect(found: OperationRecord | None, *, effect: str, payload_ref: str) -> Forked:
+    """The decision for an effect step asking for an operation its own ledger lacks: ``found``
+    is the operation as another run of its family holds it (``Store.family_operation``; one
+    named in ``resend`` has a family key of its own, and none there).
 
-    Named in ``resend``: sent, as the fork's own. Nothing there, or only prepared (never sent):
-    sent, as the fork's own. Otherwise never sent again: an accepted or rejected outcome of the
-    same effect with the same payload is the fork's; anything else blocks the fork."""
-    if resend or found is None or found.state is EffectState.PREPARED:
+    Nothing there, or only prepared (never sent): sent, as this run's own. Otherwise never sent
+    again: an accepted or rejected outcome of the same effect with the same payload is this
+    run's; anything else blocks it."""
+    if found is None or found.state is EffectState.PREPARED:
         return Forked.SEND
     if found.effect != effect:
         return Forked.OTHER_EFFECT
