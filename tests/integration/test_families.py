@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -321,3 +322,27 @@ def test_a_run_and_its_fork_going_on_at_the_same_instant_send_once(
             assert _applied(owner_env) == 2 * (round_ + 1)  # the acknowledgement and the route
     finally:
         setup.close()
+
+
+def test_a_run_whose_fork_sent_it_and_was_pruned_blocks_and_sends_nothing(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    """The fork went first and was pruned (finished, its source still waiting): the family's
+    claim outlives it, so the source sends nothing again — it blocks, naming itself to fork
+    with resend, since the outcome it would take is gone."""
+    triage = _waiting_for_word(_name("family-pruned"))
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, triage, "c-p", run_id="source")
+    sp.fork(store, "source", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "fork")
+    _go(store, "fork")
+    assert _applied(owner_env) == 2
+    pruned = sp.prune(store, finished_before=timedelta(0), force=True)
+    assert pruned.run_ids == ("fork",)  # the source is still waiting: only its fork went
+    sp.send(store, "source", "go", {"ok": True}, by="ana")
+    with pytest.raises(SentBySource) as blocked:
+        sp.resume(store, "source")
+    assert blocked.value.source_run_id == "source"
+    assert "no longer there" in blocked.value.reason
+    assert _applied(owner_env) == 2  # nothing sent again

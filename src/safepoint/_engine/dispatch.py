@@ -516,7 +516,7 @@ class EffectDispatch:
                     core.run.run_id,
                     self.sid,
                     op_id,
-                    "?",
+                    core.run.run_id,  # the run to fork with resend: the holder's record is gone
                     "another run of its family sent it, and its record of it is no longer there"
                     " to take the outcome from (pruned, or given back a moment ago: resume to look"
                     " again)",
