@@ -55,7 +55,7 @@ test-oldest: $(UV)              ## the same on the oldest releases our ranges al
 
 # The fast tier leaves out by marker what make test alone runs; it names its directories too, so
 # that the kill, docs and browser tests are not even imported (seconds of collection per core).
-test-fast: $(BIN)/.installed     ## before each commit (~90 s): unit, SQLite, the SDKs on the fake model server
+test-fast: $(BIN)/.installed     ## before each commit (~1 min): unit, SQLite, the SDKs on the fake model server
 	$(BIN)/pytest -n auto --dist loadfile -m "not kill and not slow and not browser and not serial and not postgres" \
 		tests/unit tests/integration tests/ops tests/conformance tests/integrations
 
