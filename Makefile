@@ -17,7 +17,7 @@ export UV_COMPILE_BYTECODE := 1
 unexport PYTHONDONTWRITEBYTECODE
 EXTRAS := --all-extras
 
-.PHONY: demo examples test test-fast test-latest test-oldest check lint docs bench bench-quick lock clean
+.PHONY: demo examples test test-fast test-latest test-oldest simulate check lint docs bench bench-quick lock clean
 
 $(UV):
 	$(PYTHON) -m venv .uv
@@ -58,6 +58,13 @@ test-oldest: $(UV)              ## the same on the oldest releases our ranges al
 test-fast: $(BIN)/.installed     ## before each commit (~1 min): unit, SQLite, the SDKs on the fake model server
 	$(BIN)/pytest -n auto --dist loadfile -m "not kill and not slow and not browser and not serial and not postgres" \
 		tests/unit tests/integration tests/ops tests/conformance tests/integrations
+
+# The deterministic simulator (docs/guides/simulation.md): make test runs a fixed budget of it;
+# this explores for as long as asked, on every core, and ends with
+# "schedules=N requests=M violations=V seed=S". SIM_SEED=… replays one schedule exactly.
+SIM_SECONDS ?= 60
+simulate: $(BIN)/.installed      ## explore interleavings for SIM_SECONDS (60) on every core; SIM_SEED=… replays one
+	SIM_SECONDS=$(SIM_SECONDS) SIM_SEED=$(SIM_SEED) SIM_TAPE=$(SIM_TAPE) $(BIN)/python -m safepoint.testing.simulation
 
 lint: $(BIN)/.installed          ## style, formatting and types
 	$(BIN)/ruff check src tests bench examples tools

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from safepoint._engine import flow as _flow
+from safepoint._engine.host import Host, hosted_by
 from safepoint._rules import limits as _limits
 from safepoint.errors import BudgetExhausted, DeadlineExceeded, RunNotFound, StepAttemptsExhausted
 from safepoint.ops.cli import cli
@@ -60,8 +60,12 @@ def clocked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleN
             raise SimulatedCrash("test.in_backoff", None)
         state.now += math.ceil(seconds * 1000)
 
-    monkeypatch.setattr(_flow, "time", SimpleNamespace(sleep=sleep))
-    yield state
+    class Clocked(Host):
+        def sleep(self, seconds: float) -> None:
+            sleep(seconds)
+
+    with hosted_by(Clocked()):
+        yield state
     state.store.close()
 
 

@@ -65,6 +65,7 @@ from ..errors import (
 )
 from ..storage.base import Store
 from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
+from . import host
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
@@ -563,7 +564,15 @@ class EffectDispatch:
                 phase="replay_mismatch",
                 op=found,
             )
-        if decided is Forked.UNSETTLED:
+        if decided is Forked.UNSETTLED and found.state is EffectState.PREPARED:
+            # Sent there once, then found not applied: that run sends it again, under the key
+            # it sent before, which alone lets the owner absorb a request of it still on its way.
+            reason = (
+                f"run {found.run_id!r} of its family sent it, was told it was not applied, and"
+                f" holds it to send again under its own key — resume {found.run_id!r}, then"
+                " this run, which takes the outcome settled there"
+            )
+        elif decided is Forked.UNSETTLED:
             reason = (
                 f"run {found.run_id!r} of its family holds it {found.state.value}: it may have"
                 f" happened there — settle it in that run (`safepoint record {found.run_id}`),"
@@ -628,6 +637,7 @@ class EffectDispatch:
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> Flow[OperationRecord]:
         kept_receipt = receipt if receipt is not None else op.receipt
         if step is not None:
@@ -641,6 +651,7 @@ class EffectDispatch:
             receipt=receipt,
             error=error,
             step=step,
+            not_sent=not_sent,
         )
         op = revised(op, state=state, receipt=kept_receipt, error=error)
         self.core.operations[op.operation_id] = op
@@ -683,13 +694,15 @@ class EffectDispatch:
         crashpoint("effect.after_dispatching", self.sid)
         started = time.time_ns() if self.core.watch is not None else 0
         try:
-            receipt = yield Call(keyed(self.effect.execute), (payload, self.key(op)))
+            receipt = yield Call(
+                keyed(host.current.owner_call(self.effect, "execute")), (payload, self.key(op))
+            )
         except NotSent as exc:
             self.seen("dispatch", op, "not_sent", started, exc, payload)
             if op.dispatch_count > 1:
                 # This attempt never left, but an earlier one may have: still uncertain.
                 return (yield from self.record(op, EffectState.UNKNOWN, error=error_evidence(exc)))
-            op = yield from self.record(op, EffectState.PREPARED, error=error_evidence(exc))
+            op = yield from self.record(op, EffectState.PREPARED, error=error_evidence(exc), not_sent=True)
             if op.dispatch_count >= self.effect.max_dispatches:
                 raise
             yield Sleep(_NOT_SENT_BACKOFF_S * 2**op.dispatch_count)
@@ -758,7 +771,7 @@ class EffectDispatch:
         started = time.time_ns() if self.core.watch is not None else 0
         raised = None
         try:
-            answer = yield Call(self.effect.reconcile, (self.key(op),))
+            answer = yield Call(host.current.owner_call(self.effect, "reconcile"), (self.key(op),))
         except Exception as exc:
             answer, raised = Unknown(f"reconcile raised {type(exc).__name__}: {exc}"), exc
         if isinstance(answer, Unknown):  # the owner's words go into the recovery record
@@ -804,7 +817,11 @@ class EffectDispatch:
     def verify(self, op: OperationRecord, step: StepRecord) -> Flow[OperationRecord]:
         assert self.effect.verify is not None
         try:
-            ok = yield Call(self.effect.verify, (op.receipt,), timeout=self.effect.verify_timeout_s)
+            ok = yield Call(
+                host.current.owner_call(self.effect, "verify"),
+                (op.receipt,),
+                timeout=self.effect.verify_timeout_s,
+            )
             reason = "the verifier returned a false value"
         except CallTimedOut:
             ok, reason = False, (f"the verifier did not answer within {self.effect.verify_timeout_s:g}s")

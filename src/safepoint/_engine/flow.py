@@ -29,13 +29,13 @@ import contextlib
 import functools
 import inspect
 import threading
-import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from types import FunctionType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from ..errors import Cancelled, DeadlineExceeded, LostOwnership, StoreError, UsageError
+from . import host
 
 if TYPE_CHECKING:
     from ..storage.base import Store
@@ -261,7 +261,7 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
             elif isinstance(request, Call):
                 send = (
                     request.fn(*request.args, **request.kwargs)
-                    if request.timeout is None
+                    if request.timeout is None or not host.current.threads
                     else _call_timed(request)
                 )
                 if type(send) not in _PLAIN and inspect.isawaitable(send):
@@ -271,7 +271,7 @@ def drive(store: Any, flow: Flow[R], halt: Haltable | None = None) -> R:
                         " it from an async def workflow (AsyncRun)"
                     )
             else:
-                time.sleep(request.seconds)
+                host.current.sleep(request.seconds)
         except BaseException as exc:
             error = _failed(request, exc, halt)
         finished, request = _advance(flow, send, error)

@@ -6,7 +6,6 @@ what its source sent is decided by ``_rules.fork`` as the fork runs (``_engine.d
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,7 @@ from .._rules.secrets import refuse_secrets
 from ..errors import ForkRefused, UsageError
 from ..storage.base import ForkRun, Store
 from ..types import RunRecord
+from . import host
 from .flow import Flow, adrive, drive, io, require_store
 from .workflow import Workflow, workflow_of
 
@@ -125,7 +125,7 @@ def _request(
     request = ForkRun(
         source_run_id=run_id,
         from_step=from_step,
-        run_id=new_run_id if new_run_id is not None else fork_run_id(run_id, uuid.uuid4().hex[:8]),
+        run_id=new_run_id if new_run_id is not None else fork_run_id(run_id, host.current.token()[:8]),
         by=by,
         reason=reason,
         resend=names,

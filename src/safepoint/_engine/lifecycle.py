@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -81,7 +80,7 @@ from ..types import (
     RunStatus,
     UnreadableRun,
 )
-from . import observe
+from . import host, observe
 from .core import RunCore, finish_blocked
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import running
@@ -127,7 +126,7 @@ def new_run(
             f" {type(wf).__name__} there{hint}: pass the function decorated with"
             " @safepoint.workflow(...)"
         )
-    run_id = uuid.uuid4().hex if run_id is None else check_run_id(run_id)
+    run_id = host.current.token() if run_id is None else check_run_id(run_id)
     spend = merged_budget(wf.budget, budget)
     deadline_at, deadline_ms = deadline_of(deadline if deadline is not None else wf.deadline)
     return _new_run_record(
@@ -240,13 +239,13 @@ def _attach_flow(
     slice_clock: SliceClock | None = None,
 ) -> Flow[Any]:
     """Wait for a live worker to finish the run (or die, and then take it over)."""
-    deadline = time.monotonic() + timeout
+    deadline = host.current.monotonic() + timeout
     pause = 0.02
     while True:
         try:
             return (yield from resume_flow(store, wf, run, lease_ms, slice_clock))
         except RunOwned:
-            if time.monotonic() >= deadline:
+            if host.current.monotonic() >= deadline:
                 raise
         yield Sleep(pause)
         pause = min(pause * 2, _ATTACH_POLL_MAX_S)

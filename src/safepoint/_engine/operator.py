@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-import uuid
 import warnings
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from ..types import (
     RunRecord,
     RunStatus,
 )
+from . import host
 from .flow import Flow, adrive, drive, io, require_store
 from .lifecycle import chain_head
 
@@ -76,7 +76,7 @@ def _request(
             "expires is a timedelta (from now, on the store's clock), a datetime, or None (does not expire)"
         )
     return ApprovalRequest(
-        approval_id=uuid.uuid4().hex,
+        approval_id=host.current.token(),
         by=by,
         evidence=evidence,
         ttl_ms=ttl_ms,
@@ -381,7 +381,7 @@ def _ask(effect: Effect, key: EffectKey) -> Any:
     """The owner's answer to ``reconcile(key)``; a reconcile that raises answers Unknown."""
     assert effect.reconcile is not None
     try:
-        answer = effect.reconcile(key)
+        answer = host.current.owner_call(effect, "reconcile")(key)
         if inspect.isawaitable(answer):
             answer = _awaited(answer)
     except Exception as exc:

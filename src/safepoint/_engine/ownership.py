@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import LostOwnership
 from ..types import Claim
+from . import host
 
 DEFAULT_LEASE_MS = 30_000
 
@@ -62,7 +63,7 @@ os.register_at_fork(after_in_child=_new_token)
 def worker_id() -> str:
     """This process's identity as an owner: ``host:boot:pidns:pid:token`` (no fork keeps the
     token)."""
-    return f"{_HOST}:{_BOOT}:{_PIDNS}:{os.getpid()}:{_token}"
+    return host.current.worker_id(f"{_HOST}:{_BOOT}:{_PIDNS}:{os.getpid()}:{_token}")
 
 
 def owner_is_gone(owner: str) -> bool:
@@ -114,7 +115,8 @@ class Heartbeat:
         self._renew: Callable[[Claim], None] = renew
 
     def __enter__(self) -> Heartbeat:
-        if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
+        # Shorter leases are for tests that expire them on purpose; a simulated host beats none.
+        if self._claim.lease_ms >= 300 and host.current.threads:
             self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat", daemon=True)
             self._thread.start()
         return self

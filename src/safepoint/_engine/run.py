@@ -11,11 +11,10 @@ them, and fans out (``parallel`` / ``gather``).
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal, NoReturn, ParamSpec, overload
 
 from .._rules.canonical import input_hash, require_json
@@ -26,6 +25,7 @@ from .._rules.secrets import refuse_secrets
 from .._rules.transcript import Transcript, is_reading_only
 from ..errors import UsageError
 from ..types import JSON, Budget, Retry, StepKind
+from . import host
 from .core import RunCore
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
@@ -95,9 +95,9 @@ def _as_max_age(max_age: timedelta | float | None) -> timedelta | None:
 
 
 _VALUES: dict[str, Callable[[], str | float]] = {
-    "now": lambda: datetime.now(UTC).isoformat(),
-    "random": lambda: int.from_bytes(os.urandom(7)) / 2**56,
-    "uuid": lambda: str(uuidlib.uuid4()),
+    "now": lambda: host.current.wall_now().isoformat(),
+    "random": lambda: host.current.random(),  # noqa: PLW0108 (the host of the moment, not of import)
+    "uuid": lambda: str(uuidlib.UUID(host.current.token(), version=4)),
 }
 
 # Branches run on threads in a plain workflow: enough for I/O-bound steps, bounded so that a
@@ -486,19 +486,16 @@ class Run(_RunBase):
         named, prefixes = self._group(step_id, branches)
         if max_threads < 1:
             raise UsageError("max_threads must be 1 or more")
-        results: list[Any] = [None] * len(named)
-        errors: list[BaseException | None] = [None] * len(named)
-        with ThreadPoolExecutor(
-            max_workers=min(max_threads, len(named) or 1), thread_name_prefix=f"safepoint-{step_id}"
-        ) as pool:
-            futures = [
-                pool.submit(self._core.branch, fn, Run(self._core, prefix), prefix)
+        outcomes = host.current.fan_out(
+            [
+                partial(self._core.branch, fn, Run(self._core, prefix), prefix)
                 for (_, fn), prefix in zip(named, prefixes, strict=True)
-            ]
-            for index, future in enumerate(futures):
-                errors[index] = future.exception()  # waits; BaseExceptions included
-                if errors[index] is None:
-                    results[index] = future.result()
+            ],
+            max_threads,
+            f"safepoint-{step_id}",
+        )
+        results = [value for value, _ in outcomes]
+        errors = [error for _, error in outcomes]
         return _outcome(named, results, errors, isinstance(branches, Mapping))
 
     def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from ..errors import SliceEnded, UsageError
 from ..storage.base import Store
 from ..types import Claim, RunStatus, Unfinished
+from . import host
 from .flow import Flow, io
 
 # What ``slice=`` takes: a ``timedelta``, or a number of seconds.
@@ -58,10 +58,10 @@ class SliceClock:
     threads at once."""
 
     def __init__(
-        self, seconds: float, *, began_at: float | None = None, clock: Callable[[], float] = time.monotonic
+        self, seconds: float, *, began_at: float | None = None, clock: Callable[[], float] | None = None
     ) -> None:
         self.seconds = seconds
-        self._clock = clock
+        self._clock = clock = clock or host.current.monotonic
         self.began_at = clock() if began_at is None else began_at
         self._stepped = False  # a new step began in this call
         self._lock = threading.Lock()

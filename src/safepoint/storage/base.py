@@ -305,9 +305,14 @@ class Store(Protocol):
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit.
-        Never held to the history limit: what happened is always recorded."""
+        Never held to the history limit: what happened is always recorded. The run keeps its
+        family's claim on the operation whatever the outcome — a request it sent may still
+        arrive, and only its own key lets the owner absorb that — but for ``not_sent`` (back
+        to prepared because the dispatch provably never left): the claim goes back, for any
+        member of the family to take."""
         ...
 
     def finish_run(
@@ -666,6 +671,7 @@ class AsyncStore(Protocol):
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         """Record an outcome; with ``step`` (acceptance) the effect's step row in the same commit."""
         ...

@@ -1,9 +1,10 @@
 """Run families, written once for every store: what another member of a run's family holds
-(``family_operation``, ``family_names``) and a claim given back (``release_in_family``), as plans
-over named queries both dialects define alike (``family_*``). The claim itself is taken with the
-dispatch, by each dialect its own way: in the dispatch's transaction (SQLite, ``family_claim``),
-in the dispatch's statement (PostgreSQL, its ``claimed`` CTE). What a family key is, and what a
-member does with a refusal, are ``_rules.family``'s and the engine's.
+(``family_operation``, ``family_names``), as plans over named queries both dialects define alike
+(``family_*``). The claim itself is taken with the dispatch, and given back only by a dispatch
+that provably never left (``Store.record_outcome(..., not_sent=True)``), by each dialect its own
+way: in the dispatch's transaction (SQLite, ``family_claim`` / ``family_release``), in the
+dispatch's statement (PostgreSQL, its ``claimed`` and ``released`` CTEs). What a family key is,
+and what a member does with a refusal, are ``_rules.family``'s and the engine's.
 """
 
 from __future__ import annotations
@@ -12,11 +13,6 @@ from ..types import OperationRecord
 from ._rows import operation_record
 from .codec import Codec
 from .plans import Plan, Queries
-
-
-def release_in_family(q: Queries, run_id: str, operation_id: str) -> Plan[None]:
-    """A person said ``operation_id`` of ``run_id`` was not applied: its claim is given back."""
-    yield q("family_release", run_id=run_id, operation_id=operation_id)
 
 
 def family_operation(

@@ -494,11 +494,12 @@ class AsyncPostgresStore:
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         warn(
             await self._run(
                 self._ledger.record_outcome(
-                    claim, operation_id, state, receipt=receipt, error=error, step=step
+                    claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
                 ),
                 atomic=False,
             )

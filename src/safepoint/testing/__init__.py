@@ -39,6 +39,9 @@ optionally narrowed: ``point:prefix`` only at step ids starting ``prefix``, ``po
 - ``FakeModelServer``, ``Turn``, ``FakeRequest`` — a fake of the Anthropic and OpenAI model APIs
   that the real SDK clients talk to over HTTP, answering from a script, with faults to inject;
 - ``StoreConformance``, ``SyncOverAsync`` — the suite that defines a correct store (needs pytest);
+- ``simulate`` — explore thousands of interleavings of your workflows' runs with crashes,
+  faults and people's actions on a virtual clock, checking that no effect is applied twice
+  (``safepoint.testing.simulation`` holds its parts);
 - ``forget_workflows`` — forget registered workflows, as a new process would not know them.
 """
 
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from .owner import OwnerRejected as OwnerRejected
     from .owner import OwnerService as OwnerService
     from .owner import OwnerUnavailable as OwnerUnavailable
+    from .simulation import simulate as simulate
     from .sync_over_async import SyncOverAsync as SyncOverAsync
 
 __all__ = [
@@ -97,6 +101,7 @@ __all__ = [
     "owner_client",
     "owner_effect",
     "run_child",
+    "simulate",
     "spawn_child",
 ]
 
@@ -124,6 +129,7 @@ _LOADED_LATER = {
     "OwnerRejected": "owner",
     "OwnerService": "owner",
     "OwnerUnavailable": "owner",
+    "simulate": "simulation",
 }
 
 

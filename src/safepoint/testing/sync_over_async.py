@@ -174,9 +174,12 @@ class SyncOverAsync:
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         self._call(
-            self.store.record_outcome(claim, operation_id, state, receipt=receipt, error=error, step=step)
+            self.store.record_outcome(
+                claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
+            )
         )
 
     def finish_run(

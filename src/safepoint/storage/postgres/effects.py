@@ -123,6 +123,7 @@ class PostgresEffects(PostgresBase):
         receipt: JSON,
         error: JSON,
         step: StepRecord | None,
+        not_sent: bool = False,
     ) -> Plan[HistoryWarning | None]:
         result, result_ref, content = (
             (None, None, None) if step is None else self._stored_result(claim.run_id, step)
@@ -140,6 +141,7 @@ class PostgresEffects(PostgresBase):
                 result_size=None if content is None else len(content),
                 operation_id=operation_id,
                 state=state.value,
+                not_sent=not_sent,
                 receipt=self._sealed(receipt, "safepoint_operations", "receipt", claim.run_id, operation_id),
                 error=self._sealed(error, "safepoint_operations", "error", claim.run_id, operation_id),
                 event_kind=kind,

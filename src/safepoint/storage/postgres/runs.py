@@ -12,7 +12,6 @@ from ...errors import ResolutionRefused
 from ...types import JSON, Claim, EffectState, Resolution, ResolutionAction, RunRecord, RunStatus
 from ..base import NewRun, retry_json
 from ..codec import seal_record
-from ..families import release_in_family
 from ..ledger import event_json, json_or_none, stored
 from ..plans import Plan
 from .connection import CLAIM_CANDIDATES, PostgresBase, _claim
@@ -218,8 +217,6 @@ class PostgresRuns(PostgresBase):
                     resolution.receipt, "safepoint_operations", "receipt", run_id, resolution.operation_id
                 ),
             )
-            if rows and resolution.action is ResolutionAction.NOT_APPLIED:
-                yield from release_in_family(_q, run_id, resolution.operation_id or "")
             if rows:  # released: wake a waiting worker
                 yield _q("notify_work", workflow=rows[0]["workflow"])
         run = yield from self.get_run(run_id)

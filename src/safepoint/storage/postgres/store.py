@@ -421,11 +421,12 @@ class PostgresStore:
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         warn(
             self._run(
                 self._ledger.record_outcome(
-                    claim, operation_id, state, receipt=receipt, error=error, step=step
+                    claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
                 ),
                 atomic=False,
             )

@@ -116,6 +116,24 @@ class SqliteConnection:
             self._local.conn, self._local.pid = conn, os.getpid()
         return conn
 
+    def memory_copy(self, *, clock: Callable[[], int] | None = None) -> Any:
+        """A new in-memory store holding a copy of this one's database as it stands now — a
+        template migrated once and cloned per test, or per simulated schedule — on ``clock``
+        (this store's, by default). Nothing is migrated again; the copy shares nothing with
+        this store after it returns."""
+        copy = object.__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        copy._clock = clock or self._clock
+        copy._local = threading.local()
+        copy._turns = threading.RLock()
+        copy._target = f"file:safepoint-{uuid.uuid4().hex}?mode=memory&cache=shared"
+        copy._uri = True
+        copy.url = "memory:"
+        copy._keeper = copy._connect()
+        with self._turn():
+            self._conn().backup(copy._keeper)
+        return copy
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():

@@ -15,8 +15,7 @@ from ...errors import HistoryWarning, StoreError
 from ...types import JSON, Claim, EffectState, OperationRecord, StepRecord
 from .._rows import operation_record
 from ..base import check_payload, refuse_gated
-from ..families import release_in_family
-from .connection import QUERIES, SQL
+from .connection import SQL
 from .steps import SqliteSteps
 
 
@@ -184,6 +183,7 @@ class SqliteEffects(SqliteSteps):
         receipt: JSON = None,
         error: JSON = None,
         step: StepRecord | None = None,
+        not_sent: bool = False,
     ) -> None:
         now = self.now()
         with self._write() as conn:
@@ -209,8 +209,8 @@ class SqliteEffects(SqliteSteps):
                     run_id=claim.run_id,
                     operation_id=operation_id,
                 )
-            if state is EffectState.PREPARED:  # provably never sent: the family's claim goes back
-                self._within(conn, release_in_family(QUERIES, claim.run_id, operation_id))
+            if not_sent:  # provably never left: the family's claim goes back (see Store.record_outcome)
+                conn.execute(SQL["family_release"], {"run_id": claim.run_id, "operation_id": operation_id})
             if step is not None:
                 self._upsert_step(conn, claim, step, now)
             self._event(

@@ -29,9 +29,8 @@ from ...types import (
 )
 from ..base import NewRun, retry_json
 from ..codec import seal_record
-from ..families import release_in_family
 from ..ledger import json_or_none
-from .connection import QUERIES, SQL, SqliteConnection
+from .connection import SQL, SqliteConnection
 
 _WAKE_POLL_S = 0.005
 
@@ -342,8 +341,6 @@ class SqliteRuns(SqliteConnection):
                     != 1
                 ):
                     raise _NotApplicable  # rolls the run's update back with it
-                if resolution.action is ResolutionAction.NOT_APPLIED and resolution.step_id is None:
-                    self._within(conn, release_in_family(QUERIES, run_id, resolution.operation_id or ""))
                 self._event(
                     conn,
                     run_id,

@@ -11,7 +11,7 @@ import pytest
 from ..._rules.canonical import digest, dumps
 from ...errors import ArtifactMissing, LostOwnership, RunNotFound
 from ...storage.base import Store
-from ...types import Claim, EffectState, RunStatus, StepKind
+from ...types import Claim, EffectState, Resolution, ResolutionAction, RunStatus, StepKind
 from ._concerns import ACROSS_RUNS, CONTROL, VALUES, exercises
 from ._support import (
     LARGE,
@@ -121,4 +121,31 @@ class FenceTests(ConformanceBase):
         assert (released.status, released.owner) == (RunStatus.RUNNING, None)
         claim = store.claim_run(run.run_id, released.state_revision, "worker-c", LONG_LEASE_MS)
         assert claim is not None  # no lease left to wait for
-        assert claim.fence == new.fence + 1
+        assert claim.fence > new.fence
+
+    @exercises(VALUES, CONTROL, ACROSS_RUNS)
+    @pytest.mark.parametrize("let_go", ["release_run", "end_slice", "resolve"])
+    def test_a_run_let_go_refuses_every_write_of_the_hand_that_held_it(self, let_go: str) -> None:
+        """A worker gave the run back (``release_run``, ``end_slice``), or it blocked and a
+        person released it (``resolve``): the run is running with no owner, and a write its last
+        holder issued before letting go — a fan-out branch paused right before its statement —
+        must not land when it arrives."""
+        store = self.store()
+        run, claim = self.start(store)
+        store.record_step(claim, make_step(run.run_id, "s1", 1))
+        op, payload = make_operation(run.run_id, f"op-{_uid()}")
+        store.prepare_effect(claim, op, payload)
+        if let_go == "release_run":
+            store.release_run(claim)
+        elif let_go == "end_slice":
+            store.end_slice(claim, step_id="s2", detail={"slice_ms": 1, "elapsed_ms": 2, "before_step": "s2"})
+        else:
+            store.mark_dispatching(claim, op.operation_id)
+            store.finish_run(claim, RunStatus.BLOCKED, recovery_record={"phase": "reconcile_effect"})
+            blocked = store.get_run(run.run_id)
+            decision = Resolution(ResolutionAction.NOT_APPLIED, by="ana", operation_id=op.operation_id)
+            store.resolve(run.run_id, blocked.state_revision, decision)
+        released = store.get_run(run.run_id)
+        assert (released.status, released.owner) == (RunStatus.RUNNING, None)
+        assert released.fence > claim.fence
+        self._assert_stale_claim_writes_nothing(store, claim, op.operation_id)

@@ -116,7 +116,7 @@ SELECT * FROM created;
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
-    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL,
+    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL, fence = fence + 1,
         lease_expires_at = NULL, state_revision = state_revision + 1,
         event_count = event_count + 1, updated_at = (SELECT now FROM clock)
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
@@ -158,7 +158,7 @@ SELECT workflow FROM run;
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
-    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL,
+    SET status = 'running', error = NULL, recovery_record = NULL, owner = NULL, fence = fence + 1,
         lease_expires_at = NULL, state_revision = state_revision + 1,
         event_count = event_count + 1,
         step_count = step_count - CASE WHEN %(applied)s THEN 0 ELSE 1 END,
@@ -629,10 +629,11 @@ operation AS (
     WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s  -- a key probe, as above
     RETURNING o.run_id, owned.now
 ),
--- back to prepared (provably never sent): the family's claim on it goes back
+-- a dispatch that provably never left: the family's claim on it goes back (any other outcome
+-- keeps it here: a request this run sent may still arrive, and only its key absorbs that)
 released AS (
     UPDATE safepoint_family_claims SET sent = false
-    WHERE %(state)s = 'prepared' AND run_id = %(run_id)s AND operation_id = %(operation_id)s
+    WHERE %(not_sent)s AND run_id = %(run_id)s AND operation_id = %(operation_id)s
       AND EXISTS (SELECT 1 FROM owned)
 ),
 -- a large step result, stored once whoever stores it; only with the outcome (FROM operation)
@@ -705,9 +706,11 @@ SELECT now FROM finished;
 
 -- name: release_run
 -- Give up ownership without changing the status (a graceful stop); only the holder can. The
--- run becomes claimable at once (claim_next takes running runs without a lease).
+-- run becomes claimable at once (claim_next takes running runs without a lease). The fence
+-- moves on: a write the holder issued before letting go (a fan-out branch paused before its
+-- statement) is refused as stale when it lands — a running run with no owner accepts none.
 UPDATE safepoint_runs
-SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+SET owner = NULL, fence = fence + 1, lease_expires_at = NULL, state_revision = state_revision + 1,
     updated_at = safepoint_now_ms()
 WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
 RETURNING workflow;
@@ -1434,11 +1437,6 @@ WHERE c.family_id = COALESCE(r.family_id, r.run_id) AND c.sent
                               WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s))
   AND NOT (c.run_id = r.run_id AND c.operation_id = %(operation_id)s);
 
--- name: family_release
--- A person said the operation was not applied: its claim is given back (not sent).
-UPDATE safepoint_family_claims SET sent = false
-WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
-
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
 -- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for
 -- its timer), released; a message sent finds it waiting and makes it pending. Both sides take
@@ -1606,7 +1604,7 @@ WHERE status = 'waiting' AND wake_at > safepoint_now_ms();
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 owned AS (
     UPDATE safepoint_runs
-    SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+    SET owner = NULL, fence = fence + 1, lease_expires_at = NULL, state_revision = state_revision + 1,
         event_count = event_count + 1, updated_at = clock.now
     FROM clock
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'

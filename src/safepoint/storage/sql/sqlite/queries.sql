@@ -105,9 +105,10 @@ UPDATE safepoint_runs SET step_count = step_count - 1 WHERE run_id = :run_id;
 
 -- name: resolve
 -- The resolved run leaves "blocked": released for any worker (running, no owner), or ended
--- (cancelled, when abandoned). Compare-and-set on the revision the person looked at.
+-- (cancelled, when abandoned). Compare-and-set on the revision the person looked at. The fence
+-- moves on, as at every release: no write of the worker that blocked it lands after this.
 UPDATE safepoint_runs
-SET status = :status, error = :error, recovery_record = NULL, owner = NULL,
+SET status = :status, error = :error, recovery_record = NULL, owner = NULL, fence = fence + 1,
     lease_expires_at = NULL, state_revision = state_revision + 1,
     event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND state_revision = :expected_revision AND status = 'blocked';
@@ -274,9 +275,12 @@ SET status = :status, result = :result, result_ref = :result_ref, error = :error
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: release_run
--- Give up ownership without changing the status (a graceful stop); only the holder can.
+-- Give up ownership without changing the status (a graceful stop); only the holder can. The
+-- fence moves on: a write the holder issued before letting go (a fan-out branch paused before
+-- its statement) is refused as stale when it lands — a running run with no owner accepts none.
 UPDATE safepoint_runs
-SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1, updated_at = :now
+SET owner = NULL, fence = fence + 1, lease_expires_at = NULL, state_revision = state_revision + 1,
+    updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running';
 
 -- name: record_step
@@ -808,7 +812,7 @@ WHERE r.run_id = :run_id AND c.operation_id = :operation_id
 LIMIT 1;
 
 -- name: family_release
--- A person said the operation was not applied: its claim is given back (not sent).
+-- The operation's dispatch provably never left (NotSent): its claim is given back.
 UPDATE safepoint_family_claims SET sent = 0
 WHERE run_id = :run_id AND operation_id = :operation_id;
 
@@ -914,9 +918,9 @@ WHERE status = 'waiting' AND wake_at > :now;
 -- name: end_slice
 -- Release the run at the end of a slice: no owner, no lease, the status kept (running: the
 -- next claim takes it at once); counts the run.slice_ended event written with it. Only the
--- holder of the fence can.
+-- holder of the fence can; the fence moves on, as at every release (release_run).
 UPDATE safepoint_runs
-SET owner = NULL, lease_expires_at = NULL, state_revision = state_revision + 1,
+SET owner = NULL, fence = fence + 1, lease_expires_at = NULL, state_revision = state_revision + 1,
     event_count = event_count + 1, updated_at = :now
 WHERE run_id = :run_id AND fence = :fence AND status = 'running'
 RETURNING run_id;

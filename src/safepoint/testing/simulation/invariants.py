@@ -1,0 +1,169 @@
+"""What must hold after any schedule, whatever the order, the crashes and the people did.
+
+- ``once per family`` — each business operation applied at most once at its owner across a run,
+  its forks and successors, unless a person named it for resend (once more per naming); each
+  transaction step's writes committed at most once across the family;
+- ``stale fence`` — no write accepted from a worker whose fence was no longer the run's;
+- ``tool calls answered`` — no model request carried a tool call without its result;
+- ``budget`` — no run spent more tokens than its budget and one call in flight;
+- ``nothing lost`` — every receipt a run recorded is the owner's, and every operation the owner
+  applied for a run that completed is recorded as applied there;
+- ``actionable`` — once time settles, every run has completed, failed, been cancelled, is waiting,
+  stopped or blocked with a recovery record — never pending or running with nobody on it;
+- ``engine error`` — a failed run failed with an error its workflow may raise (``Config``'s
+  ``expected_failures``), not one of the engine's own.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Collection
+from typing import Any
+
+from .world import Violation, World
+
+
+def check(w: World, *, settled: bool, expected_failures: Collection[str] | None) -> list[Violation]:
+    """Every invariant, on the world as it now stands."""
+    found: list[Violation] = []
+    found += _once_per_family(w)
+    found += [Violation("stale fence", s) for s in w.store.stale_writes]
+    found += [Violation("tool calls answered", s) for s in w.unanswered]
+    found += _budgets(w)
+    found += _nothing_lost(w)
+    if expected_failures is not None:
+        found += _engine_errors(w, expected_failures)
+    if settled:
+        found += _actionable(w)
+    return found
+
+
+def allowed_resends(w: World) -> Counter[str]:
+    """Per business operation: how many times a person named it for resend."""
+    allowed: Counter[str] = Counter()
+    for named in w.resends:
+        for business in w.business_of.get(named, ()):
+            allowed[business] += 1
+    return allowed
+
+
+def _senders(w: World, business: str) -> list[str]:
+    return sorted({a.run_id for a in w.owner.by_key.values() if a.business == business})
+
+
+def _once_per_family(w: World) -> list[Violation]:
+    allowed = allowed_resends(w)
+    found = [
+        Violation(
+            "once per family",
+            f"{business} applied {count} times at its owner (resends named: {allowed[business]})"
+            f" — by {', '.join(_senders(w, business))}",
+        )
+        for business, count in sorted(w.owner.applied.items())
+        if count > 1 + allowed[business]
+    ]
+    committed: dict[tuple[str, str], list[str]] = {}
+    for run_id, family_key, step_id in w.store.commits:
+        committed.setdefault((w.family_of(run_id), family_key or step_id), []).append(run_id)
+    for (_, key), runs in sorted(committed.items()):
+        if len(runs) > 1:
+            found.append(
+                Violation("once per family", f"{key} committed {len(runs)} times, by {', '.join(runs)}")
+            )
+    return found
+
+
+def _budgets(w: World) -> list[Violation]:
+    return [
+        Violation(
+            "budget",
+            f"run {run_id} spent {spent} tokens of a budget of {budget} (its largest call: {largest})",
+        )
+        for run_id, spent, budget, largest in w.connection.execute(
+            "SELECT r.run_id, r.tokens_spent, r.token_budget,"
+            " (SELECT coalesce(max(s.tokens), 0) FROM safepoint_steps s WHERE s.run_id = r.run_id)"
+            " FROM safepoint_runs r WHERE r.token_budget IS NOT NULL"
+        )
+        if spent > budget + largest
+    ]
+
+
+def _receipt(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _nothing_lost(w: World) -> list[Violation]:
+    found: list[Violation] = []
+    receipts = {a.receipt["id"] for a in w.owner.by_key.values()}
+    recorded: dict[tuple[str, str], str] = {}
+    for run_id, operation_id, state, key, text in w.connection.execute(
+        "SELECT run_id, operation_id, state, effect_key, receipt FROM safepoint_operations"
+    ):
+        receipt = _receipt(text)
+        recorded[(run_id, key)] = state
+        if (
+            state in ("applied", "accepted")
+            and isinstance(receipt, dict)
+            and receipt.get("id") not in receipts
+        ):
+            found.append(
+                Violation(
+                    "nothing lost",
+                    f"run {run_id} recorded {operation_id} applied with a receipt the owner"
+                    f" never gave: {receipt}",
+                )
+            )
+    completed = {
+        row[0] for row in w.connection.execute("SELECT run_id FROM safepoint_runs WHERE status = 'completed'")
+    }
+    for applied in w.owner.by_key.values():
+        if applied.run_id in completed and recorded.get((applied.run_id, applied.key)) not in (
+            None,
+            "applied",
+            "accepted",
+        ):
+            found.append(
+                Violation(
+                    "nothing lost",
+                    f"the owner applied {applied.business} for run {applied.run_id}, which completed"
+                    f" with the operation recorded {recorded[(applied.run_id, applied.key)]}",
+                )
+            )
+    return found
+
+
+def _engine_errors(w: World, expected: Collection[str]) -> list[Violation]:
+    found = []
+    for run_id, error in w.connection.execute(
+        "SELECT run_id, error FROM safepoint_runs WHERE status = 'failed'"
+    ):
+        detail = _receipt(error) or {}
+        kind = str(detail.get("type", "?")) if isinstance(detail, dict) else "?"
+        if kind.rsplit(".", 1)[-1] not in expected:
+            found.append(
+                Violation(
+                    "engine error",
+                    f"run {run_id} failed with {kind}: {str(detail.get('message', error))[:300]}",
+                )
+            )
+    return found
+
+
+def _actionable(w: World) -> list[Violation]:
+    found = []
+    for run_id, status, recovery, owner in w.connection.execute(
+        "SELECT run_id, status, recovery_record, owner FROM safepoint_runs ORDER BY run_id"
+    ):
+        if status in ("pending", "running"):
+            found.append(
+                Violation("actionable", f"run {run_id} is still {status} (owner {owner}) once time settled")
+            )
+        elif status == "blocked" and not recovery:
+            found.append(Violation("actionable", f"run {run_id} is blocked with no recovery record"))
+    return found

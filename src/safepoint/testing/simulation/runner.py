@@ -1,0 +1,253 @@
+"""One schedule, from its tape: set the world up, run it through chaos and then calm, check it.
+
+A schedule starts a few runs of the catalog's workflows (submitted for the workers, or started
+by a client process of their own), two worker processes, a supervisor that restarts the ones
+that die, and a person at the console. For ``chaos_ms`` of virtual time processes die, requests
+fail or lose their answers, workers pause past their leases, the clock jumps and the person
+acts. Then the faults stop and time runs on until every run rests — or ``settle_ms`` passes,
+which is itself a violation (a run nobody carries on). Then every invariant is checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._engine.host import hosted_by
+from ..._engine.worker import Worker
+from ..._engine.workflow import registered
+from ...errors import StoreError
+from ...storage.sqlite import SqliteStore
+from . import people
+from .invariants import check
+from .scheduler import Event, Faults, Process, Scheduler, SimHost, Tape
+from .workflows import BOOKINGS_TABLE, CATALOG
+from .world import OwnerModel, SimOwner, SimStore, Violation, World, _current, ledger_dump
+
+
+@dataclass
+class Config:
+    """What a schedule holds, and for how long it is shaken."""
+
+    runs: int = 3  # instances of the catalog's workflows
+    workflows: Sequence[str] = CATALOG
+    arguments: Callable[[str, int, Tape], tuple[Any, ...]] | None = None  # (workflow, n, tape) → args
+    workers: int = 2
+    lease_ms: int = 1000
+    chaos_ms: int = 6000
+    settle_ms: int = 120_000
+    person_every_ms: int = 600  # 0: nobody at the console
+    faults: Faults = field(default_factory=Faults)
+    owner: OwnerModel = field(default_factory=lambda: OwnerModel(reject=15))
+    setup_sql: Sequence[str] = (BOOKINGS_TABLE,)  # the tables the workflows' transaction steps write
+    # The errors a run may fail with (type names); any other is the engine's. None: not checked.
+    expected_failures: Collection[str] | None = (
+        "EffectRejected",
+        "StepFailed",
+        "WaitTimedOut",
+        "RunCancelled",
+    )
+    max_steps: int = 20_000
+
+
+@dataclass
+class Schedule:
+    """What one schedule did and found."""
+
+    seed: int | None
+    tape: list[int]
+    violations: list[Violation]
+    events: list[Event]
+    steps: int
+    requests: int
+    ledger: str = ""
+
+    def story(self, last: int = 60) -> str:
+        """The schedule's events, as a person reads them (the last ``last``)."""
+        shown = self.events[-last:]
+        skipped = len(self.events) - len(shown)
+        return "\n".join(([f"   … {skipped} events before"] if skipped else []) + [f"  {e}" for e in shown])
+
+
+_TEMPLATES: dict[tuple[str, ...], SqliteStore] = {}
+
+
+def _template(setup_sql: Sequence[str]) -> SqliteStore:
+    """A ledger migrated once per process, with a fixed identity (so that effect keys, and so
+    ledgers, are the same for the same tape) and the workflows' own tables."""
+    key = tuple(setup_sql)
+    if key not in _TEMPLATES:
+        store = SqliteStore(":memory:", clock=lambda: 0)
+        conn = store._conn()
+        conn.execute("UPDATE safepoint_ledger SET ledger_id = 'simulated', keyed_since = 0")
+        for statement in setup_sql:
+            conn.execute(statement)
+        template = store.memory_copy()
+        template.identity = template._reading(template._reads.read_identity())
+        store.close()
+        _TEMPLATES[key] = template
+    return _TEMPLATES[key]
+
+
+def _default_arguments(workflow: str, n: int, tape: Tape) -> tuple[Any, ...]:
+    if workflow == "sim.order":
+        return (n, tape.chance(300), not tape.chance(300))
+    return (n,)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """The worker's log lines are the schedule's events here, not the console's."""
+    logger = logging.getLogger("safepoint")
+    kept, before = logging.NullHandler(), logger.propagate
+    logger.addHandler(kept)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(kept)
+        logger.propagate = before
+
+
+def run_schedule(
+    config: Config, *, seed: int | None = None, tape: Sequence[int] = (), keep_ledger: bool = False
+) -> Schedule:
+    """Run the schedule the tape (or the seed) describes, and check it."""
+    scheduler = Scheduler(Tape(seed, tape), config.faults)
+    inner = _template(config.setup_sql).memory_copy(clock=lambda: scheduler.now_ms)
+    conn = inner._conn()
+    owner = SimOwner(scheduler, config.owner)
+    w = World(scheduler, SimStore(inner, scheduler, conn), owner, conn, lease_ms=config.lease_ms)
+    _current.append(w)
+    try:
+        with hosted_by(SimHost(scheduler, owner)), _quiet():
+            _set_up(w, config)
+            finished = scheduler.run(until_ms=scheduler.now_ms + config.chaos_ms, max_steps=config.max_steps)
+            scheduler.chaos = False
+            settled = finished and _settle(w, config)
+            violations = check(w, settled=settled, expected_failures=config.expected_failures)
+            if finished and not settled:
+                violations.append(Violation("actionable", "time did not settle: " + _restless(w)))
+            if not finished:
+                violations.append(
+                    Violation("actionable", f"the schedule did not end within {config.max_steps} steps")
+                )
+            ledger = ledger_dump(conn) if keep_ledger else ""
+            scheduler.close()
+    finally:
+        _current.pop()
+        inner.close()
+    return Schedule(
+        seed,
+        scheduler.tape.recorded(),
+        violations,
+        scheduler.events,
+        scheduler.steps,
+        scheduler.requests,
+        ledger,
+    )
+
+
+def _set_up(w: World, config: Config) -> None:
+    s = w.scheduler
+    arguments = config.arguments or _default_arguments
+    for n in range(1, config.runs + 1):
+        name = config.workflows[s.tape.draw(len(config.workflows))]
+        wf = registered(name)
+        if wf is None:
+            raise LookupError(f"workflow {name!r} is not registered: import the module that defines it")
+        args = arguments(name, n, s.tape)
+        run_id = f"{name.rsplit('.', 1)[-1]}-{n}"
+        if s.tape.chance(250):  # started by a client of its own, not submitted
+            s.spawn(f"client-{n}", people.client(w, run_id, (wf, args)), process=Process(f"client-{n}"))
+        else:
+            from ... import submit
+
+            submit(w.store, wf, *args, run_id=run_id)
+    slots: list[Process] = []
+    for k in range(config.workers):
+        slots.append(_worker(w, f"w{k + 1}", config))
+    s.spawn("supervisor", _supervisor(w, slots, config), process=Process("supervisor", mortal=False))
+    if config.person_every_ms:
+        s.spawn("person", people.person(w, config.person_every_ms), process=Process("person", mortal=False))
+
+
+def _worker(w: World, name: str, config: Config) -> Process:
+    process = Process(name)
+    w.scheduler.spawn(name, _work(w, config), process=process)
+    return process
+
+
+def _work(w: World, config: Config) -> Callable[[], None]:
+    names = sorted({f"{n}@{registered(n).version}" for n in config.workflows if registered(n) is not None})  # type: ignore[union-attr]
+
+    def body() -> None:
+        worker = Worker(w.store, lease_ms=config.lease_ms)  # named after this process
+        idle = 50
+        while True:
+            try:
+                claim = w.store.claim_next(worker.owner, config.lease_ms, names)
+            except StoreError:
+                claim = None
+            if claim is None:
+                w.scheduler.sleep(idle / 1000)
+                idle = min(idle * 2, 2000)
+                continue
+            idle = 50
+            w.scheduler.note(f"claims {claim.run_id} (fence {claim.fence})")
+            worker._execute(claim)
+
+    return body
+
+
+def _supervisor(w: World, slots: list[Process], config: Config) -> Callable[[], None]:
+    """Restarts a dead worker process after a while, under a new name."""
+    restarts = [0]
+
+    def body() -> None:
+        while True:
+            w.scheduler.sleep(0.5)
+            for index, process in enumerate(slots):
+                if process.dead:
+                    restarts[0] += 1
+                    slots[index] = _worker(w, f"w{index + 1}.{restarts[0]}", config)
+                    w.scheduler.note(f"restarts worker {slots[index].name}")
+
+    return body
+
+
+def _resting(w: World) -> bool:
+    busy = w.connection.execute(
+        "SELECT count(*) FROM safepoint_runs WHERE status IN ('pending', 'running')"
+        " OR (status = 'waiting' AND wake_at IS NOT NULL)"
+    ).fetchone()[0]
+    late = any(t.name.startswith("late-") for t in w.scheduler.tasks if not t.done)
+    return not busy and not late
+
+
+def _restless(w: World) -> str:
+    rows = w.connection.execute(
+        "SELECT run_id, status, owner, lease_expires_at, wake_at FROM safepoint_runs"
+        " WHERE status IN ('pending', 'running') OR (status = 'waiting' AND wake_at IS NOT NULL)"
+    ).fetchall()
+    return (
+        "; ".join(f"{r[0]} {r[1]} owner={r[2]} lease={r[3]} wake={r[4]}" for r in rows)
+        or "late deliveries pending"
+    )
+
+
+def _settle(w: World, config: Config) -> bool:
+    """Run on without faults until every run rests; False if it never does."""
+    s = w.scheduler
+    end = s.now_ms + config.settle_ms
+    while s.now_ms < end:
+        if not s.run(until_ms=min(end, s.now_ms + 1000), max_steps=config.max_steps):
+            return False
+        if _resting(w):
+            return True
+        if not s.ready() and all(t.wake_at is None or t.wake_at > end for t in s.tasks if not t.done):
+            s.now_ms = min(end, s.now_ms + 1000)
+    return _resting(w)
