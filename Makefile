@@ -57,7 +57,7 @@ test-oldest: $(UV)              ## the same on the oldest releases our ranges al
 # that the kill, docs and browser tests are not even imported (seconds of collection per core).
 test-fast: $(BIN)/.installed     ## before each commit (~1 min): unit, SQLite, the SDKs on the fake model server
 	$(BIN)/pytest -n auto --dist loadfile -m "not kill and not slow and not browser and not serial and not postgres" \
-		tests/unit tests/integration tests/ops tests/conformance tests/integrations
+		tests/unit tests/integration tests/ops tests/conformance tests/integrations tests/simulation
 
 # The deterministic simulator (docs/guides/simulation.md): make test runs a fixed budget of it;
 # this explores for as long as asked, on every core, and ends with

@@ -7,6 +7,8 @@ import pytest
 
 from safepoint.testing.simulation import Config, explore
 
+pytestmark = pytest.mark.slow  # a minute of one core: make test, not make test-fast
+
 # About a minute of one core in all, in parts the test processes share out.
 SCHEDULES_PER_PART = 700
 

@@ -90,6 +90,13 @@ FAULTS = (
 )
 
 
+def test_a_schedule_runs_the_same_on_a_sqlite_file(tmp_path: Path) -> None:
+    in_memory = replay(seed=31)
+    on_file = replay(Config(directory=tmp_path), seed=31)
+    assert on_file.ledger == in_memory.ledger
+    assert not list(tmp_path.iterdir())  # each schedule's file is gone with it
+
+
 def test_faults_happen_at_every_kind_of_boundary() -> None:
     seen = {
         mark

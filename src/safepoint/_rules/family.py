@@ -18,8 +18,11 @@ from the same place). Every operation names what it is within the family — its
 The claim on a family key is taken by the store in the very transaction that marks the operation
 dispatching (``safepoint.storage.families``): whichever member sends first holds it, in whatever
 order the members carry on, and any other member's dispatch is refused (``ClaimedInFamily``) and
-answered from the holder's outcome — or the member blocks until the holder settles it. A
-person's "not applied" gives the claim back. Everything here is I/O-free.
+answered from the holder's outcome — or the member blocks until the holder settles it. The
+holder keeps the claim when its operation is found not applied (by a person, or by its owner):
+it alone sends it again, under its own key, the only one that lets the owner absorb a request
+of it still on its way. Only a dispatch that provably never left gives the claim back.
+Everything here is I/O-free.
 """
 
 from __future__ import annotations

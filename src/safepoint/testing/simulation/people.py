@@ -155,6 +155,10 @@ def _approval(w: World) -> str | None:
     if w.scheduler.tape.chance(150):
         revoke_approval(w.store, run[0], step, by=BY, reason="changed my mind")
         return f"revoke {run[0]} {step}"
+    if w.scheduler.tape.chance(300):  # an approval that lapses, on the store's (virtual) clock
+        seconds = 1 + w.scheduler.tape.draw(3)
+        approve(w.store, run[0], step, by=BY, expires=timedelta(seconds=seconds))
+        return f"approve {run[0]} {step} for {seconds}s"
     approve(w.store, run[0], step, by=BY)
     return f"approve {run[0]} {step}"
 

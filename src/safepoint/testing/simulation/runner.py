@@ -10,10 +10,14 @@ which is itself a violation (a run nobody carries on). Then every invariant is c
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import sqlite3
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..._engine.host import hosted_by
@@ -51,6 +55,7 @@ class Config:
         "RunCancelled",
     )
     max_steps: int = 20_000
+    directory: str | os.PathLike[str] | None = None  # a SQLite file per schedule there (None: in memory)
 
 
 @dataclass
@@ -92,6 +97,20 @@ def _template(setup_sql: Sequence[str]) -> SqliteStore:
     return _TEMPLATES[key]
 
 
+def _ledger(config: Config, clock: Callable[[], int]) -> tuple[SqliteStore, Path | None]:
+    """The schedule's ledger: a copy of the template, in memory or in a file of its own."""
+    template = _template(config.setup_sql)
+    if config.directory is None:
+        return template.memory_copy(clock=clock), None
+    path = Path(config.directory) / f"ledger-{os.getpid()}-{next(_FILES)}.db"
+    with sqlite3.connect(path) as target:
+        template._conn().backup(target)
+    return SqliteStore(path, clock=clock), path
+
+
+_FILES = itertools.count()
+
+
 def _default_arguments(workflow: str, n: int, tape: Tape) -> tuple[Any, ...]:
     if workflow == "sim.order":
         return (n, tape.chance(300), not tape.chance(300))
@@ -117,7 +136,7 @@ def run_schedule(
 ) -> Schedule:
     """Run the schedule the tape (or the seed) describes, and check it."""
     scheduler = Scheduler(Tape(seed, tape), config.faults)
-    inner = _template(config.setup_sql).memory_copy(clock=lambda: scheduler.now_ms)
+    inner, path = _ledger(config, lambda: scheduler.now_ms)
     conn = inner._conn()
     owner = SimOwner(scheduler, config.owner)
     w = World(scheduler, SimStore(inner, scheduler, conn), owner, conn, lease_ms=config.lease_ms)
@@ -140,6 +159,9 @@ def run_schedule(
     finally:
         _current.pop()
         inner.close()
+        if path is not None:
+            for leftover in path.parent.glob(f"{path.name}*"):  # the file, its WAL and index
+                leftover.unlink()
     return Schedule(
         seed,
         scheduler.tape.recorded(),

@@ -1,8 +1,9 @@
 """The simulation's own workflows: between them, every kind of step and every way a run goes on.
 
-- ``sim.order`` — ten steps: a read, a model step, a decision, a pure step, an effect under a
-  chosen operation id (reconciled), a transaction step, a wait for a message (with a timeout), a
-  durable sleep, and an effect keyed by its step, with no reconcile, approved first when asked;
+- ``sim.order`` — eleven steps: a read, a model step, a decision, a pure step, an effect under
+  a chosen operation id (reconciled), a recorded value, a transaction step, a wait for a message
+  (with a timeout), a durable sleep, and an effect keyed by its step, with no reconcile,
+  approved first when asked;
 - ``sim.fanout`` — two branches at once, each an effect;
 - ``sim.chain`` — an effect per generation, then ``continue_as_new`` twice;
 - ``sim.agent`` — a tool loop against a scripted model that checks, on every request, that each
@@ -71,6 +72,7 @@ def order(run: Run, n: int, approve: bool = False, wait: bool = True) -> dict[st
     charge = run.effect(
         "charge", CHARGE, payload={"business": f"charge:{n}", "total": total}, operation_id=f"charge-{n}"
     )
+    reference = run.uuid("reference")  # a recorded value: the same on every replay
     run.transaction("book", _book, f"book:{n}", run.run_id)
     confirmed = None
     if wait:
@@ -80,7 +82,13 @@ def order(run: Run, n: int, approve: bool = False, wait: bool = True) -> dict[st
             confirmed = "timed out"
     run.sleep(0.5, step_id="cool")
     email = run.effect("email", EMAIL, payload={"business": f"email:{n}", "route": route}, approval=approve)
-    return {"charge": charge["id"], "email": email["id"], "plan": plan["text"], "confirmed": confirmed}
+    return {
+        "charge": charge["id"],
+        "email": email["id"],
+        "plan": plan["text"],
+        "confirmed": confirmed,
+        "reference": reference,
+    }
 
 
 @workflow("sim.fanout")
