@@ -204,3 +204,24 @@ def test_a_users_workflow_that_sends_twice_is_caught(claims_never_taken: list[st
     )
     with pytest.raises(AssertionError, match="once per family"):
         report.check()
+
+
+@sp.workflow("sim-user.constant")
+def constant(run: sp.Run) -> str:
+    """Every run sends the same payload: one business operation per run, not per schedule."""
+    return str(run.effect("send", MAIL, payload={"what": "the same for all"})["id"])
+
+
+def test_runs_of_different_families_may_send_the_same_payload() -> None:
+    report = simulate(constant, runs=3, schedules=20, seed=1, faults=Faults.none(), people=False)
+    report.check()
+
+
+@sp.workflow("sim-user.async")
+async def asynchronous(run: sp.AsyncRun) -> None:
+    return None
+
+
+def test_an_async_workflow_is_refused_not_left_unrun() -> None:
+    with pytest.raises(ValueError, match="is async"):
+        simulate(asynchronous, schedules=1, seed=1)

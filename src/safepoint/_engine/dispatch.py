@@ -567,11 +567,18 @@ class EffectDispatch:
         if decided is Forked.UNSETTLED and found.state is EffectState.PREPARED:
             # Sent there once, then found not applied: that run sends it again, under the key
             # it sent before, which alone lets the owner absorb a request of it still on its way.
-            reason = (
-                f"run {found.run_id!r} of its family sent it, was told it was not applied, and"
-                f" holds it to send again under its own key — resume {found.run_id!r}, then"
-                " this run, which takes the outcome settled there"
-            )
+            holder = yield from io(Store.get_run, found.run_id)
+            if holder.status.terminal:
+                reason = (
+                    f"run {found.run_id!r} of its family sent it, was told it was not applied,"
+                    f" and ended {holder.status.value} without sending it again"
+                )
+            else:
+                reason = (
+                    f"run {found.run_id!r} of its family sent it, was told it was not applied,"
+                    f" and holds it to send again under its own key — resume {found.run_id!r},"
+                    " then this run, which takes the outcome settled there"
+                )
         elif decided is Forked.UNSETTLED:
             reason = (
                 f"run {found.run_id!r} of its family holds it {found.state.value}: it may have"

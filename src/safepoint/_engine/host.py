@@ -48,6 +48,11 @@ class Host:
         """The name this caller claims runs under: the process's own (``machine_id``)."""
         return machine_id
 
+    def owner_gone(self, owner: str) -> bool | None:
+        """Whether the process named ``owner`` is provably gone, when this host knows (a
+        simulation does); None: ask the operating system (``ownership.owner_is_gone``)."""
+        return None
+
     def owner_call(self, effect: Any, what: str) -> Callable[..., Any]:
         """The callable that carries out ``effect``'s ``execute``, ``reconcile`` or ``verify``:
         the effect's own (a simulation answers from its model of the owner instead)."""

@@ -72,11 +72,14 @@ def owner_is_gone(owner: str) -> bool:
     Anything uncertain (another host, a live pid that may be reused) answers False, which only
     means waiting for the lease — the safe direction.
     """
+    known = host.current.owner_gone(owner)  # a simulation knows its processes
+    if known is not None:
+        return known
     parts = owner.split(":")
     if len(parts) != 5 or "-" in (_BOOT, _PIDNS):  # without both, "this machine" is unknowable
         return False
-    host, boot, pidns, pid_text, token = parts
-    if (host, boot, pidns) != (_HOST, _BOOT, _PIDNS) or not pid_text.isdigit():
+    host_name, boot, pidns, pid_text, token = parts
+    if (host_name, boot, pidns) != (_HOST, _BOOT, _PIDNS) or not pid_text.isdigit():
         return False
     pid = int(pid_text)
     if pid == os.getpid():

@@ -148,10 +148,12 @@ def refused_dispatch(op: OperationRecord, approvals: list[ApprovalRecord], now: 
 
 
 def may_reprepare(op: OperationRecord, *, replans: bool = False) -> bool:
-    """Whether an operation may take a new payload: it never left (prepared: its key was never
-    sent with the old one), and either it needs approval (so the new payload must be approved
-    anew) or the run re-plans (compatibility policy ``replan``)."""
-    return op.state is EffectState.PREPARED and (op.approval_required or replans)
+    """Whether an operation may take a new payload: it never left (prepared, and never marked
+    dispatching: an operation back to prepared after a dispatch — found not applied — may still
+    have a request on its way under its key, which must never carry another payload), and
+    either it needs approval (so the new payload must be approved anew) or the run re-plans
+    (compatibility policy ``replan``)."""
+    return op.state is EffectState.PREPARED and op.dispatch_count == 0 and (op.approval_required or replans)
 
 
 def plan_approval(

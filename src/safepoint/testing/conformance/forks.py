@@ -258,6 +258,34 @@ class ForkTests(ConformanceBase):
         )
         assert store.family_operation(other.run_id, "op nope") is None
 
+    def test_the_holder_keeps_its_claim_unless_its_dispatch_provably_never_left(self) -> None:
+        """A member whose dispatch went back to prepared keeps the family's claim — a request
+        of it may still be on its way, and only its key absorbs that — unless that dispatch
+        provably never left (``not_sent``): then the next member to send takes the claim."""
+        store = self.store()
+        source, _, _ = self._ended(store)
+        fork = store.fork_run(self._fork(source, "b"))
+        other = store.fork_run(self._fork(source, "b"))
+        held, data = make_operation(fork.run_id, "route", {"n": 1})
+        held = replace(held, family_key="op route")
+        claim = store.claim_run(fork.run_id, fork.state_revision, "worker-a", 60_000)
+        assert claim is not None
+        store.prepare_and_mark_dispatching(claim, held, data)
+        store.record_outcome(claim, "route", EffectState.PREPARED)  # found not applied, say
+        late, late_data = make_operation(other.run_id, "route", {"n": 1})
+        late = replace(late, family_key="op route")
+        other_claim = store.claim_run(other.run_id, other.state_revision, "worker-b", 60_000)
+        assert other_claim is not None
+        store.prepare_effect(other_claim, late, late_data)
+        with pytest.raises(ClaimedInFamily):  # still the holder's
+            store.mark_dispatching(other_claim, "route")
+        store.mark_dispatching(claim, "route")  # the holder sends it again
+        store.record_outcome(claim, "route", EffectState.PREPARED, not_sent=True)  # never left
+        sent = store.mark_dispatching(other_claim, "route")  # given back: the next sender takes it
+        assert (sent.state, sent.dispatch_count) == (EffectState.DISPATCHING, 1)
+        with pytest.raises(ClaimedInFamily):  # and holds it now
+            store.mark_dispatching(claim, "route")
+
     def test_a_fork_copies_a_step_that_took_its_outcome_from_its_source(self) -> None:
         """An effect step of a fork that took the source's outcome is recorded with no operation
         of its own: a fork of that fork copies the step, and finds the operation up the line."""

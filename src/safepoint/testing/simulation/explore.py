@@ -24,6 +24,7 @@ class Report:
     """What an exploration did: how much it ran, and the first failure it found (shrunk)."""
 
     first_seed: int
+    config: Config | None = None  # what the schedules held (None: the default Config)
     schedules: int = 0
     requests: int = 0
     steps: int = 0
@@ -54,8 +55,12 @@ class Report:
         lines = [
             f"simulation: {self.violations} violation(s) in the schedule of seed {self.failure.seed}:",
             *(f"  - {v}" for v in self.failure.violations),
-            f"replay it: SIM_SEED={self.failure.seed} make simulate (for your own workflows:"
-            f" simulate(…, seed={self.failure.seed}, schedules=1))",
+            (
+                f"replay it: SIM_SEED={self.failure.seed} make simulate"
+                if self.config is None or self.config == Config()
+                else f"replay it: replay(config, seed={self.failure.seed}), or simulate(…,"
+                f" seed={self.failure.seed}, schedules=1) with the same arguments"
+            ),
         ]
         if self.shrunk is not None:
             lines += [
@@ -94,7 +99,7 @@ def explore(
     if seconds is None and schedules is None:
         seconds = 10.0
     first = fresh_seed() if seed is None else seed
-    report = Report(first)
+    report = Report(first, config)
     began = time.perf_counter()
     while True:
         if schedules is not None and report.schedules >= schedules:

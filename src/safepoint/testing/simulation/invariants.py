@@ -39,29 +39,28 @@ def check(w: World, *, settled: bool, expected_failures: Collection[str] | None)
     return found
 
 
-def allowed_resends(w: World) -> Counter[str]:
-    """Per business operation: how many times a person named it for resend."""
-    allowed: Counter[str] = Counter()
-    for named in w.resends:
-        for business in w.business_of.get(named, ()):
-            allowed[business] += 1
+def allowed_resends(w: World) -> Counter[tuple[str, str]]:
+    """Per family and business operation: how many times a person named it for resend."""
+    allowed: Counter[tuple[str, str]] = Counter()
+    for family, operation_id in w.resends:
+        for business in w.business_of.get((family, operation_id), ()):
+            allowed[(family, business)] += 1
     return allowed
-
-
-def _senders(w: World, business: str) -> list[str]:
-    return sorted({a.run_id for a in w.owner.by_key.values() if a.business == business})
 
 
 def _once_per_family(w: World) -> list[Violation]:
     allowed = allowed_resends(w)
+    senders: dict[tuple[str, str], list[str]] = {}
+    for applied in w.owner.applications:
+        senders.setdefault((applied.family, applied.business), []).append(applied.run_id)
     found = [
         Violation(
             "once per family",
-            f"{business} applied {count} times at its owner (resends named: {allowed[business]})"
-            f" — by {', '.join(_senders(w, business))}",
+            f"{business} applied {len(runs)} times at its owner (resends named:"
+            f" {allowed[(family, business)]}) — by {', '.join(sorted(set(runs)))}",
         )
-        for business, count in sorted(w.owner.applied.items())
-        if count > 1 + allowed[business]
+        for (family, business), runs in sorted(senders.items())
+        if len(runs) > 1 + allowed[(family, business)]
     ]
     committed: dict[tuple[str, str], list[str]] = {}
     for run_id, family_key, step_id in w.store.commits:
@@ -100,7 +99,7 @@ def _receipt(text: str | None) -> Any:
 
 def _nothing_lost(w: World) -> list[Violation]:
     found: list[Violation] = []
-    receipts = {a.receipt["id"] for a in w.owner.by_key.values()}
+    receipts = {a.receipt["id"] for a in w.owner.applications}
     recorded: dict[tuple[str, str], str] = {}
     for run_id, operation_id, state, key, text in w.connection.execute(
         "SELECT run_id, operation_id, state, effect_key, receipt FROM safepoint_operations"
@@ -122,7 +121,7 @@ def _nothing_lost(w: World) -> list[Violation]:
     completed = {
         row[0] for row in w.connection.execute("SELECT run_id FROM safepoint_runs WHERE status = 'completed'")
     }
-    for applied in w.owner.by_key.values():
+    for applied in w.owner.applications:
         if applied.run_id in completed and recorded.get((applied.run_id, applied.key)) not in (
             None,
             "applied",

@@ -76,8 +76,8 @@ def _fork(w: World) -> str | None:
         named = _pick(w, ops)
         if named is not None:
             resend = [named]
-            w.resends.append((w.family_of(run[0]), named))
     made = fork(w.store, run[0], from_step=step, resend=resend, by=BY)
+    w.resends.extend((w.family_of(run[0]), named) for named in resend)  # granted: the fork exists
     return f"fork {run[0]} from {step}{' resend ' + resend[0] if resend else ''} → {made.run_id}"
 
 
@@ -91,9 +91,8 @@ def _retry(w: World) -> str | None:
             "SELECT operation_id FROM safepoint_operations WHERE run_id = ? AND state = 'rejected'", (run[0],)
         )
     ]
-    for op in resend:
-        w.resends.append((w.family_of(run[0]), op))
     retry(w.store, run[0], by=BY, resend=resend)
+    w.resends.extend((w.family_of(run[0]), op) for op in resend)  # granted: the retry took
     return f"retry {run[0]}{' resend ' + ','.join(resend) if resend else ''}"
 
 

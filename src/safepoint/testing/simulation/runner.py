@@ -181,6 +181,11 @@ def _set_up(w: World, config: Config) -> None:
         wf = registered(name)
         if wf is None:
             raise LookupError(f"workflow {name!r} is not registered: import the module that defines it")
+        if wf.is_async:
+            raise ValueError(
+                f"workflow {name!r} is async: the simulator drives plain def workflows (the engine's"
+                " flows are one body for both, so a def twin of it proves the same)"
+            )
         args = arguments(name, n, s.tape)
         run_id = f"{name.rsplit('.', 1)[-1]}-{n}"
         if s.tape.chance(250):  # started by a client of its own, not submitted

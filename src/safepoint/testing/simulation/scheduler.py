@@ -126,6 +126,7 @@ class Scheduler:
     start_ms: int = 1_767_225_600_000  # 2026-01-01: a fixed epoch, so a ledger is reproducible
     now_ms: int = 0
     tasks: list[Task] = field(default_factory=list)
+    processes: dict[str, Process] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
     steps: int = 0
     requests: int = 0
@@ -141,6 +142,7 @@ class Scheduler:
     def spawn(self, name: str, fn: Callable[[], Any], *, process: Process | None = None) -> Task:
         task = Task(name, process or Process(name), greenlet.greenlet(fn, parent=self.hub))
         self.tasks.append(task)
+        self.processes.setdefault(task.process.name, task.process)
         return task
 
     def note(self, what: str, who: str | None = None) -> None:
@@ -183,6 +185,8 @@ class Scheduler:
         """Run each call as a task of the caller's process, in the order the hub picks; return
         every outcome once all have ended."""
         parent = self.me()
+        if parent.process.dead:
+            raise ProcessDied(parent.process.name)
         outcomes: list[Outcome] = [(None, ProcessDied(parent.process.name))] * len(calls)
         left = [len(calls)]
 
@@ -315,6 +319,13 @@ class SimHost(Host):
         self.scheduler = scheduler
         self.owner = owner  # every effect is carried out against the simulated owner
         self._ids = 0
+
+    def owner_gone(self, owner: str) -> bool:
+        """A simulated worker that died is provably gone (its host saw it die), as a killed
+        process of this machine is: its runs are taken over at once, without waiting out the
+        lease. Any other name is alive, or unknown: wait for the lease."""
+        found = self.scheduler.processes.get(owner)
+        return found is not None and found.dead
 
     def owner_call(self, effect: Any, what: str) -> Callable[..., Any]:
         found: Callable[..., Any] = self.owner.call(effect, what)

@@ -15,7 +15,6 @@ lose the answer, or apply a request late, after its sender gave up waiting.
 from __future__ import annotations
 
 import sqlite3
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -70,7 +69,8 @@ class SimStore:
             stale = self._stale(claim)
             changes = self._connection.total_changes if self._connection is not None else 0
             result = target(*args, **kwargs)
-            if name == "record_transaction" and claim is not None:  # committed: the body's writes too
+            wrote = self._connection is not None and self._connection.total_changes != changes
+            if name == "record_transaction" and claim is not None and wrote:  # committed, with its writes
                 key = kwargs.get("family_key", args[3] if len(args) > 3 else None)
                 self.commits.append((claim.run_id, str(key or ""), args[1].step_id))
             if (
@@ -107,6 +107,7 @@ class Applied_:
     key: str
     business: str
     run_id: str
+    family: str  # the sending run's family, as it stood when the request was sent
     receipt: dict[str, Any]
     at_ms: int
 
@@ -139,11 +140,10 @@ class SimOwner:
 
     scheduler: Scheduler
     model: OwnerModel = field(default_factory=OwnerModel)
-    by_key: dict[str, Applied_] = field(default_factory=dict)
-    applied: Counter[str] = field(default_factory=Counter)  # per business operation
-    allowed: Counter[str] = field(default_factory=Counter)  # resends a person asked for
+    by_key: dict[str, Applied_] = field(default_factory=dict)  # what each key holds now
+    applications: list[Applied_] = field(default_factory=list)  # every one, in order
     rejected: set[str] = field(default_factory=set)  # keys refused: refused again
-    duplicates: list[str] = field(default_factory=list)
+    in_progress: set[str] = field(default_factory=set)  # keys of requests being applied late
     requests: int = 0
 
     def _known(self, key: str) -> Applied_ | None:
@@ -155,52 +155,60 @@ class SimOwner:
             return None
         return found
 
-    def _apply(self, key: str, business: str, run_id: str) -> dict[str, Any]:
+    def _apply(self, key: str, business: str, run_id: str, family: str) -> dict[str, Any]:
         known = self._known(key)
         if known is not None:
             return known.receipt
-        receipt = {"id": f"r{len(self.by_key) + 1}", "business": business}
-        self.by_key[key] = Applied_(key, business, run_id, receipt, self.scheduler.now_ms)
-        self.applied[business] += 1
+        receipt = {"id": f"r{len(self.applications) + 1}", "business": business}
+        applied = Applied_(key, business, run_id, family, receipt, self.scheduler.now_ms)
+        self.by_key[key] = applied
+        self.applications.append(applied)
         self.scheduler.note(f"owner applies {business} (key …{key[-6:]}, run {run_id})")
-        if self.applied[business] > 1 + self.allowed[business]:
-            self.duplicates.append(
-                f"{business} applied {self.applied[business]} times"
-                f" (resends named: {self.allowed[business]}); last by run {run_id}"
-            )
         return receipt
 
     def request(self, key: EffectKey, business: str) -> dict[str, Any]:
         """``execute``'s call: apply ``business`` under ``key``, through the faults."""
         self.requests += 1
+        family = key.run_id
         if _current:  # which business operation this operation of this family is
             here = _current[-1]
-            here.business_of.setdefault((here.family_of(key.run_id), key.operation_id), set()).add(business)
+            family = here.family_of(key.run_id)
+            here.business_of.setdefault((family, key.operation_id), set()).add(business)
         fate = self.scheduler.boundary(f"owner.apply {business}")
         tape = self.scheduler.tape
         if fate == FAIL:
             raise NotSent("simulated: the owner refused the connection")
-        if str(key) in self.rejected or (self.scheduler.chaos and tape.chance(self.model.reject)):
+        known, sent = self._known(str(key)), str(key)
+        if known is None and sent in self.in_progress:
+            # A request under this key is still being processed: the owner refuses to start it
+            # twice, and says nothing of how the first ends (409 "in progress": not a refusal).
+            self.scheduler.note(f"owner is still processing {business}: answers 409 in progress")
+            raise ConnectionError(f"simulated: a request for {business} under this key is in progress")
+        if known is None and (
+            sent in self.rejected or (self.scheduler.chaos and tape.chance(self.model.reject))
+        ):
             # An owner keeps a key's answer, a refusal too: the same key is refused again.
-            self.rejected.add(str(key))
+            self.rejected.add(sent)
             self.scheduler.note(f"owner rejects {business}")
             raise Rejected({"status": 409, "business": business})
-        if self.scheduler.chaos and tape.chance(self.model.slow):
+        if known is None and self.scheduler.chaos and tape.chance(self.model.slow):
             due = self.scheduler.now_ms + 100 * (1 + tape.draw(100))
             self.scheduler.note(
                 f"owner is slow with {business}: applies it at +{due - self.scheduler.start_ms} ms"
             )
-            self.scheduler.spawn(f"late-{business}", self._late(due, str(key), business, key.run_id))
+            self.in_progress.add(sent)
+            self.scheduler.spawn(f"late-{business}", self._late(due, sent, business, key.run_id, family))
             raise TimeoutError(f"simulated: the owner did not answer {business} in time")
-        receipt = self._apply(str(key), business, key.run_id)
+        receipt = self._apply(sent, business, key.run_id, family)
         if fate == LOSE_ANSWER:
             raise ConnectionError(f"simulated: the owner applied {business}, and the answer was lost")
         return receipt
 
-    def _late(self, due: int, key: str, business: str, run_id: str) -> Callable[[], None]:
+    def _late(self, due: int, key: str, business: str, run_id: str, family: str) -> Callable[[], None]:
         def deliver() -> None:
             self.scheduler.sleep((due - self.scheduler.now_ms) / 1000)
-            self._apply(key, business, run_id)
+            self.in_progress.discard(key)
+            self._apply(key, business, run_id, family)
 
         return deliver
 
@@ -215,7 +223,7 @@ class SimOwner:
         """``verify``'s call: whether the owner gave this receipt."""
         self.scheduler.boundary("owner.get")
         wanted = receipt.get("id") if isinstance(receipt, dict) else None
-        return any(a.receipt["id"] == wanted for a in self.by_key.values())
+        return any(a.receipt["id"] == wanted for a in self.applications)
 
     def call(self, effect: Effect[Any], what: str) -> Callable[..., Any]:
         """What carries out ``effect``'s ``execute``, ``reconcile`` or ``verify`` against this

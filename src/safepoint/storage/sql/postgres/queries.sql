@@ -194,7 +194,7 @@ SELECT workflow FROM run;
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 run AS (
     UPDATE safepoint_runs
-    SET status = 'cancelled', error = %(error)s, recovery_record = NULL, owner = NULL,
+    SET status = 'cancelled', error = %(error)s, recovery_record = NULL, owner = NULL, fence = fence + 1,
         lease_expires_at = NULL, state_revision = state_revision + 1,
         event_count = event_count + 1, updated_at = (SELECT now FROM clock)
     WHERE run_id = %(run_id)s AND state_revision = %(expected_revision)s AND status = 'blocked'
@@ -1409,8 +1409,9 @@ UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = %(source_
 -- named within the family by its family key (safepoint/_rules/family.py). Whoever of the family
 -- dispatches an operation first holds its claim, taken in the dispatch's own statement
 -- (prepare_effect, mark_dispatching: the `claimed` CTE): any other member's dispatch of it is
--- then refused. A person's "not
--- applied" gives the claim back (not sent): the next member to send it takes it.
+-- then refused. The holder keeps it whatever the outcome (found not applied, it alone sends it
+-- again, under its own key); only a dispatch that provably never left gives it back (not sent:
+-- record_outcome's `released` CTE), and the next member to send takes it.
 
 -- name: family_operation
 -- The operation another member of the run's family holds the claim on, as that member holds it.

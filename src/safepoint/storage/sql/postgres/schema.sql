@@ -338,8 +338,8 @@ CREATE UNIQUE INDEX safepoint_messages_answer ON safepoint_messages (run_id, for
 -- send one key to one owner even for the same run ids. KEYED_SINCE is when it was minted
 -- (database clock).
 -- Which member of a run family holds each operation of the family (by its family key): taken
--- in the dispatch's own transaction (sent), so no two members send one operation; a person's
--- "not applied" gives it back (not sent), and the next member to send it takes it.
+-- in the dispatch's own transaction (sent), so no two members send one operation; only a
+-- dispatch that provably never left gives it back (not sent), for the next member to take.
 CREATE TABLE safepoint_family_claims (
     family_id     TEXT    NOT NULL,
     claim_key     TEXT    NOT NULL,

@@ -774,12 +774,14 @@ UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = :source_r
 -- A run's family is the run it grew from and every fork and successor of it; an operation is
 -- named within the family by its family key (safepoint/_rules/family.py). Whoever of the family
 -- dispatches an operation first holds its claim, taken in the dispatch's own transaction (or a
--- transaction step's): any other member's dispatch of it is then refused. A person's "not
--- applied" gives the claim back (not sent): the next member to send it takes it.
+-- transaction step's): any other member's dispatch of it is then refused. The holder keeps it
+-- whatever the outcome (found not applied, it alone sends it again, under its own key); only a
+-- dispatch that provably never left gives it back (not sent): the next member to send takes it.
 
 -- name: family_claim
 -- Take (or keep) the claim on an operation for this run, as sent; no row: another member holds
--- it, and it may have happened there. Under READ COMMITTED a racing claim waits for the row and
+-- it, and it may have happened there. A claim given back (sent = 0: its dispatch provably never
+-- left, family_release) is taken by whoever sends next. Under READ COMMITTED a racing claim waits for the row and
 -- then re-checks the condition against the row as committed: never two holders.
 INSERT INTO safepoint_family_claims (family_id, claim_key, run_id, operation_id, sent)
 SELECT COALESCE(family_id, run_id), :claim_key, run_id, :operation_id, 1
