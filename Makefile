@@ -61,10 +61,12 @@ test-fast: $(BIN)/.installed     ## before each commit (~1 min): unit, SQLite, t
 
 # The deterministic simulator (docs/guides/simulation.md): make test runs a fixed budget of it;
 # this explores for as long as asked, on every core, and ends with
-# "schedules=N requests=M violations=V seed=S". SIM_SEED=… replays one schedule exactly.
+# "schedules=N requests=M violations=V seed=S". SIM_SEED=… replays one schedule exactly;
+# SIM_POSTGRES=<server URL> runs the schedules on PostgreSQL (a database per process).
 SIM_SECONDS ?= 60
 simulate: $(BIN)/.installed      ## explore interleavings for SIM_SECONDS (60) on every core; SIM_SEED=… replays one
-	SIM_SECONDS=$(SIM_SECONDS) SIM_SEED=$(SIM_SEED) SIM_TAPE=$(SIM_TAPE) $(BIN)/python -m safepoint.testing.simulation
+	SIM_SECONDS=$(SIM_SECONDS) SIM_SEED=$(SIM_SEED) SIM_TAPE=$(SIM_TAPE) SIM_POSTGRES=$(SIM_POSTGRES) \
+		$(BIN)/python -m safepoint.testing.simulation
 
 lint: $(BIN)/.installed          ## style, formatting and types
 	$(BIN)/ruff check src tests bench examples tools

@@ -29,7 +29,7 @@ from . import people
 from .invariants import check
 from .scheduler import Event, Faults, Process, Scheduler, SimHost, Tape
 from .workflows import BOOKINGS_TABLE, CATALOG
-from .world import OwnerModel, SimOwner, SimStore, Violation, World, _current, ledger_dump
+from .world import Database, OwnerModel, SimOwner, SimStore, Violation, World, _current, ledger_dump
 
 
 @dataclass
@@ -56,6 +56,7 @@ class Config:
     )
     max_steps: int = 20_000
     directory: str | os.PathLike[str] | None = None  # a SQLite file per schedule there (None: in memory)
+    postgres: str | None = None  # a PostgreSQL server's URL: a database per schedule on it
 
 
 @dataclass
@@ -97,15 +98,68 @@ def _template(setup_sql: Sequence[str]) -> SqliteStore:
     return _TEMPLATES[key]
 
 
-def _ledger(config: Config, clock: Callable[[], int]) -> tuple[SqliteStore, Path | None]:
-    """The schedule's ledger: a copy of the template, in memory or in a file of its own."""
+@dataclass
+class Ledger:
+    """One schedule's ledger: the store, the simulation's own view of its database, what each
+    request needs first, and how it goes when the schedule ends."""
+
+    store: Any
+    database: Database
+    before: Callable[[], None] | None
+    dump: Callable[[], str]
+    close: Callable[[], None]
+
+
+_POSTGRES: dict[tuple[str, tuple[str, ...]], Any] = {}
+
+
+def _ledger(config: Config, clock: Callable[[], int]) -> Ledger:
+    """The schedule's ledger: a copy of the template — in memory, in a file of its own, or a
+    PostgreSQL database of its own."""
+    if config.postgres is not None:
+        return _postgres_ledger(config.postgres, tuple(config.setup_sql), clock)
     template = _template(config.setup_sql)
     if config.directory is None:
-        return template.memory_copy(clock=clock), None
+        store = template.memory_copy(clock=clock)
+        conn = store._conn()
+        return Ledger(store, conn, None, lambda: ledger_dump(conn), store.close)
     path = Path(config.directory) / f"ledger-{os.getpid()}-{next(_FILES)}.db"
     with sqlite3.connect(path) as target:
         template._conn().backup(target)
-    return SqliteStore(path, clock=clock), path
+    store = SqliteStore(path, clock=clock)
+    conn = store._conn()
+
+    def close() -> None:
+        store.close()
+        for leftover in path.parent.glob(f"{path.name}*"):  # the file, its WAL and index
+            leftover.unlink()
+
+    return Ledger(store, conn, None, lambda: ledger_dump(conn), close)
+
+
+def close_ledgers() -> None:
+    """Drop the PostgreSQL databases this process made for schedules (done at exit anyway)."""
+    while _POSTGRES:
+        _POSTGRES.popitem()[1].close()
+
+
+def _postgres_ledger(server: str, setup_sql: tuple[str, ...], clock: Callable[[], int]) -> Ledger:
+    from . import postgres
+
+    key = (server, setup_sql)
+    if key not in _POSTGRES:
+        _POSTGRES[key] = postgres.Ledgers(server, setup_sql)
+    made = _POSTGRES[key].schedule(clock)
+    store, conn = next(made)
+    moved = [-1]
+
+    def before() -> None:  # the database's "now" is the virtual clock's
+        now = clock()
+        if now != moved[0]:
+            conn.set_now(now)
+            moved[0] = now
+
+    return Ledger(store, conn, before, lambda: postgres.ledger_dump(conn), made.close)
 
 
 _FILES = itertools.count()
@@ -136,10 +190,10 @@ def run_schedule(
 ) -> Schedule:
     """Run the schedule the tape (or the seed) describes, and check it."""
     scheduler = Scheduler(Tape(seed, tape), config.faults)
-    inner, path = _ledger(config, lambda: scheduler.now_ms)
-    conn = inner._conn()
+    ledger = _ledger(config, lambda: scheduler.now_ms)
     owner = SimOwner(scheduler, config.owner)
-    w = World(scheduler, SimStore(inner, scheduler, conn), owner, conn, lease_ms=config.lease_ms)
+    store = SimStore(ledger.store, scheduler, ledger.database, ledger.before)
+    w = World(scheduler, store, owner, ledger.database, lease_ms=config.lease_ms)
     _current.append(w)
     try:
         with hosted_by(SimHost(scheduler, owner)), _quiet():
@@ -154,14 +208,11 @@ def run_schedule(
                 violations.append(
                     Violation("actionable", f"the schedule did not end within {config.max_steps} steps")
                 )
-            ledger = ledger_dump(conn) if keep_ledger else ""
+            dumped = ledger.dump() if keep_ledger else ""
             scheduler.close()
     finally:
         _current.pop()
-        inner.close()
-        if path is not None:
-            for leftover in path.parent.glob(f"{path.name}*"):  # the file, its WAL and index
-                leftover.unlink()
+        ledger.close()
     return Schedule(
         seed,
         scheduler.tape.recorded(),
@@ -169,7 +220,7 @@ def run_schedule(
         scheduler.events,
         scheduler.steps,
         scheduler.requests,
-        ledger,
+        dumped,
     )
 
 

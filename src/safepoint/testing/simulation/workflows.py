@@ -59,7 +59,8 @@ def _route(n: int) -> str:
 
 
 def _book(tx: Any, business: str, run_id: str) -> int:
-    tx.execute("INSERT INTO sim_bookings (business, run_id) VALUES (?, ?)", (business, run_id))
+    mark = "?" if tx.dialect == "sqlite" else "%s"
+    tx.execute(f"INSERT INTO sim_bookings (business, run_id) VALUES ({mark}, {mark})", (business, run_id))
     return 1
 
 

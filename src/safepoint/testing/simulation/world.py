@@ -14,11 +14,10 @@ lose the answer, or apply a request late, after its sender gave up waiting.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from ..._rules.canonical import canonical
 from ..._rules.effects import Applied, Effect, EffectKey, NotApplied, NotSent, Rejected
@@ -39,13 +38,27 @@ class Violation(AssertionError):
         return (Violation, (self.rule, self.message))
 
 
+class Database(Protocol):
+    """How the simulation reads a schedule's database itself: ``?`` placeholders, tuple rows
+    (a ``sqlite3.Connection``, or ``postgres.Connection``)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
+
+
 class SimStore:
     """A real store, each request a boundary of the schedule (see the module docstring)."""
 
-    def __init__(self, inner: Any, scheduler: Scheduler, connection: sqlite3.Connection | None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        scheduler: Scheduler,
+        database: Database,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._scheduler = scheduler
-        self._connection = connection  # to watch fences: the store's own, on this one thread
+        self._database = database  # to watch fences, beside the store
+        self._before = before  # what each request needs first (PostgreSQL: the virtual clock set)
         self._methods: dict[str, Callable[..., Any]] = {}
         self.stale_writes: list[str] = []
         self.commits: list[tuple[str, str, str]] = []  # transaction steps committed: run, family key, step
@@ -60,25 +73,25 @@ class SimStore:
         scheduler = self._scheduler
 
         def request(*args: Any, **kwargs: Any) -> Any:
-            if scheduler.current is None:  # the simulation itself, looking
+            if scheduler.current is None:  # the simulation itself, setting up or looking
+                if self._before is not None:
+                    self._before()
                 return target(*args, **kwargs)
             fate = scheduler.boundary(f"store.{name}")
             if fate == FAIL:
                 raise StoreError(f"simulated: the connection failed before {name}")
+            if self._before is not None:
+                self._before()
             claim = next((a for a in (*args, *kwargs.values()) if isinstance(a, Claim)), None)
             stale = self._stale(claim)
-            changes = self._connection.total_changes if self._connection is not None else 0
+            watched = claim is not None and (stale is not None or name == "record_transaction")
+            before = self._marker(claim.run_id) if watched and claim is not None else None
             result = target(*args, **kwargs)
-            wrote = self._connection is not None and self._connection.total_changes != changes
+            wrote = before is not None and claim is not None and self._marker(claim.run_id) != before
             if name == "record_transaction" and claim is not None and wrote:  # committed, with its writes
                 key = kwargs.get("family_key", args[3] if len(args) > 3 else None)
                 self.commits.append((claim.run_id, str(key or ""), args[1].step_id))
-            if (
-                claim is not None
-                and stale is not None
-                and self._connection is not None
-                and self._connection.total_changes != changes
-            ):
+            if claim is not None and stale is not None and wrote:
                 self.stale_writes.append(f"{name} by {claim.owner} under fence {claim.fence}: {stale}")
             if fate == LOSE_ANSWER:
                 raise StoreError(f"simulated: the connection dropped after {name} was carried out")
@@ -90,14 +103,23 @@ class SimStore:
 
     def _stale(self, claim: Claim | None) -> str | None:
         """Why ``claim`` no longer holds its run, read from the database itself (None: it holds)."""
-        if claim is None or self._connection is None:
+        if claim is None:
             return None
-        row = self._connection.execute(
+        row = self._database.execute(
             "SELECT fence, owner FROM safepoint_runs WHERE run_id = ?", (claim.run_id,)
         ).fetchone()
         if row is None or (row[0] == claim.fence and row[1] == claim.owner):
             return None
         return f"the run's fence is {row[0]}, held by {row[1]}"
+
+    def _marker(self, run_id: str) -> tuple[Any, ...]:
+        """What every write of a run moves (its revision, its history): a write happened when
+        it changed."""
+        row = self._database.execute(
+            "SELECT state_revision, event_count, step_count, updated_at FROM safepoint_runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        return tuple(row) if row is not None else ()
 
 
 @dataclass
@@ -235,7 +257,7 @@ class SimOwner:
         return self.holds
 
 
-def ledger_dump(connection: sqlite3.Connection) -> str:
+def ledger_dump(connection: Database) -> str:
     """Every row of every ledger table, in a stable order: two schedules' ledgers compare as text."""
     tables = [
         row[0]
@@ -258,7 +280,7 @@ class World:
     scheduler: Scheduler
     store: SimStore
     owner: SimOwner
-    connection: sqlite3.Connection
+    connection: Database
     lease_ms: int = 1000
     unanswered: list[str] = field(default_factory=list)  # model requests with a tool call unanswered
     resends: list[tuple[str, str]] = field(default_factory=list)  # (family, operation id) named to resend
