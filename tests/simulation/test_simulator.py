@@ -41,10 +41,11 @@ def _regressions() -> list[tuple[str, str]]:
 
 
 def _replayed(replayable: str) -> Schedule:
-    """A regression line's schedule: ``seed=N`` or ``tape=…``, and ``owner.<field>=<value>``."""
+    """A regression line's schedule: ``seed=N`` or ``tape=…``, ``owner.<field>=<value>``, and
+    ``swarm=0`` for a schedule found before each schedule drew its own rates."""
     given = dict(part.split("=", 1) for part in replayable.split())
     owner = {k.split(".", 1)[1]: int(v) for k, v in given.items() if k.startswith("owner.")}
-    config = Config(owner=replace(Config().owner, **owner))
+    config = Config(owner=replace(Config().owner, **owner), swarm=given.get("swarm", "1") != "0")
     if "tape" in given:
         return replay(config, tape=decode(given["tape"]))
     return replay(config, seed=int(given["seed"]))

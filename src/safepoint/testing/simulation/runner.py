@@ -16,7 +16,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,11 @@ class Config:
         "RunCancelled",
     )
     max_steps: int = 20_000
+    # Each schedule draws its own weather (swarm testing): every fault's rate, the owner's
+    # rejections and late answers, and how busy the person is, scaled by a factor drawn from the
+    # tape (0, 1, 3 or 8) — some schedules without a kind of fault, some drowning in one, which
+    # finds what an even mix only reaches after hours.
+    swarm: bool = True
     directory: str | os.PathLike[str] | None = None  # a SQLite file per schedule there (None: in memory)
     postgres: str | None = None  # a PostgreSQL server's URL: a database per schedule on it
 
@@ -189,7 +194,9 @@ def run_schedule(
     config: Config, *, seed: int | None = None, tape: Sequence[int] = (), keep_ledger: bool = False
 ) -> Schedule:
     """Run the schedule the tape (or the seed) describes, and check it."""
-    scheduler = Scheduler(Tape(seed, tape), config.faults)
+    drawn = Tape(seed, tape)
+    config = _swarmed(config, drawn) if config.swarm else config
+    scheduler = Scheduler(drawn, config.faults)
     ledger = _ledger(config, lambda: scheduler.now_ms)
     owner = SimOwner(scheduler, config.owner)
     store = SimStore(ledger.store, scheduler, ledger.database, ledger.before)
@@ -222,6 +229,23 @@ def run_schedule(
         scheduler.requests,
         dumped,
     )
+
+
+_SCALES = (1, 0, 3, 8)  # the plain choice (0) keeps the configured rate
+
+
+def _swarmed(config: Config, tape: Tape) -> Config:
+    """``config`` with its rates scaled for one schedule, drawn from its tape."""
+
+    def scaled(rate: int) -> int:
+        return min(500, rate * _SCALES[tape.draw(len(_SCALES))])
+
+    faults = Faults(*(scaled(getattr(config.faults, f.name)) for f in fields(Faults)))
+    owner = replace(config.owner, reject=scaled(config.owner.reject), slow=scaled(config.owner.slow))
+    person = (
+        config.person_every_ms and config.person_every_ms * (1, 3, 1)[tape.draw(3)] // (1, 1, 3)[tape.draw(3)]
+    )
+    return replace(config, faults=faults, owner=owner, person_every_ms=person)
 
 
 def _set_up(w: World, config: Config) -> None:
