@@ -10,7 +10,7 @@ from safepoint.testing.simulation import Config, explore
 pytestmark = pytest.mark.slow  # a minute of one core: make test, not make test-fast
 
 # About a minute of one core in all, in parts the test processes share out.
-SCHEDULES_PER_PART = 700
+SCHEDULES_PER_PART = 600
 
 
 @pytest.mark.parametrize("part", range(4))
