@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from ... import (
+    answer,
     approve,
     cancel,
     extend_limits,
@@ -29,7 +30,7 @@ from ... import (
     start,
 )
 from ...errors import SafepointError
-from .scheduler import ProcessDied
+from .scheduler import Process, ProcessDied
 from .world import World
 
 BY = "sim-person"
@@ -100,7 +101,7 @@ def _extend(w: World) -> str | None:
     run = _pick(w, _runs(w, "stopped"))
     if run is None:
         return None
-    extend_limits(w.store, run[0], tokens=1000, by=BY)
+    extend_limits(w.store, run[0], tokens=1000, deadline=timedelta(minutes=10), by=BY)
     return f"extend_limits {run[0]}"
 
 
@@ -170,6 +171,30 @@ def _cancel(w: World) -> str | None:
     return f"cancel {run[0]}"
 
 
+def _answer(w: World) -> str | None:
+    """Answer the wait a run is parked at (``sp.answer``: once; a second answer is refused)."""
+    waiting = [r for r in _runs(w, "waiting") if r[4] and json.loads(r[4]).get("kind") == "message"]
+    run = _pick(w, waiting)
+    if run is None:
+        return None
+    parked = json.loads(run[4])
+    answer(w.store, run[0], parked["name"], {"ok": True}, wait=parked["step_id"], by=BY)
+    return f"answer {parked['name']} of {run[0]}"
+
+
+def _resume(w: World) -> str | None:
+    """Resume a run in a client process of its own, racing the workers, now and then for a
+    slice of time only."""
+    run = _pick(w, _runs(w, "pending", "running", "waiting", "blocked", "stopped"))
+    if run is None:
+        return None
+    slice_s = (1 + w.scheduler.tape.draw(20)) / 100 if w.scheduler.tape.chance(500) else None
+    w.clients += 1
+    name = f"client-r{w.clients}"
+    w.scheduler.spawn(name, client(w, run[0], None, slice_s), process=Process(name))
+    return f"resume {run[0]} in {name}" + (f" for {slice_s:g}s" if slice_s else "")
+
+
 def _prune(w: World) -> str | None:
     done = prune(w.store, finished_before=timedelta(0), statuses=["completed", "cancelled", "failed"])
     return f"prune took {done.runs} runs"
@@ -186,6 +211,8 @@ ACTIONS: tuple[Callable[[World], str | None], ...] = (
     _approval,
     _cancel,
     _prune,
+    _answer,
+    _resume,
 )
 
 
@@ -209,9 +236,15 @@ def person(w: World, every_ms: int) -> Callable[[], None]:
     return body
 
 
-def client(w: World, run_id: str, starting: tuple[Any, tuple[Any, ...]] | None) -> Callable[[], None]:
+def client(
+    w: World,
+    run_id: str,
+    starting: tuple[Any, tuple[Any, ...]] | None,
+    slice_s: float | None = None,
+) -> Callable[[], None]:
     """A client process: starts a run here (``starting``: the workflow and its arguments) or
-    resumes one, carrying it on in this process until it ends or stops."""
+    resumes one, carrying it on in this process until it ends or stops — or, with ``slice_s``,
+    for that long only (then it stops at a step boundary and is released)."""
 
     def body() -> None:
         try:
@@ -219,7 +252,7 @@ def client(w: World, run_id: str, starting: tuple[Any, tuple[Any, ...]] | None) 
                 wf, args = starting
                 start(w.store, wf, *args, run_id=run_id, lease_ms=w.lease_ms, attach_timeout=5.0)
             else:
-                resume(w.store, run_id, lease_ms=w.lease_ms)
+                resume(w.store, run_id, lease_ms=w.lease_ms, slice=slice_s)
             w.scheduler.note(f"{'start' if starting else 'resume'} {run_id}: returned")
         except ProcessDied:
             raise

@@ -17,6 +17,7 @@ import sqlite3
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +269,10 @@ def _set_up(w: World, config: Config) -> None:
         else:
             from ... import submit
 
-            submit(w.store, wf, *args, run_id=run_id)
+            # now and then under a deadline, on the store's (virtual) clock: a run stopped past
+            # it is resumable once a person moves it (extend_limits)
+            deadline = timedelta(seconds=1 + s.tape.draw(8)) if s.tape.chance(150) else None
+            submit(w.store, wf, *args, run_id=run_id, deadline=deadline)
     slots: list[Process] = []
     for k in range(config.workers):
         slots.append(_worker(w, f"w{k + 1}", config))

@@ -282,6 +282,7 @@ class World:
     owner: SimOwner
     connection: Database
     lease_ms: int = 1000
+    clients: int = 0  # client processes a person started (to resume a run)
     unanswered: list[str] = field(default_factory=list)  # model requests with a tool call unanswered
     resends: list[tuple[str, str]] = field(default_factory=list)  # (family, operation id) named to resend
     business_of: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (family, op) → business
