@@ -11,6 +11,7 @@ worker — so that every interleaving it explores runs the very code a worker ru
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -25,7 +26,7 @@ Outcome = tuple[Any, BaseException | None]  # a call's value, or what it raised
 class Host:
     """The real machine: wall and monotonic clocks, threads, the operating system's randomness."""
 
-    threads = True  # heartbeats keep leases alive on threads of their own
+    threads = True  # user code with a timeout runs on a thread of its own
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -58,6 +59,25 @@ class Host:
         the effect's own (a simulation answers from its model of the owner instead)."""
         found: Callable[..., Any] = getattr(effect, what)
         return found
+
+    def beat(self, interval: float, beat: Callable[[], bool], name: str) -> Callable[[], None]:
+        """Call ``beat`` every ``interval`` seconds beside the caller (a heartbeat), until it
+        returns False; returns what stops it (waiting for a beat in progress)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(interval):
+                if not beat():
+                    return
+
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        thread.start()
+
+        def halt() -> None:
+            stop.set()
+            thread.join()
+
+        return halt
 
     def fan_out(self, calls: Sequence[Callable[[], Any]], width: int, name: str) -> list[Outcome]:
         """Call each at once, at most ``width`` at a time; every outcome, in order, once all

@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Callable
 from types import TracebackType
@@ -104,8 +103,7 @@ class Heartbeat:
 
     def __init__(self, store: Any, claim: Claim) -> None:
         self._claim = claim
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._halt: Callable[[], None] | None = None
         self.lost = False
         # The beat must not depend on the event loop: a loop busy in a blocking call would let
         # the lease lapse under a live worker. An async store offers a blocking renewal on a
@@ -118,26 +116,23 @@ class Heartbeat:
         self._renew: Callable[[Claim], None] = renew
 
     def __enter__(self) -> Heartbeat:
-        # Shorter leases are for tests that expire them on purpose; a simulated host beats none.
-        if self._claim.lease_ms >= 300 and host.current.threads:
-            self._thread = threading.Thread(target=self._beat, name="safepoint-heartbeat", daemon=True)
-            self._thread.start()
+        if self._claim.lease_ms >= 300:  # shorter leases are for tests that expire them on purpose
+            self._halt = host.current.beat(self._claim.lease_ms / 3000, self._beat, "safepoint-heartbeat")
         return self
 
-    def _beat(self) -> None:
-        interval = self._claim.lease_ms / 3000
-        while not self._stop.wait(interval):
-            try:
-                self._renew(self._claim)
-            except LostOwnership:
-                self.lost = True
-                return
-            except Exception:
-                continue
+    def _beat(self) -> bool:
+        """One renewal; False once the run was taken over (no more beats)."""
+        try:
+            self._renew(self._claim)
+        except LostOwnership:
+            self.lost = True
+            return False
+        except Exception:  # the store failing for a moment: the next beat tries again
+            pass
+        return True
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._halt is not None:
+            self._halt()

@@ -75,6 +75,7 @@ class Process:
     name: str
     mortal: bool = True  # a worker or a client: may be killed, paused, see requests fail
     dead: bool = False
+    paused_until: int = 0  # virtual ms: stopped whole (SIGSTOP, a long GC) — its heartbeat too
 
 
 @dataclass(eq=False)
@@ -246,7 +247,11 @@ class Scheduler:
                 task.done = True
 
     def ready(self) -> list[Task]:
-        return [t for t in self.tasks if not t.done and t.wake_at is None and not t.parked]
+        return [
+            t
+            for t in self.tasks
+            if not t.done and t.wake_at is None and not t.parked and t.process.paused_until <= self.now_ms
+        ]
 
     def run(self, *, until_ms: int, max_steps: int) -> bool:
         """Run tasks until none is left or time reaches ``until_ms``; False if ``max_steps``
@@ -255,7 +260,13 @@ class Scheduler:
             self.tasks = [t for t in self.tasks if not t.done]
             ready = self.ready()
             if not ready:
-                sleeping = [t.wake_at for t in self.tasks if t.wake_at is not None and not t.done]
+                sleeping = [
+                    max(t.wake_at or 0, t.process.paused_until)
+                    for t in self.tasks
+                    if not t.done
+                    and not t.parked
+                    and (t.wake_at is not None or t.process.paused_until > self.now_ms)
+                ]
                 wake = min(sleeping, default=until_ms + 1)
                 if wake > until_ms:  # nothing to do until then: the time passes
                     self.now_ms = max(self.now_ms, until_ms)
@@ -290,8 +301,8 @@ class Scheduler:
             return DIE
         if self.tape.chance(f.pause):
             pause_ms = 100 * (1 + self.tape.draw(60))
-            self.note(f"paused {pause_ms} ms before {task.boundary}", task.name)
-            task.wake_at = self.now_ms + pause_ms
+            self.note(f"paused {pause_ms} ms before {task.boundary} (the whole process)", task.name)
+            task.process.paused_until = self.now_ms + pause_ms
             return PAUSE
         if self.tape.chance(f.fail):
             self.note(f"{task.boundary}: fails before it is carried out", task.name)
@@ -354,3 +365,16 @@ class SimHost(Host):
 
     def fan_out(self, calls: Sequence[Callable[[], Any]], width: int, name: str) -> list[Outcome]:
         return self.scheduler.fan_out(calls, name)
+
+    def beat(self, interval: float, beat: Callable[[], bool], name: str) -> Callable[[], None]:
+        """A heartbeat: a task of the caller's process (paused and killed with it)."""
+        me, stopped = self.scheduler.me(), [False]
+
+        def loop() -> None:
+            while True:
+                self.scheduler.sleep(interval)
+                if stopped[0] or not beat():
+                    return
+
+        self.scheduler.spawn(f"{me.name}/{name}", loop, process=me.process)
+        return lambda: stopped.__setitem__(0, True)
