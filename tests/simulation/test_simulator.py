@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import safepoint as sp
+from safepoint.storage.sqlite import connection as sqlite_connection
 from safepoint.storage.sqlite.steps import SqliteSteps
 from safepoint.testing import simulate
 from safepoint.testing.simulation import (
@@ -160,6 +161,21 @@ def test_the_simulator_finds_a_transaction_committed_twice_when_its_claim_is_gon
     assert any("transaction 0 book committed 2 times" in str(v) for v in report.failure.violations), (
         report.explain()
     )
+
+
+def test_the_simulator_tells_families_apart_without_the_stores_word_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A mutant store that starts every successor a family of its own (so a fork of a chain's
+    first run may send what the chain's successors sent): the simulator knows its runs'
+    lineage itself, and finds the duplicate."""
+    statement = sqlite_connection.SQL["continue_as_new"]
+    mutated = statement.replace("COALESCE(family_id, run_id) AS family_id", "run_id AS family_id")
+    assert mutated != statement
+    monkeypatch.setitem(sqlite_connection.SQL, "continue_as_new", mutated)
+    report = explore(Config(workflows=("sim.chain",)), schedules=300, seed=9, shrink_seconds=5)
+    assert report.failure is not None
+    assert any(v.rule == "once per family" for v in report.failure.violations)
 
 
 @sp.workflow("sim-user.checkout")

@@ -70,6 +70,17 @@ def _once_per_family(w: World) -> list[Violation]:
             found.append(
                 Violation("once per family", f"{key} committed {len(runs)} times, by {', '.join(runs)}")
             )
+    booked: dict[str, list[str]] = {}  # the catalog's own rows: counted without the store's keys
+    if w.books:
+        for business, run_id in w.connection.execute(
+            "SELECT business, run_id FROM sim_bookings ORDER BY run_id"
+        ):
+            booked.setdefault(business, []).append(run_id)
+    for business, runs in sorted(booked.items()):
+        if len(runs) > 1:
+            found.append(
+                Violation("once per family", f"{business} booked {len(runs)} times, by {', '.join(runs)}")
+            )
     return found
 
 

@@ -201,7 +201,14 @@ def run_schedule(
     ledger = _ledger(config, lambda: scheduler.now_ms)
     owner = SimOwner(scheduler, config.owner)
     store = SimStore(ledger.store, scheduler, ledger.database, ledger.before)
-    w = World(scheduler, store, owner, ledger.database, lease_ms=config.lease_ms)
+    w = World(
+        scheduler,
+        store,
+        owner,
+        ledger.database,
+        lease_ms=config.lease_ms,
+        books=BOOKINGS_TABLE in config.setup_sql,
+    )
     _current.append(w)
     try:
         with hosted_by(SimHost(scheduler, owner)), _quiet():
@@ -264,6 +271,7 @@ def _set_up(w: World, config: Config) -> None:
             )
         args = arguments(name, n, s.tape)
         run_id = f"{name.rsplit('.', 1)[-1]}-{n}"
+        w.instances.append(run_id)
         if s.tape.chance(250):  # started by a client of its own, not submitted
             s.spawn(f"client-{n}", people.client(w, run_id, (wf, args)), process=Process(f"client-{n}"))
         else:

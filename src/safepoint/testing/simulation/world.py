@@ -283,15 +283,20 @@ class World:
     connection: Database
     lease_ms: int = 1000
     clients: int = 0  # client processes a person started (to resume a run)
+    instances: list[str] = field(default_factory=list)  # the runs the schedule started
+    books: bool = False  # the catalog's bookings table is there
     unanswered: list[str] = field(default_factory=list)  # model requests with a tool call unanswered
     resends: list[tuple[str, str]] = field(default_factory=list)  # (family, operation id) named to resend
     business_of: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (family, op) → business
 
     def family_of(self, run_id: str) -> str:
-        row = self.connection.execute(
-            "SELECT family_id FROM safepoint_runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        return str(row[0]) if row is not None and row[0] is not None else run_id
+        """The instance ``run_id`` descends from — itself, a fork of it (``…-fork-…``), a
+        successor (``…~n``), any mix — as the simulation made them: the family, told apart
+        without asking the store, whose own idea of a family is under test."""
+        for instance in sorted(self.instances, key=len, reverse=True):
+            if run_id == instance or run_id.startswith((f"{instance}~", f"{instance}-fork-")):
+                return instance
+        return run_id
 
 
 _current: list[World] = []
