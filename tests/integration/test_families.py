@@ -229,6 +229,30 @@ def test_a_fork_never_runs_a_transaction_step_its_family_committed(
     assert (fork_step.kind, fork_step.result) == (StepKind.TRANSACTION, {"order": "o-1"})
 
 
+def test_a_transaction_step_a_pruned_fork_committed_blocks_its_source(
+    store: sp.Store, store_url: str
+) -> None:
+    """The fork committed the step and was pruned (finished; its source still waiting): the
+    family's claim outlives it, so the source runs nothing again — it blocks, naming the step
+    to run again in a fork if a person wants that, and never fails over the missing record
+    (found by the simulator: the source failed with RunNotFound)."""
+    calls: list[str] = []
+    ordering = _ordering(_name("family-tx-pruned"), calls)
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, ordering, "o-3", run_id="source")
+    sp.fork(store, "source", from_step="look", new_run_id="fork", by="ana")
+    with pytest.raises(sp.AwaitingMessage):
+        sp.resume(store, "fork")
+    assert _go(store, "fork") == {"order": "o-3"}
+    pruned = sp.prune(store, finished_before=datetime.now(UTC) + timedelta(seconds=1), force=True)
+    assert pruned.run_ids == ("fork",)
+    sp.send(store, "source", "go", {"ok": True}, by="ana")
+    with pytest.raises(SentBySource, match="no longer there"):
+        sp.resume(store, "source")
+    assert store.get_run("source").status is RunStatus.BLOCKED
+    assert orders(store_url) == ["o-3"]  # committed once, by the fork
+
+
 def test_a_fork_named_to_run_a_transaction_step_again_runs_it_once(store: sp.Store, store_url: str) -> None:
     calls: list[str] = []
     ordering = _ordering(_name("family-tx-again"), calls)

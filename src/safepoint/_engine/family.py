@@ -9,7 +9,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 from .._rules.fork import resent_by
 from .._rules.records import revised
 from .._rules.transactions import is_uncertain
-from ..errors import ClaimedInFamily, RunBlocked, SentBySource
+from ..errors import ClaimedInFamily, RunBlocked, RunNotFound, SentBySource
 from ..storage.base import Store
 from ..types import Claim, RunRecord, StepRecord, StepStatus
 from .flow import Flow, io
@@ -49,7 +49,10 @@ def held_transaction(core: _Core, base: StepRecord, held: ClaimedInFamily) -> Fl
     run committed it — its value is this step's, recorded as this run's and never run again —
     or may have (the run blocks until a person resolves it there)."""
     sid, holder = base.step_id, held.holder_run_id
-    found = (yield from io(Store.load_ledger, holder)).steps.get(held.holder_operation_id)
+    try:
+        found = (yield from io(Store.load_ledger, holder)).steps.get(held.holder_operation_id)
+    except RunNotFound:  # pruned: the family keeps its claim, not the run's record of it
+        found = None
     if found is None or found.status is not StepStatus.COMPLETED:
         why = (
             f"run {holder!r} of its family may have committed it — resolve it there"
