@@ -135,11 +135,6 @@ def install(observer: Observer | None) -> Observer | None:
     return previous
 
 
-def installed() -> Observer | None:
-    """The process's observer, or None."""
-    return _installed
-
-
 def started(run: RunRecord, claim: Claim, start_ns: int) -> Execution | None:
     """The execution the installed observer follows for this claim of ``run``; None without one."""
     observer = _installed
