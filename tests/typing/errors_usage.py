@@ -46,3 +46,16 @@ def fields(store: sp.Store, wf: sp.Workflow) -> list[object]:
     identity: sp.types.LedgerIdentity = store.identity
     seen += [identity.ledger_id, wf.name]
     return seen
+
+
+def raised(run_id: str) -> list[BaseException]:
+    """An error is built from its typed fields: a field misnamed, missing or of another type is
+    mypy's error, where ``**fields`` once let it through (the ignores fail as unused if not)."""
+    return [
+        RunOwned(run_id, "worker-1", 1_767_225_600_000),
+        sp.NeedsReconciliation(run_id, "s", "op", "the owner did not answer", record={"phase": "x"}),
+        RunOwned(run_id, "worker-1", lease_expires=0),  # type: ignore[call-arg]
+        CorruptRecord("safepoint_steps", "r/s"),  # type: ignore[call-arg]
+        ArtifactMissing(digest=3),  # type: ignore[arg-type]
+        sp.UsageError("say who approves", step="s"),  # type: ignore[call-arg]
+    ]

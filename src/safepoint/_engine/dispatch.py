@@ -892,6 +892,5 @@ def _refuse_async_callables(effect: Effect) -> None:
         fn = getattr(effect, role)
         if fn is not None and is_async_callable(fn):
             raise UsageError(
-                f"effect {effect.name!r} has an async {role}; use it from an async def workflow (AsyncRun)",
-                effect=effect.name,
+                f"effect {effect.name!r} has an async {role}; use it from an async def workflow (AsyncRun)"
             )

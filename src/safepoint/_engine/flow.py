@@ -111,7 +111,6 @@ def require_store(store: object, verb: str) -> None:
         f"safepoint.{verb} takes the store first, and got {given} there:"
         f" call safepoint.{verb}(store, …) with store = safepoint.open_store()"
         " (or open_async_store(…) in async code)",
-        verb=verb,
     )
 
 

@@ -330,8 +330,7 @@ def one_action(action: Any) -> ResolutionAction:
     except (ValueError, TypeError):
         choices = ", ".join(repr(a.value) for a in ResolutionAction)
         raise UsageError(
-            f"a resolution is exactly one of {choices}, not {action!r}: they contradict each other",
-            action=action,
+            f"a resolution is exactly one of {choices}, not {action!r}: they contradict each other"
         ) from None
 
 

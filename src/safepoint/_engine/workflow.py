@@ -54,8 +54,7 @@ class Workflow:
         raise UsageError(
             f"workflow {self.name!r} is not called directly: run it with"
             f" safepoint.{verb}(store, {self.fn.__name__}, *args, run_id=…) (or"
-            " safepoint.submit(...) for a worker); the ledger gives it its run",
-            workflow=self.name,
+            " safepoint.submit(...) for a worker); the ledger gives it its run"
         )
 
 
@@ -160,8 +159,7 @@ def _register(wf: Workflow) -> None:
             f"workflow {wf.name!r} version {wf.version!r} is registered already,"
             f" by {_code_name(known.fn)}; {_code_name(wf.fn)} cannot take the"
             " same name and version — give it a name of its own, or bump the"
-            " version if it replaces the first",
-            workflow=wf.name,
+            " version if it replaces the first"
         )
     _registry[wf.name] = wf
 

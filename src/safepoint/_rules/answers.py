@@ -88,10 +88,10 @@ def refused_answer(run: RunRecord, wait: str, name: str, read: WaitRead, now: in
         return WaitAnswered(
             run.run_id,
             name,
-            wait,
             f"wait {wait!r} was answered already{f' by {by}' if by else ''}"
             f"{f' at {instant(at)}' if at is not None else ''}{which}: a wait takes one answer,"
             " and nothing was kept" + _what_next(wait, name, waits_at),
+            step_id=wait,
             answered_by=by,
             answered_at=at,
             waits_at=waits_at,
@@ -104,9 +104,9 @@ def refused_answer(run: RunRecord, wait: str, name: str, read: WaitRead, now: in
         return WaitAnswered(
             run.run_id,
             name,
-            wait,
             f"wait {wait!r} timed out{when}: nothing reads an answer to it now, and nothing was kept"
             + _what_next(wait, name, waits_at),
+            step_id=wait,
             answered_at=timeout_at,
             timed_out=True,
             waits_at=waits_at,

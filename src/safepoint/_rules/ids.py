@@ -51,11 +51,7 @@ def check_id(value: object, what: str) -> str:
     if problem is not None:
         article = "an" if what[0] in "aeiou" else "a"
         raise UsageError(
-            f"invalid {what} {value!r}: {problem}; {article} {what} is {_ALLOWED},"
-            " e.g. 'case-8472-follow-up'",
-            id=value,
-            what=what,
-            problem=problem,
+            f"invalid {what} {value!r}: {problem}; {article} {what} is {_ALLOWED}, e.g. 'case-8472-follow-up'"
         )
     assert isinstance(value, str)
     return value
@@ -67,10 +63,7 @@ def check_run_id(value: object) -> str:
     if value in (".", ".."):
         raise UsageError(
             f"invalid run id {value!r}: it cannot be addressed in a URL; a run id"
-            f" is {_ALLOWED}, other than '.' and '..'",
-            id=value,
-            what="run id",
-            problem="a dot segment",
+            f" is {_ALLOWED}, other than '.' and '..'"
         )
     return check_id(value, "run id")
 
@@ -80,7 +73,7 @@ def check_who(by: object, acts: str) -> str:
     what they did and shown wherever it is — so held to the rules of an id (no NUL, no lone
     surrogate, not blank), which every store can keep and every terminal can show."""
     if not by or not isinstance(by, str):
-        raise UsageError(f"say who {acts}: by='name'", what="by")
+        raise UsageError(f"say who {acts}: by='name'")
     return check_id(by, "name given as by=")
 
 
@@ -97,11 +90,7 @@ def check_words(value: object, what: str) -> None:
         else "it contains a lone surrogate"
     )
     if problem is not None:
-        raise UsageError(
-            f"{what} {value!r} cannot be recorded: {problem}; write it as plain text",
-            what=what,
-            problem=problem,
-        )
+        raise UsageError(f"{what} {value!r} cannot be recorded: {problem}; write it as plain text")
 
 
 def check_step_id(value: object) -> str:

@@ -1,24 +1,86 @@
-"""The root of the tree, ``SafepointError``, and ``UsageError`` with its family: the caller asked
-for something that cannot be done, and nothing was written.
+"""The root of the tree, ``SafepointError``, the ``@error`` declaration every error with fields
+uses, and ``UsageError`` with its family: the caller asked for something that cannot be done, and
+nothing was written.
+
+An error is declared once: ``@error`` makes a dataclass of it, so its annotations are its fields
+— the constructor's parameters, in the order written, and typed attributes mypy checks at every
+construction and every access — and its ``_message`` builds the message from them::
+
+    @error
+    class RunNotFound(UsageError):
+        run_id: str
+
+        def _message(self) -> str:
+            return f"no run {self.run_id!r} in this store; ..."
+
+A family that callers raise with a message of their own (``UsageError("...", step_id=...)``,
+``StoreError``, ``RunBlocked``, ``LimitReached``) keeps a plain ``__init__`` instead: it is no
+dataclass, so its members do not inherit its optional fields as constructor parameters, and the
+defaults it declares (``run_id = None``) are what a member that lacks the field answers.
 
 Private: import these from ``safepoint.errors``, which sets their ``__module__`` to it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import inspect
+from dataclasses import KW_ONLY
+from typing import Any, TypeVar, dataclass_transform
+
+_Error = TypeVar("_Error")
 
 
-class SafepointError(Exception):
-    """Base class of every error safepoint raises on purpose."""
+@dataclass_transform(eq_default=False, field_specifiers=(dataclasses.field,))
+def error(cls: type[_Error]) -> type[_Error]:
+    """Declare an error: its annotations become its fields (see the module's docstring)."""
+    for name in inspect.get_annotations(cls):
+        # A field written without a default has none, as mypy reads it, even where a family
+        # above gives the attribute one (``UsageError.run_id = None``): dataclasses would take
+        # that inherited value as the field's default.
+        if name not in cls.__dict__ and hasattr(cls, name):
+            setattr(cls, name, dataclasses.field())
+    # eq=False: an error equals itself only, and stays hashable; repr=False: the exception's
+    # own repr, which shows the message.
+    return dataclasses.dataclass(cls, eq=False, repr=False)
+
+
+def _rebuild(cls: type[Declared], state: dict[str, Any]) -> Declared:
+    """Unpickle an error from its fields and message, without calling its constructor."""
+    made = cls.__new__(cls)
+    made.__dict__.update(state)
+    made.args = (made.message,)
+    return made
+
+
+class Declared:
+    """What every error shares, ``SafepointError`` and the ``BaseException`` signals alike: a
+    ``message``, built once its fields are set, and pickling by those fields (errors cross
+    process boundaries; the exception's own pickling would call the constructor with the
+    message as its only argument)."""
 
     message: str
+    args: tuple[Any, ...]
 
-    def __init__(self, message: str, **fields: Any) -> None:
+    def _message(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} declares no _message")
+
+    def __post_init__(self) -> None:
+        # The dataclass's __init__ sets the fields and calls this; the exception's args (what
+        # its str() and repr() show) are the message, as when a message is given.
+        self.message = self._message()
+        self.args = (self.message,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), dict(self.__dict__)))
+
+
+class SafepointError(Declared, Exception):
+    """Base class of every error safepoint raises on purpose."""
+
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        for name, value in fields.items():
-            setattr(self, name, value)
 
 
 class UsageError(SafepointError):
@@ -27,20 +89,26 @@ class UsageError(SafepointError):
     run_id: str | None = None
     step_id: str | None = None
 
+    def __init__(self, message: str, *, run_id: str | None = None, step_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.step_id = step_id
 
+
+@error
 class RunNotFound(UsageError):
     """No run has this id in this store (or the store URL points elsewhere)."""
 
     run_id: str
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(
-            f"no run {run_id!r} in this store; list runs with `safepoint runs`"
-            " or check the store URL (SAFEPOINT_URL)",
-            run_id=run_id,
+    def _message(self) -> str:
+        return (
+            f"no run {self.run_id!r} in this store; list runs with `safepoint runs`"
+            " or check the store URL (SAFEPOINT_URL)"
         )
 
 
+@error
 class RunConflict(UsageError):
     """A run id already names a run of another workflow or with other inputs: one id, one piece of
     work."""
@@ -48,30 +116,28 @@ class RunConflict(UsageError):
     run_id: str
     reason: str
 
-    def __init__(self, run_id: str, reason: str) -> None:
-        super().__init__(
-            f"run {run_id!r} already exists {reason}; a run id names one piece of work:"
-            " choose another run id, or resume the existing run",
-            run_id=run_id,
-            reason=reason,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} already exists {self.reason}; a run id names one piece of work:"
+            " choose another run id, or resume the existing run"
         )
 
 
+@error
 class WorkflowNotFound(UsageError):
     """The run's workflow is not registered in this process: import the module that defines it."""
 
     workflow: str
-    run_id: str | None
+    run_id: str | None = None
 
-    def __init__(self, name: str, run_id: str | None = None) -> None:
-        super().__init__(
-            f"workflow {name!r} is not registered in this process; import the module that"
-            " defines it (CLI: --import your.module) before resuming",
-            workflow=name,
-            run_id=run_id,
+    def _message(self) -> str:
+        return (
+            f"workflow {self.workflow!r} is not registered in this process; import the module that"
+            " defines it (CLI: --import your.module) before resuming"
         )
 
 
+@error
 class NotJSON(UsageError):
     """A value to be recorded (inputs, a result, a payload, a receipt) is not JSON; ``path`` says
     where."""
@@ -79,71 +145,65 @@ class NotJSON(UsageError):
     what: str
     path: str
     type_name: str
-    step_id: str | None
+    step_id: str | None = None
 
-    def __init__(self, what: str, path: str, type_name: str, step_id: str | None = None) -> None:
-        where = f" of step {step_id!r}" if step_id else ""
-        super().__init__(
-            f"{what}{where} is not a JSON value: {path} is a {type_name}; return dicts with"
-            " string keys, lists, strings, finite numbers, booleans or None"
-            " (for example convert with .model_dump() or .isoformat())",
-            what=what,
-            path=path,
-            type_name=type_name,
-            step_id=step_id,
+    def _message(self) -> str:
+        where = f" of step {self.step_id!r}" if self.step_id else ""
+        return (
+            f"{self.what}{where} is not a JSON value: {self.path} is a {self.type_name}; return"
+            " dicts with string keys, lists, strings, finite numbers, booleans or None"
+            " (for example convert with .model_dump() or .isoformat())"
         )
 
 
+@error
 class SecretRefused(UsageError):
     """A value the caller chose looks like a credential and was not recorded; ``path`` says where."""
 
     what: str
     path: str
     why: str
-    step_id: str | None
+    step_id: str | None = None
 
-    def __init__(self, what: str, path: str, why: str, step_id: str | None = None) -> None:
-        where = f" of step {step_id!r}" if step_id else ""
-        super().__init__(
-            f"{what}{where} was not recorded: {path} looks like a credential ({why});"
+    def _message(self) -> str:
+        where = f" of step {self.step_id!r}" if self.step_id else ""
+        return (
+            f"{self.what}{where} was not recorded: {self.path} looks like a credential ({self.why});"
             " credentials never enter the ledger — pass them to steps as safepoint.Secret(...),"
-            " or let the effect obtain them at dispatch through its own path",
-            what=what,
-            path=path,
-            why=why,
-            step_id=step_id,
+            " or let the effect obtain them at dispatch through its own path"
         )
 
 
+@error
 class InvalidDecision(UsageError):
-    """A ``decide`` step returned no next step id."""
+    """A ``decide`` step returned no next step id (``got`` says what it returned)."""
 
     step_id: str
+    got: str
 
-    def __init__(self, step_id: str, got: str) -> None:
-        super().__init__(
-            f"decision step {step_id!r} returned {got}; a decision returns the next step id"
-            " (a string) or a dict with a string 'next_step_id'",
-            step_id=step_id,
+    def _message(self) -> str:
+        return (
+            f"decision step {self.step_id!r} returned {self.got}; a decision returns the next step"
+            " id (a string) or a dict with a string 'next_step_id'"
         )
 
 
+@error
 class InvalidStepId(UsageError):
     """A step id that cannot be one (blank, not a string, NUL, a lone surrogate, ``#``, too long)."""
 
     step_id: object  # type: ignore[assignment]  # what was given, which is no step id
-    reason: str
+    reason: str = "it is no step id"
 
-    def __init__(self, step_id: object, reason: str = "it is no step id") -> None:
-        super().__init__(
-            f"invalid step id {step_id!r}: {reason}; a step id is a non-empty string of at most"
-            " 1000 characters, storable as UTF-8, without NUL or '#' (safepoint appends '#2',"
-            " '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'",
-            step_id=step_id,
-            reason=reason,
+    def _message(self) -> str:
+        return (
+            f"invalid step id {self.step_id!r}: {self.reason}; a step id is a non-empty string of"
+            " at most 1000 characters, storable as UTF-8, without NUL or '#' (safepoint appends"
+            " '#2', '#3' to repeated ids), e.g. 'plan.3.fetch_invoice'"
         )
 
 
+@error
 class ResolutionRefused(UsageError):
     """A person's resolution does not fit the run as it now stands; nothing was changed.
 
@@ -154,22 +214,18 @@ class ResolutionRefused(UsageError):
 
     run_id: str
     reason: str
-    owner_answer: str | None
-    receipt: Any
+    _: KW_ONLY
+    owner_answer: str | None = None
+    receipt: Any = None
 
-    def __init__(
-        self, run_id: str, reason: str, *, owner_answer: str | None = None, receipt: Any = None
-    ) -> None:
-        super().__init__(
-            f"resolution of run {run_id!r} refused: {reason}; look at the run again with"
-            f" `safepoint record {run_id}` and resolve what it says now",
-            run_id=run_id,
-            reason=reason,
-            owner_answer=owner_answer,
-            receipt=receipt,
+    def _message(self) -> str:
+        return (
+            f"resolution of run {self.run_id!r} refused: {self.reason}; look at the run again"
+            f" with `safepoint record {self.run_id}` and resolve what it says now"
         )
 
 
+@error
 class ApprovalRefused(UsageError):
     """An approval — or, with ``revoking``, the revocation of one — that does not fit the run
     as it now stands. Nothing was written."""
@@ -177,19 +233,15 @@ class ApprovalRefused(UsageError):
     run_id: str
     step_id: str
     reason: str
-    revoking: bool
+    _: KW_ONLY
+    revoking: bool = False
 
-    def __init__(self, run_id: str, step_id: str, reason: str, *, revoking: bool = False) -> None:
-        what = "revoking the approval" if revoking else "approval"
-        super().__init__(
-            f"{what} of step {step_id!r} of run {run_id!r} refused: {reason}",
-            run_id=run_id,
-            step_id=step_id,
-            reason=reason,
-            revoking=revoking,
-        )
+    def _message(self) -> str:
+        what = "revoking the approval" if self.revoking else "approval"
+        return f"{what} of step {self.step_id!r} of run {self.run_id!r} refused: {self.reason}"
 
 
+@error
 class GateApproved(ApprovalRefused):
     """An approval of an effect whose gate has its approval: ``approval_id``, given by
     ``approved_by`` at ``approved_at``, still authorizes it — before the dispatch (a gate takes
@@ -198,32 +250,15 @@ class GateApproved(ApprovalRefused):
     owner). The same person approving again gets their approval back instead. Nothing was
     written."""
 
+    _: KW_ONLY
     operation_id: str
     approval_id: str
     approved_by: str
     approved_at: int
     went_out: bool
 
-    def __init__(
-        self,
-        run_id: str,
-        step_id: str,
-        reason: str,
-        *,
-        operation_id: str,
-        approval_id: str,
-        approved_by: str,
-        approved_at: int,
-        went_out: bool,
-    ) -> None:
-        super().__init__(run_id, step_id, reason)
-        self.operation_id = operation_id
-        self.approval_id = approval_id
-        self.approved_by = approved_by
-        self.approved_at = approved_at
-        self.went_out = went_out
 
-
+@error
 class MessageRefused(UsageError):
     """A message ``safepoint.send`` cannot deliver; nothing was written. ``reason`` says why: the
     run has ended (a message to it would never be received), or the sender's ``message_id`` was
@@ -233,15 +268,11 @@ class MessageRefused(UsageError):
     name: str
     reason: str
 
-    def __init__(self, run_id: str, name: str, reason: str) -> None:
-        super().__init__(
-            f"message {name!r} to run {run_id!r} refused: {reason}",
-            run_id=run_id,
-            name=name,
-            reason=reason,
-        )
+    def _message(self) -> str:
+        return f"message {self.name!r} to run {self.run_id!r} refused: {self.reason}"
 
 
+@error
 class WaitAnswered(MessageRefused):
     """An answer (``safepoint.answer``) to a wait that has had its answer: one was kept for it
     already (by ``answered_by`` at ``answered_at``), it took a message, or it timed out
@@ -250,32 +281,17 @@ class WaitAnswered(MessageRefused):
     the next wait explicitly to answer it, or ``send`` a message to queue for whichever wait of
     the name comes next."""
 
+    # Keyword-only: the fields MessageRefused declares come first, so the wait's step_id cannot
+    # stand between its name and its reason as it did before the errors were declared once.
+    _: KW_ONLY
     step_id: str
-    answered_by: str | None
-    answered_at: int | None
-    timed_out: bool
-    waits_at: str | None
-
-    def __init__(
-        self,
-        run_id: str,
-        name: str,
-        step_id: str,
-        reason: str,
-        *,
-        answered_by: str | None = None,
-        answered_at: int | None = None,
-        timed_out: bool = False,
-        waits_at: str | None = None,
-    ) -> None:
-        super().__init__(run_id, name, reason)
-        self.step_id = step_id
-        self.answered_by = answered_by
-        self.answered_at = answered_at
-        self.timed_out = timed_out
-        self.waits_at = waits_at
+    answered_by: str | None = None
+    answered_at: int | None = None
+    timed_out: bool = False
+    waits_at: str | None = None
 
 
+@error
 class LimitsRefused(UsageError):
     """A change of a run's limits (``extend_limits``) that does not fit the run as it now
     stands: the run moved on from the revision it was asked at (``state_revision`` is where it
@@ -284,26 +300,15 @@ class LimitsRefused(UsageError):
 
     run_id: str
     reason: str
-    state_revision: int | None
-    expected_revision: int | None
+    _: KW_ONLY
+    state_revision: int | None = None
+    expected_revision: int | None = None
 
-    def __init__(
-        self,
-        run_id: str,
-        reason: str,
-        *,
-        state_revision: int | None = None,
-        expected_revision: int | None = None,
-    ) -> None:
-        super().__init__(
-            f"the limits of run {run_id!r} were not changed: {reason}",
-            run_id=run_id,
-            reason=reason,
-            state_revision=state_revision,
-            expected_revision=expected_revision,
-        )
+    def _message(self) -> str:
+        return f"the limits of run {self.run_id!r} were not changed: {self.reason}"
 
 
+@error
 class ForkRefused(UsageError):
     """A fork that cannot be made as asked (``safepoint.fork``); nothing was written. ``reason``
     says why; ``choices`` lists what could be asked instead (the steps a fork can start from,
@@ -311,21 +316,19 @@ class ForkRefused(UsageError):
 
     run_id: str
     reason: str
-    choices: tuple[str, ...]
-    operation_id: str | None
+    _: KW_ONLY
+    choices: tuple[str, ...] = ()
+    operation_id: str | None = None
 
-    def __init__(
-        self, run_id: str, reason: str, *, choices: tuple[str, ...] = (), operation_id: str | None = None
-    ) -> None:
-        super().__init__(
-            f"cannot fork run {run_id!r}: {reason}",
-            run_id=run_id,
-            reason=reason,
-            choices=tuple(choices),
-            operation_id=operation_id,
-        )
+    def __post_init__(self) -> None:
+        self.choices = tuple(self.choices)  # a list given is kept as the tuple the field says
+        super().__post_init__()
+
+    def _message(self) -> str:
+        return f"cannot fork run {self.run_id!r}: {self.reason}"
 
 
+@error
 class RetryRefused(UsageError):
     """A retry (``safepoint.retry``) that does not fit the run as it now stands — it is not
     failed, it moved since the revision given, or ``step`` / ``resend`` name something it
@@ -335,14 +338,11 @@ class RetryRefused(UsageError):
     run_id: str
     reason: str
 
-    def __init__(self, run_id: str, reason: str) -> None:
-        super().__init__(
-            f"retry of run {run_id!r} refused: {reason}",
-            run_id=run_id,
-            reason=reason,
-        )
+    def _message(self) -> str:
+        return f"retry of run {self.run_id!r} refused: {self.reason}"
 
 
+@error
 class PruneRefused(UsageError):
     """A prune (``safepoint.prune``) asked for something it cannot do — a status that is not an
     ending a run is pruned at, a cut-off that is no time, a batch size below one; ``reason`` says
@@ -350,34 +350,35 @@ class PruneRefused(UsageError):
 
     reason: str
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"prune refused: {reason}", reason=reason)
+    def _message(self) -> str:
+        return f"prune refused: {self.reason}"
 
 
+@error
 class InvalidStoreURL(UsageError):
-    """A store URL that names no store safepoint can open."""
+    """A store URL that names no store safepoint can open; ``reason`` says why."""
 
     url: str
+    reason: str
 
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(
-            f"cannot open store {url!r}: {reason}; use sqlite:///path/to/file.db, a plain"
-            " file path, postgresql://user@host/db[?schema=name], or memory: for tests",
-            url=url,
+    def _message(self) -> str:
+        return (
+            f"cannot open store {self.url!r}: {self.reason}; use sqlite:///path/to/file.db, a"
+            " plain file path, postgresql://user@host/db[?schema=name], or memory: for tests"
         )
 
 
+@error
 class MissingExtra(UsageError):
     """An optional dependency of the store (or module, ``needed_by``) asked for is not
     installed (``pip install 'safepoint[extra]'``)."""
 
     extra: str
     module: str
+    needed_by: str | None = None
 
-    def __init__(self, extra: str, module: str, needed_by: str | None = None) -> None:
-        super().__init__(
-            f"{needed_by or f'the {extra} store'} needs the {module!r} package, which is not"
-            f" installed: pip install 'safepoint[{extra}]'",
-            extra=extra,
-            module=module,
+    def _message(self) -> str:
+        return (
+            f"{self.needed_by or f'the {self.extra} store'} needs the {self.module!r} package,"
+            f" which is not installed: pip install 'safepoint[{self.extra}]'"
         )

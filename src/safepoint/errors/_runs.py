@@ -6,12 +6,14 @@ Private: import these from ``safepoint.errors``, which sets their ``__module__``
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, field
 from typing import Any
 
 from .._rules.moments import instant, when
-from ._base import SafepointError
+from ._base import SafepointError, error
 
 
+@error
 class RunOwned(SafepointError):
     """A live worker holds the run's lease; ``lease_expires_at`` says until when (epoch ms)."""
 
@@ -19,17 +21,15 @@ class RunOwned(SafepointError):
     owner: str
     lease_expires_at: int
 
-    def __init__(self, run_id: str, owner: str, lease_expires_at: int) -> None:
-        super().__init__(
-            f"run {run_id!r} is held by worker {owner!r}, whose lease runs until"
-            f" {when(lease_expires_at)}; a live worker is carrying it on — wait for it (or stop"
-            " that worker) and resume after the lease",
-            run_id=run_id,
-            owner=owner,
-            lease_expires_at=lease_expires_at,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} is held by worker {self.owner!r}, whose lease runs until"
+            f" {when(self.lease_expires_at)}; a live worker is carrying it on — wait for it (or"
+            " stop that worker) and resume after the lease"
         )
 
 
+@error
 class ClaimedInFamily(SafepointError):
     """A run went to send an operation that another run of its family — its source, a fork, a
     successor — already holds and may have sent (``holder_run_id``'s ``holder_operation_id``):
@@ -41,17 +41,15 @@ class ClaimedInFamily(SafepointError):
     holder_run_id: str
     holder_operation_id: str
 
-    def __init__(self, run_id: str, operation_id: str, holder_run_id: str, holder_operation_id: str) -> None:
-        super().__init__(
-            f"operation {operation_id!r} of run {run_id!r} is held by run {holder_run_id!r} of its"
-            f" family (its operation {holder_operation_id!r}), which may have sent it: not sent again",
-            run_id=run_id,
-            operation_id=operation_id,
-            holder_run_id=holder_run_id,
-            holder_operation_id=holder_operation_id,
+    def _message(self) -> str:
+        return (
+            f"operation {self.operation_id!r} of run {self.run_id!r} is held by run"
+            f" {self.holder_run_id!r} of its family (its operation {self.holder_operation_id!r}),"
+            " which may have sent it: not sent again"
         )
 
 
+@error
 class RunFailed(SafepointError):
     """The run ended failed; resuming it raises this again from the ledger, and
     ``safepoint.retry`` carries it on once the cause is fixed."""
@@ -60,15 +58,12 @@ class RunFailed(SafepointError):
     error_type: str
     error_message: str
 
-    def __init__(self, run_id: str, error_type: str, error_message: str) -> None:
-        super().__init__(
-            f"run {run_id!r} failed with {error_type}: {error_message}; the failure is recorded"
-            " and resuming replays it; once its cause is fixed, retry the run (`safepoint retry"
-            f" {run_id} --by <you>`, or safepoint.retry): what it did is kept and not done"
-            " again, where a new run id would do it all again",
-            run_id=run_id,
-            error_type=error_type,
-            error_message=error_message,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} failed with {self.error_type}: {self.error_message}; the failure"
+            " is recorded and resuming replays it; once its cause is fixed, retry the run"
+            f" (`safepoint retry {self.run_id} --by <you>`, or safepoint.retry): what it did is"
+            " kept and not done again, where a new run id would do it all again"
         )
 
 
@@ -85,6 +80,11 @@ class LimitReached(SafepointError):
     run_id: str
     record: dict[str, Any] | None = None
 
+    def __init__(self, message: str, *, run_id: str, record: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.record = record
+
 
 def _raise_hint(run_id: str, option: str) -> str:
     return (
@@ -93,6 +93,7 @@ def _raise_hint(run_id: str, option: str) -> str:
     )
 
 
+@error
 class BudgetExhausted(LimitReached):
     """A run spent one of its budgets: ``kind`` says which (``resumes``: taken over more often
     than its resume budget allows — something kills its workers each time; ``tokens`` or
@@ -101,83 +102,67 @@ class BudgetExhausted(LimitReached):
     ``resumes`` is the resume count for the resume budget; ``step_id`` the step it stopped
     before (None at a takeover)."""
 
-    kind: str
+    run_id: str
     budget: float
-    limit: float
-    spent: float
-    resumes: int | None
-    step_id: str | None
+    resumes: int | None = None
+    _: KW_ONLY
+    kind: str = "resumes"
+    spent: float | None = None  # of the resume budget: the resumes, when not given
+    step_id: str | None = None
+    limit: float = field(init=False)  # the budget, under the name every limit has
 
-    def __init__(
-        self,
-        run_id: str,
-        budget: float,
-        resumes: int | None = None,
-        *,
-        kind: str = "resumes",
-        spent: float | None = None,
-        step_id: str | None = None,
-    ) -> None:
-        if kind == "resumes":
-            spent = resumes if spent is None else spent
-            message = (
-                f"run {run_id!r} was resumed {resumes} times, past its resume budget of"
-                f" {budget}; it is stopped rather than retried forever — find what stops"
-                f" its workers (see `safepoint show {run_id}`), then "
-                + _raise_hint(run_id, "--resume-budget")
+    def __post_init__(self) -> None:
+        self.limit = self.budget
+        if self.kind == "resumes" and self.spent is None:
+            self.spent = self.resumes
+        super().__post_init__()
+
+    def _message(self) -> str:
+        if self.kind == "resumes":
+            return (
+                f"run {self.run_id!r} was resumed {self.resumes} times, past its resume budget"
+                f" of {self.budget}; it is stopped rather than retried forever — find what stops"
+                f" its workers (see `safepoint show {self.run_id}`), then "
+                + _raise_hint(self.run_id, "--resume-budget")
             )
-        else:
-            what = "model calls" if kind == "model_calls" else kind
-            option = "--model-calls" if kind == "model_calls" else f"--{kind}"
-            where = f" before step {step_id!r}" if step_id else ""
-            message = (
-                f"run {run_id!r} spent {spent:g} {what} of its {what} budget of"
-                f" {budget:g}; it is stopped{where} and no further model call is made — "
-                + _raise_hint(run_id, option)
-            )
-        super().__init__(
-            message,
-            run_id=run_id,
-            budget=budget,
-            resumes=resumes,
-            kind=kind,
-            limit=budget,
-            spent=spent,
-            step_id=step_id,
+        what = "model calls" if self.kind == "model_calls" else self.kind
+        option = "--model-calls" if self.kind == "model_calls" else f"--{self.kind}"
+        where = f" before step {self.step_id!r}" if self.step_id else ""
+        return (
+            f"run {self.run_id!r} spent {self.spent:g} {what} of its {what} budget of"
+            f" {self.budget:g}; it is stopped{where} and no further model call is made — "
+            + _raise_hint(self.run_id, option)
         )
 
 
+@error
 class DeadlineExceeded(LimitReached):
     """The run's deadline passed (``deadline_at``, epoch ms on the store's clock): no new step
     and no new dispatch is started. Steps already recorded still replay, and an effect in
     flight is still settled."""
 
+    run_id: str
     deadline_at: int
-    step_id: str | None
-    retry_at: int | None
+    step_id: str | None = None
+    _: KW_ONLY
+    retry_at: int | None = None  # when a step's next attempt would have come, past the deadline
 
-    def __init__(
-        self, run_id: str, deadline_at: int, step_id: str | None = None, *, retry_at: int | None = None
-    ) -> None:
-        moment = instant(deadline_at, millis=True)
-        if retry_at is not None:  # a step's next attempt would come too late
+    def _message(self) -> str:
+        moment = instant(self.deadline_at, millis=True)
+        if self.retry_at is not None:  # a step's next attempt would come too late
             what = (
-                f"the next attempt of step {step_id!r} of run {run_id!r} would come at"
-                f" {instant(retry_at, millis=True)}, past its deadline ({moment})"
+                f"the next attempt of step {self.step_id!r} of run {self.run_id!r} would come at"
+                f" {instant(self.retry_at, millis=True)}, past its deadline ({moment})"
             )
         else:
-            where = f" at step {step_id!r}" if step_id else ""
-            what = f"run {run_id!r} passed its deadline ({moment}){where}"
-        super().__init__(
-            f"{what}; nothing new is started after a deadline, and the run is stopped — "
-            + _raise_hint(run_id, "--deadline"),
-            run_id=run_id,
-            deadline_at=deadline_at,
-            step_id=step_id,
-            retry_at=retry_at,
+            where = f" at step {self.step_id!r}" if self.step_id else ""
+            what = f"run {self.run_id!r} passed its deadline ({moment}){where}"
+        return f"{what}; nothing new is started after a deadline, and the run is stopped — " + _raise_hint(
+            self.run_id, "--deadline"
         )
 
 
+@error
 class StepAttemptsExhausted(LimitReached):
     """A read or model step whose ``Retry`` allows more than one attempt used them all on an
     error it retries: the run stops before trying it again (the failure is not recorded as the
@@ -185,43 +170,36 @@ class StepAttemptsExhausted(LimitReached):
     attempts go on from the count recorded. ``attempts`` were made, ``allowed`` were allowed;
     ``error_type`` and ``error_message`` are the last attempt's error."""
 
+    run_id: str
     step_id: str
     attempts: int
     allowed: int
     error_type: str
     error_message: str
 
-    def __init__(
-        self, run_id: str, step_id: str, attempts: int, allowed: int, error_type: str, error_message: str
-    ) -> None:
-        super().__init__(
-            f"step {step_id!r} of run {run_id!r} failed all {attempts} of its {allowed} attempts"
-            f" (last: {error_type}: {error_message}); the run is stopped before it — "
-            + _raise_hint(run_id, "--step-attempts"),
-            run_id=run_id,
-            step_id=step_id,
-            attempts=attempts,
-            allowed=allowed,
-            error_type=error_type,
-            error_message=error_message,
+    def _message(self) -> str:
+        return (
+            f"step {self.step_id!r} of run {self.run_id!r} failed all {self.attempts} of its"
+            f" {self.allowed} attempts (last: {self.error_type}: {self.error_message}); the run"
+            " is stopped before it — " + _raise_hint(self.run_id, "--step-attempts")
         )
 
 
+@error
 class RunCancelled(SafepointError):
     """The run was cancelled (or abandoned): it ends here, and no resume revives it."""
 
     run_id: str
     reason: str
 
-    def __init__(self, run_id: str, reason: str) -> None:
-        super().__init__(
-            f"run {run_id!r} was cancelled ({reason}); a cancelled run is never"
-            " resumed into activity — start a new run",
-            run_id=run_id,
-            reason=reason,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} was cancelled ({self.reason}); a cancelled run is never"
+            " resumed into activity — start a new run"
         )
 
 
+@error
 class StepFailed(SafepointError):
     """A step's function raised. The failure is recorded, so a resume raises it again here
     instead of asking again: the run takes the same path it took the first time.
@@ -234,22 +212,17 @@ class StepFailed(SafepointError):
     step_id: str
     error_type: str
     error_message: str
-    attempts: int
+    attempts: int = 1
 
-    def __init__(
-        self, run_id: str, step_id: str, error_type: str, error_message: str, attempts: int = 1
-    ) -> None:
-        tries = f" (the last of {attempts} attempts)" if attempts > 1 else ""
-        super().__init__(
-            f"step {step_id!r} of run {run_id!r} raised {error_type}: {error_message}{tries}",
-            run_id=run_id,
-            step_id=step_id,
-            error_type=error_type,
-            error_message=error_message,
-            attempts=attempts,
+    def _message(self) -> str:
+        tries = f" (the last of {self.attempts} attempts)" if self.attempts > 1 else ""
+        return (
+            f"step {self.step_id!r} of run {self.run_id!r} raised {self.error_type}:"
+            f" {self.error_message}{tries}"
         )
 
 
+@error
 class EffectRejected(SafepointError):
     """The effect owner refused the operation; it did not happen and will not be retried."""
 
@@ -258,13 +231,9 @@ class EffectRejected(SafepointError):
     operation_id: str
     evidence: Any
 
-    def __init__(self, run_id: str, step_id: str, operation_id: str, evidence: Any) -> None:
-        super().__init__(
-            f"effect {operation_id!r} (step {step_id!r}) was rejected by its owner: {evidence}",
-            run_id=run_id,
-            step_id=step_id,
-            operation_id=operation_id,
-            evidence=evidence,
+    def _message(self) -> str:
+        return (
+            f"effect {self.operation_id!r} (step {self.step_id!r}) was rejected by its owner: {self.evidence}"
         )
 
 
@@ -277,6 +246,7 @@ class RunWaiting(SafepointError):
     step_id: str
 
 
+@error
 class AwaitingApproval(RunWaiting):
     """The run waits (status ``waiting``) for a person to approve an effect before it is
     dispatched: an expected pause, not a failure. ``payload_digest`` and ``target_digest`` are
@@ -289,26 +259,13 @@ class AwaitingApproval(RunWaiting):
     target_digest: str | None
     reason: str
 
-    def __init__(
-        self,
-        run_id: str,
-        step_id: str,
-        operation_id: str,
-        payload_digest: str,
-        target_digest: str | None,
-        reason: str,
-    ) -> None:
-        super().__init__(
-            f"run {run_id!r} waits for approval of effect {operation_id!r} (step {step_id!r},"
-            f" payload {payload_digest}): {reason}; see what it would send with"
-            f" `safepoint show {run_id}`, approve it with `safepoint approve {run_id}"
-            f" {step_id} --by NAME`, then resume it (or let a worker take it)",
-            run_id=run_id,
-            step_id=step_id,
-            operation_id=operation_id,
-            payload_digest=payload_digest,
-            target_digest=target_digest,
-            reason=reason,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} waits for approval of effect {self.operation_id!r} (step"
+            f" {self.step_id!r}, payload {self.payload_digest}): {self.reason}; see what it"
+            f" would send with `safepoint show {self.run_id}`, approve it with `safepoint"
+            f" approve {self.run_id} {self.step_id} --by NAME`, then resume it (or let a worker"
+            " take it)"
         )
 
 
@@ -318,6 +275,7 @@ class ApprovalInvalid(AwaitingApproval):
     waits again."""
 
 
+@error
 class AwaitingMessage(RunWaiting):
     """The run waits (status ``waiting``) for a message named ``name`` at its wait step
     ``step_id`` (``run.wait_for``): ``safepoint.send`` (or ``safepoint send``) delivers one and
@@ -325,39 +283,39 @@ class AwaitingMessage(RunWaiting):
     when the wait gives up — recorded when it first started, so no restart moves it; a worker
     takes the run then and the wait raises ``WaitTimedOut``."""
 
+    run_id: str
+    step_id: str
     name: str
-    timeout_at: int | None
+    timeout_at: int | None = None
 
-    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int | None = None) -> None:
-        until = "" if timeout_at is None else f" until {instant(timeout_at, millis=True)}"
-        super().__init__(
-            f"run {run_id!r} waits for message {name!r} (step {step_id!r}){until}; send it with"
-            f" `safepoint send {run_id} {name} --payload '<json>'` (or safepoint.send), then a"
-            " worker carries the run on (or resume it)",
-            run_id=run_id,
-            step_id=step_id,
-            name=name,
-            timeout_at=timeout_at,
+    def _message(self) -> str:
+        until = "" if self.timeout_at is None else f" until {instant(self.timeout_at, millis=True)}"
+        return (
+            f"run {self.run_id!r} waits for message {self.name!r} (step {self.step_id!r}){until};"
+            f" send it with `safepoint send {self.run_id} {self.name} --payload '<json>'` (or"
+            " safepoint.send), then a worker carries the run on (or resume it)"
         )
 
 
+@error
 class Sleeping(RunWaiting):
     """The run sleeps (status ``waiting``) at its sleep step ``step_id`` (``run.sleep``) until
     ``until`` (epoch ms, the store's clock, recorded when the sleep first started: no restart
     shortens or restarts it). A worker takes it once it is due."""
 
+    run_id: str
+    step_id: str
     until: int
 
-    def __init__(self, run_id: str, step_id: str, until: int) -> None:
-        super().__init__(
-            f"run {run_id!r} sleeps (step {step_id!r}) until {instant(until, millis=True)};"
-            " a worker carries it on once it is due (`safepoint worker`), or resume it then",
-            run_id=run_id,
-            step_id=step_id,
-            until=until,
+    def _message(self) -> str:
+        return (
+            f"run {self.run_id!r} sleeps (step {self.step_id!r}) until"
+            f" {instant(self.until, millis=True)}; a worker carries it on once it is due"
+            " (`safepoint worker`), or resume it then"
         )
 
 
+@error
 class WaitTimedOut(SafepointError):
     """A wait (``run.wait_for(name, timeout=…)``) reached its timeout with no message: the wait
     step is recorded failed, so a resume raises this again here instead of waiting again. Catch
@@ -369,15 +327,11 @@ class WaitTimedOut(SafepointError):
     name: str
     timeout_at: int
 
-    def __init__(self, run_id: str, step_id: str, name: str, timeout_at: int) -> None:
-        super().__init__(
-            f"wait {step_id!r} of run {run_id!r} for message {name!r} timed out at"
-            f" {instant(timeout_at, millis=True)} with no message; the timeout is recorded and"
-            " replayed — catch WaitTimedOut in the workflow to go on without it",
-            run_id=run_id,
-            step_id=step_id,
-            name=name,
-            timeout_at=timeout_at,
+    def _message(self) -> str:
+        return (
+            f"wait {self.step_id!r} of run {self.run_id!r} for message {self.name!r} timed out at"
+            f" {instant(self.timeout_at, millis=True)} with no message; the timeout is recorded"
+            " and replayed — catch WaitTimedOut in the workflow to go on without it"
         )
 
 
@@ -399,4 +353,5 @@ class TransientFailure(SafepointError):
             isinstance(retry_after, bool) or not isinstance(retry_after, int | float) or retry_after < 0
         ):
             retry_after = None  # a server's bad header is no reason to lose the failure itself
-        super().__init__(message, retry_after=retry_after)
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._base import Declared, error
 
-class LostOwnership(BaseException):
+
+@error
+class LostOwnership(Declared, BaseException):
     """This worker's fence token is stale: another worker owns the run. Stop at once.
 
     Derived from ``BaseException`` so that agent code's ``except Exception`` cannot swallow it.
@@ -18,27 +21,27 @@ class LostOwnership(BaseException):
     run_id: str
     fence: int
 
-    def __init__(self, run_id: str, fence: int) -> None:
-        super().__init__(
-            f"worker lost ownership of run {run_id!r} (its fence {fence} is stale); another"
-            " worker took the run over — this worker must stop without writing or dispatching"
+    def _message(self) -> str:
+        return (
+            f"worker lost ownership of run {self.run_id!r} (its fence {self.fence} is stale);"
+            " another worker took the run over — this worker must stop without writing or"
+            " dispatching"
         )
-        self.run_id = run_id
-        self.fence = fence
 
 
-class Cancelled(BaseException):
+@error
+class Cancelled(Declared, BaseException):
     """The run was asked to stop: this worker may settle what is in flight but starts nothing
     new. A ``BaseException``, so that agent code's ``except Exception`` cannot swallow it."""
 
     run_id: str
 
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id!r} was asked to stop; nothing new is started")
-        self.run_id = run_id
+    def _message(self) -> str:
+        return f"run {self.run_id!r} was asked to stop; nothing new is started"
 
 
-class ContinueAsNew(BaseException):
+@error
+class ContinueAsNew(Declared, BaseException):
     """Raised by ``run.continue_as_new(...)``: the run ends (status ``continued``) and its
     successor starts with ``inputs`` as its arguments. A ``BaseException``, so that agent code's
     ``except Exception`` cannot swallow it; there is nothing to catch — let it pass."""
@@ -46,13 +49,12 @@ class ContinueAsNew(BaseException):
     run_id: str
     inputs: dict[str, Any]
 
-    def __init__(self, run_id: str, inputs: dict[str, Any]) -> None:
-        super().__init__(f"run {run_id!r} continues as new; its successor carries on")
-        self.run_id = run_id
-        self.inputs = inputs
+    def _message(self) -> str:
+        return f"run {self.run_id!r} continues as new; its successor carries on"
 
 
-class SliceEnded(BaseException):
+@error
+class SliceEnded(Declared, BaseException):
     """The slice of time the call was given (``resume(..., slice=...)``, ``start``, a worker's
     ``run``) was spent: the run stops at this step boundary — before ``step_id``, which did not
     start — and is released at once, for the next call to carry on. The call returns
@@ -64,16 +66,13 @@ class SliceEnded(BaseException):
     slice_s: float
     elapsed_s: float
 
-    def __init__(self, run_id: str, step_id: str | None, slice_s: float, elapsed_s: float) -> None:
-        before = f" before step {step_id!r}" if step_id is not None else ""
-        super().__init__(
-            f"run {run_id!r}: the slice of {slice_s:g}s was spent ({elapsed_s:.2f}s since the"
-            f" call began); it stops{before} and is released for the next call to carry on"
+    def _message(self) -> str:
+        before = f" before step {self.step_id!r}" if self.step_id is not None else ""
+        return (
+            f"run {self.run_id!r}: the slice of {self.slice_s:g}s was spent ({self.elapsed_s:.2f}s"
+            f" since the call began); it stops{before} and is released for the next call to"
+            " carry on"
         )
-        self.run_id = run_id
-        self.step_id = step_id
-        self.slice_s = slice_s
-        self.elapsed_s = elapsed_s
 
 
 class HistoryWarning(UserWarning):

@@ -116,7 +116,7 @@ def _bind_refusal(host: str, port: int, exc: OSError) -> UsageError:
             f"the dashboard cannot listen on {host} port {port}:"
             f" {exc.strerror or exc}; choose another --host or --port"
         )
-    return UsageError(message, host=host, port=port)
+    return UsageError(message)
 
 
 class _Server(ThreadingHTTPServer):

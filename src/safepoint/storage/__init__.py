@@ -97,9 +97,7 @@ def _sqlite(path: str, durability: Durability, create: bool, codec: Codec | None
             raise UsageError(
                 f"no ledger at {str(where)!r}: {missing}; check --store (or"
                 " SAFEPOINT_URL), or create a ledger there with `safepoint"
-                " migrate`",
-                url=f"sqlite:///{where}",
-                path=str(where),
+                " migrate`"
             )
     return SqliteStore(path, durability=durability, codec=codec)
 

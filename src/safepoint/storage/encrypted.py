@@ -47,17 +47,15 @@ class Keyring:
         for key_id, key in keys.items():
             if not _KEY_ID.fullmatch(key_id):
                 raise UsageError(
-                    f"key id {key_id!r} is not one: use 1 to 64 letters, digits, '.', '_' or '-'",
-                    key_id=key_id,
+                    f"key id {key_id!r} is not one: use 1 to 64 letters, digits, '.', '_' or '-'"
                 )
             if len(key) != 32:
                 raise UsageError(
                     f"key {key_id!r} is {len(key)} bytes long: an AES-256 key is 32 bytes"
-                    " (make one with `safepoint keys new`)",
-                    key_id=key_id,
+                    " (make one with `safepoint keys new`)"
                 )
         if active not in keys:
-            raise UsageError(f"the active key {active!r} is not in the keyring", key_id=active)
+            raise UsageError(f"the active key {active!r} is not in the keyring")
         self._keys = dict(keys)
         self.active = active
 
@@ -92,11 +90,11 @@ class Keyring:
             if not sep:
                 raise UsageError("a keyring entry is id:base64-key (the active key first)")
             if key_id in keys:
-                raise UsageError(f"key id {key_id!r} is in the keyring twice", key_id=key_id)
+                raise UsageError(f"key id {key_id!r} is in the keyring twice")
             try:
                 keys[key_id] = base64.b64decode(encoded.strip(), validate=True)
             except (binascii.Error, ValueError):
-                raise UsageError(f"key {key_id!r} is not base64", key_id=key_id) from None
+                raise UsageError(f"key {key_id!r} is not base64") from None
         if not keys:
             raise UsageError("the keyring holds no key: give one id:base64-key entry at least")
         return cls(keys, next(iter(keys)))
@@ -115,8 +113,7 @@ class Keyring:
                 return cls.parse(Path(path).read_text("utf-8"))
             except OSError as exc:
                 raise UsageError(
-                    f"cannot read the keyring file {path!r} ({KEYRING_FILE_ENV}): {exc.strerror}",
-                    path=path,
+                    f"cannot read the keyring file {path!r} ({KEYRING_FILE_ENV}): {exc.strerror}"
                 ) from None
         return None
 

@@ -270,8 +270,7 @@ class PostgresBase(LedgerReads):
             raise UsageError(
                 f"no ledger at {self.url}: the {where} holds no safepoint ledger;"
                 " check --store (or SAFEPOINT_URL), or create a ledger there with"
-                " `safepoint migrate`",
-                url=self.url,
+                " `safepoint migrate`"
             )
         if pending:
             yield _q("migration_lock")
@@ -545,5 +544,4 @@ def unreachable(url: str, exc: BaseException) -> StoreError:
         " running and that the URL (SAFEPOINT_URL) names the right host, port, database and"
         " user",
         url=url,
-        reason=why,
     )
