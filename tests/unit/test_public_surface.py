@@ -254,3 +254,31 @@ def test_the_testing_tools_load_when_first_asked_for() -> None:
 
     assert KillHarness.__module__ == "safepoint.testing.kill"
     assert StoreConformance.__module__ == "safepoint.testing.conformance"
+
+
+def test_the_top_level_loads_its_names_when_first_asked_for() -> None:
+    """Every command and every worker start imports ``safepoint``: the import itself loads none
+    of the engine, the rules, the types or the stores; each name loads its own module when a
+    program first uses it, and a store's module loads when ``open_store`` opens one."""
+    import subprocess
+    import sys
+
+    def loaded(code: str) -> set[str]:
+        shown = subprocess.run(
+            [sys.executable, "-c", f"import sys; {code}; print(sorted(sys.modules))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return {m for m in ast.literal_eval(shown.strip()) if m.startswith("safepoint") or m == "asyncio"}
+
+    assert loaded("import safepoint") == {"safepoint"}
+    registered = loaded("import safepoint; safepoint.workflow")
+    assert "safepoint._engine.workflow" in registered
+    assert {"safepoint._rules.fork", "safepoint.storage", "safepoint.storage.sqlite"} & registered == set()
+    opened = loaded("import safepoint; safepoint.open_store('memory:')")
+    assert "safepoint.storage.sqlite" in opened
+    assert {"safepoint.storage.postgres", "safepoint._engine.worker", "asyncio"} & opened == set()
+    # and what the package held as attributes when it imported everything, it still holds
+    assert "safepoint.types" in loaded("import safepoint; safepoint.types.RunStatus")
+    assert dir(safepoint) == sorted({*dir(safepoint), *safepoint.__all__, "errors", "types", "storage"})

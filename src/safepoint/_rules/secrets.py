@@ -40,7 +40,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any, NoReturn
 
 from ..errors import SecretRefused
@@ -145,15 +145,14 @@ _TOKEN_FORMATS: tuple[tuple[str, tuple[str, ...], str], ...] = (
         r"(?:(?!-----)[\s\S])*(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----)?",
     ),
 )
-_FORMATS = tuple((kind, anchors, re.compile(pattern)) for kind, anchors, pattern in _TOKEN_FORMATS)
 _ANCHORS = tuple(anchor for _, anchors, _ in _TOKEN_FORMATS for anchor in anchors)
 # Whether a string holds any anchor: for a short one (an id, a name — asked on every step), one
 # search for them all is quicker than a ``in`` per anchor; for a long one, the ``in``s are.
-_ANY_ANCHOR = re.compile("|".join(map(re.escape, _ANCHORS)))
+_ANY_ANCHOR = "|".join(map(re.escape, _ANCHORS))
 _SHORT = 32
 # What a string holds if it holds any credential: an anchor, or the ":" or "=" of an assignment.
 # A short string without either (most ids) is answered with this one search.
-_ANY_CLUE = re.compile(f"{_ANY_ANCHOR.pattern}|[:=]")
+_ANY_CLUE = f"{_ANY_ANCHOR}|[:=]"
 # Formats that begin a word (a match inside one, "task-…", is none): all but a URL's and a
 # PEM block's; and those whose credential follows a scheme word, which prose also has
 # ("basic understanding").
@@ -164,7 +163,7 @@ _SCHEME_KINDS = frozenset({"a bearer credential", "a basic credential"})
 
 # Where a credential name may be given a value in text: at a ":" or "=" (found fast, in C);
 # the name is read back from there.
-_SEPARATORS = re.compile(r"[:=]")
+_SEPARATORS = r"[:=]"
 _LONGEST_NAME = 64
 # Every credential's name above holds one of these: a text without any is not read further.
 _NAME_WORDS = ("pass", "pwd", "secret", "key", "token", "auth", "credential", "cookie")
@@ -189,13 +188,13 @@ _SCHEMES = frozenset(
     }
 )
 _HEADERS = frozenset({"authorization", "proxyauthorization", "cookie", "setcookie"})
-_QUOTE = re.compile(r"b?(\\*[\"'])")
-_BARE_VALUE = re.compile(r"\$\{[^{}\s]*\}|[^\s&;,'\"<>()\[\]{}]+")
-_HEADER_VALUE = re.compile(r"[^\r\n'\"]+")
-_CODE_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")  # settings.API_KEY, os.environ
+_QUOTE = r"b?(\\*[\"'])"
+_BARE_VALUE = r"\$\{[^{}\s]*\}|[^\s&;,'\"<>()\[\]{}]+"
+_HEADER_VALUE = r"[^\r\n'\"]+"
+_CODE_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+"  # settings.API_KEY, os.environ
 
 # Not credentials: what stands in for one.
-_PLACEHOLDER = re.compile(
+_PLACEHOLDER = (
     r"""
       [\s*•·._-]* | x{3,16} | X{3,16}                       # empty, or a mask: ****, ••••, xxxx
     | [\[<(]?(?i:redacted|hidden|masked|removed|omitted|filtered|censored)[\]>)]?
@@ -211,9 +210,21 @@ _PLACEHOLDER = re.compile(
     re.VERBOSE,
 )
 # "reset", "Practice", "chocolate chip": words, not a credential
-_PROSE_WORDS = re.compile(r"[A-Za-z][a-z]*(?:[ -][A-Za-z][a-z]*)*")
+_PROSE_WORDS = r"[A-Za-z][a-z]*(?:[ -][A-Za-z][a-z]*)*"
 
 MARK = "sp_redacted:sha256:"
+
+
+# The patterns above are compiled when first used, not at import: compiling them all is a few
+# milliseconds every process importing safepoint would pay, and most never look for a secret.
+@cache
+def _pattern(source: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(source, flags)
+
+
+@cache
+def _formats_compiled() -> tuple[tuple[str, tuple[str, ...], re.Pattern[str]], ...]:
+    return tuple((kind, anchors, re.compile(pattern)) for kind, anchors, pattern in _TOKEN_FORMATS)
 
 
 def marker(secret: str) -> str:
@@ -238,11 +249,11 @@ def credential_name(name: str) -> bool:
 
 
 def _placeholder(text: str) -> bool:
-    return _PLACEHOLDER.fullmatch(text) is not None
+    return _pattern(*_PLACEHOLDER).fullmatch(text) is not None
 
 
 def _prose(text: str) -> bool:
-    return _PROSE_WORDS.fullmatch(text) is not None
+    return _pattern(_PROSE_WORDS).fullmatch(text) is not None
 
 
 # -- credentials in a string -------------------------------------------------------------------
@@ -255,7 +266,7 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
     one found with ``first``)."""
     if len(text) < 5:
         return []  # too short for any: the shortest is "pwd=x"
-    if len(text) < _SHORT and _ANY_CLUE.search(text) is None:
+    if len(text) < _SHORT and _pattern(_ANY_CLUE).search(text) is None:
         return []
     spans = _formats(text, first)
     if not (first and spans):
@@ -268,11 +279,11 @@ def text_spans(text: str, first: bool = False) -> list[Span]:
 def _formats(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
     if len(text) < _SHORT:
-        if _ANY_ANCHOR.search(text) is None:
+        if _pattern(_ANY_ANCHOR).search(text) is None:
             return found
     elif not any(map(text.__contains__, _ANCHORS)):
         return found
-    for kind, anchors, pattern in _FORMATS:
+    for kind, anchors, pattern in _formats_compiled():
         if not any(map(text.__contains__, anchors)):
             continue
         for match in pattern.finditer(text):
@@ -295,7 +306,7 @@ def _assignments(text: str, first: bool) -> list[Span]:
     found: list[Span] = []
     if ("=" not in text and ":" not in text) or not any(map(text.lower().__contains__, _NAME_WORDS)):
         return found
-    for match in _SEPARATORS.finditer(text):
+    for match in _pattern(_SEPARATORS).finditer(text):
         span = _assigned_value(text, match.start())
         if span is not None:
             found.append(span)
@@ -349,7 +360,7 @@ def _value_after(
         at += 1
     if at >= len(text):
         return None
-    quote = _QUOTE.match(text, at)
+    quote = _pattern(_QUOTE).match(text, at)
     if quote is not None:  # a quoted value: "…", '…', \"…\", b'…'
         start = quote.end()
         stop = text.find(quote.group(1), start)
@@ -365,7 +376,7 @@ def _value_after(
         return None if not inner or _placeholder(inner) else (at, stop)
     if sep == ":" and not quoted_name and normal in _HEADERS:
         return _header_value(text, at, normal)
-    bare = _BARE_VALUE.match(text, at)
+    bare = _pattern(_BARE_VALUE).match(text, at)
     if bare is None:
         return None
     part = bare.group(0).rstrip(".,:;!?")
@@ -382,7 +393,7 @@ def _value_after(
 def _header_value(text: str, at: int, normal: str) -> tuple[int, int] | None:
     """The credential of an ``Authorization:``, ``Cookie:`` or ``Set-Cookie:`` header line:
     its value to the end of the line (after the scheme, for Authorization)."""
-    header = _HEADER_VALUE.match(text, at)
+    header = _pattern(_HEADER_VALUE).match(text, at)
     if header is None:
         return None
     part = header.group(0).rstrip()
@@ -404,7 +415,7 @@ def _code(text: str, stop: int, part: str, normal: str) -> bool:
     ``api_key=API_KEY``: code that names where a credential comes from, not the credential."""
     if stop < len(text) and text[stop] in "([":
         return True
-    if _CODE_PATH.fullmatch(part):
+    if _pattern(_CODE_PATH).fullmatch(part):
         return True
     return _normal(part) == normal or (credential_name(part) and ("_" in part or part.isupper()))
 

@@ -5,21 +5,41 @@ records (``codec.Codec``: the protocol)."""
 
 from __future__ import annotations
 
+import importlib
 import os
-import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import InvalidStoreURL, MissingExtra, UsageError
 from ..types import Durability
-from .base import Store
 from .codec import Codec
 from .encrypted import Encrypted, Keyring
-from .sqlite import SqliteStore
+
+if TYPE_CHECKING:
+    from .base import Store as Store
+    from .sqlite import SqliteStore as SqliteStore
 
 DEFAULT_URL = "sqlite:///safepoint.db"
 
 __all__ = ["DEFAULT_URL", "Codec", "Encrypted", "Keyring", "SqliteStore", "Store", "env_codec", "open_store"]
+
+# Loaded when first asked for: the engine imports ``storage.base`` (and so this package) in every
+# process, and a store's module (its queries, its connection) is needed only by a program that
+# opens that store, which ``open_store`` imports for the URL's scheme.
+_LOADED_LATER = {"SqliteStore": "sqlite", "Store": "base"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LOADED_LATER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LOADED_LATER[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 def env_codec() -> Codec | None:
@@ -62,6 +82,8 @@ def open_store(
             url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
         ) from None
     if url == "memory:":
+        from .sqlite import SqliteStore
+
         return SqliteStore(":memory:", durability=level, codec=codec)
     if parts.scheme in ("postgres", "postgresql"):
         try:  # lazily: `import safepoint` never needs psycopg
@@ -82,6 +104,8 @@ def open_store(
 
 
 def _sqlite(path: str, durability: Durability, create: bool, codec: Codec | None) -> SqliteStore:
+    from .sqlite import SqliteStore
+
     if not create:
         # Checked before the store connects: connecting creates the file (and its -wal and
         # -shm), and opening migrates, which would turn any SQLite file into a ledger.
@@ -104,6 +128,8 @@ def _sqlite(path: str, durability: Durability, create: bool, codec: Codec | None
 
 def _holds_no_ledger(path: Path) -> bool:
     """Whether the SQLite file at ``path`` has no safepoint schema, read without writing."""
+    import sqlite3  # here: only open_store(create=False) asks, and most processes never do
+
     if path.stat().st_size == 0:
         return True
     try:

@@ -19,11 +19,9 @@ an ``UnreadableRun`` instead of failing.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._rules.canonical import digest as content_digest
 from .._rules.canonical import dumps
@@ -56,6 +54,11 @@ from ..types import (
     WaitGate,
 )
 from .prune import PruneBatch, PruneRequest
+
+if TYPE_CHECKING:
+    # Named in annotations only: asyncio costs a program that uses no AsyncStore ~15 ms to import.
+    import asyncio
+    import threading
 
 __all__ = [
     "INLINE_LIMIT",
