@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl
 
 from .._rules.canonical import decode_json, too_deep
 
+DEFAULT_PORT = 8470  # the dashboard's, unless --port says otherwise
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 MAX_BODY_BYTES = 1024 * 1024
 JSON_FIELDS = frozenset({"receipt"})  # form fields whose value is itself JSON

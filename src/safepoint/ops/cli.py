@@ -29,6 +29,7 @@ from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
 from . import carry_commands, keys_commands, operator_commands, retention_commands
+from .admission import DEFAULT_PORT
 from .cli_support import (
     EXIT_BLOCKED,
     EXIT_UNFINISHED,
@@ -45,7 +46,6 @@ from .cli_support import (
     stdout_console,
     store_option,
 )
-from .dashboard import DEFAULT_PORT, Dashboard
 from .render import (
     as_json,
     error_text,
@@ -325,6 +325,8 @@ def dashboard(ctx: click.Context, host: str, port: int, token: str | None, modul
     what needs a person (/inbox) and the workers (/workers), with forms to resolve, approve,
     raise limits, retry, cancel, send and fork (each needs the token, as does the JSON API
     under /api/, described at /api/openapi.json). Loopback only; Ctrl-C stops it."""
+    from .dashboard import Dashboard  # the console extra: MissingExtra without it
+
     import_modules(modules)
     board = Dashboard(open_cli_store(ctx, create=True), host=host, port=port, token=token)
     click.echo(

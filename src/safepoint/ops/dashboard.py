@@ -69,6 +69,7 @@ from ..errors import (
 )
 from ..storage.base import Store
 from .admission import (
+    DEFAULT_PORT,
     LOOPBACK_NAMES,
     MAX_BODY_BYTES,
     Refusal,
@@ -87,7 +88,6 @@ from .dashboard_list import runs_page
 from .dashboard_openapi import openapi_document
 from .dashboard_pages import Typed, run_page, unreadable_page
 
-DEFAULT_PORT = 8470
 _DRAIN_BYTES = 4 * MAX_BODY_BYTES  # what is read and dropped of a body refused unread
 _FLASHES = 64  # confirmations kept for pages not yet shown; the oldest go first
 # What makes a run's ledger unreadable here (a key the keyring lacks, a row or an artifact that

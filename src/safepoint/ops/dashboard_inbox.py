@@ -17,7 +17,7 @@ from ..errors import SafepointError
 from ..storage.base import Store
 from ..types import RunQuery, RunRecord, RunStatus, UnreadableRun
 from .dashboard_api import workers
-from .dashboard_layout import e, page, run_path, when
+from .dashboard_layout import Html, page, run_path, when
 from .dashboard_pages import DECISION_SECTIONS, RunView, Typed, status_badge
 
 __all__ = ["INBOX_KINDS", "inbox_page", "workers_page"]
@@ -39,24 +39,31 @@ def _needs_person(run: RunRecord) -> bool:
     return True
 
 
-def _card(store: Store, run: RunRecord, now: int, typed: Typed | None) -> str:
+def _card(store: Store, run: RunRecord, now: int, typed: Typed | None) -> Html:
     try:
         ledger = store.load_ledger(run.run_id)
         events = store.events(run.run_id)
     except SafepointError as exc:
-        return f"<article class=card><p class=error>{e(run.run_id)}: {e(exc.message)}</p></article>"
-    view = RunView(store, ledger, events, now, e(run_path(run.run_id)), back="inbox", typed=typed)
-    sections = "".join(section(view) for section in DECISION_SECTIONS)
-    return (
-        f"<article class=card data-run='{e(run.run_id)}'><p><a href='{e(run_path(run.run_id))}'>"
-        f"<b>{e(run.run_id)}</b></a> {status_badge(run, now)} <small>{e(run.workflow)}@"
-        f"{e(run.workflow_version)}, changed {when(run.updated_at, now)}</small></p>{sections}</article>"
+        return Html("<article class=card><p class=error>{}: {}</p></article>").format(run.run_id, exc.message)
+    view = RunView(store, ledger, events, now, run_path(run.run_id), back="inbox", typed=typed)
+    sections = Html().join(section(view) for section in DECISION_SECTIONS)
+    return Html(
+        "<article class=card data-run='{id}'><p><a href='{href}'><b>{id}</b></a> {badge} <small>{workflow}@"
+        "{version}, changed {changed}</small></p>{sections}</article>"
+    ).format(
+        id=run.run_id,
+        href=run_path(run.run_id),
+        badge=status_badge(run, now),
+        workflow=run.workflow,
+        version=run.workflow_version,
+        changed=when(run.updated_at, now),
+        sections=sections,
     )
 
 
 def inbox_page(
     store: Store, now: int, *, flash: str | None = None, error: str | None = None, typed: Typed | None = None
-) -> str:
+) -> Html:
     """What needs a person, kind by kind, each run with its decision and forms."""
     parts = []
     waiting_count = 0
@@ -67,69 +74,88 @@ def inbox_page(
         if status is RunStatus.WAITING:
             waiting_count = found.total - len(runs)
         more = found.total - len(found.runs)
-        cards = "".join(_card(store, run, now, typed) for run in reversed(runs))  # oldest first
-        cards += "".join(
-            f"<article class=card><p class=error>{e(run.run_id)}: unreadable: {e(run.reason)}</p></article>"
+        cards = Html().join(_card(store, run, now, typed) for run in reversed(runs))  # oldest first
+        cards += Html().join(
+            Html("<article class=card><p class=error>{}: unreadable: {}</p></article>").format(
+                run.run_id, run.reason
+            )
             for run in unreadable
         )
         tail = (
-            f"<p class=muted>and {more} more:"
-            f" <a href='/?status={status.value}'>all {status.value} runs</a></p>"
+            Html("<p class=muted>and {0} more: <a href='/?status={1}'>all {1} runs</a></p>").format(
+                more, status.value
+            )
             if more > 0
             else ""
         )
         count = len(runs) + len(unreadable)
         parts.append(
-            f"<section id='inbox-{status.value}'><h2>{e(heading)} <span class=badge>{count}</span></h2>"
-            f"{cards or '<p class=muted>nothing</p>'}{tail}</section>"
+            Html("<section id='inbox-{}'><h2>{} <span class=badge>{}</span></h2>{}{}</section>").format(
+                status.value, heading, count, cards or Html("<p class=muted>nothing</p>"), tail
+            )
         )
     note = (
-        f"<p class=muted>{waiting_count} waiting run(s) wait for a message or a timer, not a person:"
-        " <a href='/?status=waiting'>see them</a>.</p>"
+        Html(
+            "<p class=muted>{} waiting run(s) wait for a message or a timer, not a person:"
+            " <a href='/?status=waiting'>see them</a>.</p>"
+        ).format(waiting_count)
         if waiting_count > 0
-        else ""
+        else Html()
     )
     # Not refreshed live: every card holds forms, and a refresh must never take a form away
     # from under a person's hands.
-    return page("Inbox", note + "".join(parts), here="/inbox", flash=flash, error=error, live=False)
+    return page("Inbox", note + Html().join(parts), here="/inbox", flash=flash, error=error, live=False)
 
 
-def workers_page(store: Store, now: int) -> str:
+def workers_page(store: Store, now: int) -> Html:
     """The running runs by worker: each lease's end, the last heartbeat, dead ones marked."""
     held, unreadable, total = workers(store, now)
     blocks = []
     for worker, runs in sorted(held.items()):
         dead = sum(1 for h in runs if h.expired)
-        rows = "".join(
-            f"<tr{' class=dead' if h.expired else ''}>"
-            f"<td><a href='{e(run_path(h.run.run_id))}'>{e(h.run.run_id)}</a></td>"
-            f"<td>{e(h.run.workflow)}@{e(h.run.workflow_version)}</td><td>{status_badge(h.run, now)}</td>"
-            f"<td>{when(h.run.lease_expires_at, now)}</td>"
-            f"<td>{when(h.run.heartbeat_at, now) if h.run.heartbeat_at else 'none since the claim'}</td>"
-            f"<td>{h.run.fence}</td></tr>"
+        rows = Html().join(
+            Html(
+                "<tr{dead}><td><a href='{href}'>{id}</a></td><td>{workflow}@{version}</td><td>{badge}</td>"
+                "<td>{lease}</td><td>{heartbeat}</td><td>{fence}</td></tr>"
+            ).format(
+                dead=Html(" class=dead") if h.expired else "",
+                href=run_path(h.run.run_id),
+                id=h.run.run_id,
+                workflow=h.run.workflow,
+                version=h.run.workflow_version,
+                badge=status_badge(h.run, now),
+                lease=when(h.run.lease_expires_at, now),
+                heartbeat=when(h.run.heartbeat_at, now) if h.run.heartbeat_at else "none since the claim",
+                fence=h.run.fence,
+            )
             for h in runs
         )
-        name = e(worker) if worker else "nobody (released: the next claim carries these on)"
+        name = worker or "nobody (released: the next claim carries these on)"
         flag = (
-            f" <span class='badge dead'>{dead} lease(s) expired: worker gone or stalled</span>"
+            Html(" <span class='badge dead'>{} lease(s) expired: worker gone or stalled</span>").format(dead)
             if dead
             else ""
         )
         blocks.append(
-            f"<section><h2>{name}{flag}</h2><table><tr><th>run</th><th>workflow</th><th>status</th>"
-            f"<th>lease ends</th><th>last heartbeat</th><th>fence</th></tr>{rows}</table></section>"
+            Html(
+                "<section><h2>{}{}</h2><table><tr><th>run</th><th>workflow</th><th>status</th>"
+                "<th>lease ends</th><th>last heartbeat</th><th>fence</th></tr>{}</table></section>"
+            ).format(name, flag, rows)
         )
     if unreadable:
-        rows = "".join(
-            f"<tr><td>{e(run.run_id)}</td><td>{e(run.owner or '?')}</td>"
-            f"<td class=s-blocked>{e(run.reason)}</td></tr>"
+        rows = Html().join(
+            Html("<tr><td>{}</td><td>{}</td><td class=s-blocked>{}</td></tr>").format(
+                run.run_id, run.owner or "?", run.reason
+            )
             for run in unreadable
         )
         blocks.append(
-            "<section><h2>Unreadable here <span class='badge s-blocked'>unreadable</span></h2>"
-            f"<table><tr><th>run</th><th>worker</th><th>why</th></tr>{rows}</table></section>"
+            Html(
+                "<section><h2>Unreadable here <span class='badge s-blocked'>unreadable</span></h2>"
+                "<table><tr><th>run</th><th>worker</th><th>why</th></tr>{}</table></section>"
+            ).format(rows)
         )
     shown = sum(len(runs) for runs in held.values()) + len(unreadable)
-    summary = f"<p>{total} running run(s)" + (f", {shown} shown" if shown < total else "") + "</p>"
-    body = summary + ("".join(blocks) or "<p class=muted>No worker holds a run.</p>")
-    return page("Workers", f"<div data-live=workers>{body}</div>", here="/workers")
+    summary = Html("<p>{} running run(s){}</p>").format(total, f", {shown} shown" if shown < total else "")
+    body = summary + (Html().join(blocks) or Html("<p class=muted>No worker holds a run.</p>"))
+    return page("Workers", Html("<div data-live=workers>{}</div>").format(body), here="/workers")

@@ -1,9 +1,10 @@
 """The console's frame: escaping, the page every view is drawn in, its style sheet and its script.
 
-Everything a page shows is data from the ledger, escaped (``e``), never markup. The style sheet
-and the script ship here, as strings, and are served by the dashboard itself
-(``/static/console.css``, ``/static/console.js``): nothing is fetched from elsewhere, and the
-pages' Content-Security-Policy allows no inline script and no other origin.
+Everything a page shows is data from the ledger, escaped by default (``Html``, on MarkupSafe):
+only the console's own markup is ``Html``. The style sheet and the script ship here, as
+strings, and are served by the dashboard itself (``/static/console.css``,
+``/static/console.js``): nothing is fetched from elsewhere, and the pages'
+Content-Security-Policy allows no inline script and no other origin.
 
 The script does three small things, each only an improvement over the plain page:
 
@@ -27,12 +28,20 @@ from typing import Any
 from urllib.parse import quote
 
 from .._rules.moments import relative, span
+from ..errors import MissingExtra
 from .render import shown
+
+try:
+    from markupsafe import Markup
+except ImportError as exc:  # pragma: no cover - the extra is part of the development install
+    raise MissingExtra(
+        "console", exc.name or "markupsafe", needed_by="the console (safepoint dashboard)"
+    ) from exc
 
 __all__ = [
     "SCRIPT",
     "STYLE",
-    "e",
+    "Html",
     "error_page",
     "page",
     "run_path",
@@ -40,28 +49,36 @@ __all__ = [
 ]
 
 
-def e(value: object) -> str:
-    """``value`` as HTML text: escaped, and every control or invisible character but a line
-    break (a ``<pre>`` keeps those) shown as a visible escape (``\\x1b``), as the terminal
-    shows it."""
-    return html.escape("\n".join(map(shown, str(value).split("\n"))), quote=True)
+class Html(Markup):
+    """Markup of the console: whatever is formatted (``Html("<b>{}</b>").format(x)``), joined or
+    added into it is escaped unless it is ``Html`` itself, so a value is never markup by
+    accident. Escaped text also shows every control or invisible character but a line break (a
+    ``<pre>`` keeps those) as a visible escape (``\\x1b``), as the terminal shows it."""
+
+    __slots__ = ()
+
+    @classmethod
+    def escape(cls, s: Any, /) -> Html:
+        if hasattr(s, "__html__"):
+            return cls(s.__html__())
+        return cls(html.escape("\n".join(map(shown, str(s).split("\n"))), quote=True))
 
 
-def when(ms: int | None, now: int | None = None) -> str:
+def when(ms: int | None, now: int | None = None) -> Html:
     """A moment in UTC, as HTML (``2030-01-31 17:00:05``, and how long ago when ``now`` is
     given); empty for None."""
     if ms is None:
-        return ""
+        return Html()
     moment = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
     if now is None:
-        return moment
-    return f"<time title='{moment} UTC'>{moment}</time> <small>{e(relative(ms, now))}</small>"
+        return Html("{}").format(moment)
+    return Html("<time title='{0} UTC'>{0}</time> <small>{1}</small>").format(moment, relative(ms, now))
 
 
-def ago(ms: int, now: int) -> str:
+def ago(ms: int, now: int) -> Html:
     """How long ago a moment was (``3m ago``), the moment itself on hover."""
     moment = datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f"<time title='{moment} UTC'>{e(relative(ms, now))}</time>"
+    return Html("<time title='{} UTC'>{}</time>").format(moment, relative(ms, now))
 
 
 def duration(ms: int | None) -> str:
@@ -82,28 +99,30 @@ def short(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def value_cell(key: str, value: Any, width: int = 60) -> str:
+def value_cell(key: str, value: Any, width: int = 60) -> Html:
     """A value shown short, with the whole of it on demand (``<details>``) and a copy button:
     ``key`` names it on the page, so a refresh keeps it open."""
     text = short(value, width)
     whole = json_text(value)
     if text == whole and len(text) < width:
-        return f"<code>{e(text)}</code>"
+        return Html("<code>{}</code>").format(text)
     ident = "v-" + quote(key, safe="").replace("%", "_")
-    return (
-        f"<details class=value data-key='{e(ident)}'><summary><code>{e(text)}</code></summary>"
-        f"<pre id='{e(ident)}'>{e(whole)}</pre>"
-        f"<button type=button class=copy data-copy='{e(ident)}'>copy</button></details>"
-    )
+    return Html(
+        "<details class=value data-key='{ident}'><summary><code>{text}</code></summary>"
+        "<pre id='{ident}'>{whole}</pre>"
+        "<button type=button class=copy data-copy='{ident}'>copy</button></details>"
+    ).format(ident=ident, text=text, whole=whole)
 
 
-def table_section(live: str, title: str, headers: tuple[str, ...], rows: str, note: str = "") -> str:
+def table_section(
+    live: str, title: str, headers: tuple[str, ...], rows: Html, note: Html | None = None
+) -> Html:
     """A section of one table, refreshed live as ``live``: its heading, a note, the table."""
-    head = "".join(f"<th>{e(header)}</th>" for header in headers)
-    return (
-        f"<section data-live={live}><h2>{e(title)}</h2>{note}"
-        f"<table class={live}><tr>{head}</tr>{rows}</table></section>"
-    )
+    head = Html().join(Html("<th>{}</th>").format(header) for header in headers)
+    return Html(
+        "<section data-live={live}><h2>{title}</h2>{note}"
+        "<table class={live}><tr>{head}</tr>{rows}</table></section>"
+    ).format(live=live, title=title, note=note or Html(), head=head, rows=rows)
 
 
 def run_path(run_id: str, action: str | None = None) -> str:
@@ -117,41 +136,42 @@ _NAV = (("/", "runs"), ("/inbox", "inbox"), ("/workers", "workers"))
 
 def page(
     title: str,
-    body: str,
+    body: Html,
     *,
     here: str = "",
     flash: str | None = None,
     error: str | None = None,
     state: str | None = None,
     live: bool = True,
-) -> str:
+) -> Html:
     """A whole page: the navigation, a confirmation (``flash``) or an error, then ``body``.
     ``state``: what the script compares to tell that the thing shown changed; ``live``: whether
     the script refreshes the page's live regions."""
-    nav = "".join(
-        f"<a href='{href}'{' class=here' if href == here else ''}>{label}</a>" for href, label in _NAV
+    nav = Html().join(
+        Html("<a href='{}'{}>{}</a>").format(href, Html(" class=here") if href == here else "", label)
+        for href, label in _NAV
     )
-    notes = (f"<p class=flash role=status>{e(flash)}</p>" if flash else "") + (
-        f"<p class=error role=alert>{e(error)}</p>" if error else ""
+    notes = (Html("<p class=flash role=status>{}</p>").format(flash) if flash else Html()) + (
+        Html("<p class=error role=alert>{}</p>").format(error) if error else Html()
     )
-    attrs = (f" data-state='{e(state)}'" if state is not None else "") + (
-        " data-refresh=3000" if live else ""
+    attrs = (Html(" data-state='{}'").format(state) if state is not None else Html()) + (
+        Html(" data-refresh=3000") if live else Html()
     )
-    return (
+    return Html(
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>{e(title)} — safepoint</title><link rel=stylesheet href='/static/console.css'>"
-        f"<script src='/static/console.js' defer></script></head><body{attrs}>"
-        f"<header><b class=brand>safepoint</b><nav>{nav}</nav>"
+        "<title>{title} — safepoint</title><link rel=stylesheet href='/static/console.css'>"
+        "<script src='/static/console.js' defer></script></head><body{attrs}>"
+        "<header><b class=brand>safepoint</b><nav>{nav}</nav>"
         "<span id=live-status class=muted></span></header>"
-        f"<main><h1>{e(title)}</h1>{notes}<p id=changed class=changed hidden></p>{body}</main>"
+        "<main><h1>{title}</h1>{notes}<p id=changed class=changed hidden></p>{body}</main>"
         "</body></html>"
-    )
+    ).format(title=title, attrs=attrs, nav=nav, notes=notes, body=body)
 
 
-def error_page(title: str, message: str) -> str:
+def error_page(title: str, message: str) -> Html:
     """The page of a refused or failed request: what went wrong, and the way back."""
-    return page(title, "<p><a href='/'>back to the runs</a></p>", error=message, live=False)
+    return page(title, Html("<p><a href='/'>back to the runs</a></p>"), error=message, live=False)
 
 
 STYLE = """

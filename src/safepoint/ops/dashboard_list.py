@@ -12,10 +12,12 @@ from urllib.parse import urlencode
 
 from ..types import RunPage, RunQuery, RunRecord, RunStatus, UnreadableRun
 from .dashboard_api import encode_cursor
-from .dashboard_layout import ago, e, page, run_path, when
+from .dashboard_layout import Html, ago, page, run_path, when
 from .dashboard_pages import needs, status_badge
 
 __all__ = ["runs_page"]
+
+_HERE = Html(" class=here")
 
 
 def _address(params: dict[str, str], **changes: str | None) -> str:
@@ -25,38 +27,46 @@ def _address(params: dict[str, str], **changes: str | None) -> str:
     return "/" + (f"?{urlencode(kept)}" if kept else "")
 
 
-def _counts(run_page: RunPage, params: dict[str, str]) -> str:
+def _counts(run_page: RunPage, params: dict[str, str]) -> Html:
     chosen = params.get("status")
     everything = sum(run_page.counts.values())
     links = [
-        f"<a href='{e(_address(params, status=None, cursor=None))}'{' class=here' if not chosen else ''}>"
-        f"all<b>{everything}</b></a>"
+        Html("<a href='{}'{}>all<b>{}</b></a>").format(
+            _address(params, status=None, cursor=None), "" if chosen else _HERE, everything
+        )
     ]
     for status in RunStatus:
         count = run_page.counts.get(status, 0)
-        here = " class=here" if chosen == status.value else ""
         links.append(
-            f"<a href='{e(_address(params, status=status.value, cursor=None))}'{here}>"
-            f"<span class='s-{status.value}'>{status.value}</span><b>{count}</b></a>"
+            Html("<a href='{href}'{here}><span class='s-{status}'>{status}</span><b>{count}</b></a>").format(
+                href=_address(params, status=status.value, cursor=None),
+                here=_HERE if chosen == status.value else "",
+                status=status.value,
+                count=count,
+            )
         )
-    return f"<nav class=counts aria-label='runs per status' data-live=counts>{''.join(links)}</nav>"
+    return Html("<nav class=counts aria-label='runs per status' data-live=counts>{}</nav>").format(
+        Html().join(links)
+    )
 
 
-def _filters(params: dict[str, str]) -> str:
-    def field(name: str, label: str, kind: str = "text", size: int = 16) -> str:
-        return (
-            f"<label>{e(label)}<input type={kind} name={name} size={size}"
-            f" value='{e(params.get(name, ''))}'></label>"
+def _filters(params: dict[str, str]) -> Html:
+    def field(name: str, label: str, kind: str = "text", size: int = 16) -> Html:
+        return Html("<label>{}<input type={} name={} size={} value='{}'></label>").format(
+            label, kind, name, size, params.get(name, "")
         )
 
-    options = "".join(
-        f"<option value='{s.value}'{' selected' if params.get('status') == s.value else ''}>"
-        f"{s.value}</option>"
+    options = Html().join(
+        Html("<option value='{0}'{1}>{0}</option>").format(
+            s.value, Html(" selected") if params.get("status") == s.value else ""
+        )
         for s in RunStatus
     )
     return (
-        "<form class=filters method=get action='/' role=search>"
-        f"<label>status<select name=status><option value=''>any</option>{options}</select></label>"
+        Html("<form class=filters method=get action='/' role=search>")
+        + Html("<label>status<select name=status><option value=''>any</option>{}</select></label>").format(
+            options
+        )
         + field("q", "run id contains", size=18)
         + field("workflow", "workflow")
         + field("version", "version", size=8)
@@ -64,53 +74,70 @@ def _filters(params: dict[str, str]) -> str:
         + field("created_before", "created before (UTC)", "datetime-local", 0)
         + field("updated_after", "changed from (UTC)", "datetime-local", 0)
         + field("updated_before", "changed before (UTC)", "datetime-local", 0)
-        + f"<input type=hidden name=limit value='{e(params.get('limit', ''))}'>"
-        + "<button class=primary>filter</button> <a href='/'>clear</a></form>"
+        + Html("<input type=hidden name=limit value='{}'>").format(params.get("limit", ""))
+        + Html("<button class=primary>filter</button> <a href='/'>clear</a></form>")
     )
 
 
-def _row(run: RunRecord | UnreadableRun, now: int) -> str:
+def _row(run: RunRecord | UnreadableRun, now: int) -> Html:
     if isinstance(run, UnreadableRun):
         known = "" if run.status is None else f"{run.status.value}: "
-        return (
-            f"<tr><td>{e(run.run_id)}</td><td>{e(run.workflow or '?')}@{e(run.workflow_version or '?')}</td>"
-            f"<td><span class='badge s-blocked'>unreadable</span></td>"
-            f"<td class=s-blocked>{e(known + run.reason)}</td><td>{when(run.created_at)}</td>"
-            f"<td>{when(run.updated_at, now) if run.updated_at else ''}</td></tr>"
+        return Html(
+            "<tr><td>{}</td><td>{}@{}</td><td><span class='badge s-blocked'>unreadable</span></td>"
+            "<td class=s-blocked>{}</td><td>{}</td><td>{}</td></tr>"
+        ).format(
+            run.run_id,
+            run.workflow or "?",
+            run.workflow_version or "?",
+            known + run.reason,
+            when(run.created_at),
+            when(run.updated_at, now) if run.updated_at else "",
         )
-    return (
-        f"<tr data-run='{e(run.run_id)}'><td><a href='{e(run_path(run.run_id))}'>{e(run.run_id)}</a></td>"
-        f"<td>{e(run.workflow)}<small>@{e(run.workflow_version)}</small></td>"
-        f"<td>{status_badge(run, now)}</td>"
-        f"<td>{needs(run, now)}</td><td>{when(run.created_at)}</td><td>{ago(run.updated_at, now)}</td></tr>"
+    return Html(
+        "<tr data-run='{id}'><td><a href='{href}'>{id}</a></td><td>{workflow}<small>@{version}</small></td>"
+        "<td>{badge}</td><td>{needs}</td><td>{created}</td><td>{changed}</td></tr>"
+    ).format(
+        id=run.run_id,
+        href=run_path(run.run_id),
+        workflow=run.workflow,
+        version=run.workflow_version,
+        badge=status_badge(run, now),
+        needs=needs(run, now),
+        created=when(run.created_at),
+        changed=ago(run.updated_at, now),
     )
 
 
 def runs_page(
     run_page: RunPage, query: RunQuery, params: dict[str, str], now: int, flash: str | None = None
-) -> str:
+) -> Html:
     """The runs ``query`` asks for, one page of them, with the counts and the filters."""
-    rows = "".join(_row(run, now) for run in run_page.runs)
+    rows = Html().join(_row(run, now) for run in run_page.runs)
     shown = len(run_page.runs)
-    first = "" if "cursor" not in params else f"<a href='{e(_address(params, cursor=None))}'>← newest</a>"
+    first = (
+        Html("<a href='{}'>← newest</a>").format(_address(params, cursor=None)) if "cursor" in params else ""
+    )
     after = (
-        f"<a rel=next href='{e(_address(params, cursor=encode_cursor(run_page.next_after)))}'>next page →</a>"
+        Html("<a rel=next href='{}'>next page →</a>").format(
+            _address(params, cursor=encode_cursor(run_page.next_after))
+        )
         if run_page.next_after
         else ""
     )
-    pager = (
-        f"<div class=pager><span>{shown} shown of <b class=total>{run_page.total}</b> matching"
-        f"{' (a later page)' if 'cursor' in params else ''}</span>{first}{after}</div>"
-    )
-    empty = "" if rows else "<p class=muted>No run matches these filters.</p>"
-    table = (
+    pager = Html(
+        "<div class=pager><span>{} shown of <b class=total>{}</b> matching{}</span>{}{}</div>"
+    ).format(shown, run_page.total, " (a later page)" if "cursor" in params else "", first, after)
+    empty = "" if rows else Html("<p class=muted>No run matches these filters.</p>")
+    table = Html(
         "<table class=runs><thead><tr><th>run</th><th>workflow</th><th>status</th><th>needs</th>"
-        f"<th>created (UTC)</th><th>changed</th></tr></thead><tbody>{rows}</tbody></table>"
-    )
+        "<th>created (UTC)</th><th>changed</th></tr></thead><tbody>{}</tbody></table>"
+    ).format(rows)
     title = "Runs" + (f": {query.status.value}" if query.status else "")
     return page(
         title,
-        _counts(run_page, params) + _filters(params) + f"<div data-live=runs>{pager}{table}{empty}</div>",
+        _counts(run_page, params)
+        + _filters(params)
+        + Html("<div data-live=runs>{}{}{}</div>").format(pager, table, empty),
         here="/",
         flash=flash,
     )
