@@ -37,10 +37,12 @@ from .._rules.history import warn
 from .._rules.records import revised
 from ..errors import HistoryWarning, StoreError, StoreUnavailable, UsageError
 from ..types import (
+    JSON,
     Claim,
     Durability,
     LedgerIdentity,
     OperationRecord,
+    RunStatus,
     StepRecord,
 )
 from .base import INLINE_LIMIT, unstorable
@@ -343,7 +345,6 @@ class AsyncPostgresStore:
     create_run = async_writing(PostgresLedger.create_run)
     claim_run = async_writing(PostgresLedger.claim_run)
     claim_next = async_writing(PostgresLedger.claim_next)
-    finish_run = async_writing(PostgresLedger.finish_run)
     resolve = async_writing(PostgresLedger.resolve)
     request_cancel = async_writing(PostgresLedger.request_cancel)
     replan = async_writing(PostgresLedger.replan)
@@ -447,6 +448,22 @@ class AsyncPostgresStore:
                 raise
             raise raised from None
         return recorded, opening.due
+
+    async def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
+        # a method: the plan's ``detail`` is the ledger's own (``stop_run``), not the store's
+        await self._run(
+            self._ledger.finish_run(
+                claim, status, result=result, error=error, recovery_record=recovery_record
+            )
+        )
 
     async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)

@@ -8,8 +8,8 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from types import MethodType
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from functools import update_wrapper
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ..storage.base import STOP_POLL_S, AsyncStore
 from ..types import (
@@ -20,35 +20,30 @@ __all__ = ["SyncOverAsync"]
 
 T = TypeVar("T")
 P = ParamSpec("P")
+T_co = TypeVar("T_co", covariant=True)
 
 
-class _Forwarded(Generic[P, T]):
-    """An operation of ``SyncOverAsync``: ``adapter.op(...)`` runs ``adapter.store.op(...)`` on
-    the private loop and returns its value. Typed by the ``AsyncStore`` method it is made of, so
-    mypy checks the calls, and the adapter's conformance to ``Store``, as it did the methods
-    written out."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+class _Forwarded(Protocol[P, T_co]):
+    """An operation of ``SyncOverAsync``, as mypy sees it: ``adapter.op(*P) -> T``."""
 
     @overload
-    def __get__(self, adapter: None, owner: type) -> _Forwarded[P, T]: ...
+    def __get__(self, adapter: None, owner: type, /) -> Callable[Concatenate[Any, P], T_co]: ...
     @overload
-    def __get__(self, adapter: object, owner: type | None = None) -> Callable[P, T]: ...
-    def __get__(self, adapter: object, owner: type | None = None) -> Any:
-        return self if adapter is None else MethodType(self, adapter)
-
-    def __call__(self, adapter: SyncOverAsync, /, *args: Any, **kwargs: Any) -> Any:
-        return adapter._call(getattr(adapter.store, self.name)(*args, **kwargs))
+    def __get__(self, adapter: object, owner: type | None = None, /) -> Callable[P, T_co]: ...
 
 
 def _forwarded(op: Callable[Concatenate[AsyncStore, P], Coroutine[Any, Any, T]]) -> _Forwarded[P, T]:
-    return _Forwarded(op.__name__)
+    """``adapter.op(...)``: ``adapter.store.op(...)`` run on the private loop, its value returned;
+    typed (and signed, ``__wrapped__``) as the ``AsyncStore`` operation it forwards to, so mypy
+    checks the calls, and the adapter's conformance to ``Store``, as it did the methods written
+    out."""
+    name = op.__name__
+
+    def forward(adapter: SyncOverAsync, /, *args: Any, **kwargs: Any) -> Any:
+        return adapter._call(getattr(adapter.store, name)(*args, **kwargs))
+
+    update_wrapper(forward, op, assigned=("__name__", "__doc__"))
+    return cast(_Forwarded[P, T], forward)
 
 
 class SyncOverAsync:

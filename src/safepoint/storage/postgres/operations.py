@@ -9,25 +9,31 @@ cross the history's soft limit. Each such operation is one line of its store's c
     get_run = reading(PostgresLedger.get_run)
     record_step = writing(PostgresLedger.record_step, atomic=False, warns=True)
 
-(``async_reading``, ``async_writing`` in ``AsyncPostgresStore``). The descriptor takes the
+(``async_reading``, ``async_writing`` in ``AsyncPostgresStore``). The declaration takes the
 parameters of the plan method (``ParamSpec``), so mypy checks every call of the operation, and
 the store's conformance to ``Store`` / ``AsyncStore``, as it did the methods written out.
 
 ``warns=True``: the plan returns the warning (``HistoryWarning | None``; the operation returns
-``None``) or a pair ``(value, warning)`` (the operation returns ``value``). ``warn`` is called
-from the descriptor's own frame, the one the method's was, so its ``stacklevel`` still names the
-store's caller.
+``None``) or a pair ``(value, warning)`` (the operation returns ``value``).
+
+At run time each is a plain function (``async def`` for the async store), bound as any method
+is, with the plan's signature (``__wrapped__``: ``inspect.signature`` shows the plan's
+parameters) and ``warn`` called from its own frame, the one the method's was, so the warning's
+``stacklevel`` still names the store's caller. For mypy it is an ``Operation``: a descriptor
+whose ``__get__`` gives ``Callable[P, T]`` (``Callable[P, Coroutine[..., T]]``), ``P`` the
+plan's parameters after the ledger.
 
 An operation that does more than run one plan (the clock, a transaction with the user's body,
-``mark_dispatching``'s second plan, ``prune_runs``'s dry run, waiting for work) stays a method.
+``mark_dispatching``'s second plan, ``prune_runs``'s dry run, waiting for work), or whose
+plan takes more than the operation (``finish_run``'s ``detail``, ``reseal_page``'s options),
+stays a method.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from functools import partial
-from types import MethodType
-from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar, overload
+from functools import partial, update_wrapper
+from typing import Any, Concatenate, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 from ..._rules.history import warn
 from ...errors import HistoryWarning
@@ -38,81 +44,38 @@ __all__ = ["AsyncOperation", "Operation", "async_reading", "async_writing", "rea
 
 P = ParamSpec("P")
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 # A plan of the ledger: ``PostgresLedger.get_run``, or a function that takes the ledger first.
 PlanMethod = Callable[..., Plan[Any]]
 
 
-class _Declared(Generic[P, T]):
-    """What both descriptors hold: the plan method and how its plan is run."""
-
-    __slots__ = ("atomic", "name", "plan", "read", "warns")
-
-    def __init__(self, plan: PlanMethod, *, read: bool, atomic: bool, warns: bool) -> None:
-        self.plan, self.read, self.atomic, self.warns = plan, read, atomic, warns
-        self.name: str = getattr(plan, "__name__", "operation")
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        kind = "read" if self.read else "write"
-        return f"<{type(self).__name__} {self.name}: {kind}, atomic={self.atomic}, warns={self.warns}>"
-
-
-class Operation(_Declared[P, T]):
-    """A sync store's operation (``reading``, ``writing``): ``store.op(...)`` runs the plan."""
-
-    __slots__ = ()
+class Operation(Protocol[P, T_co]):
+    """A sync store's operation, as mypy sees it: ``store.op(*P) -> T``."""
 
     @overload
-    def __get__(self, store: None, owner: type) -> Operation[P, T]: ...
+    def __get__(self, store: None, owner: type, /) -> Callable[Concatenate[Any, P], T_co]: ...
     @overload
-    def __get__(self, store: object, owner: type | None = None) -> Callable[P, T]: ...
-    def __get__(self, store: object, owner: type | None = None) -> Any:
-        return self if store is None else MethodType(self, store)
-
-    def __call__(self, store: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if self.read:
-            return store._read(partial(self.plan, store._ledger, *args, **kwargs), atomic=self.atomic)
-        done = store._run(self.plan(store._ledger, *args, **kwargs), atomic=self.atomic)
-        if not self.warns:
-            return done
-        if isinstance(done, tuple):  # (value, warning)
-            value, due = done
-            warn(due)
-            return value
-        warn(done)
-        return None
+    def __get__(self, store: object, owner: type | None = None, /) -> Callable[P, T_co]: ...
 
 
-class AsyncOperation(_Declared[P, T]):
-    """An async store's operation (``async_reading``, ``async_writing``): ``await store.op(...)``
-    runs the plan."""
-
-    __slots__ = ()
+class AsyncOperation(Protocol[P, T_co]):
+    """An async store's operation, as mypy sees it: ``await store.op(*P) -> T``."""
 
     @overload
-    def __get__(self, store: None, owner: type) -> AsyncOperation[P, T]: ...
+    def __get__(
+        self, store: None, owner: type, /
+    ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, T_co]]: ...
     @overload
-    def __get__(self, store: object, owner: type | None = None) -> Callable[P, Coroutine[Any, Any, T]]: ...
-    def __get__(self, store: object, owner: type | None = None) -> Any:
-        return self if store is None else MethodType(self, store)
-
-    async def __call__(self, store: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if self.read:
-            return await store._read(partial(self.plan, store._ledger, *args, **kwargs), atomic=self.atomic)
-        done = await store._run(self.plan(store._ledger, *args, **kwargs), atomic=self.atomic)
-        if not self.warns:
-            return done
-        if isinstance(done, tuple):  # (value, warning)
-            value, due = done
-            warn(due)
-            return value
-        warn(done)
-        return None
+    def __get__(
+        self, store: object, owner: type | None = None, /
+    ) -> Callable[P, Coroutine[Any, Any, T_co]]: ...
 
 
-# -- the declarations ----------------------------------------------------------------------------
+def _declared(operation: Callable[..., Any], plan: PlanMethod) -> Any:
+    """``operation`` named, documented and signed as ``plan`` (whose first parameter, the
+    ledger, stands for the store's ``self``)."""
+    update_wrapper(operation, plan, assigned=("__name__", "__doc__"))
+    return operation
 
 
 def reading(
@@ -120,7 +83,11 @@ def reading(
 ) -> Operation[P, T]:
     """A read: ``store._read`` (read again on a lost connection); ``atomic=True``: several
     statements that must see one snapshot."""
-    return Operation(plan, read=True, atomic=atomic, warns=False)
+
+    def read(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return store._read(partial(plan, store._ledger, *args, **kwargs), atomic=atomic)
+
+    return cast(Operation[P, T], _declared(read, plan))
 
 
 @overload
@@ -144,17 +111,34 @@ def writing(
     atomic: bool = True,
     warns: Literal[False] = False,
 ) -> Operation[P, T]: ...
-def writing(plan: PlanMethod, *, atomic: bool = True, warns: bool = False) -> Operation[Any, Any]:
+def writing(plan: PlanMethod, *, atomic: bool = True, warns: bool = False) -> Any:
     """A write: ``store._run``, in one transaction unless ``atomic=False`` (every statement of
     the plan stands on its own); ``warns``: the history warning the plan returns is warned."""
-    return Operation(plan, read=False, atomic=atomic, warns=warns)
+
+    def write(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+
+    def write_and_warn(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        done = store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+        if isinstance(done, tuple):  # (value, warning)
+            value, due = done
+            warn(due)
+            return value
+        warn(done)
+        return None
+
+    return _declared(write_and_warn if warns else write, plan)
 
 
 def async_reading(
     plan: Callable[Concatenate[PostgresLedger, P], Plan[T]], *, atomic: bool = False
 ) -> AsyncOperation[P, T]:
     """``reading`` for ``AsyncPostgresStore``."""
-    return AsyncOperation(plan, read=True, atomic=atomic, warns=False)
+
+    async def read(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await store._read(partial(plan, store._ledger, *args, **kwargs), atomic=atomic)
+
+    return cast(AsyncOperation[P, T], _declared(read, plan))
 
 
 @overload
@@ -178,6 +162,19 @@ def async_writing(
     atomic: bool = True,
     warns: Literal[False] = False,
 ) -> AsyncOperation[P, T]: ...
-def async_writing(plan: PlanMethod, *, atomic: bool = True, warns: bool = False) -> AsyncOperation[Any, Any]:
+def async_writing(plan: PlanMethod, *, atomic: bool = True, warns: bool = False) -> Any:
     """``writing`` for ``AsyncPostgresStore``."""
-    return AsyncOperation(plan, read=False, atomic=atomic, warns=warns)
+
+    async def write(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return await store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+
+    async def write_and_warn(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+        done = await store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+        if isinstance(done, tuple):  # (value, warning)
+            value, due = done
+            warn(due)
+            return value
+        warn(done)
+        return None
+
+    return _declared(write_and_warn if warns else write, plan)

@@ -47,6 +47,7 @@ from ...types import (
     Durability,
     LedgerIdentity,
     OperationRecord,
+    RunStatus,
     StepRecord,
 )
 from .. import resealing
@@ -283,7 +284,6 @@ class PostgresStore:
     create_run = writing(PostgresLedger.create_run)
     claim_run = writing(PostgresLedger.claim_run)
     claim_next = writing(PostgresLedger.claim_next)
-    finish_run = writing(PostgresLedger.finish_run)
     resolve = writing(PostgresLedger.resolve)
     request_cancel = writing(PostgresLedger.request_cancel)
     replan = writing(PostgresLedger.replan)
@@ -378,6 +378,22 @@ class PostgresStore:
                 raise
             raise raised from None
         return recorded, opening.due
+
+    def finish_run(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
+    ) -> None:
+        # a method: the plan's ``detail`` is the ledger's own (``stop_run``), not the store's
+        self._run(
+            self._ledger.finish_run(
+                claim, status, result=result, error=error, recovery_record=recovery_record
+            )
+        )
 
     def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
         dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
