@@ -216,7 +216,9 @@ class LedgerReads:
     def find_run(self, run_id: str) -> Plan[RunRecord | UnreadableRun]:
         return (yield from self.listed((yield from self.run_row(run_id))))
 
-    def list_runs(self, status: RunStatus | None, limit: int) -> Plan[list[RunRecord | UnreadableRun]]:
+    def list_runs(
+        self, status: RunStatus | None = None, limit: int = 100
+    ) -> Plan[list[RunRecord | UnreadableRun]]:
         runs = []
         rows = yield self.q("list_runs", status=status.value if status else None, limit=limit)
         for row in rows:

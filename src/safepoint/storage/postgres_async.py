@@ -38,32 +38,14 @@ from .._rules.records import revised
 from ..errors import HistoryWarning, StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,
-    ApprovalGate,
-    ApprovalRecord,
-    ApprovalRequest,
-    ApprovalRevocation,
-    AttemptRecord,
     Claim,
     Durability,
-    EffectState,
-    EventRecord,
-    Ledger,
     LedgerIdentity,
-    LimitChange,
-    MessageRecord,
     OperationRecord,
-    Resolution,
-    RunLimits,
-    RunPage,
-    RunQuery,
-    RunRecord,
-    RunRetry,
     RunStatus,
     StepRecord,
-    UnreadableRun,
-    WaitGate,
 )
-from .base import INLINE_LIMIT, ForkRun, NewRun, Replan, unstorable
+from .base import INLINE_LIMIT, unstorable
 from .codec import Codec
 from .plans import Plan
 from .postgres.clock import ClockEstimate
@@ -79,6 +61,7 @@ from .postgres.connection import (
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
+from .postgres.operations import async_reading, async_writing
 from .postgres.pool import UNPROBED, AsyncPooled, Checkout, Discarded, Resting, connection_lost
 from .postgres.transactions import (
     COMMIT,
@@ -331,7 +314,57 @@ class AsyncPostgresStore:
         await self._pool.close()
         self._opened = False
 
-    # -- the operations: each runs its plan ----------------------------------------------------
+    # -- the operations: each runs its plan (``operations``) ---------------------------------
+
+    # reads: read again on a fresh connection when the server ended the session under them
+    schema_version = async_reading(PostgresLedger.schema_version)
+    get_artifact = async_reading(PostgresLedger.get_artifact)
+    get_run = async_reading(PostgresLedger.get_run)
+    find_run = async_reading(PostgresLedger.find_run)
+    list_runs = async_reading(PostgresLedger.list_runs)
+    query_runs = async_reading(PostgresLedger.query_runs)
+    load_ledger = async_reading(PostgresLedger.load_ledger, atomic=True)
+    events = async_reading(PostgresLedger.events)
+    approvals = async_reading(PostgresLedger.approvals)
+    chain_operation = async_reading(PostgresLedger.chain_operation)
+    family_operation = async_reading(PostgresLedger.family_operation)
+    messages = async_reading(PostgresLedger.messages)
+
+    # a worker's fenced writes: each statement commits by itself
+    renew_lease = async_writing(PostgresLedger.renew_lease, atomic=False)
+    record_step = async_writing(PostgresLedger.record_step, atomic=False, warns=True)
+    record_steps = async_writing(PostgresLedger.record_steps, atomic=False, warns=True)
+    record_attempt = async_writing(PostgresLedger.record_attempt, atomic=False)
+    prepare_effect = async_writing(PostgresLedger.prepare_effect, atomic=False, warns=True)
+    prepare_and_mark_dispatching = async_writing(
+        PostgresLedger.prepare_and_mark_dispatching, atomic=False, warns=True
+    )
+    record_outcome = async_writing(PostgresLedger.record_outcome, atomic=False, warns=True)
+
+    # writes in one transaction
+    create_run = async_writing(PostgresLedger.create_run)
+    claim_run = async_writing(PostgresLedger.claim_run)
+    claim_next = async_writing(PostgresLedger.claim_next)
+    resolve = async_writing(PostgresLedger.resolve)
+    request_cancel = async_writing(PostgresLedger.request_cancel)
+    replan = async_writing(PostgresLedger.replan)
+    release_run = async_writing(PostgresLedger.release_run)
+    end_slice = async_writing(PostgresLedger.end_slice)
+    reprepare_effect = async_writing(PostgresLedger.reprepare_effect)
+    await_approval = async_writing(PostgresLedger.await_approval)
+    approve = async_writing(PostgresLedger.approve)
+    revoke_approval = async_writing(PostgresLedger.revoke_approval)
+    continue_as_new = async_writing(PostgresLedger.continue_as_new)
+    stop_run = async_writing(PostgresLedger.stop_run)
+    extend_limits = async_writing(PostgresLedger.extend_limits)
+    fork_run = async_writing(PostgresLedger.fork_run)
+    retry_run = async_writing(PostgresLedger.retry_run)
+    send_message = async_writing(PostgresLedger.send_message)
+    answer_wait = async_writing(PostgresLedger.answer_wait)
+    await_message = async_writing(PostgresLedger.await_message, warns=True)
+    await_timer = async_writing(PostgresLedger.await_timer, warns=True)
+
+    # -- the operations that do more than run one plan ------------------------------------
 
     async def now(self) -> int:
         """The database clock, epoch milliseconds: the one "now" of every worker (estimated
@@ -341,55 +374,6 @@ class AsyncPostgresStore:
             server = await self._read(self._ledger.now)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
-
-    async def schema_version(self) -> int:
-        return await self._read(self._ledger.schema_version)
-
-    async def get_artifact(self, digest: str) -> bytes:
-        return await self._read(lambda: self._ledger.get_artifact(digest))
-
-    async def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
-        return await self._run(self._ledger.create_run(new))
-
-    async def get_run(self, run_id: str) -> RunRecord:
-        return await self._read(lambda: self._ledger.get_run(run_id))
-
-    async def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
-        return await self._read(lambda: self._ledger.find_run(run_id))
-
-    async def list_runs(
-        self, status: RunStatus | None = None, limit: int = 100
-    ) -> list[RunRecord | UnreadableRun]:
-        return await self._read(lambda: self._ledger.list_runs(status, limit))
-
-    async def query_runs(self, query: RunQuery) -> RunPage:
-        return await self._read(lambda: self._ledger.query_runs(query))
-
-    async def claim_run(
-        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
-    ) -> Claim | None:
-        return await self._run(self._ledger.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
-
-    async def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
-        return await self._run(self._ledger.claim_next(owner, lease_ms, workflows))
-
-    async def load_ledger(self, run_id: str) -> Ledger:
-        return await self._read(lambda: self._ledger.load_ledger(run_id), atomic=True)
-
-    async def events(self, run_id: str) -> list[EventRecord]:
-        return await self._read(lambda: self._ledger.events(run_id))
-
-    async def renew_lease(self, claim: Claim) -> None:
-        await self._run(self._ledger.renew_lease(claim), atomic=False)
-
-    async def record_step(self, claim: Claim, step: StepRecord) -> None:
-        warn(await self._run(self._ledger.record_step(claim, step), atomic=False))
-
-    async def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
-        warn(await self._run(self._ledger.record_steps(claim, steps), atomic=False))
-
-    async def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
-        await self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     async def record_transaction(
         self, claim: Claim, step: StepRecord, body: Callable[[Any], Any], family_key: str | None = None
@@ -465,46 +449,6 @@ class AsyncPostgresStore:
             raise raised from None
         return recorded, opening.due
 
-    async def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        warn(await self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
-
-    async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
-        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
-            dispatched = await self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
-        op, due = dispatched
-        warn(due)
-        return op
-
-    async def prepare_and_mark_dispatching(
-        self, claim: Claim, op: OperationRecord, payload: bytes
-    ) -> OperationRecord:
-        dispatching, due = await self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
-        )
-        warn(due)
-        return dispatching
-
-    async def record_outcome(
-        self,
-        claim: Claim,
-        operation_id: str,
-        state: EffectState,
-        *,
-        receipt: JSON = None,
-        error: JSON = None,
-        step: StepRecord | None = None,
-        not_sent: bool = False,
-    ) -> None:
-        warn(
-            await self._run(
-                self._ledger.record_outcome(
-                    claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
-                ),
-                atomic=False,
-            )
-        )
-
     async def finish_run(
         self,
         claim: Claim,
@@ -514,111 +458,26 @@ class AsyncPostgresStore:
         error: dict[str, Any] | None = None,
         recovery_record: dict[str, Any] | None = None,
     ) -> None:
+        # a method: the plan's ``detail`` is the ledger's own (``stop_run``), not the store's
         await self._run(
             self._ledger.finish_run(
                 claim, status, result=result, error=error, recovery_record=recovery_record
             )
         )
 
-    async def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
-        return await self._run(self._ledger.resolve(run_id, expected_revision, resolution))
-
-    async def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
-        return await self._run(self._ledger.request_cancel(run_id, by, reason))
-
-    async def replan(self, claim: Claim, change: Replan) -> None:
-        await self._run(self._ledger.replan(claim, change))
-
-    async def release_run(self, claim: Claim) -> None:
-        await self._run(self._ledger.release_run(claim))
-
-    async def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
-        await self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
-
-    async def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        await self._run(self._ledger.reprepare_effect(claim, op, payload))
-
-    async def await_approval(
-        self, claim: Claim, operation_id: str, target_digest: str | None
-    ) -> ApprovalGate:
-        return await self._run(self._ledger.await_approval(claim, operation_id, target_digest))
-
-    async def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
-        return await self._run(self._ledger.approve(run_id, step_id, request))
-
-    async def revoke_approval(
-        self, run_id: str, step_id: str, revocation: ApprovalRevocation
-    ) -> list[ApprovalRecord]:
-        return await self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
-
-    async def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return await self._read(lambda: self._ledger.approvals(run_id))
-
-    async def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
-        return await self._run(self._ledger.continue_as_new(claim, successor))
-
-    async def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return await self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
-
-    # carrying a stopped run on: limits
-
-    async def stop_run(
-        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
-    ) -> bool:
-        return await self._run(
-            self._ledger.stop_run(claim, seen, error=error, recovery_record=recovery_record)
-        )
-
-    async def extend_limits(
-        self, run_id: str, expected_revision: int, change: LimitChange
-    ) -> RunRecord | None:
-        return await self._run(self._ledger.extend_limits(run_id, expected_revision, change))
-
-    async def fork_run(self, fork: ForkRun) -> RunRecord:
-        return await self._run(self._ledger.fork_run(fork))
-
-    async def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
-        return await self._read(lambda: self._ledger.family_operation(run_id, family_key))
-
-    async def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
-        return await self._run(self._ledger.retry_run(run_id, expected_revision, retry))
+    async def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        dispatched = await self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
+        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
+            dispatched = await self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
+        op, due = dispatched
+        warn(due)
+        return op
 
     async def prune_runs(self, prune: PruneRequest) -> PruneBatch:
         try:
             return await self._run(self._ledger.prune_runs(prune))
         except DryRun as dry:  # rolled back: nothing was deleted
             return dry.batch
-
-    async def send_message(
-        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
-    ) -> MessageRecord:
-        return await self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
-
-    async def answer_wait(
-        self,
-        run_id: str,
-        wait: str,
-        name: str,
-        payload: JSON,
-        message_id: str | None = None,
-        by: str | None = None,
-    ) -> MessageRecord:
-        return await self._run(self._ledger.answer_wait(run_id, wait, name, payload, message_id, by))
-
-    async def messages(self, run_id: str) -> list[MessageRecord]:
-        return await self._read(lambda: self._ledger.messages(run_id))
-
-    async def await_message(
-        self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None
-    ) -> WaitGate:
-        gate, due = await self._run(self._ledger.await_message(claim, step, name, timeout_ms))
-        warn(due)
-        return gate
-
-    async def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
-        gate, due = await self._run(self._ledger.await_timer(claim, step, duration_ms))
-        warn(due)
-        return gate
 
     # -- waiting for work ----------------------------------------------------------------------
 

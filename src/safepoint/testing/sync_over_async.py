@@ -8,40 +8,42 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from functools import update_wrapper
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast, overload
 
-from ..storage.base import STOP_POLL_S, AsyncStore, ForkRun, NewRun, Replan
-from ..storage.prune import PruneBatch, PruneRequest
+from ..storage.base import STOP_POLL_S, AsyncStore
 from ..types import (
-    JSON,
-    ApprovalGate,
-    ApprovalRecord,
-    ApprovalRequest,
-    ApprovalRevocation,
-    AttemptRecord,
-    Claim,
-    EffectState,
-    EventRecord,
-    Ledger,
     LedgerIdentity,
-    LimitChange,
-    MessageRecord,
-    OperationRecord,
-    Resolution,
-    RunLimits,
-    RunPage,
-    RunQuery,
-    RunRecord,
-    RunRetry,
-    RunStatus,
-    StepRecord,
-    UnreadableRun,
-    WaitGate,
 )
 
 __all__ = ["SyncOverAsync"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Forwarded(Protocol[P, T_co]):
+    """An operation of ``SyncOverAsync``, as mypy sees it: ``adapter.op(*P) -> T``."""
+
+    @overload
+    def __get__(self, adapter: None, owner: type, /) -> Callable[Concatenate[Any, P], T_co]: ...
+    @overload
+    def __get__(self, adapter: object, owner: type | None = None, /) -> Callable[P, T_co]: ...
+
+
+def _forwarded(op: Callable[Concatenate[AsyncStore, P], Coroutine[Any, Any, T]]) -> _Forwarded[P, T]:
+    """``adapter.op(...)``: ``adapter.store.op(...)`` run on the private loop, its value returned;
+    typed (and signed, ``__wrapped__``) as the ``AsyncStore`` operation it forwards to, so mypy
+    checks the calls, and the adapter's conformance to ``Store``, as it did the methods written
+    out."""
+    name = op.__name__
+
+    def forward(adapter: SyncOverAsync, /, *args: Any, **kwargs: Any) -> Any:
+        return adapter._call(getattr(adapter.store, name)(*args, **kwargs))
+
+    update_wrapper(forward, op, assigned=("__name__", "__doc__"))
+    return cast(_Forwarded[P, T], forward)
 
 
 class SyncOverAsync:
@@ -88,34 +90,55 @@ class SyncOverAsync:
         finally:
             self._stop()
 
-    def now(self) -> int:
-        return self._call(self.store.now())
+    # -- the operations: each forwards to the async store's, on the private loop ----------
 
-    def schema_version(self) -> int:
-        return self._call(self.store.schema_version())
-
-    def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
-        return self._call(self.store.create_run(new))
-
-    def get_run(self, run_id: str) -> RunRecord:
-        return self._call(self.store.get_run(run_id))
-
-    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
-        return self._call(self.store.find_run(run_id))
-
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
-        return self._call(self.store.list_runs(status, limit))
-
-    def query_runs(self, query: RunQuery) -> RunPage:
-        return self._call(self.store.query_runs(query))
-
-    def claim_run(
-        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
-    ) -> Claim | None:
-        return self._call(self.store.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
-
-    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
-        return self._call(self.store.claim_next(owner, lease_ms, workflows))
+    now = _forwarded(AsyncStore.now)
+    schema_version = _forwarded(AsyncStore.schema_version)
+    create_run = _forwarded(AsyncStore.create_run)
+    get_run = _forwarded(AsyncStore.get_run)
+    find_run = _forwarded(AsyncStore.find_run)
+    list_runs = _forwarded(AsyncStore.list_runs)
+    query_runs = _forwarded(AsyncStore.query_runs)
+    claim_run = _forwarded(AsyncStore.claim_run)
+    claim_next = _forwarded(AsyncStore.claim_next)
+    load_ledger = _forwarded(AsyncStore.load_ledger)
+    events = _forwarded(AsyncStore.events)
+    renew_lease = _forwarded(AsyncStore.renew_lease)
+    record_step = _forwarded(AsyncStore.record_step)
+    record_steps = _forwarded(AsyncStore.record_steps)
+    record_attempt = _forwarded(AsyncStore.record_attempt)
+    record_transaction = _forwarded(
+        AsyncStore.record_transaction
+    )  # ``body`` runs on the store's loop: a coroutine function there
+    prepare_effect = _forwarded(AsyncStore.prepare_effect)
+    mark_dispatching = _forwarded(AsyncStore.mark_dispatching)
+    prepare_and_mark_dispatching = _forwarded(AsyncStore.prepare_and_mark_dispatching)
+    record_outcome = _forwarded(AsyncStore.record_outcome)
+    finish_run = _forwarded(AsyncStore.finish_run)
+    resolve = _forwarded(AsyncStore.resolve)
+    request_cancel = _forwarded(AsyncStore.request_cancel)
+    replan = _forwarded(AsyncStore.replan)
+    release_run = _forwarded(AsyncStore.release_run)
+    end_slice = _forwarded(AsyncStore.end_slice)
+    reprepare_effect = _forwarded(AsyncStore.reprepare_effect)
+    await_approval = _forwarded(AsyncStore.await_approval)
+    approve = _forwarded(AsyncStore.approve)
+    revoke_approval = _forwarded(AsyncStore.revoke_approval)
+    approvals = _forwarded(AsyncStore.approvals)
+    continue_as_new = _forwarded(AsyncStore.continue_as_new)
+    chain_operation = _forwarded(AsyncStore.chain_operation)
+    fork_run = _forwarded(AsyncStore.fork_run)
+    family_operation = _forwarded(AsyncStore.family_operation)
+    get_artifact = _forwarded(AsyncStore.get_artifact)
+    stop_run = _forwarded(AsyncStore.stop_run)
+    extend_limits = _forwarded(AsyncStore.extend_limits)
+    send_message = _forwarded(AsyncStore.send_message)
+    answer_wait = _forwarded(AsyncStore.answer_wait)
+    messages = _forwarded(AsyncStore.messages)
+    await_message = _forwarded(AsyncStore.await_message)
+    await_timer = _forwarded(AsyncStore.await_timer)
+    retry_run = _forwarded(AsyncStore.retry_run)
+    prune_runs = _forwarded(AsyncStore.prune_runs)
 
     def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
         # the async store's wait knows no threading.Event: wait in slices, looking between them;
@@ -129,158 +152,3 @@ class SyncOverAsync:
             self._call(self.store.wait_for_work(piece))
             if time.monotonic() - began < piece * 0.9:
                 return
-
-    def load_ledger(self, run_id: str) -> Ledger:
-        return self._call(self.store.load_ledger(run_id))
-
-    def events(self, run_id: str) -> list[EventRecord]:
-        return self._call(self.store.events(run_id))
-
-    def renew_lease(self, claim: Claim) -> None:
-        self._call(self.store.renew_lease(claim))
-
-    def record_step(self, claim: Claim, step: StepRecord) -> None:
-        self._call(self.store.record_step(claim, step))
-
-    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
-        self._call(self.store.record_steps(claim, steps))
-
-    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
-        self._call(self.store.record_attempt(claim, attempt))
-
-    def record_transaction(
-        self, claim: Claim, step: StepRecord, body: Callable[[Any], Any], family_key: str | None = None
-    ) -> StepRecord:
-        """``body`` runs on the store's loop: a coroutine function there, for an async store."""
-        return self._call(self.store.record_transaction(claim, step, body, family_key))
-
-    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        self._call(self.store.prepare_effect(claim, op, payload))
-
-    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        return self._call(self.store.mark_dispatching(claim, operation_id))
-
-    def prepare_and_mark_dispatching(
-        self, claim: Claim, op: OperationRecord, payload: bytes
-    ) -> OperationRecord:
-        return self._call(self.store.prepare_and_mark_dispatching(claim, op, payload))
-
-    def record_outcome(
-        self,
-        claim: Claim,
-        operation_id: str,
-        state: EffectState,
-        *,
-        receipt: JSON = None,
-        error: JSON = None,
-        step: StepRecord | None = None,
-        not_sent: bool = False,
-    ) -> None:
-        self._call(
-            self.store.record_outcome(
-                claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
-            )
-        )
-
-    def finish_run(
-        self,
-        claim: Claim,
-        status: RunStatus,
-        *,
-        result: JSON = None,
-        error: dict[str, Any] | None = None,
-        recovery_record: dict[str, Any] | None = None,
-    ) -> None:
-        self._call(
-            self.store.finish_run(claim, status, result=result, error=error, recovery_record=recovery_record)
-        )
-
-    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
-        return self._call(self.store.resolve(run_id, expected_revision, resolution))
-
-    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
-        return self._call(self.store.request_cancel(run_id, by, reason))
-
-    def replan(self, claim: Claim, change: Replan) -> None:
-        self._call(self.store.replan(claim, change))
-
-    def release_run(self, claim: Claim) -> None:
-        self._call(self.store.release_run(claim))
-
-    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
-        self._call(self.store.end_slice(claim, step_id=step_id, detail=detail))
-
-    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        self._call(self.store.reprepare_effect(claim, op, payload))
-
-    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
-        return self._call(self.store.await_approval(claim, operation_id, target_digest))
-
-    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
-        return self._call(self.store.approve(run_id, step_id, request))
-
-    def revoke_approval(
-        self, run_id: str, step_id: str, revocation: ApprovalRevocation
-    ) -> list[ApprovalRecord]:
-        return self._call(self.store.revoke_approval(run_id, step_id, revocation))
-
-    def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return self._call(self.store.approvals(run_id))
-
-    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
-        return self._call(self.store.continue_as_new(claim, successor))
-
-    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return self._call(self.store.chain_operation(chain_id, operation_id))
-
-    def fork_run(self, fork: ForkRun) -> RunRecord:
-        return self._call(self.store.fork_run(fork))
-
-    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
-        return self._call(self.store.family_operation(run_id, family_key))
-
-    def get_artifact(self, digest: str) -> bytes:
-        return self._call(self.store.get_artifact(digest))
-
-    # carrying a stopped run on: limits
-
-    def stop_run(
-        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
-    ) -> bool:
-        return self._call(self.store.stop_run(claim, seen, error=error, recovery_record=recovery_record))
-
-    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
-        return self._call(self.store.extend_limits(run_id, expected_revision, change))
-
-    # carrying a stopped run on: waits (messages, sleeps)
-
-    def send_message(
-        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
-    ) -> MessageRecord:
-        return self._call(self.store.send_message(run_id, name, payload, message_id, by))
-
-    def answer_wait(
-        self,
-        run_id: str,
-        wait: str,
-        name: str,
-        payload: JSON,
-        message_id: str | None = None,
-        by: str | None = None,
-    ) -> MessageRecord:
-        return self._call(self.store.answer_wait(run_id, wait, name, payload, message_id, by))
-
-    def messages(self, run_id: str) -> list[MessageRecord]:
-        return self._call(self.store.messages(run_id))
-
-    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
-        return self._call(self.store.await_message(claim, step, name, timeout_ms))
-
-    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
-        return self._call(self.store.await_timer(claim, step, duration_ms))
-
-    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
-        return self._call(self.store.retry_run(run_id, expected_revision, retry))
-
-    def prune_runs(self, prune: PruneRequest) -> PruneBatch:
-        return self._call(self.store.prune_runs(prune))

@@ -120,9 +120,9 @@ class PostgresEffects(PostgresBase):
         operation_id: str,
         state: EffectState,
         *,
-        receipt: JSON,
-        error: JSON,
-        step: StepRecord | None,
+        receipt: JSON = None,
+        error: JSON = None,
+        step: StepRecord | None = None,
         not_sent: bool = False,
     ) -> Plan[HistoryWarning | None]:
         result, result_ref, content = (

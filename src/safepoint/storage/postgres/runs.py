@@ -60,9 +60,8 @@ class PostgresRuns(PostgresBase):
             run.run_id, new.owner, run.fence, run.state_revision, int(row["lease_expires_at"]), new.lease_ms
         )
 
-    @staticmethod
     def claim_run(
-        run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None
+        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
     ) -> Plan[Claim | None]:
         rows = yield _q(
             "claim_run",
@@ -106,7 +105,7 @@ class PostgresRuns(PostgresBase):
             last = candidates[-1]
             after = {"after_created": last["created_at"], "after_run_id": last["run_id"]}
 
-    def request_cancel(self, run_id: str, by: str, reason: str | None) -> Plan[RunRecord]:
+    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> Plan[RunRecord]:
         # the statement decides which event it is (cancelled at once, or asked): sealed, the
         # detail is sealed for each, with the one id taken for it
         detail = {"by": by, "reason": reason}
@@ -129,9 +128,9 @@ class PostgresRuns(PostgresBase):
         claim: Claim,
         status: RunStatus,
         *,
-        result: JSON,
-        error: dict[str, Any] | None,
-        recovery_record: dict[str, Any] | None,
+        result: JSON = None,
+        error: dict[str, Any] | None = None,
+        recovery_record: dict[str, Any] | None = None,
         detail: dict[str, Any] | None = None,
     ) -> Plan[None]:
         """(``detail``: the event's, when not the error or the recovery record's phase.)"""
@@ -153,8 +152,7 @@ class PostgresRuns(PostgresBase):
             **(yield from self._event_params(detail, claim.run_id, f"run.{status.value}")),
         )
 
-    @staticmethod
-    def release_run(claim: Claim) -> Plan[None]:
+    def release_run(self, claim: Claim) -> Plan[None]:
         rows = yield _q("release_run", run_id=claim.run_id, fence=claim.fence)
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
             yield _q("notify_work", workflow=rows[0]["workflow"])

@@ -43,33 +43,15 @@ from ..._rules.records import revised
 from ...errors import HistoryWarning, StoreError, StoreUnavailable
 from ...types import (
     JSON,
-    ApprovalGate,
-    ApprovalRecord,
-    ApprovalRequest,
-    ApprovalRevocation,
-    AttemptRecord,
     Claim,
     Durability,
-    EffectState,
-    EventRecord,
-    Ledger,
     LedgerIdentity,
-    LimitChange,
-    MessageRecord,
     OperationRecord,
-    Resolution,
-    RunLimits,
-    RunPage,
-    RunQuery,
-    RunRecord,
-    RunRetry,
     RunStatus,
     StepRecord,
-    UnreadableRun,
-    WaitGate,
 )
 from .. import resealing
-from ..base import INLINE_LIMIT, STOP_POLL_S, ForkRun, NewRun, Replan, unstorable
+from ..base import INLINE_LIMIT, STOP_POLL_S, unstorable
 from ..codec import Codec
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
@@ -86,6 +68,7 @@ from .connection import (
     unreachable,
 )
 from .ledger import PostgresLedger
+from .operations import reading, writing
 from .pool import UNPROBED, Checkout, Discarded, Pooled, Resting, connection_lost
 from .transactions import (
     COMMIT,
@@ -270,7 +253,58 @@ class PostgresStore:
             conn.close()
         self._local = threading.local()
 
-    # -- the operations: each runs its plan ----------------------------------------------------
+    # -- the operations: each runs its plan (``operations``) ---------------------------------
+
+    # reads: read again on a fresh connection when the server ended the session under them
+    schema_version = reading(PostgresLedger.schema_version)
+    get_artifact = reading(PostgresLedger.get_artifact)
+    get_run = reading(PostgresLedger.get_run)
+    find_run = reading(PostgresLedger.find_run)
+    list_runs = reading(PostgresLedger.list_runs)
+    query_runs = reading(PostgresLedger.query_runs)
+    load_ledger = reading(PostgresLedger.load_ledger, atomic=True)
+    events = reading(PostgresLedger.events)
+    approvals = reading(PostgresLedger.approvals)
+    chain_operation = reading(PostgresLedger.chain_operation)
+    family_operation = reading(PostgresLedger.family_operation)
+    messages = reading(PostgresLedger.messages)
+
+    # a worker's fenced writes: each statement commits by itself
+    renew_lease = writing(PostgresLedger.renew_lease, atomic=False)
+    record_step = writing(PostgresLedger.record_step, atomic=False, warns=True)
+    record_steps = writing(PostgresLedger.record_steps, atomic=False, warns=True)
+    record_attempt = writing(PostgresLedger.record_attempt, atomic=False)
+    prepare_effect = writing(PostgresLedger.prepare_effect, atomic=False, warns=True)
+    prepare_and_mark_dispatching = writing(
+        PostgresLedger.prepare_and_mark_dispatching, atomic=False, warns=True
+    )
+    record_outcome = writing(PostgresLedger.record_outcome, atomic=False, warns=True)
+
+    # writes in one transaction
+    create_run = writing(PostgresLedger.create_run)
+    claim_run = writing(PostgresLedger.claim_run)
+    claim_next = writing(PostgresLedger.claim_next)
+    resolve = writing(PostgresLedger.resolve)
+    request_cancel = writing(PostgresLedger.request_cancel)
+    replan = writing(PostgresLedger.replan)
+    release_run = writing(PostgresLedger.release_run)
+    end_slice = writing(PostgresLedger.end_slice)
+    reprepare_effect = writing(PostgresLedger.reprepare_effect)
+    await_approval = writing(PostgresLedger.await_approval)
+    approve = writing(PostgresLedger.approve)
+    revoke_approval = writing(PostgresLedger.revoke_approval)
+    continue_as_new = writing(PostgresLedger.continue_as_new)
+    stop_run = writing(PostgresLedger.stop_run)
+    extend_limits = writing(PostgresLedger.extend_limits)
+    fork_run = writing(PostgresLedger.fork_run)
+    retry_run = writing(PostgresLedger.retry_run)
+    send_message = writing(PostgresLedger.send_message)
+    answer_wait = writing(PostgresLedger.answer_wait)
+    await_message = writing(PostgresLedger.await_message, warns=True)
+    await_timer = writing(PostgresLedger.await_timer, warns=True)
+    reseal_artifacts_page = writing(resealing.reseal_artifacts_page)  # ``storage.resealing``
+
+    # -- the operations that do more than run one plan ------------------------------------
 
     def now(self) -> int:
         """The database clock, epoch milliseconds: the one "now" of every worker (estimated
@@ -280,53 +314,6 @@ class PostgresStore:
             server = self._read(self._ledger.now)
             self._clock.sample(server, before, time.time())
         return self._clock.now()
-
-    def schema_version(self) -> int:
-        return self._read(self._ledger.schema_version)
-
-    def get_artifact(self, digest: str) -> bytes:
-        return self._read(lambda: self._ledger.get_artifact(digest))
-
-    def create_run(self, new: NewRun) -> tuple[RunRecord, Claim | None]:
-        return self._run(self._ledger.create_run(new))
-
-    def get_run(self, run_id: str) -> RunRecord:
-        return self._read(lambda: self._ledger.get_run(run_id))
-
-    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
-        return self._read(lambda: self._ledger.find_run(run_id))
-
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
-        return self._read(lambda: self._ledger.list_runs(status, limit))
-
-    def query_runs(self, query: RunQuery) -> RunPage:
-        return self._read(lambda: self._ledger.query_runs(query))
-
-    def claim_run(
-        self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
-    ) -> Claim | None:
-        return self._run(self._ledger.claim_run(run_id, expected_revision, owner, lease_ms, dead_owner))
-
-    def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None:
-        return self._run(self._ledger.claim_next(owner, lease_ms, workflows))
-
-    def load_ledger(self, run_id: str) -> Ledger:
-        return self._read(lambda: self._ledger.load_ledger(run_id), atomic=True)
-
-    def events(self, run_id: str) -> list[EventRecord]:
-        return self._read(lambda: self._ledger.events(run_id))
-
-    def renew_lease(self, claim: Claim) -> None:
-        self._run(self._ledger.renew_lease(claim), atomic=False)
-
-    def record_step(self, claim: Claim, step: StepRecord) -> None:
-        warn(self._run(self._ledger.record_step(claim, step), atomic=False))
-
-    def record_steps(self, claim: Claim, steps: list[StepRecord]) -> None:
-        warn(self._run(self._ledger.record_steps(claim, steps), atomic=False))
-
-    def record_attempt(self, claim: Claim, attempt: AttemptRecord) -> None:
-        self._run(self._ledger.record_attempt(claim, attempt), atomic=False)
 
     def record_transaction(
         self, claim: Claim, step: StepRecord, body: Callable[[Any], JSON], family_key: str | None = None
@@ -392,46 +379,6 @@ class PostgresStore:
             raise raised from None
         return recorded, opening.due
 
-    def prepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        warn(self._run(self._ledger.prepare_effect(claim, op, payload), atomic=False))
-
-    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
-        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
-        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
-            dispatched = self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
-        op, due = dispatched
-        warn(due)
-        return op
-
-    def prepare_and_mark_dispatching(
-        self, claim: Claim, op: OperationRecord, payload: bytes
-    ) -> OperationRecord:
-        dispatching, due = self._run(
-            self._ledger.prepare_and_mark_dispatching(claim, op, payload), atomic=False
-        )
-        warn(due)
-        return dispatching
-
-    def record_outcome(
-        self,
-        claim: Claim,
-        operation_id: str,
-        state: EffectState,
-        *,
-        receipt: JSON = None,
-        error: JSON = None,
-        step: StepRecord | None = None,
-        not_sent: bool = False,
-    ) -> None:
-        warn(
-            self._run(
-                self._ledger.record_outcome(
-                    claim, operation_id, state, receipt=receipt, error=error, step=step, not_sent=not_sent
-                ),
-                atomic=False,
-            )
-        )
-
     def finish_run(
         self,
         claim: Claim,
@@ -441,65 +388,20 @@ class PostgresStore:
         error: dict[str, Any] | None = None,
         recovery_record: dict[str, Any] | None = None,
     ) -> None:
+        # a method: the plan's ``detail`` is the ledger's own (``stop_run``), not the store's
         self._run(
             self._ledger.finish_run(
                 claim, status, result=result, error=error, recovery_record=recovery_record
             )
         )
 
-    def resolve(self, run_id: str, expected_revision: int, resolution: Resolution) -> RunRecord:
-        return self._run(self._ledger.resolve(run_id, expected_revision, resolution))
-
-    def request_cancel(self, run_id: str, by: str, reason: str | None = None) -> RunRecord:
-        return self._run(self._ledger.request_cancel(run_id, by, reason))
-
-    def replan(self, claim: Claim, change: Replan) -> None:
-        self._run(self._ledger.replan(claim, change))
-
-    def release_run(self, claim: Claim) -> None:
-        self._run(self._ledger.release_run(claim))
-
-    def end_slice(self, claim: Claim, *, step_id: str | None, detail: dict[str, Any]) -> None:
-        self._run(self._ledger.end_slice(claim, step_id=step_id, detail=detail))
-
-    def reprepare_effect(self, claim: Claim, op: OperationRecord, payload: bytes) -> None:
-        self._run(self._ledger.reprepare_effect(claim, op, payload))
-
-    def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
-        return self._run(self._ledger.await_approval(claim, operation_id, target_digest))
-
-    def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
-        return self._run(self._ledger.approve(run_id, step_id, request))
-
-    def revoke_approval(
-        self, run_id: str, step_id: str, revocation: ApprovalRevocation
-    ) -> list[ApprovalRecord]:
-        return self._run(self._ledger.revoke_approval(run_id, step_id, revocation))
-
-    def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return self._read(lambda: self._ledger.approvals(run_id))
-
-    def continue_as_new(self, claim: Claim, successor: NewRun) -> tuple[RunRecord, Claim | None]:
-        return self._run(self._ledger.continue_as_new(claim, successor))
-
-    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return self._read(lambda: self._ledger.chain_operation(chain_id, operation_id))
-
-    # carrying a stopped run on: limits
-
-    def stop_run(
-        self, claim: Claim, seen: RunLimits, *, error: dict[str, Any], recovery_record: dict[str, Any]
-    ) -> bool:
-        return self._run(self._ledger.stop_run(claim, seen, error=error, recovery_record=recovery_record))
-
-    def extend_limits(self, run_id: str, expected_revision: int, change: LimitChange) -> RunRecord | None:
-        return self._run(self._ledger.extend_limits(run_id, expected_revision, change))
-
-    def fork_run(self, fork: ForkRun) -> RunRecord:
-        return self._run(self._ledger.fork_run(fork))
-
-    def family_operation(self, run_id: str, family_key: str) -> OperationRecord | None:
-        return self._read(lambda: self._ledger.family_operation(run_id, family_key))
+    def mark_dispatching(self, claim: Claim, operation_id: str) -> OperationRecord:
+        dispatched = self._run(self._ledger.mark_dispatching(claim, operation_id), atomic=False)
+        if dispatched is None:  # it needs approval: the gate reads approvals, in a transaction
+            dispatched = self._run(self._ledger.mark_dispatching_gated(claim, operation_id))
+        op, due = dispatched
+        warn(due)
+        return op
 
     def reseal_page(
         self, kind: str, after: resealing.Key | None, limit: int
@@ -507,47 +409,11 @@ class PostgresStore:
         """``storage.resealing.reseal_page`` in one transaction (a key rotation's page)."""
         return self._run(resealing.reseal_page(self._ledger, kind, after, limit))
 
-    def reseal_artifacts_page(self, after: str | None, limit: int) -> tuple[int, str | None]:
-        """``storage.resealing.reseal_artifacts_page`` in one transaction."""
-        return self._run(resealing.reseal_artifacts_page(self._ledger, after, limit))
-
-    def retry_run(self, run_id: str, expected_revision: int, retry: RunRetry) -> RunRecord:
-        return self._run(self._ledger.retry_run(run_id, expected_revision, retry))
-
     def prune_runs(self, prune: PruneRequest) -> PruneBatch:
         try:
             return self._run(self._ledger.prune_runs(prune))
         except DryRun as dry:  # rolled back: nothing was deleted
             return dry.batch
-
-    def send_message(
-        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
-    ) -> MessageRecord:
-        return self._run(self._ledger.send_message(run_id, name, payload, message_id, by))
-
-    def answer_wait(
-        self,
-        run_id: str,
-        wait: str,
-        name: str,
-        payload: JSON,
-        message_id: str | None = None,
-        by: str | None = None,
-    ) -> MessageRecord:
-        return self._run(self._ledger.answer_wait(run_id, wait, name, payload, message_id, by))
-
-    def messages(self, run_id: str) -> list[MessageRecord]:
-        return self._read(lambda: self._ledger.messages(run_id))
-
-    def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
-        gate, due = self._run(self._ledger.await_message(claim, step, name, timeout_ms))
-        warn(due)
-        return gate
-
-    def await_timer(self, claim: Claim, step: StepRecord, duration_ms: int) -> WaitGate:
-        gate, due = self._run(self._ledger.await_timer(claim, step, duration_ms))
-        warn(due)
-        return gate
 
     # -- waiting for work ----------------------------------------------------------------------
 

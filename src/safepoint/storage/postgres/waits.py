@@ -36,13 +36,19 @@ class PostgresWaits(PostgresBase):
     """The PostgreSQL store's messages, and the gates of wait and sleep steps."""
 
     def send_message(
-        self, run_id: str, name: str, payload: JSON, message_id: str | None, by: str | None
+        self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
     ) -> Plan[MessageRecord]:
         check_message(run_id, name, payload, message_id, by)
         return (yield from self._keep(run_id, name, payload, message_id, by, None))
 
     def answer_wait(
-        self, run_id: str, wait: str, name: str, payload: JSON, message_id: str | None, by: str | None
+        self,
+        run_id: str,
+        wait: str,
+        name: str,
+        payload: JSON,
+        message_id: str | None = None,
+        by: str | None = None,
     ) -> Plan[MessageRecord]:
         check_message(run_id, name, payload, message_id, by)
         return (yield from self._keep(run_id, name, payload, message_id, by, answered_wait(name, wait)))
