@@ -9,8 +9,7 @@ model is never sent a tool call without its result.
 
 from __future__ import annotations
 
-from collections.abc import Generator
-from typing import Any, cast
+from typing import Any
 
 from anthropic.resources import AsyncMessages
 from anthropic.types import Message
@@ -19,7 +18,15 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations._anthropic_client import AsyncBoundAnthropic, BoundAnthropic, bind
 from safepoint.integrations._anthropic_request import reply_json, text_of
-from safepoint.integrations._common import LoopResult, as_transcript, check_turns, not_run, without_none
+from safepoint.integrations._common import (
+    LoopApi,
+    LoopResult,
+    as_transcript,
+    check_turns,
+    run_loop,
+    run_loop_async,
+    without_none,
+)
 from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
 # Stop reasons after which the loop asks the model again: it called tools (answered first),
@@ -128,52 +135,34 @@ def _next(message: Any, tools: Tools | None) -> str | None:
     return None  # end_turn, stop_sequence, max_tokens, refusal, model_context_window_exceeded, …
 
 
-def _ended(message: Any, transcript: sp.Transcript, stop: str | None, turns: int) -> LoopResult[Message]:
-    reason = stop if stop is not None else message.stop_reason
-    return LoopResult(
-        final=message,
-        transcript=transcript,
-        stop=reason if isinstance(reason, str) else "unknown",
-        turns=turns,
-        text=text_of(message),
+def _api(tools: Tools | None) -> LoopApi:
+    """The Messages API's side of the loop (a reply paused is sent back as is, its calls left
+    for the turn that goes on)."""
+
+    def stop(message: Any, calls: list[ToolCall]) -> str | None:
+        reason = message.stop_reason
+        return None if _next(message, tools) else reason if isinstance(reason, str) else "unknown"
+
+    return LoopApi(
+        key="messages",
+        turn=lambda message: [assistant_turn(message)],
+        calls=lambda message: [] if message.stop_reason == _PAUSE else tool_calls(message),
+        stop=stop,
+        results=lambda outcomes: [_results_turn(outcomes)],
+        text=text_of,
     )
-
-
-# The loop, written once for both drivers: it yields what it needs — ("model", None): the next
-# reply; ("tools", reply): the user turn answering the reply's tool calls — and is sent it.
-Conversation = Generator[tuple[str, Any], Any, LoopResult[Message]]
-
-
-def _conversation(transcript: sp.Transcript, tools: Tools | None, max_turns: int) -> Conversation:
-    turns = 0
-    while True:
-        reply = yield ("model", None)
-        turns += 1
-        transcript.append(assistant_turn(reply))
-        then = _next(reply, tools)
-        if then is None:
-            unanswered = tool_calls(reply)  # a reply cut short (max_tokens) mid tool_use: answered,
-            if unanswered:  # not run, so the transcript is valid to carry on
-                transcript.append(_results_turn(not_run(unanswered, str(reply.stop_reason))))
-            return _ended(reply, transcript, None, turns)
-        if then == "tools":
-            answered = yield ("tools", reply)
-            if answered is not None:
-                transcript.append(answered)
-        if turns >= max_turns:
-            return _ended(reply, transcript, "max_turns", turns)
 
 
 def _loop_inputs(
     messages: Any, tools: Tools | None, max_turns: int, what: str, params: dict[str, Any]
-) -> tuple[sp.Transcript, dict[str, Any], Conversation]:
+) -> tuple[dict[str, Any], LoopApi]:
     check_turns(max_turns)
     if "stream" in params:
         raise UsageError(
             f"{what} reads each reply whole: it takes no stream= (each turn is recorded either way)"
         )
     transcript = as_transcript(messages, f"{what}(messages=...)")
-    return transcript, _definitions(tools), _conversation(transcript, tools, max_turns)
+    return {**_definitions(tools), **params, "messages": transcript}, _api(tools)
 
 
 def tool_loop(
@@ -202,19 +191,9 @@ def tool_loop(
     ``price``, ``retry`` and ``step_id`` as for ``bind``."""
     bound = _bound(run, client, retry, price, step_id, is_async=False)
     assert isinstance(bound, BoundAnthropic)
-    transcript, definitions, conversation = _loop_inputs(messages, tools, max_turns, "tool_loop", params)
-    need, reply = next(conversation)  # the first thing it needs: a reply
-    while True:
-        if need == "model":
-            answer: Any = bound.messages.create(
-                model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
-            )
-        else:
-            answer = tool_results(run, reply, cast(Tools, tools))
-        try:
-            need, reply = conversation.send(answer)
-        except StopIteration as ended:
-            return cast(LoopResult[Message], ended.value)
+    params |= {"model": model, "max_tokens": max_tokens}
+    request, api = _loop_inputs(messages, tools, max_turns, "tool_loop", params)
+    return run_loop(api, request, max_turns, bound.messages.create, run, tools or Tools())
 
 
 async def tool_loop_async(
@@ -234,18 +213,6 @@ async def tool_loop_async(
     """``tool_loop`` with an ``AsyncAnthropic`` client, in an ``async def`` workflow."""
     bound = _bound(run, client, retry, price, step_id, is_async=True)
     assert isinstance(bound, AsyncBoundAnthropic)
-    transcript, definitions, conversation = _loop_inputs(
-        messages, tools, max_turns, "tool_loop_async", params
-    )
-    need, reply = next(conversation)  # the first thing it needs: a reply
-    while True:
-        if need == "model":
-            answer: Any = await bound.messages.create(
-                model=model, max_tokens=max_tokens, messages=transcript, **definitions, **params
-            )
-        else:
-            answer = await tool_results_async(run, reply, cast(Tools, tools))
-        try:
-            need, reply = conversation.send(answer)
-        except StopIteration as ended:
-            return cast(LoopResult[Message], ended.value)
+    params |= {"model": model, "max_tokens": max_tokens}
+    request, api = _loop_inputs(messages, tools, max_turns, "tool_loop_async", params)
+    return await run_loop_async(api, request, max_turns, bound.messages.create, run, tools or Tools())

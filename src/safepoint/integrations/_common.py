@@ -1,6 +1,6 @@
 """What the model SDK integrations share: SDK objects as the API's JSON, the model step's retry
 policy and how an SDK failure becomes a recorded attempt, the user's price function as a step's
-usage, and what a tool loop returns.
+usage, and the tool loop — its flow and its two drivers, each API handing in its adapter.
 
 Nothing here imports an SDK: each integration hands in its own classes.
 """
@@ -11,13 +11,13 @@ import datetime
 import email.utils
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import safepoint as sp
 from safepoint.errors import TransientFailure, UsageError
-from safepoint.integrations.tools import ToolCall, ToolOutcome
+from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
 T = TypeVar("T")
 
@@ -211,3 +211,71 @@ def as_transcript(messages: Any, what: str) -> sp.Transcript:
             f"{what} is a list of messages (or a safepoint.Transcript), not {type(messages).__name__}"
         )
     return sp.Transcript(to_json(list(messages)))
+
+
+# -- the tool loop, written once: each API gives its adapter, a driver (sync, async) runs it ------
+
+
+@dataclass(frozen=True)
+class LoopApi:
+    """One API's side of a tool loop: ``key``, the model call's argument holding the transcript;
+    ``turn(reply)``, the items to append for the reply; ``calls(reply)``, its tool calls to
+    answer; ``stop(reply, calls)``, why the loop ends on it (``None``: answer the calls, if any,
+    and ask again); ``results(outcomes)``, the items answering the calls; ``text(reply)``."""
+
+    key: str
+    turn: Callable[[Any], list[Any]]
+    calls: Callable[[Any], list[ToolCall]]
+    stop: Callable[[Any, list[ToolCall]], str | None]
+    results: Callable[[list[ToolOutcome]], list[Any]]
+    text: Callable[[Any], str]
+
+
+def _flow(
+    api: LoopApi, request: dict[str, Any], max_turns: int
+) -> Generator[tuple[str, Any], Any, LoopResult[Any]]:
+    """The loop, asking its driver for ("model", the call's arguments), and sent the reply, or
+    for ("tools", the calls), and sent their outcomes."""
+    transcript: sp.Transcript = request[api.key]
+    reply: Any = None
+    for turn in range(1, max_turns + 1):
+        reply = yield "model", request
+        transcript.extend(api.turn(reply))
+        calls = api.calls(reply)
+        stop = api.stop(reply, calls)
+        if stop is not None:
+            if calls:  # a reply cut short mid-call: its calls answered, not run (a valid transcript)
+                transcript.extend(api.results(not_run(calls, stop)))
+            return LoopResult(reply, transcript, stop, turn, api.text(reply))
+        if calls:
+            transcript.extend(api.results((yield "tools", calls)))
+    return LoopResult(reply, transcript, "max_turns", max_turns, api.text(reply))
+
+
+def run_loop(
+    api: LoopApi, request: dict[str, Any], max_turns: int, model: Callable[..., Any], run: Any, tools: Tools
+) -> LoopResult[Any]:
+    """The tool loop in a plain ``def`` workflow: each turn ``model(**request)`` (the transcript
+    in ``request[api.key]``), the reply's tool calls answered through ``tools``, each its step."""
+    flow = _flow(api, request, max_turns)
+    kind, value = next(flow)
+    while True:
+        sent = model(**value) if kind == "model" else tools.call_all(run, value)
+        try:
+            kind, value = flow.send(sent)
+        except StopIteration as done:
+            return cast(LoopResult[Any], done.value)
+
+
+async def run_loop_async(
+    api: LoopApi, request: dict[str, Any], max_turns: int, model: Callable[..., Any], run: Any, tools: Tools
+) -> LoopResult[Any]:
+    """``run_loop`` in an ``async def`` workflow: ``model`` and the tools awaited."""
+    flow = _flow(api, request, max_turns)
+    kind, value = next(flow)
+    while True:
+        sent = await (model(**value) if kind == "model" else tools.call_all_async(run, value))
+        try:
+            kind, value = flow.send(sent)
+        except StopIteration as done:
+            return cast(LoopResult[Any], done.value)

@@ -70,8 +70,8 @@ except ImportError as exc:  # pragma: no cover - the extra is what provides it
         "safepoint.integrations.openai needs the openai package: pip install 'safepoint[openai]'"
     ) from exc
 
-from collections.abc import Callable, Generator
-from typing import Any, Literal, overload
+from collections.abc import Callable
+from typing import Any, overload
 
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseFunctionToolCall
@@ -80,7 +80,7 @@ import safepoint as sp
 from safepoint.errors import UsageError
 from safepoint.integrations.tools import ToolCall, ToolOutcome, Tools
 
-from ._common import LoopResult, as_transcript, check_turns, not_run, without_none
+from ._common import LoopApi, LoopResult, as_transcript, check_turns, run_loop, run_loop_async, without_none
 from ._openai_chat import AsyncCompletions, Completions
 from ._openai_requests import Binding, wire
 from ._openai_responses import AsyncResponses, Responses
@@ -323,11 +323,7 @@ async def response_tool_results_async(
     return _outputs(await _registry(tools).call_all_async(run, response_tool_calls(response)))
 
 
-# -- the loops: one flow each, driven sync or async ----------------------------------------------
-
-# What a loop asks its driver for: a model call (its arguments), or a reply's tool calls run.
-_Ask = tuple[Literal["model", "tools"], Any]
-_Loop = Generator[_Ask, Any, LoopResult[Any]]
+# -- the loops: an adapter per API, driven by the shared loop ---------------------------------
 
 
 def _loop_params(params: dict[str, Any], tools: Tools | None, definitions: str) -> dict[str, Any]:
@@ -356,67 +352,30 @@ def _chat_text(completion: ChatCompletion) -> str:
     return (completion.choices[0].message.content or "") if completion.choices else ""
 
 
-def _chat_loop(messages: Any, max_turns: int, request: dict[str, Any]) -> _Loop:
-    turns = check_turns(max_turns)
-    transcript = as_transcript(messages, "messages")
-    completion: ChatCompletion | None = None
-    for turn in range(1, turns + 1):
-        completion = yield "model", {**request, "messages": transcript}
-        assert completion is not None
-        transcript.append(chat_turn(completion))
-        reason = completion.choices[0].finish_reason if completion.choices else None
-        if reason != "tool_calls" and not (reason == "stop" and chat_tool_calls(completion)):
-            transcript.extend(_tool_messages(not_run(chat_tool_calls(completion), str(reason))))
-            return LoopResult(completion, transcript, str(reason), turn, _chat_text(completion))
-        transcript.extend((yield "tools", completion))
-    assert completion is not None
-    return LoopResult(completion, transcript, "max_turns", turns, _chat_text(completion))
+def _chat_stop(completion: ChatCompletion, calls: list[ToolCall]) -> str | None:
+    reason = completion.choices[0].finish_reason if completion.choices else None
+    return None if reason == "tool_calls" or (reason == "stop" and calls) else str(reason)
 
 
-def _responses_loop(input: Any, max_turns: int, request: dict[str, Any]) -> _Loop:
-    turns = check_turns(max_turns)
-    transcript = as_transcript(
-        [{"role": "user", "content": input}] if isinstance(input, str) else input, "input"
-    )
-    response: Response | None = None
-    for turn in range(1, turns + 1):
-        response = yield "model", {**request, "input": transcript}
-        assert response is not None
-        transcript.extend(response_items(response))
-        if response.status == "incomplete":
-            details = response.incomplete_details
-            stop = f"incomplete:{getattr(details, 'reason', None) or 'unknown'}"
-            transcript.extend(_outputs(not_run(response_tool_calls(response), stop)))
-            return LoopResult(response, transcript, stop, turn, response.output_text)
-        if not response_tool_calls(response):
-            return LoopResult(
-                response, transcript, str(response.status or "completed"), turn, response.output_text
-            )
-        transcript.extend((yield "tools", response))
-    assert response is not None
-    return LoopResult(response, transcript, "max_turns", turns, response.output_text)
+def _responses_stop(response: Response, calls: list[ToolCall]) -> str | None:
+    if response.status == "incomplete":
+        return f"incomplete:{getattr(response.incomplete_details, 'reason', None) or 'unknown'}"
+    return None if calls else str(response.status or "completed")
 
 
-def _drive(flow: _Loop, model: Callable[..., Any], answer: Callable[[Any], Any]) -> LoopResult[Any]:
-    try:
-        kind, value = next(flow)
-        while True:
-            kind, value = flow.send(model(**value) if kind == "model" else answer(value))
-    except StopIteration as done:
-        result: LoopResult[Any] = done.value
-        return result
+def _chat_inputs(
+    model: str, params: dict[str, Any], tools: Tools | None, messages: Any, turns: int
+) -> dict[str, Any]:
+    request = {"model": model, **_loop_params(params, tools, "openai_chat")}
+    check_turns(turns)
+    return {**request, "messages": as_transcript(messages, "messages")}
 
 
-async def _drive_async(
-    flow: _Loop, model: Callable[..., Any], answer: Callable[[Any], Any]
-) -> LoopResult[Any]:
-    try:
-        kind, value = next(flow)
-        while True:
-            kind, value = flow.send(await (model(**value) if kind == "model" else answer(value)))
-    except StopIteration as done:
-        result: LoopResult[Any] = done.value
-        return result
+# The two APIs' sides of the loop.
+_CHAT = LoopApi("messages", lambda c: [chat_turn(c)], chat_tool_calls, _chat_stop, _tool_messages, _chat_text)
+_RESPONSES = LoopApi(
+    "input", response_items, response_tool_calls, _responses_stop, _outputs, lambda r: r.output_text
+)
 
 
 def tool_loop(
@@ -443,11 +402,8 @@ def tool_loop(
     ``params`` go to every ``chat.completions.create``; ``price``, ``retry``, ``step_id`` as
     for ``bind``."""
     gpt = _loop_binding(run, client, is_async=False, retry=retry, price=price, step_id=step_id)
-    request = {"model": model, **_loop_params(params, tools, "openai_chat")}
-    flow = _chat_loop(messages, max_turns, request)
-    return _drive(
-        flow, gpt.chat.completions.create, lambda reply: chat_tool_results(run, reply, _registry(tools))
-    )
+    request = _chat_inputs(model, params, tools, messages, max_turns)
+    return run_loop(_CHAT, request, max_turns, gpt.chat.completions.create, run, _registry(tools))
 
 
 async def tool_loop_async(
@@ -465,20 +421,19 @@ async def tool_loop_async(
 ) -> LoopResult[ChatCompletion]:
     """``tool_loop`` in an async workflow, with an ``AsyncOpenAI`` client."""
     gpt = _loop_binding(run, client, is_async=True, retry=retry, price=price, step_id=step_id)
-    request = {"model": model, **_loop_params(params, tools, "openai_chat")}
-    flow = _chat_loop(messages, max_turns, request)
-    return await _drive_async(
-        flow, gpt.chat.completions.create, lambda reply: chat_tool_results_async(run, reply, _registry(tools))
-    )
+    request = _chat_inputs(model, params, tools, messages, max_turns)
+    return await run_loop_async(_CHAT, request, max_turns, gpt.chat.completions.create, run, _registry(tools))
 
 
-def _responses_request(
-    model: str, instructions: str | None, params: dict[str, Any], tools: Tools | None
-) -> Any:
+def _responses_inputs(
+    model: str, instructions: str | None, params: dict[str, Any], tools: Tools | None, input: Any, turns: int
+) -> dict[str, Any]:
     request = {"model": model, **_loop_params(params, tools, "openai_responses")}
     if instructions is not None:
         request["instructions"] = instructions
-    return request
+    check_turns(turns)
+    conversation = [{"role": "user", "content": input}] if isinstance(input, str) else input
+    return {**request, "input": as_transcript(conversation, "input")}
 
 
 def responses_tool_loop(
@@ -505,10 +460,8 @@ def responses_tool_loop(
     incomplete one (``"incomplete:<reason>"``, e.g. ``incomplete:max_output_tokens``), or after
     ``max_turns`` model calls (``"max_turns"``, the last calls answered first)."""
     gpt = _loop_binding(run, client, is_async=False, retry=retry, price=price, step_id=step_id)
-    flow = _responses_loop(input, max_turns, _responses_request(model, instructions, params, tools))
-    return _drive(
-        flow, gpt.responses.create, lambda reply: response_tool_results(run, reply, _registry(tools))
-    )
+    request = _responses_inputs(model, instructions, params, tools, input, max_turns)
+    return run_loop(_RESPONSES, request, max_turns, gpt.responses.create, run, _registry(tools))
 
 
 async def responses_tool_loop_async(
@@ -527,7 +480,5 @@ async def responses_tool_loop_async(
 ) -> LoopResult[Response]:
     """``responses_tool_loop`` in an async workflow, with an ``AsyncOpenAI`` client."""
     gpt = _loop_binding(run, client, is_async=True, retry=retry, price=price, step_id=step_id)
-    flow = _responses_loop(input, max_turns, _responses_request(model, instructions, params, tools))
-    return await _drive_async(
-        flow, gpt.responses.create, lambda reply: response_tool_results_async(run, reply, _registry(tools))
-    )
+    request = _responses_inputs(model, instructions, params, tools, input, max_turns)
+    return await run_loop_async(_RESPONSES, request, max_turns, gpt.responses.create, run, _registry(tools))
