@@ -7,7 +7,8 @@ check."""
 
 from __future__ import annotations
 
-from safepoint.storage.base import AsyncStore, Store
+from safepoint.storage.async_store import AsyncStore
+from safepoint.storage.base import Store
 from safepoint.storage.postgres import PostgresStore
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.testing.sync_over_async import SyncOverAsync

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from functools import update_wrapper
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast, overload
 
-from ..storage.base import STOP_POLL_S, AsyncStore
+from ..storage.async_store import AsyncStore
+from ..storage.base import STOP_POLL_S
 from ..types import (
     LedgerIdentity,
 )
