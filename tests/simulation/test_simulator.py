@@ -8,20 +8,17 @@ a few schedules, as it must for every mechanism that keeps an effect once per fa
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from mutants import MUTANTS
 
 import safepoint as sp
-from safepoint.storage.sqlite import connection as sqlite_connection
-from safepoint.storage.sqlite.steps import SqliteSteps
 from safepoint.testing import simulate
 from safepoint.testing.simulation import (
     Config,
     Faults,
     OwnerModel,
-    Schedule,
     decode,
     encode,
     explore,
@@ -32,30 +29,38 @@ from safepoint.testing.simulation import (
 REGRESSIONS = Path(__file__).with_name("regressions.txt")
 
 
-def _regressions() -> list[tuple[str, str]]:
+def _regressions() -> list[tuple[dict[str, str], str]]:
     kept = []
     for line in REGRESSIONS.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             replayable, _, why = line.partition(" #")
-            kept.append((replayable.strip(), why.strip()))
+            kept.append((dict(part.split("=", 1) for part in replayable.split()), why.strip()))
     return kept
 
 
-def _replayed(replayable: str) -> Schedule:
-    """A regression line's schedule: ``seed=N`` or ``tape=…``, ``owner.<field>=<value>``, and
-    ``swarm=0`` for a schedule found before each schedule drew its own rates."""
-    given = dict(part.split("=", 1) for part in replayable.split())
-    owner = {k.split(".", 1)[1]: int(v) for k, v in given.items() if k.startswith("owner.")}
-    config = Config(owner=replace(Config().owner, **owner), swarm=given.get("swarm", "1") != "0")
-    if "tape" in given:
-        return replay(config, tape=decode(given["tape"]))
-    return replay(config, seed=int(given["seed"]))
-
-
-@pytest.mark.parametrize(("replayable", "why"), _regressions())
-def test_every_schedule_that_once_broke_an_invariant_holds_now(replayable: str, why: str) -> None:
-    done = _replayed(replayable)
+@pytest.mark.parametrize(
+    ("kept", "why"), _regressions(), ids=lambda v: v.get("seed") if isinstance(v, dict) else ""
+)
+def test_every_schedule_that_once_broke_an_invariant_holds_now(kept: dict[str, str], why: str) -> None:
+    done = replay(seed=int(kept["seed"]))
     assert not done.violations, f"{why}\n{done.story()}"
+
+
+@pytest.mark.parametrize(
+    ("kept", "why"),
+    [k for k in _regressions() if "mutant" in k[0]],
+    ids=lambda v: v.get("mutant") if isinstance(v, dict) else "",
+)
+def test_every_kept_schedule_still_reaches_its_bug(kept: dict[str, str], why: str) -> None:
+    """With the bug put back, the kept schedule breaks its rule again: a seed that no longer
+    reaches it (the simulator draws otherwise now) is found again with the mutant."""
+    with MUTANTS[kept["mutant"]]():
+        done = replay(seed=int(kept["seed"]))
+    rule = kept["rule"].replace("-", " ")
+    assert any(v.rule == rule for v in done.violations), (
+        f"seed {kept['seed']} no longer reaches its bug ({why}); find another:"
+        f" .venv/bin/python tests/simulation/mutants.py find {kept['mutant']}"
+    )
 
 
 def test_the_same_seed_gives_the_same_ledger_and_the_same_story() -> None:
@@ -119,22 +124,9 @@ def test_people_act_through_every_verb() -> None:
     assert {"fork", "retry", "resolve", "send", "approve", "cancel", "prune", "extend_limits"} <= said, said
 
 
-@pytest.fixture
-def claims_never_taken(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """A mutant store: the family's claim is granted to every member that asks."""
-    taken: list[str] = []
-
-    def grant(conn: object, run_id: str, operation_id: str, claim_key: str | None) -> None:
-        taken.append(str(claim_key))
-
-    monkeypatch.setattr(SqliteSteps, "_claim_in_family", staticmethod(grant))
-    return taken
-
-
-def test_the_simulator_finds_an_effect_sent_twice_when_the_family_claim_is_gone(
-    claims_never_taken: list[str],
-) -> None:
-    report = explore(Config(), schedules=200, seed=1, shrink_seconds=20)
+def test_the_simulator_finds_an_effect_sent_twice_when_the_family_claim_is_gone() -> None:
+    with MUTANTS["effect-claims"]():
+        report = explore(Config(), schedules=200, seed=1, shrink_seconds=20)
     assert report.failure is not None, "200 schedules of a store without family claims broke nothing"
     assert any(v.rule == "once per family" for v in report.failure.violations)
     assert report.shrunk is not None
@@ -142,38 +134,26 @@ def test_the_simulator_finds_an_effect_sent_twice_when_the_family_claim_is_gone(
     text = report.explain()
     assert f"SIM_SEED={report.failure.seed}" in text
     assert "owner applies" in text
-    again = replay(seed=report.failure.seed)  # the seed gives the same failure
+    with MUTANTS["effect-claims"]():
+        again = replay(seed=report.failure.seed)  # the seed gives the same failure
     assert {v.rule for v in again.violations} == {v.rule for v in report.failure.violations}
 
 
-def test_the_simulator_finds_a_transaction_committed_twice_when_its_claim_is_gone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    claim = SqliteSteps._claim_in_family
-
-    def effects_only(conn: object, run_id: str, operation_id: str, claim_key: str | None) -> None:
-        if claim_key is None or not claim_key.startswith("transaction "):
-            claim(conn, run_id, operation_id, claim_key)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(SqliteSteps, "_claim_in_family", staticmethod(effects_only))
-    report = explore(Config(workflows=("sim.order",)), schedules=300, seed=5, shrink_seconds=10)
+def test_the_simulator_finds_a_transaction_committed_twice_when_its_claim_is_gone() -> None:
+    with MUTANTS["transaction-claims"]():
+        report = explore(Config(workflows=("sim.order",)), schedules=300, seed=5, shrink_seconds=10)
     assert report.failure is not None
     assert any("transaction 0 book committed 2 times" in str(v) for v in report.failure.violations), (
         report.explain()
     )
 
 
-def test_the_simulator_tells_families_apart_without_the_stores_word_for_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_simulator_tells_families_apart_without_the_stores_word_for_it() -> None:
     """A mutant store that starts every successor a family of its own (so a fork of a chain's
     first run may send what the chain's successors sent): the simulator knows its runs'
     lineage itself, and finds the duplicate."""
-    statement = sqlite_connection.SQL["continue_as_new"]
-    mutated = statement.replace("COALESCE(family_id, run_id) AS family_id", "run_id AS family_id")
-    assert mutated != statement
-    monkeypatch.setitem(sqlite_connection.SQL, "continue_as_new", mutated)
-    report = explore(Config(workflows=("sim.chain",)), schedules=300, seed=9, shrink_seconds=5)
+    with MUTANTS["chain-family"]():
+        report = explore(Config(workflows=("sim.chain",)), schedules=300, seed=9, shrink_seconds=5)
     assert report.failure is not None
     assert any(v.rule == "once per family" for v in report.failure.violations)
 
@@ -211,14 +191,15 @@ def test_a_users_workflow_is_simulated_against_a_model_of_its_owner() -> None:
     assert report.requests > 60 * 20
 
 
-def test_a_users_workflow_that_sends_twice_is_caught(claims_never_taken: list[str]) -> None:
-    report = simulate(
-        checkout,
-        arguments=lambda name, n: (f"order-{n}",),
-        schedules=300,
-        seed=3,
-        setup_sql=["CREATE TABLE orders (id TEXT NOT NULL)"],
-    )
+def test_a_users_workflow_that_sends_twice_is_caught() -> None:
+    with MUTANTS["effect-claims"]():
+        report = simulate(
+            checkout,
+            arguments=lambda name, n: (f"order-{n}",),
+            schedules=300,
+            seed=3,
+            setup_sql=["CREATE TABLE orders (id TEXT NOT NULL)"],
+        )
     with pytest.raises(AssertionError, match="once per family"):
         report.check()
 
