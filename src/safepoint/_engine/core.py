@@ -27,6 +27,7 @@ from .._rules.canonical import require_json
 from .._rules.compat import stale_tail
 from .._rules.history import successor_inputs
 from .._rules.ids import check_step_id
+from .._rules.kinds import KINDS
 from .._rules.limits import (
     UsageFn,
     after_failure,
@@ -518,7 +519,7 @@ class RunCore:
         failure recorded before its back-off — and record the result or the failure. A limit
         in the way (the deadline, a budget, the step's attempts) stops the run before the call:
         ``LimitReached``, once the run's limits, read again, still say so."""
-        sid, kind = base.step_id, base.kind
+        sid, kind, does = base.step_id, base.kind, KINDS[base.kind]
         tried = self.attempts.get(sid, [])
         round_start = round_start_for(round_start, tried, base.input_hash)
         attempt, pending = next_attempt(round_start, tried)
@@ -534,19 +535,16 @@ class RunCore:
                     partial(self._before_retry, under, sid, attempt - 1 - round_start, pending)
                 )
                 yield from self._wait_for_retry(pending)
-            now = None
-            if kind is StepKind.READ or (
-                self.run.deadline_at is not None and kind in (StepKind.MODEL, StepKind.DECISION)
-            ):
-                now = yield from io(Store.now)
-            if kind is StepKind.MODEL or (now is not None and self.run.deadline_at is not None):
-                # only a model step has budgets, only a deadline is read off the clock
+            clocked = does.observed or (self.run.deadline_at is not None and does.before_deadline)
+            now = (yield from io(Store.now)) if clocked else None
+            if does.model_call or (now is not None and self.run.deadline_at is not None):
+                # only a model call has budgets, only a deadline is read off the clock
                 yield from self._stop_at(partial(self._before_call, kind, sid, now))
-            if kind is StepKind.READ:
+            if does.observed:
                 base = revised(base, observed_at=now)
             started = time.time_ns() if self.watch is not None else 0
             # a transaction step's call is the store's transaction, which records it too
-            transaction = TransactionAttempt(fn, args, kwargs) if kind is StepKind.TRANSACTION else None
+            transaction = TransactionAttempt(fn, args, kwargs) if does.commits_with_record else None
             try:
                 if transaction is None:
                     value = yield Call(fn, args, kwargs)
@@ -722,7 +720,7 @@ class RunCore:
         yield from self.flush()
         yield from self.append_new(io(Store.record_step, self.claim, failed), base.step_id)
         self.steps[base.step_id] = failed
-        if failed.kind is StepKind.MODEL:  # a model call made, as the store counted it
+        if KINDS[failed.kind].model_call:  # a model call made, as the store counted it
             self._spent(None, None)
         raise StepFailed(self.run.run_id, base.step_id, error["type"], error["message"], attempts) from cause
 
@@ -739,15 +737,16 @@ class RunCore:
 
     def _record_result(self, base: StepRecord, value: Any, usage: UsageFn | None, redact: bool) -> Flow[Any]:
         sid = base.step_id
+        does = KINDS[base.kind]
         require_json(value, "result", sid)
         if redact:
             # what is recorded is what the workflow sees, now and on replay; a model's
             # encrypted reasoning and thinking signatures go back to it as they came
-            value = redact_json(value, keep_opaque=base.kind is StepKind.MODEL)
+            value = redact_json(value, keep_opaque=does.model_call)
         else:
             refuse_secrets(value, "the result", sid)
         tokens = cost = None
-        if base.kind is StepKind.MODEL:
+        if does.model_call:
             if usage is not None:
                 try:
                     reported = yield Call(usage, (value,))
@@ -760,10 +759,10 @@ class RunCore:
                 tokens, cost = checked_usage(reported, sid)
             if tokens is None:
                 tokens = reported_tokens(value)
-        next_step_id = _next_step_id(sid, value) if base.kind is StepKind.DECISION else None
+        next_step_id = _next_step_id(sid, value) if does.picks_next else None
         step = revised(base, result=value, next_step_id=next_step_id, tokens=tokens, cost=cost)
         crashpoint("step.before_record", sid)
-        if step.kind is StepKind.PURE:
+        if does.batched:
             with self.seq_lock:
                 self.pending.append(step)
                 full = len(self.pending) >= PURE_BATCH
@@ -779,7 +778,7 @@ class RunCore:
             )
             yield from self.append_new(request, sid)
             self.steps[sid] = step
-        if step.kind is StepKind.MODEL:  # the store added the same to the run's totals, in that commit
+        if does.model_call:  # the store added the same to the run's totals, in that commit
             self._spent(tokens, cost)
         crashpoint("step.after_record", sid)
         return value

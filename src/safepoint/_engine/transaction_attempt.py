@@ -12,6 +12,7 @@ from typing import Any, NoReturn, Protocol, TypeVar
 
 from .._rules.canonical import require_json
 from .._rules.family import transaction_key
+from .._rules.kinds import KINDS
 from .._rules.recovery import UNCERTAIN_PHASE
 from .._rules.secrets import refuse_secrets
 from .._rules.transactions import is_lost_connection, is_uncertain, reconnecting, uncertain_record
@@ -49,7 +50,7 @@ class _Core(Protocol):
 def attempt_policy(policy: Retry, kind: StepKind, error: dict[str, Any] | None) -> Retry:
     """The attempts a step tried again after a failed attempt (its ``error``) gets: a
     transaction step whose connection was lost gets ``reconnecting``'s, any other its own."""
-    return reconnecting(policy) if kind is StepKind.TRANSACTION and is_lost_connection(error) else policy
+    return reconnecting(policy) if KINDS[kind].commits_with_record and is_lost_connection(error) else policy
 
 
 def lost(attempt: TransactionAttempt | None) -> bool:

@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import UsageError
-from ..types import JSON, StepKind, StepRecord
+from ..types import JSON, StepRecord
 from .canonical import canonical, digest, input_hash, require_json
+from .kinds import KINDS
 from .secrets import refuse_secrets
 
 
@@ -121,10 +122,6 @@ def _text(value: object, what: str) -> str:
     return value
 
 
-# What a re-plan never abandons: their work is done in the world (or in this database).
-KEPT_ON_REPLAN = (StepKind.EFFECT, StepKind.TRANSACTION)
-
-
 def stale_tail(
     steps: Mapping[str, StepRecord], sid: str, through: int, fanouts: Iterable[Iterable[str]]
 ) -> tuple[list[str], tuple[str, ...]]:
@@ -133,7 +130,7 @@ def stale_tail(
     and those of them it keeps, a sibling fan-out branch's). Only what was recorded before this
     worker took over can be stale: a step it recorded since already answers the new question.
     Inside a fan-out, a sibling branch's steps never asked about this one. Effect and
-    transaction steps stay (``KEPT_ON_REPLAN``), so nothing done is done twice."""
+    transaction steps stay (``KindPolicy.kept_on_replan``), so nothing done is done twice."""
     start = steps[sid].seq
     siblings = tuple(
         prefix
@@ -145,6 +142,6 @@ def stale_tail(
     tail = [
         key
         for key, step in list(steps.items())
-        if start <= step.seq <= through and (step.kind not in KEPT_ON_REPLAN or key == sid)
+        if start <= step.seq <= through and (not KINDS[step.kind].kept_on_replan or key == sid)
     ]
     return tail, tuple(key for key in tail if key.startswith(siblings))

@@ -29,8 +29,9 @@ from enum import StrEnum
 from typing import Any
 
 from ..errors import ForkRefused
-from ..types import EffectState, OperationRecord, RunRecord, RunStatus, StepKind
+from ..types import EffectState, OperationRecord, RunRecord, RunStatus
 from .ids import MAX_ID_LENGTH
+from .kinds import MODEL_CALLS, WITH_OPERATION
 from .moments import when
 
 _SETTLED = frozenset({EffectState.ACCEPTED, EffectState.REJECTED})
@@ -97,7 +98,7 @@ def plan_fork(
         )
     copied = [step for step in steps if step.seq < start.seq]
     copied_ops = frozenset(
-        step.operation_id for step in copied if step.kind == StepKind.EFFECT.value and step.operation_id
+        step.operation_id for step in copied if step.kind in WITH_OPERATION and step.operation_id
     )
     ops = {op.operation_id: op for op in operations}
     for op_id in sorted(copied_ops):
@@ -132,7 +133,7 @@ def plan_fork(
         operations=copied_ops,
         tokens=sum(step.tokens or 0 for step in copied),
         cost=float(sum(step.cost or 0.0 for step in copied)),
-        model_calls=sum(1 for step in copied if step.kind == StepKind.MODEL.value),
+        model_calls=sum(1 for step in copied if step.kind in MODEL_CALLS),
     )
 
 

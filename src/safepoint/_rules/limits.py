@@ -30,12 +30,9 @@ from ..errors import (
     UsageError,
 )
 from ..types import JSON, AttemptRecord, Budget, LimitChange, Retry, RunLimits, RunRecord, RunStatus, StepKind
+from .kinds import KINDS
 from .moments import instant
 
-# Only observations, model calls and transactions are tried again: a pure step would fail the
-# same way, a decision is the planner's (recorded once), and an effect has its own protocol. A
-# failed transaction rolled back whole, so another attempt starts from nothing.
-RETRYABLE_KINDS = frozenset({StepKind.READ, StepKind.MODEL, StepKind.TRANSACTION})
 ONCE = Retry(attempts=1)
 
 
@@ -53,7 +50,7 @@ def as_retry(value: Retry | int | None, what: str) -> Retry | None:
 
 def step_policy(kind: StepKind, given: Retry | None, run_default: Retry | None) -> Retry:
     """The attempts a step of ``kind`` gets: its own ``retry=``, else the run's default."""
-    if kind not in RETRYABLE_KINDS:
+    if not KINDS[kind].retried:
         return ONCE
     return given or run_default or ONCE
 
@@ -341,7 +338,7 @@ def limit_before_step(run: RunRecord, kind: StepKind, step_id: str, now: int | N
     model step."""
     if now is not None and past_deadline(run, now):
         return DeadlineExceeded(run.run_id, run.deadline_at or 0, step_id)
-    if kind is StepKind.MODEL:
+    if KINDS[kind].model_call:
         spent = spent_budget(run)
         if spent is not None:
             which, limit, amount = spent

@@ -32,7 +32,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import StoreUnavailable, UsageError
-from ..types import Retry, StepKind, StepRecord, StepStatus
+from ..types import Retry, StepRecord, StepStatus
+from .kinds import KINDS
 from .records import revised
 
 # Statements that begin or end a transaction, by their first word (after comments and blanks).
@@ -94,7 +95,7 @@ def uncertain_record(step: StepRecord, how: str = COMMITTED_UNDER_THE_STEP) -> S
 def is_uncertain(step: StepRecord) -> bool:
     """Whether ``step`` is a transaction step recorded as uncertain (``uncertain_record``)."""
     return (
-        step.kind is StepKind.TRANSACTION
+        KINDS[step.kind].commits_with_record
         and step.status is StepStatus.FAILED
         and isinstance(step.error, dict)
         and step.error.get("type") == UNCERTAIN

@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .._rules.approvals import revocable
+from .._rules.kinds import KINDS
 from .._rules.limits import stop_words
 from .._rules.moments import instant, relative, when
 from .._rules.presence import HELD, LEASE_EXPIRED, RELEASED, Ownership, ownership
@@ -330,7 +331,7 @@ def timeline_table(ledger: Ledger, now: int | None = None) -> Table:
     shown_ops: set[str] = set()
     for step in sorted(ledger.steps.values(), key=lambda s: s.seq):
         operation = effect = key = Text("")
-        if step.kind is StepKind.EFFECT and step.operation_id:
+        if KINDS[step.kind].has_operation and step.operation_id:
             shown_ops.add(step.operation_id)
             op = ledger.operations.get(step.operation_id)
             operation = text(step.operation_id)
@@ -342,7 +343,7 @@ def timeline_table(ledger: Ledger, now: int | None = None) -> Table:
             # A failed step is recorded and raised again on replay: show why, not a null result.
             error = step.error or {}
             result = text(f"✗ {error.get('type', 'error')}: {error.get('message', '')}", "red")
-        elif step.kind is StepKind.DECISION and step.next_step_id:
+        elif KINDS[step.kind].picks_next and step.next_step_id:
             result = f"→ {step.next_step_id}"
         _row(table, str(step.seq), step.kind.value, step.step_id, result, operation, effect, key)
     for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):

@@ -20,6 +20,7 @@ from .._rules.fork import (
     refuse_live,
     resent_by,
 )
+from .._rules.kinds import WITH_OPERATION
 from ..errors import RunConflict, RunNotFound
 from ..types import RunRecord
 from ._rows import operation_record, source_step
@@ -78,7 +79,7 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
         )
     copy = {"run_id": fork.run_id, "source_run_id": source.run_id, "from_seq": plan.from_seq}
     yield q("fork_run_copy_steps", **copy)
-    yield q("fork_run_copy_operations", **copy)
+    yield q("fork_run_copy_operations", **copy, with_operation=dumps(WITH_OPERATION))
     if reads.codec is not None:  # copied as they are: sealed for the source's rows
         yield from reseal_fork(reads, source.run_id, fork.run_id)
     detail = fork_detail(

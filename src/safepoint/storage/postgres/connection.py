@@ -26,6 +26,7 @@ from psycopg_pool import PoolTimeout
 from ..._rules.canonical import dumps
 from ..._rules.fencing import fence_holds, refused_write
 from ..._rules.history import history_warning, warning_due
+from ..._rules.kinds import KINDS
 from ...errors import (
     ClaimedInFamily,
     HistoryWarning,
@@ -360,6 +361,7 @@ class PostgresBase(LedgerReads):
             "step_id": step.step_id,
             "seq": step.seq,
             "kind": step.kind.value,
+            "model_call": KINDS[step.kind].model_call,
             "name": step.name,
             "input_hash": step.input_hash,
             "step_status": step.status.value,
@@ -483,6 +485,7 @@ _STEP_PARAMS = (
     "step_id",
     "seq",
     "kind",
+    "model_call",
     "name",
     "input_hash",
     "step_status",

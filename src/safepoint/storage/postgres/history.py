@@ -4,6 +4,7 @@ ended and its successor created in one statement)."""
 from __future__ import annotations
 
 from ..._rules.canonical import dumps
+from ..._rules.kinds import KEPT_ON_REPLAN
 from ...errors import RunConflict
 from ...types import Claim, RunRecord
 from ..base import NewRun, Replan, retry_json
@@ -38,6 +39,7 @@ class PostgresHistory(PostgresBase):
                 worker=claim.owner,
                 reason=change.reason,
                 keep=list(change.keep),
+                kept=KEPT_ON_REPLAN,
             )
             if self.codec is not None:  # the steps' sealed values, bound to their events
                 for event_id, detail in bind_abandoned(self.codec, moved):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
+from ..._rules.kinds import KEPT_ON_REPLAN
 from ...errors import RunConflict
 from ...types import Claim, OperationRecord, RunRecord
 from ..base import NewRun, Replan
@@ -50,6 +51,7 @@ class SqliteHistory(SqliteRuns):
                     "through_seq": change.through_seq,
                     "reason": change.reason,
                     "keep": dumps(list(change.keep)),
+                    "kept": dumps(KEPT_ON_REPLAN),
                 }
                 moved = conn.execute(SQL["replan_abandon_steps"], params).fetchall()
                 if self.codec is not None:  # the steps' sealed values, bound to their events

@@ -8,8 +8,9 @@ from typing import Any
 
 from ..._rules.canonical import dumps
 from ..._rules.history import warn
+from ..._rules.kinds import KINDS
 from ...errors import ClaimedInFamily, LostOwnership
-from ...types import AttemptRecord, Claim, StepKind, StepRecord
+from ...types import AttemptRecord, Claim, StepRecord
 from .connection import SQL, SqliteConnection
 
 
@@ -79,7 +80,7 @@ class SqliteSteps(SqliteConnection):
         each model call (a turn), in the commit that records them."""
         tokens, cost, calls = 0, 0.0, 0
         for step in steps:  # one pass, no generators: this is on every step's commit
-            if step.kind is StepKind.MODEL:
+            if KINDS[step.kind].model_call:
                 tokens, cost, calls = tokens + (step.tokens or 0), cost + (step.cost or 0), calls + 1
         if calls:
             conn.execute(

@@ -781,7 +781,7 @@ WITH stale AS (
     WHERE run_id = %(run_id)s
       AND seq >= (SELECT seq FROM safepoint_steps
                   WHERE run_id = %(run_id)s AND step_id = %(step_id)s)
-      AND seq <= %(through_seq)s AND (kind NOT IN ('effect', 'transaction') OR step_id = %(step_id)s)
+      AND seq <= %(through_seq)s AND (kind <> ALL(%(kept)s::text[]) OR step_id = %(step_id)s)
       AND NOT (step_id = ANY(%(keep)s::text[]))
     RETURNING *
 ),
@@ -1104,7 +1104,7 @@ owned AS (
         step_count = step_count + growth.steps, updated_at = clock.now,
         tokens_spent = tokens_spent + COALESCE(%(tokens)s::bigint, 0),
         cost_spent = cost_spent + COALESCE(%(cost)s::double precision, 0),
-        model_calls_spent = model_calls_spent + CASE WHEN %(kind)s::text = 'model' THEN 1 ELSE 0 END
+        model_calls_spent = model_calls_spent + CASE WHEN %(model_call)s THEN 1 ELSE 0 END
     FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       AND cancel_requested_at IS NULL AND (deadline_at IS NULL OR deadline_at > clock.now)
@@ -1146,7 +1146,8 @@ SELECT * FROM owned;
 WITH clock AS MATERIALIZED (SELECT safepoint_now_ms() AS now),
 batch AS (
     SELECT * FROM jsonb_to_recordset(%(steps)s::jsonb) AS b(
-        step_id text, seq integer, kind text, name text, input_hash text, step_status text,
+        step_id text, seq integer, kind text, model_call boolean, name text, input_hash text,
+        step_status text,
         result text, result_ref text, step_error text, next_step_id text, attempt integer,
         model_id text, prompt_hash text, observed_at bigint, step_operation_id text,
         tokens bigint, cost double precision)
@@ -1165,7 +1166,7 @@ owned AS (
         tokens_spent = tokens_spent + (SELECT COALESCE(sum(tokens), 0) FROM batch),
         cost_spent = cost_spent + (SELECT COALESCE(sum(cost), 0) FROM batch),
         model_calls_spent = model_calls_spent
-                            + (SELECT count(*) FROM batch WHERE kind = 'model')
+                            + (SELECT count(*) FROM batch WHERE model_call)
     FROM clock, growth
     WHERE run_id = %(run_id)s AND fence = %(fence)s AND status = 'running'
       -- new work: none once a cancel is asked for, none past the deadline
@@ -1390,7 +1391,8 @@ SELECT %(run_id)s, operation_id, step_id, effect, state, payload_ref, effect_key
 FROM safepoint_operations
 WHERE run_id = %(source_run_id)s AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
-    WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s AND kind = 'effect');
+    WHERE run_id = %(source_run_id)s AND seq < %(from_seq)s
+      AND kind IN (SELECT jsonb_array_elements_text(%(with_operation)s::jsonb)));
 
 -- name: fork_run_event
 -- The fork's first event (run.forked) or its source's (run.fork_made): who made it, and why

@@ -427,7 +427,8 @@ SELECT run_id, :now, 'step.abandoned', step_id, operation_id, :fence, :worker,
 FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
-  AND seq <= :through_seq AND (kind NOT IN ('effect', 'transaction') OR step_id = :step_id)
+  AND seq <= :through_seq
+  AND (kind NOT IN (SELECT value FROM json_each(:kept)) OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep))
 ORDER BY seq
 RETURNING event_id, run_id, kind, step_id, detail;
@@ -437,7 +438,8 @@ RETURNING event_id, run_id, kind, step_id, detail;
 DELETE FROM safepoint_steps
 WHERE run_id = :run_id
   AND seq >= (SELECT seq FROM safepoint_steps WHERE run_id = :run_id AND step_id = :step_id)
-  AND seq <= :through_seq AND (kind NOT IN ('effect', 'transaction') OR step_id = :step_id)
+  AND seq <= :through_seq
+  AND (kind NOT IN (SELECT value FROM json_each(:kept)) OR step_id = :step_id)
   AND step_id NOT IN (SELECT value FROM json_each(:keep));
 
 -- name: replan_count_events
@@ -758,7 +760,8 @@ SELECT :run_id, operation_id, step_id, effect, state, payload_ref, effect_key, d
 FROM safepoint_operations
 WHERE run_id = :source_run_id AND operation_id IN (
     SELECT operation_id FROM safepoint_steps
-    WHERE run_id = :source_run_id AND seq < :from_seq AND kind = 'effect');
+    WHERE run_id = :source_run_id AND seq < :from_seq
+      AND kind IN (SELECT value FROM json_each(:with_operation)));
 
 -- name: fork_run_event
 -- The fork's first event (run.forked) or its source's (run.fork_made): who made it, and why
