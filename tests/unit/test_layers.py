@@ -1,5 +1,6 @@
 """The layering of the package, enforced: every import goes down (or stays in its layer), the
-rules do no I/O, and no module imports itself through others.
+rules do no I/O, no module imports itself through others, and every module is small enough to
+read in one sitting.
 
 The layers, bottom to top (ARCHITECTURE.md says what each holds):
 
@@ -190,3 +191,86 @@ def test_an_integration_reaching_below_the_facade_is_caught() -> None:
 @pytest.mark.parametrize("layer", [layer for layer in LAYERS if layer != "integrations"])
 def test_each_layer_holds_modules(layer: str) -> None:
     assert any(layer_of(m) == layer for m in MODULES)
+
+
+# The house's size for a module: read in one sitting, and about one concept. Its names are the
+# ones it defines at its top level (into module-level `if` and `try` blocks): its classes,
+# functions and assigned names, private ones too. What it imports is what it uses, not what it
+# holds (as `test_public_surface` has it): imports are not counted.
+MAX_LINES = 800
+MAX_NAMES = 50
+
+
+def top_level_names(source: str) -> set[str]:
+    """The names a module's source defines at its top level."""
+    names: set[str] = set()
+
+    def bind(target: ast.expr) -> None:
+        if isinstance(target, ast.Name):
+            names.add(target.id)
+        elif isinstance(target, ast.Tuple | ast.List):
+            for item in target.elts:
+                bind(item)
+        elif isinstance(target, ast.Starred):
+            bind(target.value)
+
+    def define(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    bind(target)
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+                bind(node.target)
+            elif isinstance(node, ast.If):
+                define(node.body)
+                define(node.orelse)
+            elif isinstance(node, ast.Try | ast.TryStar):
+                for block in (node.body, *(h.body for h in node.handlers), node.orelse, node.finalbody):
+                    define(block)
+
+    define(ast.parse(source).body)
+    return names
+
+
+def test_top_level_names_are_what_a_module_defines_not_what_it_imports() -> None:
+    source = (
+        "from __future__ import annotations\n"
+        "import re\n"
+        "from typing import TYPE_CHECKING, Any\n"
+        "if TYPE_CHECKING:\n"
+        "    from .types import RunRecord\n"
+        "    Row = dict[str, Any]\n"
+        "LIMIT = 3\n"
+        "_cache: dict[str, int] = {}\n"
+        "first, (second, *rest) = 1, (2, 3)\n"
+        "LIMIT += 1\n"
+        "try:\n"
+        "    import orjson\n"
+        "    FAST = True\n"
+        "except ImportError:\n"
+        "    FAST = False\n"
+        "def read(row: Row) -> RunRecord:\n"
+        "    inner = 1\n"
+        "    return row\n"
+        "class Reading:\n"
+        "    columns = ()\n"
+        "async def aread() -> None: ...\n"
+    )
+    expected = {"Row", "LIMIT", "_cache", "first", "second", "rest", "FAST", "read", "Reading", "aread"}
+    assert top_level_names(source) == expected
+
+
+def test_every_module_is_small_enough_to_read_in_one_sitting() -> None:
+    wrong = []
+    for path in MODULES.values():
+        source = path.read_text()
+        lines, names = len(source.splitlines()), len(top_level_names(source))
+        if lines > MAX_LINES:
+            wrong.append(f"{path.relative_to(PACKAGE)}: {lines} lines (at most {MAX_LINES})")
+        if names > MAX_NAMES:
+            wrong.append(f"{path.relative_to(PACKAGE)}: {names} top-level names (at most {MAX_NAMES})")
+    assert not wrong, (
+        "modules over the house's size (split each along a seam in what it does):\n" + "\n".join(wrong)
+    )

@@ -39,11 +39,11 @@ from ..types import (
     RunStatus,
     UnreadableRun,
 )
+from ._columns import Unfetched
 from ._rows import (
     ARTIFACT_ERRORS,
     NO_VALUES,
     UNOPENED,
-    Unfetched,
     approval_record,
     event_record,
     ledger,

@@ -27,7 +27,7 @@ from ..._rules.fencing import refused_write
 from ..._rules.history import history_warning, warning_due
 from ...errors import HistoryWarning, LostOwnership, StoreError
 from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
-from .._rows import tolerant_text
+from .._columns import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
 from ..codec import Codec, seal_artifact, seal_text
 from ..ledger import LedgerReads, sealed_event, stored
