@@ -78,7 +78,7 @@ if _typing.TYPE_CHECKING:
     from .errors import UsageError as UsageError
     from .errors import WaitTimedOut as WaitTimedOut
     from .storage import open_store as open_store
-    from .storage.async_store import AsyncStore as AsyncStore
+    from .storage.base import AsyncStore as AsyncStore
     from .storage.base import Store as Store
     from .storage.open_async import open_async_store as open_async_store
     from .types import Budget as Budget
@@ -221,7 +221,7 @@ _LOADED_LATER = {
     "UsageError": ".errors",
     "WaitTimedOut": ".errors",
     "open_store": ".storage",
-    "AsyncStore": ".storage.async_store",
+    "AsyncStore": ".storage.base",
     "Store": ".storage.base",
     "open_async_store": ".storage.open_async",
     "Budget": ".types",

@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.storage.async_store import AsyncStore
-from safepoint.storage.base import Store
+from safepoint.storage.base import AsyncStore, Store
 from safepoint.storage.postgres import PostgresStore
 from safepoint.storage.postgres_async import AsyncPostgresStore
 from safepoint.storage.sqlite import SqliteStore

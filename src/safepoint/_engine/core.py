@@ -85,7 +85,7 @@ from .slices import SliceClock
 from .transaction_attempt import TransactionAttempt, attempt_policy, lost
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)

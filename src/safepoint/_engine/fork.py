@@ -20,7 +20,7 @@ from .flow import Flow, adrive, drive, io, require_store
 from .workflow import Workflow, workflow_of
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 
 def fork(

@@ -24,7 +24,7 @@ from .flow import Flow, Sleep, adrive, drive, io, require_store
 from .lifecycle import chain_head
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 # How often a change asked without a revision is computed again when a worker moved the run
 # between its read and its write (each step moves a running run's revision), and the pause

@@ -16,7 +16,7 @@ from .flow import Flow, adrive, drive, io, require_store
 from .lifecycle import chain_head
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 
 def send(

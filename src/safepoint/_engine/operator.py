@@ -39,7 +39,7 @@ from .flow import Flow, adrive, drive, io, require_store
 from .lifecycle import chain_head
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

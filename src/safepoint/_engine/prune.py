@@ -23,7 +23,7 @@ from ..types import RunStatus
 from .flow import Flow, adrive, drive, io, require_store
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 # Passes that follow forks back to their sources: as deep as fork ancestry is followed.
 _PASSES = 100

@@ -46,7 +46,7 @@ from .slices import Slice, SliceClock
 from .workflow import Workflow, workflow_of
 
 if TYPE_CHECKING:
-    from ..storage.async_store import AsyncStore
+    from ..storage.base import AsyncStore
 
 from .lifecycle import (
     Deadline,

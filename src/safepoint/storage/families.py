@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from ..types import OperationRecord
 from ._rows import operation_record
-from .codec import Codec
+from .ledger import LedgerReads
 from .plans import Plan, Queries
 
 
-def family_operation(
-    q: Queries, run_id: str, claim_key: str, codec: Codec | None = None
-) -> Plan[OperationRecord | None]:
+def family_operation(reads: LedgerReads, run_id: str, family_key: str) -> Plan[OperationRecord | None]:
     """The operation another member of ``run_id``'s family holds the claim on (see
     ``Store.family_operation``)."""
-    rows = yield q("family_operation", run_id=run_id, claim_key=claim_key)
-    return operation_record(rows[0], codec) if rows else None
+    rows = yield reads.q("family_operation", run_id=run_id, claim_key=family_key)
+    return operation_record(rows[0], reads.codec) if rows else None
 
 
 def family_names(q: Queries, run_id: str, operation_id: str) -> Plan[bool]:

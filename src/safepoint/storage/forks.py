@@ -25,17 +25,20 @@ from ..errors import RunConflict, RunNotFound
 from ..types import RunRecord
 from ._rows import operation_record, source_step
 from .base import ForkRun
-from .families import family_names
+from .families import family_names, family_operation
 from .ledger import LedgerReads, json_or_none, sealed_event
+from .operations import reading, writing
 from .plans import Plan
 from .resealing import reseal_fork
 
 
-def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunRecord]:
-    """Make the fork (see ``Store.fork_run``); ``now``: the store's clock, where the dialect
-    reads it outside SQL (SQLite) — else the source's query reads the database's."""
+def fork_run(reads: LedgerReads, fork: ForkRun) -> Plan[RunRecord]:
+    """Make the fork (see ``Store.fork_run``), stamped with the store's clock: the process's
+    where the store keeps it (SQLite), else the database's, as the source's query reads it."""
     q = reads.q
-    rows = yield q("fork_run_source", run_id=fork.source_run_id, now=now)
+    rows = yield q(
+        "fork_run_source", run_id=fork.source_run_id, now=None if reads.clock is None else reads.clock()
+    )
     if not rows:
         raise RunNotFound(fork.source_run_id)
     source = yield from reads.run_record(rows[0])
@@ -106,4 +109,13 @@ def fork_run(reads: LedgerReads, fork: ForkRun, now: int | None) -> Plan[RunReco
             detail=text,
         )
     yield q("fork_run_count_source_event", source_run_id=source.run_id)
-    return (yield from reads.get_run(fork.run_id))
+    made_run = yield from reads.get_run(fork.run_id)
+    yield from reads.wake_workers(made_run.workflow)  # a pending run
+    return made_run
+
+
+class ForkOperations:
+    """Forks, and the operation another member of a run's family holds (``operations``)."""
+
+    fork_run = writing(fork_run)
+    family_operation = reading(family_operation)

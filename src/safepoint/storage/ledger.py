@@ -11,7 +11,7 @@ one) — and the order of the reads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._rules.canonical import digest as content_digest
@@ -54,6 +54,7 @@ from ._rows import (
     stored_json,
 )
 from .codec import SEALED_EVENTS, Codec, open_artifact, seal_artifact, seal_text
+from .operations import reading
 from .plans import Plan, Queries, Row, Stmt
 
 
@@ -170,12 +171,35 @@ def identity(rows: list[Row]) -> LedgerIdentity:
 class LedgerReads:
     """The reading plans every store runs (see the module docstring). ``snapshot``: the
     statement that makes ``load_ledger``'s reads one snapshot, where the dialect needs one;
-    ``codec``: what sealed values are opened with (``storage.codec``), None for none."""
+    ``codec``: what sealed values are opened with (``storage.codec``), None for none;
+    ``clock``: the store's clock where the process keeps it (SQLite), or None where the
+    statements read the database's (PostgreSQL: ``now=None`` in a statement's parameters)."""
 
-    def __init__(self, queries: Queries, *, snapshot: str | None = None, codec: Codec | None = None) -> None:
+    def __init__(
+        self,
+        queries: Queries,
+        *,
+        snapshot: str | None = None,
+        codec: Codec | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
         self.q = queries
         self._snapshot = snapshot
         self.codec = codec
+        self.clock = clock
+
+    def now(self) -> Plan[int]:
+        """The store's clock, as a plan reads it: here the process's (``clock``); a dialect
+        whose statements read the database's reads it by a statement (PostgreSQL)."""
+        yield from ()
+        if self.clock is None:
+            raise UsageError("this ledger's store keeps no clock of its own")
+        return self.clock()
+
+    def wake_workers(self, workflow: str) -> Plan[None]:
+        """A run of ``workflow`` is pending: tell the idle workers, where the dialect can
+        (PostgreSQL's NOTIFY). SQLite's workers look for work themselves."""
+        yield from ()
 
     def get_artifact(self, digest: str) -> Plan[bytes]:
         return verified(digest, (yield self.q("get_artifact", digest=digest)), self.codec)
@@ -362,3 +386,18 @@ class LedgerReads:
         for row in (yield self.q("messages", run_id=run_id)):
             found.append((yield from self.message(row)))
         return found
+
+
+class LedgerOperations:
+    """The reads every store runs as the plans above, one line each (``operations``)."""
+
+    get_artifact = reading(LedgerReads.get_artifact)
+    get_run = reading(LedgerReads.get_run)
+    find_run = reading(LedgerReads.find_run)
+    list_runs = reading(LedgerReads.list_runs)
+    query_runs = reading(LedgerReads.query_runs)
+    load_ledger = reading(LedgerReads.load_ledger, atomic=True)
+    events = reading(LedgerReads.events)
+    approvals = reading(LedgerReads.approvals)
+    chain_operation = reading(LedgerReads.chain_operation)
+    messages = reading(LedgerReads.messages)

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from ..errors import InvalidStoreURL, MissingExtra
 from ..types import Durability
 from . import env_codec
-from .async_store import AsyncStore
+from .base import AsyncStore
 from .codec import Codec
 
 __all__ = ["open_async_store"]

@@ -47,6 +47,7 @@ from ..types import (
 )
 from .base import INLINE_LIMIT, unstorable
 from .codec import Codec
+from .operations import AsyncPlanRunner
 from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
@@ -61,7 +62,7 @@ from .postgres.connection import (
     unreachable,
 )
 from .postgres.ledger import PostgresLedger
-from .postgres.operations import async_reading, async_writing
+from .postgres.operations import PostgresOperations
 from .postgres.pool import UNPROBED, AsyncPooled, Checkout, Discarded, Resting, connection_lost
 from .postgres.transactions import (
     COMMIT,
@@ -82,7 +83,7 @@ T = TypeVar("T")
 AsyncConn = psycopg.AsyncConnection[DictRow]
 
 
-class AsyncPostgresStore:
+class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
     """The ledger in a PostgreSQL database, for asyncio programs (``AsyncStore``).
 
     >>> store = await AsyncPostgresStore.open("postgresql://worker@db/app")  # doctest: +SKIP
@@ -314,57 +315,7 @@ class AsyncPostgresStore:
         await self._pool.close()
         self._opened = False
 
-    # -- the operations: each runs its plan (``operations``) ---------------------------------
-
-    # reads: read again on a fresh connection when the server ended the session under them
-    schema_version = async_reading(PostgresLedger.schema_version)
-    get_artifact = async_reading(PostgresLedger.get_artifact)
-    get_run = async_reading(PostgresLedger.get_run)
-    find_run = async_reading(PostgresLedger.find_run)
-    list_runs = async_reading(PostgresLedger.list_runs)
-    query_runs = async_reading(PostgresLedger.query_runs)
-    load_ledger = async_reading(PostgresLedger.load_ledger, atomic=True)
-    events = async_reading(PostgresLedger.events)
-    approvals = async_reading(PostgresLedger.approvals)
-    chain_operation = async_reading(PostgresLedger.chain_operation)
-    family_operation = async_reading(PostgresLedger.family_operation)
-    messages = async_reading(PostgresLedger.messages)
-
-    # a worker's fenced writes: each statement commits by itself
-    renew_lease = async_writing(PostgresLedger.renew_lease, atomic=False)
-    record_step = async_writing(PostgresLedger.record_step, atomic=False, warns=True)
-    record_steps = async_writing(PostgresLedger.record_steps, atomic=False, warns=True)
-    record_attempt = async_writing(PostgresLedger.record_attempt, atomic=False)
-    prepare_effect = async_writing(PostgresLedger.prepare_effect, atomic=False, warns=True)
-    prepare_and_mark_dispatching = async_writing(
-        PostgresLedger.prepare_and_mark_dispatching, atomic=False, warns=True
-    )
-    record_outcome = async_writing(PostgresLedger.record_outcome, atomic=False, warns=True)
-
-    # writes in one transaction
-    create_run = async_writing(PostgresLedger.create_run)
-    claim_run = async_writing(PostgresLedger.claim_run)
-    claim_next = async_writing(PostgresLedger.claim_next)
-    resolve = async_writing(PostgresLedger.resolve)
-    request_cancel = async_writing(PostgresLedger.request_cancel)
-    replan = async_writing(PostgresLedger.replan)
-    release_run = async_writing(PostgresLedger.release_run)
-    end_slice = async_writing(PostgresLedger.end_slice)
-    reprepare_effect = async_writing(PostgresLedger.reprepare_effect)
-    await_approval = async_writing(PostgresLedger.await_approval)
-    approve = async_writing(PostgresLedger.approve)
-    revoke_approval = async_writing(PostgresLedger.revoke_approval)
-    continue_as_new = async_writing(PostgresLedger.continue_as_new)
-    stop_run = async_writing(PostgresLedger.stop_run)
-    extend_limits = async_writing(PostgresLedger.extend_limits)
-    fork_run = async_writing(PostgresLedger.fork_run)
-    retry_run = async_writing(PostgresLedger.retry_run)
-    send_message = async_writing(PostgresLedger.send_message)
-    answer_wait = async_writing(PostgresLedger.answer_wait)
-    await_message = async_writing(PostgresLedger.await_message, warns=True)
-    await_timer = async_writing(PostgresLedger.await_timer, warns=True)
-
-    # -- the operations that do more than run one plan ------------------------------------
+    # -- the operations that do more than run one plan (the others: ``PostgresOperations``) --
 
     async def now(self) -> int:
         """The database clock, epoch milliseconds: the one "now" of every worker (estimated

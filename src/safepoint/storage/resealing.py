@@ -41,6 +41,7 @@ from .codec import (
     sealed_key_id,
 )
 from .ledger import LedgerReads
+from .operations import writing
 from .plans import Plan, Row
 
 # Each kind of row a rotation walks: its table, its key (the order pages follow, and the row an
@@ -306,3 +307,10 @@ def reencrypt(
         if digest is None:
             break
     return changed
+
+
+class ResealOperations:
+    """A key rotation's pages, each in one transaction (``operations``)."""
+
+    reseal_page = writing(reseal_page)
+    reseal_artifacts_page = writing(reseal_artifacts_page)

@@ -9,7 +9,7 @@ again becomes its next attempt (prepared, under the derived key, its outcome and
 cleared, what its last attempt ended in kept in the event); and the run becomes pending, its
 error and recovery record cleared, compare-and-set on the state revision the retry was planned
 on, with a ``run.retried`` event. Anything that no longer fits raises ``RetryRefused`` and rolls
-the whole of it back. The store wakes a worker after it (PostgreSQL: ``notify_work``).
+the whole of it back. The plan wakes a worker after it (``LedgerReads.wake_workers``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 
 from .._rules.retry import retried_detail, retry_refusal
 from ..errors import RetryRefused, RunNotFound
-from ..types import AttemptRecord, RunRetry, StepRecord
+from ..types import AttemptRecord, RunRecord, RunRetry, StepRecord
 from . import _rows
 from .ledger import LedgerReads, sealed_event
+from .operations import writing
 from .plans import Plan
 
 
@@ -142,3 +143,18 @@ def _moved_detail(step: StepRecord | None, attempts: list[AttemptRecord], retry:
         for tried in attempts
     ]
     return detail
+
+
+def retry_run(reads: LedgerReads, run_id: str, expected_revision: int, retry: RunRetry) -> Plan[RunRecord]:
+    """``Store.retry_run``: the retry (``retry_run_plan``), stamped with the store's clock,
+    then a wake-up for the workers, as for a run submitted to them."""
+    now = yield from reads.now()
+    workflow = yield from retry_run_plan(reads, run_id, expected_revision, retry, now)
+    yield from reads.wake_workers(workflow)  # pending now
+    return (yield from reads.get_run(run_id))
+
+
+class RetryOperations:
+    """A failed run retried by a person (``operations``)."""
+
+    retry_run = writing(retry_run)

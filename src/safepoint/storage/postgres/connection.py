@@ -310,6 +310,9 @@ class PostgresBase(LedgerReads):
         rows = yield _q("now")
         return int(rows[0]["now"])
 
+    def wake_workers(self, workflow: str) -> Plan[None]:
+        yield _q("notify_work", workflow=workflow)  # idle workers LISTEN for it
+
     # -- what the writes share -----------------------------------------------------------------
 
     def _put_artifact(self, run_id: str, ref: str, data: bytes) -> Plan[None]:

@@ -14,19 +14,18 @@ await; an executor carries it out in one transaction:
 Both translate driver errors with ``PostgresBase.failure`` (the original kept as
 ``__cause__``); anything a plan raises itself rolls the transaction back and passes unchanged.
 The plans live with what they write: ``runs``, ``steps``, ``effects``, ``approvals``,
-``history``, ``forks``, ``retry``, ``prune``, ``slices``, ``limits``, ``waits``, ``transactions``;
-what they read is every store's (``safepoint.storage.ledger.LedgerReads``).
+``history``, ``prune``, ``slices``, ``limits``, ``waits``, ``transactions``; what they read,
+and what every store does alike (forks, retries, a key rotation's pages), is every store's
+(``safepoint.storage.ledger``, ``forks``, ``retry``, ``resealing``: ``storage.operations``).
 """
 
 from __future__ import annotations
 
 from .approvals import PostgresApprovals
 from .effects import PostgresEffects
-from .forks import PostgresForks
 from .history import PostgresHistory
 from .limits import PostgresLimits
 from .prune import PostgresPrune
-from .retry import PostgresRetry
 from .runs import PostgresRuns
 from .slices import PostgresSlices
 from .steps import PostgresSteps
@@ -43,8 +42,6 @@ class PostgresLedger(
     PostgresEffects,
     PostgresApprovals,
     PostgresHistory,
-    PostgresForks,
-    PostgresRetry,
     PostgresPrune,
     PostgresSlices,
     PostgresWaits,

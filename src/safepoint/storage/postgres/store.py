@@ -50,9 +50,9 @@ from ...types import (
     RunStatus,
     StepRecord,
 )
-from .. import resealing
 from ..base import INLINE_LIMIT, STOP_POLL_S, unstorable
 from ..codec import Codec
+from ..operations import PlanRunner
 from ..plans import Plan
 from ..prune import DryRun, PruneBatch, PruneRequest
 from ..transactions import AlreadyRecorded, FunctionFailed, call_function
@@ -68,7 +68,7 @@ from .connection import (
     unreachable,
 )
 from .ledger import PostgresLedger
-from .operations import reading, writing
+from .operations import PostgresOperations
 from .pool import UNPROBED, Checkout, Discarded, Pooled, Resting, connection_lost
 from .transactions import (
     COMMIT,
@@ -87,7 +87,7 @@ T = TypeVar("T")
 Conn = psycopg.Connection[DictRow]
 
 
-class PostgresStore:
+class PostgresStore(PlanRunner, PostgresOperations):
     """The ledger in a PostgreSQL database, shared by any number of workers (sync; see
     ``AsyncPostgresStore`` for asyncio)."""
 
@@ -253,58 +253,7 @@ class PostgresStore:
             conn.close()
         self._local = threading.local()
 
-    # -- the operations: each runs its plan (``operations``) ---------------------------------
-
-    # reads: read again on a fresh connection when the server ended the session under them
-    schema_version = reading(PostgresLedger.schema_version)
-    get_artifact = reading(PostgresLedger.get_artifact)
-    get_run = reading(PostgresLedger.get_run)
-    find_run = reading(PostgresLedger.find_run)
-    list_runs = reading(PostgresLedger.list_runs)
-    query_runs = reading(PostgresLedger.query_runs)
-    load_ledger = reading(PostgresLedger.load_ledger, atomic=True)
-    events = reading(PostgresLedger.events)
-    approvals = reading(PostgresLedger.approvals)
-    chain_operation = reading(PostgresLedger.chain_operation)
-    family_operation = reading(PostgresLedger.family_operation)
-    messages = reading(PostgresLedger.messages)
-
-    # a worker's fenced writes: each statement commits by itself
-    renew_lease = writing(PostgresLedger.renew_lease, atomic=False)
-    record_step = writing(PostgresLedger.record_step, atomic=False, warns=True)
-    record_steps = writing(PostgresLedger.record_steps, atomic=False, warns=True)
-    record_attempt = writing(PostgresLedger.record_attempt, atomic=False)
-    prepare_effect = writing(PostgresLedger.prepare_effect, atomic=False, warns=True)
-    prepare_and_mark_dispatching = writing(
-        PostgresLedger.prepare_and_mark_dispatching, atomic=False, warns=True
-    )
-    record_outcome = writing(PostgresLedger.record_outcome, atomic=False, warns=True)
-
-    # writes in one transaction
-    create_run = writing(PostgresLedger.create_run)
-    claim_run = writing(PostgresLedger.claim_run)
-    claim_next = writing(PostgresLedger.claim_next)
-    resolve = writing(PostgresLedger.resolve)
-    request_cancel = writing(PostgresLedger.request_cancel)
-    replan = writing(PostgresLedger.replan)
-    release_run = writing(PostgresLedger.release_run)
-    end_slice = writing(PostgresLedger.end_slice)
-    reprepare_effect = writing(PostgresLedger.reprepare_effect)
-    await_approval = writing(PostgresLedger.await_approval)
-    approve = writing(PostgresLedger.approve)
-    revoke_approval = writing(PostgresLedger.revoke_approval)
-    continue_as_new = writing(PostgresLedger.continue_as_new)
-    stop_run = writing(PostgresLedger.stop_run)
-    extend_limits = writing(PostgresLedger.extend_limits)
-    fork_run = writing(PostgresLedger.fork_run)
-    retry_run = writing(PostgresLedger.retry_run)
-    send_message = writing(PostgresLedger.send_message)
-    answer_wait = writing(PostgresLedger.answer_wait)
-    await_message = writing(PostgresLedger.await_message, warns=True)
-    await_timer = writing(PostgresLedger.await_timer, warns=True)
-    reseal_artifacts_page = writing(resealing.reseal_artifacts_page)  # ``storage.resealing``
-
-    # -- the operations that do more than run one plan ------------------------------------
+    # -- the operations that do more than run one plan (the others: ``PostgresOperations``) --
 
     def now(self) -> int:
         """The database clock, epoch milliseconds: the one "now" of every worker (estimated
@@ -402,12 +351,6 @@ class PostgresStore:
         op, due = dispatched
         warn(due)
         return op
-
-    def reseal_page(
-        self, kind: str, after: resealing.Key | None, limit: int
-    ) -> tuple[int, resealing.Key | None]:
-        """``storage.resealing.reseal_page`` in one transaction (a key rotation's page)."""
-        return self._run(resealing.reseal_page(self._ledger, kind, after, limit))
 
     def prune_runs(self, prune: PruneRequest) -> PruneBatch:
         try:

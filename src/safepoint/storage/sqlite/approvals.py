@@ -29,9 +29,6 @@ from .connection import SQL, SqliteConnection
 class SqliteApprovals(SqliteConnection):
     """Approvals of effects, and the gate they open."""
 
-    def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return self._reading(self._reads.approvals(run_id))
-
     def await_approval(self, claim: Claim, operation_id: str, target_digest: str | None) -> ApprovalGate:
         now = self.now()
         with self._write() as conn:
@@ -52,7 +49,7 @@ class SqliteApprovals(SqliteConnection):
                     operation_id=operation_id,
                 )
             op = operation_record(row, self.codec)
-            approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
+            approvals = self._within(conn, self._ledger.approvals_of(claim.run_id, operation_id))
             approval = authorizing(
                 approvals, payload_digest=op.payload_ref, target_digest=target_digest, now=now
             )
@@ -86,7 +83,7 @@ class SqliteApprovals(SqliteConnection):
     def approve(self, run_id: str, step_id: str, request: ApprovalRequest) -> ApprovalRecord:
         now = self.now()
         with self._write() as conn:  # BEGIN IMMEDIATE: serialised with await_approval
-            run, op, approvals = self._within(conn, self._reads.step_approvals(run_id, step_id))
+            run, op, approvals = self._within(conn, self._ledger.step_approvals(run_id, step_id))
             new, approval, release = plan_approval(run, step_id, op, approvals, request, now)
             if new is not None:
                 conn.execute(
@@ -126,7 +123,7 @@ class SqliteApprovals(SqliteConnection):
         now = self.now()
         # BEGIN IMMEDIATE: serialised with mark_dispatching, so whichever commits first wins
         with self._write() as conn:
-            run, op, approvals = self._within(conn, self._reads.step_approvals(run_id, step_id))
+            run, op, approvals = self._within(conn, self._ledger.step_approvals(run_id, step_id))
             revoked = plan_revocation(run, step_id, op, approvals, revocation, now)
             of = revoked[0]  # never empty: plan_revocation refuses when nothing is in force
             conn.execute(

@@ -30,8 +30,9 @@ from ...types import JSON, Claim, Durability, LedgerIdentity, StepRecord
 from .._columns import tolerant_text
 from ..base import INLINE_LIMIT, cannot_store, unstorable
 from ..codec import Codec, seal_artifact, seal_text
-from ..ledger import LedgerReads, sealed_event, stored
+from ..ledger import LedgerOperations, LedgerReads, sealed_event, stored
 from ..migrations import to_apply
+from ..operations import PlanRunner
 from ..plans import Plan, Queries, Row, Stmt, run_plan
 
 QUERIES = Queries("sqlite")
@@ -45,7 +46,7 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class SqliteConnection:
+class SqliteConnection(PlanRunner, LedgerOperations):
     """What every operation of the SQLite store stands on (``SqliteStore`` adds them)."""
 
     url: str
@@ -63,7 +64,7 @@ class SqliteConnection:
         self._clock = clock
         self._inline_limit = inline_limit
         self.codec = codec
-        self._reads = LedgerReads(QUERIES, codec=codec)
+        self._ledger = LedgerReads(QUERIES, codec=codec, clock=self.now)
         self._local = threading.local()
         self._keeper: sqlite3.Connection | None = None
         # A shared-cache in-memory database answers a second writer with SQLITE_LOCKED, which
@@ -81,8 +82,8 @@ class SqliteConnection:
             self._uri = False
             self.url = f"sqlite:///{self._target}"
         self._migrate()
-        self.identity: LedgerIdentity = self._reading(self._reads.read_identity())
-        self._reading(self._reads.check_sealing(self.now()))  # autocommit: marked at once
+        self.identity: LedgerIdentity = self._reading(self._ledger.read_identity())
+        self._reading(self._ledger.check_sealing(self.now()))  # autocommit: marked at once
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -124,6 +125,7 @@ class SqliteConnection:
         copy = object.__new__(type(self))
         copy.__dict__.update(self.__dict__)
         copy._clock = clock or self._clock
+        copy._ledger = LedgerReads(QUERIES, codec=copy.codec, clock=copy.now)
         copy._local = threading.local()
         copy._turns = threading.RLock()
         copy._target = f"file:safepoint-{uuid.uuid4().hex}?mode=memory&cache=shared"
@@ -170,6 +172,18 @@ class SqliteConnection:
     def _within(conn: sqlite3.Connection, plan: Plan[T]) -> T:
         """Carry out a plan in the caller's write transaction."""
         return run_plan(lambda stmt: conn.execute(stmt.text, stmt.params or {}).fetchall(), plan)
+
+    # The executor of the operations that only run their plan (``storage.operations``). A
+    # write is one ``BEGIN IMMEDIATE`` transaction whatever ``atomic`` says: SQLite commits
+    # several statements as cheaply as one, and holds the ledger against other writers
+    # meanwhile. A read runs outside any write transaction.
+
+    def _run(self, plan: Plan[T], *, atomic: bool = True) -> T:
+        with self._write() as conn:
+            return self._within(conn, plan)
+
+    def _read(self, plan: Callable[[], Plan[T]], *, atomic: bool = False) -> T:
+        return self._reading(plan())
 
     def now(self) -> int:
         return self._clock()
@@ -263,7 +277,7 @@ class SqliteConnection:
         if clear or self.codec is None:
             event_id, text = None, None if detail is None else dumps(detail)
         else:
-            event_id, text = self._within(conn, sealed_event(self._reads, detail, run_id, kind))
+            event_id, text = self._within(conn, sealed_event(self._ledger, detail, run_id, kind))
         conn.execute(
             SQL["insert_event"],
             {

@@ -149,7 +149,7 @@ class SqliteEffects(SqliteSteps):
             )
         op = operation_record(row, self.codec)
         if op.approval_required:  # the gate, on this transaction's clock: or nothing is written
-            approvals = self._within(conn, self._reads.approvals_of(claim.run_id, operation_id))
+            approvals = self._within(conn, self._ledger.approvals_of(claim.run_id, operation_id))
             approval = authorizing(
                 approvals, payload_digest=op.payload_ref, target_digest=op.target_digest, now=now
             )

@@ -7,7 +7,7 @@ from ..._rules.canonical import dumps
 from ..._rules.history import warn
 from ..._rules.kinds import KEPT_ON_REPLAN
 from ...errors import RunConflict
-from ...types import Claim, OperationRecord, RunRecord
+from ...types import Claim, RunRecord
 from ..base import NewRun, Replan
 from ..ledger import json_or_none
 from ..resealing import bind_abandoned
@@ -92,6 +92,3 @@ class SqliteHistory(SqliteRuns):
                 # rolls the whole continue back.
                 raise RunConflict(successor.run_id, f"and does not continue run {claim.run_id!r}")
         return self._created(successor, True, now)
-
-    def chain_operation(self, chain_id: str, operation_id: str) -> OperationRecord | None:
-        return self._reading(self._reads.chain_operation(chain_id, operation_id))

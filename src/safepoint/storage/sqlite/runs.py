@@ -17,15 +17,10 @@ from ...types import (
     JSON,
     Claim,
     EffectState,
-    EventRecord,
-    Ledger,
     Resolution,
     ResolutionAction,
-    RunPage,
-    RunQuery,
     RunRecord,
     RunStatus,
-    UnreadableRun,
 )
 from ..base import NewRun, retry_json
 from ..codec import seal_record
@@ -106,27 +101,6 @@ class SqliteRuns(SqliteConnection):
         if not (created and new.owner):
             return run, None
         return run, Claim(new.run_id, new.owner, 1, run.state_revision, now + new.lease_ms, new.lease_ms)
-
-    def get_run(self, run_id: str) -> RunRecord:
-        return self._reading(self._reads.get_run(run_id))
-
-    def find_run(self, run_id: str) -> RunRecord | UnreadableRun:
-        return self._reading(self._reads.find_run(run_id))
-
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord | UnreadableRun]:
-        return self._reading(self._reads.list_runs(status, limit))
-
-    def query_runs(self, query: RunQuery) -> RunPage:
-        return self._reading(self._reads.query_runs(query))
-
-    def load_ledger(self, run_id: str) -> Ledger:
-        return self._reading(self._reads.load_ledger(run_id))
-
-    def events(self, run_id: str) -> list[EventRecord]:
-        return self._reading(self._reads.events(run_id))
-
-    def get_artifact(self, digest: str) -> bytes:
-        return self._reading(self._reads.get_artifact(digest))
 
     def claim_run(
         self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
@@ -353,7 +327,7 @@ class SqliteRuns(SqliteConnection):
                 return self._read_back(run_id)
         except _NotApplicable:
             # the same decision twice is harmless; anything else is refused
-            if not self._reading(self._reads.resolved_already(run_id, resolution)):
+            if not self._reading(self._ledger.resolved_already(run_id, resolution)):
                 run = self.get_run(run_id)
                 raise ResolutionRefused(run_id, refusal(run, expected_revision, resolution)) from None
         return self.get_run(run_id)

@@ -88,7 +88,7 @@ class SqliteTransactions(SqliteSteps):
         except FunctionFailed as failed:  # rolled back: nothing of the function's is kept
             failure = failed.error
         except AlreadyRecorded:  # rolled back: the record an earlier attempt committed stands
-            return self._reading(self._reads.load_ledger(claim.run_id)).steps[step.step_id]
+            return self._reading(self._ledger.load_ledger(claim.run_id)).steps[step.step_id]
         if failure is not None:
             raise failure
         warn(due)

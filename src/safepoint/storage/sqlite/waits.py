@@ -35,9 +35,6 @@ from .runs import SqliteRuns
 class SqliteWaits(SqliteRuns):
     """Messages, and the gates of wait and sleep steps."""
 
-    def messages(self, run_id: str) -> list[MessageRecord]:
-        return self._reading(self._reads.messages(run_id))
-
     def send_message(
         self, run_id: str, name: str, payload: JSON, message_id: str | None = None, by: str | None = None
     ) -> MessageRecord:
@@ -63,7 +60,7 @@ class SqliteWaits(SqliteRuns):
         IMMEDIATE transaction, serialised with ``await_message`` and every other sender."""
         now = self.now()
         with self._write() as conn:
-            run = self._within(conn, self._reads.locked_run(run_id))
+            run = self._within(conn, self._ledger.locked_run(run_id))
             if message_id is not None:
                 kept = conn.execute(
                     SQL["send_message_existing"], {"run_id": run_id, "message_id": message_id}
@@ -75,7 +72,7 @@ class SqliteWaits(SqliteRuns):
                 refused = refused_answer(run, wait, name, self._wait_read(conn, run_id, wait, name), now)
             if refused is not None:
                 raise refused
-            seq = self._within(conn, message_seq(self._reads))
+            seq = self._within(conn, message_seq(self._ledger))
             text, ref = self._put_value(
                 conn, payload, now, "safepoint_messages", "payload", run_id, name, seq
             )
@@ -111,7 +108,7 @@ class SqliteWaits(SqliteRuns):
         return wait_read(step, message, None if started is None else started["retry_at"])
 
     def _message(self, conn: sqlite3.Connection, row: sqlite3.Row) -> MessageRecord:
-        return self._within(conn, self._reads.message(row))
+        return self._within(conn, self._ledger.message(row))
 
     def await_message(self, claim: Claim, step: StepRecord, name: str, timeout_ms: int | None) -> WaitGate:
         now = self.now()

@@ -98,7 +98,7 @@ def _template(setup_sql: Sequence[str]) -> SqliteStore:
         for statement in setup_sql:
             conn.execute(statement)
         template = store.memory_copy()
-        template.identity = template._reading(template._reads.read_identity())
+        template.identity = template._reading(template._ledger.read_identity())
         store.close()
         _TEMPLATES[key] = template
     return _TEMPLATES[key]
