@@ -1,8 +1,10 @@
 """Each dialect's ``schema.sql`` is exactly what applying every migration leaves (compared as a
 normalised dump of the catalog: tables, columns, constraints, indexes, functions), so that a
-migration that drifts from it — or a change made there and in no migration — fails here; and a
-ledger made by the builds from before the migrations were squashed is refused, saying what to
-do, with nothing changed."""
+migration that drifts from it — or a change made there and in no migration — fails here; no
+CHECK lists the values of an enum; migration 1 stays the text every ledger recorded; a later
+migration upgrades a ledger in place, and a build without it refuses that ledger; and a ledger
+made by the builds from before the migrations were squashed is refused, saying what to do, with
+nothing changed."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.errors import MigrationMismatch
-from safepoint.storage.migrations import load_migrations
+import safepoint.storage.migrations
+from safepoint.errors import MigrationMismatch, SchemaTooNew
+from safepoint.storage.migrations import INITIAL, Migration, load_migrations
 from safepoint.storage.sqlite.connection import _split_statements
 
 
@@ -102,6 +105,9 @@ def test_the_sqlite_migrations_leave_exactly_schema_sql(tmp_path: Path) -> None:
         "safepoint_approvals",
         "safepoint_ledger",
     } <= set(migrated)
+    # no CHECK lists an enum's values (the reads refuse a value they do not know): one CHECK
+    checks = {name: entry["checks"] for name, entry in migrated.items() if entry.get("checks")}
+    assert checks == {"safepoint_ledger": ["singleton = 1"]}
 
 
 def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
@@ -111,8 +117,9 @@ def test_the_sqlite_comparison_sees_a_drift(tmp_path: Path) -> None:
     drifts = [
         text.replace("    successor_run_id     TEXT,\n", "    successor_run_id     INTEGER,\n"),
         text.replace("attempt       INTEGER NOT NULL DEFAULT 1", "attempt INTEGER NOT NULL"),
-        text.replace("'waiting', 'continued'", "'waiting'"),
+        text.replace("CHECK (singleton = 1)", "CHECK (singleton >= 1)"),
         text.replace("ON safepoint_runs (status, updated_at)", "ON safepoint_runs (status)"),
+        text.replace(" OR status = 'cancelled')", ")"),
     ]
     for number, drifted in enumerate(drifts):
         assert drifted != text
@@ -185,6 +192,10 @@ def test_the_postgres_migrations_leave_exactly_schema_sql(pg_url: str, pg_admin:
         dump = postgres_dump(pg_admin, migrated)
         assert dump == postgres_dump(pg_admin, described)
         assert {row[0] for row in dump["columns"]} >= {"safepoint_runs", "safepoint_ledger"}
+        # no CHECK lists an enum's values (the reads refuse a value they do not know): one CHECK
+        assert [row for row in dump["constraints"] if row[2] == "c"] == [
+            ("safepoint_ledger", "safepoint_ledger_singleton_check", "c", "CHECK ((singleton = 1))")
+        ]
     finally:
         _drop(pg_admin, migrated, described)
 
@@ -194,7 +205,7 @@ def test_the_postgres_comparison_sees_a_drift(pg_admin: Any) -> None:
     base = _pg_schema(pg_admin, text)
     drifts = [
         text.replace("    successor_run_id     TEXT,\n", "    successor_run_id     BIGINT,\n"),
-        text.replace("'waiting', 'continued'", "'waiting'"),
+        text.replace("CHECK (singleton = 1)", "CHECK (singleton >= 1)"),
         text.replace("    WHERE status IN ('pending', 'running');", ";"),
         text.replace("extract(epoch FROM clock_timestamp())", "extract(epoch FROM now())"),
     ]
@@ -208,31 +219,165 @@ def test_the_postgres_comparison_sees_a_drift(pg_admin: Any) -> None:
         _drop(pg_admin, base, *made)
 
 
+# -- migration 1, and the ones after it ---------------------------------------------------------
+
+# Migration 1's checksum, as every ledger records it: while no later migration ships, the
+# checksum of schema.sql (safepoint/storage/migrations.py says why, and what to do instead).
+_INITIAL = {
+    "sqlite": "10073c2dcd8a78399d324b8761947d9726436e9c46c64f918bfd45c434b88a75",
+    "postgres": "1a255c9bef3ccb8d774ea2cc38a84714c5fbe68b01a4e0473075fccb328d54e0",
+}
+
+
+def test_migration_1_is_the_text_every_ledger_recorded() -> None:
+    for dialect, checksum in _INITIAL.items():
+        first = load_migrations(dialect)[0]
+        assert (first.version, first.name) == (1, INITIAL)
+        assert first.checksum == checksum, (
+            f"migration 1 of {dialect} changed, and every ledger recorded the one before: while it"
+            " is schema.sql, leave schema.sql as it was, copy it to migrations/0001_initial.sql and"
+            " make the change as migration 0002 (safepoint/storage/migrations.py); before a"
+            " release, a squash pins the new checksum here and refuses the old one"
+            " (_BEFORE_RELEASE_FIRST)"
+        )
+
+
+# A later migration, made up: a column of the runs filled from what they hold, and its index.
+# On SQLite it first rebuilds a table others refer to (the operations, which approvals
+# reference) the way SQLite changes a constraint: the store migrates with foreign keys off and
+# checks them before it commits.
+_NOTE = (
+    "ALTER TABLE safepoint_runs ADD COLUMN note TEXT",
+    "UPDATE safepoint_runs SET note = 'was ' || status",
+    "CREATE INDEX safepoint_runs_note ON safepoint_runs (note)",
+)
+
+
+def _select(store_url: str, query: str) -> list[tuple[Any, ...]]:
+    """The rows of ``query`` in the ledger at ``store_url``, read behind the store's back."""
+    if store_url.startswith("sqlite"):
+        conn = sqlite3.connect(store_url.removeprefix("sqlite:///"))
+        try:
+            return [tuple(row) for row in conn.execute(query)]
+        finally:
+            conn.close()
+    import psycopg
+    from psycopg import sql
+
+    base, _, schema = store_url.partition("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        return [tuple(row) for row in conn.execute(query)]  # type: ignore[arg-type]
+
+
+def _second_migration(store_url: str) -> str:
+    statements = list(_NOTE)
+    if store_url.startswith("sqlite"):
+        table, *indexes = (
+            text
+            for (text,) in _select(
+                store_url,
+                "SELECT sql FROM sqlite_master WHERE tbl_name = 'safepoint_operations'"
+                " AND sql IS NOT NULL ORDER BY type = 'index', name",
+            )
+        )
+        statements[:0] = [
+            table.replace("safepoint_operations (", "safepoint_operations_next (", 1),
+            "INSERT INTO safepoint_operations_next SELECT * FROM safepoint_operations",
+            "DROP TABLE safepoint_operations",
+            "ALTER TABLE safepoint_operations_next RENAME TO safepoint_operations",
+            *indexes,
+        ]
+    return "".join(f"{statement};\n" for statement in statements)
+
+
+_local = sp.Effect("schema.local", execute=lambda payload, key: {"sent": payload["n"]})
+
+
+@sp.workflow("schema.upgraded")
+def _gated(run: sp.Run) -> Any:
+    n = run.pure("n", lambda: 1)
+    return run.effect("send", _local, payload={"n": n}, approval=True)
+
+
+def test_a_later_migration_upgrades_a_ledger_in_place_and_a_build_without_it_refuses_it(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger made by migration 1, holding a run that waits with an approval given, is opened
+    by a build that ships a migration 2: it is applied once and recorded with its checksum, the
+    rows and the ledger's identity are kept, and the run goes on. A build that ships migration 1
+    alone then refuses the ledger (``SchemaTooNew``) and changes nothing."""
+    dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
+    made = sp.open_store(store_url)
+    with pytest.raises(sp.AwaitingApproval):
+        sp.start(made, _gated, run_id="r")
+    approval = sp.approve(made, "r", "send", by="ana")
+    identity = made.identity
+    made.close()
+    [first] = load_migrations(dialect)
+    second = Migration(2, "0002_note.sql", _second_migration(store_url))
+    versions = "SELECT version, name, checksum FROM safepoint_schema_version ORDER BY version"
+
+    with monkeypatch.context() as later:
+        later.setattr(safepoint.storage.migrations, "load_migrations", lambda _: [first, second])
+        upgraded = sp.open_store(store_url)
+        try:
+            assert upgraded.schema_version() == 2
+            assert upgraded.identity == identity
+            assert upgraded.approvals("r") == [approval]
+            assert sp.resume(upgraded, "r") == {"sent": 1}
+        finally:
+            upgraded.close()
+        sp.open_store(store_url).close()  # applies nothing more
+    recorded = _select(store_url, versions)
+    assert recorded == [(1, INITIAL, first.checksum), (2, second.name, second.checksum)]
+    assert _select(store_url, "SELECT run_id, status, note FROM safepoint_runs") == [
+        ("r", "completed", "was pending")  # approved: released to a worker
+    ]
+
+    with pytest.raises(SchemaTooNew) as newer:
+        sp.open_store(store_url)
+    assert (newer.value.found, newer.value.known) == (2, 1)
+    assert _select(store_url, versions) == recorded
+
+
 # -- a ledger of the builds before 0.1.0 --------------------------------------------------------
 
-# What those builds recorded: nine migrations (their checksums do not matter: any one of these
-# names says where the ledger comes from).
-_BEFORE_RELEASE = [
-    (1, "0001_initial.sql"),
-    (2, "0002_resume_budget.sql"),
-    (3, "0003_cancellation.sql"),
-    (4, "0004_workflow_fingerprint.sql"),
-    (5, "0005_limits.sql"),
-    (6, "0006_approvals.sql"),
-    (7, "0007_history.sql"),
-    (8, "0008_approval_revocation.sql"),
-    (9, "0009_ledger_identity.sql"),
-]
+# What those builds recorded. Before the first squash: nine migrations (their checksums do not
+# matter: any of these names says where the ledger comes from). Between the two squashes: a
+# migration 1 whose checksum says so, whatever followed it.
+_SQUASHED = {
+    "squash-1": [
+        (1, "0001_initial.sql", "then"),
+        (2, "0002_resume_budget.sql", "then"),
+        (3, "0003_cancellation.sql", "then"),
+        (4, "0004_workflow_fingerprint.sql", "then"),
+        (5, "0005_limits.sql", "then"),
+        (6, "0006_approvals.sql", "then"),
+        (7, "0007_history.sql", "then"),
+        (8, "0008_approval_revocation.sql", "then"),
+        (9, "0009_ledger_identity.sql", "then"),
+    ],
+    "squash-2-sqlite": [
+        (1, "0001_initial.sql", "248d3681efe596cd9214e4caec94fc6b765336d26e3503efd4989bc8c4fc41a3")
+    ],
+    "squash-2-postgres": [
+        (1, "0001_initial.sql", "3b6da540e53835a0eaaf1fae19dd46c96888867aed4c26b6e4f551e513f1c417")
+    ],
+}
 
 
-def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("build", ["squash-1", "squash-2-sqlite"])
+def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
+    tmp_path: Path, build: str
+) -> None:
     path = tmp_path / "dev.db"
     with sqlite3.connect(path) as conn:
         conn.execute(
             "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
             " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
         )
-        conn.executemany("INSERT INTO safepoint_schema_version VALUES (?, ?, 'then', 0)", _BEFORE_RELEASE)
+        conn.executemany("INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)", _SQUASHED[build])
     for _ in range(2):  # and again: nothing was changed by the first refusal
         with pytest.raises(MigrationMismatch) as error:
             sp.open_store(f"sqlite:///{path}")
@@ -243,11 +388,14 @@ def test_a_sqlite_ledger_of_a_build_before_the_release_is_refused_with_the_fix(t
         assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall() == [
             ("safepoint_schema_version",)
         ]
-        assert conn.execute("SELECT count(*) FROM safepoint_schema_version").fetchone() == (9,)
+        assert conn.execute("SELECT count(*) FROM safepoint_schema_version").fetchone() == (
+            len(_SQUASHED[build]),
+        )
 
 
+@pytest.mark.parametrize("build", ["squash-1", "squash-2-postgres"])
 def test_a_postgres_ledger_of_a_build_before_the_release_is_refused_with_the_fix(
-    pg_url: str, pg_admin: Any
+    pg_url: str, pg_admin: Any, build: str
 ) -> None:
     from psycopg import sql
 
@@ -259,15 +407,17 @@ def test_a_postgres_ledger_of_a_build_before_the_release_is_refused_with_the_fix
             " checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
         ).format(table)
     )
-    for version, name in _BEFORE_RELEASE:
-        pg_admin.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, 'then', 0)").format(table), (version, name))
+    for row in _SQUASHED[build]:
+        pg_admin.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, 0)").format(table), row)
     try:
         with pytest.raises(MigrationMismatch) as error:
             sp.open_store(f"{pg_url}?schema={schema}")
         assert error.value.version == 1
         assert "before safepoint 0.1.0" in str(error.value)
         assert "DROP SCHEMA" in error.value.fix
-        assert pg_admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() == (9,)
+        assert pg_admin.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone() == (
+            len(_SQUASHED[build]),
+        )
         tables = pg_admin.execute(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = %s", (schema,)
         ).fetchone()
@@ -282,6 +432,27 @@ def test_a_migration_that_ships_is_numbered_and_read_as_written() -> None:
         assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
         assert shipped[0].name == "0001_initial.sql"
         assert all(len(m.checksum) == 64 for m in shipped)
+
+
+def test_migration_1_is_schema_sql_until_a_copy_of_it_ships_beside_a_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The arrangement a migration 2 will meet (safepoint/storage/migrations.py): with no file
+    in migrations/, migration 1 is schema.sql; a 0002 with no 0001 beside it is refused, saying
+    what to do; with both, migration 1 is the copy and schema.sql is migration 1 no more."""
+    home = tmp_path / "sql" / "sqlite"
+    (home / "migrations").mkdir(parents=True)
+    (home / "schema.sql").write_text("CREATE TABLE t (a TEXT, b TEXT);\n")
+    monkeypatch.setattr(safepoint.storage.migrations.resources, "files", lambda _: tmp_path)
+    assert load_migrations("sqlite") == [Migration(1, INITIAL, "CREATE TABLE t (a TEXT, b TEXT);\n")]
+    (home / "migrations" / "0002_b.sql").write_text("ALTER TABLE t ADD COLUMN b TEXT;\n")
+    with pytest.raises(RuntimeError, match=r"copy schema\.sql as ledgers recorded it to migrations/0001"):
+        load_migrations("sqlite")
+    (home / "migrations" / INITIAL).write_text("CREATE TABLE t (a TEXT);\n")
+    assert [(m.version, m.name, m.sql) for m in load_migrations("sqlite")] == [
+        (1, INITIAL, "CREATE TABLE t (a TEXT);\n"),
+        (2, "0002_b.sql", "ALTER TABLE t ADD COLUMN b TEXT;\n"),
+    ]
 
 
 def test_every_named_query_is_run_and_every_query_run_is_named() -> None:

@@ -11,23 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 import threading
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 import safepoint as sp
-from older_ledgers import copy_ledger, make_older_ledger, older_url
-from safepoint._rules.canonical import canonical, digest, sha256_hex
+from safepoint._rules.canonical import canonical, digest
 from safepoint.errors import ApprovalInvalid, ApprovalRefused, RunNotFound, SecretRefused, VerificationFailed
 from safepoint.ops.cli import cli
-from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, forget_workflows, owner_effect
 from safepoint.types import EffectState, RunStatus
 
@@ -534,45 +530,6 @@ def test_an_effect_with_a_verify_timeout_that_is_not_positive_is_refused() -> No
     )
 
 
-def test_an_existing_sqlite_ledger_holds_waiting_runs_once_opened(tmp_path: Path) -> None:
-    """A ledger made by the first migration, with a run in it, is opened at the last: rows
-    survive, the file stays sound, and a connection opened before the store sees the run
-    statuses of the last schema (waiting) and none other."""
-    path = tmp_path / "old.db"
-    shipped = load_migrations("sqlite")
-    before = shipped[:1]
-    old = sqlite3.connect(path, isolation_level=None)
-    old.execute("PRAGMA journal_mode=WAL")
-    old.execute(
-        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-    )
-    for version, name, text in before:
-        old.executescript(text)
-        old.execute(
-            "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-            (version, name, sha256_hex(text.encode())),
-        )
-    old.execute(
-        "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-        " input_hash, created_at, updated_at) VALUES ('kept', 'w', '1', 'pending',"
-        " 'h', 0, 0)"
-    )
-    with pytest.raises(sqlite3.IntegrityError):  # a status no schema knows
-        old.execute("UPDATE safepoint_runs SET status = 'paused'")
-    store = sp.open_store(f"sqlite:///{path}")
-    assert store.schema_version() == len(shipped)
-    assert store.get_run("kept").status is RunStatus.PENDING
-    old.execute("UPDATE safepoint_runs SET status = 'waiting'")  # the old connection, too
-    assert store.get_run("kept").status is RunStatus.WAITING
-    with pytest.raises(sqlite3.IntegrityError):  # the constraint is still there
-        old.execute("UPDATE safepoint_runs SET status = 'paused'")
-    assert old.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
-    assert old.execute("PRAGMA foreign_key_check").fetchall() == []
-    old.close()
-    store.close()
-
-
 def test_the_first_run_id_of_a_chain_approves_the_run_that_waits(
     store_url: str, owner_env: OwnerService
 ) -> None:
@@ -786,45 +743,3 @@ def test_revoke_and_show_from_the_command_line(file_store: sp.Store, owner_env: 
     assert resumed.exit_code == 4, resumed.output
     assert "revoked by carol" in resumed.output
     assert _applied(owner_env) == 0
-
-
-# the tables of the first schema
-_LEDGER_TABLES = (
-    "safepoint_ledger",
-    "safepoint_artifacts",
-    "safepoint_runs",
-    "safepoint_steps",
-    "safepoint_operations",
-    "safepoint_attempts",
-    "safepoint_events",
-    "safepoint_approvals",
-)
-
-
-def test_approvals_given_in_a_ledger_of_the_first_schema_are_in_force_after_it_is_opened(
-    store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A ledger of the first schema, with an approval in it, is opened at the last schema
-    (every later migration applied): the approval is read back as given (not revoked), and
-    can be revoked."""
-    dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
-    flow = _refund_flow("approval-migrated", owner_effect("refunds"))
-    made = sp.open_store(store_url)
-    with pytest.raises(sp.AwaitingApproval):
-        sp.start(made, flow, run_id="r")
-    approval = sp.approve(made, "r", "refund", by="ana")
-    made.close()
-    old_url = older_url(store_url, tmp_path, "first")
-    make_older_ledger(old_url, 1, monkeypatch)
-    copy_ledger(store_url, old_url, _LEDGER_TABLES)
-
-    store = sp.open_store(old_url)
-    assert store.schema_version() == len(load_migrations(dialect))
-    assert store.approvals("r") == [approval]
-    assert approval.revoked_at is None
-    [revoked] = sp.revoke_approval(store, "r", "refund", by="carol", reason=WITHDRAWN)
-    assert revoked.approval_id == approval.approval_id
-    with pytest.raises(ApprovalInvalid, match="revoked"):
-        sp.resume(store, "r")
-    assert _applied(owner_env) == 0
-    store.close()

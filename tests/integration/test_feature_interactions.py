@@ -5,7 +5,6 @@ continue-as-new chain; and existing ledgers, with runs in every status, opened a
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import sys
 import threading
 import time
@@ -13,15 +12,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import safepoint as sp
-from safepoint._rules.canonical import sha256_hex
 from safepoint.errors import DeadlineExceeded
-from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect
 from safepoint.types import EffectState, RunStatus
 
@@ -403,128 +399,3 @@ def test_a_successor_under_replan_replays_what_its_chain_settled_for_another_pay
     assert sp.start(memory_store, flow, 5, run_id="r") == {"id": 1}
     assert sent == [{"amount": 5}]
     assert memory_store.get_run("r~1").status is RunStatus.COMPLETED
-
-
-# -- migrations: a ledger of the first schema, with a run in every status, upgraded in place -------
-
-
-_STATUSES = ("pending", "running", "completed", "failed", "blocked", "cancelled", "waiting", "continued")
-_INSERT_RUN = (
-    "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
-    " inputs, state_revision, fence, event_count, created_at, updated_at, chain_id,"
-    " step_count) VALUES ({p}, 'wf', '1', {p}, 'h', '{{\"args\":[],\"kwargs\":{{}}}}',"
-    " 3, 1, 2, 1, 2, {p}, 1)"
-)
-_INSERT_STEP = (
-    "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, result,"
-    " fence, recorded_at) VALUES ({p}, 's1', 1, 'pure', 'f', 'h', '1', 1, 1)"
-)
-_INSERT_OP = (
-    "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect, state,"
-    " payload_ref, effect_key, fence, prepared_at, updated_at, receipt, chain_id)"
-    " VALUES ({p}, 'op', 's2', 'e', 'accepted', 'sha256:x', 'sp_k', 1, 1, 1, '{{}}', {p})"
-)
-_INSERT_EVENT = "INSERT INTO safepoint_events (run_id, at, kind) VALUES ({p}, 1, 'run.started')"
-_ADD_RUN = (
-    "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status, input_hash,"
-    " created_at, updated_at, chain_id) VALUES ({p}, 'wf', '1', {p}, 'h', 1, 2, 'x')"
-)
-
-
-def _check_migrated(store: sp.Store, dialect: str) -> None:
-    assert store.schema_version() == len(load_migrations(dialect))
-    runs = {run.run_id: run for run in store.list_runs(limit=50)}
-    assert sorted(runs) == sorted(_STATUSES)
-    for status in _STATUSES:
-        run = runs[status]
-        assert (run.status.value, run.state_revision, run.fence, run.event_count) == (status, 3, 1, 2)
-        assert (run.chain_id, run.chain_index, run.step_count) == (status, 0, 1)
-        ledger = store.load_ledger(status)
-        assert list(ledger.steps) == ["s1"]
-        assert ledger.operations["op"].state is EffectState.ACCEPTED
-        assert len(store.events(status)) == 1
-        found = store.chain_operation(status, "op")
-        assert found is not None
-        assert found.run_id == status
-
-
-def test_a_sqlite_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(tmp_path: Path) -> None:
-    from safepoint.storage.sqlite.connection import _split_statements
-
-    path = tmp_path / "old.db"
-    old = sqlite3.connect(path, isolation_level=None)  # stays open across the migration
-    old.execute("PRAGMA journal_mode=WAL")
-    old.execute(
-        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-    )
-    version, name, text = load_migrations("sqlite")[0]
-    for statement in _split_statements(text):
-        old.execute(statement)
-    old.execute(
-        "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)", (version, name, sha256_hex(text.encode()))
-    )
-    for status in _STATUSES:
-        for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
-            old.execute(insert.format(p="?"), (status,) * insert.count("{p}"))
-    assert old.execute("SELECT count(*) FROM safepoint_runs").fetchone() == (len(_STATUSES),)
-
-    store = sp.open_store(f"sqlite:///{path}")
-    try:
-        _check_migrated(store, "sqlite")
-        # the connection opened before the store keeps to the schema's constraints
-        for status in ("waiting", "continued"):
-            old.execute(_ADD_RUN.format(p="?"), (f"new-{status}", status))
-        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
-            old.execute(_ADD_RUN.format(p="?"), ("bad", "finished"))
-        assert store.get_run("new-continued").status is RunStatus.CONTINUED
-        assert store.get_run("new-waiting").status is RunStatus.WAITING
-    finally:
-        store.close()
-        old.close()
-    check = sqlite3.connect(path)
-    try:
-        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert check.execute("PRAGMA foreign_key_check").fetchall() == []
-    finally:
-        check.close()
-
-
-def test_a_postgres_ledger_of_schema_1_with_a_run_in_every_status_opens_at_the_last(pg_url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    schema = f"old_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as old:  # stays open across the migration
-        old.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        old.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        old.execute(
-            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
-        )
-        version, name, text = load_migrations("postgres")[0]
-        old.execute(text)  # type: ignore[arg-type]
-        old.execute(
-            "INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
-            (version, name, sha256_hex(text.encode())),
-        )
-        for status in _STATUSES:
-            for insert in (_INSERT_RUN, _INSERT_STEP, _INSERT_OP, _INSERT_EVENT):
-                old.execute(
-                    insert.format(p="%s"),  # type: ignore[arg-type]
-                    (status,) * insert.count("{p}"),
-                )
-        store = sp.open_store(f"{pg_url}?schema={schema}")
-        try:
-            _check_migrated(store, "postgres")
-            for status in ("waiting", "continued"):
-                old.execute(
-                    _ADD_RUN.format(p="%s"),  # type: ignore[arg-type]
-                    (f"new-{status}", status),
-                )
-            with pytest.raises(psycopg.errors.CheckViolation):
-                old.execute(_ADD_RUN.format(p="%s"), ("bad", "finished"))  # type: ignore[arg-type]
-            assert store.get_run("new-continued").status is RunStatus.CONTINUED
-        finally:
-            store.close()
-            old.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))

@@ -29,7 +29,6 @@ from safepoint.errors import (
 )
 from safepoint.ops.cli import cli
 from safepoint.storage.base import NewRun
-from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, SimulatedCrash, owner_effect, run_child
 from safepoint.types import EffectState, RunRecord, RunStatus
 
@@ -668,129 +667,6 @@ def test_a_kill_around_continue_as_new_leaves_one_successor(
         assert sorted(r.run_id for r in chained) == ["r", "r~1", "r~2"]  # no second successor
     finally:
         store.close()
-
-
-# -- an existing ledger of the first schema, with a history, opened at the last ----------------------
-
-
-def test_a_sqlite_ledger_of_the_first_schema_keeps_its_history_when_opened(tmp_path: Path) -> None:
-    from safepoint._rules.canonical import sha256_hex
-    from safepoint.storage.sqlite.connection import _split_statements
-
-    path = tmp_path / "old.db"
-    conn = sqlite3.connect(path)
-    conn.execute(
-        "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-        " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at INTEGER NOT NULL)"
-    )
-    before = load_migrations("sqlite")[:1]  # the first schema, as a ledger may have been made
-    for version, name, text in before:
-        for statement in _split_statements(text):
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO safepoint_schema_version VALUES (?, ?, ?, 0)",
-            (version, name, sha256_hex(text.encode())),
-        )
-    conn.execute(
-        "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-        " input_hash, inputs, state_revision, fence, event_count, created_at,"
-        " updated_at, resume_budget, chain_id, step_count) VALUES ('old', 'wf', '1',"
-        " 'blocked', 'h', '{\"args\":[],\"kwargs\":{}}', 7, 2, 4, 1, 2, 20, 'old', 2)"
-    )
-    conn.execute(
-        "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash,"
-        " result, fence, recorded_at) VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1',"
-        " 1, 1), ('old', 's2', 2, 'pure', 'f', 'h', '2', 1, 1)"
-    )
-    conn.execute(
-        "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-        " state, payload_ref, effect_key, fence, prepared_at, updated_at, receipt,"
-        " chain_id) VALUES ('old', 'op', 's3', 'e', 'accepted', 'sha256:x', 'sp_k', 1,"
-        " 1, 1, '{\"id\":1}', 'old')"
-    )
-    conn.commit()
-    conn.close()
-
-    store = sp.open_store(f"sqlite:///{path}")
-    try:
-        assert store.schema_version() == len(load_migrations("sqlite"))
-        run = store.get_run("old")
-        assert (run.status, run.state_revision, run.fence, run.event_count, run.resume_budget) == (
-            RunStatus.BLOCKED,
-            7,
-            2,
-            4,
-            20,
-        )
-        assert (run.chain_id, run.chain_index, run.step_count, run.history_size) == ("old", 0, 2, 6)
-        assert (run.history_soft_limit, run.history_hard_limit) == (None, None)
-        assert sorted(store.load_ledger("old").steps) == ["s1", "s2"]
-        found = store.chain_operation("old", "op")
-        assert found is not None
-        assert found.receipt == {"id": 1}
-    finally:
-        store.close()
-    check = sqlite3.connect(path)
-    try:
-        assert check.execute("PRAGMA foreign_key_check").fetchall() == []
-        assert check.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-    finally:
-        check.close()
-
-
-def test_a_postgres_ledger_of_the_first_schema_keeps_its_history_when_opened(pg_url: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    from safepoint._rules.canonical import sha256_hex
-
-    schema = f"old_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        admin.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
-        admin.execute(
-            "CREATE TABLE safepoint_schema_version (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, checksum TEXT NOT NULL, applied_at BIGINT NOT NULL)"
-        )
-        for version, name, text in load_migrations("postgres")[:1]:  # the first schema
-            admin.execute(text)  # type: ignore[arg-type]
-            admin.execute(
-                "INSERT INTO safepoint_schema_version VALUES (%s, %s, %s, 0)",
-                (version, name, sha256_hex(text.encode())),
-            )
-        admin.execute(
-            "INSERT INTO safepoint_runs (run_id, workflow, workflow_version, status,"
-            " input_hash, inputs, state_revision, fence, event_count, created_at,"
-            " updated_at, chain_id, step_count) VALUES ('old', 'wf', '1', 'completed',"
-            " 'h', '{\"args\":[],\"kwargs\":{}}', 3, 1, 3, 1, 2, 'old', 1)"
-        )
-        admin.execute(
-            "INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name,"
-            " input_hash, result, fence, recorded_at)"
-            " VALUES ('old', 's1', 1, 'pure', 'f', 'h', '1', 1, 1)"
-        )
-        admin.execute(
-            "INSERT INTO safepoint_operations (run_id, operation_id, step_id, effect,"
-            " state, payload_ref, effect_key, fence, prepared_at, updated_at, chain_id)"
-            " VALUES ('old', 'op', 's2', 'e', 'rejected', 'sha256:x', 'sp_k', 1, 1, 1,"
-            " 'old')"
-        )
-    store = sp.open_store(f"{pg_url}?schema={schema}")
-    try:
-        run = store.get_run("old")
-        assert (run.status, run.chain_id, run.step_count, run.history_size) == (
-            RunStatus.COMPLETED,
-            "old",
-            1,
-            4,
-        )
-        found = store.chain_operation("old", "op")
-        assert found is not None
-        assert found.state is EffectState.REJECTED
-    finally:
-        store.close()
-        with psycopg.connect(pg_url, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 # -- the command line ---------------------------------------------------------------------------------

@@ -10,15 +10,12 @@ import asyncio
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import safepoint as sp
-from older_ledgers import copy_ledger, make_older_ledger, older_url
 from safepoint.errors import EffectRejected
-from safepoint.storage.migrations import load_migrations
 from safepoint.testing import OwnerService, owner_effect
 
 calls: list[str] = []
@@ -145,36 +142,6 @@ def test_a_run_cancelled_before_its_resend_went_out_is_kept_while_the_owner_reme
     with pytest.raises(EffectRejected):
         sp.start(store, resent, 100, run_id=run_id)
     assert int(owner_env.client.stats()["applied"]) == 0
-
-
-def test_a_ledger_from_before_the_last_dispatch_was_recorded_keeps_a_resent_operation_sent(
-    store_url: str, owner_env: OwnerService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """A ledger upgraded to the schema that records an operation's last dispatch takes it from
-    the history it already holds: the run cancelled before its resend went out stays kept."""
-    run_id = f"resent-m-{uuid.uuid4().hex[:8]}"
-    made = sp.open_store(store_url)
-    owner_env.client.set_faults(decline=1)
-    with pytest.raises(EffectRejected):
-        sp.start(made, resent, 100, run_id=run_id)
-    sp.retry(made, run_id, by="ana", resend=["charge"])
-    sp.cancel(made, run_id, by="ana")
-    made.close()
-    dialect = "sqlite" if store_url.startswith("sqlite") else "postgres"
-    before = len(load_migrations(dialect)) - 1  # the schema before last_dispatched_at
-    old_url = older_url(store_url, tmp_path, "older")
-    make_older_ledger(old_url, before, monkeypatch)
-    tables = ("artifacts", "runs", "steps", "operations", "attempts", "events", "approvals", "messages")
-    copy_ledger(store_url, old_url, ("safepoint_ledger", *(f"safepoint_{table}" for table in tables)))
-
-    upgraded = sp.open_store(old_url)
-    try:
-        assert upgraded.schema_version() == before + 1
-        kept = _prune(upgraded, "prune.resent")
-        assert (kept.runs, [k.run_id for k in kept.kept]) == (0, [run_id])
-        assert "inside its owner's dedup retention" in kept.kept[0].reason
-    finally:
-        upgraded.close()
 
 
 def test_prune_async_keeps_a_run_cancelled_before_its_resend_went_out(

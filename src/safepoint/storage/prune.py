@@ -7,7 +7,8 @@ most ``limit`` of them — and, under their runs' locks (SQLite: ``BEGIN IMMEDIA
 excludes every other writer; PostgreSQL: ``FOR UPDATE``, so a retry or a fork of one of them
 waits for the batch, and then finds it gone), reads their runs, operations and the forks made
 from them again, three statements for the whole batch, and asks
-``_rules.retention.chain_kept`` whether each chain goes. The chains that go are deleted in that same
+``_rules.retention.chain_kept`` whether each chain goes (one holding a run whose status this
+safepoint does not know stays, as a run it cannot read). The chains that go are deleted in that same
 transaction, table by table (approvals, messages, attempts, steps, operations, events, runs),
 then the artifacts they referenced that no row references any more — and, where a store keeps
 a copy of an artifact per run (PostgreSQL), the deleted runs' own copies of those other runs
@@ -40,6 +41,9 @@ _DELETES = (
     ("runs", "prune_delete_runs"),
 )
 TABLES = tuple(table for table, _ in _DELETES)
+# A run's status as stored: one this safepoint does not know keeps its chain (nothing of a run
+# it cannot read is deleted).
+_STATUSES = {status.value: status for status in RunStatus}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +103,34 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
         workflow=prune.workflow,
     )
     keys = [str(row["chain_id"] or row["run_id"]) for row in candidates]
+    heads = {key: str(row["run_id"]) for key, row in zip(keys, candidates, strict=True)}
     chains: dict[str, list[ChainRun]] = {key: [] for key in keys}
     chain_of: dict[str, str] = {}
+    unreadable: dict[str, Kept] = {}  # chains with a run whose status this safepoint does not know
     for row in (yield q("prune_lock_chains", chain_ids=dumps(keys))):
         key = str(row["chain_id"] or row["run_id"])
-        if key in chains:
-            chains[key].append(
-                ChainRun(
-                    run_id=str(row["run_id"]),
-                    status=RunStatus(row["status"]),
-                    updated_at=int(row["updated_at"]),
-                    successor_run_id=row["successor_run_id"],
-                )
+        if key not in chains:
+            continue
+        status = _STATUSES.get(row["status"])
+        if status is None:
+            unreadable.setdefault(
+                key,
+                Kept(
+                    heads[key],
+                    f"run {row['run_id']!r} of its chain has a status this safepoint does not know"
+                    f" ({row['status']!r}): look at it with `safepoint show`",
+                ),
             )
-            chain_of[str(row["run_id"])] = key
+            continue
+        chains[key].append(
+            ChainRun(
+                run_id=str(row["run_id"]),
+                status=status,
+                updated_at=int(row["updated_at"]),
+                successor_run_id=row["successor_run_id"],
+            )
+        )
+        chain_of[str(row["run_id"])] = key
     ids = dumps(sorted(chain_of))
     forks: dict[str, list[str]] = {key: [] for key in keys}
     for row in (yield q("prune_forks", run_ids=ids)):
@@ -136,7 +154,7 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
     going: list[str] = []
     kept: list[Kept] = []
     for key in keys:
-        why = chain_kept(
+        why = unreadable.get(key) or chain_kept(
             chains[key],
             operations[key],
             forks[key],

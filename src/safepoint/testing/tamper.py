@@ -10,7 +10,7 @@ every other run goes on::
 
     overwrite(store, "safepoint_runs", "inputs", "{not json", run_id="r-1")
 
-The value is stored as it is, past the table's CHECK constraints (an unknown status, say):
+The value is stored as it is (an unknown status, say: no CHECK lists a column's values):
 text, ``bytes`` (stored as text that need not be UTF-8 — SQLite only: a PostgreSQL database
 refuses such text), a number, or None. Works on safepoint's own stores (SQLite, in a file or in
 memory; PostgreSQL, sync or async through ``SyncOverAsync``); ``UsageError`` for any other.
@@ -54,7 +54,6 @@ def _overwrite_sqlite(
 ) -> int:
     conn = sqlite3.connect(target, uri=uri, timeout=30, isolation_level=None)
     try:
-        conn.execute("PRAGMA ignore_check_constraints = ON")
         slot = "CAST(? AS TEXT)" if isinstance(value, bytes) else "?"
         condition = " AND ".join(f"{name} = ?" for name in where)
         return conn.execute(
@@ -65,8 +64,6 @@ def _overwrite_sqlite(
 
 
 def _overwrite_postgres(ledger: Any, table: str, column: str, value: Any, where: dict[str, Any]) -> int:
-    """One transaction: the table's CHECK constraints come off, the row changes, and they are
-    put back NOT VALID — enforced for every later write, not for the row just damaged."""
     import psycopg
     from psycopg import sql
 
@@ -75,28 +72,10 @@ def _overwrite_postgres(ledger: Any, table: str, column: str, value: Any, where:
     with psycopg.connect(ledger.conninfo) as conn:
         if ledger.schema:
             conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(ledger.schema)))
-        checks = conn.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
-            " WHERE conrelid = to_regclass(%s) AND contype = 'c'",
-            (table,),
-        ).fetchall()
-        for name, _ in checks:
-            conn.execute(
-                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-                    sql.Identifier(table), sql.Identifier(name)
-                )
-            )
         condition = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(name)) for name in where)
-        changed = conn.execute(
+        return conn.execute(
             sql.SQL("UPDATE {} SET {} = %s WHERE {}").format(
                 sql.Identifier(table), sql.Identifier(column), condition
             ),
             (value, *where.values()),
         ).rowcount
-        for name, definition in checks:
-            conn.execute(
-                sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {} NOT VALID").format(
-                    sql.Identifier(table), sql.Identifier(name), sql.SQL(definition)
-                )
-            )
-        return changed

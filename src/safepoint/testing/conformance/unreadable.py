@@ -6,8 +6,9 @@ its table and the column, is kept as it is, and never fails a listing: ``list_ru
 ``find_run`` show the run as an ``UnreadableRun``. The claim needs nothing of such a row but
 plain columns, so a worker can claim the run and block it by ``finish_run``; a run whose status
 is unknown is never claimed. Nothing else changes such a run: a person's cancel or resolution
-raises the ``CorruptRecord`` and writes nothing. Each test damages the rows with
-``ConformanceBase.damage`` (and repairs them after), with values every store can hold.
+raises the ``CorruptRecord`` and writes nothing, and a prune keeps the chain it is in. Each test
+damages the rows with ``ConformanceBase.damage`` (and repairs them after), with values every
+store can hold.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 import pytest
 
 from ..._rules.canonical import dumps
+from ..._rules.retention import PRUNABLE
 from ...errors import CorruptRecord, RunNotFound
+from ...storage.prune import PruneRequest
 from ...types import Resolution, ResolutionAction, RunRecord, RunStatus, UnreadableRun
 from ._concerns import ACROSS_RUNS, CLAIMS, VALUES, exercises
 from ._support import LONG_LEASE_MS, ConformanceBase, make_attempt, make_operation, make_step
@@ -195,3 +198,21 @@ class UnreadableTests(ConformanceBase):
         for run in (pending, blocked):
             found = store.find_run(run.run_id)
             assert (found.status, found.state_revision) == (run.status, run.state_revision)
+
+    @exercises(VALUES, ACROSS_RUNS)
+    def test_a_prune_keeps_a_chain_with_a_run_whose_status_is_unknown(self) -> None:
+        store = self.store()
+        run, claim = self.start(store)
+        child, child_claim = store.continue_as_new(claim, self.successor(run.run_id))
+        assert child_claim is not None
+        store.finish_run(child_claim, RunStatus.COMPLETED)
+        self.damage(store, "safepoint_runs", "status", "teleported", repair="continued", run_id=run.run_id)
+        prune = PruneRequest(statuses=PRUNABLE, before=store.now() + 1_000, workflow=self.workflow)
+        batch = store.prune_runs(prune)
+        assert batch.runs == ()
+        [kept] = batch.kept
+        assert kept.run_id == child.run_id
+        assert run.run_id in kept.reason
+        assert "teleported" in kept.reason
+        assert isinstance(store.find_run(run.run_id), UnreadableRun)
+        assert store.get_run(child.run_id).status is RunStatus.COMPLETED

@@ -1,11 +1,14 @@
--- safepoint ledger, SQLite dialect: the whole schema as the migrations leave it.
+-- safepoint ledger, SQLite dialect: the whole schema, which is also migration 1.
 --
--- Read this file to learn the ledger; migrations/ holds how a database gets here (numbered,
--- checksummed, never edited once released). A test applies every migration to an empty
--- database and compares the result with this file (tests/conformance/test_schema.py): a
--- migration that drifts from it, or a change made here and in no migration, fails it. The
--- table of applied migrations (safepoint_schema_version) belongs to the migration machinery
--- and is left out; so is the ledger's identity row, which migration 1 mints.
+-- Read this file to learn the ledger. While no later migration ships, this text is migration 1
+-- (0001_initial.sql): every ledger is created by it and records its checksum, so it is not
+-- edited in place once a ledger may hold it. A change to the schema first copies this file as
+-- it is, byte for byte, to migrations/0001_initial.sql, then adds migrations/0002_<what>.sql
+-- and makes the same change here: from then on this file is the schema the migrations leave,
+-- and tests/conformance/test_schema.py applies every migration to an empty database and compares
+-- the result with it (the table of applied migrations, safepoint_schema_version, belongs to the
+-- migration machinery and is left out). safepoint/storage/migrations.py says why, and how the
+-- schema may be squashed again before a release.
 --
 -- The data model: a RUN is one execution of a workflow with fixed inputs. It is owned by at most
 -- one worker at a time; the owner holds a LEASE (lease_expires_at, the store's clock) and a FENCE
@@ -22,7 +25,11 @@
 --
 -- Times are integer epoch milliseconds. JSON values are stored as text; values larger than the
 -- inline limit are stored as artifacts and referenced by digest (*_ref columns). NULL in an
--- optional column means "none" (no limit, no deadline, not revoked …).
+-- optional column means "none" (no limit, no deadline, not revoked …). A status, kind or state
+-- is text, and no CHECK lists its values: the enums of safepoint/types.py are the one list, and
+-- a value this safepoint does not know (a newer one's, a hand edit's) makes its row unreadable
+-- (CorruptRecord; a listing shows an UnreadableRun: safepoint/storage/_rows.py), never
+-- something it is not.
 
 CREATE TABLE safepoint_runs (
     run_id               TEXT    PRIMARY KEY,
@@ -31,10 +38,7 @@ CREATE TABLE safepoint_runs (
     -- waiting: for a person's approval, a message or a timer (released; workers take it once
     -- wake_at is due); stopped: a limit was reached, resumable once a person raises it;
     -- continued: ended by continue-as-new, pointing at its successor
-    status               TEXT    NOT NULL
-                         CHECK (status IN ('pending', 'running', 'completed', 'failed',
-                                           'blocked', 'cancelled', 'waiting', 'continued',
-                                           'stopped')),
+    status               TEXT    NOT NULL,
     input_hash           TEXT    NOT NULL,
     inputs               TEXT,
     inputs_ref           TEXT,
@@ -115,8 +119,9 @@ CREATE INDEX safepoint_runs_due ON safepoint_runs (wake_at) WHERE status = 'wait
 CREATE INDEX safepoint_runs_chain ON safepoint_runs (chain_id, chain_index);
 
 -- What a prune looks for: the last runs of their chains that finished, oldest first. (Its
--- condition is written out, as the steps' kind is: every fenced write moves a running run's
--- updated_at, and SQLite tests the condition of the row before and after.)
+-- condition is written out, not as IN (…): every fenced write moves a running run's updated_at,
+-- SQLite tests the condition of the row before and after, and it tests an IN list of more than
+-- two values against a table it builds for the list each time.)
 CREATE INDEX safepoint_runs_finished ON safepoint_runs (updated_at, run_id)
     WHERE successor_run_id IS NULL
       AND (status = 'completed' OR status = 'failed' OR status = 'cancelled');
@@ -130,20 +135,17 @@ CREATE INDEX safepoint_runs_inputs_ref ON safepoint_runs (inputs_ref) WHERE inpu
 
 CREATE INDEX safepoint_runs_result_ref ON safepoint_runs (result_ref) WHERE result_ref IS NOT NULL;
 
+-- A family's runs: whether any is left (a prune keeps the family's claims while one is).
+CREATE INDEX safepoint_runs_family ON safepoint_runs (family_id);
+
 CREATE TABLE safepoint_steps (
     run_id        TEXT    NOT NULL REFERENCES safepoint_runs (run_id),
     step_id       TEXT    NOT NULL,
     seq           INTEGER NOT NULL,         -- order of first record within the run
-    kind          TEXT    NOT NULL
-                  -- written out, not as IN (…): SQLite tests an IN list of more than two
-                  -- values against a table it builds for the list, on every write (migration 6)
-                  CHECK (kind = 'pure' OR kind = 'read' OR kind = 'model' OR kind = 'decision'
-                         OR kind = 'effect' OR kind = 'value' OR kind = 'wait'
-                         OR kind = 'transaction'),
+    kind          TEXT    NOT NULL,
     name          TEXT    NOT NULL,
     input_hash    TEXT    NOT NULL,
-    status        TEXT    NOT NULL DEFAULT 'completed'
-                  CHECK (status IN ('completed', 'failed')),
+    status        TEXT    NOT NULL DEFAULT 'completed',
     result        TEXT,
     result_ref    TEXT,
     error         TEXT,                     -- a failed step: its error type and message
@@ -167,11 +169,7 @@ CREATE TABLE safepoint_operations (
     operation_id         TEXT    NOT NULL,
     step_id              TEXT    NOT NULL,
     effect               TEXT    NOT NULL,
-    state                TEXT    NOT NULL
-                         -- written out, as the steps' kind is
-                         CHECK (state = 'prepared' OR state = 'dispatching' OR state = 'applied'
-                                OR state = 'rejected' OR state = 'unknown'
-                                OR state = 'accepted'),
+    state                TEXT    NOT NULL,
     payload_ref          TEXT    NOT NULL,  -- artifact digest of the canonical payload
     effect_key           TEXT    NOT NULL,  -- minted once at prepare, never again
     dispatch_count       INTEGER NOT NULL DEFAULT 0,
@@ -304,9 +302,6 @@ CREATE INDEX safepoint_messages_payload_ref ON safepoint_messages (payload_ref)
 CREATE UNIQUE INDEX safepoint_messages_answer ON safepoint_messages (run_id, for_wait)
     WHERE for_wait IS NOT NULL;
 
--- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
--- it, so that two ledgers (dev and prod, two tenants, a file deleted and created again) never
--- send one key to one owner even for the same run ids. KEYED_SINCE is when it was minted.
 -- Which member of a run family holds each operation of the family (by its family key): taken
 -- in the dispatch's own transaction (sent), so no two members send one operation; only a
 -- dispatch that provably never left gives it back (not sent), for the next member to take.
@@ -321,11 +316,15 @@ CREATE TABLE safepoint_family_claims (
 
 CREATE INDEX safepoint_family_claims_holder ON safepoint_family_claims (run_id, operation_id);
 
--- a family's runs: whether any is left (a prune keeps the family's claims while one is)
-CREATE INDEX safepoint_runs_family ON safepoint_runs (family_id);
-
+-- The ledger's own id, minted once, here, and never changed: part of every effect key minted in
+-- it, so that two ledgers (dev and prod, two tenants, a file deleted and created again) never
+-- send one key to one owner even for the same run ids. KEYED_SINCE is when it was minted. One
+-- row, and no other (the ledger's one CHECK): a ledger has one identity.
 CREATE TABLE safepoint_ledger (
     singleton    INTEGER PRIMARY KEY CHECK (singleton = 1),
     ledger_id    TEXT    NOT NULL,
     keyed_since  INTEGER NOT NULL
 );
+INSERT INTO safepoint_ledger (singleton, ledger_id, keyed_since)
+VALUES (1, lower(hex(randomblob(16))),
+        CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER));
