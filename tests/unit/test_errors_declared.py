@@ -204,3 +204,9 @@ def test_errors_compare_by_identity_and_hash() -> None:
     one, other = RunNotFound("r"), RunNotFound("r")
     assert one != other
     assert len({one, other}) == 2
+
+
+def test_the_tree_of_errors_names_every_one() -> None:
+    """``safepoint.errors``'s docstring draws the tree a reader looks an error up in."""
+    missing = [name for name in errors.__all__ if f" {name} " not in f"{errors.__doc__} ".replace("\n", " ")]
+    assert not missing, f"draw them in the tree of safepoint/errors/__init__.py: {missing}"

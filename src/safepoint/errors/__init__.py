@@ -29,6 +29,7 @@ The tree::
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
+        ├── ClaimedInFamily             another run of the family holds the operation (the engine answers it)
         ├── RunFailed                   the run ended with an error; resuming replays that ending
         ├── LimitReached                the run reached a limit of its own; it is stopped, resumably
         │   ├── BudgetExhausted         resumes, model tokens, model cost or model calls ran out
