@@ -426,6 +426,44 @@ def test_a_postgres_ledger_of_a_build_before_the_release_is_refused_with_the_fix
         _drop(pg_admin, schema)
 
 
+# One constraint change in an ALTER TABLE, and named: Citus passes a migration's DDL on to every
+# shard of a distributed ledger, and refuses "ADD CONSTRAINT command with other subcommands".
+_CONSTRAINT_CHANGE = re.compile(r"\b(ADD|DROP|ALTER|VALIDATE|RENAME)\s+CONSTRAINT\b", re.IGNORECASE)
+_UNNAMED = re.compile(r"\bADD\s+(PRIMARY\s+KEY|UNIQUE|CHECK|FOREIGN\s+KEY)\b", re.IGNORECASE)
+
+
+def distributed_ddl_problems(migration_sql: str) -> list[str]:
+    """What in a PostgreSQL migration a distributed ledger (Citus) would refuse."""
+    problems = []
+    for statement in (part.strip() for part in migration_sql.split(";")):
+        if not re.match(r"ALTER\s+TABLE\b", statement, re.IGNORECASE):
+            continue
+        head = " ".join(statement.split())[:80]
+        if len(_CONSTRAINT_CHANGE.findall(statement)) > 1:
+            problems.append(f"more than one constraint change in one ALTER TABLE: {head}")
+        if _UNNAMED.search(statement):
+            problems.append(f"a constraint added without a name (ADD CONSTRAINT name ...): {head}")
+    return problems
+
+
+def test_every_postgres_migration_runs_on_a_distributed_ledger() -> None:
+    """Every migration after the first changes one constraint per ALTER TABLE, each named."""
+    later = [m for m in load_migrations("postgres") if m.version > 1]
+    problems = [f"{m.name}: {problem}" for m in later for problem in distributed_ddl_problems(m.sql)]
+    assert not problems, problems
+
+
+def test_the_rule_for_distributed_migrations_catches_what_citus_refuses() -> None:
+    assert distributed_ddl_problems(
+        "ALTER TABLE t ADD CONSTRAINT a CHECK (x > 0), ADD CONSTRAINT b CHECK (y > 0);"
+    )
+    assert distributed_ddl_problems("ALTER TABLE t ADD UNIQUE (x);")
+    assert not distributed_ddl_problems(
+        "ALTER TABLE t ADD CONSTRAINT a CHECK (x > 0);\nALTER TABLE t ADD CONSTRAINT b CHECK (y > 0);"
+        "\nALTER TABLE t ADD COLUMN z INTEGER, ADD COLUMN w TEXT;"
+    )
+
+
 def test_a_migration_that_ships_is_numbered_and_read_as_written() -> None:
     for dialect in ("sqlite", "postgres"):
         shipped = load_migrations(dialect)

@@ -219,6 +219,14 @@ def test_an_unknown_run_is_one_clear_line_and_exit_code_1(ledger: sp.Store, url:
     assert result.stdout == ""
 
 
+def test_migrate_distributes_only_a_postgresql_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "fresh.db"
+    result = invoke(f"sqlite:///{path}", "migrate", "--distribute", "citus")
+    assert result.exit_code == 2, result.output
+    assert "--distribute needs a PostgreSQL store, not 'sqlite'" in result.stderr
+    assert not path.exists()  # nothing made
+
+
 def test_migrate_creates_the_store_and_prints_its_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "fresh.db"
     result = invoke(f"sqlite:///{path}", "migrate")

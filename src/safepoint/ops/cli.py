@@ -278,14 +278,21 @@ class _ShownFormatter(logging.Formatter):
 
 @cli.command()
 @store_option
+@click.option(
+    "--distribute",
+    type=click.Choice(["citus"]),
+    default=None,
+    help="Distribute the PostgreSQL ledger's tables by run (Citus, on its coordinator); the"
+    " store URL of every worker and tool then names it too: ?distributed=citus.",
+)
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(ctx: click.Context, distribute: str | None) -> None:
     """Create or migrate the store and print its schema version.
 
     Opening a store applies any pending numbered migration, so this is also what every other
     command does first; run it on its own before a deploy to migrate ahead of the workers.
     """
-    store = open_cli_store(ctx, create=True)  # opening a store migrates it
+    store = open_cli_store(ctx, create=True, distributed=distribute)  # migrated (and distributed)
     version = store.schema_version()
     click.echo(shown(f"schema version {version} ({store.url})"))
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import click
 from click.core import ParameterSource
@@ -127,17 +128,29 @@ def run_argument(command: F) -> F:
     )
 
 
-def open_cli_store(ctx: click.Context, *, create: bool = False) -> Store:
+def open_cli_store(ctx: click.Context, *, create: bool = False, distributed: str | None = None) -> Store:
     """The store named by --store, opened (and so migrated) once, closed when the command ends.
 
     Only the commands that set a ledger up (``migrate``, ``worker``, ``dashboard``) create one
     (``create``): every other one looks at runs that exist, and a missing ledger is an error
-    that leaves no file behind."""
+    that leaves no file behind. ``distributed``: open it as a ledger that database distributes
+    (``migrate --distribute``)."""
     url = ctx.meta.get(_STORE_URL) or ctx.find_root().obj
+    if distributed is not None:
+        url = _distributed(url, distributed)
     store = open_store(url, create=create)
     ctx.meta[_OPENED] = store
     ctx.find_root().call_on_close(store.close)  # open while the error handler reads its clock
     return store
+
+
+def _distributed(url: str, distribution: str) -> str:
+    """``url`` asking for ``distributed=<distribution>`` (a PostgreSQL URL only)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise click.UsageError(f"--distribute needs a PostgreSQL store, not {parts.scheme or url!r}")
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "distributed"]
+    return urlunsplit(parts._replace(query=urlencode([*query, ("distributed", distribution)])))
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|[smhd])")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from .._rules.canonical import dumps
 from .._rules.retention import ChainRun, Kept, SentKey, chain_kept
 from ..types import RunStatus
-from .plans import Plan, Queries
+from .plans import Plan, Queries, Row
 
 # Deleted in this order: what references a row goes before it (approvals reference operations;
 # steps, operations, attempts and messages reference runs). Each table's query, by name.
@@ -88,8 +88,12 @@ class DryRun(Exception):
         self.batch = batch
 
 
-def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatch]:
-    """Carry one batch of ``prune`` out (see the module docstring); ``now``: the store's clock."""
+def prune_runs_plan(
+    q: Queries, prune: PruneRequest, now: int, *, lock_each_run: bool = False
+) -> Plan[PruneBatch]:
+    """Carry one batch of ``prune`` out (see the module docstring); ``now``: the store's clock;
+    ``lock_each_run``: the chains' runs read, then locked one by one, each by its id (a database
+    sharded by run locks rows only in a statement about one run)."""
     before = prune.before if prune.before is not None else now - (prune.older_than_ms or 0)
     after_at, after_id = prune.after if prune.after is not None else (-1, "")
     statuses = dumps(sorted(status.value for status in prune.statuses))
@@ -107,7 +111,7 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
     chains: dict[str, list[ChainRun]] = {key: [] for key in keys}
     chain_of: dict[str, str] = {}
     unreadable: dict[str, Kept] = {}  # chains with a run whose status this safepoint does not know
-    for row in (yield q("prune_lock_chains", chain_ids=dumps(keys))):
+    for row in (yield from _locked_chains(q, dumps(keys), lock_each_run)):
         key = str(row["chain_id"] or row["run_id"])
         if key not in chains:
             continue
@@ -185,6 +189,16 @@ def prune_runs_plan(q: Queries, prune: PruneRequest, now: int) -> Plan[PruneBatc
     return done
 
 
+def _locked_chains(q: Queries, chain_ids: str, each_run: bool) -> Plan[list[Row]]:
+    """Every run of these chains, read again under its row lock (in chain order)."""
+    if not each_run:
+        return list((yield q("prune_lock_chains", chain_ids=chain_ids)))
+    locked: list[Row] = []
+    for row in (yield q("prune_chain_runs", chain_ids=chain_ids)):
+        locked.extend((yield q("lock_run", run_id=row["run_id"])))
+    return locked
+
+
 def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, int]]:
     """Delete ``run_ids`` whole, then the artifacts only they referenced: the rows of each table,
     the artifacts and their bytes."""
@@ -193,11 +207,12 @@ def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, i
         return rows, 0, 0
     ids = dumps(run_ids)
     digests = dumps(sorted({str(row["digest"]) for row in (yield q("prune_artifact_refs", run_ids=ids))}))
-    families = dumps(sorted({str(row["family_id"]) for row in (yield q("prune_families", run_ids=ids))}))
+    families = sorted({str(row["family_id"]) for row in (yield q("prune_families", run_ids=ids))})
     for table, query in _DELETES:
         rows[table] = len((yield q(query, run_ids=ids)))
     # once a family has no run left, nothing can ask for what its claims hold
-    yield q("prune_delete_family_claims", family_ids=families)
+    left = {str(row["family_id"]) for row in (yield q("prune_families_left", family_ids=dumps(families)))}
+    yield q("prune_delete_family_claims", family_ids=dumps([f for f in families if f not in left]))
     yield q("prune_lock_artifacts", digests=digests)
     freed = yield q("prune_delete_artifacts", digests=digests, run_ids=ids)
     return rows, len(freed), sum(int(row["size"]) for row in freed)

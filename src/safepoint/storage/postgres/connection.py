@@ -40,13 +40,14 @@ from ...errors import (
 from ...types import JSON, Claim, Durability, LedgerIdentity, OperationRecord, StepRecord
 from ..base import INLINE_LIMIT
 from ..codec import Codec, seal_artifact, seal_text
+from ..families import family_holding
 from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
 
 QUERIES = Queries("postgres")
 _q = QUERIES
-_OUR_PARAMETERS = ("schema", "durability", "prepare_threshold", "claim")
+_OUR_PARAMETERS = ("schema", "durability", "prepare_threshold", "claim", "distributed")
 # psycopg's own default, kept because measured: a statement a connection has run this many
 # times is prepared on the server (parsed and planned once, then only bound and executed),
 # which halves the server's CPU per durable step. ``None``: never, for a connection pooler
@@ -58,6 +59,23 @@ PREPARE_THRESHOLD = 5
 # the form a database sharded by run_id runs (docs/scaling.md)
 CLAIMS = ("skip_locked", "per_run")
 CLAIM_CANDIDATES = 8  # candidates read at once by the per-run claim
+# A ledger whose tables a distributed PostgreSQL shards by run (?distributed=): Citus, each
+# table distributed by run_id and co-located with the runs (the family claims by family_id,
+# which is a run's id too), the two one-row-per-ledger tables copied to every node.
+DISTRIBUTIONS = ("citus",)
+CITUS_TABLES = (
+    ("safepoint_runs", "run_id"),
+    ("safepoint_steps", "run_id"),
+    ("safepoint_operations", "run_id"),
+    ("safepoint_events", "run_id"),
+    ("safepoint_artifacts", "run_id"),
+    ("safepoint_attempts", "run_id"),
+    ("safepoint_approvals", "run_id"),
+    ("safepoint_messages", "run_id"),
+    ("safepoint_family_claims", "family_id"),
+    ("safepoint_ledger", None),  # a reference table: on every node
+    ("safepoint_schema_version", None),
+)
 LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
 # What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
 # (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
@@ -180,9 +198,21 @@ class PostgresBase(LedgerReads):
             raise InvalidStoreURL(
                 self.url, f"unknown durability {chosen!r}; use " + " or ".join(d.value for d in Durability)
             ) from None
-        self.claim = ours.get("claim") or CLAIMS[0]
+        self.distributed = ours.get("distributed") or None
+        if self.distributed is not None and self.distributed not in DISTRIBUTIONS:
+            raise InvalidStoreURL(
+                self.url, f"unknown distributed {self.distributed!r}; use " + " or ".join(DISTRIBUTIONS)
+            )
+        # Citus refuses FOR UPDATE across shards: a distributed ledger claims run by run
+        self.claim = ours.get("claim") or (CLAIMS[1] if self.distributed else CLAIMS[0])
         if self.claim not in CLAIMS:
             raise InvalidStoreURL(self.url, f"unknown claim {self.claim!r}; use " + " or ".join(CLAIMS))
+        if self.distributed and self.claim != "per_run":
+            raise InvalidStoreURL(
+                self.url,
+                f"claim={self.claim} takes a lock across every shard, which {self.distributed} refuses:"
+                " leave claim= out (a distributed ledger claims per_run)",
+            )
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
@@ -286,6 +316,8 @@ class PostgresBase(LedgerReads):
                     name=migration.name,
                     checksum=migration.checksum,
                 )
+        if self.distributed:
+            yield from self.distribute()
         self.identity = yield from self.read_identity()
         yield from self.check_sealing()
         if self.durability is Durability.POWER_LOSS:
@@ -295,6 +327,22 @@ class PostgresBase(LedgerReads):
                     "durability=power_loss asked, but the server runs with"
                     " fsync=off: commits will not survive a power loss"
                 )
+
+    def distribute(self) -> Plan[None]:
+        """Citus: every table of the ledger not yet distributed is distributed (``CITUS_TABLES``),
+        in the migrating transaction — so a ledger is created distributed, and one made on
+        plain PostgreSQL is distributed by the first open that names ``distributed=citus``
+        (``safepoint migrate --distribute``). Later migrations run on the distributed tables:
+        Citus passes their DDL on to every shard."""
+        done = {row["table_name"] for row in (yield _q("citus_distributed_tables"))}
+        for table, column in CITUS_TABLES:
+            if table in done:
+                continue
+            if column is None:
+                yield _q("citus_reference_table", table=table)
+            else:
+                # the runs first, every other table in their colocation group
+                yield _q("citus_distribute_table", table=table, column=column)
 
     @staticmethod
     def _to_apply() -> Plan[list[Migration]]:
@@ -410,15 +458,10 @@ class PostgresBase(LedgerReads):
         if rows:
             return rows[0]
         if claims:
-            held = yield _q(
-                "family_refusal",
-                run_id=claim.run_id,
-                operation_id=params["operation_id"],
-                family_key=params["family_key"],
-            )
-            if held:
+            held = yield from _family_refusal(claim.run_id, params["operation_id"], params["family_key"])
+            if held is not None:
                 raise ClaimedInFamily(
-                    claim.run_id, params["operation_id"], held[0]["run_id"], held[0]["operation_id"]
+                    claim.run_id, params["operation_id"], held["run_id"], held["operation_id"]
                 )
         state = yield _q(
             "fence_state",
@@ -482,6 +525,18 @@ def not_dispatchable(claim: Claim, operation_id: str) -> StoreError:
         run_id=claim.run_id,
         operation_id=operation_id,
     )
+
+
+def _family_refusal(run_id: str, operation_id: str, family_key: str | None) -> Plan[Row | None]:
+    """Why a dispatch that takes its family's claim in its own statement wrote nothing, when
+    it is the claim: the claim another run of the family holds, sent (its family key, the
+    operation's own when the dispatch named none)."""
+    if family_key is None:
+        rows = yield _q("family_operation", run_id=run_id, operation_id=operation_id)
+        family_key = rows[0]["family_key"] if rows else None
+    held = (yield from family_holding(_q, run_id, family_key)) if family_key is not None else None
+    mine = held is not None and held["run_id"] == run_id and held["operation_id"] == operation_id
+    return held if held is not None and held["sent"] and not mine else None
 
 
 _STEP_PARAMS = (

@@ -15,4 +15,4 @@ class PostgresPrune(PostgresBase):
 
     def prune_runs(self, prune: PruneRequest) -> Plan[PruneBatch]:
         now = yield from self.now()
-        return (yield from prune_runs_plan(_q, prune, now))
+        return (yield from prune_runs_plan(_q, prune, now, lock_each_run=self.distributed is not None))

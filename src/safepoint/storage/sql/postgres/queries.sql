@@ -49,6 +49,22 @@ WHERE current_setting('synchronous_commit') <> 'remote_apply';
 -- Serialise concurrent openers: held until the migrating transaction ends.
 SELECT pg_advisory_xact_lock(hashtextextended('safepoint.migrate', 0));
 
+-- name: citus_distributed_tables
+-- The ledger's tables Citus already distributes (or copies to every node), in this schema.
+SELECT c.relname AS table_name
+FROM pg_dist_partition AS p JOIN pg_class AS c ON c.oid = p.logicalrelid
+WHERE c.relnamespace = current_schema()::regnamespace;
+
+-- name: citus_distribute_table
+-- One table distributed by its column, co-located with the runs (the runs: a group of their own).
+SELECT create_distributed_table(
+    %(table)s::text::regclass, %(column)s::text,
+    colocate_with => CASE WHEN %(table)s::text = 'safepoint_runs' THEN 'default' ELSE 'safepoint_runs' END);
+
+-- name: citus_reference_table
+-- A table of one row per ledger, copied to every node.
+SELECT create_reference_table(%(table)s::text::regclass);
+
 -- name: create_version_table
 -- The ledger of applied migrations (in the first schema of the search path).
 CREATE TABLE IF NOT EXISTS safepoint_schema_version (
@@ -135,7 +151,8 @@ op AS (
         first_dispatched_at = CASE WHEN %(to_state)s = 'prepared' THEN NULL
                                    ELSE first_dispatched_at END,
         updated_at = (SELECT now FROM clock)
-    WHERE run_id = (SELECT run_id FROM run) AND operation_id = %(operation_id)s
+    -- the run's id as the parameter, not from the CTE: one shard, where sharded
+    WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s AND EXISTS (SELECT 1 FROM run)
     RETURNING operation_id
 ),
 event AS (
@@ -223,11 +240,13 @@ SELECT pg_notify('safepoint_work', %(workflow)s);
 -- Why a fenced statement matched nothing: a stale fence, a cancel request, the deadline, the
 -- history limit — or, for a statement that writes only with its operation (operation_id),
 -- that operation: whether it needs approval (NULL: the run has no such operation).
+-- (The operation as a subquery on the run's id, not a join: a database sharded by run_id sends
+-- the statement whole to the run's shard.)
 SELECT r.fence, r.status, r.cancel_requested_at, r.deadline_at, safepoint_now_ms() AS now,
-       r.event_count + r.step_count AS history, r.history_hard_limit, o.approval_required
+       r.event_count + r.step_count AS history, r.history_hard_limit,
+       (SELECT o.approval_required FROM safepoint_operations AS o
+        WHERE o.run_id = %(run_id)s AND o.operation_id = %(operation_id)s) AS approval_required
 FROM safepoint_runs AS r
-LEFT JOIN safepoint_operations AS o
-       ON o.run_id = r.run_id AND o.operation_id = %(operation_id)s
 WHERE r.run_id = %(run_id)s;
 
 -- name: request_cancel
@@ -244,7 +263,7 @@ run AS (
     SET status = CASE WHEN status IN ('pending', 'stopped')
                         OR (status IN ('blocked', 'waiting') AND NOT EXISTS (
                      SELECT 1 FROM safepoint_operations o
-                     WHERE o.run_id = safepoint_runs.run_id
+                     WHERE o.run_id = %(run_id)s  -- the parameter: one shard, where sharded
                        AND o.state IN ('dispatching', 'unknown', 'applied')))
                  THEN 'cancelled'
                  WHEN status = 'waiting' THEN 'pending'
@@ -1415,30 +1434,26 @@ UPDATE safepoint_runs SET event_count = event_count + 1 WHERE run_id = %(source_
 -- again, under its own key); only a dispatch that provably never left gives it back (not sent:
 -- record_outcome's `released` CTE), and the next member to send takes it.
 
+-- name: family_of
+-- The family a run belongs to: the id of its first member (its own, for a run never forked).
+-- (Each family look-up reads this first, then the claims by family: a database sharded by run
+-- keeps a family's claims with its first member, and sends each statement to one shard.)
+SELECT COALESCE(family_id, run_id) AS family_id FROM safepoint_runs WHERE run_id = %(run_id)s;
+
+-- name: family_holding
+-- The member of a family that holds the claim on one of its operations (by its family key).
+SELECT run_id, operation_id, sent FROM safepoint_family_claims
+WHERE family_id = %(family_id)s AND claim_key = %(claim_key)s;
+
 -- name: family_operation
--- The operation another member of the run's family holds the claim on, as that member holds it.
-SELECT o.* FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
-JOIN safepoint_operations AS o ON o.run_id = c.run_id AND o.operation_id = c.operation_id
-WHERE r.run_id = %(run_id)s AND c.claim_key = %(claim_key)s AND c.run_id <> r.run_id;
+-- The operation the member holding a family's claim holds, as it holds it.
+SELECT * FROM safepoint_operations WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s;
 
 -- name: family_names
--- Whether any member of the run's family holds a claim on an operation of this id.
-SELECT 1 AS held FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
-WHERE r.run_id = %(run_id)s AND c.operation_id = %(operation_id)s
+-- Whether any member of a family holds a claim on an operation of this id.
+SELECT 1 AS held FROM safepoint_family_claims
+WHERE family_id = %(family_id)s AND operation_id = %(operation_id)s
 LIMIT 1;
-
--- name: family_refusal
--- Why a dispatch that takes its family's claim in its own statement wrote nothing, when it is
--- the claim: the run of the family that holds it, and may have sent it.
-SELECT c.run_id, c.operation_id FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON r.run_id = %(run_id)s
-WHERE c.family_id = COALESCE(r.family_id, r.run_id) AND c.sent
-  AND c.claim_key = COALESCE(%(family_key)s::text,
-                             (SELECT family_key FROM safepoint_operations
-                              WHERE run_id = %(run_id)s AND operation_id = %(operation_id)s))
-  AND NOT (c.run_id = r.run_id AND c.operation_id = %(operation_id)s);
 
 -- == carrying a stopped run on: waits (messages, sleeps) =======================================
 -- A wait takes the oldest message of its name not yet taken, or the run waits for one (or for
@@ -1638,6 +1653,14 @@ WHERE successor_run_id IS NULL AND status IN ('completed', 'failed', 'cancelled'
 ORDER BY updated_at, run_id
 LIMIT %(limit)s;
 
+-- name: prune_chain_runs
+-- Every run of these chains, without a lock: each is then locked by its id (lock_run), where
+-- the store locks run by run.
+SELECT run_id FROM safepoint_runs
+WHERE run_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
+   OR chain_id IN (SELECT jsonb_array_elements_text(%(chain_ids)s::jsonb))
+ORDER BY chain_index, run_id;
+
 -- name: prune_lock_chains
 -- Every run of these chains (each named by its first run's id), read again and locked: a
 -- retry, a fork or a message waits for the batch.
@@ -1702,12 +1725,14 @@ DELETE FROM safepoint_events WHERE run_id IN (SELECT jsonb_array_elements_text(%
 -- The families of the runs a prune deletes.
 SELECT DISTINCT family_id FROM safepoint_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb));
 
+-- name: prune_families_left
+-- Of those families, the ones with a run left (their claims stay: a member that carries on
+-- must not send what a pruned one sent).
+SELECT DISTINCT family_id FROM safepoint_runs WHERE family_id IN (SELECT jsonb_array_elements_text(%(family_ids)s::jsonb));
+
 -- name: prune_delete_family_claims
--- The claims of each of those families none of whose runs is left (a family with a run left
--- keeps them all: a member that carries on must not send what a pruned one sent).
-DELETE FROM safepoint_family_claims
-WHERE family_id IN (SELECT jsonb_array_elements_text(%(family_ids)s::jsonb))
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs AS r WHERE r.family_id = safepoint_family_claims.family_id)
+-- The claims of the families none of whose runs is left.
+DELETE FROM safepoint_family_claims WHERE family_id IN (SELECT jsonb_array_elements_text(%(family_ids)s::jsonb))
 RETURNING 1 AS n;
 
 -- name: prune_delete_runs

@@ -802,18 +802,25 @@ SELECT c.run_id, c.operation_id, c.sent FROM safepoint_family_claims AS c
 JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
 WHERE r.run_id = :run_id AND c.claim_key = :claim_key;
 
+-- name: family_of
+-- The family a run belongs to: the id of its first member (its own, for a run never forked).
+-- (Each family look-up reads this first, then the claims by family: a database sharded by run
+-- keeps a family's claims with its first member, and sends each statement to one shard.)
+SELECT COALESCE(family_id, run_id) AS family_id FROM safepoint_runs WHERE run_id = :run_id;
+
+-- name: family_holding
+-- The member of a family that holds the claim on one of its operations (by its family key).
+SELECT run_id, operation_id, sent FROM safepoint_family_claims
+WHERE family_id = :family_id AND claim_key = :claim_key;
+
 -- name: family_operation
--- The operation another member of the run's family holds the claim on, as that member holds it.
-SELECT o.* FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
-JOIN safepoint_operations AS o ON o.run_id = c.run_id AND o.operation_id = c.operation_id
-WHERE r.run_id = :run_id AND c.claim_key = :claim_key AND c.run_id <> r.run_id;
+-- The operation the member holding a family's claim holds, as it holds it.
+SELECT * FROM safepoint_operations WHERE run_id = :run_id AND operation_id = :operation_id;
 
 -- name: family_names
--- Whether any member of the run's family holds a claim on an operation of this id.
-SELECT 1 AS held FROM safepoint_family_claims AS c
-JOIN safepoint_runs AS r ON c.family_id = COALESCE(r.family_id, r.run_id)
-WHERE r.run_id = :run_id AND c.operation_id = :operation_id
+-- Whether any member of a family holds a claim on an operation of this id.
+SELECT 1 AS held FROM safepoint_family_claims
+WHERE family_id = :family_id AND operation_id = :operation_id
 LIMIT 1;
 
 -- name: family_release
@@ -949,6 +956,14 @@ WHERE successor_run_id IS NULL
 ORDER BY updated_at, run_id
 LIMIT :limit;
 
+-- name: prune_chain_runs
+-- Every run of these chains, without a lock: each is then locked by its id (lock_run), where
+-- the store locks run by run.
+SELECT run_id FROM safepoint_runs
+WHERE run_id IN (SELECT value FROM json_each(:chain_ids))
+   OR chain_id IN (SELECT value FROM json_each(:chain_ids))
+ORDER BY chain_index, run_id;
+
 -- name: prune_lock_chains
 -- Every run of these chains (each named by its first run's id), read again (BEGIN IMMEDIATE
 -- already holds every other writer off).
@@ -1010,12 +1025,14 @@ DELETE FROM safepoint_events WHERE run_id IN (SELECT value FROM json_each(:run_i
 -- The families of the runs a prune deletes.
 SELECT DISTINCT family_id FROM safepoint_runs WHERE run_id IN (SELECT value FROM json_each(:run_ids));
 
+-- name: prune_families_left
+-- Of those families, the ones with a run left (their claims stay: a member that carries on
+-- must not send what a pruned one sent).
+SELECT DISTINCT family_id FROM safepoint_runs WHERE family_id IN (SELECT value FROM json_each(:family_ids));
+
 -- name: prune_delete_family_claims
--- The claims of each of those families none of whose runs is left (a family with a run left
--- keeps them all: a member that carries on must not send what a pruned one sent).
-DELETE FROM safepoint_family_claims
-WHERE family_id IN (SELECT value FROM json_each(:family_ids))
-  AND NOT EXISTS (SELECT 1 FROM safepoint_runs AS r WHERE r.family_id = safepoint_family_claims.family_id)
+-- The claims of the families none of whose runs is left.
+DELETE FROM safepoint_family_claims WHERE family_id IN (SELECT value FROM json_each(:family_ids))
 RETURNING 1 AS n;
 
 -- name: prune_delete_runs
