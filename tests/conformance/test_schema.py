@@ -513,3 +513,20 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
         code = [*sorted(storage.glob("*.py")), *sorted((storage / dialect).glob("*.py"))]
         assert asked(*code) - named == set(), f"{dialect}: asked for but not in queries.sql"
         assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"
+
+
+def test_every_routed_statement_stands_for_a_named_one_and_names_the_run() -> None:
+    """``sql/postgres/citus.sql``: each routed form is named as a statement of queries.sql,
+    starts with the fence (an UPDATE of the run's row) and names the run's id in each of its
+    statements — what lets Citus send each to the run's shard."""
+    from safepoint.storage.postgres.connection import QUERIES
+    from safepoint.storage.postgres.routed import routed_statements
+
+    routed = routed_statements(QUERIES)
+    assert routed, "citus.sql gives no routed statement"
+    names = {text: name for name, text in QUERIES.text.items()}
+    for text, parts in routed.items():
+        name = names[text]
+        assert re.match(r"UPDATE safepoint_runs\b", parts[0]), name
+        for part in parts:
+            assert "%(run_id)s" in part, f"{name}: a statement that does not name the run: {part[:60]}"

@@ -255,9 +255,9 @@ class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
             conn = await self._pool.getconn()  # not connection(): see PostgresStore._run
             try:
                 if not atomic:
-                    return await run_plan_with_async(conn.plans(), plan)
+                    return await run_plan_with_async(conn.plans(), plan, self._ledger.routed)
                 async with conn.transaction():
-                    return await run_plan_with_async(conn.plans(), plan)
+                    return await run_plan_with_async(conn.plans(), plan, self._ledger.routed)
             finally:
                 self._resting.rested(conn)  # not a reset callback (see PostgresStore._run)
                 await self._pool.putconn(conn)

@@ -44,6 +44,7 @@ from ..families import family_holding
 from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
+from .routed import Routed, routed_statements, run_routed, run_routed_async
 
 QUERIES = Queries("postgres")
 _q = QUERIES
@@ -143,11 +144,14 @@ def run_plan_on(conn: psycopg.Connection[Any], plan: Plan[T]) -> T:
     return run_plan_with(conn.cursor(), plan)
 
 
-def run_plan_with(cur: psycopg.Cursor[Any], plan: Plan[T]) -> T:
+def run_plan_with(cur: psycopg.Cursor[Any], plan: Plan[T], routed: Routed | None = None) -> T:
     """``run_plan_on`` with every statement on the cursor ``cur`` (a pooled connection's own:
-    ``pool.Pooled.plans``)."""
+    ``pool.Pooled.plans``); ``routed``: the statements a ledger sharded by run carries out in
+    their routed form (``routed``)."""
 
     def execute(stmt: Stmt) -> list[Row]:
+        if routed is not None and (parts := routed.get(stmt.text)) is not None:
+            return run_routed(cur, parts, stmt.params)
         cur.execute(stmt.text, stmt.params)
         return cur.fetchall() if returns_rows(cur) else []
 
@@ -159,10 +163,14 @@ async def run_plan_on_async(conn: psycopg.AsyncConnection[Any], plan: Plan[T]) -
     return await run_plan_with_async(conn.cursor(), plan)
 
 
-async def run_plan_with_async(cur: psycopg.AsyncCursor[Any], plan: Plan[T]) -> T:
+async def run_plan_with_async(
+    cur: psycopg.AsyncCursor[Any], plan: Plan[T], routed: Routed | None = None
+) -> T:
     """``run_plan_with`` for an async cursor."""
 
     async def execute(stmt: Stmt) -> list[Row]:
+        if routed is not None and (parts := routed.get(stmt.text)) is not None:
+            return await run_routed_async(cur, parts, stmt.params)
         await cur.execute(stmt.text, stmt.params)
         rows: list[Row] = await cur.fetchall() if returns_rows(cur) else []
         return rows
@@ -203,6 +211,8 @@ class PostgresBase(LedgerReads):
             raise InvalidStoreURL(
                 self.url, f"unknown distributed {self.distributed!r}; use " + " or ".join(DISTRIBUTIONS)
             )
+        # what the executors carry out as statements about one run (``routed``)
+        self.routed = routed_statements(QUERIES) if self.distributed else None
         # Citus refuses FOR UPDATE across shards: a distributed ledger claims run by run
         self.claim = ours.get("claim") or (CLAIMS[1] if self.distributed else CLAIMS[0])
         if self.claim not in CLAIMS:

@@ -215,9 +215,9 @@ class PostgresStore(PlanRunner, PostgresOperations):
             conn = self._pool.getconn()
             try:
                 if not atomic:
-                    return run_plan_with(conn.plans(), plan)
+                    return run_plan_with(conn.plans(), plan, self._ledger.routed)
                 with conn.transaction():
-                    return run_plan_with(conn.plans(), plan)
+                    return run_plan_with(conn.plans(), plan, self._ledger.routed)
             finally:
                 # Stamped here, not in the pool's reset callback: with one, psycopg_pool
                 # hands every returned connection to a worker thread (~0.1 ms a step).
