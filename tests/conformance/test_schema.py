@@ -515,18 +515,20 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
         assert named - mentioned(*code) == set(), f"{dialect}: in queries.sql but never run"
 
 
-def test_every_routed_statement_stands_for_a_named_one_and_names_the_run() -> None:
-    """``sql/postgres/citus.sql``: each routed form is named as a statement of queries.sql,
-    starts with the fence (an UPDATE of the run's row) and names the run's id in each of its
-    statements — what lets Citus send each to the run's shard."""
+def test_every_routed_statement_stands_for_a_named_one_and_fences_first() -> None:
+    """``sql/postgres/citus.sql``: each routed form stands for a statement of queries.sql, takes
+    the run's id first (Citus carries the call out on that run's node), uses only the
+    parameters it declares, and writes nothing before the fence (an UPDATE of the run's row)."""
     from safepoint.storage.postgres.connection import QUERIES
     from safepoint.storage.postgres.routed import routed_statements
 
     routed = routed_statements(QUERIES)
     assert routed, "citus.sql gives no routed statement"
-    names = {text: name for name, text in QUERIES.text.items()}
-    for text, parts in routed.items():
-        name = names[text]
-        assert re.match(r"UPDATE safepoint_runs\b", parts[0]), name
-        for part in parts:
-            assert "%(run_id)s" in part, f"{name}: a statement that does not name the run: {part[:60]}"
+    for form in routed.values():
+        assert form.params[0] == ("run_id", "text"), form.name
+        declared = {f"p_{name}" for name, _ in form.params}
+        used = set(re.findall(r"\bp_\w+", form.body))
+        assert used <= declared, f"{form.name}: undeclared {sorted(used - declared)}"
+        writes = [m.start() for m in re.finditer(r"\b(INSERT INTO|UPDATE|DELETE FROM)\b", form.body)]
+        assert writes, form.name
+        assert form.body[writes[0] :].startswith("UPDATE safepoint_runs"), f"{form.name}: the fence first"

@@ -44,7 +44,7 @@ from ..families import family_holding
 from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
-from .routed import Routed, routed_statements, run_routed, run_routed_async
+from .routed import Routed, routed_statements
 
 QUERIES = Queries("postgres")
 _q = QUERIES
@@ -150,8 +150,8 @@ def run_plan_with(cur: psycopg.Cursor[Any], plan: Plan[T], routed: Routed | None
     their routed form (``routed``)."""
 
     def execute(stmt: Stmt) -> list[Row]:
-        if routed is not None and (parts := routed.get(stmt.text)) is not None:
-            return run_routed(cur, parts, stmt.params)
+        if routed is not None and isinstance(stmt.text, str) and (form := routed.get(stmt.text)):
+            stmt = Stmt(form.call, stmt.params)  # the ledger's function, on the run's node
         cur.execute(stmt.text, stmt.params)
         return cur.fetchall() if returns_rows(cur) else []
 
@@ -169,8 +169,8 @@ async def run_plan_with_async(
     """``run_plan_with`` for an async cursor."""
 
     async def execute(stmt: Stmt) -> list[Row]:
-        if routed is not None and (parts := routed.get(stmt.text)) is not None:
-            return await run_routed_async(cur, parts, stmt.params)
+        if routed is not None and isinstance(stmt.text, str) and (form := routed.get(stmt.text)):
+            stmt = Stmt(form.call, stmt.params)  # the ledger's function, on the run's node
         await cur.execute(stmt.text, stmt.params)
         rows: list[Row] = await cur.fetchall() if returns_rows(cur) else []
         return rows
@@ -353,6 +353,15 @@ class PostgresBase(LedgerReads):
             else:
                 # the runs first, every other table in their colocation group
                 yield _q("citus_distribute_table", table=table, column=column)
+        # the routed forms, functions of the ledger: made, or made again when this code's
+        # differ, and distributed with the runs (a call is carried out on the run's node)
+        for form in (self.routed or {}).values():
+            found = yield _q("citus_function_body", function=form.function)
+            if found and found[0]["body"] == form.source:
+                continue
+            yield _q("migration_lock")  # one opener at a time makes them
+            yield Stmt(form.ddl)
+            yield _q("citus_distribute_function", signature=form.signature)
 
     @staticmethod
     def _to_apply() -> Plan[list[Migration]]:

@@ -61,6 +61,16 @@ SELECT create_distributed_table(
     %(table)s::text::regclass, %(column)s::text,
     colocate_with => CASE WHEN %(table)s::text = 'safepoint_runs' THEN 'default' ELSE 'safepoint_runs' END);
 
+-- name: citus_function_body
+-- The body of one of the ledger's functions in this schema, if it has it.
+SELECT p.prosrc AS body FROM pg_proc AS p
+WHERE p.proname = %(function)s AND p.pronamespace = current_schema()::regnamespace;
+
+-- name: citus_distribute_function
+-- A function of the ledger whose first argument is a run's id, carried out on that run's node.
+SELECT create_distributed_function(%(signature)s::text::regprocedure, 'p_run_id',
+                                   colocate_with => 'safepoint_runs');
+
 -- name: citus_reference_table
 -- A table of one row per ledger, copied to every node.
 SELECT create_reference_table(%(table)s::text::regclass);
