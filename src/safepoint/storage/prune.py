@@ -174,7 +174,7 @@ def prune_runs_plan(
     # every candidate was looked at: the next batch starts after the last, unless none is left
     last = candidates[-1] if len(candidates) == prune.limit else None
     cursor = (int(last["updated_at"]), str(last["run_id"])) if last is not None else None
-    batch = yield from _delete(q, going)
+    batch = yield from _delete(q, going, lock_each_run)
     done = PruneBatch(
         runs=tuple(going),
         rows=batch[0],
@@ -199,9 +199,10 @@ def _locked_chains(q: Queries, chain_ids: str, each_run: bool) -> Plan[list[Row]
     return locked
 
 
-def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, int]]:
+def _delete(q: Queries, run_ids: list[str], each_run: bool) -> Plan[tuple[dict[str, int], int, int]]:
     """Delete ``run_ids`` whole, then the artifacts only they referenced: the rows of each table,
-    the artifacts and their bytes."""
+    the artifacts and their bytes (``each_run``: the artifacts locked copy by copy, each by its
+    run's id)."""
     rows = dict.fromkeys(TABLES, 0)
     if not run_ids:
         return rows, 0, 0
@@ -213,6 +214,30 @@ def _delete(q: Queries, run_ids: list[str]) -> Plan[tuple[dict[str, int], int, i
     # once a family has no run left, nothing can ask for what its claims hold
     left = {str(row["family_id"]) for row in (yield q("prune_families_left", family_ids=dumps(families)))}
     yield q("prune_delete_family_claims", family_ids=dumps([f for f in families if f not in left]))
-    yield q("prune_lock_artifacts", digests=digests)
-    freed = yield q("prune_delete_artifacts", digests=digests, run_ids=ids)
+    if each_run:
+        freed = yield from _delete_artifacts_copy_by_copy(q, digests, set(run_ids))
+    else:
+        yield q("prune_lock_artifacts", digests=digests)
+        freed = yield q("prune_delete_artifacts", digests=digests, run_ids=ids)
     return rows, len(freed), sum(int(row["size"]) for row in freed)
+
+
+def _delete_artifacts_copy_by_copy(q: Queries, digests: str, going: set[str]) -> Plan[list[Row]]:
+    """``prune_delete_artifacts``, decided here from statements about one run (or reads by
+    digest) for a store that locks rows only in those: every copy locked, then every copy of
+    an artifact no row references any more deleted, and the deleted runs' own copies of the
+    others that another run holds a copy of."""
+    copies = list((yield q("prune_artifact_copies", digests=digests)))
+    for copy in copies:
+        yield q("prune_lock_artifact", run_id=copy["run_id"], digest=copy["digest"])
+    referenced = {str(row["digest"]) for row in (yield q("prune_artifacts_referenced", digests=digests))}
+    holders: dict[str, set[str]] = {}
+    for copy in copies:
+        holders.setdefault(str(copy["digest"]), set()).add(str(copy["run_id"]))
+    freed: list[Row] = []
+    for digest, runs in holders.items():
+        kept_elsewhere = bool(runs - going)
+        for run_id in sorted(runs):
+            if digest not in referenced or (run_id in going and kept_elsewhere):
+                freed.extend((yield q("prune_delete_artifact", run_id=run_id, digest=digest)))
+    return freed

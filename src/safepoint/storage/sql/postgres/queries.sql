@@ -1749,6 +1749,29 @@ RETURNING 1 AS n;
 -- The runs themselves, last: nothing references them any more.
 DELETE FROM safepoint_runs WHERE run_id IN (SELECT jsonb_array_elements_text(%(run_ids)s::jsonb)) RETURNING 1 AS n;
 
+-- name: prune_artifact_copies
+-- Every copy of those artifacts, each by its run, to be locked one by one (prune_lock_artifact)
+-- where the store locks rows only in a statement about one run.
+SELECT run_id, digest FROM safepoint_artifacts WHERE digest IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+ORDER BY run_id, digest;
+
+-- name: prune_lock_artifact
+-- One copy of an artifact, locked (as prune_lock_artifacts locks them all).
+SELECT 1 AS locked FROM safepoint_artifacts WHERE run_id = %(run_id)s AND digest = %(digest)s
+FOR UPDATE;
+
+-- name: prune_artifacts_referenced
+-- Of those artifacts, the ones a row still references (read by digest, no join).
+SELECT inputs_ref AS digest FROM safepoint_runs WHERE inputs_ref IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+UNION SELECT result_ref FROM safepoint_runs WHERE result_ref IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+UNION SELECT result_ref FROM safepoint_steps WHERE result_ref IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+UNION SELECT payload_ref FROM safepoint_operations WHERE payload_ref IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb))
+UNION SELECT payload_ref FROM safepoint_messages WHERE payload_ref IN (SELECT jsonb_array_elements_text(%(digests)s::jsonb));
+
+-- name: prune_delete_artifact
+-- One copy of an artifact, deleted.
+DELETE FROM safepoint_artifacts WHERE run_id = %(run_id)s AND digest = %(digest)s RETURNING size;
+
 -- name: prune_lock_artifacts
 -- The artifacts the deleted runs referenced, locked: a writer storing one of them again (its upsert locks the row) either
 -- commits first, and its reference keeps the artifact, or waits and stores it anew.

@@ -1039,6 +1039,28 @@ RETURNING 1 AS n;
 -- The runs themselves, last: nothing references them any more.
 DELETE FROM safepoint_runs WHERE run_id IN (SELECT value FROM json_each(:run_ids)) RETURNING 1 AS n;
 
+-- name: prune_artifact_copies
+-- Every copy of those artifacts, each by its run, to be locked one by one (prune_lock_artifact)
+-- where the store locks rows only in a statement about one run.
+SELECT run_id, digest FROM safepoint_artifacts WHERE digest IN (SELECT value FROM json_each(:digests))
+ORDER BY run_id, digest;
+
+-- name: prune_lock_artifact
+-- One copy of an artifact, locked (as prune_lock_artifacts locks them all).
+SELECT 1 AS locked FROM safepoint_artifacts WHERE run_id = :run_id AND digest = :digest;
+
+-- name: prune_artifacts_referenced
+-- Of those artifacts, the ones a row still references (read by digest, no join).
+SELECT inputs_ref AS digest FROM safepoint_runs WHERE inputs_ref IN (SELECT value FROM json_each(:digests))
+UNION SELECT result_ref FROM safepoint_runs WHERE result_ref IN (SELECT value FROM json_each(:digests))
+UNION SELECT result_ref FROM safepoint_steps WHERE result_ref IN (SELECT value FROM json_each(:digests))
+UNION SELECT payload_ref FROM safepoint_operations WHERE payload_ref IN (SELECT value FROM json_each(:digests))
+UNION SELECT payload_ref FROM safepoint_messages WHERE payload_ref IN (SELECT value FROM json_each(:digests));
+
+-- name: prune_delete_artifact
+-- One copy of an artifact, deleted.
+DELETE FROM safepoint_artifacts WHERE run_id = :run_id AND digest = :digest RETURNING size;
+
 -- name: prune_lock_artifacts
 -- The artifacts the deleted runs referenced (BEGIN IMMEDIATE already holds every writer that might reference one off).
 SELECT digest FROM safepoint_artifacts WHERE digest IN (SELECT value FROM json_each(:digests));
