@@ -97,9 +97,14 @@ class PostgresTransactions(PostgresBase):
                 )
             )
         params = self._step_params(claim.run_id, step, result, result_ref)
-        stmts.append(
-            QUERIES("record_transaction_step", run_id=claim.run_id, fence=claim.fence, now=now, **params)
-        )
+        if self.distributed:
+            # Citus: the check as a statement of its own, which it runs on the run's node, in
+            # the transaction that wrote the record there; the record without a subquery
+            stmts.append(QUERIES("record_transaction_step_open", run_id=claim.run_id, step_id=step.step_id))
+            name = "record_transaction_step_routed"
+        else:
+            name = "record_transaction_step"
+        stmts.append(QUERIES(name, run_id=claim.run_id, fence=claim.fence, now=now, **params))
         return stmts
 
 

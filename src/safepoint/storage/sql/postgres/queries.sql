@@ -1993,6 +1993,33 @@ ON CONFLICT (run_id, step_id) DO UPDATE SET
     fence = excluded.fence, recorded_at = excluded.recorded_at, tokens = excluded.tokens,
     cost = excluded.cost;
 
+
+-- name: record_transaction_step_open
+-- A distributed ledger's form of record_transaction_step's check (Citus: sent on its own, to the
+-- run's node, where the record was written in this transaction): the same division by zero.
+SELECT 1 / coalesce((SELECT s.xmin::text::bigint = txid_current_if_assigned() %% 4294967296
+                     FROM safepoint_steps s
+                     WHERE s.run_id = %(run_id)s AND s.step_id = %(step_id)s), false)::int AS one;
+
+-- name: record_transaction_step_routed
+-- A distributed ledger's form of record_transaction_step's write, after its check: no subquery
+-- in the INSERT (Citus refuses one there).
+INSERT INTO safepoint_steps (run_id, step_id, seq, kind, name, input_hash, status, result,
+                             result_ref, error, next_step_id, attempt, model_id, prompt_hash,
+                             observed_at, operation_id, fence, recorded_at, tokens, cost)
+VALUES (%(run_id)s, %(step_id)s, %(seq)s, %(kind)s, %(name)s, %(input_hash)s, %(step_status)s,
+        %(result)s, %(result_ref)s, %(step_error)s, %(next_step_id)s,
+        %(attempt)s, %(model_id)s, %(prompt_hash)s,
+        %(observed_at)s, %(step_operation_id)s, %(fence)s, %(now)s, %(tokens)s, %(cost)s)
+ON CONFLICT (run_id, step_id) DO UPDATE SET
+    kind = excluded.kind, name = excluded.name, input_hash = excluded.input_hash,
+    status = excluded.status, result = excluded.result, result_ref = excluded.result_ref,
+    error = excluded.error, next_step_id = excluded.next_step_id, attempt = excluded.attempt,
+    model_id = excluded.model_id, prompt_hash = excluded.prompt_hash,
+    observed_at = excluded.observed_at, operation_id = excluded.operation_id,
+    fence = excluded.fence, recorded_at = excluded.recorded_at, tokens = excluded.tokens,
+    cost = excluded.cost;
+
 -- name: transaction_open
 -- record_transaction_step's check as a question (after a function that raised): whether the
 -- transaction open is the one that wrote the step's uncertain record.
