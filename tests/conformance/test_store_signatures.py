@@ -54,3 +54,24 @@ def test_every_store_implements_every_operation_with_its_signature(protocol: typ
         assert _shape(implemented) == _shape(operation), f"{store.__name__}.{name}"
         awaited = protocol is AsyncStore and name not in _ASYNC_ONLY
         assert inspect.iscoroutinefunction(implemented) == awaited, f"{store.__name__}.{name}"
+
+
+def test_a_method_a_store_subclass_writes_out_stays_its_own() -> None:
+    """An operation becomes a method of each store class below its declaration; a method a
+    subclass writes out — a test's spy, wrapping the store's own — stays as written."""
+    import functools
+
+    class Spy(SqliteStore):
+        @functools.wraps(SqliteStore.get_run)
+        def get_run(self, run_id: str) -> Any:
+            return ("spied", run_id)
+
+    class Below(Spy):
+        pass
+
+    store = Below(":memory:")
+    try:
+        assert store.get_run("r-1") == ("spied", "r-1")
+        assert store.find_run  # the others are still the store's
+    finally:
+        store.close()

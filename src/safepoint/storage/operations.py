@@ -40,6 +40,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from functools import cached_property, partial, update_wrapper
 from typing import Any, ClassVar, Concatenate, Generic, Literal, ParamSpec, Protocol, TypeVar, overload
+from weakref import WeakKeyDictionary
 
 from .._rules.history import warn
 from ..errors import HistoryWarning
@@ -119,7 +120,7 @@ class Operation(Generic[P, T]):
         ledger, stands for the store's ``self``), and known as this operation's."""
         update_wrapper(method, self.plan, assigned=("__name__", "__doc__"))
         method.__signature__ = self.signature  # type: ignore[attr-defined]
-        method.__operation__ = self  # type: ignore[attr-defined]
+        _MADE[method] = self
         return method
 
     @cached_property
@@ -128,6 +129,12 @@ class Operation(Generic[P, T]):
         signature = inspect.signature(self.plan)
         ledger, *rest = signature.parameters.values()
         return signature.replace(parameters=[ledger.replace(name="self"), *rest])
+
+
+# The methods made of operations, and the operation each was made of: a class below a store
+# gets its own, while a method written out (even one wrapping a made one, which copies its
+# attributes) stays as written.
+_MADE: WeakKeyDictionary[Callable[..., Any], Operation[Any, Any]] = WeakKeyDictionary()
 
 
 class _Runner:
@@ -144,7 +151,7 @@ class _Runner:
             # what the class would have under that name: an operation (or one made a method of
             # a store class above) becomes this class's; a method written out stays
             found = next(vars(klass)[name] for klass in cls.__mro__ if name in vars(klass))
-            operation = found if isinstance(found, Operation) else getattr(found, "__operation__", None)
+            operation = found if isinstance(found, Operation) else _MADE.get(found)
             if operation is not None:
                 setattr(cls, name, operation.method(cls.asynchronous))
 
