@@ -532,3 +532,5 @@ def test_every_routed_statement_stands_for_a_named_one_and_fences_first() -> Non
         writes = re.findall(r"^\s*((?:INSERT INTO|UPDATE|DELETE FROM) \w+)", form.body, flags=re.MULTILINE)
         assert writes, form.name
         assert writes[0] == "UPDATE safepoint_runs", f"{form.name}: the fence first, not {writes[0]}"
+        # an event appended on the run's node would take an id of that node's range (citus.sql)
+        assert "INSERT INTO safepoint_events" not in writes, f"{form.name} appends an event"

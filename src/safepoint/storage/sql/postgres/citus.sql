@@ -10,6 +10,9 @@
 -- run's node, whose statements are about that run alone, planned once per connection. The
 -- fence comes first; what follows it runs only when it matched, as in the one statement.
 -- (#variable_conflict use_column: a name that is a column and a returned field is the column.)
+-- A routed form appends no event: the events' ids come from an identity Citus hands out in a
+-- range of each node's own, so an event appended on the run's node would sort after every
+-- event appended through the coordinator, whenever it was written.
 
 -- name: record_step
 -- params: run_id text, fence bigint, lease_ms bigint, tokens bigint, cost double precision,
@@ -55,67 +58,5 @@ BEGIN
         prompt_hash = excluded.prompt_hash, observed_at = excluded.observed_at,
         operation_id = excluded.operation_id, fence = excluded.fence,
         recorded_at = excluded.recorded_at, tokens = excluded.tokens, cost = excluded.cost;
-    RETURN NEXT;
-END
-
--- name: claim_run
--- params: run_id text, expected_revision bigint, owner text, lease_ms bigint, dead_owner text,
---   detail text
--- returns: run_id text, fence bigint, state_revision bigint, lease_expires_at bigint
-DECLARE
-    at bigint := safepoint_now_ms();
-    took bigint;
-BEGIN
-    UPDATE safepoint_runs
-    SET status = 'running', owner = p_owner, lease_expires_at = at + p_lease_ms,
-        fence = fence + 1, state_revision = state_revision + 1,
-        resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
-                                           THEN 1 ELSE 0 END,
-        event_count = event_count + 1, waiting_for = NULL, wake_at = NULL, updated_at = at
-    WHERE run_id = p_run_id AND state_revision = p_expected_revision
-      AND status IN ('pending', 'running', 'blocked', 'waiting')
-      AND (owner IS NULL OR lease_expires_at <= at OR owner = p_dead_owner)
-    RETURNING run_id, fence, state_revision, lease_expires_at
-    INTO run_id, took, state_revision, lease_expires_at;
-    IF NOT FOUND THEN
-        RETURN;
-    END IF;
-    fence := took;
-    INSERT INTO safepoint_events (run_id, at, kind, fence, worker, detail)
-    VALUES (p_run_id, at, 'run.claimed', took, p_owner, p_detail);
-    RETURN NEXT;
-END
-
--- name: claim_candidate
--- params: run_id text, owner text, lease_ms bigint, workflows text[]
--- returns: run_id text, fence bigint, state_revision bigint, lease_expires_at bigint
-DECLARE
-    at bigint := safepoint_now_ms();
-    runnable text;
-    took bigint;
-BEGIN
-    -- still runnable, and not held by another transaction (passed over, as SKIP LOCKED does)
-    SELECT r.run_id INTO runnable FROM safepoint_runs AS r
-    WHERE r.run_id = p_run_id
-      AND (r.status = 'pending'
-           OR (r.status = 'running' AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= at))
-           OR (r.status = 'waiting' AND r.wake_at <= at))
-      AND (r.workflow = ANY(p_workflows) OR r.workflow || '@' || r.workflow_version = ANY(p_workflows))
-    FOR UPDATE SKIP LOCKED;
-    IF runnable IS NULL THEN
-        RETURN;
-    END IF;
-    UPDATE safepoint_runs
-    SET status = 'running', owner = p_owner, lease_expires_at = at + p_lease_ms,
-        fence = fence + 1, state_revision = state_revision + 1,
-        resume_count = resume_count + CASE WHEN status = 'running' AND owner IS NOT NULL
-                                           THEN 1 ELSE 0 END,
-        event_count = event_count + 1, waiting_for = NULL, wake_at = NULL, updated_at = at
-    WHERE run_id = p_run_id
-    RETURNING run_id, fence, state_revision, lease_expires_at
-    INTO run_id, took, state_revision, lease_expires_at;
-    fence := took;
-    INSERT INTO safepoint_events (run_id, at, kind, fence, worker)
-    VALUES (p_run_id, at, 'run.claimed', took, p_owner);
     RETURN NEXT;
 END
