@@ -96,24 +96,26 @@ class Operation(Generic[P, T]):
         if asynchronous:
 
             async def write_async(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+                return await store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+
+            async def write_and_warn_async(store: Any, /, *args: Any, **kwargs: Any) -> Any:
                 done = await store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
-                if not self.warns:
-                    return done
                 value, due = done if isinstance(done, tuple) else (None, done)
                 warn(due)  # from this frame, as the sync store's
                 return value
 
-            return self._declared(write_async)
+            return self._declared(write_and_warn_async if self.warns else write_async)
 
         def write(store: Any, /, *args: Any, **kwargs: Any) -> Any:
+            return store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
+
+        def write_and_warn(store: Any, /, *args: Any, **kwargs: Any) -> Any:
             done = store._run(plan(store._ledger, *args, **kwargs), atomic=atomic)
-            if not self.warns:
-                return done
             value, due = done if isinstance(done, tuple) else (None, done)
             warn(due)  # from this frame: the warning names the store's caller
             return value
 
-        return self._declared(write)
+        return self._declared(write_and_warn if self.warns else write)
 
     def _declared(self, method: Callable[..., Any]) -> Callable[..., Any]:
         """``method`` named, documented and signed as the plan (whose first parameter, the
