@@ -14,9 +14,7 @@ import pytest
 CITUS = os.environ.get("SAFEPOINT_TEST_CITUS", "")
 
 
-@pytest.fixture(scope="session")
-def citus_url() -> Iterator[str]:
-    """A distributed ledger of this session's own on the cluster: its URL."""
+def _ledger() -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
@@ -24,3 +22,15 @@ def citus_url() -> Iterator[str]:
     yield f"{CITUS}{'&' if '?' in CITUS else '?'}schema={schema}&distributed=citus"
     with psycopg.connect(CITUS, autocommit=True, connect_timeout=10) as admin:
         admin.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(scope="session")
+def citus_url() -> Iterator[str]:
+    """A distributed ledger of this session's own on the cluster: its URL."""
+    yield from _ledger()
+
+
+@pytest.fixture
+def fresh_citus_url() -> Iterator[str]:
+    """A distributed ledger of this test's own (a soak counts every run in its ledger)."""
+    yield from _ledger()

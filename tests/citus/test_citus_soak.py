@@ -16,5 +16,5 @@ from test_soak import assert_soak_held, soak
 pytestmark = [pytest.mark.kill, pytest.mark.timeout(600)]
 
 
-def test_random_kill_soak_on_citus(citus_url: str, owner_env: OwnerService) -> None:
-    assert_soak_held(soak(citus_url, owner_env))
+def test_random_kill_soak_on_citus(fresh_citus_url: str, owner_env: OwnerService) -> None:
+    assert_soak_held(soak(fresh_citus_url, owner_env))

@@ -518,19 +518,37 @@ def test_every_named_query_is_run_and_every_query_run_is_named() -> None:
 def test_every_routed_statement_stands_for_a_named_one_and_fences_first() -> None:
     """``sql/postgres/citus.sql``: each routed form stands for a statement of queries.sql, takes
     the run's id first (Citus carries the call out on that run's node), uses only the
-    parameters it declares, and writes nothing before the fence (an UPDATE of the run's row)."""
+    parameters it declares, writes only the tables it asked ``safepoint_local_tables`` for, and
+    writes nothing before the fence (an UPDATE of the run's row)."""
     from safepoint.storage.postgres.connection import QUERIES
-    from safepoint.storage.postgres.routed import routed_statements
+    from safepoint.storage.postgres.routed import ledger_functions, routed_statements
 
     routed = routed_statements(QUERIES)
     assert routed, "citus.sql gives no routed statement"
+    assert {f.name for f in ledger_functions() if not f.routed} == {"local_tables"}
     for form in routed.values():
         assert form.params[0] == ("run_id", "text"), form.name
         declared = {f"p_{name}" for name, _ in form.params}
         used = set(re.findall(r"\bp_\w+", form.body))
         assert used <= declared, f"{form.name}: undeclared {sorted(used - declared)}"
-        writes = re.findall(r"^\s*((?:INSERT INTO|UPDATE|DELETE FROM) \w+)", form.body, flags=re.MULTILINE)
+        # SELECT t[1], t[2] INTO runs, steps FROM safepoint_local_tables(p_run_id, 'a', 'b')
+        asked = re.search(
+            r"SELECT (.*?) INTO (.*?)\s+FROM safepoint_local_tables\(p_run_id, (.*?)\)", form.body
+        )
+        assert asked, f"{form.name} does not ask safepoint_local_tables for its tables"
+        names = [name.strip() for name in asked.group(2).split(",")]
+        tables = re.findall(r"'(\w+)'", asked.group(3))
+        assert len(names) == len(tables), form.name
+        table_of = dict(zip(names, tables, strict=True))
+        # each write: EXECUTE format($q$UPDATE %s …$q$, runs)
+        writes = [
+            (verb, table_of.get(variable, variable))
+            for verb, variable in re.findall(
+                r"\$q\$\s*(INSERT INTO|UPDATE|DELETE FROM) %s.*?\$q\$,\s*(\w+)\)", form.body, flags=re.DOTALL
+            )
+        ]
         assert writes, form.name
-        assert writes[0] == "UPDATE safepoint_runs", f"{form.name}: the fence first, not {writes[0]}"
+        assert set(table for _, table in writes) <= set(tables), f"{form.name} writes {writes}"
+        assert writes[0] == ("UPDATE", "safepoint_runs"), f"{form.name}: the fence first, not {writes[0]}"
         # an event appended on the run's node would take an id of that node's range (citus.sql)
-        assert "INSERT INTO safepoint_events" not in writes, f"{form.name} appends an event"
+        assert "safepoint_events" not in tables, f"{form.name} appends an event"

@@ -44,7 +44,7 @@ from ..families import family_holding
 from ..ledger import LedgerReads, sealed_event, stored
 from ..migrations import Migration, to_apply
 from ..plans import Plan, Queries, Row, Stmt, run_plan, run_plan_async
-from .routed import Routed, routed_statements
+from .routed import Routed, ledger_functions, routed_statements
 
 QUERIES = Queries("postgres")
 _q = QUERIES
@@ -353,15 +353,19 @@ class PostgresBase(LedgerReads):
             else:
                 # the runs first, every other table in their colocation group
                 yield _q("citus_distribute_table", table=table, column=column)
-        # the routed forms, functions of the ledger: made, or made again when this code's
-        # differ, and distributed with the runs (a call is carried out on the run's node)
-        for form in (self.routed or {}).values():
+        # the routed forms and the functions they call, functions of the ledger: made, or
+        # made again when this code's differ, and distributed — a routed form with the runs
+        # (a call is carried out on the run's node), the others to every node
+        for form in ledger_functions():
             found = yield _q("citus_function_body", function=form.function)
             if found and found[0]["body"] == form.source:
                 continue
             yield _q("migration_lock")  # one opener at a time makes them
             yield Stmt(form.ddl)
-            yield _q("citus_distribute_function", signature=form.signature)
+            yield _q(
+                "citus_distribute_function" if form.routed else "citus_function_on_every_node",
+                signature=form.signature,
+            )
 
     @staticmethod
     def _to_apply() -> Plan[list[Migration]]:

@@ -71,6 +71,10 @@ WHERE p.proname = %(function)s AND p.pronamespace = current_schema()::regnamespa
 SELECT create_distributed_function(%(signature)s::text::regprocedure, 'p_run_id',
                                    colocate_with => 'safepoint_runs');
 
+-- name: citus_function_on_every_node
+-- A function of the ledger the routed forms call, made on every node.
+SELECT create_distributed_function(%(signature)s::text::regprocedure);
+
 -- name: citus_reference_table
 -- A table of one row per ledger, copied to every node.
 SELECT create_reference_table(%(table)s::text::regclass);
