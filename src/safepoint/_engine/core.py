@@ -43,6 +43,7 @@ from .._rules.limits import (
 )
 from .._rules.records import revised
 from .._rules.recovery import build_record
+from .._rules.replay import Asked
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets
 from .._rules.transactions import reconnecting
 from ..errors import (
@@ -75,10 +76,11 @@ from ..types import (
     StepRecord,
     StepStatus,
 )
+from . import host
 from .crashpoints import crashpoint
-from .current import refuse_inside_transaction, running
+from .current import refuse_inside_transaction
 from .flow import Call, Flow, R, Sleep, callable_name, io, is_async_callable
-from .observe import Execution, call_status, executed, replayed
+from .observe import Execution, call_status, seen_executed, seen_replayed
 from .records import input_hash as _input_hash
 from .records import next_step_id as _next_step_id
 from .slices import SliceClock
@@ -86,6 +88,7 @@ from .transaction_attempt import TransactionAttempt, attempt_policy, lost
 
 if TYPE_CHECKING:
     from ..storage.base import AsyncStore
+    from .replaying import Replaying
 
 PURE_BATCH = 64  # pure steps written in one commit when nothing else is written sooner
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
@@ -156,6 +159,8 @@ class RunCore:
         self.watch: Execution | None = None
         # The operations the run's fork was told to send again (``resend``), by whom; once read.
         self.resent: dict[str, str] | None = None
+        self.replaying: Replaying | None = None  # a replay's watch (``replay``)
+        self.owners: Callable[[Any, str], Callable[..., Any]] | None = None  # a live replay's stubs
 
     # -- shared pieces -------------------------------------------------------------------------
 
@@ -180,6 +185,10 @@ class RunCore:
         with self.seq_lock:  # fan-out branches record from several threads
             self.last_seq += 1
             return self.last_seq
+
+    def owner_call(self, effect: Any, what: str) -> Callable[..., Any]:
+        """Who carries out ``effect``'s ``what`` (execute, reconcile, verify) for this run."""
+        return (self.owners or host.current.owner_call)(effect, what)
 
     def cancelled(self) -> Cancelled:
         """The stop signal, kept: agent code that swallows it still cannot carry on."""
@@ -259,23 +268,6 @@ class RunCore:
         self.halted = signal
         return signal
 
-    def branch(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
-        """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
-        try:
-            with running(run):  # a thread of the pool: the branch's run is its current run
-                return fn(run)
-        finally:
-            with self.seq_lock:
-                self.open_branches.discard(prefix)
-
-    async def branch_async(self, fn: Callable[[Any], Any], run: Any, prefix: str) -> Any:
-        try:
-            with running(run):  # a task of its own, holding a copy of the caller's context
-                return await fn(run)
-        finally:
-            with self.seq_lock:
-                self.open_branches.discard(prefix)
-
     def take_pending(self) -> list[StepRecord]:
         with self.seq_lock:
             batch, self.pending = self.pending, []
@@ -313,17 +305,14 @@ class RunCore:
 
     def uncertain_operations(self) -> list[OperationRecord]:
         """Operations whose outcome is not settled: the run may neither fail nor complete."""
-        return [
-            op
-            for op in self.operations.values()
-            if op.state in (EffectState.DISPATCHING, EffectState.UNKNOWN, EffectState.APPLIED)
-        ]
+        open_ = (EffectState.DISPATCHING, EffectState.UNKNOWN, EffectState.APPLIED)
+        return [op for op in self.operations.values() if op.state in open_]
 
     def may_reread(self, recorded: StepRecord) -> bool:
         """An expired observation is refreshed only while nothing was built on it: it is the
         last recorded step and no effect is open. Once later steps used it, it is history
-        (re-reading would make every later step answer another question)."""
-        return recorded.seq == self.seq_at_load and not self.open_at_load
+        (re-reading would make every later step answer another question); in a replay, never."""
+        return recorded.seq == self.seq_at_load and not self.open_at_load and self.replaying is None
 
     def record_block(
         self,
@@ -335,6 +324,8 @@ class RunCore:
         evidence: dict[str, Any] | None = None,
     ) -> Flow[None]:
         """Record the block with its recovery record and halt this run object."""
+        if self.replaying is not None:
+            self.replaying.block(self, error, phase)
         authorization = None
         if op is not None and op.approval_id is not None:  # the record names what authorized it
             authorization = self.approvals.get(op.operation_id)
@@ -390,10 +381,18 @@ class RunCore:
             raise StaleCheckpoint(
                 self.run.run_id, sid, f"input hash {recorded.input_hash[:12]}… became {hashed[:12]}…"
             )
+        if self.replaying is not None:
+            self.replaying.answered(self, recorded)
         return recorded
 
     def replay_lookup(
-        self, sid: str, kind: StepKind, name: str, hashed: str, op: OperationRecord | None = None
+        self,
+        sid: str,
+        kind: StepKind,
+        name: str,
+        hashed: str,
+        op: OperationRecord | None = None,
+        asked: Asked | None = None,
     ) -> Flow[StepRecord | None]:
         """The recorded step that answers this call, or None. A recorded step that answers
         another question blocks the run (``refuse``) or is abandoned with the stale tail after
@@ -401,6 +400,8 @@ class RunCore:
         try:
             return self.check_replay(sid, kind, name, hashed)
         except StaleCheckpoint as stale:
+            if self.replaying is not None:
+                self.replaying.diverged(self, stale, asked or Asked(sid, kind, name, hashed))
             if not self.replans:
                 phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
                 yield from self.block(stale, phase=phase, step_id=sid, op=op)
@@ -469,14 +470,16 @@ class RunCore:
                 self.raise_recorded_failure(recorded)
             if max_age is None or recorded.observed_at is None or not self.may_reread(recorded):
                 if self.watch is not None:
-                    self.seen_replayed(recorded)
+                    seen_replayed(self.watch, recorded)
                 return recorded.result
             now = yield from io(Store.now)
             if now - recorded.observed_at <= max_age.total_seconds() * 1000:
                 if self.watch is not None:
-                    self.seen_replayed(recorded)
+                    seen_replayed(self.watch, recorded)
                 return recorded.result
             round_start = recorded.attempt  # the observation expired: read again
+        if self.replaying is not None:
+            self.replaying.new(self, Asked(sid, kind, name, hashed))
         if self.cancelling:
             raise self.cancelled()  # before calling anything new
         self.check_slice(sid)
@@ -567,7 +570,9 @@ class RunCore:
                     seed=f"{self.run.run_id}/{sid}/{attempt}",
                 )
                 if self.watch is not None:
-                    self.seen_executed(base, started, "retrying" if decided.retry_at else "failed", exc)
+                    seen_executed(
+                        self.watch, base, started, "retrying" if decided.retry_at else "failed", exc
+                    )
                 if decided.retry_at is None:
                     # Recorded, so that a resume takes the path this run took: the same
                     # StepFailed is raised again instead of asking again.
@@ -595,7 +600,7 @@ class RunCore:
                 continue
             if transaction is not None:  # recorded in the transaction
                 if self.watch is not None:
-                    self.seen_executed(base, started, "completed", None, value)
+                    seen_executed(self.watch, base, started, "completed", None, value)
                 return value
             if self.watch is None:
                 return (yield from self._record_result(base, value, usage, redact))
@@ -608,9 +613,9 @@ class RunCore:
         try:
             value = yield from self._record_result(base, value, usage, redact)
         except BaseException as exc:
-            self.seen_executed(base, started, call_status(exc, otherwise="failed"), exc)
+            seen_executed(self.watch, base, started, call_status(exc, otherwise="failed"), exc)
             raise
-        self.seen_executed(base, started, "completed", None, value)
+        seen_executed(self.watch, base, started, "completed", None, value)
         return value
 
     def raise_recorded_failure(self, recorded: StepRecord) -> NoReturn:
@@ -625,22 +630,8 @@ class RunCore:
             int(error.get("attempts", 1)),
         )
         if self.watch is not None:
-            self.seen_replayed(recorded, "failed", failed)
+            seen_replayed(self.watch, recorded, "failed", failed)
         raise failed
-
-    def seen_replayed(
-        self, step: StepRecord, status: str = "completed", error: BaseException | None = None
-    ) -> None:
-        """Tell the observer (there is one) that ``step`` was replayed from the ledger."""
-        assert self.watch is not None
-        self.watch.step(replayed(step, status, error))
-
-    def seen_executed(
-        self, base: StepRecord, started: int, status: str, error: BaseException | None, result: Any = None
-    ) -> None:
-        """Tell the observer (there is one) how one call of a step's function ended."""
-        assert self.watch is not None
-        self.watch.step(executed(base, started, status, error, result))
 
     def _stop_at(self, reached: Callable[[], LimitReached | None]) -> Flow[None]:
         """Go on unless a limit stands before the next call (``reached()``): then read the

@@ -44,6 +44,7 @@ from .._rules.effects import (
 from .._rules.family import family_key
 from .._rules.ids import check_id
 from .._rules.records import revised
+from .._rules.replay import Asked
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from ..errors import (
     ApprovalInvalid,
@@ -63,7 +64,6 @@ from ..errors import (
 )
 from ..storage.base import Store
 from ..types import JSON, EffectState, OperationRecord, StepKind, StepRecord
-from . import host
 from .core import RunCore
 from .crashpoints import SimulatedCrash, crashpoint
 from .current import keyed
@@ -170,11 +170,16 @@ class EffectDispatch(SettledElsewhere):
         op_id = sid if operation_id is None else check_id(operation_id, "operation id")
         core.unreached.discard(op_id)
         hashed = input_hash({"effect": effect.name, "operation_id": op_id, "payload": payload_ref})
+        asked = (
+            Asked(sid, StepKind.EFFECT, effect.name, hashed, op_id, payload_ref) if core.replaying else None
+        )
         recorded = yield from core.replay_lookup(
-            sid, StepKind.EFFECT, effect.name, hashed, core.operations.get(op_id)
+            sid, StepKind.EFFECT, effect.name, hashed, core.operations.get(op_id), asked
         )
         if recorded is not None:
             return recorded.result
+        if core.replaying is not None and asked is not None:  # its outcome is not recorded: new work
+            core.replaying.new(core, asked)
 
         # An operation id the caller chose names the operation across the run's chain: one an
         # earlier run of the chain settled is never dispatched again (nor keyed afresh). A
@@ -538,9 +543,7 @@ class EffectDispatch(SettledElsewhere):
         crashpoint("effect.after_dispatching", self.sid)
         started = time.time_ns() if self.core.watch is not None else 0
         try:
-            receipt = yield Call(
-                keyed(host.current.owner_call(self.effect, "execute")), (payload, self.key(op))
-            )
+            receipt = yield Call(keyed(self.core.owner_call(self.effect, "execute")), (payload, self.key(op)))
         except NotSent as exc:
             self.seen("dispatch", op, "not_sent", started, exc, payload)
             if op.dispatch_count > 1:
@@ -615,7 +618,7 @@ class EffectDispatch(SettledElsewhere):
         started = time.time_ns() if self.core.watch is not None else 0
         raised = None
         try:
-            answer = yield Call(host.current.owner_call(self.effect, "reconcile"), (self.key(op),))
+            answer = yield Call(self.core.owner_call(self.effect, "reconcile"), (self.key(op),))
         except Exception as exc:
             answer, raised = Unknown(f"reconcile raised {type(exc).__name__}: {exc}"), exc
         if isinstance(answer, Unknown):  # the owner's words go into the recovery record
@@ -662,7 +665,7 @@ class EffectDispatch(SettledElsewhere):
         assert self.effect.verify is not None
         try:
             ok = yield Call(
-                host.current.owner_call(self.effect, "verify"),
+                self.core.owner_call(self.effect, "verify"),
                 (op.receipt,),
                 timeout=self.effect.verify_timeout_s,
             )

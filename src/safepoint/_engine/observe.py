@@ -170,3 +170,24 @@ _STOPS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str],
     (StoreError, "blocked"),  # a record that cannot be read, a write refused: the run blocks
     ((KeyboardInterrupt, SystemExit, asyncio.CancelledError), "released"),
 )
+
+
+def seen_replayed(
+    watch: Execution | None, step: StepRecord, status: str = "completed", error: BaseException | None = None
+) -> None:
+    """Tell the observer (there is one) that ``step`` was replayed from the ledger."""
+    assert watch is not None
+    watch.step(replayed(step, status, error))
+
+
+def seen_executed(
+    watch: Execution | None,
+    base: StepRecord,
+    started: int,
+    status: str,
+    error: BaseException | None,
+    result: Any = None,
+) -> None:
+    """Tell the observer (there is one) how one call of a step's function ended."""
+    assert watch is not None
+    watch.step(executed(base, started, status, error, result))

@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..types import JSON, Budget, Retry, StepKind
 from . import host
 from .core import RunCore
+from .current import running
 from .dispatch import effect_flow
 from .flow import Flow, R, adrive, callable_name, drive, is_async_callable
 from .transactions import transaction_flow
@@ -488,7 +489,7 @@ class Run(_RunBase):
             raise UsageError("max_threads must be 1 or more")
         outcomes = host.current.fan_out(
             [
-                partial(self._core.branch, fn, Run(self._core, prefix), prefix)
+                partial(_branch, self._core, fn, Run(self._core, prefix), prefix)
                 for (_, fn), prefix in zip(named, prefixes, strict=True)
             ],
             max_threads,
@@ -735,7 +736,7 @@ class AsyncRun(_RunBase):
         named, prefixes = self._group(step_id, branches)
         settled = await asyncio.gather(
             *(
-                self._core.branch_async(fn, AsyncRun(self._core, prefix), prefix)
+                _branch_async(self._core, fn, AsyncRun(self._core, prefix), prefix)
                 for (_, fn), prefix in zip(named, prefixes, strict=True)
             ),
             return_exceptions=True,
@@ -746,3 +747,22 @@ class AsyncRun(_RunBase):
     async def continue_as_new(self, *args: Any, **kwargs: Any) -> NoReturn:
         """``Run.continue_as_new``, awaited: ``await run.continue_as_new(step + 1, totals)``."""
         raise self._core.continue_as_new(args, kwargs)
+
+
+def _branch(core: RunCore, fn: Callable[[Any], Any], run: Run, prefix: str) -> Any:
+    """Call a fan-out branch; once it ended, it is no longer open (see ``open_branches``)."""
+    try:
+        with running(run):  # a thread of the pool: the branch's run is its current run
+            return fn(run)
+    finally:
+        with core.seq_lock:
+            core.open_branches.discard(prefix)
+
+
+async def _branch_async(core: RunCore, fn: Callable[[Any], Any], run: AsyncRun, prefix: str) -> Any:
+    try:
+        with running(run):  # a task of its own, holding a copy of the caller's context
+            return await fn(run)
+    finally:
+        with core.seq_lock:
+            core.open_branches.discard(prefix)

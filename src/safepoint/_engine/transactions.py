@@ -25,10 +25,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._rules.limits import step_policy
+from .._rules.replay import Asked
 from .._rules.transactions import is_uncertain
 from ..errors import ReplayMismatch, StaleCheckpoint, UsageError
 from ..types import Retry, StepKind, StepRecord, StepStatus
 from .flow import Flow, callable_name, is_async_callable
+from .observe import seen_replayed
 from .transaction_attempt import block_uncertain
 
 if TYPE_CHECKING:
@@ -61,6 +63,10 @@ def transaction_flow(
         recorded = core.check_replay(sid, StepKind.TRANSACTION, name, hashed)
     except StaleCheckpoint as stale:
         # Never re-planned: its writes are committed, and asking again would write them twice.
+        if core.replaying is not None:
+            core.replaying.diverged(
+                core, stale, Asked(sid, StepKind.TRANSACTION, name, hashed), replans=False
+            )
         phase = "replay_mismatch" if isinstance(stale, ReplayMismatch) else "stale_checkpoint"
         yield from core.block(stale, phase=phase, step_id=sid)
     if recorded is not None:
@@ -69,8 +75,10 @@ def transaction_flow(
         if recorded.status is StepStatus.FAILED:
             core.raise_recorded_failure(recorded)
         if core.watch is not None:
-            core.seen_replayed(recorded)
+            seen_replayed(core.watch, recorded)
         return recorded.result
+    if core.replaying is not None:
+        core.replaying.new(core, Asked(sid, StepKind.TRANSACTION, name, hashed))
     if core.cancelling:
         raise core.cancelled()  # before calling anything new
     core.check_slice(sid)

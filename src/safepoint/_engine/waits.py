@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from .._rules.canonical import input_hash
+from .._rules.replay import Asked
 from .._rules.waits import (
     SLEEP_INPUTS,
     SLEEP_STEP,
@@ -35,7 +36,7 @@ from ..types import StepKind, StepRecord, StepStatus, WaitGate
 from .core import RunCore
 from .crashpoints import crashpoint
 from .flow import Flow, io
-from .observe import call_status
+from .observe import call_status, seen_executed, seen_replayed
 
 
 def wait_flow(
@@ -50,8 +51,12 @@ def wait_flow(
     recorded = yield from core.replay_lookup(sid, StepKind.WAIT, step_name, hashed)
     if recorded is not None:
         if core.watch is not None:
-            core.seen_replayed(recorded, "failed" if recorded.status is StepStatus.FAILED else "completed")
+            seen_replayed(
+                core.watch, recorded, "failed" if recorded.status is StepStatus.FAILED else "completed"
+            )
         return received(core.run.run_id, recorded, name)
+    if core.replaying is not None:
+        core.replaying.new(core, Asked(sid, StepKind.WAIT, step_name, hashed))
     if core.cancelling:
         raise core.cancelled()  # waiting is new work
     base = StepRecord(core.run.run_id, sid, StepKind.WAIT, step_name, hashed, None, seq=core.next_seq(sid))
@@ -74,10 +79,14 @@ def sleep_flow(core: RunCore, step_id: str | None, duration: timedelta | float, 
     if recorded is not None:
         if (yield from io(Store.now)) >= sleep_until(recorded.result):
             if core.watch is not None:
-                core.seen_replayed(recorded)
+                seen_replayed(core.watch, recorded)
             return  # due: nothing to write
+        if core.replaying is not None:  # not due at the run's own clock: where the run is
+            core.replaying.new(core, Asked(sid, StepKind.WAIT, SLEEP_STEP, hashed))
         yield from _gate(core, io(Store.await_timer, core.claim, recorded, duration_ms), recorded)
         return  # due after all, on the store's own reading of its clock
+    if core.replaying is not None:
+        core.replaying.new(core, Asked(sid, StepKind.WAIT, SLEEP_STEP, hashed))
     if core.cancelling:
         raise core.cancelled()  # a sleep not started yet is new work
     base = StepRecord(core.run.run_id, sid, StepKind.WAIT, SLEEP_STEP, hashed, None, seq=core.next_seq(sid))
@@ -94,9 +103,11 @@ def _gate(core: RunCore, request: Flow[WaitGate], step: StepRecord) -> Flow[Wait
     try:
         gate = yield from _ask_gate(core, request, step.step_id)
     except BaseException as exc:
-        core.seen_executed(step, started, call_status(exc, otherwise="failed"), exc)
+        seen_executed(core.watch, step, started, call_status(exc, otherwise="failed"), exc)
         raise
-    core.seen_executed(step, started, "completed", None, gate.step.result if gate.step is not None else None)
+    seen_executed(
+        core.watch, step, started, "completed", None, gate.step.result if gate.step is not None else None
+    )
     return gate
 
 

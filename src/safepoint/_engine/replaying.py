@@ -1,0 +1,182 @@
+"""The watch a replay installs on a run's core (``RunCore.replaying``; see ``replay``): each
+step the record answers counted off in its lane, the first divergence kept with what a resume
+would do about it, the frontier where the code asks for something new.
+
+Kept apart from ``replay`` (which drives the engine) so that the core can name it without
+importing the engine above it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Protocol
+
+from .._rules.kinds import KINDS
+from .._rules.replay import Asked, Divergence, Order, Resume, recorded_asked
+from ..errors import ReplayMismatch, RunBlocked, StaleCheckpoint
+from ..types import EffectState, OperationRecord, StepRecord
+
+_SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
+
+
+class Watched(Protocol):
+    """What the watch reads and halts of the run's core."""
+
+    halted: BaseException | None
+    operations: dict[str, OperationRecord]
+    unreached: set[str]
+
+
+class ReplayStop(BaseException):
+    """The replay stops here (what it found is on the ``Replaying`` watch). A BaseException,
+    so that agent code's ``except Exception`` cannot swallow it."""
+
+
+class Replaying:
+    """The watch a replay installs on the run's core (``RunCore.replaying``)."""
+
+    def __init__(
+        self,
+        steps: Mapping[str, StepRecord],
+        operations: Mapping[str, OperationRecord],
+        *,
+        replans: bool,
+        live_from: str | None = None,
+    ) -> None:
+        self.recorded = dict(steps)
+        self.operations = dict(operations)
+        self.replans = replans
+        self.order = Order(steps.values())
+        self.lock = threading.Lock()
+        self.answered_count = 0
+        self.divergence: Divergence | None = None
+        self.next: Asked | None = None  # the first new step the code asked for
+        self.blocked: tuple[str, str] | None = None  # (phase, reason) of a block a resume would record
+        self.stopped_at: str | None = None  # the store request the replay cannot answer
+        self.live_from = live_from
+        self.live = False  # past the cut of a live replay: the engine runs for real
+
+    # -- what the engine tells the watch -------------------------------------------------------
+
+    def answered(self, core: Watched, step: StepRecord) -> None:
+        """The record answered ``step``: counted off, and held to the recorded order."""
+        if self.live:
+            return
+        with self.lock:
+            if step.step_id not in self.recorded or self.recorded[step.step_id].seq != step.seq:
+                return  # recorded since the replay began (a live replay's own)
+            skipped = self.order.first_left(step.step_id, below=step.seq)
+            self.order.ask(step.seq)
+            self.answered_count += 1
+        if skipped is not None:
+            asked, before = self._asked(step), self._asked(self.recorded[skipped])
+            self.diverge(
+                core,
+                Divergence(
+                    "order",
+                    step.step_id,
+                    f"the code asks for {asked.described()} before {before.described()}, which"
+                    " the run recorded first and the code has not asked: a step was left out, or"
+                    " the order changed (a resume answers steps by their ids and carries on)",
+                    Resume.CARRY_ON,
+                    asked=asked,
+                    recorded=before,
+                ),
+            )
+
+    def diverged(
+        self, core: Watched, stale: StaleCheckpoint, asked: Asked, *, replans: bool | None = None
+    ) -> None:
+        """The record holds another step at ``asked.step_id``: where a resume would block (or
+        re-plan), the replay stops."""
+        replans = self.replans if replans is None else replans
+        mismatch = isinstance(stale, ReplayMismatch)
+        phase = "replay_mismatch" if mismatch else "stale_checkpoint"
+        recorded = self.recorded.get(asked.step_id)
+        self.diverge(
+            core,
+            Divergence(
+                "mismatch" if mismatch else "changed",
+                asked.step_id,
+                stale.message,
+                Resume.REPLAN if replans else Resume.BLOCK,
+                None if replans else phase,
+                asked,
+                self._asked(recorded) if recorded is not None else None,
+            ),
+        )
+
+    def new(self, core: Watched, asked: Asked) -> None:
+        """The code asks for a step the record does not answer: the frontier, or a step added."""
+        if self.live:
+            return
+        if self.live_from is not None and asked.step_id == self.live_from:
+            self.live = True  # the cut: from here the engine runs for real
+            return
+        with self.lock:
+            expected = self.order.first_left(asked.step_id)
+        if expected is not None:
+            before = self._asked(self.recorded[expected])
+            resume, phase, why = Resume.CARRY_ON, None, "a resume would carry it out anew"
+            if KINDS[asked.kind].has_operation and self._open_unreached(core):
+                resume, phase = Resume.BLOCK, "replay_mismatch"
+                why = "a resume would block: the ledger holds an operation this code no longer reaches"
+            self.diverge(
+                core,
+                Divergence(
+                    "added",
+                    asked.step_id,
+                    f"the code asks for {asked.described()}, which the run did not record, while"
+                    f" the record's next step is {before.described()}: a step was added or"
+                    f" renamed ({why})",
+                    resume,
+                    phase,
+                    asked,
+                    before,
+                ),
+            )
+        if KINDS[asked.kind].batched:
+            return  # a step a resume may compute again (pure): computing it is no I/O
+        with self.lock:
+            if self.next is None:
+                self.next = asked
+        raise ReplayStop  # this lane's frontier: its siblings go on to theirs
+
+    def block(self, core: Watched, error: RunBlocked, phase: str) -> None:
+        """A resume would block the run here (and record ``phase``)."""
+        with self.lock:
+            if self.blocked is None:
+                self.blocked = (phase, error.message)
+        stop = ReplayStop()
+        core.halted = stop
+        raise stop
+
+    def unanswerable(self, request: str) -> ReplayStop:
+        """The engine asked the store for what a replay does not answer (a write, above all)."""
+        with self.lock:
+            if self.stopped_at is None:
+                self.stopped_at = request
+        return ReplayStop()
+
+    def diverge(self, core: Watched, divergence: Divergence) -> None:
+        with self.lock:
+            if self.divergence is None:
+                self.divergence = divergence
+        stop = ReplayStop()
+        core.halted = stop  # every fan-out branch stops at its next step
+        raise stop
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _asked(self, step: StepRecord) -> Asked:
+        return recorded_asked(step, self.operations)
+
+    def _open_unreached(self, core: Watched) -> bool:
+        """Whether the ledger holds an operation the code has not reached that may have
+        happened: a new operation beside it is refused (``dispatch.refuse_beside_orphans``)."""
+        return any(
+            core.operations[op_id].state not in _SETTLED
+            for op_id in core.unreached
+            if op_id in core.operations
+        )
