@@ -50,7 +50,9 @@ def _order_flow(name: str, calls: Calls, *, variant: str = "as recorded", versio
         else:
             found = run.read("lookup", lookup, order_id)
             asked = order_id if variant != "prompt edited" else order_id + " (be brief)"
-            decided = run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            decided = (
+                run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            )
         total = run.pure("total", lambda f: f["stock"] * 2, found)
         if variant != "left out":
             run.effect("ship", tickets, payload={"order": order_id, "total": total})
@@ -113,7 +115,8 @@ def test_a_run_still_waiting_replays_to_where_it_is(store: sp.Store, owner_env: 
     untouched()
     assert report.ok, report
     assert report.reached.value == "now"
-    assert report.next is not None and report.next.kind is StepKind.WAIT
+    assert report.next is not None
+    assert report.next.kind is StepKind.WAIT
     assert report.next.step_id == "confirm"
 
 
@@ -175,3 +178,161 @@ def test_check_deploy_says_what_a_deploy_does_to_every_run_it_takes_over(
     assert not check.ok
     assert [r.resume.value for r in check.reports] == ["block"] * 3
     assert check.summary() == "3 runs, 3 block, 3 diverged"
+
+
+def _fanned(name: str, calls: Calls, *, extra: bool = False) -> sp.Workflow:
+    """Two branches of reads, each branch three steps long, then a pure step."""
+    price = _counting(calls, "price", 10)
+
+    @sp.workflow(name)
+    def quote(run: sp.Run, item: str) -> int:
+        def branch(region: str) -> Callable[[sp.Run], int]:
+            def go(r: sp.Run) -> int:
+                a = r.read("base", price, item, region)
+                if extra and region == "us":
+                    r.read("tax", price, item, region)
+                b = r.read("fee", price, item, region)
+                return a + b + r.read("ship", price, item, region)
+
+            return go
+
+        found = run.parallel("prices", {"eu": branch("eu"), "us": branch("us")})
+        return run.pure("sum", lambda f: sum(f.values()), found)
+
+    return quote
+
+
+def test_fan_out_branches_replay_in_any_interleaving_and_an_added_step_is_found_in_its_branch(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    name = _name()
+    assert sp.start(store, _fanned(name, calls), "x", run_id="fanned") == 60
+    untouched = _untouched(store, owner_env, "fanned", calls)
+    for _ in range(5):  # the branches interleave differently each time
+        report = replay(store, "fanned")
+        assert report.ok, report.divergence
+        assert report.reached.value == "end"
+    untouched()
+    sp.testing.forget_workflows(name)
+    report = replay(store, "fanned", _fanned(name, calls, extra=True))
+    assert report.divergence is not None
+    assert (report.divergence.kind, report.divergence.step_id) == ("added", "prices.us/tax")
+    assert report.divergence.recorded is not None
+    assert report.divergence.recorded.step_id == "prices.us/fee"
+    untouched()
+
+
+def test_an_async_workflow_replays_as_a_sync_one(store: sp.Store, owner_env: OwnerService) -> None:
+    calls: Calls = {}
+    lookup = _counting(calls, "lookup", 3)
+    name = _name()
+
+    @sp.workflow(name)
+    async def doubled(run: sp.AsyncRun, n: int) -> int:
+        found = await run.read("lookup", lookup, n)
+        return await run.pure("double", lambda f: f * 2, found)
+
+    run_id = "async-run"
+    assert sp.start(store, doubled, 4, run_id=run_id) == 6  # in an event loop of its own
+    untouched = _untouched(store, owner_env, run_id, calls)
+    report = replay(store, run_id)
+    untouched()
+    assert report.ok, report
+    assert report.reached.value == "end"
+    assert report.result == 6
+
+
+def test_a_failed_run_replays_to_its_failure_and_a_fix_is_reported(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    name = _name()
+
+    def flow(fixed: bool) -> sp.Workflow:
+        lookup = _counting(calls, "lookup", {"stock": 0})
+
+        @sp.workflow(name)
+        def picky(run: sp.Run, sku: str) -> int:
+            found = run.read("lookup", lookup, sku)
+            if found["stock"] == 0 and not fixed:
+                raise ValueError("out of stock")
+            return int(found["stock"])
+
+        return picky
+
+    with pytest.raises(sp.RunFailed):
+        sp.start(store, flow(False), "A", run_id="failed")
+    untouched = _untouched(store, owner_env, "failed", calls)
+    report = replay(store, "failed")
+    assert report.ok, report
+    assert report.error == {"type": "ValueError", "message": "out of stock"}
+    sp.testing.forget_workflows(name)
+    report = replay(store, "failed", flow(True))
+    untouched()
+    assert report.divergence is not None
+    assert report.divergence.kind == "outcome"
+    assert report.result == 0
+
+
+def test_a_transaction_step_replays_from_its_record_and_a_changed_one_would_block(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    name = _name()
+
+    def flow(amount: int) -> sp.Workflow:
+        @sp.workflow(name)
+        def booked(run: sp.Run, order: str) -> Any:
+            def write(conn: Any, value: int) -> int:
+                calls["write"] = calls.get("write", 0) + 1
+                return value
+
+            return run.transaction("book", write, amount)
+
+        return booked
+
+    assert sp.start(store, flow(5), "o", run_id="booked") == 5
+    untouched = _untouched(store, owner_env, "booked", calls)
+    assert replay(store, "booked").ok
+    sp.testing.forget_workflows(name)
+    report = replay(store, "booked", flow(6))
+    untouched()
+    assert report.divergence is not None
+    assert (report.divergence.kind, report.divergence.step_id) == ("changed", "book")
+    assert report.resume.value == "block"  # a transaction step is never asked again
+
+
+def test_live_from_replays_up_to_the_cut_and_runs_the_rest_against_stubs_only(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    name = _name()
+    run_id = _recorded(store, owner_env, name, calls)
+    untouched = _untouched(store, owner_env, run_id, calls)
+    sent: list[Any] = []
+
+    def stub(payload: Any, key: Any) -> dict[str, Any]:
+        sent.append(payload)
+        return {"id": "stubbed"}
+
+    sp.testing.forget_workflows(name)
+    flow = _order_flow(name, calls, variant="prompt edited")
+    before = dict(calls)
+    with pytest.raises(sp.errors.UsageError, match="is not a step"):
+        replay(store, run_id, flow, live_from="nowhere")
+    report = replay(store, run_id, flow, live_from="plan", effects={"owner.tickets": stub})
+    assert calls.get("plan", 0) == before.get("plan", 0) + 1  # asked again, live
+    assert calls.get("lookup", 0) == before.get("lookup", 0)  # answered from the record
+    assert sent == [{"order": "o-1", "total": 6}], report
+    # the message the run received after the cut is received again: it goes to the end
+    assert report.reached.value == "end"
+    assert report.result["word"] == {"by": "ana"}
+    assert [step.step_id for step in report.live] == ["plan", "total", "ship", "stamp", "confirm"]
+    calls.clear()
+    calls.update(before)
+    untouched_counts = owner_env.client.stats()["applied"]
+    with pytest.raises(sp.errors.UsageError, match="no stub"):
+        replay(store, run_id, flow, live_from="plan")
+    assert owner_env.client.stats()["applied"] == untouched_counts
+    del untouched

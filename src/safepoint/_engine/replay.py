@@ -39,6 +39,7 @@ from ..errors import (
     ArtifactMissing,
     Cancelled,
     ContinueAsNew,
+    RunWaiting,
     UsageError,
 )
 from ..storage.base import Store
@@ -166,8 +167,10 @@ def replay_flow(
         ended = ("stopped", None)
     except ContinueAsNew as signal:
         ended = ("continued", signal.inputs)
-    except Cancelled:
-        ended = ("cancelled", None)
+    except (Cancelled, RunWaiting):  # asked to stop; a live replay waits for what never came
+        ended = ("stopped", None)
+    except UsageError:
+        raise  # a mistake in how the code (or the replay) is called, not an outcome
     except BaseException as exc:  # the workflow raised: compared with how the run ended
         ended = ("raised", exc)
     else:
@@ -206,7 +209,7 @@ def before_cut(
     return steps, operations
 
 
-def scratch_run(wf: Workflow, recorded: RecordedRun) -> Flow[Claim]:
+def scratch_run(wf: Workflow, recorded: RecordedRun, live_from: str) -> Flow[Claim]:
     """A live replay's run in its scratch ledger: the recorded run's id, inputs and limits,
     claimed by this process."""
     run = recorded.run
@@ -218,13 +221,24 @@ def scratch_run(wf: Workflow, recorded: RecordedRun) -> Flow[Claim]:
         cost_budget=run.cost_budget,
         model_call_budget=run.model_call_budget,
     )
-    created = yield from io(Store.create_run, made)
-    claim = created if isinstance(created, Claim) else None
-    if claim is None:
-        fresh = yield from io(Store.get_run, run.run_id)
-        claim = yield from io(Store.claim_run, run.run_id, fresh.state_revision, worker_id(), 60_000)
-    assert claim is not None
+    _, claim = yield from io(Store.create_run, made)
+    assert claim is not None  # a ledger of its own: the run is new there
+    # The messages the run received after the cut (and any still queued) are sent again, in
+    # their order: the conversation goes on as it went, whatever the new code asks.
+    answered = {step.step_id for step in recorded.steps.values() if step.seq < cut_seq(recorded, live_from)}
+    for message in sorted(recorded.messages, key=lambda m: m.seq):
+        if message.taken_by is not None and message.taken_by in answered:
+            continue
+        if message.for_wait is not None:
+            yield from io(Store.answer_wait, run.run_id, message.for_wait, message.name, message.payload)
+        else:
+            yield from io(Store.send_message, run.run_id, message.name, message.payload)
     return claim
+
+
+def cut_seq(recorded: RecordedRun, live_from: str) -> int:
+    cut = recorded.steps.get(live_from)
+    return cut.seq if cut is not None else 0
 
 
 def report(

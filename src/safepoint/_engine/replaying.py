@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .._rules.kinds import KINDS
 from .._rules.replay import Asked, Divergence, Order, Resume, recorded_asked
-from ..errors import ReplayMismatch, RunBlocked, StaleCheckpoint
+from ..errors import ReplayMismatch, RunBlocked, StaleCheckpoint, UsageError
 from ..types import EffectState, OperationRecord, StepRecord
 
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
@@ -56,6 +56,7 @@ class Replaying:
         self.stopped_at: str | None = None  # the store request the replay cannot answer
         self.live_from = live_from
         self.live = False  # past the cut of a live replay: the engine runs for real
+        self.stubs: frozenset[str] = frozenset()  # a live replay: the effects it has stubs for
 
     # -- what the engine tells the watch -------------------------------------------------------
 
@@ -110,6 +111,12 @@ class Replaying:
     def new(self, core: Watched, asked: Asked) -> None:
         """The code asks for a step the record does not answer: the frontier, or a step added."""
         if self.live:
+            if KINDS[asked.kind].has_operation and asked.name not in self.stubs:
+                raise UsageError(
+                    f"the live replay reached effect {asked.name!r} (step {asked.step_id!r}), which"
+                    " effects= gives no stub for: nothing was sent; give effects={"
+                    f"{asked.name!r}: a function(payload, key) returning its receipt}}"
+                )
             return
         if self.live_from is not None and asked.step_id == self.live_from:
             self.live = True  # the cut: from here the engine runs for real

@@ -117,8 +117,9 @@ def _live(run: RecordedRun, wf: Workflow, live_from: str, effects: Mapping[str, 
     scratch = SqliteStore(":memory:")
     try:
         watch = watch_for(wf, run, live_from)
+        watch.stubs = frozenset(effects)
         store = LiveStore(scratch, run.payloads)
-        claim = drive(scratch, scratch_run(wf, run))
+        claim = drive(scratch, scratch_run(wf, run, live_from))
         flow = replay_flow(store, wf, run, watch, claim=claim, owners=_stubs(effects))
         return _carried_out(wf, store, flow)
     finally:
@@ -130,12 +131,7 @@ def _stubs(effects: Mapping[str, Stub]) -> Callable[[Any, str], Callable[..., An
     refusal before anything is sent."""
 
     def owner_call(effect: Any, what: str) -> Callable[..., Any]:
-        stub = effects.get(effect.name)
-        if stub is None:
-            raise UsageError(
-                f"the live replay reached effect {effect.name!r}, which effects= gives no stub for:"
-                " nothing was sent; give effects={" + repr(effect.name) + ": a function(payload, key)}"
-            )
+        stub = effects[effect.name]  # the watch refused an effect without one before it was sent
         if what == "execute":
             return stub
         found: Callable[..., Any] | None = getattr(stub, what, None)  # execute / reconcile / verify
