@@ -44,7 +44,7 @@ from .._rules.effects import (
 from .._rules.family import family_key
 from .._rules.ids import check_id
 from .._rules.records import revised
-from .._rules.replay import Asked
+from .._rules.replay import Asked, replayable
 from .._rules.secrets import error_evidence, redact_json, redact_text, refuse_secrets, storable_json
 from ..errors import (
     ApprovalInvalid,
@@ -178,8 +178,6 @@ class EffectDispatch(SettledElsewhere):
         )
         if recorded is not None:
             return recorded.result
-        if core.replaying is not None and asked is not None:  # its outcome is not recorded: new work
-            core.replaying.new(core, asked)
 
         # An operation id the caller chose names the operation across the run's chain: one an
         # earlier run of the chain settled is never dispatched again (nor keyed afresh). A
@@ -191,6 +189,8 @@ class EffectDispatch(SettledElsewhere):
         settled = yield from self.settled_before(op_id, payload_ref, chained, hashed)
         if settled is not None:
             return settled.receipt
+        if core.replaying is not None and asked is not None and not replayable(core.operations.get(op_id)):
+            core.replaying.new(core, asked)  # a replay: its outcome is nowhere recorded, new work
         if op_id not in core.operations and core.unreached:
             yield from self.refuse_beside_orphans(op_id, prefix)
         try:

@@ -64,13 +64,20 @@ from .workflow import Workflow
 _SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
 
 
-class RecordedStore:
-    """The store a replay's engine talks to: the recorded run, read-only. A request it does
-    not answer stops the replay there (``Replaying.unanswerable``)."""
+# What a replay from a store may read of other runs there (a fork's source, an earlier run of
+# the chain): their records answer some of this run's steps, as they do on a resume.
+_OTHER_RUNS = frozenset({"get_run", "find_run", "load_ledger", "chain_operation", "family_operation"})
 
-    def __init__(self, recorded: RecordedRun, watch: Replaying) -> None:
+
+class RecordedStore:
+    """The store a replay's engine talks to: the recorded run, read-only, and (replaying from
+    a store) the reads of other runs a resume makes. A request it does not answer stops the
+    replay there (``Replaying.unanswerable``)."""
+
+    def __init__(self, recorded: RecordedRun, watch: Replaying, source: Any = None) -> None:
         self._recorded = recorded
         self._watch = watch
+        self._source = source
         self.url = "replay:"
 
     def now(self) -> int:
@@ -80,6 +87,8 @@ class RecordedStore:
     def get_artifact(self, digest: str) -> bytes:
         found = self._recorded.payloads.get(digest)
         if found is None:
+            if self._source is not None:
+                return bytes(self._source.get_artifact(digest))
             raise ArtifactMissing(digest)
         return found
 
@@ -95,6 +104,8 @@ class RecordedStore:
     def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
+        if name in _OTHER_RUNS and self._source is not None:
+            return getattr(self._source, name)  # type: ignore[no-any-return]
 
         def unanswered(*args: Any, **kwargs: Any) -> Any:
             raise self._watch.unanswerable(name)

@@ -139,7 +139,7 @@ class SettledElsewhere:
         """Record the step with the outcome another run of the family settled (``settled``), so
         that a replay finds it here and a fork of this run copies it."""
         core = self.core
-        if core.cancelling:
+        if core.cancelling or core.replaying is not None:  # nothing new is written
             return
         step = self.accepted_step(settled, hashed)
         yield from core.append_new(core.write(io(Store.record_step, core.claim, step)), self.sid)

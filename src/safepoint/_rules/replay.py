@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..types import OperationRecord, StepKind, StepRecord
+from ..types import EffectState, OperationRecord, StepKind, StepRecord
 
 
 class Resume(StrEnum):
@@ -57,6 +57,13 @@ class Asked:
     def described(self) -> str:
         """``read 'lookup' (step 'lookup')``."""
         return f"{self.kind.value} {self.name!r} (step {self.step_id!r})"
+
+
+def replayable(op: OperationRecord | None) -> bool:
+    """Whether the record holds an operation's outcome (accepted, or rejected): a resume
+    replays its receipt, or its rejection, without asking its owner — even with no step
+    recorded for it (a rejection records none)."""
+    return op is not None and op.state in (EffectState.ACCEPTED, EffectState.REJECTED)
 
 
 def recorded_asked(step: StepRecord, operations: Mapping[str, OperationRecord]) -> Asked:

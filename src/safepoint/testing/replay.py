@@ -73,7 +73,9 @@ def replay(
 ) -> ReplayReport:
     """Replay run ``run_id`` of ``store`` under ``workflow`` (default: the workflow registered
     under the name the run recorded) — see the module docstring."""
-    return replay_recorded(recorded(store, run_id), workflow, live_from=live_from, effects=effects)
+    return replay_recorded(
+        recorded(store, run_id), workflow, live_from=live_from, effects=effects, source=store
+    )
 
 
 def replay_file(
@@ -97,8 +99,11 @@ def replay_recorded(
     *,
     live_from: str | None = None,
     effects: Mapping[str, Stub] | None = None,
+    source: Any = None,
 ) -> ReplayReport:
-    """Replay a recorded run (``recorded``, or ``recorded_run`` of a file's document)."""
+    """Replay a recorded run (``recorded``, or ``recorded_run`` of a file's document);
+    ``source``: the store it was read from, whose other runs a replay may read (a fork's
+    source, an earlier run of its chain), as a resume would."""
     wf = workflow if workflow is not None else workflow_of(run.run)
     if not isinstance(wf, Workflow):
         raise UsageError(f"workflow= takes a function decorated with @safepoint.workflow, not {wf!r}")
@@ -106,7 +111,7 @@ def replay_recorded(
         if effects is not None:
             raise UsageError("effects= stands for owners in a live replay: give live_from= too")
         watch = watch_for(wf, run)
-        store = RecordedStore(run, watch)
+        store = RecordedStore(run, watch, source)
         return _carried_out(wf, store, replay_flow(store, wf, run, watch))
     return _live(run, wf, live_from, effects or {})
 

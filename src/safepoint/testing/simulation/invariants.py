@@ -11,7 +11,9 @@
 - ``actionable`` — once time settles, every run has completed, failed, been cancelled, is waiting,
   stopped or blocked with a recovery record — never pending or running with nobody on it;
 - ``engine error`` — a failed run failed with an error its workflow may raise (``Config``'s
-  ``expected_failures``), not one of the engine's own.
+  ``expected_failures``), not one of the engine's own;
+- ``replays`` — a replay of a run under the code that recorded it, racing its workers, sent
+  nothing, wrote nothing, and asked what the run recorded in the order it was recorded.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def check(w: World, *, settled: bool, expected_failures: Collection[str] | None)
     found += _once_per_family(w)
     found += [Violation("stale fence", s) for s in w.store.stale_writes]
     found += [Violation("tool calls answered", s) for s in w.unanswered]
+    found += [Violation("replays", s) for s in w.replays]
     found += _budgets(w)
     found += _nothing_lost(w)
     if expected_failures is not None:

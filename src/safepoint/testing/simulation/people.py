@@ -2,7 +2,8 @@
 
 A person acts through the public verbs only, racing the workers: fork (from any recorded step,
 with or without ``resend``), retry, ``extend_limits``, resolve (truthfully: they look at the
-owner first, as a person at a console would), send, approve, revoke, cancel and prune. A client
+owner first, as a person at a console would), send, approve, revoke, cancel, prune, and replay a
+run offline (``safepoint.testing.replay``, as a deploy check does). A client
 starts or resumes a run in a process of its own, which can die like a worker's. What the verbs
 refuse (a run that moved on, a step not found) is what a person meets too: part of the schedule,
 not a failure of it.
@@ -195,6 +196,27 @@ def _resume(w: World) -> str | None:
     return f"resume {run[0]} in {name}" + (f" for {slice_s:g}s" if slice_s else "")
 
 
+def _replay(w: World) -> str | None:
+    """Replay a run offline under the code that recorded it, racing the workers (a deploy
+    check): it carries out nothing and writes nothing, and — the code being the same — asks
+    what the run recorded, in its order (``replays``, an invariant). Its reads of the run are
+    store requests like any other: the scheduler may switch processes between them."""
+    from ..replay import replay
+
+    run = _pick(w, _runs(w))
+    if run is None:
+        return None
+    applied = len(w.owner.applications)
+    report = replay(w.store, run[0])  # reads the run; the replay itself talks to its record only
+    if len(w.owner.applications) != applied:
+        w.replays.append(f"a replay of {run[0]} reached the effect owner")
+    if report.divergence is not None:
+        w.replays.append(
+            f"{run[0]} replays under its own code to {report.divergence.kind}: {report.divergence.reason}"
+        )
+    return f"replay {run[0]}: {report.reached.value}, {report.replayed}/{report.recorded} steps"
+
+
 def _prune(w: World) -> str | None:
     done = prune(w.store, finished_before=timedelta(0), statuses=["completed", "cancelled", "failed"])
     return f"prune took {done.runs} runs"
@@ -213,6 +235,7 @@ ACTIONS: tuple[Callable[[World], str | None], ...] = (
     _prune,
     _answer,
     _resume,
+    _replay,
 )
 
 

@@ -288,6 +288,7 @@ class World:
     unanswered: list[str] = field(default_factory=list)  # model requests with a tool call unanswered
     resends: list[tuple[str, str]] = field(default_factory=list)  # (family, operation id) named to resend
     business_of: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (family, op) → business
+    replays: list[str] = field(default_factory=list)  # what a replay under the same code did wrong
 
     def family_of(self, run_id: str) -> str:
         """The instance ``run_id`` descends from — itself, a fork of it (``…-fork-…``), a
