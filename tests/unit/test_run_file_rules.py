@@ -117,7 +117,7 @@ def test_a_field_missing_is_named_by_its_path(document: dict[str, Any]) -> None:
 def test_a_field_no_record_has_is_refused_rather_than_dropped(document: dict[str, Any]) -> None:
     error = refused(changed(document, lambda d: d["events"][2].update(colour="red")))
     assert error.path == "events[2].colour"
-    assert f"no field of a EventRecord in a run file of version {VERSION}" in error.message
+    assert f"no field of EventRecord in a run file of version {VERSION}" in error.message
 
 
 @pytest.mark.parametrize(

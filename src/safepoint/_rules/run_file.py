@@ -140,9 +140,9 @@ def recorded_run(document: Any) -> RecordedRun:
     if not isinstance(document, dict):
         raise RunFileInvalid("$", f"the document is {_kind(document)}, not a JSON object")
     _check_format(document)
-    unknown = sorted(key for key in document if key not in ("format", "version", *_PARTS))
+    unknown = [key for key in document if key not in ("format", "version", *_PARTS)]
     if unknown:
-        raise RunFileInvalid(unknown[0], f"is not part of a run file of version {VERSION}")
+        raise RunFileInvalid(str(unknown[0]), f"is not part of a run file of version {VERSION}")
     for part in _PARTS:
         if part not in document:
             raise RunFileInvalid(part, "is missing")
@@ -292,10 +292,10 @@ def _record(cls: type[Any], value: Any, path: str) -> Any:
         readers = _FIELDS[cls] = {f.name: _reader(hints[f.name]) for f in dataclasses.fields(cls)}
     if not isinstance(value, dict):
         raise RunFileInvalid(path, f"is {_kind(value)}, not an object")
-    unknown = sorted(key for key in value if key not in readers)
+    unknown = [key for key in value if key not in readers]
     if unknown:
         raise RunFileInvalid(
-            f"{path}.{unknown[0]}", f"is no field of a {cls.__name__} in a run file of version {VERSION}"
+            f"{path}.{unknown[0]}", f"is no field of {cls.__name__} in a run file of version {VERSION}"
         )
     fields = {}
     for name, read in readers.items():
