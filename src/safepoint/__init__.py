@@ -21,6 +21,8 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from ._engine.current import current_effect_key as current_effect_key
     from ._engine.current import current_run as current_run
+    from ._engine.exported import export_run as export_run
+    from ._engine.exported import export_run_async as export_run_async
     from ._engine.fork import fork as fork
     from ._engine.fork import fork_async as fork_async
     from ._engine.limits import extend_limits as extend_limits
@@ -131,6 +133,8 @@ __all__ = [
     "cancel_async",
     "current_effect_key",
     "current_run",
+    "export_run",
+    "export_run_async",
     "extend_limits",
     "extend_limits_async",
     "fork",
@@ -164,6 +168,8 @@ __all__ = [
 _LOADED_LATER = {
     "current_effect_key": "._engine.current",
     "current_run": "._engine.current",
+    "export_run": "._engine.exported",
+    "export_run_async": "._engine.exported",
     "fork": "._engine.fork",
     "fork_async": "._engine.fork",
     "extend_limits": "._engine.limits",

@@ -418,6 +418,7 @@ LOOKING = [
     ["show", "r"],
     ["show", "r", "--json"],
     ["record", "r"],
+    ["export", "r"],
     ["resume", "r"],
     ["cancel", "r", "--by", "ana"],
     ["approve", "r", "s", "--by", "ana"],

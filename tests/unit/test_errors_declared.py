@@ -50,6 +50,7 @@ from safepoint.errors import (
     RunCancelled,
     RunConflict,
     RunFailed,
+    RunFileInvalid,
     RunNotFound,
     RunOwned,
     RunWaiting,
@@ -107,6 +108,7 @@ EXAMPLES: list[BaseException] = [
     ForkRefused("r", "no such step", choices=["a", "b"], operation_id="op"),  # type: ignore[arg-type]
     RetryRefused("r", "it is not failed"),
     PruneRefused("no status 'running'"),
+    RunFileInvalid("steps[3].kind", "'bogus' is no step kind", "upgrade safepoint"),
     InvalidStoreURL("ftp://x", "no such scheme"),
     MissingExtra("postgres", "psycopg", needed_by="the pool"),
     RunOwned("r", "w1", T),

@@ -65,6 +65,9 @@ TOP_LEVEL = frozenset(
         "prune",
         "prune_async",
         "record_schema",
+        # a run as a portable file (safepoint export), for a replay or another machine
+        "export_run",
+        "export_run_async",
         "open_store",
         "open_async_store",
         # the run whose workflow is executing (for helpers and integrations)

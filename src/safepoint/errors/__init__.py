@@ -26,6 +26,7 @@ The tree::
         │   │   └── WaitAnswered        an answer to a wait that was answered (or timed out) already
         │   ├── RetryRefused            a retry that does not fit the run (not failed, moved, …)
         │   ├── PruneRefused            a prune asked for what it cannot do (a status, a cut-off)
+        │   ├── RunFileInvalid          a run file (safepoint export's document) that cannot be read
         │   ├── InvalidStoreURL
         │   └── MissingExtra            an optional dependency is not installed
         ├── RunOwned                    another live worker holds the run's lease
@@ -108,6 +109,7 @@ from ._base import (
     ForkRefused,
     PruneRefused,
     RetryRefused,
+    RunFileInvalid,
     InvalidStoreURL,
     MissingExtra,
 )
@@ -201,6 +203,7 @@ __all__ = [
     "RunCancelled",
     "RunConflict",
     "RunFailed",
+    "RunFileInvalid",
     "RunNotFound",
     "RunOwned",
     "RunWaiting",

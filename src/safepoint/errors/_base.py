@@ -355,6 +355,21 @@ class PruneRefused(UsageError):
 
 
 @error
+class RunFileInvalid(UsageError):
+    """A run file (the document ``safepoint export`` writes) that cannot be read: ``path`` says
+    where in it (``steps[3].kind``; ``$`` is the document itself), ``reason`` what is wrong and
+    ``remedy`` what to do — for a document of a newer version than this safepoint reads, to
+    upgrade safepoint. Nothing was read, and the document is left as it was given."""
+
+    path: str
+    reason: str
+    remedy: str = "export the run again (`safepoint export RUN`), or correct the file there"
+
+    def _message(self) -> str:
+        return f"run file refused at {self.path}: {self.reason}; {self.remedy}"
+
+
+@error
 class InvalidStoreURL(UsageError):
     """A store URL that names no store safepoint can open; ``reason`` says why."""
 

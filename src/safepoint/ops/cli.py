@@ -28,7 +28,7 @@ from .._engine.worker import Worker
 from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
-from . import carry_commands, keys_commands, operator_commands, retention_commands
+from . import carry_commands, keys_commands, operator_commands, retention_commands, run_file_commands
 from .admission import DEFAULT_PORT
 from .cli_support import (
     EXIT_BLOCKED,
@@ -375,6 +375,7 @@ for _command in (
     *carry_commands.COMMANDS,
     *retention_commands.COMMANDS,
     *keys_commands.COMMANDS,
+    *run_file_commands.COMMANDS,
 ):
     cli.add_command(_command)
 

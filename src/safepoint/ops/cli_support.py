@@ -2,9 +2,10 @@
 options and arguments most commands take, and the console it prints to.
 
 The commands live in ``cli`` (looking at runs, workers, the ledger itself),
-``operator_commands`` (a person's decisions) and ``carry_commands`` (carrying a stopped run on);
-each imports only this module from the command line's plumbing, never ``cli``, which registers
-them all on its group.
+``operator_commands`` (a person's decisions), ``carry_commands`` (carrying a stopped run on) and
+the modules of their own concerns (``retention_commands``, ``keys_commands``,
+``run_file_commands``); each imports only this module from the command line's plumbing, never
+``cli``, which registers them all on its group.
 """
 
 from __future__ import annotations

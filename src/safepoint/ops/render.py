@@ -30,6 +30,8 @@ from .._rules.limits import stop_words
 from .._rules.moments import instant, relative, when
 from .._rules.presence import HELD, LEASE_EXPIRED, RELEASED, Ownership, ownership
 from .._rules.records import record_fields
+from .._rules.run_file import RecordedRun
+from .._rules.run_file import run_document as file_document
 from .._rules.waits import MESSAGE, SLEEP, waiting_kind
 from ..errors import SafepointError
 from ..storage.base import Store
@@ -742,30 +744,41 @@ def print_run(console: Console, store: Store, run_id: str) -> None:
     print_table(console, events_table(events))
 
 
+_PARTS_SHOWN = ("steps", "operations", "attempts", "approvals", "messages", "events")
+
+
 def run_document(store: Store, run_id: str) -> dict[str, Any]:
     """Everything the ledger holds about a run, whole, as one JSON-ready document: the body of
     `safepoint show --json`. Times stay epoch milliseconds on the store's clock (``now`` is
-    that clock when it was read); ``ownership`` says who holds the run at ``now``."""
+    that clock when it was read); ``ownership`` says who holds the run at ``now``. The parts are
+    the run file's (``safepoint export``), but for what a person reading the run is shown
+    besides: an operation whose payload cannot be read has it null, beside ``payload_error``,
+    and the run's step attempts name the exception classes they retry (``retry_on``)."""
     ledger = store.load_ledger(run_id)
     now = store.now()
-    operations = []
-    for op in sorted(ledger.operations.values(), key=lambda o: o.prepared_at):
-        entry = record_fields(op)
+    payloads: dict[str, bytes] = {}
+    unread: dict[str, str] = {}
+    for op in ledger.operations.values():
         try:
-            entry["payload"] = json.loads(store.get_artifact(op.payload_ref))
+            payloads[op.payload_ref] = store.get_artifact(op.payload_ref)
         except SafepointError as exc:
-            entry["payload"], entry["payload_error"] = None, exc.message
-        operations.append(entry)
-    return {
-        "run": record_fields(ledger.run),
-        "now": now,
-        "ownership": asdict(ownership(ledger.run, now)),
-        "steps": [record_fields(s) for s in sorted(ledger.steps.values(), key=lambda s: s.seq)],
-        "operations": operations,
-        "attempts": {
-            step_id: [record_fields(a) for a in tried] for step_id, tried in sorted(ledger.attempts.items())
-        },
-        "approvals": [record_fields(a) for a in store.approvals(run_id)],
-        "messages": [record_fields(m) for m in store.messages(run_id)],
-        "events": [record_fields(e) for e in store.events(run_id)],
-    }
+            unread[op.payload_ref] = exc.message
+    recorded = RecordedRun(
+        ledger.run,
+        ledger.steps,
+        ledger.operations,
+        ledger.attempts,
+        store.approvals(run_id),
+        store.messages(run_id),
+        store.events(run_id),
+        payloads,
+    )
+    document = file_document(recorded)
+    for entry in document["operations"]:
+        if entry["payload_ref"] in unread:
+            entry["payload_error"] = unread[entry["payload_ref"]]
+    if ledger.run.step_attempts is not None:
+        document["run"]["step_attempts"] = record_fields(ledger.run.step_attempts)
+    shown = {"run": document["run"], "now": now, "ownership": asdict(ownership(ledger.run, now))}
+    shown.update((part, document[part]) for part in _PARTS_SHOWN)
+    return shown
