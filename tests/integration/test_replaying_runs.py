@@ -336,3 +336,27 @@ def test_live_from_replays_up_to_the_cut_and_runs_the_rest_against_stubs_only(
         replay(store, run_id, flow, live_from="plan")
     assert owner_env.client.stats()["applied"] == untouched_counts
     del untouched
+
+
+def test_a_run_of_every_part_replays_from_its_store_and_from_its_file_alike(
+    store: sp.Store, tmp_path: Any
+) -> None:
+    """Steps of every kind, a failed attempt, an approved effect, a message taken and one
+    left: replayed from the store, and from the file ``safepoint export`` writes of it, to
+    the same report — the file of a run on SQLite and the one of a run on PostgreSQL alike."""
+    import json
+
+    from run_file_flows import record_every_part
+    from safepoint.testing.replay import replay_file
+
+    run_id = f"every-{uuid.uuid4().hex[:6]}"
+    record_every_part(store, run_id)
+    report = replay(store, run_id)
+    assert report.ok, report
+    assert report.replayed == report.recorded > 5
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(sp.export_run(store, run_id)))
+    from_file = replay_file(path)
+    assert from_file == report
+    kinds = {step.kind for step in store.load_ledger(run_id).steps.values()}
+    assert kinds == set(StepKind), kinds

@@ -313,13 +313,7 @@ def _judged(
 ) -> Divergence | None:
     """Where a replay that met no divergence on the way ended, against how the run ended."""
     if watch.blocked is not None:
-        phase, reason = watch.blocked
-        recorded_phase = (run.recovery_record or {}).get("phase")
-        if run.status is RunStatus.BLOCKED and recorded_phase == phase:
-            return None
-        return Divergence(
-            "outcome", None, f"a resume would block the run ({phase}): {reason}", Resume.BLOCK, phase
-        )
+        return None  # where the run stands, not where the code parts: the report says the block
     left = watch.order.left()
     if left:
         first = recorded_asked(watch.recorded[left[0]], watch.operations)

@@ -167,6 +167,7 @@ class SimOwner:
     rejected: set[str] = field(default_factory=set)  # keys refused: refused again
     in_progress: set[str] = field(default_factory=set)  # keys of requests being applied late
     requests: int = 0
+    requesters: list[str] = field(default_factory=list)  # the task that made each request
 
     def _known(self, key: str) -> Applied_ | None:
         found = self.by_key.get(key)
@@ -191,6 +192,7 @@ class SimOwner:
     def request(self, key: EffectKey, business: str) -> dict[str, Any]:
         """``execute``'s call: apply ``business`` under ``key``, through the faults."""
         self.requests += 1
+        self.requesters.append(self.scheduler.me().name)
         family = key.run_id
         if _current:  # which business operation this operation of this family is
             here = _current[-1]
