@@ -50,7 +50,9 @@ def _order_flow(name: str, calls: Calls, *, variant: str = "as recorded", versio
         else:
             found = run.read("lookup", lookup, order_id)
             asked = order_id if variant != "prompt edited" else order_id + " (be brief)"
-            decided = run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            decided = (
+                run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            )
         total = run.pure("total", lambda f: f["stock"] * 2, found)
         if variant != "left out":
             run.effect("ship", tickets, payload={"order": order_id, "total": total})
@@ -113,7 +115,8 @@ def test_a_run_still_waiting_replays_to_where_it_is(store: sp.Store, owner_env: 
     untouched()
     assert report.ok, report
     assert report.reached.value == "now"
-    assert report.next is not None and report.next.kind is StepKind.WAIT
+    assert report.next is not None
+    assert report.next.kind is StepKind.WAIT
     assert report.next.step_id == "confirm"
 
 
@@ -175,3 +178,41 @@ def test_check_deploy_says_what_a_deploy_does_to_every_run_it_takes_over(
     assert not check.ok
     assert [r.resume.value for r in check.reports] == ["block"] * 3
     assert check.summary() == "3 runs, 3 block, 3 diverged"
+
+
+def test_a_live_replay_runs_the_code_from_the_cut_with_effects_sent_to_the_stub_only(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    run_id = _recorded(store, owner_env, _name(), calls)
+    applied, ledger = owner_env.client.stats()["applied"], store.load_ledger(run_id)
+    sent: list[Any] = []
+
+    def stub(payload: Any, key: sp.EffectKey) -> dict[str, str]:
+        sent.append(payload)
+        return {"id": "stubbed"}
+
+    report = replay(store, run_id, live_from="plan", effects={"owner.tickets": stub})
+    assert calls == {"lookup": 1, "plan": 2}  # the read before the cut answered from the record
+    assert report.replayed == 1
+    assert [s.step_id for s in report.live][:4] == ["plan", "total", "ship", "stamp"]
+    assert sent == [{"order": "o-1", "total": 6}]
+    assert owner_env.client.stats()["applied"] == applied
+    assert store.load_ledger(run_id) == ledger
+
+
+def test_a_live_replay_that_reaches_an_effect_without_a_stub_says_so_and_sends_nothing(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    run_id = _recorded(store, owner_env, _name(), calls)
+    applied = owner_env.client.stats()["applied"]
+    with pytest.raises(sp.UsageError, match=r"effect 'owner.tickets', which effects= gives no stub for"):
+        replay(store, run_id, live_from="plan", effects={"owner.other": lambda payload, key: {}})
+
+    def unsure(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError("the owner did not answer")  # unknown: reconciled with the stub
+
+    with pytest.raises(sp.UsageError, match=r"the stub for effect 'owner.tickets' has no reconcile"):
+        replay(store, run_id, live_from="plan", effects={"owner.tickets": unsure})
+    assert owner_env.client.stats()["applied"] == applied

@@ -218,12 +218,9 @@ def scratch_run(wf: Workflow, recorded: RecordedRun) -> Flow[Claim]:
         cost_budget=run.cost_budget,
         model_call_budget=run.model_call_budget,
     )
-    created = yield from io(Store.create_run, made)
-    claim = created if isinstance(created, Claim) else None
+    _, claim = yield from io(Store.create_run, made)  # (the run, its claim): a fresh ledger's
     if claim is None:
-        fresh = yield from io(Store.get_run, run.run_id)
-        claim = yield from io(Store.claim_run, run.run_id, fresh.state_revision, worker_id(), 60_000)
-    assert claim is not None
+        raise UsageError(f"the scratch ledger of a live replay already holds run {run.run_id!r}")
     return claim
 
 

@@ -115,33 +115,41 @@ def _live(run: RecordedRun, wf: Workflow, live_from: str, effects: Mapping[str, 
     from ..storage.sqlite import SqliteStore
 
     scratch = SqliteStore(":memory:")
+    refused: list[UsageError] = []
     try:
         watch = watch_for(wf, run, live_from)
         store = LiveStore(scratch, run.payloads)
         claim = drive(scratch, scratch_run(wf, run))
-        flow = replay_flow(store, wf, run, watch, claim=claim, owners=_stubs(effects))
-        return _carried_out(wf, store, flow)
+        flow = replay_flow(store, wf, run, watch, claim=claim, owners=_stubs(effects, refused))
+        done = _carried_out(wf, store, flow)
     finally:
         scratch.close()
+    if refused:
+        # Raised inside the dispatch, the refusal reads as an owner call that failed (its outcome
+        # unknown, so the scratch run blocked): the replay's caller is told what is missing.
+        raise refused[0]
+    return done
 
 
-def _stubs(effects: Mapping[str, Stub]) -> Callable[[Any, str], Callable[..., Any]]:
+def _stubs(
+    effects: Mapping[str, Stub], refused: list[UsageError]
+) -> Callable[[Any, str], Callable[..., Any]]:
     """The owner calls of a live replay: each effect's stub, and for an effect without one, a
-    refusal before anything is sent."""
+    refusal before anything is sent (kept in ``refused``, and raised by the replay)."""
 
     def owner_call(effect: Any, what: str) -> Callable[..., Any]:
         stub = effects.get(effect.name)
-        if stub is None:
-            raise UsageError(
-                f"the live replay reached effect {effect.name!r}, which effects= gives no stub for:"
-                " nothing was sent; give effects={" + repr(effect.name) + ": a function(payload, key)}"
-            )
-        if what == "execute":
-            return stub
-        found: Callable[..., Any] | None = getattr(stub, what, None)  # execute / reconcile / verify
-        if found is None:
-            raise UsageError(f"the stub for effect {effect.name!r} has no {what}")
-        return found
+        found: Callable[..., Any] | None = stub if what == "execute" else getattr(stub, what, None)
+        if found is not None:  # execute / reconcile / verify
+            return found
+        refusal = UsageError(
+            f"the live replay reached effect {effect.name!r}, which effects= gives no stub for:"
+            " nothing was sent; give effects={" + repr(effect.name) + ": a function(payload, key)}"
+            if stub is None
+            else f"the stub for effect {effect.name!r} has no {what}"
+        )
+        refused.append(refusal)
+        raise refusal
 
     return owner_call
 
