@@ -360,3 +360,41 @@ def test_a_run_of_every_part_replays_from_its_store_and_from_its_file_alike(
     assert from_file == report
     kinds = {step.kind for step in store.load_ledger(run_id).steps.values()}
     assert kinds == set(StepKind), kinds
+
+
+def test_a_live_replay_runs_the_code_from_the_cut_with_effects_sent_to_the_stub_only(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    run_id = _recorded(store, owner_env, _name(), calls)
+    applied, ledger = owner_env.client.stats()["applied"], store.load_ledger(run_id)
+    sent: list[Any] = []
+
+    def stub(payload: Any, key: sp.EffectKey) -> dict[str, str]:
+        sent.append(payload)
+        return {"id": "stubbed"}
+
+    report = replay(store, run_id, live_from="plan", effects={"owner.tickets": stub})
+    assert calls == {"lookup": 1, "plan": 2}  # the read before the cut answered from the record
+    assert report.replayed == 1
+    assert [s.step_id for s in report.live][:4] == ["plan", "total", "ship", "stamp"]
+    assert sent == [{"order": "o-1", "total": 6}]
+    assert owner_env.client.stats()["applied"] == applied
+    assert store.load_ledger(run_id) == ledger
+
+
+def test_a_live_replay_that_reaches_an_effect_without_a_stub_says_so_and_sends_nothing(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    calls: Calls = {}
+    run_id = _recorded(store, owner_env, _name(), calls)
+    applied = owner_env.client.stats()["applied"]
+    with pytest.raises(sp.UsageError, match=r"effect 'owner.tickets', which effects= gives no stub for"):
+        replay(store, run_id, live_from="plan", effects={"owner.other": lambda payload, key: {}})
+
+    def unsure(payload: Any, key: sp.EffectKey) -> Any:
+        raise TimeoutError("the owner did not answer")  # unknown: reconciled with the stub
+
+    with pytest.raises(sp.UsageError, match=r"the stub for effect 'owner.tickets' has no reconcile"):
+        replay(store, run_id, live_from="plan", effects={"owner.tickets": unsure})
+    assert owner_env.client.stats()["applied"] == applied

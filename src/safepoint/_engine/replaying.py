@@ -57,6 +57,7 @@ class Replaying:
         self.live_from = live_from
         self.live = False  # past the cut of a live replay: the engine runs for real
         self.stubs: frozenset[str] = frozenset()  # a live replay: the effects it has stubs for
+        self.refused: UsageError | None = None  # … and the first effect it reached without one
 
     # -- what the engine tells the watch -------------------------------------------------------
 
@@ -112,11 +113,16 @@ class Replaying:
         """The code asks for a step the record does not answer: the frontier, or a step added."""
         if self.live:
             if KINDS[asked.kind].has_operation and asked.name not in self.stubs:
-                raise UsageError(
-                    f"the live replay reached effect {asked.name!r} (step {asked.step_id!r}), which"
-                    " effects= gives no stub for: nothing was sent; give effects={"
+                refusal = UsageError(
+                    f"the live replay reached effect {asked.name!r}, which effects= gives no stub for"
+                    f" (step {asked.step_id!r}): nothing was sent; give effects={{"
                     f"{asked.name!r}: a function(payload, key) returning its receipt}}"
                 )
+                # Kept, and raised by the replay: agent code (an SDK's tool runner) may catch
+                # it, and the run stops at its next step all the same.
+                self.refused = self.refused or refusal
+                core.halted = refusal
+                raise refusal
             return
         if self.live_from is not None and asked.step_id == self.live_from:
             self.live = True  # the cut: from here the engine runs for real

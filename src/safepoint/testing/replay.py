@@ -120,29 +120,39 @@ def _live(run: RecordedRun, wf: Workflow, live_from: str, effects: Mapping[str, 
     from ..storage.sqlite import SqliteStore
 
     scratch = SqliteStore(":memory:")
+    refused: list[UsageError] = []
     try:
         watch = watch_for(wf, run, live_from)
         watch.stubs = frozenset(effects)
         store = LiveStore(scratch, run.payloads)
         claim = drive(scratch, scratch_run(wf, run, live_from))
-        flow = replay_flow(store, wf, run, watch, claim=claim, owners=_stubs(effects))
-        return _carried_out(wf, store, flow)
+        flow = replay_flow(store, wf, run, watch, claim=claim, owners=_stubs(effects, refused))
+        done = _carried_out(wf, store, flow)
     finally:
         scratch.close()
+    if watch.refused is not None or refused:
+        # Raised inside the dispatch (or caught by agent code), the refusal would read as an
+        # owner call that failed, or not at all: the replay's caller is told what is missing.
+        raise watch.refused or refused[0]
+    return done
 
 
-def _stubs(effects: Mapping[str, Stub]) -> Callable[[Any, str], Callable[..., Any]]:
-    """The owner calls of a live replay: each effect's stub, and for an effect without one, a
-    refusal before anything is sent."""
+def _stubs(
+    effects: Mapping[str, Stub], refused: list[UsageError]
+) -> Callable[[Any, str], Callable[..., Any]]:
+    """The owner calls of a live replay: each effect's stub (the watch refuses an effect without
+    one before anything is sent), and for a stub without the reconcile or verify a dispatch
+    asks for, a refusal — kept in ``refused`` and raised by the replay, since raised inside the
+    dispatch it would read as an owner call that failed."""
 
     def owner_call(effect: Any, what: str) -> Callable[..., Any]:
         stub = effects[effect.name]  # the watch refused an effect without one before it was sent
-        if what == "execute":
-            return stub
-        found: Callable[..., Any] | None = getattr(stub, what, None)  # execute / reconcile / verify
-        if found is None:
-            raise UsageError(f"the stub for effect {effect.name!r} has no {what}")
-        return found
+        found: Callable[..., Any] | None = stub if what == "execute" else getattr(stub, what, None)
+        if found is not None:  # execute / reconcile / verify
+            return found
+        refusal = UsageError(f"the stub for effect {effect.name!r} has no {what}: give it one")
+        refused.append(refusal)
+        raise refusal
 
     return owner_call
 

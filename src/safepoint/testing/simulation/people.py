@@ -215,10 +215,14 @@ def _replay(w: World) -> str | None:
         w.replays.append(f"a replay of {run[0]} sent a request to the effect owner")
     # The same code may still part from a run's record where a resume would block too: a fork
     # whose copied step asked about its source (an input naming the run, say) is checked as a
-    # resume checks it. Anything else — an order, a step added or left out, another ending —
-    # is the replay's own mistake about code that did not change.
+    # resume checks it. And a run that ended may end otherwise today: a fork's step answered by
+    # its family reads the family as it stands now (a rejection there since settled anew). An
+    # order, a step added or one left out is the replay's own mistake about unchanged code.
     found = report.divergence
-    if found is not None and (found.kind not in ("changed", "mismatch") or found.resume is not Resume.BLOCK):
+    if found is not None and (
+        found.kind in ("order", "added", "unasked")
+        or (found.kind in ("changed", "mismatch") and found.resume is not Resume.BLOCK)
+    ):
         w.replays.append(f"{run[0]} replays under its own code to {found.kind}: {found.reason}")
     return f"replay {run[0]}: {report.reached.value}, {report.replayed}/{report.recorded} steps"
 
