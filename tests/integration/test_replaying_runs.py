@@ -50,7 +50,9 @@ def _order_flow(name: str, calls: Calls, *, variant: str = "as recorded", versio
         else:
             found = run.read("lookup", lookup, order_id)
             asked = order_id if variant != "prompt edited" else order_id + " (be brief)"
-            decided = run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            decided = (
+                run.decide("plan", plan, asked) if variant != "renamed" else run.decide("plan", audit, asked)
+            )
         total = run.pure("total", lambda f: f["stock"] * 2, found)
         if variant != "left out":
             run.effect("ship", tickets, payload={"order": order_id, "total": total})
@@ -113,7 +115,8 @@ def test_a_run_still_waiting_replays_to_where_it_is(store: sp.Store, owner_env: 
     untouched()
     assert report.ok, report
     assert report.reached.value == "now"
-    assert report.next is not None and report.next.kind is StepKind.WAIT
+    assert report.next is not None
+    assert report.next.kind is StepKind.WAIT
     assert report.next.step_id == "confirm"
 
 
