@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -319,3 +320,29 @@ def quiet_logging() -> None:
 
 def result(**fields: Any) -> dict[str, Any]:
     return dict(fields)
+
+
+def count_statements(sent: Counter[str]) -> Callable[[], None]:
+    """Count in ``sent`` what psycopg sends from now on — each statement, and each BEGIN /
+    COMMIT / SET, is a round trip; the function that stops counting."""
+    import psycopg
+    from psycopg._connection_base import BaseConnection
+
+    execute, command = psycopg.Cursor.execute, BaseConnection._exec_command
+
+    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent["statements"] += 1
+        return execute(self, query, *args, **kwargs)
+
+    def counted_command(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent["transaction commands (BEGIN, COMMIT, SET)"] += 1
+        return command(self, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
+    BaseConnection._exec_command = counted_command  # type: ignore[method-assign, assignment]
+
+    def restore() -> None:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+        BaseConnection._exec_command = command  # type: ignore[method-assign]
+
+    return restore

@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from .common import Setting, fresh_database, quiet_logging
+from .common import Setting, count_statements, fresh_database, quiet_logging
 
 
 def profile(workload: str, backend: str, mode: str, steps: int) -> dict[str, Any]:
@@ -159,23 +159,9 @@ def _relative(text: str) -> str:
 
 
 def _count_statements() -> Counter[str]:
-    """Count what psycopg sends: each statement and each BEGIN / COMMIT is a round trip."""
-    import psycopg
-    from psycopg._connection_base import BaseConnection
-
+    """Count what psycopg sends, for the rest of the process (``common.count_statements``)."""
     sent: Counter[str] = Counter()
-    execute, command = psycopg.Cursor.execute, BaseConnection._exec_command
-
-    def counted_execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent["statements"] += 1
-        return execute(self, query, *args, **kwargs)
-
-    def counted_command(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        sent["transaction commands (BEGIN, COMMIT, SET)"] += 1
-        return command(self, query, *args, **kwargs)
-
-    psycopg.Cursor.execute = counted_execute  # type: ignore[method-assign]
-    BaseConnection._exec_command = counted_command  # type: ignore[method-assign]
+    count_statements(sent)
     return sent
 
 

@@ -235,20 +235,10 @@ def test_an_agent_loops_windows_leave_its_first_turn_out() -> None:
     assert windows([100.0, 1, 3], 10) == (1, 3)  # the window shrinks to fit half the turns each
 
 
-def test_the_prune_benchmark_prunes_every_run_it_made_and_measures_the_sizes() -> None:
+def _bench(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m bench.<module> ARGS`` from the repository, which must succeed."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.prune",
-            "--runs",
-            "30",
-            "--batch",
-            "7",
-            "--backend",
-            "sqlite",
-            "--vacuum",
-        ],
+        [sys.executable, "-m", f"bench.{module}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -256,9 +246,42 @@ def test_the_prune_benchmark_prunes_every_run_it_made_and_measures_the_sizes() -
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_the_prune_benchmark_prunes_every_run_it_made_and_measures_the_sizes() -> None:
+    done = _bench("prune", "--runs", "30", "--batch", "7", "--backend", "sqlite", "--vacuum")
     figures = json.loads(done.stdout)
     assert (figures["pruned_runs"], figures["batches"], figures["kept"]) == (30, 5, 0)
     assert figures["rows"]["steps"] == 4 * 30
     assert figures["rows"]["operations"] == 30
     assert figures["bytes_before"] >= figures["bytes_after"] > figures["bytes_after_vacuum"] > 0
     assert "sqlite: pruned 30 runs in" in done.stderr
+
+
+def test_the_replay_benchmark_replays_every_run_and_splits_reading_from_replaying() -> None:
+    done = _bench("replay", "--runs", "12", "--reads", "3", "--rounds", "1", "--backend", "sqlite")
+    figures = json.loads(done.stdout)
+    assert (figures["backend"], figures["runs"], figures["steps_a_run"]) == ("sqlite", 12, 8)
+    assert figures["runs_per_s"] > 0
+    assert figures["read_ms_a_run"] > 0
+    assert figures["replay_ms_a_run"] > 0
+    assert 0 < figures["read_share"] < 1
+    assert figures["store_calls"]["load_ledger"] == 1
+    assert "sqlite: " in done.stderr
+    assert "runs/s replayed by check_deploy" in done.stderr
+
+
+def test_the_replay_benchmarks_ratios_are_postgresql_over_sqlite() -> None:
+    from bench.replay import ratios
+
+    sqlite = {"runs_per_s": 800, "ms_a_run": 1.25, "read_ms_a_run": 0.7, "replay_ms_a_run": 0.5}
+    postgres = {"runs_per_s": 200, "ms_a_run": 5.0, "read_ms_a_run": 4.2, "replay_ms_a_run": 0.6}
+    assert ratios(sqlite, postgres) == {
+        "postgres_over_sqlite": {
+            "runs_per_s": 0.25,
+            "ms_a_run": 4.0,
+            "read_ms_a_run": 6.0,
+            "replay_ms_a_run": 1.2,
+        }
+    }

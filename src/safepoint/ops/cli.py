@@ -8,7 +8,9 @@ and no file is left behind. An error safepoint raises on purpose is printed as o
 would only bury it; a command that contradicts itself is a usage error, exit code 2. ``resume``
 exits 3 when the run is blocked and 4 when it waits for an approval, so a script can tell "a
 person must decide" from "something is broken"; ``resume`` and ``worker`` exit 75 when their
-``--slice`` was spent with a run unfinished (released: call again to carry it on).
+``--slice`` was spent with a run unfinished (released: call again to carry it on); ``replay``
+and ``check-deploy`` exit 6 when a run diverges from the code imported now or would not carry
+on under it.
 
 What is printed is data from the ledger, never instructions to the terminal: ``render`` escapes
 every value (see ``shown``) and prints times as UTC instants beside how long ago they were.
@@ -28,7 +30,14 @@ from .._engine.worker import Worker
 from .._rules.waits import APPROVAL, waiting_kind
 from ..errors import RunBlocked, RunWaiting
 from ..types import RunRecord, RunStatus, Unfinished, UnreadableRun
-from . import carry_commands, keys_commands, operator_commands, retention_commands, run_file_commands
+from . import (
+    carry_commands,
+    keys_commands,
+    operator_commands,
+    replay_commands,
+    retention_commands,
+    run_file_commands,
+)
 from .admission import DEFAULT_PORT
 from .cli_support import (
     EXIT_BLOCKED,
@@ -376,6 +385,7 @@ for _command in (
     *retention_commands.COMMANDS,
     *keys_commands.COMMANDS,
     *run_file_commands.COMMANDS,
+    *replay_commands.COMMANDS,
 ):
     cli.add_command(_command)
 

@@ -4,8 +4,8 @@ options and arguments most commands take, and the console it prints to.
 The commands live in ``cli`` (looking at runs, workers, the ledger itself),
 ``operator_commands`` (a person's decisions), ``carry_commands`` (carrying a stopped run on) and
 the modules of their own concerns (``retention_commands``, ``keys_commands``,
-``run_file_commands``); each imports only this module from the command line's plumbing, never
-``cli``, which registers them all on its group.
+``run_file_commands``, ``replay_commands``: replaying runs offline); each imports only this
+module from the command line's plumbing, never ``cli``, which registers them all on its group.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ EXIT_ANSWERED = 5
 # ``--slice`` was spent and the run goes on: released, to be carried on by the next call at once
 # (sysexits' EX_TEMPFAIL, "try again later", which job runners and shells know).
 EXIT_UNFINISHED = 75
+# ``replay`` / ``check-deploy``: a run diverges from the code imported now, would not carry on
+# under it (re-plan, block, fail), or could not be replayed.
+EXIT_DIVERGED = 6
 
 _STORE_URL = "safepoint.store_url"  # ctx.meta: the --store given after the command
 _OPENED = "safepoint.store"  # ctx.meta: the store the command opened
