@@ -248,3 +248,22 @@ def test_replay_needs_a_run_or_a_file(tmp_path: Path) -> None:
     result = invoke(f"sqlite:///{tmp_path / 'l.db'}", "replay", *_IMPORT)
     assert result.exit_code == 2
     assert "name a run (RUN) or a run file" in result.stderr
+
+
+def test_a_run_file_exported_from_the_ledger_replays_with_file_alone(
+    ledger: sp.Store, store_url: str, tmp_path: Path
+) -> None:
+    """``safepoint export`` then ``safepoint replay --file``: the file replays as the ledger's run
+    does — unchanged, to its end; edited, to the step where it parts — and no store is opened."""
+    _completed(ledger, "done")
+    path = tmp_path / "done.json"
+    exported = invoke(store_url, "export", "done", "--out", str(path))
+    assert exported.exit_code == 0, exported.output
+    missing = f"sqlite:///{tmp_path / 'nowhere.db'}"  # never opened: the file is all it needs
+    same = invoke(missing, "replay", "--file", str(path), *_IMPORT)
+    assert same.exit_code == 0, same.output
+    assert "reached the end (6/6 steps replayed," in same.stdout
+    edited = invoke(missing, "replay", "--file", str(path), *_IMPORT, variant="prompt edited")
+    assert edited.exit_code == EXIT_DIVERGED, edited.output
+    assert "diverged (changed) at step 'plan'" in edited.stdout
+    assert not (tmp_path / "nowhere.db").exists()
