@@ -68,7 +68,11 @@ class Replaying:
         with self.lock:
             if step.step_id not in self.recorded or self.recorded[step.step_id].seq != step.seq:
                 return  # recorded since the replay began (a live replay's own)
-            skipped = self.order.first_left(step.step_id, below=step.seq)
+            # A step of what is done (an effect, a transaction step) may be recorded after steps
+            # the code asks later — taken from the run's family once settled there, re-recorded
+            # after a re-plan — so its place in the ledger says nothing of the code's order.
+            late = KINDS[step.kind].kept_on_replan
+            skipped = None if late else self.order.first_left(step.step_id, below=step.seq)
             self.order.ask(step.seq)
             self.answered_count += 1
         if skipped is not None:
