@@ -398,3 +398,40 @@ def test_a_live_replay_that_reaches_an_effect_without_a_stub_says_so_and_sends_n
     with pytest.raises(sp.UsageError, match=r"the stub for effect 'owner.tickets' has no reconcile"):
         replay(store, run_id, live_from="plan", effects={"owner.tickets": unsure})
     assert owner_env.client.stats()["applied"] == applied
+
+
+def test_a_run_file_from_sqlite_replays_as_the_same_run_from_postgresql(
+    pg_url: str, tmp_path: Any, owner_env: OwnerService
+) -> None:
+    """The same workflow and inputs recorded on each store, exported, and replayed from the
+    files — unchanged and with a prompt edited — give the same reports."""
+    import json
+
+    from safepoint.testing.replay import replay_file
+
+    name = _name()
+    reports: dict[str, list[Any]] = {}
+    for kind, url in (
+        ("sqlite", f"sqlite:///{tmp_path / 'ledger.db'}"),
+        ("postgres", f"{pg_url}?schema=t_{uuid.uuid4().hex[:12]}"),
+    ):
+        store = sp.open_store(url)
+        try:
+            calls: Calls = {}
+            sp.testing.forget_workflows(name)
+            run_id = _recorded(store, owner_env, name, calls)
+            path = tmp_path / f"{kind}.json"
+            path.write_text(json.dumps(sp.export_run(store, run_id)))
+        finally:
+            store.close()
+        sp.testing.forget_workflows(name)
+        same = replay_file(path, _order_flow(name, calls))
+        sp.testing.forget_workflows(name)
+        edited = replay_file(path, _order_flow(name, calls, variant="prompt edited"))
+        reports[kind] = [
+            (r.reached, r.replayed, r.recorded, r.resume, r.why, r.changes, r.divergence)
+            for r in (same, edited)
+        ]
+    assert reports["sqlite"] == reports["postgres"]
+    assert reports["sqlite"][0][0].value == "end"
+    assert reports["sqlite"][1][0].value == "diverged"
