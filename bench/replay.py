@@ -36,7 +36,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import safepoint as sp
-from safepoint.testing.replay import check_deploy, recorded, replay_recorded
+from safepoint.testing import check_deploy, recorded, replay_recorded
 from safepoint.types import RunStatus
 
 from .common import count_statements, fresh_database, quiet_logging

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.testing import OwnerService, owner_effect
-from safepoint.testing.replay import check_deploy, replay
+from safepoint.testing import OwnerService, check_deploy, owner_effect, replay
 from safepoint.types import StepKind
 
 Calls = dict[str, int]
@@ -347,7 +346,7 @@ def test_a_run_of_every_part_replays_from_its_store_and_from_its_file_alike(
     import json
 
     from run_file_flows import record_every_part
-    from safepoint.testing.replay import replay_file
+    from safepoint.testing import replay_file
 
     run_id = f"every-{uuid.uuid4().hex[:6]}"
     record_every_part(store, run_id)
@@ -407,7 +406,7 @@ def test_a_run_file_from_sqlite_replays_as_the_same_run_from_postgresql(
     files — unchanged and with a prompt edited — give the same reports."""
     import json
 
-    from safepoint.testing.replay import replay_file
+    from safepoint.testing import replay_file
 
     name = _name()
     reports: dict[str, list[Any]] = {}

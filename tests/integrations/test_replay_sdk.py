@@ -33,8 +33,16 @@ from safepoint.integrations import openai as spo
 from safepoint.integrations import openai_agents as spoa
 from safepoint.integrations import pydantic_ai as sppa
 from safepoint.integrations.tools import Tools
-from safepoint.testing import FakeModelServer, FakeRequest, OwnerService, Turn, owner_client, owner_effect
-from safepoint.testing.replay import ReplayReport, replay
+from safepoint.testing import (
+    FakeModelServer,
+    FakeRequest,
+    OwnerService,
+    ReplayReport,
+    Turn,
+    owner_client,
+    owner_effect,
+    replay,
+)
 from safepoint.types import StepKind
 
 set_tracing_disabled(True)  # the Agents SDK would export its traces over the network

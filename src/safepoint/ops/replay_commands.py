@@ -27,7 +27,8 @@ import click
 from .._engine.workflow import registered
 from .._rules.ids import check_run_id
 from .._rules.replay import Asked, Reached, ReplayReport, Resume
-from ..testing.replay import TAKEN_OVER, DeployCheck, check_deploy, replay, replay_file
+from ..testing import DeployCheck, check_deploy, replay, replay_file
+from ..testing.replays import TAKEN_OVER
 from ..types import RunStatus
 from .cli_support import EXIT_DIVERGED, fail, import_modules, open_cli_store, stdout_console, store_option
 from .render import as_json, preview, say

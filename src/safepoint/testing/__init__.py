@@ -39,6 +39,10 @@ optionally narrowed: ``point:prefix`` only at step ids starting ``prefix``, ``po
 - ``FakeModelServer``, ``Turn``, ``FakeRequest`` — a fake of the Anthropic and OpenAI model APIs
   that the real SDK clients talk to over HTTP, answering from a script, with faults to inject;
 - ``StoreConformance``, ``SyncOverAsync`` — the suite that defines a correct store (needs pytest);
+- ``replay``, ``replay_file``, ``check_deploy`` (and ``ReplayReport``, ``DeployCheck``) — run
+  your current code against what a recorded run (or a run file) recorded, offline, and say where
+  it parts from the record and what a resume would do; or, with ``live_from=``, replay up to a
+  step and run the rest against stubs, for evals;
 - ``simulate`` — explore thousands of interleavings of your workflows' runs with crashes,
   faults and people's actions on a virtual clock, checking that no effect is applied twice
   (``safepoint.testing.simulation`` holds its parts);
@@ -75,12 +79,20 @@ if TYPE_CHECKING:
     from .owner import OwnerRejected as OwnerRejected
     from .owner import OwnerService as OwnerService
     from .owner import OwnerUnavailable as OwnerUnavailable
+    from .replays import DeployCheck as DeployCheck
+    from .replays import ReplayReport as ReplayReport
+    from .replays import check_deploy as check_deploy
+    from .replays import recorded as recorded
+    from .replays import replay as replay
+    from .replays import replay_file as replay_file
+    from .replays import replay_recorded as replay_recorded
     from .simulation import simulate as simulate
     from .sync_over_async import SyncOverAsync as SyncOverAsync
 
 __all__ = [
     "CRASH_POINTS",
     "ChildOutcome",
+    "DeployCheck",
     "FakeModelServer",
     "FakeRequest",
     "KillHarness",
@@ -91,15 +103,21 @@ __all__ = [
     "OwnerRejected",
     "OwnerService",
     "OwnerUnavailable",
+    "ReplayReport",
     "SimulatedCrash",
     "StoreConformance",
     "SyncOverAsync",
     "Turn",
+    "check_deploy",
     "child_outcome",
     "crash_at",
     "forget_workflows",
     "owner_client",
     "owner_effect",
+    "recorded",
+    "replay",
+    "replay_file",
+    "replay_recorded",
     "run_child",
     "simulate",
     "spawn_child",
@@ -130,6 +148,13 @@ _LOADED_LATER = {
     "OwnerService": "owner",
     "OwnerUnavailable": "owner",
     "simulate": "simulation",
+    "DeployCheck": "replays",
+    "ReplayReport": "replays",
+    "check_deploy": "replays",
+    "recorded": "replays",
+    "replay": "replays",
+    "replay_file": "replays",
+    "replay_recorded": "replays",
 }
 
 

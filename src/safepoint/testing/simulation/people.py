@@ -203,7 +203,7 @@ def _replay(w: World) -> str | None:
     (``replays``, an invariant). Its reads of the run are
     store requests like any other: the scheduler may switch processes between them."""
     from ..._rules.replay import Resume
-    from ..replay import replay
+    from ..replays import replay
 
     run = _pick(w, _runs(w))
     if run is None:
