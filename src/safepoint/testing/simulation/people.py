@@ -2,8 +2,7 @@
 
 A person acts through the public verbs only, racing the workers: fork (from any recorded step,
 with or without ``resend``), retry, ``extend_limits``, resolve (truthfully: they look at the
-owner first, as a person at a console would), send, approve, revoke, cancel, prune, and replay a
-run offline (``safepoint.testing.replay``, as a deploy check does). A client
+owner first, as a person at a console would), send, approve, revoke, cancel and prune. A client
 starts or resumes a run in a process of its own, which can die like a worker's. What the verbs
 refuse (a run that moved on, a step not found) is what a person meets too: part of the schedule,
 not a failure of it.
@@ -196,37 +195,6 @@ def _resume(w: World) -> str | None:
     return f"resume {run[0]} in {name}" + (f" for {slice_s:g}s" if slice_s else "")
 
 
-def _replay(w: World) -> str | None:
-    """Replay a run offline under the code that recorded it, racing the workers (a deploy
-    check): it carries out nothing and writes nothing, and — the code being the same — asks
-    what the run recorded, in its order, or parts from it only where a resume blocks too
-    (``replays``, an invariant). Its reads of the run are
-    store requests like any other: the scheduler may switch processes between them."""
-    from ..._rules.replay import Resume
-    from ..replays import replay
-
-    run = _pick(w, _runs(w))
-    if run is None:
-        return None
-    asked = len(w.owner.requesters)
-    report = replay(w.store, run[0])  # reads the run; the replay itself talks to its record only
-    me = w.scheduler.me().name  # workers may send while it reads: only its own requests count
-    if me in w.owner.requesters[asked:]:
-        w.replays.append(f"a replay of {run[0]} sent a request to the effect owner")
-    # The same code may still part from a run's record where a resume would block too: a fork
-    # whose copied step asked about its source (an input naming the run, say) is checked as a
-    # resume checks it. And a run that ended may end otherwise today: a fork's step answered by
-    # its family reads the family as it stands now (a rejection there since settled anew). An
-    # order, a step added or one left out is the replay's own mistake about unchanged code.
-    found = report.divergence
-    if found is not None and (
-        found.kind in ("order", "added", "unasked")
-        or (found.kind in ("changed", "mismatch") and found.resume is not Resume.BLOCK)
-    ):
-        w.replays.append(f"{run[0]} replays under its own code to {found.kind}: {found.reason}")
-    return f"replay {run[0]}: {report.reached.value}, {report.replayed}/{report.recorded} steps"
-
-
 def _prune(w: World) -> str | None:
     done = prune(w.store, finished_before=timedelta(0), statuses=["completed", "cancelled", "failed"])
     return f"prune took {done.runs} runs"
@@ -245,7 +213,6 @@ ACTIONS: tuple[Callable[[World], str | None], ...] = (
     _prune,
     _answer,
     _resume,
-    _replay,
 )
 
 

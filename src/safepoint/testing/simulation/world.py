@@ -167,7 +167,6 @@ class SimOwner:
     rejected: set[str] = field(default_factory=set)  # keys refused: refused again
     in_progress: set[str] = field(default_factory=set)  # keys of requests being applied late
     requests: int = 0
-    requesters: list[str] = field(default_factory=list)  # the task that made each request
 
     def _known(self, key: str) -> Applied_ | None:
         found = self.by_key.get(key)
@@ -192,7 +191,6 @@ class SimOwner:
     def request(self, key: EffectKey, business: str) -> dict[str, Any]:
         """``execute``'s call: apply ``business`` under ``key``, through the faults."""
         self.requests += 1
-        self.requesters.append(self.scheduler.me().name)
         family = key.run_id
         if _current:  # which business operation this operation of this family is
             here = _current[-1]
@@ -290,7 +288,6 @@ class World:
     unanswered: list[str] = field(default_factory=list)  # model requests with a tool call unanswered
     resends: list[tuple[str, str]] = field(default_factory=list)  # (family, operation id) named to resend
     business_of: dict[tuple[str, str], set[str]] = field(default_factory=dict)  # (family, op) → business
-    replays: list[str] = field(default_factory=list)  # what a replay under the same code did wrong
 
     def family_of(self, run_id: str) -> str:
         """The instance ``run_id`` descends from — itself, a fork of it (``…-fork-…``), a
