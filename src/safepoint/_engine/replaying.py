@@ -12,12 +12,11 @@ import threading
 from collections.abc import Mapping
 from typing import Protocol
 
+from .._rules.effects import orphaned
 from .._rules.kinds import KINDS
-from .._rules.replay import Asked, Divergence, Order, Resume, recorded_asked
+from .._rules.replay import Asked, Divergence, Order, Resume, lane, recorded_asked
 from ..errors import ReplayMismatch, RunBlocked, StaleCheckpoint, UsageError
-from ..types import EffectState, OperationRecord, StepRecord
-
-_SETTLED = (EffectState.ACCEPTED, EffectState.REJECTED)
+from ..types import OperationRecord, StepRecord
 
 
 class Watched(Protocol):
@@ -26,6 +25,7 @@ class Watched(Protocol):
     halted: BaseException | None
     operations: dict[str, OperationRecord]
     unreached: set[str]
+    open_branches: set[str]
 
 
 class ReplayStop(BaseException):
@@ -133,12 +133,16 @@ class Replaying:
             return
         with self.lock:
             expected = self.order.first_left(asked.step_id)
+        orphan = self._orphan(core, asked)
         if expected is not None:
             before = self._asked(self.recorded[expected])
             resume, phase, why = Resume.CARRY_ON, None, "a resume would carry it out anew"
-            if KINDS[asked.kind].has_operation and self._open_unreached(core):
+            if orphan is not None:
                 resume, phase = Resume.BLOCK, "replay_mismatch"
-                why = "a resume would block: the ledger holds an operation this code no longer reaches"
+                why = (
+                    f"a resume would block: the ledger holds operation {orphan.operation_id!r}"
+                    f" ({orphan.state.value}), which this code no longer reaches"
+                )
             self.diverge(
                 core,
                 Divergence(
@@ -151,6 +155,29 @@ class Replaying:
                     phase,
                     asked,
                     before,
+                ),
+            )
+        if orphan is not None:  # every recorded step answered, but not this operation
+            self.diverge(
+                core,
+                Divergence(
+                    "added",
+                    asked.step_id,
+                    f"the code asks for {asked.described()}, which the run did not record, while"
+                    f" the ledger holds operation {orphan.operation_id!r} (step {orphan.step_id!r},"
+                    f" effect {orphan.effect!r}, {orphan.state.value}), which this code no longer"
+                    " reaches: a step was renamed or moved (a resume would block)",
+                    Resume.BLOCK,
+                    "replay_mismatch",
+                    asked,
+                    Asked(
+                        orphan.step_id,
+                        asked.kind,
+                        orphan.effect,
+                        None,
+                        orphan.operation_id,
+                        orphan.payload_ref,
+                    ),
                 ),
             )
         if KINDS[asked.kind].batched:
@@ -189,11 +216,17 @@ class Replaying:
     def _asked(self, step: StepRecord) -> Asked:
         return recorded_asked(step, self.operations)
 
-    def _open_unreached(self, core: Watched) -> bool:
-        """Whether the ledger holds an operation the code has not reached that may have
-        happened: a new operation beside it is refused (``dispatch.refuse_beside_orphans``)."""
-        return any(
-            core.operations[op_id].state not in _SETTLED
-            for op_id in core.unreached
-            if op_id in core.operations
+    def _orphan(self, core: Watched, asked: Asked) -> OperationRecord | None:
+        """The operation a resume would refuse to dispatch ``asked`` beside (as
+        ``dispatch.refuse_beside_orphans`` does, by ``_rules.effects.orphaned``): one the code has
+        not reached that may have happened (or, under ``refuse``, did); None for a step that
+        prepares no new operation."""
+        if not KINDS[asked.kind].has_operation or asked.operation_id in core.operations:
+            return None
+        found = orphaned(
+            [core.operations[op_id] for op_id in sorted(core.unreached) if op_id in core.operations],
+            core.open_branches,
+            lane(asked.step_id),
+            replans=self.replans,
         )
+        return found[0] if found else None
