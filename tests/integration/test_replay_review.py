@@ -1,6 +1,6 @@
 """A second reading of offline replay (issue 29): for each change and each kind of run, the
 replay's report is held to what a real ``resume`` of the run under the same code then does,
-and a replay is held to carrying nothing out. The ones marked xfail document a defect found."""
+and a replay is held to carrying nothing out."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from safepoint.testing import ReplayReport, replay
 
 import safepoint as sp
-from safepoint.testing.replay import ReplayReport, replay
 
 Calls = dict[str, int]
 
@@ -153,11 +153,6 @@ def test_an_effect_step_renamed_while_its_operation_is_open_is_a_divergence_a_re
 # -- runs the code would carry on through but whose state stops them -------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a blocked run whose cause remains (an operation in doubt, no reconcile) is reported"
-    " 'carry on: the code asks what the run recorded'; a resume blocks it again",
-)
 def test_a_run_blocked_on_an_operation_in_doubt_is_not_reported_as_carrying_on(store: sp.Store) -> None:
     sent: list[str] = []
     name = _name()
@@ -203,11 +198,6 @@ def _past_its_deadline(store: sp.Store, calls: Calls) -> str:
     return "late"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run a resume leaves stopped (its attempts spent, its deadline passed) is reported"
-    " 'carry on'; check_deploy counts it ok",
-)
 @pytest.mark.parametrize("recorded", [_stopped_by_attempts, _past_its_deadline])
 def test_a_run_a_limit_stops_is_not_reported_as_carrying_on(
     store: sp.Store, recorded: Callable[[sp.Store, Calls], str]
@@ -321,11 +311,6 @@ def test_an_unchanged_run_of_each_kind_replays_ok_and_carries_nothing_out(store:
 # -- other defects --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a live replay keeps the run's absolute deadline: a run whose deadline has passed"
-    " (last Tuesday's) stops with DeadlineExceeded at the first live step",
-)
 def test_a_live_replay_of_a_run_past_its_deadline_runs_the_rest(store: sp.Store) -> None:
     calls: Calls = {}
     name = _name()
@@ -341,11 +326,6 @@ def test_a_live_replay_of_a_run_past_its_deadline_runs_the_rest(store: sp.Store)
     assert report.result == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a run that failed with a UsageError its workflow code raised cannot be replayed:"
-    " replay() raises it instead of reporting the recorded failure",
-)
 def test_a_run_failed_by_a_usage_error_of_its_code_replays_to_its_failure(store: sp.Store) -> None:
     calls: Calls = {}
     name = _name()

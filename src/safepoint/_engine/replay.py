@@ -52,6 +52,7 @@ from ..types import (
     RunStatus,
     StepRecord,
 )
+from . import host
 from .core import RunCore
 from .current import running
 from .flow import Call, Flow, io
@@ -180,8 +181,10 @@ def replay_flow(
         ended = ("continued", signal.inputs)
     except (Cancelled, RunWaiting):  # asked to stop; a live replay waits for what never came
         ended = ("stopped", None)
-    except UsageError:
-        raise  # a mistake in how the code (or the replay) is called, not an outcome
+    except UsageError as exc:
+        if watch.refused is not None:
+            raise  # the live replay met an effect it has no stub for
+        ended = ("raised", exc)  # the workflow's own misuse: how a resume would end the run
     except BaseException as exc:  # the workflow raised: compared with how the run ended
         ended = ("raised", exc)
     else:
@@ -225,9 +228,12 @@ def scratch_run(wf: Workflow, recorded: RecordedRun, live_from: str) -> Flow[Cla
     claimed by this process."""
     run = recorded.run
     made = new_run(wf, tuple(run.inputs["args"]), dict(run.inputs["kwargs"]), run.run_id, worker_id(), 60_000)
+    # Budgets are the run's, counted from nothing; its deadline (an instant, long passed for
+    # last week's run) is not: a live replay is a new attempt at the run's rest.
     made = replace(
         made,
-        deadline_at=run.deadline_at,
+        deadline_at=None,
+        deadline_ms=None,
         token_budget=run.token_budget,
         cost_budget=run.cost_budget,
         model_call_budget=run.model_call_budget,
@@ -285,8 +291,8 @@ def report(
     if divergence is not None:
         reached = Reached.DIVERGED
     resume, why = on_resume(found, watch.replans, divergence)
-    if divergence is None and watch.blocked is not None:
-        resume, why = Resume.BLOCK, f"{watch.blocked[0]}: {watch.blocked[1]}"
+    if divergence is None and not found:
+        resume, why = _as_it_stands(run, watch, resume, why)
     if divergence is None and how in ("raised",) and run.status is not RunStatus.FAILED:
         resume, why = Resume.FAIL, f"the workflow raises {error}"
     return ReplayReport(
@@ -306,6 +312,26 @@ def report(
         error=error,
         live=live,
     )
+
+
+def _as_it_stands(run: RunRecord, watch: Replaying, resume: Resume, why: str) -> tuple[Resume, str]:
+    """What a resume does to a run this code fits, for the run's own reasons: a block it would
+    record on the way, the block the run stands in (a person resolves it first), the limit it
+    stopped at (raised, the run carries on)."""
+    if watch.blocked is not None:
+        return Resume.BLOCK, f"{watch.blocked[0]}: {watch.blocked[1]}"
+    if run.status is RunStatus.BLOCKED:
+        phase = (run.recovery_record or {}).get("phase", "blocked")
+        return Resume.BLOCK, f"the run is blocked ({phase}): a person resolves it first ({why})"
+    if run.status is RunStatus.STOPPED:
+        return Resume.STOP, f"the run is stopped at a limit: raise it to carry on ({why})"
+    if run.status.terminal:
+        return resume, why
+    if run.deadline_at is not None and host.current.wall_now().timestamp() * 1000 >= run.deadline_at:
+        return Resume.STOP, f"its deadline passed: a resume stops it there ({why})"
+    if run.resume_budget is not None and run.resume_count >= run.resume_budget:
+        return Resume.STOP, f"its resume budget ({run.resume_budget}) is spent: a resume stops it ({why})"
+    return resume, why
 
 
 def _judged(

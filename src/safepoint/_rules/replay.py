@@ -32,6 +32,7 @@ class Resume(StrEnum):
     REPLAN = "replan"
     BLOCK = "block"
     FAIL = "fail"  # the workflow raises: the run would end failed
+    STOP = "stop"  # the run stands stopped at a limit: raised, it carries on
 
 
 class Reached(StrEnum):
@@ -123,6 +124,13 @@ class ReplayReport:
     def ok(self) -> bool:
         """The code asks what the run recorded, in its order, to its end or to where it is."""
         return self.divergence is None
+
+    @property
+    def fits(self) -> bool:
+        """This code may carry the run on: it replays without a divergence, and the
+        compatibility check finds nothing changed (which would block or re-plan it). A run that
+        stands blocked or stopped for its own reasons fits all the same: ``resume`` says so."""
+        return self.divergence is None and not self.changes
 
 
 def lane(step_id: str) -> str:

@@ -26,7 +26,7 @@ import click
 
 from .._engine.workflow import registered
 from .._rules.ids import check_run_id
-from .._rules.replay import Asked, Reached, ReplayReport, Resume
+from .._rules.replay import Asked, Reached, ReplayReport
 from ..testing import DeployCheck, check_deploy, replay, replay_file
 from ..testing.replays import TAKEN_OVER
 from ..types import RunStatus
@@ -175,8 +175,10 @@ def check_deploy_command(
 
 
 def carries_on(report: ReplayReport) -> bool:
-    """The run replays without a divergence, and a resume under this code would carry it on."""
-    return report.divergence is None and report.resume is Resume.CARRY_ON
+    """This code fits the run: it replays without a divergence and nothing changed that would
+    block or re-plan it (``ReplayReport.fits``); a run blocked or stopped for its own reasons is
+    reported as it stands."""
+    return report.fits
 
 
 def report_lines(report: ReplayReport) -> list[str]:
