@@ -7,9 +7,10 @@ run gets one line — its id, the workflow that recorded it and the one that rep
 replay reached, what a resume would do and why — and, where the code parts from the record, the
 step and what the code asked against what was recorded. ``--json`` prints the reports instead.
 
-Exit codes, for CI: 0 when every run replays without a divergence and would carry on;
-``EXIT_DIVERGED`` (6) when any run diverges, would not carry on (re-plan, block, fail) or could
-not be replayed; 1 for an error (``error: …``), as every command.
+Exit codes, for CI: 0 when the code fits every run (``ReplayReport.fits``: no divergence, and
+no change of the workflow that would make a resume block or re-plan it; a run blocked or stopped
+for its own reasons is reported as it stands); ``EXIT_DIVERGED`` (6) when it does not fit one,
+or one could not be replayed; 1 for an error (``error: …``), as every command.
 
 ``cli`` registers every command in ``COMMANDS`` on its group. What is printed of the ledger is
 escaped (``render.say`` / ``render.shown``; JSON through ``render.as_json``).
@@ -80,11 +81,11 @@ def replay_command(
 
     Prints a line per run: its id, workflow@version as recorded → as replayed, where the replay
     reached (the run's end, where the run is now, or the step where the code diverged), what a
-    resume under this code would do (carry on, replan, block, fail) and why; for a divergence,
-    what the code asked against what the run recorded (kind, name, step id, input hash,
-    operation id, payload digest). Exit code 0 when every run replays and would carry on, 6 when
-    any diverges or would not carry on, 1 on an error (a run that does not exist, a workflow
-    no --import registers).
+    resume under this code would do (carry on, replan, block, fail, stop) and why; for a
+    divergence, what the code asked against what the run recorded (kind, name, step id, input
+    hash, operation id, payload digest). Exit code 0 when the code fits every run (no
+    divergence, no change that would block or re-plan it), 6 when it does not fit one, 1 on an
+    error (a run that does not exist, a workflow no --import registers).
     """
     if not run_ids and not files:
         raise click.UsageError("name a run (RUN) or a run file (--file run.json) to replay", ctx=ctx)
@@ -138,10 +139,10 @@ def check_deploy_command(
 ) -> None:
     """Replay every run this code would take over, offline, and say what a deploy does to each.
 
-    Prints a line per run — would it carry on, replan, block or fail, and why (as `replay`
-    does) — then a summary. A run whose workflow no --import registers is listed as not
+    Prints a line per run — would it carry on, replan, block, fail or stop, and why (as
+    `replay` does) — then a summary. A run whose workflow no --import registers is listed as not
     replayable; a status with --limit runs or more gets a note on stderr (the rest were not
-    checked). Exit code 0 only when every run replays and carries on, 6 otherwise, 1 on an
+    checked). Exit code 0 only when the code fits every run, 6 otherwise, 1 on an
     error.
     """
     import_modules(modules)
