@@ -20,6 +20,7 @@ to the caller's stubs (``RunCore.owners``) and nothing to the effects' real owne
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -185,6 +186,8 @@ def replay_flow(
         if watch.refused is not None:
             raise  # the live replay met an effect it has no stub for
         ended = ("raised", exc)  # the workflow's own misuse: how a resume would end the run
+    except (KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError):
+        raise  # the process (or the task) is stopping, not the run
     except BaseException as exc:  # the workflow raised: compared with how the run ended
         ended = ("raised", exc)
     else:
