@@ -12,9 +12,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from safepoint.testing import ReplayReport, replay
 
 import safepoint as sp
+from safepoint.testing import ReplayReport, replay
 
 Calls = dict[str, int]
 
