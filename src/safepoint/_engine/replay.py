@@ -107,6 +107,7 @@ class RecordedStore:
         if name.startswith("_"):
             raise AttributeError(name)
         if name in _OTHER_RUNS and self._source is not None:
+            self._watch.family_read = True
             return getattr(self._source, name)  # type: ignore[no-any-return]
 
         def unanswered(*args: Any, **kwargs: Any) -> Any:
@@ -314,6 +315,7 @@ def report(
         result=result,
         error=error,
         live=live,
+        family_read=watch.family_read,
     )
 
 

@@ -58,6 +58,7 @@ class Replaying:
         self.live = False  # past the cut of a live replay: the engine runs for real
         self.stubs: frozenset[str] = frozenset()  # a live replay: the effects it has stubs for
         self.refused: UsageError | None = None  # … and the first effect it reached without one
+        self.family_read = False  # another run of the family was read, as it stands now
 
     # -- what the engine tells the watch -------------------------------------------------------
 

@@ -119,6 +119,10 @@ class ReplayReport:
     result: Any = None  # reached END, or a live replay: what the workflow returned
     error: dict[str, Any] | None = None  # … or what it raised
     live: tuple[StepRecord, ...] = ()  # a live replay: the steps recorded after the cut
+    # Another run of the run's family was read (a fork's source, an earlier run of its chain),
+    # as it stands now, as a resume reads it: where the replay parts from the record there, the
+    # family may have moved on since the run recorded it, not the code.
+    family_read: bool = False
 
     @property
     def ok(self) -> bool:

@@ -185,9 +185,10 @@ def _actionable(w: World) -> list[Violation]:
 def _replays(w: World) -> list[Violation]:
     """Every run, replayed under its own code. The same code may still part from a run's record
     where a resume would block too: a fork whose copied step asked about its source (an input
-    naming the run, say) is checked as a resume checks it. And a run that ended may end
-    otherwise today: a fork's step answered by its family reads the family as it stands now (a
-    rejection there since settled anew). An order, a step added or one left out, or a request to
+    naming the run, say) is checked as a resume checks it. And a run whose steps are answered by
+    its family (a fork's source, an earlier run of its chain) reads the family as it stands now
+    (``ReplayReport.family_read``): a rejection there since sent again, say, and the run ends,
+    or asks, otherwise today. An order, a step added or one left out, or a request to
     an owner, is the replay's own mistake about unchanged code."""
     from ..._engine.host import Host, hosted_by
     from ..._rules.replay import Resume
@@ -201,9 +202,13 @@ def _replays(w: World) -> list[Violation]:
         if w.owner.requests != requests:
             found.append(Violation("replays", f"a replay of {run_id} sent a request to the effect owner"))
         gone = report.divergence
-        if gone is not None and (
-            gone.kind in ("order", "added", "unasked")
-            or (gone.kind in ("changed", "mismatch") and gone.resume is not Resume.BLOCK)
+        if (
+            gone is not None
+            and not report.family_read
+            and (
+                gone.kind in ("order", "added", "unasked")
+                or (gone.kind in ("changed", "mismatch") and gone.resume is not Resume.BLOCK)
+            )
         ):
             found.append(
                 Violation("replays", f"{run_id} replays under its own code to {gone.kind}: {gone.reason}")
