@@ -434,3 +434,25 @@ def test_a_run_file_from_sqlite_replays_as_the_same_run_from_postgresql(
     assert reports["sqlite"] == reports["postgres"]
     assert reports["sqlite"][0][0].value == "end"
     assert reports["sqlite"][1][0].value == "diverged"
+
+
+def test_a_pruned_run_is_not_found_and_check_deploy_never_takes_finished_runs(
+    store: sp.Store, owner_env: OwnerService
+) -> None:
+    """A run pruned away cannot be replayed (``RunNotFound``, naming it); the runs a deploy takes
+    over never include a finished one, so pruning them changes nothing a check says."""
+    from datetime import timedelta
+
+    calls: Calls = {}
+    name = _name()
+    assert sp.start(store, _fanned(name, calls), "x", run_id="finished") == 60  # reads only
+    waiting = _name()
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, _order_flow(waiting, calls), "o-9", run_id="still-waiting")
+    assert replay(store, "finished").ok
+    before = check_deploy(store, workflows=[name, waiting])
+    assert [r.run_id for r in before.reports] == ["still-waiting"]
+    assert sp.prune(store, finished_before=timedelta(0)).runs == 1
+    with pytest.raises(sp.errors.RunNotFound, match="finished"):
+        replay(store, "finished")
+    assert check_deploy(store, workflows=[name, waiting]) == before

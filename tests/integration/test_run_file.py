@@ -159,3 +159,19 @@ def test_a_sealed_ledger_exports_plain_values_with_its_keyring_and_nothing_witho
     ):
         sp.export_run(lacking, "r")
     assert refused.value.key_id == "k1"
+
+
+def test_a_sealed_ledgers_run_replays_with_its_keyring_and_is_refused_without(where: str) -> None:
+    """Replay reads a sealed run as a resume does: with the key, it replays to its end; without
+    it, the store's ``KeyUnavailable`` says which key is missing, and nothing is replayed."""
+    from safepoint.testing import replay
+
+    with closing(open_store(where, codec=Encrypted(KEYRING))) as store:
+        sp.start(store, sealed, MARK, run_id="r")
+        report = replay(store, "r")
+    assert report.ok, report
+    assert report.reached.value == "end"
+    assert report.result == MARK
+    other = Keyring({"k9": Keyring.new_key()}, "k9")
+    with closing(open_store(where, codec=Encrypted(other))) as lacking, pytest.raises(KeyUnavailable):
+        replay(lacking, "r")
