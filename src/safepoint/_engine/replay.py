@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .._rules.canonical import canonical
 from .._rules.compat import changes
 from .._rules.replay import (
     Divergence,
@@ -33,6 +32,7 @@ from .._rules.replay import (
     ReplayReport,
     Resume,
     on_resume,
+    other_ending,
     recorded_asked,
 )
 from .._rules.run_file import RecordedRun
@@ -357,37 +357,8 @@ def _judged(
             Resume.CARRY_ON,
             recorded=first,
         )
-    if how == "returned":
-        if run.status is RunStatus.COMPLETED and canonical(value) != canonical(run.result):
-            return Divergence(
-                "outcome",
-                None,
-                "the workflow returns another result than the run recorded",
-                Resume.CARRY_ON,
-            )
-        if run.status is RunStatus.FAILED:
-            return Divergence(
-                "outcome", None, f"the workflow returns where the run failed ({run.error})", Resume.CARRY_ON
-            )
-    if how == "raised" and run.status is RunStatus.FAILED:
-        recorded = run.error or {}
-        assert error is not None
-        if recorded.get("type") != error["type"]:
-            return Divergence(
-                "outcome",
-                None,
-                f"the workflow raises {error['type']} where the run failed with {recorded.get('type')}",
-                Resume.CARRY_ON,
-            )
-    if how == "raised" and run.status is RunStatus.COMPLETED:
-        return Divergence(
-            "outcome",
-            None,
-            f"the workflow raises {error and error['type']} where the run completed",
-            Resume.FAIL,
-        )
-    if how == "continued" and run.status is RunStatus.COMPLETED:
-        return Divergence(
-            "outcome", None, "the workflow continues as new where the run completed", Resume.CARRY_ON
-        )
-    return None
+    differs = other_ending(run.status, run.result, run.error, how, value, error)
+    if differs is None:
+        return None
+    reason, resume = differs
+    return Divergence("outcome", None, reason, resume)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ..types import EffectState, OperationRecord, StepKind, StepRecord
+from ..types import EffectState, OperationRecord, RunStatus, StepKind, StepRecord
+from .canonical import canonical
 
 
 class Resume(StrEnum):
@@ -190,6 +191,31 @@ class Order:
     def position(self, seq: int) -> int:
         """How many recorded steps come before ``seq``."""
         return bisect.bisect_left(sorted(self._step), seq)
+
+
+def other_ending(
+    status: RunStatus,
+    result: Any,
+    failure: dict[str, Any] | None,
+    how: str,
+    value: Any,
+    error: dict[str, Any] | None,
+) -> tuple[str, Resume] | None:
+    """Whether the workflow ended (``how``: returned ``value``, raised ``error``, continued)
+    otherwise than the run did (``status``, its ``result`` or ``failure``): why, and what a
+    resume would do; None when it ended as the run did, or the run had not ended."""
+    failed_with = (failure or {}).get("type")
+    if how == "returned" and status is RunStatus.COMPLETED and canonical(value) != canonical(result):
+        return "the workflow returns another result than the run recorded", Resume.CARRY_ON
+    if how == "returned" and status is RunStatus.FAILED:
+        return f"the workflow returns where the run failed ({failure})", Resume.CARRY_ON
+    if how == "raised" and status is RunStatus.FAILED and error and failed_with != error["type"]:
+        return f"the workflow raises {error['type']} where the run failed with {failed_with}", Resume.CARRY_ON
+    if how == "raised" and status is RunStatus.COMPLETED:
+        return f"the workflow raises {error and error['type']} where the run completed", Resume.FAIL
+    if how == "continued" and status is RunStatus.COMPLETED:
+        return "the workflow continues as new where the run completed", Resume.CARRY_ON
+    return None
 
 
 def on_resume(changes: Iterable[str], replans: bool, divergence: Divergence | None) -> tuple[Resume, str]:
