@@ -213,6 +213,45 @@ def test_a_sleep_releases_the_run_and_a_worker_takes_it_when_due(
         assert sp.resume(store, "r") == "woke"
 
 
+def test_a_worker_woken_for_nothing_again_and_again_still_takes_a_run_when_due(store: sp.Store) -> None:
+    """News that never concerns the worker (runs of a workflow it does not serve, submitted all
+    along) grows its idle pause towards its rescan interval. The pause holds news back, never a
+    run falling due: one taken after its due time by the pause (6.4 s by then) is caught here."""
+
+    @sp.workflow("waits-napper")
+    def napper(run: sp.Run) -> str:
+        run.sleep(0.5)
+        return "woke"
+
+    @sp.workflow("waits-unserved")
+    def unserved(run: sp.Run) -> None:
+        return None
+
+    stop = threading.Event()
+
+    def news() -> None:
+        own = sp.open_store(store.url)
+        try:
+            while not stop.wait(0.02):
+                sp.submit(own, unserved)
+        finally:
+            own.close()
+
+    storm = threading.Thread(target=news, daemon=True)
+    with _worker(store, napper.name, rescan=60.0):
+        storm.start()
+        try:
+            time.sleep(7.0)  # the pause has grown past a few seconds: 0.05 s doubled, in a row
+            with pytest.raises(Sleeping) as sleeps:
+                sp.start(store, napper, run_id="r")
+            until = sleeps.value.until
+            ended_at = _until(store, "r", RunStatus.COMPLETED)
+        finally:
+            stop.set()
+            storm.join(timeout=30)
+    assert until <= ended_at < until + 3_000, "the run waited out the idle pause after it fell due"
+
+
 def test_a_crash_after_the_wait_recorded_its_message_takes_no_other(
     store: sp.Store, owner_env: OwnerService, crash_at: Any
 ) -> None:

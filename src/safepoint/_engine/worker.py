@@ -8,8 +8,9 @@ waiting run falls due. Expired leases send no signal, so an idle slot also looks
 ``rescan`` seconds.
 
 A slot never spins. A claim that fails, or a run given back because the store failed under it,
-is followed by a pause that doubles with each failure in a row (50 ms up to 5 s), and a wake-up
-that brought no work by one that grows the same way up to ``rescan``; what goes wrong is logged
+is followed by a pause that doubles with each failure in a row (50 ms up to 5 s), and after a
+wake-up that brought no work, news is heard no sooner than a pause that grows the same way up
+to ``rescan`` (a run falling due is taken on time all the same); what goes wrong is logged
 once for the streak, not once per try. A run whose record cannot be read is blocked by the slot
 that claimed it (``unreadable_record``) and never claimed again: one bad row never stops the
 others.
@@ -31,7 +32,6 @@ import contextlib
 import logging
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -208,22 +208,21 @@ class Worker:
         return self._slice is not None and self._slice.spent()
 
     def _idle(self, idle: Backoff) -> None:
-        """Wait for work: a wake-up, or ``rescan`` seconds — and, after wake-ups in a row that
-        brought nothing (on SQLite every commit anywhere wakes a slot), no sooner than the idle
-        pause since the wait began; never past the end of the slice."""
-        began = time.monotonic()
-        pause = idle.pause()
-        rescan = self.rescan if self._slice is None else min(self.rescan, self._slice.remaining())
+        """Wait for work: a wake-up, or ``rescan`` seconds. After wake-ups in a row that brought
+        nothing (on SQLite every commit anywhere wakes a slot) news is heard no sooner than the
+        idle pause — by the store, which still returns the moment a waiting run falls due: a
+        pause taken here, after the wait, would hold a due run back by up to ``rescan``. Never
+        past the end of the slice."""
+        quiet = idle.pause()
+        rescan = self.rescan
+        if self._slice is not None:
+            rescan = min(rescan, self._slice.remaining())
+            quiet = min(quiet, rescan)
         try:
-            self.store.wait_for_work(rescan, self._draining)
+            self.store.wait_for_work(rescan, self._draining, quiet=quiet)
         except Exception as exc:  # a slot must never die quietly: look again later
             log.warning("waiting for work failed: %s", exc)
             self._draining.wait(rescan)
-        if self._slice is not None:
-            pause = min(pause, self._slice.remaining())
-        rest = pause - (time.monotonic() - began)
-        if rest > 0:
-            self._draining.wait(rest)
 
     def _execute(self, claim: Claim, *, quiet: bool = False) -> bool:
         """Carry the claimed run on to wherever it ends or stops. True when the store failed

@@ -226,11 +226,15 @@ class Store(Protocol):
         which needs nothing more — and a run whose status is unknown is never claimed."""
         ...
 
-    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
-        """Block up to ``timeout`` seconds, returning early once the store may have new work —
-        and no later than the next waiting run falls due (``wake_at``: a sleep ends, a wait
-        times out) — or once ``stop`` is set (a worker told to stop leaves at once, not at the
-        end of its rescan interval)."""
+    def wait_for_work(
+        self, timeout: float, stop: threading.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        """Block up to ``timeout`` seconds, returning early once the store may have new work
+        (news) — and no later than the next waiting run falls due (``wake_at``: a sleep ends, a
+        wait times out) — or once ``stop`` is set (a worker told to stop leaves at once, not at
+        the end of its rescan interval). News heard sooner than ``quiet`` seconds into the wait
+        returns at ``quiet``, not before: a worker whose wake-ups keep bringing nothing asks
+        less often; a run falling due is never held back by it. True when news ended the wait."""
         ...
 
     def load_ledger(self, run_id: str) -> Ledger:
@@ -587,9 +591,10 @@ class AsyncStore(Protocol):
         self, run_id: str, expected_revision: int, owner: str, lease_ms: int, dead_owner: str | None = None
     ) -> Claim | None: ...
     async def claim_next(self, owner: str, lease_ms: int, workflows: list[str]) -> Claim | None: ...
-    async def wait_for_work(self, timeout: float, stop: asyncio.Event | None = None) -> None:
-        """Wait up to ``timeout`` seconds, returning early once the store may have new work or
-        ``stop`` is set; never blocks the event loop."""
+    async def wait_for_work(
+        self, timeout: float, stop: asyncio.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        """``Store.wait_for_work``, never blocking the event loop."""
         ...
 
     async def load_ledger(self, run_id: str) -> Ledger: ...

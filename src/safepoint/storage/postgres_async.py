@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from .._rules.history import warn
 from .._rules.records import revised
+from .._rules.waking import WorkWait
 from ..errors import HistoryWarning, StoreError, StoreUnavailable, UsageError
 from ..types import (
     JSON,
@@ -432,27 +433,40 @@ class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
 
     # -- waiting for work ----------------------------------------------------------------------
 
-    async def wait_for_work(self, timeout: float, stop: asyncio.Event | None = None) -> None:
-        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
-        next waiting run falls due, ``stop`` is set, or ``timeout`` seconds, without blocking
-        the loop. Any
-        number of tasks may wait at once; a burst of news is one wake-up. Never raises: when
-        the server cannot be reached the time is slept, the next call reconnects, and the
-        caller's next claim reports a server that stays away."""
+    async def wait_for_work(
+        self, timeout: float, stop: asyncio.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released) — one
+        heard before ``quiet`` seconds returns at ``quiet`` — the next waiting run falls due,
+        ``stop`` is set, or ``timeout`` seconds, without blocking the loop. Any number of tasks
+        may wait at once; a burst of news is one wake-up. Never raises: when the server cannot
+        be reached the time is slept, the next call reconnects, and the caller's next claim
+        reports a server that stays away."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        stopped = stop.wait if stop is not None else None
         try:
             await self._listen()
-            due = await self._read(self._ledger.wait_for_work_due)
-            if due is not None:  # no NOTIFY announces a waiting run falling due
-                deadline = min(deadline, loop.time() + due)
+            wait = WorkWait.begin(
+                loop.time(), timeout, quiet, await self._read(self._ledger.wait_for_work_due)
+            )
+            while not (stop is not None and stop.is_set()):
+                now = loop.time()
+                if wait.rereading(now):
+                    due_in = await self._read(self._ledger.wait_for_work_due)
+                    wait.due_read(loop.time(), due_in)
+                if now >= wait.end():
+                    break
+                news = asyncio.ensure_future(self._news.wait())  # done at once: news came meanwhile
+                await _until(wait.next_look(), news, stopped() if stopped else None)
+                if news.done() and not news.cancelled():  # every task waiting saw this news
+                    self._news.clear()
+                    wait.news(loop.time())
         except (psycopg.Error, StoreError) as exc:
             log.warning("cannot listen for work on %s: %s", self.url, exc)
-            await _until(deadline, stop.wait() if stop is not None else None)
-            return
-        if not self._news.is_set():
-            await _until(deadline, self._news.wait(), stop.wait() if stop is not None else None)
-        self._news.clear()
+            await _until(deadline, stopped() if stopped else None)
+            return False
+        return wait.heard
 
     async def _listen(self) -> None:
         """Start the reader task unless it runs; LISTEN has been executed when this returns,
@@ -480,7 +494,7 @@ class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
             await conn.close()
 
 
-async def _until(deadline: float, *waits: Coroutine[Any, Any, Any] | None) -> None:
+async def _until(deadline: float, *waits: Awaitable[Any] | None) -> None:
     """Wait for the first of ``waits`` to finish, or until ``deadline`` (the loop's clock)."""
     tasks = [asyncio.ensure_future(w) for w in waits if w is not None]
     try:

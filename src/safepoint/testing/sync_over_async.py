@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import update_wrapper
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -69,18 +68,28 @@ class _SyncOverAsync:
     # -- the operations: each forwards to the async store's, on the private loop ----------
     # (every coroutine of ``AsyncStore``, made a method below, by ``_forwarding``)
 
-    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
-        # the async store's wait knows no threading.Event: wait in slices, looking between them;
-        # a slice that ended before its time was woken by news
-        deadline = time.monotonic() + timeout
-        while not (stop is not None and stop.is_set()):
-            began, left = time.monotonic(), deadline - time.monotonic()
-            if left <= 0:
-                return
-            piece = left if stop is None else min(left, STOP_POLL_S)
-            self._call(self.store.wait_for_work(piece))
-            if time.monotonic() - began < piece * 0.9:
-                return
+    def wait_for_work(
+        self, timeout: float, stop: threading.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        if stop is None:
+            return bool(self._call(self.store.wait_for_work(timeout, quiet=quiet)))
+        told = stop  # the async store's wait knows no threading.Event: a task on the loop relays it
+
+        async def waiting() -> bool:
+            relayed = asyncio.Event()
+
+            async def relay() -> None:
+                while not told.is_set():
+                    await asyncio.sleep(STOP_POLL_S)
+                relayed.set()
+
+            watcher = asyncio.ensure_future(relay())
+            try:
+                return await self.store.wait_for_work(timeout, relayed, quiet=quiet)
+            finally:
+                watcher.cancel()
+
+        return bool(self._call(waiting()))
 
 
 def _forwarding(name: str) -> Callable[..., Any]:

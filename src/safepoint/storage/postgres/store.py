@@ -40,6 +40,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from ..._rules.history import warn
 from ..._rules.records import revised
+from ..._rules.waking import WorkWait
 from ...errors import HistoryWarning, StoreError, StoreUnavailable
 from ...types import (
     JSON,
@@ -360,27 +361,34 @@ class PostgresStore(PlanRunner, PostgresOperations):
 
     # -- waiting for work ----------------------------------------------------------------------
 
-    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
-        """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released), the
-        next waiting run falls due, ``timeout`` seconds, or ``stop`` is set (looked at every
-        ``STOP_POLL_S``: the socket is polled, nothing is sent). Each thread listens on its
-        own connection, kept between calls so that a notification sent while the caller was
-        busy still wakes the next wait. Never raises: a broken connection is dropped (and the
-        time slept), the next call reconnects, and the caller's next claim reports a server
-        that stays away."""
+    def wait_for_work(
+        self, timeout: float, stop: threading.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released) — one
+        heard before ``quiet`` seconds returns at ``quiet`` — the next waiting run falls due,
+        ``timeout`` seconds, or ``stop`` is set (looked at every ``STOP_POLL_S``: the socket is
+        polled, nothing is sent). Each thread listens on its own connection, kept between
+        calls so that a notification sent while the caller was busy still wakes the next wait.
+        Never raises: a broken connection is dropped (and the time slept), the next call
+        reconnects, and the caller's next claim reports a server that stays away."""
         deadline = time.monotonic() + timeout
+        wait: WorkWait | None = None
         try:
             conn = self._listener()
-            until = time.monotonic() + self._until_due(timeout)
+            wait = WorkWait.begin(time.monotonic(), timeout, quiet, self._due_in())
             while not (stop is not None and stop.is_set()):
-                left = until - time.monotonic()
-                if left <= 0:
-                    return
-                piece = left if stop is None else min(left, STOP_POLL_S)
-                if any(True for _ in conn.notifies(timeout=piece, stop_after=1)):
+                now = time.monotonic()
+                if wait.rereading(now):
+                    wait.due_read(now, self._due_in())
+                if now >= wait.end():
+                    break
+                piece = wait.next_look() - now
+                if stop is not None:
+                    piece = min(piece, STOP_POLL_S)
+                if any(True for _ in conn.notifies(timeout=max(0.0, piece), stop_after=1)):
                     for _ in conn.notifies(timeout=0.0):  # a burst of news is one wake-up
                         pass
-                    return
+                    wait.news(time.monotonic())
         except (psycopg.Error, StoreError) as exc:
             self._drop_listener()
             log.warning("cannot listen for work on %s: %s", self.url, exc)
@@ -389,11 +397,11 @@ class PostgresStore(PlanRunner, PostgresOperations):
                 time.sleep(left)
             else:
                 stop.wait(left)
+        return wait is not None and wait.heard
 
-    def _until_due(self, timeout: float) -> float:
-        """``timeout``, or less: until the next waiting run falls due (no NOTIFY announces it)."""
-        due = self._read(self._ledger.wait_for_work_due)
-        return timeout if due is None else max(0.0, min(timeout, due))
+    def _due_in(self) -> float | None:
+        """Seconds until the next waiting run falls due (no NOTIFY announces it)."""
+        return self._read(self._ledger.wait_for_work_due)
 
     def _listener(self) -> Conn:
         conn: Conn | None = getattr(self._local, "listener", None)

@@ -4,8 +4,6 @@ ends — finished by their worker, released, cancelled, or settled by a person."
 from __future__ import annotations
 
 import sqlite3
-import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,8 +24,6 @@ from ..base import NewRun, retry_json
 from ..codec import seal_record
 from ..ledger import json_or_none
 from .connection import SQL, SqliteConnection
-
-_WAKE_POLL_S = 0.005
 
 
 class SqliteRuns(SqliteConnection):
@@ -152,20 +148,6 @@ class SqliteRuns(SqliteConnection):
         return Claim(
             row["run_id"], owner, taken["fence"], taken["state_revision"], taken["lease_expires_at"], lease_ms
         )
-
-    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
-        """SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another
-        connection commits: a cheap in-memory check, polled often, wakes workers promptly."""
-        conn = self._conn()
-        seen = conn.execute("PRAGMA data_version").fetchone()[0]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if stop is None:
-                time.sleep(_WAKE_POLL_S)
-            elif stop.wait(_WAKE_POLL_S):
-                return
-            if conn.execute("PRAGMA data_version").fetchone()[0] != seen:
-                return
 
     # -- the run's end -----------------------------------------------------------------------
 

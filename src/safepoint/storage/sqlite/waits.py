@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from ..._rules.answers import WaitRead, answer_wakes, answered_wait, refused_answer
@@ -24,12 +25,16 @@ from ..._rules.waits import (
     wake_at,
     wakes,
 )
+from ..._rules.waking import WorkWait
 from ...errors import HistoryWarning
 from ...types import JSON, AttemptRecord, Claim, MessageRecord, StepRecord, WaitGate
 from .._rows import stored_json, wait_read
 from ..ledger import message_seq
 from .connection import SQL
 from .runs import SqliteRuns
+
+# How often an idle SQLite wait looks at PRAGMA data_version: a commit anywhere is news.
+_WAKE_POLL_S = 0.005
 
 
 class SqliteWaits(SqliteRuns):
@@ -251,15 +256,36 @@ class SqliteWaits(SqliteRuns):
             clear=True,  # a message's name, a timer's instant: nothing of the caller's
         )
 
-    def wait_for_work(self, timeout: float, stop: threading.Event | None = None) -> None:
-        """``SqliteRuns.wait_for_work`` — a commit anywhere wakes it — for no longer than until
-        the next waiting run falls due (its sleep ends, its wait times out), which no commit
-        announces."""
+    def wait_for_work(
+        self, timeout: float, stop: threading.Event | None = None, *, quiet: float = 0.0
+    ) -> bool:
+        """SQLite has no notifications, but ``PRAGMA data_version`` changes whenever another
+        connection commits: a cheap in-memory check, polled often, wakes workers promptly; no
+        commit announces a waiting run falling due, so the wait ends then at the latest."""
+        conn = self._conn()
+        seen = conn.execute("PRAGMA data_version").fetchone()[0]
+        wait = WorkWait.begin(time.monotonic(), timeout, quiet, self._due_in())
+        while True:
+            now = time.monotonic()
+            if wait.rereading(now):
+                wait.due_read(now, self._due_in())
+            if now >= wait.end():
+                return wait.heard
+            piece = min(wait.next_look() - now, _WAKE_POLL_S)
+            if stop is None:
+                time.sleep(piece)
+            elif stop.wait(piece):
+                return wait.heard
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            if version != seen:
+                seen = version
+                wait.news(time.monotonic())
+
+    def _due_in(self) -> float | None:
+        """Seconds until the next waiting run falls due (None: none waits for a time)."""
         now = self.now()
         try:
             row = self._conn().execute(SQL["wait_for_work_due"], {"now": now}).fetchone()
         except sqlite3.Error:  # never raises: the caller's next claim reports a broken store
-            row = None
-        if row is not None and row["wake_at"] is not None:
-            timeout = max(0.0, min(timeout, (int(row["wake_at"]) - now) / 1000))
-        super().wait_for_work(timeout, stop)
+            return None
+        return None if row is None or row["wake_at"] is None else (int(row["wake_at"]) - now) / 1000

@@ -7,6 +7,7 @@ database, and a due time to come shortens every other test's ``wait_for_work``."
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 
@@ -402,6 +403,33 @@ class WaitTests(WaitHelpers):
             waiter.wait_for_work(10.0)
             woke = time.monotonic() - started
             assert woke < 3.0, f"woke after {woke:.2f}s, not when the run fell due"
+        finally:
+            self._end(store, run.run_id)
+
+    @exercises(CONCURRENCY, ACROSS_RUNS)
+    def test_news_heard_before_quiet_returns_at_quiet_a_due_run_at_once(self) -> None:
+        """A worker whose wake-ups kept bringing nothing waits with ``quiet``: news heard sooner
+        returns then, not before — yet a waiting run falling due inside ``quiet`` is never held
+        back by it (a pause after the wait once held it back by up to the rescan interval)."""
+        store, waiter, submitter = self.store(), self.store(), self.store()
+        waiter.wait_for_work(0.01)  # start listening; settle anything queued before
+        threading.Timer(0.1, lambda: self.submit(submitter)).start()
+        started = time.monotonic()
+        heard = waiter.wait_for_work(10.0, quiet=0.8)
+        waited = time.monotonic() - started
+        assert heard, "the new run was news"
+        assert 0.7 <= waited < 5.0, f"returned after {waited:.2f}s, not at quiet (0.8s)"
+
+        run, claim = self.start(store)
+        gate = store.await_timer(claim, self._sleep_step(run.run_id), 400)
+        assert gate.waiting_for is not None
+        try:
+            waiter.wait_for_work(0.01)  # settle the news of that run
+            threading.Timer(0.1, lambda: self.submit(submitter)).start()  # news inside quiet
+            started = time.monotonic()
+            waiter.wait_for_work(20.0, quiet=15.0)
+            woke = time.monotonic() - started
+            assert woke < 5.0, f"woke after {woke:.2f}s: quiet held back a run falling due"
         finally:
             self._end(store, run.run_id)
 
