@@ -24,6 +24,13 @@ from agent_flows import FAKE_MODEL_URL_ENV, PID_HEADER, SCRIPT, TICKET
 from safepoint.testing import FakeModelServer, FakeRequest, KillHarness, OwnerService
 
 TESTS = str(Path(__file__).parent)
+# The SDKs each module's children import, imported once in a zygote that forks the reference
+# run's process and each trial's first (``KillHarness(preload=...)``): seconds of CPU a child.
+PRELOAD = {
+    "agent_flows": ("anthropic", "openai"),
+    "openai_agents_flows": ("agents", "openai"),
+    "pydantic_ai_flows": ("pydantic_ai", "pydantic_ai.models.openai", "openai", "mcp"),
+}
 # Names a file ``tests/mcp_server.py`` takes once, SIGKILLing its client in the middle of a call.
 MCP_KILL_FLAG_ENV = "MCP_TEST_KILL_FLAG"
 
@@ -79,6 +86,7 @@ class AgentKills:
                 pythonpath=[TESTS],
                 store_url=url,
                 timeout=90,
+                preload=PRELOAD[self.module],
             )
         return self._harnesses[workflow, store]
 

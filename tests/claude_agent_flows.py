@@ -323,6 +323,7 @@ def kill_trials(work: Path, store_url: str | None, specs: list[str]) -> dict[str
             pythonpath=[str(Path(__file__).parent)],
             store_url=store_url,
             timeout=90,
+            preload=("claude_agent_sdk",),  # imported once, in the zygote that forks the first processes
         )
         budget = BudgetTrials(owner, work, store_url)
         out["reference"], out["applied"] = harness.reference()

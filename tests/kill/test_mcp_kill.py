@@ -68,6 +68,7 @@ def _harness(
             pythonpath=[TESTS],
             store_url=url,
             timeout=90,
+            preload=("mcp",),  # imported once, in the zygote that forks the first processes
         )
     return _harnesses[store, transport]
 

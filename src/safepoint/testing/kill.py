@@ -27,6 +27,7 @@ from typing import Any
 
 from .effects import OWNER_URL_ENV
 from .owner import OwnerService
+from .zygote import ForkedChild, Zygote, shared_zygote
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -57,13 +58,15 @@ def spawn_child(
     pythonpath: Sequence[str] = (),
     lease_ms: int | None = None,
     slice: float | None = None,
-) -> subprocess.Popen[str]:
+    zygote: Zygote | None = None,
+) -> subprocess.Popen[str] | ForkedChild:
     """Start (or resume) ``run_id`` in a new Python process and return it, running.
 
     ``crash_at`` arms a crash point; ``crash_mode`` is ``kill`` (the child SIGKILLs itself
     there), ``stop`` (it freezes with SIGSTOP: a zombie-to-be) or ``raise``. ``slice``: the
     seconds the child's ``start`` / ``resume`` may spend (its outcome is then ``unfinished``
-    when the run goes on).
+    when the run goes on). ``zygote``: fork the process from one that has imported the heavy
+    modules already (``safepoint.testing.zygote``) instead of starting an interpreter.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
     env["PYTHONPATH"] = os.pathsep.join(
@@ -93,6 +96,8 @@ def spawn_child(
         command += ["--lease-ms", str(lease_ms)]
     if slice is not None:
         command += ["--slice", repr(float(slice))]
+    if zygote is not None:
+        return zygote.spawn(command[3:], env)
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -110,12 +115,13 @@ def run_child(
     timeout: float = 60.0,
     slice: float | None = None,
     lease_ms: int | None = None,
+    zygote: Zygote | None = None,
 ) -> ChildOutcome:
     """Start or resume ``run_id`` in a new Python process, wait for it; optionally kill it.
 
     ``crash_at`` arms a crash point (the child SIGKILLs itself exactly there); ``kill_after``
-    sends SIGKILL from here after that many seconds, at whatever the child is doing; ``slice``
-    and ``lease_ms`` as for ``spawn_child``.
+    sends SIGKILL from here after that many seconds, at whatever the child is doing; ``slice``,
+    ``lease_ms`` and ``zygote`` as for ``spawn_child``.
     """
     process = spawn_child(
         workflow,
@@ -128,6 +134,7 @@ def run_child(
         pythonpath=pythonpath,
         slice=slice,
         lease_ms=lease_ms,
+        zygote=zygote,
     )
     if kill_after is not None:
         deadline = time.monotonic() + kill_after
@@ -141,7 +148,7 @@ def run_child(
         process.kill()
         stdout, stderr = process.communicate()
         raise AssertionError(f"child did not finish in {timeout}s: {stderr[-2000:]}") from None
-    return child_outcome(process.returncode, stdout, stderr)
+    return child_outcome(process.wait(), stdout, stderr)
 
 
 def child_outcome(returncode: int, stdout: str, stderr: str) -> ChildOutcome:
@@ -200,10 +207,16 @@ class KillHarness:
         pythonpath: Sequence[str] = (),
         timeout: float = 60.0,
         store_url: str | None = None,
+        preload: Sequence[str] = (),
     ) -> None:
         """``store_url``: one store for every trial (each trial uses its own run ids); by
-        default each trial gets a fresh SQLite file in ``workdir``."""
+        default each trial gets a fresh SQLite file in ``workdir``. ``preload``: modules (an
+        agent SDK, say) imported once in a zygote (``safepoint.testing.zygote``) that forks the
+        reference run's process and each trial's first, and once in another that forks the
+        resumes: a run is still carried on by a process that shares nothing with the one that
+        was killed, and no child imports the SDK again."""
         self.store_url = store_url
+        self.preload = tuple(preload)
         self.workflow = workflow
         self.args = list(args)
         self.owner = owner
@@ -224,6 +237,9 @@ class KillHarness:
             **options,
         )
 
+    def _zygote(self, role: str = "first") -> Zygote | None:
+        return shared_zygote(self.preload, self.pythonpath, role) if self.preload else None
+
     def _fresh_store(self) -> str:
         if self.store_url is not None:
             return self.store_url
@@ -233,7 +249,9 @@ class KillHarness:
         """The outcome and effect count of an uninterrupted run (computed once)."""
         if self._reference is None:
             self.owner.client.reset()
-            ended = self._child(self._fresh_store(), f"reference-{uuid.uuid4().hex[:12]}")
+            ended = self._child(
+                self._fresh_store(), f"reference-{uuid.uuid4().hex[:12]}", zygote=self._zygote()
+            )
             if ended.outcome is None:
                 raise AssertionError(f"the reference run crashed: {ended.stderr[-3000:]}")
             self._reference = (ended.outcome, int(self.owner.client.stats()["applied"]))
@@ -255,16 +273,18 @@ class KillHarness:
         if owner_faults:
             self.owner.client.set_faults(**owner_faults)
         store_url, run_id = self._fresh_store(), f"trial-{uuid.uuid4().hex[:12]}"
-        first = self._child(store_url, run_id, crash_at=crash_at, kill_after=kill_after)
+        first = self._child(
+            store_url, run_id, crash_at=crash_at, kill_after=kill_after, zygote=self._zygote()
+        )
         stderr = [first.stderr] if first.stderr else []
         final, resumes = first.outcome, 0
         while final is None and resumes < max_resumes:
             resumes += 1
-            again = self._child(store_url, run_id, resume=True)
+            again = self._child(store_url, run_id, resume=True, zygote=self._zygote("resume"))
             if again.outcome and again.outcome.get("error") == "RunNotFound":
                 # Killed before the run row was committed: a supervisor simply starts it
                 # again under the same run id (a start never creates a second run).
-                again = self._child(store_url, run_id)
+                again = self._child(store_url, run_id, zygote=self._zygote("resume"))
             final = again.outcome
             if again.stderr:
                 stderr.append(again.stderr)
