@@ -119,11 +119,30 @@ def store(store_url: str) -> Iterator[sp.Store]:
     opened.close()
 
 
+# The files that take longest, longest first: under ``--dist loadfile`` a file is one unit of
+# work, and one begun last would keep a single core busy after the rest are done. (Measured with
+# ``--durations``; a file not named here keeps its place after them.)
+LONGEST_FIRST = (
+    "simulation/test_explore_budget.py",
+    "kill/test_soak.py",
+    "kill/test_pydantic_ai_kill.py",
+    "kill/test_claude_agent_kill.py",
+    "docs/test_docs.py",
+    "kill/test_openai_agents_kill.py",
+    "kill/test_agent_kill.py",
+    "kill/test_mcp_kill.py",
+    "kill/test_ownership.py",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark what the fast tier leaves out: everything under tests/kill kills real processes
     (``kill``); a test that reaches the PostgreSQL server (``postgres``) takes ``pg_url``, or is
     the "postgres" case (or "<variant>-postgres") of a parameter naming the store: ``store_url``
-    and the kill harnesses ask for ``pg_url`` only once the case runs."""
+    and the kill harnesses ask for ``pg_url`` only once the case runs. Then put the longest
+    files first (``LONGEST_FIRST``)."""
+    rank = {str(Path(TESTS) / name): index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))
     kill_dir = Path(TESTS) / "kill"
     for item in items:
         if kill_dir in Path(str(item.path)).parents:
