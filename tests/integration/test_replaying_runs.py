@@ -5,14 +5,27 @@ out: no step function called, no effect sent, nothing written."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import safepoint as sp
-from safepoint.testing import OwnerService, check_deploy, owner_effect, replay
+from safepoint.errors import UsageError
+from safepoint.testing import (
+    OwnerService,
+    ReplayReport,
+    check_deploy,
+    owner_effect,
+    replay,
+    replay_async,
+    replay_file_async,
+)
+from safepoint.testing.replays import _OnLoop
 from safepoint.types import StepKind
 
 Calls = dict[str, int]
@@ -222,7 +235,12 @@ def test_fan_out_branches_replay_in_any_interleaving_and_an_added_step_is_found_
     untouched()
 
 
-def test_an_async_workflow_replays_as_a_sync_one(store: sp.Store, owner_env: OwnerService) -> None:
+def test_an_async_workflow_replays_as_a_sync_one_and_from_async_code(
+    store: sp.Store, owner_env: OwnerService, tmp_path: Path
+) -> None:
+    """From sync code ``replay``; from async code (a running event loop: an async test)
+    ``replay_async`` and ``replay_file_async`` — where ``replay`` says which call to make,
+    since an async workflow's replay needs a loop of its own."""
     calls: Calls = {}
     lookup = _counting(calls, "lookup", 3)
     name = _name()
@@ -234,12 +252,56 @@ def test_an_async_workflow_replays_as_a_sync_one(store: sp.Store, owner_env: Own
 
     run_id = "async-run"
     assert sp.start(store, doubled, 4, run_id=run_id) == 6  # in an event loop of its own
+    document = tmp_path / "run.json"
+    document.write_text(json.dumps(sp.export_run(store, run_id)))
     untouched = _untouched(store, owner_env, run_id, calls)
-    report = replay(store, run_id)
+
+    async def an_async_test() -> list[ReplayReport]:
+        with pytest.raises(UsageError, match="replay_async"):
+            replay(store, run_id)
+        return [await replay_async(store, run_id), await replay_file_async(document)]
+
+    for report in [replay(store, run_id), *asyncio.run(an_async_test())]:
+        assert report.ok, report
+        assert (report.reached.value, report.result) == ("end", 6)
     untouched()
+
+
+def test_a_run_replays_from_an_async_store_and_other_runs_are_read_on_the_store_s_loop(
+    pg_url: str, owner_env: OwnerService
+) -> None:
+    """``open_async_store``: the run is read on the caller's loop, the replay runs in a thread
+    of its own, and what it reads of other runs (a fork's source) is carried out on the loop
+    the async store's connections belong to."""
+    calls: Calls = {}
+    name = _name()
+    url = f"{pg_url}?schema=t_{uuid.uuid4().hex[:12]}"
+    run_id = _recorded_on(url, owner_env, name, calls)
+    before = dict(calls)
+
+    async def from_async_code() -> tuple[ReplayReport, Any]:
+        store = await sp.open_async_store(url)
+        try:
+            report = await replay_async(store, run_id)
+            loop = asyncio.get_running_loop()
+            read = await asyncio.to_thread(lambda: _OnLoop(store, loop).get_run(run_id))
+            return report, read
+        finally:
+            await store.close()
+
+    report, read = asyncio.run(from_async_code())
     assert report.ok, report
     assert report.reached.value == "end"
-    assert report.result == 6
+    assert read.run_id == run_id
+    assert calls == before, "a step function was called during the replay"
+
+
+def _recorded_on(url: str, owner: OwnerService, name: str, calls: Calls) -> str:
+    store = sp.open_store(url)
+    try:
+        return _recorded(store, owner, name, calls)
+    finally:
+        store.close()
 
 
 def test_a_failed_run_replays_to_its_failure_and_a_fix_is_reported(

@@ -42,7 +42,8 @@ optionally narrowed: ``point:prefix`` only at step ids starting ``prefix``, ``po
 - ``replay``, ``replay_file``, ``check_deploy`` (and ``ReplayReport``, ``DeployCheck``) — run
   your current code against what a recorded run (or a run file) recorded, offline, and say where
   it parts from the record and what a resume would do; or, with ``live_from=``, replay up to a
-  step and run the rest against stubs, for evals;
+  step and run the rest against stubs, for evals (``replay_async``, ``replay_file_async`` from
+  async code);
 - ``simulate`` — explore thousands of interleavings of your workflows' runs with crashes,
   faults and people's actions on a virtual clock, checking that no effect is applied twice
   (``safepoint.testing.simulation`` holds its parts);
@@ -84,7 +85,9 @@ if TYPE_CHECKING:
     from .replays import check_deploy as check_deploy
     from .replays import recorded as recorded
     from .replays import replay as replay
+    from .replays import replay_async as replay_async
     from .replays import replay_file as replay_file
+    from .replays import replay_file_async as replay_file_async
     from .replays import replay_recorded as replay_recorded
     from .simulation import simulate as simulate
     from .sync_over_async import SyncOverAsync as SyncOverAsync
@@ -116,7 +119,9 @@ __all__ = [
     "owner_effect",
     "recorded",
     "replay",
+    "replay_async",
     "replay_file",
+    "replay_file_async",
     "replay_recorded",
     "run_child",
     "simulate",
@@ -153,7 +158,9 @@ _LOADED_LATER = {
     "check_deploy": "replays",
     "recorded": "replays",
     "replay": "replays",
+    "replay_async": "replays",
     "replay_file": "replays",
+    "replay_file_async": "replays",
     "replay_recorded": "replays",
 }
 

@@ -19,6 +19,7 @@ conversation, asked again of your new prompt.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,9 @@ __all__ = [
     "check_deploy",
     "recorded",
     "replay",
+    "replay_async",
     "replay_file",
+    "replay_file_async",
     "replay_recorded",
 ]
 
@@ -76,6 +79,59 @@ def replay(
     return replay_recorded(
         recorded(store, run_id), workflow, live_from=live_from, effects=effects, source=store
     )
+
+
+async def replay_async(
+    store: Any,
+    run_id: str,
+    workflow: Workflow | None = None,
+    *,
+    live_from: str | None = None,
+    effects: Mapping[str, Stub] | None = None,
+) -> ReplayReport:
+    """``replay`` from async code: an async test, or a store opened with ``open_async_store``.
+    The replay runs in a thread of its own (its async workflow in a loop of its own there);
+    the reads it makes of the store — the run, and any other run of its family a resume would
+    read — are carried out on this loop."""
+    from .._engine.exported import export_flow
+
+    require_store(store, "testing.replay_async")
+    run = await adrive(store, export_flow(run_id))
+    source = _OnLoop(store, asyncio.get_running_loop())
+    return await asyncio.to_thread(
+        replay_recorded, run, workflow, live_from=live_from, effects=effects, source=source
+    )
+
+
+async def replay_file_async(
+    path: str | Path,
+    workflow: Workflow | None = None,
+    *,
+    live_from: str | None = None,
+    effects: Mapping[str, Stub] | None = None,
+) -> ReplayReport:
+    """``replay_file`` from async code."""
+    return await asyncio.to_thread(replay_file, path, workflow, live_from=live_from, effects=effects)
+
+
+class _OnLoop:
+    """A store's operations called from a replay's thread, each carried out on the loop the
+    store belongs to (an async store's connections serve that loop only), the thread waiting."""
+
+    def __init__(self, store: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._store, self._loop = store, loop
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            async def on_loop() -> Any:
+                done = method(*args, **kwargs)
+                return await done if inspect.isawaitable(done) else done
+
+            return asyncio.run_coroutine_threadsafe(on_loop(), self._loop).result()
+
+        return call
 
 
 def replay_file(
@@ -166,7 +222,8 @@ def _carried_out(wf: Workflow, store: Any, flow: Flow[ReplayReport]) -> ReplayRe
         return asyncio.run(adrive(store, flow))
     flow.close()
     raise UsageError(
-        "an async workflow is replayed from inside a running event loop: call replay from sync code"
+        "an async workflow is replayed from inside a running event loop: await replay_async(…)"
+        " (or replay_file_async) there, or call replay from sync code"
     )
 
 
