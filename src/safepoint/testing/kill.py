@@ -27,9 +27,7 @@ from typing import Any
 
 from .effects import OWNER_URL_ENV
 from .owner import OwnerService
-from .zygote import ForkedChild, Zygote, shared_zygote
-
-_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+from .zygote import PACKAGE_PARENT, ForkedChild, Zygote, shared_zygote
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +67,7 @@ def spawn_child(
     modules already (``safepoint.testing.zygote``) instead of starting an interpreter.
     """
     env = {k: v for k, v in os.environ.items() if k not in ("SAFEPOINT_CRASH_AT", "SAFEPOINT_CRASH_MODE")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [_PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     if crash_at:
         env["SAFEPOINT_CRASH_AT"] = crash_at
         env["SAFEPOINT_CRASH_MODE"] = crash_mode

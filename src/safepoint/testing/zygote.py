@@ -38,6 +38,7 @@ from typing import Any
 __all__ = ["ForkedChild", "Zygote", "shared_zygote"]
 
 _REAP_POLL_S = 0.005  # how soon the zygote notices a child ended
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # on every child's path: this safepoint
 _zygotes: dict[str, Zygote] = {}  # by role: one at a time (each holds its modules' memory)
 _zygotes_lock = threading.Lock()
 
@@ -61,15 +62,13 @@ class Zygote:
     """A process that has imported ``preload`` and forks children on request."""
 
     def __init__(self, preload: Sequence[str], pythonpath: Sequence[str] = ()) -> None:
-        from .kill import _PACKAGE_PARENT
-
         self.key = (tuple(preload), tuple(pythonpath))
         self._folder = tempfile.TemporaryDirectory(prefix="safepoint-zygote-")
         reports, writer = os.pipe()
         env = dict(os.environ)
         env.pop("SAFEPOINT_CRASH_AT", None)
         env["PYTHONPATH"] = os.pathsep.join(
-            [_PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])]
+            [PACKAGE_PARENT, *pythonpath, *filter(None, [env.get("PYTHONPATH")])]
         )
         self._process = subprocess.Popen(
             [
