@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,15 +125,39 @@ def store(store_url: str) -> Iterator[sp.Store]:
 # ``--durations``; a file not named here keeps its place after them.)
 LONGEST_FIRST = (
     "simulation/test_explore_budget.py",
-    "kill/test_soak.py",
-    "kill/test_pydantic_ai_kill.py",
     "kill/test_claude_agent_kill.py",
-    "docs/test_docs.py",
-    "kill/test_openai_agents_kill.py",
-    "kill/test_agent_kill.py",
-    "kill/test_mcp_kill.py",
+    "kill/test_soak.py",
     "kill/test_ownership.py",
+    "docs/test_docs.py",
+    "simulation/test_simulator_postgres.py",
+    "kill/test_pydantic_ai_kill.py",
+    "integrations/test_mcp_stdio.py",
+    "kill/test_slices_kill.py",
+    "kill/test_fork_kill.py",
 )
+
+
+# Files whose tests are independent parts, each worth a process of its own: under ``--dist
+# loadfile`` they are shared out test by test instead of running one after another in one.
+SPREAD = (
+    "tests/simulation/test_explore_budget.py",
+    "tests/kill/test_claude_agent_kill.py",
+    "tests/kill/test_soak.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: a plain pytest run has no such hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, but a test of a ``SPREAD`` file is a unit of work of its own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SpreadingSome(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(SPREAD) else super()._split_scope(nodeid)
+
+    return SpreadingSome(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

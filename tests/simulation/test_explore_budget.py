@@ -7,10 +7,11 @@ import pytest
 
 from safepoint.testing.simulation import Config, explore
 
-pytestmark = pytest.mark.slow  # a minute of one core: make test, not make test-fast
+pytestmark = pytest.mark.slow  # minutes of one core: make test, not make test-fast
 
-# About a minute of one core in all, in parts the test processes share out.
-SCHEDULES_PER_PART = 600
+# 1,200 schedules in four parts, which the test processes share out (tests/conftest.py: SPREAD):
+# a minute or two of one core each. ``make simulate`` explores for as long as it is asked.
+SCHEDULES_PER_PART = 300
 
 
 @pytest.mark.parametrize("part", range(4))
