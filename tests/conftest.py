@@ -148,9 +148,12 @@ SPREAD = (
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: a plain pytest run has no such hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``, but a test of a ``SPREAD`` file is a unit of work of its own."""
+    """``--dist loadfile``, but a test of a ``SPREAD`` file is a unit of work of its own, and
+    units go out in the collection's order (``LONGEST_FIRST``), not by how many tests each holds:
+    xdist's default would send a one-test file of minutes last."""
     if config.getoption("dist") != "loadfile":
         return None
+    config.option.loadscopereorder = False
     from xdist.scheduler import LoadFileScheduling
 
     class SpreadingSome(LoadFileScheduling):

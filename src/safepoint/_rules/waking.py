@@ -12,6 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A wait for a due run ends this much after its due time: the claim that follows must find the
+# run due — one a hair early finds nothing, and the next wait no longer sees a due time ahead
+# (it looks only forward: a run overdue for want of a worker of its workflow must not wake
+# workers of others again and again), so the run would wait out the rescan interval.
+DUE_MARGIN_S = 0.002
 # How often news heard during ``quiet`` has the due time read again: a run that began waiting
 # meanwhile is taken no later than this after it falls due, and a storm of news costs an idle
 # worker no more than this many small reads.
@@ -49,10 +54,11 @@ class WorkWait:
             self.reread = max(now, self.read_at + DUE_REREAD_S)
 
     def due_read(self, now: float, due_in: float | None) -> None:
-        """The due time, read at ``now``."""
+        """The due time, read just before ``now`` (take ``now`` once the read returned: the
+        wait must not end before the instant it names)."""
         self.read_at, self.reread = now, None
         if due_in is not None:
-            self.due = min(self.deadline, now + max(0.0, due_in))
+            self.due = min(self.deadline, now + max(0.0, due_in) + DUE_MARGIN_S)
 
     def rereading(self, now: float) -> bool:
         """Whether the due time is to be read again now."""

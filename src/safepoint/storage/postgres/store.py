@@ -375,11 +375,13 @@ class PostgresStore(PlanRunner, PostgresOperations):
         wait: WorkWait | None = None
         try:
             conn = self._listener()
-            wait = WorkWait.begin(time.monotonic(), timeout, quiet, self._due_in())
+            due_in = self._due_in()  # then the clock: the wait never ends before the due time
+            wait = WorkWait.begin(time.monotonic(), timeout, quiet, due_in)
             while not (stop is not None and stop.is_set()):
                 now = time.monotonic()
                 if wait.rereading(now):
-                    wait.due_read(now, self._due_in())
+                    due_in = self._due_in()
+                    wait.due_read(time.monotonic(), due_in)
                 if now >= wait.end():
                     break
                 piece = wait.next_look() - now

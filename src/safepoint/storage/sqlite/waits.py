@@ -264,11 +264,13 @@ class SqliteWaits(SqliteRuns):
         commit announces a waiting run falling due, so the wait ends then at the latest."""
         conn = self._conn()
         seen = conn.execute("PRAGMA data_version").fetchone()[0]
-        wait = WorkWait.begin(time.monotonic(), timeout, quiet, self._due_in())
+        due_in = self._due_in()  # then the clock: the wait never ends before the due time
+        wait = WorkWait.begin(time.monotonic(), timeout, quiet, due_in)
         while True:
             now = time.monotonic()
             if wait.rereading(now):
-                wait.due_read(now, self._due_in())
+                due_in = self._due_in()
+                wait.due_read(time.monotonic(), due_in)
             if now >= wait.end():
                 return wait.heard
             piece = min(wait.next_look() - now, _WAKE_POLL_S)

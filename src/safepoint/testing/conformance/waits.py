@@ -407,6 +407,28 @@ class WaitTests(WaitHelpers):
             self._end(store, run.run_id)
 
     @exercises(CONCURRENCY, ACROSS_RUNS)
+    def test_a_wait_that_ended_for_a_due_run_is_followed_by_a_claim_that_takes_it(self) -> None:
+        """A wait ends for a run falling due no sooner than the instant it falls due: a claim a
+        hair early would find nothing, and the next wait, looking only forward, would sleep out
+        the whole rescan interval while the run stood due."""
+        store, waiter = self.store(), self.store()
+        for trial in range(5):
+            run, claim = self.start(store)
+            gate = store.await_timer(claim, self._sleep_step(run.run_id), 150 + 37 * trial)
+            assert gate.waiting_for is not None
+            try:
+                waiter.wait_for_work(0.01)  # start listening; settle the news of that run
+                started = time.monotonic()
+                waiter.wait_for_work(10.0)
+                woke = time.monotonic() - started
+                taken = waiter.claim_next("worker-b", LONG_LEASE_MS, [self.workflow])
+                assert woke < 3.0, f"woke after {woke:.2f}s, not when the run fell due"
+                assert taken is not None, f"trial {trial}: the wait ended before the run was due"
+                assert taken.run_id == run.run_id
+            finally:
+                self._end(store, run.run_id)
+
+    @exercises(CONCURRENCY, ACROSS_RUNS)
     def test_news_heard_before_quiet_returns_at_quiet_a_due_run_at_once(self) -> None:
         """A worker whose wake-ups kept bringing nothing waits with ``quiet``: news heard sooner
         returns then, not before — yet a waiting run falling due inside ``quiet`` is never held
