@@ -123,8 +123,13 @@ def check(report: dict[str, Any], specs: list[tuple[str, int]]) -> None:
     assert report["orphans"] == 0  # no request carried a tool call without its result
 
 
-def test_the_claude_agent_killed_inside_a_turn_resumes_on_sqlite(tmp_path: Path) -> None:
-    check(trials(tmp_path, "sqlite", SQLITE), SQLITE)
+# The SQLite trials in two halves, which make test runs in two processes at once (its SPREAD):
+# each half makes its own uninterrupted runs to compare with, a minute of the CLI, and the two
+# together end in about half the time one took.
+@pytest.mark.parametrize("half", [0, 1])
+def test_the_claude_agent_killed_inside_a_turn_resumes_on_sqlite(tmp_path: Path, half: int) -> None:
+    specs = SQLITE[half::2]
+    check(trials(tmp_path, "sqlite", specs), specs)
 
 
 def unix_socket_url(url: str) -> str:

@@ -209,6 +209,7 @@ def _serve() -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
+                    reports.close()  # the zygote's alone: its reader must see it end with the zygote
                     _child(json.loads(line))  # never returns
                 children += 1
                 reports.write(json.dumps({"forked": pid}) + "\n")
