@@ -406,7 +406,7 @@ class WaitTests(WaitHelpers):
         finally:
             self._end(store, run.run_id)
 
-    @exercises(CONCURRENCY, ACROSS_RUNS)
+    @exercises(CONCURRENCY, ACROSS_RUNS, CLAIMS)
     def test_a_wait_that_ended_for_a_due_run_is_followed_by_a_claim_that_takes_it(self) -> None:
         """A wait ends for a run falling due no sooner than the instant it falls due: a claim a
         hair early would find nothing, and the next wait, looking only forward, would sleep out
