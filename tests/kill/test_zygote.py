@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from safepoint.errors import UsageError
 from safepoint.testing import KillHarness, OwnerService, run_child, spawn_child
 from safepoint.testing.zygote import ForkedChild, shared_zygote
 
@@ -85,6 +86,8 @@ def test_a_forked_child_dies_at_its_crash_point_and_by_a_signal(
     finally:
         frozen.send_signal(signal.SIGKILL)
     assert frozen.wait(timeout=30) == -signal.SIGKILL
+    with pytest.raises(UsageError, match="preload="):
+        shared_zygote(("no_such_module_anywhere",), [TESTS], role="misnamed")
     bad = run_child("flows:nothing_here", run_id="x", **child)  # type: ignore[arg-type]
     assert bad.returncode != 0
     assert "nothing_here" in bad.stderr  # its traceback reaches the caller

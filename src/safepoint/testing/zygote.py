@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
+
 __all__ = ["ForkedChild", "Zygote", "shared_zygote"]
 
 _REAP_POLL_S = 0.005  # how soon the zygote notices a child ended
@@ -92,7 +94,10 @@ class Zygote:
         self._count = 0
         ready = self._reports.readline()
         if not ready:
-            raise RuntimeError(f"the zygote could not import {list(preload)}: see its stderr above")
+            raise UsageError(
+                f"the zygote could not import {list(preload)} (its traceback is on stderr):"
+                " name in preload= only modules this Python can import"
+            )
         threading.Thread(target=self._read, name="safepoint-zygote-reports", daemon=True).start()
         self._closing = weakref.finalize(self, _close, self._process, self._folder)
 
