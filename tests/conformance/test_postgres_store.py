@@ -651,6 +651,52 @@ def test_a_submitted_run_wakes_a_waiting_worker_promptly(
     assert elapsed < 1.0
 
 
+def test_ledgers_in_two_schemas_of_one_database_do_not_wake_each_others_workers(
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
+    """NOTIFY reaches the whole database: each schema's ledger has a channel of its own."""
+    here_url, there_url = f"{pg_url}?schema=t_{_uid()}", f"{pg_url}?schema=t_{_uid()}"
+    waiter, here, there = opened(here_url), opened(here_url), opened(there_url)
+    heard: list[bool] = []
+    ready = threading.Event()
+
+    def wait() -> None:
+        waiter.wait_for_work(0.01)  # LISTEN on this thread's connection, drop old news
+        ready.set()
+        heard.append(waiter.wait_for_work(1.0))  # the other ledger's run: not news here
+        heard.append(waiter.wait_for_work(10))  # this ledger's
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert ready.wait(10)
+    time.sleep(0.05)
+    there.create_run(_new_run(f"r-{_uid()}", None))
+    time.sleep(1.5)
+    here.create_run(_new_run(f"r-{_uid()}", None))
+    thread.join(15)
+    assert heard == [False, True]
+
+
+def test_an_async_store_hears_only_its_own_schemas_news(
+    pg_url: str, opened: Callable[[str], PostgresStore]
+) -> None:
+    here_url, there_url = f"{pg_url}?schema=t_{_uid()}", f"{pg_url}?schema=t_{_uid()}"
+    here, there = opened(here_url), opened(there_url)
+
+    async def body() -> list[bool]:
+        async with AsyncPostgresStore(here_url) as waiter:
+            await waiter.wait_for_work(0.01)  # LISTEN; drop old news
+            other = asyncio.create_task(waiter.wait_for_work(1.0))
+            await asyncio.sleep(0.05)
+            await asyncio.to_thread(there.create_run, _new_run(f"r-{_uid()}", None))
+            own = asyncio.create_task(waiter.wait_for_work(10))
+            await asyncio.wait_for(other, 5)
+            await asyncio.to_thread(here.create_run, _new_run(f"r-{_uid()}", None))
+            return [await other, await asyncio.wait_for(own, 5)]
+
+    assert asyncio.run(body()) == [False, True]
+
+
 def test_a_released_run_wakes_a_waiting_worker(pg_url: str, opened: Callable[[str], PostgresStore]) -> None:
     waiter, holder = opened(pg_url), opened(pg_url)
     _, claim = holder.create_run(_new_run(f"r-{_uid()}", "worker-a"))

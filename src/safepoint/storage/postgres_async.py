@@ -53,9 +53,9 @@ from .plans import Plan
 from .postgres.clock import ClockEstimate
 from .postgres.connection import (
     DRIVER_ERRORS,
-    LISTEN,
     PREPARE_THRESHOLD,
     dict_rows,
+    listen,
     log,
     run_plan_on,
     run_plan_on_async,
@@ -436,7 +436,7 @@ class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
     async def wait_for_work(
         self, timeout: float, stop: asyncio.Event | None = None, *, quiet: float = 0.0
     ) -> bool:
-        """Wait until a NOTIFY on ``safepoint_work`` (a run was submitted or released) — one
+        """Wait until a NOTIFY on the ledger's channel (a run was submitted or released) — one
         heard before ``quiet`` seconds returns at ``quiet`` — the next waiting run falls due,
         ``stop`` is set, or ``timeout`` seconds, without blocking the loop. Any number of tasks
         may wait at once; a burst of news is one wake-up. Never raises: when the server cannot
@@ -476,7 +476,7 @@ class AsyncPostgresStore(AsyncPlanRunner, PostgresOperations):
                 return
             conn = await self._connect(autocommit=True)
             try:
-                await conn.execute(LISTEN)
+                await conn.execute(listen(self._ledger.work_channel))
             except BaseException:
                 await conn.close()
                 raise

@@ -90,7 +90,7 @@ class PostgresApprovals(PostgresBase):
                 ),
             )
             if release:  # claimable again: wake a waiting worker
-                yield _q("notify_work", workflow=run.workflow)
+                yield from self.wake_workers(run.workflow)
         return approval
 
     def revoke_approval(

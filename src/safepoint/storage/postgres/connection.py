@@ -10,6 +10,7 @@ connection's own cursor: ``run_plan_with`` and ``run_plan_with_async``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -77,7 +78,22 @@ CITUS_TABLES = (
     ("safepoint_ledger", None),  # a reference table: on every node
     ("safepoint_schema_version", None),
 )
-LISTEN = sql.SQL("LISTEN {}").format(sql.Identifier("safepoint_work"))
+
+
+# The channel idle workers LISTEN on: the database's, or a ledger's own in a schema of its own —
+# NOTIFY reaches the whole database, and ledgers side by side must not wake each other's workers
+# (a wake-up for nothing costs a worker a claim, and wake-ups that keep bringing nothing make
+# it ask less often). A hash keeps any schema name within a channel name's 63 bytes.
+def work_channel(schema: str | None) -> str:
+    if schema is None:
+        return "safepoint_work"
+    return f"safepoint_work_{hashlib.sha256(schema.encode()).hexdigest()[:24]}"
+
+
+def listen(channel: str) -> sql.Composed:
+    return sql.SQL("LISTEN {}").format(sql.Identifier(channel))
+
+
 # What an executor translates into StoreError / StoreUnavailable; anything else a plan raises
 # (LostOwnership, RunNotFound, ValueError …) rolls the transaction back and passes unchanged.
 DRIVER_ERRORS = (PoolTimeout, psycopg.Error, UnicodeError)
@@ -226,6 +242,7 @@ class PostgresBase(LedgerReads):
         self.schema = ours.get("schema") or None
         if "schema" in ours and not self.schema:
             raise InvalidStoreURL(self.url, "schema= needs a schema name")
+        self.work_channel = work_channel(self.schema)
         self.prepare_threshold = _threshold(self.url, ours.get("prepare_threshold", prepare_threshold))
         libpq_url = urlunsplit(parts._replace(query=urlencode(query)))
         try:
@@ -382,7 +399,7 @@ class PostgresBase(LedgerReads):
         return int(rows[0]["now"])
 
     def wake_workers(self, workflow: str) -> Plan[None]:
-        yield _q("notify_work", workflow=workflow)  # idle workers LISTEN for it
+        yield _q("notify_work", channel=self.work_channel, workflow=workflow)  # idle workers LISTEN
 
     # -- what the writes share -----------------------------------------------------------------
 

@@ -87,7 +87,7 @@ class PostgresHistory(PostgresBase):
             raise RunConflict(successor.run_id, f"and does not continue run {claim.run_id!r}")
         run = yield from self.get_run(successor.run_id)
         if successor.owner is None:  # left for any worker: wake one
-            yield _q("notify_work", workflow=successor.workflow)
+            yield from self.wake_workers(successor.workflow)
             return run, None
         return run, Claim(
             run.run_id,

@@ -63,5 +63,5 @@ class PostgresLimits(PostgresRuns):
             ),
         )
         if run.status is RunStatus.STOPPED:  # pending again: wake a waiting worker
-            yield _q("notify_work", workflow=run.workflow)
+            yield from self.wake_workers(run.workflow)
         return (yield from self.get_run(run_id))

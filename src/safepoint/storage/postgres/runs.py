@@ -50,7 +50,7 @@ class PostgresRuns(PostgresBase):
         if created:
             row = created[0]
             if new.owner is None:
-                yield _q("notify_work", workflow=new.workflow)
+                yield from self.wake_workers(new.workflow)
         else:
             row = yield from self.run_row(new.run_id)
         run = yield from self.run_record(row)
@@ -120,7 +120,7 @@ class PostgresRuns(PostgresBase):
             error=self._sealed(cancelled_error(by, reason), "safepoint_runs", "error", run_id),
         )
         if rows and rows[0]["status"] == RunStatus.PENDING.value:  # to settle: wake a worker
-            yield _q("notify_work", workflow=rows[0]["workflow"])
+            yield from self.wake_workers(rows[0]["workflow"])
         return (yield from self.get_run(run_id))
 
     def finish_run(
@@ -155,7 +155,7 @@ class PostgresRuns(PostgresBase):
     def release_run(self, claim: Claim) -> Plan[None]:
         rows = yield _q("release_run", run_id=claim.run_id, fence=claim.fence)
         if rows:  # the run is claimable again: wake a waiting worker (a stale release: no-op)
-            yield _q("notify_work", workflow=rows[0]["workflow"])
+            yield from self.wake_workers(rows[0]["workflow"])
 
     def _resolve_transaction(
         self, run_id: str, resolution: Resolution, common: dict[str, Any]
@@ -201,7 +201,7 @@ class PostgresRuns(PostgresBase):
         elif resolution.step_id is not None:
             rows = yield from self._resolve_transaction(run_id, resolution, common)
             if rows:  # released: wake a waiting worker
-                yield _q("notify_work", workflow=rows[0]["workflow"])
+                yield from self.wake_workers(rows[0]["workflow"])
         else:
             rows = yield _q(
                 "resolve",
@@ -216,7 +216,7 @@ class PostgresRuns(PostgresBase):
                 ),
             )
             if rows:  # released: wake a waiting worker
-                yield _q("notify_work", workflow=rows[0]["workflow"])
+                yield from self.wake_workers(rows[0]["workflow"])
         run = yield from self.get_run(run_id)
         # the same decision twice is harmless; anything else is refused
         if not rows and not (yield from self.resolved_already(run_id, resolution)):

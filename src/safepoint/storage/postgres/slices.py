@@ -8,7 +8,6 @@ from typing import Any
 from ..._rules.canonical import dumps
 from ...types import Claim
 from ..plans import Plan
-from .connection import QUERIES as _q
 from .connection import PostgresBase
 
 
@@ -19,4 +18,4 @@ class PostgresSlices(PostgresBase):
         row = yield from self._fenced(
             claim, "end_slice", new_work=False, step_id=step_id, detail=dumps(detail)
         )
-        yield _q("notify_work", workflow=row["workflow"])  # claimable again: wake a waiting worker
+        yield from self.wake_workers(row["workflow"])  # claimable again: wake a waiting worker

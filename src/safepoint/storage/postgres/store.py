@@ -11,8 +11,8 @@ Concurrency rules (see the header of ``sql/postgres/queries.sql`` for the statem
   write against any claim of the same run;
 - "now" is the database clock (``safepoint_now_ms()``), read inside those statements, so workers
   on machines whose clocks disagree still agree on who holds a lease;
-- idle workers LISTEN on ``safepoint_work``; a run submitted for workers, or released by one,
-  NOTIFYs it in the same transaction.
+- idle workers LISTEN on the ledger's channel (``work_channel``: one per schema); a run
+  submitted for workers, or released by one, NOTIFYs it in the same transaction.
 
 What each operation does is written once, as a plan in ``ledger.PostgresLedger``, shared with
 ``AsyncPostgresStore`` (``safepoint.storage.postgres_async``); this module is the sync executor
@@ -60,9 +60,9 @@ from ..transactions import AlreadyRecorded, FunctionFailed, call_function
 from .clock import ClockEstimate
 from .connection import (
     DRIVER_ERRORS,
-    LISTEN,
     PREPARE_THRESHOLD,
     dict_rows,
+    listen,
     log,
     run_plan_on,
     run_plan_with,
@@ -364,7 +364,7 @@ class PostgresStore(PlanRunner, PostgresOperations):
     def wait_for_work(
         self, timeout: float, stop: threading.Event | None = None, *, quiet: float = 0.0
     ) -> bool:
-        """Block until a NOTIFY on ``safepoint_work`` (a run was submitted or released) — one
+        """Block until a NOTIFY on the ledger's channel (a run was submitted or released) — one
         heard before ``quiet`` seconds returns at ``quiet`` — the next waiting run falls due,
         ``timeout`` seconds, or ``stop`` is set (looked at every ``STOP_POLL_S``: the socket is
         polled, nothing is sent). Each thread listens on its own connection, kept between
@@ -409,7 +409,7 @@ class PostgresStore(PlanRunner, PostgresOperations):
         conn: Conn | None = getattr(self._local, "listener", None)
         if conn is None or conn.closed:
             conn = self._connect(autocommit=True)
-            conn.execute(LISTEN)
+            conn.execute(listen(self._ledger.work_channel))
             self._local.listener = conn
             with self._listeners_lock:
                 self._listeners.append(conn)

@@ -92,7 +92,7 @@ class PostgresWaits(PostgresBase):
             "send_message_wake", run_id=run_id, wake=woke, by=by, detail=dumps(sent_detail(message, woke))
         )
         if woke:  # claimable again: wake a waiting worker
-            yield _q("notify_work", workflow=run.workflow)
+            yield from self.wake_workers(run.workflow)
         return message
 
     def _wait_read(self, run_id: str, wait: str, name: str) -> Plan[WaitRead]:
@@ -224,7 +224,7 @@ class PostgresWaits(PostgresBase):
             step_id=str(waiting["step_id"]),
         )
         if due is not None:  # idle workers wait no longer than until it is due: tell them
-            yield _q("notify_work", workflow=row["workflow"])
+            yield from self.wake_workers(row["workflow"])
 
     @staticmethod
     def wait_for_work_due() -> Plan[float | None]:

@@ -247,8 +247,9 @@ SELECT event_id, kind, detail FROM safepoint_events WHERE run_id = %(run_id)s
 ORDER BY event_id DESC LIMIT 1;
 
 -- name: notify_work
--- Wake idle workers (LISTEN safepoint_work); delivered only when the transaction commits.
-SELECT pg_notify('safepoint_work', %(workflow)s);
+-- Wake idle workers on the ledger's channel (work_channel); delivered only when the transaction
+-- commits.
+SELECT pg_notify(%(channel)s, %(workflow)s);
 
 -- name: fence_state
 -- Why a fenced statement matched nothing: a stale fence, a cancel request, the deadline, the
