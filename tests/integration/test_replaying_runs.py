@@ -9,6 +9,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -277,23 +278,31 @@ def test_a_run_replays_from_an_async_store_and_other_runs_are_read_on_the_store_
     name = _name()
     url = f"{pg_url}?schema=t_{uuid.uuid4().hex[:12]}"
     run_id = _recorded_on(url, owner_env, name, calls)
-    before = dict(calls)
+    # a fork from the effect, not yet carried on: a resume would find the source's receipt for
+    # its effect step, and so does its replay — a read of another run, made on the store's loop
+    with closing(sp.open_store(url)) as sync_store:
+        fork_id = sp.fork(sync_store, run_id, from_step="ship", by="ana").run_id
+    before, applied = dict(calls), owner_env.client.stats()["applied"]
 
-    async def from_async_code() -> tuple[ReplayReport, Any]:
+    async def from_async_code() -> tuple[ReplayReport, ReplayReport, Any]:
         store = await sp.open_async_store(url)
         try:
             report = await replay_async(store, run_id)
+            forked = await replay_async(store, fork_id)
             loop = asyncio.get_running_loop()
             read = await asyncio.to_thread(lambda: _OnLoop(store, loop).get_run(run_id))
-            return report, read
+            return report, forked, read
         finally:
             await store.close()
 
-    report, read = asyncio.run(from_async_code())
+    report, forked, read = asyncio.run(from_async_code())
     assert report.ok, report
     assert report.reached.value == "end"
+    assert forked.ok, forked
+    assert (forked.reached.value, forked.family_read) == ("now", True)  # where the fork stands
     assert read.run_id == run_id
     assert calls == before, "a step function was called during the replay"
+    assert owner_env.client.stats()["applied"] == applied, "an effect reached its owner"
 
 
 def _recorded_on(url: str, owner: OwnerService, name: str, calls: Calls) -> str:
