@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import safepoint as sp
-from safepoint.errors import UsageError
+from safepoint.errors import EffectRejected, UsageError
 from safepoint.testing import (
     OwnerService,
     ReplayReport,
@@ -311,6 +311,47 @@ def _recorded_on(url: str, owner: OwnerService, name: str, calls: Calls) -> str:
         return _recorded(store, owner, name, calls)
     finally:
         store.close()
+
+
+def test_a_source_that_took_its_forks_rejection_replays_by_asking_the_family(store: sp.Store) -> None:
+    """The first run of a family learns that a fork sent an operation only when its own send is
+    refused; the rejection it takes from the fork is recorded nowhere in its ledger, and it goes
+    on. Its replay asks the family who holds the operation, as its resume did, and reaches the
+    end — not a step "added" where the record has none."""
+    sent: list[str] = []
+
+    def execute(payload: Any, key: sp.EffectKey) -> Any:
+        sent.append(str(key))
+        raise sp.Rejected({"why": "the case is closed"})
+
+    notify = sp.Effect("notify", execute=execute)
+
+    @sp.workflow(_name())
+    def flow(run: sp.Run) -> str:
+        run.read("look", lambda: 1)
+        run.wait_for("go")
+        try:
+            run.effect("notify", notify, payload={"case": 7})
+            outcome = "sent"
+        except EffectRejected:
+            outcome = "refused"
+        return str(run.read("after", lambda o: o, outcome))
+
+    with pytest.raises(sp.AwaitingMessage):
+        sp.start(store, flow, run_id="first")
+    fork = sp.fork(store, "first", from_step="look", by="ana")
+    for run_id in (fork.run_id, "first"):  # the fork sends first; the source is refused the send
+        with pytest.raises(sp.AwaitingMessage):
+            sp.resume(store, run_id)
+        sp.send(store, run_id, "go", {}, by="ana")
+        assert sp.resume(store, run_id) == "refused"
+    assert len(sent) == 1
+    assert "notify" not in store.load_ledger("first").steps  # a rejection records no step
+
+    report = replay(store, "first")
+    assert report.ok, report
+    assert (report.reached.value, report.result, report.family_read) == ("end", "refused", True)
+    assert len(sent) == 1
 
 
 def test_a_failed_run_replays_to_its_failure_and_a_fix_is_reported(

@@ -4,8 +4,8 @@ each one prevents (and that a kept regression seed still reaches it).
     .venv/bin/python tests/simulation/mutants.py find <mutant> [seconds]   # explore from fresh seeds
     .venv/bin/python tests/simulation/mutants.py check <mutant> <seed>     # the seed breaks it still
 
-Each mutant patches the SQLite store in this process only (its SQL text or one method), for the
-length of a ``with`` block.
+Each mutant patches the SQLite store (its SQL text or one method), or one step of the engine, in
+this process only, for the length of a ``with`` block.
 """
 
 from __future__ import annotations
@@ -84,6 +84,27 @@ def _fence_kept_on_release() -> Iterator[None]:
         yield
 
 
+@contextmanager
+def _replay_asks_no_holder() -> Iterator[None]:
+    """A replay that reaches an operation its record holds no outcome of declares it new
+    work without asking the family who holds it (as before the simulator found the first run
+    of a family, which had taken a fork's rejection and recorded nothing of it, replaying as if
+    a step had been added)."""
+    from safepoint._engine.settled import SettledElsewhere
+
+    held = SettledElsewhere.held_for_replay
+
+    def mutated(self: Any) -> Any:
+        return None
+        yield  # a flow that reads nothing
+
+    SettledElsewhere.held_for_replay = mutated  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SettledElsewhere.held_for_replay = held  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     # issue "Every effect once where features meet", item 1: a family's claim on an operation
     "effect-claims": lambda: _claims(lambda key: key is not None and not key.startswith("transaction ")),
@@ -97,6 +118,8 @@ MUTANTS: dict[str, Callable[[], AbstractContextManager[None]]] = {
     "release-on-not-applied": _release_on_not_applied,
     # found by the simulator: every release moves the fence on
     "fence-on-release": _fence_kept_on_release,
+    # found by the simulator: a replay asks the family who holds an operation it has no outcome of
+    "replay-asks-no-holder": _replay_asks_no_holder,
 }
 
 

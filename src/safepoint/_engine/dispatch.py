@@ -190,6 +190,9 @@ class EffectDispatch(SettledElsewhere):
         if settled is not None:
             return settled.receipt
         if core.replaying is not None and asked is not None and not replayable(core.operations.get(op_id)):
+            held = yield from self.held_for_replay()
+            if held is not None:
+                return (yield from self.held_in_family(op_id, payload_ref, hashed, held))
             core.replaying.new(core, asked)  # a replay: its outcome is nowhere recorded, new work
         if op_id not in core.operations and core.unreached:
             yield from self.refuse_beside_orphans(op_id, prefix)

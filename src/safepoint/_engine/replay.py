@@ -81,6 +81,7 @@ class RecordedStore:
         self._watch = watch
         self._source = source
         self.url = "replay:"
+        watch.family_readable = source is not None
 
     def now(self) -> int:
         """The run's own clock: when it was last written (a replay answers as it was then)."""
@@ -107,8 +108,15 @@ class RecordedStore:
         if name.startswith("_"):
             raise AttributeError(name)
         if name in _OTHER_RUNS and self._source is not None:
-            self._watch.family_read = True
-            return getattr(self._source, name)  # type: ignore[no-any-return]
+            read = getattr(self._source, name)
+
+            def from_the_family(*args: Any, **kwargs: Any) -> Any:
+                found = read(*args, **kwargs)
+                if found is not None:  # another run answered: the family as it stands now
+                    self._watch.family_read = True
+                return found
+
+            return from_the_family
 
         def unanswered(*args: Any, **kwargs: Any) -> Any:
             raise self._watch.unanswerable(name)

@@ -59,6 +59,7 @@ class Replaying:
         self.stubs: frozenset[str] = frozenset()  # a live replay: the effects it has stubs for
         self.refused: UsageError | None = None  # … and the first effect it reached without one
         self.family_read = False  # another run of the family was read, as it stands now
+        self.family_readable = False  # replayed from a store: the family can be asked
 
     # -- what the engine tells the watch -------------------------------------------------------
 

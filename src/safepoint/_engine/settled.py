@@ -107,13 +107,31 @@ class SettledElsewhere:
         assert found is not None
         return (yield from self.adopt_or_block(found, decided, op_id, payload_ref))
 
-    def held_in_family(self, op_id: str, payload_ref: str, hashed: str) -> Flow[Any]:
-        """The store refused to send the operation: another run of the family holds it. Its
-        accepted outcome is this step's (recorded as the step's); a rejection stands; anything
-        else blocks this run until the holder settles it."""
+    def held_for_replay(self) -> Flow[OperationRecord | None]:
+        """A replay, at an operation its record holds no outcome of: the operation as another
+        run of the family holds its claim, or None. A resume would prepare it and learn that
+        from the store's refusal to send it (``ClaimedInFamily``: the first run of a family
+        learns of its forks no other way), then take the holder's outcome — and may have done
+        so already, recording nothing of a rejection. A replay sends nothing, so it asks."""
+        core = self.core
+        assert core.replaying is not None
+        if not core.replaying.family_readable or self.family_key is None:
+            return None  # a run file: its family is not at hand
+        found: OperationRecord | None = yield from io(
+            Store.family_operation, core.run.run_id, self.family_key
+        )
+        return found
+
+    def held_in_family(
+        self, op_id: str, payload_ref: str, hashed: str, found: OperationRecord | None = None
+    ) -> Flow[Any]:
+        """The store refused to send the operation: another run of the family holds it
+        (``found``, when already read). Its accepted outcome is this step's (recorded as the
+        step's); a rejection stands; anything else blocks this run until the holder settles it."""
         core = self.core
         assert self.family_key is not None
-        found = yield from io(Store.family_operation, core.run.run_id, self.family_key)
+        if found is None:
+            found = yield from io(Store.family_operation, core.run.run_id, self.family_key)
         if found is None:  # its holder's record is gone (pruned), or it was given back meanwhile
             yield from core.block(
                 SentBySource(
