@@ -185,16 +185,26 @@ def _actionable(w: World) -> list[Violation]:
 def _replays(w: World) -> list[Violation]:
     """Every run, replayed under its own code. The same code may still part from a run's record
     where a resume would block too: a fork whose copied step asked about its source (an input
-    naming the run, say) is checked as a resume checks it. And a run whose steps are answered by
-    its family (a fork's source, an earlier run of its chain) reads the family as it stands now
-    (``ReplayReport.family_read``): a rejection there since sent again, say, and the run ends,
-    or asks, otherwise today. An order, a step added or one left out, or a request to
-    an owner, is the replay's own mistake about unchanged code."""
+    naming the run, say) is checked as a resume checks it; a fork told to send again an
+    operation its source recorded before the steps it copied holds those steps without it, and
+    blocks there — the replay finding the step "added" where the run blocked, with the same
+    phase, agrees with it. And a run whose steps are answered by its family (a fork's source, an
+    earlier run of its chain) reads the family as it stands now (``ReplayReport.family_read``):
+    a rejection there since sent again, say, and the run ends, or asks, otherwise today. Any
+    other order, step added or left out, or a request to an owner, is the replay's own mistake
+    about unchanged code."""
     from ..._engine.host import Host, hosted_by
     from ..._rules.replay import Resume
     from ..replays import replay
 
     found: list[Violation] = []
+    blocked = {
+        run_id: json.loads(recovery).get("phase")
+        for run_id, recovery in w.connection.execute(
+            "SELECT run_id, recovery_record FROM safepoint_runs WHERE status = 'blocked'"
+        )
+        if recovery
+    }
     for (run_id,) in w.connection.execute("SELECT run_id FROM safepoint_runs ORDER BY run_id"):
         requests = w.owner.requests
         with hosted_by(Host()):  # outside the schedule: a fan-out's branches on threads of their own
@@ -205,6 +215,9 @@ def _replays(w: World) -> list[Violation]:
         if (
             gone is not None
             and not report.family_read
+            and not (
+                gone.resume is Resume.BLOCK and gone.phase is not None and blocked.get(run_id) == gone.phase
+            )
             and (
                 gone.kind in ("order", "added", "unasked")
                 or (gone.kind in ("changed", "mismatch") and gone.resume is not Resume.BLOCK)
