@@ -658,20 +658,21 @@ def test_ledgers_in_two_schemas_of_one_database_do_not_wake_each_others_workers(
     here_url, there_url = f"{pg_url}?schema=t_{_uid()}", f"{pg_url}?schema=t_{_uid()}"
     waiter, here, there = opened(here_url), opened(here_url), opened(there_url)
     heard: list[bool] = []
-    ready = threading.Event()
+    ready, first = threading.Event(), threading.Event()
 
     def wait() -> None:
         waiter.wait_for_work(0.01)  # LISTEN on this thread's connection, drop old news
         ready.set()
         heard.append(waiter.wait_for_work(1.0))  # the other ledger's run: not news here
-        heard.append(waiter.wait_for_work(10))  # this ledger's
+        first.set()
+        heard.append(waiter.wait_for_work(10))  # this ledger's (news kept while nobody waits)
 
     thread = threading.Thread(target=wait)
     thread.start()
     assert ready.wait(10)
     time.sleep(0.05)
     there.create_run(_new_run(f"r-{_uid()}", None))
-    time.sleep(1.5)
+    assert first.wait(10)
     here.create_run(_new_run(f"r-{_uid()}", None))
     thread.join(15)
     assert heard == [False, True]
