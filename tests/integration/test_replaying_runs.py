@@ -17,6 +17,7 @@ import pytest
 
 import safepoint as sp
 from safepoint.errors import EffectRejected, UsageError
+from safepoint.storage import Encrypted, Keyring
 from safepoint.testing import (
     OwnerService,
     ReplayReport,
@@ -313,11 +314,17 @@ def _recorded_on(url: str, owner: OwnerService, name: str, calls: Calls) -> str:
         store.close()
 
 
-def test_a_source_that_took_its_forks_rejection_replays_by_asking_the_family(store: sp.Store) -> None:
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "sealed"])
+def test_a_source_that_took_its_forks_rejection_replays_by_asking_the_family(
+    store_url: str, sealed: bool
+) -> None:
     """The first run of a family learns that a fork sent an operation only when its own send is
     refused; the rejection it takes from the fork is recorded nowhere in its ledger, and it goes
     on. Its replay asks the family who holds the operation, as its resume did, and reaches the
-    end — not a step "added" where the record has none."""
+    end — not a step "added" where the record has none. On a sealed ledger too: the fork's
+    rejection is read with the key."""
+    codec = Encrypted(Keyring({"k1": Keyring.new_key()}, "k1")) if sealed else None
+    store = sp.open_store(store_url, codec=codec)
     sent: list[str] = []
 
     def execute(payload: Any, key: sp.EffectKey) -> Any:
@@ -349,6 +356,7 @@ def test_a_source_that_took_its_forks_rejection_replays_by_asking_the_family(sto
     assert "notify" not in store.load_ledger("first").steps  # a rejection records no step
 
     report = replay(store, "first")
+    store.close()
     assert report.ok, report
     assert (report.reached.value, report.result, report.family_read) == ("end", "refused", True)
     assert len(sent) == 1
