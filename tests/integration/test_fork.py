@@ -341,32 +341,6 @@ def test_a_rejection_in_the_source_stands_for_the_fork_unless_named(
     assert sp.resume(store, named.run_id) == {"ok": 2}
 
 
-def test_a_resend_of_a_rejection_the_copied_steps_followed_from_is_refused(store: sp.Store) -> None:
-    """A rejection records no step; the steps after it followed from it. A fork that copies them
-    cannot also send the rejected operation again: it is refused, writing nothing, and told to
-    fork from a step before it — which is allowed."""
-    rejecting = sp.Effect("refund", execute=_reject_then_accept())
-
-    @sp.workflow(_name("fork-resend-late"))
-    def flow(run: sp.Run) -> Any:
-        run.read("look", lambda: 1)
-        try:
-            run.effect("refund", rejecting, payload={"amount": 5})
-            outcome = "refunded"
-        except EffectRejected:
-            outcome = "refused"
-        return run.read("answer", lambda o: f"told the customer: {o}", outcome)
-
-    assert sp.start(store, flow, run_id="late") == "told the customer: refused"
-    runs = len(store.list_runs(None, 100))
-    with pytest.raises(ForkRefused, match="settled before the step the fork starts from") as refused:
-        sp.fork(store, "late", from_step="answer", resend=["refund"], by="ana")
-    assert refused.value.operation_id == "refund"
-    assert len(store.list_runs(None, 100)) == runs  # nothing written
-    early = sp.fork(store, "late", from_step="look", resend=["refund"], by="ana")
-    assert sp.resume(store, early.run_id) == "told the customer: refunded"
-
-
 def _reject_then_accept() -> Callable[[Any, sp.EffectKey], Any]:
     sent: list[str] = []
 

@@ -55,9 +55,7 @@ class SourceStep:
 @dataclass(frozen=True, slots=True)
 class ForkPlan:
     """What a fork copies: the steps with a seq below ``from_seq`` (``steps`` of them), the
-    operations of the copied effect steps, and what the copied steps spent; ``settled_before``:
-    the source's operations rejected before ``from_step`` was recorded, which no step records
-    — the fork takes the rejection from the source, and what it copies followed from it."""
+    operations of the copied effect steps, and what the copied steps spent."""
 
     from_seq: int
     steps: int
@@ -65,7 +63,6 @@ class ForkPlan:
     tokens: int
     cost: float
     model_calls: int
-    settled_before: frozenset[str] = frozenset()
 
 
 def refuse_live(source: RunRecord, now: int) -> None:
@@ -137,11 +134,6 @@ def plan_fork(
         tokens=sum(step.tokens or 0 for step in copied),
         cost=float(sum(step.cost or 0.0 for step in copied)),
         model_calls=sum(1 for step in copied if step.kind in MODEL_CALLS),
-        settled_before=frozenset(
-            op.operation_id
-            for op in ops.values()
-            if op.state is EffectState.REJECTED and op.prepared_at < start.recorded_at
-        ),
     )
 
 
@@ -163,14 +155,6 @@ def check_resend(
                 f"resend names operation {name!r}, which is in the copied prefix: the fork"
                 " replays it as the run settled it — fork from its step (or an earlier one)"
                 " to send it again",
-                operation_id=name,
-            )
-        if name in plan.settled_before:
-            raise ForkRefused(
-                source.run_id,
-                f"resend names operation {name!r}, which the run settled before the step the"
-                " fork starts from: the steps the fork copies followed from that outcome — fork"
-                " from a step recorded before it was prepared to send it again",
                 operation_id=name,
             )
         if not held.get(name):
